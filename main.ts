@@ -1,0 +1,54 @@
+// swactor: the command line. One program that is both orchestrator and worker.
+// Each command lives in cli/<name>.ts; this file only dispatches and maps errors to exit codes
+// (0 success, 1 runtime failure, 2 bad usage or bad input).
+import { type Command, UsageError } from "./cli/command.ts";
+import { commands } from "./cli/mod.ts";
+
+const VERSION = "0.1.0";
+
+function topHelp(): string {
+  const width = Math.max(...commands.map((c) => c.name.length));
+  return [
+    `swactor ${VERSION}: run large language models across many GPUs, peer to peer`,
+    "",
+    "Usage: swactor <command> [options]      (swactor <command> --help for details)",
+    "",
+    "Commands:",
+    ...commands.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`),
+  ].join("\n");
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === "--help" || name === "-h" || name === "help") {
+    console.log(topHelp());
+    return name === undefined ? 2 : 0;
+  }
+  if (name === "--version" || name === "-V") {
+    console.log(VERSION);
+    return 0;
+  }
+  const command: Command | undefined = commands.find((c) => c.name === name);
+  if (!command) {
+    console.error(`swactor: unknown command "${name}"\n\n${topHelp()}`);
+    return 2;
+  }
+  if (rest.includes("--help") || rest.includes("-h")) {
+    console.log(command.usage);
+    return 0;
+  }
+  try {
+    return await command.run(rest);
+  } catch (e) {
+    if (e instanceof UsageError || e instanceof TypeError || e instanceof RangeError) {
+      console.error(`swactor ${name}: ${(e as Error).message}`);
+      return 2;
+    }
+    console.error(`swactor ${name}: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`);
+    return 1;
+  }
+}
+
+if (import.meta.main) {
+  Deno.exit(await main(Deno.args));
+}
