@@ -46,7 +46,11 @@ export function numberFlag(
   if (value.trim() === "" || !Number.isFinite(n) || (opts.integer && !Number.isInteger(n))) {
     throw new UsageError(`--${name} expects ${opts.integer ? "an integer" : "a number"}, got "${value}"`);
   }
-  if (opts.min !== undefined && n < opts.min) throw new UsageError(`--${name} must be >= ${opts.min}, got ${n}`);
-  if (opts.max !== undefined && n > opts.max) throw new UsageError(`--${name} must be <= ${opts.max}, got ${n}`);
+  if (opts.min !== undefined && n < opts.min) {
+    throw new UsageError(`--${name} must be >= ${opts.min}, got ${n}`);
+  }
+  if (opts.max !== undefined && n > opts.max) {
+    throw new UsageError(`--${name} must be <= ${opts.max}, got ${n}`);
+  }
   return n;
 }

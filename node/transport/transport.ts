@@ -1,0 +1,41 @@
+// The transport interface that membership (SWIM), the registry and the actor runtime run over.
+// Two implementations: node/transport/iroh.ts (real QUIC between processes) and
+// node/transport/memory.ts (an in-process network with loss, delay and partitions, for deterministic tests).
+
+/** A node's identity: its iroh endpoint id (public key) as a string. Stable across restarts of the node's key. */
+export type PeerId = string;
+
+/** Where to reach a peer: its id plus the direct socket addresses ("ip:port") it listens on. */
+export interface PeerAddr {
+  id: PeerId;
+  /** Direct addresses; may be empty when a relay or discovery finds the peer. */
+  addrs: string[];
+}
+
+/** Which stream a message travels on; membership traffic never waits behind bulk activations. */
+export type Channel = "control" | "data";
+
+/**
+ * Guarantees:
+ * - `send` is best-effort and never throws for an unreachable peer: it resolves `false` when the message
+ *   could not be handed to a live connection (peer unknown, dial failed, connection lost, refused).
+ *   It resolves `true` once the bytes are queued on an open, authenticated connection.
+ * - Messages from one sender on one channel arrive in order (one ordered stream per peer and channel);
+ *   nothing arrives twice; a message arrives whole or not at all.
+ * - A message larger than `maxMessageBytes` is rejected with a RangeError, before anything is sent.
+ * - Only peers that proved they hold the cluster secret are delivered to handlers (see docs/WIRE.md).
+ */
+export interface Transport {
+  /** This node's own address. */
+  readonly self: PeerAddr;
+  /** The largest message `send` accepts, in bytes. */
+  readonly maxMessageBytes: number;
+  /** Sends one message to `to`. */
+  send(to: PeerAddr, msg: Uint8Array, channel?: Channel): Promise<boolean>;
+  /** Registers the single handler for incoming messages (a later call replaces it). */
+  onMessage(handler: (from: PeerAddr, msg: Uint8Array, channel: Channel) => void): void;
+  /** Drops the cached connection to a peer (e.g. once membership declares it dead). */
+  forget(peer: PeerId): void;
+  /** Closes every connection and stops accepting; pending sends resolve false. */
+  close(): Promise<void>;
+}
