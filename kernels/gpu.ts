@@ -1,0 +1,199 @@
+// The WebGPU device, and the few buffer and pipeline utilities every kernel uses.
+// Effects live here: requesting the adapter, creating buffers, reading back.
+
+/** What weights are stored as on the GPU. Activations are always f32. */
+export type WeightType = "f32" | "f16";
+
+export interface Gpu {
+  device: GPUDevice;
+  /** The adapter's description, e.g. "NVIDIA H200" or "llvmpipe (LLVM 15.0.6, 256 bits)". */
+  adapterName: string;
+  /** True for a software adapter (llvmpipe/lavapipe): correct but slow. */
+  isSoftware: boolean;
+  /** Whether `shader-f16` is enabled, so f16 weights can be used. */
+  hasF16: boolean;
+  /** Whether `timestamp-query` is enabled. */
+  hasTimestamps: boolean;
+  /** Pipelines by WGSL source + entry point, built once per device. */
+  pipelines: Map<string, GPUComputePipeline>;
+}
+
+/** Thrown when no WebGPU adapter is available; callers (tests) may skip on it. */
+export class NoGpuError extends Error {
+  override name = "NoGpuError";
+}
+
+let shared: Promise<Gpu> | undefined;
+
+/** The process's GPU, requested once. Requests the adapter's full buffer and workgroup limits. */
+export function getGpu(): Promise<Gpu> {
+  shared ??= requestGpu();
+  return shared;
+}
+
+async function requestGpu(): Promise<Gpu> {
+  if (typeof navigator === "undefined" || !("gpu" in navigator)) {
+    throw new NoGpuError("this Deno has no WebGPU (navigator.gpu is missing)");
+  }
+  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  if (!adapter) {
+    throw new NoGpuError(
+      "no WebGPU adapter: install a GPU driver with Vulkan, or mesa-vulkan-drivers for the software adapter",
+    );
+  }
+  const wanted: GPUFeatureName[] = ["shader-f16", "timestamp-query"];
+  const requiredFeatures = wanted.filter((f) => adapter.features.has(f));
+  const l = adapter.limits;
+  const device = await adapter.requestDevice({
+    requiredFeatures,
+    requiredLimits: {
+      maxStorageBufferBindingSize: l.maxStorageBufferBindingSize,
+      maxBufferSize: l.maxBufferSize,
+      maxComputeWorkgroupStorageSize: l.maxComputeWorkgroupStorageSize,
+      maxComputeInvocationsPerWorkgroup: l.maxComputeInvocationsPerWorkgroup,
+      maxComputeWorkgroupSizeX: l.maxComputeWorkgroupSizeX,
+      maxStorageBuffersPerShaderStage: l.maxStorageBuffersPerShaderStage,
+      maxComputeWorkgroupsPerDimension: l.maxComputeWorkgroupsPerDimension,
+    },
+  });
+  const info = adapter.info;
+  const adapterName = info.description || info.device || info.vendor || "unknown adapter";
+  return {
+    device,
+    adapterName,
+    isSoftware: info.isFallbackAdapter || /llvmpipe|lavapipe|swiftshader|software/i.test(adapterName),
+    hasF16: device.features.has("shader-f16"),
+    hasTimestamps: device.features.has("timestamp-query"),
+    pipelines: new Map(),
+  };
+}
+
+/** A compute pipeline for `code`, compiled once per device. */
+export function pipeline(gpu: Gpu, code: string, entryPoint = "main"): GPUComputePipeline {
+  const key = `${entryPoint}\n${code}`;
+  let p = gpu.pipelines.get(key);
+  if (!p) {
+    const module = gpu.device.createShaderModule({ code });
+    p = gpu.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint } });
+    gpu.pipelines.set(key, p);
+  }
+  return p;
+}
+
+const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+
+/** A storage buffer of `bytes` (rounded up to 16), zero-filled. */
+export function storageBuffer(gpu: Gpu, bytes: number, label?: string): GPUBuffer {
+  return gpu.device.createBuffer({ size: Math.max(16, Math.ceil(bytes / 16) * 16), usage: STORAGE, label });
+}
+
+/** A storage buffer holding `data` (its bytes, padded to a multiple of 16). */
+export function uploadBuffer(gpu: Gpu, data: ArrayBufferView, label?: string): GPUBuffer {
+  const buf = storageBuffer(gpu, data.byteLength, label);
+  writeBytes(gpu, buf, 0, data);
+  return buf;
+}
+
+/** queue.writeBuffer for any view, padding the write to a multiple of 4 bytes as WebGPU requires. */
+export function writeBytes(gpu: Gpu, buf: GPUBuffer, offset: number, data: ArrayBufferView): void {
+  let bytes = new Uint8Array(data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);
+  if (bytes.byteLength % 4 !== 0) {
+    const padded = new Uint8Array(Math.ceil(bytes.byteLength / 4) * 4);
+    padded.set(bytes);
+    bytes = padded;
+  }
+  gpu.device.queue.writeBuffer(buf, offset, bytes);
+}
+
+/** A uniform buffer holding 32-bit words (u32, or f32 given as numbers via `floats` indices). */
+export function uniformBuffer(gpu: Gpu, words: ArrayLike<number>, floatAt: number[] = []): GPUBuffer {
+  const n = Math.max(4, Math.ceil(words.length / 4) * 4);
+  const buf = gpu.device.createBuffer({
+    size: n * 4,
+    usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+  });
+  gpu.device.queue.writeBuffer(buf, 0, packWords(words, floatAt, n));
+  return buf;
+}
+
+/** Packs numbers into a Uint32Array, bit-casting the entries at `floatAt` from f32. */
+export function packWords(
+  words: ArrayLike<number>,
+  floatAt: number[] = [],
+  length = words.length,
+): Uint32Array<ArrayBuffer> {
+  const out = new Uint32Array(length);
+  const f = new Float32Array(out.buffer);
+  for (let i = 0; i < words.length; i++) {
+    if (floatAt.includes(i)) f[i] = words[i];
+    else out[i] = words[i] >>> 0;
+  }
+  return out;
+}
+
+/** Copies `bytes` from `src` (at `offset`) and maps them to the CPU: one readback (~11 ms floor in Deno). */
+export async function readBack(gpu: Gpu, src: GPUBuffer, bytes: number, offset = 0): Promise<ArrayBuffer> {
+  const size = Math.ceil(bytes / 4) * 4;
+  const staging = gpu.device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const enc = gpu.device.createCommandEncoder();
+  enc.copyBufferToBuffer(src, offset, staging, 0, size);
+  gpu.device.queue.submit([enc.finish()]);
+  await staging.mapAsync(GPUMapMode.READ);
+  const out = staging.getMappedRange().slice(0, bytes);
+  staging.unmap();
+  staging.destroy();
+  return out;
+}
+
+/** One dispatch, prepared once and encoded as often as needed (no per-use JavaScript work but the encode). */
+export interface KernelCall {
+  pipeline: GPUComputePipeline;
+  bindGroup: GPUBindGroup;
+  workgroups: [number, number, number];
+  label?: string;
+}
+
+/** Builds a KernelCall, binding `buffers` to bindings 0..n-1 in order. */
+export function kernelCall(
+  gpu: Gpu,
+  pipe: GPUComputePipeline,
+  buffers: GPUBuffer[],
+  workgroups: [number, number?, number?],
+  label?: string,
+): KernelCall {
+  const bindGroup = gpu.device.createBindGroup({
+    layout: pipe.getBindGroupLayout(0),
+    entries: buffers.map((buffer, binding) => ({ binding, resource: { buffer } })),
+  });
+  const [x, y = 1, z = 1] = workgroups;
+  return { pipeline: pipe, bindGroup, workgroups: [x, y, z], label };
+}
+
+/** Encodes calls into one compute pass (WebGPU orders dispatches in a pass, with barriers between them). */
+export function encodeCalls(pass: GPUComputePassEncoder, calls: readonly KernelCall[]): void {
+  for (const c of calls) {
+    pass.setPipeline(c.pipeline);
+    pass.setBindGroup(0, c.bindGroup);
+    pass.dispatchWorkgroups(c.workgroups[0], c.workgroups[1], c.workgroups[2]);
+  }
+}
+
+/** Runs calls in one submit and waits for the GPU (tests and one-off work; the decode loop does not wait). */
+export async function runCalls(gpu: Gpu, calls: readonly KernelCall[]): Promise<void> {
+  const enc = gpu.device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encodeCalls(pass, calls);
+  pass.end();
+  gpu.device.queue.submit([enc.finish()]);
+  await gpu.device.queue.onSubmittedWorkDone();
+}
+
+/** The WGSL preamble and scalar type name for a weight type. */
+export function weightType(wt: WeightType): { enable: string; type: string } {
+  return wt === "f16" ? { enable: "enable f16;", type: "f16" } : { enable: "", type: "f32" };
+}
+
+/** ceil(a / b) for positive integers. */
+export function ceilDiv(a: number, b: number): number {
+  return Math.floor((a + b - 1) / b);
+}

@@ -1,0 +1,11 @@
+// The WGSL kernels and the code that dispatches them. Each kernel file holds its WGSL, a builder for its
+// dispatch (a KernelCall, built once and reused every step) and a plain CPU reference for its tests.
+export * from "./gpu.ts";
+export * from "./step.ts";
+export * from "./embed.ts";
+export * from "./rmsnorm.ts";
+export * from "./matmul.ts";
+export * from "./rope.ts";
+export * from "./attention.ts";
+export * from "./silu_mul.ts";
+export * from "./sample.ts";

@@ -1,0 +1,175 @@
+// Sampling on the GPU, so a decode step needs no readback: the chosen token is written into the token
+// buffer at `step.tok_out`, where the next step's embedding reads it.
+// temperature <= 0: argmax (lowest index on ties, like torch.argmax).
+// Otherwise: p_i ∝ exp((l_i - max) / T); top-p keeps the smallest set of most likely tokens whose mass
+// reaches top_p (found by bisection on a probability threshold, no sort); then inverse-CDF sampling in
+// index order with a uniform number hashed from (seed, tok_out), so a seed gives a reproducible sequence.
+import { type Gpu, kernelCall, type KernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { STEP_WGSL } from "./step.ts";
+
+const WG = 256;
+
+const SOURCE = `${STEP_WGSL}
+struct P { V: u32, row: u32, temperature: f32, top_p: f32, seed: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(3) var<storage, read_write> tokens: array<u32>;
+const WG = ${WG}u;
+var<workgroup> rv: array<f32, ${WG}>;
+var<workgroup> ri: array<u32, ${WG}>;
+var<workgroup> bisect: array<f32, 2>;
+
+fn pcg(v: u32) -> u32 {
+  let state = v * 747796405u + 2891336453u;
+  let word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+  return (word >> 22u) ^ word;
+}
+
+fn sum_all(tid: u32, v: f32) -> f32 {
+  rv[tid] = v;
+  workgroupBarrier();
+  for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) { rv[tid] += rv[tid + s]; }
+    workgroupBarrier();
+  }
+  let total = rv[0];
+  workgroupBarrier();
+  return total;
+}
+
+@compute @workgroup_size(${WG})
+fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
+  let tid = lid.x;
+  let base = p.row * p.V;
+  var bv = -3.4e38;
+  var bi = 0xffffffffu;
+  for (var i = tid; i < p.V; i += WG) {
+    let v = logits[base + i];
+    if (v > bv) { bv = v; bi = i; }
+  }
+  rv[tid] = bv;
+  ri[tid] = bi;
+  workgroupBarrier();
+  for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) {
+      let ov = rv[tid + s];
+      let oi = ri[tid + s];
+      if (ov > rv[tid] || (ov == rv[tid] && oi < ri[tid])) { rv[tid] = ov; ri[tid] = oi; }
+    }
+    workgroupBarrier();
+  }
+  let best = ri[0];
+  let mx = rv[0];
+  workgroupBarrier();
+  if (tid == 0u) { tokens[step.tok_out] = best; }
+  if (p.temperature <= 0.0) { return; }
+  let inv_t = 1.0 / p.temperature;
+  // Threshold tau on the relative probability e_i = exp((l_i - max) / T) in (0, 1].
+  var tau = 0.0;
+  if (p.top_p < 1.0) {
+    var z = 0.0;
+    for (var i = tid; i < p.V; i += WG) { z += exp((logits[base + i] - mx) * inv_t); }
+    let target_mass = sum_all(tid, z) * p.top_p;
+    var lo = 0.0;
+    var hi = 1.0;
+    for (var it = 0u; it < 32u; it++) {
+      let mid = 0.5 * (lo + hi);
+      var s = 0.0;
+      for (var i = tid; i < p.V; i += WG) {
+        let e = exp((logits[base + i] - mx) * inv_t);
+        if (e >= mid) { s += e; }
+      }
+      if (sum_all(tid, s) >= target_mass) { lo = mid; } else { hi = mid; }
+    }
+    tau = lo;
+  }
+  // Inverse CDF over contiguous chunks, one per thread, in index order.
+  let chunk = (p.V + WG - 1u) / WG;
+  let start = min(p.V, tid * chunk);
+  let end = min(p.V, start + chunk);
+  var mine = 0.0;
+  for (var i = start; i < end; i++) {
+    let e = exp((logits[base + i] - mx) * inv_t);
+    if (e >= tau) { mine += e; }
+  }
+  rv[tid] = mine;
+  workgroupBarrier();
+  if (tid == 0u) {
+    var acc = 0.0;
+    for (var k = 0u; k < WG; k++) { let v = rv[k]; rv[k] = acc; acc += v; }
+    bisect[0] = acc;
+  }
+  workgroupBarrier();
+  let u = f32(pcg(pcg(p.seed) ^ pcg(step.tok_out + 0x9e3779b9u)) >> 8u) / 16777216.0 * bisect[0];
+  let before = rv[tid];
+  if (u >= before && u < before + mine) {
+    var acc = before;
+    for (var i = start; i < end; i++) {
+      let e = exp((logits[base + i] - mx) * inv_t);
+      if (e >= tau) {
+        acc += e;
+        if (u < acc) { tokens[step.tok_out] = i; break; }
+      }
+    }
+  }
+}`;
+
+export interface SamplingOptions {
+  /** 0 means greedy (argmax). */
+  temperature: number;
+  /** Nucleus mass in (0, 1]; 1 keeps every token. */
+  topP: number;
+  /** Seed of the per-position random numbers. */
+  seed: number;
+}
+
+export function sampleCall(
+  gpu: Gpu,
+  bufs: { step: GPUBuffer; logits: GPUBuffer; tokens: GPUBuffer },
+  d: { vocab: number; row?: number } & SamplingOptions,
+): KernelCall {
+  if (!(d.topP > 0 && d.topP <= 1)) throw new RangeError(`top-p must be in (0, 1], got ${d.topP}`);
+  if (!(d.temperature >= 0)) throw new RangeError(`temperature must be >= 0, got ${d.temperature}`);
+  const params = uniformBuffer(gpu, [d.vocab, d.row ?? 0, d.temperature, d.topP, d.seed >>> 0], [2, 3]);
+  return kernelCall(gpu, pipeline(gpu, SOURCE), [params, bufs.step, bufs.logits, bufs.tokens], [1], "sample");
+}
+
+function pcg(v: number): number {
+  const state = (Math.imul(v >>> 0, 747796405) + 2891336453) >>> 0;
+  const word = Math.imul(((state >>> ((state >>> 28) + 4)) ^ state) >>> 0, 277803737) >>> 0;
+  return ((word >>> 22) ^ word) >>> 0;
+}
+
+/** The uniform number in [0, 1) the GPU sampler draws for (seed, tokOut). */
+export function sampleUniform(seed: number, tokOut: number): number {
+  return (pcg(pcg(seed) ^ pcg((tokOut + 0x9e3779b9) >>> 0)) >>> 8) / 16777216;
+}
+
+/** Reference sampler: same rule, f64 arithmetic. */
+export function sampleRef(logits: Float32Array, o: SamplingOptions & { tokOut: number }): number {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+  if (o.temperature <= 0) return best;
+  const mx = logits[best];
+  const e = Array.from(logits, (l) => Math.exp((l - mx) / o.temperature));
+  let tau = 0;
+  if (o.topP < 1) {
+    const sorted = [...e].sort((a, b) => b - a);
+    const target = e.reduce((a, b) => a + b, 0) * o.topP;
+    let acc = 0;
+    for (const v of sorted) {
+      acc += v;
+      tau = v;
+      if (acc >= target) break;
+    }
+  }
+  const kept = e.map((v) => (v >= tau ? v : 0));
+  const u = sampleUniform(o.seed, o.tokOut) * kept.reduce((a, b) => a + b, 0);
+  let acc = 0;
+  for (let i = 0; i < kept.length; i++) {
+    acc += kept[i];
+    if (kept[i] > 0 && u < acc) return i;
+  }
+  return best;
+}

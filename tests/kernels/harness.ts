@@ -1,0 +1,54 @@
+// What the kernel tests share: the GPU (or a clear skip), seeded random data, upload/readback, and the
+// tolerance check |gpu - ref| <= atol + |ref| * rtol.
+import { getGpu, type Gpu, NoGpuError, readBack, uploadBuffer } from "../../kernels/mod.ts";
+
+/** The GPU, or null (with one line saying the GPU tests are skipped) when this machine has no adapter. */
+export async function gpuOrSkip(): Promise<Gpu | null> {
+  try {
+    return await getGpu();
+  } catch (e) {
+    if (!(e instanceof NoGpuError)) throw e;
+    console.log(`skipped: GPU kernel tests (${e.message})`);
+    return null;
+  }
+}
+
+/** Deterministic uniform numbers in [-scale, scale) (mulberry32). */
+export function randoms(n: number, seed: number, scale = 1): Float32Array {
+  let a = seed >>> 0;
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    out[i] = ((((t ^ (t >>> 14)) >>> 0) / 4294967296) * 2 - 1) * scale;
+  }
+  return out;
+}
+
+export function upload(gpu: Gpu, data: Float32Array | Uint32Array | Uint16Array): GPUBuffer {
+  return uploadBuffer(gpu, data);
+}
+
+export async function readF32(gpu: Gpu, buf: GPUBuffer, n: number): Promise<Float32Array> {
+  return new Float32Array(await readBack(gpu, buf, n * 4));
+}
+
+export async function readU32(gpu: Gpu, buf: GPUBuffer, n: number): Promise<Uint32Array> {
+  return new Uint32Array(await readBack(gpu, buf, n * 4));
+}
+
+/** Throws naming the first element where |got - want| > atol + |want| * rtol (or NaN). */
+export function assertClose(got: Float32Array, want: Float32Array, atol: number, rtol: number, what = ""): void {
+  if (got.length < want.length) throw new Error(`${what}: got ${got.length} values, want ${want.length}`);
+  let worst = 0;
+  for (let i = 0; i < want.length; i++) {
+    const err = Math.abs(got[i] - want[i]);
+    const bound = atol + Math.abs(want[i]) * rtol;
+    if (!(err <= bound)) {
+      throw new Error(`${what}: element ${i}: got ${got[i]}, want ${want[i]} (|err| ${err} > ${bound})`);
+    }
+    worst = Math.max(worst, err);
+  }
+}
