@@ -1,6 +1,6 @@
 // Causal attention of T new queries over the KV cache, grouped-query heads, online softmax in chunks of
 // 64 keys (one workgroup per (head, token)). q comes from the fused qkv activations; out is [T, heads*hd].
-import { type Gpu, kernelCall, type KernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
 /** The largest head_dim this kernel supports (each of 64 threads keeps up to 4 output dims). */
@@ -96,7 +96,14 @@ export function attentionCall(
     throw new RangeError(`heads (${d.heads}) must be a multiple of kv heads (${d.kvHeads})`);
   }
   const params = uniformBuffer(gpu, [d.heads, d.kvHeads, d.headDim, d.maxSeq, 1 / Math.sqrt(d.headDim)], [4]);
-  return kernelCall(gpu, pipeline(gpu, SOURCE), [params, bufs.step, bufs.qkv, bufs.kcache, bufs.vcache, bufs.out], [
+  return kernelCall(gpu, pipeline(gpu, SOURCE), [
+    params,
+    bufs.step,
+    bufs.qkv,
+    bufs.kcache,
+    bufs.vcache,
+    bufs.out,
+  ], [
     d.heads,
     d.T,
   ], "attention");

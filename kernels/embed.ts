@@ -1,6 +1,15 @@
 // Embedding gather: x[t, :] = table[tokens[pos0 + t], :]. The token buffer is indexed by position, so
 // a decode step reads the token that the previous step's sampler wrote, without a round trip to the CPU.
-import { ceilDiv, type Gpu, kernelCall, type KernelCall, pipeline, uniformBuffer, type WeightType, weightType } from "./gpu.ts";
+import {
+  ceilDiv,
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  pipeline,
+  uniformBuffer,
+  type WeightType,
+  weightType,
+} from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
 function source(wt: WeightType): string {
@@ -46,6 +55,8 @@ export function embedCall(
 
 export function embedRef(table: Float32Array, tokens: ArrayLike<number>, hidden: number): Float32Array {
   const x = new Float32Array(tokens.length * hidden);
-  for (let t = 0; t < tokens.length; t++) x.set(table.subarray(tokens[t] * hidden, (tokens[t] + 1) * hidden), t * hidden);
+  for (let t = 0; t < tokens.length; t++) {
+    x.set(table.subarray(tokens[t] * hidden, (tokens[t] + 1) * hidden), t * hidden);
+  }
   return x;
 }

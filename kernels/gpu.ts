@@ -150,6 +150,8 @@ export interface KernelCall {
   pipeline: GPUComputePipeline;
   bindGroup: GPUBindGroup;
   workgroups: [number, number, number];
+  /** The buffers bound, in binding order (uniform parameter buffers are owned by the call). */
+  buffers: GPUBuffer[];
   label?: string;
 }
 
@@ -166,7 +168,7 @@ export function kernelCall(
     entries: buffers.map((buffer, binding) => ({ binding, resource: { buffer } })),
   });
   const [x, y = 1, z = 1] = workgroups;
-  return { pipeline: pipe, bindGroup, workgroups: [x, y, z], label };
+  return { pipeline: pipe, bindGroup, workgroups: [x, y, z], buffers, label };
 }
 
 /** Encodes calls into one compute pass (WebGPU orders dispatches in a pass, with barriers between them). */
@@ -175,6 +177,13 @@ export function encodeCalls(pass: GPUComputePassEncoder, calls: readonly KernelC
     pass.setPipeline(c.pipeline);
     pass.setBindGroup(0, c.bindGroup);
     pass.dispatchWorkgroups(c.workgroups[0], c.workgroups[1], c.workgroups[2]);
+  }
+}
+
+/** Destroys the uniform parameter buffers the calls own (not the shared step uniform, given as `keep`). */
+export function releaseCalls(calls: Iterable<KernelCall>, keep?: GPUBuffer): void {
+  for (const c of calls) {
+    for (const b of c.buffers) if (b !== keep && (b.usage & GPUBufferUsage.UNIFORM) !== 0) b.destroy();
   }
 }
 

@@ -1,7 +1,16 @@
 // y[t, n] (+)= sum_k x[t, k] * W[n, k]: every linear layer (W as the checkpoint stores it, [out, in]).
 // Two kernels: a GEMV for few rows (decode), reading each weight once per token with vec4 loads when
 // K % 4 == 0, and a 16x16 tiled matmul for prefill. `accumulate` adds into y (residual connections).
-import { ceilDiv, type Gpu, kernelCall, type KernelCall, pipeline, uniformBuffer, type WeightType, weightType } from "./gpu.ts";
+import {
+  ceilDiv,
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  pipeline,
+  uniformBuffer,
+  type WeightType,
+  weightType,
+} from "./gpu.ts";
 
 const GEMV_THREADS = 128;
 const GEMV_ROWS = 4;
@@ -112,7 +121,13 @@ export function matmulCall(
     return kernelCall(gpu, pipe, [params, bufs.x, bufs.w, bufs.y], [ceilDiv(d.N, GEMV_ROWS), d.T], "gemv");
   }
   const pipe = pipeline(gpu, tiledSource(d.weights));
-  return kernelCall(gpu, pipe, [params, bufs.x, bufs.w, bufs.y], [ceilDiv(d.N, 16), ceilDiv(d.T, 16)], "matmul");
+  return kernelCall(
+    gpu,
+    pipe,
+    [params, bufs.x, bufs.w, bufs.y],
+    [ceilDiv(d.N, 16), ceilDiv(d.T, 16)],
+    "matmul",
+  );
 }
 
 /** CPU reference in f64 accumulation; `y0` is the prior content of y when accumulating. */

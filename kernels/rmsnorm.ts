@@ -1,6 +1,14 @@
 // RMSNorm as Llama computes it (in f32): y = x / sqrt(mean(x^2) + eps) * w, one workgroup per row.
 // `srcRow0` lets the head normalise only the last row of a prefill chunk.
-import { type Gpu, kernelCall, type KernelCall, pipeline, uniformBuffer, type WeightType, weightType } from "./gpu.ts";
+import {
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  pipeline,
+  uniformBuffer,
+  type WeightType,
+  weightType,
+} from "./gpu.ts";
 
 function source(wt: WeightType): string {
   const w = weightType(wt);

@@ -2,7 +2,7 @@
 // activations, writing rotated k and plain v into the layer's KV cache at their positions.
 // cos/sin come from a table built on the CPU (ropeTable), so every scaling rule (none, llama3, later yarn)
 // lives in one place in plain TypeScript and the angles match transformers' f32 computation exactly.
-import { ceilDiv, type Gpu, kernelCall, type KernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { ceilDiv, type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
 const SOURCE = `${STEP_WGSL}
@@ -103,7 +103,14 @@ export function ropeKvCall(
 ): KernelCall {
   if (d.headDim % 2 !== 0) throw new RangeError(`head_dim must be even for RoPE, got ${d.headDim}`);
   const params = uniformBuffer(gpu, [d.heads, d.kvHeads, d.headDim, d.maxSeq]);
-  return kernelCall(gpu, pipeline(gpu, SOURCE), [params, bufs.step, bufs.table, bufs.qkv, bufs.kcache, bufs.vcache], [
+  return kernelCall(gpu, pipeline(gpu, SOURCE), [
+    params,
+    bufs.step,
+    bufs.table,
+    bufs.qkv,
+    bufs.kcache,
+    bufs.vcache,
+  ], [
     ceilDiv(d.headDim / 2, 64),
     d.heads + d.kvHeads,
     d.T,

@@ -1,6 +1,6 @@
 // The SiLU-gated MLP's middle: a[t, i] = silu(gu[t, i]) * gu[t, I + i], where gu is the fused
 // gate/up projection [T, 2I] (gate rows first, then up rows, as the model loader concatenates them).
-import { ceilDiv, type Gpu, kernelCall, type KernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { ceilDiv, type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
 
 const SOURCE = `
 struct P { I: u32, T: u32 }
@@ -22,7 +22,10 @@ export function siluMulCall(
   d: { intermediate: number; T: number },
 ): KernelCall {
   const params = uniformBuffer(gpu, [d.intermediate, d.T]);
-  return kernelCall(gpu, pipeline(gpu, SOURCE), [params, bufs.gu, bufs.a], [ceilDiv(d.intermediate, 256), d.T], "silu_mul");
+  return kernelCall(gpu, pipeline(gpu, SOURCE), [params, bufs.gu, bufs.a], [
+    ceilDiv(d.intermediate, 256),
+    d.T,
+  ], "silu_mul");
 }
 
 export function siluMulRef(gu: Float32Array, intermediate: number): Float32Array {

@@ -40,7 +40,13 @@ export async function readU32(gpu: Gpu, buf: GPUBuffer, n: number): Promise<Uint
 }
 
 /** Throws naming the first element where |got - want| > atol + |want| * rtol (or NaN). */
-export function assertClose(got: Float32Array, want: Float32Array, atol: number, rtol: number, what = ""): void {
+export function assertClose(
+  got: Float32Array,
+  want: Float32Array,
+  atol: number,
+  rtol: number,
+  what = "",
+): void {
   if (got.length < want.length) throw new Error(`${what}: got ${got.length} values, want ${want.length}`);
   let worst = 0;
   for (let i = 0; i < want.length; i++) {

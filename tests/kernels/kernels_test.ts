@@ -6,7 +6,6 @@ import {
   createStepBuffer,
   embedCall,
   embedRef,
-  f32ToF16Bits,
   matmulCall,
   matmulRef,
   rmsnormCall,
@@ -23,6 +22,7 @@ import {
   storageBuffer,
   writeStep,
 } from "../../kernels/mod.ts";
+import { f16ToF32, f32ToF16 as f32ToF16Bits } from "../../models/dtype.ts";
 import { assertClose, gpuOrSkip, randoms, readF32, readU32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
@@ -56,112 +56,145 @@ Deno.test({ name: "rmsnorm matches reference (f32 and f16 weights)", ignore }, a
       const wbuf = wt === "f16" ? upload(g, f32ToF16Bits(w)) : upload(g, w);
       if (wt === "f16") w = new Float32Array(new Float32Array(w.length).map((_, i) => f16Round(w[i])));
       const y = storageBuffer(g, rows * H * 4);
-      await runCalls(g, [rmsnormCall(g, { x: upload(g, x), w: wbuf, y }, { hidden: H, rows, eps: 1e-5, weights: wt })]);
-      assertClose(await readF32(g, y, rows * H), rmsnormRef(x, w, H, 1e-5), 1e-6, 1e-5, `rmsnorm ${rows}x${H} ${wt}`);
+      await runCalls(g, [
+        rmsnormCall(g, { x: upload(g, x), w: wbuf, y }, { hidden: H, rows, eps: 1e-5, weights: wt }),
+      ]);
+      assertClose(
+        await readF32(g, y, rows * H),
+        rmsnormRef(x, w, H, 1e-5),
+        1e-6,
+        1e-5,
+        `rmsnorm ${rows}x${H} ${wt}`,
+      );
     }
   }
 });
 
 function f16Round(v: number): number {
-  const bits = f32ToF16Bits(new Float32Array([v]));
-  return f16BitsToNumber(bits[0]);
+  return f16ToF32(f32ToF16Bits(new Float32Array([v])))[0];
 }
 
-function f16BitsToNumber(h: number): number {
-  const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
-  if (e === 0) return s * f * 2 ** -24;
-  if (e === 31) return f ? NaN : s * Infinity;
-  return s * (1 + f / 1024) * 2 ** (e - 15);
-}
-
-Deno.test({ name: "matmul (gemv and tiled) matches reference, with accumulate and row offset", ignore }, async () => {
-  const g = gpu!;
-  const shapes = [[1, 1, 1], [1, 5, 3], [3, 7, 9], [4, 64, 33], [5, 13, 17], [17, 40, 31], [33, 128, 70]];
-  for (const [T, K, N] of shapes) {
-    for (const wt of g.hasF16 ? ["f32", "f16"] as const : ["f32"] as const) {
-      for (const accumulate of [false, true]) {
-        const x = randoms((T + 1) * K, T * 1000 + K);
-        let w = randoms(N * K, N);
-        const wbuf = wt === "f16" ? upload(g, f32ToF16Bits(w)) : upload(g, w);
-        if (wt === "f16") w = w.map(f16Round);
-        const y0 = randoms(T * N, 7);
-        const y = upload(g, y0);
-        const d = { K, N, T, accumulate, xRow0: 1, weights: wt };
-        await runCalls(g, [matmulCall(g, { x: upload(g, x), w: wbuf, y }, d)]);
-        const want = matmulRef(x, w, d, y0);
-        assertClose(await readF32(g, y, T * N), want, 1e-5, 1e-5, `matmul T${T} K${K} N${N} ${wt} acc=${accumulate}`);
+Deno.test(
+  { name: "matmul (gemv and tiled) matches reference, with accumulate and row offset", ignore },
+  async () => {
+    const g = gpu!;
+    const shapes = [[1, 1, 1], [1, 5, 3], [3, 7, 9], [4, 64, 33], [5, 13, 17], [17, 40, 31], [33, 128, 70]];
+    for (const [T, K, N] of shapes) {
+      for (const wt of g.hasF16 ? ["f32", "f16"] as const : ["f32"] as const) {
+        for (const accumulate of [false, true]) {
+          const x = randoms((T + 1) * K, T * 1000 + K);
+          let w = randoms(N * K, N);
+          const wbuf = wt === "f16" ? upload(g, f32ToF16Bits(w)) : upload(g, w);
+          if (wt === "f16") w = w.map(f16Round);
+          const y0 = randoms(T * N, 7);
+          const y = upload(g, y0);
+          const d = { K, N, T, accumulate, xRow0: 1, weights: wt };
+          await runCalls(g, [matmulCall(g, { x: upload(g, x), w: wbuf, y }, d)]);
+          const want = matmulRef(x, w, d, y0);
+          assertClose(
+            await readF32(g, y, T * N),
+            want,
+            1e-5,
+            1e-5,
+            `matmul T${T} K${K} N${N} ${wt} acc=${accumulate}`,
+          );
+        }
       }
     }
-  }
-});
+  },
+);
 
-Deno.test({ name: "rope writes rotated q in place and rotated k / plain v into the cache", ignore }, async () => {
-  const g = gpu!;
-  for (const [heads, kv, hd, T, pos0] of [[1, 1, 2, 1, 0], [4, 2, 16, 3, 5], [3, 1, 6, 2, 1]]) {
-    const maxSeq = pos0 + T + 2;
-    const inv = ropeInvFreq(hd, 500000, {
-      type: "llama3",
-      factor: 32,
-      lowFreqFactor: 1,
-      highFreqFactor: 4,
-      originalMaxPositionEmbeddings: 8192,
-    });
-    const table = ropeTable(inv, maxSeq);
-    const row = (heads + 2 * kv) * hd;
-    const qkv0 = randoms(T * row, heads * 100 + hd);
-    const qkv = upload(g, qkv0);
-    const kc = storageBuffer(g, kv * maxSeq * hd * 4), vc = storageBuffer(g, kv * maxSeq * hd * 4);
-    const step = createStepBuffer(g);
-    writeStep(g, step, { pos0, T, tokOut: 0 });
-    await runCalls(g, [
-      ropeKvCall(g, { step, table: upload(g, table), qkv, kcache: kc, vcache: vc }, {
-        heads,
-        kvHeads: kv,
-        headDim: hd,
-        maxSeq,
-        T,
-      }),
-    ]);
-    const gotQ = await readF32(g, qkv, T * row), gotK = await readF32(g, kc, kv * maxSeq * hd);
-    const gotV = await readF32(g, vc, kv * maxSeq * hd);
-    for (let t = 0; t < T; t++) {
-      for (let h = 0; h < heads; h++) {
-        const v = qkv0.slice(t * row + h * hd, t * row + (h + 1) * hd);
-        ropeRef(v, table, pos0 + t);
-        assertClose(gotQ.slice(t * row + h * hd), v, 1e-6, 1e-5, `rope q t${t} h${h}`);
-      }
-      for (let h = 0; h < kv; h++) {
-        const k = qkv0.slice(t * row + (heads + h) * hd, t * row + (heads + h + 1) * hd);
-        ropeRef(k, table, pos0 + t);
-        const at = (h * maxSeq + pos0 + t) * hd;
-        assertClose(gotK.slice(at, at + hd), k, 1e-6, 1e-5, `rope k t${t} h${h}`);
-        const v = qkv0.slice(t * row + (heads + kv + h) * hd, t * row + (heads + kv + h + 1) * hd);
-        assertClose(gotV.slice(at, at + hd), v, 0, 0, `v copy t${t} h${h}`);
+Deno.test(
+  { name: "rope writes rotated q in place and rotated k / plain v into the cache", ignore },
+  async () => {
+    const g = gpu!;
+    for (const [heads, kv, hd, T, pos0] of [[1, 1, 2, 1, 0], [4, 2, 16, 3, 5], [3, 1, 6, 2, 1]]) {
+      const maxSeq = pos0 + T + 2;
+      const inv = ropeInvFreq(hd, 500000, {
+        type: "llama3",
+        factor: 32,
+        lowFreqFactor: 1,
+        highFreqFactor: 4,
+        originalMaxPositionEmbeddings: 8192,
+      });
+      const table = ropeTable(inv, maxSeq);
+      const row = (heads + 2 * kv) * hd;
+      const qkv0 = randoms(T * row, heads * 100 + hd);
+      const qkv = upload(g, qkv0);
+      const kc = storageBuffer(g, kv * maxSeq * hd * 4), vc = storageBuffer(g, kv * maxSeq * hd * 4);
+      const step = createStepBuffer(g);
+      writeStep(g, step, { pos0, T, tokOut: 0 });
+      await runCalls(g, [
+        ropeKvCall(g, { step, table: upload(g, table), qkv, kcache: kc, vcache: vc }, {
+          heads,
+          kvHeads: kv,
+          headDim: hd,
+          maxSeq,
+          T,
+        }),
+      ]);
+      const gotQ = await readF32(g, qkv, T * row), gotK = await readF32(g, kc, kv * maxSeq * hd);
+      const gotV = await readF32(g, vc, kv * maxSeq * hd);
+      for (let t = 0; t < T; t++) {
+        for (let h = 0; h < heads; h++) {
+          const v = qkv0.slice(t * row + h * hd, t * row + (h + 1) * hd);
+          ropeRef(v, table, pos0 + t);
+          assertClose(gotQ.slice(t * row + h * hd), v, 1e-6, 1e-5, `rope q t${t} h${h}`);
+        }
+        for (let h = 0; h < kv; h++) {
+          const k = qkv0.slice(t * row + (heads + h) * hd, t * row + (heads + h + 1) * hd);
+          ropeRef(k, table, pos0 + t);
+          const at = (h * maxSeq + pos0 + t) * hd;
+          assertClose(gotK.slice(at, at + hd), k, 1e-6, 1e-5, `rope k t${t} h${h}`);
+          const v = qkv0.slice(t * row + (heads + kv + h) * hd, t * row + (heads + kv + h + 1) * hd);
+          assertClose(gotV.slice(at, at + hd), v, 0, 0, `v copy t${t} h${h}`);
+        }
       }
     }
-  }
-});
+  },
+);
 
-Deno.test({ name: "attention over the cache matches reference (GQA, long and short contexts)", ignore }, async () => {
-  const g = gpu!;
-  for (const [heads, kv, hd, T, pos0] of [[1, 1, 1, 1, 0], [4, 2, 16, 3, 0], [4, 1, 8, 1, 130], [2, 2, 80, 5, 60]]) {
-    const maxSeq = pos0 + T + 3;
-    const row = (heads + 2 * kv) * hd;
-    const qkv0 = randoms(T * row, hd + T, 2);
-    const kc0 = randoms(kv * maxSeq * hd, 11), vc0 = randoms(kv * maxSeq * hd, 12);
-    const out = storageBuffer(g, T * heads * hd * 4);
-    const step = createStepBuffer(g);
-    writeStep(g, step, { pos0, T, tokOut: 0 });
-    const d = { heads, kvHeads: kv, headDim: hd, maxSeq, T };
-    await runCalls(g, [
-      attentionCall(g, { step, qkv: upload(g, qkv0), kcache: upload(g, kc0), vcache: upload(g, vc0), out }, d),
-    ]);
-    const q = new Float32Array(T * heads * hd);
-    for (let t = 0; t < T; t++) q.set(qkv0.subarray(t * row, t * row + heads * hd), t * heads * hd);
-    const want = attentionRef(q, kc0, vc0, { ...d, pos0 });
-    assertClose(await readF32(g, out, T * heads * hd), want, 1e-5, 1e-4, `attention h${heads} kv${kv} hd${hd} T${T} @${pos0}`);
-  }
-});
+Deno.test(
+  { name: "attention over the cache matches reference (GQA, long and short contexts)", ignore },
+  async () => {
+    const g = gpu!;
+    for (
+      const [heads, kv, hd, T, pos0] of [[1, 1, 1, 1, 0], [4, 2, 16, 3, 0], [4, 1, 8, 1, 130], [
+        2,
+        2,
+        80,
+        5,
+        60,
+      ]]
+    ) {
+      const maxSeq = pos0 + T + 3;
+      const row = (heads + 2 * kv) * hd;
+      const qkv0 = randoms(T * row, hd + T, 2);
+      const kc0 = randoms(kv * maxSeq * hd, 11), vc0 = randoms(kv * maxSeq * hd, 12);
+      const out = storageBuffer(g, T * heads * hd * 4);
+      const step = createStepBuffer(g);
+      writeStep(g, step, { pos0, T, tokOut: 0 });
+      const d = { heads, kvHeads: kv, headDim: hd, maxSeq, T };
+      await runCalls(g, [
+        attentionCall(
+          g,
+          { step, qkv: upload(g, qkv0), kcache: upload(g, kc0), vcache: upload(g, vc0), out },
+          d,
+        ),
+      ]);
+      const q = new Float32Array(T * heads * hd);
+      for (let t = 0; t < T; t++) q.set(qkv0.subarray(t * row, t * row + heads * hd), t * heads * hd);
+      const want = attentionRef(q, kc0, vc0, { ...d, pos0 });
+      assertClose(
+        await readF32(g, out, T * heads * hd),
+        want,
+        1e-5,
+        1e-4,
+        `attention h${heads} kv${kv} hd${hd} T${T} @${pos0}`,
+      );
+    }
+  },
+);
 
 Deno.test({ name: "silu_mul matches reference", ignore }, async () => {
   const g = gpu!;
@@ -173,31 +206,48 @@ Deno.test({ name: "silu_mul matches reference", ignore }, async () => {
   }
 });
 
-Deno.test({ name: "sampling: argmax (ties to lowest), temperature and top-p match the reference", ignore }, async () => {
-  const g = gpu!;
-  const step = createStepBuffer(g);
-  const tokens = storageBuffer(g, 64 * 4);
-  async function sample(logits: Float32Array, o: { temperature: number; topP: number; seed: number }, tokOut: number) {
-    writeStep(g, step, { pos0: 0, T: 1, tokOut });
-    await runCalls(g, [sampleCall(g, { step, logits: upload(g, logits), tokens }, { vocab: logits.length, ...o })]);
-    return (await readU32(g, tokens, 64))[tokOut];
-  }
-  // Greedy, ties resolved to the lowest index; sizes 1, odd, larger than the workgroup.
-  for (const V of [1, 3, 1000, 128256]) {
-    const l = randoms(V, V, 5);
-    const want = sampleRef(l, { temperature: 0, topP: 1, seed: 0, tokOut: 1 });
-    if ((await sample(l, { temperature: 0, topP: 1, seed: 0 }, 1)) !== want) throw new Error(`argmax V=${V}`);
-  }
-  const tie = new Float32Array([0, 3, 1, 3, 3]);
-  if ((await sample(tie, { temperature: 0, topP: 1, seed: 0 }, 2)) !== 1) throw new Error("argmax tie");
-  // Sampling: same token as the reference for many (seed, position) draws.
-  const l = randoms(777, 3, 4);
-  for (const [temperature, topP] of [[1, 1], [0.7, 0.9], [1.3, 0.5], [1, 0.05]]) {
-    for (let k = 0; k < 12; k++) {
-      const o = { temperature, topP, seed: 1234 + k };
-      const want = sampleRef(l, { ...o, tokOut: 3 + k });
-      const got = await sample(l, o, 3 + k);
-      if (got !== want) throw new Error(`sample T=${temperature} p=${topP} seed ${o.seed}: got ${got}, want ${want}`);
+Deno.test(
+  { name: "sampling: argmax (ties to lowest), temperature and top-p match the reference", ignore },
+  async () => {
+    const g = gpu!;
+    const step = createStepBuffer(g);
+    const tokens = storageBuffer(g, 64 * 4);
+    async function sample(
+      logits: Float32Array,
+      o: { temperature: number; topP: number; seed: number },
+      tokOut: number,
+    ) {
+      writeStep(g, step, { pos0: 0, T: 1, tokOut });
+      await runCalls(g, [
+        sampleCall(g, { step, logits: upload(g, logits), tokens }, { vocab: logits.length, ...o }),
+      ]);
+      return (await readU32(g, tokens, 64))[tokOut];
     }
-  }
-});
+    // Greedy, ties resolved to the lowest index; sizes 1, odd, larger than the workgroup.
+    for (const V of [1, 3, 1000, 128256]) {
+      const l = randoms(V, V, 5);
+      const want = sampleRef(l, { temperature: 0, topP: 1, seed: 0, tokOut: 1 });
+      if ((await sample(l, { temperature: 0, topP: 1, seed: 0 }, 1)) !== want) {
+        throw new Error(
+          `argmax V=${V}`,
+        );
+      }
+    }
+    const tie = new Float32Array([0, 3, 1, 3, 3]);
+    if ((await sample(tie, { temperature: 0, topP: 1, seed: 0 }, 2)) !== 1) throw new Error("argmax tie");
+    // Sampling: same token as the reference for many (seed, position) draws.
+    const l = randoms(777, 3, 4);
+    for (const [temperature, topP] of [[1, 1], [0.7, 0.9], [1.3, 0.5], [1, 0.05]]) {
+      for (let k = 0; k < 12; k++) {
+        const o = { temperature, topP, seed: 1234 + k };
+        const want = sampleRef(l, { ...o, tokOut: 3 + k });
+        const got = await sample(l, o, 3 + k);
+        if (got !== want) {
+          throw new Error(
+            `sample T=${temperature} p=${topP} seed ${o.seed}: got ${got}, want ${want}`,
+          );
+        }
+      }
+    }
+  },
+);

@@ -1,0 +1,185 @@
+// Running a model: prefill then incremental decode with the KV cache, and teacher-forced logits.
+// The decode loop never waits for the GPU per token: the sampler writes each token where the next
+// step's embedding reads it, and tokens come back in batches (1, 2, 4, ... up to maxBatch), with the
+// next batch already submitted while the previous one is read back, so the ~11 ms readback floor
+// (FACTS.md) overlaps with compute. Steps computed past an eos are discarded: output stays exact.
+import {
+  encodeCalls,
+  type Gpu,
+  type KernelCall,
+  readBack,
+  type SamplingOptions,
+  writeBytes,
+  writeStep,
+} from "../kernels/mod.ts";
+import type { LlamaModel, LlamaSequence } from "./llama.ts";
+
+export interface GenerateOptions {
+  /** Most tokens to generate (>= 1). */
+  maxTokens: number;
+  sampling: SamplingOptions;
+  /** Generation stops after any of these ids (included in the output, as transformers does). */
+  eosTokenIds?: number[];
+  /** Aborting stops the loop at the next batch boundary and frees the request's GPU memory. */
+  signal?: AbortSignal;
+  /** Most tokens decoded per readback. Default 16. */
+  maxBatch?: number;
+  /** Called with each batch of new token ids as soon as it is read back (streaming). */
+  onTokens?: (ids: number[]) => void;
+}
+
+export interface GenerateResult {
+  /** Generated ids only. */
+  tokens: number[];
+  promptTokens: number;
+  stopReason: "eos" | "max_tokens" | "aborted";
+  /** Milliseconds from start to the first generated token (prefill + one readback). */
+  firstTokenMs: number;
+  /** Decode rate after the first token, tokens per second (0 when only one token). */
+  tokS: number;
+  /** KV cache bytes this request held (freed at the end). */
+  kvBytes: number;
+}
+
+/** Checks ids against the vocabulary: a RangeError names the first bad one. */
+export function checkTokenIds(ids: readonly number[], vocab: number): void {
+  if (ids.length === 0) throw new RangeError("the prompt has no tokens");
+  ids.forEach((id, i) => {
+    if (!Number.isInteger(id) || id < 0 || id >= vocab) {
+      throw new RangeError(`token id ${id} at index ${i} is outside the vocabulary [0, ${vocab})`);
+    }
+  });
+}
+
+function submit(gpu: Gpu, calls: readonly KernelCall[], extra?: (enc: GPUCommandEncoder) => void): void {
+  const enc = gpu.device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encodeCalls(pass, calls);
+  pass.end();
+  extra?.(enc);
+  gpu.device.queue.submit([enc.finish()]);
+}
+
+/** Runs the prompt through the model in chunks; the last chunk ends as `last` says. */
+function prefill(seq: LlamaSequence, prompt: readonly number[], last: "sample" | "logits" | "hidden"): void {
+  const gpu = seq.model.gpu;
+  writeBytes(gpu, seq.tokens, 0, Uint32Array.from(prompt));
+  for (let pos0 = 0; pos0 < prompt.length; pos0 += seq.maxChunk) {
+    const T = Math.min(seq.maxChunk, prompt.length - pos0);
+    const isLast = pos0 + T >= prompt.length;
+    writeStep(gpu, seq.step, { pos0, T, tokOut: prompt.length });
+    submit(gpu, seq.program(T, isLast ? last : "hidden"));
+  }
+}
+
+/** Generates up to maxTokens after `prompt` on a model that embeds and samples (a whole model). */
+export async function generate(
+  model: LlamaModel,
+  prompt: readonly number[],
+  opts: GenerateOptions,
+): Promise<GenerateResult> {
+  const { gpu, config } = model;
+  checkTokenIds(prompt, config.vocabSize);
+  if (!(Number.isInteger(opts.maxTokens) && opts.maxTokens >= 1)) {
+    throw new RangeError(`max tokens must be an integer >= 1, got ${opts.maxTokens}`);
+  }
+  if (!model.hasEmbed || !model.hasHead) throw new Error("generate needs a model with embedding and head");
+  const maxSeq = prompt.length + opts.maxTokens;
+  if (maxSeq > config.maxPositionEmbeddings) {
+    throw new RangeError(
+      `prompt (${prompt.length}) + max tokens (${opts.maxTokens}) exceeds the model's ${config.maxPositionEmbeddings} positions`,
+    );
+  }
+  const eos = new Set(opts.eosTokenIds ?? []);
+  const maxBatch = opts.maxBatch ?? 16;
+  const P = prompt.length;
+  const t0 = performance.now();
+  const seq = model.newSequence({ maxSeq, sampling: opts.sampling });
+  const pending: Promise<number[]>[] = [];
+  try {
+    prefill(seq, prompt, "sample");
+    const decode = seq.program(1, "sample");
+    // Reads generated tokens [from, to) back once the GPU has written them.
+    const read = (from: number, to: number) =>
+      readBack(gpu, seq.tokens, (to - from) * 4, (P + from) * 4).then((b) => Array.from(new Uint32Array(b)));
+    pending.push(read(0, 1));
+    let submitted = 1;
+    let batch = 1;
+    const out: number[] = [];
+    let stopReason: GenerateResult["stopReason"] = "max_tokens";
+    let firstAt = 0, lastAt = 0;
+    while (pending.length > 0) {
+      if (submitted < opts.maxTokens && pending.length < 2 && !opts.signal?.aborted) {
+        const k = Math.min(batch, opts.maxTokens - submitted);
+        for (let j = 0; j < k; j++) {
+          const pos = P + submitted - 1 + j;
+          writeStep(gpu, seq.step, { pos0: pos, T: 1, tokOut: pos + 1 });
+          submit(gpu, decode);
+        }
+        pending.push(read(submitted, submitted + k));
+        submitted += k;
+        batch = Math.min(batch * 2, maxBatch);
+        continue;
+      }
+      const ids = await pending.shift()!;
+      const now = performance.now();
+      if (out.length === 0) firstAt = now;
+      lastAt = now;
+      let fresh = ids;
+      const stop = ids.findIndex((id) => eos.has(id));
+      if (stop >= 0) fresh = ids.slice(0, stop + 1);
+      out.push(...fresh);
+      opts.onTokens?.(fresh);
+      if (stop >= 0) {
+        stopReason = "eos";
+        break;
+      }
+      if (opts.signal?.aborted) {
+        stopReason = "aborted";
+        break;
+      }
+    }
+    const decodeMs = lastAt - firstAt;
+    return {
+      tokens: out,
+      promptTokens: P,
+      stopReason,
+      firstTokenMs: firstAt - t0,
+      tokS: out.length > 1 && decodeMs > 0 ? ((out.length - 1) / decodeMs) * 1000 : 0,
+      kvBytes: seq.kvBytes,
+    };
+  } finally {
+    await Promise.allSettled(pending);
+    seq.destroy();
+  }
+}
+
+/** Teacher-forced logits [T, V] for `tokens` (row t: next-token logits after tokens[0..t]). */
+export async function teacherForcedLogits(
+  model: LlamaModel,
+  tokens: readonly number[],
+): Promise<Float32Array> {
+  const { gpu, config } = model;
+  checkTokenIds(tokens, config.vocabSize);
+  if (!model.hasEmbed || !model.hasHead) throw new Error("logits needs a model with embedding and head");
+  if (tokens.length > config.maxPositionEmbeddings) {
+    throw new RangeError(
+      `${tokens.length} tokens exceed the model's ${config.maxPositionEmbeddings} positions`,
+    );
+  }
+  const V = config.vocabSize;
+  const seq = model.newSequence({ maxSeq: tokens.length, sampling: { temperature: 0, topP: 1, seed: 0 } });
+  try {
+    const out = new Float32Array(tokens.length * V);
+    writeBytes(gpu, seq.tokens, 0, Uint32Array.from(tokens));
+    for (let pos0 = 0; pos0 < tokens.length; pos0 += seq.maxChunk) {
+      const T = Math.min(seq.maxChunk, tokens.length - pos0);
+      writeStep(gpu, seq.step, { pos0, T, tokOut: tokens.length });
+      submit(gpu, seq.program(T, "logits"));
+      out.set(new Float32Array(await readBack(gpu, seq.logits!, T * V * 4)), pos0 * V);
+    }
+    return out;
+  } finally {
+    seq.destroy();
+  }
+}
