@@ -84,6 +84,7 @@ async function loadHfTokenizer(dir: string, config: LlamaConfig): Promise<TextTo
     },
     decode(ids: number[]): string {
       const known = ids.filter((id) => Number.isInteger(id) && id >= 0 && id < vocabSize);
+      if (known.length === 0) return ""; // the library throws on an empty list
       return tok.decode(known, { skip_special_tokens: true, clean_up_tokenization_spaces: false });
     },
   };
