@@ -19,7 +19,12 @@ export const GEMV_MAX_T = 4;
 
 const PARAMS = `struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32 }`;
 
-function gemvSource(wt: WeightType, vec4: boolean): string {
+/**
+ * GEMV: a workgroup of 128 threads is split into teams of `tpr` threads; each team computes GEMV_ROWS
+ * rows, its threads striding over K (coalesced), then a tree reduction inside the team. Wide rows use
+ * one team of 128; narrow rows (small K) use many small teams, so few threads idle and barriers stay few.
+ */
+function gemvSource(wt: WeightType, vec4: boolean, tpr: number): string {
   const w = weightType(wt);
   const xs = vec4 ? "vec4<f32>" : "f32";
   const ws = vec4 ? `vec4<${w.type}>` : w.type;
@@ -32,16 +37,19 @@ ${PARAMS}
 @group(0) @binding(2) var<storage, read> W: array<${ws}>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 const TH = ${GEMV_THREADS}u;
+const TPR = ${tpr}u;
 const R = ${GEMV_ROWS}u;
 var<workgroup> part: array<f32, ${GEMV_THREADS * GEMV_ROWS}>;
 @compute @workgroup_size(${GEMV_THREADS})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let n0 = wg.x * R;
-  let t = wg.y;
   let tid = lid.x;
+  let team = tid / TPR;
+  let lane = tid % TPR;
+  let n0 = (wg.x * (TH / TPR) + team) * R;
+  let t = wg.y;
   let kk = ${kdim};
   var acc: array<f32, ${GEMV_ROWS}>;
-  for (var k = tid; k < kk; k += TH) {
+  for (var k = lane; k < kk; k += TPR) {
     let xv = x[(p.x_row0 + t) * kk + k];
     for (var r = 0u; r < R; r++) {
       let row = min(n0 + r, p.N - 1u);
@@ -50,18 +58,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   }
   for (var r = 0u; r < R; r++) { part[r * TH + tid] = acc[r]; }
   workgroupBarrier();
-  for (var stride = TH / 2u; stride > 0u; stride >>= 1u) {
-    if (tid < stride) {
+  for (var stride = TPR / 2u; stride > 0u; stride >>= 1u) {
+    if (lane < stride) {
       for (var r = 0u; r < R; r++) { part[r * TH + tid] += part[r * TH + tid + stride]; }
     }
     workgroupBarrier();
   }
-  if (tid < R && n0 + tid < p.N && t < p.T) {
-    let o = t * p.N + n0 + tid;
+  if (lane < R && n0 + lane < p.N && t < p.T) {
+    let o = t * p.N + n0 + lane;
     let prev = select(0.0, y[o], p.acc != 0u);
-    y[o] = prev + part[tid * TH];
+    y[o] = prev + part[lane * TH + team * TPR];
   }
 }`;
+}
+
+/** Threads per row for the GEMV: about 4 loads per thread, a power of two in [4, 128]. */
+function gemvTeam(K: number, vec4: boolean): number {
+  const loads = vec4 ? K / 4 : K;
+  let tpr = 4;
+  while (tpr < GEMV_THREADS && tpr * 4 < loads) tpr *= 2;
+  return tpr;
 }
 
 function tiledSource(wt: WeightType): string {
@@ -117,8 +133,11 @@ export function matmulCall(
 ): KernelCall {
   const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0]);
   if (d.T <= GEMV_MAX_T) {
-    const pipe = pipeline(gpu, gemvSource(d.weights, d.K % 4 === 0));
-    return kernelCall(gpu, pipe, [params, bufs.x, bufs.w, bufs.y], [ceilDiv(d.N, GEMV_ROWS), d.T], "gemv");
+    const vec4 = d.K % 4 === 0;
+    const tpr = gemvTeam(d.K, vec4);
+    const pipe = pipeline(gpu, gemvSource(d.weights, vec4, tpr));
+    const rowsPerGroup = (GEMV_THREADS / tpr) * GEMV_ROWS;
+    return kernelCall(gpu, pipe, [params, bufs.x, bufs.w, bufs.y], [ceilDiv(d.N, rowsPerGroup), d.T], "gemv");
   }
   const pipe = pipeline(gpu, tiledSource(d.weights));
   return kernelCall(

@@ -19,6 +19,7 @@ import type { Checkpoint } from "./checkpoint.ts";
 import type { LlamaConfig } from "./config.ts";
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
 import { CheckpointError } from "./errors.ts";
+import { llamaTensorShapes } from "./llama_tensors.ts";
 import {
   attentionCall,
   createStepBuffer,
@@ -85,33 +86,18 @@ export function llamaDims(c: LlamaConfig): LlamaDims {
   };
 }
 
-/** The tensors (name, shape) a stage needs, in load order. */
+/** The tensors (name, shape) a stage needs, in checkpoint order. */
 export function stageTensors(
   c: LlamaConfig,
   stage: { layers: [number, number]; embed: boolean; head: boolean },
 ): [string, number[]][] {
-  const d = llamaDims(c);
-  const out: [string, number[]][] = [];
-  if (stage.embed || (stage.head && c.tieWordEmbeddings)) out.push(["model.embed_tokens.weight", [d.V, d.H]]);
-  for (let i = stage.layers[0]; i < stage.layers[1]; i++) {
-    const p = `model.layers.${i}.`;
-    out.push(
-      [`${p}input_layernorm.weight`, [d.H]],
-      [`${p}self_attn.q_proj.weight`, [d.nH * d.hd, d.H]],
-      [`${p}self_attn.k_proj.weight`, [d.nKV * d.hd, d.H]],
-      [`${p}self_attn.v_proj.weight`, [d.nKV * d.hd, d.H]],
-      [`${p}self_attn.o_proj.weight`, [d.H, d.nH * d.hd]],
-      [`${p}post_attention_layernorm.weight`, [d.H]],
-      [`${p}mlp.gate_proj.weight`, [d.I, d.H]],
-      [`${p}mlp.up_proj.weight`, [d.I, d.H]],
-      [`${p}mlp.down_proj.weight`, [d.H, d.I]],
-    );
-  }
-  if (stage.head) {
-    out.push(["model.norm.weight", [d.H]]);
-    if (!c.tieWordEmbeddings) out.push(["lm_head.weight", [d.V, d.H]]);
-  }
-  return out;
+  const layerOf = (name: string) => Number(/^model\.layers\.(\d+)\./.exec(name)?.[1] ?? NaN);
+  return [...llamaTensorShapes(c)].filter(([name]) => {
+    if (name === "model.embed_tokens.weight") return stage.embed || (stage.head && c.tieWordEmbeddings);
+    if (name === "model.norm.weight" || name === "lm_head.weight") return stage.head;
+    const i = layerOf(name);
+    return i >= stage.layers[0] && i < stage.layers[1];
+  });
 }
 
 /**

@@ -1,0 +1,126 @@
+// swactor generate: text (or token ids) in, generated text streamed out.
+import type { Command } from "./command.ts";
+import { numberFlag, parseFlags, UsageError } from "./command.ts";
+import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
+import { generate } from "../models/generate.ts";
+import { StreamDecoder } from "../models/tokenizer.ts";
+
+const USAGE = `Usage: swactor generate [PROMPT] [options]
+
+Generates text after PROMPT (or after --tokens) and streams it to stdout.
+
+Options:
+  --model DIR           Hugging Face checkpoint folder (config.json + safetensors [+ tokenizer.json]).
+                        Default: the built-in demo model (random weights, Llama 3 vocabulary).
+  --tokens 1,2,3        the prompt as token ids instead of text (for models without a tokenizer)
+  --max-tokens N        most tokens to generate (default 64)
+  --temperature T       0 is greedy decoding (default 0.8)
+  --top-p P             nucleus sampling mass in (0, 1] (default 0.95)
+  --seed S              seed for sampling (default: random)
+  --json                print one JSON object {tokens, text, prompt_tokens, tok_s, ...} on stdout;
+                        progress goes to stderr
+${WEIGHTS_HELP}
+  --local N, --plan FILE, --trace FILE
+                        multi-node runs: not available yet (the pipeline issue); exit code 2
+  -h, --help            this help
+
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input.`;
+
+export const generateCommand: Command = {
+  name: "generate",
+  summary: "generate text from a prompt (streams to stdout)",
+  usage: USAGE,
+  async run(argv) {
+    const { values, positionals } = parseFlags(argv, {
+      model: { type: "string" },
+      tokens: { type: "string" },
+      "max-tokens": { type: "string" },
+      temperature: { type: "string" },
+      "top-p": { type: "string" },
+      seed: { type: "string" },
+      json: { type: "boolean" },
+      weights: { type: "string" },
+      local: { type: "string" },
+      plan: { type: "string" },
+      trace: { type: "string" },
+    }, { allowPositionals: true });
+    for (const f of ["local", "plan", "trace"] as const) {
+      if (values[f] !== undefined) {
+        throw new UsageError(`--${f} is not available yet: this build runs on one node`);
+      }
+    }
+    if (positionals.length > 1) {
+      throw new UsageError(`expected one PROMPT (quote it), got ${positionals.length} words`);
+    }
+    const prompt = positionals[0];
+    if (prompt !== undefined && values.tokens !== undefined) {
+      throw new UsageError("give PROMPT or --tokens, not both");
+    }
+    if (prompt === undefined && values.tokens === undefined) {
+      throw new UsageError("give a PROMPT or --tokens");
+    }
+    const maxTokens = numberFlag(values["max-tokens"], "max-tokens", { min: 1, integer: true, fallback: 64 });
+    const temperature = numberFlag(values.temperature, "temperature", { min: 0, fallback: 0.8 });
+    const topP = numberFlag(values["top-p"], "top-p", { min: Number.MIN_VALUE, max: 1, fallback: 0.95 });
+    const seed = numberFlag(values.seed, "seed", {
+      min: 0,
+      max: 2 ** 32 - 1,
+      integer: true,
+      fallback: (Math.random() * 2 ** 32) >>> 0,
+    });
+    const weights = parseWeights(values.weights);
+    const promptIds = values.tokens !== undefined ? parseTokenList(values.tokens) : undefined;
+
+    const { model, tokenizer } = await loadModel(values.model, { weights });
+    let ids = promptIds;
+    if (ids === undefined) {
+      if (!tokenizer) {
+        throw new UsageError(`the model at ${values.model} has no tokenizer: give the prompt with --tokens`);
+      }
+      ids = tokenizer.encode(prompt!);
+    }
+    const abort = new AbortController();
+    const onSigint = () => abort.abort();
+    Deno.addSignalListener("SIGINT", onSigint);
+    const stream = tokenizer ? new StreamDecoder(tokenizer) : null;
+    const out = new TextEncoder();
+    const write = (s: string) => s && Deno.stdout.writeSync(out.encode(s));
+    try {
+      const result = await generate(model, ids, {
+        maxTokens,
+        sampling: { temperature, topP, seed },
+        eosTokenIds: model.config.eosTokenIds,
+        signal: abort.signal,
+        onTokens: (fresh) => {
+          if (values.json) return;
+          if (stream) { for (const id of fresh) write(stream.push(id)); }
+          else write(fresh.join(" ") + " ");
+        },
+      });
+      const text = tokenizer ? tokenizer.decode(result.tokens) : "";
+      if (values.json) {
+        console.log(JSON.stringify({
+          tokens: result.tokens,
+          text,
+          prompt_tokens: result.promptTokens,
+          tok_s: Number(result.tokS.toFixed(2)),
+          first_token_ms: Number(result.firstTokenMs.toFixed(1)),
+          stop_reason: result.stopReason,
+          seed,
+          weights,
+          adapter: model.gpu.adapterName,
+        }));
+      } else {
+        write((stream?.flush() ?? "") + "\n");
+        console.error(
+          `swactor: ${result.tokens.length} tokens, ${result.tokS.toFixed(1)} tok/s after a first token at ` +
+            `${result.firstTokenMs.toFixed(0)} ms (${result.stopReason}; seed ${seed})`,
+        );
+      }
+      return result.stopReason === "aborted" ? 130 : 0;
+    } finally {
+      Deno.removeSignalListener("SIGINT", onSigint);
+      model.destroy();
+    }
+  },
+};

@@ -1,0 +1,63 @@
+// swactor logits: teacher-forced logits of a token sequence, written as safetensors (for comparing
+// with reference outputs).
+import type { Command } from "./command.ts";
+import { parseFlags, UsageError } from "./command.ts";
+import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
+import { teacherForcedLogits } from "../models/generate.ts";
+import { writeSafetensors } from "../models/safetensors.ts";
+
+const USAGE = `Usage: swactor logits --model DIR --tokens 1,2,3 --out FILE.safetensors [options]
+
+Writes the teacher-forced logits, float32 [T, vocab], as tensor "logits" (row t: the next-token logits
+after tokens[0..t]), plus the tokens as int32 tensor "tokens".
+
+Options:
+  --model DIR           Hugging Face checkpoint folder (required)
+  --tokens 1,2,3        the token ids (required)
+  --out FILE            output .safetensors file (required; written atomically)
+${WEIGHTS_HELP}
+  --local N             multi-node runs: not available yet (the pipeline issue); exit code 2
+  -h, --help            this help`;
+
+export const logitsCommand: Command = {
+  name: "logits",
+  summary: "write teacher-forced logits of token ids to a safetensors file",
+  usage: USAGE,
+  async run(argv) {
+    const { values } = parseFlags(argv, {
+      model: { type: "string" },
+      tokens: { type: "string" },
+      out: { type: "string" },
+      weights: { type: "string" },
+      local: { type: "string" },
+    });
+    if (values.local !== undefined) {
+      throw new UsageError("--local is not available yet: this build runs on one node");
+    }
+    if (!values.model) throw new UsageError("--model DIR is required");
+    if (!values.tokens) throw new UsageError("--tokens is required");
+    if (!values.out) throw new UsageError("--out FILE is required");
+    const tokens = parseTokenList(values.tokens);
+    const { model } = await loadModel(values.model, {
+      weights: parseWeights(values.weights),
+      tokenizer: false,
+    });
+    try {
+      const logits = await teacherForcedLogits(model, tokens);
+      const V = model.config.vocabSize;
+      await writeSafetensors(values.out, [
+        { name: "logits", dtype: "F32", shape: [tokens.length, V], data: new Uint8Array(logits.buffer) },
+        {
+          name: "tokens",
+          dtype: "I32",
+          shape: [tokens.length],
+          data: new Uint8Array(Int32Array.from(tokens).buffer),
+        },
+      ]);
+      console.error(`swactor: wrote logits [${tokens.length}, ${V}] to ${values.out}`);
+      return 0;
+    } finally {
+      model.destroy();
+    }
+  },
+};

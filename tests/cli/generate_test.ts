@@ -1,0 +1,216 @@
+// The acceptance checks of the single-node path, through the CLI: greedy generation and teacher-forced
+// logits against transformers' reference outputs (fixtures/README.md), and bad input exiting with 2.
+import { join } from "node:path";
+import { fixtureDir, skipped } from "../fixtures.ts";
+import { readSafetensorsHeader, readTensorBytes } from "../../models/safetensors.ts";
+import { getGpu, NoGpuError } from "../../kernels/mod.ts";
+import { runCli } from "./run.ts";
+
+const hasGpu = await getGpu().then(() => true, (e) => {
+  if (e instanceof NoGpuError) return false;
+  throw e;
+});
+if (!hasGpu) console.log("skipped: CLI generation tests (no WebGPU adapter)");
+
+interface Reference {
+  prompt_length: number;
+  generated: number;
+  tokens: number[];
+}
+
+async function reference(dir: string): Promise<Reference> {
+  return JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+}
+
+async function readF32Tensor(path: string, name: string): Promise<{ data: Float32Array; shape: number[] }> {
+  const info = (await readSafetensorsHeader(path)).get(name)!;
+  const bytes = await readTensorBytes(info);
+  return { data: new Float32Array(bytes.slice().buffer), shape: info.shape };
+}
+
+/** max over rows of max |got - want| / max |want|: the fixtures' README tolerance is 1e-4 (f32). */
+function worstRowError(got: Float32Array, want: Float32Array, V: number): number {
+  let worst = 0;
+  for (let r = 0; r < want.length / V; r++) {
+    let scale = 0, err = 0;
+    for (let i = r * V; i < (r + 1) * V; i++) {
+      scale = Math.max(scale, Math.abs(want[i]));
+      err = Math.max(err, Math.abs(got[i] - want[i]));
+    }
+    worst = Math.max(worst, err / scale);
+  }
+  return worst;
+}
+
+async function checkFixture(name: string, weights: "f32" | "f16", tolerance: number) {
+  const dir = fixtureDir(name, { needs: "reference.safetensors" });
+  if (!dir) return skipped(`${name} fixture`, `needs ../shared/fixtures/${name}`);
+  const ref = await reference(dir);
+  const prompt = ref.tokens.slice(0, ref.prompt_length);
+  const gen = await runCli([
+    "generate",
+    "--model",
+    dir,
+    "--tokens",
+    prompt.join(","),
+    "--max-tokens",
+    String(ref.generated),
+    "--temperature",
+    "0",
+    "--weights",
+    weights,
+    "--json",
+  ]);
+  if (gen.code !== 0) throw new Error(`generate exited ${gen.code}: ${gen.stderr}`);
+  const json = JSON.parse(gen.stdout);
+  const want = ref.tokens.slice(ref.prompt_length);
+  if (JSON.stringify(json.tokens) !== JSON.stringify(want)) {
+    throw new Error(`${name} ${weights}: generated ${json.tokens}, reference ${want}`);
+  }
+  if (json.prompt_tokens !== prompt.length) throw new Error(`prompt_tokens ${json.prompt_tokens}`);
+
+  const out = await Deno.makeTempFile({ suffix: ".safetensors" });
+  try {
+    const lg = await runCli([
+      "logits",
+      "--model",
+      dir,
+      "--tokens",
+      ref.tokens.join(","),
+      "--out",
+      out,
+      "--weights",
+      weights,
+    ]);
+    if (lg.code !== 0) throw new Error(`logits exited ${lg.code}: ${lg.stderr}`);
+    const got = await readF32Tensor(out, "logits");
+    const wantLogits = await readF32Tensor(join(dir, "reference.safetensors"), "logits");
+    if (got.shape.join() !== wantLogits.shape.join()) {
+      throw new Error(`logits shape ${got.shape} vs ${wantLogits.shape}`);
+    }
+    const err = worstRowError(got.data, wantLogits.data, got.shape[1]);
+    if (!(err <= tolerance)) throw new Error(`${name} ${weights}: logits error ${err} > ${tolerance}`);
+  } finally {
+    await Deno.remove(out);
+  }
+}
+
+Deno.test(
+  { name: "llama-micro: reference continuation and logits within 1e-4 (f32)", ignore: !hasGpu },
+  async () => {
+    await checkFixture("llama-micro", "f32", 1e-4);
+  },
+);
+
+Deno.test(
+  { name: "llama3-tiny: reference continuation and logits within 1e-4 (f32)", ignore: !hasGpu },
+  async () => {
+    await checkFixture("llama3-tiny", "f32", 1e-4);
+  },
+);
+
+Deno.test({
+  name: "llama3-tiny: the text prompt gives the reference ids (tokenizer adds BOS)",
+  ignore: !hasGpu,
+}, async () => {
+  const dir = fixtureDir("llama3-tiny", { needs: "tokenizer.json" });
+  if (!dir) return void skipped("llama3-tiny text prompt", "needs ../shared/fixtures/llama3-tiny");
+  const ref = await reference(dir);
+  const r = await runCli([
+    "generate",
+    "Once upon a time, in a village by the sea,",
+    "--model",
+    dir,
+    "--max-tokens",
+    "16",
+    "--temperature",
+    "0",
+    "--json",
+  ]);
+  if (r.code !== 0) throw new Error(r.stderr);
+  const json = JSON.parse(r.stdout);
+  if (json.prompt_tokens !== ref.prompt_length) throw new Error(`prompt_tokens ${json.prompt_tokens}`);
+  if (JSON.stringify(json.tokens) !== JSON.stringify(ref.tokens.slice(ref.prompt_length))) {
+    throw new Error(`tokens ${json.tokens}`);
+  }
+});
+
+/** A copy of llama-micro in a temp dir, changed by `mutate`. */
+async function brokenCopy(mutate: (dir: string) => Promise<void>): Promise<string> {
+  const src = fixtureDir("llama-micro")!;
+  const dir = await Deno.makeTempDir();
+  for (const f of ["config.json", "model.safetensors"]) await Deno.copyFile(join(src, f), join(dir, f));
+  await mutate(dir);
+  return dir;
+}
+
+async function expectUsageError(args: string[], mention: RegExp) {
+  const r = await runCli(args);
+  if (r.code !== 2) throw new Error(`expected exit 2, got ${r.code}: ${r.stderr}`);
+  if (!mention.test(r.stderr)) throw new Error(`stderr should match ${mention}: ${r.stderr}`);
+}
+
+Deno.test({ name: "bad input exits with 2 and says what was wrong", ignore: !hasGpu }, async (t) => {
+  const micro = fixtureDir("llama-micro")!;
+  await t.step(
+    "missing model dir",
+    () => expectUsageError(["generate", "--model", "/nonexistent/model", "--tokens", "1"], /not found/),
+  );
+  await t.step(
+    "token id outside the vocabulary",
+    () =>
+      expectUsageError(
+        ["generate", "--model", micro, "--tokens", "1,512", "--temperature", "0"],
+        /512.*vocabulary/,
+      ),
+  );
+  await t.step(
+    "garbled token list",
+    () => expectUsageError(["generate", "--model", micro, "--tokens", "1,x"], /"x"/),
+  );
+  await t.step("unknown flag", () => expectUsageError(["generate", "--modle", micro], /modle/));
+  await t.step(
+    "bad number",
+    () =>
+      expectUsageError(["generate", "--model", micro, "--tokens", "1", "--max-tokens", "-3"], /max-tokens/),
+  );
+  await t.step("truncated safetensors", async () => {
+    const dir = await brokenCopy(async (d) => {
+      const f = join(d, "model.safetensors");
+      await Deno.truncate(f, (await Deno.stat(f)).size - 1000);
+    });
+    await expectUsageError(["generate", "--model", dir, "--tokens", "1"], /truncated/);
+  });
+  await t.step("wrong config (a missing size)", async () => {
+    const dir = await brokenCopy(async (d) => {
+      const c = JSON.parse(await Deno.readTextFile(join(d, "config.json")));
+      delete c.hidden_size;
+      await Deno.writeTextFile(join(d, "config.json"), JSON.stringify(c));
+    });
+    await expectUsageError(["generate", "--model", dir, "--tokens", "1"], /hidden_size/);
+  });
+  await t.step("config that disagrees with the weights", async () => {
+    const dir = await brokenCopy(async (d) => {
+      const c = JSON.parse(await Deno.readTextFile(join(d, "config.json")));
+      c.intermediate_size = 128;
+      await Deno.writeTextFile(join(d, "config.json"), JSON.stringify(c));
+    });
+    await expectUsageError(
+      ["logits", "--model", dir, "--tokens", "1", "--out", "/tmp/x.safetensors"],
+      /shape/,
+    );
+  });
+  await t.step("unknown architecture", async () => {
+    const dir = await brokenCopy(async (d) => {
+      const c = JSON.parse(await Deno.readTextFile(join(d, "config.json")));
+      c.model_type = "mixtral";
+      c.architectures = ["MixtralForCausalLM"];
+      await Deno.writeTextFile(join(d, "config.json"), JSON.stringify(c));
+    });
+    await expectUsageError(["generate", "--model", dir, "--tokens", "1"], /unsupported architecture/);
+  });
+  await t.step(
+    "text prompt for a model without tokenizer",
+    () => expectUsageError(["generate", "hello", "--model", micro], /--tokens/),
+  );
+});
