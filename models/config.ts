@@ -68,7 +68,7 @@ export function parseLlamaConfig(json: unknown, source: string): LlamaConfig {
         }`,
       );
     }
-    if (c.architectures.length > 0) architectures = c.architectures;
+    if (c.architectures.length > 0) architectures = [...c.architectures];
   }
 
   const int = (key: string, fallback?: number): number => {

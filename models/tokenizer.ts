@@ -20,7 +20,8 @@ export interface TextTokenizer {
 /** The size of the Llama 3 vocabulary (128000 BPE tokens + 256 special tokens), as config.json gives it. */
 export const LLAMA3_VOCAB_SIZE = 128256;
 const LLAMA3_FIRST_SPECIAL = 128000;
-const LLAMA3_BOS = 128000;
+/** The BOS id of the built-in Llama 3 tokenizer (`<|begin_of_text|>`). */
+export const LLAMA3_BOS_TOKEN_ID = 128000;
 
 async function exists(path: string): Promise<boolean> {
   try {
@@ -108,9 +109,6 @@ export function loadLlama3Tokenizer(): Promise<TextTokenizer> {
       tok.decode(ids.filter((id) => Number.isInteger(id) && id >= 0 && id < LLAMA3_FIRST_SPECIAL)),
   }));
 }
-
-/** The BOS id of the built-in Llama 3 tokenizer. */
-export const LLAMA3_BOS_TOKEN_ID = LLAMA3_BOS;
 
 /**
  * Turns a stream of token ids into a stream of text that never splits a multi-byte character.

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { CheckpointError } from "../../models/errors.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
+import { fixtureDir } from "../fixtures.ts";
 
 function bytes(n: number, seed = 1): Uint8Array {
   return Uint8Array.from({ length: n }, (_, i) => (i * 31 + seed) & 0xff);
@@ -131,4 +132,17 @@ Deno.test("bad headers and truncated files are CheckpointErrors that say what wa
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("a file written by torch (llama-micro's reference): int32 tokens and float32 logits", async () => {
+  const dir = fixtureDir("llama-micro", { needs: "reference.safetensors" })!;
+  const header = await readSafetensorsHeader(join(dir, "reference.safetensors"));
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  const tokens = header.get("tokens")!;
+  assert.equal(tokens.dtype, "I32");
+  assert.deepEqual(tokens.shape, [ref.tokens.length]);
+  const bytes = await readTensorBytes(tokens);
+  assert.deepEqual([...new Int32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4)], ref.tokens);
+  assert.equal(header.get("logits")!.dtype, "F32");
+  assert.deepEqual(header.get("logits")!.shape, [ref.tokens.length, 512]);
 });
