@@ -42,7 +42,8 @@ export async function main(argv: string[]): Promise<number> {
     return await command.run(rest);
   } catch (e) {
     if (
-      e instanceof UsageError || e instanceof CheckpointError || e instanceof TypeError || e instanceof RangeError
+      e instanceof UsageError || e instanceof CheckpointError || e instanceof TypeError ||
+      e instanceof RangeError
     ) {
       console.error(`swactor ${name}: ${(e as Error).message}`);
       return 2;

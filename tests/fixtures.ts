@@ -9,6 +9,8 @@ const REPO_ROOT = fileURLToPath(new URL("..", import.meta.url));
 
 /** The folders searched, in order. */
 export const FIXTURE_ROOTS = [
+  // A folder of regenerated fixtures (e.g. on the GPU machine, which has no ../shared), searched first.
+  ...(Deno.env.get("SWACTOR_FIXTURES") ? [Deno.env.get("SWACTOR_FIXTURES")!] : []),
   join(REPO_ROOT, "tests", "fixtures"),
   join(REPO_ROOT, "..", "shared", "fixtures"),
 ];

@@ -2,7 +2,7 @@
 // logits against transformers' reference outputs (fixtures/README.md), and bad input exiting with 2.
 import { join } from "node:path";
 import { fixtureDir, skipped } from "../fixtures.ts";
-import { readSafetensorsHeader, readTensorBytes } from "../../models/safetensors.ts";
+import { checkFixture } from "../../scripts/check_fixture.ts";
 import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 import { runCli } from "./run.ts";
 
@@ -22,90 +22,29 @@ async function reference(dir: string): Promise<Reference> {
   return JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
 }
 
-async function readF32Tensor(path: string, name: string): Promise<{ data: Float32Array; shape: number[] }> {
-  const info = (await readSafetensorsHeader(path)).get(name)!;
-  const bytes = await readTensorBytes(info);
-  return { data: new Float32Array(bytes.slice().buffer), shape: info.shape };
-}
-
-/** max over rows of max |got - want| / max |want|: the fixtures' README tolerance is 1e-4 (f32). */
-function worstRowError(got: Float32Array, want: Float32Array, V: number): number {
-  let worst = 0;
-  for (let r = 0; r < want.length / V; r++) {
-    let scale = 0, err = 0;
-    for (let i = r * V; i < (r + 1) * V; i++) {
-      scale = Math.max(scale, Math.abs(want[i]));
-      err = Math.max(err, Math.abs(got[i] - want[i]));
-    }
-    worst = Math.max(worst, err / scale);
-  }
-  return worst;
-}
-
-async function checkFixture(name: string, weights: "f32" | "f16", tolerance: number) {
+async function checkFixtureAt(name: string, weights: "f32" | "f16", tolerance: number) {
   const dir = fixtureDir(name, { needs: "reference.safetensors" });
   if (!dir) return skipped(`${name} fixture`, `needs ../shared/fixtures/${name}`);
-  const ref = await reference(dir);
-  const prompt = ref.tokens.slice(0, ref.prompt_length);
-  const gen = await runCli([
-    "generate",
-    "--model",
-    dir,
-    "--tokens",
-    prompt.join(","),
-    "--max-tokens",
-    String(ref.generated),
-    "--temperature",
-    "0",
-    "--weights",
-    weights,
-    "--json",
-  ]);
-  if (gen.code !== 0) throw new Error(`generate exited ${gen.code}: ${gen.stderr}`);
-  const json = JSON.parse(gen.stdout);
-  const want = ref.tokens.slice(ref.prompt_length);
-  if (JSON.stringify(json.tokens) !== JSON.stringify(want)) {
-    throw new Error(`${name} ${weights}: generated ${json.tokens}, reference ${want}`);
+  const r = await checkFixture(dir, { weights });
+  if (!r.tokensMatch) {
+    throw new Error(`${name} ${weights}: generated ${r.generated}, reference ${r.expected}`);
   }
-  if (json.prompt_tokens !== prompt.length) throw new Error(`prompt_tokens ${json.prompt_tokens}`);
-
-  const out = await Deno.makeTempFile({ suffix: ".safetensors" });
-  try {
-    const lg = await runCli([
-      "logits",
-      "--model",
-      dir,
-      "--tokens",
-      ref.tokens.join(","),
-      "--out",
-      out,
-      "--weights",
-      weights,
-    ]);
-    if (lg.code !== 0) throw new Error(`logits exited ${lg.code}: ${lg.stderr}`);
-    const got = await readF32Tensor(out, "logits");
-    const wantLogits = await readF32Tensor(join(dir, "reference.safetensors"), "logits");
-    if (got.shape.join() !== wantLogits.shape.join()) {
-      throw new Error(`logits shape ${got.shape} vs ${wantLogits.shape}`);
-    }
-    const err = worstRowError(got.data, wantLogits.data, got.shape[1]);
-    if (!(err <= tolerance)) throw new Error(`${name} ${weights}: logits error ${err} > ${tolerance}`);
-  } finally {
-    await Deno.remove(out);
+  if (!(r.logitsError <= tolerance)) {
+    throw new Error(`${name} ${weights}: logits error ${r.logitsError} > ${tolerance}`);
   }
 }
 
 Deno.test(
   { name: "llama-micro: reference continuation and logits within 1e-4 (f32)", ignore: !hasGpu },
   async () => {
-    await checkFixture("llama-micro", "f32", 1e-4);
+    await checkFixtureAt("llama-micro", "f32", 1e-4);
   },
 );
 
 Deno.test(
   { name: "llama3-tiny: reference continuation and logits within 1e-4 (f32)", ignore: !hasGpu },
   async () => {
-    await checkFixture("llama3-tiny", "f32", 1e-4);
+    await checkFixtureAt("llama3-tiny", "f32", 1e-4);
   },
 );
 

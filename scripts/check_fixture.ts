@@ -1,0 +1,127 @@
+// Checks a model folder that holds reference outputs (reference.json + reference.safetensors, as made
+// by ../shared/fixtures/make_fixtures.py) through the CLI: greedy continuation and teacher-forced logits.
+//   deno run -A scripts/check_fixture.ts DIR... [--weights f32|f16] [--tolerance 1e-4]
+// Prints one line per folder and exits 1 if any fails. The tests use checkFixture for the fixtures.
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { readSafetensorsHeader, readTensorBytes } from "../models/safetensors.ts";
+
+const MAIN = new URL("../main.ts", import.meta.url).pathname;
+
+async function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", "--quiet", MAIN, ...args],
+    stdin: "null",
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+async function readF32(path: string, name: string): Promise<{ data: Float32Array; shape: number[] }> {
+  const info = (await readSafetensorsHeader(path)).get(name);
+  if (!info) throw new Error(`${path} has no tensor ${name}`);
+  return { data: new Float32Array((await readTensorBytes(info)).slice().buffer), shape: info.shape };
+}
+
+/** max over rows of max |got - want| / max |want| (the fixtures' README measure). */
+export function worstRowError(got: Float32Array, want: Float32Array, V: number): number {
+  let worst = 0;
+  for (let r = 0; r < want.length / V; r++) {
+    let scale = 0, err = 0;
+    for (let i = r * V; i < (r + 1) * V; i++) {
+      scale = Math.max(scale, Math.abs(want[i]));
+      err = Math.max(err, Math.abs(got[i] - want[i]));
+    }
+    worst = Math.max(worst, err / scale);
+  }
+  return worst;
+}
+
+export interface FixtureCheck {
+  tokensMatch: boolean;
+  generated: number[];
+  expected: number[];
+  logitsError: number;
+}
+
+/** Runs `generate --temperature 0` and `logits` on `dir` and compares with its reference. */
+export async function checkFixture(
+  dir: string,
+  opts: { weights?: "f32" | "f16" } = {},
+): Promise<FixtureCheck> {
+  const weights = opts.weights ?? "f32";
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
+  const expected: number[] = ref.tokens.slice(ref.prompt_length);
+  const gen = await cli([
+    "generate",
+    "--model",
+    dir,
+    "--tokens",
+    prompt.join(","),
+    "--max-tokens",
+    String(ref.generated),
+    "--temperature",
+    "0",
+    "--weights",
+    weights,
+    "--json",
+  ]);
+  if (gen.code !== 0) throw new Error(`generate on ${dir} exited ${gen.code}: ${gen.stderr}`);
+  const generated: number[] = JSON.parse(gen.stdout).tokens;
+  const out = await Deno.makeTempFile({ suffix: ".safetensors" });
+  try {
+    const lg = await cli([
+      "logits",
+      "--model",
+      dir,
+      "--tokens",
+      ref.tokens.join(","),
+      "--out",
+      out,
+      "--weights",
+      weights,
+    ]);
+    if (lg.code !== 0) throw new Error(`logits on ${dir} exited ${lg.code}: ${lg.stderr}`);
+    const got = await readF32(out, "logits");
+    const want = await readF32(join(dir, "reference.safetensors"), "logits");
+    if (got.shape.join() !== want.shape.join()) {
+      throw new Error(`logits shape [${got.shape}] vs [${want.shape}]`);
+    }
+    return {
+      tokensMatch: JSON.stringify(generated) === JSON.stringify(expected),
+      generated,
+      expected,
+      logitsError: worstRowError(got.data, want.data, got.shape[1]),
+    };
+  } finally {
+    await Deno.remove(out);
+  }
+}
+
+if (import.meta.main) {
+  const { values, positionals } = parseArgs({
+    args: Deno.args,
+    options: { weights: { type: "string", default: "f32" }, tolerance: { type: "string" } },
+    allowPositionals: true,
+  });
+  const weights = values.weights as "f32" | "f16";
+  const tolerance = Number(values.tolerance ?? (weights === "f32" ? 1e-4 : 2e-2));
+  let failed = 0;
+  for (const dir of positionals) {
+    try {
+      const r = await checkFixture(dir, { weights });
+      const ok = r.tokensMatch && r.logitsError <= tolerance;
+      if (!ok) failed++;
+      console.log(
+        `${ok ? "PASS" : "FAIL"} ${dir} weights=${weights} tokens=${r.tokensMatch ? "match" : "DIFFER"} ` +
+          `logits_rel_err=${r.logitsError.toExponential(2)} (tolerance ${tolerance})`,
+      );
+    } catch (e) {
+      failed++;
+      console.log(`FAIL ${dir}: ${(e as Error).message}`);
+    }
+  }
+  console.log(`${positionals.length - failed} passed, ${failed} failed`);
+  Deno.exit(failed ? 1 : 0);
+}
