@@ -55,7 +55,7 @@ export function placeExperts(
       let next = 0;
       const take = (host: string, count: number) => {
         if (count <= 0) return;
-        map.set(host, Array.from({ length: count }, (_, i) => next + i));
+        map.set(host, [...(map.get(host) ?? []), ...Array.from({ length: count }, (_, i) => next + i)]);
         next += count;
         free.set(host, free.get(host)! - count * eb);
       };
@@ -63,6 +63,10 @@ export function placeExperts(
       for (const { h } of rank) {
         if (next >= moe!.experts) break;
         take(h, Math.min(moe!.experts - next, Math.floor(Math.max(0, free.get(h)!) / eb)));
+      }
+      // Last resort before giving up: the stage's own memory beyond its fair share.
+      if (free.has(st.node)) {
+        take(st.node, Math.min(moe!.experts - next, Math.floor(Math.max(0, free.get(st.node)!) / eb)));
       }
       if (next < moe!.experts) {
         const left = moe!.experts - next;

@@ -80,7 +80,8 @@ function heuristic(
   budget: number,
 ): number[] | undefined {
   const p = solver.p, N = p.nodes;
-  const need = p.memAll[p.layers] + p.embedMem + p.headMem;
+  const mem = solver.mode === "local" ? p.memAll : p.memDense;
+  const need = mem[p.layers] + p.embedMem + p.headMem;
   const byMem = candidates.slice().sort((a, b) => p.memAvail[b] - p.memAvail[a]);
   // Cost of going a -> b: the hop plus b's own fixed overhead (each extra stage pays it once).
   const step = (a: number, b: number) => p.hop[a * N + b] + p.overhead[b];
@@ -88,9 +89,9 @@ function heuristic(
   for (const s of byMem.slice(0, 12)) {
     const chain = [s];
     const left = new Set(candidates.filter((c) => c !== s));
-    let mem = p.memAvail[s];
-    for (const r of required) if (left.delete(r)) chain.push(r), mem += p.memAvail[r];
-    while (left.size && (mem < need || solver.latency(chain) === Infinity)) {
+    let have = p.memAvail[s];
+    for (const r of required) if (left.delete(r)) chain.push(r), have += p.memAvail[r];
+    while (left.size && chain.length < p.layers && (have < need || solver.latency(chain) === Infinity)) {
       const last = chain[chain.length - 1];
       let pick = -1, pickV = Infinity;
       for (const c of left) {
@@ -100,7 +101,7 @@ function heuristic(
       }
       left.delete(pick);
       chain.push(pick);
-      mem += p.memAvail[pick];
+      have += p.memAvail[pick];
     }
     starts.push(chain);
   }

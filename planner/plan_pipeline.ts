@@ -68,7 +68,7 @@ export function planPipeline(model: ModelGraph, cluster: Cluster, opts: PlanOpti
     ? ["dense"]
     : ["local", "dense"];
   const found: Candidate[] = [];
-  let lastError: PlacementError | undefined;
+  const errors: PlacementError[] = [];
   for (const mode of modes) {
     const r = searchOrder(p, candidates, {
       mode,
@@ -78,7 +78,7 @@ export function planPipeline(model: ModelGraph, cluster: Cluster, opts: PlanOpti
       budget: opts.budget,
     });
     if (!r) {
-      lastError = diagnose(p, mode);
+      errors.push(diagnose(p, mode));
       continue;
     }
     const stages = r.order.map((n, i) => ({
@@ -98,10 +98,15 @@ export function planPipeline(model: ModelGraph, cluster: Cluster, opts: PlanOpti
       });
     } catch (e) {
       if (!(e instanceof PlacementError)) throw e;
-      lastError = e;
+      errors.push(e);
     }
   }
-  if (found.length === 0) throw lastError!;
+  if (found.length === 0) {
+    // Report the first mode's failure (stages holding their experts: the simplest to act on), and the other's.
+    const [first, ...rest] = errors;
+    const more = rest.map((e) => `; with experts spread: ${e.message}`).join("");
+    throw new PlacementError(first.constraint, first.message + more);
+  }
   const scored = found.map((c) => ({
     c,
     e: evaluateAssignment(model, cluster, c.assignment, { context, dtype }),

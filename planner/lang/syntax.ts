@@ -183,6 +183,9 @@ export function parseSyntax(text: string, file = "<input>"): Stmt[] {
         }
       }
       const end = peek();
+      if (stmt.prop?.type === "number" && stmt.prop.unit === undefined && end.kind === "word") {
+        fail(end, `unknown unit "${end.text}"`);
+      }
       if (!(end.kind === "newline" || end.kind === "eof" || isPunct(end, ";") || isPunct(end, "}"))) {
         fail(end, `expected the end of the statement, got ${describe(end)}`);
       }
