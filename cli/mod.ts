@@ -2,5 +2,6 @@
 import type { Command } from "./command.ts";
 import { generateCommand } from "./generate.ts";
 import { logitsCommand } from "./logits.ts";
+import { planCommand } from "./plan.ts";
 
-export const commands: Command[] = [generateCommand, logitsCommand];
+export const commands: Command[] = [generateCommand, logitsCommand, planCommand];

@@ -1,0 +1,88 @@
+// `swactor plan`: prints the Plan for a model (a directory holding config.json) on a cluster (a file in
+// the planner language), as a table or as JSON. Bad input exits 2 naming the file (and line:col).
+import { type Command, numberFlag, parseFlags, UsageError } from "./command.ts";
+import {
+  compileHfConfig,
+  formatPlanTable,
+  LangError,
+  parseCluster,
+  PlacementError,
+  planPipeline,
+} from "../planner/mod.ts";
+import { moeOf } from "../planner/model_graph.ts";
+
+const usage =
+  `Usage: swactor plan --model DIR --cluster FILE [--json] [--context N] [--experts auto|local|spread]
+
+Plans which node runs which layers (and experts) of the model, and predicts per-token latency.
+  --model DIR       a directory with a Hugging Face config.json
+  --cluster FILE    a cluster description in the planner language (docs/PLANNER.md)
+  --context N       tokens of KV cache each stage must hold (default 4096)
+  --experts MODE    auto (default): the faster of local and spread; local: a stage holds its
+                    layers' experts; spread: experts may live on other nodes
+  --json            print the Plan as JSON (docs/PLAN_FORMAT.md)
+Exit codes: 0 ok, 1 runtime failure, 2 bad input or no placement fits.`;
+
+async function readText(path: string, what: string): Promise<string> {
+  try {
+    return await Deno.readTextFile(path);
+  } catch (e) {
+    throw new UsageError(`${what} ${path}: ${(e as Error).message}`);
+  }
+}
+
+export const planCommand: Command = {
+  name: "plan",
+  summary: "plan what runs where for a model on a cluster, with predicted tok/s",
+  usage,
+  async run(argv) {
+    const { values } = parseFlags(argv, {
+      model: { type: "string" },
+      cluster: { type: "string" },
+      context: { type: "string" },
+      experts: { type: "string" },
+      json: { type: "boolean" },
+    });
+    if (!values.model) throw new UsageError("--model DIR is required");
+    if (!values.cluster) throw new UsageError("--cluster FILE is required");
+    const experts = values.experts ?? "auto";
+    if (!["auto", "local", "spread"].includes(experts)) {
+      throw new UsageError(`--experts expects auto, local or spread, got "${experts}"`);
+    }
+    const context = numberFlag(values.context, "context", { min: 1, integer: true, fallback: 4096 });
+    const configPath = `${values.model.replace(/\/$/, "")}/config.json`;
+    let json: unknown;
+    try {
+      json = JSON.parse(await readText(configPath, "model config"));
+    } catch (e) {
+      if (e instanceof UsageError) throw e;
+      throw new UsageError(`${configPath}: ${(e as Error).message}`);
+    }
+    const name = values.model.replace(/\/$/, "").split("/").pop()!;
+    let model;
+    try {
+      model = compileHfConfig(json, { name });
+    } catch (e) {
+      throw new UsageError(`${configPath}: ${(e as Error).message}`);
+    }
+    let cluster;
+    try {
+      cluster = parseCluster(await readText(values.cluster, "cluster file"), { file: values.cluster });
+    } catch (e) {
+      if (e instanceof LangError) throw new UsageError(e.message);
+      throw e;
+    }
+    let plan;
+    try {
+      plan = planPipeline(model, cluster, { context, experts: experts as "auto" | "local" | "spread" });
+    } catch (e) {
+      if (e instanceof PlacementError) {
+        throw new UsageError(`no placement fits (${e.constraint}): ${e.message}`);
+      }
+      throw e;
+    }
+    if (values.json) console.log(JSON.stringify(plan));
+    else console.log(formatPlanTable(plan, (l) => moeOf(model.layers[l])?.experts ?? -1));
+    return 0;
+  },
+};

@@ -1,0 +1,173 @@
+// The cost model, written plainly over the model graph (not the search's prefix sums), so that tests can
+// check the fast path against it. Per token of decode:
+//   stage   = overhead + max(bytes read / memory bandwidth, FLOPs / matmul throughput)
+//   hop     = link latency + hidden-state bytes / min(link bw, sender up, receiver down)
+//   return  = the last stage sends the sampled token id back to the first (the loop is closed)
+//   fan-out = per MoE layer whose experts live on other nodes: the expected slowest round trip to the
+//             nodes holding the token's top-k experts (exact expectation for k independent picks).
+import { type Cluster, linkBetween, type NodeSpec } from "./cluster.ts";
+import { type DTypeBytes, type ModelGraph, moeOf } from "./model_graph.ts";
+
+export interface Assignment {
+  stages: { node: string; start: number; end: number }[];
+  /** Per MoE layer: node id -> expert indices it hosts. A layer not listed keeps all experts on its stage. */
+  experts?: Map<number, Map<string, number[]>>;
+}
+
+export interface StageCost {
+  node: string;
+  computeS: number;
+  overheadS: number;
+  /** Hop from this stage to the next (the return hop for the last stage). */
+  hopS: number;
+  /** Expected fan-out time of this stage's MoE layers whose experts live elsewhere. */
+  fanoutS: number;
+  bytesRead: number;
+  flops: number;
+}
+
+export interface NodeMemory {
+  capacity: number;
+  reserve: number;
+  weights: number;
+  kv: number;
+  /** Routed-expert bytes hosted here (included in weights). */
+  experts: number;
+  /** Expected routed experts this node runs per token. */
+  expertLoad: number;
+}
+
+export interface Evaluation {
+  tokenS: number;
+  stages: StageCost[];
+  nodes: Map<string, NodeMemory>;
+}
+
+function nodeOf(cluster: Cluster, id: string): NodeSpec {
+  const n = cluster.nodes.find((x) => x.id === id);
+  if (!n) throw new TypeError(`unknown node "${id}"`);
+  return n;
+}
+
+/** Expected max of per-host costs when k experts are drawn uniformly (with replacement) from all experts. */
+export function expectedFanout(costs: number[], shares: number[], k: number): number {
+  const idx = costs.map((_, i) => i).sort((a, b) => costs[b] - costs[a]);
+  let above = 0, e = 0;
+  for (const i of idx) {
+    const missAbove = (1 - above) ** k, missThrough = Math.max(0, 1 - above - shares[i]) ** k;
+    e += costs[i] * (missAbove - missThrough);
+    above += shares[i];
+  }
+  return e;
+}
+
+/** Predicts the per-token latency and memory use of an assignment. Pure; does not check feasibility. */
+export function evaluateAssignment(
+  model: ModelGraph,
+  cluster: Cluster,
+  a: Assignment,
+  opts: { context: number; dtype: DTypeBytes },
+): Evaluation {
+  const { context, dtype } = opts;
+  const act = model.hidden * dtype.activation;
+  const nodes = new Map<string, NodeMemory>();
+  const mem = (id: string) => {
+    let m = nodes.get(id);
+    if (!m) {
+      const n = nodeOf(cluster, id);
+      m = { capacity: n.memBytes, reserve: n.reserveBytes, weights: 0, kv: 0, experts: 0, expertLoad: 0 };
+      nodes.set(id, m);
+    }
+    return m;
+  };
+  const m = a.stages.length;
+  const stages: StageCost[] = [];
+  for (let si = 0; si < m; si++) {
+    const st = a.stages[si], node = nodeOf(cluster, st.node), nm = mem(st.node);
+    let bytes = 0, flops = 0, fanout = 0;
+    if (si === 0) {
+      nm.weights += model.embedParams * dtype.embed;
+      bytes += model.hidden * dtype.embed;
+    }
+    if (si === m - 1) {
+      nm.weights += model.headParams * dtype.embed -
+        (m === 1 && model.tied ? model.vocab * model.hidden * dtype.embed : 0);
+      bytes += model.headParams * dtype.embed;
+      flops += 2 * model.headParams;
+    }
+    for (let l = st.start; l < st.end; l++) {
+      for (const op of model.layers[l].ops) {
+        if (op.kind === "moe") continue;
+        nm.weights += op.params * dtype.dense;
+        bytes += op.params * dtype.dense;
+        if (op.kind === "attention") {
+          const kv = op.kvPerToken * dtype.kv * context;
+          nm.kv += kv;
+          bytes += kv;
+          flops += op.flops + op.ctxFlops * context;
+        } else if (op.kind === "mlp") flops += op.flops;
+      }
+      const moe = moeOf(model.layers[l]);
+      if (!moe) continue;
+      const denseMoe = (moe.routerParams + moe.shared * moe.sharedParams) * dtype.dense;
+      nm.weights += denseMoe;
+      bytes += denseMoe;
+      flops += 2 * (moe.routerParams + moe.shared * moe.sharedParams);
+      const eb = moe.expertParams * dtype.experts;
+      const hosts = a.experts?.get(l) ??
+        new Map([[st.node, Array.from({ length: moe.experts }, (_, i) => i)]]);
+      // Each expert runs on its cheapest host: the stage itself if it holds a copy.
+      const costOf = (h: string) => {
+        if (h === st.node) return 0;
+        const hn = nodeOf(cluster, h),
+          go = linkBetween(cluster, node, hn),
+          back = linkBetween(cluster, hn, node);
+        return go.latency + back.latency + act / Math.min(go.bandwidth, node.up, hn.down) +
+          act / Math.min(back.bandwidth, hn.up, node.down) + hn.overhead + eb / hn.memBandwidth;
+      };
+      const chosen = new Map<number, string>();
+      for (const [h, list] of hosts) {
+        const hm = mem(h);
+        hm.weights += list.length * eb;
+        hm.experts += list.length * eb;
+        for (const e of list) {
+          const prev = chosen.get(e);
+          if (prev === undefined || costOf(h) < costOf(prev)) chosen.set(e, h);
+        }
+      }
+      const count = new Map<string, number>();
+      for (const h of chosen.values()) count.set(h, (count.get(h) ?? 0) + 1);
+      const remote: string[] = [];
+      for (const [h, c] of count) {
+        const share = c / moe.experts;
+        mem(h).expertLoad += moe.topK * share;
+        if (h === st.node) {
+          bytes += moe.topK * share * eb;
+          flops += moe.topK * share * 2 * moe.expertParams;
+        } else remote.push(h);
+      }
+      if (remote.length) {
+        const shares = remote.map((h) => count.get(h)! / moe.experts);
+        fanout += expectedFanout(remote.map(costOf), shares, moe.topK);
+      }
+    }
+    const next = nodeOf(cluster, a.stages[(si + 1) % m].node);
+    let hop = 0;
+    if (m > 1) {
+      const l = linkBetween(cluster, node, next), bw = Math.min(l.bandwidth, node.up, next.down);
+      hop = l.latency + (si === m - 1 ? 8 : act) / bw;
+    }
+    const compute = Math.max(bytes / node.memBandwidth, flops / node.flops);
+    stages.push({
+      node: st.node,
+      computeS: compute,
+      overheadS: node.overhead,
+      hopS: hop,
+      fanoutS: fanout,
+      bytesRead: bytes,
+      flops,
+    });
+  }
+  const tokenS = stages.reduce((s, x) => s + x.computeS + x.overheadS + x.hopS + x.fanoutS, 0);
+  return { tokenS, stages, nodes };
+}

@@ -1,0 +1,62 @@
+// Decode benchmark (issue 6): our prefill and decode tok/s at batch 1 on a Llama-3.2-1B-shaped model
+// with random weights, greedy, 32-token prompt, 128 new tokens; one JSON line per weight type.
+//   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32]
+// On the GPU machine scripts/device/h200.sh runs it next to transformers (scripts/bench/hf_decode.py)
+// so the ratio comes from one run. On the software adapter use --shape demo (slow but it runs).
+import { parseArgs } from "node:util";
+import { getGpu } from "../../kernels/mod.ts";
+import { Checkpoint } from "../../models/checkpoint.ts";
+import { DEMO_CONFIG_JSON } from "../../models/demo.ts";
+import { generate } from "../../models/generate.ts";
+import { LlamaModel } from "../../models/llama.ts";
+import { ensureRandomLlama, LLAMA_3_2_1B } from "./random_llama.ts";
+
+const { values } = parseArgs({
+  args: Deno.args,
+  options: {
+    dir: { type: "string" },
+    shape: { type: "string", default: "llama-3.2-1b" },
+    weights: { type: "string", default: "f16,f32" },
+    prompt: { type: "string", default: "32" },
+    new: { type: "string", default: "128" },
+    runs: { type: "string", default: "3" },
+  },
+});
+const shapes: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, demo: DEMO_CONFIG_JSON };
+const configJson = shapes[values.shape!];
+if (!configJson) throw new TypeError(`--shape must be one of ${Object.keys(shapes)}`);
+const dir = values.dir ?? `/tmp/swactor-bench-${values.shape}`;
+const t0 = performance.now();
+await ensureRandomLlama(dir, configJson);
+console.error(`bench: checkpoint ready in ${((performance.now() - t0) / 1000).toFixed(1)} s at ${dir}`);
+const gpu = await getGpu();
+const ckpt = await Checkpoint.open(dir);
+const P = Number(values.prompt), N = Number(values.new);
+const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
+for (const weights of values.weights!.split(",") as ("f16" | "f32")[]) {
+  if (weights === "f16" && !gpu.hasF16) continue;
+  const model = await LlamaModel.load(gpu, ckpt, { weights });
+  const results = [];
+  for (let r = 0; r < Number(values.runs); r++) {
+    const res = await generate(model, prompt, {
+      maxTokens: N,
+      sampling: { temperature: 0, topP: 1, seed: 0 },
+      maxBatch: 32,
+    });
+    results.push({ firstTokenMs: res.firstTokenMs, tokS: res.tokS });
+  }
+  const best = results.reduce((a, b) => (b.tokS > a.tokS ? b : a));
+  console.log(JSON.stringify({
+    bench: "swactor-decode",
+    adapter: gpu.adapterName,
+    shape: values.shape,
+    weights,
+    prompt: P,
+    new_tokens: N,
+    decode_tok_s: Number(best.tokS.toFixed(1)),
+    first_token_ms: Number(best.firstTokenMs.toFixed(1)),
+    runs: results.map((r) => Number(r.tokS.toFixed(1))),
+    weight_bytes: model.weightBytes,
+  }));
+  model.destroy();
+}
