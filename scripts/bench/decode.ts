@@ -22,7 +22,10 @@ const { values } = parseArgs({
     runs: { type: "string", default: "3" },
   },
 });
-const shapes: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, demo: DEMO_CONFIG_JSON };
+const shapes: Record<string, Record<string, unknown>> = {
+  "llama-3.2-1b": LLAMA_3_2_1B,
+  demo: DEMO_CONFIG_JSON,
+};
 const configJson = shapes[values.shape!];
 if (!configJson) throw new TypeError(`--shape must be one of ${Object.keys(shapes)}`);
 const dir = values.dir ?? `/tmp/swactor-bench-${values.shape}`;

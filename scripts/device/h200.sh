@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One full check on the GPU machine (device tool), after ../shared/device/pack.sh here and with the
+# fixtures' generator copied to .gpu/fixtures/ (scripts/device/prepare.sh does both):
+#   source .gpu/on-device.sh; bash scripts/device/h200.sh
+# 1. regenerates the Llama fixtures (+ variants) with transformers there (it has torch), 2. checks every
+# one through the CLI with f32 and f16 weights, 3. runs the kernel and CLI tests on the H200,
+# 4. the decode benchmark next to transformers. Logs go to $OUT.
+set -uo pipefail
+export XDG_RUNTIME_DIR=/tmp/xdg; mkdir -p -m 700 $XDG_RUNTIME_DIR
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+fx=/tmp/fx
+export PYTHONUNBUFFERED=1
+python3 .gpu/fixtures/make_fixtures.py $fx llama-micro llama3-tiny 2>&1 | tail -2
+python3 scripts/fixtures/make_llama_variants.py .gpu/fixtures $fx 2>&1 | tail -3
+echo "== fixtures through the CLI on the H200"
+deno run -A scripts/check_fixture.ts $fx/llama* --weights f32 2>&1 | tee "$OUT/fixtures_f32.txt"
+deno run -A scripts/check_fixture.ts $fx/llama* --weights f16 2>&1 | tee "$OUT/fixtures_f16.txt"
+echo "== tests on the H200"
+SWACTOR_FIXTURES=$fx deno test -A tests/kernels tests/cli/generate_test.ts 2>&1 | grep -E "passed|failed|FAIL|skipped" | tee "$OUT/tests.txt"
+echo "== decode benchmark"
+deno run -A scripts/bench/decode.ts --dir /tmp/llama1b 2>&1 | tee "$OUT/bench.txt"
+python3 scripts/bench/hf_decode.py /tmp/llama1b 2>&1 | grep -E "^\{|Error" | tee -a "$OUT/bench.txt"
