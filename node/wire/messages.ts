@@ -10,6 +10,8 @@ import type { Channel } from "../transport/transport.ts";
 
 export const NONCE_BYTES = 32;
 export const PROOF_BYTES = 32;
+/** A random id per process run, so a peer can tell a restart (new boot) from a second connection. */
+export const BOOT_BYTES = 8;
 /** Longest actor name, in UTF-8 bytes. */
 export const MAX_NAME_BYTES = 256;
 
@@ -30,28 +32,33 @@ export function decodeStream(payload: Uint8Array): Channel {
   throw new WireError("malformed", `STREAM: unknown channel ${code}`);
 }
 
-export function encodeHello(nonce: Uint8Array): Uint8Array {
-  return new Writer().raw(fixed(nonce, NONCE_BYTES, "nonce")).finish();
-}
-
-export function decodeHello(payload: Uint8Array): { nonce: Uint8Array } {
-  const r = new Reader(payload, "HELLO");
-  const nonce = r.raw(NONCE_BYTES, "nonce");
-  r.end();
-  return { nonce };
-}
-
-export function encodeChallenge(nonce: Uint8Array, proof: Uint8Array): Uint8Array {
-  return new Writer().raw(fixed(nonce, NONCE_BYTES, "nonce")).raw(fixed(proof, PROOF_BYTES, "proof"))
+export function encodeHello(m: { nonce: Uint8Array; boot: Uint8Array }): Uint8Array {
+  return new Writer().raw(fixed(m.nonce, NONCE_BYTES, "nonce")).raw(fixed(m.boot, BOOT_BYTES, "boot"))
     .finish();
 }
 
-export function decodeChallenge(payload: Uint8Array): { nonce: Uint8Array; proof: Uint8Array } {
+export function decodeHello(payload: Uint8Array): { nonce: Uint8Array; boot: Uint8Array } {
+  const r = new Reader(payload, "HELLO");
+  const nonce = r.raw(NONCE_BYTES, "nonce");
+  const boot = r.raw(BOOT_BYTES, "boot");
+  r.end();
+  return { nonce, boot };
+}
+
+export function encodeChallenge(m: { nonce: Uint8Array; boot: Uint8Array; proof: Uint8Array }): Uint8Array {
+  return new Writer().raw(fixed(m.nonce, NONCE_BYTES, "nonce")).raw(fixed(m.boot, BOOT_BYTES, "boot"))
+    .raw(fixed(m.proof, PROOF_BYTES, "proof")).finish();
+}
+
+export function decodeChallenge(
+  payload: Uint8Array,
+): { nonce: Uint8Array; boot: Uint8Array; proof: Uint8Array } {
   const r = new Reader(payload, "CHALLENGE");
   const nonce = r.raw(NONCE_BYTES, "nonce");
+  const boot = r.raw(BOOT_BYTES, "boot");
   const proof = r.raw(PROOF_BYTES, "proof");
   r.end();
-  return { nonce, proof };
+  return { nonce, boot, proof };
 }
 
 export function encodeProof(proof: Uint8Array): Uint8Array {
