@@ -14,18 +14,16 @@ import {
   openDataStream,
 } from "./iroh_handshake.ts";
 import { FrameReader } from "./frame_reader.ts";
+import { PeerUnreachableError } from "./errors.ts";
 import { type Deliver, IrohLink, type LinkStreams, type Log, shortError } from "./iroh_link.ts";
 import type { Channel, PeerAddr, PeerId, Transport } from "./transport.ts";
+
+export { PeerUnreachableError };
 
 const { Endpoint: EndpointClass, EndpointAddr, EndpointId, presetMinimal, presetN0 } = iroh;
 
 /** The ALPN carries no version: a version mismatch is detected in the frame header with a clear error. */
 export const ALPN = Array.from(new TextEncoder().encode("swactor"));
-
-/** A peer could not be reached or refused the handshake (thrown only by `connect`). */
-export class PeerUnreachableError extends Error {
-  override name = "PeerUnreachableError";
-}
 
 export interface IrohTransportOptions {
   /** The cluster secret from the ticket; peers must prove they hold it. Required. */

@@ -85,11 +85,14 @@ export function decodeRefuse(payload: Uint8Array): { reason: string } {
 
 // ---- services --------------------------------------------------------------------------------------------
 
-/** First byte of every application message: which service it belongs to (see node/transport/mux.ts). */
+/**
+ * First byte of every application message: which service it belongs to (node/transport/demux.ts routes on
+ * it). Membership packets (which also carry the registry's gossip) begin with membership's own magic "M";
+ * actor messages with "A".
+ */
 export const Service = {
-  MEMBERSHIP: 1,
-  REGISTRY: 2,
-  ACTORS: 3,
+  MEMBERSHIP: 0x4d,
+  ACTORS: 0x41,
 } as const;
 export type Service = typeof Service[keyof typeof Service];
 
@@ -116,7 +119,7 @@ export type ActorMessage =
 const ACTOR_TYPES = { send: 1, call: 2, reply: 3, error: 4, cancel: 5 } as const;
 
 export function encodeActorMessage(m: ActorMessage): Uint8Array {
-  const w = new Writer().u8(ACTOR_TYPES[m.type]);
+  const w = new Writer().u8(Service.ACTORS).u8(ACTOR_TYPES[m.type]);
   switch (m.type) {
     case "send":
       return w.str(checkName(m.to)).bytes(m.body).finish();
@@ -133,6 +136,8 @@ export function encodeActorMessage(m: ActorMessage): Uint8Array {
 
 export function decodeActorMessage(payload: Uint8Array): ActorMessage {
   const r = new Reader(payload, "actor message");
+  const service = r.u8("service");
+  if (service !== Service.ACTORS) throw new WireError("malformed", `actor message: service byte ${service}`);
   const type = r.u8("type");
   let m: ActorMessage;
   switch (type) {
