@@ -283,7 +283,12 @@ export class Membership {
     const seq = ++this.#seq;
     const p: Probe = { target: target.id, acked: false, nacks: 0, expectedNacks: 0 };
     this.#probes.set(seq, p);
-    this.#send(target, [encodeMessage({ t: "ping", seq, target: target.id })]);
+    const ping = [encodeMessage({ t: "ping", seq, target: target.id })];
+    if (target.state === "suspect") {
+      // Lifeguard's buddy system: tell the suspect directly, so it can refute even if gossip missed it.
+      ping.push(encodeMessage({ t: "suspect", id: target.id, inc: target.incarnation, from: this.id }));
+    }
+    this.#send(target, ping);
     const interval = this.awareness.scale(c.probeIntervalMs);
     this.#clock.schedule(() => {
       if (p.acked) {
@@ -306,8 +311,9 @@ export class Membership {
       // tell, any failed probe counts against our health.
       this.awareness.applyDelta(p.expectedNacks > 0 ? p.expectedNacks - p.nacks : 1);
       const m = this.#table.get(target.id);
-      if (m && m.state === "alive") {
-        this.stats.suspected++;
+      if (m && (m.state === "alive" || m.state === "suspect")) {
+        // On a member already suspected, our own failed probe is an independent confirmation.
+        if (m.state === "alive") this.stats.suspected++;
         this.#applyEvent({ type: "suspect", id: m.id, incarnation: m.incarnation, from: this.id });
       }
     }, interval);
@@ -397,9 +403,9 @@ export class Membership {
           meta: m.meta,
         });
       case "suspect":
-        return this.#applyEvent({ type: "suspect", id: m.id, incarnation: m.inc, from: m.from });
+        return this.#applyEvent({ type: "suspect", id: m.id, incarnation: m.inc, from: m.from }, from);
       case "dead":
-        return this.#applyEvent({ type: "dead", id: m.id, incarnation: m.inc, from: m.from });
+        return this.#applyEvent({ type: "dead", id: m.id, incarnation: m.inc, from: m.from }, from);
       case "leave":
         return this.#applyEvent({ type: "leave", id: m.id, incarnation: m.inc });
       case "pushPull":
@@ -438,7 +444,8 @@ export class Membership {
       return;
     }
     for (const r of m.members) {
-      this.#applyEvent(eventFromRemote({ ...r, since: 0 }, from.id));
+      // A stale accusation in a reply is corrected directly (a request gets our full state back anyway).
+      this.#applyEvent(eventFromRemote({ ...r, since: 0 }, from.id), m.reply ? from : undefined);
     }
     for (const [name, b64] of Object.entries(m.user)) {
       const d = this.#delegates.get(name);
@@ -450,7 +457,9 @@ export class Membership {
     else this.#joinWaiters.get(from.id)?.();
   }
 
-  #applyEvent(e: MemberEvent): void {
+  /** Applies an event; `sender` (the packet's sender) gets a correction if the event is stale news. */
+  #applyEvent(e: MemberEvent, sender?: PeerAddr): void {
+    if (sender && (e.type === "suspect" || e.type === "dead")) this.#correctStale(e, sender);
     const r: ApplyResult = apply(this.#table, e, {
       self: this.id,
       now: this.#clock.now(),
@@ -470,6 +479,9 @@ export class Membership {
       this.#suspicions.delete(after.id);
     } else if (before?.state !== "suspect") {
       this.#startSuspicion(after, e.type === "suspect" ? e.from : this.id);
+      // Probe a new suspect next: it either confirms the failure or, through the buddy-system ping,
+      // lets the suspect refute (or correct our stale incarnation).
+      if (e.type === "suspect" && e.from !== this.id) this.#probeOrder.push(after.id);
     }
     if (r.rebroadcast) this.#queue.queue(after.id, encodeMessage(toWire(e)));
     if ((after.state === "dead" || after.state === "left") && before?.state !== after.state) {
@@ -480,6 +492,19 @@ export class Membership {
     ) {
       this.#emit({ member: after, previous: before?.state });
     }
+  }
+
+  /**
+   * An accusation at an incarnation older than the one we know means the sender missed the member's
+   * refutation (broadcasts are probabilistic and lossy): send it the current alive directly, so a lone
+   * stale view does not wait for a push-pull and, meanwhile, declare a live member dead.
+   */
+  #correctStale(e: MemberEvent, sender: PeerAddr): void {
+    const m = this.#table.get(e.id);
+    if (!m || m.state !== "alive" || e.incarnation >= m.incarnation || sender.id === e.id) return;
+    this.#sendPacket(sender, [
+      encodeMessage({ t: "alive", id: m.id, inc: m.incarnation, addrs: m.addrs, meta: m.meta }),
+    ]);
   }
 
   #startSuspicion(m: Member, from: PeerId): void {
