@@ -57,7 +57,10 @@ export class IrohTransport implements Transport {
   constructor(readonly endpoint: Endpoint, readonly key: CryptoKey, readonly opts: IrohTransportOptions) {
     const id = endpoint.id().toString();
     this.self = { id, addrs: endpoint.addr().directAddresses() };
-    this.#log = opts.log ?? ((level, msg) => level === "warn" && console.error(`[transport] ${msg}`));
+    const verbose = Deno.env.get("SWACTOR_LOG") === "debug";
+    this.#log = opts.log ??
+      ((level, msg) =>
+        (level === "warn" || verbose) && console.error(`[transport ${id.slice(0, 6)}] ${msg}`));
     this.#acceptLoop();
   }
 
