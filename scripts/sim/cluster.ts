@@ -95,6 +95,14 @@ export class SimCluster {
     this.#down.add(node.id);
   }
 
+  /** Restarts a crashed node with the same id and a fresh state (incarnation 0); not yet joined. */
+  restart(node: SimNode): SimNode {
+    const again = this.spawn(node.id);
+    this.nodes[this.nodes.indexOf(node)] = again;
+    this.#down.delete(node.id);
+    return again;
+  }
+
   up(node: SimNode): boolean {
     return !this.#down.has(node.id);
   }

@@ -109,9 +109,25 @@ export function partition(n: number, config: MembershipConfig, seed: number, par
   c.net.partition([a.map((x) => x.id), b.map((x) => x.id)]);
   const split = c.clock.runUntilTrue(() => seesOnly(a) && seesOnly(b), { stepMs: 100, maxMs: partitionMs });
   c.clock.advance(Math.max(0, partitionMs - (split ?? partitionMs)));
+  // Share of cross-group views (a node's view of a member of the other half) that are dead at the heal.
+  let cross = 0, crossDead = 0;
+  for (const [mine, other] of [[a, b], [b, a]]) {
+    for (const x of mine) {
+      for (const y of other) {
+        cross++;
+        if (x.membership.member(y.id)?.state === "dead") crossDead++;
+      }
+    }
+  }
+  const awareness = c.nodes.map((x) => x.membership.awareness.score);
   c.net.heal();
   const merge = c.clock.runUntilTrue(() => c.converged(), { stepMs: 100, maxMs: 600_000 });
-  return { splitDetectedMs: split, remergeMs: merge };
+  return {
+    splitDetectedMs: split,
+    crossDeadAtHeal: crossDead / cross,
+    maxAwareness: Math.max(...awareness),
+    remergeMs: merge,
+  };
 }
 
 function seesOnly(group: SimNode[]): boolean {
@@ -191,7 +207,9 @@ if (import.meta.main) {
 
   const parts = runs.map((s) => partition(n, lan, s, 60_000));
   out.partition = {
-    splitDetectedMs: spread(parts.map((p) => p.splitDetectedMs!)),
+    splitCompleteWithin60s: parts.map((p) => p.splitDetectedMs ?? null),
+    crossDeadAtHeal: spread(parts.map((p) => p.crossDeadAtHeal)),
+    maxAwarenessAtHeal: parts.map((p) => p.maxAwareness),
     remergeMs: spread(parts.map((p) => p.remergeMs!)),
   };
   console.log(`(d) 25/25 partition for 60 s, then healed: ${JSON.stringify(out.partition)}`);
