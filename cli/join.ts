@@ -1,0 +1,44 @@
+// `swactor join TICKET`: join the cluster a ticket names and serve until told to leave.
+import { parseTicket } from "../node/ticket.ts";
+import { type Command, parseFlags, UsageError } from "./command.ts";
+import { runNodeProcess } from "./node_process.ts";
+
+export const join: Command = {
+  name: "join",
+  summary: "join a cluster with a ticket from `up`",
+  usage: `Usage: swactor join TICKET [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
+
+Joins the cluster that TICKET names (it carries the cluster secret and the leader's address) and serves
+until SIGINT/SIGTERM or \`swactor down --api ADDR\`, then leaves gracefully.
+  --listen HOST:PORT   iroh bind address (default 127.0.0.1:0)
+  --api HOST:PORT      control API address (default 127.0.0.1:0; printed on stderr as "api: ...")
+  --membership NAME    membership timing preset (default lan)
+Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad ticket or usage.`,
+  async run(argv) {
+    const { values, positionals } = parseFlags(argv, {
+      listen: { type: "string" },
+      api: { type: "string" },
+      membership: { type: "string" },
+    }, { allowPositionals: true });
+    if (positionals.length !== 1) throw new UsageError("join expects exactly one TICKET argument");
+    const ticket = parseTicket(positionals[0]);
+    return await runNodeProcess({
+      secret: ticket.secret,
+      listen: values.listen,
+      api: values.api,
+      membership: values.membership,
+      async ready(node, api) {
+        console.error(`api: ${api}`);
+        console.error(`id: ${node.membership.id}`);
+        try {
+          await node.join([ticket.leader]);
+        } catch (e) {
+          throw new Error(`cannot join the cluster: ${(e as Error).message}`);
+        }
+        console.error(
+          `swactor join: joined ${ticket.leader.id.slice(0, 10)} (${node.membership.numLive()} live)`,
+        );
+      },
+    });
+  },
+};

@@ -1,0 +1,35 @@
+// `swactor status`: the members a node sees, as a table or as JSON.
+import type { MemberView } from "../node/api/mod.ts";
+import { apiBase, apiFetch } from "./api_client.ts";
+import { type Command, parseFlags } from "./command.ts";
+
+export const status: Command = {
+  name: "status",
+  summary: "show the cluster's members as a node sees them",
+  usage: `Usage: swactor status [--json] [--api HOST:PORT]
+
+Asks the node at --api (default: the node \`up\` started on this machine) for its view of the cluster.
+  --json   print {"members": [{"id", "state", "roles", ...}], "plan": ...} on one line`,
+  async run(argv) {
+    const { values } = parseFlags(argv, { json: { type: "boolean" }, api: { type: "string" } });
+    const res = await apiFetch(await apiBase(values.api), "/status");
+    if (!res.ok) throw new Error(`control API answered ${res.status}`);
+    const body = await res.json() as { self: string; members: MemberView[]; plan: unknown };
+    if (values.json) {
+      console.log(JSON.stringify(body));
+      return 0;
+    }
+    const rows = body.members.map((m) => [
+      (m.id === body.self ? "* " : "  ") + m.id.slice(0, 16),
+      m.state,
+      m.name ?? "",
+      (m.addrs ?? []).join(","),
+      m.adapter || "-",
+      m.roles.join(","),
+    ]);
+    const head = ["  ID", "STATE", "NAME", "ADDRESS", "ADAPTER", "ROLES"];
+    const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
+    for (const r of [head, ...rows]) console.log(r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd());
+    return 0;
+  },
+};

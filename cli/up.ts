@@ -1,0 +1,75 @@
+// `swactor up`: start a node that leads a new cluster, print its ticket, optionally start local workers.
+import { encodeTicket, newSecret } from "../node/ticket.ts";
+import { clearState, writeState } from "../node/state_file.ts";
+import { type Command, numberFlag, parseFlags } from "./command.ts";
+import { runNodeProcess } from "./node_process.ts";
+
+export const up: Command = {
+  name: "up",
+  summary: "start a node that leads a cluster and print its ticket",
+  usage:
+    `Usage: swactor up [--peers N] [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
+                  [--model DIR] [--plan FILE]
+
+Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
+stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves gracefully.
+  --peers N            also start N-1 local worker nodes (\`swactor join\`), so one command gives a cluster
+  --listen HOST:PORT   iroh bind address (default 127.0.0.1:0)
+  --api HOST:PORT      control API address (default 127.0.0.1:0); recorded with the ticket in the state
+                       file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down
+  --membership NAME    membership timing preset (default lan)
+  --model DIR, --plan FILE   accepted and stored for the pipeline (not used yet); --plan's JSON is shown by
+                       \`status\``,
+  async run(argv) {
+    const { values } = parseFlags(argv, {
+      peers: { type: "string" },
+      listen: { type: "string" },
+      api: { type: "string" },
+      membership: { type: "string" },
+      model: { type: "string" },
+      plan: { type: "string" },
+    });
+    const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
+    const plan = values.plan ? JSON.parse(await Deno.readTextFile(values.plan)) : undefined;
+    const secret = newSecret();
+    const workers: Deno.ChildProcess[] = [];
+    return await runNodeProcess({
+      secret,
+      listen: values.listen,
+      api: values.api,
+      membership: values.membership,
+      plan,
+      async ready(node, api) {
+        node.actors.spawn("leader", { receive: () => {} });
+        const ticket = encodeTicket({ secret, leader: node.transport.self });
+        await writeState({
+          pid: Deno.pid,
+          api,
+          ticket,
+          id: node.membership.id,
+          startedAt: new Date().toISOString(),
+        });
+        console.log(`ticket: ${ticket}`);
+        console.error(`api: ${api}`);
+        console.error(`id: ${node.membership.id}`);
+        const main = new URL("../main.ts", import.meta.url).pathname;
+        for (let i = 1; i < peers; i++) {
+          const args = ["run", "-A", "--quiet", main, "join", ticket];
+          if (values.membership) args.push("--membership", values.membership);
+          workers.push(
+            new Deno.Command(Deno.execPath(), { args, stdout: "null", stderr: "inherit" }).spawn(),
+          );
+        }
+      },
+      async cleanup() {
+        for (const w of workers) {
+          try {
+            w.kill("SIGTERM");
+          } catch { /* already gone */ }
+        }
+        await Promise.all(workers.map((w) => w.status));
+        await clearState(Deno.pid);
+      },
+    });
+  },
+};

@@ -1,0 +1,46 @@
+// The control API (localhost only): what `status` and `down` talk to. Built by a factory over the node's
+// services so it is tested through app.request() with fakes.
+import { Hono } from "hono";
+
+export interface MemberView {
+  id: string;
+  state: "alive" | "suspect" | "dead" | "left";
+  /** Names this member hosts in the registry ("leader", "stage-3", ...). */
+  roles: string[];
+  name?: string;
+  addrs?: string[];
+  adapter?: string;
+  gpuMemoryBytes?: number;
+  version?: string;
+}
+
+export interface ApiServices {
+  /** This node's id. */
+  self(): string;
+  members(): MemberView[];
+  /** name -> owner id. */
+  registry(): [string, string][];
+  /** The Plan this cluster runs (null until the pipeline issue lands or `up --plan` gives one). */
+  plan(): unknown;
+  /** Starts a graceful leave; the process exits once it is done. */
+  down(): void;
+}
+
+export function createApp(services: ApiServices): Hono {
+  const app = new Hono();
+  app.get(
+    "/status",
+    (c) => c.json({ self: services.self(), members: services.members(), plan: services.plan() ?? null }),
+  );
+  app.get(
+    "/registry",
+    (c) => c.json({ entries: services.registry().map(([name, owner]) => ({ name, owner })) }),
+  );
+  app.post("/down", (c) => {
+    // Reply first, then leave: the caller learns the request was taken even though the server goes away.
+    setTimeout(() => services.down(), 0);
+    return c.json({ leaving: true }, 202);
+  });
+  app.notFound((c) => c.json({ error: `no such endpoint: ${c.req.method} ${c.req.path}` }, 404));
+  return app;
+}

@@ -1,0 +1,20 @@
+// Serves the control API on a local address; "127.0.0.1:0" picks a free port.
+import type { Hono } from "hono";
+
+export interface ApiServer {
+  /** "host:port" actually bound. */
+  addr: string;
+  close(): Promise<void>;
+}
+
+export function serveApi(app: Hono, listen = "127.0.0.1:0"): ApiServer {
+  const i = listen.lastIndexOf(":");
+  const hostname = i > 0 ? listen.slice(0, i) : "127.0.0.1";
+  const port = Number(listen.slice(i + 1));
+  if (!Number.isInteger(port) || port < 0 || port > 65535) {
+    throw new TypeError(`--api expects HOST:PORT, got "${listen}"`);
+  }
+  const server = Deno.serve({ hostname, port, onListen: () => {} }, app.fetch);
+  const a = server.addr as Deno.NetAddr;
+  return { addr: `${a.hostname}:${a.port}`, close: () => server.shutdown() };
+}

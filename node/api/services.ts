@@ -1,0 +1,28 @@
+// Adapts a running node to the control API's services.
+import type { SwactorNode } from "../node.ts";
+import type { ApiServices, MemberView } from "./app.ts";
+
+export function nodeServices(node: SwactorNode, opts: { plan?: unknown; down: () => void }): ApiServices {
+  return {
+    self: () => node.membership.id,
+    members: () => {
+      const roles = new Map<string, string[]>();
+      for (const [name, owner] of node.registry.entries()) {
+        roles.set(owner, [...(roles.get(owner) ?? []), name]);
+      }
+      return node.membership.members().map((m): MemberView => ({
+        id: m.id,
+        state: m.state,
+        roles: roles.get(m.id) ?? [],
+        name: m.meta.name,
+        addrs: m.addrs,
+        adapter: m.meta.adapter,
+        gpuMemoryBytes: m.meta.gpuMemoryBytes,
+        version: m.meta.version,
+      })).sort((a, b) => (a.id < b.id ? -1 : 1));
+    },
+    registry: () => node.registry.entries(),
+    plan: () => opts.plan ?? null,
+    down: opts.down,
+  };
+}

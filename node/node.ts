@@ -1,0 +1,98 @@
+// A swactor node: wires the transport, membership (with the registry on its gossip) and the actor runtime
+// together. Each service lives in its own module; this file only composes them and forwards lifecycle.
+import { ActorSystem } from "./actors/mod.ts";
+import { describeNode, type DescribeOptions } from "./descriptor.ts";
+import { lan, Membership, type MembershipConfig } from "./membership/mod.ts";
+import { isMembershipPacket } from "./membership/mod.ts";
+import { Registry } from "./registry/mod.ts";
+import { demux } from "./transport/demux.ts";
+import { createIrohTransport, type IrohTransport } from "./transport/iroh.ts";
+import type { Log } from "./transport/iroh_link.ts";
+import type { PeerAddr } from "./transport/transport.ts";
+import { Service } from "./wire/mod.ts";
+
+export interface NodeOptions extends DescribeOptions {
+  /** The cluster secret (from the ticket, or fresh for a leader). */
+  secret: Uint8Array;
+  /** iroh bind address (default "127.0.0.1:0"). */
+  listen?: string;
+  /** "minimal" (default, offline) or "n0" (relays and discovery). */
+  preset?: "minimal" | "n0";
+  /** Membership timings (default: the `lan` preset). */
+  membership?: MembershipConfig;
+  /** Log sink (default: warnings to stderr). */
+  log?: Log;
+}
+
+export interface SwactorNode {
+  transport: IrohTransport;
+  membership: Membership;
+  registry: Registry;
+  actors: ActorSystem;
+  /** Joins through `seeds`; throws PeerUnreachableError when the first seed refuses or cannot be reached. */
+  join(seeds: PeerAddr[]): Promise<void>;
+  /** Leaves gracefully (others see `left`), stops the actors, closes the transport. */
+  leave(): Promise<void>;
+}
+
+export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
+  const transport = await createIrohTransport({
+    secret: opts.secret,
+    bindAddr: opts.listen,
+    preset: opts.preset,
+    log: opts.log,
+  });
+  const meta = await describeNode(transport.self.addrs, opts);
+  // The incarnation starts at the wall clock in seconds, so a restarted node (same identity) outranks the
+  // `dead` record the others hold of its previous run.
+  const membership = new Membership({
+    transport,
+    meta,
+    config: opts.membership ?? lan,
+    listen: false,
+    incarnation: Math.floor(Date.now() / 1000),
+  });
+  const registry = new Registry(membership);
+  const actors = new ActorSystem({
+    transport,
+    resolver: registry,
+    registrar: registry,
+    peers: {
+      addressOf: (id) => {
+        const m = membership.member(id);
+        return m && (m.state === "alive" || m.state === "suspect") ? { id, addrs: m.addrs } : undefined;
+      },
+    },
+  });
+  demux(
+    transport,
+    new Map([
+      [Service.MEMBERSHIP, (from, msg) => isMembershipPacket(msg) && membership.receive(from, msg)],
+      [Service.ACTORS, (from, msg, ch) => actors.receive(from, msg, ch)],
+    ]),
+  );
+  membership.onChange(({ member }) => {
+    if (member.id !== membership.id && (member.state === "dead" || member.state === "left")) {
+      actors.peerDown(member.id);
+      transport.forget(member.id);
+    }
+  });
+  membership.start();
+
+  return {
+    transport,
+    membership,
+    registry,
+    actors,
+    async join(seeds) {
+      await transport.connect(seeds[0]);
+      await membership.join(seeds);
+    },
+    async leave() {
+      await actors.close();
+      await membership.leave();
+      registry.close();
+      await transport.close();
+    },
+  };
+}

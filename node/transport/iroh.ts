@@ -1,0 +1,308 @@
+// The iroh transport: one QUIC endpoint per node, one cached authenticated connection per peer, two
+// long-lived streams per connection ("control" and "data"), length-framed messages, coalesced writes.
+// Offline by default (presetMinimal: no relay, no discovery; peers are dialed at their direct addresses);
+// `preset: "n0"` adds n0's relays and discovery for use across the internet.
+import iroh from "@number0/iroh";
+import type { Connection, Endpoint, Incoming } from "@number0/iroh";
+import { CONTROL_MAX_BYTES, DATA_MAX_BYTES, encodeFrame, FrameKind } from "../wire/mod.ts";
+import { importSecret } from "./handshake.ts";
+import {
+  acceptDataStream,
+  acceptorHandshake,
+  dialerHandshake,
+  HandshakeError,
+  openDataStream,
+} from "./iroh_handshake.ts";
+import { FrameReader } from "./frame_reader.ts";
+import { PeerUnreachableError } from "./errors.ts";
+import { type Deliver, IrohLink, type LinkStreams, type Log, shortError } from "./iroh_link.ts";
+import type { Channel, PeerAddr, PeerId, Transport } from "./transport.ts";
+
+export { PeerUnreachableError };
+
+const { Endpoint: EndpointClass, EndpointAddr, EndpointId, presetMinimal, presetN0 } = iroh;
+
+/** The ALPN carries no version: a version mismatch is detected in the frame header with a clear error. */
+export const ALPN = Array.from(new TextEncoder().encode("swactor"));
+
+export interface IrohTransportOptions {
+  /** The cluster secret from the ticket; peers must prove they hold it. Required. */
+  secret: Uint8Array;
+  /** Address to bind, "host:port" (default "127.0.0.1:0": loopback, any free port). */
+  bindAddr?: string;
+  /** "minimal" (default: offline, direct addresses only) or "n0" (n0 relays and discovery). */
+  preset?: "minimal" | "n0";
+  /** 32-byte iroh secret key for a stable identity across restarts (default: a fresh one). */
+  secretKey?: Uint8Array;
+  /** Give up dialing after this long (default 5000 ms). */
+  dialTimeoutMs?: number;
+  /** Give up on a handshake after this long (default 5000 ms). */
+  handshakeTimeoutMs?: number;
+  /** Coalescer flush threshold (default 256 KiB). */
+  flushBytes?: number;
+  /** Log sink (default: warnings to stderr). */
+  log?: Log;
+}
+
+export class IrohTransport implements Transport {
+  readonly maxMessageBytes = DATA_MAX_BYTES;
+  readonly self: PeerAddr;
+  #links = new Map<PeerId, IrohLink>();
+  #dialing = new Map<PeerId, Promise<IrohLink | undefined>>();
+  #handler: Deliver = () => {};
+  #closed = false;
+  readonly #boot = Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16)).join("");
+  readonly #log: Log;
+
+  constructor(readonly endpoint: Endpoint, readonly key: CryptoKey, readonly opts: IrohTransportOptions) {
+    const id = endpoint.id().toString();
+    this.self = { id, addrs: endpoint.addr().directAddresses() };
+    const verbose = Deno.env.get("SWACTOR_LOG") === "debug";
+    this.#log = opts.log ??
+      ((level, msg) =>
+        (level === "warn" || verbose) && console.error(`[transport ${id.slice(0, 6)}] ${msg}`));
+    this.#acceptLoop();
+  }
+
+  send(to: PeerAddr, msg: Uint8Array, channel: Channel = "control"): Promise<boolean> {
+    const limit = channel === "control" ? CONTROL_MAX_BYTES : DATA_MAX_BYTES;
+    if (msg.length > limit) {
+      throw new RangeError(`message of ${msg.length} bytes exceeds the ${channel} channel limit of ${limit}`);
+    }
+    if (this.#closed) return Promise.resolve(false);
+    if (to.id === this.self.id) {
+      queueMicrotask(() => this.#handler(this.self, msg.slice(), channel));
+      return Promise.resolve(true);
+    }
+    const frame = encodeFrame(FrameKind.MESSAGE, msg);
+    const link = this.#links.get(to.id);
+    if (link && !link.closed) return link.send(channel, frame);
+    return this.#dial(to).then((l) => l ? l.send(channel, frame) : false);
+  }
+
+  onMessage(handler: Deliver): void {
+    this.#handler = handler;
+  }
+
+  forget(peer: PeerId): void {
+    this.#links.get(peer)?.close("forgotten");
+    this.#links.delete(peer);
+  }
+
+  /** Dials (if needed) and completes the handshake; throws PeerUnreachableError saying why it failed. */
+  async connect(to: PeerAddr): Promise<void> {
+    const link = this.#links.get(to.id);
+    if (link && !link.closed) return;
+    const errors: string[] = [];
+    const l = await this.#dial(to, errors);
+    if (!l) {
+      throw new PeerUnreachableError(`cannot reach ${to.id.slice(0, 10)}: ${errors[0] ?? "dial failed"}`);
+    }
+  }
+
+  /** Peers with an open authenticated connection. */
+  connectedPeers(): PeerId[] {
+    return [...this.#links.entries()].filter(([, l]) => !l.closed).map(([id]) => id);
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    for (const l of this.#links.values()) l.close("transport closed");
+    this.#links.clear();
+    await this.endpoint.close().catch(() => {});
+  }
+
+  #deliver: Deliver = (from, msg, channel) => this.#handler(from, msg, channel);
+
+  #dial(to: PeerAddr, errors?: string[]): Promise<IrohLink | undefined> {
+    const pending = this.#dialing.get(to.id);
+    if (pending) return pending;
+    const p = this.#doDial(to, errors).finally(() => this.#dialing.delete(to.id));
+    this.#dialing.set(to.id, p);
+    return p;
+  }
+
+  async #doDial(to: PeerAddr, errors: string[] = []): Promise<IrohLink | undefined> {
+    let conn: Connection | undefined;
+    try {
+      const addr = new EndpointAddr(EndpointId.fromString(to.id), null, to.addrs);
+      conn = await withTimeout<Connection>(
+        this.endpoint.connect(addr, ALPN),
+        this.opts.dialTimeoutMs ?? 5000,
+        "dial",
+        (c) => c.close(0n, []),
+      );
+      const c = conn;
+      const hs = await withTimeout(
+        (async () => {
+          const ctl = await c.openBi();
+          const r = await dialerHandshake(ctl, this.#ctx(to.id));
+          const data = await openDataStream(c);
+          return { ctl, data, ...r };
+        })(),
+        this.opts.handshakeTimeoutMs ?? 5000,
+        "handshake",
+      );
+      hs.reader.messageMax = CONTROL_MAX_BYTES;
+      const link = this.#makeLink(conn, to, hs.peerBoot, true, {
+        control: { stream: hs.ctl, reader: hs.reader },
+        data: { stream: hs.data, reader: new FrameReader(hs.data.recv, DATA_MAX_BYTES) },
+      });
+      return this.#adopt(link);
+    } catch (e) {
+      const why = shortError(e);
+      errors.push(why);
+      const refused = e instanceof HandshakeError;
+      this.#log(
+        refused ? "warn" : "info",
+        `dial ${to.id.slice(0, 10)} (${to.addrs.join(",")}) failed: ${why}`,
+      );
+      try {
+        conn?.close(1n, Array.from(new TextEncoder().encode(why.slice(0, 100))));
+      } catch { /* closed */ }
+      return undefined;
+    }
+  }
+
+  async #acceptLoop(): Promise<void> {
+    while (!this.#closed) {
+      let inc: Incoming | null;
+      try {
+        inc = await this.endpoint.acceptNext();
+      } catch {
+        break;
+      }
+      if (!inc) break;
+      this.#accept(inc);
+    }
+  }
+
+  async #accept(inc: Incoming): Promise<void> {
+    let conn: Connection | undefined;
+    let who = "unknown peer";
+    try {
+      const remote = await inc.remoteAddr();
+      who = remote.addr ?? remote.kind;
+      const timeout = this.opts.handshakeTimeoutMs ?? 5000;
+      conn = await withTimeout<Connection>(
+        inc.accept().then((a) => a.connect()),
+        timeout,
+        "accept",
+        (c) => c.close(0n, []),
+      );
+      const c = conn;
+      const peer = c.remoteId().toString();
+      who = `${peer} (${who})`;
+      const hs = await withTimeout(
+        (async () => {
+          const ctl = await c.acceptBi();
+          const r = await acceptorHandshake(ctl, this.#ctx(peer));
+          const data = await acceptDataStream(c, DATA_MAX_BYTES);
+          return { ctl, data, ...r };
+        })(),
+        timeout,
+        "handshake",
+      );
+      hs.reader.messageMax = CONTROL_MAX_BYTES;
+      const addrs = remote.kind === "ip" && remote.addr ? [remote.addr] : [];
+      const link = this.#makeLink(c, { id: peer, addrs }, hs.peerBoot, false, {
+        control: { stream: hs.ctl, reader: hs.reader },
+        data: hs.data,
+      });
+      this.#adopt(link);
+    } catch (e) {
+      const why = shortError(e);
+      this.#log("warn", `refused connection from ${who}: ${why}`);
+      try {
+        conn?.close(1n, Array.from(new TextEncoder().encode(`refused: ${why}`.slice(0, 100))));
+      } catch { /* closed */ }
+    }
+  }
+
+  #ctx(peer: PeerId) {
+    return { key: this.key, self: this.self.id, peer, boot: hexBoot(this.#boot) };
+  }
+
+  #makeLink(
+    conn: Connection,
+    peer: PeerAddr,
+    boot: Uint8Array,
+    dialedBySelf: boolean,
+    streams: LinkStreams,
+  ): IrohLink {
+    return new IrohLink(conn, peer, bootHex(boot), dialedBySelf, streams, {
+      deliver: this.#deliver,
+      log: this.#log,
+      flushBytes: this.opts.flushBytes,
+      onClosed: (l) => {
+        if (this.#links.get(l.peer.id) === l) this.#links.delete(l.peer.id);
+      },
+    });
+  }
+
+  /**
+   * Installs a new link as the one used for sending, or keeps the current one (dial dedup). Another run of
+   * the peer (new boot) always wins. Two links to the same run come from both sides dialing at once: both
+   * keep the one dialed by the smaller endpoint id, and the other closes after a grace period (it is still
+   * read until then, so nothing already sent on it is lost).
+   */
+  #adopt(link: IrohLink): IrohLink {
+    if (this.#closed) {
+      link.close("transport closed");
+      return link;
+    }
+    const cur = this.#links.get(link.peer.id);
+    if (!cur || cur.closed || cur.peerBoot !== link.peerBoot) {
+      if (cur && !cur.closed) cur.close("peer restarted");
+      this.#links.set(link.peer.id, link);
+      return link;
+    }
+    const dialer = (l: IrohLink) => (l.dialedBySelf ? this.self.id : l.peer.id);
+    const keep = dialer(cur) === dialer(link) ? link : (dialer(cur) < dialer(link) ? cur : link);
+    const drop = keep === cur ? link : cur;
+    this.#links.set(link.peer.id, keep);
+    setTimeout(() => drop.close("duplicate connection"), 5000);
+    return keep;
+  }
+}
+
+/** Binds an endpoint and returns a transport on it. */
+export async function createIrohTransport(opts: IrohTransportOptions): Promise<IrohTransport> {
+  if (!(opts.secret instanceof Uint8Array) || opts.secret.length !== 32) {
+    throw new TypeError("createIrohTransport needs a 32-byte cluster secret");
+  }
+  const b = EndpointClass.builder();
+  (opts.preset === "n0" ? presetN0 : presetMinimal)(b);
+  b.alpns([ALPN]);
+  b.bindAddr(opts.bindAddr ?? "127.0.0.1:0");
+  if (opts.secretKey) b.secretKey(Array.from(opts.secretKey));
+  const endpoint = await b.bind();
+  return new IrohTransport(endpoint, await importSecret(opts.secret), opts);
+}
+
+function bootHex(b: Uint8Array): string {
+  return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+function hexBoot(h: string): Uint8Array {
+  return Uint8Array.from({ length: 8 }, (_, i) => parseInt(h.slice(2 * i, 2 * i + 2) || "0", 16));
+}
+
+/** Races a promise against a timer; a result that arrives too late is disposed of with `dispose`. */
+function withTimeout<T>(p: Promise<T>, ms: number, what: string, dispose?: (v: T) => void): Promise<T> {
+  let timer: ReturnType<typeof setTimeout>;
+  let timedOut = false;
+  return Promise.race([
+    p.then((v) => {
+      if (timedOut) dispose?.(v);
+      return v;
+    }),
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        timedOut = true;
+        reject(new Error(`${what} timed out after ${ms} ms`));
+      }, ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}

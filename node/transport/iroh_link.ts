@@ -1,0 +1,107 @@
+// One authenticated iroh connection to a peer: its control and data streams, each with a write coalescer
+// and a delivery loop. Only MESSAGE frames are legal after the handshake; anything else, or a frame the
+// decoder rejects, closes the connection (logged), and never reaches the node's handlers.
+import type { BiStream, Connection } from "@number0/iroh";
+import { FrameKind, WireError } from "../wire/mod.ts";
+import { Coalescer, type CoalescerOptions } from "./coalescer.ts";
+import type { FrameReader } from "./frame_reader.ts";
+import type { Channel, PeerAddr } from "./transport.ts";
+
+export type Deliver = (from: PeerAddr, msg: Uint8Array, channel: Channel) => void;
+export type Log = (level: "info" | "warn", msg: string) => void;
+
+export interface LinkStreams {
+  control: { stream: BiStream; reader: FrameReader };
+  data: { stream: BiStream; reader: FrameReader };
+}
+
+export interface LinkOptions extends CoalescerOptions {
+  deliver: Deliver;
+  onClosed: (link: IrohLink) => void;
+  log: Log;
+}
+
+/** First line of a binding error (they carry Rust backtraces). */
+export function shortError(e: unknown): string {
+  return (e instanceof Error ? e.message : String(e)).split("\n")[0];
+}
+
+export class IrohLink {
+  #closed = false;
+  readonly #writers: Record<Channel, Coalescer>;
+
+  constructor(
+    readonly conn: Connection,
+    /** The peer, with the addresses it was reached at. */
+    readonly peer: PeerAddr,
+    /** Identifies the peer's process run (see BOOT_BYTES in wire/messages.ts). */
+    readonly peerBoot: string,
+    /** True when this node dialed the connection. */
+    readonly dialedBySelf: boolean,
+    streams: LinkStreams,
+    readonly opts: LinkOptions,
+  ) {
+    const fail = (e: Error) => this.close(`write failed: ${shortError(e)}`);
+    this.#writers = {
+      control: new Coalescer((b) => streams.control.stream.send.writeAll(b), fail, opts),
+      data: new Coalescer((b) => streams.data.stream.send.writeAll(b), fail, opts),
+    };
+    this.#readLoop(streams.control.reader, "control");
+    this.#readLoop(streams.data.reader, "data");
+    conn.closed().then(
+      (why) => this.close(`connection closed: ${why}`),
+      (e) => this.close(`connection lost: ${shortError(e)}`),
+    );
+  }
+
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /** Queues one encoded MESSAGE frame; false when the connection is gone. */
+  send(channel: Channel, frame: Uint8Array): Promise<boolean> {
+    if (this.#closed) return Promise.resolve(false);
+    return this.#writers[channel].enqueue(frame);
+  }
+
+  close(reason: string, code = 0n): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    for (const w of Object.values(this.#writers)) w.fail(new Error(reason));
+    try {
+      this.conn.close(code, Array.from(new TextEncoder().encode(reason.slice(0, 100))));
+    } catch { /* already closed */ }
+    this.opts.log("info", `link to ${this.peer.id.slice(0, 10)} closed: ${reason}`);
+    this.opts.onClosed(this);
+  }
+
+  async #readLoop(reader: FrameReader, channel: Channel): Promise<void> {
+    try {
+      for (;;) {
+        const first = await reader.next();
+        if (first === null || this.#closed) break;
+        for (const f of [first, ...reader.takeReady()]) {
+          if (f.kind !== FrameKind.MESSAGE) {
+            throw new WireError("malformed", `frame kind ${f.kind} after the handshake`);
+          }
+          try {
+            this.opts.deliver(this.peer, f.payload, channel);
+          } catch (e) {
+            this.opts.log(
+              "warn",
+              `handler threw on a ${channel} message from ${this.peer.id.slice(0, 10)}: ${e}`,
+            );
+          }
+        }
+      }
+      this.close(`${channel} stream ended`);
+    } catch (e) {
+      if (e instanceof WireError) {
+        this.opts.log("warn", `protocol error from ${this.peer.id}: ${e.message}`);
+        this.close(`protocol error: ${e.code}`, 2n);
+      } else {
+        this.close(`${channel} stream lost: ${shortError(e)}`);
+      }
+    }
+  }
+}

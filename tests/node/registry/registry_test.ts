@@ -1,0 +1,105 @@
+import assert from "node:assert/strict";
+import { membershipConfig, test as testPreset } from "../../../node/membership/mod.ts";
+import { newer } from "../../../node/registry/mod.ts";
+import { SimCluster } from "../../../scripts/sim/cluster.ts";
+
+const config = membershipConfig({}, testPreset);
+
+function converged(n: number) {
+  const c = new SimCluster({ n, config });
+  c.joinAll();
+  assert.ok(c.clock.runUntilTrue(() => c.converged(), { stepMs: 20, maxMs: 30_000 }) !== undefined);
+  return c;
+}
+const views = (c: SimCluster) =>
+  new Set(c.nodes.filter((n) => c.up(n)).map((n) => JSON.stringify(n.registry.entries())));
+
+Deno.test("conflict rule: higher version, then higher writer id, then tombstone", () => {
+  const e = (version: number, writer: string, owner: string | null = writer) => ({
+    name: "x",
+    owner,
+    version,
+    writer,
+  });
+  assert.ok(newer(e(2, "a"), e(1, "z")));
+  assert.ok(newer(e(1, "b"), e(1, "a")));
+  assert.ok(newer(e(1, "a", null), e(1, "a")));
+  assert.ok(!newer(e(1, "a"), e(1, "a")));
+});
+
+Deno.test("register/resolve/watch replicate to every node; concurrent claims agree on the higher id", () => {
+  const c = converged(8);
+  const changes: string[] = [];
+  c.nodes[7].registry.watch((name, owner) => changes.push(`${name}=${owner}`));
+  c.nodes[1].registry.register("stage-3");
+  c.nodes[2].registry.register("moe-expert-7-12");
+  c.clock.advance(2000);
+  assert.equal(views(c).size, 1);
+  assert.equal(c.nodes[6].registry.resolve("stage-3"), "n01");
+  assert.deepEqual(changes.sort(), ["moe-expert-7-12=n02", "stage-3=n01"]);
+  // Same instant, same version: n05 > n04 wins everywhere.
+  c.nodes[4].registry.register("stage-0");
+  c.nodes[5].registry.register("stage-0");
+  c.clock.advance(2000);
+  assert.equal(views(c).size, 1);
+  assert.equal(c.nodes[0].registry.resolve("stage-0"), "n05");
+  assert.throws(() => c.nodes[0].registry.register(""), TypeError);
+});
+
+Deno.test("unregister removes a name everywhere; only the owner may", () => {
+  const c = converged(5);
+  c.nodes[1].registry.register("stage-1");
+  c.clock.advance(2000);
+  assert.equal(c.nodes[2].registry.unregister("stage-1"), false);
+  assert.equal(c.nodes[1].registry.unregister("stage-1"), true);
+  c.clock.advance(2000);
+  for (const n of c.nodes) assert.equal(n.registry.resolve("stage-1"), undefined);
+});
+
+Deno.test("a dead owner's entries vanish everywhere and are not resurrected by stale state", () => {
+  const c = converged(8);
+  c.nodes[3].registry.register("stage-3");
+  c.nodes[4].registry.register("stage-4");
+  c.clock.advance(2000);
+  c.kill(c.nodes[3]);
+  const t = c.clock.runUntilTrue(
+    () => c.nodes.filter((n) => c.up(n)).every((n) => n.registry.resolve("stage-3") === undefined),
+    { maxMs: 20_000 },
+  );
+  assert.ok(t !== undefined);
+  c.clock.advance(10_000); // several push-pull rounds
+  assert.equal(views(c).size, 1);
+  assert.deepEqual(c.nodes[0].registry.entries(), [["stage-4", "n04"]]);
+});
+
+Deno.test("a late joiner gets the registry through push-pull; a restarted owner withdraws stale claims", async () => {
+  const c = converged(5);
+  c.nodes[2].registry.register("stage-2");
+  c.clock.advance(3000);
+  // n02 crashes and restarts so fast that nobody noticed; its new life holds nothing.
+  c.kill(c.nodes[2]);
+  const again = c.restart(c.nodes[2]);
+  const joined = again.membership.join([c.addr(c.nodes[0])]);
+  c.clock.advance(3000);
+  assert.equal(await joined, 1);
+  c.clock.advance(5000);
+  assert.equal(views(c).size, 1);
+  for (const n of c.nodes) assert.equal(n.registry.resolve("stage-2"), undefined);
+  assert.ok(again.registry.entries().length === 0);
+});
+
+Deno.test("malformed registry payloads are counted, not thrown", () => {
+  const c = converged(3);
+  const r = c.nodes[0].registry;
+  // Reach the delegate through a user message with a bad payload.
+  const bad = new TextEncoder().encode('[{"name":5}]');
+  const b64 = btoa(String.fromCharCode(...bad));
+  const pkt = new Uint8Array([0x4d, 1, 0, 0, 0, 0]);
+  const msg = new TextEncoder().encode(JSON.stringify({ t: "user", ch: "registry", data: b64 }));
+  const full = new Uint8Array(pkt.length + msg.length);
+  full.set(pkt);
+  new DataView(full.buffer).setUint32(2, msg.length);
+  full.set(msg, 6);
+  c.nodes[0].membership.receive(c.addr(c.nodes[1]), full);
+  assert.equal(r.malformed, 1);
+});

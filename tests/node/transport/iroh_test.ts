@@ -1,0 +1,117 @@
+// Real iroh endpoints on loopback (port 0): delivery, order, batching, both channels, refusal of a peer
+// without the secret, size limits, simultaneous dials.
+import assert from "node:assert/strict";
+import { createIrohTransport, PeerUnreachableError } from "../../../node/transport/iroh.ts";
+import type { Channel, PeerAddr } from "../../../node/transport/transport.ts";
+import { newSecret } from "../../../node/ticket.ts";
+
+type Got = { from: string; text: string; channel: Channel };
+
+async function pair(secretB?: Uint8Array) {
+  const secret = newSecret();
+  const logs: string[] = [];
+  const log = (_: string, msg: string) => void logs.push(msg);
+  const a = await createIrohTransport({ secret, log });
+  const b = await createIrohTransport({ secret: secretB ?? secret, log });
+  const got: Record<"a" | "b", Got[]> = { a: [], b: [] };
+  const dec = new TextDecoder();
+  a.onMessage((from, msg, channel) => got.a.push({ from: from.id, text: dec.decode(msg), channel }));
+  b.onMessage((from, msg, channel) => got.b.push({ from: from.id, text: dec.decode(msg), channel }));
+  return { a, b, got, logs, close: () => Promise.all([a.close(), b.close()]) };
+}
+
+async function until(cond: () => boolean, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error("condition not met in time");
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+const enc = (s: string) => new TextEncoder().encode(s);
+
+Deno.test("iroh: messages arrive whole, in order, on both channels, both ways", async () => {
+  const { a, b, got, close } = await pair();
+  try {
+    const sends: Promise<boolean>[] = [];
+    for (let i = 0; i < 2000; i++) sends.push(a.send(b.self, enc(`m${i}`), i % 2 ? "data" : "control"));
+    assert.ok((await Promise.all(sends)).every((x) => x));
+    await until(() => got.b.length === 2000);
+    for (const ch of ["control", "data"] as const) {
+      const texts = got.b.filter((g) => g.channel === ch).map((g) => g.text);
+      assert.deepEqual(texts, Array.from({ length: 1000 }, (_, k) => `m${2 * k + (ch === "data" ? 1 : 0)}`));
+    }
+    assert.equal(got.b[0].from, a.self.id);
+    // the reply reuses the connection b accepted
+    assert.ok(await b.send({ id: a.self.id, addrs: [] }, enc("pong")));
+    await until(() => got.a.length === 1);
+    assert.deepEqual(got.a[0], { from: b.self.id, text: "pong", channel: "control" });
+    assert.deepEqual(a.connectedPeers(), [b.self.id]);
+  } finally {
+    await close();
+  }
+});
+
+Deno.test("iroh: a peer without the cluster secret is refused, logged, and nothing is delivered", async () => {
+  const { a, b, got, logs, close } = await pair(newSecret());
+  try {
+    assert.equal(await a.send(b.self, enc("hi")), false);
+    await assert.rejects(() => a.connect(b.self), PeerUnreachableError);
+    await until(() => logs.some((l) => l.includes("refused connection from")));
+    assert.ok(logs.some((l) => l.includes("proof of the cluster secret is wrong")), logs.join("\n"));
+    assert.equal(got.b.length, 0);
+    assert.equal(got.a.length, 0);
+  } finally {
+    await close();
+  }
+});
+
+Deno.test("iroh: size limits per channel, and sends after close resolve false", async () => {
+  const { a, b, got, close } = await pair();
+  try {
+    assert.throws(() => a.send(b.self, new Uint8Array(1024 * 1024 + 1), "control"), RangeError);
+    assert.throws(() => a.send(b.self, new Uint8Array(a.maxMessageBytes + 1), "data"), RangeError);
+    const big = new Uint8Array(3 * 1024 * 1024).map((_, i) => i & 255);
+    let size = 0;
+    b.onMessage((_, msg) => (size = msg.length));
+    assert.ok(await a.send(b.self, big, "data"));
+    await until(() => size === big.length, 20000);
+    await a.close();
+    assert.equal(await a.send(b.self, enc("late")), false);
+    assert.equal(got.b.length, 0);
+  } finally {
+    await close();
+  }
+});
+
+Deno.test("iroh: an unreachable peer makes send resolve false, within the dial timeout", async () => {
+  const secret = newSecret();
+  const a = await createIrohTransport({ secret, dialTimeoutMs: 500, log: () => {} });
+  const gone = await createIrohTransport({ secret, log: () => {} });
+  const addr: PeerAddr = { ...gone.self };
+  await gone.close();
+  try {
+    const t0 = Date.now();
+    assert.equal(await a.send(addr, enc("x")), false);
+    assert.ok(Date.now() - t0 < 3000);
+  } finally {
+    await a.close();
+  }
+});
+
+Deno.test("iroh: two peers dialing each other at once both deliver and settle on one connection", async () => {
+  const { a, b, got, close } = await pair();
+  try {
+    const [x, y] = await Promise.all([a.send(b.self, enc("from a")), b.send(a.self, enc("from b"))]);
+    assert.ok(x && y);
+    await until(() => got.a.length === 1 && got.b.length === 1);
+    for (let i = 0; i < 10; i++) {
+      await a.send(b.self, enc(`a${i}`));
+      await b.send(a.self, enc(`b${i}`));
+    }
+    await until(() => got.a.length === 11 && got.b.length === 11);
+    assert.deepEqual(got.b.map((g) => g.text).slice(1), Array.from({ length: 10 }, (_, i) => `a${i}`));
+  } finally {
+    await close();
+  }
+});

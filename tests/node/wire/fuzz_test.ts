@@ -1,0 +1,158 @@
+// Fuzz: thousands of random and mutated frames and payloads (seeded, so a failure reproduces). Every input
+// must either decode or throw WireError; nothing else may escape, and nothing may hang.
+import assert from "node:assert/strict";
+import {
+  type ActorMessage,
+  decodeActorMessage,
+  decodeChallenge,
+  decodeFrame,
+  decodeHello,
+  decodeProof,
+  decodeRefuse,
+  decodeStream,
+  encodeActorMessage,
+  encodeFrame,
+  FrameDecoder,
+  FrameKind,
+  WireError,
+} from "../../../node/wire/mod.ts";
+
+/** mulberry32: a tiny seeded PRNG. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const rand = prng(0x5eed);
+const int = (n: number) => Math.floor(rand() * n);
+const bytes = (n: number) => Uint8Array.from({ length: n }, () => int(256));
+const kinds = Object.values(FrameKind);
+
+const payloadDecoders = [
+  decodeStream,
+  decodeHello,
+  decodeChallenge,
+  decodeProof,
+  decodeRefuse,
+  decodeActorMessage,
+];
+
+/** Runs f; passes if it returns or throws WireError; fails on any other exception. */
+function mustNotCrash(f: () => unknown, input: Uint8Array): void {
+  try {
+    f();
+  } catch (e) {
+    if (!(e instanceof WireError)) {
+      throw new Error(
+        `non-WireError ${e} on input [${Array.from(input.slice(0, 32))}...] (${input.length} bytes)`,
+      );
+    }
+  }
+}
+
+function randomActorMessage(): ActorMessage {
+  const requestId = int(2 ** 31) * 1000 + int(1000);
+  const to = `stage-${int(100)}`;
+  switch (int(5)) {
+    case 0:
+      return { type: "send", to, body: bytes(int(100)) };
+    case 1:
+      return { type: "call", requestId, to, timeoutMs: int(60000), body: bytes(int(100)) };
+    case 2:
+      return { type: "reply", requestId, body: bytes(int(100)) };
+    case 3:
+      return { type: "error", requestId, code: (1 + int(3)) as 1 | 2 | 3, message: "boom ✓" };
+    default:
+      return { type: "cancel", requestId };
+  }
+}
+
+function validFrame(): Uint8Array {
+  const kind = kinds[int(kinds.length)];
+  const payload = kind === FrameKind.MESSAGE ? encodeActorMessage(randomActorMessage()) : bytes(int(64));
+  return encodeFrame(kind, payload);
+}
+
+function mutate(input: Uint8Array): Uint8Array {
+  const out = input.slice();
+  switch (int(5)) {
+    case 0: // flip a few bits
+      for (let i = 0, n = 1 + int(4); i < n && out.length; i++) out[int(out.length)] ^= 1 << int(8);
+      return out;
+    case 1: // truncate
+      return out.slice(0, int(out.length));
+    case 2: // append garbage
+      return Uint8Array.from([...out, ...bytes(1 + int(16))]);
+    case 3: // rewrite the length field with something large or random
+      if (out.length >= 8) new DataView(out.buffer).setUint32(4, int(2) ? 0xffffffff : int(1 << 28));
+      return out;
+    default: // overwrite one header byte
+      if (out.length) out[int(Math.min(8, out.length))] = int(256);
+      return out;
+  }
+}
+
+Deno.test("fuzz: random bytes never crash the frame and payload decoders", () => {
+  for (let i = 0; i < 2000; i++) {
+    const input = bytes(int(80));
+    mustNotCrash(() => decodeFrame(input), input);
+    mustNotCrash(() => new FrameDecoder().push(input), input);
+    for (const d of payloadDecoders) mustNotCrash(() => d(input), input);
+  }
+});
+
+Deno.test("fuzz: mutated valid frames are decoded or rejected with WireError", () => {
+  let rejected = 0;
+  for (let i = 0; i < 3000; i++) {
+    const input = mutate(validFrame());
+    try {
+      const frame = decodeFrame(input);
+      if (frame.kind === FrameKind.MESSAGE) mustNotCrash(() => decodeActorMessage(frame.payload), input);
+    } catch (e) {
+      if (!(e instanceof WireError)) throw e;
+      rejected++;
+    }
+    const dec = new FrameDecoder({ messageMax: 1 << 20 });
+    mustNotCrash(() => {
+      dec.push(input);
+      dec.finish();
+    }, input);
+  }
+  assert.ok(rejected > 1000, `only ${rejected} of 3000 mutations were rejected`);
+});
+
+Deno.test("fuzz: mutated actor messages are decoded or rejected with WireError", () => {
+  for (let i = 0; i < 2000; i++) {
+    const input = mutate(encodeActorMessage(randomActorMessage()));
+    mustNotCrash(() => decodeActorMessage(input), input);
+  }
+});
+
+Deno.test("fuzz: valid frame streams split at random points decode to the same frames", () => {
+  for (let round = 0; round < 200; round++) {
+    const frames = Array.from({ length: 1 + int(10) }, () => validFrame());
+    const stream = Uint8Array.from(frames.flatMap((f) => Array.from(f)));
+    const dec = new FrameDecoder();
+    const got: Uint8Array[] = [];
+    for (let pos = 0; pos < stream.length;) {
+      const n = 1 + int(40);
+      for (const f of dec.push(stream.subarray(pos, pos + n))) got.push(encodeFrame(f.kind, f.payload));
+      pos += n;
+    }
+    dec.finish();
+    assert.deepEqual(got, frames);
+  }
+});
+
+Deno.test("fuzz: actor messages round-trip", () => {
+  for (let i = 0; i < 1000; i++) {
+    const m = randomActorMessage();
+    assert.deepEqual(decodeActorMessage(encodeActorMessage(m)), m);
+  }
+});
