@@ -48,7 +48,9 @@ export async function main(argv: string[]): Promise<number> {
       console.error(`swactor ${name}: ${(e as Error).message}`);
       return 2;
     }
-    console.error(`swactor ${name}: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}`);
+    // Runtime failures print their message; SWACTOR_DEBUG=1 adds the stack for bug reports.
+    const debug = Deno.env.get("SWACTOR_DEBUG") === "1";
+    console.error(`swactor ${name}: ${e instanceof Error ? ((debug && e.stack) || e.message) : String(e)}`);
     return 1;
   }
 }
