@@ -1,10 +1,15 @@
 // Runs callbacks at given times with one timer for all of them: a binary min-heap ordered by due time
 // (ties keep insertion order), and a single timer armed for the earliest entry.
 //
-// Why not one setTimeout per datagram: Deno's timers fire about 1-2 ms late (measured p50 1.2 ms on the
-// 2-core VM), which would bias every emulated delay upwards. The scheduler learns that lateness (an
-// exponential average of how late each wake-up was) and arms the timer that much early, then runs every
-// entry due within `slackMs` of the wake-up. Entries already due when scheduled run at once, synchronously.
+// Why not one setTimeout per datagram: Deno's timers would bias every emulated delay upwards by about
+// 1 ms. Measured on Deno 2.9.6: setTimeout(ms) fires after max(1, floor(ms)) + 1 + d ms, d ~ 0.25
+// (8.3 and 8.7 both fire after ~9.25 ms, 9 after ~10.25, 0 after ~2.2). So the scheduler asks for the
+// whole number of ms that lands nearest the due time under that model, learns d from each wake-up (an
+// exponential average), and runs every entry due within `slackMs` of the wake-up. Deliveries then land
+// within about +-0.5 ms of their due time, centred on it. The slack must be about half a tick: with
+// less, an early wake-up re-arms and pays the 2.2 ms minimum delay. Entries due within the slack when
+// scheduled run at once, synchronously. Entries due 0.5-2 ms ahead can be up to ~1.7 ms late (the
+// minimum timer); that only happens between datagrams queued close together, not to a link's delay.
 
 /** The clock and timer the scheduler uses; tests pass a fake one. */
 export interface SchedulerClock {
@@ -19,10 +24,10 @@ export interface SchedulerClock {
 export interface DeliverySchedulerOptions {
   /** Default: performance.now() and setTimeout. */
   clock?: SchedulerClock;
-  /** Entries due within this many ms of a wake-up run in that wake-up. Default 0.25. */
+  /** Entries due within this many ms of a wake-up run in that wake-up. Default 0.5. */
   slackMs?: number;
-  /** Upper bound of the learnt early-arming compensation, ms. Default 3. */
-  maxCompensationMs?: number;
+  /** Starting estimate of d, the timer's lateness beyond max(1, floor(ms)) + 1, ms. Default 0.25. */
+  initialTimerDeltaMs?: number;
 }
 
 interface Entry {
@@ -40,18 +45,20 @@ export const realClock: SchedulerClock = {
 export class DeliveryScheduler {
   readonly #clock: SchedulerClock;
   readonly #slackMs: number;
-  readonly #maxCompMs: number;
+
   readonly #heap: Entry[] = [];
   #seq = 0;
   #timer: unknown;
   #armedFor = 0;
-  #compMs = 0;
+  #armedAt = 0;
+  #armedTicks = 0;
+  #deltaMs: number;
   #closed = false;
 
   constructor(options: DeliverySchedulerOptions = {}) {
     this.#clock = options.clock ?? realClock;
-    this.#slackMs = options.slackMs ?? 0.25;
-    this.#maxCompMs = options.maxCompensationMs ?? 3;
+    this.#slackMs = options.slackMs ?? 0.5;
+    this.#deltaMs = options.initialTimerDeltaMs ?? 0.25;
   }
 
   /** Entries waiting to run. */
@@ -59,9 +66,9 @@ export class DeliveryScheduler {
     return this.#heap.length;
   }
 
-  /** The current early-arming compensation, ms (what the scheduler learnt about timer lateness). */
-  get compensationMs(): number {
-    return this.#compMs;
+  /** The learnt timer lateness d beyond max(1, floor(ms)) + 1 ms (see the file comment). */
+  get timerDeltaMs(): number {
+    return this.#deltaMs;
   }
 
   /** Runs `fn` at time `at` (ms on the scheduler's clock), after every entry scheduled earlier for `at`. */
@@ -94,15 +101,17 @@ export class DeliveryScheduler {
       this.#clock.clearTimer(this.#timer);
     }
     this.#armedFor = at;
-    this.#timer = this.#clock.setTimer(() => this.#wake(), Math.max(0, at - now - this.#compMs));
+    this.#armedAt = now;
+    this.#armedTicks = Math.max(1, Math.round(at - now - 1 - this.#deltaMs));
+    this.#timer = this.#clock.setTimer(() => this.#wake(), this.#armedTicks);
   }
 
   #wake(): void {
     this.#timer = undefined;
     const now = this.#clock.now();
-    const late = now - this.#armedFor;
-    // Learn slowly from each wake-up; a single descheduled wake-up should not move the estimate much.
-    this.#compMs = Math.min(this.#maxCompMs, Math.max(0, this.#compMs + 0.1 * late));
+    const delta = now - this.#armedAt - this.#armedTicks - 1;
+    // Learn slowly; one descheduled wake-up (a busy machine) should not move the estimate much.
+    this.#deltaMs = Math.min(2, Math.max(-1, this.#deltaMs + 0.1 * (delta - this.#deltaMs)));
     this.#runDue(now);
   }
 
