@@ -35,6 +35,8 @@ export interface NetnsOptions {
   octet?: number;
 }
 
+let setCounter = 0;
+
 async function ip(args: string[]): Promise<string> {
   const out = await new Deno.Command("ip", { args, stdout: "piped", stderr: "piped" }).output();
   if (!out.success) throw new Error(`ip ${args.join(" ")}: ${new TextDecoder().decode(out.stderr).trim()}`);
@@ -56,7 +58,8 @@ export async function createNetns(count: number, options: NetnsOptions = {}): Pr
   const octet = options.octet ??
     [...Array(38).keys()].map((k) => 213 + (k + Deno.pid) % 38).find((o) => !used.includes(` 10.${o}.`));
   if (octet === undefined) throw new Error("no free 10.x.0.0/16 block among 10.213-250");
-  const tag = `${Deno.pid % 100000}`;
+  // Interface names are at most 15 characters: sw + pid + s + set number + h/n + node (base 36).
+  const tag = `${Deno.pid % 100000}s${(setCounter++).toString(36)}`;
   const nodes: NetnsNode[] = [];
   const set: NetnsSet = {
     nodes,
@@ -72,7 +75,7 @@ export async function createNetns(count: number, options: NetnsOptions = {}): Pr
       const hostIp = `${net[0]}.${net[1]}.${net[2]}.${net[3] + 1}`;
       const nodeIp = `${net[0]}.${net[1]}.${net[2]}.${net[3] + 2}`;
       const node = { ns: `${prefix}-${tag}-${i}`, hostIp, nodeIp };
-      const host = `sw${tag}h${i}`, peer = `sw${tag}n${i}`;
+      const host = `sw${tag}h${i.toString(36)}`, peer = `sw${tag}n${i.toString(36)}`;
       await ip(["netns", "add", node.ns]);
       nodes.push(node);
       await ip(["link", "add", host, "type", "veth", "peer", "name", peer]);

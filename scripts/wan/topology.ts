@@ -7,6 +7,11 @@
 //   const topo = await startChain(["127.0.0.1:4001", ...], { hops: { delayMs: 10 }, ring: true });
 //   topo.dialAddr(0, 1)  // -> the relay's "127.0.0.1:port" that node 0 puts in node 1's EndpointAddr
 //   await topo.close();
+//
+// With iroh the nodes must sit in isolated network namespaces (netns.ts): iroh learns a peer's real
+// address in the handshake and leaves the relay for it. Then pass `listenHosts` (each node's root-side
+// veth address, where the relays it dials listen) and `otherPairs: {}` so that non-neighbours, which
+// have no route to each other, still reach each other (through a perfect link).
 
 import { createLink, type LinkSpec } from "./link.ts";
 import { type Relay, type RelayStats, startRelay } from "./relay.ts";
@@ -26,6 +31,11 @@ export interface LinkDef {
 export interface TopologyOptions {
   /** Host the relays listen on. Default "127.0.0.1". */
   listenHost?: string;
+  /** Per node: the host the relays that this node dials listen on (overrides `listenHost`). */
+  listenHosts?: string[];
+  /** Give every pair that has no link one with this spec (`{}`: a perfect link). Default: none, such
+   * pairs dial each other directly. */
+  otherPairs?: LinkSpec;
 }
 
 /** Options of `startChain`. */
@@ -63,7 +73,15 @@ export async function startTopology(
   options: TopologyOptions = {},
 ): Promise<Topology> {
   nodes.forEach((n) => parseSocketAddr(n)); // validate before starting anything
-  const host = options.listenHost ?? "127.0.0.1";
+  if (options.listenHosts && options.listenHosts.length !== nodes.length) {
+    throw new RangeError(
+      `expected ${nodes.length} listenHosts, one per node, got ${options.listenHosts.length}`,
+    );
+  }
+  const hostFor = (i: number) => {
+    const h = options.listenHosts?.[i] ?? options.listenHost ?? "127.0.0.1";
+    return `${h.includes(":") ? `[${h}]` : h}:0`;
+  };
   const dial = nodes.map(() => [...nodes]);
   const seen = new Set<string>();
   for (const l of links) {
@@ -77,16 +95,23 @@ export async function startTopology(
     if (seen.has(key)) throw new RangeError(`nodes ${key} are linked twice`);
     seen.add(key);
   }
+  const all = [...links];
+  if (options.otherPairs) {
+    for (let a = 0; a < nodes.length; a++) {
+      for (let b = a + 1; b < nodes.length; b++) {
+        if (!seen.has(`${a}-${b}`)) all.push({ a, b, spec: options.otherPairs });
+      }
+    }
+  }
   const relays: TopologyRelay[] = [];
   try {
-    for (const [k, l] of links.entries()) {
+    for (const [k, l] of all.entries()) {
       // Distinct random streams per link and direction, even when every link shares one spec and seed.
       const ab = createLink(l.spec, { stream: 2 * k });
       const ba = createLink(l.reverse ?? l.spec, { stream: 2 * k + 1 });
-      const listen = `${host.includes(":") ? `[${host}]` : host}:0`;
-      const toB = await startRelay({ target: nodes[l.b], listen, up: ab, down: ba });
+      const toB = await startRelay({ target: nodes[l.b], listen: hostFor(l.a), up: ab, down: ba });
       relays.push({ from: l.a, to: l.b, relay: toB });
-      const toA = await startRelay({ target: nodes[l.a], listen, up: ba, down: ab });
+      const toA = await startRelay({ target: nodes[l.a], listen: hostFor(l.b), up: ba, down: ab });
       relays.push({ from: l.b, to: l.a, relay: toA });
       dial[l.a][l.b] = toB.addr;
       dial[l.b][l.a] = toA.addr;

@@ -80,6 +80,30 @@ Deno.test("both dial directions of a link share one rate cap", async () => {
   await Promise.all(nodes.map((n) => new Promise<void>((r) => n.socket.close(r))));
 });
 
+Deno.test("otherPairs relays every unlinked pair; listenHosts picks where each dialer's relays listen", async () => {
+  const addrs = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"];
+  const topo = await startChain(addrs, {
+    hops: { delayMs: 5 },
+    otherPairs: {},
+    listenHosts: ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+  });
+  assert.equal(topo.relays.length, 6); // 0-1, 1-2 and the extra 0-2
+  for (let i = 0; i < 3; i++) {
+    for (let j = 0; j < 3; j++) {
+      if (i === j) continue;
+      assert.notEqual(topo.dialAddr(i, j), addrs[j]);
+      assert.ok(
+        topo.dialAddr(i, j).startsWith(`127.0.0.${i + 1}:`),
+        `node ${i} dials ${topo.dialAddr(i, j)}`,
+      );
+    }
+  }
+  const extra = topo.relays.find((r) => r.from === 0 && r.to === 2)!;
+  assert.ok(extra);
+  await topo.close();
+  await assert.rejects(startChain(addrs, { listenHosts: ["127.0.0.1"] }), /listenHosts/);
+});
+
 Deno.test("bad topologies are rejected before any relay starts", async () => {
   const addrs = ["127.0.0.1:1", "127.0.0.1:2"];
   await assert.rejects(startTopology(addrs, [{ a: 0, b: 2 }]), RangeError);
