@@ -18,12 +18,20 @@ import { summarize } from "./summary.ts";
 const repoRoot = fromFileUrl(new URL("../../", import.meta.url));
 const peerScript = fromFileUrl(new URL("./iroh_peer.ts", import.meta.url));
 
-/** Runs one dial through a relay with `link` (or directly when null); returns the result and relay counters. */
+/** Runs one dial through a relay with `link` (or directly when null): the result, relay counters and address. */
 type Measure = (
   link: LinkSpec | null,
   pings: number,
   bytes: number,
-) => Promise<[DialResult, RelayStats | null]>;
+) => Promise<[DialResult, RelayStats | null, string | null]>;
+
+/** The selected path, flagged when a relay was there and iroh went around it. */
+function pathColumn(r: DialResult, relayAddr: string | null): string {
+  const path = r.selected.join(" ");
+  return relayAddr && (r.selected.length !== 1 || r.selected[0] !== relayAddr)
+    ? `${path} (BYPASSED the relay)`
+    : path;
+}
 
 /** Both endpoints in this process on loopback. */
 async function loopbackMeasure(): Promise<{ measure: Measure; close: () => Promise<void> }> {
@@ -35,7 +43,7 @@ async function loopbackMeasure(): Promise<{ measure: Measure; close: () => Promi
     const client = await endpoint("127.0.0.1:0"); // fresh, so no address is remembered between runs
     try {
       const r = await dial(client, server.id().toString(), { addr: relay?.addr ?? serverAddr, pings, bytes });
-      return [r, relay?.stats() ?? null];
+      return [r, relay?.stats() ?? null, relay?.addr ?? null];
     } finally {
       await client.close();
       await relay?.close();
@@ -89,7 +97,7 @@ async function netnsMeasure(): Promise<{ measure: Measure; close: () => Promise<
       const out = await new Deno.Command(cmd, { args, cwd: repoRoot, stdout: "piped" }).output();
       if (!out.success) throw new Error(`dialer failed with code ${out.code}`);
       const result: DialResult = JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").pop()!);
-      return [result, relay.stats()];
+      return [result, relay.stats(), relay.addr];
     } finally {
       await relay.close();
     }
@@ -140,13 +148,11 @@ if (import.meta.main) {
       { delayMs: 10, loss: 0.05 },
     ];
     for (const link of rttLinks) {
-      const [r, st] = await env.measure(link, samples, 0);
+      const [r, st, relayAddr] = await env.measure(link, samples, 0);
       const s = summarize(r.rtts);
       const excess = (s.p50Raw - 2 * (link?.delayMs ?? 0)).toFixed(3);
       const drops = st ? `${st.up.lost + st.down.lost + st.up.queueDrops + st.down.queueDrops}` : "-";
-      const path = st && !r.selected.every((a) => st && a.length > 0 && r.selected.length === 1)
-        ? "?"
-        : r.selected.join(" ");
+      const path = pathColumn(r, relayAddr);
       console.log(
         `| ${describe(link)} | ${s.p50} | ${s.p10} | ${s.p90} | ${s.max} | ${excess} | ${drops} | ${path} |`,
       );
@@ -169,7 +175,7 @@ if (import.meta.main) {
       { delayMs: 10, loss: 0.05 },
     ];
     for (const link of bulkLinks) {
-      const [r, st] = await env.measure(link, 0, bytes);
+      const [r, st, relayAddr] = await env.measure(link, 0, bytes);
       const relayCols = st
         ? `${st.up.packets} / ${st.down.packets} | ${st.up.queueDrops + st.down.queueDrops} | ${
           st.up.lost + st.down.lost
