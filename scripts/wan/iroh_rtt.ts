@@ -184,7 +184,7 @@ if (import.meta.main) {
       const mbps = r.mbps!;
       console.log(
         `| ${describe(link)} | ${mbps.toFixed(2)} | ${(mbps * 8).toFixed(1)} | ${relayCols} | ${
-          r.selected.join(" ")
+          pathColumn(r, relayAddr)
         } |`,
       );
     }

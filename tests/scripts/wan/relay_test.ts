@@ -174,6 +174,22 @@ Deno.test("closing releases the listen port and every upstream socket", async ()
   await Promise.all([client.close(), echo.close()]);
 });
 
+Deno.test("an idle client mapping is forgotten and its upstream socket closed", async () => {
+  const echo = await echoServer();
+  const relay = await startRelay({ target: echo.addr, idleTimeoutMs: 40 });
+  const replies: string[] = [];
+  const client = await udp((m) => replies.push(m.toString()));
+  sendTo(client.socket, relay.addr, "hello");
+  assert.ok(await waitFor(() => replies.length === 1));
+  assert.equal(relay.stats().clients, 1);
+  assert.ok(await waitFor(() => relay.stats().clients === 0, 1000), "the idle mapping was kept");
+  // Traffic after that opens a fresh mapping with a new upstream port.
+  sendTo(client.socket, relay.addr, "again");
+  assert.ok(await waitFor(() => replies.length === 2));
+  assert.notEqual(replies[0].split("|")[0], replies[1].split("|")[0]);
+  await Promise.all([relay.close(), client.close(), echo.close()]);
+});
+
 Deno.test("bad options are rejected", async () => {
   await assert.rejects(startRelay({ target: "nope" }), { name: "TypeError", message: /host:port/ });
   await assert.rejects(startRelay({ target: "127.0.0.1:9", up: { loss: 2 } }), { name: "RangeError" });
