@@ -1,5 +1,6 @@
 // WAN emulation for swactor (docs/WAN.md): user-space UDP relays that add delay, jitter, loss and a rate
-// cap between iroh endpoints, and the topology helper that places them between the nodes of a chain.
+// cap between iroh endpoints, the topology helper that places them between the nodes of a chain, and
+// the network namespaces that keep iroh from going around them.
 export { admit, createLink, type LinkSpec, type LinkState, normalizeLink } from "./link.ts";
 export { type DirectionStats, type Relay, type RelayOptions, type RelayStats, startRelay } from "./relay.ts";
 export {
@@ -11,3 +12,4 @@ export {
   type TopologyOptions,
   type TopologyRelay,
 } from "./topology.ts";
+export { cleanupNetns, createNetns, type NetnsNode, type NetnsOptions, type NetnsSet } from "./netns.ts";

@@ -73,7 +73,8 @@ Deno.test({
       const result: DialResult = JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").pop()!);
       assert.deepEqual(result.selected, [r.addr]);
       const fastest = Math.min(...result.rtts);
-      assert.ok(fastest >= 29.5, `round trip ${fastest} ms is below 2 x 15 ms: iroh went around the relay`);
+      // (The relay may deliver up to its 0.5 ms scheduling slack early in each direction.)
+      assert.ok(fastest >= 28.9, `round trip ${fastest} ms is below 2 x 15 ms: iroh went around the relay`);
       assert.ok(r.stats().up.delivered > 0 && r.stats().down.delivered > 0);
     } finally {
       await relay.close();

