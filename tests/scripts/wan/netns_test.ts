@@ -5,8 +5,9 @@ import { createNetns } from "../../../scripts/wan/netns.ts";
 import { startRelay } from "../../../scripts/wan/relay.ts";
 import type { DialResult } from "../../../scripts/wan/iroh_peer.ts";
 
-const canNetns = Deno.uid() === 0 && (await new Deno.Command("ip", { args: ["netns", "list"] }).output()
-  .then((o) => o.success, () => false));
+// Root alone is not enough (a container may lack CAP_NET_ADMIN): probe by creating one namespace.
+const canNetns = Deno.uid() === 0 &&
+  await createNetns(1).then((n) => n.close().then(() => true), () => false);
 
 async function run(argv: string[]): Promise<{ ok: boolean; out: string; err: string }> {
   const o = await new Deno.Command(argv[0], { args: argv.slice(1), stdout: "piped", stderr: "piped" })
