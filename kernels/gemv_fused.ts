@@ -27,13 +27,24 @@ export interface GemvTuning {
   team: number;
   /** Rows per team. */
   rows: number;
+  /** Most workgroups launched; each loops over row blocks. 0: one block per workgroup. */
+  groups?: number;
 }
 
-/** Team size by K: enough 8-element loads per thread to keep memory busy. Tuned on the H200 (BENCHMARKS.md). */
-export function defaultTuning(K: number): GemvTuning {
-  const loads = K / 8;
+/**
+ * Team shape by matrix shape, from scripts/bench/gemv.ts on the H200 (docs/BENCHMARKS.md): long rows
+ * want one wide team, many rows want small teams with several rows each; small K (tiny models) scales
+ * the team with K so each thread still makes ~8 loads.
+ */
+export function defaultTuning(K: number, N: number): GemvTuning {
+  if (K >= 8192) return { team: 128, rows: 1 };
+  if (K >= 2048) {
+    if (N >= 65536) return { team: 16, rows: 4 };
+    if (N >= 8192) return { team: 32, rows: 2 };
+    return { team: 64, rows: 1 };
+  }
   let team = 4;
-  while (team < 64 && team * 8 < loads) team *= 2;
+  while (team < 64 && team * 8 < K / 8) team *= 2;
   return { team, rows: 2 };
 }
 
@@ -88,7 +99,11 @@ const TEAM = ${team}u;
 const R = ${rows}u;
 var<workgroup> part: array<f32, ${Math.max(THREADS * rows, THREADS)}>;
 @compute @workgroup_size(${THREADS})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_id) lid: vec3<u32>,
+  @builtin(num_workgroups) ng: vec3<u32>,
+) {
   let tid = lid.x;
   let team = tid / TEAM;
   let lane = tid % TEAM;
@@ -96,8 +111,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   let k4 = p.K / 4u;
   let k8 = p.K / 8u;
   let xrow = (p.x_row0 + t) * ${xStride};
-  let n0 = (wg.x * (TH / TEAM) + team) * R;
   ${norm}
+  let nblk = (p.N + TH / TEAM * R - 1u) / (TH / TEAM * R);
+  for (var blk = wg.x; blk < nblk; blk += ng.x) {
+  let n0 = (blk * (TH / TEAM) + team) * R;
   var acc: array<f32, ${rows}>;
   for (var j = lane; j < k8; j += TEAM) {
       ${xLoad}
@@ -119,6 +136,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let o = t * p.N + n0 + lane;
     let prev = select(0.0, y[o], p.acc != 0u);
     y[o] = prev + part[lane * TH + team * TEAM];
+  }
+  workgroupBarrier();
   }
 }`;
 }
@@ -152,7 +171,7 @@ export function gemvFusedCall(
   if (!gemvFusedFits(d.K)) throw new RangeError(`fused GEMV needs K % 8 == 0, got K = ${d.K}`);
   const f = d.transform ?? "none";
   if (f === "rmsnorm" && !bufs.normWeight) throw new TypeError("rmsnorm transform needs normWeight");
-  const tune = d.tuning ?? defaultTuning(d.K);
+  const tune = d.tuning ?? defaultTuning(d.K, d.N);
   const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0, d.eps ?? 0], [5]);
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);

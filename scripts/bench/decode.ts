@@ -66,6 +66,14 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32")[]) {
   }
   const cpuStepMs = (performance.now() - c0) / 50;
   await gpu.device.queue.onSubmittedWorkDone();
+  // GPU ms per token by kernel kind: each call timed alone (repeated), summed by label.
+  const byKernel: Record<string, number> = {};
+  if (gpu.hasTimestamps) {
+    for (const call of decode) {
+      const ms = await gpuMs(gpu, [call], 20);
+      byKernel[call.label ?? "?"] = Number(((byKernel[call.label ?? "?"] ?? 0) + ms).toFixed(4));
+    }
+  }
   seq.destroy();
   console.log(JSON.stringify({
     bench: "swactor-decode",
@@ -80,6 +88,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32")[]) {
     dispatches_per_token: decode.length,
     gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),
     cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
+    gpu_ms_by_kernel: byKernel,
     weight_bytes: model.weightBytes,
   }));
   model.destroy();

@@ -257,7 +257,11 @@ Deno.test(
   { name: "fused GEMV (none / rmsnorm / silu_mul, f32 and packed f16) matches reference", ignore },
   async () => {
     const g = gpu!;
-    const tunings = [undefined, { team: 4, rows: 1 }, { team: 32, rows: 2 }, { team: 256, rows: 4 }];
+    const tunings = [undefined, { team: 4, rows: 1, groups: 2 }, { team: 32, rows: 2 }, {
+      team: 256,
+      rows: 4,
+      groups: 1,
+    }];
     const shapes = [[1, 8, 1], [3, 16, 5], [2, 72, 33], [1, 256, 300], [4, 64, 7]];
     let k = 0;
     for (const [T, K, N] of shapes) {
