@@ -9,7 +9,7 @@ export const MAX_HEAD_DIM = 256;
 const SOURCE = `${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
 @group(0) @binding(3) var<storage, read> kc: array<f32>;
 @group(0) @binding(4) var<storage, read> vc: array<f32>;
@@ -17,14 +17,18 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32, scale: f32 }
 var<workgroup> qs: array<f32, ${MAX_HEAD_DIM}>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
+var<workgroup> keys: u32;
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let h = wg.x;
   let t = wg.y;
   let j = lid.x;
-  if (t >= step.T) { return; }
+  // The step lives in a storage buffer (the GPU advances it between decode steps), so the key count is
+  // made workgroup-uniform explicitly before it bounds a loop with barriers.
+  if (j == 0u) { keys = select(0u, step.pos0 + t + 1u, t < step.T); }
+  let n = workgroupUniformLoad(&keys);
+  if (n == 0u) { return; }
   let kvh = h / (p.n_heads / p.n_kv);
-  let n = step.pos0 + t + 1u;
   let qb = t * (p.n_heads + 2u * p.n_kv) * p.hd + h * p.hd;
   for (var d = j; d < p.hd; d += 64u) { qs[d] = qkv[qb + d]; }
   workgroupBarrier();

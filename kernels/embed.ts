@@ -18,7 +18,7 @@ function source(wt: WeightType): string {
 ${STEP_WGSL}
 struct P { H: u32, V: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;
 @group(0) @binding(3) var<storage, read> table: array<${w.type}>;
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;

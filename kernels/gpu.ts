@@ -180,7 +180,7 @@ export function encodeCalls(pass: GPUComputePassEncoder, calls: readonly KernelC
   }
 }
 
-/** Destroys the uniform parameter buffers the calls own (not the shared step uniform, given as `keep`). */
+/** Destroys the uniform parameter buffers the calls own (the shared step buffer is storage, not theirs). */
 export function releaseCalls(calls: Iterable<KernelCall>, keep?: GPUBuffer): void {
   for (const c of calls) {
     for (const b of c.buffers) if (b !== keep && (b.usage & GPUBufferUsage.UNIFORM) !== 0) b.destroy();

@@ -8,7 +8,7 @@ import { STEP_WGSL } from "./step.ts";
 const SOURCE = `${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> qkv: array<f32>;
 @group(0) @binding(4) var<storage, read_write> kc: array<f32>;

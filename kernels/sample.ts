@@ -12,7 +12,7 @@ const WG = 256;
 const SOURCE = `${STEP_WGSL}
 struct P { V: u32, row: u32, temperature: f32, top_p: f32, seed: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> tokens: array<u32>;
 const WG = ${WG}u;

@@ -1,7 +1,9 @@
-// The per-step uniform that every position-dependent kernel reads: where this step's tokens start,
-// how many there are, and where the sampled token goes. Written once per step with queue.writeBuffer,
-// so a step's kernel calls (bind groups, dispatch sizes) are built once and reused for every token.
-import type { Gpu } from "./gpu.ts";
+// The step record that every position-dependent kernel reads: where this step's tokens start, how many
+// there are, and where the sampled token goes. A small storage buffer: the CPU writes it with
+// queue.writeBuffer (prefill, pipeline stages), and in a decode batch the `advance` kernel moves it on
+// by one token on the GPU, so a whole batch of tokens is one submit with no CPU work between tokens.
+// A step's kernel calls (bind groups, dispatch sizes) are built once and reused for every token.
+import { type Gpu, type KernelCall, kernelCall, pipeline } from "./gpu.ts";
 
 /** WGSL declaration of the step uniform; kernels bind it as `step`. */
 export const STEP_WGSL = `struct Step { pos0: u32, T: u32, tok_out: u32, pad: u32 }`;
@@ -16,7 +18,20 @@ export interface StepValues {
 }
 
 export function createStepBuffer(gpu: Gpu): GPUBuffer {
-  return gpu.device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+  return gpu.device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST });
+}
+
+const ADVANCE = `${STEP_WGSL}
+@group(0) @binding(0) var<storage, read_write> step: Step;
+@compute @workgroup_size(1)
+fn main() {
+  step.pos0 += step.T;
+  step.tok_out += step.T;
+}`;
+
+/** Moves the step on by its T tokens (decode: one), on the GPU. */
+export function advanceCall(gpu: Gpu, step: GPUBuffer): KernelCall {
+  return kernelCall(gpu, pipeline(gpu, ADVANCE), [step], [1], "advance");
 }
 
 export function writeStep(gpu: Gpu, buf: GPUBuffer, s: StepValues): void {

@@ -4,6 +4,7 @@
 // next batch already submitted while the previous one is read back, so the ~11 ms readback floor
 // (FACTS.md) overlaps with compute. Steps computed past an eos are discarded: output stays exact.
 import {
+  advanceCall,
   encodeCalls,
   type Gpu,
   type KernelCall,
@@ -98,11 +99,13 @@ export async function generate(
   const pending: Promise<number[]>[] = [];
   try {
     prefill(seq, prompt, "sample");
-    const decode = seq.program(1, "sample");
+    // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit.
+    const decode = [...seq.program(1, "sample"), advanceCall(gpu, seq.step)];
     // Reads generated tokens [from, to) back once the GPU has written them.
     const read = (from: number, to: number) =>
       readBack(gpu, seq.tokens, (to - from) * 4, (P + from) * 4).then((b) => Array.from(new Uint32Array(b)));
     pending.push(read(0, 1));
+    writeStep(gpu, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
     let submitted = 1;
     let batch = 1;
     const out: number[] = [];
@@ -111,11 +114,7 @@ export async function generate(
     while (pending.length > 0) {
       if (submitted < opts.maxTokens && pending.length < 2 && !opts.signal?.aborted) {
         const k = Math.min(batch, opts.maxTokens - submitted);
-        for (let j = 0; j < k; j++) {
-          const pos = P + submitted - 1 + j;
-          writeStep(gpu, seq.step, { pos0: pos, T: 1, tokOut: pos + 1 });
-          submit(gpu, decode);
-        }
+        submit(gpu, Array.from({ length: k }, () => decode).flat());
         pending.push(read(submitted, submitted + k));
         submitted += k;
         batch = Math.min(batch * 2, maxBatch);
