@@ -84,12 +84,12 @@ export class PipelineClient {
   #next = 1;
   #timer: ReturnType<typeof setInterval>;
 
-  /** Spawns `client-{self}`. `stallMs` (default 30 000): fail a request after this long without a message. */
+  /** Spawns `client-{first 16 characters of self}`. `stallMs` (default 30 000): fail a request after this long without a message. */
   constructor(actors: ClientActors, self: string, opts: { stallMs?: number } = {}) {
     this.#actors = actors;
     this.#self = self;
     this.#stallMs = opts.stallMs ?? 30_000;
-    this.name = `client-${self}`;
+    this.name = `client-${self.slice(0, 16)}`;
     this.#ref = actors.spawn(this.name, {
       receive: (body) => {
         let m: PipeMessage;
