@@ -9,3 +9,4 @@ export * from "./rope.ts";
 export * from "./attention.ts";
 export * from "./silu_mul.ts";
 export * from "./sample.ts";
+export * from "./gemv_fused.ts";

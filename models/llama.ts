@@ -24,6 +24,9 @@ import {
   attentionCall,
   createStepBuffer,
   embedCall,
+  GEMV_MAX_T,
+  gemvFusedCall,
+  gemvFusedFits,
   type Gpu,
   type KernelCall,
   matmulCall,
@@ -328,15 +331,58 @@ export class LlamaSequence {
       );
     }
     const attnDims = { heads: d.nH, kvHeads: d.nKV, headDim: d.hd, maxSeq: this.maxSeq, T };
+    const eps = c.rmsNormEps;
+    // Decode-sized steps use the fused GEMVs (6 dispatches a layer); prefill and odd shapes the plain kernels.
+    const fused = T <= GEMV_MAX_T && [d.H, d.nH * d.hd, d.I].every(gemvFusedFits);
     this.model.layers.forEach((l, i) => {
       const { k: kcache, v: vcache } = this.kv[i];
-      calls!.push(
-        rmsnormCall(gpu, { x, w: l.inputNorm, y: xn }, { hidden: d.H, rows: T, eps: c.rmsNormEps, weights }),
-        matmulCall(gpu, { x: xn, w: l.qkv, y: qkv }, { K: d.H, N: d.qkvDim, T, weights }),
+      const attention = [
         ropeKvCall(gpu, { step, table: this.ropeTable, qkv, kcache, vcache }, attnDims),
         attentionCall(gpu, { step, qkv, kcache, vcache, out: att }, attnDims),
+      ];
+      if (fused) {
+        calls!.push(
+          gemvFusedCall(gpu, { x, w: l.qkv, y: qkv, normWeight: l.inputNorm }, {
+            K: d.H,
+            N: d.qkvDim,
+            T,
+            weights,
+            transform: "rmsnorm",
+            eps,
+          }),
+          ...attention,
+          gemvFusedCall(gpu, { x: att, w: l.o, y: x }, {
+            K: d.nH * d.hd,
+            N: d.H,
+            T,
+            accumulate: true,
+            weights,
+          }),
+          gemvFusedCall(gpu, { x, w: l.gateUp, y: gu, normWeight: l.postNorm }, {
+            K: d.H,
+            N: 2 * d.I,
+            T,
+            weights,
+            transform: "rmsnorm",
+            eps,
+          }),
+          gemvFusedCall(gpu, { x: gu, w: l.down, y: x }, {
+            K: d.I,
+            N: d.H,
+            T,
+            accumulate: true,
+            weights,
+            transform: "silu_mul",
+          }),
+        );
+        return;
+      }
+      calls!.push(
+        rmsnormCall(gpu, { x, w: l.inputNorm, y: xn }, { hidden: d.H, rows: T, eps, weights }),
+        matmulCall(gpu, { x: xn, w: l.qkv, y: qkv }, { K: d.H, N: d.qkvDim, T, weights }),
+        ...attention,
         matmulCall(gpu, { x: att, w: l.o, y: x }, { K: d.nH * d.hd, N: d.H, T, accumulate: true, weights }),
-        rmsnormCall(gpu, { x, w: l.postNorm, y: xn }, { hidden: d.H, rows: T, eps: c.rmsNormEps, weights }),
+        rmsnormCall(gpu, { x, w: l.postNorm, y: xn }, { hidden: d.H, rows: T, eps, weights }),
         matmulCall(gpu, { x: xn, w: l.gateUp, y: gu }, { K: d.H, N: 2 * d.I, T, weights }),
         siluMulCall(gpu, { gu, a }, { intermediate: d.I, T }),
         matmulCall(gpu, { x: a, w: l.down, y: x }, { K: d.I, N: d.H, T, accumulate: true, weights }),
@@ -347,16 +393,24 @@ export class LlamaSequence {
       if (!finalNorm || !lmHead || !this.logits) throw new Error("this stage has no head");
       const rows = output === "logits" ? T : 1;
       const srcRow0 = output === "logits" ? 0 : T - 1;
-      calls.push(
-        rmsnormCall(gpu, { x, w: finalNorm, y: xn }, {
-          hidden: d.H,
-          rows,
-          eps: c.rmsNormEps,
-          srcRow0,
-          weights,
-        }),
-        matmulCall(gpu, { x: xn, w: lmHead, y: this.logits }, { K: d.H, N: d.V, T: rows, weights }),
-      );
+      if (fused && rows <= GEMV_MAX_T) {
+        calls.push(
+          gemvFusedCall(gpu, { x, w: lmHead, y: this.logits, normWeight: finalNorm }, {
+            K: d.H,
+            N: d.V,
+            T: rows,
+            xRow0: srcRow0,
+            weights,
+            transform: "rmsnorm",
+            eps,
+          }),
+        );
+      } else {
+        calls.push(
+          rmsnormCall(gpu, { x, w: finalNorm, y: xn }, { hidden: d.H, rows, eps, srcRow0, weights }),
+          matmulCall(gpu, { x: xn, w: lmHead, y: this.logits }, { K: d.H, N: d.V, T: rows, weights }),
+        );
+      }
       if (output === "sample") {
         calls.push(
           sampleCall(gpu, { step, logits: this.logits, tokens }, { vocab: d.V, ...this.opts.sampling }),

@@ -4,7 +4,8 @@
 // On the GPU machine scripts/device/h200.sh runs it next to transformers (scripts/bench/hf_decode.py)
 // so the ratio comes from one run. On the software adapter use --shape demo (slow but it runs).
 import { parseArgs } from "node:util";
-import { getGpu } from "../../kernels/mod.ts";
+import { encodeCalls, getGpu, writeStep } from "../../kernels/mod.ts";
+import { gpuMs } from "./gpu_timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { DEMO_CONFIG_JSON } from "../../models/demo.ts";
 import { generate } from "../../models/generate.ts";
@@ -49,6 +50,31 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32")[]) {
     results.push({ firstTokenMs: res.firstTokenMs, tokS: res.tokS });
   }
   const best = results.reduce((a, b) => (b.tokS > a.tokS ? b : a));
+  // Where a token's time goes: GPU time of one decode step (timestamps), and CPU time to encode + submit it.
+  const seq = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+  const decode = seq.program(1, "sample");
+  writeStep(gpu, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
+  const gpuStepMs = gpu.hasTimestamps ? (await gpuMs(gpu, decode, 2), await gpuMs(gpu, decode, 20)) : NaN;
+  const c0 = performance.now();
+  for (let i = 0; i < 50; i++) {
+    writeStep(gpu, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
+    const enc = gpu.device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encodeCalls(pass, decode);
+    pass.end();
+    gpu.device.queue.submit([enc.finish()]);
+  }
+  const cpuStepMs = (performance.now() - c0) / 50;
+  await gpu.device.queue.onSubmittedWorkDone();
+  // GPU ms per token by kernel kind: each call timed alone (repeated), summed by label.
+  const byKernel: Record<string, number> = {};
+  if (gpu.hasTimestamps) {
+    for (const call of decode) {
+      const ms = await gpuMs(gpu, [call], 20);
+      byKernel[call.label ?? "?"] = Number(((byKernel[call.label ?? "?"] ?? 0) + ms).toFixed(4));
+    }
+  }
+  seq.destroy();
   console.log(JSON.stringify({
     bench: "swactor-decode",
     adapter: gpu.adapterName,
@@ -59,6 +85,10 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32")[]) {
     decode_tok_s: Number(best.tokS.toFixed(1)),
     first_token_ms: Number(best.firstTokenMs.toFixed(1)),
     runs: results.map((r) => Number(r.tokS.toFixed(1))),
+    dispatches_per_token: decode.length,
+    gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),
+    cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
+    gpu_ms_by_kernel: byKernel,
     weight_bytes: model.weightBytes,
   }));
   model.destroy();

@@ -6,6 +6,7 @@ import {
   createStepBuffer,
   embedCall,
   embedRef,
+  gemvFusedCall,
   matmulCall,
   matmulRef,
   rmsnormCall,
@@ -245,6 +246,64 @@ Deno.test(
         if (got !== want) {
           throw new Error(
             `sample T=${temperature} p=${topP} seed ${o.seed}: got ${got}, want ${want}`,
+          );
+        }
+      }
+    }
+  },
+);
+
+Deno.test(
+  { name: "fused GEMV (none / rmsnorm / silu_mul, f32 and packed f16) matches reference", ignore },
+  async () => {
+    const g = gpu!;
+    const tunings = [undefined, { team: 4, rows: 1, groups: 2 }, { team: 32, rows: 2 }, {
+      team: 256,
+      rows: 4,
+      groups: 1,
+    }];
+    const shapes = [[1, 8, 1], [3, 16, 5], [2, 72, 33], [1, 256, 300], [4, 64, 7]];
+    let k = 0;
+    for (const [T, K, N] of shapes) {
+      for (const wt of ["f32", "f16"] as const) {
+        for (const transform of ["none", "rmsnorm", "silu_mul"] as const) {
+          const tuning = tunings[k++ % tunings.length];
+          const accumulate = k % 2 === 0;
+          const width = transform === "silu_mul" ? 2 * K : K;
+          const x = randoms((T + 1) * width, k, 2);
+          let w = randoms(N * K, N + k);
+          let nw = randoms(K, K + 3);
+          const pack = (a: Float32Array) => (wt === "f16" ? upload(g, f32ToF16Bits(a)) : upload(g, a));
+          const wbuf = pack(w), nbuf = pack(nw);
+          if (wt === "f16") [w, nw] = [w.map(f16Round), nw.map(f16Round)];
+          const y0 = randoms(T * N, 9);
+          const y = upload(g, y0);
+          await runCalls(g, [
+            gemvFusedCall(g, { x: upload(g, x), w: wbuf, y, normWeight: nbuf }, {
+              K,
+              N,
+              T,
+              accumulate,
+              xRow0: 1,
+              weights: wt,
+              transform,
+              eps: 1e-5,
+              tuning,
+            }),
+          ]);
+          const rows = x.slice(width, (T + 1) * width);
+          const input = transform === "rmsnorm"
+            ? rmsnormRef(rows, nw, K, 1e-5)
+            : transform === "silu_mul"
+            ? siluMulRef(rows, K)
+            : rows;
+          const want = matmulRef(input, w, { K, N, T, accumulate, weights: wt }, y0);
+          assertClose(
+            await readF32(g, y, T * N),
+            want,
+            1e-5,
+            1e-4,
+            `gemv ${transform} T${T} K${K} N${N} ${wt} ${JSON.stringify(tuning)}`,
           );
         }
       }

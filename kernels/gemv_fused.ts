@@ -1,0 +1,183 @@
+// The decode-path GEMV, fused: y[t, n] (+)= sum_k f(x)[t, k] * W[n, k] for T <= 4 rows, where the input
+// transform f is one of
+//   "none"      x as is
+//   "rmsnorm"   x / sqrt(mean(x^2) + eps) * normWeight   (RMSNorm folded into the next projection)
+//   "silu_mul"  silu(x[k]) * x[I + k] on a fused gate/up row of width 2K   (the MLP's middle, folded into down)
+// so a Llama layer decodes in 6 dispatches instead of 9. Each thread moves 16 bytes per load: f16 weights
+// are read as vec4<u32> (8 halves, unpacked with unpack2x16float, so no shader-f16 is needed), f32 weights
+// as two vec4<f32>. A workgroup of 256 threads is split into teams of `team` threads, each team owning
+// `rows` rows, reduced in workgroup memory. Needs K % 8 == 0; matmul.ts's kernels stay the reference
+// and serve every other shape.
+import {
+  ceilDiv,
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  pipeline,
+  uniformBuffer,
+  type WeightType,
+} from "./gpu.ts";
+
+export type InputTransform = "none" | "rmsnorm" | "silu_mul";
+
+const THREADS = 256;
+
+export interface GemvTuning {
+  /** Threads per team (a power of two, 4..256). */
+  team: number;
+  /** Rows per team. */
+  rows: number;
+  /** Most workgroups launched; each loops over row blocks. 0: one block per workgroup. */
+  groups?: number;
+}
+
+/**
+ * Team shape by matrix shape, from scripts/bench/gemv.ts on the H200 (docs/BENCHMARKS.md): long rows
+ * want one wide team, many rows want small teams with several rows each; small K (tiny models) scales
+ * the team with K so each thread still makes ~8 loads.
+ */
+export function defaultTuning(K: number, N: number): GemvTuning {
+  if (K >= 8192) return { team: 128, rows: 1 };
+  if (K >= 2048) {
+    if (N >= 65536) return { team: 16, rows: 4 };
+    if (N >= 8192) return { team: 32, rows: 2 };
+    return { team: 64, rows: 1 };
+  }
+  let team = 4;
+  while (team < 64 && team * 8 < K / 8) team *= 2;
+  return { team, rows: 2 };
+}
+
+function source(wt: WeightType, f: InputTransform, tune: GemvTuning): string {
+  const { team, rows } = tune;
+  const f16 = wt === "f16";
+  // W8(i): the 8 weights of unit i as two vec4<f32>.
+  const wDecl = f16 ? "array<vec4<u32>>" : "array<vec4<f32>>";
+  const wLoad = f16
+    ? `let wv = W[i];
+      let wa = vec4<f32>(unpack2x16float(wv.x), unpack2x16float(wv.y));
+      let wb = vec4<f32>(unpack2x16float(wv.z), unpack2x16float(wv.w));`
+    : `let wa = W[2u * i];
+      let wb = W[2u * i + 1u];`;
+  const nwLoad = f16
+    ? `let nv = nw[j];
+      let na = vec4<f32>(unpack2x16float(nv.x), unpack2x16float(nv.y));
+      let nb = vec4<f32>(unpack2x16float(nv.z), unpack2x16float(nv.w));`
+    : `let na = nw[2u * j];
+      let nb = nw[2u * j + 1u];`;
+  const xStride = f === "silu_mul" ? "2u * k4" : "k4";
+  let xLoad = `var xa = x[xrow + 2u * j];
+      var xb = x[xrow + 2u * j + 1u];`;
+  if (f === "rmsnorm") xLoad += `\n      ${nwLoad}\n      xa = xa * inv * na;\n      xb = xb * inv * nb;`;
+  if (f === "silu_mul") {
+    xLoad += `
+      let ua = x[xrow + k4 + 2u * j];
+      let ub = x[xrow + k4 + 2u * j + 1u];
+      xa = xa / (vec4<f32>(1.0) + exp(-xa)) * ua;
+      xb = xb / (vec4<f32>(1.0) + exp(-xb)) * ub;`;
+  }
+  const norm = f !== "rmsnorm" ? "" : `
+  var ss = 0.0;
+  for (var k = tid; k < k4; k += TH) { let v = x[xrow + k]; ss += dot(v, v); }
+  part[tid] = ss;
+  workgroupBarrier();
+  for (var s = TH / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) { part[tid] += part[tid + s]; }
+    workgroupBarrier();
+  }
+  let inv = inverseSqrt(part[0] / f32(p.K) + p.eps);
+  workgroupBarrier();`;
+  return `
+struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: ${wDecl};
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+${f === "rmsnorm" ? `@group(0) @binding(4) var<storage, read> nw: ${wDecl};` : ""}
+const TH = ${THREADS}u;
+const TEAM = ${team}u;
+const R = ${rows}u;
+var<workgroup> part: array<f32, ${Math.max(THREADS * rows, THREADS)}>;
+@compute @workgroup_size(${THREADS})
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_id) lid: vec3<u32>,
+  @builtin(num_workgroups) ng: vec3<u32>,
+) {
+  let tid = lid.x;
+  let team = tid / TEAM;
+  let lane = tid % TEAM;
+  let t = wg.y;
+  let k4 = p.K / 4u;
+  let k8 = p.K / 8u;
+  let xrow = (p.x_row0 + t) * ${xStride};
+  ${norm}
+  let nblk = (p.N + TH / TEAM * R - 1u) / (TH / TEAM * R);
+  for (var blk = wg.x; blk < nblk; blk += ng.x) {
+  let n0 = (blk * (TH / TEAM) + team) * R;
+  var acc: array<f32, ${rows}>;
+  for (var j = lane; j < k8; j += TEAM) {
+      ${xLoad}
+    for (var r = 0u; r < R; r++) {
+      let i = min(n0 + r, p.N - 1u) * k8 + j;
+      ${wLoad}
+      acc[r] += dot(wa, xa) + dot(wb, xb);
+    }
+  }
+  for (var r = 0u; r < R; r++) { part[r * TH + tid] = acc[r]; }
+  workgroupBarrier();
+  for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
+    if (lane < s) {
+      for (var r = 0u; r < R; r++) { part[r * TH + tid] += part[r * TH + tid + s]; }
+    }
+    workgroupBarrier();
+  }
+  if (lane < R && n0 + lane < p.N && t < p.T) {
+    let o = t * p.N + n0 + lane;
+    let prev = select(0.0, y[o], p.acc != 0u);
+    y[o] = prev + part[lane * TH + team * TEAM];
+  }
+  workgroupBarrier();
+  }
+}`;
+}
+
+export interface GemvFusedDims {
+  /** Input features (for silu_mul: the width of the gate half; the input row is 2K wide). */
+  K: number;
+  /** Output features. */
+  N: number;
+  /** Rows (tokens), at most 4 in practice. */
+  T: number;
+  accumulate?: boolean;
+  xRow0?: number;
+  weights: WeightType;
+  transform?: InputTransform;
+  /** RMSNorm epsilon (transform "rmsnorm"). */
+  eps?: number;
+  tuning?: GemvTuning;
+}
+
+/** Whether this kernel handles the shape (else use matmulCall, with separate rmsnorm / silu_mul). */
+export function gemvFusedFits(K: number): boolean {
+  return K % 8 === 0;
+}
+
+export function gemvFusedCall(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer; normWeight?: GPUBuffer },
+  d: GemvFusedDims,
+): KernelCall {
+  if (!gemvFusedFits(d.K)) throw new RangeError(`fused GEMV needs K % 8 == 0, got K = ${d.K}`);
+  const f = d.transform ?? "none";
+  if (f === "rmsnorm" && !bufs.normWeight) throw new TypeError("rmsnorm transform needs normWeight");
+  const tune = d.tuning ?? defaultTuning(d.K, d.N);
+  const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0, d.eps ?? 0], [5]);
+  const buffers = [params, bufs.x, bufs.w, bufs.y];
+  if (f === "rmsnorm") buffers.push(bufs.normWeight!);
+  const rowsPerGroup = (THREADS / tune.team) * tune.rows;
+  return kernelCall(gpu, pipeline(gpu, source(d.weights, f, tune)), buffers, [
+    ceilDiv(d.N, rowsPerGroup),
+    d.T,
+  ], `gemv_${f}`);
+}

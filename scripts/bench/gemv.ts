@@ -1,0 +1,74 @@
+// GEMV microbenchmark at Llama 3.2 1B's shapes: GB/s of weight reads for the plain kernel (matmul.ts)
+// and the fused kernel (gemv_fused.ts) at several tunings, timed with GPU timestamps, rotating over
+// weight copies so the 50 MB L2 does not flatter small shapes. torch's number comes from
+// scripts/bench/torch_gemv.py in the same device run.
+//   deno run -A scripts/bench/gemv.ts [--quick]
+import { gemvFusedCall, getGpu, matmulCall, storageBuffer, type WeightType } from "../../kernels/mod.ts";
+import { gpuMs } from "./gpu_timer.ts";
+
+const gpu = await getGpu();
+const quick = Deno.args.includes("--quick");
+// [N, K, weight copies to rotate over (default: enough for 256 MB)]
+const shapes: [number, number, number?][] = quick ? [[64, 64]] : [
+  [2048, 2048],
+  [3072, 2048],
+  [2048, 8192],
+  [16384, 2048],
+  [16384, 2048, 1],
+  [8192, 2048],
+  [8192, 2048, 1],
+  [
+    128256,
+    2048,
+  ],
+];
+const tunings = quick ? [{ team: 8, rows: 2, groups: 2 }] : [[16, 4], [32, 2], [64, 1], [128, 1]].flatMap((
+  [team, rows],
+) => [0].map((groups) => ({ team, rows, groups })));
+const wt: WeightType = "f16";
+for (const [N, K, forceCopies] of shapes) {
+  const bytes = N * K * 2;
+  const copies = forceCopies ?? Math.max(1, Math.min(8, Math.ceil(256e6 / bytes)));
+  const ws = Array.from({ length: copies }, () => storageBuffer(gpu, bytes));
+  // Random-ish contents: zeros can run faster than real data (device METHOD.md).
+  for (const w of ws) {
+    gpu.device.queue.writeBuffer(
+      w,
+      0,
+      new Uint16Array(bytes / 2).map((_, i) => 0x3000 + (i * 2654435761 >>> 22)),
+    );
+  }
+  const x = storageBuffer(gpu, K * 4), y = storageBuffer(gpu, N * 4);
+  const rows: Record<string, number> = {};
+  // The H200 idles at 345 MHz and ramps up under load: keep it busy ~0.5 s before each shape's
+  // timings, and time ~30 ms of work per variant, or the first variants measure the clock ramp.
+  const warm = [matmulCall(gpu, { x, w: ws[0], y }, { K, N, T: 1, weights: "f32" })];
+  for (let spent = 0; !quick && spent < 500;) spent += (await gpuMs(gpu, warm, 50)) * 50;
+  const time = async (name: string, make: (w: GPUBuffer) => ReturnType<typeof matmulCall>) => {
+    const calls = ws.map(make);
+    const once = await gpuMs(gpu, calls, 2);
+    const ms = await gpuMs(gpu, calls, quick ? 1 : Math.max(2, Math.round(30 / once)));
+    rows[name] = Number((bytes / (ms / copies) / 1e6).toFixed(0));
+  };
+  if (gpu.hasF16) await time("plain", (w) => matmulCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt }));
+  for (const t of tunings) {
+    await time(
+      `t${t.team}r${t.rows}g${t.groups ?? 0}`,
+      (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt, tuning: t }),
+    );
+  }
+  const best = Object.entries(rows).reduce((a, b) => (b[1] > a[1] ? b : a));
+  console.log(
+    JSON.stringify({
+      bench: "gemv",
+      adapter: gpu.adapterName,
+      N,
+      K,
+      copies,
+      gb_s: rows,
+      best: best[0],
+      best_gb_s: best[1],
+    }),
+  );
+  for (const w of ws) w.destroy();
+}
