@@ -2,7 +2,7 @@
 // spawns `stage-{i}`, which is also how it reports ready), keeps a client for requests made on this node,
 // and reacts to membership (a dead client's requests are freed; a dead stage breaks the chain: its
 // requests fail at the client and are freed everywhere).
-import type { ActorSystem } from "../actors/mod.ts";
+import { ActorNotFoundError, type ActorSystem } from "../actors/mod.ts";
 import type { MemberChange } from "../membership/swim.ts";
 import type { Membership } from "../membership/mod.ts";
 import type { Registry } from "../registry/mod.ts";
@@ -69,7 +69,15 @@ export class PipelineNode {
     this.#o = opts;
     this.#log = opts.log ?? ((m) => console.error(`swactor: ${m}`));
     this.board = new AssignmentBoard(host.membership);
-    this.client = new PipelineClient(host.actors, host.membership.id, { stallMs: opts.stallMs });
+    const actors = host.actors;
+    this.client = new PipelineClient(
+      {
+        spawn: (name, b) => actors.spawn(name, b),
+        send: (name, body, o) => this.#send(name, body, o?.channel),
+      },
+      host.membership.id,
+      { stallMs: opts.stallMs },
+    );
     this.#unsubscribe.push(this.board.onChange((a) => this.#enqueue(() => this.#claim(a))));
     this.#unsubscribe.push(host.membership.onChange((c) => this.#onMember(c)));
   }
@@ -138,6 +146,21 @@ export class PipelineNode {
     this.board.close();
   }
 
+  /**
+   * Sends by name, waiting up to 3 s for a name this node's registry does not know yet: the leader saw every
+   * stage ready, but a registration can still be on its way here by gossip.
+   */
+  async #send(name: string, body: Uint8Array, channel?: "control" | "data"): Promise<void> {
+    for (let i = 0;; i++) {
+      try {
+        return await this.#host.actors.send(name, body, { channel });
+      } catch (e) {
+        if (!(e instanceof ActorNotFoundError) || i >= 60 || this.#closed) throw e;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+  }
+
   #enqueue(f: () => Promise<void>): void {
     this.#queue = this.#queue.then(f).catch((e) => this.#log(`pipeline: ${(e as Error).message}`));
   }
@@ -163,7 +186,7 @@ export class PipelineNode {
         backend,
         planVersion: a.version,
         log: this.#log,
-        send: (name, body) => this.#host.actors.send(name, body, { channel: "data" }),
+        send: (name, body) => this.#send(name, body, "data"),
       });
       this.#ref = this.#host.actors.spawn(stageName(index), this.#actor);
       this.#local = { planVersion: a.version, index, state: "ready" };
