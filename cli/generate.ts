@@ -4,6 +4,9 @@ import { numberFlag, parseFlags, UsageError } from "./command.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
 import { generate } from "../models/generate.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
+import { ensureDemoModel } from "../models/demo.ts";
+import { readState } from "../node/state_file.ts";
+import { clusterModel, generateLocal, generateOnCluster } from "./pipeline_generate.ts";
 
 const USAGE = `Usage: swactor generate [PROMPT] [options]
 
@@ -20,8 +23,14 @@ Options:
   --json                print one JSON object {tokens, text, prompt_tokens, tok_s, ...} on stdout;
                         progress goes to stderr
 ${WEIGHTS_HELP}
-  --local N, --plan FILE, --trace FILE
-                        multi-node runs: not available yet (the pipeline issue); exit code 2
+  --local N             run on an ephemeral cluster of N node processes on this machine (layers placed
+                        by the planner), torn down afterwards. Without --local, a cluster that
+                        \`up --model DIR\` leads on this machine serves the request (when it runs the
+                        same model), else this process alone.
+  --plan FILE           with --local: use this Plan JSON instead of planning (its stage nodes are
+                        mapped onto the cluster's nodes in order)
+  --wire f16|f32        activations between stages (default f16)
+  --trace FILE          not available yet (exit code 2); --json has per-token timings
   -h, --help            this help
 
 Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input.`;
@@ -43,11 +52,16 @@ export const generateCommand: Command = {
       local: { type: "string" },
       plan: { type: "string" },
       trace: { type: "string" },
+      wire: { type: "string" },
     }, { allowPositionals: true });
-    for (const f of ["local", "plan", "trace"] as const) {
-      if (values[f] !== undefined) {
-        throw new UsageError(`--${f} is not available yet: this build runs on one node`);
-      }
+    if (values.trace !== undefined) {
+      throw new UsageError("--trace is not available yet; --json has per-token timings");
+    }
+    if (values.plan !== undefined && values.local === undefined) {
+      throw new UsageError("--plan needs --local N (a running cluster takes its plan from `up --plan`)");
+    }
+    if (values.wire !== undefined && values.wire !== "f16" && values.wire !== "f32") {
+      throw new UsageError(`--wire expects f16 or f32, got "${values.wire}"`);
     }
     if (positionals.length > 1) {
       throw new UsageError(`expected one PROMPT (quote it), got ${positionals.length} words`);
@@ -70,6 +84,30 @@ export const generateCommand: Command = {
     });
     const weights = parseWeights(values.weights);
     const promptIds = values.tokens !== undefined ? parseTokenList(values.tokens) : undefined;
+    const chainOpts = {
+      weights,
+      prompt,
+      ids: promptIds,
+      maxTokens,
+      sampling: { temperature, topP, seed },
+      json: values.json ?? false,
+      wire: (values.wire ?? "f16") as "f16" | "f32",
+    };
+    if (values.local !== undefined) {
+      const n = numberFlag(values.local, "local", { min: 1, max: 64, integer: true, fallback: 1 });
+      const plan = values.plan ? JSON.parse(await Deno.readTextFile(values.plan)) : undefined;
+      return await generateLocal(n, {
+        ...chainOpts,
+        modelDir: values.model ?? await ensureDemoModel(),
+        plan,
+      });
+    }
+    const state = await readState();
+    if (state) {
+      const base = `http://${state.api}`;
+      const dir = await clusterModel(base, values.model);
+      if (dir) return await generateOnCluster(base, { ...chainOpts, modelDir: dir });
+    }
 
     const { model, tokenizer } = await loadModel(values.model, { weights });
     let ids = promptIds;

@@ -1,7 +1,8 @@
 // swactor logits: teacher-forced logits of a token sequence, written as safetensors (for comparing
 // with reference outputs).
 import type { Command } from "./command.ts";
-import { parseFlags, UsageError } from "./command.ts";
+import { numberFlag, parseFlags, UsageError } from "./command.ts";
+import { logitsLocal } from "./pipeline_generate.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
 import { teacherForcedLogits } from "../models/generate.ts";
 import { writeSafetensors } from "../models/safetensors.ts";
@@ -16,7 +17,8 @@ Options:
   --tokens 1,2,3        the token ids (required)
   --out FILE            output .safetensors file (required; written atomically)
 ${WEIGHTS_HELP}
-  --local N             multi-node runs: not available yet (the pipeline issue); exit code 2
+  --local N             run on an ephemeral cluster of N node processes on this machine
+  --wire f16|f32        activations between stages with --local (default f32 here: exact)
   -h, --help            this help`;
 
 export const logitsCommand: Command = {
@@ -30,14 +32,25 @@ export const logitsCommand: Command = {
       out: { type: "string" },
       weights: { type: "string" },
       local: { type: "string" },
+      wire: { type: "string" },
     });
-    if (values.local !== undefined) {
-      throw new UsageError("--local is not available yet: this build runs on one node");
-    }
     if (!values.model) throw new UsageError("--model DIR is required");
     if (!values.tokens) throw new UsageError("--tokens is required");
     if (!values.out) throw new UsageError("--out FILE is required");
     const tokens = parseTokenList(values.tokens);
+    if (values.wire !== undefined && values.wire !== "f16" && values.wire !== "f32") {
+      throw new UsageError(`--wire expects f16 or f32, got "${values.wire}"`);
+    }
+    if (values.local !== undefined) {
+      const n = numberFlag(values.local, "local", { min: 1, max: 64, integer: true, fallback: 1 });
+      return await logitsLocal(n, {
+        modelDir: values.model,
+        weights: parseWeights(values.weights),
+        ids: tokens,
+        out: values.out,
+        wire: (values.wire ?? "f32") as "f16" | "f32",
+      });
+    }
     const { model } = await loadModel(values.model, {
       weights: parseWeights(values.weights),
       tokenizer: false,

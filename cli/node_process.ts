@@ -4,6 +4,7 @@ import { createApp, nodeServices, serveApi } from "../node/api/mod.ts";
 import { startNode, type SwactorNode } from "../node/node.ts";
 import { presets } from "../node/membership/mod.ts";
 import { UsageError } from "./command.ts";
+import type { PipelineNode } from "../node/stage/mod.ts";
 
 export interface NodeProcessOptions {
   secret: Uint8Array;
@@ -11,6 +12,8 @@ export interface NodeProcessOptions {
   api?: string;
   membership?: string;
   plan?: unknown;
+  /** The node's pipeline, once attached (served by the control API). */
+  pipeline?: () => PipelineNode | undefined;
   /** Runs once the node and its API are up; may join a cluster. Throwing stops the node. */
   ready(node: SwactorNode, api: string): Promise<void>;
   /** Runs after the node left, before the process exits. */
@@ -30,7 +33,10 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
   const node = await startNode({ secret: opts.secret, listen: opts.listen, membership: config });
   let stop!: () => void;
   const stopped = new Promise<void>((r) => (stop = r));
-  const api = serveApi(createApp(nodeServices(node, { plan: opts.plan, down: () => stop() })), opts.api);
+  const api = serveApi(
+    createApp(nodeServices(node, { plan: opts.plan, down: () => stop(), pipeline: opts.pipeline })),
+    opts.api,
+  );
   const signals: Deno.Signal[] = ["SIGINT", "SIGTERM"];
   for (const s of signals) Deno.addSignalListener(s, stop);
   let code = 0;

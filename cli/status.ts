@@ -14,7 +14,21 @@ Asks the node at --api (default: the node \`up\` started on this machine) for it
     const { values } = parseFlags(argv, { json: { type: "boolean" }, api: { type: "string" } });
     const res = await apiFetch(await apiBase(values.api), "/status");
     if (!res.ok) throw new Error(`control API answered ${res.status}`);
-    const body = await res.json() as { self: string; members: MemberView[]; plan: unknown };
+    const body = await res.json() as {
+      self: string;
+      members: MemberView[];
+      plan: unknown;
+      pipeline?: {
+        stages: {
+          index: number;
+          node?: string;
+          layers?: number[];
+          active?: number;
+          kvBytes?: number;
+          error?: string;
+        }[];
+      };
+    };
     if (values.json) {
       console.log(JSON.stringify(body));
       return 0;
@@ -30,6 +44,12 @@ Asks the node at --api (default: the node \`up\` started on this machine) for it
     const head = ["  ID", "STATE", "NAME", "ADDRESS", "ADAPTER", "ROLES"];
     const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
     for (const r of [head, ...rows]) console.log(r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd());
+    for (const s of body.pipeline?.stages ?? []) {
+      console.log(
+        `stage ${s.index}  node ${(s.node ?? "?").slice(0, 16)}  layers [${s.layers ?? "?"}]  ` +
+          (s.error ? `error: ${s.error}` : `active requests ${s.active}  KV bytes ${s.kvBytes}`),
+      );
+    }
     return 0;
   },
 };

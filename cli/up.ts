@@ -3,13 +3,17 @@ import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { clearState, writeState } from "../node/state_file.ts";
 import { type Command, numberFlag, parseFlags } from "./command.ts";
 import { runNodeProcess } from "./node_process.ts";
+import { resolve } from "node:path";
+import { attachPipeline, publishPlan } from "./pipeline_node.ts";
+import { parseWeights } from "./load_model.ts";
+import type { PipelineNode } from "../node/stage/mod.ts";
 
 export const up: Command = {
   name: "up",
   summary: "start a node that leads a cluster and print its ticket",
   usage:
     `Usage: swactor up [--peers N] [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
-                  [--model DIR] [--plan FILE]
+                  [--model DIR] [--plan FILE] [--weights f32|f16]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
 stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves gracefully.
@@ -18,8 +22,11 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
   --api HOST:PORT      control API address (default 127.0.0.1:0); recorded with the ticket in the state
                        file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down
   --membership NAME    membership timing preset (default lan)
-  --model DIR, --plan FILE   accepted and stored for the pipeline (not used yet); --plan's JSON is shown by
-                       \`status\``,
+  --model DIR          serve this checkpoint on a chain over the N nodes (layers placed by the planner);
+                       \`generate\` on this machine then uses the cluster; \`status\` shows each stage
+  --plan FILE          with --model: use this Plan JSON instead of planning (its stage nodes are mapped
+                       onto the members in order); without --model it is only shown by \`status\`
+  --weights f32|f16    weights on the GPU (default f32)`,
   async run(argv) {
     const { values } = parseFlags(argv, {
       peers: { type: "string" },
@@ -28,7 +35,10 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       membership: { type: "string" },
       model: { type: "string" },
       plan: { type: "string" },
+      weights: { type: "string" },
     });
+    const weights = parseWeights(values.weights);
+    let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
     const plan = values.plan ? JSON.parse(await Deno.readTextFile(values.plan)) : undefined;
     const secret = newSecret();
@@ -38,8 +48,10 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       listen: values.listen,
       api: values.api,
       membership: values.membership,
-      plan,
+      plan: values.model ? undefined : plan,
+      pipeline: () => pipeline,
       async ready(node, api) {
+        pipeline = attachPipeline(node);
         node.actors.spawn("leader", { receive: () => {} });
         const ticket = encodeTicket({ secret, leader: node.transport.self });
         await writeState({
@@ -60,8 +72,22 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
             new Deno.Command(Deno.execPath(), { args, stdout: "null", stderr: "inherit" }).spawn(),
           );
         }
+        if (values.model) {
+          const a = await publishPlan(node, pipeline, {
+            modelDir: resolve(values.model),
+            weights,
+            members: peers,
+            plan,
+          });
+          console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);
+          const chain = await pipeline.waitReady();
+          console.error(
+            `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)}`,
+          );
+        }
       },
       async cleanup() {
+        await pipeline?.close();
         for (const w of workers) {
           try {
             w.kill("SIGTERM");

@@ -1,6 +1,6 @@
 // Checks a model folder that holds reference outputs (reference.json + reference.safetensors, as made
 // by ../shared/fixtures/make_fixtures.py) through the CLI: greedy continuation and teacher-forced logits.
-//   deno run -A scripts/check_fixture.ts DIR... [--weights f32|f16] [--tolerance 1e-4]
+//   deno run -A scripts/check_fixture.ts DIR... [--weights f32|f16] [--tolerance 1e-4] [--local N]
 // Prints one line per folder and exits 1 if any fails. The tests use checkFixture for the fixtures.
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -44,12 +44,16 @@ export interface FixtureCheck {
   logitsError: number;
 }
 
-/** Runs `generate --temperature 0` and `logits` on `dir` and compares with its reference. */
+/**
+ * Runs `generate --temperature 0` and `logits` on `dir` and compares with its reference; with `local: N`
+ * both run on an ephemeral N-node chain (`--local N`).
+ */
 export async function checkFixture(
   dir: string,
-  opts: { weights?: "f32" | "f16" } = {},
+  opts: { weights?: "f32" | "f16"; local?: number } = {},
 ): Promise<FixtureCheck> {
   const weights = opts.weights ?? "f32";
+  const local = opts.local ? ["--local", String(opts.local)] : [];
   const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
   const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
   const expected: number[] = ref.tokens.slice(ref.prompt_length);
@@ -66,6 +70,7 @@ export async function checkFixture(
     "--weights",
     weights,
     "--json",
+    ...local,
   ]);
   if (gen.code !== 0) throw new Error(`generate on ${dir} exited ${gen.code}: ${gen.stderr}`);
   const generated: number[] = JSON.parse(gen.stdout).tokens;
@@ -81,6 +86,7 @@ export async function checkFixture(
       out,
       "--weights",
       weights,
+      ...local,
     ]);
     if (lg.code !== 0) throw new Error(`logits on ${dir} exited ${lg.code}: ${lg.stderr}`);
     const got = await readF32(out, "logits");
@@ -102,7 +108,11 @@ export async function checkFixture(
 if (import.meta.main) {
   const { values, positionals } = parseArgs({
     args: Deno.args,
-    options: { weights: { type: "string", default: "f32" }, tolerance: { type: "string" } },
+    options: {
+      weights: { type: "string", default: "f32" },
+      tolerance: { type: "string" },
+      local: { type: "string" },
+    },
     allowPositionals: true,
   });
   const weights = values.weights as "f32" | "f16";
@@ -110,11 +120,13 @@ if (import.meta.main) {
   let failed = 0;
   for (const dir of positionals) {
     try {
-      const r = await checkFixture(dir, { weights });
+      const r = await checkFixture(dir, { weights, local: values.local ? Number(values.local) : undefined });
       const ok = r.tokensMatch && r.logitsError <= tolerance;
       if (!ok) failed++;
       console.log(
-        `${ok ? "PASS" : "FAIL"} ${dir} weights=${weights} tokens=${r.tokensMatch ? "match" : "DIFFER"} ` +
+        `${ok ? "PASS" : "FAIL"} ${dir} weights=${weights}${
+          values.local ? ` local=${values.local}` : ""
+        } tokens=${r.tokensMatch ? "match" : "DIFFER"} ` +
           `logits_rel_err=${r.logitsError.toExponential(2)} (tolerance ${tolerance})`,
       );
     } catch (e) {

@@ -1,6 +1,8 @@
 // The control API (localhost only): what `status` and `down` talk to. Built by a factory over the node's
 // services so it is tested through app.request() with fakes.
 import { Hono } from "hono";
+import type { PipelineNode } from "../stage/mod.ts";
+import { pipelineRoutes, pipelineStatus } from "./pipeline_routes.ts";
 
 export interface MemberView {
   id: string;
@@ -24,14 +26,22 @@ export interface ApiServices {
   plan(): unknown;
   /** Starts a graceful leave; the process exits once it is done. */
   down(): void;
+  /** The node's pipeline, when it runs one (adds `pipeline` to /status, and /pipeline, /generate). */
+  pipeline?(): PipelineNode | undefined;
 }
 
 export function createApp(services: ApiServices): Hono {
   const app = new Hono();
-  app.get(
-    "/status",
-    (c) => c.json({ self: services.self(), members: services.members(), plan: services.plan() ?? null }),
-  );
+  app.get("/status", async (c) => {
+    const p = services.pipeline?.();
+    return c.json({
+      self: services.self(),
+      members: services.members(),
+      plan: services.plan() ?? p?.board.current?.plan ?? null,
+      ...(p ? { pipeline: await pipelineStatus(p) } : {}),
+    });
+  });
+  pipelineRoutes(app, () => services.pipeline?.());
   app.get(
     "/registry",
     (c) => c.json({ entries: services.registry().map(([name, owner]) => ({ name, owner })) }),

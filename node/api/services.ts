@@ -1,8 +1,12 @@
 // Adapts a running node to the control API's services.
 import type { SwactorNode } from "../node.ts";
 import type { ApiServices, MemberView } from "./app.ts";
+import type { PipelineNode } from "../stage/mod.ts";
 
-export function nodeServices(node: SwactorNode, opts: { plan?: unknown; down: () => void }): ApiServices {
+export function nodeServices(
+  node: SwactorNode,
+  opts: { plan?: unknown; down: () => void; pipeline?: () => PipelineNode | undefined },
+): ApiServices {
   return {
     self: () => node.membership.id,
     members: () => {
@@ -24,5 +28,6 @@ export function nodeServices(node: SwactorNode, opts: { plan?: unknown; down: ()
     registry: () => node.registry.entries(),
     plan: () => opts.plan ?? null,
     down: opts.down,
+    pipeline: opts.pipeline,
   };
 }

@@ -1,0 +1,108 @@
+// `--local N`: an ephemeral cluster of N real node processes on loopback (this process leads and runs
+// stage 0; N-1 `swactor join` children run the others), torn down afterwards, on failure and on Ctrl-C too.
+import { resolve } from "node:path";
+import { startNode, type SwactorNode } from "../node/node.ts";
+import { presets } from "../node/membership/mod.ts";
+import { encodeTicket, newSecret } from "../node/ticket.ts";
+import type { Assignment, Chain, PipelineNode } from "../node/stage/mod.ts";
+import { attachPipeline, publishPlan } from "./pipeline_node.ts";
+
+export interface LocalCluster {
+  node: SwactorNode;
+  pipeline: PipelineNode;
+  assignment: Assignment;
+  chain: Chain;
+  /** Process ids of the worker processes, in the order they were started. */
+  workers: number[];
+  close(): Promise<void>;
+}
+
+export interface LocalClusterOptions {
+  modelDir: string;
+  weights: string;
+  plan?: { stages: { node: string }[] } & Record<string, unknown>;
+  signal?: AbortSignal;
+  /** Progress lines (default: stderr). */
+  log?: (msg: string) => void;
+}
+
+export async function startLocalCluster(n: number, opts: LocalClusterOptions): Promise<LocalCluster> {
+  const log = opts.log ?? ((m: string) => console.error(`swactor: ${m}`));
+  const secret = newSecret();
+  const node = await startNode({ secret, membership: presets.lan });
+  const pipeline = attachPipeline(node);
+  const children: Deno.ChildProcess[] = [];
+  const stderrTail: string[] = [];
+  const debug = Deno.env.get("SWACTOR_DEBUG") === "1";
+  let closed = false;
+  const close = async () => {
+    if (closed) return;
+    closed = true;
+    await pipeline.close().catch(() => {});
+    await node.leave().catch(() => {});
+    for (const c of children) {
+      try {
+        c.kill("SIGTERM");
+      } catch { /* gone */ }
+    }
+    const killer = setTimeout(() => {
+      for (const c of children) {
+        try {
+          c.kill("SIGKILL");
+        } catch { /* gone */ }
+      }
+    }, 5000);
+    await Promise.all(children.map((c) => c.status));
+    clearTimeout(killer);
+  };
+  try {
+    const ticket = encodeTicket({ secret, leader: node.transport.self });
+    const main = new URL("../main.ts", import.meta.url).pathname;
+    for (let i = 1; i < n; i++) {
+      const child = new Deno.Command(Deno.execPath(), {
+        args: ["run", "-A", "--quiet", main, "join", ticket],
+        stdin: "null",
+        stdout: "null",
+        stderr: "piped",
+      }).spawn();
+      children.push(child);
+      collect(child.stderr, (line) => {
+        if (debug) console.error(`[worker ${i}] ${line}`);
+        stderrTail.push(`[worker ${i}] ${line}`);
+        if (stderrTail.length > 40) stderrTail.shift();
+      });
+    }
+    log(`local cluster: ${n} node(s); planning ${resolve(opts.modelDir)}`);
+    const assignment = await publishPlan(node, pipeline, {
+      modelDir: resolve(opts.modelDir),
+      weights: opts.weights,
+      members: n,
+      plan: opts.plan,
+      signal: opts.signal,
+    });
+    const stages = assignment.plan.stages.map((s) =>
+      `[${s.layers}]${s.embeds ? "+embed" : ""}${s.head ? "+head" : ""}`
+    );
+    log(`plan v${assignment.version}: ${stages.length} stage(s) ${stages.join(" ")}; loading`);
+    const chain = await pipeline.waitReady({ signal: opts.signal });
+    return { node, pipeline, assignment, chain, workers: children.map((c) => c.pid), close };
+  } catch (e) {
+    await close();
+    if (stderrTail.length && !debug) console.error(stderrTail.join("\n"));
+    throw e;
+  }
+}
+
+async function collect(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void): Promise<void> {
+  let buf = "";
+  try {
+    for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {
+      buf += chunk;
+      let i;
+      while ((i = buf.indexOf("\n")) >= 0) {
+        onLine(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+      }
+    }
+  } catch { /* the child is gone */ }
+}

@@ -1,0 +1,275 @@
+// generate and logits on a chain: `--local N` (an ephemeral cluster) or the cluster a running `up` leads
+// (through its control API). Prints what the single-node path prints, plus the chain and per-token timings.
+import { resolve } from "node:path";
+import { Checkpoint } from "../models/checkpoint.ts";
+import { checkTokenIds } from "../models/generate.ts";
+import { loadTokenizer, StreamDecoder, type TextTokenizer } from "../models/tokenizer.ts";
+import { writeSafetensors } from "../models/safetensors.ts";
+import { meanTimings, type Sampling, type TokenEvent, type TokenTimings } from "../node/stage/mod.ts";
+import { apiFetch } from "./api_client.ts";
+import { startLocalCluster } from "./local_cluster.ts";
+import { UsageError } from "./command.ts";
+
+export interface ChainGenerateOptions {
+  modelDir: string;
+  weights: string;
+  prompt?: string;
+  ids?: number[];
+  maxTokens: number;
+  sampling: Sampling;
+  json: boolean;
+  wire: "f16" | "f32";
+  plan?: { stages: { node: string }[] } & Record<string, unknown>;
+}
+
+interface Prepared {
+  ids: number[];
+  tokenizer: TextTokenizer | null;
+  eos: number[];
+  vocab: number;
+}
+
+async function prepare(
+  o: { modelDir: string; prompt?: string; ids?: number[]; tokenizer?: boolean },
+): Promise<Prepared> {
+  const ckpt = await Checkpoint.open(o.modelDir);
+  const tokenizer = o.tokenizer === false ? null : await loadTokenizer(o.modelDir, ckpt.config);
+  let ids = o.ids;
+  if (ids === undefined) {
+    if (!tokenizer) {
+      throw new UsageError(`the model at ${o.modelDir} has no tokenizer: give the prompt with --tokens`);
+    }
+    ids = tokenizer.encode(o.prompt!);
+  }
+  checkTokenIds(ids, ckpt.config.vocabSize);
+  return { ids, tokenizer, eos: ckpt.config.eosTokenIds, vocab: ckpt.config.vocabSize };
+}
+
+function streamer(p: Prepared, json: boolean) {
+  const stream = p.tokenizer ? new StreamDecoder(p.tokenizer) : null;
+  const out = new TextEncoder();
+  const write = (s: string) => s && Deno.stdout.writeSync(out.encode(s));
+  return {
+    token(id: number) {
+      if (json) return;
+      if (stream) write(stream.push(id));
+      else write(`${id} `);
+    },
+    end() {
+      if (!json) write((stream?.flush() ?? "") + "\n");
+    },
+  };
+}
+
+function report(
+  p: Prepared,
+  o: ChainGenerateOptions,
+  r: {
+    tokens: number[];
+    events: { timings: TokenTimings }[];
+    stopReason: string;
+    tokS: number;
+    firstTokenMs: number;
+  },
+  chain: { stages: unknown[]; nodes: number },
+): void {
+  const mean = meanTimings(r.events.slice(1).map((e) => e.timings));
+  if (o.json) {
+    console.log(JSON.stringify({
+      tokens: r.tokens,
+      text: p.tokenizer ? p.tokenizer.decode(r.tokens) : "",
+      prompt_tokens: p.ids.length,
+      tok_s: Number(r.tokS.toFixed(2)),
+      first_token_ms: Number(r.firstTokenMs.toFixed(1)),
+      stop_reason: r.stopReason,
+      seed: o.sampling.seed,
+      weights: o.weights,
+      wire: o.wire,
+      nodes: chain.nodes,
+      stages: chain.stages,
+      timings: {
+        mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
+        per_token: r.events.map((e) => ({
+          compute_ms: e.timings.computeMs,
+          wire_ms: e.timings.wireMs,
+          bytes: e.timings.bytes,
+        })),
+      },
+    }));
+  } else {
+    console.error(
+      `swactor: ${r.tokens.length} tokens on ${chain.stages.length} stages, ${
+        r.tokS.toFixed(1)
+      } tok/s after a first ` +
+        `token at ${r.firstTokenMs.toFixed(0)} ms (${r.stopReason}); per token: compute ms per stage ` +
+        `[${mean.computeMs.join(", ")}], wire ms per hop [${mean.wireMs.join(", ")}]`,
+    );
+  }
+}
+
+function stageSummary(
+  stages: { index: number; node: string; layers: [number, number]; embeds: boolean; head: boolean }[],
+) {
+  return stages.map((s) => ({
+    index: s.index,
+    node: s.node,
+    layers: s.layers,
+    embeds: s.embeds,
+    head: s.head,
+  }));
+}
+
+/** generate --local N. Exit code as the CLI returns it. */
+export async function generateLocal(n: number, o: ChainGenerateOptions): Promise<number> {
+  const p = await prepare(o);
+  const abort = new AbortController();
+  const onSigint = () => abort.abort(new Error("interrupted"));
+  Deno.addSignalListener("SIGINT", onSigint);
+  const out = streamer(p, o.json);
+  try {
+    const cluster = await startLocalCluster(n, {
+      modelDir: o.modelDir,
+      weights: o.weights,
+      plan: o.plan,
+      signal: abort.signal,
+    });
+    try {
+      const r = await cluster.pipeline.client.generate(cluster.chain, p.ids, {
+        maxTokens: o.maxTokens,
+        sampling: o.sampling,
+        eos: p.eos,
+        wire: o.wire,
+        signal: abort.signal,
+        onToken: (e) => out.token(e.token),
+      });
+      out.end();
+      report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n });
+      return 0;
+    } finally {
+      await cluster.close();
+    }
+  } catch (e) {
+    if (abort.signal.aborted) {
+      out.end();
+      console.error("swactor: interrupted; the cluster is torn down");
+      return 130;
+    }
+    throw e;
+  } finally {
+    Deno.removeSignalListener("SIGINT", onSigint);
+  }
+}
+
+/** Whether the node at `base` runs a ready chain for `modelDir` (any model when undefined); its model dir if so. */
+export async function clusterModel(base: string, modelDir: string | undefined): Promise<string | undefined> {
+  let body;
+  try {
+    const res = await fetch(base + "/pipeline", { signal: AbortSignal.timeout(3000) });
+    if (!res.ok) return undefined;
+    body = await res.json() as { assignment: { model: { dir: string } } | null };
+  } catch {
+    return undefined;
+  }
+  const dir = body.assignment?.model.dir;
+  if (!dir) return undefined;
+  if (modelDir !== undefined && resolve(modelDir) !== resolve(dir)) return undefined;
+  return dir;
+}
+
+/** generate through the cluster that `up` on this machine leads (its control API at `base`). */
+export async function generateOnCluster(base: string, o: ChainGenerateOptions): Promise<number> {
+  const p = await prepare(o);
+  const abort = new AbortController();
+  const onSigint = () => abort.abort();
+  Deno.addSignalListener("SIGINT", onSigint);
+  const out = streamer(p, o.json);
+  try {
+    const res = await apiFetch(base, "/generate", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        tokens: p.ids,
+        maxTokens: o.maxTokens,
+        sampling: o.sampling,
+        eos: p.eos,
+        wire: o.wire,
+      }),
+      signal: abort.signal,
+    });
+    if (!res.ok) {
+      throw new Error(`the cluster refused the request: ${(await res.json()).error ?? res.status}`);
+    }
+    const events: TokenEvent[] = [];
+    const tokens: number[] = [];
+    let buf = "";
+    for await (const chunk of res.body!.pipeThrough(new TextDecoderStream())) {
+      buf += chunk;
+      let i;
+      while ((i = buf.indexOf("\n")) >= 0) {
+        const m = JSON.parse(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+        if (m.error) throw new Error(m.error);
+        if (m.token !== undefined) {
+          tokens.push(m.token);
+          events.push(m);
+          out.token(m.token);
+        }
+        if (m.done) {
+          out.end();
+          const status = await (await apiFetch(base, "/pipeline")).json();
+          report(p, o, { tokens, events, ...m.done }, {
+            stages: stageSummary(status.assignment.plan.stages),
+            nodes: m.done.stages,
+          });
+          return 0;
+        }
+      }
+    }
+    throw new Error("the cluster closed the stream before the end of the generation");
+  } catch (e) {
+    if (abort.signal.aborted) {
+      out.end();
+      return 130;
+    }
+    throw e;
+  } finally {
+    Deno.removeSignalListener("SIGINT", onSigint);
+  }
+}
+
+/** logits --local N: teacher-forced logits through an ephemeral chain. */
+export async function logitsLocal(
+  n: number,
+  o: {
+    modelDir: string;
+    weights: string;
+    ids: number[];
+    out: string;
+    wire: "f16" | "f32";
+    plan?: ChainGenerateOptions["plan"];
+  },
+): Promise<number> {
+  const p = await prepare({ modelDir: o.modelDir, ids: o.ids, tokenizer: false });
+  const cluster = await startLocalCluster(n, { modelDir: o.modelDir, weights: o.weights, plan: o.plan });
+  try {
+    const { logits } = await cluster.pipeline.client.logits(cluster.chain, p.ids, {
+      vocab: p.vocab,
+      wire: o.wire,
+    });
+    await writeSafetensors(o.out, [
+      { name: "logits", dtype: "F32", shape: [p.ids.length, p.vocab], data: new Uint8Array(logits.buffer) },
+      {
+        name: "tokens",
+        dtype: "I32",
+        shape: [p.ids.length],
+        data: new Uint8Array(Int32Array.from(p.ids).buffer),
+      },
+    ]);
+    console.error(
+      `swactor: wrote logits [${p.ids.length}, ${p.vocab}] to ${o.out} (${cluster.assignment.plan.stages.length} stages)`,
+    );
+    return 0;
+  } finally {
+    await cluster.close();
+  }
+}

@@ -1,0 +1,30 @@
+// Pipeline-parallel generation (rung 1): stage backends, the chain's actors, the client, the Assignment
+// board, and the leader's chain planning. See docs/PIPELINE.md.
+export type {
+  ModelFacts,
+  ModelRef,
+  Sampling,
+  StageBackend,
+  StageInput,
+  StageLoader,
+  StageOutput,
+  StageResult,
+  StageRole,
+  StageStats,
+} from "./backend.ts";
+export { type Assignment, AssignmentBoard } from "./assignment.ts";
+export {
+  type Chain,
+  type GenerateOutcome,
+  PipelineClient,
+  PipelineError,
+  type RequestOptions,
+  type TokenEvent,
+} from "./client.ts";
+export { FakeBackend, fakeReference } from "./fake_backend.ts";
+export { type HopTrace, type WireDtype } from "./messages.ts";
+export { type LocalStage, PipelineNode, type PipelineOptions, type StageReport } from "./pipeline.ts";
+export { type ChainMember, planChain } from "./plan_chain.ts";
+export { rolesOf, splitLayers } from "./roles.ts";
+export { StageActor, stageName } from "./stage_actor.ts";
+export { meanTimings, type TokenTimings, tokenTimings } from "./timings.ts";

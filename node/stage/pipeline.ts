@@ -1,0 +1,214 @@
+// A node's part in the pipeline: follows the Assignment board, claims its stage (loads the backend, then
+// spawns `stage-{i}`, which is also how it reports ready), keeps a client for requests made on this node,
+// and reacts to membership (a dead client's requests are freed; a dead stage breaks the chain: its
+// requests fail at the client and are freed everywhere).
+import { ActorNotFoundError, type ActorSystem } from "../actors/mod.ts";
+import type { MemberChange } from "../membership/swim.ts";
+import type { Membership } from "../membership/mod.ts";
+import type { Registry } from "../registry/mod.ts";
+import { type Assignment, AssignmentBoard } from "./assignment.ts";
+import type { StageLoader } from "./backend.ts";
+import { type Chain, PipelineClient } from "./client.ts";
+import { encodePipe } from "./messages.ts";
+import { rolesOf } from "./roles.ts";
+import { StageActor, stageName } from "./stage_actor.ts";
+
+export interface PipelineHost {
+  membership: Membership;
+  registry: Registry;
+  actors: ActorSystem;
+}
+
+export interface PipelineOptions {
+  /** Loads this node's stage (the model family's backend). */
+  loader: StageLoader;
+  /** Overrides the Assignment's checkpoint folder on this node (default: the Assignment's). */
+  modelDir?: string;
+  /** Client stall timeout, ms (default 30 000). */
+  stallMs?: number;
+  /** Default: messages to stderr. */
+  log?: (msg: string) => void;
+}
+
+/** What this node does in the chain now. */
+export interface LocalStage {
+  planVersion: number;
+  index: number;
+  state: "loading" | "ready" | "failed";
+  error?: string;
+}
+
+/** A stage's STATS reply. */
+export interface StageReport {
+  index: number;
+  planVersion: number;
+  node?: string;
+  layers?: [number, number];
+  active?: number;
+  kvBytes?: number;
+  weightBytes?: number;
+  requests?: string[];
+  error?: string;
+}
+
+export class PipelineNode {
+  readonly board: AssignmentBoard;
+  readonly client: PipelineClient;
+  #host: PipelineHost;
+  #o: PipelineOptions;
+  #log: (msg: string) => void;
+  #local: LocalStage | undefined;
+  #actor: StageActor | undefined;
+  #ref: { stop(): Promise<void> } | undefined;
+  #queue: Promise<void> = Promise.resolve();
+  #unsubscribe: Array<() => void> = [];
+  #closed = false;
+
+  constructor(host: PipelineHost, opts: PipelineOptions) {
+    this.#host = host;
+    this.#o = opts;
+    this.#log = opts.log ?? ((m) => console.error(`swactor: ${m}`));
+    this.board = new AssignmentBoard(host.membership);
+    const actors = host.actors;
+    this.client = new PipelineClient(
+      {
+        spawn: (name, b) => actors.spawn(name, b),
+        send: (name, body, o) => this.#send(name, body, o?.channel),
+      },
+      host.membership.id,
+      { stallMs: opts.stallMs },
+    );
+    this.#unsubscribe.push(this.board.onChange((a) => this.#enqueue(() => this.#claim(a))));
+    this.#unsubscribe.push(host.membership.onChange((c) => this.#onMember(c)));
+  }
+
+  get local(): LocalStage | undefined {
+    return this.#local;
+  }
+
+  /** The chain of the current Assignment (it may not be ready: see waitReady). */
+  chain(): Chain | undefined {
+    const a = this.board.current;
+    return a && { version: a.version, nodes: a.plan.stages.map((s) => s.node) };
+  }
+
+  /** Asks every stage for its STATS (per stage: version, active requests, KV bytes; or an error). */
+  async stageReports(opts: { timeoutMs?: number } = {}): Promise<StageReport[]> {
+    const a = this.board.current;
+    if (!a) return [];
+    return await Promise.all(a.plan.stages.map(async (s, i): Promise<StageReport> => {
+      try {
+        const body = await this.#host.actors.call(stageName(i), encodePipe({ type: "stats" }), {
+          timeoutMs: opts.timeoutMs ?? 3000,
+        });
+        return {
+          ...JSON.parse(new TextDecoder().decode(body)),
+          node: this.#host.registry.resolve(stageName(i)),
+        };
+      } catch (e) {
+        return { index: i, planVersion: 0, node: s.node, error: (e as Error).message };
+      }
+    }));
+  }
+
+  /** Resolves with the chain once every stage of the current Assignment reports ready; Error on timeout or a failed stage. */
+  async waitReady(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<Chain> {
+    const deadline = performance.now() + (opts.timeoutMs ?? 120_000);
+    let last = "no Assignment yet";
+    while (performance.now() < deadline) {
+      opts.signal?.throwIfAborted();
+      const a = this.board.current;
+      if (a) {
+        const reports = await this.stageReports({ timeoutMs: 2000 });
+        const failed = reports.find((r) => r.error && r.planVersion === a.version);
+        if (failed) throw new Error(`stage ${failed.index} could not load: ${failed.error}`);
+        const waiting = reports.find((r, i) =>
+          r.planVersion !== a.version || r.error || r.node !== a.plan.stages[i].node
+        );
+        if (!waiting) return this.chain()!;
+        last =
+          `stage ${waiting.index} (node ${a.plan.stages[waiting.index].node.slice(0, 10)}) is not ready` +
+          (waiting.error ? `: ${waiting.error}` : "");
+      }
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    throw new Error(
+      `the chain is not ready after ${Math.round((opts.timeoutMs ?? 120_000) / 1000)} s: ${last}`,
+    );
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    for (const u of this.#unsubscribe) u();
+    await this.client.close();
+    await this.#queue;
+    await this.#ref?.stop();
+    this.board.close();
+  }
+
+  /**
+   * Sends by name, waiting up to 3 s for a name this node's registry does not know yet: the leader saw every
+   * stage ready, but a registration can still be on its way here by gossip.
+   */
+  async #send(name: string, body: Uint8Array, channel?: "control" | "data"): Promise<void> {
+    for (let i = 0;; i++) {
+      try {
+        return await this.#host.actors.send(name, body, { channel });
+      } catch (e) {
+        if (!(e instanceof ActorNotFoundError) || i >= 60 || this.#closed) throw e;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+  }
+
+  #enqueue(f: () => Promise<void>): void {
+    this.#queue = this.#queue.then(f).catch((e) => this.#log(`pipeline: ${(e as Error).message}`));
+  }
+
+  async #claim(a: Assignment): Promise<void> {
+    if (this.#closed || a !== this.board.current) return; // a newer one is queued
+    const self = this.#host.membership.id;
+    const roles = rolesOf(a.plan, a.layers);
+    const index = a.plan.stages.findIndex((s) => s.node === self);
+    if (this.#ref) {
+      await this.#ref.stop(); // frees its requests and its weights
+      this.#ref = this.#actor = undefined;
+    }
+    this.#local = undefined;
+    if (index < 0) return;
+    const role = roles[index];
+    this.#local = { planVersion: a.version, index, state: "loading" };
+    const model = { ...a.model, dir: this.#o.modelDir ?? a.model.dir };
+    try {
+      const backend = await this.#o.loader(role, { model });
+      if (this.#closed || a !== this.board.current) return backend.close();
+      this.#actor = new StageActor({
+        backend,
+        planVersion: a.version,
+        log: this.#log,
+        send: (name, body) => this.#send(name, body, "data"),
+      });
+      this.#ref = this.#host.actors.spawn(stageName(index), this.#actor);
+      this.#local = { planVersion: a.version, index, state: "ready" };
+    } catch (e) {
+      const error = (e as Error).message;
+      this.#log(`stage ${index}: cannot load layers [${role.layers}]: ${error}`);
+      this.#local = { planVersion: a.version, index, state: "failed", error };
+      // Still answer STATS, so the leader learns why instead of waiting out its timeout.
+      this.#ref = this.#host.actors.spawn(stageName(index), {
+        receive: () => new TextEncoder().encode(JSON.stringify({ index, planVersion: a.version, error })),
+      });
+    }
+  }
+
+  #onMember({ member }: MemberChange): void {
+    if (member.state !== "dead" && member.state !== "left") return;
+    if (member.id === this.#host.membership.id) return;
+    const why = member.state === "dead" ? "died (membership marked it dead)" : "left the cluster";
+    this.client.peerGone(member.id, why);
+    if (!this.#actor) return;
+    const inChain = this.board.current?.plan.stages.some((s) => s.node === member.id);
+    const freed = inChain ? this.#actor.releaseAll() : this.#actor.releaseClientsOf(member.id);
+    if (freed.length) this.#log(`node ${member.id.slice(0, 10)} ${why}: freed ${freed.length} request(s)`);
+  }
+}

@@ -1,0 +1,341 @@
+// The behavior of actor `stage-{i}`: runs its part of every request's steps on its backend and passes the
+// result on. Stage 0 embeds (START from the client, then one TOKEN per step from the last stage); a middle
+// stage runs FORWARDs and forwards; the last stage applies the head, sends each token to the client and to
+// stage 0 (closing the decode loop across the chain), and knows when to stop (eos, max tokens). Duplicates
+// are dropped by step counter; a request's sequence is freed on RELEASE, on failure, when its client's
+// node dies, or when the actor stops.
+import type { ActorContext, Behavior } from "../actors/mod.ts";
+import type { StageBackend, StageInput } from "./backend.ts";
+import {
+  decodePipe,
+  encodePipe,
+  type HopTrace,
+  type OpenParams,
+  type PipeMessage,
+  wallMs,
+} from "./messages.ts";
+import { packHidden, unpackHidden } from "./wire_dtype.ts";
+
+export interface StageActorOptions {
+  backend: StageBackend;
+  /** Sends to an actor by name (ActorSystem.send on the data channel, so messages keep their order). */
+  send(name: string, body: Uint8Array): Promise<void>;
+  /** The Plan version this stage serves (reported by STATS). */
+  planVersion: number;
+  /** Default: warnings to stderr. */
+  log?: (msg: string) => void;
+}
+
+interface Request {
+  open: OpenParams;
+  chunk: number;
+  /** Next FORWARD step expected (stages > 0). */
+  nextStep: number;
+  /** Out-of-order FORWARDs, by step. */
+  held: Map<number, Extract<PipeMessage, { type: "forward" }>>;
+  /** Stage 0: the step whose token it waits for, and the next step number to use. */
+  awaitStep: number;
+  step: number;
+}
+
+/** Name of stage i's actor in the registry. */
+export function stageName(i: number): string {
+  return `stage-${i}`;
+}
+
+const RELEASED_MEMORY = 4096;
+
+export class StageActor implements Behavior {
+  #o: StageActorOptions;
+  #requests = new Map<string, Request>();
+  /** Recently released ids: late messages for them must not reopen a sequence. */
+  #released = new Set<string>();
+  #log: (msg: string) => void;
+
+  constructor(opts: StageActorOptions) {
+    this.#o = opts;
+    this.#log = opts.log ?? ((m) => console.error(`swactor: ${m}`));
+  }
+
+  get backend(): StageBackend {
+    return this.#o.backend;
+  }
+
+  /** Ids of the requests holding a sequence here. */
+  requests(): string[] {
+    return [...this.#requests.keys()];
+  }
+
+  stats(): Record<string, unknown> {
+    const role = this.#o.backend.role;
+    return {
+      index: role.index,
+      layers: role.layers,
+      embeds: role.embeds,
+      head: role.head,
+      planVersion: this.#o.planVersion,
+      requests: this.requests(),
+      ...this.#o.backend.stats(),
+    };
+  }
+
+  async receive(body: Uint8Array, _ctx: ActorContext): Promise<Uint8Array | void> {
+    let m: PipeMessage;
+    try {
+      m = decodePipe(body);
+    } catch (e) {
+      this.#log(`stage ${this.#o.backend.role.index}: dropped a malformed message: ${(e as Error).message}`);
+      return;
+    }
+    const arrived = wallMs();
+    switch (m.type) {
+      case "stats":
+        return new TextEncoder().encode(JSON.stringify(this.stats()));
+      case "release":
+        this.release(m.id);
+        return;
+      case "start":
+        return await this.#onStart(m, arrived);
+      case "token":
+        return await this.#onToken(m, arrived);
+      case "forward":
+        return await this.#onForward(m, arrived);
+      default:
+        return;
+    }
+  }
+
+  /** Frees `id`'s sequence; true when it held one. */
+  release(id: string): boolean {
+    this.#remember(id);
+    const had = this.#requests.delete(id);
+    return this.#o.backend.release(id) || had;
+  }
+
+  /** Frees every request whose client ran on `node` (it died or left). */
+  releaseClientsOf(node: string): string[] {
+    const gone = [...this.#requests].filter(([, r]) => r.open.clientNode === node).map(([id]) => id);
+    for (const id of gone) this.release(id);
+    return gone;
+  }
+
+  /** Frees every request (the chain broke: another stage died). */
+  releaseAll(): string[] {
+    const ids = this.requests();
+    for (const id of ids) this.release(id);
+    return ids;
+  }
+
+  onStop(): void {
+    this.releaseAll();
+    this.#o.backend.close();
+  }
+
+  #remember(id: string): void {
+    this.#released.add(id);
+    if (this.#released.size > RELEASED_MEMORY) {
+      this.#released.delete(this.#released.values().next().value!);
+    }
+  }
+
+  #openRequest(id: string, open: OpenParams): Request | undefined {
+    if (this.#released.has(id)) return undefined;
+    const { chunk } = this.#o.backend.open(id, { maxSeq: open.maxSeq, sampling: open.sampling });
+    const r: Request = { open, chunk, nextStep: 0, held: new Map(), awaitStep: -1, step: 0 };
+    this.#requests.set(id, r);
+    return r;
+  }
+
+  async #onStart(m: Extract<PipeMessage, { type: "start" }>, arrived: number): Promise<void> {
+    if (!this.#o.backend.role.embeds) {
+      return this.#fail(m.id, m.open, "START sent to a stage that does not embed");
+    }
+    if (this.#requests.has(m.id)) return; // duplicate
+    let r: Request | undefined;
+    try {
+      r = this.#openRequest(m.id, m.open);
+    } catch (e) {
+      return this.#fail(m.id, m.open, (e as Error).message);
+    }
+    if (!r) return;
+    const P = m.prompt.length;
+    for (let pos0 = 0; pos0 < P; pos0 += r.chunk) {
+      const T = Math.min(r.chunk, P - pos0);
+      const last = pos0 + T >= P;
+      const step = r.step++;
+      if (last) r.awaitStep = step;
+      const ok = await this.#run(m.id, r, {
+        step,
+        pos0,
+        T,
+        last,
+        tokens: m.prompt.subarray(pos0, pos0 + T),
+        trace: [],
+        arrived: pos0 === 0 ? arrived : wallMs(),
+      });
+      if (!ok) return;
+    }
+  }
+
+  async #onToken(m: Extract<PipeMessage, { type: "token" }>, arrived: number): Promise<void> {
+    const r = this.#requests.get(m.id);
+    if (!r || m.step !== r.awaitStep || m.done) return; // unknown, duplicate, or finished
+    const step = r.step++;
+    r.awaitStep = step;
+    const back = m.trace.at(-1);
+    await this.#run(m.id, r, {
+      step,
+      pos0: m.pos,
+      T: 1,
+      last: true,
+      tokens: Uint32Array.of(m.token),
+      trace: [],
+      arrived,
+      returnMs: back ? arrived - back.out : undefined,
+    });
+  }
+
+  async #onForward(m: Extract<PipeMessage, { type: "forward" }>, arrived: number): Promise<void> {
+    let r = this.#requests.get(m.id);
+    if (!r) {
+      if (m.step !== 0 || !m.open) return; // a late message of a released request, or out of order
+      try {
+        r = this.#openRequest(m.id, m.open);
+      } catch (e) {
+        return this.#fail(m.id, m.open, (e as Error).message);
+      }
+      if (!r) return;
+    }
+    if (m.step < r.nextStep) return; // duplicate
+    if (m.step > r.nextStep) {
+      r.held.set(m.step, m);
+      return;
+    }
+    let next: typeof m | undefined = m;
+    while (next) {
+      r.nextStep++;
+      let hidden: Float32Array;
+      try {
+        hidden = unpackHidden(next.hidden, next.dtype, next.T * this.#o.backend.model.hidden);
+      } catch (e) {
+        return this.#fail(next.id, r.open, (e as Error).message);
+      }
+      const ok = await this.#run(next.id, r, { ...next, hidden, arrived: next === m ? arrived : wallMs() });
+      if (!ok || !this.#requests.has(m.id)) return;
+      next = r.held.get(r.nextStep);
+      r.held.delete(r.nextStep);
+    }
+  }
+
+  /** Runs one step and sends its result on; false when the request failed here. */
+  async #run(
+    id: string,
+    r: Request,
+    s: {
+      step: number;
+      pos0: number;
+      T: number;
+      last: boolean;
+      tokens?: Uint32Array;
+      hidden?: Float32Array;
+      trace: HopTrace[];
+      arrived: number;
+      returnMs?: number;
+    },
+  ): Promise<boolean> {
+    const role = this.#o.backend.role;
+    const { open } = r;
+    const output: StageInput["output"] = !role.head
+      ? "hidden"
+      : open.mode === "logits"
+      ? "logits"
+      : s.last
+      ? "sample"
+      : "hidden";
+    const t0 = performance.now();
+    let out;
+    try {
+      out = await this.#o.backend.run(id, {
+        pos0: s.pos0,
+        T: s.T,
+        tokens: s.tokens,
+        hidden: s.hidden,
+        output,
+      });
+    } catch (e) {
+      await this.#fail(id, open, (e as Error).message);
+      return false;
+    }
+    if (!this.#requests.has(id)) return false; // released while computing
+    const c = performance.now() - t0;
+    const hop = (b: number): HopTrace => {
+      const h: HopTrace = { s: role.index, in: s.arrived, c, out: wallMs(), b };
+      if (s.returnMs !== undefined) h.r = s.returnMs;
+      return h;
+    };
+    try {
+      if (!role.head) {
+        const hidden = packHidden(out.hidden!, open.wire);
+        await this.#o.send(
+          stageName(role.index + 1),
+          encodePipe({
+            type: "forward",
+            id,
+            step: s.step,
+            pos0: s.pos0,
+            T: s.T,
+            last: s.last,
+            open: s.step === 0 ? open : undefined,
+            dtype: open.wire,
+            trace: [...s.trace, hop(hidden.length)],
+            hidden,
+          }),
+        );
+        return true;
+      }
+      if (output === "logits") {
+        const data = new Uint8Array(out.logits!.buffer, out.logits!.byteOffset, out.logits!.byteLength);
+        await this.#o.send(
+          open.client,
+          encodePipe({
+            type: "logits",
+            id,
+            step: s.step,
+            pos0: s.pos0,
+            T: s.T,
+            done: s.last,
+            trace: [...s.trace, hop(data.length)],
+            data,
+          }),
+        );
+        return true;
+      }
+      if (output !== "sample") return true; // a prefill chunk before the last: the KV cache is filled
+      const pos = s.pos0 + s.T;
+      const token = out.token!;
+      const generated = pos - open.prompt + 1;
+      const done = open.eos.includes(token)
+        ? "eos" as const
+        : generated >= open.maxTokens || pos + 1 >= open.maxSeq
+        ? "max_tokens" as const
+        : undefined;
+      const msg = (b: number) =>
+        encodePipe({ type: "token", id, step: s.step, pos, token, done, trace: [...s.trace, hop(b)] });
+      const size = msg(0).length;
+      // The loop closes here: stage 0 starts the next step as soon as the token arrives.
+      if (!done) await this.#o.send(stageName(0), msg(size));
+      await this.#o.send(open.client, msg(size));
+      return true;
+    } catch (e) {
+      await this.#fail(id, open, `cannot pass the result on: ${(e as Error).message}`);
+      return false;
+    }
+  }
+
+  async #fail(id: string, open: OpenParams, message: string): Promise<void> {
+    const index = this.#o.backend.role.index;
+    this.#log(`stage ${index}: request ${id} failed: ${message}`);
+    this.release(id);
+    await this.#o.send(open.client, encodePipe({ type: "error", id, stage: index, message })).catch(() => {});
+  }
+}

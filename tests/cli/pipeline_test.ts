@@ -1,0 +1,128 @@
+// Acceptance of the pipeline (issue 4) with real processes on loopback: the reference continuation and
+// logits through `--local N` chains (N = 2, 3, 5, 8; llama3-tiny has 4 layers, so 5 and 8 split off the
+// embedding and the head, and 8 leaves 2 nodes idle), and on one shared 5-node cluster: concurrent requests,
+// cancellation (every stage frees its KV cache) and a stage killed with SIGKILL (a clear error in seconds).
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { fixtureDir, skipped } from "../fixtures.ts";
+import { checkFixture } from "../../scripts/check_fixture.ts";
+import { getGpu, NoGpuError } from "../../kernels/mod.ts";
+import { startLocalCluster } from "../../cli/local_cluster.ts";
+import { PipelineError } from "../../node/stage/mod.ts";
+
+const hasGpu = await getGpu().then(() => true, (e) => {
+  if (e instanceof NoGpuError) return false;
+  throw e;
+});
+if (!hasGpu) console.log("skipped: pipeline acceptance tests (no WebGPU adapter)");
+const tiny = fixtureDir("llama3-tiny", { needs: "reference.safetensors" });
+const slow = { sanitizeOps: false, sanitizeResources: false, ignore: !hasGpu };
+
+async function check(dir: string, local: number) {
+  const r = await checkFixture(dir, { local });
+  assert.deepEqual(r.generated, r.expected, `--local ${local}: tokens`);
+  assert.ok(r.logitsError <= 1e-4, `--local ${local}: logits error ${r.logitsError}`);
+}
+
+Deno.test({
+  name: "pipeline: llama-micro on 3 nodes (one embeds only): reference tokens and logits",
+  ...slow,
+}, async () => {
+  await check(fixtureDir("llama-micro", { needs: "reference.safetensors" })!, 3);
+});
+
+for (const n of [5, 2, 8]) {
+  Deno.test(
+    { name: `pipeline: llama3-tiny on ${n} nodes: reference tokens and logits within 1e-4`, ...slow },
+    async () => {
+      if (!tiny) {
+        skipped(`llama3-tiny --local ${n}`, "needs ../shared/fixtures/llama3-tiny");
+        return;
+      }
+      await check(tiny, n);
+    },
+  );
+}
+
+Deno.test(
+  { name: "pipeline: one 5-node cluster: concurrency, cancellation, a stage killed", ...slow },
+  async (t) => {
+    if (!tiny) {
+      skipped("llama3-tiny shared cluster", "needs ../shared/fixtures/llama3-tiny");
+      return;
+    }
+    const ref = JSON.parse(await Deno.readTextFile(join(tiny, "reference.json")));
+    const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
+    const cluster = await startLocalCluster(5, { modelDir: tiny, weights: "f32", log: () => {} });
+    const { client } = cluster.pipeline;
+    try {
+      assert.equal(cluster.chain.nodes.length, 5);
+      await t.step("three concurrent requests each get the tokens they get alone", async () => {
+        const prompts = [prompt, prompt.slice(0, 5), [128000, 791, 1176, 315, 9822]];
+        const sampling = [undefined, { temperature: 0.8, topP: 0.9, seed: 7 }, undefined];
+        const alone = [];
+        for (let i = 0; i < 3; i++) {
+          alone.push(
+            (await client.generate(cluster.chain, prompts[i], { maxTokens: 8, sampling: sampling[i] }))
+              .tokens,
+          );
+        }
+        assert.deepEqual(alone[0], ref.tokens.slice(ref.prompt_length, ref.prompt_length + 8));
+        const together = await Promise.all(
+          prompts.map((p, i) => client.generate(cluster.chain, p, { maxTokens: 8, sampling: sampling[i] })),
+        );
+        assert.deepEqual(together.map((r) => r.tokens), alone);
+      });
+      await t.step("cancel mid-generation: every stage releases its KV cache", async () => {
+        const abort = new AbortController();
+        let during: Awaited<ReturnType<typeof cluster.pipeline.stageReports>> = [];
+        const p = client.generate(cluster.chain, prompt, {
+          maxTokens: 200,
+          signal: abort.signal,
+          // Once a token came back every stage holds the request; look, then cancel.
+          onToken: (e) =>
+            e.index === 1 &&
+            cluster.pipeline.stageReports().then((r) => (during = r), () => {}).finally(() =>
+              abort.abort(new Error("cancelled"))
+            ),
+        });
+        await assert.rejects(p, /cancelled/);
+        assert.deepEqual(during.map((r) => r.active), [1, 1, 1, 1, 1], "every stage held the request");
+        assert.ok(during.slice(1).every((r) => (r.kvBytes ?? 0) > 0), "stages with layers held KV memory");
+        let after = await cluster.pipeline.stageReports();
+        for (let i = 0; i < 20 && after.some((r) => r.active !== 0); i++) {
+          await new Promise((r) => setTimeout(r, 100));
+          after = await cluster.pipeline.stageReports();
+        }
+        for (const r of after) assert.deepEqual([r.index, r.active, r.kvBytes], [r.index, 0, 0]);
+      });
+      await t.step("a stage killed mid-generation: a clear error within seconds, no hang", async () => {
+        let killedAt = 0;
+        const p = client.generate(cluster.chain, prompt, {
+          maxTokens: 5000 - prompt.length,
+          onToken: (e) => {
+            if (e.index !== 2) return;
+            Deno.kill(cluster.workers[1], "SIGKILL"); // stage 2's process
+            killedAt = performance.now();
+          },
+        });
+        await assert.rejects(
+          p,
+          (e) => e instanceof PipelineError && /stage \d .*(died|failed)/.test(e.message),
+        );
+        const ms = performance.now() - killedAt;
+        assert.ok(ms < 20_000, `error after ${ms.toFixed(0)} ms`);
+        console.log(`stage killed: the client got its error after ${(ms / 1000).toFixed(1)} s`);
+        // The surviving stages free the request too (membership told them the chain broke).
+        let alive = (await cluster.pipeline.stageReports()).filter((r) => r.index !== 2);
+        for (let i = 0; i < 50 && alive.some((r) => r.active !== 0); i++) {
+          await new Promise((r) => setTimeout(r, 200));
+          alive = (await cluster.pipeline.stageReports()).filter((r) => r.index !== 2);
+        }
+        assert.deepEqual(alive.map((r) => r.active), [0, 0, 0, 0]);
+      });
+    } finally {
+      await cluster.close();
+    }
+  },
+);

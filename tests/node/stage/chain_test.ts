@@ -1,0 +1,259 @@
+// The chain logic on the fake backend over the in-memory network: N stages reproduce the whole model,
+// requests interleave without mixing, duplicates are ignored, cancellation and failures free every stage.
+import assert from "node:assert/strict";
+import { FakeClock } from "../../../node/clock.ts";
+import { MemoryNetwork, type MemoryTransport } from "../../../node/transport/memory.ts";
+import { ActorSystem } from "../../../node/actors/mod.ts";
+import type { PeerAddr } from "../../../node/transport/transport.ts";
+import { FakeBackend, type FakeBackendOptions, fakeReference } from "../../../node/stage/fake_backend.ts";
+import { StageActor, stageName } from "../../../node/stage/stage_actor.ts";
+import { type Chain, PipelineClient, PipelineError } from "../../../node/stage/client.ts";
+import { splitLayers } from "../../../node/stage/roles.ts";
+
+const LAYERS = 6;
+
+function chain(stages: number, opts: FakeBackendOptions & { duplicate?: boolean } = {}) {
+  const clock = new FakeClock();
+  const net = new MemoryNetwork(clock);
+  const names = new Map<string, string>();
+  const addrs = new Map<string, PeerAddr>();
+  const transports: MemoryTransport[] = [];
+  const n = stages + 1; // the last node is the client's
+  const systems = Array.from({ length: n }, (_, i) => {
+    const t = net.connect(`n${i}`);
+    transports.push(t);
+    addrs.set(t.self.id, t.self);
+    const sys = new ActorSystem({
+      transport: t,
+      clock,
+      resolver: { resolve: (name) => names.get(name) },
+      peers: { addressOf: (id) => addrs.get(id) },
+      registrar: { register: (name) => names.set(name, t.self.id), unregister: (name) => names.delete(name) },
+    });
+    t.onMessage((from, msg, ch) => sys.receive(from, msg, ch));
+    return sys;
+  });
+  const roles = splitLayers(LAYERS, stages);
+  const actors = roles.map((role, i) => {
+    const backend = new FakeBackend(role, opts);
+    const sys = systems[i];
+    const actor = new StageActor({
+      backend,
+      planVersion: 1,
+      log: () => {},
+      send: async (name, body) => {
+        await sys.send(name, body, { channel: "data" });
+        if (opts.duplicate) await sys.send(name, body, { channel: "data" });
+      },
+    });
+    sys.spawn(stageName(i), actor);
+    return actor;
+  });
+  const client = new PipelineClient(systems[n - 1], "n" + (n - 1), { stallMs: 5_000 });
+  const c: Chain = { version: 1, nodes: roles.map((_, i) => `n${i}`) };
+  /** Runs the fake network until `p` settles. */
+  const pump = async <T>(p: Promise<T>): Promise<T> => {
+    let settled = false;
+    p.then(() => (settled = true), () => (settled = true));
+    for (let i = 0; i < 100_000 && !settled; i++) {
+      clock.advance(1);
+      await new Promise((r) => setTimeout(r, 0));
+    }
+    return await p;
+  };
+  const settle = async () => {
+    for (let i = 0; i < 50; i++) {
+      clock.advance(1);
+      await new Promise((r) => setTimeout(r, 0));
+    }
+  };
+  const close = async () => {
+    await client.close();
+    for (const s of systems) await s.close();
+  };
+  return { clock, net, transports, systems, actors, client, chain: c, pump, settle, close };
+}
+
+const PROMPT = Array.from({ length: 19 }, (_, i) => (i * 5 + 3) % 60); // 3 chunks of at most 8
+
+for (const stages of [1, 2, 3, 5, 6]) {
+  Deno.test(`stage chain: ${stages} stage(s) reproduce the whole fake model, prefill in chunks`, async () => {
+    const t = chain(stages, { eosTokenIds: [] });
+    try {
+      const want = await fakeReference(PROMPT, { layers: LAYERS, maxTokens: 12, eosTokenIds: [] });
+      const got = await t.pump(t.client.generate(t.chain, PROMPT, { maxTokens: 12 }));
+      assert.deepEqual(got.tokens, want);
+      assert.equal(got.stopReason, "max_tokens");
+      const e = got.events[3];
+      assert.equal(e.timings.computeMs.length, stages);
+      assert.equal(e.timings.wireMs.length, stages);
+      assert.equal(typeof e.timings.wireMs.at(-1), "number", "a decode step reports the way back to stage 0");
+      assert.equal(got.events[0].timings.wireMs.at(-1), null);
+      if (stages > 1) assert.equal(e.timings.bytes[0], 4 * 2, "one token's hidden state in f16");
+      await t.settle();
+      for (const a of t.actors) assert.equal(a.backend.stats().active, 0, "released after completion");
+    } finally {
+      await t.close();
+    }
+  });
+}
+
+Deno.test("stage chain: f32 on the wire gives the same tokens and twice the bytes", async () => {
+  const t = chain(3, { eosTokenIds: [] });
+  try {
+    const got = await t.pump(t.client.generate(t.chain, PROMPT, { maxTokens: 5, wire: "f32" }));
+    assert.deepEqual(
+      got.tokens,
+      await fakeReference(PROMPT, { layers: LAYERS, maxTokens: 5, eosTokenIds: [] }),
+    );
+    assert.equal(got.events[1].timings.bytes[0], 4 * 4);
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: generation stops at eos, which the last stage detects", async () => {
+  const ref = await fakeReference(PROMPT, { layers: LAYERS, maxTokens: 12, eosTokenIds: [] });
+  const eos = ref[4];
+  const t = chain(3, { eosTokenIds: [eos] });
+  try {
+    const got = await t.pump(t.client.generate(t.chain, PROMPT, { maxTokens: 12, eos: [eos] }));
+    assert.deepEqual(got.tokens, ref.slice(0, ref.indexOf(eos) + 1));
+    assert.equal(got.stopReason, "eos");
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: three concurrent requests each get the tokens they get alone", async () => {
+  const t = chain(4, { eosTokenIds: [], delayMs: 1 });
+  try {
+    const prompts = [PROMPT, PROMPT.slice(3, 9), [7, 7, 7, 1, 2]];
+    const sampling = [undefined, { temperature: 0.7, topP: 0.9, seed: 11 }, undefined];
+    const alone = [];
+    for (let i = 0; i < 3; i++) {
+      alone.push(
+        await fakeReference(prompts[i], {
+          layers: LAYERS,
+          maxTokens: 10,
+          eosTokenIds: [],
+          sampling: sampling[i],
+        }),
+      );
+    }
+    const runs = await t.pump(
+      Promise.all(
+        prompts.map((p, i) => t.client.generate(t.chain, p, { maxTokens: 10, sampling: sampling[i] })),
+      ),
+    );
+    assert.deepEqual(runs.map((r) => r.tokens), alone);
+    // they really interleaved: stage 1 saw steps of different requests alternate
+    const ids = t.actors[1].backend instanceof FakeBackend ? t.actors[1].backend.runs.map((r) => r.id) : [];
+    const switches = ids.filter((id, i) => i > 0 && id !== ids[i - 1]).length;
+    assert.ok(switches > 3, `requests interleaved (${switches} switches)`);
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: every message delivered twice changes nothing (idempotent receivers)", async () => {
+  const t = chain(3, { eosTokenIds: [], duplicate: true });
+  try {
+    const got = await t.pump(t.client.generate(t.chain, PROMPT, { maxTokens: 8 }));
+    assert.deepEqual(
+      got.tokens,
+      await fakeReference(PROMPT, { layers: LAYERS, maxTokens: 8, eosTokenIds: [] }),
+    );
+    for (const a of t.actors) {
+      const runs = (a.backend as FakeBackend).runs;
+      assert.equal(runs.length, 3 + 7, `stage ${a.backend.role.index} ran each step once`);
+    }
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: cancelling mid-generation releases the request on every stage", async () => {
+  const t = chain(3, { eosTokenIds: [], delayMs: 1 });
+  try {
+    const abort = new AbortController();
+    let seen = 0;
+    const p = t.client.generate(t.chain, PROMPT, {
+      maxTokens: 1000,
+      signal: abort.signal,
+      onToken: () => ++seen === 5 && abort.abort(new Error("cancelled by the test")),
+    });
+    await assert.rejects(t.pump(p), /cancelled by the test/);
+    await t.settle();
+    for (const a of t.actors) {
+      assert.deepEqual(a.backend.stats(), { active: 0, kvBytes: 0, weightBytes: 0 });
+    }
+    assert.equal(t.client.active, 0);
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: a stage that dies fails the request clearly; the others release it", async () => {
+  const t = chain(3, { eosTokenIds: [], delayMs: 1 });
+  try {
+    let seen = 0;
+    const p = t.client.generate(t.chain, PROMPT, {
+      maxTokens: 1000,
+      onToken: () => {
+        if (++seen !== 3) return;
+        t.systems[1].close(); // n1 goes away
+        // what the node does when membership marks n1 dead
+        t.client.peerGone("n1");
+        for (const a of [t.actors[0], t.actors[2]]) a.releaseAll();
+      },
+    });
+    await assert.rejects(
+      t.pump(p),
+      (e) => e instanceof PipelineError && /stage 1 \(node n1\) died/.test(e.message),
+    );
+    await t.settle();
+    for (const i of [0, 2]) assert.equal(t.actors[i].backend.stats().active, 0);
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: a stage that cannot reach the next reports an error to the client", async () => {
+  const t = chain(3, { eosTokenIds: [] });
+  try {
+    await t.transports[2].close(); // stage 2's node goes away: stage 1's sends fail
+    const p = t.client.generate(t.chain, PROMPT, { maxTokens: 4 });
+    await assert.rejects(t.pump(p), (e) => e instanceof PipelineError && /stage 1 failed/.test(e.message));
+    await t.settle();
+    assert.equal(t.actors[0].backend.stats().active, 0);
+    assert.equal(t.actors[1].backend.stats().active, 0);
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: teacher-forced logits over the chain equal the whole model's", async () => {
+  const t = chain(3, { vocab: 16 });
+  try {
+    const { logits } = await t.pump(t.client.logits(t.chain, PROMPT, { vocab: 16 }));
+    const whole = new FakeBackend({ index: 0, stages: 1, layers: [0, LAYERS], embeds: true, head: true }, {
+      vocab: 16,
+    });
+    whole.open("x", { maxSeq: PROMPT.length, sampling: { temperature: 0, topP: 1, seed: 0 } });
+    const want = new Float32Array(PROMPT.length * 16);
+    for (let p = 0; p < PROMPT.length; p += 8) {
+      const T = Math.min(8, PROMPT.length - p);
+      const r = await whole.run("x", {
+        pos0: p,
+        T,
+        tokens: Uint32Array.from(PROMPT.slice(p, p + T)),
+        output: "logits",
+      });
+      want.set(r.logits!, p * 16);
+    }
+    assert.deepEqual(logits, want);
+  } finally {
+    await t.close();
+  }
+});
