@@ -2,6 +2,7 @@
 import type { SwactorNode } from "../node.ts";
 import type { ApiServices, MemberView } from "./app.ts";
 import type { PipelineNode } from "../stage/mod.ts";
+import { CLIENT_PREFIX } from "../stage/client.ts";
 
 export function nodeServices(
   node: SwactorNode,
@@ -12,6 +13,7 @@ export function nodeServices(
     members: () => {
       const roles = new Map<string, string[]>();
       for (const [name, owner] of node.registry.entries()) {
+        if (name.startsWith(CLIENT_PREFIX)) continue;
         roles.set(owner, [...(roles.get(owner) ?? []), name]);
       }
       return node.membership.members().map((m): MemberView => ({

@@ -74,6 +74,9 @@ interface Pending {
   fail(e: Error): void;
 }
 
+/** Names of client actors (plumbing every node runs to receive its requests' tokens, not a role). */
+export const CLIENT_PREFIX = "client-";
+
 export class PipelineClient {
   readonly name: string;
   #actors: ClientActors;
@@ -89,7 +92,7 @@ export class PipelineClient {
     this.#actors = actors;
     this.#self = self;
     this.#stallMs = opts.stallMs ?? 30_000;
-    this.name = `client-${self.slice(0, 16)}`;
+    this.name = `${CLIENT_PREFIX}${self.slice(0, 16)}`;
     this.#ref = actors.spawn(this.name, {
       receive: (body) => {
         let m: PipeMessage;

@@ -48,6 +48,8 @@ export interface StageReport {
   kvBytes?: number;
   weightBytes?: number;
   requests?: string[];
+  /** False while the stage cannot yet resolve the names it sends to. */
+  routes?: boolean;
   error?: string;
 }
 
@@ -123,7 +125,7 @@ export class PipelineNode {
         const failed = reports.find((r) => r.error && r.planVersion === a.version);
         if (failed) throw new Error(`stage ${failed.index} could not load: ${failed.error}`);
         const waiting = reports.find((r, i) =>
-          r.planVersion !== a.version || r.error || r.node !== a.plan.stages[i].node
+          r.planVersion !== a.version || r.error || r.node !== a.plan.stages[i].node || r.routes === false
         );
         if (!waiting) return this.chain()!;
         last =
@@ -187,6 +189,11 @@ export class PipelineNode {
         planVersion: a.version,
         log: this.#log,
         send: (name, body) => this.#send(name, body, "data"),
+        // Ready means: this stage can also resolve where its results go (the next stage, and stage 0
+        // for the token loop); registry names arrive by gossip and may lag the leader's view.
+        routesKnown: () =>
+          [stageName(0), ...(index + 1 < a.plan.stages.length ? [stageName(index + 1)] : [])]
+            .every((n) => this.#host.registry.resolve(n) !== undefined),
       });
       this.#ref = this.#host.actors.spawn(stageName(index), this.#actor);
       this.#local = { planVersion: a.version, index, state: "ready" };

@@ -22,6 +22,8 @@ export interface StageActorOptions {
   send(name: string, body: Uint8Array): Promise<void>;
   /** The Plan version this stage serves (reported by STATS). */
   planVersion: number;
+  /** Whether the names this stage sends to resolve yet (reported by STATS as `routes`). Default: yes. */
+  routesKnown?: () => boolean;
   /** Default: warnings to stderr. */
   log?: (msg: string) => void;
 }
@@ -74,6 +76,7 @@ export class StageActor implements Behavior {
       embeds: role.embeds,
       head: role.head,
       planVersion: this.#o.planVersion,
+      routes: this.#o.routesKnown?.() ?? true,
       requests: this.requests(),
       ...this.#o.backend.stats(),
     };
