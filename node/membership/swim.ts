@@ -72,6 +72,8 @@ export interface MembershipStats {
   malformed: number;
   /** Sends that resolved false or failed. */
   sendFailed: number;
+  /** Push-pulls started because a packet came from a member this node did not know. */
+  strangerPulls: number;
 }
 
 export interface MembershipOptions {
@@ -116,6 +118,7 @@ export class Membership {
     declaredDead: 0,
     malformed: 0,
     sendFailed: 0,
+    strangerPulls: 0,
   };
   readonly awareness: Awareness;
   #t: Transport;
@@ -125,6 +128,8 @@ export class Membership {
   #self: PeerAddr;
   #table: MemberTable;
   #queue: BroadcastQueue;
+  /** Unknown senders we pulled state from, and when (see #learnFromStranger). */
+  #strangers = new Map<string, number>();
   #suspicions = new Map<PeerId, Suspicion>();
   #probes = new Map<number, Probe>();
   #seq = 0;
@@ -373,6 +378,7 @@ export class Membership {
 
   #handle(from: PeerAddr, m: Message): void {
     if (this.#leaving && m.t !== "pushPull") return;
+    this.#learnFromStranger(from, m);
     switch (m.t) {
       case "ping":
         if (m.target === this.id) this.#sendPacket(from, [encodeMessage({ t: "ack", seq: m.seq })]);
@@ -455,6 +461,22 @@ export class Membership {
     }
     if (!m.reply) this.#sendPushPull(from, m.join, true);
     else this.#joinWaiters.get(from.id)?.();
+  }
+
+  /**
+   * A packet from a member we do not know (the transport already checked it holds the cluster secret)
+   * means we missed its alive broadcasts, which are probabilistic: a node that joined while we were
+   * unlucky would otherwise stay unknown to us until the next periodic push-pull (30 s on lan). Pull
+   * its state at once, at most once per stranger per probe interval. Tombstoned ids are not strangers.
+   */
+  #learnFromStranger(from: PeerAddr, m: Message): void {
+    if (m.t === "pushPull" || from.id === this.id || this.#table.has(from.id)) return;
+    const now = this.#clock.now();
+    if (now - (this.#strangers.get(from.id) ?? -Infinity) < this.config.probeIntervalMs) return;
+    this.#strangers.set(from.id, now);
+    if (this.#strangers.size > 1024) this.#strangers.delete(this.#strangers.keys().next().value!);
+    this.stats.strangerPulls++;
+    this.#sendPushPull(from, false, false);
   }
 
   /** Applies an event; `sender` (the packet's sender) gets a correction if the event is stale news. */

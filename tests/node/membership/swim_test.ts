@@ -116,3 +116,18 @@ Deno.test("setMetadata reaches every node", () => {
   c.clock.advance(3000);
   for (const o of c.nodes) assert.equal(o.membership.member(n.id)!.meta.gpuMemoryBytes, 123);
 });
+
+Deno.test("a member that missed a newcomer's alive broadcasts learns it from the newcomer's first packet", () => {
+  const c = converged(5);
+  const deaf = c.nodes[3];
+  // deaf hears nobody but the newcomer: every alive broadcast about the newcomer is lost on the way.
+  for (const n of c.nodes) if (n !== deaf) c.net.setLink(n.id, deaf.id, { loss: 1 }, { oneWay: true });
+  const newcomer = c.spawn("n99");
+  c.nodes.push(newcomer);
+  void newcomer.membership.join([c.addr(c.nodes[0])]);
+  // The newcomer probes deaf within a few probe rounds; deaf pulls its state instead of waiting for
+  // its 30 s-class periodic push-pull (test preset: push-pull every 6 s; this must be well before).
+  const t = c.clock.runUntilTrue(() => stateOf(deaf, newcomer.id) === "alive", { stepMs: 20, maxMs: 3000 });
+  assert.ok(t !== undefined, "deaf did not learn the newcomer");
+  assert.ok(deaf.membership.stats.strangerPulls >= 1);
+});
