@@ -6,12 +6,21 @@ import { STEP_WGSL } from "./step.ts";
 /** The largest head_dim this kernel supports (each of 64 threads keeps up to 4 output dims). */
 export const MAX_HEAD_DIM = 256;
 
-const SOURCE = `${STEP_WGSL}
+function source(vec4: boolean): string {
+  // Scores: each thread dots q with one key; with head_dim % 4 == 0 it reads the key as vec4s.
+  const dot = vec4
+    ? `let kb = (cache0 + s) * (p.hd / 4u);
+      for (var d = 0u; d < p.hd / 4u; d++) {
+        dotv += dot(vec4<f32>(qs[4u * d], qs[4u * d + 1u], qs[4u * d + 2u], qs[4u * d + 3u]), kc4[kb + d]);
+      }`
+    : `let kb = (cache0 + s) * p.hd;
+      for (var d = 0u; d < p.hd; d++) { dotv += qs[d] * kc[kb + d]; }`;
+  return `${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
-@group(0) @binding(3) var<storage, read> kc: array<f32>;
+@group(0) @binding(3) var<storage, read> ${vec4 ? "kc4: array<vec4<f32>>" : "kc: array<f32>"};
 @group(0) @binding(4) var<storage, read> vc: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 var<workgroup> qs: array<f32, ${MAX_HEAD_DIM}>;
@@ -41,8 +50,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var score = -3.0e38;
     if (s < n) {
       var dotv = 0.0;
-      let kb = (cache0 + s) * p.hd;
-      for (var d = 0u; d < p.hd; d++) { dotv += qs[d] * kc[kb + d]; }
+      ${dot}
       score = dotv * p.scale;
     }
     red[j] = score;
@@ -67,9 +75,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     for (var i = 0u; i < 4u; i++) {
       let d = j + i * 64u;
       if (d < p.hd) {
-        var a = acc[i] * corr;
-        for (var jj = 0u; jj < count; jj++) { a += ps[jj] * vc[(cache0 + base + jj) * p.hd + d]; }
-        acc[i] = a;
+        // Four partial sums, so the loop is not one long chain of dependent adds.
+        var a = vec4<f32>(0.0);
+        var jj = 0u;
+        for (; jj + 4u <= count; jj += 4u) {
+          let r = (cache0 + base + jj) * p.hd + d;
+          a += vec4<f32>(ps[jj], ps[jj + 1u], ps[jj + 2u], ps[jj + 3u]) *
+            vec4<f32>(vc[r], vc[r + p.hd], vc[r + 2u * p.hd], vc[r + 3u * p.hd]);
+        }
+        for (; jj < count; jj++) { a.x += ps[jj] * vc[(cache0 + base + jj) * p.hd + d]; }
+        acc[i] = acc[i] * corr + (a.x + a.y) + (a.z + a.w);
       }
     }
     m = m_new;
@@ -80,6 +95,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     if (d < p.hd) { out[(t * p.n_heads + h) * p.hd + d] = acc[i] / l; }
   }
 }`;
+}
 
 export interface AttentionDims {
   heads: number;
@@ -100,7 +116,7 @@ export function attentionCall(
     throw new RangeError(`heads (${d.heads}) must be a multiple of kv heads (${d.kvHeads})`);
   }
   const params = uniformBuffer(gpu, [d.heads, d.kvHeads, d.headDim, d.maxSeq, 1 / Math.sqrt(d.headDim)], [4]);
-  return kernelCall(gpu, pipeline(gpu, SOURCE), [
+  return kernelCall(gpu, pipeline(gpu, source(d.headDim % 4 === 0)), [
     params,
     bufs.step,
     bufs.qkv,

@@ -152,6 +152,8 @@ export interface KernelCall {
   workgroups: [number, number, number];
   /** The buffers bound, in binding order (uniform parameter buffers are owned by the call). */
   buffers: GPUBuffer[];
+  /** Other buffers the call owns (scratch space), freed with it by releaseCalls. */
+  owned?: GPUBuffer[];
   label?: string;
 }
 
@@ -184,6 +186,7 @@ export function encodeCalls(pass: GPUComputePassEncoder, calls: readonly KernelC
 export function releaseCalls(calls: Iterable<KernelCall>, keep?: GPUBuffer): void {
   for (const c of calls) {
     for (const b of c.buffers) if (b !== keep && (b.usage & GPUBufferUsage.UNIFORM) !== 0) b.destroy();
+    for (const b of c.owned ?? []) b.destroy();
   }
 }
 

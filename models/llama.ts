@@ -35,7 +35,7 @@ import {
   ropeInvFreq,
   ropeKvCall,
   ropeTable,
-  sampleCall,
+  sampleCalls,
   type SamplingOptions,
   siluMulCall,
   storageBuffer,
@@ -413,7 +413,7 @@ export class LlamaSequence {
       }
       if (output === "sample") {
         calls.push(
-          sampleCall(gpu, { step, logits: this.logits, tokens }, { vocab: d.V, ...this.opts.sampling }),
+          ...sampleCalls(gpu, { step, logits: this.logits, tokens }, { vocab: d.V, ...this.opts.sampling }),
         );
       }
     }

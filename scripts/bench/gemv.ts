@@ -22,9 +22,13 @@ const shapes: [number, number, number?][] = quick ? [[64, 64]] : [
     2048,
   ],
 ];
-const tunings = quick ? [{ team: 8, rows: 2, groups: 2 }] : [[16, 4], [32, 2], [64, 1], [128, 1]].flatMap((
-  [team, rows],
-) => [0].map((groups) => ({ team, rows, groups })));
+const sweep = Deno.args.includes("--sweep");
+// --sweep: also try a grid of team shapes (how defaultTuning's table was made).
+const tunings = quick
+  ? [{ team: 8, rows: 2 }]
+  : sweep
+  ? [[16, 4], [32, 2], [64, 1], [128, 1]].map(([team, rows]) => ({ team, rows }))
+  : [];
 const wt: WeightType = "f16";
 for (const [N, K, forceCopies] of shapes) {
   const bytes = N * K * 2;
@@ -51,9 +55,25 @@ for (const [N, K, forceCopies] of shapes) {
     rows[name] = Number((bytes / (ms / copies) / 1e6).toFixed(0));
   };
   if (gpu.hasF16) await time("plain", (w) => matmulCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt }));
+  // The RMSNorm-fused form (what qkv, gate/up and the head use) at the default tuning: its per-workgroup
+  // norm prologue is the price of saving a dispatch.
+  const nw = storageBuffer(gpu, K * 2);
+  await time("default", (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt }));
+  await time(
+    "default+rmsnorm",
+    (w) =>
+      gemvFusedCall(gpu, { x, w, y, normWeight: nw }, {
+        K,
+        N,
+        T: 1,
+        weights: wt,
+        transform: "rmsnorm",
+        eps: 1e-5,
+      }),
+  );
   for (const t of tunings) {
     await time(
-      `t${t.team}r${t.rows}g${t.groups ?? 0}`,
+      `t${t.team}r${t.rows}`,
       (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt, tuning: t }),
     );
   }

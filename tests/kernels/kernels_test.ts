@@ -16,7 +16,7 @@ import {
   ropeRef,
   ropeTable,
   runCalls,
-  sampleCall,
+  sampleCalls,
   sampleRef,
   siluMulCall,
   siluMulRef,
@@ -219,9 +219,10 @@ Deno.test(
       tokOut: number,
     ) {
       writeStep(g, step, { pos0: 0, T: 1, tokOut });
-      await runCalls(g, [
-        sampleCall(g, { step, logits: upload(g, logits), tokens }, { vocab: logits.length, ...o }),
-      ]);
+      await runCalls(
+        g,
+        sampleCalls(g, { step, logits: upload(g, logits), tokens }, { vocab: logits.length, ...o }),
+      );
       return (await readU32(g, tokens, 64))[tokOut];
     }
     // Greedy, ties resolved to the lowest index; sizes 1, odd, larger than the workgroup.
@@ -233,6 +234,16 @@ Deno.test(
           `argmax V=${V}`,
         );
       }
+    }
+    // Ties across the partial-argmax chunks (4096 logits each) resolve to the lowest index too.
+    const wide = new Float32Array(10000).fill(-1);
+    wide[9000] = wide[5000] = 2;
+    if ((await sample(wide, { temperature: 0, topP: 1, seed: 0 }, 2)) !== 5000) {
+      throw new Error("argmax tie across chunks");
+    }
+    wide[9999] = 3;
+    if ((await sample(wide, { temperature: 0, topP: 1, seed: 0 }, 2)) !== 9999) {
+      throw new Error("argmax last");
     }
     const tie = new Float32Array([0, 3, 1, 3, 3]);
     if ((await sample(tie, { temperature: 0, topP: 1, seed: 0 }, 2)) !== 1) throw new Error("argmax tie");
