@@ -15,6 +15,13 @@ import {
 } from "../kernels/mod.ts";
 import type { LlamaModel, LlamaSequence } from "./llama.ts";
 
+/**
+ * Readbacks in flight at once. Each takes >= 11 ms to come back (Deno's map polling), so with three the
+ * GPU still has two batches queued while the oldest is read; tokens computed past an eos are at most the
+ * last two batches, and they are discarded.
+ */
+const MAX_IN_FLIGHT = 3;
+
 export interface GenerateOptions {
   /** Most tokens to generate (>= 1). */
   maxTokens: number;
@@ -112,7 +119,7 @@ export async function generate(
     let stopReason: GenerateResult["stopReason"] = "max_tokens";
     let firstAt = 0, lastAt = 0;
     while (pending.length > 0) {
-      if (submitted < opts.maxTokens && pending.length < 2 && !opts.signal?.aborted) {
+      if (submitted < opts.maxTokens && pending.length < MAX_IN_FLIGHT && !opts.signal?.aborted) {
         const k = Math.min(batch, opts.maxTokens - submitted);
         submit(gpu, Array.from({ length: k }, () => decode).flat());
         pending.push(read(submitted, submitted + k));

@@ -13,6 +13,9 @@ export interface CoalescerOptions {
   highWaterBytes?: number;
 }
 
+/** Largest single write handed to the binding. */
+export const MAX_WRITE = 1024 * 1024;
+
 export class Coalescer {
   #queue: Uint8Array[] = [];
   #queued = 0;
@@ -65,22 +68,29 @@ export class Coalescer {
 
   #flush(): void {
     if (this.#writing || this.#queued === 0 || this.#failed) return;
-    const frames = this.#queue;
-    const total = this.#queued;
-    this.#queue = [];
-    this.#queued = 0;
-    this.#inFlight = total;
-    this.#writing = true;
-    // A preallocated loop is ~5x faster than Array.from for the Uint8Array -> Array<number> the binding needs.
+    // At most MAX_WRITE bytes per native write: converting to Array<number> and handing it to the binding
+    // blocks the event loop, so a 15 MB message written whole would stall membership pings for a second.
+    const total = Math.min(this.#queued, MAX_WRITE);
     const out = new Array<number>(total);
     let o = 0;
-    for (const f of frames) for (let i = 0; i < f.length; i++) out[o++] = f[i];
+    while (o < total) {
+      const f = this.#queue[0];
+      const take = Math.min(f.length, total - o);
+      // A preallocated loop is ~5x faster than Array.from for the Uint8Array -> Array<number> the binding needs.
+      for (let i = 0; i < take; i++) out[o++] = f[i];
+      if (take === f.length) this.#queue.shift();
+      else this.#queue[0] = f.subarray(take);
+    }
+    this.#queued -= total;
+    this.#inFlight = total;
+    this.#writing = true;
     this.sink(out).then(
       () => {
         this.#writing = false;
         this.#inFlight = 0;
         for (const w of this.#drainWaiters.splice(0)) w();
-        this.#flush();
+        // Let timers and other streams' work run between the pieces of a large message.
+        if (this.#queued > 0) setTimeout(() => this.#flush(), 0);
       },
       (e) => {
         this.#writing = false;
