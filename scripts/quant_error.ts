@@ -45,7 +45,10 @@ const SCHEMES: Record<string, Scheme> = {
   q4_1: q4Asym,
 };
 
-async function fakeQuantCopy(dir: string, scheme: Scheme): Promise<string> {
+/** A copy of the fixture `dir` whose matrices went through `scheme` and back to f32 (a temp dir). */
+export async function fakeQuantCopy(dir: string, schemeName: string): Promise<string> {
+  const scheme = SCHEMES[schemeName];
+  if (!scheme) throw new TypeError(`unknown scheme "${schemeName}"; known: ${Object.keys(SCHEMES)}`);
   const ckpt = await Checkpoint.open(dir);
   const out = await Deno.makeTempDir({ prefix: "swactor-quant-" });
   const tensors = [];
@@ -70,9 +73,7 @@ if (import.meta.main) {
   });
   for (const dir of positionals) {
     for (const name of values.schemes!.split(",")) {
-      const scheme = SCHEMES[name];
-      if (!scheme) throw new TypeError(`--schemes: unknown "${name}"; known: ${Object.keys(SCHEMES)}`);
-      const copy = await fakeQuantCopy(dir, scheme);
+      const copy = await fakeQuantCopy(dir, name);
       try {
         const r = await checkFixture(copy, { weights: "f32" });
         console.log(
