@@ -27,7 +27,8 @@ const gpu = await gpuOrSkip();
 const ignore = gpu === null;
 const TYPES: QuantType[] = ["q8", "q4"];
 
-function packed(t: QuantType, w: Float32Array, N: number, K: number) {
+function packed(t: QuantType | "f16", w: Float32Array, N: number, K: number) {
+  if (t === "f16") return { bytes: new Uint8Array(f32ToF16(w).buffer), deq: f16ToF32(f32ToF16(w)) };
   const q = quantize(w, { N, K }, t);
   return { bytes: q, deq: dequantize(q, { N, K }, t) };
 }
@@ -41,12 +42,13 @@ Deno.test(
     const shapes = [[1, 32, 1], [2, 64, 7], [3, 96, 33], [4, 2048, 5], [1, 128, 300]];
     let k = 0;
     for (const [T, K, N] of shapes) {
-      for (const t of TYPES) {
+      // f16 with f32 norms: a quantised model's fallback for a matrix whose rows are not a multiple of 32.
+      for (const t of [...TYPES, "f16"] as const) {
         for (const transform of ["none", "rmsnorm", "silu_mul"] as const) {
           const tuning = tunings[k++ % tunings.length];
           const accumulate = k % 2 === 0;
-          // Norm weights in f32 and (every other case) f16, as a quantised model's fallback may have.
-          const normWeights = k % 3 === 0 && g.hasF16 ? "f16" as const : "f32" as const;
+          // Norm weights in f32 and (every third quantised case) f16.
+          const normWeights = k % 3 === 0 && t !== "f16" ? "f16" as const : "f32" as const;
           const width = transform === "silu_mul" ? 2 * K : K;
           const x = randoms((T + 1) * width, k, 2);
           const w = packed(t, randoms(N * K, N + k, 0.5), N, K);
