@@ -70,7 +70,7 @@ for (const [N, K, forceCopies] of shapes) {
   for (const q of ["q8", "q4"] as QuantType[]) {
     for (const t of [undefined, ...tunings]) {
       await time(
-        `${q}_${t ? `t${t.team}r${t.rows}g${t.groups ?? 0}` : "default"}`,
+        `${q}_${t ? `t${t.team}r${t.rows}` : "default"}`,
         (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: q, tuning: t }),
         quantBytes(N, K, q),
       );
