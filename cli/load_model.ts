@@ -1,6 +1,6 @@
 // What generate and logits share: finding the model (a directory, or the built-in demo), opening it,
 // and putting its weights on the GPU with a progress bar.
-import { getGpu, type WeightType } from "../kernels/mod.ts";
+import { getGpu, type QuantType, type WeightType } from "../kernels/mod.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { LlamaModel } from "../models/llama.ts";
@@ -9,11 +9,14 @@ import { progressBar } from "./progress.ts";
 import { UsageError } from "./command.ts";
 
 export const WEIGHTS_HELP =
-  "  --weights f32|f16     weights on the GPU: f32 (exact, default) or f16 (half the memory, faster)";
+  "  --weights f32|f16|q8|q4  weights on the GPU: f32 (exact, default), f16 (half the memory, faster),\n" +
+  "                        q8 / q4 (8 / 4-bit groups of 32, quantised at load; see docs/KERNELS.md)";
 
-export function parseWeights(v: string | undefined): WeightType {
-  if (v === undefined || v === "f32" || v === "f16") return v ?? "f32";
-  throw new UsageError(`--weights expects f32 or f16, got "${v}"`);
+export type WeightsFlag = WeightType | QuantType;
+
+export function parseWeights(v: string | undefined): WeightsFlag {
+  if (v === undefined || v === "f32" || v === "f16" || v === "q8" || v === "q4") return v ?? "f32";
+  throw new UsageError(`--weights expects f32, f16, q8 or q4, got "${v}"`);
 }
 
 export interface LoadedModel {
@@ -25,7 +28,7 @@ export interface LoadedModel {
 /** Opens `dir` (or the demo model when undefined) and loads it onto this process's GPU. */
 export async function loadModel(
   dir: string | undefined,
-  opts: { weights: WeightType; tokenizer?: boolean },
+  opts: { weights: WeightsFlag; tokenizer?: boolean },
 ): Promise<LoadedModel> {
   if (dir === undefined) {
     console.error(

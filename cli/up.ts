@@ -13,7 +13,7 @@ export const up: Command = {
   summary: "start a node that leads a cluster and print its ticket",
   usage:
     `Usage: swactor up [--peers N] [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
-                  [--model DIR] [--plan FILE] [--weights f32|f16]
+                  [--model DIR] [--plan FILE] [--weights f32|f16|q8|q4]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
 stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves gracefully.
@@ -26,7 +26,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
                        \`generate\` on this machine then uses the cluster; \`status\` shows each stage
   --plan FILE          with --model: use this Plan JSON instead of planning (its stage nodes are mapped
                        onto the members in order); without --model it is only shown by \`status\`
-  --weights f32|f16    weights on the GPU (default f32)`,
+  --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)`,
   async run(argv) {
     const { values } = parseFlags(argv, {
       peers: { type: "string" },

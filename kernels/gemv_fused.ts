@@ -7,7 +7,7 @@
 // are read as vec4<u32> (8 halves, unpacked with unpack2x16float, so no shader-f16 is needed), f32 weights
 // as two vec4<f32>. A workgroup of 256 threads is split into teams of `team` threads, each team owning
 // `rows` rows, reduced in workgroup memory. Needs K % 8 == 0; matmul.ts's kernels stay the reference
-// and serve every other shape.
+// and serve every other shape. q8 / q4 weights (K % 32 == 0) use matmul_quant.ts's variant of this kernel.
 import {
   ceilDiv,
   type Gpu,
@@ -17,6 +17,8 @@ import {
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
+import { gemvQuantSource, quantUnit } from "./matmul_quant.ts";
+import { isQuant, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 
 export type InputTransform = "none" | "rmsnorm" | "silu_mul";
 
@@ -48,9 +50,10 @@ export function defaultTuning(K: number, N: number): GemvTuning {
   return { team, rows: 2 };
 }
 
-function source(wt: WeightType, f: InputTransform, tune: GemvTuning): string {
+function source(wt: WeightType, f: InputTransform, tune: GemvTuning, nwt: WeightType): string {
   const { team, rows } = tune;
   const f16 = wt === "f16";
+  const nf16 = nwt === "f16";
   // W8(i): the 8 weights of unit i as two vec4<f32>.
   const wDecl = f16 ? "array<vec4<u32>>" : "array<vec4<f32>>";
   const wLoad = f16
@@ -59,7 +62,7 @@ function source(wt: WeightType, f: InputTransform, tune: GemvTuning): string {
       let wb = vec4<f32>(unpack2x16float(wv.z), unpack2x16float(wv.w));`
     : `let wa = W[2u * i];
       let wb = W[2u * i + 1u];`;
-  const nwLoad = f16
+  const nwLoad = nf16
     ? `let nv = nw[j];
       let na = vec4<f32>(unpack2x16float(nv.x), unpack2x16float(nv.y));
       let nb = vec4<f32>(unpack2x16float(nv.z), unpack2x16float(nv.w));`
@@ -93,7 +96,7 @@ struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32 }
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> W: ${wDecl};
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-${f === "rmsnorm" ? `@group(0) @binding(4) var<storage, read> nw: ${wDecl};` : ""}
+${f === "rmsnorm" ? `@group(0) @binding(4) var<storage, read> nw: array<vec4<${nf16 ? "u32" : "f32"}>>;` : ""}
 const TH = ${THREADS}u;
 const TEAM = ${team}u;
 const R = ${rows}u;
@@ -151,7 +154,10 @@ export interface GemvFusedDims {
   T: number;
   accumulate?: boolean;
   xRow0?: number;
-  weights: WeightType;
+  /** Matrix storage; q8 / q4 need K % 32 == 0. */
+  weights: WeightType | QuantType;
+  /** Norm weight storage (transform "rmsnorm"). Default: `weights` when that is a float type, else f32. */
+  normWeights?: WeightType;
   transform?: InputTransform;
   /** RMSNorm epsilon (transform "rmsnorm"). */
   eps?: number;
@@ -169,14 +175,22 @@ export function gemvFusedCall(
   d: GemvFusedDims,
 ): KernelCall {
   if (!gemvFusedFits(d.K)) throw new RangeError(`fused GEMV needs K % 8 == 0, got K = ${d.K}`);
+  const wt = d.weights;
+  if (isQuant(wt) && !quantFits(d.K)) throw new RangeError(`${wt} weights need K % 32 == 0, got K = ${d.K}`);
+  const nwt = d.normWeights ?? (isQuant(wt) ? "f32" : wt);
   const f = d.transform ?? "none";
   if (f === "rmsnorm" && !bufs.normWeight) throw new TypeError("rmsnorm transform needs normWeight");
-  const tune = d.tuning ?? defaultTuning(d.K, d.N);
-  const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0, d.eps ?? 0], [5]);
+  // A quantised row is fewer 16-byte loads: tune it as the f16 row of as many loads (untuned on the H200).
+  const tune = d.tuning ?? defaultTuning(isQuant(wt) ? (d.K * 8) / quantUnit(wt) : d.K, d.N);
+  const soff = isQuant(wt) ? quantScaleWord(d.N, d.K, wt) : 0;
+  const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0, d.eps ?? 0, soff], [
+    5,
+  ]);
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const rowsPerGroup = (THREADS / tune.team) * tune.rows;
-  return kernelCall(gpu, pipeline(gpu, source(d.weights, f, tune)), buffers, [
+  const code = isQuant(wt) ? gemvQuantSource(wt, f, tune, nwt) : source(wt, f, tune, nwt);
+  return kernelCall(gpu, pipeline(gpu, code), buffers, [
     ceilDiv(d.N, rowsPerGroup),
     d.T,
   ], `gemv_${f}`);

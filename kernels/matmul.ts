@@ -1,6 +1,7 @@
 // y[t, n] (+)= sum_k x[t, k] * W[n, k]: every linear layer (W as the checkpoint stores it, [out, in]).
 // Two kernels: a GEMV for few rows (decode), reading each weight once per token with vec4 loads when
 // K % 4 == 0, and a 16x16 tiled matmul for prefill. `accumulate` adds into y (residual connections).
+// q8 / q4 weights go to the quantised GEMV (gemv_fused.ts) or tiled matmul (matmul_quant.ts).
 import {
   ceilDiv,
   type Gpu,
@@ -11,6 +12,9 @@ import {
   type WeightType,
   weightType,
 } from "./gpu.ts";
+import { gemvFusedCall } from "./gemv_fused.ts";
+import { tiledQuantSource } from "./matmul_quant.ts";
+import { isQuant, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 
 const GEMV_THREADS = 128;
 const GEMV_ROWS = 4;
@@ -123,7 +127,8 @@ export interface MatmulDims {
   accumulate?: boolean;
   /** First row of x to read (e.g. the last token of a chunk). Default 0. */
   xRow0?: number;
-  weights: WeightType;
+  /** Weight storage; q8 / q4 need K % 32 == 0. */
+  weights: WeightType | QuantType;
 }
 
 export function matmulCall(
@@ -131,18 +136,38 @@ export function matmulCall(
   bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
   d: MatmulDims,
 ): KernelCall {
+  const wt = d.weights;
+  if (isQuant(wt)) return quantMatmulCall(gpu, bufs, { ...d, weights: wt });
   const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0]);
   if (d.T <= GEMV_MAX_T) {
     const vec4 = d.K % 4 === 0;
     const tpr = gemvTeam(d.K, vec4);
-    const pipe = pipeline(gpu, gemvSource(d.weights, vec4, tpr));
+    const pipe = pipeline(gpu, gemvSource(wt, vec4, tpr));
     const rowsPerGroup = (GEMV_THREADS / tpr) * GEMV_ROWS;
     return kernelCall(gpu, pipe, [params, bufs.x, bufs.w, bufs.y], [ceilDiv(d.N, rowsPerGroup), d.T], "gemv");
   }
-  const pipe = pipeline(gpu, tiledSource(d.weights));
+  const pipe = pipeline(gpu, tiledSource(wt));
   return kernelCall(
     gpu,
     pipe,
+    [params, bufs.x, bufs.w, bufs.y],
+    [ceilDiv(d.N, 16), ceilDiv(d.T, 16)],
+    "matmul",
+  );
+}
+
+function quantMatmulCall(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
+  d: MatmulDims & { weights: QuantType },
+): KernelCall {
+  if (!quantFits(d.K)) throw new RangeError(`${d.weights} weights need K % 32 == 0, got K = ${d.K}`);
+  if (d.T <= GEMV_MAX_T) return gemvFusedCall(gpu, bufs, d);
+  const soff = quantScaleWord(d.N, d.K, d.weights);
+  const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0, soff]);
+  return kernelCall(
+    gpu,
+    pipeline(gpu, tiledQuantSource(d.weights)),
     [params, bufs.x, bufs.w, bufs.y],
     [ceilDiv(d.N, 16), ceilDiv(d.T, 16)],
     "matmul",

@@ -28,8 +28,12 @@ import {
   gemvFusedCall,
   gemvFusedFits,
   type Gpu,
+  isQuant,
   type KernelCall,
   matmulCall,
+  quantFits,
+  quantize,
+  type QuantType,
   releaseCalls,
   rmsnormCall,
   ropeInvFreq,
@@ -44,8 +48,12 @@ import {
 } from "../kernels/mod.ts";
 
 export interface LoadOptions {
-  /** Weight storage on the GPU. Default "f32" (exact against the fixtures); "f16" needs shader-f16. */
-  weights?: WeightType;
+  /**
+   * Weight storage on the GPU. Default "f32" (exact against the fixtures); "f16" needs shader-f16.
+   * "q8" / "q4" quantise every matrix at load (kernels/quant.ts), norms staying f32; a matrix whose rows
+   * are not a multiple of 32 stays f16 (f32 without shader-f16).
+   */
+  weights?: WeightType | QuantType;
   /** Layers [start, end) this stage runs. Default: all. */
   layers?: [number, number];
   /** Whether this stage embeds tokens (the first stage). Default: layers start at 0. */
@@ -122,7 +130,11 @@ export class LlamaModel {
     readonly gpu: Gpu,
     readonly config: LlamaConfig,
     readonly dims: LlamaDims,
-    readonly weightType: WeightType,
+    /** The weight storage asked for (a matrix may differ: see typeOf). */
+    readonly weightType: WeightType | QuantType,
+    /** Storage of the norm weights. */
+    readonly normType: WeightType,
+    private readonly types: Map<GPUBuffer, WeightType | QuantType>,
     readonly layerRange: [number, number],
     readonly embedTable: GPUBuffer | null,
     readonly layers: LayerWeights[],
@@ -136,6 +148,13 @@ export class LlamaModel {
   /** Whether this stage embeds tokens (the first stage); otherwise it takes hidden states in `x`. */
   get hasEmbed(): boolean {
     return this.embeds;
+  }
+
+  /** How a weight buffer of this model is stored. */
+  typeOf(buf: GPUBuffer): WeightType | QuantType {
+    const t = this.types.get(buf);
+    if (!t) throw new Error(`buffer ${buf.label} is not one of this model's weights`);
+    return t;
   }
 
   /** Reads this stage's tensors (only their byte ranges) and uploads them. */
@@ -165,15 +184,24 @@ export class LlamaModel {
     const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
     let done = 0;
     let gpuBytes = 0;
-    const read = async (names: string[]): Promise<GPUBuffer> => {
-      const parts = await Promise.all(names.map((n) => wt === "f16" ? ckpt.readF16(n) : ckpt.readF32(n)));
+    const types = new Map<GPUBuffer, WeightType | QuantType>();
+    const normType: WeightType = isQuant(wt) ? "f32" : wt;
+    const floatType: WeightType = gpu.hasF16 ? "f16" : "f32";
+    // Matrices (rows of K) in the asked storage; norms (no K) in normType.
+    const read = async (names: string[], K?: number): Promise<GPUBuffer> => {
+      const as = K === undefined ? normType : !isQuant(wt) ? wt : quantFits(K) ? wt : floatType;
+      const f16 = as === "f16";
+      const parts = await Promise.all(names.map((n) => f16 ? ckpt.readF16(n) : ckpt.readF32(n)));
       const length = parts.reduce((s, p) => s + p.length, 0);
-      const all = wt === "f16" ? new Uint16Array(length) : new Float32Array(length);
+      let all: Uint16Array | Float32Array | Uint8Array = f16
+        ? new Uint16Array(length)
+        : new Float32Array(length);
       let at = 0;
       for (const p of parts) {
         all.set(p, at);
         at += p.length;
       }
+      if (isQuant(as)) all = quantize(all as Float32Array, { N: length / K!, K: K! }, as);
       if (all.byteLength > maxBinding) {
         throw new RangeError(
           `${names.join("+")} needs ${all.byteLength} bytes on the GPU, above ${gpu.adapterName}'s largest ` +
@@ -183,12 +211,14 @@ export class LlamaModel {
       for (const n of names) done += ckpt.info(n).end - ckpt.info(n).begin;
       gpuBytes += all.byteLength;
       const buf = uploadBuffer(gpu, all, names[0]);
+      types.set(buf, as);
       opts.onProgress?.(done, total);
       return buf;
     };
-    // Norm weights stay in the weight type too; they are tiny either way.
+    // Norm weights stay in the weight type too (f32 when quantised); they are tiny either way. A tied
+    // embedding table is the head too, the largest matrix: it is quantised like the others.
     const embedTable = embed || (head && c.tieWordEmbeddings)
-      ? await read(["model.embed_tokens.weight"])
+      ? await read(["model.embed_tokens.weight"], d.H)
       : null;
     const lw: LayerWeights[] = [];
     for (let i = layers[0]; i < layers[1]; i++) {
@@ -199,16 +229,30 @@ export class LlamaModel {
           `${p}self_attn.q_proj.weight`,
           `${p}self_attn.k_proj.weight`,
           `${p}self_attn.v_proj.weight`,
-        ]),
-        o: await read([`${p}self_attn.o_proj.weight`]),
+        ], d.H),
+        o: await read([`${p}self_attn.o_proj.weight`], d.nH * d.hd),
         postNorm: await read([`${p}post_attention_layernorm.weight`]),
-        gateUp: await read([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`]),
-        down: await read([`${p}mlp.down_proj.weight`]),
+        gateUp: await read([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], d.H),
+        down: await read([`${p}mlp.down_proj.weight`], d.I),
       });
     }
     const finalNorm = head ? await read(["model.norm.weight"]) : null;
-    const lmHead = head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"])) : null;
-    return new LlamaModel(gpu, c, d, wt, layers, embedTable, lw, finalNorm, lmHead, gpuBytes, embed);
+    const lmHead = head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"], d.H)) : null;
+    return new LlamaModel(
+      gpu,
+      c,
+      d,
+      wt,
+      normType,
+      types,
+      layers,
+      embedTable,
+      lw,
+      finalNorm,
+      lmHead,
+      gpuBytes,
+      embed,
+    );
   }
 
   /** Whether this stage ends in the head and sampler. */
@@ -315,7 +359,9 @@ export class LlamaSequence {
     const key = `${T}/${output}/${embed}`;
     let calls = this.programs.get(key);
     if (calls) return calls;
-    const { gpu, dims: d, config: c, weightType: weights } = this.model;
+    const { gpu, dims: d, config: c, normType: normWeights } = this.model;
+    // Each matrix's own storage (a quantised model keeps some in floats); norms in normWeights.
+    const wt = (b: GPUBuffer) => this.model.typeOf(b);
     const { step, x, tokens } = this;
     const { xn, qkv, att, gu, a } = this.act;
     calls = [];
@@ -326,7 +372,7 @@ export class LlamaSequence {
           hidden: d.H,
           vocab: d.V,
           T,
-          weights,
+          weights: wt(this.model.embedTable),
         }),
       );
     }
@@ -346,7 +392,8 @@ export class LlamaSequence {
             K: d.H,
             N: d.qkvDim,
             T,
-            weights,
+            weights: wt(l.qkv),
+            normWeights,
             transform: "rmsnorm",
             eps,
           }),
@@ -356,13 +403,14 @@ export class LlamaSequence {
             N: d.H,
             T,
             accumulate: true,
-            weights,
+            weights: wt(l.o),
           }),
           gemvFusedCall(gpu, { x, w: l.gateUp, y: gu, normWeight: l.postNorm }, {
             K: d.H,
             N: 2 * d.I,
             T,
-            weights,
+            weights: wt(l.gateUp),
+            normWeights,
             transform: "rmsnorm",
             eps,
           }),
@@ -371,21 +419,33 @@ export class LlamaSequence {
             N: d.H,
             T,
             accumulate: true,
-            weights,
+            weights: wt(l.down),
             transform: "silu_mul",
           }),
         );
         return;
       }
       calls!.push(
-        rmsnormCall(gpu, { x, w: l.inputNorm, y: xn }, { hidden: d.H, rows: T, eps, weights }),
-        matmulCall(gpu, { x: xn, w: l.qkv, y: qkv }, { K: d.H, N: d.qkvDim, T, weights }),
+        rmsnormCall(gpu, { x, w: l.inputNorm, y: xn }, { hidden: d.H, rows: T, eps, weights: normWeights }),
+        matmulCall(gpu, { x: xn, w: l.qkv, y: qkv }, { K: d.H, N: d.qkvDim, T, weights: wt(l.qkv) }),
         ...attention,
-        matmulCall(gpu, { x: att, w: l.o, y: x }, { K: d.nH * d.hd, N: d.H, T, accumulate: true, weights }),
-        rmsnormCall(gpu, { x, w: l.postNorm, y: xn }, { hidden: d.H, rows: T, eps, weights }),
-        matmulCall(gpu, { x: xn, w: l.gateUp, y: gu }, { K: d.H, N: 2 * d.I, T, weights }),
+        matmulCall(gpu, { x: att, w: l.o, y: x }, {
+          K: d.nH * d.hd,
+          N: d.H,
+          T,
+          accumulate: true,
+          weights: wt(l.o),
+        }),
+        rmsnormCall(gpu, { x, w: l.postNorm, y: xn }, { hidden: d.H, rows: T, eps, weights: normWeights }),
+        matmulCall(gpu, { x: xn, w: l.gateUp, y: gu }, { K: d.H, N: 2 * d.I, T, weights: wt(l.gateUp) }),
         siluMulCall(gpu, { gu, a }, { intermediate: d.I, T }),
-        matmulCall(gpu, { x: a, w: l.down, y: x }, { K: d.I, N: d.H, T, accumulate: true, weights }),
+        matmulCall(gpu, { x: a, w: l.down, y: x }, {
+          K: d.I,
+          N: d.H,
+          T,
+          accumulate: true,
+          weights: wt(l.down),
+        }),
       );
     });
     if (output !== "hidden") {
@@ -400,15 +460,27 @@ export class LlamaSequence {
             N: d.V,
             T: rows,
             xRow0: srcRow0,
-            weights,
+            weights: wt(lmHead),
+            normWeights,
             transform: "rmsnorm",
             eps,
           }),
         );
       } else {
         calls.push(
-          rmsnormCall(gpu, { x, w: finalNorm, y: xn }, { hidden: d.H, rows, eps, srcRow0, weights }),
-          matmulCall(gpu, { x: xn, w: lmHead, y: this.logits }, { K: d.H, N: d.V, T: rows, weights }),
+          rmsnormCall(gpu, { x, w: finalNorm, y: xn }, {
+            hidden: d.H,
+            rows,
+            eps,
+            srcRow0,
+            weights: normWeights,
+          }),
+          matmulCall(gpu, { x: xn, w: lmHead, y: this.logits }, {
+            K: d.H,
+            N: d.V,
+            T: rows,
+            weights: wt(lmHead),
+          }),
         );
       }
       if (output === "sample") {

@@ -5,6 +5,7 @@ import {
   encodeCalls,
   getGpu,
   type Gpu,
+  type QuantType,
   readBack,
   type WeightType,
   writeBytes,
@@ -109,9 +110,9 @@ function submit(gpu: Gpu, calls: Parameters<typeof encodeCalls>[1]): void {
 /** The StageLoader for Llama checkpoints: reads only the role's tensors onto this process's GPU. */
 export const loadLlamaStage: StageLoader = async (role, opts) => {
   const ckpt = await Checkpoint.open(opts.model.dir);
-  const weights = opts.model.weights as WeightType;
-  if (weights !== "f32" && weights !== "f16") {
-    throw new TypeError(`weights must be f32 or f16, got "${weights}"`);
+  const weights = opts.model.weights as WeightType | QuantType;
+  if (!["f32", "f16", "q8", "q4"].includes(weights)) {
+    throw new TypeError(`weights must be f32, f16, q8 or q4, got "${weights}"`);
   }
   const llama = await LlamaModel.load(await getGpu(), ckpt, {
     weights,

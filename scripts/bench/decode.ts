@@ -1,6 +1,8 @@
 // Decode benchmark (issue 6): our prefill and decode tok/s at batch 1 on a Llama-3.2-1B-shaped model
-// with random weights, greedy, 32-token prompt, 128 new tokens; one JSON line per weight type.
-//   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32]
+// with random weights, greedy, 32-token prompt, 128 new tokens; one JSON line per weight type. Each line
+// also has the prompt's teacher-forced logits error against the first weight type's (the float path when
+// that is f16 or f32): worst row's max |error| / max |logit|, the fixtures' measure.
+//   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 // On the GPU machine scripts/device/h200.sh runs it next to transformers (scripts/bench/hf_decode.py)
 // so the ratio comes from one run. On the software adapter use --shape demo (slow but it runs).
 import { parseArgs } from "node:util";
@@ -8,7 +10,8 @@ import { encodeCalls, getGpu, writeStep } from "../../kernels/mod.ts";
 import { gpuMs } from "./gpu_timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { DEMO_CONFIG_JSON } from "../../models/demo.ts";
-import { generate } from "../../models/generate.ts";
+import { generate, teacherForcedLogits } from "../../models/generate.ts";
+import { worstRowError } from "../check_fixture.ts";
 import { LlamaModel } from "../../models/llama.ts";
 import { ensureRandomLlama, LLAMA_3_2_1B } from "./random_llama.ts";
 
@@ -37,9 +40,13 @@ const gpu = await getGpu();
 const ckpt = await Checkpoint.open(dir);
 const P = Number(values.prompt), N = Number(values.new);
 const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
-for (const weights of values.weights!.split(",") as ("f16" | "f32")[]) {
+let baseline: { weights: string; logits: Float32Array } | undefined;
+for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4")[]) {
   if (weights === "f16" && !gpu.hasF16) continue;
   const model = await LlamaModel.load(gpu, ckpt, { weights });
+  const logits = await teacherForcedLogits(model, prompt);
+  baseline ??= { weights, logits };
+  const logitsError = worstRowError(logits, baseline.logits, ckpt.config.vocabSize);
   const results = [];
   for (let r = 0; r < Number(values.runs); r++) {
     const res = await generate(model, prompt, {
@@ -90,6 +97,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32")[]) {
     cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
     gpu_ms_by_kernel: byKernel,
     weight_bytes: model.weightBytes,
+    [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
   }));
   model.destroy();
 }

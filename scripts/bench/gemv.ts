@@ -1,9 +1,18 @@
 // GEMV microbenchmark at Llama 3.2 1B's shapes: GB/s of weight reads for the plain kernel (matmul.ts)
 // and the fused kernel (gemv_fused.ts) at several tunings, timed with GPU timestamps, rotating over
 // weight copies so the 50 MB L2 does not flatter small shapes. torch's number comes from
-// scripts/bench/torch_gemv.py in the same device run.
+// scripts/bench/torch_gemv.py in the same device run. The q8 / q4 rows (each tuning, and the default)
+// count their own bytes (8.5 / 4.5 bits a weight), so their GB/s compare with f16's directly.
 //   deno run -A scripts/bench/gemv.ts [--quick]
-import { gemvFusedCall, getGpu, matmulCall, storageBuffer, type WeightType } from "../../kernels/mod.ts";
+import {
+  gemvFusedCall,
+  getGpu,
+  matmulCall,
+  quantBytes,
+  type QuantType,
+  storageBuffer,
+  type WeightType,
+} from "../../kernels/mod.ts";
 import { gpuMs } from "./gpu_timer.ts";
 
 const gpu = await getGpu();
@@ -48,11 +57,11 @@ for (const [N, K, forceCopies] of shapes) {
   // timings, and time ~30 ms of work per variant, or the first variants measure the clock ramp.
   const warm = [matmulCall(gpu, { x, w: ws[0], y }, { K, N, T: 1, weights: "f32" })];
   for (let spent = 0; !quick && spent < 500;) spent += (await gpuMs(gpu, warm, 50)) * 50;
-  const time = async (name: string, make: (w: GPUBuffer) => ReturnType<typeof matmulCall>) => {
+  const time = async (name: string, make: (w: GPUBuffer) => ReturnType<typeof matmulCall>, read = bytes) => {
     const calls = ws.map(make);
     const once = await gpuMs(gpu, calls, 2);
     const ms = await gpuMs(gpu, calls, quick ? 1 : Math.max(2, Math.round(30 / once)));
-    rows[name] = Number((bytes / (ms / copies) / 1e6).toFixed(0));
+    rows[name] = Number((read / (ms / copies) / 1e6).toFixed(0));
   };
   if (gpu.hasF16) await time("plain", (w) => matmulCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt }));
   // The RMSNorm-fused form (what qkv, gate/up and the head use) at the default tuning: its per-workgroup
@@ -77,7 +86,20 @@ for (const [N, K, forceCopies] of shapes) {
       (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt, tuning: t }),
     );
   }
-  const best = Object.entries(rows).reduce((a, b) => (b[1] > a[1] ? b : a));
+  // The f16 buffers are big enough for the quantised layouts; their bytes decode to finite weights.
+  for (const q of ["q8", "q4"] as QuantType[]) {
+    for (const t of [undefined, ...tunings]) {
+      await time(
+        `${q}_${t ? `t${t.team}r${t.rows}` : "default"}`,
+        (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: q, tuning: t }),
+        quantBytes(N, K, q),
+      );
+    }
+  }
+  const best = Object.entries(rows).filter(([k]) => !k.startsWith("q")).reduce((
+    a,
+    b,
+  ) => (b[1] > a[1] ? b : a));
   console.log(
     JSON.stringify({
       bench: "gemv",

@@ -3,7 +3,7 @@
 # fixtures' generator copied to .gpu/fixtures/ (scripts/device/prepare.sh does both):
 #   source .gpu/on-device.sh; bash scripts/device/h200.sh
 # 1. regenerates the Llama fixtures (+ variants) with transformers there (it has torch), 2. checks every
-# one through the CLI with f32 and f16 weights, 3. runs the kernel and CLI tests on the H200,
+# one through the CLI with f32, f16, q8 and q4 weights, 3. runs the kernel and CLI tests on the H200,
 # 4. the decode benchmark next to transformers. Logs go to $OUT.
 set -uo pipefail
 export XDG_RUNTIME_DIR=/tmp/xdg; mkdir -p -m 700 $XDG_RUNTIME_DIR
@@ -16,11 +16,13 @@ python3 scripts/fixtures/make_llama_variants.py .gpu/fixtures $fx 2>&1 | tail -3
 echo "== fixtures through the CLI on the H200"
 deno run -A scripts/check_fixture.ts $fx/llama* --weights f32 2>&1 | tee "$OUT/fixtures_f32.txt"
 deno run -A scripts/check_fixture.ts $fx/llama* --weights f16 2>&1 | tee "$OUT/fixtures_f16.txt"
+deno run -A scripts/check_fixture.ts $fx/llama* --weights q8 2>&1 | tee "$OUT/fixtures_q8.txt"
+deno run -A scripts/check_fixture.ts $fx/llama* --weights q4 2>&1 | tee "$OUT/fixtures_q4.txt"
 echo "== tests on the H200"
 SWACTOR_FIXTURES=$fx deno test -A tests/kernels tests/cli/generate_test.ts 2>&1 | grep -E "passed|failed|FAIL|skipped" | tee "$OUT/tests.txt"
 echo "== GEMV microbenchmark (ours, then torch)"
 deno run -A scripts/bench/gemv.ts 2>&1 | tee "$OUT/gemv.txt"
 python3 scripts/bench/torch_gemv.py 2>&1 | tee -a "$OUT/gemv.txt"
 echo "== decode benchmark"
-deno run -A scripts/bench/decode.ts --dir /tmp/llama1b 2>&1 | tee "$OUT/bench.txt"
+deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q8,q4 2>&1 | tee "$OUT/bench.txt"
 python3 scripts/bench/hf_decode.py /tmp/llama1b 2>&1 | grep -E "^\{|Error" | tee -a "$OUT/bench.txt"
