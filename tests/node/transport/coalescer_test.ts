@@ -7,7 +7,10 @@ function bytes(n: number, seed: number): Uint8Array {
 
 Deno.test("small frames queued in one tick go out as one write, in order", async () => {
   const writes: number[][] = [];
-  const c = new Coalescer(async (b) => void writes.push(b), () => {});
+  const c = new Coalescer((b) => {
+    writes.push(b);
+    return Promise.resolve();
+  }, () => {});
   const frames = [bytes(10, 1), bytes(20, 2), bytes(5, 3)];
   for (const f of frames) void c.enqueue(f);
   await new Promise((r) => setTimeout(r, 10));
@@ -18,7 +21,10 @@ Deno.test("small frames queued in one tick go out as one write, in order", async
 Deno.test("a large message is written in pieces of at most MAX_WRITE, and timers run between them", async () => {
   const writes: number[][] = [];
   let timerRanAt = -1;
-  const c = new Coalescer(async (b) => void writes.push(b), () => {});
+  const c = new Coalescer((b) => {
+    writes.push(b);
+    return Promise.resolve();
+  }, () => {});
   const big = bytes(3 * MAX_WRITE + 123, 7);
   const small = bytes(100, 9);
   setTimeout(() => (timerRanAt = writes.length), 0);
