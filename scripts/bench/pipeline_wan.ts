@@ -174,6 +174,14 @@ try {
     }
   }
   await writer.write(new TextEncoder().encode(JSON.stringify({ quit: true }) + "\n"));
+  // Everything crossed a relay (the namespaces have no other route); show where the datagrams went.
+  const hopPairs = new Set(order.map((a, k) => `${a}-${order[(k + 1) % order.length]}`));
+  const count = (hop: boolean) =>
+    topo.stats().filter((r) =>
+      (hopPairs.has(`${r.from}-${r.to}`) || hopPairs.has(`${r.to}-${r.from}`)) === hop
+    )
+      .reduce((acc, r) => acc + r.up.delivered + r.down.delivered, 0);
+  log(`relay datagrams delivered: ${count(true)} on the stage hops, ${count(false)} between other pairs`);
   const expected = reference.tokens.slice(reference.prompt_length);
   const report = runsTable(runs, { single, expected });
   console.log(report.markdown);
