@@ -102,12 +102,15 @@ async function spawn(i: number, argv: string[]): Promise<Deno.ChildProcess> {
 }
 
 async function shutdown(): Promise<void> {
-  for (const c of children) {
-    try {
-      c.kill("SIGTERM");
-    } catch { /* gone */ }
-  }
-  const killer = setTimeout(() => children.forEach((c) => c.kill("SIGKILL")), 5000);
+  const signal = (s: Deno.Signal) => {
+    for (const c of children) {
+      try {
+        c.kill(s);
+      } catch { /* gone */ }
+    }
+  };
+  signal("SIGTERM");
+  const killer = setTimeout(() => signal("SIGKILL"), 5000);
   await Promise.allSettled(children.map((c) => c.status));
   clearTimeout(killer);
   await topo.close();
