@@ -4,6 +4,7 @@ import { createApp, nodeServices, serveApi } from "../node/api/mod.ts";
 import { startNode, type SwactorNode } from "../node/node.ts";
 import { presets } from "../node/membership/mod.ts";
 import { UsageError } from "./command.ts";
+import { dialTableFromEnv } from "./dial_table.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
 
 export interface NodeProcessOptions {
@@ -30,7 +31,12 @@ export function membershipPreset(name: string | undefined) {
 
 export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> {
   const config = membershipPreset(opts.membership);
-  const node = await startNode({ secret: opts.secret, listen: opts.listen, membership: config });
+  const node = await startNode({
+    secret: opts.secret,
+    listen: opts.listen,
+    membership: config,
+    dialOverrides: await dialTableFromEnv(),
+  });
   let stop!: () => void;
   const stopped = new Promise<void>((r) => (stop = r));
   const api = serveApi(

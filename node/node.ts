@@ -22,6 +22,8 @@ export interface NodeOptions extends DescribeOptions {
   membership?: MembershipConfig;
   /** Log sink (default: warnings to stderr). */
   log?: Log;
+  /** Peer address -> address to dial instead (a test/bench hook; see IrohTransportOptions). Default none. */
+  dialOverrides?: ReadonlyMap<string, string>;
 }
 
 export interface SwactorNode {
@@ -41,6 +43,7 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     bindAddr: opts.listen,
     preset: opts.preset,
     log: opts.log,
+    dialOverrides: opts.dialOverrides,
   });
   const meta = await describeNode(transport.self.addrs, opts);
   // The incarnation starts at the wall clock in seconds, so a restarted node (same identity) outranks the

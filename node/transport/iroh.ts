@@ -42,6 +42,13 @@ export interface IrohTransportOptions {
   flushBytes?: number;
   /** Log sink (default: warnings to stderr). */
   log?: Log;
+  /**
+   * Dial overrides, a test/bench hook (default: none): a peer direct address ("ip:port", as membership
+   * gossips it) maps to the address dialed instead, e.g. a WAN-emulation relay in front of that peer
+   * (docs/WAN.md). Keyed by address rather than peer id because ids exist only once the nodes have
+   * started, while their addresses can be fixed beforehand. Addresses without an entry are dialed as given.
+   */
+  dialOverrides?: ReadonlyMap<string, string>;
 }
 
 export class IrohTransport implements Transport {
@@ -126,7 +133,7 @@ export class IrohTransport implements Transport {
   async #doDial(to: PeerAddr, errors: string[] = []): Promise<IrohLink | undefined> {
     let conn: Connection | undefined;
     try {
-      const addr = new EndpointAddr(EndpointId.fromString(to.id), null, to.addrs);
+      const addr = new EndpointAddr(EndpointId.fromString(to.id), null, this.#dialAddrs(to));
       conn = await withTimeout<Connection>(
         this.endpoint.connect(addr, ALPN),
         this.opts.dialTimeoutMs ?? 5000,
@@ -156,13 +163,18 @@ export class IrohTransport implements Transport {
       const refused = e instanceof HandshakeError;
       this.#log(
         refused ? "warn" : "info",
-        `dial ${to.id.slice(0, 10)} (${to.addrs.join(",")}) failed: ${why}`,
+        `dial ${to.id.slice(0, 10)} (${this.#dialAddrs(to).join(",")}) failed: ${why}`,
       );
       try {
         conn?.close(1n, Array.from(new TextEncoder().encode(why.slice(0, 100))));
       } catch { /* closed */ }
       return undefined;
     }
+  }
+
+  #dialAddrs(to: PeerAddr): string[] {
+    const table = this.opts.dialOverrides;
+    return table ? to.addrs.map((a) => table.get(a) ?? a) : to.addrs;
   }
 
   async #acceptLoop(): Promise<void> {

@@ -31,10 +31,10 @@ export interface LinkSpec {
   seed?: number;
 }
 
-/** The state of one link direction. Create with `createLink`; advance only through `admit`. */
+/** The state of one link direction. Create with `createLink`; advance only through `admit` and `retuneLink`. */
 export interface LinkState {
   readonly kind: "link";
-  readonly spec: Readonly<Required<LinkSpec>>;
+  spec: Readonly<Required<LinkSpec>>;
   /** Uniform [0, 1) draws for loss and jitter. */
   readonly random: () => number;
   /** Theoretical arrival time of the token bucket (GCRA), ms on the caller's clock. */
@@ -104,6 +104,16 @@ export function createLink(spec: LinkSpec = {}, options: CreateLinkOptions = {})
     lostPackets: 0,
     queueDrops: 0,
   };
+}
+
+/**
+ * Changes a live link's behaviour from now on (e.g. a benchmark that sweeps the delay on one set of
+ * connections). The queue, FIFO and counter state carry over, and so does the random stream: the new spec's
+ * `seed` is ignored. Datagrams already admitted keep their delivery times; with `reorder` false, a lower
+ * delay takes effect once those have arrived.
+ */
+export function retuneLink(link: LinkState, spec: LinkSpec): void {
+  link.spec = normalizeLink(spec);
 }
 
 /** Decides the fate of a datagram of `bytes` bytes that enters the link at `nowMs`, updating `link`. */

@@ -13,7 +13,7 @@
 // veth address, where the relays it dials listen) and `otherPairs: {}` so that non-neighbours, which
 // have no route to each other, still reach each other (through a perfect link).
 
-import { createLink, type LinkSpec } from "./link.ts";
+import { createLink, type LinkSpec, type LinkState, retuneLink } from "./link.ts";
 import { type Relay, type RelayStats, startRelay } from "./relay.ts";
 import { parseSocketAddr } from "./socket_addr.ts";
 
@@ -60,6 +60,12 @@ export interface Topology {
   /** `dial[from][to]` as `dialAddr(from, to)`; the diagonal holds each node's own address. */
   readonly dial: readonly (readonly string[])[];
   readonly relays: readonly TopologyRelay[];
+  /**
+   * Retunes the link between `a` and `b` in place (both dial directions; `spec` is a -> b, `reverse` b -> a,
+   * default `spec`): open connections keep their relays and see the new behaviour at once. Throws
+   * RangeError when the pair has no link (dials it directly).
+   */
+  setLink(a: number, b: number, spec: LinkSpec, reverse?: LinkSpec): void;
   /** Counters of every relay, in `relays` order. */
   stats(): (RelayStats & { from: number; to: number })[];
   /** Closes every relay. */
@@ -104,11 +110,13 @@ export async function startTopology(
     }
   }
   const relays: TopologyRelay[] = [];
+  const states = new Map<string, { a: number; ab: LinkState; ba: LinkState }>();
   try {
     for (const [k, l] of all.entries()) {
       // Distinct random streams per link and direction, even when every link shares one spec and seed.
       const ab = createLink(l.spec, { stream: 2 * k });
       const ba = createLink(l.reverse ?? l.spec, { stream: 2 * k + 1 });
+      states.set(`${Math.min(l.a, l.b)}-${Math.max(l.a, l.b)}`, { a: l.a, ab, ba });
       const toB = await startRelay({ target: nodes[l.b], listen: hostFor(l.a), up: ab, down: ba });
       relays.push({ from: l.a, to: l.b, relay: toB });
       const toA = await startRelay({ target: nodes[l.a], listen: hostFor(l.b), up: ba, down: ab });
@@ -129,6 +137,13 @@ export async function startTopology(
         throw new RangeError(`no node pair ${from} -> ${to} among ${nodes.length} nodes`);
       }
       return addr;
+    },
+    setLink: (a, b, spec, reverse) => {
+      const link = states.get(`${Math.min(a, b)}-${Math.max(a, b)}`);
+      if (!link) throw new RangeError(`nodes ${a} and ${b} have no link to retune`);
+      const [fwd, back] = link.a === a ? [link.ab, link.ba] : [link.ba, link.ab];
+      retuneLink(fwd, spec);
+      retuneLink(back, reverse ?? spec);
     },
     stats: () => relays.map((r) => ({ from: r.from, to: r.to, ...r.relay.stats() })),
     close: async () => {

@@ -115,3 +115,27 @@ Deno.test("iroh: two peers dialing each other at once both deliver and settle on
     await close();
   }
 });
+
+Deno.test("iroh: dialOverrides sends a dial for a gossiped address to the address in the table", async () => {
+  const secret = newSecret();
+  const b = await createIrohTransport({ secret, log: () => {} });
+  // 192.0.2.0/24 is TEST-NET-1: never routed, so a dial that reaches b went to the override.
+  const gossiped = "192.0.2.1:7400";
+  const a = await createIrohTransport({
+    secret,
+    dialTimeoutMs: 500,
+    log: () => {},
+    dialOverrides: new Map([[gossiped, b.self.addrs[0]]]),
+  });
+  const plain = await createIrohTransport({ secret, dialTimeoutMs: 500, log: () => {} });
+  const got: string[] = [];
+  b.onMessage((from, msg) => got.push(`${from.id} ${new TextDecoder().decode(msg)}`));
+  try {
+    assert.equal(await plain.send({ id: b.self.id, addrs: [gossiped] }, enc("lost")), false);
+    assert.ok(await a.send({ id: b.self.id, addrs: [gossiped] }, enc("via table")));
+    await until(() => got.length === 1);
+    assert.deepEqual(got, [`${a.self.id} via table`]);
+  } finally {
+    await Promise.all([a.close(), b.close(), plain.close()]);
+  }
+});

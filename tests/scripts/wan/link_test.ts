@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { admit, createLink, normalizeLink } from "../../../scripts/wan/link.ts";
+import { admit, createLink, normalizeLink, retuneLink } from "../../../scripts/wan/link.ts";
 
 function deliverAt(v: ReturnType<typeof admit>): number {
   if (v.dropped !== null) throw new Error(`expected delivery, got drop (${v.dropped})`);
@@ -89,4 +89,16 @@ Deno.test("bad specs are rejected with the field named", () => {
   });
   assert.throws(() => normalizeLink({ seed: 1.5 }), { name: "TypeError", message: /seed/ });
   assert.deepEqual(normalizeLink({ rateBytesPerSec: 1e7 }).queueBytes, 500_000);
+});
+
+Deno.test("retuning a link changes later datagrams only, and keeps FIFO order across the change", () => {
+  const link = createLink({ delayMs: 25 });
+  assert.equal(deliverAt(admit(link, 0, 100)), 25);
+  retuneLink(link, { delayMs: 10 });
+  assert.equal(link.spec.delayMs, 10);
+  // Sent at 5 ms: 15 ms by the new delay, but it may not overtake the datagram due at 25 ms.
+  assert.equal(deliverAt(admit(link, 5, 100)), 25);
+  assert.equal(deliverAt(admit(link, 30, 100)), 40);
+  assert.throws(() => retuneLink(link, { delayMs: -1 }), /delayMs/);
+  assert.equal(link.spec.delayMs, 10, "a rejected spec leaves the link as it was");
 });

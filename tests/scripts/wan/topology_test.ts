@@ -44,6 +44,38 @@ Deno.test("a chain puts a relay on each hop in both dial directions, and none el
   await Promise.all(nodes.map((n) => new Promise<void>((r) => n.socket.close(r))));
 });
 
+Deno.test("setLink retunes both dial directions of a live link; unlinked pairs are refused", async () => {
+  const nodes = await Promise.all([0, 1, 2].map(node));
+  const topo = await startChain(nodes.map((n) => n.addr), { hops: { delayMs: 0 } });
+  const roundTrip = async (from: number, to: number) => {
+    const t0 = performance.now();
+    const dst = parseSocketAddr(topo.dialAddr(from, to));
+    const want = `reply from ${to}`;
+    const seen = nodes[from].inbox.filter((m) => m === want).length;
+    nodes[from].socket.send(Buffer.from(`hello ${to}`), dst.port, dst.host);
+    while (nodes[from].inbox.filter((m) => m === want).length === seen && performance.now() - t0 < 1000) {
+      await sleep(1);
+    }
+    return performance.now() - t0;
+  };
+  try {
+    await roundTrip(0, 1); // opens the relay's upstream socket on the 0 ms link
+    topo.setLink(0, 1, { delayMs: 10 }, { delayMs: 5 });
+    // Both dial directions cross the same two link states: 10 ms one way, 5 ms the other.
+    for (const [from, to] of [[0, 1], [1, 0]]) {
+      const rtt = await roundTrip(from, to);
+      assert.ok(rtt >= 14.9 && rtt < 1000, `${from} -> ${to} round trip after setLink took ${rtt} ms`);
+    }
+    topo.setLink(1, 0, { delayMs: 20 });
+    const rtt = await roundTrip(0, 1);
+    assert.ok(rtt >= 39.9 && rtt < 1000, `round trip after the second setLink took ${rtt} ms`);
+    assert.throws(() => topo.setLink(0, 2, { delayMs: 1 }), RangeError);
+  } finally {
+    await topo.close();
+    await Promise.all(nodes.map((n) => new Promise<void>((r) => n.socket.close(r))));
+  }
+});
+
 Deno.test("a ring also links the last node to the first", async () => {
   const addrs = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"];
   const topo = await startChain(addrs, { ring: true });

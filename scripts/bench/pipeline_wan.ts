@@ -1,0 +1,202 @@
+// tok/s of the N-stage pipeline chain through emulated WAN links (issue 4, part 5), next to the bound.
+// Needs root (network namespaces). About 2 minutes with the defaults on the 2-core VM.
+//
+//   deno run -A scripts/bench/pipeline_wan.ts [--model ../shared/fixtures/llama3-tiny] [--nodes 5]
+//     [--delays 0,10,25] [--max-tokens 32] [--rounds 3] [--json FILE]
+//
+// Each node runs in its own network namespace (iroh would otherwise bypass the relays, docs/WAN.md) and
+// listens on its namespace address; every pair of nodes gets a relay pair in this (root) namespace, and each
+// node's dial table ($SWACTOR_DIAL_TABLE, cli/dial_table.ts) sends its dials for a peer's address to the
+// relay. Node ids, and so the stage order the leader plans, are known only once the chain is up; then the
+// links between consecutive stages (and last -> first, the token's way back) are retuned to each delay in
+// turn, on the same connections, while all other pairs stay perfect links (membership traffic). Each round
+// visits every delay: one short warm-up request, then one measured request (greedy, the model's reference
+// prompt); rounds spread each delay's requests over the run, so the machine's changing load hits all delays
+// alike. Markdown tables to stdout (scripts/bench/pipeline_wan_report.ts says how the bounds are computed).
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseFlags } from "../../cli/command.ts";
+import { DIAL_TABLE_ENV } from "../../cli/dial_table.ts";
+import { createNetns } from "../wan/netns.ts";
+import { startTopology } from "../wan/topology.ts";
+import { type Run, runsTable } from "./pipeline_wan_report.ts";
+
+const root = fileURLToPath(new URL("../../", import.meta.url));
+const { values } = parseFlags(Deno.args, {
+  model: { type: "string", default: join(root, "../shared/fixtures/llama3-tiny") },
+  nodes: { type: "string", default: "5" },
+  delays: { type: "string", default: "0,10,25" },
+  "max-tokens": { type: "string", default: "32" },
+  rounds: { type: "string", default: "3" },
+  port: { type: "string", default: "7400" },
+  json: { type: "string" },
+});
+const n = Number(values.nodes);
+const delays = values.delays.split(",").map(Number);
+const maxTokens = Number(values["max-tokens"]);
+const rounds = Number(values.rounds);
+const reference: { tokens: number[]; prompt_length: number } = JSON.parse(
+  await Deno.readTextFile(join(values.model, "reference.json")),
+);
+const prompt = reference.tokens.slice(0, reference.prompt_length);
+const deno = Deno.execPath();
+const log = (m: string) => console.error(`pipeline_wan: ${m}`);
+
+type Msg = Record<string, unknown>;
+
+/** Calls `onLine` for each line of a child's output. */
+async function eachLine(stream: ReadableStream<Uint8Array>, onLine: (l: string) => void): Promise<void> {
+  let buf = "";
+  try {
+    for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {
+      buf += chunk;
+      let i;
+      while ((i = buf.indexOf("\n")) >= 0) {
+        onLine(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+      }
+    }
+  } catch { /* the child is gone */ }
+}
+
+/** Greedy tokens of the single-node path: the chain's longer continuation must equal them. */
+async function singleNode(): Promise<number[]> {
+  const args = ["run", "-A", "--quiet", join(root, "main.ts"), "generate", "--model", values.model];
+  args.push("--tokens", prompt.join(","), "--max-tokens", `${maxTokens}`, "--temperature", "0", "--json");
+  const out = await new Deno.Command(deno, { args, stdout: "piped", stderr: "null" }).output();
+  if (!out.success) throw new Error(`single-node generate failed (exit ${out.code})`);
+  return JSON.parse(new TextDecoder().decode(out.stdout)).tokens;
+}
+
+log(`single-node run for the expected tokens (${maxTokens} new)`);
+const single = await singleNode();
+const t0 = performance.now();
+const net = await createNetns(n);
+const addrs = net.nodes.map((x) => `${x.nodeIp}:${values.port}`);
+// Every pair gets a relay pair on a perfect link; the stage hops are retuned once the stage order is known.
+const topo = await startTopology(addrs, [], { listenHosts: net.nodes.map((x) => x.hostIp), otherPairs: {} });
+const tmp = await Deno.makeTempDir({ prefix: "pipeline_wan" });
+const children: Deno.ChildProcess[] = [];
+const stderrTail: string[] = [];
+const keep = (who: string) => (l: string) => {
+  stderrTail.push(`[${who}] ${l}`);
+  if (stderrTail.length > 60) stderrTail.shift();
+};
+
+/** Starts `deno run -A argv` in node i's namespace, with its dial table: every peer through its relay. */
+async function spawn(i: number, argv: string[]): Promise<Deno.ChildProcess> {
+  const table = join(tmp, `dial-${i}.json`);
+  const entries = addrs.map((a, j) => [a, topo.dialAddr(i, j)]).filter((_, j) => j !== i);
+  await Deno.writeTextFile(table, JSON.stringify(Object.fromEntries(entries)));
+  const [cmd, ...args] = net.command(i, [deno, "run", "-A", "--quiet", ...argv]);
+  const child = new Deno.Command(cmd, {
+    args,
+    cwd: root,
+    env: { [DIAL_TABLE_ENV]: table },
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  children.push(child);
+  return child;
+}
+
+async function shutdown(): Promise<void> {
+  const signal = (s: Deno.Signal) => {
+    for (const c of children) {
+      try {
+        c.kill(s);
+      } catch { /* gone */ }
+    }
+  };
+  signal("SIGTERM");
+  const killer = setTimeout(() => signal("SIGKILL"), 5000);
+  await Promise.allSettled(children.map((c) => c.status));
+  clearTimeout(killer);
+  await topo.close();
+  await net.close();
+  await Deno.remove(tmp, { recursive: true }).catch(() => {});
+}
+Deno.addSignalListener("SIGINT", () => shutdown().finally(() => Deno.exit(130)));
+
+const runs: Run[] = [];
+let code = 0;
+try {
+  const leader = await spawn(0, [
+    join(root, "scripts/bench/pipeline_wan_leader.ts"),
+    ...["--listen", addrs[0], "--model", values.model, "--nodes", `${n}`, "--tokens", prompt.join(",")],
+  ]);
+  const inbox: Msg[] = [];
+  eachLine(leader.stdout, (l) => inbox.push(JSON.parse(l)));
+  eachLine(leader.stderr, keep("leader"));
+  const writer = leader.stdin.getWriter();
+  const next = async (key: string, timeoutMs: number): Promise<Msg> => {
+    const deadline = performance.now() + timeoutMs;
+    while (!inbox.length) {
+      if (performance.now() > deadline) throw new Error(`no "${key}" from the leader within ${timeoutMs} ms`);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const m = inbox.shift()!;
+    if (!(key in m)) throw new Error(`leader: ${m.error ?? JSON.stringify(m)}`);
+    return m;
+  };
+  const hello = await next("ticket", 60_000);
+  const nodeOf = new Map<string, number>([[hello.id as string, 0]]);
+  for (let i = 1; i < n; i++) {
+    const w = await spawn(i, [join(root, "main.ts"), "join", hello.ticket as string, "--listen", addrs[i]]);
+    eachLine(w.stderr, (l) => {
+      keep(`node ${i}`)(l);
+      if (l.startsWith("id: ")) nodeOf.set(l.slice(4).trim(), i);
+    });
+    eachLine(w.stdout, () => {});
+  }
+  log(`${n} nodes in namespaces; waiting for the chain`);
+  const ready = (await next("ready", 240_000)).ready as { stages: { node: string }[] };
+  const order = ready.stages.map((s) => {
+    const i = nodeOf.get(s.node);
+    if (i === undefined) throw new Error(`stage on node ${s.node}, which is none of ours`);
+    return i;
+  });
+  log(`chain ready after ${((performance.now() - t0) / 1000).toFixed(1)} s; stage k runs on node [${order}]`);
+  const generate = async (tokens: number) => {
+    await writer.write(new TextEncoder().encode(JSON.stringify({ maxTokens: tokens }) + "\n"));
+    return (await next("result", 120_000)).result as Run["results"][number];
+  };
+  runs.push(...delays.map((d) => ({ delayMs: d, hops: order.length, results: [] })));
+  for (let round = 0; round < rounds; round++) {
+    for (const run of runs) {
+      // Hop k joins stage k and k+1; the last hop is the token's way back to stage 0.
+      for (let k = 0; k < order.length && order.length > 1; k++) {
+        const a = order[k], b = order[(k + 1) % order.length];
+        if (order.length > 2 || k === 0) topo.setLink(a, b, { delayMs: run.delayMs });
+      }
+      await generate(4); // warm-up: RTT estimates settle on the new delay
+      const r = await generate(maxTokens);
+      run.results.push(r);
+      log(`round ${round + 1}, ${run.delayMs} ms one-way per hop: ${r.tokS.toFixed(2)} tok/s`);
+    }
+  }
+  await writer.write(new TextEncoder().encode(JSON.stringify({ quit: true }) + "\n"));
+  // Everything crossed a relay (the namespaces have no other route); show where the datagrams went.
+  const hopPairs = new Set(order.map((a, k) => `${a}-${order[(k + 1) % order.length]}`));
+  const count = (hop: boolean) =>
+    topo.stats().filter((r) =>
+      (hopPairs.has(`${r.from}-${r.to}`) || hopPairs.has(`${r.to}-${r.from}`)) === hop
+    )
+      .reduce((acc, r) => acc + r.up.delivered + r.down.delivered, 0);
+  log(`relay datagrams delivered: ${count(true)} on the stage hops, ${count(false)} between other pairs`);
+  const expected = reference.tokens.slice(reference.prompt_length);
+  const report = runsTable(runs, { single, expected });
+  console.log(report.markdown);
+  if (!report.correct) code = 1;
+  if (values.json) {
+    await Deno.writeTextFile(values.json, JSON.stringify({ date: new Date().toISOString(), runs, single }));
+  }
+} catch (e) {
+  console.error(stderrTail.join("\n"));
+  console.error(`pipeline_wan: ${e instanceof Error ? e.message : e}`);
+  code = 1;
+} finally {
+  await shutdown();
+}
+Deno.exit(code);

@@ -1,0 +1,98 @@
+// The tables of scripts/bench/pipeline_wan.ts: measured tok/s per delay next to the bound. Pure.
+//
+// The decode loop is serial (one token in flight per request: the last stage's token starts stage 0's next
+// step), so a token takes the sum of every stage's compute and every hop's wire time; H = S hops, the
+// token's way back being one. At one-way delay d per hop:
+//   bound ms/token = sum of compute per stage (its GPU work plus its readback, each >= the ~11 ms readback
+//                    floor of FACTS.md) + H x (d + WIRE_FLOOR_MS), iroh's own one-way cost through a relay
+//   0 ms prediction = ms/token measured at 0 ms + H x d
+//   floor bound     = S x READBACK_FLOOR_MS + H x d: any GPU, one readback per stage, on that network.
+import { meanTimings, type TokenTimings } from "../../node/stage/mod.ts";
+
+/** Per-stage readback floor on this adapter, ms (FACTS.md). */
+export const READBACK_FLOOR_MS = 11;
+/** iroh's one-way time through a 0 ms relay between two namespaces: half the 1.6 ms p50 round trip (docs/WAN.md). */
+export const WIRE_FLOOR_MS = 0.8;
+
+/** One generation as the bench leader reports it. */
+export interface Result {
+  tokens: number[];
+  stopReason: string;
+  tokS: number;
+  firstTokenMs: number;
+  mean: TokenTimings;
+  /** Decode tokens only (the first token's timings include the prompt). */
+  perToken: TokenTimings[];
+}
+
+/** The measured requests at one delay. */
+export interface Run {
+  delayMs: number;
+  hops: number;
+  results: Result[];
+}
+
+const sum = (xs: (number | null)[]) => xs.reduce<number>((a, b) => a + (b ?? 0), 0);
+const f = (x: number, digits = 1) => x.toFixed(digits);
+const list = (xs: (number | null)[]) => `[${xs.map((x) => (x === null ? "-" : f(x))).join(", ")}]`;
+
+/** Decode timings of every request pooled; tok/s over all their decode time (each request weighed by its tokens). */
+export function pooled(run: Run): { timings: TokenTimings; tokS: number[]; meanTokS: number } {
+  const timings = meanTimings(run.results.flatMap((r) => r.perToken));
+  const tokS = run.results.map((r) => r.tokS);
+  const tokens = sum(run.results.map((r) => r.tokens.length - 1));
+  const ms = sum(run.results.map((r) => (r.tokens.length - 1) * 1000 / r.tokS));
+  return { timings, tokS, meanTokS: ms > 0 ? tokens * 1000 / ms : 0 };
+}
+
+/** The bound at `delayMs` for a chain with these decode timings (see the top of the file). */
+export function boundMs(t: TokenTimings, delayMs: number): number {
+  return sum(t.computeMs) + t.wireMs.length * (delayMs + WIRE_FLOOR_MS);
+}
+
+const matches = (tokens: number[], want: number[]) => want.every((x, i) => tokens[i] === x);
+
+/** Markdown tables of the runs (breakdown, then bounds), and whether every run's tokens were right. */
+export function runsTable(
+  runs: Run[],
+  check: { single: number[]; expected: number[] },
+): { markdown: string; correct: boolean } {
+  const base = runs.find((r) => r.delayMs === 0);
+  const baseMs = base ? 1000 / pooled(base).meanTokS : undefined;
+  const breakdown: string[] = [
+    "| one-way delay per hop, ms | tok/s (each request) | ms/token | compute ms per stage | sum | " +
+    "wire ms per hop (k -> k+1, last -> 0) | sum | untraced ms | tokens = single node |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ];
+  const bounds: string[] = [
+    "| one-way delay per hop, ms | measured tok/s | bound tok/s | measured / bound | 0 ms prediction tok/s | " +
+    "floor bound tok/s |",
+    "|---|---|---|---|---|---|",
+  ];
+  let correct = true;
+  for (const run of runs) {
+    const p = pooled(run);
+    const t = p.timings;
+    const msPerToken = 1000 / p.meanTokS;
+    const ok = run.results.every((r) =>
+      r.tokens.length === check.single.length && matches(r.tokens, check.single) &&
+      matches(r.tokens, check.expected)
+    );
+    correct &&= ok;
+    breakdown.push(
+      `| ${run.delayMs} | ${p.tokS.map((x) => f(x, 2)).join(", ")} | ${f(msPerToken)} | ${
+        list(t.computeMs)
+      } | ` +
+        `${f(sum(t.computeMs))} | ${list(t.wireMs)} | ${f(sum(t.wireMs))} | ` +
+        `${f(msPerToken - sum(t.computeMs) - sum(t.wireMs))} | ${ok ? "yes" : "NO"} |`,
+    );
+    const bound = 1000 / boundMs(t, run.delayMs);
+    const predicted = baseMs === undefined ? "-" : f(1000 / (baseMs + run.hops * run.delayMs), 2);
+    const floor = 1000 / (t.computeMs.length * READBACK_FLOOR_MS + run.hops * run.delayMs);
+    bounds.push(
+      `| ${run.delayMs} | ${f(p.meanTokS, 2)} | ${f(bound, 2)} | ${f(p.meanTokS / bound * 100, 0)}% | ` +
+        `${predicted} | ${f(floor, 2)} |`,
+    );
+  }
+  return { markdown: breakdown.join("\n") + "\n\n" + bounds.join("\n"), correct };
+}

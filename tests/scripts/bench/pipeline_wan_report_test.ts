@@ -1,0 +1,58 @@
+// The bound and the tables of the WAN pipeline bench (scripts/bench/pipeline_wan_report.ts).
+import assert from "node:assert/strict";
+import {
+  boundMs,
+  pooled,
+  READBACK_FLOOR_MS,
+  type Result,
+  runsTable,
+  WIRE_FLOOR_MS,
+} from "../../../scripts/bench/pipeline_wan_report.ts";
+
+const timing = (wire: number) => ({
+  computeMs: [10, 20, 30],
+  wireMs: [wire, wire, wire],
+  bytes: [128, 128, 500],
+});
+
+function result(tokens: number[], tokS: number, wire: number): Result {
+  return {
+    tokens,
+    stopReason: "max_tokens",
+    tokS,
+    firstTokenMs: 100,
+    mean: timing(wire),
+    perToken: tokens.slice(1).map(() => timing(wire)),
+  };
+}
+
+Deno.test("bound: compute of every stage plus delay and iroh's floor on every hop", () => {
+  assert.equal(boundMs(timing(99), 0), 60 + 3 * WIRE_FLOOR_MS);
+  assert.equal(boundMs(timing(99), 25), 60 + 3 * (25 + WIRE_FLOOR_MS));
+  assert.equal(READBACK_FLOOR_MS, 11);
+});
+
+Deno.test("pooled tok/s weighs requests by their time, not the mean of their rates", () => {
+  // 4 decode tokens at 10 tok/s (400 ms) and 4 at 40 tok/s (100 ms): 8 tokens in 500 ms.
+  const run = {
+    delayMs: 0,
+    hops: 3,
+    results: [result([1, 2, 3, 4, 5], 10, 1), result([1, 2, 3, 4, 5], 40, 3)],
+  };
+  const p = pooled(run);
+  assert.ok(Math.abs(p.meanTokS - 16) < 1e-9);
+  assert.deepEqual(p.timings.wireMs, [2, 2, 2]);
+});
+
+Deno.test("runsTable flags a run whose tokens differ from the single node's or the reference", () => {
+  const good = { delayMs: 0, hops: 3, results: [result([7, 8, 9], 5, 1)] };
+  const bad = { delayMs: 10, hops: 3, results: [result([7, 8, 6], 5, 11)] };
+  const ok = runsTable([good], { single: [7, 8, 9], expected: [7, 8] });
+  assert.equal(ok.correct, true);
+  assert.match(ok.markdown, /\| 0 \| 5\.00 \| 200\.0 \| \[10\.0, 20\.0, 30\.0\] \| 60\.0 \|/);
+  const wrong = runsTable([good, bad], { single: [7, 8, 9], expected: [7, 8] });
+  assert.equal(wrong.correct, false);
+  assert.match(wrong.markdown, /\| NO \|/);
+  // The 0 ms prediction at 10 ms: 200 ms + 3 hops x 10 ms = 230 ms, 4.35 tok/s.
+  assert.match(wrong.markdown, /\| 10 \| 5\.00 \| [\d.]+ \| \d+% \| 4\.35 \|/);
+});
