@@ -20,6 +20,26 @@ import {
 import { gemvQuantSource, quantUnit } from "./matmul_quant.ts";
 import { isQuant, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 
+/**
+ * WGSL shared by the team GEMVs (this file's and matmul_quant.ts's): each team reduces its per-row partial
+ * sums `acc` in workgroup memory `part`, and its first R lanes write (or add into) rows n0.. of y.
+ */
+export const TEAM_REDUCE_STORE = `
+  for (var r = 0u; r < R; r++) { part[r * TH + tid] = acc[r]; }
+  workgroupBarrier();
+  for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
+    if (lane < s) {
+      for (var r = 0u; r < R; r++) { part[r * TH + tid] += part[r * TH + tid + s]; }
+    }
+    workgroupBarrier();
+  }
+  if (lane < R && n0 + lane < p.N && t < p.T) {
+    let o = t * p.N + n0 + lane;
+    let prev = select(0.0, y[o], p.acc != 0u);
+    y[o] = prev + part[lane * TH + team * TEAM];
+  }
+  workgroupBarrier();`;
+
 export type InputTransform = "none" | "rmsnorm" | "silu_mul";
 
 const THREADS = 256;
@@ -127,20 +147,7 @@ fn main(
       acc[r] += dot(wa, xa) + dot(wb, xb);
     }
   }
-  for (var r = 0u; r < R; r++) { part[r * TH + tid] = acc[r]; }
-  workgroupBarrier();
-  for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
-    if (lane < s) {
-      for (var r = 0u; r < R; r++) { part[r * TH + tid] += part[r * TH + tid + s]; }
-    }
-    workgroupBarrier();
-  }
-  if (lane < R && n0 + lane < p.N && t < p.T) {
-    let o = t * p.N + n0 + lane;
-    let prev = select(0.0, y[o], p.acc != 0u);
-    y[o] = prev + part[lane * TH + team * TEAM];
-  }
-  workgroupBarrier();
+${TEAM_REDUCE_STORE}
   }
 }`;
 }

@@ -4,7 +4,7 @@
 //                     transforms and reduction as the float one, but a 16-byte load is a unit of 16 (q8)
 //                     or 32 (q4) weights, times its group's bf16 scale
 //   tiledQuantSource  the 16x16 tiled prefill matmul (matmul.ts), dequantising as it fills the W tile
-import type { GemvTuning, InputTransform } from "./gemv_fused.ts";
+import { type GemvTuning, type InputTransform, TEAM_REDUCE_STORE } from "./gemv_fused.ts";
 import type { WeightType } from "./gpu.ts";
 import { QUANT_GROUP, quantElementWgsl, type QuantType } from "./quant.ts";
 
@@ -111,20 +111,7 @@ fn main(
       acc[r] += s * (${body});
     }
   }
-  for (var r = 0u; r < R; r++) { part[r * TH + tid] = acc[r]; }
-  workgroupBarrier();
-  for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
-    if (lane < s) {
-      for (var r = 0u; r < R; r++) { part[r * TH + tid] += part[r * TH + tid + s]; }
-    }
-    workgroupBarrier();
-  }
-  if (lane < R && n0 + lane < p.N && t < p.T) {
-    let o = t * p.N + n0 + lane;
-    let prev = select(0.0, y[o], p.acc != 0u);
-    y[o] = prev + part[lane * TH + team * TEAM];
-  }
-  workgroupBarrier();
+${TEAM_REDUCE_STORE}
   }
 }`;
 }
