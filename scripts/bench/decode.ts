@@ -4,7 +4,8 @@
 // that is f16 or f32): worst row's max |error| / max |logit|, the fixtures' measure.
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 // On the GPU machine scripts/device/h200.sh runs it next to transformers (scripts/bench/hf_decode.py)
-// so the ratio comes from one run. On the software adapter use --shape demo (slow but it runs).
+// so the ratio comes from one run. On a software adapter the default shape is the demo model (a 1B model
+// would take minutes a token there); `deno task bench` is then a smoke test (tests/scripts/bench/).
 import { parseArgs } from "node:util";
 import { encodeCalls, getGpu, writeStep } from "../../kernels/mod.ts";
 import { gpuMs } from "./gpu_timer.ts";
@@ -19,7 +20,7 @@ const { values } = parseArgs({
   args: Deno.args,
   options: {
     dir: { type: "string" },
-    shape: { type: "string", default: "llama-3.2-1b" },
+    shape: { type: "string" },
     weights: { type: "string", default: "f16,f32" },
     prompt: { type: "string", default: "32" },
     new: { type: "string", default: "128" },
@@ -30,13 +31,17 @@ const shapes: Record<string, Record<string, unknown>> = {
   "llama-3.2-1b": LLAMA_3_2_1B,
   demo: DEMO_CONFIG_JSON,
 };
-const configJson = shapes[values.shape!];
-if (!configJson) throw new TypeError(`--shape must be one of ${Object.keys(shapes)}`);
-const dir = values.dir ?? `/tmp/swactor-bench-${values.shape}`;
+const gpu = await getGpu();
+const shape = values.shape ?? (gpu.isSoftware ? "demo" : "llama-3.2-1b");
+const configJson = shapes[shape];
+if (!configJson) throw new TypeError(`--shape must be one of ${Object.keys(shapes)}, got "${shape}"`);
+if (gpu.isSoftware) {
+  console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
+}
+const dir = values.dir ?? `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-bench-${shape}`;
 const t0 = performance.now();
 await ensureRandomLlama(dir, configJson);
 console.error(`bench: checkpoint ready in ${((performance.now() - t0) / 1000).toFixed(1)} s at ${dir}`);
-const gpu = await getGpu();
 const ckpt = await Checkpoint.open(dir);
 const P = Number(values.prompt), N = Number(values.new);
 const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
@@ -85,7 +90,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
   console.log(JSON.stringify({
     bench: "swactor-decode",
     adapter: gpu.adapterName,
-    shape: values.shape,
+    shape,
     weights,
     prompt: P,
     new_tokens: N,
