@@ -6,7 +6,7 @@ import { generate } from "../models/generate.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { readState } from "../node/state_file.ts";
-import { clusterModel, generateLocal, generateOnCluster } from "./pipeline_generate.ts";
+import { clusterModel, generateLocal, generateOnCluster, writeJson } from "./pipeline_generate.ts";
 
 const USAGE = `Usage: swactor generate [PROMPT] [options]
 
@@ -30,7 +30,9 @@ ${WEIGHTS_HELP}
   --plan FILE           with --local: use this Plan JSON instead of planning (its stage nodes are
                         mapped onto the cluster's nodes in order)
   --wire f16|f32        activations between stages (default f16)
-  --trace FILE          not available yet (exit code 2); --json has per-token timings
+  --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local, every
+                        step's compute per stage and every hop on the wire; on one node, the prefill and
+                        each decode batch
   -h, --help            this help
 
 Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input.`;
@@ -54,9 +56,6 @@ export const generateCommand: Command = {
       trace: { type: "string" },
       wire: { type: "string" },
     }, { allowPositionals: true });
-    if (values.trace !== undefined) {
-      throw new UsageError("--trace is not available yet; --json has per-token timings");
-    }
     if (values.plan !== undefined && values.local === undefined) {
       throw new UsageError("--plan needs --local N (a running cluster takes its plan from `up --plan`)");
     }
@@ -100,13 +99,19 @@ export const generateCommand: Command = {
         ...chainOpts,
         modelDir: values.model ?? await ensureDemoModel(),
         plan,
+        trace: values.trace,
       });
     }
     const state = await readState();
     if (state) {
       const base = `http://${state.api}`;
       const dir = await clusterModel(base, values.model);
-      if (dir) return await generateOnCluster(base, { ...chainOpts, modelDir: dir });
+      if (dir) {
+        if (values.trace) {
+          throw new UsageError("--trace works with --local or on one node, not yet through `up`");
+        }
+        return await generateOnCluster(base, { ...chainOpts, modelDir: dir });
+      }
     }
 
     const { model, tokenizer } = await loadModel(values.model, { weights });
@@ -123,6 +128,8 @@ export const generateCommand: Command = {
     const stream = tokenizer ? new StreamDecoder(tokenizer) : null;
     const out = new TextEncoder();
     const write = (s: string) => s && Deno.stdout.writeSync(out.encode(s));
+    const started = performance.now();
+    const batches: { tokens: number; atMs: number }[] = [];
     try {
       const result = await generate(model, ids, {
         maxTokens,
@@ -130,6 +137,7 @@ export const generateCommand: Command = {
         eosTokenIds: model.config.eosTokenIds,
         signal: abort.signal,
         onTokens: (fresh) => {
+          batches.push({ tokens: fresh.length, atMs: performance.now() - started });
           if (values.json) return;
           if (stream) { for (const id of fresh) write(stream.push(id)); }
           else write(fresh.join(" ") + " ");
@@ -155,6 +163,10 @@ export const generateCommand: Command = {
             `${result.firstTokenMs.toFixed(0)} ms (${result.stopReason}; seed ${seed})`,
         );
       }
+      if (values.trace) {
+        await writeJson(values.trace, batchTrace(batches, ids.length, model.gpu.adapterName));
+        console.error(`swactor: trace written to ${values.trace} (open it in Perfetto or chrome://tracing)`);
+      }
       return result.stopReason === "aborted" ? 130 : 0;
     } finally {
       Deno.removeSignalListener("SIGINT", onSigint);
@@ -162,3 +174,33 @@ export const generateCommand: Command = {
     }
   },
 };
+
+/**
+ * The single-node trace: the prefill (up to the first token's readback) and each decode batch as spans on
+ * one track, in Chrome trace-event JSON. Tokens decode in batches between readbacks, so this is the finest
+ * timing one node observes without GPU timestamps.
+ */
+export function batchTrace(
+  batches: { tokens: number; atMs: number }[],
+  promptTokens: number,
+  adapter: string,
+) {
+  const traceEvents: Record<string, unknown>[] = [
+    { name: "process_name", ph: "M", pid: 0, tid: 0, args: { name: `one node (${adapter})` } },
+  ];
+  let from = 0, done = 0;
+  for (const [i, b] of batches.entries()) {
+    traceEvents.push({
+      name: i === 0 ? `prefill (${promptTokens} tokens) + token 1` : `tokens ${done + 1}..${done + b.tokens}`,
+      ph: "X",
+      pid: 0,
+      tid: 0,
+      ts: Math.round(from * 1000),
+      dur: Math.round((b.atMs - from) * 1000),
+      args: { tokens: b.tokens },
+    });
+    from = b.atMs;
+    done += b.tokens;
+  }
+  return { traceEvents, displayTimeUnit: "ms" };
+}

@@ -5,7 +5,13 @@ import { Checkpoint } from "../models/checkpoint.ts";
 import { checkTokenIds } from "../models/generate.ts";
 import { loadTokenizer, StreamDecoder, type TextTokenizer } from "../models/tokenizer.ts";
 import { writeSafetensors } from "../models/safetensors.ts";
-import { meanTimings, type Sampling, type TokenEvent, type TokenTimings } from "../node/stage/mod.ts";
+import {
+  chromeTrace,
+  meanTimings,
+  type Sampling,
+  type TokenEvent,
+  type TokenTimings,
+} from "../node/stage/mod.ts";
 import { apiFetch } from "./api_client.ts";
 import { startLocalCluster } from "./local_cluster.ts";
 import { UsageError } from "./command.ts";
@@ -20,6 +26,8 @@ export interface ChainGenerateOptions {
   json: boolean;
   wire: "f16" | "f32";
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
+  /** Write the per-token, per-hop trace (Chrome trace-event JSON) here. */
+  trace?: string;
 }
 
 interface Prepared {
@@ -107,6 +115,13 @@ function report(
   }
 }
 
+/** Writes JSON atomically (temp file + rename), so a reader never sees half a trace. */
+export async function writeJson(path: string, value: unknown): Promise<void> {
+  const tmp = `${path}.tmp-${Deno.pid}`;
+  await Deno.writeTextFile(tmp, JSON.stringify(value));
+  await Deno.rename(tmp, path);
+}
+
 function stageSummary(
   stages: { index: number; node: string; layers: [number, number]; embeds: boolean; head: boolean }[],
 ) {
@@ -144,6 +159,11 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
       });
       out.end();
       report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n });
+      if (o.trace) {
+        const stages = cluster.assignment.plan.stages.map((s, index) => ({ index, node: s.node }));
+        await writeJson(o.trace, chromeTrace(r.events, stages));
+        console.error(`swactor: trace written to ${o.trace} (open it in Perfetto or chrome://tracing)`);
+      }
       return 0;
     } finally {
       await cluster.close();

@@ -36,6 +36,8 @@ export interface TokenEvent {
   /** Milliseconds since the request started. */
   atMs: number;
   timings: TokenTimings;
+  /** The raw per-stage record of the step that made this token (for --trace). */
+  trace: HopTrace[];
 }
 
 export interface RequestOptions {
@@ -126,6 +128,7 @@ export class PipelineClient {
         token: m.token,
         atMs: performance.now() - p.started,
         timings: tokenTimings(m.trace),
+        trace: m.trace,
       };
       tokens.push(m.token);
       events.push(e);

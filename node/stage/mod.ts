@@ -28,3 +28,4 @@ export { type ChainMember, planChain } from "./plan_chain.ts";
 export { rolesOf, splitLayers } from "./roles.ts";
 export { StageActor, stageName } from "./stage_actor.ts";
 export { meanTimings, type TokenTimings, tokenTimings } from "./timings.ts";
+export { chromeTrace, type TraceEvent } from "./trace_events.ts";

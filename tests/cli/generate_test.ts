@@ -89,6 +89,35 @@ async function expectUsageError(args: string[], mention: RegExp) {
   if (!mention.test(r.stderr)) throw new Error(`stderr should match ${mention}: ${r.stderr}`);
 }
 
+Deno.test(
+  { name: "one node: --trace writes the prefill and each decode batch", ignore: !hasGpu },
+  async () => {
+    const dir = fixtureDir("llama-micro")!;
+    const file = await Deno.makeTempFile({ suffix: ".json" });
+    try {
+      const r = await runCli([
+        "generate",
+        "--model",
+        dir,
+        "--tokens",
+        "1,2,3",
+        "--max-tokens",
+        "9",
+        "--trace",
+        file,
+      ]);
+      if (r.code !== 0) throw new Error(r.stderr);
+      const { traceEvents } = JSON.parse(await Deno.readTextFile(file));
+      const spans = traceEvents.filter((e: { ph: string }) => e.ph === "X");
+      if (!spans[0].name.startsWith("prefill")) throw new Error(`first span ${spans[0].name}`);
+      const tokens = spans.reduce((s: number, e: { args: { tokens: number } }) => s + e.args.tokens, 0);
+      if (tokens !== 9) throw new Error(`trace covers ${tokens} tokens, not 9`);
+    } finally {
+      await Deno.remove(file);
+    }
+  },
+);
+
 Deno.test({ name: "bad input exits with 2 and says what was wrong", ignore: !hasGpu }, async (t) => {
   const micro = fixtureDir("llama-micro")!;
   await t.step(

@@ -31,6 +31,46 @@ Deno.test({
   await check(fixtureDir("llama-micro", { needs: "reference.safetensors" })!, 3);
 });
 
+Deno.test({ name: "pipeline: --trace writes every step's stage spans and wire hops", ...slow }, async () => {
+  const dir = fixtureDir("llama-micro", { needs: "reference.json" })!;
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  const file = await Deno.makeTempFile({ suffix: ".json" });
+  try {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        "--quiet",
+        new URL("../../main.ts", import.meta.url).pathname,
+        "generate",
+        "--local",
+        "2",
+        "--model",
+        dir,
+        "--tokens",
+        ref.tokens.slice(0, ref.prompt_length).join(","),
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+        "--json",
+        "--trace",
+        file,
+      ],
+      stdin: "null",
+    }).output();
+    assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+    const { traceEvents } = JSON.parse(await Deno.readTextFile(file));
+    const spans = traceEvents.filter((e: { ph: string }) => e.ph === "X");
+    const names = new Set(spans.map((e: { name: string }) => e.name));
+    for (const n of ["prefill", "token 1", "token 3"]) assert.ok(names.has(n), `no span ${n}`);
+    assert.ok(spans.some((e: { name: string }) => e.name.includes("->")), "no wire hop");
+    assert.ok(spans.every((e: { ts: number; dur: number }) => e.ts >= 0 && e.dur >= 0));
+  } finally {
+    await Deno.remove(file);
+  }
+});
+
 for (const n of [5, 2, 8]) {
   Deno.test(
     { name: `pipeline: llama3-tiny on ${n} nodes: reference tokens and logits within 1e-4`, ...slow },
