@@ -1,6 +1,7 @@
 // What the kernel tests share: the GPU (or a clear skip), seeded random data, upload/readback, and the
 // tolerance check |gpu - ref| <= atol + |ref| * rtol.
 import { getGpu, type Gpu, NoGpuError, readBack, uploadBuffer } from "../../kernels/mod.ts";
+import { seededRandom } from "../../node/random.ts";
 
 /** The GPU, or null (with one line saying the GPU tests are skipped) when this machine has no adapter. */
 export async function gpuOrSkip(): Promise<Gpu | null> {
@@ -13,18 +14,10 @@ export async function gpuOrSkip(): Promise<Gpu | null> {
   }
 }
 
-/** Deterministic uniform numbers in [-scale, scale) (mulberry32). */
+/** Deterministic uniform numbers in [-scale, scale). */
 export function randoms(n: number, seed: number, scale = 1): Float32Array {
-  let a = seed >>> 0;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    out[i] = ((((t ^ (t >>> 14)) >>> 0) / 4294967296) * 2 - 1) * scale;
-  }
-  return out;
+  const next = seededRandom(seed);
+  return Float32Array.from({ length: n }, () => (next() * 2 - 1) * scale);
 }
 
 export function upload(gpu: Gpu, data: Float32Array | Uint32Array | Uint16Array): GPUBuffer {

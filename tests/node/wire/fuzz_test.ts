@@ -16,20 +16,9 @@ import {
   FrameKind,
   WireError,
 } from "../../../node/wire/mod.ts";
+import { seededRandom } from "../../../node/random.ts";
 
-/** mulberry32: a tiny seeded PRNG. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-const rand = prng(0x5eed);
+const rand = seededRandom(0x5eed);
 const int = (n: number) => Math.floor(rand() * n);
 const bytes = (n: number) => Uint8Array.from({ length: n }, () => int(256));
 const kinds = Object.values(FrameKind);
