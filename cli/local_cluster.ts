@@ -93,7 +93,11 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
   }
 }
 
-async function collect(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void): Promise<void> {
+/** Calls `onLine` for each line of a child process's output until it ends. */
+export async function collect(
+  stream: ReadableStream<Uint8Array>,
+  onLine: (line: string) => void,
+): Promise<void> {
   let buf = "";
   try {
     for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {

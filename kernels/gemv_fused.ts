@@ -40,6 +40,19 @@ export const TEAM_REDUCE_STORE = `
   }
   workgroupBarrier();`;
 
+/** WGSL shared by the team GEMVs with the RMSNorm transform: `inv` = 1 / rms of the input row. */
+export const RMS_PROLOGUE = `
+  var ss = 0.0;
+  for (var k = tid; k < k4; k += TH) { let v = x[xrow + k]; ss += dot(v, v); }
+  part[tid] = ss;
+  workgroupBarrier();
+  for (var s = TH / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) { part[tid] += part[tid + s]; }
+    workgroupBarrier();
+  }
+  let inv = inverseSqrt(part[0] / f32(p.K) + p.eps);
+  workgroupBarrier();`;
+
 export type InputTransform = "none" | "rmsnorm" | "silu_mul";
 
 const THREADS = 256;
@@ -99,17 +112,7 @@ function source(wt: WeightType, f: InputTransform, tune: GemvTuning, nwt: Weight
       xa = xa / (vec4<f32>(1.0) + exp(-xa)) * ua;
       xb = xb / (vec4<f32>(1.0) + exp(-xb)) * ub;`;
   }
-  const norm = f !== "rmsnorm" ? "" : `
-  var ss = 0.0;
-  for (var k = tid; k < k4; k += TH) { let v = x[xrow + k]; ss += dot(v, v); }
-  part[tid] = ss;
-  workgroupBarrier();
-  for (var s = TH / 2u; s > 0u; s >>= 1u) {
-    if (tid < s) { part[tid] += part[tid + s]; }
-    workgroupBarrier();
-  }
-  let inv = inverseSqrt(part[0] / f32(p.K) + p.eps);
-  workgroupBarrier();`;
+  const norm = f !== "rmsnorm" ? "" : RMS_PROLOGUE;
   return `
 struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32 }
 @group(0) @binding(0) var<uniform> p: P;

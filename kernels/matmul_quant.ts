@@ -4,7 +4,7 @@
 //                     transforms and reduction as the float one, but a 16-byte load is a unit of 16 (q8)
 //                     or 32 (q4) weights, times its group's bf16 scale
 //   tiledQuantSource  the 16x16 tiled prefill matmul (matmul.ts), dequantising as it fills the W tile
-import { type GemvTuning, type InputTransform, TEAM_REDUCE_STORE } from "./gemv_fused.ts";
+import { type GemvTuning, type InputTransform, RMS_PROLOGUE, TEAM_REDUCE_STORE } from "./gemv_fused.ts";
 import type { WeightType } from "./gpu.ts";
 import { QUANT_GROUP, quantElementWgsl, type QuantType } from "./quant.ts";
 
@@ -52,17 +52,7 @@ export function gemvQuantSource(t: QuantType, f: InputTransform, tune: GemvTunin
   ).join(" + ");
   // q4 codes are q + 8: sum (c - 8) x = dot(c, x) - 8 sum(x), the sum shared by the team's rows.
   const body = t === "q8" ? dots : `${dots} - 8.0 * xsum`;
-  const norm = f !== "rmsnorm" ? "" : `
-  var ss = 0.0;
-  for (var k = tid; k < k4; k += TH) { let v = x[xrow + k]; ss += dot(v, v); }
-  part[tid] = ss;
-  workgroupBarrier();
-  for (var s = TH / 2u; s > 0u; s >>= 1u) {
-    if (tid < s) { part[tid] += part[tid + s]; }
-    workgroupBarrier();
-  }
-  let inv = inverseSqrt(part[0] / f32(p.K) + p.eps);
-  workgroupBarrier();`;
+  const norm = f !== "rmsnorm" ? "" : RMS_PROLOGUE;
   return `
 struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
 @group(0) @binding(0) var<uniform> p: P;

@@ -17,6 +17,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseFlags } from "../../cli/command.ts";
 import { DIAL_TABLE_ENV } from "../../cli/dial_table.ts";
+import { collect } from "../../cli/local_cluster.ts";
 import { createNetns } from "../wan/netns.ts";
 import { startTopology } from "../wan/topology.ts";
 import { type Run, runsTable } from "./pipeline_wan_report.ts";
@@ -43,21 +44,6 @@ const deno = Deno.execPath();
 const log = (m: string) => console.error(`pipeline_wan: ${m}`);
 
 type Msg = Record<string, unknown>;
-
-/** Calls `onLine` for each line of a child's output. */
-async function eachLine(stream: ReadableStream<Uint8Array>, onLine: (l: string) => void): Promise<void> {
-  let buf = "";
-  try {
-    for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {
-      buf += chunk;
-      let i;
-      while ((i = buf.indexOf("\n")) >= 0) {
-        onLine(buf.slice(0, i));
-        buf = buf.slice(i + 1);
-      }
-    }
-  } catch { /* the child is gone */ }
-}
 
 /** Greedy tokens of the single-node path: the chain's longer continuation must equal them. */
 async function singleNode(): Promise<number[]> {
@@ -127,8 +113,8 @@ try {
     ...["--listen", addrs[0], "--model", values.model, "--nodes", `${n}`, "--tokens", prompt.join(",")],
   ]);
   const inbox: Msg[] = [];
-  eachLine(leader.stdout, (l) => inbox.push(JSON.parse(l)));
-  eachLine(leader.stderr, keep("leader"));
+  collect(leader.stdout, (l) => inbox.push(JSON.parse(l)));
+  collect(leader.stderr, keep("leader"));
   const writer = leader.stdin.getWriter();
   const next = async (key: string, timeoutMs: number): Promise<Msg> => {
     const deadline = performance.now() + timeoutMs;
@@ -144,11 +130,11 @@ try {
   const nodeOf = new Map<string, number>([[hello.id as string, 0]]);
   for (let i = 1; i < n; i++) {
     const w = await spawn(i, [join(root, "main.ts"), "join", hello.ticket as string, "--listen", addrs[i]]);
-    eachLine(w.stderr, (l) => {
+    collect(w.stderr, (l) => {
       keep(`node ${i}`)(l);
       if (l.startsWith("id: ")) nodeOf.set(l.slice(4).trim(), i);
     });
-    eachLine(w.stdout, () => {});
+    collect(w.stdout, () => {});
   }
   log(`${n} nodes in namespaces; waiting for the chain`);
   const ready = (await next("ready", 240_000)).ready as { stages: { node: string }[] };
