@@ -1,8 +1,15 @@
 // Running a model: prefill then incremental decode with the KV cache, and teacher-forced logits.
 // The decode loop never waits for the GPU per token: the sampler writes each token where the next
-// step's embedding reads it, and tokens come back in batches (1, 2, 4, ... up to maxBatch), with the
-// next batch already submitted while the previous one is read back, so the ~11 ms readback floor
-// (FACTS.md) overlaps with compute. Steps computed past an eos are discarded: output stays exact.
+// step's embedding reads it, and tokens come back in batches (1, 2, 4, ... up to maxBatch).
+//
+// How the loop keeps the GPU busy, given how Deno's WebGPU maps buffers (ext/webgpu/buffer.rs, FACTS.md):
+// `mapAsync` polls the device with a *blocking* wait for all submitted work, then sleeps 10 ms before it
+// resolves. So calling it blocks this thread until the GPU is idle. The loop therefore always holds the
+// next batch already encoded (command buffer finished, not submitted): right after a map call returns it
+// submits that batch, so the GPU idles only for the submit, and encodes the one after while the GPU
+// runs. Several maps stay in flight so their 10 ms sleeps overlap compute too. Encoding (CPU) and
+// compute (GPU) then overlap instead of adding up. Steps computed past an eos are discarded: output is
+// exact.
 import {
   advanceCall,
   encodeCalls,
@@ -16,9 +23,10 @@ import {
 import type { LlamaModel, LlamaSequence } from "./llama.ts";
 
 /**
- * Readbacks in flight at once. Each takes >= 11 ms to come back (Deno's map polling), so with three the
- * GPU still has two batches queued while the oldest is read; tokens computed past an eos are at most the
- * last two batches, and they are discarded.
+ * Readbacks in flight at once. Each resolves >= 10 ms after the GPU finished its batch (Deno's map
+ * polling); with three, the oldest has usually resolved by the time the loop needs to look at it, so small
+ * batches do not leave the GPU idle. Tokens computed past an eos are at most the batches in flight, and
+ * they are discarded.
  */
 const MAX_IN_FLIGHT = 3;
 
@@ -104,28 +112,59 @@ export async function generate(
   const t0 = performance.now();
   const seq = model.newSequence({ maxSeq, sampling: opts.sampling });
   const pending: Promise<number[]>[] = [];
+  // A batch encoded ahead and not yet submitted (its staging buffer is freed if it never is).
+  let next: Batch | undefined;
   try {
     prefill(seq, prompt, "sample");
     // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit.
     const decode = [...seq.program(1, "sample"), advanceCall(gpu, seq.step)];
-    // Reads generated tokens [from, to) back once the GPU has written them.
-    const read = (from: number, to: number) =>
-      readBack(gpu, seq.tokens, (to - from) * 4, (P + from) * 4).then((b) => Array.from(new Uint32Array(b)));
-    pending.push(read(0, 1));
+    const encodeBatch = (from: number, steps: number): Batch => {
+      const enc = gpu.device.createCommandEncoder();
+      if (steps > 0) {
+        const pass = enc.beginComputePass();
+        for (let i = 0; i < steps; i++) encodeCalls(pass, decode);
+        pass.end();
+      }
+      // Tokens [from, from + n): a batch's own steps write positions from+1 .. from+steps, and the first
+      // batch (no steps) reads the token the prefill sampled.
+      const n = Math.max(steps, 1);
+      const first = steps > 0 ? from + 1 : from;
+      const staging = gpu.device.createBuffer({
+        size: n * 4,
+        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      });
+      enc.copyBufferToBuffer(seq.tokens, (P + first) * 4, staging, 0, n * 4);
+      return { cmd: enc.finish(), staging, tokens: n };
+    };
+    // Batch sizes: the prefill's token alone (first token as soon as possible), then 1, 2, 4 ... maxBatch.
+    let planned = 1;
+    let size = 1;
+    const plan = (): Batch | undefined => {
+      if (planned >= opts.maxTokens) return undefined;
+      const k = Math.min(size, opts.maxTokens - planned);
+      const b = encodeBatch(planned - 1, k);
+      planned += k;
+      size = Math.min(size * 2, maxBatch);
+      return b;
+    };
+    let current: Batch | undefined = encodeBatch(0, 0);
     writeStep(gpu, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
-    let submitted = 1;
-    let batch = 1;
+    gpu.device.queue.submit([current.cmd]);
+    next = plan();
     const out: number[] = [];
     let stopReason: GenerateResult["stopReason"] = "max_tokens";
     let firstAt = 0, lastAt = 0;
-    while (pending.length > 0) {
-      if (submitted < opts.maxTokens && pending.length < MAX_IN_FLIGHT && !opts.signal?.aborted) {
-        const k = Math.min(batch, opts.maxTokens - submitted);
-        submit(gpu, Array.from({ length: k }, () => decode).flat());
-        pending.push(read(submitted, submitted + k));
-        submitted += k;
-        batch = Math.min(batch * 2, maxBatch);
-        continue;
+    while (current || pending.length > 0) {
+      if (current) {
+        // Blocks (in Deno) until the GPU has run `current`; the next batch goes in at once.
+        pending.push(readBatch(current));
+        current = undefined;
+        if (next && !opts.signal?.aborted) {
+          gpu.device.queue.submit([next.cmd]);
+          current = next;
+          next = plan();
+        }
+        if (current && pending.length < MAX_IN_FLIGHT) continue;
       }
       const ids = await pending.shift()!;
       const now = performance.now();
@@ -155,8 +194,26 @@ export async function generate(
       kvBytes: seq.kvBytes,
     };
   } finally {
+    next?.staging.destroy();
     await Promise.allSettled(pending);
     seq.destroy();
+  }
+}
+
+/** A batch of decode steps encoded ahead: its command buffer and where its tokens are copied for reading. */
+interface Batch {
+  cmd: GPUCommandBuffer;
+  staging: GPUBuffer;
+  tokens: number;
+}
+
+/** Maps a submitted batch's tokens to the CPU, freeing its staging buffer. */
+async function readBatch(b: Batch): Promise<number[]> {
+  try {
+    await b.staging.mapAsync(GPUMapMode.READ);
+    return Array.from(new Uint32Array(b.staging.getMappedRange(), 0, b.tokens));
+  } finally {
+    b.staging.destroy();
   }
 }
 
