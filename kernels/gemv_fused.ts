@@ -17,6 +17,7 @@ import {
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
+import { checkSgTuning, gemvSgSource, sgDefaultTuning, sgFits, sgGroups, type SgTuning } from "./gemv_sg.ts";
 import { gemvQuantSource, quantUnit } from "./matmul_quant.ts";
 import { isQuant, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 
@@ -171,7 +172,12 @@ export interface GemvFusedDims {
   transform?: InputTransform;
   /** RMSNorm epsilon (transform "rmsnorm"). */
   eps?: number;
-  tuning?: GemvTuning;
+  /** A team tuning forces this file's kernel; a subgroup tuning gemv_sg.ts's. Default: the best that fits. */
+  tuning?: GemvTuning | SgTuning;
+}
+
+function isSgTuning(t: GemvTuning | SgTuning | undefined): t is SgTuning {
+  return t !== undefined && "unroll" in t;
 }
 
 /** Whether this kernel handles the shape (else use matmulCall, with separate rmsnorm / silu_mul). */
@@ -190,14 +196,24 @@ export function gemvFusedCall(
   const nwt = d.normWeights ?? (isQuant(wt) ? "f32" : wt);
   const f = d.transform ?? "none";
   if (f === "rmsnorm" && !bufs.normWeight) throw new TypeError("rmsnorm transform needs normWeight");
-  // A quantised row is fewer 16-byte loads: tune it as the f16 row of as many loads (untuned on the H200).
-  const tune = d.tuning ?? defaultTuning(isQuant(wt) ? (d.K * 8) / quantUnit(wt) : d.K, d.N);
   const soff = isQuant(wt) ? quantScaleWord(d.N, d.K, wt) : 0;
   const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0, d.eps ?? 0, soff], [
     5,
   ]);
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
+  const S = gpu.subgroupSize;
+  if (isSgTuning(d.tuning) || (d.tuning === undefined && sgFits(gpu, d.K, wt, f))) {
+    if (!S || !sgFits(gpu, d.K, wt, f)) {
+      throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
+    }
+    const t = isSgTuning(d.tuning) ? d.tuning : sgDefaultTuning(d.K, d.N, wt, S);
+    checkSgTuning(t, d.K, wt, S);
+    const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S);
+    return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], `gemv_${f}`);
+  }
+  // A quantised row is fewer 16-byte loads: tune it as the f16 row of as many loads (untuned on the H200).
+  const tune = d.tuning ?? defaultTuning(isQuant(wt) ? (d.K * 8) / quantUnit(wt) : d.K, d.N);
   const rowsPerGroup = (THREADS / tune.team) * tune.rows;
   const code = isQuant(wt) ? gemvQuantSource(wt, f, tune, nwt) : source(wt, f, tune, nwt);
   return kernelCall(gpu, pipeline(gpu, code), buffers, [

@@ -14,6 +14,13 @@ export interface Gpu {
   hasF16: boolean;
   /** Whether `timestamp-query` is enabled. */
   hasTimestamps: boolean;
+  /**
+   * The subgroup (warp) size when `subgroups` is enabled and the adapter has one fixed size (NVIDIA 32,
+   * lavapipe 8), else null. The fast GEMV (gemv_sg.ts) needs it; SWACTOR_GEMV=team turns it off.
+   */
+  subgroupSize: number | null;
+  /** Bytes of workgroup memory a kernel may use. */
+  maxWorkgroupStorage: number;
   /** Pipelines by WGSL source + entry point, built once per device. */
   pipelines: Map<string, GPUComputePipeline>;
 }
@@ -44,19 +51,36 @@ async function requestGpu(): Promise<Gpu> {
   const wanted: GPUFeatureName[] = ["shader-f16", "timestamp-query"];
   const requiredFeatures = wanted.filter((f) => adapter.features.has(f));
   const l = adapter.limits;
-  const device = await adapter.requestDevice({
-    requiredFeatures,
-    requiredLimits: {
-      maxStorageBufferBindingSize: l.maxStorageBufferBindingSize,
-      maxBufferSize: l.maxBufferSize,
-      maxComputeWorkgroupStorageSize: l.maxComputeWorkgroupStorageSize,
-      maxComputeInvocationsPerWorkgroup: l.maxComputeInvocationsPerWorkgroup,
-      maxComputeWorkgroupSizeX: l.maxComputeWorkgroupSizeX,
-      maxStorageBuffersPerShaderStage: l.maxStorageBuffersPerShaderStage,
-      maxComputeWorkgroupsPerDimension: l.maxComputeWorkgroupsPerDimension,
-    },
-  });
-  const info = adapter.info;
+  const info = adapter.info as GPUAdapterInfo & { subgroupMinSize?: number; subgroupMaxSize?: number };
+  // `subgroups` works on the H200 and lavapipe though neither lists it in adapter.features (FACTS.md), so
+  // it is asked for whenever the adapter reports one subgroup size, and dropped if the request fails.
+  const sgSize = info.subgroupMinSize && info.subgroupMinSize === info.subgroupMaxSize
+    ? info.subgroupMinSize
+    : 0;
+  const useSubgroups = sgSize > 0 && Deno.env.get("SWACTOR_GEMV") !== "team";
+  const request = (features: GPUFeatureName[]) =>
+    adapter.requestDevice({
+      requiredFeatures: features,
+      requiredLimits: {
+        maxStorageBufferBindingSize: l.maxStorageBufferBindingSize,
+        maxBufferSize: l.maxBufferSize,
+        maxComputeWorkgroupStorageSize: l.maxComputeWorkgroupStorageSize,
+        maxComputeInvocationsPerWorkgroup: l.maxComputeInvocationsPerWorkgroup,
+        maxComputeWorkgroupSizeX: l.maxComputeWorkgroupSizeX,
+        maxStorageBuffersPerShaderStage: l.maxStorageBuffersPerShaderStage,
+        maxComputeWorkgroupsPerDimension: l.maxComputeWorkgroupsPerDimension,
+      },
+    });
+  let device: GPUDevice | undefined;
+  if (useSubgroups) {
+    try {
+      device = await request([...requiredFeatures, "subgroups" as GPUFeatureName]);
+    } catch {
+      device = undefined;
+    }
+  }
+  const hasSubgroups = device !== undefined;
+  device ??= await request(requiredFeatures);
   const adapterName = info.description || info.device || info.vendor || "unknown adapter";
   return {
     device,
@@ -64,6 +88,8 @@ async function requestGpu(): Promise<Gpu> {
     isSoftware: info.isFallbackAdapter || /llvmpipe|lavapipe|swiftshader|software/i.test(adapterName),
     hasF16: device.features.has("shader-f16"),
     hasTimestamps: device.features.has("timestamp-query"),
+    subgroupSize: hasSubgroups ? sgSize : null,
+    maxWorkgroupStorage: device.limits.maxComputeWorkgroupStorageSize,
     pipelines: new Map(),
   };
 }

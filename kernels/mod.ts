@@ -10,5 +10,6 @@ export * from "./attention.ts";
 export * from "./silu_mul.ts";
 export * from "./sample.ts";
 export * from "./gemv_fused.ts";
+export * from "./gemv_sg.ts";
 export * from "./quant.ts";
 export * from "./matmul_quant.ts";

@@ -1,116 +1,147 @@
-// GEMV microbenchmark at Llama 3.2 1B's shapes: GB/s of weight reads for the plain kernel (matmul.ts)
-// and the fused kernel (gemv_fused.ts) at several tunings, timed with GPU timestamps, rotating over
-// weight copies so the 50 MB L2 does not flatter small shapes. torch's number comes from
-// scripts/bench/torch_gemv.py in the same device run. The q8 / q4 rows (each tuning, and the default)
-// count their own bytes (8.5 / 4.5 bits a weight), so their GB/s compare with f16's directly.
-//   deno run -A scripts/bench/gemv.ts [--quick]
+// GEMV microbenchmark at the decode step's own shapes (Llama 3.2 1B): GB/s of weight reads of the team
+// kernel (gemv_fused.ts), the subgroup kernel (gemv_sg.ts) at its default tuning and, with --sweep, a
+// grid of subgroup tunings (how sgDefaultTuning's table is made). Timed with GPU timestamps over many
+// back-to-back dispatches that rotate over weight copies (>= 256 MB, so the 50 MB L2 does not flatter
+// small shapes), after keeping the GPU busy long enough to reach its clocks. torch's number comes from
+// scripts/bench/torch_gemv.py in the same device run. Quantised rows count their own bytes (8.5 / 4.5
+// bits a weight), so their GB/s compare with f16's directly. One JSON line per case.
+//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep] [--weights f16,q8,q4]
+import { parseArgs } from "node:util";
 import {
+  defaultTuning,
   gemvFusedCall,
   getGpu,
-  matmulCall,
+  type InputTransform,
+  type KernelCall,
   quantBytes,
   type QuantType,
+  sgDefaultTuning,
+  sgFits,
+  type SgTuning,
   storageBuffer,
-  type WeightType,
 } from "../../kernels/mod.ts";
 import { gpuMs } from "./gpu_timer.ts";
 
+const { values } = parseArgs({
+  args: Deno.args,
+  options: {
+    quick: { type: "boolean", default: false },
+    sweep: { type: "boolean", default: false },
+    weights: { type: "string", default: "f16,q8,q4" },
+  },
+});
 const gpu = await getGpu();
-const quick = Deno.args.includes("--quick");
-// [N, K, weight copies to rotate over (default: enough for 256 MB)]
-const shapes: [number, number, number?][] = quick ? [[64, 64]] : [
-  [2048, 2048],
-  [3072, 2048],
-  [2048, 8192],
-  [16384, 2048],
-  [16384, 2048, 1],
-  [8192, 2048],
-  [8192, 2048, 1],
-  [
-    128256,
-    2048,
-  ],
+const quick = values.quick;
+type Wt = "f16" | QuantType;
+interface Case {
+  name: string;
+  N: number;
+  K: number;
+  f: InputTransform;
+}
+// The decode step's GEMVs (and 8192 x 2048, one of issue 6's shapes, with no transform).
+const cases: Case[] = quick ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }] : [
+  { name: "o", N: 2048, K: 2048, f: "none" },
+  { name: "qkv", N: 3072, K: 2048, f: "rmsnorm" },
+  { name: "down", N: 2048, K: 8192, f: "silu_mul" },
+  { name: "8192x2048", N: 8192, K: 2048, f: "none" },
+  { name: "gate_up", N: 16384, K: 2048, f: "rmsnorm" },
+  { name: "head", N: 128256, K: 2048, f: "rmsnorm" },
 ];
-const sweep = Deno.args.includes("--sweep");
-// --sweep: also try a grid of team shapes (how defaultTuning's table was made).
-const tunings = quick
-  ? [{ team: 8, rows: 2 }]
-  : sweep
-  ? [[16, 4], [32, 2], [64, 1], [128, 1]].map(([team, rows]) => ({ team, rows }))
-  : [];
-const wt: WeightType = "f16";
-for (const [N, K, forceCopies] of shapes) {
-  const bytes = N * K * 2;
-  const copies = forceCopies ?? Math.max(1, Math.min(8, Math.ceil(256e6 / bytes)));
-  const ws = Array.from({ length: copies }, () => storageBuffer(gpu, bytes));
-  // Random-ish contents: zeros can run faster than real data (device METHOD.md).
-  for (const w of ws) {
-    gpu.device.queue.writeBuffer(
-      w,
-      0,
-      new Uint16Array(bytes / 2).map((_, i) => 0x3000 + (i * 2654435761 >>> 22)),
-    );
+
+function bytesOf(N: number, K: number, wt: Wt): number {
+  return wt === "f16" ? N * K * 2 : quantBytes(N, K, wt);
+}
+
+function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
+  const perUnit = wt === "f16" ? 8 : wt === "q8" ? 16 : 32;
+  const perLane = K / perUnit / S;
+  const out: SgTuning[] = [];
+  const rowsSet = wt === "f16" ? [1, 2, 4] : [2, 4, 8];
+  const unrolls = [1, 2, 4, 8].filter((u) => perLane % u === 0 && (wt === "f16" || u <= 4));
+  for (const rows of rowsSet) {
+    for (const unroll of unrolls) {
+      if (wt !== "f16" && rows * unroll > 16) continue;
+      for (const groups of [0, 512]) {
+        if (wt === "f16") out.push({ rows, unroll, wg: 256, groups });
+        else for (const magic of [false, true]) out.push({ rows, unroll, wg: 256, groups, magic });
+      }
+    }
   }
-  const x = storageBuffer(gpu, K * 4), y = storageBuffer(gpu, N * 4);
-  const rows: Record<string, number> = {};
-  // The H200 idles at 345 MHz and ramps up under load: keep it busy ~0.5 s before each shape's
-  // timings, and time ~30 ms of work per variant, or the first variants measure the clock ramp.
-  const warm = [matmulCall(gpu, { x, w: ws[0], y }, { K, N, T: 1, weights: "f32" })];
-  for (let spent = 0; !quick && spent < 500;) spent += (await gpuMs(gpu, warm, 50)) * 50;
-  const time = async (name: string, make: (w: GPUBuffer) => ReturnType<typeof matmulCall>, read = bytes) => {
-    const calls = ws.map(make);
-    const once = await gpuMs(gpu, calls, 2);
-    const ms = await gpuMs(gpu, calls, quick ? 1 : Math.max(2, Math.round(30 / once)));
-    rows[name] = Number((read / (ms / copies) / 1e6).toFixed(0));
-  };
-  if (gpu.hasF16) await time("plain", (w) => matmulCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt }));
-  // The RMSNorm-fused form (what qkv, gate/up and the head use) at the default tuning: its per-workgroup
-  // norm prologue is the price of saving a dispatch.
-  const nw = storageBuffer(gpu, K * 2);
-  await time("default", (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt }));
-  await time(
-    "default+rmsnorm",
-    (w) =>
+  return out;
+}
+
+const name = (t: SgTuning) => `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.magic ? "m" : ""}`;
+
+for (const wt of values.weights!.split(",") as Wt[]) {
+  if (wt === "f16" && !gpu.hasF16) continue;
+  for (const c of cases) {
+    const { N, K, f } = c;
+    const bytes = bytesOf(N, K, wt);
+    // Buffers sized for f16 hold the quantised layouts too; their bytes decode to finite weights.
+    const alloc = N * K * 2;
+    const copies = quick ? 1 : Math.max(1, Math.min(16, Math.ceil(256e6 / alloc)));
+    const ws = Array.from({ length: copies }, () => storageBuffer(gpu, alloc));
+    for (const w of ws) {
+      // Random-ish contents: zeros can run faster than real data (device METHOD.md).
+      gpu.device.queue.writeBuffer(
+        w,
+        0,
+        new Uint16Array(alloc / 2).map((_, i) => 0x3000 + (i * 2654435761 >>> 22)),
+      );
+    }
+    const width = f === "silu_mul" ? 2 * K : K;
+    const x = storageBuffer(gpu, width * 4), y = storageBuffer(gpu, N * 4), nw = storageBuffer(gpu, K * 2);
+    const call = (w: GPUBuffer, tuning?: Parameters<typeof gemvFusedCall>[2]["tuning"]): KernelCall =>
       gemvFusedCall(gpu, { x, w, y, normWeight: nw }, {
         K,
         N,
         T: 1,
         weights: wt,
-        transform: "rmsnorm",
+        transform: f,
         eps: 1e-5,
-      }),
-  );
-  for (const t of tunings) {
-    await time(
-      `t${t.team}r${t.rows}`,
-      (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: wt, tuning: t }),
-    );
-  }
-  // The f16 buffers are big enough for the quantised layouts; their bytes decode to finite weights.
-  for (const q of ["q8", "q4"] as QuantType[]) {
-    for (const t of [undefined, ...tunings]) {
-      await time(
-        `${q}_${t ? `t${t.team}r${t.rows}` : "default"}`,
-        (w) => gemvFusedCall(gpu, { x, w, y }, { K, N, T: 1, weights: q, tuning: t }),
-        quantBytes(N, K, q),
-      );
+        tuning,
+      });
+    const rows: Record<string, number> = {};
+    const variants: [string, KernelCall[]][] = [];
+    // Each variant is timed in two passes over all of them (the best kept), so none is measured only
+    // while the clocks ramp or after an idle gap.
+    const time = (label: string, make: (w: GPUBuffer) => KernelCall) => variants.push([label, ws.map(make)]);
+    // The H200 idles at 345 MHz and ramps up under load: ~0.4 s of this shape's work first.
+    if (!quick) {
+      const warm = ws.map((w) => call(w, { team: 64, rows: 1 }));
+      for (let spent = 0; spent < 400;) spent += (await gpuMs(gpu, warm, 20)) * 20;
     }
-  }
-  const best = Object.entries(rows).filter(([k]) => !k.startsWith("q")).reduce((
-    a,
-    b,
-  ) => (b[1] > a[1] ? b : a));
-  console.log(
-    JSON.stringify({
+    time("team", (w) => call(w, defaultTuning(K, N)));
+    const S = gpu.subgroupSize;
+    if (S && sgFits(gpu, K, wt, f)) {
+      const def = sgDefaultTuning(K, N, wt, S);
+      time("sg_default", (w) => call(w, def));
+      if (values.sweep) { for (const t of sweepTunings(K, wt, S)) time(name(t), (w) => call(w, t)); }
+    }
+    for (let pass = 0; pass < 2; pass++) {
+      for (const [label, calls] of variants) {
+        const once = await gpuMs(gpu, calls, 1);
+        const reps = quick ? 1 : Math.max(2, Math.round(20 / once));
+        const gbs = Number((bytes / (await gpuMs(gpu, calls, reps) / copies) / 1e6).toFixed(0));
+        rows[label] = Math.max(rows[label] ?? 0, gbs);
+      }
+    }
+    const best = Object.entries(rows).reduce((a, b) => (b[1] > a[1] ? b : a));
+    console.log(JSON.stringify({
       bench: "gemv",
       adapter: gpu.adapterName,
+      case: c.name,
+      weights: wt,
       N,
       K,
+      transform: f,
       copies,
       gb_s: rows,
       best: best[0],
       best_gb_s: best[1],
-    }),
-  );
-  for (const w of ws) w.destroy();
+    }));
+    for (const w of ws) w.destroy();
+    for (const b of [x, y, nw]) b.destroy();
+  }
 }

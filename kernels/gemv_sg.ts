@@ -1,0 +1,295 @@
+// The decode GEMV on adapters with subgroups (the fast path; gemv_fused.ts's team kernel is the fallback):
+// y[t, n] (+)= sum_k f(x)[t, k] * W[n, k], f one of gemv_fused.ts's input transforms.
+//
+// Shape of the work, chosen so nothing waits on a barrier while weights stream (docs/KERNELS.md):
+//   - each workgroup first writes f(x) for its token row into workgroup memory (RMSNorm's sum of squares,
+//     or SiLU(gate) * up, is computed once per workgroup, not once per row);
+//   - then each subgroup (a warp of S lanes) owns R rows at a time: lane l reads the 16-byte units
+//     l, l + S, l + 2S ... of each row (coalesced), U units of each of the R rows issued before any is
+//     used, so U * R loads are in flight per lane; K and N are compile-time constants, so the loop over
+//     the row has a fixed trip count;
+//   - subgroupAdd reduces a row across the warp: no workgroup barrier inside the row loop, and warps run
+//     independently; a persistent grid (`groups`) makes each warp walk many row blocks.
+// Weights: f16 (8 halves per unit, unpacked with unpack2x16float), f32 (4 per unit), q8 (16 per unit,
+// bf16 scale per 32), q4 (32 per unit = one group; codes are q + 8, so sum (c - 8) x = dot(c, x) - 8
+// sum(x), the unit's sum of x computed once per workgroup).
+import type { InputTransform } from "./gemv_fused.ts";
+import type { Gpu, WeightType } from "./gpu.ts";
+import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
+
+export interface SgTuning {
+  /** Rows per warp at a time. */
+  rows: number;
+  /** Units of each row loaded before use (per lane), a divisor of the units per lane. */
+  unroll: number;
+  /** Workgroup size (a multiple of the subgroup size). */
+  wg: number;
+  /** Most workgroups launched (each loops over row blocks); 0: enough for one block per warp. */
+  groups: number;
+  /**
+   * q8 / q4: turn codes into floats with bit operations (the code in a float's mantissa, 1 + c / 2^m)
+   * instead of integer-to-float conversions, which run at a quarter of the FMA rate on NVIDIA.
+   */
+  magic?: boolean;
+}
+
+/** Weights per 16-byte unit. */
+function unitWeights(wt: WeightType | QuantType): number {
+  return wt === "f16" ? 8 : wt === "f32" ? 4 : wt === "q8" ? 16 : 32;
+}
+
+/** Whether the subgroup kernel serves this shape on this GPU (else the team kernel does). */
+export function sgFits(gpu: Gpu, K: number, wt: WeightType | QuantType, f: InputTransform): boolean {
+  const S = gpu.subgroupSize;
+  if (!S) return false;
+  const units = K / unitWeights(wt);
+  if (!Number.isInteger(units) || units % S !== 0) return false;
+  if (isQuant(wt) && K % QUANT_GROUP !== 0) return false;
+  return sgSharedBytes(K, wt, f, 256, S) <= gpu.maxWorkgroupStorage;
+}
+
+function sgSharedBytes(
+  K: number,
+  wt: WeightType | QuantType,
+  _f: InputTransform,
+  wg: number,
+  S: number,
+): number {
+  return K * 4 + (isQuant(wt) ? (K / unitWeights(wt)) * 4 : 0) + (wg / S) * 4;
+}
+
+/**
+ * Tuning by shape and weight type, from scripts/bench/gemv.ts --sweep on the H200 (docs/BENCHMARKS.md):
+ * short matrices want one row per warp and deep unrolling, tall ones several rows per warp (the x loads
+ * shared), quantised rows more rows (their unpacking is the cost); very tall ones (the LM head) a capped,
+ * persistent grid so fewer workgroups stage x.
+ */
+export function sgDefaultTuning(K: number, N: number, wt: WeightType | QuantType, S: number): SgTuning {
+  const perLane = K / unitWeights(wt) / S;
+  const groups = N >= 65536 ? 512 : 0;
+  let rows: number, unroll: number;
+  if (wt === "q4") [rows, unroll] = [4, 1];
+  else if (wt === "q8") [rows, unroll] = N >= 16384 ? [4, 1] : [2, 4];
+  else {[rows, unroll] = K >= 8192
+      ? [2, 8]
+      : N >= 65536
+      ? [1, 4]
+      : N >= 16384
+      ? [4, 2]
+      : N >= 4096
+      ? [2, 2]
+      : [1, 4];}
+  return { rows, unroll: largestDivisorAtMost(perLane, unroll), wg: 256, groups };
+}
+
+function largestDivisorAtMost(n: number, m: number): number {
+  for (let d = Math.min(n, m); d > 1; d--) if (n % d === 0) return d;
+  return 1;
+}
+
+export function checkSgTuning(t: SgTuning, K: number, wt: WeightType | QuantType, S: number): void {
+  const perLane = K / unitWeights(wt) / S;
+  const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= 8 &&
+    Number.isInteger(t.unroll) && t.unroll >= 1 && perLane % t.unroll === 0 &&
+    Number.isInteger(t.wg) && t.wg >= S && t.wg % S === 0 && t.wg <= 1024 &&
+    Number.isInteger(t.groups) && t.groups >= 0;
+  if (!ok) {
+    throw new RangeError(`bad subgroup GEMV tuning ${JSON.stringify(t)} for K = ${K} (${wt}, S = ${S})`);
+  }
+}
+
+/** WGSL of the subgroup GEMV for one shape (K, N are baked in). */
+export function gemvSgSource(
+  wt: WeightType | QuantType,
+  f: InputTransform,
+  t: SgTuning,
+  nwt: WeightType,
+  K: number,
+  N: number,
+  S: number,
+): string {
+  const UW = unitWeights(wt);
+  const XV = UW / 4; // x vec4s per unit
+  const UNITS = K / UW;
+  const ITER = UNITS / S;
+  const { rows: R, unroll: U, wg: WG } = t;
+  const K4 = K / 4;
+  const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
+  // The transformed input row, staged in workgroup memory.
+  let stage: string;
+  if (f === "rmsnorm") {
+    const nwv = nwt === "f16" ? "vec4<f32>(unpack2x16float(nw[k].x), unpack2x16float(nw[k].y))" : "nw[k]";
+    stage = `
+  var ss = 0.0;
+  for (var k = tid; k < K4; k += WG) { let v = x[xrow + k]; ss += dot(v, v); }
+  ss = subgroupAdd(ss);
+  if (lane == 0u) { red[warp] = ss; }
+  workgroupBarrier();
+  var tot = 0.0;
+  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+  let inv = inverseSqrt(tot / f32(K) + p.eps);
+  for (var k = tid; k < K4; k += WG) { xs[k] = x[xrow + k] * inv * ${nwv}; }`;
+  } else if (f === "silu_mul") {
+    stage = `
+  for (var k = tid; k < K4; k += WG) {
+    let g = x[xrow + k];
+    xs[k] = g / (vec4<f32>(1.0) + exp(-g)) * x[xrow + K4 + k];
+  }`;
+  } else {
+    stage = `
+  for (var k = tid; k < K4; k += WG) { xs[k] = x[xrow + k]; }`;
+  }
+  stage += "\n  workgroupBarrier();";
+  const needXsum = wt === "q4" || (wt === "q8" && t.magic === true);
+  if (needXsum) {
+    stage += `
+  for (var j = tid; j < UNITS; j += WG) {
+    var s4 = vec4<f32>(0.0);
+    for (var i = 0u; i < ${XV}u; i++) { s4 += xs[${XV}u * j + i]; }
+    xsum[j] = dot(s4, vec4<f32>(1.0));
+  }
+  workgroupBarrier();`;
+  }
+  // One unit's contribution: weights w (the loaded unit), x vec4s xv(i) of unit u, row index row. The x
+  // values of a unit are loaded from workgroup memory once and shared by the R rows.
+  const xv = (u: number, i: number) => `x${u}_${i}`;
+  const unitDot = (w: string, u: number, row: string): string => {
+    const j = `j${u}`;
+    switch (wt) {
+      case "f32":
+        return `dot(${w}, ${xv(u, 0)})`;
+      case "f16":
+        return `dot(vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y)), ${xv(u, 0)}) + ` +
+          `dot(vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w)), ${xv(u, 1)})`;
+      case "q8": {
+        if (t.magic) {
+          // f = 1 + (b + 128) / 256 for the signed byte b: sum b x = 256 sum f x - 384 sum x.
+          const d = [0, 1, 2, 3].map((i) => `dot(q8m(${w}[${i}]), ${xv(u, i)})`).join(" + ");
+          return `scale(${row} * GPR + ${j} / 2u) * (256.0 * (${d}) - 384.0 * xsum${u})`;
+        }
+        const d = [0, 1, 2, 3].map((i) => `dot(q8v(${w}[${i}]), ${xv(u, i)})`).join(" + ");
+        return `scale(${row} * GPR + ${j} / 2u) * (${d})`;
+      }
+      case "q4": {
+        if (t.magic) {
+          // f = 1 + c / 16 for the code c = q + 8: sum q x = 16 sum f x - 24 sum x.
+          const d = [0, 1, 2, 3, 4, 5, 6, 7].map((i) =>
+            `dot(q4m(${i & 1 ? `(${w}[${i >> 1}] >> 16u)` : `${w}[${i >> 1}]`}), ${xv(u, i)})`
+          ).join(" + ");
+          return `scale(${row} * GPR + ${j}) * (16.0 * (${d}) - 24.0 * xsum${u})`;
+        }
+        const d = [0, 1, 2, 3, 4, 5, 6, 7].map((i) =>
+          `dot(q4v(${w}[${i >> 1}], ${16 * (i & 1)}u), ${xv(u, i)})`
+        )
+          .join(" + ");
+        return `scale(${row} * GPR + ${j}) * (${d} - 8.0 * xsum${u})`;
+      }
+    }
+  };
+  const body: string[] = [];
+  for (let u = 0; u < U; u++) body.push(`let j${u} = (it + ${u}u) * S + lane;`);
+  for (let u = 0; u < U; u++) {
+    for (let r = 0; r < R; r++) body.push(`let w${u}_${r} = W[rb${r} + j${u}];`);
+  }
+  for (let u = 0; u < U; u++) {
+    for (let i = 0; i < XV; i++) body.push(`let ${xv(u, i)} = xs[${XV}u * j${u} + ${i}u];`);
+    if (needXsum) body.push(`let xsum${u} = xsum[j${u}];`);
+  }
+  for (let u = 0; u < U; u++) {
+    for (let r = 0; r < R; r++) body.push(`a${r} += ${unitDot(`w${u}_${r}`, u, `row${r}`)};`);
+  }
+  const rowsDecl: string[] = [];
+  for (let r = 0; r < R; r++) {
+    rowsDecl.push(
+      `let row${r} = min(n0 + ${r}u, N - 1u);`,
+      `let rb${r} = row${r} * UNITS;`,
+      `var a${r} = 0.0;`,
+    );
+  }
+  const stores: string[] = [];
+  for (let r = 0; r < R; r++) {
+    stores.push(`let s${r} = subgroupAdd(a${r});`);
+  }
+  for (let r = 0; r < R; r++) {
+    stores.push(`if (lane == ${r}u && n0 + ${r}u < N) {
+      let o = t * N + n0 + ${r}u;
+      y[o] = select(0.0, y[o], p.acc != 0u) + s${r};
+    }`);
+  }
+  const quantFns = !isQuant(wt) ? "" : `
+const GPR = ${K / QUANT_GROUP}u;
+fn scale(g: u32) -> f32 {
+  let sw = W[p.soff / 4u + g / 8u][(g / 2u) % 4u];
+  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));
+}
+fn q8v(w: u32) -> vec4<f32> {
+  let s = bitcast<i32>(w);
+  return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
+}
+fn q4v(w: u32, sh: u32) -> vec4<f32> {
+  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
+}
+// The low four nibbles of w as 1 + c / 16 (the nibble moved to mantissa bits 19..22).
+fn q4m(w: u32) -> vec4<f32> {
+  return bitcast<vec4<f32>>(((vec4<u32>(w) << vec4<u32>(19u, 15u, 11u, 7u)) & vec4<u32>(0x00780000u)) |
+    vec4<u32>(0x3F800000u));
+}
+// The four signed bytes b of w as 1 + (b + 128) / 256 (the byte moved to mantissa bits 15..22).
+fn q8m(w: u32) -> vec4<f32> {
+  let u = w ^ 0x80808080u;
+  let b = (vec4<u32>(u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
+  return bitcast<vec4<f32>>((b << vec4<u32>(15u)) | vec4<u32>(0x3F800000u));
+}`;
+  return `
+struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: ${wDecl};
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+${
+    f === "rmsnorm"
+      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
+      : ""
+  }
+const K = ${K}u;
+const N = ${N}u;
+const K4 = ${K4}u;
+const UNITS = ${UNITS}u;
+const ITER = ${ITER}u;
+const S = ${S}u;
+const WG = ${WG}u;
+const WARPS = ${WG / S}u;
+const R = ${R}u;
+var<workgroup> xs: array<vec4<f32>, ${K4}>;
+var<workgroup> red: array<f32, ${WG / S}>;
+${needXsum ? `var<workgroup> xsum: array<f32, ${UNITS}>;` : ""}
+${quantFns}
+@compute @workgroup_size(${WG})
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_index) tid: u32,
+  @builtin(num_workgroups) ng: vec3<u32>,
+) {
+  let warp = tid / S;
+  let lane = tid % S;
+  let t = wg.y;
+  let xrow = (p.x_row0 + t) * ${f === "silu_mul" ? "2u * K4" : "K4"};
+  ${stage}
+  let nblk = (N + R - 1u) / R;
+  for (var blk = wg.x * WARPS + warp; blk < nblk; blk += ng.x * WARPS) {
+    let n0 = blk * R;
+    ${rowsDecl.join("\n    ")}
+    for (var it = 0u; it < ITER; it += ${U}u) {
+      ${body.join("\n      ")}
+    }
+    ${stores.join("\n    ")}
+  }
+}`;
+}
+
+/** Workgroups to launch along x. */
+export function sgGroups(N: number, t: SgTuning, S: number): number {
+  const warps = t.wg / S;
+  const need = Math.ceil(Math.ceil(N / t.rows) / warps);
+  return t.groups > 0 ? Math.min(need, t.groups) : need;
+}

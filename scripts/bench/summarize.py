@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Short tables from the JSON lines of decode.ts / hf_decode.py / gemv.ts / torch_gemv.py (device runs print
+this last, so the reply carries it): decode tok/s and GPU time by kernel; per GEMV case the team kernel,
+the subgroup default, the best tuning and torch's GB/s."""
+import json, sys
+
+lines = []
+for path in sys.argv[1:]:
+    for line in open(path):
+        if line.startswith("{"):
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                pass
+for r in lines:
+    if r.get("bench") == "swactor-decode":
+        k = r.get("gpu_ms_by_kernel", {})
+        print(f"decode {r['weights']:4} {r.get('gemv','?'):20} {r['decode_tok_s']:7.1f} tok/s  wall {r.get('wall_ms_per_token',0):.3f} ms"
+              f"  gpu {r['gpu_ms_per_token']:.3f}  cpu {r['cpu_encode_ms_per_token']:.3f}  runs {r['runs']}"
+              f"  err {[v for kk, v in r.items() if kk.startswith('logits_rel')]}")
+        print("   by kernel: " + ", ".join(f"{a} {b:.3f}" for a, b in k.items()))
+    elif r.get("bench", "").startswith("hf") or "transformers" in json.dumps(r)[:80]:
+        print("hf", json.dumps(r)[:300])
+torch = {(r["N"], r["K"]): r["gb_s"] for r in lines if r.get("bench") == "torch-gemv"}
+for r in lines:
+    if r.get("bench") != "gemv":
+        continue
+    g = r["gb_s"]
+    top = sorted(((v, k) for k, v in g.items()), reverse=True)[:3]
+    t = torch.get((r["N"], r["K"]))
+    ratio = f"{r['best_gb_s'] / t:.2f}" if t and r["weights"] == "f16" else "-"
+    print(f"gemv {r['case']:9} {r['weights']:3} team {g.get('team', 0):5} sg_def {g.get('sg_default', 0):5}  top "
+          + ", ".join(f"{k} {v}" for v, k in top) + f"  torch {t}  best/torch {ratio}")

@@ -1,0 +1,117 @@
+// The subgroup GEMV (kernels/gemv_sg.ts) against the CPU reference, for every weight type and input
+// transform and a spread of tunings (rows per warp, unroll, workgroup size, persistent grid). On lavapipe
+// the subgroup is 8 lanes, on NVIDIA 32: shapes are chosen from the adapter's size so each type has
+// 1..4 units per lane. Skips, saying so, without a GPU or without subgroups.
+import {
+  dequantize,
+  gemvFusedCall,
+  matmulRef,
+  quantize,
+  rmsnormRef,
+  runCalls,
+  type SgTuning,
+  siluMulRef,
+  uploadBuffer,
+} from "../../kernels/mod.ts";
+import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
+import { assertClose, gpuOrSkip, randoms, readF32, upload } from "./harness.ts";
+
+const gpu = await gpuOrSkip();
+if (gpu && !gpu.subgroupSize) {
+  console.log(`skipped: subgroup GEMV tests (${gpu.adapterName} has no fixed subgroup size)`);
+}
+const ignore = gpu === null || !gpu.subgroupSize;
+
+const PER_UNIT = { f32: 4, f16: 8, q8: 16, q4: 32 } as const;
+
+function packed(t: keyof typeof PER_UNIT, w: Float32Array, N: number, K: number) {
+  if (t === "f32") return { bytes: new Uint8Array(w.buffer), deq: w };
+  if (t === "f16") return { bytes: new Uint8Array(f32ToF16(w).buffer), deq: f16ToF32(f32ToF16(w)) };
+  const q = quantize(w, { N, K }, t);
+  return { bytes: q, deq: dequantize(q, { N, K }, t) };
+}
+
+Deno.test(
+  { name: "subgroup GEMV matches the reference for every weight type, transform and tuning", ignore },
+  async () => {
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    const tunings: SgTuning[] = [
+      { rows: 1, unroll: 1, wg: S, groups: 0 },
+      { rows: 2, unroll: 2, wg: 4 * S, groups: 0 },
+      { rows: 3, unroll: 1, wg: 2 * S, groups: 2 },
+      { rows: 4, unroll: 4, wg: 8 * S, groups: 1 },
+    ];
+    let k = 0;
+    for (const wt of ["f32", "f16", "q8", "q4"] as const) {
+      for (const lanesUnits of [4, 2]) {
+        const K = PER_UNIT[wt] * S * lanesUnits;
+        for (const [T, N] of [[1, 37], [2, 5], [3, 64]]) {
+          for (const transform of ["none", "rmsnorm", "silu_mul"] as const) {
+            const tuning = { ...tunings[k++ % tunings.length] };
+            tuning.unroll = Math.min(tuning.unroll, lanesUnits);
+            const accumulate = k % 2 === 0;
+            const normWeights = wt === "f32" || k % 3 === 0 ? "f32" as const : "f16" as const;
+            const width = transform === "silu_mul" ? 2 * K : K;
+            const x = randoms((T + 1) * width, k, 2);
+            const w = packed(wt, randoms(N * K, N + k, 0.5), N, K);
+            let nw = randoms(K, K + 3);
+            const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
+            if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
+            const y0 = randoms(T * N, 9);
+            const y = upload(g, y0);
+            await runCalls(g, [
+              gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
+                K,
+                N,
+                T,
+                accumulate,
+                xRow0: 1,
+                weights: wt,
+                normWeights,
+                transform,
+                eps: 1e-5,
+                tuning,
+              }),
+            ]);
+            const rows = x.slice(width, (T + 1) * width);
+            const input = transform === "rmsnorm"
+              ? rmsnormRef(rows, nw, K, 1e-5)
+              : transform === "silu_mul"
+              ? siluMulRef(rows, K)
+              : rows;
+            const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
+            assertClose(
+              await readF32(g, y, T * N),
+              want,
+              1e-4,
+              1e-4,
+              `sg gemv ${wt} ${transform} T${T} K${K} N${N} nw ${normWeights} ${JSON.stringify(tuning)}`,
+            );
+          }
+        }
+      }
+    }
+  },
+);
+
+Deno.test({ name: "subgroup GEMV rejects a tuning that does not divide the row", ignore }, () => {
+  const g = gpu!;
+  const S = g.subgroupSize!;
+  const buf = upload(g, new Float32Array(64));
+  let err: unknown;
+  try {
+    gemvFusedCall(g, { x: buf, w: buf, y: buf }, {
+      K: 8 * S * 3,
+      N: 4,
+      T: 1,
+      weights: "f16",
+      tuning: { rows: 1, unroll: 2, wg: S, groups: 0 },
+    });
+  } catch (e) {
+    err = e;
+  }
+  if (!(err instanceof RangeError) || !/tuning/.test(err.message)) {
+    throw new Error(`want a RangeError, got ${err}`);
+  }
+});
