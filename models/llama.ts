@@ -22,6 +22,8 @@ import { CheckpointError } from "./errors.ts";
 import { llamaTensorShapes } from "./llama_tensors.ts";
 import {
   attentionCall,
+  attentionDecodeCall,
+  attentionDecodeFits,
   createStepBuffer,
   embedCall,
   GEMV_MAX_T,
@@ -382,10 +384,13 @@ export class LlamaSequence {
     const fused = T <= GEMV_MAX_T && [d.H, d.nH * d.hd, d.I].every(gemvFusedFits);
     this.model.layers.forEach((l, i) => {
       const { k: kcache, v: vcache } = this.kv[i];
-      const attention = [
-        ropeKvCall(gpu, { step, table: this.ropeTable, qkv, kcache, vcache }, attnDims),
-        attentionCall(gpu, { step, qkv, kcache, vcache, out: att }, attnDims),
-      ];
+      // One token: RoPE, the KV write and attention in one dispatch (subgroups); else two.
+      const attention = T === 1 && attentionDecodeFits(gpu, attnDims)
+        ? [attentionDecodeCall(gpu, { step, table: this.ropeTable, qkv, kcache, vcache, out: att }, attnDims)]
+        : [
+          ropeKvCall(gpu, { step, table: this.ropeTable, qkv, kcache, vcache }, attnDims),
+          attentionCall(gpu, { step, qkv, kcache, vcache, out: att }, attnDims),
+        ];
       if (fused) {
         calls!.push(
           gemvFusedCall(gpu, { x, w: l.qkv, y: qkv, normWeight: l.inputNorm }, {

@@ -1,0 +1,372 @@
+// Single-token decode attention with RoPE and the KV-cache write folded in: one dispatch replaces
+// ropeKvCall + attentionCall when the step has T = 1 (prefill keeps those two). Needs subgroups.
+//
+// One workgroup per q head h (kv head h / group), WG threads = WARPS subgroups of S lanes:
+//   - prologue: RoPE of q and of this kv head's k at pos = step.pos0 (rotate-half, the cs table as in
+//     rope.ts) into workgroup memory with v; one barrier (the workgroupUniformLoad that makes the key
+//     count uniform, and returns when step.T == 0). The group's first q head writes rotated k and v into
+//     the caches at pos; no workgroup reads position pos from the cache (each uses its own k / v for it),
+//     so there is no cross-workgroup dependence;
+//   - keys 0..pos-1 from the cache in chunks of S, chunk c to subgroup c % WARPS, online softmax per
+//     subgroup (subgroupMax / subgroupAdd for the chunk's max and sum, no barrier). Key and value rows
+//     are read coalesced as vec4 (vec2 when head_dim % 4 != 0): a row is HDV vectors, read by a group of
+//     HDV lanes (S / HDV rows per load) or, for HDV > S, by all S lanes. Scores: each lane holds partial
+//     dot products of its q slots with the S / (groups) keys of its group, and a butterfly of
+//     shuffle-xors leaves every lane the full score of one key (shapes whose HDV leaves lanes idle, e.g.
+//     head_dim 40 at S = 32, score lane per key instead: lane l reads key l's whole row). Values: each
+//     lane accumulates its output slots, a key's weight taken from the lane that scored it by
+//     subgroupShuffle. All loads of a block (`unroll`) are issued before any is used, the first block of
+//     value loads before the scores (`prefetchV`): the chunk costs about one memory latency;
+//   - the last subgroup scores the current key (k from workgroup memory, subgroupAdd over dims);
+//   - one barrier, then each thread combines one output slot over the subgroups' (m, l, acc) and the
+//     current key, and writes out[h * hd ..].
+// Barriers stay in uniform control flow: the chunk loop's trip count is the same for every thread (a
+// subgroup without a chunk in a round skips it inside an `if`).
+// H200 (32 / 8 heads, 16 layers of 4096-position caches, us per layer in one pass), at 30 / 100 / 300 /
+// 1000 / 4000 keys: hd 64: 3.7 / 4.2 / 5.5 / 9.7 / 23 against 11.5 / 18 / 48 / 204 / 793 for
+// rope + attention; hd 128: 19 / 22 / 21 / 13 / 36 against 69 / 129 / 319 / 394 / 1482.
+import type { Gpu, KernelCall } from "./gpu.ts";
+import { kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { STEP_WGSL } from "./step.ts";
+
+/** The largest head_dim the decode kernel supports. */
+export const DECODE_MAX_HEAD_DIM = 256;
+
+/** Threads per workgroup asked for by default. */
+const WG_WANTED = 512;
+
+/** The kernel's shape (see attentionDecodeDefaultTuning). */
+export interface AttentionDecodeTuning {
+  /** Subgroups per workgroup. */
+  warps: number;
+  /** Vector loads a lane issues before using any (per block of the key row or of the value rows). */
+  unroll: number;
+  /** Issue the chunk's first block of value loads before scoring its keys. */
+  prefetchV: boolean;
+  /** Score with coalesced row reads and a shuffle butterfly where the shape allows (else lane per key). */
+  butterfly?: boolean;
+}
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+export interface AttentionDecodeDims {
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  /** Capacity of the KV cache in positions. */
+  maxSeq: number;
+}
+
+/** Whether attentionDecodeCall serves this shape on this GPU (else use ropeKvCall + attentionCall). */
+export function attentionDecodeFits(gpu: Gpu, d: AttentionDecodeDims): boolean {
+  return gpu.subgroupSize !== null && d.headDim >= 2 && d.headDim % 2 === 0 &&
+    d.headDim <= DECODE_MAX_HEAD_DIM && d.kvHeads >= 1 && d.heads % d.kvHeads === 0 &&
+    sharedBytes(d.headDim, 1) <= gpu.maxWorkgroupStorage &&
+    gpu.subgroupSize <= gpu.device.limits.maxComputeInvocationsPerWorkgroup;
+}
+
+/** Workgroup memory of the kernel: q, k, v of the head, and each subgroup's (m, l, acc[hd]). */
+function sharedBytes(hd: number, warps: number): number {
+  return 3 * hd * 4 + warps * (hd + 2) * 4 + 16;
+}
+
+/**
+ * The default tuning, from an H200 sweep (hd 64 and 128, 32 / 8 heads, 30..4000 keys): WG_WANTED threads
+ * (fewer where workgroup memory or the device's limit is short), value prefetch and the butterfly on,
+ * the whole chunk's loads in one block when they are at most 16 a lane, else blocks of 8.
+ */
+export function attentionDecodeDefaultTuning(gpu: Gpu, headDim: number): AttentionDecodeTuning {
+  const S = gpu.subgroupSize ?? 32;
+  const maxThreads = Math.min(WG_WANTED, gpu.device.limits.maxComputeInvocationsPerWorkgroup);
+  let warps = Math.max(1, Math.floor(maxThreads / S));
+  while (warps > 1 && sharedBytes(headDim, warps) > gpu.maxWorkgroupStorage) warps--;
+  const HDV = headDim / (headDim % 4 === 0 ? 4 : 2);
+  const loadsPerChunk = HDV <= S ? Math.ceil(S / Math.floor(S / HDV)) : S * Math.ceil(HDV / S);
+  return { warps, unroll: loadsPerChunk <= 16 ? 16 : 8, prefetchV: true, butterfly: true };
+}
+
+/** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
+export function attentionDecodeSource(
+  d: { heads: number; kvHeads: number; headDim: number },
+  S: number,
+  t: AttentionDecodeTuning,
+): string {
+  const { warps, unroll: UB } = t;
+  const HD = d.headDim;
+  const VW = HD % 4 === 0 ? 4 : 2; // every vector below is VW floats: key, value and output slots
+  const vt = `vec${VW}<f32>`;
+  const HDV = HD / VW;
+  // Rows are read coalesced: with HDV <= S ("grouped"), KG groups of HDV lanes read KG rows at a time
+  // (group g = lane / HDV, slot sl = lane % HDV; lanes past KG * HDV idle), else each lane reads NSLOT
+  // slots lane, lane + S, ... of every row. IT steps cover the chunk's S keys; step it reads key
+  // it * KG + g of the chunk.
+  const grouped = HDV <= S;
+  const KG = grouped ? Math.floor(S / HDV) : 1;
+  const NSLOT = Math.ceil(HDV / S);
+  const IT = Math.ceil(S / KG);
+  const slot = (i: number) => grouped ? "sl" : `min(lane + ${i * S}u, ${HDV - 1}u)`;
+  const keyOf = (it: number) => grouped ? `${it * KG}u + g` : `${it}u`;
+  // Scores: with R = IT lanes per group a power of two (KG * R = S), each lane takes partial dot
+  // products of its slots with the R keys of its group, and a butterfly of R - 1 shuffles leaves lane
+  // (g, j) the score of key j * KG + g. Otherwise ("lane per key") lane l reads the whole row of key l.
+  const butterfly = (t.butterfly ?? true) && (!grouped || KG * HDV === S);
+  const rowOf = (k: string) => `(kv0 + min(base + ${k}, nc - 1u)) * HDV`;
+  // Blocks of up to UB loads, each block's loads issued before any is used.
+  const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
+    const out: string[] = [];
+    for (let b = 0; b < n; b += UB) {
+      const xs = range(Math.min(UB, n - b)).map((i) => b + i);
+      out.push(...xs.map(load), ...xs.flatMap(use));
+    }
+    return out;
+  };
+  const pairs = range(IT * NSLOT).map((x) => [Math.floor(x / NSLOT), x % NSLOT]);
+  const score: string[] = [];
+  const qDecl: string[] = [];
+  if (butterfly) {
+    // q slots of this lane, read once; a clamped duplicate slot (non-grouped, last slot) counts zero.
+    for (let i = 0; i < NSLOT; i++) {
+      const q = `qs[${slot(i)}]`;
+      qDecl.push(
+        `let q${i} = ${
+          !grouped && (i + 1) * S > HDV ? `select(${vt}(0.0), ${q}, lane + ${i * S}u < HDV)` : q
+        };`,
+      );
+    }
+    score.push(...range(IT).map((it) => `var x${it} = 0.0;`));
+    score.push(...blocks(pairs.length, (x) => {
+      const [it, i] = pairs[x];
+      return `let k${it}_${i} = kc[${rowOf(keyOf(it))} + ${slot(i)}];`;
+    }, (x) => {
+      const [it, i] = pairs[x];
+      return [`x${it} += dot(q${i}, k${it}_${i});`];
+    }));
+    let vals = range(IT).map((it) => `x${it}`);
+    for (let m = IT / 2, step = 0; m >= 1; m /= 2, step++) {
+      score.push(`let b${step} = (lane & ${m}u) != 0u;`);
+      const next: string[] = [];
+      for (let k = 0; k < m; k++) {
+        const lo = vals[k], hi = vals[k + m], y = `y${step}_${k}`;
+        score.push(
+          `let ${y} = select(${lo}, ${hi}, b${step}) + subgroupShuffleXor(select(${hi}, ${lo}, b${step}), ${m}u);`,
+        );
+        next.push(y);
+      }
+      vals = next;
+    }
+    const kl = grouped ? `sl * ${KG}u + g` : "lane";
+    score.push(`let sc = select(-3.0e38, ${vals[0]} * p.scale, base + ${kl} < nc);`);
+  } else {
+    score.push(`let kb = ${rowOf("lane")};`, `var dv = ${vt}(0.0);`);
+    score.push(...blocks(HDV, (e) => `let k${e} = kc[kb + ${e}u];`, (e) => [`dv += qs[${e}u] * k${e};`]));
+    score.push(`let sc = select(-3.0e38, dot(dv, ${vt}(1.0)) * p.scale, base + lane < nc);`);
+  }
+  // Values: the weight of step it's key, from the lane that scored it.
+  const pOf = (it: number): string => {
+    if (butterfly) return `subgroupShuffle(pr, ${grouped ? `g * ${IT}u + ${it}u` : `${it}u`})`;
+    const kk = grouped ? `min(${keyOf(it)}, ${S - 1}u)` : `${it}u`;
+    const sh = `subgroupShuffle(pr, ${kk})`;
+    // Lanes whose key index falls outside the chunk (idle groups, the last step) get weight 0.
+    const needMask = grouped && (KG * HDV < S || IT * KG > S);
+    return needMask ? `select(0.0, ${sh}, ${keyOf(it)} < ${S}u && g < ${KG}u)` : sh;
+  };
+  const vLoad = (x: number) => {
+    const [it, i] = pairs[x];
+    const kk = grouped && !butterfly ? `min(${keyOf(it)}, ${S - 1}u)` : keyOf(it);
+    return `let v${it}_${i} = vc[${rowOf(kk)} + ${slot(i)}];`;
+  };
+  const vUse = (x: number) => {
+    const [it, i] = pairs[x];
+    return [...(i === 0 ? [`let p${it} = ${pOf(it)};`] : []), `acc${i} += p${it} * v${it}_${i};`];
+  };
+  const first = t.prefetchV ? Math.min(UB, pairs.length) : 0;
+  const vPrefetch = range(first).map(vLoad);
+  const values = [
+    ...range(first).flatMap(vUse),
+    ...blocks(pairs.length - first, (x) => vLoad(x + first), (x) => vUse(x + first)),
+  ];
+  // The warp's partial output into workgroup memory.
+  const store: string[] = [];
+  if (grouped) {
+    const sum = range(KG).map((gg) => `subgroupShuffle(acc0, sl + ${gg * HDV}u)`).join(" + ");
+    store.push(`let tot = ${sum};`, `if (lane < HDV) { accs[warp * HDV + sl] = tot; }`);
+  } else {
+    for (let i = 0; i < NSLOT; i++) {
+      const st = `accs[warp * HDV + lane + ${i * S}u] = acc${i};`;
+      store.push((i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`);
+    }
+  }
+  return `${STEP_WGSL}
+struct P { max_seq: u32, scale: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> step: Step;
+@group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read> qkv: array<f32>;
+@group(0) @binding(4) var<storage, read_write> kc: array<${vt}>;
+@group(0) @binding(5) var<storage, read_write> vc: array<${vt}>;
+@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;
+const HD = ${HD}u;
+const HALF = ${HD / 2}u;
+const HDV = ${HDV}u;
+const VW = ${VW}u;
+const GROUP = ${d.heads / d.kvHeads}u;
+const NH = ${d.heads}u;
+const NKV = ${d.kvHeads}u;
+const S = ${S}u;
+const WARPS = ${warps}u;
+const WG = ${warps * S}u;
+var<workgroup> qs: array<${vt}, ${HDV}>;
+var<workgroup> ks: array<${vt}, ${HDV}>;
+var<workgroup> vs: array<${vt}, ${HDV}>;
+var<workgroup> accs: array<${vt}, ${warps * HDV}>;
+var<workgroup> ms: array<f32, ${warps}>;
+var<workgroup> ls: array<f32, ${warps}>;
+var<workgroup> keys: u32;
+var<workgroup> s_cur: f32;
+@compute @workgroup_size(${warps * S})
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_index) tid: u32,
+  @builtin(subgroup_invocation_id) lane: u32,
+) {
+  let h = wg.x;
+  let kvh = h / GROUP;
+  let warp = tid / S;
+  // Every thread reads the step itself; the key count is made uniform by the barrier below, which also
+  // publishes q, k, v. Nothing is written outside the workgroup before it.
+  let pos = step.pos0;
+  if (tid == 0u) { keys = select(0u, pos + 1u, step.T > 0u); }
+  for (var i = tid; i < HALF; i += WG) {
+    let c = cs[pos * HALF + i];
+    let qb = h * HD;
+    let q0 = qkv[qb + i];
+    let q1 = qkv[qb + i + HALF];
+    let kb = (NH + kvh) * HD;
+    let k0 = qkv[kb + i];
+    let k1 = qkv[kb + i + HALF];
+    let vb = (NH + NKV + kvh) * HD;
+    let v0 = qkv[vb + i];
+    let v1 = qkv[vb + i + HALF];
+    qs[i / VW][i % VW] = q0 * c.x - q1 * c.y;
+    qs[(i + HALF) / VW][(i + HALF) % VW] = q1 * c.x + q0 * c.y;
+    ks[i / VW][i % VW] = k0 * c.x - k1 * c.y;
+    ks[(i + HALF) / VW][(i + HALF) % VW] = k1 * c.x + k0 * c.y;
+    vs[i / VW][i % VW] = v0;
+    vs[(i + HALF) / VW][(i + HALF) % VW] = v1;
+  }
+  let n = workgroupUniformLoad(&keys);
+  if (n == 0u) { return; }
+  let nc = n - 1u; // keys read from the cache: positions 0..pos-1
+  let kv0 = kvh * p.max_seq;
+  if (h % GROUP == 0u) {
+    let cb = (kv0 + nc) * HDV;
+    for (var e = tid; e < HDV; e += WG) {
+      kc[cb + e] = ks[e];
+      vc[cb + e] = vs[e];
+    }
+  }
+  ${grouped ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}
+  ${qDecl.join("\n  ")}
+  var m = -3.0e38;
+  var l = 0.0;
+  ${range(NSLOT).map((i) => `var acc${i} = ${vt}(0.0);`).join("\n  ")}
+  let nch = (nc + S - 1u) / S;
+  let rounds = (nch + WARPS - 1u) / WARPS;
+  for (var r = 0u; r < rounds; r++) {
+    let c = r * WARPS + warp;
+    if (c < nch) {
+      let base = c * S;
+      // Keys past the last are read clamped to it, score -3e38 and weigh 0.
+      ${vPrefetch.join("\n      ")}
+      ${score.join("\n      ")}
+      let m_new = max(m, subgroupMax(sc));
+      let corr = exp(m - m_new);
+      let pr = exp(sc - m_new);
+      l = l * corr + subgroupAdd(pr);
+      ${range(NSLOT).map((i) => `acc${i} *= corr;`).join("\n      ")}
+      ${values.join("\n      ")}
+      m = m_new;
+    }
+  }
+  ${store.join("\n  ")}
+  if (lane == 0u) {
+    ms[warp] = m;
+    ls[warp] = l;
+  }
+  if (warp == WARPS - 1u) {
+    var t = 0.0;
+    for (var e = lane; e < HDV; e += S) { t += dot(qs[e], ks[e]); }
+    t = subgroupAdd(t);
+    if (lane == 0u) { s_cur = t * p.scale; }
+  }
+  workgroupBarrier();
+  let act = min(nch, WARPS);
+  let sk = s_cur;
+  var mx = sk;
+  for (var w = 0u; w < act; w++) { mx = max(mx, ms[w]); }
+  let ek = exp(sk - mx);
+  for (var e = tid; e < HDV; e += WG) {
+    var lsum = ek;
+    var a = ek * vs[e];
+    for (var w = 0u; w < act; w++) {
+      let wt = exp(ms[w] - mx);
+      lsum += ls[w] * wt;
+      a += accs[w * HDV + e] * wt;
+    }
+    out[h * HDV + e] = a / lsum;
+  }
+}`;
+}
+
+/**
+ * Attention for a decode step of ONE token (step.T must be 1; with step.T == 0 it does nothing): RoPE on
+ * this token's q and k (from row 0 of the fused qkv activations), rotated k and v written into the caches
+ * at step.pos0, and causal GQA attention over positions 0..pos0 into out [heads * hd]. Replaces
+ * ropeKvCall + attentionCall in T = 1 programs only; q in qkv is left unrotated. Needs subgroups: check
+ * attentionDecodeFits first (it throws a RangeError without them or for an unsupported shape).
+ */
+export function attentionDecodeCall(
+  gpu: Gpu,
+  bufs: {
+    step: GPUBuffer;
+    table: GPUBuffer;
+    qkv: GPUBuffer;
+    kcache: GPUBuffer;
+    vcache: GPUBuffer;
+    out: GPUBuffer;
+  },
+  d: AttentionDecodeDims,
+  tuning?: Partial<AttentionDecodeTuning>,
+): KernelCall {
+  const S = gpu.subgroupSize;
+  if (S === null) throw new RangeError("attention decode kernel needs subgroups, which this device lacks");
+  if (!attentionDecodeFits(gpu, d)) {
+    throw new RangeError(
+      `attention decode kernel does not fit heads ${d.heads}, kv heads ${d.kvHeads}, head_dim ${d.headDim}`,
+    );
+  }
+  const t = { ...attentionDecodeDefaultTuning(gpu, d.headDim), ...tuning };
+  const ok = Number.isInteger(t.warps) && t.warps >= 1 &&
+    t.warps * S <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
+    sharedBytes(d.headDim, t.warps) <= gpu.maxWorkgroupStorage &&
+    Number.isInteger(t.unroll) && t.unroll >= 1 && t.unroll <= 64;
+  if (!ok) {
+    throw new RangeError(`bad decode attention tuning ${JSON.stringify(t)} (S = ${S}, hd ${d.headDim})`);
+  }
+  const params = uniformBuffer(gpu, [d.maxSeq, 1 / Math.sqrt(d.headDim)], [1]);
+  return kernelCall(
+    gpu,
+    pipeline(gpu, attentionDecodeSource(d, S, t)),
+    [
+      params,
+      bufs.step,
+      bufs.table,
+      bufs.qkv,
+      bufs.kcache,
+      bufs.vcache,
+      bufs.out,
+    ],
+    [d.heads],
+    "attention",
+  );
+}

@@ -1,0 +1,209 @@
+// The fused decode attention (kernels/attention_decode.ts: RoPE + KV write + attention for one token)
+// against the CPU references (ropeRef, attentionRef), for several head shapes and positions around the
+// chunk edges, with finite garbage in the cache past the current position that must be ignored. Skips,
+// saying so, without a GPU or without subgroups.
+import {
+  attentionDecodeCall,
+  attentionDecodeFits,
+  type AttentionDecodeTuning,
+  attentionRef,
+  createStepBuffer,
+  encodeCalls,
+  type Gpu,
+  type KernelCall,
+  ropeInvFreq,
+  ropeRef,
+  ropeTable,
+  writeStep,
+} from "../../kernels/mod.ts";
+import { assertClose, gpuOrSkip, randoms, upload } from "./harness.ts";
+
+const gpu = await gpuOrSkip();
+if (gpu && !gpu.subgroupSize) {
+  console.log(`skipped: decode attention tests (${gpu.adapterName} has no fixed subgroup size)`);
+}
+const ignore = gpu === null || !gpu.subgroupSize;
+
+// head_dim 40, 6 and 12 leave lanes idle in the value loop (vector slots not a divisor of the subgroup).
+const SHAPES = [[32, 8, 64], [3, 1, 40], [4, 4, 128], [1, 1, 2], [2, 1, 6], [2, 2, 12], [2, 1, 256]];
+const POSITIONS = [0, 1, 63, 64, 65, 300];
+const MAX_SEQ = 320;
+
+interface Case {
+  heads: number;
+  kv: number;
+  hd: number;
+  pos: number;
+  T: number;
+  tuning?: Partial<AttentionDecodeTuning>;
+}
+
+/** Runs the call and reads the buffers back in one submit (one wait: each costs ~11 ms on lavapipe). */
+async function runAndRead(g: Gpu, call: KernelCall, reads: [GPUBuffer, number][]): Promise<Float32Array[]> {
+  const bytes = reads.reduce((a, [, n]) => a + n * 4, 0);
+  const staging = g.device.createBuffer({
+    size: bytes,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  const enc = g.device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encodeCalls(pass, [call]);
+  pass.end();
+  let at = 0;
+  for (const [buf, n] of reads) {
+    enc.copyBufferToBuffer(buf, 0, staging, at, n * 4);
+    at += n * 4;
+  }
+  g.device.queue.submit([enc.finish()]);
+  await staging.mapAsync(GPUMapMode.READ);
+  const all = new Float32Array(staging.getMappedRange().slice(0));
+  staging.unmap();
+  staging.destroy();
+  at = 0;
+  return reads.map(([, n]) => all.slice(at, at += n));
+}
+
+/** Runs the kernel once on random data; returns what it wrote and what the references say. */
+async function runCase(c: Case) {
+  const g = gpu!;
+  const { heads, kv, hd, pos } = c;
+  const inv = ropeInvFreq(hd, 500000, {
+    type: "llama3",
+    factor: 32,
+    lowFreqFactor: 1,
+    highFreqFactor: 4,
+    originalMaxPositionEmbeddings: 8192,
+  });
+  const table = ropeTable(inv, MAX_SEQ);
+  const row = (heads + 2 * kv) * hd;
+  const seed = heads * 1000 + hd * 10 + pos;
+  // Larger q spreads the scores, so the running max changes from chunk to chunk.
+  const qkv0 = randoms(row, seed, 2);
+  const cacheLen = kv * MAX_SEQ * hd;
+  const kc0 = randoms(cacheLen, seed + 1), vc0 = randoms(cacheLen, seed + 2);
+  const poison = new Float32Array(heads * hd).fill(-12345);
+  const kcache = upload(g, kc0), vcache = upload(g, vc0), out = upload(g, poison);
+  const step = createStepBuffer(g);
+  writeStep(g, step, { pos0: pos, T: c.T, tokOut: 0 });
+  const call = attentionDecodeCall(g, {
+    step,
+    table: upload(g, table),
+    qkv: upload(g, qkv0),
+    kcache,
+    vcache,
+    out,
+  }, {
+    heads,
+    kvHeads: kv,
+    headDim: hd,
+    maxSeq: MAX_SEQ,
+  }, c.tuning);
+  const [gotOut, gotK, gotV] = await runAndRead(g, call, [[out, heads * hd], [kcache, cacheLen], [
+    vcache,
+    cacheLen,
+  ]]);
+  const got = { out: gotOut, kc: gotK, vc: gotV };
+  for (const b of call.buffers) b.destroy();
+  // References: rotated q, caches with rope(k) and v at pos, attention over 0..pos.
+  const q = qkv0.slice(0, heads * hd);
+  for (let h = 0; h < heads; h++) ropeRef(q.subarray(h * hd, (h + 1) * hd), table, pos);
+  const kc = kc0.slice(), vc = vc0.slice();
+  for (let h = 0; h < kv; h++) {
+    const k = qkv0.slice((heads + h) * hd, (heads + h + 1) * hd);
+    ropeRef(k, table, pos);
+    kc.set(k, (h * MAX_SEQ + pos) * hd);
+    vc.set(qkv0.subarray((heads + kv + h) * hd, (heads + kv + h + 1) * hd), (h * MAX_SEQ + pos) * hd);
+  }
+  const want = attentionRef(q, kc, vc, { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T: 1, pos0: pos });
+  return { got, want: { out: want, kc, vc }, kc0, vc0, poison };
+}
+
+Deno.test(
+  { name: "decode attention: rope, KV write and attention match the references", ignore },
+  async () => {
+    for (const [heads, kv, hd] of SHAPES) {
+      if (!attentionDecodeFits(gpu!, { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ })) {
+        throw new Error(`decode attention should fit heads ${heads} kv ${kv} hd ${hd}`);
+      }
+      for (const pos of POSITIONS) {
+        const what = `h${heads} kv${kv} hd${hd} @${pos}`;
+        const { got, want } = await runCase({ heads, kv, hd, pos, T: 1 });
+        assertClose(got.out, want.out, 1e-5, 1e-4, `out ${what}`);
+        for (let h = 0; h < kv; h++) {
+          const at = (h * MAX_SEQ + pos) * hd;
+          assertClose(
+            got.kc.slice(at, at + hd),
+            want.kc.slice(at, at + hd),
+            1e-6,
+            1e-5,
+            `k cache ${what} kv${h}`,
+          );
+          assertClose(got.vc.slice(at, at + hd), want.vc.slice(at, at + hd), 0, 0, `v cache ${what} kv${h}`);
+          // Everything else in the caches is untouched.
+          for (const [name, a, b] of [["k", got.kc, want.kc], ["v", got.vc, want.vc]] as const) {
+            assertClose(
+              a.slice(h * MAX_SEQ * hd, at),
+              b.slice(h * MAX_SEQ * hd, at),
+              0,
+              0,
+              `${name} before ${what}`,
+            );
+            const end = (h + 1) * MAX_SEQ * hd;
+            assertClose(a.slice(at + hd, end), b.slice(at + hd, end), 0, 0, `${name} after ${what}`);
+          }
+        }
+      }
+    }
+  },
+);
+
+Deno.test(
+  { name: "decode attention: other workgroup shapes, unrolls and scoring match the reference", ignore },
+  async () => {
+    const tunings = [
+      { warps: 1 },
+      { warps: 3, unroll: 3, prefetchV: true, butterfly: false },
+      { unroll: 5, prefetchV: true },
+    ];
+    for (const [heads, kv, hd] of [[3, 1, 40], [4, 4, 128], [2, 1, 16]]) {
+      for (const tuning of tunings) {
+        for (const pos of [65, 300]) {
+          const what = `h${heads} kv${kv} hd${hd} @${pos} ${JSON.stringify(tuning)}`;
+          const { got, want } = await runCase({ heads, kv, hd, pos, T: 1, tuning });
+          assertClose(got.out, want.out, 1e-5, 1e-4, `out ${what}`);
+          assertClose(got.kc, want.kc, 1e-6, 1e-5, `k cache ${what}`);
+          assertClose(got.vc, want.vc, 0, 0, `v cache ${what}`);
+        }
+      }
+    }
+  },
+);
+
+Deno.test({ name: "decode attention does nothing when the step has no tokens", ignore }, async () => {
+  for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40]]) {
+    const { got, kc0, vc0, poison } = await runCase({ heads, kv, hd, pos: 5, T: 0 });
+    assertClose(got.out, poison, 0, 0, `out h${heads} hd${hd}`);
+    assertClose(got.kc, kc0, 0, 0, `k cache h${heads} hd${hd}`);
+    assertClose(got.vc, vc0, 0, 0, `v cache h${heads} hd${hd}`);
+  }
+});
+
+Deno.test({ name: "decode attention refuses a device without subgroups", ignore: gpu === null }, () => {
+  const g = { ...gpu!, subgroupSize: null };
+  const d = { heads: 4, kvHeads: 2, headDim: 64, maxSeq: 8 };
+  if (attentionDecodeFits(g, d)) throw new Error("fits without subgroups");
+  let threw = false;
+  try {
+    attentionDecodeCall(g, {
+      step: createStepBuffer(g),
+      table: upload(g, new Float32Array(4)),
+      qkv: upload(g, new Float32Array(4)),
+      kcache: upload(g, new Float32Array(4)),
+      vcache: upload(g, new Float32Array(4)),
+      out: upload(g, new Float32Array(4)),
+    }, d);
+  } catch (e) {
+    threw = e instanceof RangeError;
+  }
+  if (!threw) throw new Error("expected a RangeError");
+});
