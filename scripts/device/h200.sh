@@ -4,7 +4,7 @@
 #   source .gpu/on-device.sh; bash scripts/device/h200.sh
 # 1. regenerates the Llama fixtures (+ variants) with transformers there (it has torch), 2. checks every
 # one through the CLI with f32, f16, q8 and q4 weights, 3. runs the kernel and CLI tests on the H200,
-# 4. the decode benchmark next to transformers. Logs go to $OUT.
+# 4. the decode benchmark next to transformers (GEMV=1: also the GEMV microbenchmark). Logs go to $OUT.
 set -uo pipefail
 export XDG_RUNTIME_DIR=/tmp/xdg; mkdir -p -m 700 $XDG_RUNTIME_DIR
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -20,9 +20,12 @@ deno run -A scripts/check_fixture.ts $fx/llama* --weights q8 2>&1 | tee "$OUT/fi
 deno run -A scripts/check_fixture.ts $fx/llama* --weights q4 2>&1 | tee "$OUT/fixtures_q4.txt"
 echo "== tests on the H200"
 SWACTOR_FIXTURES=$fx deno test -A tests/kernels tests/cli/generate_test.ts 2>&1 | grep -E "passed|failed|FAIL|skipped" | tee "$OUT/tests.txt"
-echo "== GEMV microbenchmark (ours, then torch)"
-deno run -A scripts/bench/gemv.ts 2>&1 | tee "$OUT/gemv.txt"
-python3 scripts/bench/torch_gemv.py 2>&1 | tee -a "$OUT/gemv.txt"
+if [ "${GEMV:-0}" = 1 ]; then
+  echo "== GEMV microbenchmark (ours, then torch; the full sweep is scripts/device/sweep.sh)"
+  deno run -A scripts/bench/gemv.ts 2>&1 | tee "$OUT/gemv.txt"
+  python3 scripts/bench/torch_gemv.py 2>&1 | tee -a "$OUT/gemv.txt"
+fi
 echo "== decode benchmark"
-deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q8,q4 2>&1 | tee "$OUT/bench.txt"
-python3 scripts/bench/hf_decode.py /tmp/llama1b 2>&1 | grep -E "^\{|Error" | tee -a "$OUT/bench.txt"
+deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q8,q4 > "$OUT/bench.txt" 2>&1
+python3 scripts/bench/hf_decode.py /tmp/llama1b 2>&1 | grep -E "^\{|Error" >> "$OUT/bench.txt"
+python3 scripts/bench/summarize.py "$OUT/bench.txt"
