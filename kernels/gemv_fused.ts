@@ -176,6 +176,9 @@ export interface GemvFusedDims {
   tuning?: GemvTuning | SgTuning;
 }
 
+/** Quantised GEMVs use int8 activations and dot4I8Packed where WGSL has it; SWACTOR_DP4=0 turns that off. */
+const DP4_DEFAULT = Deno.env.get("SWACTOR_DP4") !== "0";
+
 function isSgTuning(t: GemvTuning | SgTuning | undefined): t is SgTuning {
   return t !== undefined && "unroll" in t;
 }
@@ -207,8 +210,9 @@ export function gemvFusedCall(
     if (!S || !sgFits(gpu, d.K, wt, f)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
-    const t = isSgTuning(d.tuning) ? d.tuning : sgDefaultTuning(d.K, d.N, wt, S);
+    const t = isSgTuning(d.tuning) ? d.tuning : sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && DP4_DEFAULT);
     checkSgTuning(t, d.K, wt, S);
+    if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S);
     return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], `gemv_${f}`);
   }

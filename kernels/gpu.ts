@@ -21,6 +21,8 @@ export interface Gpu {
   subgroupSize: number | null;
   /** Bytes of workgroup memory a kernel may use. */
   maxWorkgroupStorage: number;
+  /** Whether WGSL has packed 4x8-bit integer dot products (dot4I8Packed), for int8-activation GEMVs. */
+  hasDp4: boolean;
   /** Pipelines by WGSL source + entry point, built once per device. */
   pipelines: Map<string, GPUComputePipeline>;
 }
@@ -90,6 +92,8 @@ async function requestGpu(): Promise<Gpu> {
     hasTimestamps: device.features.has("timestamp-query"),
     subgroupSize: hasSubgroups ? sgSize : null,
     maxWorkgroupStorage: device.limits.maxComputeWorkgroupStorageSize,
+    hasDp4: (navigator.gpu as GPU & { wgslLanguageFeatures?: ReadonlySet<string> }).wgslLanguageFeatures
+      ?.has("packed_4x8_integer_dot_product") ?? false,
     pipelines: new Map(),
   };
 }

@@ -14,7 +14,7 @@ import {
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, gpuOrSkip, randoms, readF32, upload } from "./harness.ts";
+import { assertClose, checkDp4, gpuOrSkip, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -41,6 +41,10 @@ Deno.test(
       { rows: 2, unroll: 2, wg: 4 * S, groups: 0 },
       { rows: 3, unroll: 1, wg: 2 * S, groups: 2 },
       { rows: 4, unroll: 4, wg: 8 * S, groups: 1 },
+      { rows: 2, unroll: 1, wg: 2 * S, groups: 0, magic: true },
+      { rows: 4, unroll: 2, wg: 4 * S, groups: 3, magic: true },
+      { rows: 2, unroll: 2, wg: 2 * S, groups: 0, dp4: true },
+      { rows: 3, unroll: 1, wg: 4 * S, groups: 2, dp4: true },
     ];
     let k = 0;
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {
@@ -49,6 +53,8 @@ Deno.test(
         for (const [T, N] of [[1, 37], [2, 5], [3, 64]]) {
           for (const transform of ["none", "rmsnorm", "silu_mul"] as const) {
             const tuning = { ...tunings[k++ % tunings.length] };
+            if (wt === "f32" || wt === "f16") delete tuning.magic;
+            if (wt === "f32" || wt === "f16" || !g.hasDp4) delete tuning.dp4;
             tuning.unroll = Math.min(tuning.unroll, lanesUnits);
             const accumulate = k % 2 === 0;
             const normWeights = wt === "f32" || k % 3 === 0 ? "f32" as const : "f16" as const;
@@ -81,6 +87,10 @@ Deno.test(
               ? siluMulRef(rows, K)
               : rows;
             const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
+            if (tuning.dp4) {
+              checkDp4(await readF32(g, y, T * N), want, input, w.deq, { T, N, K }, JSON.stringify(tuning));
+              continue;
+            }
             assertClose(
               await readF32(g, y, T * N),
               want,

@@ -51,3 +51,40 @@ export function assertClose(
     worst = Math.max(worst, err);
   }
 }
+
+/**
+ * int8 activations: each x is off by at most half its block's step (amax / 127 / 2), so a row's error is
+ * at most the sum over its blocks of step / 2 * sum |w| in the block (+ f32 rounding). A wrong layout or
+ * scale misses this bound by orders of magnitude.
+ */
+export function checkDp4(
+  got: Float32Array,
+  want: Float32Array,
+  input: Float32Array,
+  w: Float32Array,
+  d: { T: number; N: number; K: number },
+  what: string,
+): void {
+  const { T, N, K } = d;
+  for (let r = 0; r < T; r++) {
+    for (let n = 0; n < N; n++) {
+      let bound = 1e-4 + 1e-4 * Math.abs(want[r * N + n]);
+      for (let b = 0; b < K / 32; b++) {
+        let amax = 0, wsum = 0;
+        for (let i = b * 32; i < b * 32 + 32; i++) {
+          amax = Math.max(amax, Math.abs(input[r * K + i]));
+          wsum += Math.abs(w[n * K + i]);
+        }
+        bound += (amax / 127 / 2) * wsum * 1.001;
+      }
+      const err = Math.abs(got[r * N + n] - want[r * N + n]);
+      if (!(err <= bound)) {
+        throw new Error(
+          `dp4 ${what} K${K}: row ${r} col ${n}: got ${got[r * N + n]}, want ${
+            want[r * N + n]
+          } (|err| ${err} > ${bound})`,
+        );
+      }
+    }
+  }
+}

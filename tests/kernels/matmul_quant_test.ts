@@ -15,13 +15,14 @@ import {
   type QuantType,
   rmsnormRef,
   runCalls,
+  sgFits,
   siluMulRef,
   storageBuffer,
   uploadBuffer,
   writeStep,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, gpuOrSkip, randoms, readF32, upload } from "./harness.ts";
+import { assertClose, checkDp4, gpuOrSkip, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null;
@@ -78,6 +79,18 @@ Deno.test(
             ? siluMulRef(rows, K)
             : rows;
           const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: t }, y0);
+          if (tuning === undefined && t !== "f16" && g.hasDp4 && sgFits(g, K, t, transform)) {
+            // The default there is the int8-activation kernel (gemv_sg_test.ts has its bound).
+            checkDp4(
+              await readF32(g, y, T * N),
+              want,
+              input,
+              w.deq,
+              { T, N, K },
+              `${t} ${transform} default`,
+            );
+            continue;
+          }
           assertClose(
             await readF32(g, y, T * N),
             want,
