@@ -174,6 +174,11 @@ export class Membership {
     return [...this.#table.values()];
   }
 
+  /** The membership clock's time, ms (the system clock, or a simulation's fake one). */
+  now(): number {
+    return this.#clock.now();
+  }
+
   /** One member by id. */
   member(id: PeerId): Member | undefined {
     return this.#table.get(id);

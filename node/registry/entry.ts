@@ -10,6 +10,11 @@ export interface Entry {
   version: number;
   /** The node that wrote this version (breaks ties between concurrent writes). */
   writer: PeerId;
+  /**
+   * Tombstones on the wire only: ms since the tombstone came to be, as the sender knows it (a duration,
+   * so nodes need no common clock). Receivers date it back by this much and forget it at the same age.
+   */
+  age?: number;
 }
 
 /**
@@ -35,7 +40,11 @@ export function validateEntry(v: unknown): Entry | undefined {
   }
   if (typeof version !== "number" || !Number.isSafeInteger(version) || version < 1) return undefined;
   if (typeof writer !== "string" || writer.length === 0 || writer.length > MAX_NAME) return undefined;
-  return { name, owner: owner as PeerId | null, version, writer };
+  const age = (v as Record<string, unknown>).age;
+  if (age !== undefined && (typeof age !== "number" || !Number.isFinite(age) || age < 0)) return undefined;
+  const e: Entry = { name, owner: owner as PeerId | null, version, writer };
+  if (owner === null && age !== undefined) e.age = age;
+  return e;
 }
 
 const enc = new TextEncoder();

@@ -2,6 +2,12 @@
 // membership's gossip (each node that learns something new gossips it on, like membership events);
 // the whole table rides in every push-pull, so nodes that missed a broadcast catch up. Entries of a
 // member that membership declares dead or left are dropped everywhere (each node does it itself).
+// Tombstones are forgotten `tombstoneTtlMs` after they came to be (the table would otherwise grow with
+// every name ever used): each carries its age on the wire, so every node dates it the same way without a
+// common clock, forgets it at about the same time, and ignores one that is already too old (no node
+// re-teaches a forgotten tombstone to another). What could go wrong after that heals itself: a stale live
+// entry that comes back is withdrawn by its owner (or rejected, its owner being dead), and an owner that
+// sees a tombstone for a name it holds claims the name again above that tombstone's version.
 import type { DelegateHandle, GossipDelegate, MemberChange } from "../membership/swim.ts";
 import type { Member } from "../membership/state.ts";
 import type { PeerId } from "../transport/transport.ts";
@@ -13,6 +19,16 @@ export interface RegistryHost {
   member(id: PeerId): Member | undefined;
   onChange(cb: (c: MemberChange) => void): () => void;
   addDelegate(name: string, d: GossipDelegate): DelegateHandle;
+  /** Current time, ms (membership's clock). */
+  now(): number;
+}
+
+export interface RegistryOptions {
+  /**
+   * How long a tombstone is kept after this node learned it, ms. Long enough for it to have reached
+   * every node by gossip or push-pull. Default 10 minutes (20 push-pulls with the lan preset).
+   */
+  tombstoneTtlMs?: number;
 }
 
 /** A name's owner changed; owner undefined means the name is gone. */
@@ -23,15 +39,22 @@ export class Registry {
   malformed = 0;
   #host: RegistryHost;
   #entries = new Map<string, Entry>();
+  /** When each tombstone in #entries came to be (local clock, dated back by its age on the wire). */
+  #tombSince = new Map<string, number>();
+  #ttl: number;
   #watchers = new Set<Watcher>();
   #handle: DelegateHandle;
   #unsubscribe: () => void;
 
   /** Attaches to `host` under the delegate name "registry". */
-  constructor(host: RegistryHost) {
+  constructor(host: RegistryHost, opts: RegistryOptions = {}) {
     this.#host = host;
+    this.#ttl = opts.tombstoneTtlMs ?? 600_000;
     this.#handle = host.addDelegate("registry", {
-      localState: () => encodeEntries([...this.#entries.values()]),
+      localState: () => {
+        this.#forgetOldTombstones();
+        return this.#encode([...this.#entries.values()]);
+      },
       mergeRemoteState: (state) => this.#mergeAll(state, false),
       notifyMsg: (payload) => this.#mergeAll(payload, true),
     });
@@ -69,6 +92,11 @@ export class Registry {
     return out.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
   }
 
+  /** Tombstones held (unregistered names and dead owners' names not yet forgotten). */
+  tombstones(): number {
+    return this.#tombSince.size;
+  }
+
   /** Calls `cb` whenever a name's owner changes; returns an unsubscribe function. */
   watch(cb: Watcher): () => void {
     this.#watchers.add(cb);
@@ -81,11 +109,22 @@ export class Registry {
     this.#unsubscribe();
   }
 
-  #write(name: string, owner: PeerId | null): void {
+  /** Writes a new version of `name`, above `floor` too (a version seen elsewhere), and broadcasts it. */
+  #write(name: string, owner: PeerId | null, floor = 0): void {
     const prev = this.#entries.get(name);
-    const e: Entry = { name, owner, version: (prev?.version ?? 0) + 1, writer: this.#host.id };
+    const version = Math.max(prev?.version ?? 0, floor) + 1;
+    const e: Entry = { name, owner, version, writer: this.#host.id };
     this.#set(e, prev);
-    this.#handle.broadcast(name, encodeEntries([e]));
+    this.#handle.broadcast(name, this.#encode([e]));
+  }
+
+  /** Entries for the wire: tombstones with their age. */
+  #encode(entries: Entry[]): Uint8Array {
+    const now = this.#host.now();
+    return encodeEntries(entries.map((e) => {
+      if (e.owner !== null) return e;
+      return { ...e, age: Math.max(0, Math.round(now - (this.#tombSince.get(e.name) ?? now))) };
+    }));
   }
 
   #mergeAll(bytes: Uint8Array, rebroadcast: boolean): void {
@@ -98,6 +137,7 @@ export class Registry {
   }
 
   #merge(e: Entry, rebroadcast: boolean): void {
+    if (e.owner === null && (e.age ?? 0) >= this.#ttl) return; // forgotten everywhere by now
     const prev = this.#entries.get(e.name);
     if (prev && !newer(e, prev)) return;
     const self = this.#host.id;
@@ -107,17 +147,28 @@ export class Registry {
       this.#write(e.name, null);
       return;
     }
-    if (e.owner === null && e.writer === self && prev?.owner === self && e.version === prev.version) {
-      // Others dropped our entry because they thought we died; we are alive: claim it again.
-      this.#write(e.name, self);
+    if (e.owner === null && prev?.owner === self) {
+      // A tombstone for a name we hold: others dropped our entry because they thought we died, or kept an
+      // old tombstone of a name we registered again after forgetting it. We are alive: claim it again.
+      this.#write(e.name, self, e.version);
       return;
     }
     if (e.owner !== null && e.owner !== self) {
       const m = this.#host.member(e.owner);
       if (m && (m.state === "dead" || m.state === "left")) return; // stale: its owner is gone
     }
-    this.#set(e, prev);
-    if (rebroadcast) this.#handle.broadcast(e.name, encodeEntries([e]));
+    const { age = 0, ...entry } = e;
+    this.#set(entry, prev, age);
+    if (rebroadcast) this.#handle.broadcast(e.name, this.#encode([entry]));
+  }
+
+  #forgetOldTombstones(): void {
+    const cutoff = this.#host.now() - this.#ttl;
+    for (const [name, since] of this.#tombSince) {
+      if (since > cutoff) continue;
+      this.#tombSince.delete(name);
+      this.#entries.delete(name);
+    }
   }
 
   #onMember(c: MemberChange): void {
@@ -130,8 +181,11 @@ export class Registry {
     }
   }
 
-  #set(e: Entry, prev: Entry | undefined): void {
+  /** Stores `e` (a tombstone `age` ms old) and tells the watchers if the owner changed. */
+  #set(e: Entry, prev: Entry | undefined, age = 0): void {
     this.#entries.set(e.name, e);
+    if (e.owner !== null) this.#tombSince.delete(e.name);
+    else this.#tombSince.set(e.name, this.#host.now() - age);
     if ((prev?.owner ?? null) === e.owner) return;
     for (const w of this.#watchers) {
       try {

@@ -4,7 +4,7 @@ import { FakeClock } from "../../node/clock.ts";
 import { Membership, type MembershipConfig } from "../../node/membership/mod.ts";
 import type { NodeDescriptor } from "../../node/membership/mod.ts";
 import { seededRandom } from "../../node/random.ts";
-import { Registry } from "../../node/registry/mod.ts";
+import { Registry, type RegistryOptions } from "../../node/registry/mod.ts";
 import { type LinkOptions, MemoryNetwork } from "../../node/transport/memory.ts";
 import type { PeerAddr } from "../../node/transport/transport.ts";
 
@@ -22,6 +22,7 @@ export interface SimClusterOptions {
   seed?: number;
   /** Default link: 1 ms +- 1 ms, no loss. */
   link?: LinkOptions;
+  registry?: RegistryOptions;
 }
 
 export function descriptor(id: string): NodeDescriptor {
@@ -34,10 +35,12 @@ export class SimCluster {
   readonly nodes: SimNode[] = [];
   readonly config: MembershipConfig;
   #seed: number;
+  #registry: RegistryOptions;
 
   constructor(opts: SimClusterOptions) {
     this.config = opts.config;
     this.#seed = opts.seed ?? 1;
+    this.#registry = opts.registry ?? {};
     this.net = new MemoryNetwork(this.clock, {
       seed: this.#seed,
       link: opts.link ?? { delayMs: 1, jitterMs: 1 },
@@ -56,7 +59,7 @@ export class SimCluster {
       random: seededRandom(this.#seed * 7919 + hash(id)),
       incarnation: opts.incarnation,
     });
-    const registry = new Registry(membership);
+    const registry = new Registry(membership, this.#registry);
     return { id, membership, registry };
   }
 

@@ -5,8 +5,8 @@ import { SimCluster } from "../../../scripts/sim/cluster.ts";
 
 const config = membershipConfig({}, testPreset);
 
-function converged(n: number) {
-  const c = new SimCluster({ n, config });
+function converged(n: number, tombstoneTtlMs?: number) {
+  const c = new SimCluster({ n, config, registry: { tombstoneTtlMs } });
   c.joinAll();
   assert.ok(c.clock.runUntilTrue(() => c.converged(), { stepMs: 20, maxMs: 30_000 }) !== undefined);
   return c;
@@ -88,18 +88,64 @@ Deno.test("a late joiner gets the registry through push-pull; a restarted owner 
   assert.ok(again.registry.entries().length === 0);
 });
 
-Deno.test("malformed registry payloads are counted, not thrown", () => {
-  const c = converged(3);
-  const r = c.nodes[0].registry;
-  // Reach the delegate through a user message with a bad payload.
-  const bad = new TextEncoder().encode('[{"name":5}]');
-  const b64 = btoa(String.fromCharCode(...bad));
+/** A registry gossip payload as membership would deliver it from `from` to `to`. */
+function deliver(c: SimCluster, from: number, to: number, payload: string): void {
+  const bytes = new TextEncoder().encode(payload);
+  const b64 = btoa(String.fromCharCode(...bytes));
   const pkt = new Uint8Array([0x4d, 1, 0, 0, 0, 0]);
   const msg = new TextEncoder().encode(JSON.stringify({ t: "user", ch: "registry", data: b64 }));
   const full = new Uint8Array(pkt.length + msg.length);
   full.set(pkt);
   new DataView(full.buffer).setUint32(2, msg.length);
   full.set(msg, 6);
-  c.nodes[0].membership.receive(c.addr(c.nodes[1]), full);
+  c.nodes[to].membership.receive(c.addr(c.nodes[from]), full);
+}
+
+Deno.test("malformed registry payloads are counted, not thrown", () => {
+  const c = converged(3);
+  const r = c.nodes[0].registry;
+  deliver(c, 1, 0, '[{"name":5}]');
   assert.equal(r.malformed, 1);
+  deliver(c, 1, 0, '[{"name":"x","owner":null,"version":1,"writer":"n01","age":-5}]');
+  assert.equal(r.malformed, 2);
+});
+
+Deno.test("tombstones are forgotten everywhere after their TTL, and no node teaches them back", () => {
+  const ttl = 20_000;
+  const c = converged(8, ttl);
+  for (let i = 0; i < 10; i++) c.nodes[1].registry.register(`client-${i}`);
+  c.clock.advance(2000);
+  for (let i = 0; i < 10; i++) c.nodes[1].registry.unregister(`client-${i}`);
+  c.clock.advance(2000);
+  for (const n of c.nodes) assert.equal(n.registry.tombstones(), 10, n.id);
+  // A late joiner learns them by push-pull, dated by their age, and forgets them with everyone else.
+  const late = c.spawn("n99");
+  c.nodes.push(late);
+  void late.membership.join([c.addr(c.nodes[0])]);
+  c.clock.advance(6000);
+  assert.equal(late.registry.tombstones(), 10);
+  // Past the TTL plus a push-pull round: gone everywhere, and many more push-pulls do not bring them back.
+  c.clock.advance(ttl);
+  for (let k = 0; k < 5; k++) {
+    c.clock.advance(10_000);
+    for (const n of c.nodes) assert.equal(n.registry.tombstones(), 0, `${n.id} after ${k} more rounds`);
+  }
+  assert.equal(views(c).size, 1);
+  assert.deepEqual(c.nodes[0].registry.entries(), []);
+});
+
+Deno.test("an owner that sees a tombstone for a name it holds claims it again, above that version", () => {
+  const c = converged(5, 20_000);
+  c.nodes[1].registry.register("stage-1");
+  c.clock.advance(2000);
+  // Another node still holds an old tombstone of this name at a higher version (say, from before the
+  // owner forgot its own): it reaches a third node, then spreads.
+  deliver(c, 3, 2, '[{"name":"stage-1","owner":null,"version":7,"writer":"n03","age":1000}]');
+  c.clock.advance(5000);
+  assert.equal(views(c).size, 1);
+  for (const n of c.nodes) assert.equal(n.registry.resolve("stage-1"), "n01", n.id);
+  // A tombstone already older than the TTL is ignored outright.
+  deliver(c, 3, 2, '[{"name":"stage-1","owner":null,"version":99,"writer":"n03","age":20000}]');
+  c.clock.advance(5000);
+  for (const n of c.nodes) assert.equal(n.registry.resolve("stage-1"), "n01", n.id);
 });
