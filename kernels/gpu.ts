@@ -1,5 +1,6 @@
 // The WebGPU device, and the few buffer and pipeline utilities every kernel uses.
 // Effects live here: requesting the adapter, creating buffers, reading back.
+import { readStaging, takeStaging } from "./readback.ts";
 
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
@@ -161,18 +162,17 @@ export function packWords(
   return out;
 }
 
-/** Copies `bytes` from `src` (at `offset`) and maps them to the CPU: one readback (~11 ms floor in Deno). */
-export async function readBack(gpu: Gpu, src: GPUBuffer, bytes: number, offset = 0): Promise<ArrayBuffer> {
+/**
+ * Copies `bytes` from `src` (at `offset`) and maps them to the CPU. On Deno 2.9 this returns as soon as the
+ * GPU is done, not ~11 ms later (kernels/readback.ts says how and when).
+ */
+export function readBack(gpu: Gpu, src: GPUBuffer, bytes: number, offset = 0): Promise<ArrayBuffer> {
   const size = Math.ceil(bytes / 4) * 4;
-  const staging = gpu.device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const staging = takeStaging(gpu, size);
   const enc = gpu.device.createCommandEncoder();
   enc.copyBufferToBuffer(src, offset, staging, 0, size);
   gpu.device.queue.submit([enc.finish()]);
-  await staging.mapAsync(GPUMapMode.READ);
-  const out = staging.getMappedRange().slice(0, bytes);
-  staging.unmap();
-  staging.destroy();
-  return out;
+  return readStaging(gpu, staging, bytes);
 }
 
 /** One dispatch, prepared once and encoded as often as needed (no per-use JavaScript work but the encode). */

@@ -7,16 +7,19 @@
 // resolves. So calling it blocks this thread until the GPU is idle. The loop therefore always holds the
 // next batch already encoded (command buffer finished, not submitted): right after a map call returns it
 // submits that batch, so the GPU idles only for the submit, and encodes the one after while the GPU
-// runs. Several maps stay in flight so their 10 ms sleeps overlap compute too. Encoding (CPU) and
-// compute (GPU) then overlap instead of adding up. Steps computed past an eos are discarded: output is
-// exact.
+// runs. Encoding (CPU) and compute (GPU) then overlap instead of adding up. The tokens themselves are read
+// as soon as the map call returns (kernels/readback.ts), or, where that is off, several maps stay in flight
+// so their 10 ms sleeps overlap compute. Steps computed past an eos are discarded: output is exact.
 import {
   advanceCall,
   encodeCalls,
   type Gpu,
   type KernelCall,
   readBack,
+  readStaging,
+  reserveStaging,
   type SamplingOptions,
+  takeStaging,
   writeBytes,
   writeStep,
 } from "../kernels/mod.ts";
@@ -115,7 +118,10 @@ export async function generate(
   // A batch encoded ahead and not yet submitted (its staging buffer is freed if it never is).
   let next: Batch | undefined;
   try {
+    // Primed staging buffers for the batches in flight (free after the first request: kernels/readback.ts).
+    const reserved = reserveStaging(gpu, maxBatch * 4, MAX_IN_FLIGHT + 2);
     prefill(seq, prompt, "sample");
+    await reserved;
     // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit.
     const decode = [...seq.program(1, "sample"), advanceCall(gpu, seq.step)];
     const encodeBatch = (from: number, steps: number): Batch => {
@@ -129,10 +135,7 @@ export async function generate(
       // batch (no steps) reads the token the prefill sampled.
       const n = Math.max(steps, 1);
       const first = steps > 0 ? from + 1 : from;
-      const staging = gpu.device.createBuffer({
-        size: n * 4,
-        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-      });
+      const staging = takeStaging(gpu, n * 4);
       enc.copyBufferToBuffer(seq.tokens, (P + first) * 4, staging, 0, n * 4);
       return { cmd: enc.finish(), staging, tokens: n };
     };
@@ -157,7 +160,7 @@ export async function generate(
     while (current || pending.length > 0) {
       if (current) {
         // Blocks (in Deno) until the GPU has run `current`; the next batch goes in at once.
-        pending.push(readBatch(current));
+        pending.push(readBatch(gpu, current));
         current = undefined;
         if (next && !opts.signal?.aborted) {
           gpu.device.queue.submit([next.cmd]);
@@ -207,14 +210,9 @@ interface Batch {
   tokens: number;
 }
 
-/** Maps a submitted batch's tokens to the CPU, freeing its staging buffer. */
-async function readBatch(b: Batch): Promise<number[]> {
-  try {
-    await b.staging.mapAsync(GPUMapMode.READ);
-    return Array.from(new Uint32Array(b.staging.getMappedRange(), 0, b.tokens));
-  } finally {
-    b.staging.destroy();
-  }
+/** Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. */
+async function readBatch(gpu: Gpu, b: Batch): Promise<number[]> {
+  return Array.from(new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4)));
 }
 
 /** Teacher-forced logits [T, V] for `tokens` (row t: next-token logits after tokens[0..t]). */

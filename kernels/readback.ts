@@ -1,0 +1,116 @@
+// Reading GPU buffers back, without Deno's 10 ms map floor where that is safe.
+//
+// Deno 2.9's `GPUBuffer.mapAsync` (ext/webgpu/buffer.rs) first polls the device with a *blocking* wait,
+// which completes the mapping in wgpu before the call returns, and then sleeps 10 ms before its promise
+// resolves. `getMappedRange` reads from wgpu directly, so right after the map call returns the data can be
+// read and the buffer unmapped, ~10 ms before the promise says so. One catch: getMappedRange unwraps the
+// buffer's last map mode, which Deno records only when a map promise resolves, so on a buffer that has
+// never completed a map it panics (an abort, not an exception). Hence staging buffers here are *primed*
+// (one ordinary map, awaited, when created) and pooled by size. If the early read fails (the mapping was not
+// complete: another Deno's map), it falls back to awaiting the promise. The early read is used only on the
+// Deno versions it was checked on (the pinned 2.9.x); SWACTOR_FAST_READBACK=0 turns it off.
+import type { Gpu } from "./gpu.ts";
+
+/** Whether early reads are on for this process. */
+export const FAST_READBACK = /^2\.9\./.test(Deno.version.deno) &&
+  Deno.env.get("SWACTOR_FAST_READBACK") !== "0";
+
+/** How reads completed in this process: early (as the map call returned) or by awaiting Deno's promise. */
+export const readbackStats = { early: 0, awaited: 0 };
+
+/** Buffers above this are not pooled (a logits dump): created, mapped and awaited, then destroyed. */
+const MAX_POOLED = 16 << 20;
+/** Free buffers kept per size class. */
+const KEEP = 8;
+
+interface Pool {
+  free: Map<number, GPUBuffer[]>;
+}
+
+const pools = new WeakMap<GPUDevice, Pool>();
+/** Buffers that have completed a map (only those may be read early; see the top of this file). */
+const primedSet = new WeakSet<GPUBuffer>();
+
+function poolOf(gpu: Gpu): Pool {
+  let p = pools.get(gpu.device);
+  if (!p) pools.set(gpu.device, p = { free: new Map() });
+  return p;
+}
+
+function sizeClass(bytes: number): number {
+  let s = 256;
+  while (s < bytes) s *= 2;
+  return s;
+}
+
+async function primed(gpu: Gpu, size: number): Promise<GPUBuffer> {
+  const b = gpu.device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  await b.mapAsync(GPUMapMode.READ);
+  b.unmap();
+  primedSet.add(b);
+  return b;
+}
+
+/** Makes sure `count` primed staging buffers of at least `bytes` are free (priming them together: ~11 ms). */
+export async function reserveStaging(gpu: Gpu, bytes: number, count: number): Promise<void> {
+  if (!FAST_READBACK || bytes > MAX_POOLED) return;
+  const size = sizeClass(bytes);
+  const free = poolOf(gpu).free.get(size) ?? [];
+  const made = await Promise.all(
+    Array.from({ length: Math.max(0, count - free.length) }, () => primed(gpu, size)),
+  );
+  for (const b of made) release(gpu, b);
+}
+
+/** A staging buffer of at least `bytes` now: a primed one from the pool, else a fresh (unprimed) one. */
+export function takeStaging(gpu: Gpu, bytes: number): GPUBuffer {
+  if (FAST_READBACK && bytes <= MAX_POOLED) {
+    const b = poolOf(gpu).free.get(sizeClass(bytes))?.pop();
+    if (b) return b;
+  }
+  const size = bytes <= MAX_POOLED ? sizeClass(bytes) : Math.ceil(bytes / 4) * 4;
+  return gpu.device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+}
+
+function release(gpu: Gpu, b: GPUBuffer): void {
+  if (!FAST_READBACK || b.size > MAX_POOLED) return b.destroy();
+  const pool = poolOf(gpu);
+  const list = pool.free.get(b.size) ?? [];
+  if (list.length >= KEEP) return b.destroy();
+  list.push(b);
+  pool.free.set(b.size, list);
+}
+
+/**
+ * Maps `staging` (a copy into it already submitted) and returns its first `bytes`; the buffer goes back to
+ * the pool once Deno's map promise settles. On Deno 2.9 the map call blocks until the GPU is done.
+ */
+export async function readStaging(gpu: Gpu, staging: GPUBuffer, bytes: number): Promise<ArrayBuffer> {
+  const mapped = staging.mapAsync(GPUMapMode.READ);
+  if (FAST_READBACK && primedSet.has(staging)) {
+    let out: ArrayBuffer | undefined;
+    try {
+      out = staging.getMappedRange(0, staging.size).slice(0, bytes);
+      staging.unmap();
+    } catch {
+      out = undefined; // not mapped yet: wait for the promise like anyone else
+    }
+    if (out) {
+      readbackStats.early++;
+      mapped.then(() => release(gpu, staging), () => staging.destroy());
+      return out;
+    }
+  }
+  try {
+    await mapped;
+    readbackStats.awaited++;
+    const out = staging.getMappedRange(0, staging.size).slice(0, bytes);
+    staging.unmap();
+    primedSet.add(staging);
+    release(gpu, staging);
+    return out;
+  } catch (e) {
+    staging.destroy();
+    throw e;
+  }
+}

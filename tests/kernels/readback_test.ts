@@ -1,0 +1,61 @@
+// Readback (kernels/readback.ts): every read returns exactly what the GPU buffer holds at that point in
+// the queue, whether it is read early (as the map call returns, on the pinned Deno) or by awaiting the
+// promise; reads of many sizes and many at once; and, where the early path is on, primed staging
+// buffers are read early.
+import assert from "node:assert/strict";
+import {
+  FAST_READBACK,
+  readBack,
+  readbackStats,
+  reserveStaging,
+  storageBuffer,
+  writeBytes,
+} from "../../kernels/mod.ts";
+import { gpuOrSkip } from "./harness.ts";
+
+const gpu = await gpuOrSkip();
+const ignore = gpu === null;
+
+Deno.test(
+  { name: "readBack returns the buffer's bytes at that point in the queue, read after read", ignore },
+  async () => {
+    const g = gpu!;
+    const buf = storageBuffer(g, 4096);
+    await reserveStaging(g, 4096, 2);
+    const early0 = readbackStats.early;
+    for (let i = 0; i < 12; i++) {
+      const want = Uint32Array.from({ length: 1024 }, (_, k) => (i * 7919 + k * 31) >>> 0);
+      writeBytes(g, buf, 0, want);
+      const got = new Uint32Array(await readBack(g, buf, 4096));
+      assert.deepEqual(got, want, `read ${i}`);
+      // A sub-range at an offset.
+      const part = new Uint32Array(await readBack(g, buf, 12, 40));
+      assert.deepEqual(part, want.slice(10, 13));
+    }
+    if (FAST_READBACK) {
+      assert.ok(
+        readbackStats.early - early0 >= 12,
+        `early reads: ${readbackStats.early - early0}`,
+      );
+    } else console.log("early readback is off here (not Deno 2.9, or SWACTOR_FAST_READBACK=0)");
+    buf.destroy();
+  },
+);
+
+Deno.test({ name: "readBack: many reads at once and of many sizes are all exact", ignore }, async () => {
+  const g = gpu!;
+  const sizes = [4, 12, 256, 260, 5000, 1 << 20];
+  const bufs = sizes.map((n, i) => {
+    const b = storageBuffer(g, n);
+    writeBytes(g, b, 0, Uint8Array.from({ length: n }, (_, k) => (k * 13 + i) & 255));
+    return b;
+  });
+  for (let round = 0; round < 3; round++) {
+    const got = await Promise.all(bufs.map((b, i) => readBack(g, b, sizes[i])));
+    got.forEach((ab, i) => {
+      const want = Uint8Array.from({ length: sizes[i] }, (_, k) => (k * 13 + i) & 255);
+      assert.deepEqual(new Uint8Array(ab), want, `size ${sizes[i]}, round ${round}`);
+    });
+  }
+  for (const b of bufs) b.destroy();
+});
