@@ -15,7 +15,7 @@ export interface NodeSpec {
   /** Upload and download bandwidth of the node's network connection, bytes/s. */
   up: number;
   down: number;
-  /** Fixed cost per token each time this node computes (GPU submit + readback floor), seconds. */
+  /** Fixed cost per token each time this node computes (encode, submit, readback, hand-off), seconds. */
   overhead: number;
   /** Memory kept free for working space (activations, kernels' scratch, the runtime), bytes. */
   reserveBytes: number;
@@ -74,7 +74,7 @@ export const NODE_DEFAULTS: Omit<NodeSpec, "id"> = {
   flops: 82.6e12, // RTX 4090 dense fp16
   up: 125e6, // 1 Gbit/s
   down: 125e6,
-  overhead: 11e-3, // Deno WebGPU readback floor (shared/FACTS.md)
+  overhead: 1e-3, // encode + submit + early readback + hand-off per stage per token (docs/PLANNER.md)
   reserveBytes: 2 ** 30,
   region: "",
 };
