@@ -30,9 +30,9 @@ ${WEIGHTS_HELP}
   --plan FILE           with --local: use this Plan JSON instead of planning (its stage nodes are
                         mapped onto the cluster's nodes in order)
   --wire f16|f32        activations between stages (default f16)
-  --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local, every
-                        step's compute per stage and every hop on the wire; on one node, the prefill and
-                        each decode batch
+  --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local or
+                        through \`up\`'s chain, every step's compute per stage and every hop on the wire;
+                        on one node, the prefill and each decode batch
   -h, --help            this help
 
 Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input.`;
@@ -107,10 +107,7 @@ export const generateCommand: Command = {
       const base = `http://${state.api}`;
       const dir = await clusterModel(base, values.model);
       if (dir) {
-        if (values.trace) {
-          throw new UsageError("--trace works with --local or on one node, not yet through `up`");
-        }
-        return await generateOnCluster(base, { ...chainOpts, modelDir: dir });
+        return await generateOnCluster(base, { ...chainOpts, modelDir: dir, trace: values.trace });
       }
     }
 

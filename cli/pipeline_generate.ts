@@ -237,10 +237,24 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
         if (m.done) {
           out.end();
           const status = await (await apiFetch(base, "/pipeline")).json();
+          const planStages = status.assignment.plan.stages as { node: string }[];
           report(p, o, { tokens, events, ...m.done }, {
             stages: stageSummary(status.assignment.plan.stages),
             nodes: m.done.stages,
           });
+          if (o.trace) {
+            if (events.some((e) => !Array.isArray(e.trace))) {
+              console.error(
+                "swactor: the cluster's nodes send no per-step trace (an older version?): no trace written",
+              );
+            } else {
+              await writeJson(
+                o.trace,
+                chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))),
+              );
+              console.error(`swactor: trace written to ${o.trace} (open it in Perfetto or chrome://tracing)`);
+            }
+          }
           return 0;
         }
       }

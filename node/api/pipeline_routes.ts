@@ -58,7 +58,8 @@ export function pipelineRoutes(app: Hono, pipeline: () => PipelineNode | undefin
             eos: req.eos as number[] | undefined,
             wire: req.wire === "f32" ? "f32" : "f16",
             signal: abort.signal,
-            onToken: (e) => line({ token: e.token, index: e.index, atMs: e.atMs, timings: e.timings }),
+            onToken: (e) =>
+              line({ token: e.token, index: e.index, atMs: e.atMs, timings: e.timings, trace: e.trace }),
           });
           line({
             done: {

@@ -1,0 +1,91 @@
+// The user's cluster path end to end with real processes: `up --peers 3 --model DIR` (the leader plans a
+// 3-stage chain over itself and two `join` workers it spawns), then a plain `generate ... --json --trace F`
+// from another process finds that chain through the state file and the control API: the reference
+// continuation, per-stage timings, and a trace with one track per stage; `down` ends it all.
+import assert from "node:assert/strict";
+import { fixtureDir } from "../fixtures.ts";
+
+const MAIN = new URL("../../main.ts", import.meta.url).pathname;
+const micro = fixtureDir("llama-micro")!;
+
+Deno.test({
+  name:
+    "up --peers 3 --model, then generate --trace through the chain: reference tokens and a trace per stage",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  async fn() {
+    const env = { SWACTOR_STATE_DIR: await Deno.makeTempDir() };
+    const ref = JSON.parse(await Deno.readTextFile(`${micro}/reference.json`));
+    const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
+    const want: number[] = ref.tokens.slice(ref.prompt_length);
+    const up = new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", "--quiet", MAIN, "up", "--peers", "3", "--membership", "test", "--model", micro],
+      env,
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    let err = "";
+    const pump = (async () => {
+      for await (const t of up.stderr.pipeThrough(new TextDecoderStream())) err += t;
+    })();
+    const drainOut = up.stdout.pipeTo(new WritableStream());
+    const tmp = await Deno.makeTempDir();
+    try {
+      const end = Date.now() + 90_000;
+      while (!/chain ready: 3 stage/.test(err)) {
+        if (Date.now() > end) throw new Error(`no chain after 90 s:\n${err}`);
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      const trace = `${tmp}/trace.json`;
+      const gen = await new Deno.Command(Deno.execPath(), {
+        args: [
+          "run",
+          "-A",
+          "--quiet",
+          MAIN,
+          "generate",
+          "--model",
+          micro,
+          "--tokens",
+          prompt.join(","),
+          "--max-tokens",
+          String(want.length),
+          "--temperature",
+          "0",
+          "--json",
+          "--trace",
+          trace,
+        ],
+        env,
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      const stderr = new TextDecoder().decode(gen.stderr);
+      assert.equal(gen.code, 0, stderr);
+      const out = JSON.parse(new TextDecoder().decode(gen.stdout).trim().split("\n").at(-1)!);
+      assert.deepEqual(out.tokens, want);
+      assert.equal(out.timings.mean_decode.compute_ms.length, 3);
+      const t = JSON.parse(await Deno.readTextFile(trace));
+      const tracks = t.traceEvents.filter((e: { ph: string; name: string }) => e.ph === "M").length;
+      assert.equal(tracks, 4, "a track per stage and one for the wire");
+      const spans = t.traceEvents.filter((e: { ph: string; pid: number }) => e.ph === "X" && e.pid === 1);
+      assert.equal(spans.length, want.length, "stage 1 computes once per generated token");
+    } finally {
+      const down = await new Deno.Command(Deno.execPath(), {
+        args: ["run", "-A", "--quiet", MAIN, "down"],
+        env,
+        stdout: "null",
+        stderr: "null",
+      }).output();
+      const status = await Promise.race([
+        up.status,
+        new Promise<null>((r) => setTimeout(() => r(null), 20_000)),
+      ]);
+      if (status === null) up.kill("SIGKILL");
+      await up.status;
+      await Promise.allSettled([pump, drainOut]);
+      await Deno.remove(tmp, { recursive: true });
+      assert.equal(down.code, 0);
+    }
+  },
+});
