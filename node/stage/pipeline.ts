@@ -2,7 +2,8 @@
 // spawns `stage-{i}`, which is also how it reports ready), keeps a client for requests made on this node,
 // and reacts to membership (a dead client's requests are freed; a dead stage breaks the chain: its
 // requests fail at the client and are freed everywhere).
-import { ActorNotFoundError, type ActorSystem } from "../actors/mod.ts";
+import { type ActorSystem, PeerUnreachableError } from "../actors/mod.ts";
+import { type Clock, SystemClock } from "../clock.ts";
 import type { MemberChange } from "../membership/swim.ts";
 import type { Membership } from "../membership/mod.ts";
 import type { Registry } from "../registry/mod.ts";
@@ -10,6 +11,7 @@ import { type Assignment, AssignmentBoard } from "./assignment.ts";
 import type { StageLoader } from "./backend.ts";
 import { type Chain, PipelineClient } from "./client.ts";
 import { encodePipe } from "./messages.ts";
+import { sendWithRetry } from "./retry.ts";
 import { rolesOf } from "./roles.ts";
 import { StageActor, stageName } from "./stage_actor.ts";
 
@@ -26,6 +28,8 @@ export interface PipelineOptions {
   modelDir?: string;
   /** Client stall timeout, ms (default 30 000). */
   stallMs?: number;
+  /** For the send retries' backoff (default: the system clock). */
+  clock?: Clock;
   /** Default: messages to stderr. */
   log?: (msg: string) => void;
 }
@@ -65,9 +69,11 @@ export class PipelineNode {
   #queue: Promise<void> = Promise.resolve();
   #unsubscribe: Array<() => void> = [];
   #closed = false;
+  #clock: Clock;
 
   constructor(host: PipelineHost, opts: PipelineOptions) {
     this.#host = host;
+    this.#clock = opts.clock ?? new SystemClock();
     this.#o = opts;
     this.#log = opts.log ?? ((m) => console.error(`swactor: ${m}`));
     this.board = new AssignmentBoard(host.membership);
@@ -149,18 +155,25 @@ export class PipelineNode {
   }
 
   /**
-   * Sends by name, waiting up to 3 s for a name this node's registry does not know yet: the leader saw every
-   * stage ready, but a registration can still be on its way here by gossip.
+   * Sends by name, retrying with backoff (node/stage/retry.ts) while the target is unreachable or its name
+   * is still on its way here by gossip (the leader saw every stage ready before this node's registry did),
+   * but not once membership says the target's node is gone.
    */
-  async #send(name: string, body: Uint8Array, channel?: "control" | "data"): Promise<void> {
-    for (let i = 0;; i++) {
-      try {
-        return await this.#host.actors.send(name, body, { channel });
-      } catch (e) {
-        if (!(e instanceof ActorNotFoundError) || i >= 60 || this.#closed) throw e;
-        await new Promise((r) => setTimeout(r, 50));
-      }
-    }
+  #send(name: string, body: Uint8Array, channel?: "control" | "data"): Promise<void> {
+    return sendWithRetry((n, b) => this.#host.actors.send(n, b, { channel }), name, body, {
+      clock: this.#clock,
+      closed: () => this.#closed,
+      gone: (n) => {
+        const owner = this.#host.registry.resolve(n);
+        const state = owner && this.#host.membership.member(owner)?.state;
+        return state === "dead" || state === "left";
+      },
+      onRetry: (n, attempt, e) => {
+        if (e instanceof PeerUnreachableError) {
+          this.#log(`pipeline: send to ${n} failed (${e.message}); retry ${attempt}`);
+        }
+      },
+    });
   }
 
   #enqueue(f: () => Promise<void>): void {

@@ -9,10 +9,14 @@ import { FakeBackend, type FakeBackendOptions, fakeReference } from "../../../no
 import { StageActor, stageName } from "../../../node/stage/stage_actor.ts";
 import { type Chain, PipelineClient, PipelineError } from "../../../node/stage/client.ts";
 import { splitLayers } from "../../../node/stage/roles.ts";
+import { sendWithRetry } from "../../../node/stage/retry.ts";
 
 const LAYERS = 6;
 
-function chain(stages: number, opts: FakeBackendOptions & { duplicate?: boolean } = {}) {
+function chain(
+  stages: number,
+  opts: FakeBackendOptions & { duplicate?: boolean; retry?: boolean; retryDelaysMs?: number[] } = {},
+) {
   const clock = new FakeClock();
   const net = new MemoryNetwork(clock);
   const names = new Map<string, string>();
@@ -42,8 +46,10 @@ function chain(stages: number, opts: FakeBackendOptions & { duplicate?: boolean 
       planVersion: 1,
       log: () => {},
       send: async (name, body) => {
-        await sys.send(name, body, { channel: "data" });
-        if (opts.duplicate) await sys.send(name, body, { channel: "data" });
+        const once = (n: string, b: Uint8Array) => sys.send(n, b, { channel: "data" });
+        if (opts.retry) await sendWithRetry(once, name, body, { clock, delaysMs: opts.retryDelaysMs });
+        else await once(name, body);
+        if (opts.duplicate) await once(name, body);
       },
     });
     sys.spawn(stageName(i), actor);
@@ -253,6 +259,51 @@ Deno.test("stage chain: teacher-forced logits over the chain equal the whole mod
       want.set(r.logits!, p * 16);
     }
     assert.deepEqual(logits, want);
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: a hop cut for 400 ms mid-generation is retried with backoff; without retries it fails", async () => {
+  const want = await fakeReference(PROMPT, { layers: LAYERS, maxTokens: 10, eosTokenIds: [] });
+  for (const retry of [true, false]) {
+    const t = chain(3, { eosTokenIds: [], retry });
+    try {
+      let seen = 0;
+      const p = t.client.generate(t.chain, PROMPT, {
+        maxTokens: 10,
+        onToken: () => {
+          if (++seen !== 3) return;
+          t.net.partition([["n1"]]); // stage 1's node loses every link (the hops 0 -> 1 and 1 -> 2)
+          t.clock.schedule(() => t.net.heal(), 400);
+        },
+      });
+      if (retry) {
+        const got = await t.pump(p);
+        assert.deepEqual(got.tokens, want, "the same tokens as the whole model");
+        await t.settle();
+        for (const a of t.actors) assert.equal(a.backend.stats().active, 0);
+      } else {
+        await assert.rejects(t.pump(p), (e) => e instanceof PipelineError && /failed/.test(e.message));
+      }
+    } finally {
+      await t.close();
+    }
+  }
+});
+
+Deno.test("stage chain: retries give up after the backoff when the next stage stays unreachable", async () => {
+  // Short waits: the client's stall timer runs on the real clock while the test steps the fake one.
+  const t = chain(3, { eosTokenIds: [], retry: true, retryDelaysMs: [10, 20, 40, 80] });
+  try {
+    await t.transports[2].close();
+    const t0 = t.clock.now();
+    const p = t.client.generate(t.chain, PROMPT, { maxTokens: 4 });
+    await assert.rejects(t.pump(p), (e) => e instanceof PipelineError && /stage 1 failed/.test(e.message));
+    assert.ok(
+      t.clock.now() - t0 >= 150,
+      `gave up after ${t.clock.now() - t0} ms, before the backoff ran out`,
+    );
   } finally {
     await t.close();
   }
