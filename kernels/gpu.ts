@@ -1,6 +1,6 @@
 // The WebGPU device, and the few buffer and pipeline utilities every kernel uses.
 // Effects live here: requesting the adapter, creating buffers, reading back.
-import { readStaging, takeStaging } from "./readback.ts";
+import { checkEarlyRead, readStaging, takeStaging } from "./readback.ts";
 
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
@@ -166,12 +166,13 @@ export function packWords(
  * Copies `bytes` from `src` (at `offset`) and maps them to the CPU. On Deno 2.9 this returns as soon as the
  * GPU is done, not ~11 ms later (kernels/readback.ts says how and when).
  */
-export function readBack(gpu: Gpu, src: GPUBuffer, bytes: number, offset = 0): Promise<ArrayBuffer> {
+export async function readBack(gpu: Gpu, src: GPUBuffer, bytes: number, offset = 0): Promise<ArrayBuffer> {
   const size = Math.ceil(bytes / 4) * 4;
   const staging = takeStaging(gpu, size);
   const enc = gpu.device.createCommandEncoder();
   enc.copyBufferToBuffer(src, offset, staging, 0, size);
-  gpu.device.queue.submit([enc.finish()]);
+  gpu.device.queue.submit([enc.finish()]); // now: what later writes do to `src` is not in this read
+  await checkEarlyRead(gpu);
   return readStaging(gpu, staging, bytes);
 }
 

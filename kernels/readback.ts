@@ -8,7 +8,8 @@
 // never completed a map it panics (an abort, not an exception). Hence staging buffers here are *primed*
 // (one ordinary map, awaited, when created) and pooled by size. If the early read fails (the mapping was not
 // complete: another Deno's map), it falls back to awaiting the promise. The early read is used only on the
-// Deno versions it was checked on (the pinned 2.9.x); SWACTOR_FAST_READBACK=0 turns it off.
+// Deno versions it was checked on (the pinned 2.9.x), and only after a self-check on this device (two early
+// reads of known data, `checkEarlyRead`) passed; SWACTOR_FAST_READBACK=0 turns it off.
 import type { Gpu } from "./gpu.ts";
 
 /** Whether early reads are on for this process. */
@@ -28,6 +29,9 @@ interface Pool {
 }
 
 const pools = new WeakMap<GPUDevice, Pool>();
+/** Per device: the self-check's verdict once it ran (early reads only where it is true). */
+const earlyOk = new WeakMap<GPUDevice, Promise<boolean>>();
+const earlyVerdict = new WeakMap<GPUDevice, boolean>();
 /** Buffers that have completed a map (only those may be read early; see the top of this file). */
 const primedSet = new WeakSet<GPUBuffer>();
 
@@ -51,9 +55,60 @@ async function primed(gpu: Gpu, size: number): Promise<GPUBuffer> {
   return b;
 }
 
+/**
+ * Whether early reads are right on this device: copies known words into a primed staging buffer twice and
+ * reads each early; any mismatch or failure turns early reads off for the device. Runs once (~35 ms).
+ */
+export function checkEarlyRead(gpu: Gpu): Promise<boolean> {
+  if (!FAST_READBACK) return Promise.resolve(false);
+  let p = earlyOk.get(gpu.device);
+  if (!p) {
+    p = selfCheck(gpu).catch(() => false).then((ok) => {
+      earlyVerdict.set(gpu.device, ok);
+      if (!ok) {
+        console.error("swactor: early GPU readback failed its self-check here; using Deno's map promise");
+      }
+      return ok;
+    });
+    earlyOk.set(gpu.device, p);
+  }
+  return p;
+}
+
+async function selfCheck(gpu: Gpu): Promise<boolean> {
+  const src = gpu.device.createBuffer({
+    size: 256,
+    usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+  });
+  const stg = await primed(gpu, 256);
+  try {
+    for (let round = 1; round <= 2; round++) {
+      const want = Uint32Array.from({ length: 64 }, (_, i) => (i * 2654435761 + round * 40503) >>> 0);
+      gpu.device.queue.writeBuffer(src, 0, want);
+      const enc = gpu.device.createCommandEncoder();
+      enc.copyBufferToBuffer(src, 0, stg, 0, 256);
+      gpu.device.queue.submit([enc.finish()]);
+      const mapped = stg.mapAsync(GPUMapMode.READ);
+      let got: Uint32Array | undefined;
+      try {
+        got = new Uint32Array(stg.getMappedRange(0, 256).slice(0));
+        stg.unmap();
+      } catch {
+        got = undefined;
+      }
+      await mapped.catch(() => {});
+      if (!got || got.some((v, i) => v !== want[i])) return false;
+    }
+    return true;
+  } finally {
+    src.destroy();
+    stg.destroy();
+  }
+}
+
 /** Makes sure `count` primed staging buffers of at least `bytes` are free (priming them together: ~11 ms). */
 export async function reserveStaging(gpu: Gpu, bytes: number, count: number): Promise<void> {
-  if (!FAST_READBACK || bytes > MAX_POOLED) return;
+  if (!(await checkEarlyRead(gpu)) || bytes > MAX_POOLED) return;
   const size = sizeClass(bytes);
   const free = poolOf(gpu).free.get(size) ?? [];
   const made = await Promise.all(
@@ -83,11 +138,13 @@ function release(gpu: Gpu, b: GPUBuffer): void {
 
 /**
  * Maps `staging` (a copy into it already submitted) and returns its first `bytes`; the buffer goes back to
- * the pool once Deno's map promise settles. On Deno 2.9 the map call blocks until the GPU is done.
+ * the pool once Deno's map promise settles. On Deno 2.9 the map call blocks until the GPU is done. The map
+ * call is made before this function first awaits, so a caller may submit more work right after calling it
+ * (the decode loop does); reads are early only once `checkEarlyRead` has passed on this device.
  */
 export async function readStaging(gpu: Gpu, staging: GPUBuffer, bytes: number): Promise<ArrayBuffer> {
   const mapped = staging.mapAsync(GPUMapMode.READ);
-  if (FAST_READBACK && primedSet.has(staging)) {
+  if (FAST_READBACK && earlyVerdict.get(gpu.device) === true && primedSet.has(staging)) {
     let out: ArrayBuffer | undefined;
     try {
       out = staging.getMappedRange(0, staging.size).slice(0, bytes);

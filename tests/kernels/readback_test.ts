@@ -4,6 +4,7 @@
 // buffers are read early.
 import assert from "node:assert/strict";
 import {
+  checkEarlyRead,
   FAST_READBACK,
   readBack,
   readbackStats,
@@ -58,4 +59,20 @@ Deno.test({ name: "readBack: many reads at once and of many sizes are all exact"
     });
   }
   for (const b of bufs) b.destroy();
+});
+
+Deno.test({
+  name: "readBack reads what the queue holds when it is called, not what is written after",
+  ignore,
+}, async () => {
+  const g = gpu!;
+  const buf = storageBuffer(g, 16);
+  writeBytes(g, buf, 0, new Uint32Array([1, 2, 3, 4]));
+  const first = readBack(g, buf, 16);
+  writeBytes(g, buf, 0, new Uint32Array([5, 6, 7, 8])); // before the first read has settled
+  assert.deepEqual(new Uint32Array(await first), new Uint32Array([1, 2, 3, 4]));
+  assert.deepEqual(new Uint32Array(await readBack(g, buf, 16)), new Uint32Array([5, 6, 7, 8]));
+  // The early path's self-check passed on this device wherever the early path is on.
+  assert.equal(await checkEarlyRead(g), FAST_READBACK);
+  buf.destroy();
 });
