@@ -21,8 +21,13 @@ export const readbackStats = { early: 0, awaited: 0 };
 
 /** Buffers above this are not pooled (a logits dump): created, mapped and awaited, then destroyed. */
 const MAX_POOLED = 16 << 20;
-/** Free buffers kept per size class. */
-const KEEP = 8;
+/**
+ * Free buffers kept per size class: a buffer comes back ~10 ms after its read, so a stage reading every
+ * 0.5 ms needs ~20 of them; at most 32 MiB a class, between 4 and 64 buffers.
+ */
+function keep(size: number): number {
+  return Math.max(4, Math.min(64, Math.floor((32 << 20) / size)));
+}
 
 interface Pool {
   free: Map<number, GPUBuffer[]>;
@@ -131,7 +136,7 @@ function release(gpu: Gpu, b: GPUBuffer): void {
   if (!FAST_READBACK || b.size > MAX_POOLED) return b.destroy();
   const pool = poolOf(gpu);
   const list = pool.free.get(b.size) ?? [];
-  if (list.length >= KEEP) return b.destroy();
+  if (list.length >= keep(b.size)) return b.destroy();
   list.push(b);
   pool.free.set(b.size, list);
 }

@@ -118,8 +118,9 @@ export async function generate(
   // A batch encoded ahead and not yet submitted (its staging buffer is freed if it never is).
   let next: Batch | undefined;
   try {
-    // Primed staging buffers for the batches in flight (free after the first request: kernels/readback.ts).
-    const reserved = reserveStaging(gpu, maxBatch * 4, MAX_IN_FLIGHT + 2);
+    // Primed staging buffers for the batches in flight: a buffer returns to the pool ~10 ms after its read,
+    // and the first small batches come faster than that (free after the first request: kernels/readback.ts).
+    const reserved = reserveStaging(gpu, maxBatch * 4, 8);
     prefill(seq, prompt, "sample");
     await reserved;
     // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit.
