@@ -122,6 +122,12 @@ export async function writeJson(path: string, value: unknown): Promise<void> {
   await Deno.rename(tmp, path);
 }
 
+/** Writes a chain's per-step records as a Chrome trace (stage i on plan stage i's node). */
+async function writeTrace(path: string, events: TokenEvent[], planStages: { node: string }[]): Promise<void> {
+  await writeJson(path, chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))));
+  console.error(`swactor: trace written to ${path} (open it in Perfetto or chrome://tracing)`);
+}
+
 function stageSummary(
   stages: { index: number; node: string; layers: [number, number]; embeds: boolean; head: boolean }[],
 ) {
@@ -159,11 +165,7 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
       });
       out.end();
       report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n });
-      if (o.trace) {
-        const stages = cluster.assignment.plan.stages.map((s, index) => ({ index, node: s.node }));
-        await writeJson(o.trace, chromeTrace(r.events, stages));
-        console.error(`swactor: trace written to ${o.trace} (open it in Perfetto or chrome://tracing)`);
-      }
+      if (o.trace) await writeTrace(o.trace, r.events, cluster.assignment.plan.stages);
       return 0;
     } finally {
       await cluster.close();
@@ -237,7 +239,6 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
         if (m.done) {
           out.end();
           const status = await (await apiFetch(base, "/pipeline")).json();
-          const planStages = status.assignment.plan.stages as { node: string }[];
           report(p, o, { tokens, events, ...m.done }, {
             stages: stageSummary(status.assignment.plan.stages),
             nodes: m.done.stages,
@@ -247,13 +248,7 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
               console.error(
                 "swactor: the cluster's nodes send no per-step trace (an older version?): no trace written",
               );
-            } else {
-              await writeJson(
-                o.trace,
-                chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))),
-              );
-              console.error(`swactor: trace written to ${o.trace} (open it in Perfetto or chrome://tracing)`);
-            }
+            } else await writeTrace(o.trace, events, status.assignment.plan.stages);
           }
           return 0;
         }

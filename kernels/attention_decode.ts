@@ -16,7 +16,7 @@
 //     head_dim 40 at S = 32, score lane per key instead: lane l reads key l's whole row). Values: each
 //     lane accumulates its output slots, a key's weight taken from the lane that scored it by
 //     subgroupShuffle. All loads of a block (`unroll`) are issued before any is used, the first block of
-//     value loads before the scores (`prefetchV`): the chunk costs about one memory latency;
+//     value loads before the scores: the chunk costs about one memory latency;
 //   - the last subgroup scores the current key (k from workgroup memory, subgroupAdd over dims);
 //   - one barrier, then each thread combines one output slot over the subgroups' (m, l, acc) and the
 //     current key, and writes out[h * hd ..].
@@ -41,8 +41,6 @@ export interface AttentionDecodeTuning {
   warps: number;
   /** Vector loads a lane issues before using any (per block of the key row or of the value rows). */
   unroll: number;
-  /** Issue the chunk's first block of value loads before scoring its keys. */
-  prefetchV: boolean;
   /** Score with coalesced row reads and a shuffle butterfly where the shape allows (else lane per key). */
   butterfly?: boolean;
 }
@@ -82,7 +80,7 @@ export function attentionDecodeDefaultTuning(gpu: Gpu, headDim: number): Attenti
   while (warps > 1 && sharedBytes(headDim, warps) > gpu.maxWorkgroupStorage) warps--;
   const HDV = headDim / (headDim % 4 === 0 ? 4 : 2);
   const loadsPerChunk = HDV <= S ? Math.ceil(S / Math.floor(S / HDV)) : S * Math.ceil(HDV / S);
-  return { warps, unroll: loadsPerChunk <= 16 ? 16 : 8, prefetchV: true, butterfly: true };
+  return { warps, unroll: loadsPerChunk <= 16 ? 16 : 8, butterfly: true };
 }
 
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
@@ -179,7 +177,8 @@ export function attentionDecodeSource(
     const [it, i] = pairs[x];
     return [...(i === 0 ? [`let p${it} = ${pOf(it)};`] : []), `acc${i} += p${it} * v${it}_${i};`];
   };
-  const first = t.prefetchV ? Math.min(UB, pairs.length) : 0;
+  // The chunk's first block of value loads is issued before its keys are scored.
+  const first = Math.min(UB, pairs.length);
   const vPrefetch = range(first).map(vLoad);
   const values = [
     ...range(first).flatMap(vUse),

@@ -206,8 +206,8 @@ export function gemvFusedCall(
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
-  if (isSgTuning(d.tuning) || (d.tuning === undefined && sgFits(gpu, d.K, wt, f))) {
-    if (!S || !sgFits(gpu, d.K, wt, f)) {
+  if (isSgTuning(d.tuning) || (d.tuning === undefined && sgFits(gpu, d.K, wt))) {
+    if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
     const t = isSgTuning(d.tuning) ? d.tuning : sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && DP4_DEFAULT);

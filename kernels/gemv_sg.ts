@@ -15,6 +15,7 @@
 // sum(x), the unit's sum of x computed once per workgroup).
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
+import { QUANT_DECODE_WGSL } from "./matmul_quant.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 export interface SgTuning {
@@ -26,11 +27,6 @@ export interface SgTuning {
   wg: number;
   /** Most workgroups launched (each loops over row blocks); 0: enough for one block per warp. */
   groups: number;
-  /**
-   * q8 / q4: turn codes into floats with bit operations (the code in a float's mantissa, 1 + c / 2^m)
-   * instead of integer-to-float conversions, which run at a quarter of the FMA rate on NVIDIA.
-   */
-  magic?: boolean;
   /**
    * q8 / q4: quantise x to int8 per block of 32 (scale amax / 127) once per workgroup and multiply with
    * packed integer dot products (dot4I8Packed: 4 multiply-adds an instruction), as llama.cpp does with
@@ -46,22 +42,16 @@ function unitWeights(wt: WeightType | QuantType): number {
 }
 
 /** Whether the subgroup kernel serves this shape on this GPU (else the team kernel does). */
-export function sgFits(gpu: Gpu, K: number, wt: WeightType | QuantType, f: InputTransform): boolean {
+export function sgFits(gpu: Gpu, K: number, wt: WeightType | QuantType): boolean {
   const S = gpu.subgroupSize;
   if (!S) return false;
   const units = K / unitWeights(wt);
   if (!Number.isInteger(units) || units % S !== 0) return false;
   if (isQuant(wt) && K % QUANT_GROUP !== 0) return false;
-  return sgSharedBytes(K, wt, f, 256, S) <= gpu.maxWorkgroupStorage;
+  return sgSharedBytes(K, wt, 256, S) <= gpu.maxWorkgroupStorage;
 }
 
-function sgSharedBytes(
-  K: number,
-  wt: WeightType | QuantType,
-  _f: InputTransform,
-  wg: number,
-  S: number,
-): number {
+function sgSharedBytes(K: number, wt: WeightType | QuantType, wg: number, S: number): number {
   // xs (f32); a per-unit sum of x or the int8 copy with its per-block (scale, sum); RMSNorm partials.
   return K * 4 + (isQuant(wt) ? Math.max((K / unitWeights(wt)) * 4, K + (K / 32) * 8) : 0) + (wg / S) * 4;
 }
@@ -106,7 +96,7 @@ export function checkSgTuning(t: SgTuning, K: number, wt: WeightType | QuantType
   const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= 8 &&
     Number.isInteger(t.unroll) && t.unroll >= 1 && perLane % t.unroll === 0 &&
     Number.isInteger(t.wg) && t.wg >= S && t.wg % S === 0 && t.wg <= 1024 &&
-    Number.isInteger(t.groups) && t.groups >= 0 && !(t.dp4 && t.magic);
+    Number.isInteger(t.groups) && t.groups >= 0;
   if (!ok) {
     throw new RangeError(`bad subgroup GEMV tuning ${JSON.stringify(t)} for K = ${K} (${wt}, S = ${S})`);
   }
@@ -188,7 +178,7 @@ export function gemvSgSource(
   }
   workgroupBarrier();`;
   }
-  const needXsum = !dp4 && (wt === "q4" || (wt === "q8" && t.magic === true));
+  const needXsum = !dp4 && wt === "q4";
   if (needXsum) {
     stage += `
   for (var j = tid; j < UNITS; j += WG) {
@@ -213,15 +203,10 @@ export function gemvSgSource(
         if (dp4) {
           // Unit j is half j % 2 of block j / 2; its 16 values' words are xq[j] in natural order.
           const d = ["x", "y", "z", "w"].map((c) => `dot4I8Packed(${w}.${c}, xq${u}.${c})`).join(" + ");
-          return `scale(${row} * GPR + ${j} / 2u) * xs${u}.x * f32(${d})`;
-        }
-        if (t.magic) {
-          // f = 1 + (b + 128) / 256 for the signed byte b: sum b x = 256 sum f x - 384 sum x.
-          const d = [0, 1, 2, 3].map((i) => `dot(q8m(${w}[${i}]), ${xv(u, i)})`).join(" + ");
-          return `scale(${row} * GPR + ${j} / 2u) * (256.0 * (${d}) - 384.0 * xsum${u})`;
+          return `group_scale(${row} * GPR + ${j} / 2u) * xs${u}.x * f32(${d})`;
         }
         const d = [0, 1, 2, 3].map((i) => `dot(q8v(${w}[${i}]), ${xv(u, i)})`).join(" + ");
-        return `scale(${row} * GPR + ${j} / 2u) * (${d})`;
+        return `group_scale(${row} * GPR + ${j} / 2u) * (${d})`;
       }
       case "q4": {
         if (dp4) {
@@ -230,20 +215,13 @@ export function gemvSgSource(
             `dot4I8Packed((${w}.${c} >> 4u) & 0x0F0F0F0Fu, xq${u}o.${c})`
           ).join(" + ");
           // Codes are q + 8: sum q x = s (sum c xq - 8 sum xq).
-          return `scale(${row} * GPR + ${j}) * (xs${u}.x * f32(${d}) - 8.0 * xs${u}.y)`;
-        }
-        if (t.magic) {
-          // f = 1 + c / 16 for the code c = q + 8: sum q x = 16 sum f x - 24 sum x.
-          const d = [0, 1, 2, 3, 4, 5, 6, 7].map((i) =>
-            `dot(q4m(${i & 1 ? `(${w}[${i >> 1}] >> 16u)` : `${w}[${i >> 1}]`}), ${xv(u, i)})`
-          ).join(" + ");
-          return `scale(${row} * GPR + ${j}) * (16.0 * (${d}) - 24.0 * xsum${u})`;
+          return `group_scale(${row} * GPR + ${j}) * (xs${u}.x * f32(${d}) - 8.0 * xs${u}.y)`;
         }
         const d = [0, 1, 2, 3, 4, 5, 6, 7].map((i) =>
           `dot(q4v(${w}[${i >> 1}], ${16 * (i & 1)}u), ${xv(u, i)})`
         )
           .join(" + ");
-        return `scale(${row} * GPR + ${j}) * (${d} - 8.0 * xsum${u})`;
+        return `group_scale(${row} * GPR + ${j}) * (${d} - 8.0 * xsum${u})`;
       }
     }
   };
@@ -286,30 +264,7 @@ export function gemvSgSource(
       y[o] = select(0.0, y[o], p.acc != 0u) + s${r};
     }`);
   }
-  const quantFns = !isQuant(wt) ? "" : `
-const GPR = ${K / QUANT_GROUP}u;
-fn scale(g: u32) -> f32 {
-  let sw = W[p.soff / 4u + g / 8u][(g / 2u) % 4u];
-  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));
-}
-fn q8v(w: u32) -> vec4<f32> {
-  let s = bitcast<i32>(w);
-  return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
-}
-fn q4v(w: u32, sh: u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
-}
-// The low four nibbles of w as 1 + c / 16 (the nibble moved to mantissa bits 19..22).
-fn q4m(w: u32) -> vec4<f32> {
-  return bitcast<vec4<f32>>(((vec4<u32>(w) << vec4<u32>(19u, 15u, 11u, 7u)) & vec4<u32>(0x00780000u)) |
-    vec4<u32>(0x3F800000u));
-}
-// The four signed bytes b of w as 1 + (b + 128) / 256 (the byte moved to mantissa bits 15..22).
-fn q8m(w: u32) -> vec4<f32> {
-  let u = w ^ 0x80808080u;
-  let b = (vec4<u32>(u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
-  return bitcast<vec4<f32>>((b << vec4<u32>(15u)) | vec4<u32>(0x3F800000u));
-}`;
+  const quantFns = !isQuant(wt) ? "" : `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}`;
   return `
 struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
 @group(0) @binding(0) var<uniform> p: P;

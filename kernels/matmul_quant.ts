@@ -15,7 +15,16 @@ export function quantUnit(t: QuantType): number {
   return t === "q8" ? 16 : 32;
 }
 
-const DECODE_WGSL = `
+/**
+ * WGSL shared by the quantised GEMVs (this file's and gemv_sg.ts's), which both bind the matrix as
+ * `W: array<vec4<u32>>` and its scales' word offset as `p.soff`: decoding 4 weights of a word, and group g's
+ * bf16 scale.
+ */
+export const QUANT_DECODE_WGSL = `
+fn group_scale(g: u32) -> f32 {
+  let sw = W[p.soff / 4u + g / 8u][(g / 2u) % 4u];
+  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));
+}
 fn q8v(w: u32) -> vec4<f32> {
   let s = bitcast<i32>(w);
   return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
@@ -68,7 +77,7 @@ const TH = ${THREADS}u;
 const TEAM = ${team}u;
 const R = ${rows}u;
 var<workgroup> part: array<f32, ${Math.max(THREADS * rows, THREADS)}>;
-${DECODE_WGSL}
+${QUANT_DECODE_WGSL}
 @compute @workgroup_size(${THREADS})
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
@@ -82,7 +91,6 @@ fn main(
   let k4 = p.K / 4u;
   let ku = p.K / ${U}u;
   let gpr = p.K / ${QUANT_GROUP}u;
-  let soff4 = p.soff / 4u;
   let xrow = (p.x_row0 + t) * ${f === "silu_mul" ? "2u * k4" : "k4"};
   ${norm}
   let nblk = (p.N + TH / TEAM * R - 1u) / (TH / TEAM * R);
@@ -96,9 +104,7 @@ fn main(
       let row = min(n0 + r, p.N - 1u);
       let wv = W[row * ku + j];
       let g = row * gpr + j / ${upg}u;
-      let sw = W[soff4 + g / 8u][(g / 2u) % 4u];
-      let s = bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));
-      acc[r] += s * (${body});
+      acc[r] += group_scale(g) * (${body});
     }
   }
 ${TEAM_REDUCE_STORE}

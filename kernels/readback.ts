@@ -34,9 +34,12 @@ interface Pool {
 }
 
 const pools = new WeakMap<GPUDevice, Pool>();
-/** Per device: the self-check's verdict once it ran (early reads only where it is true). */
-const earlyOk = new WeakMap<GPUDevice, Promise<boolean>>();
-const earlyVerdict = new WeakMap<GPUDevice, boolean>();
+/** Per device: the self-check, and its verdict once it ran (early reads only where it is true). */
+interface EarlyRead {
+  check: Promise<boolean>;
+  ok: boolean;
+}
+const early = new WeakMap<GPUDevice, EarlyRead>();
 /** Buffers that have completed a map (only those may be read early; see the top of this file). */
 const primedSet = new WeakSet<GPUBuffer>();
 
@@ -66,18 +69,19 @@ async function primed(gpu: Gpu, size: number): Promise<GPUBuffer> {
  */
 export function checkEarlyRead(gpu: Gpu): Promise<boolean> {
   if (!FAST_READBACK) return Promise.resolve(false);
-  let p = earlyOk.get(gpu.device);
-  if (!p) {
-    p = selfCheck(gpu).catch(() => false).then((ok) => {
-      earlyVerdict.set(gpu.device, ok);
+  let e = early.get(gpu.device);
+  if (!e) {
+    const state: EarlyRead = { check: Promise.resolve(false), ok: false };
+    state.check = selfCheck(gpu).catch(() => false).then((ok) => {
+      state.ok = ok;
       if (!ok) {
         console.error("swactor: early GPU readback failed its self-check here; using Deno's map promise");
       }
       return ok;
     });
-    earlyOk.set(gpu.device, p);
+    early.set(gpu.device, e = state);
   }
-  return p;
+  return e.check;
 }
 
 async function selfCheck(gpu: Gpu): Promise<boolean> {
@@ -149,7 +153,7 @@ function release(gpu: Gpu, b: GPUBuffer): void {
  */
 export async function readStaging(gpu: Gpu, staging: GPUBuffer, bytes: number): Promise<ArrayBuffer> {
   const mapped = staging.mapAsync(GPUMapMode.READ);
-  if (FAST_READBACK && earlyVerdict.get(gpu.device) === true && primedSet.has(staging)) {
+  if (early.get(gpu.device)?.ok && primedSet.has(staging)) {
     let out: ArrayBuffer | undefined;
     try {
       out = staging.getMappedRange(0, staging.size).slice(0, bytes);

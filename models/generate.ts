@@ -26,10 +26,10 @@ import {
 import type { LlamaModel, LlamaSequence } from "./llama.ts";
 
 /**
- * Readbacks in flight at once. Each resolves >= 10 ms after the GPU finished its batch (Deno's map
- * polling); with three, the oldest has usually resolved by the time the loop needs to look at it, so small
- * batches do not leave the GPU idle. Tokens computed past an eos are at most the batches in flight, and
- * they are discarded.
+ * Readbacks in flight at once. With early reads (kernels/readback.ts) each is done as its map call returns;
+ * without, it resolves >= 10 ms after the GPU finished its batch, and with three the oldest has usually
+ * resolved by the time the loop needs it. Tokens computed past an eos are at most the batches in flight,
+ * and they are discarded.
  */
 const MAX_IN_FLIGHT = 3;
 

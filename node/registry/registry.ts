@@ -25,8 +25,8 @@ export interface RegistryHost {
 
 export interface RegistryOptions {
   /**
-   * How long a tombstone is kept after this node learned it, ms. Long enough for it to have reached
-   * every node by gossip or push-pull. Default 10 minutes (20 push-pulls with the lan preset).
+   * How long a tombstone is kept after it came to be (its write, or its owner's death), ms. Long enough
+   * for it to have reached every node by gossip or push-pull. Default 10 minutes (20 push-pulls with lan).
    */
   tombstoneTtlMs?: number;
 }

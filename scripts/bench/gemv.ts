@@ -64,14 +64,16 @@ function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
       if (wt !== "f16" && rows * unroll > 16) continue;
       for (const groups of [0, 512]) {
         if (wt === "f16") out.push({ rows, unroll, wg: 256, groups });
-        else for (const magic of [false, true]) out.push({ rows, unroll, wg: 256, groups, magic });
+        else {for (const dp4 of gpu.hasDp4 ? [false, true] : [false]) {
+            out.push({ rows, unroll, wg: 256, groups, dp4 });
+          }}
       }
     }
   }
   return out;
 }
 
-const name = (t: SgTuning) => `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.magic ? "m" : ""}`;
+const name = (t: SgTuning) => `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.dp4 ? "d" : ""}`;
 
 for (const wt of values.weights!.split(",") as Wt[]) {
   if (wt === "f16" && !gpu.hasF16) continue;
@@ -114,7 +116,7 @@ for (const wt of values.weights!.split(",") as Wt[]) {
     }
     time("team", (w) => call(w, defaultTuning(K, N)));
     const S = gpu.subgroupSize;
-    if (S && sgFits(gpu, K, wt, f)) {
+    if (S && sgFits(gpu, K, wt)) {
       const def = sgDefaultTuning(K, N, wt, S);
       time("sg_default", (w) => call(w, def));
       if (values.sweep) { for (const t of sweepTunings(K, wt, S)) time(name(t), (w) => call(w, t)); }

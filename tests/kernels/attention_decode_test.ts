@@ -162,8 +162,8 @@ Deno.test(
   async () => {
     const tunings = [
       { warps: 1 },
-      { warps: 3, unroll: 3, prefetchV: true, butterfly: false },
-      { unroll: 5, prefetchV: true },
+      { warps: 3, unroll: 3, butterfly: false },
+      { unroll: 5 },
     ];
     for (const [heads, kv, hd] of [[3, 1, 40], [4, 4, 128], [2, 1, 16]]) {
       for (const tuning of tunings) {

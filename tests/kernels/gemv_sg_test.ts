@@ -3,10 +3,8 @@
 // the subgroup is 8 lanes, on NVIDIA 32: shapes are chosen from the adapter's size so each type has
 // 1..4 units per lane. Skips, saying so, without a GPU or without subgroups.
 import {
-  dequantize,
   gemvFusedCall,
   matmulRef,
-  quantize,
   rmsnormRef,
   runCalls,
   type SgTuning,
@@ -14,7 +12,7 @@ import {
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, checkDp4, gpuOrSkip, randoms, readF32, upload } from "./harness.ts";
+import { assertClose, checkDp4, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -23,13 +21,6 @@ if (gpu && !gpu.subgroupSize) {
 const ignore = gpu === null || !gpu.subgroupSize;
 
 const PER_UNIT = { f32: 4, f16: 8, q8: 16, q4: 32 } as const;
-
-function packed(t: keyof typeof PER_UNIT, w: Float32Array, N: number, K: number) {
-  if (t === "f32") return { bytes: new Uint8Array(w.buffer), deq: w };
-  if (t === "f16") return { bytes: new Uint8Array(f32ToF16(w).buffer), deq: f16ToF32(f32ToF16(w)) };
-  const q = quantize(w, { N, K }, t);
-  return { bytes: q, deq: dequantize(q, { N, K }, t) };
-}
 
 Deno.test(
   { name: "subgroup GEMV matches the reference for every weight type, transform and tuning", ignore },
@@ -41,8 +32,6 @@ Deno.test(
       { rows: 2, unroll: 2, wg: 4 * S, groups: 0 },
       { rows: 3, unroll: 1, wg: 2 * S, groups: 2 },
       { rows: 4, unroll: 4, wg: 8 * S, groups: 1 },
-      { rows: 2, unroll: 1, wg: 2 * S, groups: 0, magic: true },
-      { rows: 4, unroll: 2, wg: 4 * S, groups: 3, magic: true },
       { rows: 2, unroll: 2, wg: 2 * S, groups: 0, dp4: true },
       { rows: 3, unroll: 1, wg: 4 * S, groups: 2, dp4: true },
     ];
@@ -53,14 +42,13 @@ Deno.test(
         for (const [T, N] of [[1, 37], [2, 5], [3, 64]]) {
           for (const transform of ["none", "rmsnorm", "silu_mul"] as const) {
             const tuning = { ...tunings[k++ % tunings.length] };
-            if (wt === "f32" || wt === "f16") delete tuning.magic;
             if (wt === "f32" || wt === "f16" || !g.hasDp4) delete tuning.dp4;
             tuning.unroll = Math.min(tuning.unroll, lanesUnits);
             const accumulate = k % 2 === 0;
             const normWeights = wt === "f32" || k % 3 === 0 ? "f32" as const : "f16" as const;
             const width = transform === "silu_mul" ? 2 * K : K;
             const x = randoms((T + 1) * width, k, 2);
-            const w = packed(wt, randoms(N * K, N + k, 0.5), N, K);
+            const w = packedWeights(wt, randoms(N * K, N + k, 0.5), N, K);
             let nw = randoms(K, K + 3);
             const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
             if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));

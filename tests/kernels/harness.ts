@@ -1,6 +1,16 @@
 // What the kernel tests share: the GPU (or a clear skip), seeded random data, upload/readback, and the
 // tolerance check |gpu - ref| <= atol + |ref| * rtol.
-import { getGpu, type Gpu, NoGpuError, readBack, uploadBuffer } from "../../kernels/mod.ts";
+import {
+  dequantize,
+  getGpu,
+  type Gpu,
+  NoGpuError,
+  quantize,
+  type QuantType,
+  readBack,
+  uploadBuffer,
+} from "../../kernels/mod.ts";
+import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { seededRandom } from "../../node/random.ts";
 
 /** The GPU, or null (with one line saying the GPU tests are skipped) when this machine has no adapter. */
@@ -87,4 +97,12 @@ export function checkDp4(
       }
     }
   }
+}
+
+/** A matrix's bytes as the GPU stores it (f32, f16, q8 or q4) and the weights those bytes stand for. */
+export function packedWeights(t: "f32" | "f16" | QuantType, w: Float32Array, N: number, K: number) {
+  if (t === "f32") return { bytes: new Uint8Array(w.buffer), deq: w };
+  if (t === "f16") return { bytes: new Uint8Array(f32ToF16(w).buffer), deq: f16ToF32(f32ToF16(w)) };
+  const q = quantize(w, { N, K }, t);
+  return { bytes: q, deq: dequantize(q, { N, K }, t) };
 }

@@ -5,13 +5,11 @@
 // case; for our K <= 2048 with |x|, |w| <= ~1 atol 1e-4 + rtol 1e-4 holds with a wide margin.
 import {
   createStepBuffer,
-  dequantize,
   embedCall,
   embedRef,
   gemvFusedCall,
   matmulCall,
   matmulRef,
-  quantize,
   type QuantType,
   rmsnormRef,
   runCalls,
@@ -22,17 +20,11 @@ import {
   writeStep,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, checkDp4, gpuOrSkip, randoms, readF32, upload } from "./harness.ts";
+import { assertClose, checkDp4, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null;
 const TYPES: QuantType[] = ["q8", "q4"];
-
-function packed(t: QuantType | "f16", w: Float32Array, N: number, K: number) {
-  if (t === "f16") return { bytes: new Uint8Array(f32ToF16(w).buffer), deq: f16ToF32(f32ToF16(w)) };
-  const q = quantize(w, { N, K }, t);
-  return { bytes: q, deq: dequantize(q, { N, K }, t) };
-}
 
 Deno.test(
   { name: "quantised GEMV (none / rmsnorm / silu_mul) matches dequantised reference", ignore },
@@ -52,7 +44,7 @@ Deno.test(
           const normWeights = k % 3 === 0 && t !== "f16" ? "f16" as const : "f32" as const;
           const width = transform === "silu_mul" ? 2 * K : K;
           const x = randoms((T + 1) * width, k, 2);
-          const w = packed(t, randoms(N * K, N + k, 0.5), N, K);
+          const w = packedWeights(t, randoms(N * K, N + k, 0.5), N, K);
           let nw = randoms(K, K + 3);
           const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
           if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
@@ -79,7 +71,7 @@ Deno.test(
             ? siluMulRef(rows, K)
             : rows;
           const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: t }, y0);
-          if (tuning === undefined && t !== "f16" && g.hasDp4 && sgFits(g, K, t, transform)) {
+          if (tuning === undefined && t !== "f16" && g.hasDp4 && sgFits(g, K, t)) {
             // The default there is the int8-activation kernel (gemv_sg_test.ts has its bound).
             checkDp4(
               await readF32(g, y, T * N),
@@ -112,7 +104,7 @@ Deno.test(
       for (const t of TYPES) {
         for (const accumulate of [false, true]) {
           const x = randoms((T + 1) * K, T * 1000 + K);
-          const w = packed(t, randoms(N * K, N), N, K);
+          const w = packedWeights(t, randoms(N * K, N), N, K);
           const y0 = randoms(T * N, 7);
           const y = upload(g, y0);
           const d = { K, N, T, accumulate, xRow0: 1, weights: t };
@@ -134,7 +126,7 @@ Deno.test({ name: "embedding gather from q8 / q4 tables", ignore }, async () => 
   const g = gpu!;
   for (const t of TYPES) {
     for (const [V, H] of [[1, 32], [7, 96], [50, 64]]) {
-      const table = packed(t, randoms(V * H, V), V, H);
+      const table = packedWeights(t, randoms(V * H, V), V, H);
       const toks = Uint32Array.from({ length: 9 }, (_, i) => (i * 5 + 3) % V);
       const step = createStepBuffer(g);
       const x = storageBuffer(g, 4 * 4 * H);
