@@ -2,7 +2,7 @@
 import type { Command } from "./command.ts";
 import { numberFlag, parseFlags, UsageError } from "./command.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
-import { generate } from "../models/generate.ts";
+import { generate } from "../models/engine.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { readState } from "../node/state_file.ts";
@@ -111,7 +111,7 @@ export const generateCommand: Command = {
       }
     }
 
-    const { model, tokenizer } = await loadModel(values.model, { weights });
+    const { engine, tokenizer } = await loadModel(values.model, { weights });
     let ids = promptIds;
     if (ids === undefined) {
       if (!tokenizer) {
@@ -128,10 +128,10 @@ export const generateCommand: Command = {
     const started = performance.now();
     const batches: { tokens: number; atMs: number }[] = [];
     try {
-      const result = await generate(model, ids, {
+      const result = await generate(engine, ids, {
         maxTokens,
         sampling: { temperature, topP, seed },
-        eosTokenIds: model.config.eosTokenIds,
+        eosTokenIds: engine.model.eosTokenIds,
         signal: abort.signal,
         onTokens: (fresh) => {
           batches.push({ tokens: fresh.length, atMs: performance.now() - started });
@@ -150,8 +150,8 @@ export const generateCommand: Command = {
           first_token_ms: Number(result.firstTokenMs.toFixed(1)),
           stop_reason: result.stopReason,
           seed,
-          weights,
-          adapter: model.gpu.adapterName,
+          weights: engine.weights.weightType,
+          adapter: engine.gpu.adapterName,
         }));
       } else {
         write((stream?.flush() ?? "") + "\n");
@@ -161,13 +161,13 @@ export const generateCommand: Command = {
         );
       }
       if (values.trace) {
-        await writeJson(values.trace, batchTrace(batches, ids.length, model.gpu.adapterName));
+        await writeJson(values.trace, batchTrace(batches, ids.length, engine.gpu.adapterName));
         console.error(`swactor: trace written to ${values.trace} (open it in Perfetto or chrome://tracing)`);
       }
       return result.stopReason === "aborted" ? 130 : 0;
     } finally {
       Deno.removeSignalListener("SIGINT", onSigint);
-      model.destroy();
+      engine.close();
     }
   },
 };

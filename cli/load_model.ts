@@ -1,26 +1,29 @@
 // What generate and logits share: finding the model (a directory, or the built-in demo), opening it,
 // and putting its weights on the GPU with a progress bar.
-import { getGpu, type QuantType, type WeightType } from "../kernels/mod.ts";
-import { Checkpoint } from "../models/checkpoint.ts";
+import { getGpu } from "../kernels/mod.ts";
 import { ensureDemoModel } from "../models/demo.ts";
-import { LlamaModel } from "../models/llama.ts";
+import { type Engine, loadEngine } from "../models/engine.ts";
+import type { WeightsOption } from "../models/model.ts";
 import { loadTokenizer, type TextTokenizer } from "../models/tokenizer.ts";
 import { progressBar } from "./progress.ts";
 import { UsageError } from "./command.ts";
 
 export const WEIGHTS_HELP =
-  "  --weights f32|f16|q8|q4  weights on the GPU: f32 (exact, default), f16 (half the memory, faster),\n" +
+  "  --weights auto|f32|f16|q8|q4  weights on the GPU: auto (default: f16 where the GPU has shader-f16,\n" +
+  "                        else f32), f32 (exact against transformers), f16 (half the memory, faster),\n" +
   "                        q8 / q4 (8 / 4-bit groups of 32, quantised at load; see docs/KERNELS.md)";
 
-export type WeightsFlag = WeightType | QuantType;
+/** What --weights says: a storage, or "auto" (each GPU's default: f16 with shader-f16, else f32). */
+export type WeightsFlag = WeightsOption | "auto";
 
 export function parseWeights(v: string | undefined): WeightsFlag {
-  if (v === undefined || v === "f32" || v === "f16" || v === "q8" || v === "q4") return v ?? "f32";
-  throw new UsageError(`--weights expects f32, f16, q8 or q4, got "${v}"`);
+  if (v === undefined) return "auto";
+  if (v === "auto" || v === "f32" || v === "f16" || v === "q8" || v === "q4") return v;
+  throw new UsageError(`--weights expects auto, f32, f16, q8 or q4, got "${v}"`);
 }
 
 export interface LoadedModel {
-  model: LlamaModel;
+  engine: Engine;
   tokenizer: TextTokenizer | null;
   dir: string;
 }
@@ -43,20 +46,20 @@ export async function loadModel(
     });
     bar?.stop();
   }
-  const ckpt = await Checkpoint.open(dir);
   const gpu = await getGpu();
   if (gpu.isSoftware) console.error(`swactor: GPU: ${gpu.adapterName} (software adapter: correct but slow)`);
   let bar: ReturnType<typeof progressBar> | undefined;
-  const model = await LlamaModel.load(gpu, ckpt, {
-    weights: opts.weights,
+  const engine = await loadEngine(dir, {
+    gpu,
+    weights: opts.weights === "auto" ? undefined : opts.weights,
     onProgress: (done, total) => {
       bar ??= progressBar(`loading weights (${opts.weights})`, total);
       bar.update(done);
     },
   });
   bar?.stop();
-  const tokenizer = opts.tokenizer === false ? null : await loadTokenizer(dir, ckpt.config);
-  return { model, tokenizer, dir };
+  const tokenizer = opts.tokenizer === false ? null : await loadTokenizer(dir, engine.weights.config);
+  return { engine, tokenizer, dir };
 }
 
 /** Parses "1,2,3" into token ids; UsageError naming the bad entry otherwise. */

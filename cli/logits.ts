@@ -4,7 +4,6 @@ import type { Command } from "./command.ts";
 import { numberFlag, parseFlags, UsageError } from "./command.ts";
 import { logitsLocal } from "./pipeline_generate.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
-import { teacherForcedLogits } from "../models/generate.ts";
 import { writeSafetensors } from "../models/safetensors.ts";
 
 const USAGE = `Usage: swactor logits --model DIR --tokens 1,2,3 --out FILE.safetensors [options]
@@ -51,13 +50,13 @@ export const logitsCommand: Command = {
         wire: (values.wire ?? "f32") as "f16" | "f32",
       });
     }
-    const { model } = await loadModel(values.model, {
+    const { engine } = await loadModel(values.model, {
       weights: parseWeights(values.weights),
       tokenizer: false,
     });
     try {
-      const logits = await teacherForcedLogits(model, tokens);
-      const V = model.config.vocabSize;
+      const logits = await engine.logits(tokens);
+      const V = engine.model.vocab;
       await writeSafetensors(values.out, [
         { name: "logits", dtype: "F32", shape: [tokens.length, V], data: new Uint8Array(logits.buffer) },
         {
@@ -70,7 +69,7 @@ export const logitsCommand: Command = {
       console.error(`swactor: wrote logits [${tokens.length}, ${V}] to ${values.out}`);
       return 0;
     } finally {
-      model.destroy();
+      engine.close();
     }
   },
 };

@@ -2,7 +2,7 @@
 // (through its control API). Prints what the single-node path prints, plus the chain and per-token timings.
 import { resolve } from "node:path";
 import { Checkpoint } from "../models/checkpoint.ts";
-import { checkTokenIds } from "../models/generate.ts";
+import { checkTokenIds } from "../models/engine.ts";
 import { loadTokenizer, StreamDecoder, type TextTokenizer } from "../models/tokenizer.ts";
 import { writeSafetensors } from "../models/safetensors.ts";
 import {

@@ -3,14 +3,14 @@
 import { join } from "node:path";
 import type { SwactorNode } from "../node/node.ts";
 import { type Assignment, PipelineNode, planChain } from "../node/stage/mod.ts";
-import { loadLlamaStage } from "../models/llama_stage.ts";
+import { loadStage } from "../models/engine.ts";
 import { UsageError } from "./command.ts";
 
 export function attachPipeline(
   node: SwactorNode,
   opts: { modelDir?: string; stallMs?: number } = {},
 ): PipelineNode {
-  return new PipelineNode(node, { loader: loadLlamaStage, modelDir: opts.modelDir, stallMs: opts.stallMs });
+  return new PipelineNode(node, { loader: loadStage, modelDir: opts.modelDir, stallMs: opts.stallMs });
 }
 
 export interface PublishOptions {

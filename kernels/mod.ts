@@ -10,6 +10,8 @@ export * from "./rope.ts";
 export * from "./attention.ts";
 export * from "./attention_decode.ts";
 export * from "./silu_mul.ts";
+export * from "./bias_add.ts";
+export * from "./head_norm.ts";
 export * from "./sample.ts";
 export * from "./gemv_fused.ts";
 export * from "./gemv_sg.ts";

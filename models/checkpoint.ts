@@ -3,8 +3,8 @@
 // Opening reads only headers; each read touches only the named tensor's byte range, so a pipeline
 // stage that needs layers 10..19 of a 100 GB model reads just those.
 import { basename, join } from "node:path";
-import { readConfig, readJsonFile } from "./config.ts";
-import type { LlamaConfig } from "./config.ts";
+import { type ModelConfig, readJsonFile } from "./config.ts";
+import { readModelConfig } from "./family.ts";
 import { toF16Bits, toF32 } from "./dtype.ts";
 import { CheckpointError } from "./errors.ts";
 import { type DType, readSafetensorsHeader, readTensorBytes, type TensorInfo } from "./safetensors.ts";
@@ -146,25 +146,35 @@ function sameShape(a: readonly number[], b: readonly number[]): boolean {
 export class Checkpoint {
   private constructor(
     readonly dir: string,
-    readonly config: LlamaConfig,
+    readonly config: ModelConfig,
     readonly tensors: Map<string, TensorInfo>,
     /** The safetensors files in use. */
     readonly files: string[],
   ) {}
 
   /**
-   * Opens `dir`: checks that it exists, parses config.json (Llama family only) and reads the headers
-   * of its weight files. Throws CheckpointError for any bad input.
+   * Opens `dir`: checks that it exists, parses config.json with its family (models/family.ts) and reads
+   * the headers of its weight files. Throws CheckpointError for any bad input.
    */
   static async open(dir: string): Promise<Checkpoint> {
     await checkDir(dir);
-    const config = await readConfig(dir);
+    const config = await readModelConfig(dir);
     const { files, tensors } = await openShards(dir);
     return new Checkpoint(dir, config, tensors, files);
   }
 
   has(name: string): boolean {
     return this.tensors.has(name);
+  }
+
+  /** Decoder layers the weights hold tensors for (`model.layers.{i}.*`, counted by distinct i). */
+  layersStored(): number {
+    const layers = new Set<string>();
+    for (const name of this.tensors.keys()) {
+      const m = /^model\.layers\.(\d+)\./.exec(name);
+      if (m) layers.add(m[1]);
+    }
+    return layers.size;
   }
 
   /** Where tensor `name` is; CheckpointError naming a few similar names when there is none. */

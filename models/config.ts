@@ -1,226 +1,283 @@
-// config.json of a Llama-family checkpoint, as the Hugging Face hub ships it, parsed into one
-// camelCase shape the forward pass reads. Defaults follow transformers' LlamaConfig, so a config that
-// leaves a field out means here what it means there.
+// A checkpoint's config.json as the engine reads it: the fields every decoder-only family shares, and each
+// layer described by the blocks it runs (its attention and its feed-forward part). A family
+// (models/families/) turns its own config.json into this shape, with transformers' defaults for the keys a
+// config leaves out, so a config means here what it means there. Nothing here knows a family by name.
 import { join } from "node:path";
+import type { RopeScaling } from "../kernels/mod.ts";
 import { CheckpointError } from "./errors.ts";
 
-/** `rope_scaling` of type llama3 (Llama 3.1 / 3.2): frequencies are rescaled by wavelength band. */
-export interface Llama3RopeScaling {
-  type: "llama3";
-  factor: number;
-  lowFreqFactor: number;
-  highFreqFactor: number;
-  originalMaxPositionEmbeddings: number;
+/** Grouped-query attention (Llama, Qwen2, Qwen3, Mixtral): q, k, v, o projections and a K/V cache. */
+export interface GqaAttention {
+  kind: "gqa";
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  /** Biases on q_proj, k_proj and v_proj (Qwen2 always; Llama and Qwen3 with attention_bias). */
+  qkvBias: boolean;
+  /** A bias on o_proj (Llama and Qwen3 with attention_bias). */
+  oBias: boolean;
+  /** RMSNorm over each head's q and k before RoPE, weights q_norm / k_norm [head_dim] (Qwen3). */
+  qkNorm: boolean;
 }
 
-export interface LlamaConfig {
-  modelType: "llama";
+/** A gated MLP: down(silu(gate(x)) * up(x)). */
+export interface DenseMlp {
+  kind: "mlp";
+  intermediate: number;
+}
+
+export type AttentionSpec = GqaAttention;
+export type FfnSpec = DenseMlp;
+
+/** What one decoder layer runs: pre-norm attention, then pre-norm feed-forward, each with a residual. */
+export interface LayerSpec {
+  attention: AttentionSpec;
+  ffn: FfnSpec;
+}
+
+export interface RopeConfig {
+  theta: number;
+  /** null: plain RoPE (no `rope_scaling`, or `rope_type: "default"`). */
+  scaling: RopeScaling | null;
+}
+
+export interface ModelConfig {
+  /** The family that read it (models/families/), e.g. "qwen3". */
+  family: string;
+  /** `model_type` as written. */
+  modelType: string;
   architectures: string[];
   vocabSize: number;
   hiddenSize: number;
-  intermediateSize: number;
   numLayers: number;
-  numHeads: number;
-  numKvHeads: number;
-  headDim: number;
   rmsNormEps: number;
-  ropeTheta: number;
-  /** null: plain RoPE (no `rope_scaling`, or `rope_type: "default"`). */
-  ropeScaling: null | Llama3RopeScaling;
+  rope: RopeConfig;
   maxPositionEmbeddings: number;
   tieWordEmbeddings: boolean;
   bosTokenId: number | null;
   eosTokenIds: number[];
   /** `torch_dtype` (or transformers 5's `dtype`) as written: the dtype the weights were saved in. */
   torchDtype: string | null;
-  hiddenAct: "silu";
+  /** Layer i's blocks (a function, so an absurd layer count builds nothing before it is checked). */
+  layer(i: number): LayerSpec;
 }
 
-const SUPPORTED_ARCHITECTURES = ["LlamaForCausalLM"];
+/** The largest layer count, width or vocabulary a config may state before it is called absurd. */
+const MAX_DIM = 2 ** 24;
 
 /**
- * Validates a parsed config.json and returns it as a LlamaConfig. `source` (usually the file's path)
- * is named in every error. Throws CheckpointError for another architecture, a missing or non-positive
- * size, heads that do not divide, an unsupported rope scaling, activation or bias.
+ * Reads typed values out of a parsed config.json, each error naming the source, the key, what was found
+ * and what was expected. Families build their ModelConfig with it.
  */
-export function parseLlamaConfig(json: unknown, source: string): LlamaConfig {
-  const fail = (what: string) => new CheckpointError(`${source}: ${what}`);
-  if (typeof json !== "object" || json === null || Array.isArray(json)) {
-    throw fail("config is not a JSON object");
-  }
-  const c = json as Record<string, unknown>;
-  const modelType = c.model_type;
-  if (modelType !== "llama") {
-    throw new CheckpointError(
-      `unsupported architecture '${String(modelType)}' (model_type) in ${source}: supported: llama`,
-    );
-  }
-  let architectures: string[] = ["LlamaForCausalLM"];
-  if (c.architectures !== undefined && c.architectures !== null) {
-    if (!Array.isArray(c.architectures) || !c.architectures.every((a) => typeof a === "string")) {
-      throw fail(`architectures must be a list of strings, got ${JSON.stringify(c.architectures)}`);
+export class ConfigReader {
+  readonly c: Record<string, unknown>;
+
+  constructor(json: unknown, readonly source: string) {
+    if (typeof json !== "object" || json === null || Array.isArray(json)) {
+      throw this.fail("config is not a JSON object");
     }
-    const other = c.architectures.find((a) => !SUPPORTED_ARCHITECTURES.includes(a));
-    if (other !== undefined) {
-      throw new CheckpointError(
-        `unsupported architecture '${other}' (architectures) in ${source}: supported: ${
-          SUPPORTED_ARCHITECTURES.join(", ")
-        }`,
-      );
-    }
-    if (c.architectures.length > 0) architectures = [...c.architectures];
+    this.c = json as Record<string, unknown>;
   }
 
-  const int = (key: string, fallback?: number): number => {
-    const v = c[key] ?? fallback;
-    if (v === undefined) throw fail(`missing ${key} (expected a positive integer)`);
+  fail(what: string): CheckpointError {
+    return new CheckpointError(`${this.source}: ${what}`);
+  }
+
+  /** Whether the key is present and not null. */
+  has(key: string): boolean {
+    return this.c[key] !== undefined && this.c[key] !== null;
+  }
+
+  /** A positive integer (at most 2^24: larger is no real model's size), else `fallback` when absent. */
+  int(key: string, fallback?: number): number {
+    const v = this.c[key] ?? fallback;
+    if (v === undefined) throw this.fail(`missing ${key} (expected a positive integer)`);
     if (typeof v !== "number" || !Number.isSafeInteger(v) || v <= 0) {
-      throw fail(`${key} must be a positive integer, got ${JSON.stringify(v)}`);
+      throw this.fail(`${key} must be a positive integer, got ${JSON.stringify(v)}`);
+    }
+    if (v > MAX_DIM) throw this.fail(`${key} = ${v} is absurd (at most ${MAX_DIM})`);
+    return v;
+  }
+
+  /** A non-negative integer, else `fallback` when absent. */
+  count(key: string, fallback: number): number {
+    const v = this.c[key] ?? fallback;
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0 || v > MAX_DIM) {
+      throw this.fail(`${key} must be a non-negative integer, got ${JSON.stringify(v)}`);
     }
     return v;
-  };
-  const num = (key: string, fallback?: number): number => {
-    const v = c[key] ?? fallback;
-    if (v === undefined) throw fail(`missing ${key} (expected a positive number)`);
+  }
+
+  /** A positive finite number, else `fallback` when absent. */
+  num(key: string, fallback?: number): number {
+    const v = this.c[key] ?? fallback;
+    if (v === undefined) throw this.fail(`missing ${key} (expected a positive number)`);
     if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) {
-      throw fail(`${key} must be a positive number, got ${JSON.stringify(v)}`);
+      throw this.fail(`${key} must be a positive number, got ${JSON.stringify(v)}`);
     }
     return v;
-  };
-  const tokenId = (key: string, v: unknown): number => {
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
-      throw fail(`${key} must be a non-negative integer token id, got ${JSON.stringify(v)}`);
-    }
+  }
+
+  /** A boolean, else `fallback` when absent or null. */
+  bool(key: string, fallback: boolean): boolean {
+    const v = this.c[key] ?? fallback;
+    if (typeof v !== "boolean") throw this.fail(`${key} must be true or false, got ${JSON.stringify(v)}`);
     return v;
-  };
-
-  const vocabSize = int("vocab_size");
-  const hiddenSize = int("hidden_size");
-  const intermediateSize = int("intermediate_size");
-  const numLayers = int("num_hidden_layers");
-  const numHeads = int("num_attention_heads");
-  const numKvHeads = int("num_key_value_heads", numHeads);
-  if (numHeads % numKvHeads !== 0) {
-    throw fail(
-      `num_attention_heads (${numHeads}) must be a multiple of num_key_value_heads (${numKvHeads})`,
-    );
-  }
-  let headDim: number;
-  if (c.head_dim === undefined || c.head_dim === null) {
-    if (hiddenSize % numHeads !== 0) {
-      throw fail(`hidden_size (${hiddenSize}) must be a multiple of num_attention_heads (${numHeads})`);
-    }
-    headDim = hiddenSize / numHeads;
-  } else {
-    headDim = int("head_dim");
-  }
-  if (headDim % 2 !== 0) throw fail(`head_dim must be even for RoPE, got ${headDim}`);
-
-  const hiddenAct = c.hidden_act ?? "silu";
-  if (hiddenAct !== "silu") {
-    throw fail(`unsupported hidden_act ${JSON.stringify(hiddenAct)}: supported: silu`);
-  }
-  for (const key of ["attention_bias", "mlp_bias"]) {
-    if (c[key] !== undefined && c[key] !== null && c[key] !== false) {
-      throw fail(`unsupported ${key}=${JSON.stringify(c[key])}: supported: false`);
-    }
-  }
-  const tie = c.tie_word_embeddings ?? false;
-  if (typeof tie !== "boolean") {
-    throw fail(`tie_word_embeddings must be true or false, got ${JSON.stringify(tie)}`);
   }
 
-  const bos = c.bos_token_id;
-  const bosTokenId = bos === undefined || bos === null ? null : tokenId("bos_token_id", bos);
-  const eos = c.eos_token_id;
-  const eosTokenIds = eos === undefined || eos === null
-    ? []
-    : Array.isArray(eos)
-    ? eos.map((e) => tokenId("eos_token_id", e))
-    : [tokenId("eos_token_id", eos)];
-
-  const dtype = c.torch_dtype ?? c.dtype ?? null;
-  if (dtype !== null && typeof dtype !== "string") {
-    throw fail(`torch_dtype must be a string, got ${JSON.stringify(dtype)}`);
-  }
-
-  return {
-    modelType: "llama",
-    architectures,
-    vocabSize,
-    hiddenSize,
-    intermediateSize,
-    numLayers,
-    numHeads,
-    numKvHeads,
-    headDim,
-    rmsNormEps: num("rms_norm_eps", 1e-6),
-    ropeTheta: ropeTheta(c, source),
-    ropeScaling: parseRopeScaling(c.rope_scaling ?? c.rope_parameters, source),
-    maxPositionEmbeddings: int("max_position_embeddings", 2048),
-    tieWordEmbeddings: tie,
-    bosTokenId,
-    eosTokenIds,
-    torchDtype: dtype,
-    hiddenAct: "silu",
-  };
-}
-
-/**
- * `rope_theta` at the top level (hub configs), else inside `rope_parameters` (how transformers 5 saves
- * it), else transformers' default 10000.
- */
-function ropeTheta(c: Record<string, unknown>, source: string): number {
-  const params = c.rope_parameters as Record<string, unknown> | undefined | null;
-  const v = c.rope_theta ?? params?.rope_theta ?? 10000;
-  if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) {
-    throw new CheckpointError(`${source}: rope_theta must be a positive number, got ${JSON.stringify(v)}`);
-  }
-  return v;
-}
-
-function parseRopeScaling(v: unknown, source: string): LlamaConfig["ropeScaling"] {
-  if (v === undefined || v === null) return null;
-  if (typeof v !== "object" || Array.isArray(v)) {
-    throw new CheckpointError(`${source}: rope_scaling must be an object or null, got ${JSON.stringify(v)}`);
-  }
-  const r = v as Record<string, unknown>;
-  const type = r.rope_type ?? r.type;
-  if (type === "default") return null;
-  if (type !== "llama3") {
-    throw new CheckpointError(
-      `${source}: unsupported rope_scaling type ${JSON.stringify(type)}: supported: llama3, default, none`,
-    );
-  }
-  const pos = (key: string): number => {
-    const x = r[key];
-    if (typeof x !== "number" || !Number.isFinite(x) || x <= 0) {
-      throw new CheckpointError(
-        `${source}: rope_scaling.${key} must be a positive number, got ${JSON.stringify(x)}`,
+  /** Rejects a key whose value is not one of `allowed` (absent or null counts as `allowed[0]`). */
+  oneOf<T>(key: string, allowed: readonly T[]): T {
+    const v = (this.c[key] ?? allowed[0]) as T;
+    if (!allowed.includes(v)) {
+      throw this.fail(
+        `unsupported ${key}=${JSON.stringify(v)}: supported: ${allowed.join(", ")}`,
       );
     }
-    return x;
-  };
-  const scaling: Llama3RopeScaling = {
-    type: "llama3",
-    factor: pos("factor"),
-    lowFreqFactor: pos("low_freq_factor"),
-    highFreqFactor: pos("high_freq_factor"),
-    originalMaxPositionEmbeddings: pos("original_max_position_embeddings"),
-  };
-  if (scaling.highFreqFactor <= scaling.lowFreqFactor) {
-    // llama3 scaling divides by (high - low): equal factors would make every band a division by zero.
-    throw new CheckpointError(
-      `${source}: rope_scaling.high_freq_factor (${scaling.highFreqFactor}) must exceed low_freq_factor (${scaling.lowFreqFactor})`,
-    );
+    return v;
   }
-  return scaling;
-}
 
-/** Reads and parses `dir/config.json`; a missing or unparsable file is a CheckpointError. */
-export async function readConfig(dir: string): Promise<LlamaConfig> {
-  const path = join(dir, "config.json");
-  return parseLlamaConfig(await readJsonFile(path), path);
+  tokenId(key: string, v: unknown): number {
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
+      throw this.fail(`${key} must be a non-negative integer token id, got ${JSON.stringify(v)}`);
+    }
+    return v;
+  }
+
+  /** Heads, KV heads and head_dim with their checks; `headDim` is the family's default when absent. */
+  gqa(
+    defaults: { kvHeads?: number; headDim?: number } = {},
+  ): Pick<GqaAttention, "heads" | "kvHeads" | "headDim"> {
+    const heads = this.int("num_attention_heads");
+    const kvHeads = this.int("num_key_value_heads", defaults.kvHeads ?? heads);
+    if (heads % kvHeads !== 0) {
+      throw this.fail(
+        `num_attention_heads (${heads}) must be a multiple of num_key_value_heads (${kvHeads})`,
+      );
+    }
+    let headDim: number;
+    if (this.has("head_dim")) headDim = this.int("head_dim");
+    else if (defaults.headDim !== undefined) headDim = defaults.headDim;
+    else {
+      const hidden = this.int("hidden_size");
+      if (hidden % heads !== 0) {
+        throw this.fail(`hidden_size (${hidden}) must be a multiple of num_attention_heads (${heads})`);
+      }
+      headDim = hidden / heads;
+    }
+    if (headDim % 2 !== 0) throw this.fail(`head_dim must be even for RoPE, got ${headDim}`);
+    return { heads, kvHeads, headDim };
+  }
+
+  /**
+   * The fields every decoder family shares, with the family's defaults for absent keys (transformers'
+   * config class defaults). `layer` describes layer i.
+   */
+  common(
+    family: string,
+    architectures: readonly string[],
+    defaults: { maxPositions: number; rmsNormEps: number; ropeTheta: number; tie: boolean },
+    layer: (i: number) => LayerSpec,
+  ): ModelConfig {
+    const c = this.c;
+    let archs: string[] = [architectures[0]];
+    if (this.has("architectures")) {
+      const a = c.architectures;
+      if (!Array.isArray(a) || !a.every((x) => typeof x === "string")) {
+        throw this.fail(`architectures must be a list of strings, got ${JSON.stringify(a)}`);
+      }
+      const other = a.find((x) => !architectures.includes(x));
+      if (other !== undefined) {
+        throw new CheckpointError(
+          `unsupported architecture '${other}' (architectures) in ${this.source} for model_type ${
+            JSON.stringify(c.model_type)
+          }: supported: ${architectures.join(", ")}`,
+        );
+      }
+      if (a.length > 0) archs = [...a];
+    }
+    this.oneOf("hidden_act", ["silu"]);
+    const bos = c.bos_token_id;
+    const eos = c.eos_token_id;
+    const dtype = c.torch_dtype ?? c.dtype ?? null;
+    if (dtype !== null && typeof dtype !== "string") {
+      throw this.fail(`torch_dtype must be a string, got ${JSON.stringify(dtype)}`);
+    }
+    const numLayers = this.int("num_hidden_layers");
+    const config: ModelConfig = {
+      family,
+      modelType: String(c.model_type),
+      architectures: archs,
+      vocabSize: this.int("vocab_size"),
+      hiddenSize: this.int("hidden_size"),
+      numLayers,
+      rmsNormEps: this.num("rms_norm_eps", defaults.rmsNormEps),
+      rope: { theta: this.ropeTheta(defaults.ropeTheta), scaling: this.ropeScaling() },
+      maxPositionEmbeddings: this.int("max_position_embeddings", defaults.maxPositions),
+      tieWordEmbeddings: this.bool("tie_word_embeddings", defaults.tie),
+      bosTokenId: bos === undefined || bos === null ? null : this.tokenId("bos_token_id", bos),
+      eosTokenIds: eos === undefined || eos === null
+        ? []
+        : Array.isArray(eos)
+        ? eos.map((e) => this.tokenId("eos_token_id", e))
+        : [this.tokenId("eos_token_id", eos)],
+      torchDtype: dtype,
+      layer: (i) => {
+        if (!(Number.isInteger(i) && i >= 0 && i < numLayers)) {
+          throw new RangeError(`layer ${i} is outside the model's ${numLayers} layers`);
+        }
+        return layer(i);
+      },
+    };
+    layer(0); // validates the layer description once, now, rather than at load
+    return config;
+  }
+
+  /** `rope_theta` at the top level (hub configs), else inside `rope_parameters` (transformers 5). */
+  ropeTheta(fallback: number): number {
+    const params = this.c.rope_parameters as Record<string, unknown> | undefined | null;
+    const v = this.c.rope_theta ?? params?.rope_theta ?? fallback;
+    if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) {
+      throw this.fail(`rope_theta must be a positive number, got ${JSON.stringify(v)}`);
+    }
+    return v;
+  }
+
+  ropeScaling(): RopeScaling | null {
+    const v = this.c.rope_scaling ?? this.c.rope_parameters;
+    if (v === undefined || v === null) return null;
+    if (typeof v !== "object" || Array.isArray(v)) {
+      throw this.fail(`rope_scaling must be an object or null, got ${JSON.stringify(v)}`);
+    }
+    const r = v as Record<string, unknown>;
+    const type = r.rope_type ?? r.type;
+    if (type === "default" || type === undefined) return null;
+    if (type !== "llama3") {
+      throw this.fail(
+        `unsupported rope_scaling type ${JSON.stringify(type)}: supported: llama3, default, none`,
+      );
+    }
+    const pos = (key: string): number => {
+      const x = r[key];
+      if (typeof x !== "number" || !Number.isFinite(x) || x <= 0) {
+        throw this.fail(`rope_scaling.${key} must be a positive number, got ${JSON.stringify(x)}`);
+      }
+      return x;
+    };
+    const scaling: RopeScaling = {
+      type: "llama3",
+      factor: pos("factor"),
+      lowFreqFactor: pos("low_freq_factor"),
+      highFreqFactor: pos("high_freq_factor"),
+      originalMaxPositionEmbeddings: pos("original_max_position_embeddings"),
+    };
+    if (scaling.highFreqFactor <= scaling.lowFreqFactor) {
+      // llama3 scaling divides by (high - low): equal factors would make every band a division by zero.
+      throw this.fail(
+        `rope_scaling.high_freq_factor (${scaling.highFreqFactor}) must exceed low_freq_factor (${scaling.lowFreqFactor})`,
+      );
+    }
+    return scaling;
+  }
 }
 
 /** Reads a JSON file, turning a missing file or bad JSON into CheckpointError naming the path. */
@@ -237,4 +294,9 @@ export async function readJsonFile(path: string): Promise<unknown> {
   } catch (e) {
     throw new CheckpointError(`${path}: invalid JSON (${(e as Error).message})`);
   }
+}
+
+/** `dir`'s config.json path. */
+export function configPath(dir: string): string {
+  return join(dir, "config.json");
 }

@@ -4,9 +4,10 @@
 // about a second) into the user's cache directory, then reused; it ships no tokenizer.json because
 // the built-in Llama 3 tokenizer (llama3-tokenizer-js) serves its vocabulary.
 import { join } from "node:path";
-import { type LlamaConfig, parseLlamaConfig } from "./config.ts";
+import type { ModelConfig } from "./config.ts";
+import { parseModelConfig } from "./family.ts";
 import { f32ToBf16 } from "./dtype.ts";
-import { isNormTensor, llamaTensorShapes } from "./llama_tensors.ts";
+import { isNormTensor, tensorShapes } from "./tensors.ts";
 import { numel, type TensorData, writeSafetensors } from "./safetensors.ts";
 
 /** Bump when the config or the weight generator changes: it names the cache folder. */
@@ -44,7 +45,7 @@ export const DEMO_CONFIG_JSON = {
 } as const;
 
 /** The demo model's config, parsed. */
-export const DEMO_CONFIG: LlamaConfig = parseLlamaConfig(DEMO_CONFIG_JSON, "built-in demo config");
+export const DEMO_CONFIG: ModelConfig = parseModelConfig(DEMO_CONFIG_JSON, "built-in demo config");
 
 const SEED = 0x5eed_0001;
 const STD = 0.02;
@@ -127,7 +128,7 @@ export async function ensureDemoModel(opts: DemoOptions = {}): Promise<string> {
   await Deno.mkdir(tmp);
   try {
     await Deno.writeTextFile(join(tmp, "config.json"), JSON.stringify(DEMO_CONFIG_JSON, null, 2) + "\n");
-    const shapes = [...llamaTensorShapes(DEMO_CONFIG)];
+    const shapes = [...tensorShapes(DEMO_CONFIG)];
     const total = shapes.length + 1; // + 1 for writing the file
     const tensors: TensorData[] = [];
     for (const [name, shape] of shapes) {

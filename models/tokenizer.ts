@@ -4,7 +4,7 @@
 // llama3-tiny's tokenizer-cases.json). Models with neither are token-ids-only.
 import { join } from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
-import type { LlamaConfig } from "./config.ts";
+import type { ModelConfig } from "./config.ts";
 import { readJsonFile } from "./config.ts";
 import { CheckpointError } from "./errors.ts";
 
@@ -38,7 +38,7 @@ async function exists(path: string): Promise<boolean> {
  * when the model has the Llama 3 vocabulary (vocab_size 128256), else null (token ids only).
  * `dir` null means "no files to look at" (the config alone decides).
  */
-export async function loadTokenizer(dir: string | null, config: LlamaConfig): Promise<TextTokenizer | null> {
+export async function loadTokenizer(dir: string | null, config: ModelConfig): Promise<TextTokenizer | null> {
   if (dir !== null && await exists(join(dir, "tokenizer.json"))) return await loadHfTokenizer(dir, config);
   if (config.vocabSize === LLAMA3_VOCAB_SIZE) return await loadLlama3Tokenizer();
   return null;
@@ -53,7 +53,7 @@ function tokenString(v: unknown): string | null {
   return null;
 }
 
-async function loadHfTokenizer(dir: string, config: LlamaConfig): Promise<TextTokenizer> {
+async function loadHfTokenizer(dir: string, config: ModelConfig): Promise<TextTokenizer> {
   const path = join(dir, "tokenizer.json");
   const json = await readJsonFile(path);
   const configPath = join(dir, "tokenizer_config.json");

@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { dequantize, QUANT_GROUP, quantize } from "../kernels/quant.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
-import { llamaTensorShapes } from "../models/llama_tensors.ts";
+import { tensorShapes } from "../models/tensors.ts";
 import { writeSafetensors } from "../models/safetensors.ts";
 import { checkFixture } from "./check_fixture.ts";
 
@@ -52,7 +52,7 @@ export async function fakeQuantCopy(dir: string, schemeName: string): Promise<st
   const ckpt = await Checkpoint.open(dir);
   const out = await Deno.makeTempDir({ prefix: "swactor-quant-" });
   const tensors = [];
-  for (const [name, shape] of llamaTensorShapes(ckpt.config)) {
+  for (const [name, shape] of tensorShapes(ckpt.config)) {
     if (!ckpt.tensors.has(name)) continue; // lm_head when tied
     let w = await ckpt.readF32(name);
     if (shape.length === 2 && shape[1] % QUANT_GROUP === 0) w = scheme(w, shape[0], shape[1]);

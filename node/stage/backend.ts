@@ -1,99 +1,16 @@
-// The one interface between the node and a model family: a stage backend runs a contiguous part of the
-// chain (embedding, a layer range, head) for many requests at once, each with its own KV cache. The node
-// never branches on the model family; models/llama_stage.ts implements this for Llama, and
-// fake_backend.ts implements it with plain integer arithmetic for the node tests.
-
-/** What one stage of the chain computes (from the Plan). */
-export interface StageRole {
-  /** Position in the chain, 0-based. */
-  index: number;
-  /** Number of stages in the chain. */
-  stages: number;
-  /** Layers [start, end); may be empty for a stage that only embeds or only runs the head. */
-  layers: [number, number];
-  /** Embeds token ids (the first stage). */
-  embeds: boolean;
-  /** Applies the final norm and head and samples (the last stage). */
-  head: boolean;
-}
-
-/** Sampling parameters, applied by the stage with the head (temperature 0: greedy). */
-export interface Sampling {
-  temperature: number;
-  topP: number;
-  seed: number;
-}
-
-/** What a step ends with: the hidden state for the next stage, a sampled token, or logits of every row. */
-export type StageOutput = "hidden" | "sample" | "logits";
-
-export interface StageInput {
-  /** Position of the step's first token. */
-  pos0: number;
-  /** Tokens in this step (a prefill chunk, or 1 when decoding). */
-  T: number;
-  /** Token ids at positions pos0..pos0+T (stages that embed). */
-  tokens?: Uint32Array;
-  /** Hidden state [T, hidden] f32 (stages that do not embed). */
-  hidden?: Float32Array;
-  /** "sample" and "logits" only on the stage with the head. */
-  output: StageOutput;
-}
-
-export interface StageResult {
-  /** [T, hidden] when output is "hidden". */
-  hidden?: Float32Array;
-  /** The token sampled for position pos0 + T, when output is "sample". */
-  token?: number;
-  /** [T, vocab] when output is "logits". */
-  logits?: Float32Array;
-}
-
-export interface StageStats {
-  /** Requests holding a sequence (KV cache) on this stage. */
-  active: number;
-  /** KV cache bytes those requests hold. */
-  kvBytes: number;
-  /** Weight bytes this stage holds. */
-  weightBytes: number;
-}
-
-/** The model facts the chain logic needs (to size requests and check their token ids). */
-export interface ModelFacts {
-  hidden: number;
-  vocab: number;
-  /** Most positions a sequence may hold. */
-  maxPositions: number;
-  eosTokenIds: number[];
-}
-
-export interface StageBackend {
-  readonly role: StageRole;
-  readonly model: ModelFacts;
-  /**
-   * Starts request `id`'s sequence; RangeError when maxSeq exceeds the model; TypeError if id is open.
-   * Returns the most tokens one step may carry (prefill is cut into chunks of that size).
-   */
-  open(id: string, opts: { maxSeq: number; sampling: Sampling }): { chunk: number };
-  /** Runs one step of request `id` (steps of one request are run one at a time, in order). */
-  run(id: string, input: StageInput): Promise<StageResult>;
-  /** Frees request `id`'s sequence (teardown); false when it held none. */
-  release(id: string): boolean;
-  stats(): StageStats;
-  /** Releases every sequence and the weights. */
-  close(): void;
-}
-
-/** Loads the backend for a role; what a node is given to run stages of some model family. */
-export type StageLoader = (
-  role: StageRole,
-  opts: { model: ModelRef; onProgress?: (done: number, total: number) => void },
-) => Promise<StageBackend>;
-
-/** Which model the chain runs and how (travels with the Plan). */
-export interface ModelRef {
-  /** Checkpoint folder, the same path on every node (or given to `join --model`). */
-  dir: string;
-  /** Weight storage on the GPU ("f32" | "f16"). */
-  weights: string;
-}
+// The stage backend interface lives with the model runtime that implements it (models/backend.ts); the
+// node's stage code sees only this interface, never a model family.
+export type {
+  LoopOptions,
+  LoopResult,
+  ModelFacts,
+  ModelRef,
+  Sampling,
+  StageBackend,
+  StageInput,
+  StageLoader,
+  StageOutput,
+  StageResult,
+  StageRole,
+  StageStats,
+} from "../../models/backend.ts";

@@ -3,6 +3,8 @@
 // integer (< 1021), exact in f16, so a chain's output equals the whole fake model's output exactly, and
 // each layer keeps a per-request running state (its "KV cache"), so mixing requests up shows.
 import type {
+  LoopOptions,
+  LoopResult,
   ModelFacts,
   Sampling,
   StageBackend,
@@ -25,6 +27,11 @@ export interface FakeBackendOptions {
   delayMs?: number;
   /** Most tokens per step (default 8, so prompts of tests span several chunks). */
   chunk?: number;
+  /**
+   * Offer the decode loop (`generate`) as the engine does for a whole model, reporting tokens in batches
+   * of this size (default 0: no loop, so a one-stage chain runs step by step).
+   */
+  loopBatch?: number;
 }
 
 const M = 1021;
@@ -52,7 +59,9 @@ export class FakeBackend implements StageBackend {
       eosTokenIds: opts.eosTokenIds ?? [vocab - 1],
       delayMs: opts.delayMs ?? 0,
       chunk: opts.chunk ?? 8,
+      loopBatch: opts.loopBatch ?? 0,
     };
+    if (this.#o.loopBatch > 0) this.generate = (id, prompt, o) => this.#loop(id, prompt, o);
     this.model = {
       hidden: this.#o.hidden,
       vocab,
@@ -128,6 +137,36 @@ export class FakeBackend implements StageBackend {
     const tokOut = input.pos0 + T;
     const token = seq.sampling.temperature <= 0 ? base % V : (base + seq.sampling.seed + tokOut) % V;
     return { token };
+  }
+
+  generate?: (id: string, prompt: readonly number[], opts: LoopOptions) => Promise<LoopResult>;
+
+  /** The loop as the engine runs it: prefill, then tokens reported in batches; stops when released. */
+  async #loop(id: string, prompt: readonly number[], o: LoopOptions): Promise<LoopResult> {
+    let token = -1;
+    for (let p = 0; p < prompt.length; p += this.#o.chunk) {
+      const T = Math.min(this.#o.chunk, prompt.length - p);
+      const last = p + T >= prompt.length;
+      const tokens = Uint32Array.from(prompt.slice(p, p + T));
+      const r = await this.run(id, { pos0: p, T, tokens, output: last ? "sample" : "hidden" });
+      if (last) token = r.token!;
+    }
+    const out = [token];
+    let batch = [token];
+    while (out.length < o.maxTokens && !o.eos.includes(token)) {
+      if (!this.#seqs.has(id)) return { tokens: out, stopReason: "aborted" };
+      if (batch.length >= this.#o.loopBatch) {
+        o.onTokens?.(batch);
+        batch = [];
+      }
+      const pos = prompt.length + out.length - 1;
+      token = (await this.run(id, { pos0: pos, T: 1, tokens: Uint32Array.of(token), output: "sample" }))
+        .token!;
+      out.push(token);
+      batch.push(token);
+    }
+    o.onTokens?.(batch);
+    return { tokens: out, stopReason: o.eos.includes(token) ? "eos" : "max_tokens" };
   }
 
   release(id: string): boolean {

@@ -162,6 +162,12 @@ export class StageActor implements Behavior {
     }
     if (!r) return;
     const P = m.prompt.length;
+    const be = this.#o.backend;
+    if (be.generate && be.role.embeds && be.role.head && m.open.mode === "generate") {
+      // Not awaited: the mailbox stays free for RELEASE (which stops the loop) and STATS meanwhile.
+      void this.#loop(m, r, arrived);
+      return;
+    }
     for (let pos0 = 0; pos0 < P; pos0 += r.chunk) {
       const T = Math.min(r.chunk, P - pos0);
       const last = pos0 + T >= P;
@@ -177,6 +183,47 @@ export class StageActor implements Behavior {
         arrived: pos0 === 0 ? arrived : wallMs(),
       });
       if (!ok) return;
+    }
+  }
+
+  /**
+   * A one-stage chain (this stage embeds and samples): the backend's GPU-resident decode loop, the same
+   * one a single node runs, instead of one step and one message per token. Tokens go to the client as each
+   * batch is read back; a batch's compute is shared evenly among its tokens in their traces.
+   */
+  async #loop(m: Extract<PipeMessage, { type: "start" }>, r: Request, arrived: number): Promise<void> {
+    const { open } = r;
+    const P = m.prompt.length;
+    let generated = 0;
+    let from = arrived;
+    let sending = Promise.resolve();
+    const send = (body: Uint8Array) => {
+      sending = sending.then(() => this.#o.send(open.client, body));
+    };
+    try {
+      await this.#o.backend.generate!(m.id, Array.from(m.prompt), {
+        maxTokens: open.maxTokens,
+        eos: open.eos,
+        onTokens: (ids) => {
+          const now = wallMs();
+          const c = (now - from) / ids.length;
+          for (const token of ids) {
+            const pos = P + generated;
+            generated++;
+            const done = open.eos.includes(token)
+              ? "eos" as const
+              : generated >= open.maxTokens || pos + 1 >= open.maxSeq
+              ? "max_tokens" as const
+              : undefined;
+            const trace = [{ s: 0, in: from, c, out: now, b: 0 }];
+            send(encodePipe({ type: "token", id: m.id, step: generated - 1, pos, token, done, trace }));
+          }
+          from = now;
+        },
+      });
+      await sending;
+    } catch (e) {
+      await this.#fail(m.id, open, (e as Error).message);
     }
   }
 

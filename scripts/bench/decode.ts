@@ -11,10 +11,10 @@ import { encodeCalls, getGpu, writeStep } from "../../kernels/mod.ts";
 import { gpuMs, gpuMsPerCall } from "./gpu_timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { DEMO_CONFIG_JSON } from "../../models/demo.ts";
-import { generate, teacherForcedLogits } from "../../models/generate.ts";
+import { Engine, generate, wholeModel } from "../../models/engine.ts";
+import { Model } from "../../models/model.ts";
 import { worstRowError } from "../check_fixture.ts";
-import { LlamaModel } from "../../models/llama.ts";
-import { ensureRandomLlama, LLAMA_3_2_1B } from "./random_llama.ts";
+import { ensureRandomCheckpoint, LLAMA_3_2_1B } from "./random_checkpoint.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
@@ -41,7 +41,7 @@ if (gpu.isSoftware) {
 }
 const dir = values.dir ?? `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-bench-${shape}`;
 const t0 = performance.now();
-await ensureRandomLlama(dir, configJson);
+await ensureRandomCheckpoint(dir, configJson);
 console.error(`bench: checkpoint ready in ${((performance.now() - t0) / 1000).toFixed(1)} s at ${dir}`);
 const ckpt = await Checkpoint.open(dir);
 const P = Number(values.prompt), N = Number(values.new);
@@ -49,13 +49,14 @@ const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config
 let baseline: { weights: string; logits: Float32Array } | undefined;
 for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4")[]) {
   if (weights === "f16" && !gpu.hasF16) continue;
-  const model = await LlamaModel.load(gpu, ckpt, { weights });
-  const logits = await teacherForcedLogits(model, prompt);
+  const model = await Model.load(gpu, ckpt, { weights });
+  const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
+  const logits = await engine.logits(prompt);
   baseline ??= { weights, logits };
   const logitsError = worstRowError(logits, baseline.logits, ckpt.config.vocabSize);
   const results = [];
   for (let r = 0; r < Number(values.runs); r++) {
-    const res = await generate(model, prompt, {
+    const res = await generate(engine, prompt, {
       maxTokens: N,
       sampling: { temperature: 0, topP: 1, seed: 0 },
       maxBatch: Number(values.batch),
@@ -110,5 +111,5 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     weight_bytes: model.weightBytes,
     [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
   }));
-  model.destroy();
+  engine.close();
 }

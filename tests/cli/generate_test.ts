@@ -171,11 +171,14 @@ Deno.test({ name: "bad input exits with 2 and says what was wrong", ignore: !has
   await t.step("unknown architecture", async () => {
     const dir = await brokenCopy(async (d) => {
       const c = JSON.parse(await Deno.readTextFile(join(d, "config.json")));
-      c.model_type = "mixtral";
-      c.architectures = ["MixtralForCausalLM"];
+      c.model_type = "gpt2";
+      c.architectures = ["GPT2LMHeadModel"];
       await Deno.writeTextFile(join(d, "config.json"), JSON.stringify(c));
     });
-    await expectUsageError(["generate", "--model", dir, "--tokens", "1"], /unsupported architecture/);
+    await expectUsageError(
+      ["generate", "--model", dir, "--tokens", "1"],
+      /unsupported architecture 'gpt2' \(model_type\).*supported: llama, qwen2, qwen3/,
+    );
   });
   await t.step(
     "text prompt for a model without tokenizer",

@@ -1,8 +1,19 @@
+// Config parsing per family (models/families/): transformers' semantics and defaults, and errors that name
+// the key, what was found and what was expected.
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { parseLlamaConfig, readConfig } from "../../models/config.ts";
+import type { ModelConfig } from "../../models/config.ts";
+import { parseModelConfig, readModelConfig, supportedModelTypes } from "../../models/family.ts";
 import { CheckpointError } from "../../models/errors.ts";
+import { tensorShapes } from "../../models/tensors.ts";
 import { fixtureDir } from "../fixtures.ts";
+
+const parse = (json: unknown) => parseModelConfig(json, "cfg.json");
+/** The config's fields without the layer function, plus layer 0's blocks. */
+const plain = (c: ModelConfig) => {
+  const { layer, ...rest } = c;
+  return { ...rest, layer0: layer(0) };
+};
 
 const LLAMA3_TINY = {
   architectures: ["LlamaForCausalLM"],
@@ -34,89 +45,153 @@ const LLAMA3_TINY = {
 };
 
 function fails(json: unknown, pattern: RegExp) {
-  assert.throws(() => parseLlamaConfig(json, "cfg.json"), (e) => {
+  assert.throws(() => parse(json), (e) => {
     assert.ok(e instanceof CheckpointError, `expected CheckpointError, got ${e}`);
     assert.match((e as Error).message, pattern);
     return true;
   });
 }
 
-Deno.test("llama3-tiny's config parses to camelCase with llama3 rope scaling and all eos ids", () => {
-  assert.deepEqual(parseLlamaConfig(LLAMA3_TINY, "cfg.json"), {
+Deno.test("llama3-tiny's config parses with llama3 rope scaling, all eos ids and its layer blocks", () => {
+  assert.deepEqual(plain(parse(LLAMA3_TINY)), {
+    family: "llama",
     modelType: "llama",
     architectures: ["LlamaForCausalLM"],
     vocabSize: 128256,
     hiddenSize: 64,
-    intermediateSize: 192,
     numLayers: 4,
-    numHeads: 4,
-    numKvHeads: 2,
-    headDim: 16,
     rmsNormEps: 1e-5,
-    ropeTheta: 500000,
-    ropeScaling: {
-      type: "llama3",
-      factor: 32,
-      lowFreqFactor: 1,
-      highFreqFactor: 4,
-      originalMaxPositionEmbeddings: 8192,
+    rope: {
+      theta: 500000,
+      scaling: {
+        type: "llama3",
+        factor: 32,
+        lowFreqFactor: 1,
+        highFreqFactor: 4,
+        originalMaxPositionEmbeddings: 8192,
+      },
     },
     maxPositionEmbeddings: 131072,
     tieWordEmbeddings: true,
     bosTokenId: 128000,
     eosTokenIds: [128001, 128008, 128009],
     torchDtype: "bfloat16",
-    hiddenAct: "silu",
+    layer0: {
+      attention: {
+        kind: "gqa",
+        heads: 4,
+        kvHeads: 2,
+        headDim: 16,
+        qkvBias: false,
+        oBias: false,
+        qkNorm: false,
+      },
+      ffn: { kind: "mlp", intermediate: 192 },
+    },
   });
 });
 
+Deno.test("qwen2: q/k/v biases (none on o); qwen3: q/k norms, head_dim decoupled (128 by default)", async () => {
+  const q2 = await readModelConfig(fixtureDir("qwen2-tiny")!);
+  assert.equal(q2.family, "qwen2");
+  assert.deepEqual(q2.layer(2).attention, {
+    kind: "gqa",
+    heads: 6,
+    kvHeads: 2,
+    headDim: 16,
+    qkvBias: true,
+    oBias: false,
+    qkNorm: false,
+  });
+  assert.equal(q2.rope.theta, 1e6);
+  assert.equal(q2.tieWordEmbeddings, false);
+  const shapes = tensorShapes(q2);
+  assert.deepEqual(shapes.get("model.layers.0.self_attn.k_proj.bias"), [32]);
+  assert.equal(shapes.has("model.layers.0.self_attn.o_proj.bias"), false);
+  const q3 = await readModelConfig(fixtureDir("qwen3-tiny")!);
+  assert.deepEqual(q3.layer(0).attention, {
+    kind: "gqa",
+    heads: 4,
+    kvHeads: 2,
+    headDim: 24,
+    qkvBias: false,
+    oBias: false,
+    qkNorm: true,
+  });
+  assert.equal(q3.tieWordEmbeddings, true);
+  assert.deepEqual(tensorShapes(q3).get("model.layers.1.self_attn.q_norm.weight"), [24]);
+  assert.deepEqual(tensorShapes(q3).get("model.layers.1.self_attn.q_proj.weight"), [96, 64]);
+  const qwen3 = JSON.parse(await Deno.readTextFile(join(fixtureDir("qwen3-tiny")!, "config.json")));
+  const { head_dim: _hd, tie_word_embeddings: _t, ...noHeadDim } = qwen3;
+  const d = parse({ ...noHeadDim, attention_bias: true });
+  assert.equal(d.layer(0).attention.headDim, 128, "Qwen3Config's head_dim default");
+  assert.equal(d.tieWordEmbeddings, false);
+  assert.equal(d.layer(0).attention.oBias, true);
+  assert.throws(() => parse({ ...qwen3, use_sliding_window: true }), /unsupported use_sliding_window=true/);
+  assert.throws(
+    () => parse({ ...qwen3, architectures: ["Qwen2ForCausalLM"] }),
+    /unsupported architecture 'Qwen2ForCausalLM' \(architectures\).*model_type "qwen3": supported: Qwen3ForCausalLM/,
+  );
+});
+
 Deno.test("llama-micro's config from disk: head_dim from hidden/heads, kv heads, single eos, no scaling", async () => {
-  const c = await readConfig(fixtureDir("llama-micro")!);
-  assert.equal(c.headDim, 16);
-  assert.equal(c.numKvHeads, 4);
+  const c = await readModelConfig(fixtureDir("llama-micro")!);
+  assert.equal(c.layer(0).attention.headDim, 16);
+  assert.equal(c.layer(0).attention.kvHeads, 4);
   assert.deepEqual(c.eosTokenIds, [2]);
   assert.equal(c.bosTokenId, 1);
-  assert.equal(c.ropeScaling, null);
-  assert.equal(c.ropeTheta, 10000);
+  assert.equal(c.rope.scaling, null);
+  assert.equal(c.rope.theta, 10000);
   assert.equal(c.rmsNormEps, 1e-6);
   assert.equal(c.tieWordEmbeddings, false);
 });
 
 Deno.test("transformers defaults: kv heads = heads, untied, rope_type default is plain RoPE, v5 rope_parameters", () => {
   const { num_key_value_heads: _kv, head_dim: _hd, tie_word_embeddings: _t, ...rest } = LLAMA3_TINY;
-  const c = parseLlamaConfig({ ...rest, rope_scaling: { rope_type: "default" }, eos_token_id: null }, "x");
-  assert.equal(c.numKvHeads, 4);
-  assert.equal(c.headDim, 16);
+  const c = parse({ ...rest, rope_scaling: { rope_type: "default" }, eos_token_id: null });
+  assert.equal(c.layer(0).attention.kvHeads, 4);
+  assert.equal(c.layer(0).attention.headDim, 16);
   assert.equal(c.tieWordEmbeddings, false);
-  assert.equal(c.ropeScaling, null);
+  assert.equal(c.rope.scaling, null);
   assert.deepEqual(c.eosTokenIds, []);
   const { rope_theta: _r, rope_scaling: _s, ...noRope } = LLAMA3_TINY;
-  const v5 = parseLlamaConfig(
-    { ...noRope, rope_parameters: { rope_type: "default", rope_theta: 7000 } },
-    "x",
-  );
-  assert.equal(v5.ropeTheta, 7000);
-  assert.equal(v5.ropeScaling, null);
+  const v5 = parse({ ...noRope, rope_parameters: { rope_type: "default", rope_theta: 7000 } });
+  assert.equal(v5.rope.theta, 7000);
+  assert.equal(v5.rope.scaling, null);
   // head_dim given explicitly need not equal hidden / heads (Gemma-style shapes exist in Llama configs).
-  assert.equal(parseLlamaConfig({ ...LLAMA3_TINY, head_dim: 32 }, "x").headDim, 32);
+  assert.equal(parse({ ...LLAMA3_TINY, head_dim: 32 }).layer(0).attention.headDim, 32);
   // the older "type" key is accepted in place of rope_type
-  const old = parseLlamaConfig({
+  const old = parse({
     ...LLAMA3_TINY,
     rope_scaling: { ...LLAMA3_TINY.rope_scaling, rope_type: undefined, type: "llama3" },
-  }, "x");
-  assert.equal(old.ropeScaling?.type, "llama3");
+  });
+  assert.equal(old.rope.scaling?.type, "llama3");
+  // attention_bias puts biases on q, k, v and o
+  const biased = parse({ ...LLAMA3_TINY, attention_bias: true }).layer(0).attention;
+  assert.ok(biased.qkvBias && biased.oBias);
 });
 
 Deno.test("unknown architectures are refused by model_type and by architectures", async () => {
-  const mixtral = fixtureDir("bad/mixtral-config")!;
-  await assert.rejects(readConfig(mixtral), (e: Error) => {
-    assert.ok(e instanceof CheckpointError);
-    assert.equal(
-      e.message,
-      `unsupported architecture 'mixtral' (model_type) in ${join(mixtral, "config.json")}: supported: llama`,
+  const dir = await Deno.makeTempDir();
+  try {
+    await Deno.writeTextFile(
+      join(dir, "config.json"),
+      JSON.stringify({ ...LLAMA3_TINY, model_type: "gpt2" }),
     );
-    return true;
-  });
+    await assert.rejects(readModelConfig(dir), (e: Error) => {
+      assert.ok(e instanceof CheckpointError);
+      assert.equal(
+        e.message,
+        `unsupported architecture 'gpt2' (model_type) in ${join(dir, "config.json")}: supported: ${
+          supportedModelTypes().join(", ")
+        }`,
+      );
+      return true;
+    });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+  assert.ok(["llama", "qwen2", "qwen3"].every((t) => supportedModelTypes().includes(t)));
   fails(
     { ...LLAMA3_TINY, architectures: ["LlamaForSequenceClassification"] },
     /unsupported architecture 'LlamaForSequenceClassification'/,
@@ -130,6 +205,7 @@ Deno.test("bad configs name the field and what was expected", () => {
   fails(noVocab, /cfg.json: missing vocab_size \(expected a positive integer\)/);
   fails({ ...LLAMA3_TINY, hidden_size: 0 }, /hidden_size must be a positive integer, got 0/);
   fails({ ...LLAMA3_TINY, num_hidden_layers: 2.5 }, /num_hidden_layers must be a positive integer, got 2.5/);
+  fails({ ...LLAMA3_TINY, num_hidden_layers: 1e12 }, /num_hidden_layers = 1000000000000 is absurd/);
   fails(
     { ...LLAMA3_TINY, intermediate_size: "192" },
     /intermediate_size must be a positive integer, got "192"/,
@@ -152,8 +228,8 @@ Deno.test("bad configs name the field and what was expected", () => {
     { ...LLAMA3_TINY, rope_scaling: { rope_type: "llama3", factor: 8 } },
     /rope_scaling.low_freq_factor must be a positive number/,
   );
-  fails({ ...LLAMA3_TINY, hidden_act: "gelu" }, /unsupported hidden_act "gelu": supported: silu/);
-  fails({ ...LLAMA3_TINY, attention_bias: true }, /unsupported attention_bias=true/);
+  fails({ ...LLAMA3_TINY, hidden_act: "gelu" }, /unsupported hidden_act="gelu": supported: silu/);
+  fails({ ...LLAMA3_TINY, attention_bias: "yes" }, /attention_bias must be true or false/);
   fails({ ...LLAMA3_TINY, mlp_bias: true }, /unsupported mlp_bias=true/);
   fails(
     { ...LLAMA3_TINY, eos_token_id: [1, "2"] },
@@ -163,16 +239,16 @@ Deno.test("bad configs name the field and what was expected", () => {
   fails({ ...LLAMA3_TINY, tie_word_embeddings: "yes" }, /tie_word_embeddings must be true or false/);
 });
 
-Deno.test("readConfig: a missing config.json or invalid JSON names the file", async () => {
+Deno.test("readModelConfig: a missing config.json or invalid JSON names the file", async () => {
   const dir = await Deno.makeTempDir();
   try {
     await assert.rejects(
-      readConfig(dir),
+      readModelConfig(dir),
       (e: Error) => e instanceof CheckpointError && /config.json: file not found/.test(e.message),
     );
     await Deno.writeTextFile(join(dir, "config.json"), "{");
     await assert.rejects(
-      readConfig(dir),
+      readModelConfig(dir),
       (e: Error) => e instanceof CheckpointError && /config.json: invalid JSON/.test(e.message),
     );
   } finally {

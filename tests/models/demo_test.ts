@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { defaultCacheDir, DEMO_CONFIG, DEMO_VERSION, ensureDemoModel } from "../../models/demo.ts";
-import { llamaTensorShapes } from "../../models/llama_tensors.ts";
+import { tensorShapes } from "../../models/tensors.ts";
 import { loadTokenizer } from "../../models/tokenizer.ts";
 
 /**
@@ -19,13 +19,13 @@ async function sha256(path: string): Promise<string> {
 Deno.test("demo config: Llama 3.2 shapes in miniature with the Llama 3 vocabulary", () => {
   assert.equal(DEMO_CONFIG.vocabSize, 128256);
   assert.equal(DEMO_CONFIG.hiddenSize, 128);
-  assert.equal(DEMO_CONFIG.intermediateSize, 384);
+  assert.equal(DEMO_CONFIG.family, "llama");
+  assert.deepEqual(DEMO_CONFIG.layer(3).ffn, { kind: "mlp", intermediate: 384 });
   assert.equal(DEMO_CONFIG.numLayers, 4);
-  assert.equal(DEMO_CONFIG.numHeads, 4);
-  assert.equal(DEMO_CONFIG.numKvHeads, 2);
-  assert.equal(DEMO_CONFIG.headDim, 32);
-  assert.equal(DEMO_CONFIG.ropeTheta, 500000);
-  assert.deepEqual(DEMO_CONFIG.ropeScaling, {
+  const a = DEMO_CONFIG.layer(0).attention;
+  assert.deepEqual([a.heads, a.kvHeads, a.headDim], [4, 2, 32]);
+  assert.equal(DEMO_CONFIG.rope.theta, 500000);
+  assert.deepEqual(DEMO_CONFIG.rope.scaling, {
     type: "llama3",
     factor: 32,
     lowFreqFactor: 1,
@@ -59,8 +59,10 @@ Deno.test("ensureDemoModel: generated once (replacing an incomplete folder), det
 
     assert.equal(await sha256(join(dir, "model.safetensors")), DEMO_V1_SHA256);
     const ckpt = await Checkpoint.open(dir);
-    assert.deepEqual(ckpt.config, DEMO_CONFIG);
-    const shapes = llamaTensorShapes(DEMO_CONFIG);
+    const { layer: _l, ...config } = ckpt.config;
+    const { layer: _d, ...demo } = DEMO_CONFIG;
+    assert.deepEqual(config, demo);
+    const shapes = tensorShapes(DEMO_CONFIG);
     assert.deepEqual(new Set(ckpt.tensors.keys()), new Set(shapes.keys()));
     for (const [name, shape] of shapes) {
       assert.deepEqual(ckpt.info(name).shape, shape);

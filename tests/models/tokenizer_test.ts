@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { parseLlamaConfig } from "../../models/config.ts";
+import { parseModelConfig } from "../../models/family.ts";
 import {
   loadLlama3Tokenizer,
   loadTokenizer,
@@ -19,7 +19,7 @@ const CASES: Case[] = JSON.parse(
   ),
 ).cases;
 
-const LLAMA3_CONFIG = parseLlamaConfig({
+const LLAMA3_CONFIG = parseModelConfig({
   model_type: "llama",
   vocab_size: 128256,
   hidden_size: 64,
@@ -52,9 +52,14 @@ Deno.test("built-in Llama 3 tokenizer: every tokenizer-case, BOS included; decod
   assert.equal(tok.decode([128000, 9906, 4435, 128009, 128001]), "Hello World");
 });
 
-Deno.test("tokenizer.json via @huggingface/tokenizers gives the same ids as the built-in one", async () => {
-  const dir = fixtureDir("llama3-tiny", { needs: "tokenizer.json" });
-  if (!dir) return void skipped("llama3-tiny tokenizer.json", "needs ../shared/fixtures/llama3-tiny");
+const TOKENIZER_DIR = fixtureDir("llama3-tiny", { needs: "tokenizer.json" });
+if (!TOKENIZER_DIR) skipped("llama3-tiny tokenizer.json tests", "needs ../shared/fixtures/llama3-tiny");
+
+Deno.test({
+  name: "tokenizer.json via @huggingface/tokenizers gives the same ids as the built-in one",
+  ignore: !TOKENIZER_DIR,
+}, async () => {
+  const dir = TOKENIZER_DIR!;
   const hf = await loadTokenizer(dir, LLAMA3_CONFIG);
   const builtIn = await loadLlama3Tokenizer();
   assert.ok(hf);
@@ -73,9 +78,11 @@ Deno.test("tokenizer.json via @huggingface/tokenizers gives the same ids as the 
   assert.equal(hf.decode([9906, 130000]), "Hello");
 });
 
-Deno.test("add_bos_token in tokenizer_config.json overrides what the post-processor does", async () => {
-  const src = fixtureDir("llama3-tiny", { needs: "tokenizer.json" });
-  if (!src) return void skipped("add_bos_token override", "needs ../shared/fixtures/llama3-tiny");
+Deno.test({
+  name: "add_bos_token in tokenizer_config.json overrides what the post-processor does",
+  ignore: !TOKENIZER_DIR,
+}, async () => {
+  const src = TOKENIZER_DIR!;
   const dir = await Deno.makeTempDir();
   try {
     await Deno.copyFile(join(src, "tokenizer.json"), join(dir, "tokenizer.json"));

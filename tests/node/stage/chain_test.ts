@@ -104,6 +104,53 @@ for (const stages of [1, 2, 3, 5, 6]) {
   });
 }
 
+Deno.test("stage chain: a one-stage chain runs the backend's decode loop: same tokens, batches, eos", async () => {
+  const ref = await fakeReference(PROMPT, { layers: LAYERS, maxTokens: 12, eosTokenIds: [] });
+  const t = chain(1, { eosTokenIds: [], loopBatch: 4 });
+  try {
+    const got = await t.pump(t.client.generate(t.chain, PROMPT, { maxTokens: 12 }));
+    assert.deepEqual(got.tokens, ref);
+    assert.equal(got.stopReason, "max_tokens");
+    const runs = (t.actors[0].backend as FakeBackend).runs;
+    assert.equal(
+      runs.filter((r) => r.T === 1).length,
+      11,
+      "one step per token after the prefill, no messages",
+    );
+    const eos = ref[6];
+    const e = await t.pump(t.client.generate(t.chain, PROMPT, { maxTokens: 12, eos: [eos] }));
+    assert.deepEqual(e.tokens, ref.slice(0, ref.indexOf(eos) + 1));
+    assert.equal(e.stopReason, "eos");
+    await t.settle();
+    assert.equal(t.actors[0].backend.stats().active, 0, "released after completion");
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: cancelling a one-stage decode loop stops it and frees the request", async () => {
+  const t = chain(1, { eosTokenIds: [], loopBatch: 2, delayMs: 1 });
+  try {
+    const abort = new AbortController();
+    let seen = 0;
+    const p = t.client.generate(t.chain, PROMPT, {
+      maxTokens: 1000,
+      signal: abort.signal,
+      onToken: () => ++seen === 5 && abort.abort(new Error("cancelled by the test")),
+    });
+    await assert.rejects(t.pump(p), /cancelled by the test/);
+    await t.settle();
+    const b = t.actors[0].backend as FakeBackend;
+    assert.deepEqual(b.stats(), { active: 0, kvBytes: 0, weightBytes: 0 });
+    const steps = b.runs.length;
+    await t.settle();
+    assert.equal(b.runs.length, steps, "the loop stopped");
+    assert.ok(steps < 100, `the loop ran ${steps} steps after a cancel at token 5`);
+  } finally {
+    await t.close();
+  }
+});
+
 Deno.test("stage chain: f32 on the wire gives the same tokens and twice the bytes", async () => {
   const t = chain(3, { eosTokenIds: [] });
   try {

@@ -1,9 +1,9 @@
-// Writes a Llama checkpoint with the given config and deterministic random bf16 weights (the demo
-// model's generator), for benchmarks at real model shapes without downloading weights.
+// Writes a checkpoint of any supported family with the given config and deterministic random bf16 weights
+// (the demo model's generator), for benchmarks at real model shapes without downloading weights.
 import { join } from "node:path";
-import { parseLlamaConfig } from "../../models/config.ts";
 import { demoTensor } from "../../models/demo.ts";
-import { llamaTensorShapes } from "../../models/llama_tensors.ts";
+import { parseModelConfig } from "../../models/family.ts";
+import { tensorShapes } from "../../models/tensors.ts";
 import { writeSafetensors } from "../../models/safetensors.ts";
 
 /** Llama 3.2 1B's config.json (public), used by the decode benchmark. */
@@ -37,14 +37,17 @@ export const LLAMA_3_2_1B = {
 };
 
 /** Writes config.json + model.safetensors into `dir` unless they are there already. */
-export async function ensureRandomLlama(dir: string, configJson: Record<string, unknown>): Promise<void> {
+export async function ensureRandomCheckpoint(
+  dir: string,
+  configJson: Record<string, unknown>,
+): Promise<void> {
   try {
     await Deno.stat(join(dir, "model.safetensors"));
     return;
   } catch { /* not there yet */ }
   await Deno.mkdir(dir, { recursive: true });
-  const config = parseLlamaConfig(configJson, "benchmark config");
-  const tensors = [...llamaTensorShapes(config)].map(([name, shape]) => demoTensor(name, shape));
+  const config = parseModelConfig(configJson, "benchmark config");
+  const tensors = [...tensorShapes(config)].map(([name, shape]) => demoTensor(name, shape));
   await writeSafetensors(join(dir, "model.safetensors"), tensors, { format: "pt" });
   await Deno.writeTextFile(join(dir, "config.json"), JSON.stringify(configJson, null, 2));
 }

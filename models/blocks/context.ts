@@ -1,0 +1,30 @@
+// What a block needs from the model while loading and while building a step's program: the GPU, how to
+// read tensors onto it, and each weight buffer's storage. Blocks (attention, feed-forward) implement
+// `load` and `program`; models/model.ts composes them into layers. One file per block kind.
+import type { Gpu, QuantType, WeightType } from "../../kernels/mod.ts";
+
+/**
+ * Reads tensors by name, concatenated row-wise, onto the GPU. `K` (a row length) marks a matrix, stored
+ * as the model's weights are (quantised when asked and K allows); without K the tensor is a vector
+ * (a norm or a bias), stored as `vector` says: the model's norm storage (default) or always f32.
+ */
+export type TensorReader = (names: string[], K?: number, vector?: "norm" | "f32") => Promise<GPUBuffer>;
+
+export interface BlockContext {
+  gpu: Gpu;
+  /** Storage of the norm weights ("f32", or "f16" with f16 weights). */
+  normType: WeightType;
+  /** How a weight buffer is stored (a quantised model keeps some matrices in floats). */
+  typeOf(buf: GPUBuffer): WeightType | QuantType;
+  eps: number;
+}
+
+/** The step's shared buffers a block reads and writes ([maxChunk, width] f32 each). */
+export interface StepBuffers {
+  /** The step uniform (kernels/step.ts). */
+  step: GPUBuffer;
+  /** The residual stream [T, hidden]: blocks add their output into it. */
+  x: GPUBuffer;
+  /** Scratch for a normalised copy of x [T, hidden]. */
+  xn: GPUBuffer;
+}

@@ -1,0 +1,141 @@
+// Grouped-query attention with RoPE (Llama, Qwen2, Qwen3, Mixtral), pre-normed, adding into the residual:
+//   xn   = rmsnorm(x) * input_layernorm                        [H]
+//   qkv  = xn @ [q_proj; k_proj; v_proj]^T (+ q/k/v biases)     [(nH + 2 nKV) * hd]
+//   q, k = rmsnorm per head (q_norm, k_norm; Qwen3)
+//   q, k = rope(q, k, pos); kcache[pos], vcache[pos] = k, v
+//   att  = softmax(q k^T / sqrt(hd)) v  (causal, GQA)           [nH * hd]
+//   x   += att @ o_proj^T (+ o bias)                            [H]
+// KV cache per layer: K and V [nKV, maxSeq, hd] f32.
+import {
+  attentionCall,
+  attentionDecodeCall,
+  attentionDecodeFits,
+  biasAddCall,
+  gemvFusedCall,
+  headNormCall,
+  type KernelCall,
+  matmulCall,
+  rmsnormCall,
+  ropeKvCall,
+  storageBuffer,
+} from "../../kernels/mod.ts";
+import type { GqaAttention } from "../config.ts";
+import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+
+export interface GqaWeights {
+  norm: GPUBuffer;
+  qkv: GPUBuffer;
+  o: GPUBuffer;
+  qkvBias?: GPUBuffer;
+  oBias?: GPUBuffer;
+  qNorm?: GPUBuffer;
+  kNorm?: GPUBuffer;
+}
+
+/** One request's K and V for one layer. */
+export interface GqaCache {
+  k: GPUBuffer;
+  v: GPUBuffer;
+}
+
+/** Widths of the activations the block needs per token. */
+export function gqaWidths(a: GqaAttention): { qkv: number; att: number } {
+  return { qkv: (a.heads + 2 * a.kvHeads) * a.headDim, att: a.heads * a.headDim };
+}
+
+export async function loadGqa(
+  read: TensorReader,
+  a: GqaAttention,
+  hidden: number,
+  p: string,
+): Promise<GqaWeights> {
+  const w: GqaWeights = {
+    norm: await read([`${p}input_layernorm.weight`]),
+    qkv: await read([
+      `${p}self_attn.q_proj.weight`,
+      `${p}self_attn.k_proj.weight`,
+      `${p}self_attn.v_proj.weight`,
+    ], hidden),
+    o: await read([`${p}self_attn.o_proj.weight`], a.heads * a.headDim),
+  };
+  if (a.qkvBias) {
+    w.qkvBias = await read(
+      [`${p}self_attn.q_proj.bias`, `${p}self_attn.k_proj.bias`, `${p}self_attn.v_proj.bias`],
+      undefined,
+      "f32",
+    );
+  }
+  if (a.oBias) w.oBias = await read([`${p}self_attn.o_proj.bias`], undefined, "f32");
+  if (a.qkNorm) {
+    w.qNorm = await read([`${p}self_attn.q_norm.weight`], undefined, "f32");
+    w.kNorm = await read([`${p}self_attn.k_norm.weight`], undefined, "f32");
+  }
+  return w;
+}
+
+export function gqaCache(
+  ctx: BlockContext,
+  a: GqaAttention,
+  maxSeq: number,
+): { cache: GqaCache; bytes: number } {
+  const bytes = a.kvHeads * maxSeq * a.headDim * 4;
+  return {
+    cache: { k: storageBuffer(ctx.gpu, bytes, "k"), v: storageBuffer(ctx.gpu, bytes, "v") },
+    bytes: 2 * bytes,
+  };
+}
+
+/** The block's kernel calls for a step of T tokens. `fused`: decode-sized GEMVs with the norm folded in. */
+export function gqaProgram(
+  ctx: BlockContext,
+  a: GqaAttention,
+  w: GqaWeights,
+  cache: GqaCache,
+  bufs: StepBuffers & { qkv: GPUBuffer; att: GPUBuffer; rope: GPUBuffer; maxSeq: number },
+  d: { hidden: number; T: number; fused: boolean },
+): KernelCall[] {
+  const { gpu, normType, eps } = ctx;
+  const wt = (b: GPUBuffer) => ctx.typeOf(b);
+  const { step, x, xn, qkv, att, rope: table } = bufs;
+  const { qkv: qkvDim, att: attDim } = gqaWidths(a);
+  const { T, hidden: H } = d;
+  const dims = { heads: a.heads, kvHeads: a.kvHeads, headDim: a.headDim, maxSeq: bufs.maxSeq, T };
+  const calls: KernelCall[] = d.fused
+    ? [
+      gemvFusedCall(gpu, { x, w: w.qkv, y: qkv, normWeight: w.norm }, {
+        K: H,
+        N: qkvDim,
+        T,
+        weights: wt(w.qkv),
+        normWeights: normType,
+        transform: "rmsnorm",
+        eps,
+      }),
+    ]
+    : [
+      rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
+      matmulCall(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
+    ];
+  if (w.qkvBias) calls.push(biasAddCall(gpu, { b: w.qkvBias, y: qkv }, { N: qkvDim, T }));
+  if (w.qNorm && w.kNorm) calls.push(headNormCall(gpu, { qkv, wq: w.qNorm, wk: w.kNorm }, { ...dims, eps }));
+  const { k: kcache, v: vcache } = cache;
+  // One token: RoPE, the KV write and attention in one dispatch (subgroups); else two.
+  if (T === 1 && attentionDecodeFits(gpu, dims)) {
+    calls.push(attentionDecodeCall(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));
+  } else {
+    calls.push(
+      ropeKvCall(gpu, { step, table, qkv, kcache, vcache }, dims),
+      attentionCall(gpu, { step, qkv, kcache, vcache, out: att }, dims),
+    );
+  }
+  const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
+  calls.push(
+    d.fused ? gemvFusedCall(gpu, { x: att, w: w.o, y: x }, o) : matmulCall(gpu, { x: att, w: w.o, y: x }, o),
+  );
+  if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));
+  return calls;
+}
+
+export function gqaBuffers(w: GqaWeights): GPUBuffer[] {
+  return [w.norm, w.qkv, w.o, w.qkvBias, w.oBias, w.qNorm, w.kNorm].filter((b): b is GPUBuffer => !!b);
+}

@@ -1,0 +1,75 @@
+// The gated MLP, pre-normed, adding into the residual:
+//   xn  = rmsnorm(x) * post_attention_layernorm     [H]
+//   gu  = xn @ [gate_proj; up_proj]^T               [2 I]
+//   x  += (silu(gate) * up) @ down_proj^T           [H]
+import { gemvFusedCall, type KernelCall, matmulCall, rmsnormCall, siluMulCall } from "../../kernels/mod.ts";
+import type { DenseMlp } from "../config.ts";
+import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+
+export interface MlpWeights {
+  norm: GPUBuffer;
+  gateUp: GPUBuffer;
+  down: GPUBuffer;
+}
+
+export function mlpWidths(f: DenseMlp): { gu: number; a: number } {
+  return { gu: 2 * f.intermediate, a: f.intermediate };
+}
+
+export async function loadMlp(
+  read: TensorReader,
+  f: DenseMlp,
+  hidden: number,
+  p: string,
+): Promise<MlpWeights> {
+  return {
+    norm: await read([`${p}post_attention_layernorm.weight`]),
+    gateUp: await read([`${p}mlp.gate_proj.weight`, `${p}mlp.up_proj.weight`], hidden),
+    down: await read([`${p}mlp.down_proj.weight`], f.intermediate),
+  };
+}
+
+export function mlpProgram(
+  ctx: BlockContext,
+  f: DenseMlp,
+  w: MlpWeights,
+  bufs: StepBuffers & { gu: GPUBuffer; a: GPUBuffer },
+  d: { hidden: number; T: number; fused: boolean },
+): KernelCall[] {
+  const { gpu, normType, eps } = ctx;
+  const wt = (b: GPUBuffer) => ctx.typeOf(b);
+  const { x, xn, gu, a } = bufs;
+  const { T, hidden: H } = d;
+  const I = f.intermediate;
+  if (d.fused) {
+    return [
+      gemvFusedCall(gpu, { x, w: w.gateUp, y: gu, normWeight: w.norm }, {
+        K: H,
+        N: 2 * I,
+        T,
+        weights: wt(w.gateUp),
+        normWeights: normType,
+        transform: "rmsnorm",
+        eps,
+      }),
+      gemvFusedCall(gpu, { x: gu, w: w.down, y: x }, {
+        K: I,
+        N: H,
+        T,
+        accumulate: true,
+        weights: wt(w.down),
+        transform: "silu_mul",
+      }),
+    ];
+  }
+  return [
+    rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
+    matmulCall(gpu, { x: xn, w: w.gateUp, y: gu }, { K: H, N: 2 * I, T, weights: wt(w.gateUp) }),
+    siluMulCall(gpu, { gu, a }, { intermediate: I, T }),
+    matmulCall(gpu, { x: a, w: w.down, y: x }, { K: I, N: H, T, accumulate: true, weights: wt(w.down) }),
+  ];
+}
+
+export function mlpBuffers(w: MlpWeights): GPUBuffer[] {
+  return [w.norm, w.gateUp, w.down];
+}

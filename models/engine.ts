@@ -1,0 +1,468 @@
+// The decode engine: the one way any model part runs on a GPU, for a single node and for every stage of
+// a chain. It holds one Model (a whole network or a layer range) and one Sequence (KV cache) per request.
+// A step is one submit and one readback of its result (hidden state, sampled token, or logits); a part
+// that embeds and has the head also runs the GPU-resident decode loop (`generate`).
+//
+// How the loop keeps the GPU busy, given how Deno's WebGPU maps buffers (ext/webgpu/buffer.rs, FACTS.md):
+// `mapAsync` polls the device with a *blocking* wait for all submitted work, then sleeps 10 ms before it
+// resolves. So calling it blocks this thread until the GPU is idle. The loop therefore always holds the
+// next batch already encoded (command buffer finished, not submitted): right after a map call returns it
+// submits that batch, so the GPU idles only for the submit, and encodes the one after while the GPU
+// runs. Encoding (CPU) and compute (GPU) then overlap instead of adding up. The tokens themselves are read
+// as soon as the map call returns (kernels/readback.ts), or, where that is off, several maps stay in flight
+// so their 10 ms sleeps overlap compute. Steps computed past an eos are discarded: output is exact.
+// Tokens come back in batches (1, 2, 4, ... up to maxBatch): the sampler writes each token where the next
+// step's embedding reads it, so the loop never waits for the GPU per token.
+//
+// Prefill runs in chunks of at most `maxChunk` tokens, one submit each; between chunks the engine waits
+// for the GPU and yields to the event loop, so a long prompt never holds the process (its membership,
+// its control API, Ctrl-C) for longer than one chunk's GPU time.
+import type {
+  LoopOptions,
+  LoopResult,
+  ModelFacts,
+  Sampling,
+  StageBackend,
+  StageInput,
+  StageLoader,
+  StageResult,
+  StageRole,
+  StageStats,
+} from "./backend.ts";
+import {
+  advanceCall,
+  encodeCalls,
+  getGpu,
+  type Gpu,
+  isQuant,
+  type KernelCall,
+  readBack,
+  readStaging,
+  reserveStaging,
+  takeStaging,
+  writeBytes,
+  writeStep,
+} from "../kernels/mod.ts";
+import { Checkpoint } from "./checkpoint.ts";
+import { type LoadOptions, Model, type Sequence, type WeightsOption } from "./model.ts";
+
+/**
+ * Readbacks in flight at once. With early reads (kernels/readback.ts) each is done as its map call returns;
+ * without, it resolves >= 10 ms after the GPU finished its batch, and with three the oldest has usually
+ * resolved by the time the loop needs it. Tokens computed past an eos are at most the batches in flight,
+ * and they are discarded.
+ */
+const MAX_IN_FLIGHT = 3;
+
+export interface GenerateOptions {
+  /** Most tokens to generate (>= 1). */
+  maxTokens: number;
+  /** Generation stops after any of these ids (included in the output, as transformers does). */
+  eosTokenIds?: readonly number[];
+  /** Aborting stops the loop at the next batch boundary (or prefill chunk) and frees the request. */
+  signal?: AbortSignal;
+  /** Most tokens decoded per readback. Default 16. */
+  maxBatch?: number;
+  /** Called with each batch of new token ids as soon as it is read back (streaming). */
+  onTokens?: (ids: number[]) => void;
+}
+
+export interface GenerateResult extends LoopResult {
+  promptTokens: number;
+  /** Milliseconds from start to the first generated token (prefill + one readback). */
+  firstTokenMs: number;
+  /** Decode rate after the first token, tokens per second (0 when only one token). */
+  tokS: number;
+  /** KV cache bytes this request held (freed at the end). */
+  kvBytes: number;
+}
+
+/** A model produced NaN or infinite logits (bad weights or config): the sampler found no token. */
+export class NonFiniteLogitsError extends Error {
+  override name = "NonFiniteLogitsError";
+  constructor(token: number, vocab: number) {
+    super(
+      `the model produced non-finite logits (NaN or Inf; the sampler returned ${token}, outside the ` +
+        `vocabulary [0, ${vocab})): its weights or config.json are likely corrupt (NaN/Inf weights, a zero ` +
+        `or negative rms_norm_eps, overflowing f16 weights)`,
+    );
+  }
+}
+
+/** Checks ids against the vocabulary: a RangeError names the first bad one. */
+export function checkTokenIds(ids: readonly number[], vocab: number): void {
+  if (ids.length === 0) throw new RangeError("the prompt has no tokens");
+  ids.forEach((id, i) => {
+    if (!Number.isInteger(id) || id < 0 || id >= vocab) {
+      throw new RangeError(`token id ${id} at index ${i} is outside the vocabulary [0, ${vocab})`);
+    }
+  });
+}
+
+function submit(gpu: Gpu, calls: readonly KernelCall[]): void {
+  const enc = gpu.device.createCommandEncoder();
+  const pass = enc.beginComputePass();
+  encodeCalls(pass, calls);
+  pass.end();
+  gpu.device.queue.submit([enc.finish()]);
+}
+
+/** Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work. */
+const yieldToEventLoop = () => new Promise<void>((r) => setTimeout(r, 0));
+
+interface Open {
+  seq: Sequence;
+  /** Aborted when the request is released while its loop runs. */
+  abort: AbortController;
+}
+
+/** The whole model's role: one stage that embeds, runs every layer and samples. */
+export function wholeModel(numLayers: number): StageRole {
+  return { index: 0, stages: 1, layers: [0, numLayers], embeds: true, head: true };
+}
+
+/** Runs a Model (one part of a network, or all of it) for many requests; the node's StageBackend. */
+export class Engine implements StageBackend {
+  readonly model: ModelFacts;
+  #open = new Map<string, Open>();
+  #next = 0;
+
+  constructor(readonly role: StageRole, readonly weights: Model) {
+    const c = weights.config;
+    this.model = {
+      hidden: c.hiddenSize,
+      vocab: c.vocabSize,
+      maxPositions: c.maxPositionEmbeddings,
+      eosTokenIds: c.eosTokenIds,
+    };
+  }
+
+  get gpu(): Gpu {
+    return this.weights.gpu;
+  }
+
+  open(id: string, opts: { maxSeq: number; sampling: Sampling; maxChunk?: number }): { chunk: number } {
+    if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
+    const seq = this.weights.newSequence(opts);
+    this.#open.set(id, { seq, abort: new AbortController() });
+    return { chunk: seq.maxChunk };
+  }
+
+  #get(id: string): Open {
+    const o = this.#open.get(id);
+    if (!o) throw new Error(`request ${id} is not open on stage ${this.role.index}`);
+    return o;
+  }
+
+  async run(id: string, input: StageInput): Promise<StageResult> {
+    const { seq } = this.#get(id);
+    const gpu = this.gpu;
+    const { pos0, T, output } = input;
+    const H = this.model.hidden;
+    if (pos0 + T > seq.maxSeq) {
+      throw new RangeError(`positions up to ${pos0 + T} exceed the request's ${seq.maxSeq}`);
+    }
+    if (this.role.embeds) {
+      if (!input.tokens || input.tokens.length !== T) {
+        throw new TypeError(`stage ${this.role.index} needs ${T} token ids`);
+      }
+      checkTokenIds(Array.from(input.tokens), this.model.vocab);
+      writeBytes(gpu, seq.tokens, pos0 * 4, input.tokens);
+    } else {
+      if (!input.hidden || input.hidden.length !== T * H) {
+        throw new TypeError(`stage ${this.role.index} needs a hidden state of ${T} x ${H}`);
+      }
+      writeBytes(gpu, seq.x, 0, input.hidden);
+    }
+    writeStep(gpu, seq.step, { pos0, T, tokOut: pos0 + T });
+    submit(gpu, seq.program(T, output));
+    if (output === "hidden") return { hidden: new Float32Array(await readBack(gpu, seq.x, T * H * 4)) };
+    if (output === "sample") {
+      const token = new Uint32Array(await readBack(gpu, seq.tokens, 4, (pos0 + T) * 4))[0];
+      if (token >= this.model.vocab) throw new NonFiniteLogitsError(token, this.model.vocab);
+      return { token };
+    }
+    return { logits: new Float32Array(await readBack(gpu, seq.logits!, T * this.model.vocab * 4)) };
+  }
+
+  /**
+   * Prefill then the GPU-resident decode loop for open request `id` (this part must embed and sample).
+   * Returns at eos, maxTokens, or when aborted / released.
+   */
+  async generate(
+    id: string,
+    prompt: readonly number[],
+    opts: LoopOptions & Omit<GenerateOptions, "eosTokenIds">,
+  ): Promise<GenerateResult> {
+    const open = this.#get(id);
+    const { seq } = open;
+    const gpu = this.gpu;
+    const signal = opts.signal ? AbortSignal.any([opts.signal, open.abort.signal]) : open.abort.signal;
+    if (!this.role.embeds || !this.role.head) {
+      throw new Error("generate needs a part with embedding and head");
+    }
+    checkTokenIds(prompt, this.model.vocab);
+    if (!(Number.isInteger(opts.maxTokens) && opts.maxTokens >= 1)) {
+      throw new RangeError(`max tokens must be an integer >= 1, got ${opts.maxTokens}`);
+    }
+    const P = prompt.length;
+    if (P + opts.maxTokens > seq.maxSeq) {
+      throw new RangeError(
+        `prompt (${P}) + max tokens (${opts.maxTokens}) exceeds the request's ${seq.maxSeq} positions`,
+      );
+    }
+    const eos = new Set(opts.eos);
+    const maxBatch = opts.maxBatch ?? 16;
+    const vocab = this.model.vocab;
+    const t0 = performance.now();
+    const pending: Promise<number[]>[] = [];
+    let next: Batch | undefined;
+    try {
+      // Primed staging buffers for the batches in flight: a buffer returns to the pool ~10 ms after its read,
+      // and the first small batches come faster than that (free after the first request: kernels/readback.ts).
+      const reserved = reserveStaging(gpu, maxBatch * 4, 8);
+      if (!(await this.#prefill(seq, prompt, "sample", signal))) {
+        return this.#result([], "aborted", P, t0, t0, t0, seq);
+      }
+      await reserved;
+      // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit.
+      const decode = [...seq.program(1, "sample"), advanceCall(gpu, seq.step)];
+      const encodeBatch = (from: number, steps: number): Batch => {
+        const enc = gpu.device.createCommandEncoder();
+        if (steps > 0) {
+          const pass = enc.beginComputePass();
+          for (let i = 0; i < steps; i++) encodeCalls(pass, decode);
+          pass.end();
+        }
+        // Tokens [from, from + n): a batch's own steps write positions from+1 .. from+steps, and the first
+        // batch (no steps) reads the token the prefill sampled.
+        const n = Math.max(steps, 1);
+        const first = steps > 0 ? from + 1 : from;
+        const staging = takeStaging(gpu, n * 4);
+        enc.copyBufferToBuffer(seq.tokens, (P + first) * 4, staging, 0, n * 4);
+        return { cmd: enc.finish(), staging, tokens: n };
+      };
+      // Batch sizes: the prefill's token alone (first token as soon as possible), then 1, 2, 4 ... maxBatch.
+      let planned = 1;
+      let size = 1;
+      const plan = (): Batch | undefined => {
+        if (planned >= opts.maxTokens) return undefined;
+        const k = Math.min(size, opts.maxTokens - planned);
+        const b = encodeBatch(planned - 1, k);
+        planned += k;
+        size = Math.min(size * 2, maxBatch);
+        return b;
+      };
+      let current: Batch | undefined = encodeBatch(0, 0);
+      writeStep(gpu, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
+      gpu.device.queue.submit([current.cmd]);
+      next = plan();
+      const out: number[] = [];
+      let stopReason: LoopResult["stopReason"] = "max_tokens";
+      let firstAt = 0, lastAt = 0;
+      while (current || pending.length > 0) {
+        if (current) {
+          // Blocks (in Deno) until the GPU has run `current`; the next batch goes in at once.
+          pending.push(readBatch(gpu, current));
+          current = undefined;
+          if (next && !signal.aborted) {
+            gpu.device.queue.submit([next.cmd]);
+            current = next;
+            next = plan();
+          }
+          if (current && pending.length < MAX_IN_FLIGHT) continue;
+        }
+        const ids = await pending.shift()!;
+        const now = performance.now();
+        if (out.length === 0) firstAt = now;
+        lastAt = now;
+        const bad = ids.find((id) => id >= vocab);
+        if (bad !== undefined) throw new NonFiniteLogitsError(bad, vocab);
+        let fresh = ids;
+        const stop = ids.findIndex((id) => eos.has(id));
+        if (stop >= 0) fresh = ids.slice(0, stop + 1);
+        out.push(...fresh);
+        opts.onTokens?.(fresh);
+        if (stop >= 0) {
+          stopReason = "eos";
+          break;
+        }
+        if (signal.aborted) {
+          stopReason = "aborted";
+          break;
+        }
+      }
+      return this.#result(out, stopReason, P, t0, firstAt, lastAt, seq);
+    } finally {
+      next?.staging.destroy();
+      await Promise.allSettled(pending);
+    }
+  }
+
+  #result(
+    tokens: number[],
+    stopReason: LoopResult["stopReason"],
+    P: number,
+    t0: number,
+    firstAt: number,
+    lastAt: number,
+    seq: Sequence,
+  ): GenerateResult {
+    const decodeMs = lastAt - firstAt;
+    return {
+      tokens,
+      promptTokens: P,
+      stopReason,
+      firstTokenMs: firstAt - t0,
+      tokS: tokens.length > 1 && decodeMs > 0 ? ((tokens.length - 1) / decodeMs) * 1000 : 0,
+      kvBytes: seq.kvBytes,
+    };
+  }
+
+  /**
+   * Runs the prompt in chunks; the last chunk ends as `last` says. Waits for the GPU and yields to the
+   * event loop between chunks. False when aborted before the end.
+   */
+  async #prefill(
+    seq: Sequence,
+    prompt: readonly number[],
+    last: "sample" | "logits" | "hidden",
+    signal: AbortSignal,
+  ): Promise<boolean> {
+    const gpu = this.gpu;
+    writeBytes(gpu, seq.tokens, 0, Uint32Array.from(prompt));
+    for (let pos0 = 0; pos0 < prompt.length; pos0 += seq.maxChunk) {
+      if (signal.aborted) return false;
+      const T = Math.min(seq.maxChunk, prompt.length - pos0);
+      const isLast = pos0 + T >= prompt.length;
+      writeStep(gpu, seq.step, { pos0, T, tokOut: prompt.length });
+      submit(gpu, seq.program(T, isLast ? last : "hidden"));
+      if (!isLast) {
+        await readBack(gpu, seq.tokens, 4); // the chunk is done (a bounded wait), then let others run
+        await yieldToEventLoop();
+      }
+    }
+    return true;
+  }
+
+  /** Teacher-forced logits [T, V] of `tokens` (row t: next-token logits after tokens[0..t]). */
+  async logits(tokens: readonly number[], opts: { signal?: AbortSignal } = {}): Promise<Float32Array> {
+    if (!this.role.embeds || !this.role.head) throw new Error("logits needs a part with embedding and head");
+    checkTokenIds(tokens, this.model.vocab);
+    if (tokens.length > this.model.maxPositions) {
+      throw new RangeError(`${tokens.length} tokens exceed the model's ${this.model.maxPositions} positions`);
+    }
+    const V = this.model.vocab;
+    const id = `logits-${this.#next++}`;
+    this.open(id, { maxSeq: tokens.length, sampling: { temperature: 0, topP: 1, seed: 0 } });
+    const { seq } = this.#get(id);
+    const gpu = this.gpu;
+    try {
+      const out = new Float32Array(tokens.length * V);
+      writeBytes(gpu, seq.tokens, 0, Uint32Array.from(tokens));
+      for (let pos0 = 0; pos0 < tokens.length; pos0 += seq.maxChunk) {
+        opts.signal?.throwIfAborted();
+        const T = Math.min(seq.maxChunk, tokens.length - pos0);
+        writeStep(gpu, seq.step, { pos0, T, tokOut: tokens.length });
+        submit(gpu, seq.program(T, "logits"));
+        out.set(new Float32Array(await readBack(gpu, seq.logits!, T * V * 4)), pos0 * V);
+        await yieldToEventLoop();
+      }
+      return out;
+    } finally {
+      this.release(id);
+    }
+  }
+
+  release(id: string): boolean {
+    const o = this.#open.get(id);
+    if (!o) return false;
+    this.#open.delete(id);
+    o.abort.abort();
+    o.seq.destroy();
+    return true;
+  }
+
+  stats(): StageStats {
+    let kvBytes = 0;
+    for (const o of this.#open.values()) kvBytes += o.seq.kvBytes;
+    return { active: this.#open.size, kvBytes, weightBytes: this.weights.weightBytes };
+  }
+
+  close(): void {
+    for (const id of [...this.#open.keys()]) this.release(id);
+    this.weights.destroy();
+  }
+}
+
+/**
+ * Opens a request, generates after `prompt` and frees the request: the single-node path. The model must
+ * be whole (it embeds and samples).
+ */
+export async function generate(
+  engine: Engine,
+  prompt: readonly number[],
+  opts: GenerateOptions & { sampling: Sampling },
+): Promise<GenerateResult> {
+  checkTokenIds(prompt, engine.model.vocab);
+  if (!(Number.isInteger(opts.maxTokens) && opts.maxTokens >= 1)) {
+    throw new RangeError(`max tokens must be an integer >= 1, got ${opts.maxTokens}`);
+  }
+  const maxSeq = prompt.length + opts.maxTokens;
+  if (maxSeq > engine.model.maxPositions) {
+    throw new RangeError(
+      `prompt (${prompt.length}) + max tokens (${opts.maxTokens}) exceeds the model's ${engine.model.maxPositions} positions`,
+    );
+  }
+  const id = `local-${crypto.randomUUID().slice(0, 8)}`;
+  engine.open(id, { maxSeq, sampling: opts.sampling });
+  try {
+    return await engine.generate(id, prompt, { ...opts, eos: opts.eosTokenIds ?? [] });
+  } finally {
+    engine.release(id);
+  }
+}
+
+/** A batch of decode steps encoded ahead: its command buffer and where its tokens are copied for reading. */
+interface Batch {
+  cmd: GPUCommandBuffer;
+  staging: GPUBuffer;
+  tokens: number;
+}
+
+/** Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. */
+async function readBatch(gpu: Gpu, b: Batch): Promise<number[]> {
+  return Array.from(new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4)));
+}
+
+/** Parses a weights option: f32, f16, q8, q4, or "auto" / undefined (the GPU's default). */
+export function weightsOption(v: string | undefined): WeightsOption | undefined {
+  if (v === undefined || v === "auto") return undefined;
+  if (v === "f32" || v === "f16" || isQuant(v)) return v;
+  throw new TypeError(`weights must be auto, f32, f16, q8 or q4, got "${v}"`);
+}
+
+/** Opens a checkpoint and loads `role`'s part of it onto this process's GPU. */
+export async function loadEngine(
+  dir: string,
+  opts: Omit<LoadOptions, "layers" | "embed" | "head"> & { role?: StageRole; gpu?: Gpu } = {},
+): Promise<Engine> {
+  const ckpt = await Checkpoint.open(dir);
+  const role = opts.role ?? wholeModel(ckpt.config.numLayers);
+  const model = await Model.load(opts.gpu ?? await getGpu(), ckpt, {
+    weights: opts.weights,
+    layers: role.layers,
+    embed: role.embeds,
+    head: role.head,
+    onProgress: opts.onProgress,
+  });
+  return new Engine(role, model);
+}
+
+/** The StageLoader for every family: reads only the role's tensors onto this process's GPU. */
+export const loadStage: StageLoader = (role, opts) =>
+  loadEngine(opts.model.dir, {
+    role,
+    weights: weightsOption(opts.model.weights),
+    onProgress: opts.onProgress,
+  });

@@ -1,0 +1,29 @@
+// Qwen2 (Qwen2ForCausalLM): Llama's layer with biases on q, k and v (always; none on o), rope theta 1e6
+// by default. Sliding-window attention (`use_sliding_window: true`) is not supported and says so.
+// Defaults: transformers' Qwen2Config.
+import { ConfigReader, type ModelConfig } from "../config.ts";
+import type { ModelFamily } from "../family.ts";
+
+export const qwen2: ModelFamily = {
+  name: "qwen2",
+  modelTypes: ["qwen2"],
+  architectures: ["Qwen2ForCausalLM"],
+  parseConfig(json: unknown, source: string): ModelConfig {
+    const r = new ConfigReader(json, source);
+    r.oneOf("use_sliding_window", [false]);
+    const attention = {
+      kind: "gqa" as const,
+      ...r.gqa({ kvHeads: 32 }),
+      qkvBias: true,
+      oBias: false,
+      qkNorm: false,
+    };
+    const ffn = { kind: "mlp" as const, intermediate: r.int("intermediate_size") };
+    return r.common(
+      "qwen2",
+      this.architectures,
+      { maxPositions: 32768, rmsNormEps: 1e-6, ropeTheta: 10000, tie: false },
+      () => ({ attention, ffn }),
+    );
+  },
+};

@@ -1,0 +1,438 @@
+// A decoder-only transformer on WebGPU, for every family (models/families/): the family's config says what
+// each layer runs (models/config.ts), the blocks (models/blocks/) load their weights and build their
+// kernels. A Model may be the whole network or a part of it: a contiguous layer range, with or without
+// the embedding (first stage) and the final norm + head + sampler (last stage).
+//
+// Per token t (shapes for one token; prefill runs T at once):
+//   x      = embed_tokens[token]                          [H]
+//   each layer:
+//     x   += attention(rmsnorm(x))                        [H]   (blocks/gqa.ts)
+//     x   += ffn(rmsnorm(x))                              [H]   (blocks/mlp.ts)
+//   logits = rmsnorm(x) * norm @ lm_head^T                [V]   (lm_head = embed_tokens when tied)
+//   token  = sample(logits)
+import type { Checkpoint } from "./checkpoint.ts";
+import type { ModelConfig } from "./config.ts";
+import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
+import { CheckpointError } from "./errors.ts";
+import { type ModelPart, tensorShapes } from "./tensors.ts";
+import {
+  createStepBuffer,
+  embedCall,
+  GEMV_MAX_T,
+  gemvFusedCall,
+  gemvFusedFits,
+  type Gpu,
+  isQuant,
+  type KernelCall,
+  matmulCall,
+  quantFits,
+  quantize,
+  type QuantType,
+  releaseCalls,
+  rmsnormCall,
+  ropeInvFreq,
+  ropeTable,
+  sampleCalls,
+  type SamplingOptions,
+  storageBuffer,
+  uploadBuffer,
+  type WeightType,
+} from "../kernels/mod.ts";
+import type { BlockContext, TensorReader } from "./blocks/context.ts";
+import {
+  gqaBuffers,
+  type GqaCache,
+  gqaCache,
+  gqaProgram,
+  type GqaWeights,
+  gqaWidths,
+  loadGqa,
+} from "./blocks/gqa.ts";
+import { loadMlp, mlpBuffers, mlpProgram, type MlpWeights, mlpWidths } from "./blocks/mlp.ts";
+import { layerPrefix } from "./tensors.ts";
+
+/** Weight storage on the GPU: floats, or 8 / 4-bit groups of 32 quantised at load. */
+export type WeightsOption = WeightType | QuantType;
+
+export interface LoadOptions {
+  /**
+   * Weight storage on the GPU. Default: "f16" where the GPU has shader-f16, else "f32" (exact against
+   * the fixtures). "q8" / "q4" quantise every matrix at load (kernels/quant.ts), norms staying f32; a
+   * matrix whose rows are not a multiple of 32 stays f16 (f32 without shader-f16).
+   */
+  weights?: WeightsOption;
+  /** Layers [start, end) this part runs. Default: all. */
+  layers?: [number, number];
+  /** Whether this part embeds tokens (the first stage). Default: layers start at 0. */
+  embed?: boolean;
+  /** Whether this part applies the final norm, head and sampler (the last stage). Default: layers end at L. */
+  head?: boolean;
+  /** Called after each tensor is on the GPU, with bytes read so far and in all. */
+  onProgress?: (done: number, total: number) => void;
+}
+
+/** The default weight storage on this GPU: f16 where shader-f16 exists, else f32. */
+export function defaultWeights(gpu: Gpu): WeightType {
+  return gpu.hasF16 ? "f16" : "f32";
+}
+
+interface LayerWeights {
+  attention: GqaWeights;
+  ffn: MlpWeights;
+}
+
+/**
+ * RoPE inverse frequencies as transformers uses them for this checkpoint. transformers keeps them in a
+ * module buffer, which is cast with the model: a model cast to bf16 (or f16) rounds its inverse
+ * frequencies to that dtype, and the reference outputs (fixtures/README.md) are computed that way.
+ * So for a checkpoint whose torch_dtype is bfloat16 / float16 we round them the same way.
+ */
+export function ropeInvFreqAsStored(c: ModelConfig, headDim: number): Float32Array {
+  const inv = ropeInvFreq(headDim, c.rope.theta, c.rope.scaling);
+  if (c.torchDtype === "bfloat16") return bf16ToF32(f32ToBf16(inv));
+  if (c.torchDtype === "float16") return f16ToF32(f32ToF16(inv));
+  return inv;
+}
+
+/** Weights of one part (or the whole model) resident on the GPU. */
+export class Model {
+  private constructor(
+    readonly gpu: Gpu,
+    readonly config: ModelConfig,
+    readonly part: ModelPart,
+    /** The weight storage asked for (a matrix may differ: see typeOf). */
+    readonly weightType: WeightsOption,
+    /** Storage of the norm weights. */
+    readonly normType: WeightType,
+    private readonly types: Map<GPUBuffer, WeightsOption>,
+    readonly embedTable: GPUBuffer | null,
+    readonly layers: LayerWeights[],
+    readonly finalNorm: GPUBuffer | null,
+    readonly lmHead: GPUBuffer | null,
+    /** Bytes of weights on the GPU. */
+    readonly weightBytes: number,
+  ) {}
+
+  get hasEmbed(): boolean {
+    return this.part.embed;
+  }
+
+  get hasHead(): boolean {
+    return this.part.head;
+  }
+
+  /** What the blocks need of the model. */
+  get context(): BlockContext {
+    return {
+      gpu: this.gpu,
+      normType: this.normType,
+      typeOf: (b) => this.typeOf(b),
+      eps: this.config.rmsNormEps,
+    };
+  }
+
+  /** How a weight buffer of this model is stored. */
+  typeOf(buf: GPUBuffer): WeightsOption {
+    const t = this.types.get(buf);
+    if (!t) throw new Error(`buffer ${buf.label} is not one of this model's weights`);
+    return t;
+  }
+
+  /** Reads this part's tensors (only their byte ranges), checking every shape first, and uploads them. */
+  static async load(gpu: Gpu, ckpt: Checkpoint, opts: LoadOptions = {}): Promise<Model> {
+    const c = ckpt.config;
+    const wt = opts.weights ?? defaultWeights(gpu);
+    if (wt === "f16" && !gpu.hasF16) {
+      throw new RangeError(`f16 weights need shader-f16, which ${gpu.adapterName} lacks`);
+    }
+    const layers = opts.layers ?? [0, c.numLayers];
+    if (!(layers[0] >= 0 && layers[0] <= layers[1] && layers[1] <= c.numLayers)) {
+      throw new RangeError(`layer range [${layers}] is outside the model's ${c.numLayers} layers`);
+    }
+    // A config that claims more layers than the weights hold fails here, before anything is built for it.
+    if (c.numLayers > ckpt.layersStored()) {
+      throw new CheckpointError(
+        `${ckpt.dir}: config.json says num_hidden_layers = ${c.numLayers}, but the weights hold ${ckpt.layersStored()} layers`,
+      );
+    }
+    const part: ModelPart = {
+      layers,
+      embed: opts.embed ?? layers[0] === 0,
+      head: opts.head ?? layers[1] === c.numLayers,
+    };
+    const wanted = tensorShapes(c, part);
+    let total = 0;
+    for (const [name, shape] of wanted) {
+      const info = ckpt.info(name);
+      if (info.shape.join() !== shape.join()) {
+        throw new CheckpointError(
+          `tensor ${name} has shape [${info.shape}], expected [${shape}] from config.json`,
+        );
+      }
+      total += info.end - info.begin;
+    }
+    const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
+    let done = 0;
+    let gpuBytes = 0;
+    const types = new Map<GPUBuffer, WeightsOption>();
+    const normType: WeightType = isQuant(wt) ? "f32" : wt;
+    const floatType: WeightType = gpu.hasF16 ? "f16" : "f32";
+    const read: TensorReader = async (names, K, vector = "norm") => {
+      const as = K === undefined
+        ? (vector === "f32" ? "f32" : normType)
+        : !isQuant(wt)
+        ? wt
+        : quantFits(K)
+        ? wt
+        : floatType;
+      const f16 = as === "f16";
+      const parts = await Promise.all(names.map((n) => f16 ? ckpt.readF16(n) : ckpt.readF32(n)));
+      const length = parts.reduce((s, p) => s + p.length, 0);
+      let all: Uint16Array | Float32Array | Uint8Array = f16
+        ? new Uint16Array(length)
+        : new Float32Array(length);
+      let at = 0;
+      for (const p of parts) {
+        all.set(p, at);
+        at += p.length;
+      }
+      if (isQuant(as)) all = quantize(all as Float32Array, { N: length / K!, K: K! }, as);
+      if (all.byteLength > maxBinding) {
+        throw new RangeError(
+          `${names.join("+")} needs ${all.byteLength} bytes on the GPU, above ${gpu.adapterName}'s largest ` +
+            `binding (${maxBinding})${wt === "f32" ? "; try 16-bit weights" : ""}`,
+        );
+      }
+      for (const n of names) done += ckpt.info(n).end - ckpt.info(n).begin;
+      gpuBytes += all.byteLength;
+      const buf = uploadBuffer(gpu, all, names[0]);
+      types.set(buf, as);
+      opts.onProgress?.(done, total);
+      return buf;
+    };
+    const H = c.hiddenSize;
+    // A tied embedding table is the head too, the largest matrix: it is quantised like the others.
+    const embedTable = wanted.has("model.embed_tokens.weight")
+      ? await read(["model.embed_tokens.weight"], H)
+      : null;
+    const lw: LayerWeights[] = [];
+    for (let i = layers[0]; i < layers[1]; i++) {
+      const spec = c.layer(i);
+      const p = layerPrefix(i);
+      lw.push({
+        attention: await loadGqa(read, spec.attention, H, p),
+        ffn: await loadMlp(read, spec.ffn, H, p),
+      });
+    }
+    const finalNorm = part.head ? await read(["model.norm.weight"]) : null;
+    const lmHead = part.head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"], H)) : null;
+    return new Model(gpu, c, part, wt, normType, types, embedTable, lw, finalNorm, lmHead, gpuBytes);
+  }
+
+  /** Starts a sequence (one request): its KV cache for `maxSeq` positions and working buffers. */
+  newSequence(opts: { maxSeq: number; sampling: SamplingOptions; maxChunk?: number }): Sequence {
+    return new Sequence(this, opts);
+  }
+
+  /** KV-cache bytes one position costs on this part (all its layers). */
+  kvBytesPerToken(): number {
+    let n = 0;
+    for (let i = this.part.layers[0]; i < this.part.layers[1]; i++) {
+      const a = this.config.layer(i).attention;
+      n += 2 * a.kvHeads * a.headDim * 4;
+    }
+    return n;
+  }
+
+  destroy(): void {
+    const bufs = new Set<GPUBuffer>();
+    for (const b of [this.embedTable, this.finalNorm, this.lmHead]) if (b) bufs.add(b);
+    for (const l of this.layers) {
+      for (const b of [...gqaBuffers(l.attention), ...mlpBuffers(l.ffn)]) bufs.add(b);
+    }
+    for (const b of bufs) b.destroy();
+  }
+}
+
+/** What a program ends with: nothing (hidden state stays in `x`), sampled token, or logits of every row. */
+export type ProgramOutput = "hidden" | "sample" | "logits";
+
+/** One request's state on one part: KV cache, activations, the token buffer, and cached programs. */
+export class Sequence {
+  readonly maxSeq: number;
+  /** Largest number of tokens per prefill step. */
+  readonly maxChunk: number;
+  /** Token ids by position (the sampler writes position p + 1's token while computing position p). */
+  readonly tokens: GPUBuffer;
+  /** The step uniform (pos0, T, tok_out). */
+  readonly step: GPUBuffer;
+  /** Hidden state [maxChunk, H]: a stage's input when it does not embed, its output when it has no head. */
+  readonly x: GPUBuffer;
+  /** Logits [maxChunk, V] (row 0 only when sampling). */
+  readonly logits: GPUBuffer | null;
+  /** Bytes of this sequence's KV cache. */
+  readonly kvBytes: number;
+  private readonly buffers: GPUBuffer[] = [];
+  private readonly caches: GqaCache[] = [];
+  private readonly act: Record<"xn" | "qkv" | "att" | "gu" | "a", GPUBuffer>;
+  private readonly ropeTable: GPUBuffer;
+  private readonly programs = new Map<string, KernelCall[]>();
+  private destroyed = false;
+
+  constructor(
+    readonly model: Model,
+    private readonly opts: { maxSeq: number; sampling: SamplingOptions; maxChunk?: number },
+  ) {
+    const { gpu, config: c } = model;
+    if (!(Number.isInteger(opts.maxSeq) && opts.maxSeq >= 1)) {
+      throw new RangeError(`maxSeq must be >= 1, got ${opts.maxSeq}`);
+    }
+    if (opts.maxSeq > c.maxPositionEmbeddings) {
+      throw new RangeError(
+        `context of ${opts.maxSeq} tokens exceeds the model's ${c.maxPositionEmbeddings} positions`,
+      );
+    }
+    this.maxSeq = opts.maxSeq;
+    const H = c.hiddenSize, V = c.vocabSize;
+    // Widths of the per-layer scratch: the widest layer of this part decides.
+    const specs = Array.from(
+      { length: model.part.layers[1] - model.part.layers[0] },
+      (_, i) => c.layer(model.part.layers[0] + i),
+    );
+    const widths = { qkv: 1, att: 1, gu: 1, a: 1 };
+    for (const s of specs) {
+      const g = gqaWidths(s.attention), m = mlpWidths(s.ffn);
+      widths.qkv = Math.max(widths.qkv, g.qkv);
+      widths.att = Math.max(widths.att, g.att);
+      widths.gu = Math.max(widths.gu, m.gu);
+      widths.a = Math.max(widths.a, m.a);
+    }
+    const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
+    const rowBytes = Math.max(model.hasHead ? V : 1, widths.gu, widths.qkv, H) * 4;
+    this.maxChunk = Math.max(
+      1,
+      Math.min(opts.maxChunk ?? 128, opts.maxSeq, Math.floor(maxBinding / rowBytes)),
+    );
+    const C = this.maxChunk;
+    const buf = (bytes: number, label: string) => {
+      const b = storageBuffer(gpu, bytes, label);
+      this.buffers.push(b);
+      return b;
+    };
+    this.tokens = buf((this.maxSeq + 1) * 4, "tokens");
+    this.step = createStepBuffer(gpu);
+    this.x = buf(C * H * 4, "x");
+    this.act = {
+      xn: buf(C * H * 4, "xn"),
+      qkv: buf(C * widths.qkv * 4, "qkv"),
+      att: buf(C * widths.att * 4, "att"),
+      gu: buf(C * widths.gu * 4, "gu"),
+      a: buf(C * widths.a * 4, "a"),
+    };
+    this.logits = model.hasHead ? buf(C * V * 4, "logits") : null;
+    let kvBytes = 0;
+    for (const s of specs) {
+      const { cache, bytes } = gqaCache(model.context, s.attention, this.maxSeq);
+      this.caches.push(cache);
+      this.buffers.push(cache.k, cache.v);
+      kvBytes += bytes;
+    }
+    this.kvBytes = kvBytes;
+    // Every layer of the GQA families shares one head_dim, so one RoPE table serves the part.
+    const headDim = specs[0]?.attention.headDim ?? 2;
+    this.ropeTable = uploadBuffer(gpu, ropeTable(ropeInvFreqAsStored(c, headDim), this.maxSeq), "rope");
+    this.buffers.push(this.ropeTable);
+  }
+
+  /**
+   * The kernel calls for a step of T tokens (built once per (T, output) and reused), ending as `output`
+   * says: "sample" writes the next token into `tokens`; "logits" fills `logits` for all T rows;
+   * "hidden" leaves the hidden state in `x` for the next stage.
+   */
+  program(T: number, output: ProgramOutput, opts: { embed?: boolean } = {}): KernelCall[] {
+    if (this.destroyed) throw new Error("sequence was released");
+    if (!(T >= 1 && T <= this.maxChunk)) {
+      throw new RangeError(`step of ${T} tokens; at most ${this.maxChunk}`);
+    }
+    const embed = opts.embed ?? this.model.hasEmbed;
+    const key = `${T}/${output}/${embed}`;
+    let calls = this.programs.get(key);
+    if (calls) return calls;
+    const m = this.model;
+    const { gpu, config: c, normType } = m;
+    const ctx = m.context;
+    const wt = (b: GPUBuffer) => m.typeOf(b);
+    const { step, x, tokens } = this;
+    const { xn, qkv, att, gu, a } = this.act;
+    const H = c.hiddenSize, V = c.vocabSize;
+    calls = [];
+    if (embed) {
+      if (!m.embedTable) throw new Error("this stage has no embedding");
+      calls.push(embedCall(gpu, { step, tokens, table: m.embedTable, x }, {
+        hidden: H,
+        vocab: V,
+        T,
+        weights: wt(m.embedTable),
+      }));
+    }
+    m.layers.forEach((l, i) => {
+      const spec = c.layer(m.part.layers[0] + i);
+      // Decode-sized steps use the fused GEMVs (the norm folded in); prefill and odd shapes the plain kernels.
+      const fused = T <= GEMV_MAX_T &&
+        [H, gqaWidths(spec.attention).att, mlpWidths(spec.ffn).a].every(gemvFusedFits);
+      const d = { hidden: H, T, fused };
+      const common = { step, x, xn };
+      calls!.push(
+        ...gqaProgram(ctx, spec.attention, l.attention, this.caches[i], {
+          ...common,
+          qkv,
+          att,
+          rope: this.ropeTable,
+          maxSeq: this.maxSeq,
+        }, d),
+        ...mlpProgram(ctx, spec.ffn, l.ffn, { ...common, gu, a }, d),
+      );
+    });
+    if (output !== "hidden") {
+      const { finalNorm, lmHead } = m;
+      if (!finalNorm || !lmHead || !this.logits) throw new Error("this stage has no head");
+      const rows = output === "logits" ? T : 1;
+      const srcRow0 = output === "logits" ? 0 : T - 1;
+      const eps = c.rmsNormEps;
+      if (gemvFusedFits(H) && rows <= GEMV_MAX_T) {
+        calls.push(gemvFusedCall(gpu, { x, w: lmHead, y: this.logits, normWeight: finalNorm }, {
+          K: H,
+          N: V,
+          T: rows,
+          xRow0: srcRow0,
+          weights: wt(lmHead),
+          normWeights: normType,
+          transform: "rmsnorm",
+          eps,
+        }));
+      } else {
+        calls.push(
+          rmsnormCall(gpu, { x, w: finalNorm, y: xn }, { hidden: H, rows, eps, srcRow0, weights: normType }),
+          matmulCall(gpu, { x: xn, w: lmHead, y: this.logits }, { K: H, N: V, T: rows, weights: wt(lmHead) }),
+        );
+      }
+      if (output === "sample") {
+        calls.push(
+          ...sampleCalls(gpu, { step, logits: this.logits, tokens }, { vocab: V, ...this.opts.sampling }),
+        );
+      }
+    }
+    this.programs.set(key, calls);
+    return calls;
+  }
+
+  /** Frees the KV cache and working buffers (teardown). Safe to call twice. */
+  destroy(): void {
+    if (this.destroyed) return;
+    this.destroyed = true;
+    for (const b of this.buffers) b.destroy();
+    for (const calls of this.programs.values()) releaseCalls(calls, this.step);
+    this.step.destroy();
+    this.programs.clear();
+  }
+}

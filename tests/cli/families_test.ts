@@ -1,0 +1,40 @@
+// Every dense family through the CLI against transformers' references (fixtures/README.md): Qwen2 (q/k/v
+// biases) and Qwen3 (q/k norms, decoupled head_dim) on one node and through --local 1 and 3 chains (f32
+// weights and wire: exact), and with f16 weights (same tokens). The copies in tests/fixtures serve CI.
+import assert from "node:assert/strict";
+import { fixtureDir } from "../fixtures.ts";
+import { checkFixture, FIXTURE_TOLERANCE } from "../../scripts/check_fixture.ts";
+import { getGpu, NoGpuError } from "../../kernels/mod.ts";
+
+const hasGpu = await getGpu().then((g) => g, (e) => {
+  if (e instanceof NoGpuError) return null;
+  throw e;
+});
+if (!hasGpu) console.log("skipped: family acceptance tests (no WebGPU adapter)");
+const slow = { sanitizeOps: false, sanitizeResources: false, ignore: !hasGpu };
+
+for (const name of ["qwen2-tiny", "qwen3-tiny"]) {
+  const dir = fixtureDir(name, { needs: "reference.safetensors" })!;
+  for (const local of [undefined, 1, 3]) {
+    const where = local ? `--local ${local}` : "one node";
+    Deno.test(
+      { name: `${name} (${where}): reference tokens and logits within 1e-4 (f32)`, ...slow },
+      async () => {
+        const r = await checkFixture(dir, { local, weights: "f32" });
+        assert.deepEqual(r.generated, r.expected, "greedy tokens");
+        assert.ok(r.logitsError <= 1e-4, `logits error ${r.logitsError}`);
+      },
+    );
+  }
+  Deno.test({
+    name: `${name} (one node): f16 weights keep the reference tokens${
+      hasGpu?.hasF16 ? "" : " (skipped: no shader-f16)"
+    }`,
+    ...slow,
+    ignore: !hasGpu?.hasF16,
+  }, async () => {
+    const r = await checkFixture(dir, { weights: "f16" });
+    assert.deepEqual(r.generated, r.expected, "greedy tokens");
+    assert.ok(r.logitsError <= FIXTURE_TOLERANCE.f16, `logits error ${r.logitsError}`);
+  });
+}

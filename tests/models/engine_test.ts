@@ -1,0 +1,199 @@
+// The decode engine's contract on real models: batched readbacks stop exactly at eos, max tokens is exact,
+// a request's sequence is released, every family's step path (what a pipeline stage runs) gives the same
+// tokens as the loop, parts of the model chained by hand give the whole model's logits, and a long
+// prompt's prefill leaves the event loop free between chunks.
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { fixtureDir } from "../fixtures.ts";
+import { getGpu, NoGpuError } from "../../kernels/mod.ts";
+import { Checkpoint } from "../../models/checkpoint.ts";
+import { Engine, generate, loadEngine, NonFiniteLogitsError, wholeModel } from "../../models/engine.ts";
+import { Model } from "../../models/model.ts";
+import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
+
+const gpu = await getGpu().catch((e) => {
+  if (e instanceof NoGpuError) return null;
+  throw e;
+});
+if (!gpu) console.log("skipped: engine tests (no WebGPU adapter)");
+const ignore = !gpu;
+const greedy = { temperature: 0, topP: 1, seed: 0 };
+
+async function reference(dir: string) {
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  return {
+    prompt: ref.tokens.slice(0, ref.prompt_length) as number[],
+    cont: ref.tokens.slice(ref.prompt_length) as number[],
+  };
+}
+
+Deno.test(
+  { name: "generation stops exactly at an eos id and at max tokens, whatever the batching", ignore },
+  async () => {
+    const { prompt, cont } = await reference(fixtureDir("llama-micro")!);
+    const engine = await loadEngine(fixtureDir("llama-micro")!, { gpu: gpu!, weights: "f32" });
+    try {
+      for (const maxBatch of [1, 3, 16]) {
+        // The 5th generated token as eos: output ends with it, even though later steps were already queued.
+        const stopAt = cont.indexOf(cont[4]);
+        const r = await generate(engine, prompt, {
+          maxTokens: 12,
+          sampling: greedy,
+          eosTokenIds: [cont[4]],
+          maxBatch,
+        });
+        assert.deepEqual(r.tokens, cont.slice(0, stopAt + 1));
+        assert.equal(r.stopReason, "eos");
+        for (const n of [1, 2, 7]) {
+          const m = await generate(engine, prompt, { maxTokens: n, sampling: greedy, maxBatch });
+          assert.deepEqual(m.tokens, cont.slice(0, n));
+          assert.equal(m.stopReason, "max_tokens");
+        }
+      }
+      // An aborted request stops at a batch boundary and says so.
+      const abort = new AbortController();
+      const r = await generate(engine, prompt, {
+        maxTokens: 12,
+        sampling: greedy,
+        signal: abort.signal,
+        onTokens: () => abort.abort(),
+      });
+      assert.equal(r.stopReason, "aborted");
+      assert.ok(r.tokens.length >= 1 && r.tokens.length < 12);
+      assert.deepEqual(r.tokens, cont.slice(0, r.tokens.length));
+      assert.equal(engine.stats().active, 0, "every request was released");
+    } finally {
+      engine.close();
+    }
+  },
+);
+
+for (const name of ["qwen2-tiny", "qwen3-tiny", "llama-micro"]) {
+  Deno.test({ name: `${name}: the step path and the loop give the reference tokens`, ignore }, async () => {
+    const dir = fixtureDir(name)!;
+    const { prompt, cont } = await reference(dir);
+    const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+    try {
+      const loop = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy });
+      assert.deepEqual(loop.tokens, cont);
+      // One step at a time, as a one-stage chain without the loop would: prefill in chunks of 4, then tokens.
+      engine.open("steps", { maxSeq: prompt.length + cont.length, sampling: greedy, maxChunk: 4 });
+      let token = -1;
+      for (let p = 0; p < prompt.length; p += 4) {
+        const T = Math.min(4, prompt.length - p);
+        const last = p + T >= prompt.length;
+        const r = await engine.run("steps", {
+          pos0: p,
+          T,
+          tokens: Uint32Array.from(prompt.slice(p, p + T)),
+          output: last ? "sample" : "hidden",
+        });
+        if (last) token = r.token!;
+      }
+      const out = [token];
+      while (out.length < cont.length) {
+        const pos = prompt.length + out.length - 1;
+        out.push(
+          (await engine.run("steps", { pos0: pos, T: 1, tokens: Uint32Array.of(token), output: "sample" }))
+            .token!,
+        );
+        token = out.at(-1)!;
+      }
+      assert.deepEqual(out, cont);
+      assert.ok(engine.release("steps"));
+    } finally {
+      engine.close();
+    }
+  });
+}
+
+Deno.test(
+  { name: "three parts of qwen3-tiny chained by hand give the whole model's logits", ignore },
+  async () => {
+    const dir = fixtureDir("qwen3-tiny")!;
+    const { prompt } = await reference(dir);
+    const ckpt = await Checkpoint.open(dir);
+    const L = ckpt.config.numLayers;
+    const whole = new Engine(wholeModel(L), await Model.load(gpu!, ckpt, { weights: "f32" }));
+    const roles = [
+      { index: 0, stages: 3, layers: [0, 1] as [number, number], embeds: true, head: false },
+      { index: 1, stages: 3, layers: [1, 2] as [number, number], embeds: false, head: false },
+      { index: 2, stages: 3, layers: [2, L] as [number, number], embeds: false, head: true },
+    ];
+    const parts = await Promise.all(
+      roles.map((role) => loadEngine(dir, { gpu: gpu!, role, weights: "f32" })),
+    );
+    try {
+      const want = await whole.logits(prompt);
+      const T = prompt.length;
+      for (const p of parts) p.open("r", { maxSeq: T, sampling: greedy });
+      let hidden =
+        (await parts[0].run("r", { pos0: 0, T, tokens: Uint32Array.from(prompt), output: "hidden" }))
+          .hidden!;
+      hidden = (await parts[1].run("r", { pos0: 0, T, hidden, output: "hidden" })).hidden!;
+      const got = (await parts[2].run("r", { pos0: 0, T, hidden, output: "logits" })).logits!;
+      let worst = 0;
+      for (let i = 0; i < want.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]));
+      assert.ok(worst < 1e-5, `worst |difference| ${worst}`);
+      for (const p of parts) assert.equal(p.stats().active, 1);
+    } finally {
+      whole.close();
+      for (const p of parts) p.close();
+    }
+  },
+);
+
+Deno.test({ name: "a long prefill yields to the event loop between chunks", ignore }, async () => {
+  const dir = fixtureDir("llama-micro")!;
+  const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+  try {
+    const prompt = Array.from({ length: 700 }, (_, i) => (i * 37 + 5) % 500);
+    let ticks = 0;
+    const timer = setInterval(() => ticks++, 0);
+    engine.open("long", { maxSeq: 702, sampling: greedy, maxChunk: 64 });
+    const r = await engine.generate("long", prompt, { maxTokens: 2, eos: [] });
+    clearInterval(timer);
+    assert.equal(r.tokens.length, 2);
+    assert.ok(ticks >= 5, `timers ran ${ticks} times during an 11-chunk prefill`);
+    // Released mid-prefill: the loop stops at the next chunk and says so.
+    engine.open("cut", { maxSeq: 702, sampling: greedy, maxChunk: 64 });
+    const cut = engine.generate("cut", prompt, { maxTokens: 2, eos: [] });
+    setTimeout(() => engine.release("cut"), 0);
+    assert.equal((await cut).stopReason, "aborted");
+    assert.equal(engine.stats().active, 1);
+  } finally {
+    engine.close();
+  }
+});
+
+Deno.test({ name: "NaN weights fail with a message that names non-finite logits", ignore }, async () => {
+  const src = fixtureDir("llama-micro")!;
+  const dir = await Deno.makeTempDir();
+  try {
+    const header = await readSafetensorsHeader(join(src, "model.safetensors"));
+    const tensors = [];
+    for (const [name, info] of header) {
+      const data = (await readTensorBytes(info)).slice();
+      if (name === "model.norm.weight") new Float32Array(data.buffer).fill(NaN);
+      tensors.push({ name, dtype: info.dtype, shape: info.shape, data });
+    }
+    await writeSafetensors(join(dir, "model.safetensors"), tensors);
+    await Deno.copyFile(join(src, "config.json"), join(dir, "config.json"));
+    const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+    try {
+      await assert.rejects(
+        generate(engine, [1, 2, 3], { maxTokens: 3, sampling: greedy }),
+        (e: Error) => e instanceof NonFiniteLogitsError && /non-finite logits/.test(e.message),
+      );
+      engine.open("s", { maxSeq: 8, sampling: greedy });
+      await assert.rejects(
+        engine.run("s", { pos0: 0, T: 3, tokens: Uint32Array.of(1, 2, 3), output: "sample" }),
+        NonFiniteLogitsError,
+      );
+    } finally {
+      engine.close();
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
