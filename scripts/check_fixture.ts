@@ -43,13 +43,15 @@ export type FixtureWeights = "f32" | "f16" | "q8" | "q4";
 
 /**
  * Default logits tolerance (worst row's max |error| / max |logit|) by weight storage. f32: exact up to
- * accumulation order. f16: ~2e-3 measured. q8 / q4: measured on llama-micro and llama3-tiny (random
- * weights, docs/KERNELS.md): q8 3.0e-2 / 3.1e-2, q4 3.7e-1 / 4.5e-1; the bounds leave ~1.5x room for
- * other fixtures and accumulation orders. The q4 bound only catches gross errors; q4's kernels are
- * checked tightly against dequantised references (tests/kernels/matmul_quant_test.ts) and the whole q4
- * model against the same weights dequantised on the CPU (tests/scripts/quant_error_test.ts).
+ * accumulation order. f16: ~2e-3 measured. q8 / q4: measured on the H200 (2026-11-30, random weights,
+ * docs/KERNELS.md): q8 1.8e-2 .. 3.4e-2 on the Llama fixtures and qwen2-tiny, 5.4e-2 on qwen3-tiny (its
+ * weights are drawn 2.5x wider and its q/k norms rescale quantised q and k); q4 3.1e-1 .. 5.6e-1, and
+ * 8.2e-1 on qwen3-tiny. The bounds leave ~1.5x room over the worst. The q4 bound only catches gross
+ * errors; q4's kernels are checked tightly against dequantised references (tests/kernels/
+ * matmul_quant_test.ts) and the whole q4 model against the same weights dequantised on the CPU
+ * (tests/scripts/quant_error_test.ts).
  */
-export const FIXTURE_TOLERANCE: Record<FixtureWeights, number> = { f32: 1e-4, f16: 2e-2, q8: 5e-2, q4: 0.7 };
+export const FIXTURE_TOLERANCE: Record<FixtureWeights, number> = { f32: 1e-4, f16: 2e-2, q8: 8e-2, q4: 1.2 };
 
 export interface FixtureCheck {
   tokensMatch: boolean;

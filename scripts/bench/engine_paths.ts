@@ -1,0 +1,59 @@
+// The one decode engine on its three paths, through the CLI: a single node, a one-stage chain
+// (`--local 1`: the same engine behind a node process, its decode loop closed on the GPU) and an N-stage
+// chain (`--local N`: one step and one hop per stage per token). Prints one JSON line per path with the
+// median tok/s of `--rounds` runs and its ratio to the single node's, so the claim "a one-stage chain is
+// the single-node engine" is a number anyone can rerun:
+//   deno run -A scripts/bench/engine_paths.ts [--model DIR] [--stages 5] [--max-tokens 64] [--rounds 3]
+//     [--weights auto] [--swactor path/to/main.ts]   (another checkout's main.ts: "before" numbers)
+import { parseArgs } from "node:util";
+import { fileURLToPath } from "node:url";
+import { ensureDemoModel } from "../../models/demo.ts";
+
+const { values } = parseArgs({
+  args: Deno.args,
+  options: {
+    model: { type: "string" },
+    stages: { type: "string", default: "5" },
+    "max-tokens": { type: "string", default: "64" },
+    rounds: { type: "string", default: "3" },
+    weights: { type: "string", default: "auto" },
+    swactor: { type: "string", default: fileURLToPath(new URL("../../main.ts", import.meta.url)) },
+  },
+});
+const model = values.model ?? await ensureDemoModel();
+const maxTokens = values["max-tokens"]!;
+const prompt = Array.from({ length: 16 }, (_, i) => (i * 7919 + 13) % 1000).join(",");
+
+async function run(extra: string[]): Promise<number> {
+  const args = ["run", "-A", "--quiet", values.swactor!, "generate", "--model", model, "--tokens", prompt];
+  args.push("--max-tokens", maxTokens, "--temperature", "0", "--json", ...extra);
+  if (values.weights !== "auto") args.push("--weights", values.weights!);
+  const out = await new Deno.Command(Deno.execPath(), { args, stdin: "null", stderr: "piped" }).output();
+  const text = new TextDecoder().decode(out.stdout);
+  if (out.code !== 0) throw new Error(`generate ${extra.join(" ")} exited ${out.code}: ${new TextDecoder().decode(out.stderr)}`);
+  return JSON.parse(text).tok_s;
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const paths: [string, string[]][] = [
+  ["single node", []],
+  ["--local 1", ["--local", "1"]],
+  [`--local ${values.stages}`, ["--local", values.stages!, "--wire", "f16"]],
+];
+let single = 0;
+for (const [path, extra] of paths) {
+  const runs: number[] = [];
+  for (let r = 0; r < Number(values.rounds); r++) runs.push(await run(extra));
+  const tokS = median(runs);
+  if (path === "single node") single = tokS;
+  console.log(JSON.stringify({
+    bench: "engine-paths",
+    swactor: values.swactor,
+    model,
+    path,
+    max_tokens: Number(maxTokens),
+    tok_s: tokS,
+    runs,
+    ratio_to_single_node: Number((tokS / single).toFixed(3)),
+  }));
+}
