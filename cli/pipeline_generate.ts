@@ -12,7 +12,7 @@ import {
   type TokenEvent,
   type TokenTimings,
 } from "../node/stage/mod.ts";
-import { apiFetch } from "./api_client.ts";
+import { apiFetch } from "../node/api/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
 import { UsageError } from "./command.ts";
 
