@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { membershipConfig, test as testPreset } from "../../../node/membership/mod.ts";
 import { encodeMessage, packPacket } from "../../../node/membership/messages.ts";
-import { SimCluster, type SimNode } from "../../../scripts/sim/cluster.ts";
+import { SimCluster, type SimNode } from "../../support/sim_cluster.ts";
 
 const config = membershipConfig({}, testPreset);
 const live = (c: SimCluster) => c.nodes.filter((n) => c.up(n));
