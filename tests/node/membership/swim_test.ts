@@ -131,3 +131,25 @@ Deno.test("a member that missed a newcomer's alive broadcasts learns it from the
   assert.ok(t !== undefined, "deaf did not learn the newcomer");
   assert.ok(deaf.membership.stats.strangerPulls >= 1);
 });
+
+Deno.test("a gossip round sends each broadcast once per target, so its transmits reach distinct members", () => {
+  // 3 members, retransmitMult 2: a broadcast's limit is 2 transmits, which one round spends on the 2 others.
+  const c = new SimCluster({
+    n: 3,
+    config: membershipConfig({ retransmitMult: 2, gossipNodes: 3 }, testPreset),
+  });
+  c.joinAll();
+  assert.ok(c.clock.runUntilTrue(() => c.converged(), { stepMs: 20, maxMs: 30_000 }) !== undefined);
+  const got = new Map<string, number>();
+  const handles = c.nodes.map((n) =>
+    n.membership.addDelegate("probe-news", {
+      localState: () => undefined,
+      mergeRemoteState: () => {},
+      notifyMsg: () => void got.set(n.id, (got.get(n.id) ?? 0) + 1),
+    })
+  );
+  handles[0].broadcast("k", new Uint8Array([1]));
+  c.nodes[0].membership.gossip();
+  c.clock.advance(10);
+  assert.deepEqual(Object.fromEntries(got), { [c.nodes[1].id]: 1, [c.nodes[2].id]: 1 });
+});
