@@ -4,19 +4,16 @@
 // cancellation (every stage frees its KV cache) and a stage killed with SIGKILL (a clear error in seconds).
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { fixtureDir, skipped } from "../fixtures.ts";
+import { fixtureDir } from "../fixtures.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture } from "../../scripts/check_fixture.ts";
-import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 import { startLocalCluster } from "../../cli/local_cluster.ts";
 import { PipelineError } from "../../node/stage/mod.ts";
 
-const hasGpu = await getGpu().then(() => true, (e) => {
-  if (e instanceof NoGpuError) return false;
-  throw e;
-});
-if (!hasGpu) console.log("skipped: pipeline acceptance tests (no WebGPU adapter)");
+const GPU = "a WebGPU adapter";
+const hasGpu = await gpuAvailable();
 const tiny = fixtureDir("llama3-tiny", { needs: "reference.safetensors" });
-const slow = { sanitizeOps: false, sanitizeResources: false, ignore: !hasGpu };
+const slow = { sanitizeOps: false, sanitizeResources: false };
 
 async function check(dir: string, local: number) {
   const r = await checkFixture(dir, { local });
@@ -25,13 +22,18 @@ async function check(dir: string, local: number) {
 }
 
 Deno.test({
-  name: "pipeline: llama-micro on 3 nodes (one embeds only): reference tokens and logits",
+  ...needs("pipeline: llama-micro on 3 nodes (one embeds only): reference tokens and logits", {
+    [GPU]: hasGpu,
+  }),
   ...slow,
 }, async () => {
   await check(fixtureDir("llama-micro", { needs: "reference.safetensors" })!, 3);
 });
 
-Deno.test({ name: "pipeline: --trace writes every step's stage spans and wire hops", ...slow }, async () => {
+Deno.test({
+  ...needs("pipeline: --trace writes every step's stage spans and wire hops", { [GPU]: hasGpu }),
+  ...slow,
+}, async () => {
   const dir = fixtureDir("llama-micro", { needs: "reference.json" })!;
   const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
   const file = await Deno.makeTempFile({ suffix: ".json" });
@@ -72,28 +74,29 @@ Deno.test({ name: "pipeline: --trace writes every step's stage spans and wire ho
 });
 
 for (const n of [5, 2, 8]) {
-  Deno.test(
-    { name: `pipeline: llama3-tiny on ${n} nodes: reference tokens and logits within 1e-4`, ...slow },
-    async () => {
-      if (!tiny) {
-        skipped(`llama3-tiny --local ${n}`, "needs ../shared/fixtures/llama3-tiny");
-        return;
-      }
-      await check(tiny, n);
-    },
-  );
+  Deno.test({
+    ...needs(`pipeline: llama3-tiny on ${n} nodes: reference tokens and logits within 1e-4`, {
+      [GPU]: hasGpu,
+      "../shared/fixtures/llama3-tiny": tiny,
+    }),
+    ...slow,
+  }, async () => {
+    await check(tiny!, n);
+  });
 }
 
 Deno.test(
-  { name: "pipeline: one 5-node cluster: concurrency, cancellation, a stage killed", ...slow },
+  {
+    ...needs("pipeline: one 5-node cluster: concurrency, cancellation, a stage killed", {
+      [GPU]: hasGpu,
+      "../shared/fixtures/llama3-tiny": tiny,
+    }),
+    ...slow,
+  },
   async (t) => {
-    if (!tiny) {
-      skipped("llama3-tiny shared cluster", "needs ../shared/fixtures/llama3-tiny");
-      return;
-    }
-    const ref = JSON.parse(await Deno.readTextFile(join(tiny, "reference.json")));
+    const ref = JSON.parse(await Deno.readTextFile(join(tiny!, "reference.json")));
     const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
-    const cluster = await startLocalCluster(5, { modelDir: tiny, weights: "f32", log: () => {} });
+    const cluster = await startLocalCluster(5, { modelDir: tiny!, weights: "f32", log: () => {} });
     const { client } = cluster.pipeline;
     try {
       assert.equal(cluster.chain.nodes.length, 5);
