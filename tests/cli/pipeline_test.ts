@@ -9,6 +9,7 @@ import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture } from "../../scripts/check_fixture.ts";
 import { startLocalCluster } from "../../cli/local_cluster.ts";
 import { PipelineError } from "../../node/stage/mod.ts";
+import { runCli } from "./run.ts";
 
 const GPU = "a WebGPU adapter";
 const hasGpu = await gpuAvailable();
@@ -70,6 +71,35 @@ Deno.test({
     assert.ok(spans.every((e: { ts: number; dur: number }) => e.ts >= 0 && e.dur >= 0));
   } finally {
     await Deno.remove(file);
+  }
+});
+
+Deno.test({
+  name: "pipeline: a --plan naming more nodes than the cluster has exits 2, naming both counts",
+  ...slow,
+}, async () => {
+  const plan = await Deno.makeTempFile({ suffix: ".json" });
+  try {
+    const stage = (index: number, node: string, layers: number[]) => ({
+      index,
+      node,
+      layers,
+      embeds: index === 0,
+      head: index === 2,
+    });
+    await Deno.writeTextFile(
+      plan,
+      JSON.stringify({ stages: [stage(0, "a", [0, 1]), stage(1, "b", [1, 2]), stage(2, "c", [2, 2])] }),
+    );
+    const micro = fixtureDir("llama-micro")!;
+    const r = await runCli(
+      ["generate", "--local", "2", "--model", micro, "--tokens", "1,2,3", "--plan", plan],
+      { env: { SWACTOR_NO_GPU: "1" } },
+    );
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /swactor generate: the Plan names 3 nodes; the cluster has 2/);
+  } finally {
+    await Deno.remove(plan);
   }
 });
 
