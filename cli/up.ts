@@ -4,9 +4,9 @@ import { clearState, writeState } from "../node/state_file.ts";
 import { type Command, numberFlag, parseFlags } from "./command.ts";
 import { runNodeProcess } from "./node_process.ts";
 import { resolve } from "node:path";
-import { attachPipeline, publishPlan } from "./pipeline_node.ts";
+import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
-import type { PipelineNode } from "../node/stage/mod.ts";
+import { type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 
 export const up: Command = {
   name: "up",
