@@ -28,13 +28,3 @@ export function fixtureDir(name: string, opts: { needs?: string } = {}): string 
   }
   return null;
 }
-
-/**
- * Logs why a test is skipped; returns true so that `if (skip(...)) return;` reads naturally.
- * @deprecated A test that returns early is reported as passed. Use `ignore` with needs()
- * (tests/support/needs.ts). Still called from tests/models/ until those are converted.
- */
-export function skipped(test: string, why: string): true {
-  console.log(`skipped: ${test}: ${why}`);
-  return true;
-}

@@ -30,7 +30,11 @@ async function run(extra: string[]): Promise<number> {
   if (values.weights !== "auto") args.push("--weights", values.weights!);
   const out = await new Deno.Command(Deno.execPath(), { args, stdin: "null", stderr: "piped" }).output();
   const text = new TextDecoder().decode(out.stdout);
-  if (out.code !== 0) throw new Error(`generate ${extra.join(" ")} exited ${out.code}: ${new TextDecoder().decode(out.stderr)}`);
+  if (out.code !== 0) {
+    throw new Error(
+      `generate ${extra.join(" ")} exited ${out.code}: ${new TextDecoder().decode(out.stderr)}`,
+    );
+  }
   return JSON.parse(text).tok_s;
 }
 

@@ -3,36 +3,29 @@
 // weights and wire: exact), and with f16 weights (same tokens). The copies in tests/fixtures serve CI.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
+import { needs } from "../support/needs.ts";
 import { checkFixture, FIXTURE_TOLERANCE } from "../../scripts/check_fixture.ts";
 import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 
-const hasGpu = await getGpu().then((g) => g, (e) => {
+const gpu = await getGpu().then((g) => g, (e) => {
   if (e instanceof NoGpuError) return null;
   throw e;
 });
-if (!hasGpu) console.log("skipped: family acceptance tests (no WebGPU adapter)");
-const slow = { sanitizeOps: false, sanitizeResources: false, ignore: !hasGpu };
+const slow = { sanitizeOps: false, sanitizeResources: false };
 
 for (const name of ["qwen2-tiny", "qwen3-tiny"]) {
   const dir = fixtureDir(name, { needs: "reference.safetensors" })!;
   for (const local of [undefined, 1, 3]) {
     const where = local ? `--local ${local}` : "one node";
-    Deno.test(
-      { name: `${name} (${where}): reference tokens and logits within 1e-4 (f32)`, ...slow },
-      async () => {
-        const r = await checkFixture(dir, { local, weights: "f32" });
-        assert.deepEqual(r.generated, r.expected, "greedy tokens");
-        assert.ok(r.logitsError <= 1e-4, `logits error ${r.logitsError}`);
-      },
-    );
+    const test = `${name} (${where}): reference tokens and logits within 1e-4 (f32)`;
+    Deno.test({ ...slow, ...needs(test, { "a WebGPU adapter": gpu }) }, async () => {
+      const r = await checkFixture(dir, { local, weights: "f32" });
+      assert.deepEqual(r.generated, r.expected, "greedy tokens");
+      assert.ok(r.logitsError <= 1e-4, `logits error ${r.logitsError}`);
+    });
   }
-  Deno.test({
-    name: `${name} (one node): f16 weights keep the reference tokens${
-      hasGpu?.hasF16 ? "" : " (skipped: no shader-f16)"
-    }`,
-    ...slow,
-    ignore: !hasGpu?.hasF16,
-  }, async () => {
+  const test = `${name} (one node): f16 weights keep the reference tokens`;
+  Deno.test({ ...slow, ...needs(test, { "a GPU with shader-f16": gpu?.hasF16 }) }, async () => {
     const r = await checkFixture(dir, { weights: "f16" });
     assert.deepEqual(r.generated, r.expected, "greedy tokens");
     assert.ok(r.logitsError <= FIXTURE_TOLERANCE.f16, `logits error ${r.logitsError}`);

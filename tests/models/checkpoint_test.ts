@@ -4,7 +4,8 @@ import { Checkpoint, openShards } from "../../models/checkpoint.ts";
 import { CheckpointError } from "../../models/errors.ts";
 import { tensorShapes } from "../../models/tensors.ts";
 import { writeSafetensors } from "../../models/safetensors.ts";
-import { fixtureDir, skipped } from "../fixtures.ts";
+import { fixtureDir } from "../fixtures.ts";
+import { needs } from "../support/needs.ts";
 
 async function rejects(p: Promise<unknown>, pattern: RegExp) {
   await assert.rejects(p, (e: Error) => {
@@ -48,31 +49,32 @@ Deno.test("llama-micro: every expected tensor with its shape, F32, and values re
 });
 
 const LLAMA3_TINY = fixtureDir("llama3-tiny", { needs: "model.safetensors" });
-if (!LLAMA3_TINY) skipped("llama3-tiny weights", "needs ../shared/fixtures/llama3-tiny");
-Deno.test({
-  name: "llama3-tiny: tied embeddings, GQA k/v shapes, BF16 converted to f32 and f16",
-  ignore: !LLAMA3_TINY,
-}, async () => {
-  const dir = LLAMA3_TINY!;
-  const ckpt = await Checkpoint.open(dir);
-  const want = tensorShapes(ckpt.config);
-  assert.equal(want.has("lm_head.weight"), false);
-  assert.deepEqual(new Set(ckpt.tensors.keys()), new Set(want.keys()));
-  for (const [name, shape] of want) assert.deepEqual(ckpt.info(name).shape, shape, name);
-  assert.deepEqual(ckpt.info("model.layers.3.self_attn.k_proj.weight").shape, [32, 64]);
-  const { dtype, bytes } = await ckpt.read("model.layers.0.self_attn.k_proj.weight");
-  assert.equal(dtype, "BF16");
-  const f32 = await ckpt.readF32("model.layers.0.self_attn.k_proj.weight");
-  const bits = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2);
-  for (let i = 0; i < 8; i++) {
-    assert.equal(
-      new Uint32Array(Float32Array.of(f32[i]).buffer)[0],
-      (bits[i] << 16) >>> 0,
-      "bf16 widening is exact",
-    );
-  }
-  assert.equal((await ckpt.readF16("model.norm.weight")).length, 64);
-});
+Deno.test(
+  needs("llama3-tiny: tied embeddings, GQA k/v shapes, BF16 converted to f32 and f16", {
+    "../shared/fixtures/llama3-tiny": LLAMA3_TINY,
+  }),
+  async () => {
+    const dir = LLAMA3_TINY!;
+    const ckpt = await Checkpoint.open(dir);
+    const want = tensorShapes(ckpt.config);
+    assert.equal(want.has("lm_head.weight"), false);
+    assert.deepEqual(new Set(ckpt.tensors.keys()), new Set(want.keys()));
+    for (const [name, shape] of want) assert.deepEqual(ckpt.info(name).shape, shape, name);
+    assert.deepEqual(ckpt.info("model.layers.3.self_attn.k_proj.weight").shape, [32, 64]);
+    const { dtype, bytes } = await ckpt.read("model.layers.0.self_attn.k_proj.weight");
+    assert.equal(dtype, "BF16");
+    const f32 = await ckpt.readF32("model.layers.0.self_attn.k_proj.weight");
+    const bits = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2);
+    for (let i = 0; i < 8; i++) {
+      assert.equal(
+        new Uint32Array(Float32Array.of(f32[i]).buffer)[0],
+        (bits[i] << 16) >>> 0,
+        "bf16 widening is exact",
+      );
+    }
+    assert.equal((await ckpt.readF16("model.norm.weight")).length, 64);
+  },
+);
 
 Deno.test("reads touch only the tensor's own bytes", async () => {
   await withDir(async (dir) => {
@@ -157,21 +159,22 @@ Deno.test("a truncated model.safetensors is refused when opened", async () => {
 });
 
 const KIMI_TINY = fixtureDir("kimi-k2-tiny", { needs: "model.safetensors.index.json" });
-if (!KIMI_TINY) skipped("sharded kimi-k2-tiny", "needs ../shared/fixtures/kimi-k2-tiny");
-Deno.test({
-  name: "kimi-k2-tiny: the index maps 5 shards; each tensor is read from its own shard",
-  ignore: !KIMI_TINY,
-}, async () => {
-  const dir = KIMI_TINY!;
-  const shards = await openShards(dir);
-  const index = JSON.parse(await Deno.readTextFile(join(dir, "model.safetensors.index.json")));
-  assert.equal(shards.files.length, 5);
-  assert.deepEqual(new Set(shards.tensors.keys()), new Set(Object.keys(index.weight_map)));
-  for (const [name, info] of shards.tensors) assert.equal(info.file, join(dir, index.weight_map[name]));
-  assert.deepEqual(shards.tensors.get("model.layers.0.self_attn.kv_b_proj.weight")!.shape, [128, 32]);
-  // Its config is deepseek_v3: Checkpoint.open refuses it by architecture, not by its shards.
-  await rejects(Checkpoint.open(dir), /unsupported architecture 'deepseek_v3' \(model_type\)/);
-});
+Deno.test(
+  needs("kimi-k2-tiny: the index maps 5 shards; each tensor is read from its own shard", {
+    "../shared/fixtures/kimi-k2-tiny": KIMI_TINY,
+  }),
+  async () => {
+    const dir = KIMI_TINY!;
+    const shards = await openShards(dir);
+    const index = JSON.parse(await Deno.readTextFile(join(dir, "model.safetensors.index.json")));
+    assert.equal(shards.files.length, 5);
+    assert.deepEqual(new Set(shards.tensors.keys()), new Set(Object.keys(index.weight_map)));
+    for (const [name, info] of shards.tensors) assert.equal(info.file, join(dir, index.weight_map[name]));
+    assert.deepEqual(shards.tensors.get("model.layers.0.self_attn.kv_b_proj.weight")!.shape, [128, 32]);
+    // Its config is deepseek_v3: Checkpoint.open refuses it by architecture, not by its shards.
+    await rejects(Checkpoint.open(dir), /unsupported architecture 'deepseek_v3' \(model_type\)/);
+  },
+);
 
 Deno.test("sharded layouts: index with a missing shard or a wrong mapping; shards without an index", async () => {
   await withDir(async (dir) => {

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { needs } from "../support/needs.ts";
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16, toF16Bits, toF32 } from "../../models/dtype.ts";
 import { CheckpointError } from "../../models/errors.ts";
 
@@ -110,25 +111,26 @@ Deno.test("toF32 and toF16Bits read unaligned byte slices and reject other dtype
 });
 
 const F16 = (globalThis as { Float16Array?: new (a: ArrayLike<number>) => ArrayBufferView }).Float16Array;
-if (!F16) console.log("skipped: no Float16Array in this runtime to compare f32ToF16 against");
-Deno.test({
-  name: "f32ToF16 agrees with the engine's Float16Array on random bit patterns of every exponent",
-  ignore: !F16,
-}, () => {
-  let seed = 12345;
-  const bits = Uint32Array.from(
-    { length: 200_000 },
-    () => (seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0),
-  );
-  const values = new Float32Array(bits.buffer);
-  const want = new Uint16Array(new F16!(values).buffer as ArrayBuffer);
-  const got = f32ToF16(values);
-  for (let i = 0; i < values.length; i++) {
-    if (Number.isNaN(values[i])) continue;
-    assert.equal(
-      got[i],
-      want[i],
-      `0x${bits[i].toString(16)}: got 0x${got[i].toString(16)}, want 0x${want[i].toString(16)}`,
+Deno.test(
+  needs("f32ToF16 agrees with the engine's Float16Array on random bit patterns of every exponent", {
+    "Float16Array in this runtime": F16,
+  }),
+  () => {
+    let seed = 12345;
+    const bits = Uint32Array.from(
+      { length: 200_000 },
+      () => (seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0),
     );
-  }
-});
+    const values = new Float32Array(bits.buffer);
+    const want = new Uint16Array(new F16!(values).buffer as ArrayBuffer);
+    const got = f32ToF16(values);
+    for (let i = 0; i < values.length; i++) {
+      if (Number.isNaN(values[i])) continue;
+      assert.equal(
+        got[i],
+        want[i],
+        `0x${bits[i].toString(16)}: got 0x${got[i].toString(16)}, want 0x${want[i].toString(16)}`,
+      );
+    }
+  },
+);

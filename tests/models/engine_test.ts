@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { fixtureDir } from "../fixtures.ts";
+import { needs } from "../support/needs.ts";
 import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Engine, generate, loadEngine, NonFiniteLogitsError, wholeModel } from "../../models/engine.ts";
@@ -15,8 +16,8 @@ const gpu = await getGpu().catch((e) => {
   if (e instanceof NoGpuError) return null;
   throw e;
 });
-if (!gpu) console.log("skipped: engine tests (no WebGPU adapter)");
-const ignore = !gpu;
+/** Deno.test's name and ignore for a test that needs the GPU. */
+const onGpu = (name: string) => needs(name, { "a WebGPU adapter": gpu });
 const greedy = { temperature: 0, topP: 1, seed: 0 };
 
 async function reference(dir: string) {
@@ -28,7 +29,7 @@ async function reference(dir: string) {
 }
 
 Deno.test(
-  { name: "generation stops exactly at an eos id and at max tokens, whatever the batching", ignore },
+  onGpu("generation stops exactly at an eos id and at max tokens, whatever the batching"),
   async () => {
     const { prompt, cont } = await reference(fixtureDir("llama-micro")!);
     const engine = await loadEngine(fixtureDir("llama-micro")!, { gpu: gpu!, weights: "f32" });
@@ -69,7 +70,7 @@ Deno.test(
 );
 
 for (const name of ["qwen2-tiny", "qwen3-tiny", "llama-micro"]) {
-  Deno.test({ name: `${name}: the step path and the loop give the reference tokens`, ignore }, async () => {
+  Deno.test(onGpu(`${name}: the step path and the loop give the reference tokens`), async () => {
     const dir = fixtureDir(name)!;
     const { prompt, cont } = await reference(dir);
     const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
@@ -108,7 +109,7 @@ for (const name of ["qwen2-tiny", "qwen3-tiny", "llama-micro"]) {
 }
 
 Deno.test(
-  { name: "three parts of qwen3-tiny chained by hand give the whole model's logits", ignore },
+  onGpu("three parts of qwen3-tiny chained by hand give the whole model's logits"),
   async () => {
     const dir = fixtureDir("qwen3-tiny")!;
     const { prompt } = await reference(dir);
@@ -143,7 +144,7 @@ Deno.test(
   },
 );
 
-Deno.test({ name: "a long prefill yields to the event loop between chunks", ignore }, async () => {
+Deno.test(onGpu("a long prefill yields to the event loop between chunks"), async () => {
   const dir = fixtureDir("llama-micro")!;
   const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
   try {
@@ -166,7 +167,7 @@ Deno.test({ name: "a long prefill yields to the event loop between chunks", igno
   }
 });
 
-Deno.test({ name: "NaN weights fail with a message that names non-finite logits", ignore }, async () => {
+Deno.test(onGpu("NaN weights fail with a message that names non-finite logits"), async () => {
   const src = fixtureDir("llama-micro")!;
   const dir = await Deno.makeTempDir();
   try {

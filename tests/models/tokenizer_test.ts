@@ -7,7 +7,8 @@ import {
   StreamDecoder,
   type TextTokenizer,
 } from "../../models/tokenizer.ts";
-import { fixtureDir, skipped } from "../fixtures.ts";
+import { fixtureDir } from "../fixtures.ts";
+import { needs } from "../support/needs.ts";
 
 interface Case {
   text: string;
@@ -53,52 +54,55 @@ Deno.test("built-in Llama 3 tokenizer: every tokenizer-case, BOS included; decod
 });
 
 const TOKENIZER_DIR = fixtureDir("llama3-tiny", { needs: "tokenizer.json" });
-if (!TOKENIZER_DIR) skipped("llama3-tiny tokenizer.json tests", "needs ../shared/fixtures/llama3-tiny");
 
-Deno.test({
-  name: "tokenizer.json via @huggingface/tokenizers gives the same ids as the built-in one",
-  ignore: !TOKENIZER_DIR,
-}, async () => {
-  const dir = TOKENIZER_DIR!;
-  const hf = await loadTokenizer(dir, LLAMA3_CONFIG);
-  const builtIn = await loadLlama3Tokenizer();
-  assert.ok(hf);
-  assert.equal(hf.source, join(dir, "tokenizer.json"));
-  for (const c of CASES) {
-    assert.deepEqual(hf.encode(c.text), c.ids, c.text);
-    assert.deepEqual(builtIn.encode(c.text), c.ids, c.text);
-    assert.equal(hf.decode(c.ids), c.text);
-    assert.equal(stream(hf, c.ids).join(""), c.text, `streamed: ${c.text}`);
-  }
-  // Special-token text is recognised the same way by both.
-  const special = "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>";
-  assert.deepEqual(hf.encode(special), builtIn.encode(special));
-  assert.equal(hf.decode([128000, 9906, 128009]), "Hello");
-  // Ids past the vocabulary (a model whose head is wider than its tokenizer) decode to nothing.
-  assert.equal(hf.decode([9906, 130000]), "Hello");
-});
+Deno.test(
+  needs("tokenizer.json via @huggingface/tokenizers gives the same ids as the built-in one", {
+    "../shared/fixtures/llama3-tiny/tokenizer.json": TOKENIZER_DIR,
+  }),
+  async () => {
+    const dir = TOKENIZER_DIR!;
+    const hf = await loadTokenizer(dir, LLAMA3_CONFIG);
+    const builtIn = await loadLlama3Tokenizer();
+    assert.ok(hf);
+    assert.equal(hf.source, join(dir, "tokenizer.json"));
+    for (const c of CASES) {
+      assert.deepEqual(hf.encode(c.text), c.ids, c.text);
+      assert.deepEqual(builtIn.encode(c.text), c.ids, c.text);
+      assert.equal(hf.decode(c.ids), c.text);
+      assert.equal(stream(hf, c.ids).join(""), c.text, `streamed: ${c.text}`);
+    }
+    // Special-token text is recognised the same way by both.
+    const special = "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>";
+    assert.deepEqual(hf.encode(special), builtIn.encode(special));
+    assert.equal(hf.decode([128000, 9906, 128009]), "Hello");
+    // Ids past the vocabulary (a model whose head is wider than its tokenizer) decode to nothing.
+    assert.equal(hf.decode([9906, 130000]), "Hello");
+  },
+);
 
-Deno.test({
-  name: "add_bos_token in tokenizer_config.json overrides what the post-processor does",
-  ignore: !TOKENIZER_DIR,
-}, async () => {
-  const src = TOKENIZER_DIR!;
-  const dir = await Deno.makeTempDir();
-  try {
-    await Deno.copyFile(join(src, "tokenizer.json"), join(dir, "tokenizer.json"));
-    const tc = JSON.parse(await Deno.readTextFile(join(src, "tokenizer_config.json")));
-    await Deno.writeTextFile(
-      join(dir, "tokenizer_config.json"),
-      JSON.stringify({ ...tc, add_bos_token: false }),
-    );
-    const tok = (await loadTokenizer(dir, LLAMA3_CONFIG))!;
-    assert.deepEqual(tok.encode("Hello World"), [9906, 4435]);
-    // A BOS written in the text itself stays.
-    assert.deepEqual(tok.encode("<|begin_of_text|>Hello"), [128000, 9906]);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+Deno.test(
+  needs("add_bos_token in tokenizer_config.json overrides what the post-processor does", {
+    "../shared/fixtures/llama3-tiny/tokenizer.json": TOKENIZER_DIR,
+  }),
+  async () => {
+    const src = TOKENIZER_DIR!;
+    const dir = await Deno.makeTempDir();
+    try {
+      await Deno.copyFile(join(src, "tokenizer.json"), join(dir, "tokenizer.json"));
+      const tc = JSON.parse(await Deno.readTextFile(join(src, "tokenizer_config.json")));
+      await Deno.writeTextFile(
+        join(dir, "tokenizer_config.json"),
+        JSON.stringify({ ...tc, add_bos_token: false }),
+      );
+      const tok = (await loadTokenizer(dir, LLAMA3_CONFIG))!;
+      assert.deepEqual(tok.encode("Hello World"), [9906, 4435]);
+      // A BOS written in the text itself stays.
+      assert.deepEqual(tok.encode("<|begin_of_text|>Hello"), [128000, 9906]);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
 
 Deno.test("no tokenizer.json and not the Llama 3 vocabulary: token ids only (null)", async () => {
   assert.equal(await loadTokenizer(fixtureDir("llama-micro")!, MICRO_CONFIG), null);
