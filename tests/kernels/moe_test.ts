@@ -298,12 +298,12 @@ Deno.test(
 );
 
 Deno.test(
-  { name: "moe expert GEMVs over a layer split into two buffers (firstExpert)", ignore },
+  { name: "moe expert GEMVs and grouped matmuls over a layer split into two buffers (firstExpert)", ignore },
   async () => {
     const g = gpu!;
     const [T, K, N, E, k, split] = [3, 64, 24, 7, 3, 3];
     for (const wt of TYPES) {
-      for (const output of ["slots", "combine"] as const) {
+      for (const output of ["slots", "combine", "grouped"] as const) {
         const stack = randoms(E * N * K, 11, 0.5);
         const parts = [[0, split], [split, E]].map(([e0, e1]) => ({
           e0,
@@ -318,18 +318,31 @@ Deno.test(
         const rows = output === "combine" ? T : T * k;
         const y0 = randoms(rows * N, 15);
         const y = upload(g, y0);
-        const base = { K, N, T, topK: k, weights: wt, output, accumulate: output === "combine" };
+        const base = {
+          K,
+          N,
+          T,
+          topK: k,
+          weights: wt,
+          output: output === "combine" ? output : "slots" as const,
+          accumulate: output === "combine",
+        };
         const bufs = { x: upload(g, x), y, ids: upload(g, ids), routeWeights: upload(g, routeWeights) };
-        await runCalls(
-          g,
-          parts.map((p) =>
-            moeGemvCall(g, { ...bufs, w: uploadBuffer(g, p.w.bytes) }, {
-              ...base,
-              experts: p.n,
-              firstExpert: p.e0,
-            })
-          ),
-        );
+        // The grouped path groups over the whole layer, then each buffer's matmul takes its experts' tiles.
+        const order = storageBuffer(g, T * k * 4);
+        const tiles = storageBuffer(g, moeMaxTiles(T, k, E) * 16);
+        await runCalls(g, [
+          ...output === "grouped"
+            ? [moeGroupCall(g, { ids: bufs.ids, order, tiles }, { T, topK: k, experts: E })]
+            : [],
+          ...parts.map((p) => {
+            const w = uploadBuffer(g, p.w.bytes);
+            const d = { ...base, experts: p.n, firstExpert: p.e0 };
+            return output === "grouped"
+              ? moeGroupedMatmulCall(g, { x: bufs.x, w, y, order, tiles }, { ...d, layerExperts: E })
+              : moeGemvCall(g, { ...bufs, w }, d);
+          }),
+        ]);
         assertClose(
           await readF32(g, y, rows * N),
           moeGemvRef({ x, w: deq, ids, routeWeights, y0 }, { ...base, experts: E }),
