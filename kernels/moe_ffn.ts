@@ -1,0 +1,259 @@
+// A whole mixture-of-experts FFN block as kernel calls, and its CPU reference. Given the normalised hidden
+// state xn [T, H] (post_attention_layernorm's output) it adds the block's output into the residual stream:
+//   logits = xn @ router^T                              [T, E]      matmul.ts (f32 out)
+//   ids, w = route(logits)                              [T, k]      moe_router.ts
+//   gu[t, j] = gate_up[ids[t, j]] @ xn[t]               [T, k, 2I]  moe_gemv.ts, output "slots"
+//   y[t] += sum_j w[t, j] * down[ids[t, j]] @ silu_mul(gu[t, j])    moe_gemv.ts, "silu_mul" + "combine"
+//   y[t] += shared_down @ silu_mul(shared_gate_up @ xn[t])         (deepseek_v3 / kimi_k2 shared experts)
+// Expert stacks are [E, 2I, H] (gate rows then up rows per expert) and [E, H, I]; the shared expert is an
+// ordinary MLP with intermediate n_shared_experts * moe_intermediate_size.
+import { gemvFusedCall, gemvFusedFits, type GemvTuning } from "./gemv_fused.ts";
+import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
+import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
+import { moeGemvCall } from "./moe_gemv.ts";
+import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
+import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
+import { isQuant, quantFits, type QuantType } from "./quant.ts";
+import { siluMulCall } from "./silu_mul.ts";
+
+type Storage = WeightType | QuantType;
+
+export interface MoeFfnDims {
+  /** Hidden size H. */
+  hidden: number;
+  /** Each routed expert's intermediate size I (moe_intermediate_size; mixtral: intermediate_size). */
+  intermediate: number;
+  /** The shared expert's intermediate size (n_shared_experts * moe_intermediate_size); 0 or absent: none. */
+  sharedIntermediate?: number;
+  /** Tokens in the step (<= the scratch's T). */
+  T: number;
+  routing: MoeRouting;
+  /** Storage of each matrix (shared ones only with a shared expert). */
+  weights: { router: Storage; gateUp: Storage; down: Storage; sharedGateUp?: Storage; sharedDown?: Storage };
+  /** Team shapes of the expert GEMVs (default: by row length). */
+  tuning?: { gateUp?: GemvTuning; down?: GemvTuning };
+  /**
+   * Tokens grouped by expert (moe_grouped.ts: each expert's weights read once per 16 of its tokens) instead
+   * of a GEMV per token and slot. Default: T > GEMV_MAX_T (prefill).
+   */
+  grouped?: boolean;
+}
+
+/** Activations of a MoE block for up to T tokens (one set can serve every layer of a sequence). */
+export interface MoeScratch {
+  /** Router logits, f32 [T, E]. */
+  logits: GPUBuffer;
+  /** Chosen experts, u32 [T, k]. */
+  ids: GPUBuffer;
+  /** Their weights, f32 [T, k]. */
+  routeWeights: GPUBuffer;
+  /** Gate/up outputs per slot, f32 [T, k, 2I]. */
+  gu: GPUBuffer;
+  /** The grouped path's: slots by expert (u32 [T * k]), tiles (vec4<u32> each) and down outputs [T, k, H]. */
+  order: GPUBuffer;
+  tiles: GPUBuffer;
+  down: GPUBuffer;
+  /** The shared expert's gate/up output [T, 2Is] and silu_mul of it [T, Is] (absent without one). */
+  sharedGu?: GPUBuffer;
+  sharedAct?: GPUBuffer;
+}
+
+export function createMoeScratch(
+  gpu: Gpu,
+  d: { T: number; hidden: number; intermediate: number; sharedIntermediate?: number; routing: MoeRouting },
+): MoeScratch {
+  const { experts: E, topK: k } = checkRouting(d.routing);
+  const Is = d.sharedIntermediate ?? 0;
+  return {
+    logits: storageBuffer(gpu, d.T * E * 4, "moe logits"),
+    ids: storageBuffer(gpu, d.T * k * 4, "moe ids"),
+    routeWeights: storageBuffer(gpu, d.T * k * 4, "moe route weights"),
+    gu: storageBuffer(gpu, d.T * k * 2 * d.intermediate * 4, "moe gate/up"),
+    order: storageBuffer(gpu, d.T * k * 4, "moe order"),
+    tiles: storageBuffer(gpu, moeMaxTiles(d.T, k, E) * 16, "moe tiles"),
+    down: storageBuffer(gpu, d.T * k * d.hidden * 4, "moe down"),
+    ...(Is > 0
+      ? {
+        sharedGu: storageBuffer(gpu, d.T * 2 * Is * 4, "moe shared gate/up"),
+        sharedAct: storageBuffer(gpu, d.T * Is * 4, "moe shared act"),
+      }
+      : {}),
+  };
+}
+
+export interface MoeFfnBuffers {
+  /** The normalised input, f32 [T, H]. */
+  x: GPUBuffer;
+  /** The residual stream, f32 [T, H]: the block's output is added into it. */
+  y: GPUBuffer;
+  /** Router weight [E, H] (the `gate` linear); bias: e_score_correction_bias, f32 [E]. */
+  router: GPUBuffer;
+  bias?: GPUBuffer;
+  /** Expert stacks: [E, 2I, H] and [E, H, I]. */
+  gateUp: GPUBuffer;
+  down: GPUBuffer;
+  /** Shared expert: [2Is, H] (gate rows, then up rows) and [H, Is]. */
+  sharedGateUp?: GPUBuffer;
+  sharedDown?: GPUBuffer;
+  scratch: MoeScratch;
+}
+
+/**
+ * The calls of one MoE FFN block, in order: 4 dispatches per token and slot (decode), 6 grouped (prefill);
+ * 2 or 3 more with a shared expert.
+ */
+export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCall[] {
+  const r = checkRouting(d.routing);
+  const { hidden: H, intermediate: I, T } = d;
+  const Is = d.sharedIntermediate ?? 0;
+  const s = b.scratch;
+  const experts = { T, topK: r.topK, experts: r.experts };
+  const calls = [
+    matmulCall(gpu, { x: b.x, w: b.router, y: s.logits }, {
+      K: H,
+      N: r.experts,
+      T,
+      weights: d.weights.router,
+    }),
+    moeRouterCall(gpu, { logits: s.logits, ids: s.ids, routeWeights: s.routeWeights, bias: b.bias }, {
+      ...r,
+      T,
+    }),
+  ];
+  if (d.grouped ?? T > GEMV_MAX_T) {
+    const { order, tiles } = s;
+    calls.push(
+      moeGroupCall(gpu, { ids: s.ids, order, tiles }, experts),
+      moeGroupedMatmulCall(gpu, { x: b.x, w: b.gateUp, y: s.gu, order, tiles }, {
+        ...experts,
+        K: H,
+        N: 2 * I,
+        weights: d.weights.gateUp,
+      }),
+      moeGroupedMatmulCall(gpu, { x: s.gu, w: b.down, y: s.down, order, tiles }, {
+        ...experts,
+        K: I,
+        N: H,
+        weights: d.weights.down,
+        input: "slot",
+        transform: "silu_mul",
+      }),
+      moeCombineCall(gpu, { src: s.down, routeWeights: s.routeWeights, y: b.y }, {
+        N: H,
+        T,
+        topK: r.topK,
+        accumulate: true,
+      }),
+    );
+  } else {
+    calls.push(
+      moeGemvCall(gpu, { x: b.x, w: b.gateUp, y: s.gu, ids: s.ids }, {
+        ...experts,
+        K: H,
+        N: 2 * I,
+        weights: d.weights.gateUp,
+        tuning: d.tuning?.gateUp,
+      }),
+      moeGemvCall(gpu, { x: s.gu, w: b.down, y: b.y, ids: s.ids, routeWeights: s.routeWeights }, {
+        ...experts,
+        K: I,
+        N: H,
+        weights: d.weights.down,
+        input: "slot",
+        transform: "silu_mul",
+        output: "combine",
+        accumulate: true,
+        tuning: d.tuning?.down,
+      }),
+    );
+  }
+  if (Is > 0) {
+    const { sharedGateUp, sharedDown } = b;
+    const gt = d.weights.sharedGateUp;
+    const dt = d.weights.sharedDown;
+    if (!sharedGateUp || !sharedDown || !gt || !dt || !s.sharedGu || !s.sharedAct) {
+      throw new TypeError(
+        "sharedIntermediate > 0 needs sharedGateUp / sharedDown buffers, weights and scratch",
+      );
+    }
+    const gu = s.sharedGu;
+    calls.push(matmulCall(gpu, { x: b.x, w: sharedGateUp, y: gu }, { K: H, N: 2 * Is, T, weights: gt }));
+    const down = { K: Is, N: H, T, accumulate: true, weights: dt };
+    if (T <= GEMV_MAX_T && gemvFusedFits(Is) && (!isQuant(dt) || quantFits(Is))) {
+      calls.push(gemvFusedCall(gpu, { x: gu, w: sharedDown, y: b.y }, { ...down, transform: "silu_mul" }));
+    } else {
+      calls.push(
+        siluMulCall(gpu, { gu, a: s.sharedAct }, { intermediate: Is, T }),
+        matmulCall(gpu, { x: s.sharedAct, w: sharedDown, y: b.y }, down),
+      );
+    }
+  }
+  return calls;
+}
+
+/** The floats of a MoE block's weights (layouts as in MoeFfnBuffers). */
+export interface MoeFfnWeights {
+  router: Float32Array;
+  bias?: Float32Array;
+  gateUp: Float32Array;
+  down: Float32Array;
+  sharedGateUp?: Float32Array;
+  sharedDown?: Float32Array;
+}
+
+/**
+ * CPU reference of the whole block (f64 inside; router logits rounded to f32 as the GPU's are), written
+ * from the families' definitions rather than from the kernels: out [T, H] = sum_j w[t, j] * expert_j(x[t])
+ * + shared(x[t]), the value moeFfnCalls adds into the residual. Also returns the routing.
+ */
+export function moeFfnRef(
+  a: MoeFfnWeights & { x: Float32Array },
+  d: Omit<MoeFfnDims, "T" | "weights">,
+): { out: Float32Array; ids: Uint32Array; weights: Float32Array } {
+  const r = checkRouting(d.routing);
+  const { hidden: H, intermediate: I } = d;
+  const E = r.experts;
+  const T = a.x.length / H;
+  const logits = matmulRef(a.x, a.router, { K: H, N: E, T, weights: "f32" });
+  const route = moeRouterRef(logits, { ...r, bias: a.bias });
+  const out = new Float32Array(T * H);
+  const silu = (v: number) => v / (1 + Math.exp(-v));
+  // An MLP on row t of x: down @ (silu(gate @ x) * (up @ x)); gate rows at `gu`, down rows of width `width`.
+  const mlp = (t: number, gu: Float32Array, guAt: number, dn: Float32Array, dnAt: number, width: number) => {
+    const act = new Float64Array(width);
+    for (let i = 0; i < width; i++) {
+      let g = 0, u = 0;
+      for (let h = 0; h < H; h++) {
+        const xv = a.x[t * H + h];
+        g += gu[guAt + i * H + h] * xv;
+        u += gu[guAt + (width + i) * H + h] * xv;
+      }
+      act[i] = silu(g) * u;
+    }
+    const y = new Float64Array(H);
+    for (let h = 0; h < H; h++) {
+      let s = 0;
+      for (let i = 0; i < width; i++) s += dn[dnAt + h * width + i] * act[i];
+      y[h] = s;
+    }
+    return y;
+  };
+  const Is = d.sharedIntermediate ?? 0;
+  for (let t = 0; t < T; t++) {
+    const acc = new Float64Array(H);
+    for (let j = 0; j < r.topK; j++) {
+      const e = route.ids[t * r.topK + j];
+      const y = mlp(t, a.gateUp, e * 2 * I * H, a.down, e * H * I, I);
+      for (let h = 0; h < H; h++) acc[h] += route.weights[t * r.topK + j] * y[h];
+    }
+    if (Is > 0) {
+      if (!a.sharedGateUp || !a.sharedDown) {
+        throw new TypeError("sharedIntermediate > 0 needs shared weights");
+      }
+      const y = mlp(t, a.sharedGateUp, 0, a.sharedDown, 0, Is);
+      for (let h = 0; h < H; h++) acc[h] += y[h];
+    }
+    out.set(acc, t * H);
+  }
+  return { out, ids: route.ids, weights: route.weights };
+}

@@ -1,0 +1,226 @@
+// Mixture-of-experts routing on the GPU: router logits [T, E] (from an ordinary matmul of the normalised
+// hidden state with the router's [E, H] weight) -> the chosen experts ids [T, k] (u32) and their weights
+// [T, k] (f32), which the expert GEMVs (moe_gemv.ts) read directly, so a layer needs no readback.
+// The families, as transformers computes them (all in f32):
+//   mixtral      softmax over all E, top-k, weights / their sum
+//   qwen3_moe    softmax over all E, top-k, weights / their sum only if norm_topk_prob
+//   deepseek_v3  s = sigmoid(logits); selection on c = s + e_score_correction_bias; with n_group > 1 the
+//   (kimi_k2)    experts are cut into n_group groups, a group's score is the sum of its top-2 c, the best
+//                topk_group groups are kept and the others' c set to 0.0 (not -inf: transformers'
+//                masked_fill), then top-k over all E; weights = the chosen experts' unbiased s,
+//                / (sum + 1e-20) if norm_topk_prob, times routed_scaling_factor
+// Ties (torch.topk leaves them unspecified) go to the lowest index, for experts and for groups. Output
+// slots are in descending order of the selection score. One workgroup per token: each thread ranks its
+// experts by counting the experts that beat them (one barrier, no sort), which for E <= 1024 is cheap.
+import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+
+export interface MoeRouting {
+  /** Routed experts in the layer (n_routed_experts / num_local_experts / num_experts), 1..1024. */
+  experts: number;
+  /** Experts chosen per token (num_experts_per_tok), 1..experts. */
+  topK: number;
+  /** "softmax" (mixtral, qwen3_moe) or "sigmoid" (deepseek_v3, kimi_k2: scoring_func). */
+  scoring: "softmax" | "sigmoid";
+  /** Divide the chosen weights by their sum (sigmoid: sum + 1e-20). mixtral: always; others: norm_topk_prob. */
+  normTopK: boolean;
+  /** Expert groups for group-limited selection (n_group; topk_method noaux_tc). Default 1: no groups. */
+  groups?: number;
+  /** Groups kept (topk_group), 1..groups. Default: groups. */
+  topKGroups?: number;
+  /** Factor on the final weights (routed_scaling_factor). Default 1. */
+  scale?: number;
+}
+
+const WG = 256;
+export const MOE_MAX_EXPERTS = 1024;
+
+/** The routing with its defaults filled in, or a RangeError naming the bad field. */
+export function checkRouting(r: MoeRouting): Required<MoeRouting> {
+  const E = r.experts;
+  const groups = r.groups ?? 1;
+  const topKGroups = r.topKGroups ?? groups;
+  const scale = r.scale ?? 1;
+  const int = (v: number, lo: number, hi: number) => Number.isInteger(v) && v >= lo && v <= hi;
+  if (!int(E, 1, MOE_MAX_EXPERTS)) throw new RangeError(`experts must be 1..${MOE_MAX_EXPERTS}, got ${E}`);
+  if (!int(r.topK, 1, E)) throw new RangeError(`topK must be 1..experts (${E}), got ${r.topK}`);
+  if (r.scoring !== "softmax" && r.scoring !== "sigmoid") {
+    throw new RangeError(`scoring must be "softmax" or "sigmoid", got ${JSON.stringify(r.scoring)}`);
+  }
+  if (!int(groups, 1, E) || E % groups !== 0) {
+    throw new RangeError(`groups must divide experts (${E}), got ${groups}`);
+  }
+  if (groups > 1 && E / groups < 2) {
+    throw new RangeError(
+      `group scores sum each group's top 2, so groups need >= 2 experts: ${E} / ${groups}`,
+    );
+  }
+  if (!int(topKGroups, 1, groups)) {
+    throw new RangeError(`topKGroups must be 1..groups (${groups}), got ${topKGroups}`);
+  }
+  if (!Number.isFinite(scale)) throw new RangeError(`scale must be finite, got ${scale}`);
+  return { ...r, groups, topKGroups, scale };
+}
+
+function source(r: Required<MoeRouting>, bias: boolean): string {
+  const E = r.experts;
+  const G = r.groups;
+  const GS = E / G;
+  const score = r.scoring === "softmax"
+    ? `
+  var m = -3.4e38;
+  for (var e = tid; e < E; e += WG) { m = max(m, logits[row + e]); }
+  let mx = reduce(tid, m, true);
+  var s = 0.0;
+  for (var e = tid; e < E; e += WG) { let v = exp(logits[row + e] - mx); score[e] = v; s += v; }
+  let tot = reduce(tid, s, false);
+  for (var e = tid; e < E; e += WG) { score[e] = score[e] / tot; }`
+    : `
+  for (var e = tid; e < E; e += WG) { score[e] = 1.0 / (1.0 + exp(-logits[row + e])); }`;
+  // Group-limited selection: group g's score is the sum of its two largest c; the KG best groups stay.
+  const groups = G === 1 ? "" : `
+  if (tid < G) {
+    var a = -3.4e38;
+    var b = -3.4e38;
+    for (var e = tid * GS; e < tid * GS + GS; e++) {
+      let v = choice[e];
+      if (v > a) { b = a; a = v; } else if (v > b) { b = v; }
+    }
+    gscore[tid] = a + b;
+  }
+  workgroupBarrier();
+  if (tid < G) {
+    let v = gscore[tid];
+    var rank = 0u;
+    for (var g = 0u; g < G; g++) { let o = gscore[g]; rank += u32(o > v || (o == v && g < tid)); }
+    keep[tid] = u32(rank < KG);
+  }
+  workgroupBarrier();
+  for (var e = tid; e < E; e += WG) { if (keep[e / GS] == 0u) { choice[e] = 0.0; } }
+  workgroupBarrier();`;
+  const norm = !r.normTopK ? "" : `
+    var sum = 0.0;
+    for (var j = 0u; j < K; j++) { sum += pick[j]; }
+    w = w / (sum + ${r.scoring === "sigmoid" ? "1e-20" : "0.0"});`;
+  return `
+struct P { scale: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(3) var<storage, read_write> wts: array<f32>;
+${bias ? "@group(0) @binding(4) var<storage, read> bias: array<f32>;" : ""}
+const E = ${E}u;
+const K = ${r.topK}u;
+const G = ${G}u;
+const GS = ${GS}u;
+const KG = ${r.topKGroups}u;
+const WG = ${WG}u;
+var<workgroup> score: array<f32, ${E}>;
+var<workgroup> choice: array<f32, ${E}>;
+var<workgroup> red: array<f32, ${WG}>;
+var<workgroup> gscore: array<f32, ${G}>;
+var<workgroup> keep: array<u32, ${G}>;
+var<workgroup> pick: array<f32, ${r.topK}>;
+
+fn reduce(tid: u32, v: f32, is_max: bool) -> f32 {
+  red[tid] = v;
+  workgroupBarrier();
+  for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    if (tid < s) { red[tid] = select(red[tid] + red[tid + s], max(red[tid], red[tid + s]), is_max); }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let t = wg.x;
+  let row = t * E;
+  ${score}
+  for (var e = tid; e < E; e += WG) { choice[e] = score[e]${bias ? " + bias[e]" : ""}; }
+  workgroupBarrier();
+  ${groups}
+  // Rank = how many experts beat this one (larger c, or equal c and a lower index): a total order, so
+  // ranks 0..K-1 are each written once.
+  for (var e = tid; e < E; e += WG) {
+    let v = choice[e];
+    var rank = 0u;
+    for (var j = 0u; j < E; j++) { let o = choice[j]; rank += u32(o > v || (o == v && j < e)); }
+    if (rank < K) {
+      ids[t * K + rank] = e;
+      pick[rank] = score[e];
+    }
+  }
+  workgroupBarrier();
+  if (tid < K) {
+    var w = pick[tid];${norm}
+    wts[t * K + tid] = w * p.scale;
+  }
+}`;
+}
+
+/**
+ * Routing for T tokens: reads logits [T, experts] (f32), writes ids [T, topK] (u32) and routeWeights
+ * [T, topK] (f32), slot 0 the best. `bias` (f32 [experts], e_score_correction_bias) is added to the scores
+ * for selection only.
+ */
+export function moeRouterCall(
+  gpu: Gpu,
+  bufs: { logits: GPUBuffer; ids: GPUBuffer; routeWeights: GPUBuffer; bias?: GPUBuffer },
+  d: MoeRouting & { T: number },
+): KernelCall {
+  const r = checkRouting(d);
+  if (!(Number.isInteger(d.T) && d.T >= 1)) throw new RangeError(`T must be a positive integer, got ${d.T}`);
+  const params = uniformBuffer(gpu, [r.scale], [0]);
+  const buffers = [params, bufs.logits, bufs.ids, bufs.routeWeights];
+  if (bufs.bias) buffers.push(bufs.bias);
+  return kernelCall(gpu, pipeline(gpu, source(r, bufs.bias !== undefined)), buffers, [d.T], "moe_router");
+}
+
+/** What the router chose: ids [T, topK] and weights [T, topK], slot 0 the best. */
+export interface MoeRoute {
+  ids: Uint32Array;
+  weights: Float32Array;
+}
+
+/** CPU reference of moeRouterCall (f64 arithmetic, the same selection order and ties). */
+export function moeRouterRef(logits: Float32Array, r: MoeRouting & { bias?: Float32Array }): MoeRoute {
+  const { experts: E, topK: K, groups: G, topKGroups: KG, scale } = checkRouting(r);
+  if (logits.length % E !== 0) throw new RangeError(`${logits.length} logits is not T x ${E}`);
+  const T = logits.length / E;
+  const GS = E / G;
+  const ids = new Uint32Array(T * K);
+  const weights = new Float32Array(T * K);
+  // a beats b: larger value, or equal and a lower index.
+  const beats = (v: number[], a: number, b: number) => v[a] > v[b] || (v[a] === v[b] && a < b);
+  const best = (v: number[], n: number) =>
+    Array.from(v.keys()).sort((a, b) => beats(v, a, b) ? -1 : beats(v, b, a) ? 1 : 0).slice(0, n);
+  for (let t = 0; t < T; t++) {
+    const l = Array.from(logits.subarray(t * E, t * E + E));
+    let s: number[];
+    if (r.scoring === "softmax") {
+      const m = Math.max(...l);
+      const ex = l.map((v) => Math.exp(v - m));
+      const tot = ex.reduce((a, b) => a + b, 0);
+      s = ex.map((v) => v / tot);
+    } else s = l.map((v) => 1 / (1 + Math.exp(-v)));
+    const c = s.map((v, e) => v + (r.bias ? r.bias[e] : 0));
+    if (G > 1) {
+      const gscore = Array.from({ length: G }, (_, g) => {
+        const [a, b] = c.slice(g * GS, g * GS + GS).sort((x, y) => y - x);
+        return a + b;
+      });
+      const kept = new Set(best(gscore, KG));
+      for (let e = 0; e < E; e++) if (!kept.has(Math.floor(e / GS))) c[e] = 0;
+    }
+    const chosen = best(c, K);
+    const picked = chosen.map((e) => s[e]);
+    const sum = picked.reduce((a, b) => a + b, 0) + (r.scoring === "sigmoid" ? 1e-20 : 0);
+    chosen.forEach((e, j) => {
+      ids[t * K + j] = e;
+      weights[t * K + j] = (r.normTopK ? picked[j] / sum : picked[j]) * scale;
+    });
+  }
+  return { ids, weights };
+}
