@@ -15,3 +15,5 @@ export * from "./gemv_fused.ts";
 export * from "./gemv_sg.ts";
 export * from "./quant.ts";
 export * from "./matmul_quant.ts";
+export * from "./mla.ts";
+export * from "./mla_attention.ts";
