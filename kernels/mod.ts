@@ -21,3 +21,5 @@ export * from "./moe_router.ts";
 export * from "./moe_gemv.ts";
 export * from "./moe_grouped.ts";
 export * from "./moe_ffn.ts";
+export * from "./mla.ts";
+export * from "./mla_attention.ts";

@@ -1,7 +1,7 @@
 // Rotary position embedding (Llama's rotate-half layout) applied to the q and k parts of the fused qkv
 // activations, writing rotated k and plain v into the layer's KV cache at their positions.
-// cos/sin come from a table built on the CPU (ropeTable), so every scaling rule (none, llama3, later yarn)
-// lives in one place in plain TypeScript and the angles match transformers' f32 computation exactly.
+// cos/sin come from a table built on the CPU (ropeTable), so every scaling rule (none, llama3, yarn) lives in
+// one place in plain TypeScript and the angles match transformers' f32 computation exactly.
 import { ceilDiv, type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
@@ -43,6 +43,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   vc[cb + i + half] = qkv[vb + i + half];
 }`;
 
+/** llama3 scaling (transformers' `_compute_llama3_parameters`). */
 export interface RopeScaling {
   type: "llama3";
   factor: number;
@@ -51,8 +52,36 @@ export interface RopeScaling {
   originalMaxPositionEmbeddings: number;
 }
 
-/** Inverse frequencies as transformers computes them (f32), with llama3 scaling applied when given. */
-export function ropeInvFreq(headDim: number, theta: number, scaling: RopeScaling | null): Float32Array {
+/**
+ * yarn scaling (transformers' `_compute_yarn_parameters`), as DeepSeek-V3 and Kimi K2 use it. The config's
+ * `rope_scaling` keys, camel-cased; the optional ones default as transformers does.
+ */
+export interface YarnRopeScaling {
+  type: "yarn";
+  /** `factor`. (transformers takes max_position_embeddings / original_max_position_embeddings when it is null.) */
+  factor: number;
+  originalMaxPositionEmbeddings: number;
+  /** `beta_fast`: rotations where extrapolation ends. Default 32 (also for 0, as transformers' `or 32`). */
+  betaFast?: number;
+  /** `beta_slow`: rotations where interpolation begins. Default 1 (also for 0). */
+  betaSlow?: number;
+  /** `mscale`: numerator of the derived attention factor, used only with mscaleAllDim (both non-zero). */
+  mscale?: number;
+  /** `mscale_all_dim`: denominator of the attention factor; DeepSeek also scales the softmax by its mscale^2. */
+  mscaleAllDim?: number;
+  /** `attention_factor`: multiplies cos and sin. Default derived (ropeAttentionFactor). */
+  attentionFactor?: number;
+  /** `truncate`: round the correction range outward to whole dimensions. Default true. */
+  truncate?: boolean;
+}
+
+/** Inverse frequencies as transformers computes them (f32), with llama3 or yarn scaling applied when given. */
+export function ropeInvFreq(
+  headDim: number,
+  theta: number,
+  scaling: RopeScaling | YarnRopeScaling | null,
+): Float32Array {
+  if (scaling?.type === "yarn") return yarnInvFreq(headDim, theta, scaling);
   const half = headDim / 2;
   const inv = new Float32Array(half);
   for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(theta, (2 * i) / headDim);
@@ -72,15 +101,79 @@ export function ropeInvFreq(headDim: number, theta: number, scaling: RopeScaling
   return inv;
 }
 
-/** cos/sin pairs [positions, headDim/2] with the angle rounded to f32 as transformers does. */
-export function ropeTable(invFreq: Float32Array, positions: number): Float32Array {
+/** yarn's magnitude scale for a context `scale`-times longer (`get_mscale` / DeepSeek's `yarn_get_mscale`). */
+export function yarnGetMscale(scale: number, mscale = 1): number {
+  return scale <= 1 ? 1 : 0.1 * mscale * Math.log(scale) + 1;
+}
+
+/**
+ * The factor yarn multiplies cos and sin by (transformers' `attention_factor`): the given one, else
+ * mscale(factor, mscale) / mscale(factor, mscaleAllDim) when both are non-zero, else mscale(factor).
+ * 1 for no scaling or llama3. Pass it to ropeTable.
+ */
+export function ropeAttentionFactor(scaling: RopeScaling | YarnRopeScaling | null): number {
+  if (scaling?.type !== "yarn") return 1;
+  const { factor, mscale, mscaleAllDim, attentionFactor } = scaling;
+  if (attentionFactor !== undefined) return attentionFactor;
+  if (mscale && mscaleAllDim) return yarnGetMscale(factor, mscale) / yarnGetMscale(factor, mscaleAllDim);
+  return yarnGetMscale(factor);
+}
+
+/**
+ * yarn: each frequency blends the interpolated (theta^(2i/d) * factor)^-1 and the original theta^(-2i/d) by a
+ * linear ramp over the dimensions between beta_fast and beta_slow rotations in the original context. Each
+ * step is rounded to f32 where transformers computes in f32 (torch tensors), kept f64 where it is Python.
+ */
+function yarnInvFreq(dim: number, theta: number, s: YarnRopeScaling): Float32Array {
+  const f = Math.fround;
+  if (!(s.factor > 0) || !(s.originalMaxPositionEmbeddings > 0)) {
+    throw new RangeError(
+      `yarn needs factor > 0 and original_max_position_embeddings > 0, got ${s.factor} and ${s.originalMaxPositionEmbeddings}`,
+    );
+  }
+  const betaFast = s.betaFast || 32;
+  const betaSlow = s.betaSlow || 1;
+  const correctionDim = (rotations: number) =>
+    (dim * Math.log(s.originalMaxPositionEmbeddings / (rotations * 2 * Math.PI))) / (2 * Math.log(theta));
+  let low = correctionDim(betaFast);
+  let high = correctionDim(betaSlow);
+  if (s.truncate ?? true) {
+    low = Math.floor(low);
+    high = Math.ceil(high);
+  }
+  low = Math.max(low, 0);
+  high = Math.min(high, dim - 1);
+  if (low === high) high += 0.001;
+  const half = dim / 2;
+  const inv = new Float32Array(half);
+  for (let i = 0; i < half; i++) {
+    const posFreq = f(Math.pow(theta, f((2 * i) / dim)));
+    const extrapolation = f(1 / posFreq);
+    const interpolation = f(1 / f(s.factor * posFreq));
+    const ramp = Math.min(1, Math.max(0, f(f(i - f(low)) / f(high - low))));
+    const extrapolationFactor = f(1 - ramp);
+    inv[i] = f(f(interpolation * f(1 - extrapolationFactor)) + f(extrapolation * extrapolationFactor));
+  }
+  return inv;
+}
+
+/**
+ * cos/sin pairs [positions, headDim/2] with the angle rounded to f32 as transformers does, each times
+ * `attentionFactor` (default 1; yarn's ropeAttentionFactor) rounded to f32 as transformers does.
+ */
+export function ropeTable(
+  invFreq: Float32Array,
+  positions: number,
+  opts: { attentionFactor?: number } = {},
+): Float32Array {
   const half = invFreq.length;
+  const af = opts.attentionFactor ?? 1;
   const out = new Float32Array(positions * half * 2);
   for (let p = 0; p < positions; p++) {
     for (let i = 0; i < half; i++) {
       const angle = Math.fround(p * invFreq[i]);
-      out[(p * half + i) * 2] = Math.cos(angle);
-      out[(p * half + i) * 2 + 1] = Math.sin(angle);
+      out[(p * half + i) * 2] = Math.fround(Math.cos(angle)) * af;
+      out[(p * half + i) * 2 + 1] = Math.fround(Math.sin(angle)) * af;
     }
   }
   return out;
