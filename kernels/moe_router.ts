@@ -6,8 +6,9 @@
 //   qwen3_moe    softmax over all E, top-k, weights / their sum only if norm_topk_prob
 //   deepseek_v3  s = sigmoid(logits); selection on c = s + e_score_correction_bias; with n_group > 1 the
 //   (kimi_k2)    experts are cut into n_group groups, a group's score is the sum of its top-2 c, the best
-//                topk_group groups are kept and the others' c set to 0.0 (not -inf: transformers'
-//                masked_fill), then top-k over all E; weights = the chosen experts' unbiased s,
+//                topk_group groups are kept and the others' experts masked (-inf, as in transformers 5.17;
+//                older versions filled 0.0, which let a dropped expert beat a kept one whose biased score
+//                is negative), then top-k; weights = the chosen experts' unbiased s,
 //                / (sum + 1e-20) if norm_topk_prob, times routed_scaling_factor
 // Ties (torch.topk leaves them unspecified) go to the lowest index, for experts and for groups. Output
 // slots are in descending order of the selection score. One workgroup per token: each thread ranks its
@@ -57,6 +58,12 @@ export function checkRouting(r: MoeRouting): Required<MoeRouting> {
   if (!int(topKGroups, 1, groups)) {
     throw new RangeError(`topKGroups must be 1..groups (${groups}), got ${topKGroups}`);
   }
+  if (topKGroups * (E / groups) < r.topK) {
+    // transformers would then choose among masked (-inf) experts, an unspecified tie.
+    throw new RangeError(
+      `topK (${r.topK}) is more than the experts of the kept groups (${topKGroups} x ${E / groups})`,
+    );
+  }
   if (!Number.isFinite(scale)) throw new RangeError(`scale must be finite, got ${scale}`);
   return { ...r, groups, topKGroups, scale };
 }
@@ -95,7 +102,9 @@ function source(r: Required<MoeRouting>, bias: boolean): string {
     keep[tid] = u32(rank < KG);
   }
   workgroupBarrier();
-  for (var e = tid; e < E; e += WG) { if (keep[e / GS] == 0u) { choice[e] = 0.0; } }
+  // -inf in transformers; the lowest finite f32 orders the same (kept scores are finite) and WGSL has no
+  // infinite constants.
+  for (var e = tid; e < E; e += WG) { if (keep[e / GS] == 0u) { choice[e] = -3.40282347e38; } }
   workgroupBarrier();`;
   const norm = !r.normTopK ? "" : `
     var sum = 0.0;
@@ -212,7 +221,7 @@ export function moeRouterRef(logits: Float32Array, r: MoeRouting & { bias?: Floa
         return a + b;
       });
       const kept = new Set(best(gscore, KG));
-      for (let e = 0; e < E; e++) if (!kept.has(Math.floor(e / GS))) c[e] = 0;
+      for (let e = 0; e < E; e++) if (!kept.has(Math.floor(e / GS))) c[e] = -Infinity;
     }
     const chosen = best(c, K);
     const picked = chosen.map((e) => s[e]);

@@ -110,7 +110,7 @@ Deno.test(
           groups,
           topKGroups,
           scale: 2.5,
-          // Biases around -0.5 make some biased scores negative, below a masked group's 0.0.
+          // Biases around -0.3: some biased scores negative (a dropped group's experts must still lose).
           bias: randoms(E, E + 5, 0.6).map((v) => v - 0.3),
         },
         {
@@ -135,77 +135,83 @@ Deno.test(
   },
 );
 
-Deno.test({ name: "moe router: ties go to the lowest index; masked groups score 0.0", ignore }, async () => {
-  // All logits equal: the first k experts, each 1/k (renormalised) or 1/E.
-  for (const normTopK of [true, false]) {
-    const r: MoeRouting = { experts: 10, topK: 3, scoring: "softmax", normTopK };
-    const got = await routeOnGpu(new Float32Array(2 * 10).fill(0.25), { ...r, T: 2 });
-    assertIds(got.ids, Uint32Array.from([0, 1, 2, 0, 1, 2]), "all equal");
-    assertClose(got.weights, new Float32Array(6).fill(normTopK ? 1 / 3 : 1 / 10), 1e-7, 1e-6, "all equal");
-  }
-  // A tie at the boundary: experts 2 and 5 share the second-best logit; 2 wins.
-  {
-    const logits = Float32Array.from([0, 1, 3, 0, 0, 3, 4, 0]);
-    const r: MoeRouting = { experts: 8, topK: 3, scoring: "softmax", normTopK: true };
-    const got = await routeOnGpu(logits, { ...r, T: 1 });
-    assertIds(got.ids, Uint32Array.from([6, 2, 5]), "boundary tie");
-    assertIds(moeRouterRef(logits, r).ids, Uint32Array.from([6, 2, 5]), "reference boundary tie");
-  }
-  // Equal groups: the lowest-index groups are kept. 4 groups of 4 with identical scores, keep 2: the
-  // experts come from groups 0 and 1 only, best first within them.
-  {
-    const row = Float32Array.from({ length: 16 }, (_, e) => [0.5, 2, -1, 1][e % 4]);
-    const r: MoeRouting = {
-      experts: 16,
-      topK: 4,
-      scoring: "sigmoid",
-      normTopK: true,
-      groups: 4,
-      topKGroups: 2,
-    };
-    const got = await routeOnGpu(row, { ...r, T: 1 });
-    assertIds(got.ids, Uint32Array.from([1, 5, 3, 7]), "equal groups");
-    const s = (v: number) => 1 / (1 + Math.exp(-v));
-    const sum = 2 * s(2) + 2 * s(1);
-    assertClose(
-      got.weights,
-      Float32Array.from([s(2), s(2), s(1), s(1)].map((v) => v / sum)),
-      1e-7,
-      1e-6,
-      "equal groups",
-    );
-  }
-  // transformers fills the dropped groups' scores with 0.0, not -inf: when every biased score is negative
-  // the masked experts (0.0) win, lowest index first, with their unbiased sigmoid weights.
-  {
-    const logits = randoms(16, 3);
-    const bias = new Float32Array(16).fill(-1);
-    const r: MoeRouting = {
-      experts: 16,
-      topK: 4,
-      scoring: "sigmoid",
-      normTopK: false,
-      groups: 4,
-      topKGroups: 2,
-      scale: 2,
-    };
-    // Expected by hand: the two best groups by the sum of their top-2 (s - 1), then the first 4 experts
-    // of the other groups.
-    const sig = Array.from(logits, (v) => 1 / (1 + Math.exp(-v)));
-    const gsum = [0, 1, 2, 3].map((g) => {
-      const [a, b] = sig.slice(4 * g, 4 * g + 4).sort((p, q) => q - p);
-      return a + b - 2;
-    });
-    const kept = [0, 1, 2, 3].sort((p, q) => gsum[q] - gsum[p]).slice(0, 2);
-    const ids = Array.from({ length: 16 }, (_, e) => e).filter((e) => !kept.includes(Math.floor(e / 4)))
-      .slice(0, 4);
-    const want = { ids: Uint32Array.from(ids), weights: Float32Array.from(ids, (e) => 2 * sig[e]) };
-    assertIds(moeRouterRef(logits, { ...r, bias }).ids, want.ids, "reference: negative scores vs masked 0.0");
-    const got = await routeOnGpu(logits, { ...r, T: 1 }, bias);
-    assertIds(got.ids, want.ids, "negative scores vs masked 0.0");
-    assertClose(got.weights, want.weights, 1e-6, 1e-5, "negative scores vs masked 0.0");
-  }
-});
+Deno.test(
+  { name: "moe router: ties go to the lowest index; dropped groups never chosen", ignore },
+  async () => {
+    // All logits equal: the first k experts, each 1/k (renormalised) or 1/E.
+    for (const normTopK of [true, false]) {
+      const r: MoeRouting = { experts: 10, topK: 3, scoring: "softmax", normTopK };
+      const got = await routeOnGpu(new Float32Array(2 * 10).fill(0.25), { ...r, T: 2 });
+      assertIds(got.ids, Uint32Array.from([0, 1, 2, 0, 1, 2]), "all equal");
+      assertClose(got.weights, new Float32Array(6).fill(normTopK ? 1 / 3 : 1 / 10), 1e-7, 1e-6, "all equal");
+    }
+    // A tie at the boundary: experts 2 and 5 share the second-best logit; 2 wins.
+    {
+      const logits = Float32Array.from([0, 1, 3, 0, 0, 3, 4, 0]);
+      const r: MoeRouting = { experts: 8, topK: 3, scoring: "softmax", normTopK: true };
+      const got = await routeOnGpu(logits, { ...r, T: 1 });
+      assertIds(got.ids, Uint32Array.from([6, 2, 5]), "boundary tie");
+      assertIds(moeRouterRef(logits, r).ids, Uint32Array.from([6, 2, 5]), "reference boundary tie");
+    }
+    // Equal groups: the lowest-index groups are kept. 4 groups of 4 with identical scores, keep 2: the
+    // experts come from groups 0 and 1 only, best first within them.
+    {
+      const row = Float32Array.from({ length: 16 }, (_, e) => [0.5, 2, -1, 1][e % 4]);
+      const r: MoeRouting = {
+        experts: 16,
+        topK: 4,
+        scoring: "sigmoid",
+        normTopK: true,
+        groups: 4,
+        topKGroups: 2,
+      };
+      const got = await routeOnGpu(row, { ...r, T: 1 });
+      assertIds(got.ids, Uint32Array.from([1, 5, 3, 7]), "equal groups");
+      const s = (v: number) => 1 / (1 + Math.exp(-v));
+      const sum = 2 * s(2) + 2 * s(1);
+      assertClose(
+        got.weights,
+        Float32Array.from([s(2), s(2), s(1), s(1)].map((v) => v / sum)),
+        1e-7,
+        1e-6,
+        "equal groups",
+      );
+    }
+    // transformers 5.17 masks the dropped groups with -inf (older versions with 0.0, which would let them win
+    // here): with every biased score negative, the top 4 of the two kept groups are still chosen.
+    {
+      const logits = randoms(16, 3);
+      const bias = new Float32Array(16).fill(-1);
+      const r: MoeRouting = {
+        experts: 16,
+        topK: 4,
+        scoring: "sigmoid",
+        normTopK: false,
+        groups: 4,
+        topKGroups: 2,
+        scale: 2,
+      };
+      // Expected by hand: the two best groups by the sum of their top-2 (s - 1), then their best 4.
+      const sig = Array.from(logits, (v) => 1 / (1 + Math.exp(-v)));
+      const gsum = [0, 1, 2, 3].map((g) => {
+        const [a, b] = sig.slice(4 * g, 4 * g + 4).sort((p, q) => q - p);
+        return a + b - 2;
+      });
+      const kept = [0, 1, 2, 3].sort((p, q) => gsum[q] - gsum[p]).slice(0, 2);
+      const ids = Array.from({ length: 16 }, (_, e) => e).filter((e) => kept.includes(Math.floor(e / 4)))
+        .sort((p, q) => sig[q] - sig[p]).slice(0, 4);
+      const want = { ids: Uint32Array.from(ids), weights: Float32Array.from(ids, (e) => 2 * sig[e]) };
+      assertIds(
+        moeRouterRef(logits, { ...r, bias }).ids,
+        want.ids,
+        "reference: negative scores, dropped groups",
+      );
+      const got = await routeOnGpu(logits, { ...r, T: 1 }, bias);
+      assertIds(got.ids, want.ids, "negative scores, dropped groups");
+      assertClose(got.weights, want.weights, 1e-6, 1e-5, "negative scores, dropped groups");
+    }
+  },
+);
 
 Deno.test({ name: "moe router rejects bad routing with the field named", ignore }, () => {
   const b = upload(gpu!, new Float32Array(4));
@@ -214,6 +220,7 @@ Deno.test({ name: "moe router rejects bad routing with the field named", ignore 
     [{ groups: 3 }, /groups must divide/],
     [{ groups: 8 }, /2 experts/],
     [{ groups: 2, topKGroups: 3 }, /topKGroups/],
+    [{ groups: 4, topKGroups: 1, topK: 3 }, /kept groups/],
     [{ experts: 2000, topK: 1 }, /experts/],
     [{ scoring: "softplus" as "softmax" }, /scoring/],
   ];
@@ -555,8 +562,10 @@ Deno.test({ name: "moe grouping: slots by expert, one tile per 16, other ids ski
       const w = i < want.tiles.length ? want.tiles[i].join() : String([0xffffffff, 0, 0]);
       if (got !== w) throw new Error(`group T${T} k${k} E${E}: tile ${i}: got ${got}, want ${w}`);
     }
-    // Within an expert's run the order is the atomics'; as a set it must be the reference's.
-    for (const [, begin, end] of want.tiles) {
+    // Within an expert's run the order is the atomics'; as a set it must be the reference's. (A run's
+    // tiles share its end; the first one starts it.)
+    const runs = new Map(want.tiles.toReversed().map(([, begin, end]) => [end, begin]));
+    for (const [end, begin] of runs) {
       const a = [...gotOrder.subarray(begin, end)].sort((p, q) => p - q).join();
       const b = [...want.order.subarray(begin, end)].join();
       if (a !== b) throw new Error(`group T${T} k${k} E${E}: run at ${begin}: got ${a}, want ${b}`);
@@ -628,8 +637,6 @@ interface BlockCase {
   I: number;
   Is: number;
   T: number;
-  /** Routing ties on purpose (equal router rows): the stability check does not apply. */
-  exactTies: boolean;
 }
 
 async function loadBlock(name: string): Promise<Record<string, Float32Array>> {
