@@ -3,7 +3,7 @@
 // (models/families/) turns its own config.json into this shape, with transformers' defaults for the keys a
 // config leaves out, so a config means here what it means there. Nothing here knows a family by name.
 import { join } from "node:path";
-import type { RopeScaling } from "../kernels/mod.ts";
+import type { MoeRouting, RopeScaling, YarnRopeScaling } from "../kernels/mod.ts";
 import { CheckpointError } from "./errors.ts";
 
 /** Grouped-query attention (Llama, Qwen2, Qwen3, Mixtral): q, k, v, o projections and a K/V cache. */
@@ -20,14 +20,60 @@ export interface GqaAttention {
   qkNorm: boolean;
 }
 
-/** A gated MLP: down(silu(gate(x)) * up(x)). */
+/**
+ * Multi-head latent attention (DeepSeek-V3, Kimi K2): q through an optional low-rank pair, K and V through a
+ * shared latent c [kvLoraRank] (plus one roped key part shared by every head), cached compressed.
+ */
+export interface MlaAttention {
+  kind: "mla";
+  heads: number;
+  /** q_lora_rank: q = q_b(rmsnorm(q_a(x))); null: q = q_proj(x). */
+  qLoraRank: number | null;
+  kvLoraRank: number;
+  qkNopeHeadDim: number;
+  qkRopeHeadDim: number;
+  vHeadDim: number;
+  /** rope_interleave: RoPE rotates interleaved pairs (transformers' default for DeepSeek-V3). */
+  interleaved: boolean;
+  /** The softmax scale: qk_head_dim^-0.5, times yarn's mscale(factor, mscale_all_dim)^2 when set. */
+  scale: number;
+}
+
+/** A gated MLP: down(silu(gate(x)) * up(x)). `prefix`: where its tensors are (default "mlp."). */
 export interface DenseMlp {
   kind: "mlp";
   intermediate: number;
 }
 
-export type AttentionSpec = GqaAttention;
-export type FfnSpec = DenseMlp;
+/**
+ * A mixture-of-experts FFN: a router picks topK of `experts` gated MLPs per token (routing says how), their
+ * outputs are summed with the router's weights, plus `shared` always-on experts of sharedIntermediate.
+ * Tensor names differ by family, so the spec carries them.
+ */
+export interface MoeFfn {
+  kind: "moe";
+  routing: MoeRouting;
+  /** Each routed expert's intermediate size. */
+  intermediate: number;
+  /** The shared expert's intermediate size (n_shared_experts * moe_intermediate_size); 0: none. */
+  sharedIntermediate: number;
+  names: MoeNames;
+}
+
+/** Where a MoE block's tensors are, relative to the layer prefix. */
+export interface MoeNames {
+  /** The router's weight [E, H], e.g. "mlp.gate.weight". */
+  router: string;
+  /** e_score_correction_bias [E] (sigmoid routing with bias), else null. */
+  bias: string | null;
+  /** Expert e's gate, up and down weights. */
+  expert(e: number): { gate: string; up: string; down: string };
+  /** The shared expert's prefix, e.g. "mlp.shared_experts." (then gate_proj / up_proj / down_proj), or null. */
+  shared: string | null;
+}
+
+export type AttentionSpec = GqaAttention | MlaAttention;
+export type FfnSpec = DenseMlp | MoeFfn;
 
 /** What one decoder layer runs: pre-norm attention, then pre-norm feed-forward, each with a residual. */
 export interface LayerSpec {
@@ -38,7 +84,7 @@ export interface LayerSpec {
 export interface RopeConfig {
   theta: number;
   /** null: plain RoPE (no `rope_scaling`, or `rope_type: "default"`). */
-  scaling: RopeScaling | null;
+  scaling: RopeScaling | YarnRopeScaling | null;
 }
 
 export interface ModelConfig {
@@ -242,7 +288,7 @@ export class ConfigReader {
     return v;
   }
 
-  ropeScaling(): RopeScaling | null {
+  ropeScaling(): RopeScaling | YarnRopeScaling | null {
     const v = this.c.rope_scaling ?? this.c.rope_parameters;
     if (v === undefined || v === null) return null;
     if (typeof v !== "object" || Array.isArray(v)) {
@@ -251,11 +297,6 @@ export class ConfigReader {
     const r = v as Record<string, unknown>;
     const type = r.rope_type ?? r.type;
     if (type === "default" || type === undefined) return null;
-    if (type !== "llama3") {
-      throw this.fail(
-        `unsupported rope_scaling type ${JSON.stringify(type)}: supported: llama3, default, none`,
-      );
-    }
     const pos = (key: string): number => {
       const x = r[key];
       if (typeof x !== "number" || !Number.isFinite(x) || x <= 0) {
@@ -263,6 +304,44 @@ export class ConfigReader {
       }
       return x;
     };
+    const optional = (key: string): number | undefined => {
+      const x = r[key];
+      if (x === undefined || x === null) return undefined;
+      if (typeof x !== "number" || !Number.isFinite(x) || x < 0) {
+        throw this.fail(`rope_scaling.${key} must be a non-negative number, got ${JSON.stringify(x)}`);
+      }
+      return x;
+    };
+    if (type === "yarn") {
+      const truncate = r.truncate;
+      if (truncate !== undefined && truncate !== null && typeof truncate !== "boolean") {
+        throw this.fail(`rope_scaling.truncate must be true or false, got ${JSON.stringify(truncate)}`);
+      }
+      const original = r.original_max_position_embeddings ?? this.c.original_max_position_embeddings;
+      if (typeof original !== "number" || !(original > 0)) {
+        throw this.fail(
+          `rope_scaling.original_max_position_embeddings must be a positive number, got ${
+            JSON.stringify(original)
+          }`,
+        );
+      }
+      return {
+        type: "yarn",
+        factor: pos("factor"),
+        originalMaxPositionEmbeddings: original,
+        betaFast: optional("beta_fast"),
+        betaSlow: optional("beta_slow"),
+        mscale: optional("mscale"),
+        mscaleAllDim: optional("mscale_all_dim"),
+        attentionFactor: optional("attention_factor"),
+        truncate: (truncate as boolean | undefined | null) ?? undefined,
+      };
+    }
+    if (type !== "llama3") {
+      throw this.fail(
+        `unsupported rope_scaling type ${JSON.stringify(type)}: supported: llama3, yarn, default, none`,
+      );
+    }
     const scaling: RopeScaling = {
       type: "llama3",
       factor: pos("factor"),
@@ -277,6 +356,24 @@ export class ConfigReader {
       );
     }
     return scaling;
+  }
+
+  /** A list of non-negative integers (e.g. mlp_only_layers), else `fallback` when absent or null. */
+  intList(key: string, fallback: number[]): number[] {
+    const v = this.c[key] ?? fallback;
+    if (!Array.isArray(v) || !v.every((x) => Number.isSafeInteger(x) && x >= 0)) {
+      throw this.fail(`${key} must be a list of non-negative integers, got ${JSON.stringify(v)}`);
+    }
+    return v as number[];
+  }
+
+  /** A finite number (any sign), else `fallback` when absent or null. */
+  finite(key: string, fallback: number): number {
+    const v = this.c[key] ?? fallback;
+    if (typeof v !== "number" || !Number.isFinite(v)) {
+      throw this.fail(`${key} must be a finite number, got ${JSON.stringify(v)}`);
+    }
+    return v;
   }
 }
 

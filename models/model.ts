@@ -6,8 +6,8 @@
 // Per token t (shapes for one token; prefill runs T at once):
 //   x      = embed_tokens[token]                          [H]
 //   each layer:
-//     x   += attention(rmsnorm(x))                        [H]   (blocks/gqa.ts)
-//     x   += ffn(rmsnorm(x))                              [H]   (blocks/mlp.ts)
+//     x   += attention(rmsnorm(x))                        [H]   (blocks/gqa.ts, blocks/mla.ts)
+//     x   += ffn(rmsnorm(x))                              [H]   (blocks/mlp.ts, blocks/moe.ts)
 //   logits = rmsnorm(x) * norm @ lm_head^T                [V]   (lm_head = embed_tokens when tied)
 //   token  = sample(logits)
 import type { Checkpoint } from "./checkpoint.ts";
@@ -30,6 +30,7 @@ import {
   type QuantType,
   releaseCalls,
   rmsnormCall,
+  ropeAttentionFactor,
   ropeInvFreq,
   ropeTable,
   sampleCalls,
@@ -40,15 +41,21 @@ import {
 } from "../kernels/mod.ts";
 import type { BlockContext, TensorReader } from "./blocks/context.ts";
 import {
-  gqaBuffers,
-  type GqaCache,
-  gqaCache,
-  gqaProgram,
-  type GqaWeights,
-  gqaWidths,
-  loadGqa,
-} from "./blocks/gqa.ts";
-import { loadMlp, mlpBuffers, mlpProgram, type MlpWeights, mlpWidths } from "./blocks/mlp.ts";
+  attentionBuffers,
+  attentionCache,
+  attentionProgram,
+  type AttentionWeights,
+  ffnBuffers,
+  ffnProgram,
+  type FfnWeights,
+  kvBytesPerToken,
+  loadAttention,
+  loadFfn,
+  ropeDim,
+  scratchWidths,
+} from "./blocks/mod.ts";
+import { moeScratch, moeScratchBuffers } from "./blocks/moe.ts";
+import type { MoeFfn } from "./config.ts";
 import { layerPrefix } from "./tensors.ts";
 
 /** Weight storage on the GPU: floats, or 8 / 4-bit groups of 32 quantised at load. */
@@ -77,8 +84,8 @@ export function defaultWeights(gpu: Gpu): WeightType {
 }
 
 interface LayerWeights {
-  attention: GqaWeights;
-  ffn: MlpWeights;
+  attention: AttentionWeights;
+  ffn: FfnWeights;
 }
 
 /**
@@ -121,13 +128,16 @@ export class Model {
     return this.part.head;
   }
 
-  /** What the blocks need of the model. */
+  /** What the blocks need of the model (programs only: weights are loaded by Model.load). */
   get context(): BlockContext {
     return {
       gpu: this.gpu,
       normType: this.normType,
       typeOf: (b) => this.typeOf(b),
       eps: this.config.rmsNormEps,
+      upload: () => {
+        throw new Error("weights are uploaded while loading");
+      },
     };
   }
 
@@ -210,18 +220,38 @@ export class Model {
       opts.onProgress?.(done, total);
       return buf;
     };
+    const readF32 = async (name: string) => {
+      const data = await ckpt.readF32(name);
+      done += ckpt.info(name).end - ckpt.info(name).begin;
+      opts.onProgress?.(done, total);
+      return data;
+    };
+    const ctx: BlockContext = {
+      gpu,
+      normType,
+      typeOf: (b) => types.get(b)!,
+      eps: c.rmsNormEps,
+      upload: (data, as, label) => {
+        const bits = as === "f16" ? f32ToF16(data) : data;
+        gpuBytes += bits.byteLength;
+        const buf = uploadBuffer(gpu, bits, label);
+        types.set(buf, as);
+        return buf;
+      },
+    };
     const H = c.hiddenSize;
     // A tied embedding table is the head too, the largest matrix: it is quantised like the others.
     const embedTable = wanted.has("model.embed_tokens.weight")
       ? await read(["model.embed_tokens.weight"], H)
       : null;
     const lw: LayerWeights[] = [];
+    const loaders = { read, readF32 };
     for (let i = layers[0]; i < layers[1]; i++) {
       const spec = c.layer(i);
       const p = layerPrefix(i);
       lw.push({
-        attention: await loadGqa(read, spec.attention, H, p),
-        ffn: await loadMlp(read, spec.ffn, H, p),
+        attention: await loadAttention(ctx, loaders, spec.attention, H, p),
+        ffn: await loadFfn(loaders, spec.ffn, H, p),
       });
     }
     const finalNorm = part.head ? await read(["model.norm.weight"]) : null;
@@ -238,8 +268,7 @@ export class Model {
   kvBytesPerToken(): number {
     let n = 0;
     for (let i = this.part.layers[0]; i < this.part.layers[1]; i++) {
-      const a = this.config.layer(i).attention;
-      n += 2 * a.kvHeads * a.headDim * 4;
+      n += kvBytesPerToken(this.config.layer(i).attention);
     }
     return n;
   }
@@ -248,7 +277,7 @@ export class Model {
     const bufs = new Set<GPUBuffer>();
     for (const b of [this.embedTable, this.finalNorm, this.lmHead]) if (b) bufs.add(b);
     for (const l of this.layers) {
-      for (const b of [...gqaBuffers(l.attention), ...mlpBuffers(l.ffn)]) bufs.add(b);
+      for (const b of [...attentionBuffers(l.attention), ...ffnBuffers(l.ffn)]) bufs.add(b);
     }
     for (const b of bufs) b.destroy();
   }
@@ -273,8 +302,10 @@ export class Sequence {
   /** Bytes of this sequence's KV cache. */
   readonly kvBytes: number;
   private readonly buffers: GPUBuffer[] = [];
-  private readonly caches: GqaCache[] = [];
-  private readonly act: Record<"xn" | "qkv" | "att" | "gu" | "a", GPUBuffer>;
+  private readonly caches: GPUBuffer[][] = [];
+  private readonly xn: GPUBuffer;
+  private readonly scratch: Record<string, GPUBuffer> = {};
+  private readonly moe: ReturnType<typeof moeScratch> | undefined;
   private readonly ropeTable: GPUBuffer;
   private readonly programs = new Map<string, KernelCall[]>();
   private destroyed = false;
@@ -294,21 +325,21 @@ export class Sequence {
     }
     this.maxSeq = opts.maxSeq;
     const H = c.hiddenSize, V = c.vocabSize;
-    // Widths of the per-layer scratch: the widest layer of this part decides.
+    // Widths of the per-layer scratch: the widest layer of this part decides, buffer by buffer.
     const specs = Array.from(
       { length: model.part.layers[1] - model.part.layers[0] },
       (_, i) => c.layer(model.part.layers[0] + i),
     );
-    const widths = { qkv: 1, att: 1, gu: 1, a: 1 };
+    const widths: Record<string, number> = {};
     for (const s of specs) {
-      const g = gqaWidths(s.attention), m = mlpWidths(s.ffn);
-      widths.qkv = Math.max(widths.qkv, g.qkv);
-      widths.att = Math.max(widths.att, g.att);
-      widths.gu = Math.max(widths.gu, m.gu);
-      widths.a = Math.max(widths.a, m.a);
+      for (const [name, w] of Object.entries(scratchWidths(s.attention, s.ffn))) {
+        widths[name] = Math.max(widths[name] ?? 1, w);
+      }
     }
+    const moe = specs.map((s) => s.ffn).find((f): f is MoeFfn => f.kind === "moe");
     const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
-    const rowBytes = Math.max(model.hasHead ? V : 1, widths.gu, widths.qkv, H) * 4;
+    const moeRow = moe ? moe.routing.topK * Math.max(2 * moe.intermediate, H) : 1;
+    const rowBytes = Math.max(model.hasHead ? V : 1, H, moeRow, ...Object.values(widths)) * 4;
     this.maxChunk = Math.max(
       1,
       Math.min(opts.maxChunk ?? 128, opts.maxSeq, Math.floor(maxBinding / rowBytes)),
@@ -322,25 +353,28 @@ export class Sequence {
     this.tokens = buf((this.maxSeq + 1) * 4, "tokens");
     this.step = createStepBuffer(gpu);
     this.x = buf(C * H * 4, "x");
-    this.act = {
-      xn: buf(C * H * 4, "xn"),
-      qkv: buf(C * widths.qkv * 4, "qkv"),
-      att: buf(C * widths.att * 4, "att"),
-      gu: buf(C * widths.gu * 4, "gu"),
-      a: buf(C * widths.a * 4, "a"),
-    };
+    this.xn = buf(C * H * 4, "xn");
+    for (const [name, w] of Object.entries(widths)) this.scratch[name] = buf(C * w * 4, name);
     this.logits = model.hasHead ? buf(C * V * 4, "logits") : null;
+    if (moe) {
+      this.moe = moeScratch(model.context, moe, H, C);
+      this.buffers.push(...moeScratchBuffers(this.moe));
+    }
     let kvBytes = 0;
     for (const s of specs) {
-      const { cache, bytes } = gqaCache(model.context, s.attention, this.maxSeq);
-      this.caches.push(cache);
-      this.buffers.push(cache.k, cache.v);
+      const { buffers, bytes } = attentionCache(model.context, s.attention, this.maxSeq);
+      this.caches.push(buffers);
+      this.buffers.push(...buffers);
       kvBytes += bytes;
     }
     this.kvBytes = kvBytes;
-    // Every layer of the GQA families shares one head_dim, so one RoPE table serves the part.
-    const headDim = specs[0]?.attention.headDim ?? 2;
-    this.ropeTable = uploadBuffer(gpu, ropeTable(ropeInvFreqAsStored(c, headDim), this.maxSeq), "rope");
+    // Every layer of a family shares one RoPE width, so one table serves the part. It carries yarn's
+    // attention factor where the scaling has one (transformers multiplies cos and sin by it).
+    const dim = specs[0] ? ropeDim(specs[0].attention) : 2;
+    const table = ropeTable(ropeInvFreqAsStored(c, dim), this.maxSeq, {
+      attentionFactor: ropeAttentionFactor(c.rope.scaling),
+    });
+    this.ropeTable = uploadBuffer(gpu, table, "rope");
     this.buffers.push(this.ropeTable);
   }
 
@@ -362,8 +396,7 @@ export class Sequence {
     const { gpu, config: c, normType } = m;
     const ctx = m.context;
     const wt = (b: GPUBuffer) => m.typeOf(b);
-    const { step, x, tokens } = this;
-    const { xn, qkv, att, gu, a } = this.act;
+    const { step, x, tokens, xn } = this;
     const H = c.hiddenSize, V = c.vocabSize;
     calls = [];
     if (embed) {
@@ -375,22 +408,27 @@ export class Sequence {
         weights: wt(m.embedTable),
       }));
     }
+    const bufs = {
+      step,
+      x,
+      xn,
+      scratch: this.scratch,
+      moe: this.moe,
+      rope: this.ropeTable,
+      maxSeq: this.maxSeq,
+    };
     m.layers.forEach((l, i) => {
       const spec = c.layer(m.part.layers[0] + i);
       // Decode-sized steps use the fused GEMVs (the norm folded in); prefill and odd shapes the plain kernels.
-      const fused = T <= GEMV_MAX_T &&
-        [H, gqaWidths(spec.attention).att, mlpWidths(spec.ffn).a].every(gemvFusedFits);
+      // (GQA and the dense MLP decide for the whole block; MLA and MoE per projection, blocks/linear.ts.)
+      const ks = [H];
+      if (spec.attention.kind === "gqa") ks.push(spec.attention.heads * spec.attention.headDim);
+      if (spec.ffn.kind === "mlp") ks.push(spec.ffn.intermediate);
+      const fused = T <= GEMV_MAX_T && ks.every(gemvFusedFits);
       const d = { hidden: H, T, fused };
-      const common = { step, x, xn };
       calls!.push(
-        ...gqaProgram(ctx, spec.attention, l.attention, this.caches[i], {
-          ...common,
-          qkv,
-          att,
-          rope: this.ropeTable,
-          maxSeq: this.maxSeq,
-        }, d),
-        ...mlpProgram(ctx, spec.ffn, l.ffn, { ...common, gu, a }, d),
+        ...attentionProgram(ctx, spec.attention, l.attention, this.caches[i], bufs, d),
+        ...ffnProgram(ctx, spec.ffn, l.ffn, bufs, d),
       );
     });
     if (output !== "hidden") {

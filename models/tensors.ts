@@ -2,6 +2,8 @@
 // block kind names its own tensors; the loader reads a stage's subset by these names, checking each shape,
 // and the demo model is written from this table.
 import type { AttentionSpec, FfnSpec, ModelConfig } from "./config.ts";
+import { mlaTensors } from "./blocks/mla.ts";
+import { moeTensors } from "./blocks/moe.ts";
 
 /** Norm weights: initialised to 1 in a fresh model, unlike the projections (and biases: 0 is fine too). */
 export function isNormTensor(name: string): boolean {
@@ -15,6 +17,7 @@ export function layerPrefix(i: number): string {
 
 /** The attention block's tensors ([out, in] for projections, as torch stores nn.Linear). */
 export function attentionTensors(a: AttentionSpec, hidden: number, p: string): [string, number[]][] {
+  if (a.kind === "mla") return mlaTensors(a, hidden, p);
   const q = a.heads * a.headDim;
   const kv = a.kvHeads * a.headDim;
   const t: [string, number[]][] = [
@@ -39,6 +42,7 @@ export function attentionTensors(a: AttentionSpec, hidden: number, p: string): [
 
 /** The feed-forward block's tensors. */
 export function ffnTensors(f: FfnSpec, hidden: number, p: string): [string, number[]][] {
+  if (f.kind === "moe") return moeTensors(f, hidden, p);
   return [
     [p + "mlp.gate_proj.weight", [f.intermediate, hidden]],
     [p + "mlp.up_proj.weight", [f.intermediate, hidden]],
@@ -80,9 +84,4 @@ export function tensorShapes(c: ModelConfig, part?: ModelPart): Map<string, numb
     if (!c.tieWordEmbeddings) shapes.set("lm_head.weight", [v, h]);
   }
   return shapes;
-}
-
-/** KV-cache values stored per token per layer by an attention block (K and V, f32 on the GPU). */
-export function kvValuesPerToken(a: AttentionSpec): number {
-  return 2 * a.kvHeads * a.headDim;
 }

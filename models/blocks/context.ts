@@ -17,6 +17,8 @@ export interface BlockContext {
   /** How a weight buffer is stored (a quantised model keeps some matrices in floats). */
   typeOf(buf: GPUBuffer): WeightType | QuantType;
   eps: number;
+  /** Uploads weights computed at load (e.g. a matrix cut into per-head blocks) as `as`, counted with the model's. */
+  upload(data: Float32Array, as: WeightType, label: string): GPUBuffer;
 }
 
 /** The step's shared buffers a block reads and writes ([maxChunk, width] f32 each). */

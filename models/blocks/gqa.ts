@@ -32,13 +32,7 @@ export interface GqaWeights {
   kNorm?: GPUBuffer;
 }
 
-/** One request's K and V for one layer. */
-export interface GqaCache {
-  k: GPUBuffer;
-  v: GPUBuffer;
-}
-
-/** Widths of the activations the block needs per token. */
+/** Floats per token of the block's scratch buffers. */
 export function gqaWidths(a: GqaAttention): { qkv: number; att: number } {
   return { qkv: (a.heads + 2 * a.kvHeads) * a.headDim, att: a.heads * a.headDim };
 }
@@ -77,10 +71,10 @@ export function gqaCache(
   ctx: BlockContext,
   a: GqaAttention,
   maxSeq: number,
-): { cache: GqaCache; bytes: number } {
+): { buffers: GPUBuffer[]; bytes: number } {
   const bytes = a.kvHeads * maxSeq * a.headDim * 4;
   return {
-    cache: { k: storageBuffer(ctx.gpu, bytes, "k"), v: storageBuffer(ctx.gpu, bytes, "v") },
+    buffers: [storageBuffer(ctx.gpu, bytes, "k"), storageBuffer(ctx.gpu, bytes, "v")],
     bytes: 2 * bytes,
   };
 }
@@ -90,13 +84,14 @@ export function gqaProgram(
   ctx: BlockContext,
   a: GqaAttention,
   w: GqaWeights,
-  cache: GqaCache,
-  bufs: StepBuffers & { qkv: GPUBuffer; att: GPUBuffer; rope: GPUBuffer; maxSeq: number },
+  cache: GPUBuffer[],
+  bufs: StepBuffers & { scratch: Record<string, GPUBuffer>; rope: GPUBuffer; maxSeq: number },
   d: { hidden: number; T: number; fused: boolean },
 ): KernelCall[] {
   const { gpu, normType, eps } = ctx;
   const wt = (b: GPUBuffer) => ctx.typeOf(b);
-  const { step, x, xn, qkv, att, rope: table } = bufs;
+  const { step, x, xn, rope: table } = bufs;
+  const { qkv, att } = bufs.scratch;
   const { qkv: qkvDim, att: attDim } = gqaWidths(a);
   const { T, hidden: H } = d;
   const dims = { heads: a.heads, kvHeads: a.kvHeads, headDim: a.headDim, maxSeq: bufs.maxSeq, T };
@@ -118,7 +113,7 @@ export function gqaProgram(
     ];
   if (w.qkvBias) calls.push(biasAddCall(gpu, { b: w.qkvBias, y: qkv }, { N: qkvDim, T }));
   if (w.qNorm && w.kNorm) calls.push(headNormCall(gpu, { qkv, wq: w.qNorm, wk: w.kNorm }, { ...dims, eps }));
-  const { k: kcache, v: vcache } = cache;
+  const [kcache, vcache] = cache;
   // One token: RoPE, the KV write and attention in one dispatch (subgroups); else two.
   if (T === 1 && attentionDecodeFits(gpu, dims)) {
     calls.push(attentionDecodeCall(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));

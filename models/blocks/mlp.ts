@@ -33,12 +33,13 @@ export function mlpProgram(
   ctx: BlockContext,
   f: DenseMlp,
   w: MlpWeights,
-  bufs: StepBuffers & { gu: GPUBuffer; a: GPUBuffer },
+  bufs: StepBuffers & { scratch: Record<string, GPUBuffer> },
   d: { hidden: number; T: number; fused: boolean },
 ): KernelCall[] {
   const { gpu, normType, eps } = ctx;
   const wt = (b: GPUBuffer) => ctx.typeOf(b);
-  const { x, xn, gu, a } = bufs;
+  const { x, xn } = bufs;
+  const { gu, a } = bufs.scratch;
   const { T, hidden: H } = d;
   const I = f.intermediate;
   if (d.fused) {

@@ -1,5 +1,6 @@
-// Every dense family through the CLI against transformers' references (fixtures/README.md): Qwen2 (q/k/v
-// biases) and Qwen3 (q/k norms, decoupled head_dim) on one node and through --local 1 and 3 chains (f32
+// Every family beyond Llama through the CLI against transformers' references (fixtures/README.md): Qwen2
+// (q/k/v biases), Qwen3 (q/k norms, decoupled head_dim), Mixtral (softmax MoE) and DeepSeek-V3 / Kimi K2
+// (MLA, grouped sigmoid MoE with a shared expert) on one node and through --local 1 and 3 chains (f32
 // weights and wire: exact), and with f16 weights (same tokens). The copies in tests/fixtures serve CI.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
@@ -13,7 +14,7 @@ const gpu = await getGpu().then((g) => g, (e) => {
 });
 const slow = { sanitizeOps: false, sanitizeResources: false };
 
-for (const name of ["qwen2-tiny", "qwen3-tiny"]) {
+for (const name of ["qwen2-tiny", "qwen3-tiny", "mixtral-tiny", "kimi-k2-tiny"]) {
   const dir = fixtureDir(name, { needs: "reference.safetensors" })!;
   for (const local of [undefined, 1, 3]) {
     const where = local ? `--local ${local}` : "one node";

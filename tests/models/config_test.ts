@@ -9,6 +9,12 @@ import { tensorShapes } from "../../models/tensors.ts";
 import { fixtureDir } from "../fixtures.ts";
 
 const parse = (json: unknown) => parseModelConfig(json, "cfg.json");
+/** Layer i's attention, which must be grouped-query attention. */
+const gqa = (c: ModelConfig, i = 0) => {
+  const a = c.layer(i).attention;
+  if (a.kind !== "gqa") throw new Error(`layer ${i} has ${a.kind} attention`);
+  return a;
+};
 /** The config's fields without the layer function, plus layer 0's blocks. */
 const plain = (c: ModelConfig) => {
   const { layer, ...rest } = c;
@@ -124,9 +130,9 @@ Deno.test("qwen2: q/k/v biases (none on o); qwen3: q/k norms, head_dim decoupled
   const qwen3 = JSON.parse(await Deno.readTextFile(join(fixtureDir("qwen3-tiny")!, "config.json")));
   const { head_dim: _hd, tie_word_embeddings: _t, ...noHeadDim } = qwen3;
   const d = parse({ ...noHeadDim, attention_bias: true });
-  assert.equal(d.layer(0).attention.headDim, 128, "Qwen3Config's head_dim default");
+  assert.equal(gqa(d).headDim, 128, "Qwen3Config's head_dim default");
   assert.equal(d.tieWordEmbeddings, false);
-  assert.equal(d.layer(0).attention.oBias, true);
+  assert.equal(gqa(d).oBias, true);
   assert.throws(() => parse({ ...qwen3, use_sliding_window: true }), /unsupported use_sliding_window=true/);
   assert.throws(
     () => parse({ ...qwen3, architectures: ["Qwen2ForCausalLM"] }),
@@ -136,8 +142,8 @@ Deno.test("qwen2: q/k/v biases (none on o); qwen3: q/k norms, head_dim decoupled
 
 Deno.test("llama-micro's config from disk: head_dim from hidden/heads, kv heads, single eos, no scaling", async () => {
   const c = await readModelConfig(fixtureDir("llama-micro")!);
-  assert.equal(c.layer(0).attention.headDim, 16);
-  assert.equal(c.layer(0).attention.kvHeads, 4);
+  assert.equal(gqa(c).headDim, 16);
+  assert.equal(gqa(c).kvHeads, 4);
   assert.deepEqual(c.eosTokenIds, [2]);
   assert.equal(c.bosTokenId, 1);
   assert.equal(c.rope.scaling, null);
@@ -149,8 +155,8 @@ Deno.test("llama-micro's config from disk: head_dim from hidden/heads, kv heads,
 Deno.test("transformers defaults: kv heads = heads, untied, rope_type default is plain RoPE, v5 rope_parameters", () => {
   const { num_key_value_heads: _kv, head_dim: _hd, tie_word_embeddings: _t, ...rest } = LLAMA3_TINY;
   const c = parse({ ...rest, rope_scaling: { rope_type: "default" }, eos_token_id: null });
-  assert.equal(c.layer(0).attention.kvHeads, 4);
-  assert.equal(c.layer(0).attention.headDim, 16);
+  assert.equal(gqa(c).kvHeads, 4);
+  assert.equal(gqa(c).headDim, 16);
   assert.equal(c.tieWordEmbeddings, false);
   assert.equal(c.rope.scaling, null);
   assert.deepEqual(c.eosTokenIds, []);
@@ -159,7 +165,7 @@ Deno.test("transformers defaults: kv heads = heads, untied, rope_type default is
   assert.equal(v5.rope.theta, 7000);
   assert.equal(v5.rope.scaling, null);
   // head_dim given explicitly need not equal hidden / heads (Gemma-style shapes exist in Llama configs).
-  assert.equal(parse({ ...LLAMA3_TINY, head_dim: 32 }).layer(0).attention.headDim, 32);
+  assert.equal(gqa(parse({ ...LLAMA3_TINY, head_dim: 32 })).headDim, 32);
   // the older "type" key is accepted in place of rope_type
   const old = parse({
     ...LLAMA3_TINY,
@@ -167,7 +173,7 @@ Deno.test("transformers defaults: kv heads = heads, untied, rope_type default is
   });
   assert.equal(old.rope.scaling?.type, "llama3");
   // attention_bias puts biases on q, k, v and o
-  const biased = parse({ ...LLAMA3_TINY, attention_bias: true }).layer(0).attention;
+  const biased = gqa(parse({ ...LLAMA3_TINY, attention_bias: true }));
   assert.ok(biased.qkvBias && biased.oBias);
 });
 
@@ -221,8 +227,8 @@ Deno.test("bad configs name the field and what was expected", () => {
   fails({ ...LLAMA3_TINY, rms_norm_eps: -1 }, /rms_norm_eps must be a positive number, got -1/);
   fails({ ...LLAMA3_TINY, rope_theta: "big" }, /rope_theta must be a positive number/);
   fails(
-    { ...LLAMA3_TINY, rope_scaling: { rope_type: "yarn", factor: 4 } },
-    /unsupported rope_scaling type "yarn"/,
+    { ...LLAMA3_TINY, rope_scaling: { rope_type: "dynamic", factor: 4 } },
+    /unsupported rope_scaling type "dynamic": supported: llama3, yarn, default, none/,
   );
   fails(
     { ...LLAMA3_TINY, rope_scaling: { rope_type: "llama3", factor: 8 } },
@@ -254,4 +260,90 @@ Deno.test("readModelConfig: a missing config.json or invalid JSON names the file
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("mixtral: softmax top-k renormalised, w1/w3/w2 per expert; a sliding window caps the context", async () => {
+  const c = await readModelConfig(fixtureDir("mixtral-tiny")!);
+  const f = c.layer(0).ffn;
+  assert.ok(f.kind === "moe");
+  assert.deepEqual(f.routing, { experts: 8, topK: 2, scoring: "softmax", normTopK: true });
+  assert.deepEqual(f.names.expert(7), {
+    gate: "block_sparse_moe.experts.7.w1.weight",
+    up: "block_sparse_moe.experts.7.w3.weight",
+    down: "block_sparse_moe.experts.7.w2.weight",
+  });
+  assert.deepEqual(tensorShapes(c).get("model.layers.3.block_sparse_moe.experts.5.w2.weight"), [64, 96]);
+  const json = JSON.parse(await Deno.readTextFile(join(fixtureDir("mixtral-tiny")!, "config.json")));
+  assert.equal(parse({ ...json, sliding_window: 4096 }).maxPositionEmbeddings, 4096);
+  assert.throws(() => parse({ ...json, num_experts_per_tok: 9 }), /num_experts_per_tok \(9\) exceeds/);
+});
+
+Deno.test("qwen3_moe: decoder_sparse_step and mlp_only_layers pick dense layers; norm_topk_prob off by default", () => {
+  const base = {
+    model_type: "qwen3_moe",
+    vocab_size: 100,
+    hidden_size: 32,
+    intermediate_size: 64,
+    moe_intermediate_size: 16,
+    num_hidden_layers: 6,
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+    num_experts: 8,
+    num_experts_per_tok: 2,
+  };
+  const c = parse({ ...base, decoder_sparse_step: 2, mlp_only_layers: [3] });
+  assert.deepEqual(
+    Array.from({ length: 6 }, (_, i) => c.layer(i).ffn.kind),
+    ["mlp", "moe", "mlp", "mlp", "mlp", "moe"],
+  );
+  const moe = c.layer(1).ffn;
+  assert.ok(moe.kind === "moe" && moe.routing.normTopK === false && moe.intermediate === 16);
+  assert.equal(gqa(c).headDim, 8, "no head_dim: hidden / heads (Qwen3MoeConfig has no default)");
+  assert.ok(gqa(c).qkNorm);
+  const n = parse({ ...base, norm_topk_prob: true }).layer(0).ffn;
+  assert.ok(n.kind === "moe" && n.routing.normTopK);
+  assert.equal(parse({ ...base, num_experts: 0 }).layer(0).ffn.kind, "mlp");
+});
+
+Deno.test("deepseek_v3 / kimi_k2: MLA, dense layers first, grouped sigmoid routing; other methods exit 2", async () => {
+  const json = JSON.parse(await Deno.readTextFile(join(fixtureDir("kimi-k2-tiny")!, "config.json")));
+  const c = parse(json);
+  const a = c.layer(0).attention;
+  assert.ok(a.kind === "mla");
+  assert.deepEqual({ ...a, scale: 0 }, {
+    kind: "mla",
+    heads: 4,
+    qLoraRank: 48,
+    kvLoraRank: 32,
+    qkNopeHeadDim: 16,
+    qkRopeHeadDim: 8,
+    vHeadDim: 16,
+    interleaved: true,
+    scale: 0,
+  });
+  // 24^-0.5 * (0.1 * 1 * ln 32 + 1)^2: yarn's mscale_all_dim scales the softmax.
+  assert.ok(Math.abs(a.scale - 24 ** -0.5 * (0.1 * Math.log(32) + 1) ** 2) < 1e-12);
+  assert.equal(c.layer(0).ffn.kind, "mlp");
+  const f = c.layer(1).ffn;
+  assert.ok(f.kind === "moe");
+  assert.deepEqual(f.routing, {
+    experts: 16,
+    topK: 4,
+    scoring: "sigmoid",
+    normTopK: true,
+    groups: 4,
+    topKGroups: 2,
+    scale: 2.827,
+  });
+  assert.equal(f.sharedIntermediate, 32);
+  assert.equal(parse({ ...json, model_type: "kimi_k2" }).family, "deepseek_v3");
+  const noLora = parse({ ...json, q_lora_rank: null, moe_layer_freq: 2 });
+  const q = noLora.layer(0).attention;
+  assert.ok(q.kind === "mla" && q.qLoraRank === null);
+  assert.ok(tensorShapes(noLora).has("model.layers.0.self_attn.q_proj.weight"));
+  assert.equal(noLora.layer(2).ffn.kind, "moe", "moe_layer_freq is ignored, as transformers does");
+  assert.throws(() => parse({ ...json, topk_method: "greedy" }), /unsupported topk_method="greedy"/);
+  assert.throws(() => parse({ ...json, scoring_func: "softmax" }), /unsupported scoring_func="softmax"/);
+  assert.throws(() => parse({ ...json, n_group: 3 }), /n_group \(3\) must divide n_routed_experts \(16\)/);
+  assert.throws(() => parse({ ...json, attention_bias: true }), /unsupported attention_bias=true/);
 });

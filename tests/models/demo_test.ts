@@ -23,6 +23,7 @@ Deno.test("demo config: Llama 3.2 shapes in miniature with the Llama 3 vocabular
   assert.deepEqual(DEMO_CONFIG.layer(3).ffn, { kind: "mlp", intermediate: 384 });
   assert.equal(DEMO_CONFIG.numLayers, 4);
   const a = DEMO_CONFIG.layer(0).attention;
+  assert.ok(a.kind === "gqa");
   assert.deepEqual([a.heads, a.kvHeads, a.headDim], [4, 2, 32]);
   assert.equal(DEMO_CONFIG.rope.theta, 500000);
   assert.deepEqual(DEMO_CONFIG.rope.scaling, {

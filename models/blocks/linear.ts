@@ -1,0 +1,44 @@
+// One linear layer of a block, y (+)= f(x) @ W^T, with an optional RMSNorm of x folded in: the fused GEMV
+// (the norm computed as the row is read) where the step is decode-sized and the row length allows, else
+// rmsnorm into `normed` and the tiled matmul. Every block builds its projections through here.
+import {
+  GEMV_MAX_T,
+  gemvFusedCall,
+  gemvFusedFits,
+  type KernelCall,
+  matmulCall,
+  rmsnormCall,
+} from "../../kernels/mod.ts";
+import type { BlockContext } from "./context.ts";
+
+export interface LinearBuffers {
+  x: GPUBuffer;
+  w: GPUBuffer;
+  y: GPUBuffer;
+  /** RMSNorm weight for x (each row normalised first); needs `normed` scratch of [T, K] when not fused. */
+  norm?: GPUBuffer;
+  normed?: GPUBuffer;
+}
+
+export function linear(
+  ctx: BlockContext,
+  b: LinearBuffers,
+  d: { K: number; N: number; T: number; accumulate?: boolean; eps?: number },
+): KernelCall[] {
+  const { gpu, normType } = ctx;
+  const weights = ctx.typeOf(b.w);
+  const eps = d.eps ?? ctx.eps;
+  const dims = { K: d.K, N: d.N, T: d.T, accumulate: d.accumulate, weights };
+  if (d.T <= GEMV_MAX_T && gemvFusedFits(d.K)) {
+    return [gemvFusedCall(gpu, { x: b.x, w: b.w, y: b.y, normWeight: b.norm }, {
+      ...dims,
+      ...(b.norm ? { transform: "rmsnorm" as const, normWeights: normType, eps } : {}),
+    })];
+  }
+  if (!b.norm) return [matmulCall(gpu, { x: b.x, w: b.w, y: b.y }, dims)];
+  if (!b.normed) throw new TypeError("a normed linear layer off the fused path needs `normed` scratch");
+  return [
+    rmsnormCall(gpu, { x: b.x, w: b.norm, y: b.normed }, { hidden: d.K, rows: d.T, eps, weights: normType }),
+    matmulCall(gpu, { x: b.normed, w: b.w, y: b.y }, dims),
+  ];
+}

@@ -1,0 +1,176 @@
+// Multi-head latent attention (DeepSeek-V3, Kimi K2), pre-normed, adding into the residual; the latent KV
+// cache holds [c (R), k_rope (dr)] per position, and kv_b_proj is absorbed (kernels/mla.ts):
+//   xn      = rmsnorm(x) * input_layernorm                                  [H]
+//   q       = q_b(rmsnorm(q_a(xn)) * q_a_layernorm)  or  q_proj(xn)         [nH (dn + dr)]
+//   kv      = kv_a_proj_with_mqa(xn)                                         [R + dr]
+//   q_rope, cache[pos] = rope(q[:, dn:]), [rmsnorm(kv[:R]) * kv_a_layernorm, rope(kv[R:])]
+//   qLat_h  = W_UK_h^T q_nope_h                                              [nH, R]
+//   ctx_h   = softmax_s(scale (qLat_h . c_s + q_rope_h . kRope_s)) c_s       [nH, R]
+//   out_h   = W_UV_h ctx_h                                                   [nH dv]
+//   x      += out @ o_proj^T                                                 [H]
+// transformers' q_a_layernorm and kv_a_layernorm keep RMSNorm's default eps (1e-6), not rms_norm_eps.
+import {
+  type KernelCall,
+  mlaAbsorbCall,
+  mlaAttentionCalls,
+  type MlaDims,
+  mlaRopeCacheCall,
+  mlaSplitKvB,
+  mlaValueCall,
+  storageBuffer,
+  type WeightType,
+} from "../../kernels/mod.ts";
+import type { MlaAttention } from "../config.ts";
+import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+import { linear } from "./linear.ts";
+
+/** RMSNorm epsilon of q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm's default). */
+const LORA_NORM_EPS = 1e-6;
+
+export interface MlaWeights {
+  norm: GPUBuffer;
+  /** q_lora_rank set: q_a_proj, q_a_layernorm, q_b_proj; else q_proj. */
+  qA?: GPUBuffer;
+  qANorm?: GPUBuffer;
+  qB?: GPUBuffer;
+  q?: GPUBuffer;
+  kvA: GPUBuffer;
+  kvANorm: GPUBuffer;
+  /** kv_b_proj cut per head: W_UK [nH, R, dn] and W_UV [nH, dv, R] (floats). */
+  wUK: GPUBuffer;
+  wUV: GPUBuffer;
+  kvType: WeightType;
+  o: GPUBuffer;
+}
+
+export function mlaTensors(a: MlaAttention, hidden: number, p: string): [string, number[]][] {
+  const qDim = a.heads * (a.qkNopeHeadDim + a.qkRopeHeadDim);
+  const q: [string, number[]][] = a.qLoraRank === null ? [[p + "self_attn.q_proj.weight", [qDim, hidden]]] : [
+    [p + "self_attn.q_a_proj.weight", [a.qLoraRank, hidden]],
+    [p + "self_attn.q_a_layernorm.weight", [a.qLoraRank]],
+    [p + "self_attn.q_b_proj.weight", [qDim, a.qLoraRank]],
+  ];
+  return [
+    ...q,
+    [p + "self_attn.kv_a_proj_with_mqa.weight", [a.kvLoraRank + a.qkRopeHeadDim, hidden]],
+    [p + "self_attn.kv_a_layernorm.weight", [a.kvLoraRank]],
+    [p + "self_attn.kv_b_proj.weight", [a.heads * (a.qkNopeHeadDim + a.vHeadDim), a.kvLoraRank]],
+    [p + "self_attn.o_proj.weight", [hidden, a.heads * a.vHeadDim]],
+  ];
+}
+
+/** Floats per token of the block's scratch buffers. */
+export function mlaScratch(a: MlaAttention): Record<string, number> {
+  const R = a.kvLoraRank;
+  return {
+    q: a.heads * (a.qkNopeHeadDim + a.qkRopeHeadDim),
+    qa: a.qLoraRank ?? 1,
+    qan: a.qLoraRank ?? 1,
+    kv: R + a.qkRopeHeadDim,
+    qLatent: a.heads * R,
+    ctx: a.heads * R,
+    att: a.heads * a.vHeadDim,
+  };
+}
+
+export async function loadMla(
+  ctx: BlockContext,
+  read: TensorReader,
+  readF32: (name: string) => Promise<Float32Array>,
+  a: MlaAttention,
+  hidden: number,
+  p: string,
+): Promise<MlaWeights> {
+  const norm = await read([`${p}input_layernorm.weight`]);
+  const q = a.qLoraRank === null ? { q: await read([`${p}self_attn.q_proj.weight`], hidden) } : {
+    qA: await read([`${p}self_attn.q_a_proj.weight`], hidden),
+    qANorm: await read([`${p}self_attn.q_a_layernorm.weight`]),
+    qB: await read([`${p}self_attn.q_b_proj.weight`], a.qLoraRank),
+  };
+  const kvA = await read([`${p}self_attn.kv_a_proj_with_mqa.weight`], hidden);
+  const kvANorm = await read([`${p}self_attn.kv_a_layernorm.weight`], undefined, "f32");
+  const { wUK, wUV } = mlaSplitKvB(await readF32(`${p}self_attn.kv_b_proj.weight`), a);
+  const kvType: WeightType = ctx.gpu.hasF16 && ctx.normType === "f16" ? "f16" : "f32";
+  const o = await read([`${p}self_attn.o_proj.weight`], a.heads * a.vHeadDim);
+  return {
+    norm,
+    ...q,
+    kvA,
+    kvANorm,
+    wUK: ctx.upload(wUK, kvType, "W_UK"),
+    wUV: ctx.upload(wUV, kvType, "W_UV"),
+    kvType,
+    o,
+  };
+}
+
+/** The latent cache [maxSeq, R + dr] f32. */
+export function mlaCache(
+  ctx: BlockContext,
+  a: MlaAttention,
+  maxSeq: number,
+): { buffers: GPUBuffer[]; bytes: number } {
+  const bytes = maxSeq * (a.kvLoraRank + a.qkRopeHeadDim) * 4;
+  return { buffers: [storageBuffer(ctx.gpu, bytes, "mla cache")], bytes };
+}
+
+export function mlaProgram(
+  ctx: BlockContext,
+  a: MlaAttention,
+  w: MlaWeights,
+  cache: GPUBuffer[],
+  bufs: StepBuffers & { scratch: Record<string, GPUBuffer>; rope: GPUBuffer; maxSeq: number },
+  d: { hidden: number; T: number },
+): KernelCall[] {
+  const { gpu } = ctx;
+  const { step, x, xn, scratch: s, rope: table } = bufs;
+  const { hidden: H, T } = d;
+  const dims: MlaDims = {
+    heads: a.heads,
+    kvLoraRank: a.kvLoraRank,
+    qkNopeHeadDim: a.qkNopeHeadDim,
+    qkRopeHeadDim: a.qkRopeHeadDim,
+    vHeadDim: a.vHeadDim,
+    maxSeq: bufs.maxSeq,
+    T,
+  };
+  const qDim = a.heads * (a.qkNopeHeadDim + a.qkRopeHeadDim);
+  const kvDim = a.kvLoraRank + a.qkRopeHeadDim;
+  const calls: KernelCall[] = [];
+  if (a.qLoraRank === null) {
+    calls.push(...linear(ctx, { x, w: w.q!, y: s.q, norm: w.norm, normed: xn }, { K: H, N: qDim, T }));
+  } else {
+    const r = a.qLoraRank;
+    calls.push(
+      ...linear(ctx, { x, w: w.qA!, y: s.qa, norm: w.norm, normed: xn }, { K: H, N: r, T }),
+      ...linear(ctx, { x: s.qa, w: w.qB!, y: s.q, norm: w.qANorm, normed: s.qan }, {
+        K: r,
+        N: qDim,
+        T,
+        eps: LORA_NORM_EPS,
+      }),
+    );
+  }
+  calls.push(
+    ...linear(ctx, { x, w: w.kvA, y: s.kv, norm: w.norm, normed: xn }, { K: H, N: kvDim, T }),
+    mlaRopeCacheCall(gpu, { step, table, q: s.q, kv: s.kv, kvNorm: w.kvANorm, cache: cache[0] }, {
+      ...dims,
+      eps: LORA_NORM_EPS,
+      interleaved: a.interleaved,
+    }),
+    mlaAbsorbCall(gpu, { q: s.q, wUK: w.wUK, qLatent: s.qLatent }, { ...dims, weights: w.kvType }),
+    ...mlaAttentionCalls(gpu, { step, q: s.q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
+      ...dims,
+      scale: a.scale,
+    }),
+    mlaValueCall(gpu, { ctx: s.ctx, wUV: w.wUV, out: s.att }, { ...dims, weights: w.kvType }),
+    ...linear(ctx, { x: s.att, w: w.o, y: x }, { K: a.heads * a.vHeadDim, N: H, T, accumulate: true }),
+  );
+  return calls;
+}
+
+export function mlaBuffers(w: MlaWeights): GPUBuffer[] {
+  return [w.norm, w.qA, w.qANorm, w.qB, w.q, w.kvA, w.kvANorm, w.wUK, w.wUV, w.o].filter((
+    b,
+  ): b is GPUBuffer => !!b);
+}

@@ -1,0 +1,102 @@
+// The blocks a layer is made of, dispatched on their kind: each kind's file says how it loads, what
+// scratch and KV cache it needs, and the kernels it runs. models/model.ts composes layers from these.
+import type { KernelCall, MoeScratch } from "../../kernels/mod.ts";
+import type { AttentionSpec, FfnSpec } from "../config.ts";
+import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+import { gqaBuffers, gqaCache, gqaProgram, type GqaWeights, gqaWidths, loadGqa } from "./gqa.ts";
+import { loadMla, mlaBuffers, mlaCache, mlaProgram, mlaScratch, type MlaWeights } from "./mla.ts";
+import { loadMlp, mlpBuffers, mlpProgram, type MlpWeights, mlpWidths } from "./mlp.ts";
+import { loadMoe, moeBuffers, moeProgram, type MoeWeights } from "./moe.ts";
+
+export type AttentionWeights = { kind: "gqa"; w: GqaWeights } | { kind: "mla"; w: MlaWeights };
+export type FfnWeights = { kind: "mlp"; w: MlpWeights } | { kind: "moe"; w: MoeWeights };
+
+export interface Loaders {
+  read: TensorReader;
+  readF32(name: string): Promise<Float32Array>;
+}
+
+export async function loadAttention(
+  ctx: BlockContext,
+  l: Loaders,
+  a: AttentionSpec,
+  hidden: number,
+  p: string,
+): Promise<AttentionWeights> {
+  return a.kind === "gqa"
+    ? { kind: "gqa", w: await loadGqa(l.read, a, hidden, p) }
+    : { kind: "mla", w: await loadMla(ctx, l.read, l.readF32, a, hidden, p) };
+}
+
+export async function loadFfn(l: Loaders, f: FfnSpec, hidden: number, p: string): Promise<FfnWeights> {
+  return f.kind === "mlp"
+    ? { kind: "mlp", w: await loadMlp(l.read, f, hidden, p) }
+    : { kind: "moe", w: await loadMoe(l.read, f, hidden, p) };
+}
+
+/** Floats per token of each scratch buffer a block needs (a sequence allocates the max over its layers). */
+export function scratchWidths(a: AttentionSpec, f: FfnSpec): Record<string, number> {
+  return { ...(a.kind === "gqa" ? gqaWidths(a) : mlaScratch(a)), ...(f.kind === "mlp" ? mlpWidths(f) : {}) };
+}
+
+/** One request's KV cache for one layer, and its bytes. */
+export function attentionCache(
+  ctx: BlockContext,
+  a: AttentionSpec,
+  maxSeq: number,
+): { buffers: GPUBuffer[]; bytes: number } {
+  return a.kind === "gqa" ? gqaCache(ctx, a, maxSeq) : mlaCache(ctx, a, maxSeq);
+}
+
+/** KV-cache bytes per token per layer. */
+export function kvBytesPerToken(a: AttentionSpec): number {
+  return a.kind === "gqa" ? 2 * a.kvHeads * a.headDim * 4 : (a.kvLoraRank + a.qkRopeHeadDim) * 4;
+}
+
+/** The width RoPE rotates (its table's head dimension). */
+export function ropeDim(a: AttentionSpec): number {
+  return a.kind === "gqa" ? a.headDim : a.qkRopeHeadDim;
+}
+
+export interface ProgramBuffers extends StepBuffers {
+  scratch: Record<string, GPUBuffer>;
+  moe?: MoeScratch;
+  rope: GPUBuffer;
+  maxSeq: number;
+}
+
+export function attentionProgram(
+  ctx: BlockContext,
+  a: AttentionSpec,
+  w: AttentionWeights,
+  cache: GPUBuffer[],
+  bufs: ProgramBuffers,
+  d: { hidden: number; T: number; fused: boolean },
+): KernelCall[] {
+  if (a.kind === "gqa" && w.kind === "gqa") return gqaProgram(ctx, a, w.w, cache, bufs, d);
+  if (a.kind === "mla" && w.kind === "mla") return mlaProgram(ctx, a, w.w, cache, bufs, d);
+  throw new Error(`attention weights of kind ${w.kind} for a ${a.kind} layer`);
+}
+
+export function ffnProgram(
+  ctx: BlockContext,
+  f: FfnSpec,
+  w: FfnWeights,
+  bufs: ProgramBuffers,
+  d: { hidden: number; T: number; fused: boolean },
+): KernelCall[] {
+  if (f.kind === "mlp" && w.kind === "mlp") return mlpProgram(ctx, f, w.w, bufs, d);
+  if (f.kind === "moe" && w.kind === "moe") {
+    if (!bufs.moe) throw new Error("a MoE layer needs the sequence's MoE scratch");
+    return moeProgram(ctx, f, w.w, { ...bufs, moe: bufs.moe }, d);
+  }
+  throw new Error(`FFN weights of kind ${w.kind} for a ${f.kind} layer`);
+}
+
+export function attentionBuffers(w: AttentionWeights): GPUBuffer[] {
+  return w.kind === "gqa" ? gqaBuffers(w.w) : mlaBuffers(w.w);
+}
+
+export function ffnBuffers(w: FfnWeights): GPUBuffer[] {
+  return w.kind === "mlp" ? mlpBuffers(w.w) : moeBuffers(w.w);
+}

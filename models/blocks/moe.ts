@@ -1,0 +1,123 @@
+// A mixture-of-experts FFN (Mixtral, Qwen3-MoE, DeepSeek-V3 / Kimi K2), pre-normed, adding into the residual
+// (kernels/moe_ffn.ts computes it on the GPU, no readback per layer):
+//   xn     = rmsnorm(x) * post_attention_layernorm                    [H]
+//   ids, w = route(xn @ router^T)                                      [k]      (the family's rule)
+//   x     += sum_j w_j * expert_{ids_j}(xn)  (+ shared experts(xn))    [H]
+// Experts are stacked per layer: gate+up [E, 2I, H] and down [E, H, I]; the router stays f32.
+import {
+  createMoeScratch,
+  type KernelCall,
+  moeFfnCalls,
+  type MoeScratch,
+  rmsnormCall,
+} from "../../kernels/mod.ts";
+import type { MoeFfn } from "../config.ts";
+import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+
+export interface MoeWeights {
+  norm: GPUBuffer;
+  router: GPUBuffer;
+  bias?: GPUBuffer;
+  gateUp: GPUBuffer;
+  down: GPUBuffer;
+  sharedGateUp?: GPUBuffer;
+  sharedDown?: GPUBuffer;
+}
+
+export function moeTensors(f: MoeFfn, hidden: number, p: string): [string, number[]][] {
+  const { experts: E } = f.routing;
+  const I = f.intermediate;
+  const t: [string, number[]][] = [[p + f.names.router, [E, hidden]]];
+  if (f.names.bias) t.push([p + f.names.bias, [E]]);
+  for (let e = 0; e < E; e++) {
+    const n = f.names.expert(e);
+    t.push([p + n.gate, [I, hidden]], [p + n.up, [I, hidden]], [p + n.down, [hidden, I]]);
+  }
+  if (f.names.shared && f.sharedIntermediate > 0) {
+    const s = p + f.names.shared, Is = f.sharedIntermediate;
+    t.push(
+      [s + "gate_proj.weight", [Is, hidden]],
+      [s + "up_proj.weight", [Is, hidden]],
+      [s + "down_proj.weight", [hidden, Is]],
+    );
+  }
+  return t;
+}
+
+export async function loadMoe(read: TensorReader, f: MoeFfn, hidden: number, p: string): Promise<MoeWeights> {
+  const E = f.routing.experts;
+  const experts = Array.from({ length: E }, (_, e) => f.names.expert(e));
+  const w: MoeWeights = {
+    norm: await read([`${p}post_attention_layernorm.weight`]),
+    router: await read([p + f.names.router], undefined, "f32"),
+    gateUp: await read(experts.flatMap((n) => [p + n.gate, p + n.up]), hidden),
+    down: await read(experts.map((n) => p + n.down), f.intermediate),
+  };
+  if (f.names.bias) w.bias = await read([p + f.names.bias], undefined, "f32");
+  if (f.names.shared && f.sharedIntermediate > 0) {
+    const s = p + f.names.shared;
+    w.sharedGateUp = await read([s + "gate_proj.weight", s + "up_proj.weight"], hidden);
+    w.sharedDown = await read([s + "down_proj.weight"], f.sharedIntermediate);
+  }
+  return w;
+}
+
+/** Scratch for T tokens of MoE layers of this shape (one serves every such layer of a sequence). */
+export function moeScratch(ctx: BlockContext, f: MoeFfn, hidden: number, T: number): MoeScratch {
+  return createMoeScratch(ctx.gpu, {
+    T,
+    hidden,
+    intermediate: f.intermediate,
+    sharedIntermediate: f.sharedIntermediate,
+    routing: f.routing,
+  });
+}
+
+export function moeProgram(
+  ctx: BlockContext,
+  f: MoeFfn,
+  w: MoeWeights,
+  bufs: StepBuffers & { moe: MoeScratch },
+  d: { hidden: number; T: number },
+): KernelCall[] {
+  const { gpu, normType, eps } = ctx;
+  const wt = (b?: GPUBuffer) => b && ctx.typeOf(b);
+  const { x, xn } = bufs;
+  return [
+    rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: d.hidden, rows: d.T, eps, weights: normType }),
+    ...moeFfnCalls(gpu, {
+      x: xn,
+      y: x,
+      router: w.router,
+      bias: w.bias,
+      gateUp: w.gateUp,
+      down: w.down,
+      sharedGateUp: w.sharedGateUp,
+      sharedDown: w.sharedDown,
+      scratch: bufs.moe,
+    }, {
+      hidden: d.hidden,
+      intermediate: f.intermediate,
+      sharedIntermediate: f.sharedIntermediate,
+      T: d.T,
+      routing: f.routing,
+      weights: {
+        router: "f32",
+        gateUp: wt(w.gateUp)!,
+        down: wt(w.down)!,
+        sharedGateUp: wt(w.sharedGateUp),
+        sharedDown: wt(w.sharedDown),
+      },
+    }),
+  ];
+}
+
+export function moeBuffers(w: MoeWeights): GPUBuffer[] {
+  return [w.norm, w.router, w.bias, w.gateUp, w.down, w.sharedGateUp, w.sharedDown].filter((
+    b,
+  ): b is GPUBuffer => !!b);
+}
+
+export function moeScratchBuffers(s: MoeScratch): GPUBuffer[] {
+  return Object.values(s).filter((b): b is GPUBuffer => !!b);
+}
