@@ -43,15 +43,15 @@ export type FixtureWeights = "f32" | "f16" | "q8" | "q4";
 
 /**
  * Default logits tolerance (worst row's max |error| / max |logit|) by weight storage. f32: exact up to
- * accumulation order. f16: ~2e-3 measured. q8 / q4: measured on the H200 (2026-11-30, random weights,
- * docs/KERNELS.md): q8 1.8e-2 .. 3.4e-2 on the Llama fixtures and qwen2-tiny, 5.4e-2 on qwen3-tiny (its
- * weights are drawn 2.5x wider and its q/k norms rescale quantised q and k); q4 3.1e-1 .. 5.6e-1, and
- * 8.2e-1 on qwen3-tiny. The bounds leave ~1.5x room over the worst. The q4 bound only catches gross
- * errors; q4's kernels are checked tightly against dequantised references (tests/kernels/
- * matmul_quant_test.ts) and the whole q4 model against the same weights dequantised on the CPU
- * (tests/scripts/quant_error_test.ts).
+ * accumulation order. f16: ~2e-3 measured. q8 / q4 only catch gross errors, from what was measured on the
+ * H200 (2026-11-30, random weights): dense models q8 1.8e-2 .. 5.4e-2 (qwen3-tiny), q4 3.1e-1 .. 8.2e-1;
+ * MoE models move further because a quantised router input can flip an expert choice: mixtral-tiny q8
+ * 2.7e-1 (the f32 engine on the same weights quantised and dequantised on the CPU gives 2.69e-1, so this is
+ * the weights, not the kernels) and q4 1.34. q8 must still keep the greedy tokens of the dense fixtures.
+ * The quantised kernels are checked tightly against dequantised references (tests/kernels/) and whole
+ * models against the fake-quantised weights (tests/scripts/quant_error_test.ts).
  */
-export const FIXTURE_TOLERANCE: Record<FixtureWeights, number> = { f32: 1e-4, f16: 2e-2, q8: 8e-2, q4: 1.2 };
+export const FIXTURE_TOLERANCE: Record<FixtureWeights, number> = { f32: 1e-4, f16: 2e-2, q8: 0.4, q4: 2 };
 
 export interface FixtureCheck {
   tokensMatch: boolean;
@@ -72,7 +72,12 @@ export async function checkFixture(
   const local = opts.local ? ["--local", String(opts.local)] : [];
   const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
   const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
-  const expected: number[] = ref.tokens.slice(ref.prompt_length);
+  // The reference's greedy loop runs past an eos; generation stops at it (as transformers' generate does).
+  const config = JSON.parse(await Deno.readTextFile(join(dir, "config.json")));
+  const eos: number[] = [config.eos_token_id ?? []].flat();
+  let expected: number[] = ref.tokens.slice(ref.prompt_length);
+  const stop = expected.findIndex((t) => eos.includes(t));
+  if (stop >= 0) expected = expected.slice(0, stop + 1);
   const gen = await cli([
     "generate",
     "--model",

@@ -14,7 +14,34 @@ const gpu = await getGpu().then((g) => g, (e) => {
 });
 const slow = { sanitizeOps: false, sanitizeResources: false };
 
-for (const name of ["qwen2-tiny", "qwen3-tiny", "mixtral-tiny", "kimi-k2-tiny"]) {
+// The shared fixtures, then variants made with transformers by scripts/fixtures/make_family_variants.py (other
+// expert counts and top-k, norm_topk_prob on and off, sparse steps and dense layers, no q low-rank, no
+// groups, rotate-half RoPE, yarn with mscale != mscale_all_dim, q/k/v/o biases).
+const FIXTURES = ["qwen2-tiny", "qwen3-tiny", "mixtral-tiny", "kimi-k2-tiny"];
+const VARIANTS = [
+  "qwen3-bias",
+  "qwen3-moe-norm",
+  "qwen3-moe-raw",
+  "mixtral-e6k3",
+  "deepseek-v3-plain",
+  "deepseek-v3-groups",
+];
+
+for (const name of VARIANTS) {
+  const dir = fixtureDir(name, { needs: "reference.safetensors" })!;
+  for (const local of [undefined, 3]) {
+    const test = `${name} (${
+      local ? `--local ${local}` : "one node"
+    }): reference tokens and logits within 1e-4 (f32)`;
+    Deno.test({ ...slow, ...needs(test, { "a WebGPU adapter": gpu }) }, async () => {
+      const r = await checkFixture(dir, { local, weights: "f32" });
+      assert.deepEqual(r.generated, r.expected, "greedy tokens");
+      assert.ok(r.logitsError <= 1e-4, `logits error ${r.logitsError}`);
+    });
+  }
+}
+
+for (const name of FIXTURES) {
   const dir = fixtureDir(name, { needs: "reference.safetensors" })!;
   for (const local of [undefined, 1, 3]) {
     const where = local ? `--local ${local}` : "one node";
