@@ -3,7 +3,7 @@
 // (0 success, 1 runtime failure, 2 bad usage or bad input).
 import { type Command, UsageError } from "./cli/command.ts";
 import { commands } from "./cli/mod.ts";
-import { CheckpointError } from "./models/errors.ts";
+import { CheckpointError, RequestError } from "./models/errors.ts";
 
 const VERSION = "0.1.0";
 
@@ -42,8 +42,8 @@ export async function main(argv: string[]): Promise<number> {
     return await command.run(rest);
   } catch (e) {
     if (
-      e instanceof UsageError || e instanceof CheckpointError || e instanceof TypeError ||
-      e instanceof RangeError
+      e instanceof UsageError || e instanceof CheckpointError || e instanceof RequestError ||
+      e instanceof TypeError || e instanceof RangeError
     ) {
       console.error(`swactor ${name}: ${(e as Error).message}`);
       return 2;

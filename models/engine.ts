@@ -44,6 +44,7 @@ import {
   writeStep,
 } from "../kernels/mod.ts";
 import { Checkpoint } from "./checkpoint.ts";
+import { RequestError } from "./errors.ts";
 import { type LoadOptions, Model, type Sequence, type WeightsOption } from "./model.ts";
 
 /**
@@ -89,12 +90,12 @@ export class NonFiniteLogitsError extends Error {
   }
 }
 
-/** Checks ids against the vocabulary: a RangeError names the first bad one. */
+/** Checks ids against the vocabulary: a RequestError names the first bad one. */
 export function checkTokenIds(ids: readonly number[], vocab: number): void {
-  if (ids.length === 0) throw new RangeError("the prompt has no tokens");
+  if (ids.length === 0) throw new RequestError("the prompt has no tokens");
   ids.forEach((id, i) => {
     if (!Number.isInteger(id) || id < 0 || id >= vocab) {
-      throw new RangeError(`token id ${id} at index ${i} is outside the vocabulary [0, ${vocab})`);
+      throw new RequestError(`token id ${id} at index ${i} is outside the vocabulary [0, ${vocab})`);
     }
   });
 }
@@ -160,7 +161,7 @@ export class Engine implements StageBackend {
     const { pos0, T, output } = input;
     const H = this.model.hidden;
     if (pos0 + T > seq.maxSeq) {
-      throw new RangeError(`positions up to ${pos0 + T} exceed the request's ${seq.maxSeq}`);
+      throw new RequestError(`positions up to ${pos0 + T} exceed the request's ${seq.maxSeq}`);
     }
     if (this.role.embeds) {
       if (!input.tokens || input.tokens.length !== T) {
@@ -203,11 +204,11 @@ export class Engine implements StageBackend {
     }
     checkTokenIds(prompt, this.model.vocab);
     if (!(Number.isInteger(opts.maxTokens) && opts.maxTokens >= 1)) {
-      throw new RangeError(`max tokens must be an integer >= 1, got ${opts.maxTokens}`);
+      throw new RequestError(`max tokens must be an integer >= 1, got ${opts.maxTokens}`);
     }
     const P = prompt.length;
     if (P + opts.maxTokens > seq.maxSeq) {
-      throw new RangeError(
+      throw new RequestError(
         `prompt (${P}) + max tokens (${opts.maxTokens}) exceeds the request's ${seq.maxSeq} positions`,
       );
     }
@@ -350,7 +351,7 @@ export class Engine implements StageBackend {
     if (!this.role.embeds || !this.role.head) throw new Error("logits needs a part with embedding and head");
     checkTokenIds(tokens, this.model.vocab);
     if (tokens.length > this.model.maxPositions) {
-      throw new RangeError(`${tokens.length} tokens exceed the model's ${this.model.maxPositions} positions`);
+      throw new RequestError(`${tokens.length} tokens exceed the model's ${this.model.maxPositions} positions`);
     }
     const V = this.model.vocab;
     const id = `logits-${this.#next++}`;
@@ -406,11 +407,11 @@ export async function generate(
 ): Promise<GenerateResult> {
   checkTokenIds(prompt, engine.model.vocab);
   if (!(Number.isInteger(opts.maxTokens) && opts.maxTokens >= 1)) {
-    throw new RangeError(`max tokens must be an integer >= 1, got ${opts.maxTokens}`);
+    throw new RequestError(`max tokens must be an integer >= 1, got ${opts.maxTokens}`);
   }
   const maxSeq = prompt.length + opts.maxTokens;
   if (maxSeq > engine.model.maxPositions) {
-    throw new RangeError(
+    throw new RequestError(
       `prompt (${prompt.length}) + max tokens (${opts.maxTokens}) exceeds the model's ${engine.model.maxPositions} positions`,
     );
   }
@@ -439,7 +440,7 @@ async function readBatch(gpu: Gpu, b: Batch): Promise<number[]> {
 export function weightsOption(v: string | undefined): WeightsOption | undefined {
   if (v === undefined || v === "auto") return undefined;
   if (v === "f32" || v === "f16" || isQuant(v)) return v;
-  throw new TypeError(`weights must be auto, f32, f16, q8 or q4, got "${v}"`);
+  throw new RequestError(`weights must be auto, f32, f16, q8 or q4, got "${v}"`);
 }
 
 /** Opens a checkpoint and loads `role`'s part of it onto this process's GPU. */

@@ -9,3 +9,12 @@
 export class CheckpointError extends Error {
   override name = "CheckpointError";
 }
+
+/**
+ * A request the model cannot serve as asked: token ids outside the vocabulary, more positions than the
+ * model has, a weight storage this GPU lacks, a layer range outside the model. Bad input like
+ * CheckpointError (the CLI exits 2, HTTP answers 400); the message says what was asked and what is possible.
+ */
+export class RequestError extends Error {
+  override name = "RequestError";
+}

@@ -2,7 +2,7 @@
 // byte range), the model families (models/families/: config.json -> ModelConfig), the tensor table,
 // dtype conversion, tokenizers, the built-in demo model; the forward pass (model.ts, blocks/) and the one
 // decode engine (engine.ts) that a single node and every pipeline stage run. models/ never imports node/.
-export { CheckpointError } from "./errors.ts";
+export { CheckpointError, RequestError } from "./errors.ts";
 export {
   type DType,
   dtypeSize,

@@ -13,7 +13,7 @@
 import type { Checkpoint } from "./checkpoint.ts";
 import type { ModelConfig } from "./config.ts";
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
-import { CheckpointError } from "./errors.ts";
+import { CheckpointError, RequestError } from "./errors.ts";
 import { type ModelPart, tensorShapes } from "./tensors.ts";
 import {
   createStepBuffer,
@@ -153,11 +153,11 @@ export class Model {
     const c = ckpt.config;
     const wt = opts.weights ?? defaultWeights(gpu);
     if (wt === "f16" && !gpu.hasF16) {
-      throw new RangeError(`f16 weights need shader-f16, which ${gpu.adapterName} lacks`);
+      throw new RequestError(`f16 weights need shader-f16, which ${gpu.adapterName} lacks`);
     }
     const layers = opts.layers ?? [0, c.numLayers];
     if (!(layers[0] >= 0 && layers[0] <= layers[1] && layers[1] <= c.numLayers)) {
-      throw new RangeError(`layer range [${layers}] is outside the model's ${c.numLayers} layers`);
+      throw new RequestError(`layer range [${layers}] is outside the model's ${c.numLayers} layers`);
     }
     // A config that claims more layers than the weights hold fails here, before anything is built for it.
     if (c.numLayers > ckpt.layersStored()) {
@@ -208,7 +208,7 @@ export class Model {
       }
       if (isQuant(as)) all = quantize(all as Float32Array, { N: length / K!, K: K! }, as);
       if (all.byteLength > maxBinding) {
-        throw new RangeError(
+        throw new Error(
           `${names.join("+")} needs ${all.byteLength} bytes on the GPU, above ${gpu.adapterName}'s largest ` +
             `binding (${maxBinding})${wt === "f32" ? "; try 16-bit weights" : ""}`,
         );
@@ -316,10 +316,10 @@ export class Sequence {
   ) {
     const { gpu, config: c } = model;
     if (!(Number.isInteger(opts.maxSeq) && opts.maxSeq >= 1)) {
-      throw new RangeError(`maxSeq must be >= 1, got ${opts.maxSeq}`);
+      throw new RequestError(`maxSeq must be >= 1, got ${opts.maxSeq}`);
     }
     if (opts.maxSeq > c.maxPositionEmbeddings) {
-      throw new RangeError(
+      throw new RequestError(
         `context of ${opts.maxSeq} tokens exceeds the model's ${c.maxPositionEmbeddings} positions`,
       );
     }
