@@ -7,6 +7,8 @@ import { resolve } from "node:path";
 import { attachPipeline, publishPlan } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
+import { spawnWorker, stopWorkers } from "./workers.ts";
+import { readPlanFile } from "./plan_file.ts";
 
 export const up: Command = {
   name: "up",
@@ -16,11 +18,13 @@ export const up: Command = {
                   [--model DIR] [--plan FILE] [--weights f32|f16|q8|q4]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
-stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves gracefully.
-  --peers N            also start N-1 local worker nodes (\`swactor join\`), so one command gives a cluster
+stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then leaves gracefully.
+  --peers N            also start N-1 local worker nodes (\`swactor join\`; they get the ticket on a pipe,
+                       not on their command line, and leave when this process ends, however it ends)
   --listen HOST:PORT   iroh bind address (default 127.0.0.1:0)
   --api HOST:PORT      control API address (default 127.0.0.1:0); recorded with the ticket in the state
-                       file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down
+                       file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down;
+                       a non-loopback address needs --expose-api
   --membership NAME    membership timing preset (default lan)
   --model DIR          serve this checkpoint on a chain over the N nodes (layers placed by the planner);
                        \`generate\` on this machine then uses the cluster; \`status\` shows each stage
@@ -32,6 +36,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       peers: { type: "string" },
       listen: { type: "string" },
       api: { type: "string" },
+      "expose-api": { type: "boolean" },
       membership: { type: "string" },
       model: { type: "string" },
       plan: { type: "string" },
@@ -40,17 +45,21 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
     const weights = parseWeights(values.weights);
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
-    const plan = values.plan ? JSON.parse(await Deno.readTextFile(values.plan)) : undefined;
+    const plan = values.plan === undefined ? undefined : await readPlanFile(values.plan, {
+      modelDir: values.model,
+      nodes: values.model ? peers : undefined,
+    });
     const secret = newSecret();
     const workers: Deno.ChildProcess[] = [];
     return await runNodeProcess({
       secret,
       listen: values.listen,
       api: values.api,
+      exposeApi: values["expose-api"],
       membership: values.membership,
       plan: values.model ? undefined : plan,
       pipeline: () => pipeline,
-      async ready(node, api) {
+      async ready(node, api, signal) {
         pipeline = attachPipeline(node);
         node.actors.spawn("leader", { receive: () => {} });
         const ticket = encodeTicket({ secret, leader: node.transport.self });
@@ -64,23 +73,18 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
         console.log(`ticket: ${ticket}`);
         console.error(`api: ${api}`);
         console.error(`id: ${node.membership.id}`);
-        const main = new URL("../main.ts", import.meta.url).pathname;
-        for (let i = 1; i < peers; i++) {
-          const args = ["run", "-A", "--quiet", main, "join", ticket];
-          if (values.membership) args.push("--membership", values.membership);
-          workers.push(
-            new Deno.Command(Deno.execPath(), { args, stdout: "null", stderr: "inherit" }).spawn(),
-          );
-        }
+        const args = values.membership ? ["--membership", values.membership] : [];
+        for (let i = 1; i < peers; i++) workers.push(spawnWorker(ticket, { args, stderr: "inherit" }));
         if (values.model) {
           const a = await publishPlan(node, pipeline, {
             modelDir: resolve(values.model),
             weights,
             members: peers,
             plan,
+            signal,
           });
           console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);
-          const chain = await pipeline.waitReady();
+          const chain = await pipeline.waitReady({ signal });
           console.error(
             `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)}`,
           );
@@ -88,12 +92,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       },
       async cleanup() {
         await pipeline?.close();
-        for (const w of workers) {
-          try {
-            w.kill("SIGTERM");
-          } catch { /* already gone */ }
-        }
-        await Promise.all(workers.map((w) => w.status));
+        await stopWorkers(workers);
         await clearState(Deno.pid);
       },
     });
