@@ -1,5 +1,5 @@
 // `swactor down`: ask a node to leave the cluster gracefully and exit.
-import { apiBase, apiFetch } from "./api_client.ts";
+import { apiBase, apiFetch } from "../node/api/mod.ts";
 import { type Command, parseFlags } from "./command.ts";
 
 export const down: Command = {

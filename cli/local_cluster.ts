@@ -5,8 +5,8 @@ import { resolve } from "node:path";
 import { startNode, type SwactorNode } from "../node/node.ts";
 import { presets } from "../node/membership/mod.ts";
 import { encodeTicket, newSecret } from "../node/ticket.ts";
-import type { Assignment, Chain, PipelineNode } from "../node/stage/mod.ts";
-import { attachPipeline, publishPlan } from "./pipeline_node.ts";
+import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
+import { attachPipeline } from "./pipeline_node.ts";
 import { spawnWorker, stopWorkers } from "./workers.ts";
 
 export interface LocalCluster {

@@ -12,7 +12,7 @@ import {
   type TokenEvent,
   type TokenTimings,
 } from "../node/stage/mod.ts";
-import { apiFetch } from "./api_client.ts";
+import { apiFetch, readGenerateLines } from "../node/api/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
 import { UsageError } from "./command.ts";
 import { onStopSignal } from "./signals.ts";
@@ -248,35 +248,28 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
     }
     const events: TokenEvent[] = [];
     const tokens: number[] = [];
-    let buf = "";
-    for await (const chunk of res.body!.pipeThrough(new TextDecoderStream())) {
-      buf += chunk;
-      let i;
-      while ((i = buf.indexOf("\n")) >= 0) {
-        const m = JSON.parse(buf.slice(0, i));
-        buf = buf.slice(i + 1);
-        if (m.error) throw new Error(m.error);
-        if (m.token !== undefined) {
-          tokens.push(m.token);
-          events.push(m);
-          out.token(m.token);
+    for await (const m of readGenerateLines(res.body!)) {
+      if ("error" in m) throw new Error(m.error);
+      if ("token" in m) {
+        tokens.push(m.token);
+        events.push(m);
+        out.token(m.token);
+      }
+      if ("done" in m) {
+        out.end();
+        const status = await (await apiFetch(base, "/pipeline")).json();
+        report(p, o, { tokens, events, ...m.done }, {
+          stages: stageSummary(status.assignment.plan.stages),
+          nodes: m.done.stages,
+        });
+        if (o.trace) {
+          if (events.some((e) => !Array.isArray(e.trace))) {
+            console.error(
+              "swactor: the cluster's nodes send no per-step trace (an older version?): no trace written",
+            );
+          } else await writeTrace(o.trace, events, status.assignment.plan.stages);
         }
-        if (m.done) {
-          out.end();
-          const status = await (await apiFetch(base, "/pipeline")).json();
-          report(p, o, { tokens, events, ...m.done }, {
-            stages: stageSummary(status.assignment.plan.stages),
-            nodes: m.done.stages,
-          });
-          if (o.trace) {
-            if (events.some((e) => !Array.isArray(e.trace))) {
-              console.error(
-                "swactor: the cluster's nodes send no per-step trace (an older version?): no trace written",
-              );
-            } else await writeTrace(o.trace, events, status.assignment.plan.stages);
-          }
-          return 0;
-        }
+        return 0;
       }
     }
     throw new Error("the cluster closed the stream before the end of the generation");

@@ -80,7 +80,7 @@ export function checkPlan(
     throw bad((e as Error).message);
   }
   if (check.nodes !== undefined && owner.size > check.nodes) {
-    throw bad(`it names ${owner.size} nodes; the cluster has ${check.nodes}`);
+    throw bad(`the Plan names ${owner.size} nodes; the cluster has ${check.nodes}`);
   }
 }
 

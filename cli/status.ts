@@ -1,6 +1,5 @@
 // `swactor status`: the members a node sees, as a table or as JSON.
-import type { MemberView } from "../node/api/mod.ts";
-import { apiBase, apiFetch } from "./api_client.ts";
+import { apiBase, apiFetch, type MemberView } from "../node/api/mod.ts";
 import { type Command, parseFlags } from "./command.ts";
 
 export const status: Command = {

@@ -4,11 +4,12 @@ import { clearState, writeState } from "../node/state_file.ts";
 import { type Command, numberFlag, parseFlags } from "./command.ts";
 import { runNodeProcess } from "./node_process.ts";
 import { resolve } from "node:path";
-import { attachPipeline, publishPlan } from "./pipeline_node.ts";
+import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
-import type { PipelineNode } from "../node/stage/mod.ts";
+import { type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { spawnWorker, stopWorkers } from "./workers.ts";
 import { readPlanFile } from "./plan_file.ts";
+import { Checkpoint } from "../models/checkpoint.ts";
 
 export const up: Command = {
   name: "up",
@@ -45,6 +46,8 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
     const weights = parseWeights(values.weights);
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
+    // The checkpoint is checked before any node starts: a bad one exits 2 with nothing left running.
+    if (values.model !== undefined) await Checkpoint.open(resolve(values.model));
     const plan = values.plan === undefined ? undefined : await readPlanFile(values.plan, {
       modelDir: values.model,
       nodes: values.model ? peers : undefined,

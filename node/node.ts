@@ -1,33 +1,47 @@
 // A swactor node: wires the transport, membership (with the registry on its gossip) and the actor runtime
 // together. Each service lives in its own module; this file only composes them and forwards lifecycle.
+// The transport is iroh unless the caller passes one (the in-memory network, for in-process tests).
 import { ActorSystem } from "./actors/mod.ts";
 import { describeNode, type DescribeOptions } from "./descriptor.ts";
 import { lan, Membership, type MembershipConfig } from "./membership/mod.ts";
 import { isMembershipPacket } from "./membership/mod.ts";
 import { Registry } from "./registry/mod.ts";
 import { demux } from "./transport/demux.ts";
-import { createIrohTransport, type IrohTransport } from "./transport/iroh.ts";
+import { createIrohTransport } from "./transport/iroh.ts";
 import type { Log } from "./transport/iroh_link.ts";
-import type { PeerAddr } from "./transport/transport.ts";
+import type { PeerAddr, Transport } from "./transport/transport.ts";
 import { Service } from "./wire/mod.ts";
 
-export interface NodeOptions extends DescribeOptions {
+interface CommonNodeOptions extends DescribeOptions {
+  /** Membership timings (default: the `lan` preset). */
+  membership?: MembershipConfig;
+}
+
+/** A node on iroh (the default): its endpoint is made from these. */
+export interface IrohNodeOptions extends CommonNodeOptions {
   /** The cluster secret (from the ticket, or fresh for a leader). */
   secret: Uint8Array;
   /** iroh bind address (default "127.0.0.1:0"). */
   listen?: string;
   /** "minimal" (default, offline) or "n0" (relays and discovery). */
   preset?: "minimal" | "n0";
-  /** Membership timings (default: the `lan` preset). */
-  membership?: MembershipConfig;
   /** Log sink (default: warnings to stderr). */
   log?: Log;
   /** Peer address -> address to dial instead (a test/bench hook; see IrohTransportOptions). Default none. */
   dialOverrides?: ReadonlyMap<string, string>;
+  transport?: undefined;
 }
 
+/** A node on a transport the caller made, e.g. `MemoryNetwork.connect(id)` (node/transport/memory.ts). */
+export interface TransportNodeOptions extends CommonNodeOptions {
+  /** The transport to run over; the node takes it over (sets its handler, closes it on leave). */
+  transport: Transport;
+}
+
+export type NodeOptions = IrohNodeOptions | TransportNodeOptions;
+
 export interface SwactorNode {
-  transport: IrohTransport;
+  transport: Transport;
   membership: Membership;
   registry: Registry;
   actors: ActorSystem;
@@ -38,7 +52,7 @@ export interface SwactorNode {
 }
 
 export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
-  const transport = await createIrohTransport({
+  const transport = opts.transport ?? await createIrohTransport({
     secret: opts.secret,
     bindAddr: opts.listen,
     preset: opts.preset,
@@ -88,7 +102,7 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     registry,
     actors,
     async join(seeds) {
-      await transport.connect(seeds[0]);
+      await transport.connect?.(seeds[0]);
       await membership.join(seeds);
     },
     async leave() {

@@ -1,6 +1,7 @@
 // Where test fixtures are: small ones are copied into tests/fixtures/ (always there, also in CI);
 // big ones (llama3-tiny's 16 MB weights and 6 MB tokenizer.json, the sharded kimi-k2-tiny) are read
-// from ../shared/fixtures beside the repository when present. Tests that need those skip otherwise.
+// from ../shared/fixtures beside the repository when present. Tests that need those look them up at module
+// load and are ignored otherwise, the reason in their name (needs() in tests/support/needs.ts).
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { existsSync } from "node:fs";
@@ -28,7 +29,11 @@ export function fixtureDir(name: string, opts: { needs?: string } = {}): string 
   return null;
 }
 
-/** Logs why a test is skipped; returns true so that `if (skip(...)) return;` reads naturally. */
+/**
+ * Logs why a test is skipped; returns true so that `if (skip(...)) return;` reads naturally.
+ * @deprecated A test that returns early is reported as passed. Use `ignore` with needs()
+ * (tests/support/needs.ts). Still called from tests/models/ until those are converted.
+ */
 export function skipped(test: string, why: string): true {
   console.log(`skipped: ${test}: ${why}`);
   return true;

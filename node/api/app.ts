@@ -1,5 +1,7 @@
-// The control API (localhost only): what `status` and `down` talk to. Built by a factory over the node's
-// services so it is tested through app.request() with fakes.
+// The control API: `GET /status`, `GET /registry`, `POST /down`, and, on a node that runs a pipeline,
+// `GET /pipeline` and `POST /generate` (pipeline_routes.ts). `status`, `down` and `generate` are its clients
+// (client.ts). Built by a factory over ApiServices, which nodeServices (services.ts) makes from a running
+// node and tests make from fakes (app.request()); serveApi (serve.ts) serves it, on 127.0.0.1 by default.
 import { Hono } from "hono";
 import type { PipelineNode } from "../stage/mod.ts";
 import { pipelineRoutes, pipelineStatus } from "./pipeline_routes.ts";
@@ -22,7 +24,7 @@ export interface ApiServices {
   members(): MemberView[];
   /** name -> owner id. */
   registry(): [string, string][];
-  /** The Plan this cluster runs (null until the pipeline issue lands or `up --plan` gives one). */
+  /** A Plan to show: `up --plan` without --model gives one; else null, and /status shows the Assignment's. */
   plan(): unknown;
   /** Starts a graceful leave; the process exits once it is done. */
   down(): void;

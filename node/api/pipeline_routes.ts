@@ -1,8 +1,28 @@
 // The pipeline's control API: `GET /pipeline` (the Assignment and every stage's report: active requests,
 // KV bytes) and `POST /generate` (token ids in, NDJSON out: one line per token, then the outcome; closing
-// the connection cancels the request, which every stage then releases).
+// the connection cancels the request, which every stage then releases). A client reads that stream with
+// readGenerateLines.
 import type { Hono } from "hono";
-import type { PipelineNode } from "../stage/mod.ts";
+import type { GenerateOutcome, PipelineNode, TokenEvent } from "../stage/mod.ts";
+import { ndjsonLine, readNdjson } from "./ndjson.ts";
+
+/** One line of `POST /generate`'s body: a line per token, then either the outcome or an error. */
+export type GenerateLine =
+  | TokenEvent
+  | { done: Pick<GenerateOutcome, "stopReason" | "firstTokenMs" | "tokS"> & { stages: number } }
+  | { error: string };
+
+/** Reads `POST /generate`'s body line by line; throws on a line that is none of GenerateLine's kinds. */
+export async function* readGenerateLines(body: ReadableStream<Uint8Array>): AsyncGenerator<GenerateLine> {
+  for await (const v of readNdjson(body)) {
+    const m = v as Record<string, unknown> | null;
+    const ok = typeof m === "object" && m !== null &&
+      (typeof m.token === "number" || typeof m.done === "object" && m.done !== null ||
+        typeof m.error === "string");
+    if (!ok) throw new Error(`POST /generate: unexpected line ${JSON.stringify(v).slice(0, 80)}`);
+    yield m as GenerateLine;
+  }
+}
 
 export async function pipelineStatus(p: PipelineNode): Promise<unknown> {
   const a = p.board.current;
@@ -43,12 +63,11 @@ export function pipelineRoutes(app: Hono, pipeline: () => PipelineNode | undefin
     }
     const abort = new AbortController();
     c.req.raw.signal.addEventListener("abort", () => abort.abort(new Error("the client went away")));
-    const enc = new TextEncoder();
     const body = new ReadableStream<Uint8Array>({
       start: async (ctl) => {
-        const line = (v: unknown) => {
+        const line = (v: GenerateLine) => {
           try {
-            ctl.enqueue(enc.encode(JSON.stringify(v) + "\n"));
+            ctl.enqueue(ndjsonLine(v));
           } catch { /* closed */ }
         };
         try {

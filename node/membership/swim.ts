@@ -342,7 +342,9 @@ export class Membership {
     for (const t of targets) {
       const parts = this.#queue.take(this.config.packetBytes - PACKET_HEADER_BYTES, 4, this.numLive());
       if (parts.length === 0) break;
-      this.#sendPacket(t, parts);
+      // Not #sendPacket: its piggyback would take the same broadcasts again into this packet, spending
+      // their transmits on one member (memberlist's gossip sends the taken batch as is, too).
+      this.#sendRaw(t, packPacket(parts));
     }
   }
 

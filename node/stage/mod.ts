@@ -1,5 +1,5 @@
 // Pipeline-parallel generation (rung 1): stage backends, the chain's actors, the client, the Assignment
-// board, and the leader's chain planning. See docs/PIPELINE.md.
+// board, and the leader's chain planning and publication. See docs/PIPELINE.md.
 export type {
   ModelFacts,
   ModelRef,
@@ -25,6 +25,7 @@ export { FakeBackend, fakeReference } from "./fake_backend.ts";
 export { type HopTrace, type WireDtype } from "./messages.ts";
 export { type LocalStage, PipelineNode, type PipelineOptions, type StageReport } from "./pipeline.ts";
 export { type ChainMember, planChain } from "./plan_chain.ts";
+export { type PublishOptions, publishPlan } from "./publish.ts";
 export { rolesOf, splitLayers } from "./roles.ts";
 export { StageActor, stageName } from "./stage_actor.ts";
 export { meanTimings, type TokenTimings, tokenTimings } from "./timings.ts";

@@ -11,6 +11,7 @@
 //   stays in order, as the Transport interface promises.
 import type { Clock } from "../clock.ts";
 import { seededRandom } from "../random.ts";
+import { PeerUnreachableError } from "./errors.ts";
 import type { Channel, PeerAddr, PeerId, Transport } from "./transport.ts";
 
 /** How one direction of a link behaves. */
@@ -187,6 +188,16 @@ export class MemoryTransport implements Transport {
 
   onMessage(handler: Handler): void {
     this.#handler = handler;
+  }
+
+  /** Throws PeerUnreachableError when `to` is down, unknown, or across a partition (no delay: no dial). */
+  connect(to: PeerAddr): Promise<void> {
+    if (this.#closed || !this.#net.reachable(this.self.id, to.id)) {
+      return Promise.reject(
+        new PeerUnreachableError(`cannot reach ${to.id}: not on this side of the network`),
+      );
+    }
+    return Promise.resolve();
   }
 
   forget(peer: PeerId): void {

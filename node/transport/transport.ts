@@ -34,6 +34,12 @@ export interface Transport {
   send(to: PeerAddr, msg: Uint8Array, channel?: Channel): Promise<boolean>;
   /** Registers the single handler for incoming messages (a later call replaces it). */
   onMessage(handler: (from: PeerAddr, msg: Uint8Array, channel: Channel) => void): void;
+  /**
+   * Optional: reaches `to` now (dial and handshake where there are any), throwing PeerUnreachableError
+   * saying why when it cannot, where `send` would only resolve false. A node's join calls it on its first
+   * seed, so a bad ticket fails at once; without it, a join to an unreachable seed finds no members.
+   */
+  connect?(to: PeerAddr): Promise<void>;
   /** Drops the cached connection to a peer (e.g. once membership declares it dead). */
   forget(peer: PeerId): void;
   /** Closes every connection and stops accepting; pending sends resolve false. */

@@ -8,11 +8,11 @@ import { resolve } from "node:path";
 import { parseFlags } from "../../cli/command.ts";
 import { dialTableFromEnv } from "../../cli/dial_table.ts";
 import { parseTokenList } from "../../cli/load_model.ts";
-import { attachPipeline, publishPlan } from "../../cli/pipeline_node.ts";
+import { attachPipeline } from "../../cli/pipeline_node.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { presets } from "../../node/membership/mod.ts";
 import { startNode } from "../../node/node.ts";
-import { meanTimings } from "../../node/stage/mod.ts";
+import { meanTimings, publishPlan } from "../../node/stage/mod.ts";
 import { encodeTicket, newSecret } from "../../node/ticket.ts";
 
 const { values } = parseFlags(Deno.args, {

@@ -4,7 +4,7 @@
 //   deno run -A scripts/sim/membership.ts [--n 50] [--seeds 5] [--long-min 30] [--json out.json]
 import { parseArgs } from "node:util";
 import { lan, type MembershipConfig, membershipConfig } from "../../node/membership/mod.ts";
-import { SimCluster, type SimNode } from "./cluster.ts";
+import { SimCluster, type SimNode } from "../../tests/support/sim_cluster.ts";
 
 export interface Spread {
   min: number;

@@ -134,11 +134,16 @@ Deno.test({
   await t.step("generate --local 1 with a plan for 2 nodes", async () => {
     await expectBadInput(
       ["generate", "--model", micro, "--tokens", "1,2", "--local", "1", "--plan", await planFile(() => {})],
-      /names 2 nodes; the cluster has 1/,
+      /--plan .*: the Plan names 2 nodes; the cluster has 1/,
     );
   });
   await t.step("up --peers 2 --model with layers outside the model", async () => {
     const file = await planFile((p) => (stages(p)[1].layers = [1, 3]));
     await expectBadInput(["up", "--peers", "2", "--model", micro, "--plan", file], /the model has 2/);
   });
+});
+
+Deno.test("up --model with a folder that holds no checkpoint exits 2 before any node starts", async () => {
+  const dir = await Deno.makeTempDir();
+  await expectBadInput(["up", "--peers", "2", "--model", dir], /config\.json/);
 });

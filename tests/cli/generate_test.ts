@@ -1,16 +1,17 @@
 // The acceptance checks of the single-node path, through the CLI: greedy generation and teacher-forced
 // logits against transformers' reference outputs (fixtures/README.md), and bad input exiting with 2.
-import { join } from "node:path";
-import { fixtureDir, skipped } from "../fixtures.ts";
+import { basename, join } from "node:path";
+import { fixtureDir } from "../fixtures.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture } from "../../scripts/check_fixture.ts";
-import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 import { runCli } from "./run.ts";
 
-const hasGpu = await getGpu().then(() => true, (e) => {
-  if (e instanceof NoGpuError) return false;
-  throw e;
-});
-if (!hasGpu) console.log("skipped: CLI generation tests (no WebGPU adapter)");
+const GPU = "a WebGPU adapter";
+const hasGpu = await gpuAvailable();
+const micro = fixtureDir("llama-micro", { needs: "reference.safetensors" });
+const tiny = fixtureDir("llama3-tiny", { needs: "reference.safetensors" });
+const tinyText = fixtureDir("llama3-tiny", { needs: "tokenizer.json" });
+const SHARED_TINY = "../shared/fixtures/llama3-tiny";
 
 interface Reference {
   prompt_length: number;
@@ -22,9 +23,8 @@ async function reference(dir: string): Promise<Reference> {
   return JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
 }
 
-async function checkFixtureAt(name: string, weights: "f32" | "f16", tolerance: number) {
-  const dir = fixtureDir(name, { needs: "reference.safetensors" });
-  if (!dir) return skipped(`${name} fixture`, `needs ../shared/fixtures/${name}`);
+async function checkFixtureAt(dir: string, weights: "f32" | "f16", tolerance: number) {
+  const name = basename(dir);
   const r = await checkFixture(dir, { weights });
   if (!r.tokensMatch) {
     throw new Error(`${name} ${weights}: generated ${r.generated}, reference ${r.expected}`);
@@ -35,44 +35,49 @@ async function checkFixtureAt(name: string, weights: "f32" | "f16", tolerance: n
 }
 
 Deno.test(
-  { name: "llama-micro: reference continuation and logits within 1e-4 (f32)", ignore: !hasGpu },
+  needs("llama-micro: reference continuation and logits within 1e-4 (f32)", { [GPU]: hasGpu }),
   async () => {
-    await checkFixtureAt("llama-micro", "f32", 1e-4);
+    await checkFixtureAt(micro!, "f32", 1e-4);
   },
 );
 
 Deno.test(
-  { name: "llama3-tiny: reference continuation and logits within 1e-4 (f32)", ignore: !hasGpu },
+  needs("llama3-tiny: reference continuation and logits within 1e-4 (f32)", {
+    [GPU]: hasGpu,
+    [SHARED_TINY]: tiny,
+  }),
   async () => {
-    await checkFixtureAt("llama3-tiny", "f32", 1e-4);
+    await checkFixtureAt(tiny!, "f32", 1e-4);
   },
 );
 
-Deno.test({
-  name: "llama3-tiny: the text prompt gives the reference ids (tokenizer adds BOS)",
-  ignore: !hasGpu,
-}, async () => {
-  const dir = fixtureDir("llama3-tiny", { needs: "tokenizer.json" });
-  if (!dir) return void skipped("llama3-tiny text prompt", "needs ../shared/fixtures/llama3-tiny");
-  const ref = await reference(dir);
-  const r = await runCli([
-    "generate",
-    "Once upon a time, in a village by the sea,",
-    "--model",
-    dir,
-    "--max-tokens",
-    "16",
-    "--temperature",
-    "0",
-    "--json",
-  ]);
-  if (r.code !== 0) throw new Error(r.stderr);
-  const json = JSON.parse(r.stdout);
-  if (json.prompt_tokens !== ref.prompt_length) throw new Error(`prompt_tokens ${json.prompt_tokens}`);
-  if (JSON.stringify(json.tokens) !== JSON.stringify(ref.tokens.slice(ref.prompt_length))) {
-    throw new Error(`tokens ${json.tokens}`);
-  }
-});
+Deno.test(
+  needs("llama3-tiny: the text prompt gives the reference ids (tokenizer adds BOS)", {
+    [GPU]: hasGpu,
+    [SHARED_TINY]: tinyText,
+  }),
+  async () => {
+    const dir = tinyText!;
+    const ref = await reference(dir);
+    const r = await runCli([
+      "generate",
+      "Once upon a time, in a village by the sea,",
+      "--model",
+      dir,
+      "--max-tokens",
+      "16",
+      "--temperature",
+      "0",
+      "--json",
+    ]);
+    if (r.code !== 0) throw new Error(r.stderr);
+    const json = JSON.parse(r.stdout);
+    if (json.prompt_tokens !== ref.prompt_length) throw new Error(`prompt_tokens ${json.prompt_tokens}`);
+    if (JSON.stringify(json.tokens) !== JSON.stringify(ref.tokens.slice(ref.prompt_length))) {
+      throw new Error(`tokens ${json.tokens}`);
+    }
+  },
+);
 
 /** A copy of llama-micro in a temp dir, changed by `mutate`. */
 async function brokenCopy(mutate: (dir: string) => Promise<void>): Promise<string> {
@@ -90,7 +95,7 @@ async function expectUsageError(args: string[], mention: RegExp) {
 }
 
 Deno.test(
-  { name: "one node: --trace writes the prefill and each decode batch", ignore: !hasGpu },
+  needs("one node: --trace writes the prefill and each decode batch", { [GPU]: hasGpu }),
   async () => {
     const dir = fixtureDir("llama-micro")!;
     const file = await Deno.makeTempFile({ suffix: ".json" });
@@ -118,7 +123,7 @@ Deno.test(
   },
 );
 
-Deno.test({ name: "bad input exits with 2 and says what was wrong", ignore: !hasGpu }, async (t) => {
+Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGpu }), async (t) => {
   const micro = fixtureDir("llama-micro")!;
   await t.step(
     "missing model dir",

@@ -5,15 +5,12 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { fixtureDir } from "../fixtures.ts";
-import { getGpu, NoGpuError } from "../../kernels/mod.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
 import { allGone, childrenOf, commandLine, spawnCli } from "./run.ts";
 
-const linux = Deno.build.os === "linux";
-const hasGpu = await getGpu().then(() => true, (e) => {
-  if (e instanceof NoGpuError) return false;
-  throw e;
-});
-const proc = { sanitizeOps: false, sanitizeResources: false, ignore: !linux };
+const linux = { "Linux (/proc)": Deno.build.os === "linux" };
+const hasGpu = await gpuAvailable();
+const proc = { sanitizeOps: false, sanitizeResources: false };
 /** The acceptance bound: no node process left this long after its parent ended. */
 const GONE_MS = 5000;
 
@@ -22,7 +19,10 @@ async function env(): Promise<Record<string, string>> {
 }
 
 Deno.test({
-  name: "up --peers 3 killed with SIGKILL: its workers leave within 5 s; no command line holds the ticket",
+  ...needs(
+    "up --peers 3 killed with SIGKILL: its workers leave within 5 s; no command line holds the ticket",
+    linux,
+  ),
   ...proc,
 }, async () => {
   const up = spawnCli(["up", "--peers", "3", "--membership", "test"], { env: await env() });
@@ -51,7 +51,10 @@ Deno.test({
 });
 
 Deno.test({
-  name: "up --peers 3 given SIGHUP (a closed terminal) leaves like on SIGINT: exit 0, workers gone",
+  ...needs(
+    "up --peers 3 given SIGHUP (a closed terminal) leaves like on SIGINT: exit 0, workers gone",
+    linux,
+  ),
   ...proc,
 }, async () => {
   const e = await env();
@@ -76,8 +79,10 @@ Deno.test({
 });
 
 Deno.test({
-  name:
-    "join reads the ticket from --ticket-file and from stdin (-), and leaves boundedly once the leader is gone",
+  ...needs(
+    "join reads the ticket from --ticket-file and from stdin (-), and leaves once the leader is gone",
+    linux,
+  ),
   ...proc,
 }, async () => {
   const e = await env();
@@ -118,10 +123,15 @@ Deno.test({
 const micro = fixtureDir("llama-micro");
 for (const signal of ["SIGTERM", "SIGHUP"] as const) {
   Deno.test({
-    name:
+    ...needs(
       `generate --local 3 given ${signal} mid-generation tears the cluster down: no worker left after 5 s`,
+      {
+        ...linux,
+        "a WebGPU adapter": hasGpu,
+        "the llama-micro fixture": micro,
+      },
+    ),
     ...proc,
-    ignore: !linux || !hasGpu || !micro,
   }, async () => {
     const gen = spawnCli(
       ["generate", "--model", micro!, "--tokens", "1,2,3", "--local", "3", "--max-tokens", "4000"],

@@ -5,15 +5,12 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { checkOutputPath, writeJsonOutput } from "../../cli/output_file.ts";
 import { fixtureDir } from "../fixtures.ts";
-import { getGpu, NoGpuError } from "../../kernels/mod.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
 import { spawnCli } from "./run.ts";
 
 const linux = Deno.build.os === "linux";
 const root = linux && Deno.uid() === 0;
-const hasGpu = await getGpu().then(() => true, (e) => {
-  if (e instanceof NoGpuError) return false;
-  throw e;
-});
+const hasGpu = await gpuAvailable();
 const micro = fixtureDir("llama-micro");
 
 async function mkfifo(path: string) {
@@ -40,17 +37,22 @@ Deno.test("output: a regular file is replaced; through a symlink, the file it po
   assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name).sort(), ["a.json", "link.json"]);
 });
 
-Deno.test({ name: "output: a FIFO is written in place and stays a FIFO", ignore: !linux }, async () => {
-  const fifo = join(await Deno.makeTempDir(), "out");
-  await mkfifo(fifo);
-  const read = Deno.readTextFile(fifo);
-  await writeJsonOutput(fifo, { n: 3 });
-  assert.equal(await read, '{"n":3}');
-  assert.ok((await Deno.stat(fifo)).isFifo);
-});
+Deno.test(
+  { ...needs("output: a FIFO is written in place and stays a FIFO", { "Linux (mkfifo)": linux }) },
+  async () => {
+    const fifo = join(await Deno.makeTempDir(), "out");
+    await mkfifo(fifo);
+    const read = Deno.readTextFile(fifo);
+    await writeJsonOutput(fifo, { n: 3 });
+    assert.equal(await read, '{"n":3}');
+    assert.ok((await Deno.stat(fifo)).isFifo);
+  },
+);
 
 Deno.test(
-  { name: "output: a write error is reported, naming the file; the device stays", ignore: !root },
+  needs("output: a write error is reported, naming the file; the device stays", {
+    "root on Linux (mknod)": root,
+  }),
   async () => {
     const full = await fullDevice(await Deno.makeTempDir());
     await assert.rejects(writeJsonOutput(full, { n: 4 }), /cannot write .*full: .*(space|ENOSPC)/i);
@@ -68,8 +70,14 @@ Deno.test("output: a missing folder or a folder as the file is bad input, found 
 });
 
 Deno.test({
-  name: "logits --out: a FIFO receives the safetensors; a full device fails with exit 1 and stays a device",
-  ignore: !linux || !hasGpu || !micro,
+  ...needs(
+    "logits --out: a FIFO receives the safetensors; a full device (as root) fails with exit 1, stays",
+    {
+      "Linux (mkfifo)": linux,
+      "a WebGPU adapter": hasGpu,
+      "the llama-micro fixture": micro,
+    },
+  ),
   sanitizeResources: false,
   sanitizeOps: false,
 }, async () => {

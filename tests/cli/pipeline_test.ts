@@ -4,19 +4,17 @@
 // cancellation (every stage frees its KV cache) and a stage killed with SIGKILL (a clear error in seconds).
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { fixtureDir, skipped } from "../fixtures.ts";
+import { fixtureDir } from "../fixtures.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture } from "../../scripts/check_fixture.ts";
-import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 import { startLocalCluster } from "../../cli/local_cluster.ts";
 import { PipelineError } from "../../node/stage/mod.ts";
+import { runCli } from "./run.ts";
 
-const hasGpu = await getGpu().then(() => true, (e) => {
-  if (e instanceof NoGpuError) return false;
-  throw e;
-});
-if (!hasGpu) console.log("skipped: pipeline acceptance tests (no WebGPU adapter)");
+const GPU = "a WebGPU adapter";
+const hasGpu = await gpuAvailable();
 const tiny = fixtureDir("llama3-tiny", { needs: "reference.safetensors" });
-const slow = { sanitizeOps: false, sanitizeResources: false, ignore: !hasGpu };
+const slow = { sanitizeOps: false, sanitizeResources: false };
 
 async function check(dir: string, local: number) {
   const r = await checkFixture(dir, { local });
@@ -25,13 +23,18 @@ async function check(dir: string, local: number) {
 }
 
 Deno.test({
-  name: "pipeline: llama-micro on 3 nodes (one embeds only): reference tokens and logits",
+  ...needs("pipeline: llama-micro on 3 nodes (one embeds only): reference tokens and logits", {
+    [GPU]: hasGpu,
+  }),
   ...slow,
 }, async () => {
   await check(fixtureDir("llama-micro", { needs: "reference.safetensors" })!, 3);
 });
 
-Deno.test({ name: "pipeline: --trace writes every step's stage spans and wire hops", ...slow }, async () => {
+Deno.test({
+  ...needs("pipeline: --trace writes every step's stage spans and wire hops", { [GPU]: hasGpu }),
+  ...slow,
+}, async () => {
   const dir = fixtureDir("llama-micro", { needs: "reference.json" })!;
   const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
   const file = await Deno.makeTempFile({ suffix: ".json" });
@@ -71,29 +74,62 @@ Deno.test({ name: "pipeline: --trace writes every step's stage spans and wire ho
   }
 });
 
+Deno.test({
+  name: "pipeline: a --plan naming more nodes than the cluster has exits 2, naming both counts",
+  ...slow,
+}, async () => {
+  const plan = await Deno.makeTempFile({ suffix: ".json" });
+  try {
+    const stage = (index: number, node: string, layers: number[]) => ({
+      index,
+      node,
+      layers,
+      embeds: index === 0,
+      head: index === 2,
+    });
+    await Deno.writeTextFile(
+      plan,
+      JSON.stringify({
+        version: 1,
+        stages: [stage(0, "a", [0, 1]), stage(1, "b", [1, 2]), stage(2, "c", [2, 2])],
+      }),
+    );
+    const micro = fixtureDir("llama-micro")!;
+    const r = await runCli(
+      ["generate", "--local", "2", "--model", micro, "--tokens", "1,2,3", "--plan", plan],
+      { env: { SWACTOR_NO_GPU: "1" } },
+    );
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /swactor generate: --plan \S+: the Plan names 3 nodes; the cluster has 2/);
+  } finally {
+    await Deno.remove(plan);
+  }
+});
+
 for (const n of [5, 2, 8]) {
-  Deno.test(
-    { name: `pipeline: llama3-tiny on ${n} nodes: reference tokens and logits within 1e-4`, ...slow },
-    async () => {
-      if (!tiny) {
-        skipped(`llama3-tiny --local ${n}`, "needs ../shared/fixtures/llama3-tiny");
-        return;
-      }
-      await check(tiny, n);
-    },
-  );
+  Deno.test({
+    ...needs(`pipeline: llama3-tiny on ${n} nodes: reference tokens and logits within 1e-4`, {
+      [GPU]: hasGpu,
+      "../shared/fixtures/llama3-tiny": tiny,
+    }),
+    ...slow,
+  }, async () => {
+    await check(tiny!, n);
+  });
 }
 
 Deno.test(
-  { name: "pipeline: one 5-node cluster: concurrency, cancellation, a stage killed", ...slow },
+  {
+    ...needs("pipeline: one 5-node cluster: concurrency, cancellation, a stage killed", {
+      [GPU]: hasGpu,
+      "../shared/fixtures/llama3-tiny": tiny,
+    }),
+    ...slow,
+  },
   async (t) => {
-    if (!tiny) {
-      skipped("llama3-tiny shared cluster", "needs ../shared/fixtures/llama3-tiny");
-      return;
-    }
-    const ref = JSON.parse(await Deno.readTextFile(join(tiny, "reference.json")));
+    const ref = JSON.parse(await Deno.readTextFile(join(tiny!, "reference.json")));
     const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
-    const cluster = await startLocalCluster(5, { modelDir: tiny, weights: "f32", log: () => {} });
+    const cluster = await startLocalCluster(5, { modelDir: tiny!, weights: "f32", log: () => {} });
     const { client } = cluster.pipeline;
     try {
       assert.equal(cluster.chain.nodes.length, 5);

@@ -4,13 +4,17 @@
 // continuation, per-stage timings, and a trace with one track per stage; `down` ends it all.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
 
 const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 const micro = fixtureDir("llama-micro")!;
+const hasGpu = await gpuAvailable();
 
 Deno.test({
-  name:
+  ...needs(
     "up --peers 3 --model, then generate --trace through the chain: reference tokens and a trace per stage",
+    { "a WebGPU adapter": hasGpu },
+  ),
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {

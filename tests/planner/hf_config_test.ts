@@ -1,4 +1,7 @@
 import assert from "node:assert/strict";
+import { join } from "node:path";
+import { fixtureDir } from "../fixtures.ts";
+import { needs } from "../support/needs.ts";
 import { compileHfConfig } from "../../planner/hf_config.ts";
 import { activeParams, moeOf, totalParams } from "../../planner/model_graph.ts";
 
@@ -57,32 +60,25 @@ function safetensorsParams(path: string): number {
   }
 }
 
-const FIXTURES = "/work/shared/fixtures";
-const hasFixtures = (() => {
-  try {
-    return Deno.statSync(FIXTURES).isDirectory;
-  } catch {
-    return false;
-  }
-})();
-
-Deno.test({
-  name: "fixture configs compile to exactly the parameter count their safetensors store",
-  ignore: !hasFixtures,
-  fn() {
-    for (const name of ["llama-micro", "llama3-tiny", "mixtral-tiny", "kimi-k2-tiny"]) {
-      const dir = `${FIXTURES}/${name}`;
-      const g = compileHfConfig(JSON.parse(Deno.readTextFileSync(`${dir}/config.json`)));
+for (const name of ["llama-micro", "llama3-tiny", "mixtral-tiny", "kimi-k2-tiny"]) {
+  const dir = fixtureDir(name);
+  Deno.test({
+    ...needs(`${name}: the config compiles to exactly the parameter count its safetensors store`, {
+      [`../shared/fixtures/${name}`]: dir,
+    }),
+    fn() {
+      const g = compileHfConfig(JSON.parse(Deno.readTextFileSync(join(dir!, "config.json"))));
       let stored = 0;
-      for (const e of Deno.readDirSync(dir)) {
+      for (const e of Deno.readDirSync(dir!)) {
         if (e.name.startsWith("model") && e.name.endsWith(".safetensors")) {
-          stored += safetensorsParams(`${dir}/${e.name}`);
+          stored += safetensorsParams(join(dir!, e.name));
         }
       }
+      assert.ok(stored > 0, `no model*.safetensors in ${dir}`);
       assert.deepEqual(totalParams(g), stored, name);
-    }
-  },
-});
+    },
+  });
+}
 
 Deno.test("compileHfConfig rejects unknown families and bad fields with a message naming them", () => {
   throwsWith(() => compileHfConfig({ model_type: "gpt2" }), TypeError, "unsupported model_type");

@@ -3,84 +3,87 @@
 // same quantised weights dequantised on the CPU and run in f32 (scripts/quant_error.ts), which must agree
 // to f32 accumulation order: that pins q4 down much tighter than its loose bound against the reference.
 import { join } from "node:path";
-import { fixtureDir, skipped } from "../fixtures.ts";
+import { fixtureDir } from "../fixtures.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture, cli, FIXTURE_TOLERANCE, readF32, worstRowError } from "../../scripts/check_fixture.ts";
 import { fakeQuantCopy } from "../../scripts/quant_error.ts";
-import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 
-const hasGpu = await getGpu().then(() => true, (e) => {
-  if (e instanceof NoGpuError) return false;
-  throw e;
-});
-if (!hasGpu) console.log("skipped: quantised fixture tests (no WebGPU adapter)");
+const GPU = "a WebGPU adapter";
+const hasGpu = await gpuAvailable();
 
 for (const name of ["llama-micro", "llama3-tiny"]) {
+  const dir = fixtureDir(name, { needs: "reference.safetensors" });
   for (const weights of ["q8", "q4"] as const) {
-    Deno.test({
-      name: `${name}: ${weights} logits within ${FIXTURE_TOLERANCE[weights]} of the reference` +
-        (weights === "q8" ? ", same greedy tokens" : ""),
-      ignore: !hasGpu,
-    }, async () => {
-      const dir = fixtureDir(name, { needs: "reference.safetensors" });
-      if (!dir) return void skipped(`${name} ${weights}`, `needs ../shared/fixtures/${name}`);
-      const r = await checkFixture(dir, { weights });
-      console.log(
-        `${name} ${weights}: logits error ${r.logitsError.toExponential(2)}, tokens ${r.tokensMatch}`,
-      );
-      if (!(r.logitsError <= FIXTURE_TOLERANCE[weights])) {
-        throw new Error(`${name} ${weights}: logits error ${r.logitsError} > ${FIXTURE_TOLERANCE[weights]}`);
-      }
-      // q8 keeps llama-micro's and llama3-tiny's greedy tokens (measured); q4 does not (reported above).
-      if (weights === "q8" && !r.tokensMatch) {
-        throw new Error(`${name} q8: generated ${r.generated}, reference ${r.expected}`);
-      }
-    });
+    Deno.test(
+      needs(
+        `${name}: ${weights} logits within ${FIXTURE_TOLERANCE[weights]} of the reference` +
+          (weights === "q8" ? ", same greedy tokens" : ""),
+        { [GPU]: hasGpu, [`../shared/fixtures/${name}`]: dir },
+      ),
+      async () => {
+        const r = await checkFixture(dir!, { weights });
+        console.log(
+          `${name} ${weights}: logits error ${r.logitsError.toExponential(2)}, tokens ${r.tokensMatch}`,
+        );
+        if (!(r.logitsError <= FIXTURE_TOLERANCE[weights])) {
+          throw new Error(
+            `${name} ${weights}: logits error ${r.logitsError} > ${FIXTURE_TOLERANCE[weights]}`,
+          );
+        }
+        // q8 keeps llama-micro's and llama3-tiny's greedy tokens (measured); q4 does not (reported above).
+        if (weights === "q8" && !r.tokensMatch) {
+          throw new Error(`${name} q8: generated ${r.generated}, reference ${r.expected}`);
+        }
+      },
+    );
   }
 }
 
-Deno.test({
-  name: "llama-micro: q8 / q4 in-kernel dequantisation equals CPU-dequantised weights run in f32",
-  ignore: !hasGpu,
-}, async () => {
-  const dir = fixtureDir("llama-micro", { needs: "reference.safetensors" })!;
-  const all: number[] = JSON.parse(await Deno.readTextFile(join(dir, "reference.json"))).tokens;
-  const logits = async (model: string, weights: string, tokens: string) => {
-    const out = await Deno.makeTempFile({ suffix: ".safetensors" });
-    try {
-      const r = await cli([
-        "logits",
-        "--model",
-        model,
-        "--tokens",
-        tokens,
-        "--out",
-        out,
-        "--weights",
-        weights,
-      ]);
-      if (r.code !== 0) throw new Error(`logits ${model} ${weights}: ${r.stderr}`);
-      return await readF32(out, "logits");
-    } finally {
-      await Deno.remove(out);
-    }
-  };
-  for (const scheme of ["q8", "q4"]) {
-    const copy = await fakeQuantCopy(dir, scheme);
-    try {
-      // All tokens: one prefill step (tiled matmuls); 3 tokens: the fused decode GEMVs.
-      for (const tokens of [all.join(","), all.slice(0, 3).join(",")]) {
-        const want = await logits(copy, "f32", tokens);
-        const got = await logits(dir, scheme, tokens);
-        const err = worstRowError(got.data, want.data, want.shape[1]);
-        console.log(
-          `${scheme} (${want.shape[0]} tokens): in-kernel vs CPU-dequantised f32: ${err.toExponential(2)}`,
-        );
-        if (!(err <= 1e-4)) {
-          throw new Error(`${scheme}: in-kernel vs CPU-dequantised logits differ by ${err}`);
-        }
+Deno.test(
+  needs("llama-micro: q8 / q4 in-kernel dequantisation equals CPU-dequantised weights run in f32", {
+    [GPU]: hasGpu,
+  }),
+  async () => {
+    const dir = fixtureDir("llama-micro", { needs: "reference.safetensors" })!;
+    const all: number[] = JSON.parse(await Deno.readTextFile(join(dir, "reference.json"))).tokens;
+    const logits = async (model: string, weights: string, tokens: string) => {
+      const out = await Deno.makeTempFile({ suffix: ".safetensors" });
+      try {
+        const r = await cli([
+          "logits",
+          "--model",
+          model,
+          "--tokens",
+          tokens,
+          "--out",
+          out,
+          "--weights",
+          weights,
+        ]);
+        if (r.code !== 0) throw new Error(`logits ${model} ${weights}: ${r.stderr}`);
+        return await readF32(out, "logits");
+      } finally {
+        await Deno.remove(out);
       }
-    } finally {
-      await Deno.remove(copy, { recursive: true });
+    };
+    for (const scheme of ["q8", "q4"]) {
+      const copy = await fakeQuantCopy(dir, scheme);
+      try {
+        // All tokens: one prefill step (tiled matmuls); 3 tokens: the fused decode GEMVs.
+        for (const tokens of [all.join(","), all.slice(0, 3).join(",")]) {
+          const want = await logits(copy, "f32", tokens);
+          const got = await logits(dir, scheme, tokens);
+          const err = worstRowError(got.data, want.data, want.shape[1]);
+          console.log(
+            `${scheme} (${want.shape[0]} tokens): in-kernel vs CPU-dequantised f32: ${err.toExponential(2)}`,
+          );
+          if (!(err <= 1e-4)) {
+            throw new Error(`${scheme}: in-kernel vs CPU-dequantised logits differ by ${err}`);
+          }
+        }
+      } finally {
+        await Deno.remove(copy, { recursive: true });
+      }
     }
-  }
-});
+  },
+);

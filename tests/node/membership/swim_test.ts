@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { membershipConfig, test as testPreset } from "../../../node/membership/mod.ts";
 import { encodeMessage, packPacket } from "../../../node/membership/messages.ts";
-import { SimCluster, type SimNode } from "../../../scripts/sim/cluster.ts";
+import { SimCluster, type SimNode } from "../../support/sim_cluster.ts";
 
 const config = membershipConfig({}, testPreset);
 const live = (c: SimCluster) => c.nodes.filter((n) => c.up(n));
@@ -130,4 +130,26 @@ Deno.test("a member that missed a newcomer's alive broadcasts learns it from the
   const t = c.clock.runUntilTrue(() => stateOf(deaf, newcomer.id) === "alive", { stepMs: 20, maxMs: 3000 });
   assert.ok(t !== undefined, "deaf did not learn the newcomer");
   assert.ok(deaf.membership.stats.strangerPulls >= 1);
+});
+
+Deno.test("a gossip round sends each broadcast once per target, so its transmits reach distinct members", () => {
+  // 3 members, retransmitMult 2: a broadcast's limit is 2 transmits, which one round spends on the 2 others.
+  const c = new SimCluster({
+    n: 3,
+    config: membershipConfig({ retransmitMult: 2, gossipNodes: 3 }, testPreset),
+  });
+  c.joinAll();
+  assert.ok(c.clock.runUntilTrue(() => c.converged(), { stepMs: 20, maxMs: 30_000 }) !== undefined);
+  const got = new Map<string, number>();
+  const handles = c.nodes.map((n) =>
+    n.membership.addDelegate("probe-news", {
+      localState: () => undefined,
+      mergeRemoteState: () => {},
+      notifyMsg: () => void got.set(n.id, (got.get(n.id) ?? 0) + 1),
+    })
+  );
+  handles[0].broadcast("k", new Uint8Array([1]));
+  c.nodes[0].membership.gossip();
+  c.clock.advance(10);
+  assert.deepEqual(Object.fromEntries(got), { [c.nodes[1].id]: 1, [c.nodes[2].id]: 1 });
 });

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { membershipConfig, test as testPreset } from "../../../node/membership/mod.ts";
 import { newer } from "../../../node/registry/mod.ts";
-import { SimCluster } from "../../../scripts/sim/cluster.ts";
+import { SimCluster } from "../../support/sim_cluster.ts";
 
 const config = membershipConfig({}, testPreset);
 

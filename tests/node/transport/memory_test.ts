@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { FakeClock } from "../../../node/clock.ts";
 import { MemoryNetwork } from "../../../node/transport/memory.ts";
+import { PeerUnreachableError } from "../../../node/transport/errors.ts";
 
 function setup(opts = {}) {
   const clock = new FakeClock();
@@ -37,6 +38,19 @@ Deno.test("memory transport: partitions refuse, loss drops, kill stops delivery"
   assert.deepEqual(got, ["a:data:2"]);
   assert.equal(await a.send(b.self, new Uint8Array([5])), false);
   assert.equal(net.stats.refused, 2);
+});
+
+Deno.test("memory transport: connect says at once whether a peer is reachable, like a dial", async () => {
+  const { net, a, b } = setup();
+  await a.connect(b.self);
+  await assert.rejects(a.connect({ id: "nobody", addrs: [] }), PeerUnreachableError);
+  net.partition([["a"], ["b"]]);
+  await assert.rejects(a.connect(b.self), /cannot reach b/);
+  net.heal();
+  net.kill("b");
+  await assert.rejects(a.connect(b.self), PeerUnreachableError);
+  await a.close();
+  await assert.rejects(a.connect(a.self), PeerUnreachableError);
 });
 
 Deno.test("memory transport rejects oversized messages with a RangeError", async () => {

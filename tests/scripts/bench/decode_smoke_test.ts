@@ -1,16 +1,12 @@
 // `deno task bench` runs on the software adapter too (issue 6: CI smoke-tests the benchmark).
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
-import { getGpu, NoGpuError } from "../../../kernels/mod.ts";
+import { gpuAvailable, needs } from "../../support/needs.ts";
 
-const gpu = await getGpu().catch((e) => {
-  if (e instanceof NoGpuError) return null;
-  throw e;
-});
-if (!gpu) console.log("skipped: decode benchmark smoke test (no WebGPU adapter)");
+const hasGpu = await gpuAvailable();
 
 Deno.test(
-  { name: "decode benchmark: one JSON line per weight type, with timings", ignore: !gpu },
+  needs("decode benchmark: one JSON line per weight type, with timings", { "a WebGPU adapter": hasGpu }),
   async () => {
     const script = fileURLToPath(new URL("../../../scripts/bench/decode.ts", import.meta.url));
     const dir = await Deno.makeTempDir();

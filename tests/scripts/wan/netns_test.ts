@@ -4,10 +4,12 @@ import { fileURLToPath } from "node:url";
 import { createNetns } from "../../../scripts/wan/netns.ts";
 import { startRelay } from "../../../scripts/wan/relay.ts";
 import type { DialResult } from "../../../scripts/wan/iroh_peer.ts";
+import { needs } from "../../support/needs.ts";
 
 // Root alone is not enough (a container may lack CAP_NET_ADMIN): probe by creating one namespace.
 const canNetns = Deno.uid() === 0 &&
   await createNetns(1).then((n) => n.close().then(() => true), () => false);
+const NETNS = "root with CAP_NET_ADMIN and iproute2";
 
 async function run(argv: string[]): Promise<{ ok: boolean; out: string; err: string }> {
   const o = await new Deno.Command(argv[0], { args: argv.slice(1), stdout: "piped", stderr: "piped" })
@@ -16,8 +18,7 @@ async function run(argv: string[]): Promise<{ ok: boolean; out: string; err: str
 }
 
 Deno.test({
-  name: "a node reaches its own veth's root side, and no other node",
-  ignore: !canNetns,
+  ...needs("a node reaches its own veth's root side, and no other node", { [NETNS]: canNetns }),
   fn: async () => {
     const net = await createNetns(2);
     try {
@@ -37,8 +38,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "iroh between two namespaces stays on the relay and sees its delay",
-  ignore: !canNetns,
+  ...needs("iroh between two namespaces stays on the relay and sees its delay", { [NETNS]: canNetns }),
   fn: async () => {
     const net = await createNetns(2);
     const deno = Deno.execPath();

@@ -1,5 +1,5 @@
 // A simulated cluster: N Membership nodes (each with a Registry) on one MemoryNetwork and one FakeClock.
-// Shared by scripts/sim/membership.ts and the tests in tests/node/membership/.
+// Shared by the tests in tests/node/membership/ and tests/node/registry/, and by scripts/sim/membership.ts.
 import { FakeClock } from "../../node/clock.ts";
 import { Membership, type MembershipConfig } from "../../node/membership/mod.ts";
 import type { NodeDescriptor } from "../../node/membership/mod.ts";

@@ -1,5 +1,6 @@
-// How `status` and `down` find and call a node's control API: --api, else the state file `up` wrote.
-import { readState, statePath } from "../node/state_file.ts";
+// How a client (the CLI's `status`, `down`, `generate`) finds and calls a node's control API: an explicit
+// address (--api), else the one in the state file that `up` wrote.
+import { readState, statePath } from "../state_file.ts";
 
 export async function apiBase(flag: string | undefined): Promise<string> {
   if (flag) return `http://${flag}`;

@@ -1,0 +1,76 @@
+// The leader's step that starts a chain: wait for the members, plan the chain over them (or map a given
+// Plan onto them) and publish the Assignment on the board, which every member's PipelineNode follows.
+import { join } from "node:path";
+import type { Membership } from "../membership/mod.ts";
+import type { Assignment } from "./assignment.ts";
+import type { PipelineNode } from "./pipeline.ts";
+import { planChain } from "./plan_chain.ts";
+
+export interface PublishOptions {
+  /** Checkpoint folder (absolute paths travel best: every node opens the same path). */
+  modelDir: string;
+  weights: string;
+  /** Members to wait for before planning. */
+  members: number;
+  /** A Plan JSON to use instead of planning: its stage nodes are mapped onto the members in order. */
+  plan?: { stages: { node: string }[] } & Record<string, unknown>;
+  /** Give up waiting for the members after this long (default 60 s). */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+/**
+ * Waits for `members` live members, plans the chain over them (this node first) and publishes it.
+ * Throws TypeError when the model's config.json cannot be read and RangeError when `plan` names more
+ * nodes than the cluster has (bad input: the CLI exits 2); a plain Error when the members do not come.
+ */
+export async function publishPlan(
+  node: { membership: Membership },
+  pipeline: PipelineNode,
+  opts: PublishOptions,
+): Promise<Assignment> {
+  const deadline = performance.now() + (opts.timeoutMs ?? 60_000);
+  const alive = () => node.membership.members().filter((m) => m.state === "alive");
+  while (alive().length < opts.members) {
+    opts.signal?.throwIfAborted();
+    if (performance.now() > deadline) {
+      throw new Error(
+        `only ${alive().length} of ${opts.members} nodes joined within ${
+          (opts.timeoutMs ?? 60_000) / 1000
+        } s`,
+      );
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const self = node.membership.id;
+  const members = alive().sort((a, b) => (a.id === self ? -1 : b.id === self ? 1 : a.id < b.id ? -1 : 1));
+  let config: unknown;
+  try {
+    config = JSON.parse(await Deno.readTextFile(join(opts.modelDir, "config.json")));
+  } catch (e) {
+    throw new TypeError(`model ${opts.modelDir}: cannot read config.json: ${(e as Error).message}`);
+  }
+  const layers = Number((config as Record<string, unknown>).num_hidden_layers);
+  let plan;
+  if (opts.plan) {
+    const ids = members.map((m) => m.id);
+    const byName = new Map<string, string>();
+    for (const s of opts.plan.stages) {
+      if (!byName.has(s.node)) byName.set(s.node, ids.includes(s.node) ? s.node : ids[byName.size]);
+    }
+    if ([...byName.values()].some((v) => v === undefined)) {
+      throw new RangeError(`the Plan names ${byName.size} nodes; the cluster has ${ids.length}`);
+    }
+    plan = { ...opts.plan, stages: opts.plan.stages.map((s) => ({ ...s, node: byName.get(s.node)! })) };
+  } else {
+    plan = planChain(
+      config,
+      members.map((m) => ({ id: m.id, gpuMemoryBytes: m.meta.gpuMemoryBytes })).slice(0, opts.members),
+    );
+  }
+  return pipeline.board.publish({
+    plan: plan as Assignment["plan"],
+    model: { dir: opts.modelDir, weights: opts.weights },
+    layers,
+  });
+}
