@@ -5,7 +5,8 @@ import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_mo
 import { generate } from "../models/generate.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
 import { ensureDemoModel } from "../models/demo.ts";
-import { readState } from "../node/state_file.ts";
+import { liveState } from "../node/state_file.ts";
+import { targetOf } from "../node/api/mod.ts";
 import { checkPrompt, clusterModel, generateLocal, generateOnCluster } from "./pipeline_generate.ts";
 import { onStopSignal } from "./signals.ts";
 import { checkOutputPath, writeJsonOutput } from "./output_file.ts";
@@ -109,12 +110,17 @@ export const generateCommand: Command = {
         trace: values.trace,
       });
     }
-    const state = await readState();
-    if (state) {
-      const base = `http://${state.api}`;
-      const dir = await clusterModel(base, values.model);
+    const { state, stale } = await liveState();
+    if (stale) {
+      console.error(
+        `swactor: the cluster \`up\` started (pid ${stale.pid}) is no longer running; removed its stale state`,
+      );
+    }
+    if (state?.api) {
+      const target = targetOf(state);
+      const dir = await clusterModel(target.base, values.model);
       if (dir) {
-        return await generateOnCluster(base, { ...chainOpts, modelDir: dir, trace: values.trace });
+        return await generateOnCluster(target, { ...chainOpts, modelDir: dir, trace: values.trace });
       }
     }
 

@@ -63,7 +63,7 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
       membership: values.membership,
       parentGone: values["exit-with-stdin"] ? stdin!.ended : undefined,
       async ready(node, api) {
-        console.error(`api: ${api}`);
+        console.error(`api: ${api.addr}`);
         console.error(`id: ${node.membership.id}`);
         pipeline = attachPipeline(node, { modelDir: values.model });
         try {

@@ -1,7 +1,9 @@
 // What `up` and `join` share: start a node, serve its control API, and run until a stop signal (SIGINT,
 // SIGTERM, SIGHUP), POST /down or, for a worker, the end of its parent; then leave gracefully (state
-// `left` at the others) within a bounded time, and resolve with the exit code.
-import { createApp, nodeServices, serveApi } from "../node/api/mod.ts";
+// `left` at the others) within a bounded time, and resolve with the exit code. The control API's token
+// (node/api/guard.ts) is made here and recorded, owner-only, in the node's state file for the CLI.
+import { createApp, newApiToken, nodeServices, serveApi } from "../node/api/mod.ts";
+import { clearNodeState, writeNodeState } from "../node/state_file.ts";
 import { startNode, type SwactorNode } from "../node/node.ts";
 import { presets } from "../node/membership/mod.ts";
 import { BindError } from "../node/transport/errors.ts";
@@ -33,7 +35,7 @@ export interface NodeProcessOptions {
    * Runs once the node and its API are up; may join a cluster. `signal` aborts when the node is told to
    * stop meanwhile (the process then leaves without waiting for it). Throwing stops the node.
    */
-  ready(node: SwactorNode, api: string, signal: AbortSignal): Promise<void>;
+  ready(node: SwactorNode, api: { addr: string; token: string }, signal: AbortSignal): Promise<void>;
   /** Runs after the node left, before the process exits. */
   cleanup?(): Promise<void>;
   /** How long `cleanup` may take before the process exits anyway (default CLEANUP_TIMEOUT_MS). */
@@ -82,16 +84,28 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
   const stopping = new AbortController();
   const stop = (why: string) => stopping.signal.aborted || stopping.abort(why);
   const stopped = new Promise<void>((r) => stopping.signal.addEventListener("abort", () => r()));
+  const token = newApiToken();
   let api;
   try {
     api = serveApi(
-      createApp(nodeServices(node, { plan: opts.plan, down: () => stop("down"), pipeline: opts.pipeline })),
+      createApp(
+        nodeServices(node, { plan: opts.plan, down: () => stop("down"), pipeline: opts.pipeline }),
+        { token },
+      ),
       apiAddr,
     );
   } catch (e) {
     await node.leave().catch(() => {});
     throw new UsageError(`--api ${apiAddr}: cannot serve there: ${(e as Error).message}`);
   }
+  const record = {
+    pid: Deno.pid,
+    api: api.addr,
+    token,
+    id: node.membership.id,
+    startedAt: new Date().toISOString(),
+  };
+  await writeNodeState(record);
   const removeSignals = onStopSignal((signal, exitCode) => {
     if (!stopping.signal.aborted) return stop(signal);
     // A second signal: the user does not want to wait for the graceful leave.
@@ -104,7 +118,7 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
   });
   let code = 0;
   try {
-    const ready = opts.ready(node, api.addr, stopping.signal);
+    const ready = opts.ready(node, { addr: api.addr, token }, stopping.signal);
     ready.catch(() => {}); // once stopped, how the abandoned start ends no longer matters
     await Promise.race([ready, stopped]);
     await stopped;
@@ -121,6 +135,7 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
   if (opts.cleanup && !(await within(cleanupMs, opts.cleanup()))) {
     console.error(`swactor: cleanup took over ${cleanupMs / 1000} s; exiting anyway`);
   }
+  await clearNodeState(Deno.pid);
   removeSignals();
   return code;
 }

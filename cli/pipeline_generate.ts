@@ -12,7 +12,7 @@ import {
   type TokenEvent,
   type TokenTimings,
 } from "../node/stage/mod.ts";
-import { apiFetch, readGenerateLines } from "../node/api/mod.ts";
+import { apiError, apiFetch, type ApiTarget, readGenerateLines } from "../node/api/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
 import { UsageError } from "./command.ts";
 import { onStopSignal } from "./signals.ts";
@@ -220,8 +220,8 @@ export async function clusterModel(base: string, modelDir: string | undefined): 
   return dir;
 }
 
-/** generate through the cluster that `up` on this machine leads (its control API at `base`). */
-export async function generateOnCluster(base: string, o: ChainGenerateOptions): Promise<number> {
+/** generate through the cluster that `up` on this machine leads (its control API at `target`). */
+export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptions): Promise<number> {
   const p = await prepare(o);
   const abort = new AbortController();
   let exitCode = 130;
@@ -231,7 +231,7 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
   });
   const out = streamer(p, o.json);
   try {
-    const res = await apiFetch(base, "/generate", {
+    const res = await apiFetch(target, "/generate", {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({
@@ -244,7 +244,9 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
       signal: abort.signal,
     });
     if (!res.ok) {
-      throw new Error(`the cluster refused the request: ${(await res.json()).error ?? res.status}`);
+      const why = `the cluster refused the request: ${await apiError(res)}`;
+      // 400: this request can never run there (bad input); 503 and the rest: not now.
+      throw res.status === 400 ? new UsageError(why) : new Error(why);
     }
     const events: TokenEvent[] = [];
     const tokens: number[] = [];
@@ -257,7 +259,7 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
       }
       if ("done" in m) {
         out.end();
-        const status = await (await apiFetch(base, "/pipeline")).json();
+        const status = await (await apiFetch(target, "/pipeline")).json();
         report(p, o, { tokens, events, ...m.done }, {
           stages: stageSummary(status.assignment.plan.stages),
           nodes: m.done.stages,

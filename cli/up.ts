@@ -1,7 +1,7 @@
 // `swactor up`: start a node that leads a new cluster, print its ticket, optionally start local workers.
 import { encodeTicket, newSecret } from "../node/ticket.ts";
-import { clearState, writeState } from "../node/state_file.ts";
-import { type Command, numberFlag, parseFlags } from "./command.ts";
+import { claimState, clearState, statePath, writeState } from "../node/state_file.ts";
+import { type Command, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { runNodeProcess } from "./node_process.ts";
 import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
@@ -52,52 +52,69 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
       modelDir: values.model,
       nodes: values.model ? peers : undefined,
     });
+    // One cluster per state folder: a second `up` would hide the first from status and down.
+    const running = await claimState(Deno.pid, (stale) =>
+      console.error(
+        `swactor up: removed the stale state of an \`up\` that is gone (pid ${stale.pid}, since ${stale.startedAt})`,
+      ));
+    if (running) {
+      throw new UsageError(
+        `a cluster already runs on this machine: \`up\` pid ${running.pid}, control API ${
+          running.api ?? "(starting)"
+        }, since ${running.startedAt} (state in ${statePath()}). Stop it with \`swactor down\`, or ` +
+          `give this one a state folder of its own with SWACTOR_STATE_DIR`,
+      );
+    }
     const secret = newSecret();
     const workers: Deno.ChildProcess[] = [];
-    return await runNodeProcess({
-      secret,
-      listen: values.listen,
-      api: values.api,
-      exposeApi: values["expose-api"],
-      membership: values.membership,
-      plan: values.model ? undefined : plan,
-      pipeline: () => pipeline,
-      async ready(node, api, signal) {
-        pipeline = attachPipeline(node);
-        node.actors.spawn("leader", { receive: () => {} });
-        const ticket = encodeTicket({ secret, leader: node.transport.self });
-        await writeState({
-          pid: Deno.pid,
-          api,
-          ticket,
-          id: node.membership.id,
-          startedAt: new Date().toISOString(),
-        });
-        console.log(`ticket: ${ticket}`);
-        console.error(`api: ${api}`);
-        console.error(`id: ${node.membership.id}`);
-        const args = values.membership ? ["--membership", values.membership] : [];
-        for (let i = 1; i < peers; i++) workers.push(spawnWorker(ticket, { args, stderr: "inherit" }));
-        if (values.model) {
-          const a = await publishPlan(node, pipeline, {
-            modelDir: resolve(values.model),
-            weights,
-            members: peers,
-            plan,
-            signal,
+    try {
+      return await runNodeProcess({
+        secret,
+        listen: values.listen,
+        api: values.api,
+        exposeApi: values["expose-api"],
+        membership: values.membership,
+        plan: values.model ? undefined : plan,
+        pipeline: () => pipeline,
+        async ready(node, api, signal) {
+          pipeline = attachPipeline(node);
+          node.actors.spawn("leader", { receive: () => {} });
+          const ticket = encodeTicket({ secret, leader: node.transport.self });
+          await writeState({
+            pid: Deno.pid,
+            api: api.addr,
+            token: api.token,
+            ticket,
+            id: node.membership.id,
+            startedAt: new Date().toISOString(),
           });
-          console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);
-          const chain = await pipeline.waitReady({ signal });
-          console.error(
-            `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)}`,
-          );
-        }
-      },
-      async cleanup() {
-        await pipeline?.close();
-        await stopWorkers(workers);
-        await clearState(Deno.pid);
-      },
-    });
+          console.log(`ticket: ${ticket}`);
+          console.error(`api: ${api.addr}`);
+          console.error(`id: ${node.membership.id}`);
+          const args = values.membership ? ["--membership", values.membership] : [];
+          for (let i = 1; i < peers; i++) workers.push(spawnWorker(ticket, { args, stderr: "inherit" }));
+          if (values.model) {
+            const a = await publishPlan(node, pipeline, {
+              modelDir: resolve(values.model),
+              weights,
+              members: peers,
+              plan,
+              signal,
+            });
+            console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);
+            const chain = await pipeline.waitReady({ signal });
+            console.error(
+              `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)}`,
+            );
+          }
+        },
+        async cleanup() {
+          await pipeline?.close();
+          await stopWorkers(workers);
+        },
+      });
+    } finally {
+      await clearState(Deno.pid);
+    }
   },
 };

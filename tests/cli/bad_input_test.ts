@@ -147,3 +147,11 @@ Deno.test("up --model with a folder that holds no checkpoint exits 2 before any 
   const dir = await Deno.makeTempDir();
   await expectBadInput(["up", "--peers", "2", "--model", dir], /config\.json/);
 });
+
+Deno.test("a non-loopback --api is refused unless --expose-api says it is meant", async () => {
+  await expectBadInput(
+    ["up", "--api", "0.0.0.0:0"],
+    /--api 0\.0\.0\.0:0 is reachable from other machines.*--expose-api/,
+  );
+  await expectBadInput(["join", "-", "--api", "[::]:0"], /--expose-api/);
+});
