@@ -1,7 +1,7 @@
 // swactor: the command line. One program that is both orchestrator and worker.
 // Each command lives in cli/<name>.ts; this file only dispatches and maps errors to exit codes
 // (0 success, 1 runtime failure, 2 bad usage or bad input).
-import { type Command, UsageError } from "./cli/command.ts";
+import { type Command, printable, UsageError } from "./cli/command.ts";
 import { commands } from "./cli/mod.ts";
 import { CheckpointError, RequestError } from "./models/errors.ts";
 
@@ -41,18 +41,26 @@ export async function main(argv: string[]): Promise<number> {
   try {
     return await command.run(rest);
   } catch (e) {
-    if (
-      e instanceof UsageError || e instanceof CheckpointError || e instanceof RequestError ||
-      e instanceof TypeError || e instanceof RangeError
-    ) {
-      console.error(`swactor ${name}: ${(e as Error).message}`);
+    // Bad input is a UsageError (cli/command.ts), a CheckpointError (a model directory's contents) or a
+    // RequestError (a request the model cannot serve); the message names what was wrong. Anything else is a
+    // runtime failure or a bug: exit 1, and SWACTOR_DEBUG=1 adds the stack for bug reports.
+    if (e instanceof UsageError || e instanceof CheckpointError || e instanceof RequestError) {
+      console.error(`swactor ${name}: ${printable(e.message)}`);
       return 2;
     }
-    // Runtime failures print their message; SWACTOR_DEBUG=1 adds the stack for bug reports.
     const debug = Deno.env.get("SWACTOR_DEBUG") === "1";
-    console.error(`swactor ${name}: ${e instanceof Error ? ((debug && e.stack) || e.message) : String(e)}`);
+    const text = e instanceof Error ? ((debug && e.stack) || e.message) : String(e);
+    console.error(`swactor ${name}: ${printable(text)}`);
+    if (!debug && isLikelyBug(e)) {
+      console.error("swactor: this looks like a bug in swactor; SWACTOR_DEBUG=1 shows where it happened");
+    }
     return 1;
   }
+}
+
+function isLikelyBug(e: unknown): boolean {
+  return e instanceof TypeError || e instanceof RangeError || e instanceof ReferenceError ||
+    e instanceof SyntaxError;
 }
 
 if (import.meta.main) {

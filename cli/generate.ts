@@ -5,8 +5,12 @@ import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_mo
 import { generate } from "../models/engine.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
 import { ensureDemoModel } from "../models/demo.ts";
-import { readState } from "../node/state_file.ts";
-import { clusterModel, generateLocal, generateOnCluster, writeJson } from "./pipeline_generate.ts";
+import { liveState } from "../node/state_file.ts";
+import { targetOf } from "../node/api/mod.ts";
+import { checkPrompt, clusterModel, generateLocal, generateOnCluster } from "./pipeline_generate.ts";
+import { onStopSignal } from "./signals.ts";
+import { checkOutputPath, writeJsonOutput } from "./output_file.ts";
+import { readPlanFile } from "./plan_file.ts";
 
 const USAGE = `Usage: swactor generate [PROMPT] [options]
 
@@ -82,6 +86,7 @@ export const generateCommand: Command = {
       fallback: (Math.random() * 2 ** 32) >>> 0,
     });
     const weights = parseWeights(values.weights);
+    if (values.trace !== undefined) await checkOutputPath(values.trace, "--trace");
     const promptIds = values.tokens !== undefined ? parseTokenList(values.tokens) : undefined;
     const chainOpts = {
       weights,
@@ -94,20 +99,28 @@ export const generateCommand: Command = {
     };
     if (values.local !== undefined) {
       const n = numberFlag(values.local, "local", { min: 1, max: 64, integer: true, fallback: 1 });
-      const plan = values.plan ? JSON.parse(await Deno.readTextFile(values.plan)) : undefined;
+      const modelDir = values.model ?? await ensureDemoModel();
+      const plan = values.plan === undefined
+        ? undefined
+        : await readPlanFile(values.plan, { modelDir, nodes: n });
       return await generateLocal(n, {
         ...chainOpts,
-        modelDir: values.model ?? await ensureDemoModel(),
+        modelDir,
         plan,
         trace: values.trace,
       });
     }
-    const state = await readState();
-    if (state) {
-      const base = `http://${state.api}`;
-      const dir = await clusterModel(base, values.model);
+    const { state, stale } = await liveState();
+    if (stale) {
+      console.error(
+        `swactor: the cluster \`up\` started (pid ${stale.pid}) is no longer running; removed its stale state`,
+      );
+    }
+    if (state?.api) {
+      const target = targetOf(state);
+      const dir = await clusterModel(target.base, values.model);
       if (dir) {
-        return await generateOnCluster(base, { ...chainOpts, modelDir: dir, trace: values.trace });
+        return await generateOnCluster(target, { ...chainOpts, modelDir: dir, trace: values.trace });
       }
     }
 
@@ -119,9 +132,13 @@ export const generateCommand: Command = {
       }
       ids = tokenizer.encode(prompt!);
     }
+    checkPrompt(ids, engine.weights.config, maxTokens);
     const abort = new AbortController();
-    const onSigint = () => abort.abort();
-    Deno.addSignalListener("SIGINT", onSigint);
+    let exitCode = 130;
+    const removeSignals = onStopSignal((_, code) => {
+      exitCode = code;
+      abort.abort();
+    });
     const stream = tokenizer ? new StreamDecoder(tokenizer) : null;
     const out = new TextEncoder();
     const write = (s: string) => s && Deno.stdout.writeSync(out.encode(s));
@@ -161,12 +178,12 @@ export const generateCommand: Command = {
         );
       }
       if (values.trace) {
-        await writeJson(values.trace, batchTrace(batches, ids.length, engine.gpu.adapterName));
+        await writeJsonOutput(values.trace, batchTrace(batches, ids.length, engine.gpu.adapterName));
         console.error(`swactor: trace written to ${values.trace} (open it in Perfetto or chrome://tracing)`);
       }
-      return result.stopReason === "aborted" ? 130 : 0;
+      return result.stopReason === "aborted" ? exitCode : 0;
     } finally {
-      Deno.removeSignalListener("SIGINT", onSigint);
+      removeSignals();
       engine.close();
     }
   },

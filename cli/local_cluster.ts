@@ -1,11 +1,13 @@
 // `--local N`: an ephemeral cluster of N real node processes on loopback (this process leads and runs
-// stage 0; N-1 `swactor join` children run the others), torn down afterwards, on failure and on Ctrl-C too.
+// stage 0; N-1 `swactor join` children run the others), torn down afterwards, on failure and on a stop
+// signal too; and should this process be killed outright, its workers leave by themselves (cli/workers.ts).
 import { resolve } from "node:path";
 import { startNode, type SwactorNode } from "../node/node.ts";
 import { presets } from "../node/membership/mod.ts";
 import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
+import { spawnWorker, stopWorkers } from "./workers.ts";
 
 export interface LocalCluster {
   node: SwactorNode;
@@ -40,31 +42,12 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
     closed = true;
     await pipeline.close().catch(() => {});
     await node.leave().catch(() => {});
-    for (const c of children) {
-      try {
-        c.kill("SIGTERM");
-      } catch { /* gone */ }
-    }
-    const killer = setTimeout(() => {
-      for (const c of children) {
-        try {
-          c.kill("SIGKILL");
-        } catch { /* gone */ }
-      }
-    }, 5000);
-    await Promise.all(children.map((c) => c.status));
-    clearTimeout(killer);
+    await stopWorkers(children);
   };
   try {
     const ticket = encodeTicket({ secret, leader: node.transport.self });
-    const main = new URL("../main.ts", import.meta.url).pathname;
     for (let i = 1; i < n; i++) {
-      const child = new Deno.Command(Deno.execPath(), {
-        args: ["run", "-A", "--quiet", main, "join", ticket],
-        stdin: "null",
-        stdout: "null",
-        stderr: "piped",
-      }).spawn();
+      const child = spawnWorker(ticket);
       children.push(child);
       collect(child.stderr, (line) => {
         if (debug) console.error(`[worker ${i}] ${line}`);

@@ -2,9 +2,9 @@
 // with reference outputs).
 import type { Command } from "./command.ts";
 import { numberFlag, parseFlags, UsageError } from "./command.ts";
-import { logitsLocal } from "./pipeline_generate.ts";
+import { checkPrompt, logitsLocal, writeLogits } from "./pipeline_generate.ts";
+import { checkOutputPath } from "./output_file.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
-import { writeSafetensors } from "../models/safetensors.ts";
 
 const USAGE = `Usage: swactor logits --model DIR --tokens 1,2,3 --out FILE.safetensors [options]
 
@@ -14,7 +14,8 @@ after tokens[0..t]), plus the tokens as int32 tensor "tokens".
 Options:
   --model DIR           Hugging Face checkpoint folder (required)
   --tokens 1,2,3        the token ids (required)
-  --out FILE            output .safetensors file (required; written atomically)
+  --out FILE            output .safetensors file (required; a regular file is replaced atomically,
+                        a device or pipe such as /dev/stdout is written in place)
 ${WEIGHTS_HELP}
   --local N             run on an ephemeral cluster of N node processes on this machine
   --wire f16|f32        activations between stages with --local (default f32 here: exact)
@@ -37,6 +38,7 @@ export const logitsCommand: Command = {
     if (!values.tokens) throw new UsageError("--tokens is required");
     if (!values.out) throw new UsageError("--out FILE is required");
     const tokens = parseTokenList(values.tokens);
+    await checkOutputPath(values.out, "--out");
     if (values.wire !== undefined && values.wire !== "f16" && values.wire !== "f32") {
       throw new UsageError(`--wire expects f16 or f32, got "${values.wire}"`);
     }
@@ -55,17 +57,10 @@ export const logitsCommand: Command = {
       tokenizer: false,
     });
     try {
+      checkPrompt(tokens, engine.weights.config, 0);
       const logits = await engine.logits(tokens);
       const V = engine.model.vocab;
-      await writeSafetensors(values.out, [
-        { name: "logits", dtype: "F32", shape: [tokens.length, V], data: new Uint8Array(logits.buffer) },
-        {
-          name: "tokens",
-          dtype: "I32",
-          shape: [tokens.length],
-          data: new Uint8Array(Int32Array.from(tokens).buffer),
-        },
-      ]);
+      await writeLogits(values.out, tokens, V, logits);
       console.error(`swactor: wrote logits [${tokens.length}, ${V}] to ${values.out}`);
       return 0;
     } finally {

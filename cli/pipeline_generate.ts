@@ -12,9 +12,11 @@ import {
   type TokenEvent,
   type TokenTimings,
 } from "../node/stage/mod.ts";
-import { apiFetch, readGenerateLines } from "../node/api/mod.ts";
+import { apiError, apiFetch, type ApiTarget, readGenerateLines } from "../node/api/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
 import { UsageError } from "./command.ts";
+import { onStopSignal } from "./signals.ts";
+import { writeJsonOutput, writeOutput } from "./output_file.ts";
 
 export interface ChainGenerateOptions {
   modelDir: string;
@@ -37,8 +39,32 @@ interface Prepared {
   vocab: number;
 }
 
+/**
+ * Checks a request against the model before any work: token ids inside the vocabulary, and the prompt
+ * plus the tokens to generate (`maxTokens`, 0 for logits) inside its positions. UsageError otherwise.
+ */
+export function checkPrompt(
+  ids: readonly number[],
+  model: { vocabSize: number; maxPositionEmbeddings: number },
+  maxTokens: number,
+): void {
+  try {
+    checkTokenIds(ids, model.vocabSize);
+  } catch (e) {
+    throw new UsageError((e as Error).message); // checkTokenIds judges the ids only
+  }
+  if (ids.length + maxTokens > model.maxPositionEmbeddings) {
+    throw new UsageError(
+      maxTokens === 0
+        ? `${ids.length} tokens exceed the model's ${model.maxPositionEmbeddings} positions`
+        : `the prompt (${ids.length} tokens) plus --max-tokens ${maxTokens} exceeds the model's ` +
+          `${model.maxPositionEmbeddings} positions: shorten the prompt or lower --max-tokens`,
+    );
+  }
+}
+
 async function prepare(
-  o: { modelDir: string; prompt?: string; ids?: number[]; tokenizer?: boolean },
+  o: { modelDir: string; prompt?: string; ids?: number[]; tokenizer?: boolean; maxTokens?: number },
 ): Promise<Prepared> {
   const ckpt = await Checkpoint.open(o.modelDir);
   const tokenizer = o.tokenizer === false ? null : await loadTokenizer(o.modelDir, ckpt.config);
@@ -49,7 +75,7 @@ async function prepare(
     }
     ids = tokenizer.encode(o.prompt!);
   }
-  checkTokenIds(ids, ckpt.config.vocabSize);
+  checkPrompt(ids, ckpt.config, o.maxTokens ?? 0);
   return { ids, tokenizer, eos: ckpt.config.eosTokenIds, vocab: ckpt.config.vocabSize };
 }
 
@@ -115,16 +141,9 @@ function report(
   }
 }
 
-/** Writes JSON atomically (temp file + rename), so a reader never sees half a trace. */
-export async function writeJson(path: string, value: unknown): Promise<void> {
-  const tmp = `${path}.tmp-${Deno.pid}`;
-  await Deno.writeTextFile(tmp, JSON.stringify(value));
-  await Deno.rename(tmp, path);
-}
-
 /** Writes a chain's per-step records as a Chrome trace (stage i on plan stage i's node). */
 async function writeTrace(path: string, events: TokenEvent[], planStages: { node: string }[]): Promise<void> {
-  await writeJson(path, chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))));
+  await writeJsonOutput(path, chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))));
   console.error(`swactor: trace written to ${path} (open it in Perfetto or chrome://tracing)`);
 }
 
@@ -144,8 +163,11 @@ function stageSummary(
 export async function generateLocal(n: number, o: ChainGenerateOptions): Promise<number> {
   const p = await prepare(o);
   const abort = new AbortController();
-  const onSigint = () => abort.abort(new Error("interrupted"));
-  Deno.addSignalListener("SIGINT", onSigint);
+  let exitCode = 130;
+  const removeSignals = onStopSignal((signal, code) => {
+    exitCode = code;
+    abort.abort(new Error(`interrupted (${signal})`));
+  });
   const out = streamer(p, o.json);
   try {
     const cluster = await startLocalCluster(n, {
@@ -174,11 +196,11 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
     if (abort.signal.aborted) {
       out.end();
       console.error("swactor: interrupted; the cluster is torn down");
-      return 130;
+      return exitCode;
     }
     throw e;
   } finally {
-    Deno.removeSignalListener("SIGINT", onSigint);
+    removeSignals();
   }
 }
 
@@ -198,15 +220,18 @@ export async function clusterModel(base: string, modelDir: string | undefined): 
   return dir;
 }
 
-/** generate through the cluster that `up` on this machine leads (its control API at `base`). */
-export async function generateOnCluster(base: string, o: ChainGenerateOptions): Promise<number> {
+/** generate through the cluster that `up` on this machine leads (its control API at `target`). */
+export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptions): Promise<number> {
   const p = await prepare(o);
   const abort = new AbortController();
-  const onSigint = () => abort.abort();
-  Deno.addSignalListener("SIGINT", onSigint);
+  let exitCode = 130;
+  const removeSignals = onStopSignal((_, code) => {
+    exitCode = code;
+    abort.abort();
+  });
   const out = streamer(p, o.json);
   try {
-    const res = await apiFetch(base, "/generate", {
+    const res = await apiFetch(target, "/generate", {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({
@@ -219,7 +244,9 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
       signal: abort.signal,
     });
     if (!res.ok) {
-      throw new Error(`the cluster refused the request: ${(await res.json()).error ?? res.status}`);
+      const why = `the cluster refused the request: ${await apiError(res)}`;
+      // 400: this request can never run there (bad input); 503 and the rest: not now.
+      throw res.status === 400 ? new UsageError(why) : new Error(why);
     }
     const events: TokenEvent[] = [];
     const tokens: number[] = [];
@@ -232,7 +259,7 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
       }
       if ("done" in m) {
         out.end();
-        const status = await (await apiFetch(base, "/pipeline")).json();
+        const status = await (await apiFetch(target, "/pipeline")).json();
         report(p, o, { tokens, events, ...m.done }, {
           stages: stageSummary(status.assignment.plan.stages),
           nodes: m.done.stages,
@@ -251,11 +278,11 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
   } catch (e) {
     if (abort.signal.aborted) {
       out.end();
-      return 130;
+      return exitCode;
     }
     throw e;
   } finally {
-    Deno.removeSignalListener("SIGINT", onSigint);
+    removeSignals();
   }
 }
 
@@ -272,26 +299,52 @@ export async function logitsLocal(
   },
 ): Promise<number> {
   const p = await prepare({ modelDir: o.modelDir, ids: o.ids, tokenizer: false });
-  const cluster = await startLocalCluster(n, { modelDir: o.modelDir, weights: o.weights, plan: o.plan });
+  const abort = new AbortController();
+  let exitCode = 130;
+  const removeSignals = onStopSignal((signal, code) => {
+    exitCode = code;
+    abort.abort(new Error(`interrupted (${signal})`));
+  });
   try {
-    const { logits } = await cluster.pipeline.client.logits(cluster.chain, p.ids, {
-      vocab: p.vocab,
-      wire: o.wire,
+    const cluster = await startLocalCluster(n, {
+      modelDir: o.modelDir,
+      weights: o.weights,
+      plan: o.plan,
+      signal: abort.signal,
     });
-    await writeSafetensors(o.out, [
-      { name: "logits", dtype: "F32", shape: [p.ids.length, p.vocab], data: new Uint8Array(logits.buffer) },
+    try {
+      const { logits } = await cluster.pipeline.client.logits(cluster.chain, p.ids, {
+        vocab: p.vocab,
+        wire: o.wire,
+        signal: abort.signal,
+      });
+      await writeLogits(o.out, p.ids, p.vocab, logits);
+      console.error(
+        `swactor: wrote logits [${p.ids.length}, ${p.vocab}] to ${o.out} (${cluster.assignment.plan.stages.length} stages)`,
+      );
+      return 0;
+    } finally {
+      await cluster.close();
+    }
+  } catch (e) {
+    if (!abort.signal.aborted) throw e;
+    console.error("swactor: interrupted; the cluster is torn down");
+    return exitCode;
+  } finally {
+    removeSignals();
+  }
+}
+
+/** Writes teacher-forced logits [T, vocab] and their tokens as safetensors to the file --out names. */
+export async function writeLogits(path: string, ids: number[], vocab: number, logits: Float32Array) {
+  await writeOutput(path, (target) =>
+    writeSafetensors(target, [
+      { name: "logits", dtype: "F32", shape: [ids.length, vocab], data: new Uint8Array(logits.buffer) },
       {
         name: "tokens",
         dtype: "I32",
-        shape: [p.ids.length],
-        data: new Uint8Array(Int32Array.from(p.ids).buffer),
+        shape: [ids.length],
+        data: new Uint8Array(Int32Array.from(ids).buffer),
       },
-    ]);
-    console.error(
-      `swactor: wrote logits [${p.ids.length}, ${p.vocab}] to ${o.out} (${cluster.assignment.plan.stages.length} stages)`,
-    );
-    return 0;
-  } finally {
-    await cluster.close();
-  }
+    ]));
 }

@@ -1,5 +1,5 @@
 // `swactor status`: the members a node sees, as a table or as JSON.
-import { apiBase, apiFetch, type MemberView } from "../node/api/mod.ts";
+import { apiError, apiFetch, apiTarget, type MemberView } from "../node/api/mod.ts";
 import { type Command, parseFlags } from "./command.ts";
 
 export const status: Command = {
@@ -11,8 +11,8 @@ Asks the node at --api (default: the node \`up\` started on this machine) for it
   --json   print {"members": [{"id", "state", "roles", ...}], "plan": ...} on one line`,
   async run(argv) {
     const { values } = parseFlags(argv, { json: { type: "boolean" }, api: { type: "string" } });
-    const res = await apiFetch(await apiBase(values.api), "/status");
-    if (!res.ok) throw new Error(`control API answered ${res.status}`);
+    const res = await apiFetch(await apiTarget(values.api), "/status");
+    if (!res.ok) throw new Error(`the control API refused: ${await apiError(res)}`);
     const body = await res.json() as {
       self: string;
       members: MemberView[];

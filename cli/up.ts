@@ -1,12 +1,15 @@
 // `swactor up`: start a node that leads a new cluster, print its ticket, optionally start local workers.
 import { encodeTicket, newSecret } from "../node/ticket.ts";
-import { clearState, writeState } from "../node/state_file.ts";
-import { type Command, numberFlag, parseFlags } from "./command.ts";
+import { claimState, clearState, statePath, writeState } from "../node/state_file.ts";
+import { type Command, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { runNodeProcess } from "./node_process.ts";
 import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
 import { type PipelineNode, publishPlan } from "../node/stage/mod.ts";
+import { spawnWorker, stopWorkers } from "./workers.ts";
+import { readPlanFile } from "./plan_file.ts";
+import { Checkpoint } from "../models/checkpoint.ts";
 
 export const up: Command = {
   name: "up",
@@ -16,11 +19,13 @@ export const up: Command = {
                   [--model DIR] [--plan FILE] [--weights f32|f16|q8|q4]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
-stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves gracefully.
-  --peers N            also start N-1 local worker nodes (\`swactor join\`), so one command gives a cluster
+stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then leaves gracefully.
+  --peers N            also start N-1 local worker nodes (\`swactor join\`; they get the ticket on a pipe,
+                       not on their command line, and leave when this process ends, however it ends)
   --listen HOST:PORT   iroh bind address (default 127.0.0.1:0)
   --api HOST:PORT      control API address (default 127.0.0.1:0); recorded with the ticket in the state
-                       file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down
+                       file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down;
+                       a non-loopback address needs --expose-api
   --membership NAME    membership timing preset (default lan)
   --model DIR          serve this checkpoint on a chain over the N nodes (layers placed by the planner);
                        \`generate\` on this machine then uses the cluster; \`status\` shows each stage
@@ -32,6 +37,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       peers: { type: "string" },
       listen: { type: "string" },
       api: { type: "string" },
+      "expose-api": { type: "boolean" },
       membership: { type: "string" },
       model: { type: "string" },
       plan: { type: "string" },
@@ -40,62 +46,75 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
     const weights = parseWeights(values.weights);
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
-    const plan = values.plan ? JSON.parse(await Deno.readTextFile(values.plan)) : undefined;
+    // The checkpoint is checked before any node starts: a bad one exits 2 with nothing left running.
+    if (values.model !== undefined) await Checkpoint.open(resolve(values.model));
+    const plan = values.plan === undefined ? undefined : await readPlanFile(values.plan, {
+      modelDir: values.model,
+      nodes: values.model ? peers : undefined,
+    });
+    // One cluster per state folder: a second `up` would hide the first from status and down.
+    const running = await claimState(Deno.pid, (stale) =>
+      console.error(
+        `swactor up: removed the stale state of an \`up\` that is gone (pid ${stale.pid}, since ${stale.startedAt})`,
+      ));
+    if (running) {
+      throw new UsageError(
+        `a cluster already runs on this machine: \`up\` pid ${running.pid}, control API ${
+          running.api ?? "(starting)"
+        }, since ${running.startedAt} (state in ${statePath()}). Stop it with \`swactor down\`, or ` +
+          `give this one a state folder of its own with SWACTOR_STATE_DIR`,
+      );
+    }
     const secret = newSecret();
     const workers: Deno.ChildProcess[] = [];
-    return await runNodeProcess({
-      secret,
-      listen: values.listen,
-      api: values.api,
-      membership: values.membership,
-      plan: values.model ? undefined : plan,
-      pipeline: () => pipeline,
-      async ready(node, api) {
-        pipeline = attachPipeline(node);
-        node.actors.spawn("leader", { receive: () => {} });
-        const ticket = encodeTicket({ secret, leader: node.transport.self });
-        await writeState({
-          pid: Deno.pid,
-          api,
-          ticket,
-          id: node.membership.id,
-          startedAt: new Date().toISOString(),
-        });
-        console.log(`ticket: ${ticket}`);
-        console.error(`api: ${api}`);
-        console.error(`id: ${node.membership.id}`);
-        const main = new URL("../main.ts", import.meta.url).pathname;
-        for (let i = 1; i < peers; i++) {
-          const args = ["run", "-A", "--quiet", main, "join", ticket];
-          if (values.membership) args.push("--membership", values.membership);
-          workers.push(
-            new Deno.Command(Deno.execPath(), { args, stdout: "null", stderr: "inherit" }).spawn(),
-          );
-        }
-        if (values.model) {
-          const a = await publishPlan(node, pipeline, {
-            modelDir: resolve(values.model),
-            weights,
-            members: peers,
-            plan,
+    try {
+      return await runNodeProcess({
+        secret,
+        listen: values.listen,
+        api: values.api,
+        exposeApi: values["expose-api"],
+        membership: values.membership,
+        plan: values.model ? undefined : plan,
+        pipeline: () => pipeline,
+        async ready(node, api, signal) {
+          pipeline = attachPipeline(node);
+          node.actors.spawn("leader", { receive: () => {} });
+          const ticket = encodeTicket({ secret, leader: node.transport.self });
+          await writeState({
+            pid: Deno.pid,
+            api: api.addr,
+            token: api.token,
+            ticket,
+            id: node.membership.id,
+            startedAt: new Date().toISOString(),
           });
-          console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);
-          const chain = await pipeline.waitReady();
-          console.error(
-            `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)}`,
-          );
-        }
-      },
-      async cleanup() {
-        await pipeline?.close();
-        for (const w of workers) {
-          try {
-            w.kill("SIGTERM");
-          } catch { /* already gone */ }
-        }
-        await Promise.all(workers.map((w) => w.status));
-        await clearState(Deno.pid);
-      },
-    });
+          console.log(`ticket: ${ticket}`);
+          console.error(`api: ${api.addr}`);
+          console.error(`id: ${node.membership.id}`);
+          const args = values.membership ? ["--membership", values.membership] : [];
+          for (let i = 1; i < peers; i++) workers.push(spawnWorker(ticket, { args, stderr: "inherit" }));
+          if (values.model) {
+            const a = await publishPlan(node, pipeline, {
+              modelDir: resolve(values.model),
+              weights,
+              members: peers,
+              plan,
+              signal,
+            });
+            console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);
+            const chain = await pipeline.waitReady({ signal });
+            console.error(
+              `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)}`,
+            );
+          }
+        },
+        async cleanup() {
+          await pipeline?.close();
+          await stopWorkers(workers);
+        },
+      });
+    } finally {
+      await clearState(Deno.pid);
+    }
   },
 };

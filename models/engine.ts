@@ -351,7 +351,9 @@ export class Engine implements StageBackend {
     if (!this.role.embeds || !this.role.head) throw new Error("logits needs a part with embedding and head");
     checkTokenIds(tokens, this.model.vocab);
     if (tokens.length > this.model.maxPositions) {
-      throw new RequestError(`${tokens.length} tokens exceed the model's ${this.model.maxPositions} positions`);
+      throw new RequestError(
+        `${tokens.length} tokens exceed the model's ${this.model.maxPositions} positions`,
+      );
     }
     const V = this.model.vocab;
     const id = `logits-${this.#next++}`;

@@ -1,14 +1,21 @@
-// Where `up` records the node it started, so `status` and `down` find it without flags:
-// $SWACTOR_STATE_DIR, else $XDG_RUNTIME_DIR/swactor, else ~/.cache/swactor; file `node.json`.
+// What the node processes of this machine record for `status`, `down` and `generate` to find them, in
+// $SWACTOR_STATE_DIR, else $XDG_RUNTIME_DIR/swactor, else ~/.cache/swactor (a folder only its owner reads):
+//   node.json         the cluster `up` leads here (one at a time: a second `up` is refused while it runs)
+//   nodes/<pid>.json  every node process (up and join): its control API and the token its mutating routes need
+// The files are owner-only: the token opens the API's mutating routes and the ticket holds the cluster
+// secret. A file whose process is gone (killed with SIGKILL, a crash) is stale: readers remove it.
 import { join } from "node:path";
 
 export interface NodeState {
   pid: number;
   /** Control API address, "host:port". */
   api: string;
-  ticket: string;
+  /** The bearer token the control API's mutating routes (POST) need. */
+  token: string;
   id: string;
   startedAt: string;
+  /** The cluster's ticket (node.json only). */
+  ticket?: string;
 }
 
 export function stateDir(): string {
@@ -20,26 +27,129 @@ export function stateDir(): string {
   return join(env("HOME") ?? ".", ".cache", "swactor");
 }
 
+/** node.json: the cluster `up` leads on this machine. */
 export function statePath(): string {
   return join(stateDir(), "node.json");
 }
 
-export async function writeState(s: NodeState): Promise<void> {
-  await Deno.mkdir(stateDir(), { recursive: true, mode: 0o700 });
-  // The ticket holds the cluster secret: owner-only.
-  await Deno.writeTextFile(statePath(), JSON.stringify(s, null, 2) + "\n", { mode: 0o600 });
+function nodesDir(): string {
+  return join(stateDir(), "nodes");
 }
 
-export async function readState(): Promise<NodeState | undefined> {
+async function writeJson(path: string, value: unknown, opts: { createNew?: boolean } = {}): Promise<void> {
+  await Deno.mkdir(join(path, ".."), { recursive: true, mode: 0o700 });
+  await Deno.writeTextFile(path, JSON.stringify(value, null, 2) + "\n", { mode: 0o600, ...opts });
+}
+
+async function readJson(path: string): Promise<NodeState | undefined> {
   try {
-    return JSON.parse(await Deno.readTextFile(statePath())) as NodeState;
+    const v = JSON.parse(await Deno.readTextFile(path));
+    return typeof v === "object" && v !== null && Number.isInteger(v.pid) ? v as NodeState : undefined;
   } catch {
     return undefined;
   }
 }
 
-/** Removes the state file if it still describes process `pid`. */
+/**
+ * Whether process `pid` runs and is a swactor (on Linux its command line names swactor or main.ts, so a
+ * recycled pid does not count; elsewhere any process with that pid counts).
+ */
+export function processRuns(pid: number): boolean {
+  if (Deno.build.os === "linux") {
+    try {
+      const cmd = Deno.readTextFileSync(`/proc/${pid}/cmdline`);
+      const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+      return stat.slice(stat.lastIndexOf(")") + 2)[0] !== "Z" && /swactor|main\.ts/.test(cmd);
+    } catch {
+      return false;
+    }
+  }
+  try {
+    Deno.kill(pid, "SIGCONT"); // no effect on a running process; fails when there is none
+    return true;
+  } catch (e) {
+    return e instanceof Deno.errors.PermissionDenied;
+  }
+}
+
+/** node.json as written (it may be stale: see liveState). */
+export async function readState(): Promise<NodeState | undefined> {
+  return await readJson(statePath());
+}
+
+/**
+ * The cluster `up` leads here: `state` when its process runs; when node.json names a process that is
+ * gone, the file is removed and returned as `stale`.
+ */
+export async function liveState(): Promise<{ state?: NodeState; stale?: NodeState }> {
+  const s = await readState();
+  if (!s) return {};
+  if (processRuns(s.pid)) return { state: s };
+  await clearState(s.pid);
+  return { stale: s };
+}
+
+/**
+ * Claims node.json for process `pid` (a new `up`) before it starts anything: resolves with undefined and
+ * the file created, or with the state of the `up` that runs already (nothing written). A stale file is
+ * removed first and reported through `onStale`.
+ */
+export async function claimState(
+  pid: number,
+  onStale: (s: NodeState) => void = () => {},
+): Promise<NodeState | undefined> {
+  for (let attempt = 0; attempt < 3; attempt++) {
+    try {
+      await writeJson(statePath(), { pid, startedAt: new Date().toISOString() }, { createNew: true });
+      return undefined;
+    } catch (e) {
+      if (!(e instanceof Deno.errors.AlreadyExists)) throw e;
+    }
+    const { state, stale } = await liveState();
+    if (state) return state;
+    if (stale) onStale(stale);
+    else await Deno.remove(statePath()).catch(() => {}); // unreadable: not a node's record
+  }
+  throw new Error(`cannot create ${statePath()}: another process keeps writing it`);
+}
+
+/** Writes node.json (after claimState) with the leader's full record. */
+export async function writeState(s: NodeState): Promise<void> {
+  await writeJson(statePath(), s);
+}
+
+/** Removes node.json if it still describes process `pid`. */
 export async function clearState(pid: number): Promise<void> {
   const s = await readState();
   if (s?.pid === pid) await Deno.remove(statePath()).catch(() => {});
+}
+
+/** Records a node process (nodes/<pid>.json). */
+export async function writeNodeState(s: NodeState): Promise<void> {
+  await writeJson(join(nodesDir(), `${s.pid}.json`), s);
+}
+
+/** Removes process `pid`'s record. */
+export async function clearNodeState(pid: number): Promise<void> {
+  await Deno.remove(join(nodesDir(), `${pid}.json`)).catch(() => {});
+}
+
+/** The record of the running node whose control API is at `api` (stale records met are removed). */
+export async function nodeStateAt(api: string): Promise<NodeState | undefined> {
+  let entries: Deno.DirEntry[];
+  try {
+    entries = [...Deno.readDirSync(nodesDir())];
+  } catch {
+    return undefined;
+  }
+  for (const e of entries) {
+    const s = await readJson(join(nodesDir(), e.name));
+    if (!s) continue;
+    if (!processRuns(s.pid)) {
+      await clearNodeState(s.pid);
+      continue;
+    }
+    if (s.api === api) return s;
+  }
+  return undefined;
 }

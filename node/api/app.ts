@@ -2,9 +2,11 @@
 // `GET /pipeline` and `POST /generate` (pipeline_routes.ts). `status`, `down` and `generate` are its clients
 // (client.ts). Built by a factory over ApiServices, which nodeServices (services.ts) makes from a running
 // node and tests make from fakes (app.request()); serveApi (serve.ts) serves it, on 127.0.0.1 by default.
+// A guard (guard.ts) runs before every route: loopback is not enough, a browser page can reach it too.
 import { Hono } from "hono";
 import type { PipelineNode } from "../stage/mod.ts";
-import { pipelineRoutes, pipelineStatus } from "./pipeline_routes.ts";
+import { type PipelineRouteOptions, pipelineRoutes, pipelineStatus } from "./pipeline_routes.ts";
+import { type ApiGuard, guard } from "./guard.ts";
 
 export interface MemberView {
   id: string;
@@ -32,8 +34,12 @@ export interface ApiServices {
   pipeline?(): PipelineNode | undefined;
 }
 
-export function createApp(services: ApiServices): Hono {
+export interface ApiOptions extends ApiGuard, PipelineRouteOptions {}
+
+/** The app over `services`; every request passes the guard (guard.ts): the token opens POST routes. */
+export function createApp(services: ApiServices, opts: ApiOptions): Hono {
   const app = new Hono();
+  app.use(guard(opts));
   app.get("/status", async (c) => {
     const p = services.pipeline?.();
     return c.json({
@@ -43,7 +49,7 @@ export function createApp(services: ApiServices): Hono {
       ...(p ? { pipeline: await pipelineStatus(p) } : {}),
     });
   });
-  pipelineRoutes(app, () => services.pipeline?.());
+  pipelineRoutes(app, () => services.pipeline?.(), opts);
   app.get(
     "/registry",
     (c) => c.json({ entries: services.registry().map(([name, owner]) => ({ name, owner })) }),

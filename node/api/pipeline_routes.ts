@@ -1,10 +1,14 @@
 // The pipeline's control API: `GET /pipeline` (the Assignment and every stage's report: active requests,
 // KV bytes) and `POST /generate` (token ids in, NDJSON out: one line per token, then the outcome; closing
 // the connection cancels the request, which every stage then releases). A client reads that stream with
-// readGenerateLines.
+// readGenerateLines. The body is bounded (GENERATE_BODY_LIMIT), checked field by field
+// (generate_request.ts), and admitted against the node's KV budget (kv_budget.ts) before anything starts.
 import type { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
 import type { GenerateOutcome, PipelineNode, TokenEvent } from "../stage/mod.ts";
 import { ndjsonLine, readNdjson } from "./ndjson.ts";
+import { BadRequestError, parseGenerateRequest } from "./generate_request.ts";
+import { KvBudget, planKvTokens } from "./kv_budget.ts";
 
 /** One line of `POST /generate`'s body: a line per token, then either the outcome or an error. */
 export type GenerateLine =
@@ -34,36 +38,58 @@ export async function pipelineStatus(p: PipelineNode): Promise<unknown> {
   };
 }
 
-export function pipelineRoutes(app: Hono, pipeline: () => PipelineNode | undefined): void {
+/** The largest `POST /generate` body read (a 100k-token prompt is about 700 KB of JSON). */
+export const GENERATE_BODY_LIMIT = 4 * 2 ** 20;
+
+export interface PipelineRouteOptions {
+  /** The KV budget in positions (default: the current Plan's context; see kv_budget.ts). */
+  kvTokens?: number;
+}
+
+export function pipelineRoutes(
+  app: Hono,
+  pipeline: () => PipelineNode | undefined,
+  opts: PipelineRouteOptions = {},
+): void {
+  const budget = new KvBudget(() => opts.kvTokens ?? planKvTokens(pipeline()?.board.current?.plan));
   app.get("/pipeline", async (c) => {
     const p = pipeline();
     if (!p) return c.json({ error: "this node runs no pipeline" }, 404);
     return c.json(await pipelineStatus(p));
   });
-  app.post("/generate", async (c) => {
+  const limit = bodyLimit({
+    maxSize: GENERATE_BODY_LIMIT,
+    onError: (c) => c.json({ error: `the body is larger than ${GENERATE_BODY_LIMIT} bytes` }, 413),
+  });
+  app.post("/generate", limit, async (c) => {
     const p = pipeline();
     if (!p) return c.json({ error: "this node runs no pipeline" }, 404);
-    let req: Record<string, unknown>;
+    let body: unknown;
     try {
-      req = await c.req.json();
+      body = await c.req.json();
     } catch {
       return c.json({ error: "the body must be JSON" }, 400);
     }
-    const tokens = req.tokens;
-    if (
-      !Array.isArray(tokens) || tokens.length === 0 || !tokens.every((t) => Number.isInteger(t) && t >= 0)
-    ) {
-      return c.json({ error: "tokens must be a non-empty array of token ids" }, 400);
+    const vocab = (p.board.current?.plan as { model?: { vocab?: unknown } } | undefined)?.model?.vocab;
+    let req;
+    try {
+      req = parseGenerateRequest(body, { vocab: Number.isInteger(vocab) ? vocab as number : 2 ** 32 });
+    } catch (e) {
+      if (e instanceof BadRequestError) return c.json({ error: e.message }, 400);
+      throw e;
     }
+    const admission = budget.admit(req.tokens.length + req.maxTokens);
+    if (!admission.ok) return c.json({ error: admission.error }, admission.status);
     let chain;
     try {
       chain = await p.waitReady({ timeoutMs: 5000 });
     } catch (e) {
+      admission.release();
       return c.json({ error: (e as Error).message }, 503);
     }
     const abort = new AbortController();
     c.req.raw.signal.addEventListener("abort", () => abort.abort(new Error("the client went away")));
-    const body = new ReadableStream<Uint8Array>({
+    const stream = new ReadableStream<Uint8Array>({
       start: async (ctl) => {
         const line = (v: GenerateLine) => {
           try {
@@ -71,11 +97,11 @@ export function pipelineRoutes(app: Hono, pipeline: () => PipelineNode | undefin
           } catch { /* closed */ }
         };
         try {
-          const out = await p.client.generate(chain, tokens as number[], {
-            maxTokens: Number(req.maxTokens ?? 64),
-            sampling: req.sampling as never,
-            eos: req.eos as number[] | undefined,
-            wire: req.wire === "f32" ? "f32" : "f16",
+          const out = await p.client.generate(chain, req.tokens, {
+            maxTokens: req.maxTokens,
+            sampling: req.sampling,
+            eos: req.eos,
+            wire: req.wire,
             signal: abort.signal,
             onToken: (e) =>
               line({ token: e.token, index: e.index, atMs: e.atMs, timings: e.timings, trace: e.trace }),
@@ -90,6 +116,8 @@ export function pipelineRoutes(app: Hono, pipeline: () => PipelineNode | undefin
           });
         } catch (e) {
           line({ error: (e as Error).message });
+        } finally {
+          admission.release();
         }
         try {
           ctl.close();
@@ -97,6 +125,6 @@ export function pipelineRoutes(app: Hono, pipeline: () => PipelineNode | undefin
       },
       cancel: () => abort.abort(new Error("the client went away")),
     });
-    return new Response(body, { headers: { "content-type": "application/x-ndjson" } });
+    return new Response(stream, { headers: { "content-type": "application/x-ndjson" } });
   });
 }

@@ -14,11 +14,11 @@ import {
   openDataStream,
 } from "./iroh_handshake.ts";
 import { FrameReader } from "./frame_reader.ts";
-import { PeerUnreachableError } from "./errors.ts";
+import { BindError, PeerUnreachableError } from "./errors.ts";
 import { type Deliver, IrohLink, type LinkStreams, type Log, shortError } from "./iroh_link.ts";
 import type { Channel, PeerAddr, PeerId, Transport } from "./transport.ts";
 
-export { PeerUnreachableError };
+export { BindError, PeerUnreachableError };
 
 const { Endpoint: EndpointClass, EndpointAddr, EndpointId, presetMinimal, presetN0 } = iroh;
 
@@ -63,7 +63,11 @@ export class IrohTransport implements Transport {
 
   constructor(readonly endpoint: Endpoint, readonly key: CryptoKey, readonly opts: IrohTransportOptions) {
     const id = endpoint.id().toString();
-    this.self = { id, addrs: endpoint.addr().directAddresses() };
+    // Only the family asked for is advertised (createIrohTransport pins the other one to loopback).
+    const v6 = (opts.bindAddr ?? "").startsWith("[");
+    const addrs = endpoint.addr().directAddresses();
+    const asked = addrs.filter((a) => a.startsWith("[") === v6);
+    this.self = { id, addrs: asked.length ? asked : addrs };
     const verbose = Deno.env.get("SWACTOR_LOG") === "debug";
     this.#log = opts.log ??
       ((level, msg) =>
@@ -279,17 +283,37 @@ export class IrohTransport implements Transport {
   }
 }
 
-/** Binds an endpoint and returns a transport on it. */
+/**
+ * Binds an endpoint on exactly `bindAddr` and returns a transport on it; BindError (one line, no Rust
+ * backtrace) when the address cannot be bound.
+ *
+ * iroh also binds the wildcard address of the other IP family ([::] beside an IPv4 address, 0.0.0.0
+ * beside an IPv6 one) unless it is given an address of that family, and the binding has no switch to
+ * drop it; so that family is pinned to its loopback address (reachable from this machine only) and left
+ * out of the addresses this node advertises. Where the host has no such loopback (IPv6 disabled), the
+ * endpoint binds without the pin: iroh's wildcard bind for a family the host lacks fails, and may.
+ */
 export async function createIrohTransport(opts: IrohTransportOptions): Promise<IrohTransport> {
   if (!(opts.secret instanceof Uint8Array) || opts.secret.length !== 32) {
     throw new TypeError("createIrohTransport needs a 32-byte cluster secret");
   }
-  const b = EndpointClass.builder();
-  (opts.preset === "n0" ? presetN0 : presetMinimal)(b);
-  b.alpns([ALPN]);
-  b.bindAddr(opts.bindAddr ?? "127.0.0.1:0");
-  if (opts.secretKey) b.secretKey(Array.from(opts.secretKey));
-  const endpoint = await b.bind();
+  const addr = opts.bindAddr ?? "127.0.0.1:0";
+  const v6 = addr.startsWith("[");
+  const bind = async (pin: boolean) => {
+    const b = EndpointClass.builder();
+    (opts.preset === "n0" ? presetN0 : presetMinimal)(b);
+    b.alpns([ALPN]);
+    b.bindAddr(addr);
+    if (pin) b.bindAddr(v6 ? "127.0.0.1:0" : "[::1]:0");
+    if (opts.secretKey) b.secretKey(Array.from(opts.secretKey));
+    return await b.bind();
+  };
+  let endpoint: Endpoint;
+  try {
+    endpoint = await bind(true).catch(() => bind(false));
+  } catch (e) {
+    throw new BindError(`cannot bind ${addr}: ${shortError(e)}`);
+  }
   return new IrohTransport(endpoint, await importSecret(opts.secret), opts);
 }
 

@@ -21,9 +21,17 @@ export interface LinkOptions extends CoalescerOptions {
   log: Log;
 }
 
-/** First line of a binding error (they carry Rust backtraces). */
+/**
+ * A binding error as one readable line. Their messages carry a Rust backtrace, the build's source paths
+ * ("(/root/.cargo/registry/.../socket.rs:946:24)") and the causes on "Caused by:" lines: this keeps the
+ * first line and the causes, joined with ": ", without the paths.
+ */
 export function shortError(e: unknown): string {
-  return (e instanceof Error ? e.message : String(e)).split("\n")[0];
+  const text = (e instanceof Error ? e.message : String(e)).split(/\n\s*Stack backtrace:/)[0];
+  const [head, ...rest] = text.split("\n");
+  const causes = rest.map((l) => l.trim().replace(/^\d+: /, "")).filter((l) => l && l !== "Caused by:");
+  return [head, ...causes].map((l) => l.replace(/\s*\(?[^\s()]*\.rs:\d+(:\d+)?\)?/g, "").trim())
+    .filter((l) => l).join(": ");
 }
 
 export class IrohLink {

@@ -89,7 +89,10 @@ Deno.test({
     });
     await Deno.writeTextFile(
       plan,
-      JSON.stringify({ stages: [stage(0, "a", [0, 1]), stage(1, "b", [1, 2]), stage(2, "c", [2, 2])] }),
+      JSON.stringify({
+        version: 1,
+        stages: [stage(0, "a", [0, 1]), stage(1, "b", [1, 2]), stage(2, "c", [2, 2])],
+      }),
     );
     const micro = fixtureDir("llama-micro")!;
     const r = await runCli(
@@ -97,7 +100,7 @@ Deno.test({
       { env: { SWACTOR_NO_GPU: "1" } },
     );
     assert.equal(r.code, 2, r.stderr);
-    assert.match(r.stderr, /swactor generate: the Plan names 3 nodes; the cluster has 2/);
+    assert.match(r.stderr, /swactor generate: --plan \S+: the Plan names 3 nodes; the cluster has 2/);
   } finally {
     await Deno.remove(plan);
   }

@@ -199,21 +199,30 @@ Deno.test(onGpu("NaN weights fail with a message that names non-finite logits"),
   }
 });
 
-Deno.test(onGpu("a config claiming more layers than the weights hold fails before anything is built"), async () => {
-  const src = fixtureDir("llama-micro")!;
-  const dir = await Deno.makeTempDir();
-  try {
-    await Deno.copyFile(join(src, "model.safetensors"), join(dir, "model.safetensors"));
-    const config = JSON.parse(await Deno.readTextFile(join(src, "config.json")));
-    await Deno.writeTextFile(join(dir, "config.json"), JSON.stringify({ ...config, num_hidden_layers: 1e12 }));
-    await assert.rejects(loadEngine(dir, { gpu: gpu! }), /num_hidden_layers = 1000000000000 is absurd/);
-    await Deno.writeTextFile(join(dir, "config.json"), JSON.stringify({ ...config, num_hidden_layers: 5_000_000 }));
-    // Checked against the weights before the 5M layers' tensor table is built (that took minutes and GBs).
-    await assert.rejects(
-      loadEngine(dir, { gpu: gpu! }),
-      /num_hidden_layers = 5000000, but the weights hold 2 layers/,
-    );
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+Deno.test(
+  onGpu("a config claiming more layers than the weights hold fails before anything is built"),
+  async () => {
+    const src = fixtureDir("llama-micro")!;
+    const dir = await Deno.makeTempDir();
+    try {
+      await Deno.copyFile(join(src, "model.safetensors"), join(dir, "model.safetensors"));
+      const config = JSON.parse(await Deno.readTextFile(join(src, "config.json")));
+      await Deno.writeTextFile(
+        join(dir, "config.json"),
+        JSON.stringify({ ...config, num_hidden_layers: 1e12 }),
+      );
+      await assert.rejects(loadEngine(dir, { gpu: gpu! }), /num_hidden_layers = 1000000000000 is absurd/);
+      await Deno.writeTextFile(
+        join(dir, "config.json"),
+        JSON.stringify({ ...config, num_hidden_layers: 5_000_000 }),
+      );
+      // Checked against the weights before the 5M layers' tensor table is built (that took minutes and GBs).
+      await assert.rejects(
+        loadEngine(dir, { gpu: gpu! }),
+        /num_hidden_layers = 5000000, but the weights hold 2 layers/,
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);

@@ -32,6 +32,7 @@ function event(index: number): TokenEvent {
 function fakePipeline(script: (o: RequestOptions) => Promise<{ tokens: number[]; events: TokenEvent[] }>) {
   const seen: { tokens: number[]; opts: RequestOptions }[] = [];
   const p = {
+    board: { current: undefined },
     waitReady: () => Promise.resolve(CHAIN),
     client: {
       async generate(chain: Chain, tokens: number[], opts: RequestOptions) {
@@ -54,11 +55,15 @@ function app(p: PipelineNode) {
     down: () => {},
     pipeline: () => p,
   };
-  return createApp(services);
+  return createApp(services, { token: "t0k3n" });
 }
 
 function post(body: unknown): RequestInit {
-  return { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) };
+  return {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: "Bearer t0k3n" },
+    body: JSON.stringify(body),
+  };
 }
 
 async function collect(body: ReadableStream<Uint8Array>): Promise<GenerateLine[]> {

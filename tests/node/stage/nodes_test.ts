@@ -103,7 +103,9 @@ Deno.test("nodes: 3 nodes on the in-memory network plan, load and serve a chain 
     );
 
     // The control API over the leader: roles in /status, and POST /generate streams the same tokens.
-    const app = createApp(nodeServices(c.nodes[0], { down: () => {}, pipeline: () => c.pipelines[0] }));
+    const app = createApp(nodeServices(c.nodes[0], { down: () => {}, pipeline: () => c.pipelines[0] }), {
+      token: "t",
+    });
     const status = await (await app.request("/status")).json();
     assert.deepEqual(
       status.members.map((m: { id: string; roles: string[] }) => [m.id, m.roles]),
@@ -112,7 +114,7 @@ Deno.test("nodes: 3 nodes on the in-memory network plan, load and serve a chain 
     assert.equal(status.pipeline.assignment.version, a.version);
     const res = await app.request("/generate", {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: { "content-type": "application/json", authorization: "Bearer t" },
       body: JSON.stringify({ tokens: PROMPT, maxTokens: 9 }),
     });
     const tokens = [];

@@ -139,3 +139,65 @@ Deno.test("iroh: dialOverrides sends a dial for a gossiped address to the addres
     await Promise.all([a.close(), b.close(), plain.close()]);
   }
 });
+
+/** This process's UDP sockets as "ip:port" (IPv6 in brackets), from /proc (Linux). */
+async function ownUdpSockets(): Promise<string[]> {
+  const inodes = new Set<string>();
+  for await (const e of Deno.readDir("/proc/self/fd")) {
+    const m = /^socket:\[(\d+)\]$/.exec(await Deno.readLink(`/proc/self/fd/${e.name}`).catch(() => ""));
+    if (m) inodes.add(m[1]);
+  }
+  const out: string[] = [];
+  for (const [file, v6] of [["/proc/net/udp", false], ["/proc/net/udp6", true]] as const) {
+    const lines = (await Deno.readTextFile(file).catch(() => "")).trim().split("\n").slice(1);
+    for (const line of lines) {
+      const f = line.trim().split(/\s+/);
+      if (!inodes.has(f[9])) continue;
+      const [hex, port] = f[1].split(":");
+      // /proc prints each 32-bit word of the address in host (little-endian) byte order.
+      const bytes = hex.match(/.{8}/g)!.flatMap((w) => w.match(/../g)!.reverse()).map((b) => parseInt(b, 16));
+      const ip = v6
+        ? `[${
+          Array.from({ length: 8 }, (_, i) => ((bytes[2 * i] << 8) | bytes[2 * i + 1]).toString(16)).join(":")
+        }]`
+        : bytes.join(".");
+      out.push(`${ip}:${parseInt(port, 16)}`);
+    }
+  }
+  return out;
+}
+
+Deno.test({
+  name: "iroh: binds exactly the address asked for; no IPv6 wildcard [::] beside 127.0.0.1 (Linux /proc)",
+  ignore: Deno.build.os !== "linux",
+  async fn() {
+    const before = new Set(await ownUdpSockets());
+    const t = await createIrohTransport({ secret: newSecret(), bindAddr: "127.0.0.1:0", log: () => {} });
+    try {
+      const mine = (await ownUdpSockets()).filter((s) => !before.has(s));
+      assert.equal(t.self.addrs.length, 1, `advertised ${t.self.addrs}`);
+      assert.match(t.self.addrs[0], /^127\.0\.0\.1:\d+$/);
+      assert.ok(mine.includes(t.self.addrs[0]), `${t.self.addrs[0]} not among ${mine}`);
+      const wildV6 = mine.filter((s) => s.startsWith("[0:0:0:0:0:0:0:0]"));
+      assert.deepEqual(wildV6, [], `sockets on every IPv6 interface: ${mine.join(" ")}`);
+      // The other family is pinned to its loopback.
+      for (const s of mine.filter((s) => s.startsWith("["))) assert.match(s, /^\[0:0:0:0:0:0:0:1\]:/);
+    } finally {
+      await t.close();
+    }
+  },
+});
+
+Deno.test("iroh: an address that cannot be bound is a BindError in one line, no backtrace or source path", async () => {
+  for (const addr of ["10.254.254.254:0", "garbage"]) {
+    await assert.rejects(
+      createIrohTransport({ secret: newSecret(), bindAddr: addr, log: () => {} }),
+      (e: Error) => {
+        assert.equal(e.name, "BindError");
+        assert.ok(e.message.startsWith(`cannot bind ${addr}: `), e.message);
+        assert.doesNotMatch(e.message, /\n|backtrace|\.rs:\d|\.cargo/);
+        return true;
+      },
+    );
+  }
+});

@@ -1,0 +1,70 @@
+// The worker node processes that `up --peers N` and `--local N` start, and the worker's side of the tie.
+// A worker is `swactor join - --exit-with-stdin`: it reads the ticket from its stdin, never from its
+// command line (any local user reads those in `ps` or /proc/PID/cmdline, and the ticket holds the cluster
+// secret), and the parent keeps that pipe open for as long as it lives. However the parent ends, SIGKILL
+// included, the kernel closes the pipe; the worker sees end of file and leaves (cli/node_process.ts).
+import { fileURLToPath } from "node:url";
+
+const MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
+
+/** How long a worker gets to leave after SIGTERM before it is killed. */
+export const WORKER_GRACE_MS = 5000;
+
+/** Starts a worker that joins with `ticket`; `args` are more `join` flags. Its stdout is discarded. */
+export function spawnWorker(
+  ticket: string,
+  opts: { args?: string[]; stderr?: "inherit" | "piped" } = {},
+): Deno.ChildProcess {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", "--quiet", MAIN, "join", "-", "--exit-with-stdin", ...(opts.args ?? [])],
+    stdin: "piped",
+    stdout: "null",
+    stderr: opts.stderr ?? "piped",
+  }).spawn();
+  // The writer is never closed or released: the open pipe is what keeps the worker alive.
+  child.stdin.getWriter().write(new TextEncoder().encode(ticket + "\n")).catch(() => {/* it died early */});
+  return child;
+}
+
+/** SIGTERM to each worker (a graceful leave), SIGKILL to those still running after `graceMs`; waits for all. */
+export async function stopWorkers(children: Deno.ChildProcess[], graceMs = WORKER_GRACE_MS): Promise<void> {
+  const signal = (s: Deno.Signal) => {
+    for (const c of children) {
+      try {
+        c.kill(s);
+      } catch { /* already gone */ }
+    }
+  };
+  signal("SIGTERM");
+  const killer = setTimeout(() => signal("SIGKILL"), graceMs);
+  await Promise.all(children.map((c) => c.status));
+  clearTimeout(killer);
+}
+
+/**
+ * The worker's side: stdin read as lines. `line` resolves with the first line (all of stdin when it has
+ * no newline). With `watchEnd`, stdin is read on after it and `ended` resolves at end of file; without,
+ * stdin is let go after the first line and `ended` never resolves.
+ */
+export function readStdin(
+  opts: { watchEnd?: boolean } = {},
+): { line: Promise<string>; ended: Promise<void> } {
+  const reader = Deno.stdin.readable.pipeThrough(new TextDecoderStream()).getReader();
+  const next = () => reader.read().catch(() => ({ value: undefined, done: true as const }));
+  const line = (async () => {
+    let buf = "";
+    for (;;) {
+      const { value, done } = await next();
+      if (done) return buf;
+      buf += value;
+      const i = buf.indexOf("\n");
+      if (i >= 0) return buf.slice(0, i);
+    }
+  })();
+  const ended = opts.watchEnd
+    ? line.then(async () => {
+      while (!(await next()).done) { /* the parent writes nothing more; wait for it to go */ }
+    })
+    : line.then(() => reader.cancel().catch(() => {})).then(() => new Promise<void>(() => {}));
+  return { line, ended };
+}
