@@ -363,22 +363,31 @@ async function runCase(
 }
 
 // [heads, R, DN, DR, DV]: kimi-k2-tiny; the smallest; odd ranks and widths (scalar paths); R not a
-// multiple of 4 with DR one; more than 64 latent slots per thread; 8 heads in one group.
-const SHAPES: Shape[] = [[4, 32, 16, 8, 16], [1, 1, 1, 2, 1], [3, 7, 4, 6, 5], [5, 33, 9, 4, 7], [
-  2,
-  130,
-  12,
-  2,
-  10,
-], [
-  8,
-  64,
-  16,
-  16,
-  16,
-], [6, 260, 8, 4, 3]].map(([heads, R, DN, DR, DV]) => ({ heads, R, DN, DR, DV }));
-// Decode positions around the chunk edges (64 keys) and up to 300; prefill chunks from 0 and mid-way.
-const POSITIONS: [number, number][] = [[0, 1], [1, 1], [63, 1], [64, 1], [65, 1], [299, 1], [0, 7], [60, 9]];
+// multiple of 4 with DR one, and 130 latent slots (more than one per thread); 8 heads in one group; rows
+// of 66 vectors (4 lanes a key, the last load block partly past the row); the real models' 512 + 64.
+const SHAPES: Shape[] = [
+  [4, 32, 16, 8, 16],
+  [1, 1, 1, 2, 1],
+  [3, 7, 4, 6, 5],
+  [5, 33, 9, 4, 7],
+  [2, 130, 12, 2, 10],
+  [8, 64, 16, 16, 16],
+  [6, 260, 8, 4, 3],
+  [3, 512, 32, 64, 16],
+].map(([heads, R, DN, DR, DV]) => ({ heads, R, DN, DR, DV }));
+// Decode positions around chunk edges (chunks of 16 to 128 keys) and up to 300; prefill chunks from 0 and
+// mid-way.
+const POSITIONS: [number, number][] = [
+  [0, 1],
+  [1, 1],
+  [63, 1],
+  [64, 1],
+  [65, 1],
+  [128, 1],
+  [299, 1],
+  [0, 7],
+  [60, 9],
+];
 
 for (const weights of ["f32", "f16"] as const) {
   Deno.test(
@@ -400,24 +409,28 @@ for (const weights of ["f32", "f16"] as const) {
   );
 }
 
-Deno.test({ name: "MLA attention: head groups and key splits give the same answer", ignore }, async () => {
-  const tunings: Partial<MlaAttentionTuning>[] = [
-    { headsPerGroup: 1, splits: 1 },
-    { headsPerGroup: 3, splits: 1 },
-    { headsPerGroup: 2, splits: 3 },
-    { headsPerGroup: 5, splits: 7 },
-  ];
-  for (const s of [SHAPES[0], SHAPES[3], SHAPES[5]]) {
-    for (const tuning of tunings) {
-      if (tuning.headsPerGroup! > s.heads) continue;
-      for (const [pos0, T] of [[0, 1], [200, 1], [130, 6]] as [number, number][]) {
-        const what = `h${s.heads} R${s.R} @${pos0}+${T} ${JSON.stringify(tuning)}`;
-        const r = await runCase(s, pos0, T, { weights: "f32", interleaved: true, tuning });
-        assertClose(r.out, r.want, 2e-5, 2e-4, `out ${what}`);
+Deno.test(
+  { name: "MLA attention: head groups, key splits and unrolls give the same answer", ignore },
+  async () => {
+    const tunings: Partial<MlaAttentionTuning>[] = [
+      { headsPerGroup: 1, splits: 1 },
+      { headsPerGroup: 3, splits: 1 },
+      { headsPerGroup: 2, splits: 3, unroll: 3 },
+      { headsPerGroup: 5, splits: 7, unroll: 16 },
+      { splits: 64, unroll: 1 },
+    ];
+    for (const s of [SHAPES[0], SHAPES[3], SHAPES[5]]) {
+      for (const tuning of tunings) {
+        if (tuning.headsPerGroup! > s.heads) continue;
+        for (const [pos0, T] of [[0, 1], [200, 1], [130, 6]] as [number, number][]) {
+          const what = `h${s.heads} R${s.R} @${pos0}+${T} ${JSON.stringify(tuning)}`;
+          const r = await runCase(s, pos0, T, { weights: "f32", interleaved: true, tuning });
+          assertClose(r.out, r.want, 2e-5, 2e-4, `out ${what}`);
+        }
       }
     }
-  }
-});
+  },
+);
 
 Deno.test(
   { name: "MLA rope + cache write: rows at the step's positions, nothing else", ignore },
