@@ -93,7 +93,7 @@ function latentRows(
     const inv = 1 / Math.sqrt(ss / d.R + d.eps);
     for (let i = 0; i < d.R; i++) out[s * CW + i] = kv[s * CW + i] * inv * norm[i];
     const k = kv.slice(s * CW + d.R, (s + 1) * CW);
-    mlaRopeRef(k, table, s, d.interleaved);
+    mlaRopeRef(k, table, { pos: s, interleaved: d.interleaved });
     out.set(k, s * CW + d.R);
   }
   return out;
@@ -139,7 +139,7 @@ Deno.test("MLA reference matches transformers' DeepseekV3Attention (un-absorbed 
     for (let t = 0; t < c.T; t++) {
       for (let h = 0; h < k.heads; h++) {
         const b = (t * k.heads + h) * (DN + DR) + DN;
-        mlaRopeRef(q.subarray(b, b + DR), table, t, k.rope_interleave);
+        mlaRopeRef(q.subarray(b, b + DR), table, { pos: t, interleaved: k.rope_interleave });
       }
     }
     const cache = latentRows(x.kv, x.kvNorm, table, {
