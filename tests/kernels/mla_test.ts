@@ -461,6 +461,54 @@ Deno.test(
   },
 );
 
+Deno.test(
+  { name: "MLA rope + cache write: kv as a slice of a wider row, f16 norm weights", ignore },
+  async () => {
+    const g = gpu!;
+    for (const s of [SHAPES[0], SHAPES[2]]) {
+      const T = 3, pos0 = 2, maxSeq = 8, CW = s.R + s.DR, stride = CW + 5, offset = 3;
+      const p = problem(s, pos0, T, maxSeq, true, 31);
+      const norm = f16ToF32(f32ToF16(p.kvNorm));
+      const wide = randoms(T * stride, 32);
+      for (let t = 0; t < T; t++) {
+        wide.set(
+          p.kv.subarray((pos0 + t) * CW, (pos0 + t + 1) * CW),
+          t * stride + offset,
+        );
+      }
+      const step = createStepBuffer(g);
+      writeStep(g, step, { pos0, T, tokOut: 0 });
+      const b = {
+        step,
+        table: upload(g, p.table),
+        q: upload(g, p.q),
+        kv: upload(g, wide),
+        kvNorm: upload(g, f32ToF16(p.kvNorm)),
+        cache: storageBuffer(g, maxSeq * CW * 4),
+      };
+      const call = mlaRopeCacheCall(g, b, {
+        ...p.d,
+        eps: p.eps,
+        interleaved: true,
+        kvStride: stride,
+        kvOffset: offset,
+        normWeights: "f16",
+      });
+      const [cache] = await runAndRead(g, [call], [[b.cache, maxSeq * CW]]);
+      releaseCalls([call], step);
+      const want = latentRows(p.kv, norm, p.table, {
+        R: s.R,
+        DR: s.DR,
+        n: pos0 + T,
+        eps: p.eps,
+        interleaved: true,
+      });
+      const rows = [pos0 * CW, (pos0 + T) * CW];
+      assertClose(cache.slice(...rows), want.slice(...rows), 1e-6, 1e-5, `rows h${s.heads} R${s.R}`);
+    }
+  },
+);
+
 Deno.test({
   name: "MLA decode sequence: a prefill chunk then tokens one by one, from the kernels' own cache",
   ignore,
