@@ -238,7 +238,12 @@ export function mlaRopeCacheCall(
 }
 
 /** Rotates one vector's pairs in place, where they lie (interleaved (2i, 2i+1), else (i, i + half)). */
-export function mlaRopeRef(v: Float32Array, table: Float32Array, pos: number, interleaved: boolean): void {
+export function mlaRopeRef(
+  v: Float32Array,
+  table: Float32Array,
+  o: { pos: number; interleaved: boolean },
+): void {
+  const { pos, interleaved } = o;
   const half = v.length / 2;
   for (let i = 0; i < half; i++) {
     const c = table[(pos * half + i) * 2], s = table[(pos * half + i) * 2 + 1];

@@ -6,14 +6,16 @@
 // where cache row s = [c_s (kv_lora_rank), kRope_s (qk_rope_head_dim)]. Every head reads the same rows, so a
 // workgroup serves G heads of one token: each row read once is used G times.
 //
-// Workgroup (head group, token, split) of 64 threads, keys in chunks of 64:
-//   - thread j scores key base + j for the G heads (its row read as vec4 when the widths allow; the G
-//     queries sit in workgroup memory and are read as broadcasts), online softmax per head with tree
-//     reductions over the chunk (the G heads side by side, so a chunk costs 12 barriers whatever G is);
-//   - thread j accumulates output slots j, j + 64, ... of all G heads (coalesced row reads, vec4 slots).
-// Decode (T = 1) has few workgroups (heads / G), so the keys can be split: split z takes chunks z, z + S,
-// ... and writes its unnormalised (acc, m, l) to scratch; a second dispatch combines the S partials
-// (flash-decoding). splits = 1 writes ctx directly.
+// Workgroup (head group, token, split) of 128 threads, keys in chunks of KPC = 128 / LPK:
+//   - scores: LPK lanes (1..8, so each issues about 32 row loads or fewer) read a key row together, lane l
+//     taking vectors l, l + LPK, ... (adjacent lanes, adjacent 16 bytes), each load dotted with the G
+//     queries held in workgroup memory; the LPK partial sums meet in a tree in workgroup memory;
+//   - online softmax: one thread per head runs over the chunk's scores, leaving the weights in place;
+//   - values: thread j accumulates latent slot j (and j + 128, ...) of all G heads over the chunk's rows.
+//   Loads are issued in blocks (`unroll`) before any is used, so a block costs about one memory latency.
+// Decode (T = 1) has few workgroups (heads / G), so the keys are split: split z takes chunks z, z + S, ...
+// and writes its unnormalised (acc, m, l) to scratch; a second dispatch combines the partials of the
+// splits that had keys (flash-decoding). splits = 1 writes ctx directly.
 import {
   ceilDiv,
   type Gpu,
@@ -26,7 +28,7 @@ import {
 import type { MlaDims } from "./mla.ts";
 import { STEP_WGSL } from "./step.ts";
 
-const WG = 64;
+const WG = 128;
 
 /** How the work is cut (defaults: mlaAttentionDefaultTuning). */
 export interface MlaAttentionTuning {
@@ -34,69 +36,100 @@ export interface MlaAttentionTuning {
   headsPerGroup: number;
   /** Key splits per (head group, token), combined by a second dispatch when > 1. */
   splits: number;
+  /** Loads a lane issues before using any (per block of the score and value loops), 1..32. */
+  unroll: number;
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 /** Workgroup memory of the attention kernel for G heads. */
 function sharedBytes(d: MlaDims, G: number): number {
-  return (G * (d.kvLoraRank + d.qkRopeHeadDim) + 2 * G * WG + 4) * 4;
+  return (G * (d.kvLoraRank + d.qkRopeHeadDim) + G * WG + G * WG + 3 * G + 4) * 4;
 }
 
 /**
- * Heads per group: up to 8 (fewer where workgroup memory is short), splits: enough workgroups to fill a
- * large GPU (about 128) at decode sizes, at most 32; prefill (T > 1) has T times the workgroups already.
+ * Heads per group: up to HEADS_PER_GROUP (fewer where workgroup memory is short); splits: about
+ * WORKGROUPS workgroups at decode sizes, at most 64; prefill (T > 1) has T times the workgroups already.
  */
 export function mlaAttentionDefaultTuning(gpu: Gpu, d: MlaDims): MlaAttentionTuning {
-  let G = Math.min(8, d.heads);
+  let G = Math.min(HEADS_PER_GROUP, d.heads);
   while (G > 1 && sharedBytes(d, G) > gpu.maxWorkgroupStorage) G--;
   const groups = ceilDiv(d.heads, G) * d.T;
-  const splits = d.T === 1 ? Math.max(1, Math.min(32, Math.floor(128 / groups))) : 1;
-  return { headsPerGroup: G, splits };
+  const splits = d.T === 1 ? Math.max(1, Math.min(64, Math.floor(WORKGROUPS / groups))) : 1;
+  return { headsPerGroup: G, splits, unroll: 8 };
 }
 
-function attentionSource(d: MlaDims, G: number, S: number): string {
+const HEADS_PER_GROUP = 8;
+const WORKGROUPS = 256;
+
+/** Lanes per key row in the score phase: about 32 loads or fewer each, at most 8 lanes. */
+function lanesPerKey(cwv: number): number {
+  let lpk = 1;
+  while (lpk < 8 && cwv / lpk > 32) lpk *= 2;
+  return lpk;
+}
+
+function attentionSource(d: MlaDims, G: number, S: number, unroll: number): string {
   const R = d.kvLoraRank, DR = d.qkRopeHeadDim, DN = d.qkNopeHeadDim, NH = d.heads;
   const CW = R + DR;
   // vec4 rows and slots when the row and both of its parts are whole vec4s.
   const V = R % 4 === 0 && DR % 4 === 0 ? 4 : 1;
   const vt = V === 4 ? "vec4<f32>" : "f32";
   const CWV = CW / V, RV = R / V;
-  const ND = ceilDiv(RV, WG); // output slots per thread per head
+  const LPK = lanesPerKey(CWV);
+  const KPC = WG / LPK; // keys per chunk
+  const NL = ceilDiv(CWV, LPK); // row loads per lane
+  const ND = ceilDiv(RV, WG); // output slots per thread
   const gs = range(G);
   const PS = V === 4 ? RV + 1 : RV + 2; // a partial: RV slots, then (m, l) (one vec4, or two floats)
-  const dotq = (g: number) => V === 4 ? `dot(qs[${g * CWV}u + e], k)` : `qs[${g * CWV}u + e] * k`;
-  const tree = (op: (a: string, b: string) => string) =>
-    `for (var stride = ${WG / 2}u; stride > 0u; stride >>= 1u) {
-      if (j < stride) {
+  const dot = (a: string, b: string) => (V === 4 ? `dot(${a}, ${b})` : `${a} * ${b}`);
+  // Loops over blocks of loads, each block's loads issued before any is used (bounded code size): UB row
+  // slots in the score loop, UV rows (a power of two, so it divides KPC) in the value loop.
+  const UB = Math.min(unroll, NL);
+  let UV = 1;
+  while (UV * 2 <= Math.min(unroll, KPC)) UV *= 2;
+  // Score: lane l of key kk reads row slots l, l + LPK, ... (LPK lanes read LPK adjacent vectors); slots
+  // past the row (the last block's) read the last one and count zero.
+  const score = `for (var i0 = 0u; i0 < ${ceilDiv(NL, UB) * UB}u; i0 += ${UB}u) {
+      ${range(UB).map((b) => `let e${b} = l + (i0 + ${b}u) * LPK;`).join("\n      ")}
+      ${
+    range(UB).map((b) => `let k${b} = select(${vt}(0.0), kc[krow + min(e${b}, CWV - 1u)], e${b} < CWV);`)
+      .join(
+        "\n      ",
+      )
+  }
+      ${
+    range(UB).flatMap((b) =>
+      gs.map((g) => `x${g} += ${dot(`qs[${g * CWV}u + min(e${b}, CWV - 1u)]`, `k${b}`)};`)
+    )
+      .join("\n      ")
+  }
+    }`;
+  // Values: the chunk's KPC rows, slot u of each; rows past the last key read the last one and weigh 0.
+  const values = (u: string, i: number) =>
+    `for (var k0 = 0u; k0 < KPC; k0 += ${UV}u) {
         ${
-      gs.map((g) => `red[${g * WG}u + j] = ${op(`red[${g * WG}u + j]`, `red[${g * WG}u + j + stride]`)};`)
+      range(UV).map((k) => `let v${k} = kc[min(base + k0 + ${k}u, n - 1u) * CWV + ${u}];`).join(
+        "\n        ",
+      )
+    }
+        ${
+      range(UV).flatMap((k) => gs.map((g) => `acc${g}_${i} += ss[${g} * KPC + k0 + ${k}u] * v${k};`))
         .join("\n        ")
     }
-      }
-      workgroupBarrier();
-    }`;
-  const store = S === 1
-    ? gs.map((g) =>
-      `if (h0 + ${g}u < NH) {
-    for (var i = 0u; i < ND; i++) {
-      let u = j + i * ${WG}u;
-      if (u < RV) { ctx[((t * NH + h0 + ${g}u) * RV) + u] = acc${g}[i] / l${g}; }
-    }
-  }`
-    ).join("\n  ")
-    : gs.map((g) =>
-      `if (h0 + ${g}u < NH) {
-    let pb = ((t * ${S}u + z) * NH + h0 + ${g}u) * ${PS}u;
-    for (var i = 0u; i < ND; i++) {
-      let u = j + i * ${WG}u;
-      if (u < RV) { part[pb + u] = acc${g}[i]; }
-    }
-    if (j == 0u) { part[pb + RV] = ${V === 4 ? `vec4<f32>(m${g}, l${g}, 0.0, 0.0)` : `m${g}`}; ${
-        V === 4 ? "" : `part[pb + RV + 1u] = l${g};`
-      } }
-  }`
-    ).join("\n  ");
+      }`;
+  const store = (g: number, i: number) =>
+    S === 1
+      ? `if (h0 + ${g}u < NH && u < RV) { ctx[(t * NH + h0 + ${g}u) * RV + u] = acc${g}_${i} / ls[${g}]; }`
+      : `if (h0 + ${g}u < NH && u < RV) { part[((t * ${S}u + z) * NH + h0 + ${g}u) * ${PS}u + u] = acc${g}_${i}; }`;
+  const ml = S === 1 ? "" : `if (j < ${G}u && h0 + j < NH) {
+    let pb = ((t * ${S}u + z) * NH + h0 + j) * ${PS}u + RV;
+    ${
+    V === 4
+      ? "part[pb] = vec4<f32>(ms[j], ls[j], 0.0, 0.0);"
+      : "part[pb] = ms[j];\n    part[pb + 1u] = ls[j];"
+  }
+  }`;
   return `${STEP_WGSL}
 struct P { scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -112,10 +145,14 @@ const DN = ${DN}u;
 const CW = ${CW}u;
 const CWV = ${CWV}u;
 const RV = ${RV}u;
-const ND = ${ND}u;
+const LPK = ${LPK}u;
+const KPC = ${KPC}u;
 var<workgroup> qs: array<${vt}, ${G * CWV}>;
-var<workgroup> ps: array<f32, ${G * WG}>;
 var<workgroup> red: array<f32, ${G * WG}>;
+var<workgroup> ss: array<f32, ${G * KPC}>;
+var<workgroup> ms: array<f32, ${G}>;
+var<workgroup> ls: array<f32, ${G}>;
+var<workgroup> cf: array<f32, ${G}>;
 var<workgroup> keys: u32;
 @compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -124,6 +161,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   let z = wg.z;
   let j = lid.x;
   if (j == 0u) { keys = select(0u, step.pos0 + t + 1u, t < step.T); }
+  let n = workgroupUniformLoad(&keys);
+  let nch = (n + KPC - 1u) / KPC;
+  // No token, or no chunk for this split (the combine reads splits z < nch only).
+  if (z >= nch) { return; }
+  if (j < ${G}u) {
+    ms[j] = -3.0e38;
+    ls[j] = 0.0;
+  }
   // The G queries [qLatent, qRope] (zero for heads past the last).
   for (var e = j; e < CW; e += ${WG}u) {
     ${
@@ -137,64 +182,69 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     ).join("\n    ")
   }
   }
-  let n = workgroupUniformLoad(&keys);
-  if (n == 0u) { return; }
-  ${
-    gs.map((g) => `var m${g} = -3.0e38;\n  var l${g} = 0.0;\n  var acc${g}: array<${vt}, ${ND}>;`).join(
-      "\n  ",
-    )
-  }
-  let nch = (n + ${WG - 1}u) / ${WG}u;
+  workgroupBarrier();
+  let kk = j / LPK;
+  let l = j % LPK;
+  ${range(ND).map((i) => gs.map((g) => `var acc${g}_${i} = ${vt}(0.0);`).join(" ")).join("\n  ")}
   for (var c = z; c < nch; c += ${S}u) {
-    let base = c * ${WG}u;
-    let s = base + j;
-    ${gs.map((g) => `var sc${g} = 0.0;`).join("\n    ")}
-    if (s < n) {
-      let row = s * CWV;
-      for (var e = 0u; e < CWV; e++) {
-        let k = kc[row + e];
-        ${gs.map((g) => `sc${g} += ${dotq(g)};`).join("\n        ")}
+    let base = c * KPC;
+    // Scores of the chunk's keys: partial dot products per lane, summed over the key's LPK lanes.
+    let krow = min(base + kk, n - 1u) * CWV;
+    ${gs.map((g) => `var x${g} = 0.0;`).join(" ")}
+    ${score}
+    ${gs.map((g) => `red[${g * WG}u + j] = x${g};`).join("\n    ")}
+    workgroupBarrier();
+    ${
+    LPK > 1
+      ? `for (var s = LPK / 2u; s > 0u; s >>= 1u) {
+      if (l < s) {
+        ${gs.map((g) => `red[${g * WG}u + j] += red[${g * WG}u + j + s];`).join("\n        ")}
       }
-    }
-    ${
-    gs.map((g) => `sc${g} = select(-3.0e38, sc${g} * p.scale, s < n);\n    red[${g * WG}u + j] = sc${g};`)
-      .join("\n    ")
+      workgroupBarrier();
+    }`
+      : ""
   }
-    workgroupBarrier();
-    ${tree((a, b) => `max(${a}, ${b})`)}
-    ${gs.map((g) => `let mn${g} = max(m${g}, red[${g * WG}u]);`).join("\n    ")}
-    workgroupBarrier();
-    ${
-    gs.map((g) =>
-      `let e${g} = select(0.0, exp(sc${g} - mn${g}), s < n);\n    ps[${g * WG}u + j] = e${g};\n    red[${
-        g * WG
-      }u + j] = e${g};`
-    ).join("\n    ")
+    if (l == 0u) {
+      ${
+    gs.map((g) => `ss[${g * KPC}u + kk] = select(-3.0e38, red[${g * WG}u + j] * p.scale, base + kk < n);`)
+      .join("\n      ")
   }
-    workgroupBarrier();
-    ${tree((a, b) => `${a} + ${b}`)}
-    ${
-    gs.map((g) =>
-      `let corr${g} = exp(m${g} - mn${g});\n    l${g} = l${g} * corr${g} + red[${
-        g * WG
-      }u];\n    m${g} = mn${g};`
-    ).join("\n    ")
-  }
-    let count = min(${WG}u, n - base);
-    for (var i = 0u; i < ND; i++) {
-      let u = j + i * ${WG}u;
-      if (u < RV) {
-        ${gs.map((g) => `var a${g} = acc${g}[i] * corr${g};`).join("\n        ")}
-        for (var jj = 0u; jj < count; jj++) {
-          let v = kc[(base + jj) * CWV + u];
-          ${gs.map((g) => `a${g} += ps[${g * WG}u + jj] * v;`).join("\n          ")}
-        }
-        ${gs.map((g) => `acc${g}[i] = a${g};`).join("\n        ")}
-      }
     }
     workgroupBarrier();
+    // Online softmax, one thread per head: the chunk's weights replace its scores.
+    if (j < ${G}u) {
+      let m0 = ms[j];
+      var m1 = m0;
+      for (var k = 0u; k < KPC; k++) { m1 = max(m1, ss[j * KPC + k]); }
+      var sum = 0.0;
+      for (var k = 0u; k < KPC; k++) {
+        let e = exp(ss[j * KPC + k] - m1);
+        ss[j * KPC + k] = e;
+        sum += e;
+      }
+      let corr = exp(m0 - m1);
+      cf[j] = corr;
+      ls[j] = ls[j] * corr + sum;
+      ms[j] = m1;
+    }
+    workgroupBarrier();
+    ${gs.map((g) => `let corr${g} = cf[${g}];`).join(" ")}
+    ${
+    range(ND).map((i) => {
+      const u = `j + ${i * WG}u`;
+      const body = [...gs.map((g) => `acc${g}_${i} *= corr${g};`), values(`min(${u}, ${RV - 1}u)`, i)];
+      return `${(i + 1) * WG <= RV ? "" : `if (${u} < RV) `}{\n      ${body.join("\n      ")}\n    }`;
+    }).join("\n    ")
   }
-  ${store}
+    workgroupBarrier();
+  }
+  ${
+    range(ND).map((i) =>
+      `{\n    let u = j + ${i * WG}u;\n    ${gs.map((g) => store(g, i)).join("\n    ")}\n  }`
+    )
+      .join("\n  ")
+  }
+  ${ml}
 }`;
 }
 
@@ -204,6 +254,7 @@ function combineSource(d: MlaDims, S: number): string {
   const V = R % 4 === 0 && d.qkRopeHeadDim % 4 === 0 ? 4 : 1;
   const vt = V === 4 ? "vec4<f32>" : "f32";
   const RV = R / V;
+  const KPC = WG / lanesPerKey((R + d.qkRopeHeadDim) / V);
   const PS = V === 4 ? RV + 1 : RV + 2;
   return `${STEP_WGSL}
 @group(0) @binding(0) var<storage, read> step: Step;
@@ -223,14 +274,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   if (j == 0u) { live = select(0u, 1u, t < step.T); }
   if (workgroupUniformLoad(&live) == 0u) { return; }
   let base = (t * S * NH + h) * ${PS}u;
+  // Splits z >= the chunk count had no keys and wrote nothing.
+  let nz = min(S, (step.pos0 + t + ${KPC}u) / ${KPC}u);
   if (j == 0u) {
     var mx = -3.0e38;
-    for (var z = 0u; z < S; z++) {
+    for (var z = 0u; z < nz; z++) {
       let at = base + z * NH * ${PS}u + RV;
       mx = max(mx, ${V === 4 ? "part[at].x" : "part[at]"});
     }
     var ls = 0.0;
-    for (var z = 0u; z < S; z++) {
+    for (var z = 0u; z < nz; z++) {
       let at = base + z * NH * ${PS}u + RV;
       let w = exp(${V === 4 ? "part[at].x" : "part[at]"} - mx);
       wz[z] = w;
@@ -242,7 +295,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   let inv = 1.0 / lsum;
   for (var u = j; u < RV; u += ${WG}u) {
     var a = ${vt}(0.0);
-    for (var z = 0u; z < S; z++) { a += part[base + z * NH * ${PS}u + u] * wz[z]; }
+    for (var z = 0u; z < nz; z++) { a += part[base + z * NH * ${PS}u + u] * wz[z]; }
     ctx[(t * NH + h) * RV + u] = a * inv;
   }
 }`;
@@ -283,7 +336,7 @@ export function mlaAttentionCalls(
   if (S === 1) {
     const call = kernelCall(
       gpu,
-      pipeline(gpu, attentionSource(d, G, 1)),
+      pipeline(gpu, attentionSource(d, G, 1, t.unroll)),
       [
         params,
         bufs.step,
@@ -301,7 +354,7 @@ export function mlaAttentionCalls(
   const part = storageBuffer(gpu, partFloats * 4, "mla_part");
   const call = kernelCall(
     gpu,
-    pipeline(gpu, attentionSource(d, G, S)),
+    pipeline(gpu, attentionSource(d, G, S, t.unroll)),
     [
       params,
       bufs.step,

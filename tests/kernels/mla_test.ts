@@ -93,7 +93,7 @@ function latentRows(
     const inv = 1 / Math.sqrt(ss / d.R + d.eps);
     for (let i = 0; i < d.R; i++) out[s * CW + i] = kv[s * CW + i] * inv * norm[i];
     const k = kv.slice(s * CW + d.R, (s + 1) * CW);
-    mlaRopeRef(k, table, s, d.interleaved);
+    mlaRopeRef(k, table, { pos: s, interleaved: d.interleaved });
     out.set(k, s * CW + d.R);
   }
   return out;
@@ -139,7 +139,7 @@ Deno.test("MLA reference matches transformers' DeepseekV3Attention (un-absorbed 
     for (let t = 0; t < c.T; t++) {
       for (let h = 0; h < k.heads; h++) {
         const b = (t * k.heads + h) * (DN + DR) + DN;
-        mlaRopeRef(q.subarray(b, b + DR), table, t, k.rope_interleave);
+        mlaRopeRef(q.subarray(b, b + DR), table, { pos: t, interleaved: k.rope_interleave });
       }
     }
     const cache = latentRows(x.kv, x.kvNorm, table, {
@@ -363,22 +363,31 @@ async function runCase(
 }
 
 // [heads, R, DN, DR, DV]: kimi-k2-tiny; the smallest; odd ranks and widths (scalar paths); R not a
-// multiple of 4 with DR one; more than 64 latent slots per thread; 8 heads in one group.
-const SHAPES: Shape[] = [[4, 32, 16, 8, 16], [1, 1, 1, 2, 1], [3, 7, 4, 6, 5], [5, 33, 9, 4, 7], [
-  2,
-  130,
-  12,
-  2,
-  10,
-], [
-  8,
-  64,
-  16,
-  16,
-  16,
-], [6, 260, 8, 4, 3]].map(([heads, R, DN, DR, DV]) => ({ heads, R, DN, DR, DV }));
-// Decode positions around the chunk edges (64 keys) and up to 300; prefill chunks from 0 and mid-way.
-const POSITIONS: [number, number][] = [[0, 1], [1, 1], [63, 1], [64, 1], [65, 1], [299, 1], [0, 7], [60, 9]];
+// multiple of 4 with DR one, and 130 latent slots (more than one per thread); 8 heads in one group; rows
+// of 66 vectors (4 lanes a key, the last load block partly past the row); the real models' 512 + 64.
+const SHAPES: Shape[] = [
+  [4, 32, 16, 8, 16],
+  [1, 1, 1, 2, 1],
+  [3, 7, 4, 6, 5],
+  [5, 33, 9, 4, 7],
+  [2, 130, 12, 2, 10],
+  [8, 64, 16, 16, 16],
+  [6, 260, 8, 4, 3],
+  [3, 512, 32, 64, 16],
+].map(([heads, R, DN, DR, DV]) => ({ heads, R, DN, DR, DV }));
+// Decode positions around chunk edges (chunks of 16 to 128 keys) and up to 300; prefill chunks from 0 and
+// mid-way.
+const POSITIONS: [number, number][] = [
+  [0, 1],
+  [1, 1],
+  [63, 1],
+  [64, 1],
+  [65, 1],
+  [128, 1],
+  [299, 1],
+  [0, 7],
+  [60, 9],
+];
 
 for (const weights of ["f32", "f16"] as const) {
   Deno.test(
@@ -400,24 +409,28 @@ for (const weights of ["f32", "f16"] as const) {
   );
 }
 
-Deno.test({ name: "MLA attention: head groups and key splits give the same answer", ignore }, async () => {
-  const tunings: Partial<MlaAttentionTuning>[] = [
-    { headsPerGroup: 1, splits: 1 },
-    { headsPerGroup: 3, splits: 1 },
-    { headsPerGroup: 2, splits: 3 },
-    { headsPerGroup: 5, splits: 7 },
-  ];
-  for (const s of [SHAPES[0], SHAPES[3], SHAPES[5]]) {
-    for (const tuning of tunings) {
-      if (tuning.headsPerGroup! > s.heads) continue;
-      for (const [pos0, T] of [[0, 1], [200, 1], [130, 6]] as [number, number][]) {
-        const what = `h${s.heads} R${s.R} @${pos0}+${T} ${JSON.stringify(tuning)}`;
-        const r = await runCase(s, pos0, T, { weights: "f32", interleaved: true, tuning });
-        assertClose(r.out, r.want, 2e-5, 2e-4, `out ${what}`);
+Deno.test(
+  { name: "MLA attention: head groups, key splits and unrolls give the same answer", ignore },
+  async () => {
+    const tunings: Partial<MlaAttentionTuning>[] = [
+      { headsPerGroup: 1, splits: 1 },
+      { headsPerGroup: 3, splits: 1 },
+      { headsPerGroup: 2, splits: 3, unroll: 3 },
+      { headsPerGroup: 5, splits: 7, unroll: 16 },
+      { splits: 64, unroll: 1 },
+    ];
+    for (const s of [SHAPES[0], SHAPES[3], SHAPES[5]]) {
+      for (const tuning of tunings) {
+        if (tuning.headsPerGroup! > s.heads) continue;
+        for (const [pos0, T] of [[0, 1], [200, 1], [130, 6]] as [number, number][]) {
+          const what = `h${s.heads} R${s.R} @${pos0}+${T} ${JSON.stringify(tuning)}`;
+          const r = await runCase(s, pos0, T, { weights: "f32", interleaved: true, tuning });
+          assertClose(r.out, r.want, 2e-5, 2e-4, `out ${what}`);
+        }
       }
     }
-  }
-});
+  },
+);
 
 Deno.test(
   { name: "MLA rope + cache write: rows at the step's positions, nothing else", ignore },
@@ -444,6 +457,54 @@ Deno.test(
           `rows after ${what}`,
         );
       }
+    }
+  },
+);
+
+Deno.test(
+  { name: "MLA rope + cache write: kv as a slice of a wider row, f16 norm weights", ignore },
+  async () => {
+    const g = gpu!;
+    for (const s of [SHAPES[0], SHAPES[2]]) {
+      const T = 3, pos0 = 2, maxSeq = 8, CW = s.R + s.DR, stride = CW + 5, offset = 3;
+      const p = problem(s, pos0, T, maxSeq, true, 31);
+      const norm = f16ToF32(f32ToF16(p.kvNorm));
+      const wide = randoms(T * stride, 32);
+      for (let t = 0; t < T; t++) {
+        wide.set(
+          p.kv.subarray((pos0 + t) * CW, (pos0 + t + 1) * CW),
+          t * stride + offset,
+        );
+      }
+      const step = createStepBuffer(g);
+      writeStep(g, step, { pos0, T, tokOut: 0 });
+      const b = {
+        step,
+        table: upload(g, p.table),
+        q: upload(g, p.q),
+        kv: upload(g, wide),
+        kvNorm: upload(g, f32ToF16(p.kvNorm)),
+        cache: storageBuffer(g, maxSeq * CW * 4),
+      };
+      const call = mlaRopeCacheCall(g, b, {
+        ...p.d,
+        eps: p.eps,
+        interleaved: true,
+        kvStride: stride,
+        kvOffset: offset,
+        normWeights: "f16",
+      });
+      const [cache] = await runAndRead(g, [call], [[b.cache, maxSeq * CW]]);
+      releaseCalls([call], step);
+      const want = latentRows(p.kv, norm, p.table, {
+        R: s.R,
+        DR: s.DR,
+        n: pos0 + T,
+        eps: p.eps,
+        interleaved: true,
+      });
+      const rows = [pos0 * CW, (pos0 + T) * CW];
+      assertClose(cache.slice(...rows), want.slice(...rows), 1e-6, 1e-5, `rows h${s.heads} R${s.R}`);
     }
   },
 );
