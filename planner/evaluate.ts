@@ -3,8 +3,9 @@
 //   stage   = overhead + max(bytes read / memory bandwidth, FLOPs / matmul throughput)
 //   hop     = link latency + hidden-state bytes / min(link bw, sender up, receiver down)
 //   return  = the last stage sends the sampled token id back to the first (the loop is closed)
-//   fan-out = per MoE layer whose experts live on other nodes: the expected slowest round trip to the
-//             nodes holding the token's top-k experts (exact expectation for k independent picks).
+//   fan-out = per MoE layer whose experts live on other nodes: the expected slowest destination, where a
+//             destination h costs wire + compute: round trip + one activation each way + its overhead +
+//             the experts it runs for the token (reading their weights); see expectedFanout.
 import { type Cluster, linkBetween, type NodeSpec } from "./cluster.ts";
 import { type DTypeBytes, type ModelGraph, moeOf } from "./model_graph.ts";
 
@@ -12,6 +13,11 @@ export interface Assignment {
   stages: { node: string; start: number; end: number }[];
   /** Per MoE layer: node id -> expert indices it hosts. A layer not listed keeps all experts on its stage. */
   experts?: Map<number, Map<string, number[]>>;
+  /**
+   * Per MoE layer: each routed expert's share of the router's picks (non-negative, summing to 1), e.g. from
+   * observed routing counts. A layer not listed is routed uniformly.
+   */
+  load?: Map<number, number[]>;
 }
 
 export interface StageCost {
@@ -22,6 +28,8 @@ export interface StageCost {
   hopS: number;
   /** Expected fan-out time of this stage's MoE layers whose experts live elsewhere. */
   fanoutS: number;
+  /** The same per MoE layer with remote experts (layer index -> seconds). */
+  fanoutByLayer: Map<number, number>;
   bytesRead: number;
   flops: number;
 }
@@ -49,16 +57,30 @@ function nodeOf(cluster: Cluster, id: string): NodeSpec {
   return n;
 }
 
-/** Expected max of per-host costs when k experts are drawn uniformly (with replacement) from all experts. */
+/**
+ * Expected max of per-host costs when k experts are drawn (with replacement) by `shares` from all experts;
+ * host i costs costs[i] when the token picks any of its experts, and the rest of the mass costs 0.
+ * Exact for constant costs: E[max] = sum over hosts by descending cost of c_i P(i is the costliest hit).
+ */
 export function expectedFanout(costs: number[], shares: number[], k: number): number {
   const idx = costs.map((_, i) => i).sort((a, b) => costs[b] - costs[a]);
   let above = 0, e = 0;
   for (const i of idx) {
-    const missAbove = (1 - above) ** k, missThrough = Math.max(0, 1 - above - shares[i]) ** k;
+    const missAbove = Math.max(0, 1 - above) ** k, missThrough = Math.max(0, 1 - above - shares[i]) ** k;
     e += costs[i] * (missAbove - missThrough);
     above += shares[i];
   }
   return e;
+}
+
+/**
+ * Experts a token runs on a host holding `share` of the routing mass, given that it runs at least one there:
+ * k p / (1 - (1 - p)^k) (1 when p -> 0, k when p = 1).
+ */
+export function expertsWhenHit(share: number, k: number): number {
+  if (share <= 0) return 1;
+  if (share >= 1) return k;
+  return (k * share) / (1 - (1 - share) ** k);
 }
 
 /** Predicts the per-token latency and memory use of an assignment. Pure; does not check feasibility. */
@@ -85,6 +107,7 @@ export function evaluateAssignment(
   for (let si = 0; si < m; si++) {
     const st = a.stages[si], node = nodeOf(cluster, st.node), nm = mem(st.node);
     let bytes = 0, flops = 0, fanout = 0;
+    const fanoutByLayer = new Map<number, number>();
     if (si === 0) {
       nm.weights += model.embedParams * dtype.embed;
       bytes += model.hidden * dtype.embed;
@@ -116,15 +139,18 @@ export function evaluateAssignment(
       const eb = moe.expertParams * dtype.experts;
       const hosts = a.experts?.get(l) ??
         new Map([[st.node, Array.from({ length: moe.experts }, (_, i) => i)]]);
-      // Each expert runs on its cheapest host: the stage itself if it holds a copy.
-      const costOf = (h: string) => {
+      const load = a.load?.get(l);
+      const loadOf = (e: number) => load ? load[e] ?? 0 : 1 / moe.experts;
+      // A destination's fixed cost: the round trip, one activation each way and its per-token overhead.
+      const fixedOf = (h: string) => {
         if (h === st.node) return 0;
         const hn = nodeOf(cluster, h),
           go = linkBetween(cluster, node, hn),
           back = linkBetween(cluster, hn, node);
         return go.latency + back.latency + act / Math.min(go.bandwidth, node.up, hn.down) +
-          act / Math.min(back.bandwidth, hn.up, node.down) + hn.overhead + eb / hn.memBandwidth;
+          act / Math.min(back.bandwidth, hn.up, node.down) + hn.overhead;
       };
+      // Each expert runs on its cheapest host: the stage itself if it holds a copy.
       const chosen = new Map<number, string>();
       for (const [h, list] of hosts) {
         const hm = mem(h);
@@ -132,23 +158,29 @@ export function evaluateAssignment(
         hm.experts += list.length * eb;
         for (const e of list) {
           const prev = chosen.get(e);
-          if (prev === undefined || costOf(h) < costOf(prev)) chosen.set(e, h);
+          if (prev === undefined || fixedOf(h) < fixedOf(prev)) chosen.set(e, h);
         }
       }
-      const count = new Map<string, number>();
-      for (const h of chosen.values()) count.set(h, (count.get(h) ?? 0) + 1);
+      const share = new Map<string, number>();
+      for (const [e, h] of chosen) share.set(h, (share.get(h) ?? 0) + loadOf(e));
       const remote: string[] = [];
-      for (const [h, c] of count) {
-        const share = c / moe.experts;
-        mem(h).expertLoad += moe.topK * share;
+      for (const [h, p] of share) {
+        mem(h).expertLoad += moe.topK * p;
         if (h === st.node) {
-          bytes += moe.topK * share * eb;
-          flops += moe.topK * share * 2 * moe.expertParams;
+          bytes += moe.topK * p * eb;
+          flops += moe.topK * p * 2 * moe.expertParams;
         } else remote.push(h);
       }
       if (remote.length) {
-        const shares = remote.map((h) => count.get(h)! / moe.experts);
-        fanout += expectedFanout(remote.map(costOf), shares, moe.topK);
+        // Wire + compute per destination: its fixed cost plus the experts the token runs there.
+        const costs = remote.map((h) => {
+          const hn = nodeOf(cluster, h);
+          const perExpert = Math.max(eb / hn.memBandwidth, (2 * moe.expertParams) / hn.flops);
+          return fixedOf(h) + expertsWhenHit(share.get(h)!, moe.topK) * perExpert;
+        });
+        const f = expectedFanout(costs, remote.map((h) => share.get(h)!), moe.topK);
+        fanoutByLayer.set(l, f);
+        fanout += f;
       }
     }
     const next = nodeOf(cluster, a.stages[(si + 1) % m].node);
@@ -164,6 +196,7 @@ export function evaluateAssignment(
       overheadS: node.overhead,
       hopS: hop,
       fanoutS: fanout,
+      fanoutByLayer,
       bytesRead: bytes,
       flops,
     });

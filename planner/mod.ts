@@ -18,3 +18,5 @@ export { activeParams, type DTypeBytes, type ModelGraph, totalParams } from "./m
 export { type Plan, PLAN_FORMAT_VERSION, type PlanStage } from "./plan.ts";
 export { type Assignment, evaluateAssignment } from "./evaluate.ts";
 export { formatPlanTable } from "./plan_table.ts";
+export { type ExpertSpread, routingShares } from "./expert_placement.ts";
+export { formatIds, fromRanges, type IdRange, toRanges } from "./expert_ranges.ts";

@@ -50,6 +50,11 @@ export interface PlanPrediction {
   }[];
   /** The largest term of the per-token latency: "compute", "overhead", "network" or "fanout". */
   limitedBy: "compute" | "overhead" | "network" | "fanout";
+  /**
+   * Expected fan-out per MoE layer whose experts are (partly) on other nodes (key: layer index): the
+   * slowest destination's wire + compute, in expectation over the router's picks. Absent in older Plans.
+   */
+  layerFanoutMs?: Record<string, number>;
 }
 
 export interface Plan {

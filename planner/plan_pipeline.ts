@@ -5,7 +5,7 @@ import type { Cluster } from "./cluster.ts";
 import { type CompiledProblem, compileProblem } from "./compiled.ts";
 import { PlacementError } from "./errors.ts";
 import { type Assignment, evaluateAssignment } from "./evaluate.ts";
-import { placeExperts } from "./expert_placement.ts";
+import { type ExpertSpread, placeExperts, routingShares } from "./expert_placement.ts";
 import { type DTypeBytes, type ModelGraph, moeOf } from "./model_graph.ts";
 import { searchOrder } from "./node_order.ts";
 import { type Plan, PLAN_FORMAT_VERSION, type PlanNode } from "./plan.ts";
@@ -18,6 +18,18 @@ export interface PlanOptions {
   /** "local": stages hold their layers' experts; "spread": experts may live on other nodes; "auto" (default)
    * tries both and keeps the faster. */
   experts?: "auto" | "local" | "spread";
+  /**
+   * How experts spread (expert_placement.ts): "compact" (default: the stage keeps what its memory allows,
+   * the nearest nodes the rest, fewest destinations) or "wide" (every MoE layer on at least two nodes and
+   * every node hosting some, even where they would fit locally: expert parallelism on purpose).
+   */
+  expertSpread?: ExpertSpread;
+  /**
+   * Observed routing counts: per MoE layer (key: layer index), one count per routed expert. The cost model
+   * weighs experts by them, the stage keeps the busiest, and hot experts get replicas where memory allows.
+   * Default: uniform routing.
+   */
+  routing?: Record<string, number[]>;
   /** Bytes-per-element overrides; applied over the cluster's `quant` hints and the model's dtype. Default none. */
   dtype?: Partial<DTypeBytes>;
   /** Largest candidate-node count searched exhaustively. Default 6. */
@@ -28,7 +40,6 @@ export interface PlanOptions {
 
 interface Candidate {
   assignment: Assignment;
-  mode: "local" | "spread";
   exact: boolean;
   evals: number;
 }
@@ -61,6 +72,12 @@ export function planPipeline(model: ModelGraph, cluster: Cluster, opts: PlanOpti
     return i;
   });
   const hasMoe = model.layers.some((l) => moeOf(l) !== undefined);
+  const load = opts.routing ? routingShares(model, opts.routing) : undefined;
+  if (opts.expertSpread !== undefined && !["compact", "wide"].includes(opts.expertSpread)) {
+    throw new RangeError(
+      `expertSpread must be "compact" or "wide", got ${JSON.stringify(opts.expertSpread)}`,
+    );
+  }
   const want = opts.experts ?? "auto";
   const modes: ExpertMode[] = !hasMoe || want === "local"
     ? ["local"]
@@ -88,11 +105,16 @@ export function planPipeline(model: ModelGraph, cluster: Cluster, opts: PlanOpti
     }));
     try {
       const experts = hasMoe
-        ? placeExperts(model, cluster, stages, { context, dtype, hosts: ids })
+        ? placeExperts(model, cluster, stages, {
+          context,
+          dtype,
+          hosts: ids,
+          spread: mode === "local" ? "compact" : opts.expertSpread,
+          load,
+        })
         : undefined;
       found.push({
-        assignment: { stages, experts },
-        mode: mode === "local" ? "local" : "spread",
+        assignment: { stages, experts, ...(load ? { load } : {}) },
         exact: r.exact,
         evals: r.evals,
       });
@@ -135,9 +157,9 @@ function toPlan(
     for (let l = s.start; l < s.end; l++) {
       const hosts = c.assignment.experts?.get(l);
       if (!hosts) continue;
+      own[String(l)] = hosts.get(s.node) ?? []; // every MoE layer of the stage is listed, [] if none is here
       for (const [node, list] of hosts) {
-        if (node === s.node) own[String(l)] = list;
-        else {
+        if (node !== s.node) {
           const rec = hostExperts.get(node) ?? {};
           rec[String(l)] = list;
           hostExperts.set(node, rec);
@@ -186,7 +208,9 @@ function toPlan(
     cluster: cluster.name,
     context: meta.context,
     objective: "latency",
-    expertMode: c.mode,
+    // "spread" only when some expert really lives off its layer's stage (a spread that found room for
+    // everything on the stages is the local layout).
+    expertMode: hostExperts.size > 0 ? "spread" : "local",
     stages,
     expertHosts: [...hostExperts].map(([node, experts]) => ({ node, experts })),
     nodes,
@@ -202,6 +226,9 @@ function toPlan(
         fanoutMs: s.fanoutS * 1e3,
       })),
       limitedBy,
+      layerFanoutMs: Object.fromEntries(
+        e.stages.flatMap((s) => [...s.fanoutByLayer].map(([l, f]) => [String(l), f * 1e3])),
+      ),
     },
     search: { exact: c.exact, evaluated: meta.evals, ms: meta.ms },
   };

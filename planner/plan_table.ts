@@ -1,18 +1,7 @@
 // A Plan as a table a person reads: one row per node in use, then the prediction.
 import type { Plan } from "./plan.ts";
+import { formatIds } from "./expert_ranges.ts";
 import { humanBytes } from "./units.ts";
-
-/** Compresses sorted indices into "0-63,70" form. */
-function ranges(list: number[]): string {
-  const out: string[] = [];
-  for (let i = 0; i < list.length;) {
-    let j = i;
-    while (j + 1 < list.length && list[j + 1] === list[j] + 1) j++;
-    out.push(i === j ? `${list[i]}` : `${list[i]}-${list[j]}`);
-    i = j + 1;
-  }
-  return out.join(",");
-}
 
 function expertsText(rec: Record<string, number[]> | undefined, total: (layer: number) => number): string {
   if (!rec) return "-";
@@ -22,7 +11,7 @@ function expertsText(rec: Record<string, number[]> | undefined, total: (layer: n
   if (all) return `all (${keys.length} MoE layers)`;
   const counts = keys.map((k) => rec[k].length);
   return `${counts.reduce((a, b) => a + b, 0)} in ${keys.length} layers` +
-    (keys.length === 1 ? ` [${ranges(rec[keys[0]])}]` : "");
+    (keys.length === 1 ? ` [${formatIds(rec[keys[0]])}]` : "");
 }
 
 /** Formats the plan; `expertsPerLayer` gives each MoE layer's routed-expert count (for "all"). */
