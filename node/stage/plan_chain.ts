@@ -2,7 +2,9 @@
 // wanted node. The planner's DP (planner/) splits the layers; a chain asks for exactly `stages` stages (an
 // `order` constraint), because the planner alone prefers fewer. With more nodes than layers, the embedding
 // and then the head become stages of their own (a chain holds at most layers + 2 stages); any node beyond
-// that is idle. Pure.
+// that is idle. With `experts: "spread"` every MoE layer's routed experts are placed over the members
+// (the planner's "wide" spread: each layer on at least two nodes, its stage's node included, and every
+// member hosting some where there are enough experts), even when they would fit on their stage. Pure.
 import {
   clusterFromNodes,
   compileHfConfig,
@@ -23,6 +25,12 @@ export interface PlanChainOptions {
   stages?: number;
   /** KV context the planner sizes memory for (default 4096). */
   context?: number;
+  /**
+   * Where MoE layers' routed experts live: "local" (default: on their layer's stage, as the planner places
+   * them by cost: elsewhere only when the stage cannot hold them) or "spread" (across the members: expert
+   * parallelism on purpose, docs/PLANNER.md). Ignored for models without MoE layers.
+   */
+  experts?: "local" | "spread";
 }
 
 /** A Plan over `members` (in chain order: the first one gets stage 0), or PlacementError saying why not. */
@@ -30,6 +38,10 @@ export function planChain(configJson: unknown, members: ChainMember[], opts: Pla
   const model = compileHfConfig(configJson);
   const L = model.layers.length;
   const want = opts.stages ?? members.length;
+  const experts = opts.experts ?? "local";
+  if (experts !== "local" && experts !== "spread") {
+    throw new RangeError(`experts must be "local" or "spread", got ${JSON.stringify(experts)}`);
+  }
   if (!(Number.isInteger(want) && want >= 1)) {
     throw new RangeError(`stages must be an integer >= 1, got ${want}`);
   }
@@ -51,7 +63,10 @@ export function planChain(configJson: unknown, members: ChainMember[], opts: Pla
     reserveBytes: 64 * 2 ** 20,
   }));
   const cluster = clusterFromNodes(descriptors, { constraints: { order: layered.map((m) => m.id) } });
-  const plan = planPipeline(model, cluster, { context: opts.context ?? 4096 });
+  const plan = planPipeline(model, cluster, {
+    context: opts.context ?? 4096,
+    ...(experts === "spread" ? { experts: "spread", expertSpread: "wide" } : {}),
+  });
   if (plan.stages.length !== layerStages) {
     throw new PlacementError(
       "order",
@@ -69,6 +84,10 @@ export function planChain(configJson: unknown, members: ChainMember[], opts: Pla
   }
   stages.forEach((s, i) => (s.index = i));
   const used = new Set(stages.map((s) => s.node));
-  const nodes = plan.nodes.map((n) => ({ ...n, role: used.has(n.id) ? "stage" as const : "idle" as const }));
+  const hosting = new Set(plan.expertHosts.map((h) => h.node));
+  const nodes = plan.nodes.map((n) => ({
+    ...n,
+    role: used.has(n.id) ? "stage" as const : hosting.has(n.id) ? "experts" as const : "idle" as const,
+  }));
   return { ...plan, stages, nodes };
 }

@@ -14,6 +14,8 @@ export interface PublishOptions {
   members: number;
   /** A Plan JSON to use instead of planning: its stage nodes are mapped onto the members in order. */
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
+  /** Where MoE experts live when planning here: "local" (default) or "spread" (plan_chain.ts). */
+  experts?: "local" | "spread";
   /** Give up waiting for the members after this long (default 60 s). */
   timeoutMs?: number;
   signal?: AbortSignal;
@@ -66,6 +68,7 @@ export async function publishPlan(
     plan = planChain(
       config,
       members.map((m) => ({ id: m.id, gpuMemoryBytes: m.meta.gpuMemoryBytes })).slice(0, opts.members),
+      { experts: opts.experts ?? "local" },
     );
   }
   return pipeline.board.publish({
