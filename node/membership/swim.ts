@@ -47,6 +47,12 @@ export interface GossipDelegate {
 export interface DelegateHandle {
   /** Gossips `payload` to every member; a later broadcast with the same key replaces a queued one. */
   broadcast(key: string, payload: Uint8Array): void;
+  /**
+   * Sends `payload` at once, directly, to every alive member (one message each, delivered like a
+   * broadcast). For rare news that every member needs soon: gossip alone leaves a tail (a member that
+   * every retransmit missed) that waits for its next push-pull.
+   */
+  sendToMembers(payload: Uint8Array): void;
   /** Stops delivering to the delegate. */
   remove(): void;
 }
@@ -211,6 +217,12 @@ export class Membership {
           `u:${name}:${key}`,
           encodeMessage({ t: "user", ch: name, data: toBase64(payload) }),
         ),
+      sendToMembers: (payload) => {
+        const packet = packPacket([encodeMessage({ t: "user", ch: name, data: toBase64(payload) })]);
+        for (const m of this.#table.values()) {
+          if (m.id !== this.id && m.state === "alive") this.#sendRaw(m, packet);
+        }
+      },
       remove: () => this.#delegates.delete(name),
     };
   }

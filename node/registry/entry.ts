@@ -1,5 +1,6 @@
 // A registry entry and the rule that picks between two versions of one name. Pure.
 import type { PeerId } from "../transport/transport.ts";
+import { decodePart, parseSetName } from "./name_set.ts";
 
 export interface Entry {
   /** Actor name, e.g. "stage-3" or "moe-expert-7-12". */
@@ -15,6 +16,11 @@ export interface Entry {
    * so nodes need no common clock). Receivers date it back by this much and forget it at the same age.
    */
   age?: number;
+  /**
+   * Set entries only (name `${prefix}*${part}@${owner}`, name_set.ts): the groups and ranges of names this
+   * part stands for, as text. Live set entries carry it; tombstones do not.
+   */
+  set?: string;
 }
 
 /**
@@ -44,6 +50,12 @@ export function validateEntry(v: unknown): Entry | undefined {
   if (age !== undefined && (typeof age !== "number" || !Number.isFinite(age) || age < 0)) return undefined;
   const e: Entry = { name, owner: owner as PeerId | null, version, writer };
   if (owner === null && age !== undefined) e.age = age;
+  // A live set entry names its owner and carries a well-formed set; nothing else carries one.
+  const set = (v as Record<string, unknown>).set, parsed = parseSetName(name);
+  if (set !== undefined) {
+    if (typeof set !== "string" || !parsed || owner !== parsed.holder || !decodePart(set)) return undefined;
+    e.set = set;
+  } else if (parsed && owner !== null) return undefined;
   return e;
 }
 

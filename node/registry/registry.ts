@@ -8,10 +8,38 @@
 // re-teaches a forgotten tombstone to another). What could go wrong after that heals itself: a stale live
 // entry that comes back is withdrawn by its owner (or rejected, its owner being dead), and an owner that
 // sees a tombstone for a name it holds claims the name again above that tombstone's version.
+//
+// Name sets (name_set.ts) keep large families of names compact: a node that hosts experts registers
+// "layers 5 and 6, experts 0-47" as a few set entries (parts) instead of one entry per expert, and
+// `resolve("moe-expert-5-17")` looks the name up in the sets when no entry of that exact name exists. Set
+// entries are ordinary entries (versions, gossip, push-pull, tombstones, dead-owner cleanup), one per
+// part and holder, so two holders of one name (a replicated expert) never conflict.
 import type { DelegateHandle, GossipDelegate, MemberChange } from "../membership/swim.ts";
 import type { Member } from "../membership/state.ts";
 import type { PeerId } from "../transport/transport.ts";
 import { decodeEntries, encodeEntries, type Entry, newer } from "./entry.ts";
+import {
+  checkPrefix,
+  decodePart,
+  encodeParts,
+  type Groups,
+  nameInSet,
+  parseSetName,
+  type Ranges,
+  setEntryName,
+  toGroups,
+} from "./name_set.ts";
+
+/** One holder's set of names under a prefix (every part merged). */
+export interface NameSetView {
+  prefix: string;
+  owner: PeerId;
+  /** Group key -> half-open ranges [start, end), ascending. */
+  groups: Record<string, Ranges>;
+}
+
+/** Per prefix, per group: the runs of ids and who holds them (built from the set entries on demand). */
+type SetIndex = Map<string, Map<string, { start: number; end: number; owner: PeerId }[]>>;
 
 /** What the registry needs from membership (Membership satisfies it). */
 export interface RegistryHost {
@@ -31,7 +59,10 @@ export interface RegistryOptions {
   tombstoneTtlMs?: number;
 }
 
-/** A name's owner changed; owner undefined means the name is gone. */
+/**
+ * A name's owner changed; owner undefined means the name is gone. For a set entry (a part of a name set,
+ * `${prefix}*${part}@${holder}`) it is also called when the names the part covers change.
+ */
 export type Watcher = (name: string, owner: PeerId | undefined) => void;
 
 export class Registry {
@@ -43,6 +74,8 @@ export class Registry {
   #tombSince = new Map<string, number>();
   #ttl: number;
   #watchers = new Set<Watcher>();
+  /** The set entries' index; undefined when a set entry changed since it was built. */
+  #index: SetIndex | undefined;
   #handle: DelegateHandle;
   #unsubscribe: () => void;
 
@@ -69,6 +102,9 @@ export class Registry {
     if (typeof name !== "string" || name.length === 0 || name.length > 256) {
       throw new TypeError(`registry name must be a string of 1..256 characters, got ${JSON.stringify(name)}`);
     }
+    if (parseSetName(name)) {
+      throw new TypeError(`registry name "${name}" has the form of a name set's part; use registerSet`);
+    }
     this.#write(name, this.#host.id);
   }
 
@@ -80,16 +116,85 @@ export class Registry {
     return true;
   }
 
-  /** The node hosting `name`, or undefined. */
-  resolve(name: string): PeerId | undefined {
-    return this.#entries.get(name)?.owner ?? undefined;
+  /**
+   * Claims every name `${prefix}${group}-${i}` for i in each group's ranges [start, end), e.g.
+   * registerSet("moe-expert-", {"5": [[0, 48]]}) for experts 0-47 of layer 5, replacing what this node
+   * held under `prefix` before (an empty record withdraws it all). Other nodes may hold the same names
+   * (replicas): resolve picks one, owners lists all. TypeError / RangeError on a bad prefix, group or range.
+   */
+  registerSet(prefix: string, groups: Record<string, Iterable<readonly [number, number]>>): void {
+    checkPrefix(prefix);
+    const parts = encodeParts(toGroups(groups));
+    const self = this.#host.id;
+    const written: Entry[] = [];
+    parts.forEach((text, i) => {
+      const name = setEntryName(prefix, i, self);
+      if (this.#entries.get(name)?.set !== text) written.push(this.#write(name, self, 0, text));
+    });
+    for (const e of [...this.#entries.values()]) {
+      const p = parseSetName(e.name);
+      if (p && p.prefix === prefix && p.holder === self && p.part >= parts.length && e.owner === self) {
+        written.push(this.#write(e.name, null));
+      }
+    }
+    // A set changes when a Plan does, and every member needs it soon: besides the gossip, tell each member
+    // directly (one message each), so no member waits for a push-pull because every retransmit missed it.
+    if (written.length) this.#handle.sendToMembers(this.#encode(written));
   }
 
-  /** Live entries, name -> owner, sorted by name. */
+  /** Withdraws this node's set under `prefix`; returns whether it held one. */
+  unregisterSet(prefix: string): boolean {
+    checkPrefix(prefix);
+    const held = this.sets().some((s) => s.prefix === prefix && s.owner === this.#host.id);
+    this.registerSet(prefix, {});
+    return held;
+  }
+
+  /** The node hosting `name`, or undefined: an entry of that exact name first, else a set holding it. */
+  resolve(name: string): PeerId | undefined {
+    const e = this.#entries.get(name);
+    if (e?.owner) return e.owner;
+    return this.#fromSets(name)[0];
+  }
+
+  /** Every node hosting `name` (an exact entry's owner, then the holders of sets that cover it), sorted. */
+  owners(name: string): PeerId[] {
+    const exact = this.#entries.get(name)?.owner;
+    const fromSets = this.#fromSets(name);
+    return exact && !fromSets.includes(exact) ? [exact, ...fromSets].sort() : fromSets;
+  }
+
+  /** Live entries, name -> owner, sorted by name (ordinary names; the sets are in `sets()`). */
   entries(): [string, PeerId][] {
     const out: [string, PeerId][] = [];
-    for (const e of this.#entries.values()) if (e.owner !== null) out.push([e.name, e.owner]);
+    for (const e of this.#entries.values()) {
+      if (e.owner !== null && e.set === undefined) out.push([e.name, e.owner]);
+    }
     return out.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  }
+
+  /** Live name sets, one per (prefix, holder) with its parts merged, sorted by prefix then holder. */
+  sets(): NameSetView[] {
+    const merged = new Map<string, { prefix: string; owner: PeerId; groups: Groups }>();
+    for (const e of this.#entries.values()) {
+      if (e.owner === null || e.set === undefined) continue;
+      const p = parseSetName(e.name)!;
+      const key = `${p.prefix}\n${e.owner}`;
+      const m = merged.get(key) ?? { prefix: p.prefix, owner: e.owner, groups: new Map() };
+      for (const [g, r] of decodePart(e.set)!) m.groups.set(g, [...(m.groups.get(g) ?? []), ...r]);
+      merged.set(key, m);
+    }
+    return [...merged.values()]
+      .sort((a, b) => (a.prefix !== b.prefix ? (a.prefix < b.prefix ? -1 : 1) : a.owner < b.owner ? -1 : 1))
+      .map((m) => ({
+        prefix: m.prefix,
+        owner: m.owner,
+        groups: Object.fromEntries(
+          [...m.groups].sort((a, b) => (a[0] < b[0] ? -1 : 1)).map((
+            [g, r],
+          ) => [g, toGroups({ [g]: r }).get(g)!]),
+        ),
+      }));
   }
 
   /** Tombstones held (unregistered names and dead owners' names not yet forgotten). */
@@ -109,13 +214,18 @@ export class Registry {
     this.#unsubscribe();
   }
 
-  /** Writes a new version of `name`, above `floor` too (a version seen elsewhere), and broadcasts it. */
-  #write(name: string, owner: PeerId | null, floor = 0): void {
+  /**
+   * Writes a new version of `name` (with `set`, for a set entry), above `floor` too (a version seen
+   * elsewhere), and broadcasts it.
+   */
+  #write(name: string, owner: PeerId | null, floor = 0, set?: string): Entry {
     const prev = this.#entries.get(name);
     const version = Math.max(prev?.version ?? 0, floor) + 1;
     const e: Entry = { name, owner, version, writer: this.#host.id };
+    if (owner !== null && set !== undefined) e.set = set;
     this.#set(e, prev);
     this.#handle.broadcast(name, this.#encode([e]));
+    return e;
   }
 
   /** Entries for the wire: tombstones with their age. */
@@ -150,7 +260,7 @@ export class Registry {
     if (e.owner === null && prev?.owner === self) {
       // A tombstone for a name we hold: others dropped our entry because they thought we died, or kept an
       // old tombstone of a name we registered again after forgetting it. We are alive: claim it again.
-      this.#write(e.name, self, e.version);
+      this.#write(e.name, self, e.version, prev.set);
       return;
     }
     if (e.owner !== null && e.owner !== self) {
@@ -171,13 +281,44 @@ export class Registry {
     }
   }
 
+  /** Holders of `name` through the sets, sorted. */
+  #fromSets(name: string): PeerId[] {
+    const index = this.#index ??= this.#buildIndex();
+    const out = new Set<PeerId>();
+    for (const [prefix, groups] of index) {
+      const at = nameInSet(name, prefix);
+      const runs = at && groups.get(at.group);
+      if (!runs) continue;
+      for (const r of runs) if (r.start <= at.index && at.index < r.end) out.add(r.owner);
+    }
+    return [...out].sort();
+  }
+
+  #buildIndex(): SetIndex {
+    const index: SetIndex = new Map();
+    for (const e of this.#entries.values()) {
+      if (e.owner === null || e.set === undefined) continue;
+      const prefix = parseSetName(e.name)!.prefix;
+      const groups = index.get(prefix) ?? new Map();
+      index.set(prefix, groups);
+      for (const [g, ranges] of decodePart(e.set)!) {
+        const runs = groups.get(g) ?? [];
+        for (const [start, end] of ranges) runs.push({ start, end, owner: e.owner });
+        groups.set(g, runs);
+      }
+    }
+    return index;
+  }
+
   #onMember(c: MemberChange): void {
     const { member } = c;
     if (member.state !== "dead" && member.state !== "left") return;
     if (member.id === this.#host.id) return;
     for (const e of [...this.#entries.values()]) {
       // The same tombstone on every node: same version and writer, owner null (wins ties, see newer).
-      if (e.owner === member.id) this.#set({ ...e, owner: null }, e);
+      if (e.owner !== member.id) continue;
+      const { set: _, ...rest } = e;
+      this.#set({ ...rest, owner: null }, e);
     }
   }
 
@@ -186,7 +327,8 @@ export class Registry {
     this.#entries.set(e.name, e);
     if (e.owner !== null) this.#tombSince.delete(e.name);
     else this.#tombSince.set(e.name, this.#host.now() - age);
-    if ((prev?.owner ?? null) === e.owner) return;
+    if (e.set !== prev?.set) this.#index = undefined;
+    if ((prev?.owner ?? null) === e.owner && e.set === prev?.set) return;
     for (const w of this.#watchers) {
       try {
         w(e.name, e.owner ?? undefined);
