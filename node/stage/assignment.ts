@@ -98,17 +98,24 @@ export class AssignmentBoard {
       return;
     }
     const a = v as unknown as Assignment;
-    if (newerAssignment(a, this.#current)) this.#adopt(a);
+    if (!newerAssignment(a, this.#current)) return;
+    this.#adopt(a);
+    // Announce it on: a member whose push from the leader was lost hears of it from many members then,
+    // not only from the leader's few retransmits (which the same loss may have eaten), and pulls it.
+    this.#handle.broadcast("plan", enc.encode(JSON.stringify({ version: a.version, leader: a.leader })));
   }
 
-  #announced(bytes: Uint8Array, _from: PeerId): void {
+  #announced(bytes: Uint8Array, from: PeerId): void {
     const v = parse(bytes);
     if (!v) return;
     const a = v as { version: number; leader: string };
     if (!newerAssignment(a, this.#current)) return;
-    // Fetch the full Assignment from its leader (its push may have been lost or not reached us yet).
-    const leader = this.#host.members().find((m) => m.id === a.leader);
-    if (leader) this.#host.pushPull({ id: leader.id, addrs: leader.addrs });
+    // Fetch the full Assignment from its leader (its push may have been lost or not reached us yet), and
+    // from the member that announced it (which has it, when it announced after adopting).
+    for (const id of new Set([a.leader, from])) {
+      const m = this.#host.members().find((x) => x.id === id && x.state === "alive");
+      if (m && m.id !== this.#host.id) this.#host.pushPull({ id: m.id, addrs: m.addrs });
+    }
     this.#handle.broadcast("plan", bytes);
   }
 
