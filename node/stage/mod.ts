@@ -21,6 +21,14 @@ export {
   type RequestOptions,
   type TokenEvent,
 } from "./client.ts";
+export {
+  EXPERT_PREFIX,
+  expertLayout,
+  expertName,
+  hostedExperts,
+  type LayerExperts,
+  type PlanExperts,
+} from "./expert_layout.ts";
 export { FakeBackend, fakeReference } from "./fake_backend.ts";
 export { type HopTrace, type WireDtype } from "./messages.ts";
 export { type LocalStage, PipelineNode, type PipelineOptions, type StageReport } from "./pipeline.ts";
