@@ -23,6 +23,10 @@ export interface SimClusterOptions {
   /** Default link: 1 ms +- 1 ms, no loss. */
   link?: LinkOptions;
   registry?: RegistryOptions;
+  /** Node ids (default n00, n01, ...); give realistic ones (64 hex characters, as iroh's) to measure sizes. */
+  ids?: string[];
+  /** Called with every message a node sends (before the network decides its fate), e.g. to measure sizes. */
+  onSend?: (from: string, to: string, bytes: Uint8Array) => void;
 }
 
 export function descriptor(id: string): NodeDescriptor {
@@ -36,21 +40,36 @@ export class SimCluster {
   readonly config: MembershipConfig;
   #seed: number;
   #registry: RegistryOptions;
+  #onSend: SimClusterOptions["onSend"];
 
   constructor(opts: SimClusterOptions) {
     this.config = opts.config;
     this.#seed = opts.seed ?? 1;
     this.#registry = opts.registry ?? {};
+    this.#onSend = opts.onSend;
+    if (opts.ids && opts.ids.length !== opts.n) {
+      throw new RangeError(`ids: ${opts.ids.length} ids for ${opts.n} nodes`);
+    }
     this.net = new MemoryNetwork(this.clock, {
       seed: this.#seed,
       link: opts.link ?? { delayMs: 1, jitterMs: 1 },
     });
-    for (let i = 0; i < opts.n; i++) this.nodes.push(this.spawn(`n${String(i).padStart(2, "0")}`));
+    for (let i = 0; i < opts.n; i++) {
+      this.nodes.push(this.spawn(opts.ids?.[i] ?? `n${String(i).padStart(2, "0")}`));
+    }
   }
 
   /** Creates (or recreates after a crash) node `id`, not yet started. */
   spawn(id: string, opts: { incarnation?: number } = {}): SimNode {
     const transport = this.net.connect(id);
+    const onSend = this.#onSend;
+    if (onSend) {
+      const send = transport.send.bind(transport);
+      transport.send = (to, msg, channel) => {
+        onSend(id, to.id, msg);
+        return send(to, msg, channel);
+      };
+    }
     const membership = new Membership({
       transport,
       meta: descriptor(id),
