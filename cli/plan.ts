@@ -8,11 +8,13 @@ import {
   parseCluster,
   PlacementError,
   planPipeline,
+  routingShares,
 } from "../planner/mod.ts";
 import { moeOf } from "../planner/model_graph.ts";
 
 const usage =
   `Usage: swactor plan --model DIR --cluster FILE [--json] [--context N] [--experts auto|local|spread]
+                    [--spread compact|wide] [--routing FILE]
 
 Plans which node runs which layers (and experts) of the model, and predicts per-token latency.
   --model DIR       a directory with a Hugging Face config.json
@@ -20,6 +22,10 @@ Plans which node runs which layers (and experts) of the model, and predicts per-
   --context N       tokens of KV cache each stage must hold (default 4096)
   --experts MODE    auto (default): the faster of local and spread; local: a stage holds its
                     layers' experts; spread: experts may live on other nodes
+  --spread HOW      with experts spread: compact (default: fewest nodes per layer) or wide (every
+                    MoE layer on >= 2 nodes, every node hosting some: expert parallelism)
+  --routing FILE    observed routing counts, JSON {"<layer>": [count per routed expert]}: the busiest
+                    experts are placed nearest and hot ones replicated where memory allows
   --json            print the Plan as JSON (docs/PLAN_FORMAT.md)
 Exit codes: 0 ok, 1 runtime failure, 2 bad input or no placement fits.`;
 
@@ -41,6 +47,8 @@ export const planCommand: Command = {
       cluster: { type: "string" },
       context: { type: "string" },
       experts: { type: "string" },
+      spread: { type: "string" },
+      routing: { type: "string" },
       json: { type: "boolean" },
     });
     if (!values.model) throw new UsageError("--model DIR is required");
@@ -48,6 +56,22 @@ export const planCommand: Command = {
     const experts = values.experts ?? "auto";
     if (!["auto", "local", "spread"].includes(experts)) {
       throw new UsageError(`--experts expects auto, local or spread, got "${experts}"`);
+    }
+    const spread = values.spread ?? "compact";
+    if (spread !== "compact" && spread !== "wide") {
+      throw new UsageError(`--spread expects compact or wide, got "${spread}"`);
+    }
+    let routing: Record<string, number[]> | undefined;
+    if (values.routing) {
+      try {
+        routing = JSON.parse(await readText(values.routing, "routing counts"));
+      } catch (e) {
+        if (e instanceof UsageError) throw e;
+        throw new UsageError(`--routing ${values.routing}: ${(e as Error).message}`);
+      }
+      if (typeof routing !== "object" || routing === null || Array.isArray(routing)) {
+        throw new UsageError(`--routing ${values.routing}: expected {"<layer>": [counts]}`);
+      }
     }
     const context = numberFlag(values.context, "context", { min: 1, integer: true, fallback: 4096 });
     const configPath = `${values.model.replace(/\/$/, "")}/config.json`;
@@ -72,12 +96,27 @@ export const planCommand: Command = {
       if (e instanceof LangError) throw new UsageError(e.message);
       throw e;
     }
+    if (routing) {
+      try {
+        routingShares(model, routing);
+      } catch (e) {
+        throw new UsageError(`--routing ${values.routing}: ${(e as Error).message}`);
+      }
+    }
     let plan;
     try {
-      plan = planPipeline(model, cluster, { context, experts: experts as "auto" | "local" | "spread" });
+      plan = planPipeline(model, cluster, {
+        context,
+        experts: experts as "auto" | "local" | "spread",
+        expertSpread: spread,
+        routing,
+      });
     } catch (e) {
       if (e instanceof PlacementError) {
         throw new UsageError(`no placement fits (${e.constraint}): ${e.message}`);
+      }
+      if (e instanceof RangeError && routing) {
+        throw new UsageError(`--routing ${values.routing}: ${e.message}`);
       }
       throw e;
     }

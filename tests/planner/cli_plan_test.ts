@@ -43,3 +43,33 @@ Deno.test("bad input exits 2 naming the file and line:col", async () => {
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("plan --spread wide and --routing counts; bad counts exit 2 naming the file and the layer", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const args = [
+      "--model",
+      "tests/fixtures/mixtral-tiny",
+      "--cluster",
+      "planner/examples/lan5.swl",
+      "--json",
+    ];
+    const wide = await run([...args, "--experts", "spread", "--spread", "wide"]);
+    assert.equal(wide.code, 0, wide.err);
+    const plan = JSON.parse(wide.out);
+    assert.equal(plan.expertMode, "spread");
+    assert.ok(plan.expertHosts.length > 0);
+    await Deno.writeTextFile(`${dir}/counts.json`, JSON.stringify({ "0": [9, 1, 1, 1, 1, 1, 1, 1] }));
+    const hot = await run([...args, "--routing", `${dir}/counts.json`]);
+    assert.equal(hot.code, 0, hot.err);
+    await Deno.writeTextFile(`${dir}/short.json`, JSON.stringify({ "0": [1, 2] }));
+    const bad = await run([...args, "--routing", `${dir}/short.json`]);
+    assert.equal(bad.code, 2);
+    assert.ok(bad.err.includes(`${dir}/short.json: routing counts for layer 0: expected 8 counts`), bad.err);
+    const worse = await run([...args, "--spread", "far"]);
+    assert.equal(worse.code, 2);
+    assert.match(worse.err, /--spread expects compact or wide/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
