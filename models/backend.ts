@@ -4,6 +4,8 @@
 // for every family, and node/stage/fake_backend.ts implements it with plain integer arithmetic for the
 // node tests. models/ does not import node/; node/ imports this file.
 
+import type { ExpertFanout } from "./experts.ts";
+
 /** What one stage of the chain computes (from the Plan). */
 export interface StageRole {
   /** Position in the chain, 0-based. */
@@ -109,7 +111,15 @@ export interface StageBackend {
 /** Loads the backend for a role; what a node is given to run stages of some model family. */
 export type StageLoader = (
   role: StageRole,
-  opts: { model: ModelRef; onProgress?: (done: number, total: number) => void },
+  opts: {
+    model: ModelRef;
+    onProgress?: (done: number, total: number) => void;
+    /**
+     * Expert parallelism: the MoE layers of this role whose routed experts are held by expert hosts, and
+     * how to run them there (one call per layer and step; the node sends to the hosts).
+     */
+    experts?: { remote: number[]; fanout: ExpertFanout };
+  },
 ) => Promise<StageBackend>;
 
 /** Which model the chain runs and how (travels with the Plan). */
