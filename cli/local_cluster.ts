@@ -23,6 +23,8 @@ export interface LocalClusterOptions {
   modelDir: string;
   weights: string;
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
+  /** Where MoE experts live (publishPlan's `experts`). */
+  experts?: "local" | "spread";
   signal?: AbortSignal;
   /** Progress lines (default: stderr). */
   log?: (msg: string) => void;
@@ -61,6 +63,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
       weights: opts.weights,
       members: n,
       plan: opts.plan,
+      experts: opts.experts,
       signal: opts.signal,
     });
     const stages = assignment.plan.stages.map((s) =>

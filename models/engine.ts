@@ -24,6 +24,7 @@ import type {
   Sampling,
   StageBackend,
   StageInput,
+  ExpertLoader,
   StageLoader,
   StageResult,
   StageRole,
@@ -46,7 +47,7 @@ import {
 import { Checkpoint } from "./checkpoint.ts";
 import { RequestError } from "./errors.ts";
 import { type LoadOptions, Model, type Sequence, type WeightsOption } from "./model.ts";
-import type { ExpertFanout } from "./experts.ts";
+import { type ExpertFanout, ExpertHost } from "./experts.ts";
 
 /**
  * Readbacks in flight at once. With early reads (kernels/readback.ts) each is done as its map call returns;
@@ -184,7 +185,7 @@ export class Engine implements StageBackend {
       writeBytes(gpu, seq.x, 0, input.hidden);
     }
     writeStep(gpu, seq.step, { pos0, T, tokOut: pos0 + T });
-    if (this.weights.part.remoteExperts?.size) await this.#runSegments(seq, T, output);
+    if (this.weights.part.remoteExperts?.size) await this.#runSegments(id, seq, T, output);
     else submit(gpu, seq.program(T, output));
     if (output === "hidden") return { hidden: new Float32Array(await readBack(gpu, seq.x, T * H * 4)) };
     if (output === "sample") {
@@ -200,7 +201,7 @@ export class Engine implements StageBackend {
    * back the layer's normalised input and the router's choice, have the experts run where they are held
    * (the fanout: one message per host), and write their sum where the next segment adds it in.
    */
-  async #runSegments(seq: Sequence, T: number, output: StageInput["output"]): Promise<void> {
+  async #runSegments(id: string, seq: Sequence, T: number, output: StageInput["output"]): Promise<void> {
     const gpu = this.gpu;
     const H = this.model.hidden;
     for (const s of seq.segments(T, output)) {
@@ -213,7 +214,7 @@ export class Engine implements StageBackend {
       const xn = new Float32Array(await readBack(gpu, seq.normed, T * H * 4));
       const ids = new Uint32Array(await readBack(gpu, r.ids, T * k * 4));
       const weights = new Float32Array(await readBack(gpu, r.weights, T * k * 4));
-      const sum = await this.#fanout!(s.split, { T, xn, ids, weights });
+      const sum = await this.#fanout!(s.split, { request: id, T, xn, ids, weights });
       if (sum.length !== T * H) throw new Error(`layer ${s.split}: the experts returned ${sum.length} values`);
       writeBytes(gpu, seq.expertSum!, 0, sum);
     }
@@ -508,6 +509,12 @@ export function weightsOption(v: string | undefined): WeightsOption | undefined 
   if (v === "f32" || v === "f16" || isQuant(v)) return v;
   throw new RequestError(`weights must be auto, f32, f16, q8 or q4, got "${v}"`);
 }
+
+/** The ExpertLoader: reads the held experts of each layer onto this process's GPU. */
+export const loadExpertHost: ExpertLoader = async (hold, opts) =>
+  await ExpertHost.load(await getGpu(), await Checkpoint.open(opts.model.dir), hold, {
+    weights: weightsOption(opts.model.weights),
+  });
 
 /** Opens a checkpoint and loads `role`'s part of it onto this process's GPU. */
 export async function loadEngine(

@@ -32,6 +32,8 @@ export type ExpertFanout = (layer: number, input: ExpertInput) => Promise<Float3
 
 /** One request to a host: T tokens of one MoE layer. */
 export interface ExpertInput {
+  /** The request the step belongs to (for the node's per-request fan-out record). */
+  request?: string;
   T: number;
   /** The layer's normalised input (post_attention_layernorm), [T, H]. */
   xn: Float32Array;

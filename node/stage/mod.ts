@@ -30,3 +30,12 @@ export { rolesOf, splitLayers } from "./roles.ts";
 export { StageActor, stageName } from "./stage_actor.ts";
 export { meanTimings, type TokenTimings, tokenTimings } from "./timings.ts";
 export { chromeTrace, type TraceEvent } from "./trace_events.ts";
+export {
+  expertHostName,
+  expertPlacement,
+  type ExpertReport,
+  expertReport,
+  heldBy,
+  remoteLayers,
+  spreadExperts,
+} from "./experts.ts";

@@ -5,6 +5,9 @@ import type { Membership } from "../membership/mod.ts";
 import type { Assignment } from "./assignment.ts";
 import type { PipelineNode } from "./pipeline.ts";
 import { planChain } from "./plan_chain.ts";
+import { type ExpertPlan, spreadExperts } from "./experts.ts";
+import { compileHfConfig } from "../../planner/mod.ts";
+import { moeOf } from "../../planner/model_graph.ts";
 
 export interface PublishOptions {
   /** Checkpoint folder (absolute paths travel best: every node opens the same path). */
@@ -17,6 +20,11 @@ export interface PublishOptions {
   /** Give up waiting for the members after this long (default 60 s). */
   timeoutMs?: number;
   signal?: AbortSignal;
+  /**
+   * "spread": every MoE layer's routed experts are placed across the members (expert parallelism), even
+   * where they would fit on the layer's stage; "local" (default): each stage holds its layers' experts.
+   */
+  experts?: "local" | "spread";
 }
 
 /**
@@ -67,6 +75,16 @@ export async function publishPlan(
       config,
       members.map((m) => ({ id: m.id, gpuMemoryBytes: m.meta.gpuMemoryBytes })).slice(0, opts.members),
     );
+  }
+  if (opts.experts === "spread") {
+    const graph = compileHfConfig(config);
+    const experts = new Map<number, number>();
+    graph.layers.forEach((l, i) => {
+      const m = moeOf(l);
+      if (m) experts.set(i, m.experts);
+    });
+    if (experts.size === 0) throw new TypeError(`model ${opts.modelDir} has no experts to spread`);
+    plan = spreadExperts(plan as ExpertPlan, experts, members.slice(0, opts.members).map((m) => m.id));
   }
   return pipeline.board.publish({
     plan: plan as Assignment["plan"],

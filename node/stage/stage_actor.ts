@@ -24,6 +24,8 @@ export interface StageActorOptions {
   planVersion: number;
   /** Whether the names this stage sends to resolve yet (reported by STATS as `routes`). Default: yes. */
   routesKnown?: () => boolean;
+  /** Expert parallelism: takes what this stage sent to expert hosts for a request since the last call. */
+  fanoutTrace?: (id: string) => HopTrace["x"] | undefined;
   /** Default: warnings to stderr. */
   log?: (msg: string) => void;
 }
@@ -318,9 +320,11 @@ export class StageActor implements Behavior {
     }
     if (!this.#requests.has(id)) return false; // released while computing
     const c = performance.now() - t0;
+    const fanout = this.#o.fanoutTrace?.(id);
     const hop = (b: number): HopTrace => {
       const h: HopTrace = { s: role.index, in: s.arrived, c, out: wallMs(), b };
       if (s.returnMs !== undefined) h.r = s.returnMs;
+      if (fanout) h.x = fanout;
       return h;
     };
     try {
