@@ -18,13 +18,13 @@
 // for the GPU and yields to the event loop, so a long prompt never holds the process (its membership,
 // its control API, Ctrl-C) for longer than one chunk's GPU time.
 import type {
+  ExpertLoader,
   LoopOptions,
   LoopResult,
   ModelFacts,
   Sampling,
   StageBackend,
   StageInput,
-  ExpertLoader,
   StageLoader,
   StageResult,
   StageRole,
@@ -215,7 +215,9 @@ export class Engine implements StageBackend {
       const ids = new Uint32Array(await readBack(gpu, r.ids, T * k * 4));
       const weights = new Float32Array(await readBack(gpu, r.weights, T * k * 4));
       const sum = await this.#fanout!(s.split, { request: id, T, xn, ids, weights });
-      if (sum.length !== T * H) throw new Error(`layer ${s.split}: the experts returned ${sum.length} values`);
+      if (sum.length !== T * H) {
+        throw new Error(`layer ${s.split}: the experts returned ${sum.length} values`);
+      }
       writeBytes(gpu, seq.expertSum!, 0, sum);
     }
   }

@@ -58,7 +58,9 @@ interface LayerStack {
 function checkExperts(layer: number, ids: readonly number[], E: number): number[] {
   const out = [...new Set(ids)].sort((a, b) => a - b);
   const bad = out.find((e) => !Number.isInteger(e) || e < 0 || e >= E);
-  if (bad !== undefined) throw new RequestError(`layer ${layer} has experts 0..${E - 1}; asked to hold ${bad}`);
+  if (bad !== undefined) {
+    throw new RequestError(`layer ${layer} has experts 0..${E - 1}; asked to hold ${bad}`);
+  }
   return out;
 }
 
@@ -97,7 +99,9 @@ export class ExpertHost {
       const f16 = as === "f16";
       const parts = await Promise.all(names.map((n) => f16 ? ckpt.readF16(n) : ckpt.readF32(n)));
       const length = parts.reduce((s, p) => s + p.length, 0);
-      let all: Uint16Array | Float32Array | Uint8Array = f16 ? new Uint16Array(length) : new Float32Array(length);
+      let all: Uint16Array | Float32Array | Uint8Array = f16
+        ? new Uint16Array(length)
+        : new Float32Array(length);
       let at = 0;
       for (const p of parts) {
         all.set(p, at);
@@ -156,7 +160,12 @@ export class ExpertHost {
     writeBytes(gpu, rw, 0, input.weights);
     const experts = { T, topK: k, experts: s.experts.length };
     const calls = [
-      moeGemvCall(gpu, { x: xn, w: s.gateUp, y: gu, ids }, { ...experts, K: H, N: 2 * I, weights: s.gateUpType }),
+      moeGemvCall(gpu, { x: xn, w: s.gateUp, y: gu, ids }, {
+        ...experts,
+        K: H,
+        N: 2 * I,
+        weights: s.gateUpType,
+      }),
       moeGemvCall(gpu, { x: gu, w: s.down, y, ids, routeWeights: rw }, {
         ...experts,
         K: I,

@@ -16,6 +16,7 @@ import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
 import { CheckpointError, RequestError } from "./errors.ts";
 import { type ModelPart, tensorShapes } from "./tensors.ts";
 import {
+  biasAddCall,
   createStepBuffer,
   embedCall,
   GEMV_MAX_T,
@@ -30,7 +31,6 @@ import {
   type QuantType,
   releaseCalls,
   rmsnormCall,
-  biasAddCall,
   ropeAttentionFactor,
   ropeInvFreq,
   ropeTable,

@@ -61,7 +61,11 @@ export function remoteLayers(plan: ExpertPlan, stage: number): number[] {
  * layer), rotating the start so that each node hosts some: `experts` maps each MoE layer to its expert
  * count. Writes the ranges into the Plan's stage entries (for a stage's own node) and `expertHosts`.
  */
-export function spreadExperts<P extends ExpertPlan>(plan: P, experts: Map<number, number>, nodes: string[]): P {
+export function spreadExperts<P extends ExpertPlan>(
+  plan: P,
+  experts: Map<number, number>,
+  nodes: string[],
+): P {
   const stages = plan.stages.map((s) => ({ ...s, experts: {} as Record<string, number[]> }));
   const hosts = new Map<string, Record<string, number[]>>();
   let rotate = 0;
@@ -135,7 +139,11 @@ export function decodeExpertRequest(body: Uint8Array, hidden: number): { layer: 
 }
 
 /** The behavior of `moe-host-{node}`: runs requests on the node's held experts and replies with their sum. */
-export function expertHostBehavior(service: ExpertService, hidden: number, log: (m: string) => void): Behavior {
+export function expertHostBehavior(
+  service: ExpertService,
+  hidden: number,
+  log: (m: string) => void,
+): Behavior {
   return {
     async receive(body: Uint8Array, _ctx: ActorContext): Promise<Uint8Array> {
       let req;
@@ -164,7 +172,13 @@ export function fanoutTrace(r: FanoutRecord): FanoutTrace {
   const out: FanoutTrace = {};
   for (const [layer, nodes] of r) {
     out[layer] = {};
-    for (const [node, v] of nodes) out[layer][node] = [v.bytes, Number(v.ms.toFixed(3)), [...v.experts].sort((a, b) => a - b)];
+    for (const [node, v] of nodes) {
+      out[layer][node] = [
+        v.bytes,
+        Number(v.ms.toFixed(3)),
+        [...v.experts].sort((a, b) => a - b),
+      ];
+    }
   }
   return out;
 }
@@ -181,7 +195,9 @@ export function createFanout(o: {
   record: Map<string, FanoutRecord>;
 }): ExpertFanout {
   const placement = expertPlacement(o.plan);
-  const sets = new Map([...placement].map(([l, m]) => [l, [...m].map(([node, ids]) => [node, new Set(ids)] as const)]));
+  const sets = new Map(
+    [...placement].map(([l, m]) => [l, [...m].map(([node, ids]) => [node, new Set(ids)] as const)]),
+  );
   return async (layer, input) => {
     const hosts = sets.get(layer);
     if (!hosts) throw new Error(`the Plan places no experts of layer ${layer}`);
@@ -189,32 +205,36 @@ export function createFanout(o: {
     if (rec && input.request) o.record.set(input.request, rec);
     const chosen = new Set(input.ids);
     const body = encodeExpertRequest(layer, input);
-    const parts = await Promise.all(hosts.filter(([, ids]) => [...chosen].some((e) => ids.has(e))).map(
-      async ([node, ids]) => {
-        const t0 = performance.now();
-        let y: Float32Array;
-        let bytes = 0;
-        const hidden = input.xn.length / input.T;
-        if (node === o.self && o.local) y = await o.local.compute(layer, input);
-        else {
-          const reply = await o.call(expertHostName(node), body);
-          bytes = body.length + reply.length;
-          if (reply.length !== input.T * hidden * 4) {
-            throw new Error(`expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}`);
+    const parts = await Promise.all(
+      hosts.filter(([, ids]) => [...chosen].some((e) => ids.has(e))).map(
+        async ([node, ids]) => {
+          const t0 = performance.now();
+          let y: Float32Array;
+          let bytes = 0;
+          const hidden = input.xn.length / input.T;
+          if (node === o.self && o.local) y = await o.local.compute(layer, input);
+          else {
+            const reply = await o.call(expertHostName(node), body);
+            bytes = body.length + reply.length;
+            if (reply.length !== input.T * hidden * 4) {
+              throw new Error(
+                `expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}`,
+              );
+            }
+            y = new Float32Array(reply.slice().buffer);
           }
-          y = new Float32Array(reply.slice().buffer);
-        }
-        if (rec) {
-          if (!rec.has(layer)) rec.set(layer, new Map());
-          const r = rec.get(layer)!.get(node) ?? { bytes: 0, ms: 0, experts: new Set<number>() };
-          r.bytes += bytes;
-          r.ms += performance.now() - t0;
-          for (const e of chosen) if (ids.has(e)) r.experts.add(e);
-          rec.get(layer)!.set(node, r);
-        }
-        return y;
-      },
-    ));
+          if (rec) {
+            if (!rec.has(layer)) rec.set(layer, new Map());
+            const r = rec.get(layer)!.get(node) ?? { bytes: 0, ms: 0, experts: new Set<number>() };
+            r.bytes += bytes;
+            r.ms += performance.now() - t0;
+            for (const e of chosen) if (ids.has(e)) r.experts.add(e);
+            rec.get(layer)!.set(node, r);
+          }
+          return y;
+        },
+      ),
+    );
     const sum = new Float32Array(input.xn.length);
     for (const p of parts) for (let i = 0; i < sum.length; i++) sum[i] += p[i];
     return sum;

@@ -14,8 +14,8 @@ import {
   expertHostBehavior,
   expertHostName,
   expertPlacement,
-  fanoutTrace,
   type FanoutRecord,
+  fanoutTrace,
   heldBy,
   remoteLayers,
 } from "./experts.ts";
@@ -81,6 +81,8 @@ export class PipelineNode {
   #hostRef: { stop(): Promise<void> } | undefined;
   /** Per request, what this node's stage sent to expert hosts since its last step. */
   #fanout = new Map<string, FanoutRecord>();
+  /** The expert hosts this node's stage sends to, and what fails its calls when one of them is gone. */
+  #hosts: { nodes: Set<string>; abort: AbortController } = { nodes: new Set(), abort: new AbortController() };
   #queue: Promise<void> = Promise.resolve();
   #unsubscribe: Array<() => void> = [];
   #closed = false;
@@ -236,9 +238,12 @@ export class PipelineNode {
     this.#local = { planVersion: a.version, index, state: "loading" };
     const remote = remoteLayers(a.plan, index);
     const placement = expertPlacement(a.plan);
-    const hostNames = [
-      ...new Set(remote.flatMap((l) => [...(placement.get(l)?.keys() ?? [])]).filter((n) => n !== self)),
-    ].map(expertHostName);
+    const hostNodes = new Set(
+      remote.flatMap((l) => [...(placement.get(l)?.keys() ?? [])]).filter((n) => n !== self),
+    );
+    const hostNames = [...hostNodes].map(expertHostName);
+    const hosts = { nodes: hostNodes, abort: new AbortController() };
+    this.#hosts = hosts;
     try {
       const backend = await this.#o.loader(role, {
         model,
@@ -249,7 +254,12 @@ export class PipelineNode {
               plan: a.plan,
               self,
               local: experts,
-              call: (name, body) => this.#host.actors.call(name, body, { timeoutMs: 30_000, channel: "data" }),
+              call: (name, body) =>
+                this.#host.actors.call(name, body, {
+                  timeoutMs: 30_000,
+                  channel: "data",
+                  signal: hosts.abort.signal,
+                }),
               record: this.#fanout,
             }),
           }
@@ -291,6 +301,10 @@ export class PipelineNode {
     if (member.id === this.#host.membership.id) return;
     const why = member.state === "dead" ? "died (membership marked it dead)" : "left the cluster";
     this.client.peerGone(member.id, why);
+    // A node holding experts this stage sends to is gone: its calls fail now, not at their timeout.
+    if (this.#hosts.nodes.has(member.id) && !this.#hosts.abort.signal.aborted) {
+      this.#hosts.abort.abort(new Error(`expert host ${member.id.slice(0, 10)} ${why}`));
+    }
     if (!this.#actor) return;
     const inChain = this.board.current?.plan.stages.some((s) => s.node === member.id);
     const freed = inChain ? this.#actor.releaseAll() : this.#actor.releaseClientsOf(member.id);
