@@ -354,10 +354,10 @@ export class Sequence {
     const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
     const moeRow = moe ? moe.routing.topK * Math.max(2 * moe.intermediate, H) : 1;
     const rowBytes = Math.max(model.hasHead ? V : 1, H, moeRow, ...Object.values(widths)) * 4;
-    this.maxChunk = Math.max(
-      1,
-      Math.min(opts.maxChunk ?? 128, opts.maxSeq, Math.floor(maxBinding / rowBytes)),
-    );
+    // A chunk bounds how long one submit holds the GPU (and, in Deno, this thread: docs/DENO_WEBGPU.md); a
+    // software adapter computes on the CPU, so its chunks are smaller.
+    const chunk = opts.maxChunk ?? (gpu.isSoftware ? 32 : 128);
+    this.maxChunk = Math.max(1, Math.min(chunk, opts.maxSeq, Math.floor(maxBinding / rowBytes)));
     const C = this.maxChunk;
     const buf = (bytes: number, label: string) => {
       const b = storageBuffer(gpu, bytes, label);

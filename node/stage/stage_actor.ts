@@ -54,6 +54,8 @@ export class StageActor implements Behavior {
   #requests = new Map<string, Request>();
   /** Recently released ids: late messages for them must not reopen a sequence. */
   #released = new Set<string>();
+  /** Per request, its steps in order (see receive). */
+  #queues = new Map<string, Promise<void>>();
   #log: (msg: string) => void;
 
   constructor(opts: StageActorOptions) {
@@ -99,15 +101,32 @@ export class StageActor implements Behavior {
       case "release":
         this.release(m.id);
         return;
+      // A request's steps run in order on its own queue, off the mailbox: STATS and RELEASE are answered
+      // at once even while a long prefill computes, and requests do not wait for each other's steps.
       case "start":
-        return await this.#onStart(m, arrived);
+        return this.#enqueue(m.id, () => this.#onStart(m, arrived));
       case "token":
-        return await this.#onToken(m, arrived);
+        return this.#enqueue(m.id, () => this.#onToken(m, arrived));
       case "forward":
-        return await this.#onForward(m, arrived);
+        return this.#enqueue(m.id, () => this.#onForward(m, arrived));
       default:
         return;
     }
+  }
+
+  /** Runs `f` after the request's earlier steps; the queue entry goes when it is the last. */
+  #enqueue(id: string, f: () => Promise<void>): void {
+    const prev = this.#queues.get(id) ?? Promise.resolve();
+    const next = prev.then(f).catch((e) => this.#log(`stage: request ${id}: ${(e as Error).message}`));
+    this.#queues.set(id, next);
+    next.then(() => {
+      if (this.#queues.get(id) === next) this.#queues.delete(id);
+    });
+  }
+
+  /** Resolves when every queued step has run (tests, and a stopping actor). */
+  async idle(): Promise<void> {
+    while (this.#queues.size > 0) await Promise.all(this.#queues.values());
   }
 
   /** Frees `id`'s sequence; true when it held one. */
@@ -131,8 +150,9 @@ export class StageActor implements Behavior {
     return ids;
   }
 
-  onStop(): void {
+  async onStop(): Promise<void> {
     this.releaseAll();
+    await this.idle(); // steps in flight see their requests released and end
     this.#o.backend.close();
   }
 
