@@ -38,7 +38,9 @@ const existing = values.dir !== undefined && values.shape === undefined &&
   await Deno.stat(`${values.dir}/config.json`).then(() => true, () => false);
 const shape = existing ? "checkpoint" : values.shape ?? (gpu.isSoftware ? "demo" : "llama-3.2-1b");
 const configJson = existing ? undefined : shapes[shape];
-if (!existing && !configJson) throw new TypeError(`--shape must be one of ${Object.keys(shapes)}, got "${shape}"`);
+if (!existing && !configJson) {
+  throw new TypeError(`--shape must be one of ${Object.keys(shapes)}, got "${shape}"`);
+}
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
 }
