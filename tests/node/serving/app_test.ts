@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { Activity, createServingApp, type ServingOptions } from "../../../node/serving/mod.ts";
 import { parsePrometheus, sampleValue } from "../../support/prometheus_text.ts";
 import { BOS, charTokenizer, EOS, EOT, fakeServices, sseData } from "./fakes.ts";
+import { chatTemplate, TemplateEngineMissingError } from "../../../models/chat_template.ts";
 
 function app(f = fakeServices(), opts: Partial<ServingOptions> = {}) {
   const activity = new Activity();
@@ -478,4 +479,26 @@ Deno.test("dashboard: the page, and a feed of snapshots with members, stages, to
   assert.equal(snap.recent[0].completionTokens, 4);
   assert.deepEqual(snap.recent[0].tokens[1], { computeMs: [0.5, 0.25], wireMs: [0.125, 0.0625] });
   assert.ok(snap.tokS > 0, "the tokens just generated count in the live rate");
+});
+
+Deno.test("chat without a template engine installed: 500 naming the package; completions unaffected", async () => {
+  const f = fakeServices();
+  f.services.model.chat = chatTemplate("x", {
+    source: "test",
+    bosToken: "",
+    eosToken: "",
+    engine: () =>
+      Promise.reject(new TemplateEngineMissingError("rendering chat templates needs @huggingface/jinja")),
+  });
+  const { app: a } = app(f);
+  const e = await errorOf(
+    await a.request(
+      "/v1/chat/completions",
+      post({ model: "tiny", messages: [{ role: "user", content: "x" }] }),
+    ),
+    500,
+  );
+  assert.match(e.message, /@huggingface\/jinja/);
+  assert.equal(e.type, "server_error");
+  assert.equal((await a.request("/v1/completions", post({ model: "tiny", prompt: "x" }))).status, 200);
 });
