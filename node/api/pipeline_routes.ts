@@ -53,7 +53,8 @@ export function pipelineRoutes(
   pipeline: () => PipelineNode | undefined,
   opts: PipelineRouteOptions = {},
 ): void {
-  const budget = opts.budget ?? new KvBudget(() => opts.kvTokens ?? planKvTokens(pipeline()?.board.current?.plan));
+  const budget = opts.budget ??
+    new KvBudget(() => opts.kvTokens ?? planKvTokens(pipeline()?.board.current?.plan));
   app.get("/pipeline", async (c) => {
     const p = pipeline();
     if (!p) return c.json({ error: "this node runs no pipeline" }, 404);

@@ -18,12 +18,12 @@ export const DASHBOARD_HTML = `<!doctype html>
   header h1 { margin: 0; font-size: 18px; }
   .big { font-size: 22px; font-weight: 600; }
   .dim { color: var(--dim); }
-  main { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; padding: 16px 20px; }
-  section { background: var(--panel); border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px; min-width: 0; }
+  main { display: grid; grid-template-columns: minmax(0, 1.2fr) minmax(0, 1fr); gap: 16px; padding: 16px 20px; }
+  section { background: var(--panel); border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px; min-width: 0; overflow-x: auto; }
   section.wide { grid-column: 1 / -1; }
   h2 { margin: 0 0 8px; font-size: 14px; text-transform: uppercase; letter-spacing: .04em; color: var(--dim); }
   table { width: 100%; border-collapse: collapse; font-variant-numeric: tabular-nums; }
-  th, td { text-align: left; padding: 4px 8px 4px 0; border-bottom: 1px solid var(--line); white-space: nowrap; }
+  th, td { text-align: left; padding: 4px 8px 4px 0; border-bottom: 1px solid var(--line); white-space: nowrap; max-width: 150px; overflow: hidden; text-overflow: ellipsis; }
   th { color: var(--dim); font-weight: 500; }
   .state-alive { color: var(--ok); } .state-suspect { color: var(--warn); } .state-dead, .state-left { color: var(--bad); }
   #ready.yes { color: var(--ok); } #ready.no { color: var(--warn); }
@@ -80,6 +80,7 @@ function row(cells, cls) {
   cells.forEach((c, i) => {
     const td = document.createElement("td");
     td.textContent = c === undefined || c === null ? "-" : String(c);
+    td.title = td.textContent;
     if (cls && cls[i]) td.className = cls[i];
     tr.appendChild(td);
   });
@@ -104,7 +105,8 @@ function render(s) {
   $("running").textContent = String(s.running);
   $("waiting").textContent = String(s.waiting);
   $("kv").textContent = s.kv.held + " / " + s.kv.budget;
-  fill("members", s.members.map((m) => row(
+  const members = [...s.members].sort((a, b) => (b.id === s.self) - (a.id === s.self));
+  fill("members", members.map((m) => row(
     [(m.id === s.self ? "* " : "") + m.id.slice(0, 12), m.state, m.roles.join(", "), m.adapter || "-",
      m.gpuMemoryBytes ? bytes(m.gpuMemoryBytes) : "-", measured(m)],
     [null, "state-" + m.state])));

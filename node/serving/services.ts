@@ -49,7 +49,9 @@ export interface ServingServices {
 
 /**
  * The services over a running node: `pipeline` is the node's PipelineNode, `readyVersion` the Plan version
- * whose chain was seen ready (undefined while loading), `members` and `self` what /status shows.
+ * whose chain `up` saw ready (undefined while the first one loads), `members` and `self` what /status shows.
+ * When a newer Plan replaces that chain, the server checks the new chain itself (PipelineNode.waitReady) and
+ * serves again once it is ready.
  */
 export function pipelineServing(o: {
   model: ServedModel;
@@ -59,11 +61,23 @@ export function pipelineServing(o: {
   self: () => string;
   members: () => MemberView[];
 }): ServingServices {
+  let verified: number | undefined;
+  let checking: number | undefined;
   const chain = () => {
     const p = o.pipeline();
     const c = p?.chain();
-    const v = o.readyVersion();
-    return p && c && v !== undefined && c.version === v ? { p, c } : undefined;
+    if (!p || !c) return undefined;
+    const first = o.readyVersion();
+    if (first === undefined) return undefined;
+    if (c.version === first || c.version === verified) return { p, c };
+    if (checking !== c.version) {
+      checking = c.version;
+      p.waitReady({ timeoutMs: 600_000 }).then(
+        (ready) => (verified = ready.version),
+        () => (checking = undefined), // checked again at the next request
+      );
+    }
+    return undefined;
   };
   return {
     model: o.model,
