@@ -49,7 +49,16 @@ export function jinjaEngine(): Promise<TemplateEngine> {
     }
     return (source: string) => {
       const t = new mod.Template(source);
-      return (ctx) => t.render(ctx);
+      // raise_exception is the library's own global (declaring it again is an error); what it throws is
+      // the template refusing the messages, as is any other error the template raises on them.
+      return ({ raise_exception: refuse, ...ctx }) => {
+        try {
+          return t.render(ctx);
+        } catch (e) {
+          if (typeof refuse === "function") refuse((e as Error).message);
+          throw e;
+        }
+      };
     };
   })();
   jinja.catch(() => (jinja = undefined)); // try again next time (it may be installed meanwhile)

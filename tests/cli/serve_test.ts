@@ -1,5 +1,6 @@
 // The OpenAI server of `up --peers 2 --model llama3-tiny --http 127.0.0.1:0` with real processes on
-// loopback, through raw HTTP (the shapes the official `openai` client reads): the model is listed; a greedy
+// loopback, through raw HTTP and through the official `openai` client (a dev dependency): the model is
+// listed; a greedy
 // completion gives the text `generate` gives and usage.completion_tokens == max_tokens; streamed deltas add
 // up to the whole answer (completions, and chat when @huggingface/jinja is installed); a malformed request
 // is a 400 in OpenAI's error body; a request cancelled mid-stream leaves 0 active requests and 0 KV bytes
@@ -12,6 +13,7 @@ import { parsePrometheus, sampleValue } from "../support/prometheus_text.ts";
 import { chromiumPath, openPage } from "../support/chromium.ts";
 import { runCli, spawnCli } from "./run.ts";
 import { jinjaEngine } from "../../models/chat_template.ts";
+import OpenAI from "openai";
 
 const tiny = fixtureDir("llama3-tiny", { needs: "tokenizer.json" });
 const hasGpu = await gpuAvailable();
@@ -95,6 +97,34 @@ Deno.test({
         const out = JSON.parse(gen.stdout.trim().split("\n").at(-1)!);
         assert.equal(whole, out.text);
         assert.equal(body.usage.prompt_tokens, out.prompt_tokens);
+      });
+
+      await t.step("the official openai client lists the model and gets the same greedy text", async () => {
+        const client = new OpenAI({ baseURL: base + "/v1", apiKey: "unused-on-loopback" });
+        const models = await client.models.list();
+        assert.deepEqual(models.data.map((m) => m.id), ["llama3-tiny"]);
+        const c = await client.completions.create({
+          model: "llama3-tiny",
+          prompt,
+          max_tokens: 12,
+          temperature: 0,
+        });
+        assert.equal(c.choices[0].text, whole);
+        assert.equal(c.usage?.completion_tokens, 12);
+        let streamed = "";
+        const stream = await client.completions.create({
+          model: "llama3-tiny",
+          prompt,
+          max_tokens: 12,
+          temperature: 0,
+          stream: true,
+        });
+        for await (const chunk of stream) streamed += chunk.choices[0]?.text ?? "";
+        assert.equal(streamed, whole);
+        await assert.rejects(
+          client.completions.create({ model: "llama3-tiny", prompt, max_tokens: 12, n: 2 }),
+          (e) => e instanceof OpenAI.BadRequestError && /\bn\b/.test(e.message),
+        );
       });
 
       await t.step("a streamed completion's deltas add up to the whole answer", async () => {
