@@ -86,7 +86,7 @@ export class StageActor implements Behavior {
     };
   }
 
-  async receive(body: Uint8Array, _ctx: ActorContext): Promise<Uint8Array | void> {
+  receive(body: Uint8Array, _ctx: ActorContext): Uint8Array | void {
     let m: PipeMessage;
     try {
       m = decodePipe(body);
