@@ -137,3 +137,16 @@ function isIpv6(s: string): boolean {
     return false;
   }
 }
+
+/** `--experts local|spread` (needs --local N: where a chain's MoE experts live). */
+export function expertsFlag(
+  v: string | undefined,
+  local: string | undefined,
+): "local" | "spread" | undefined {
+  if (v === undefined) return undefined;
+  if (v !== "local" && v !== "spread") throw new UsageError(`--experts expects local or spread, got "${v}"`);
+  if (local === undefined) {
+    throw new UsageError("--experts needs --local N (experts are placed over a chain's nodes)");
+  }
+  return v;
+}

@@ -1,6 +1,6 @@
 // swactor generate: text (or token ids) in, generated text streamed out.
 import type { Command } from "./command.ts";
-import { numberFlag, parseFlags, UsageError } from "./command.ts";
+import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
 import { generate } from "../models/engine.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
@@ -34,6 +34,9 @@ ${WEIGHTS_HELP}
   --plan FILE           with --local: use this Plan JSON instead of planning (its stage nodes are
                         mapped onto the cluster's nodes in order)
   --wire f16|f32        activations between stages (default f16)
+  --experts local|spread  with --local: MoE experts on their layer's stage (local, the default) or
+                        spread over the nodes (expert parallelism); --json then adds expert_hosts and
+                        fanout (what went to each node per MoE layer)
   --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local or
                         through \`up\`'s chain, every step's compute per stage and every hop on the wire;
                         on one node, the prefill and each decode batch
@@ -59,6 +62,7 @@ export const generateCommand: Command = {
       plan: { type: "string" },
       trace: { type: "string" },
       wire: { type: "string" },
+      experts: { type: "string" },
     }, { allowPositionals: true });
     if (values.plan !== undefined && values.local === undefined) {
       throw new UsageError("--plan needs --local N (a running cluster takes its plan from `up --plan`)");
@@ -108,6 +112,7 @@ export const generateCommand: Command = {
         modelDir,
         plan,
         trace: values.trace,
+        experts: expertsFlag(values.experts, values.local),
       });
     }
     const { state, stale } = await liveState();

@@ -16,6 +16,8 @@ export interface LocalCluster {
   chain: Chain;
   /** Process ids of the worker processes, in the order they were started. */
   workers: number[];
+  /** Node id -> process id, for the workers that said who they are. */
+  workerIds: Map<string, number>;
   close(): Promise<void>;
 }
 
@@ -23,6 +25,8 @@ export interface LocalClusterOptions {
   modelDir: string;
   weights: string;
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
+  /** Where MoE experts live (publishPlan's `experts`). */
+  experts?: "local" | "spread";
   signal?: AbortSignal;
   /** Progress lines (default: stderr). */
   log?: (msg: string) => void;
@@ -35,6 +39,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
   const pipeline = attachPipeline(node);
   const children: Deno.ChildProcess[] = [];
   const stderrTail: string[] = [];
+  const workerIds = new Map<string, number>();
   const debug = Deno.env.get("SWACTOR_DEBUG") === "1";
   let closed = false;
   const close = async () => {
@@ -50,6 +55,8 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
       const child = spawnWorker(ticket);
       children.push(child);
       collect(child.stderr, (line) => {
+        const id = /^id: (\S+)$/.exec(line);
+        if (id) workerIds.set(id[1], child.pid);
         if (debug) console.error(`[worker ${i}] ${line}`);
         stderrTail.push(`[worker ${i}] ${line}`);
         if (stderrTail.length > 40) stderrTail.shift();
@@ -61,6 +68,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
       weights: opts.weights,
       members: n,
       plan: opts.plan,
+      experts: opts.experts,
       signal: opts.signal,
     });
     const stages = assignment.plan.stages.map((s) =>
@@ -68,7 +76,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
     );
     log(`plan v${assignment.version}: ${stages.length} stage(s) ${stages.join(" ")}; loading`);
     const chain = await pipeline.waitReady({ signal: opts.signal });
-    return { node, pipeline, assignment, chain, workers: children.map((c) => c.pid), close };
+    return { node, pipeline, assignment, chain, workers: children.map((c) => c.pid), workerIds, close };
   } catch (e) {
     await close();
     if (stderrTail.length && !debug) console.error(stderrTail.join("\n"));

@@ -1,7 +1,7 @@
 // swactor logits: teacher-forced logits of a token sequence, written as safetensors (for comparing
 // with reference outputs).
 import type { Command } from "./command.ts";
-import { numberFlag, parseFlags, UsageError } from "./command.ts";
+import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { checkPrompt, logitsLocal, writeLogits } from "./pipeline_generate.ts";
 import { checkOutputPath } from "./output_file.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
@@ -19,6 +19,7 @@ Options:
 ${WEIGHTS_HELP}
   --local N             run on an ephemeral cluster of N node processes on this machine
   --wire f16|f32        activations between stages with --local (default f32 here: exact)
+  --experts local|spread  with --local: MoE experts on their layer's stage, or spread over the nodes
   -h, --help            this help`;
 
 export const logitsCommand: Command = {
@@ -33,6 +34,7 @@ export const logitsCommand: Command = {
       weights: { type: "string" },
       local: { type: "string" },
       wire: { type: "string" },
+      experts: { type: "string" },
     });
     if (!values.model) throw new UsageError("--model DIR is required");
     if (!values.tokens) throw new UsageError("--tokens is required");
@@ -50,6 +52,7 @@ export const logitsCommand: Command = {
         ids: tokens,
         out: values.out,
         wire: (values.wire ?? "f32") as "f16" | "f32",
+        experts: expertsFlag(values.experts, values.local),
       });
     }
     const { engine } = await loadModel(values.model, {

@@ -11,6 +11,7 @@ import { addressFlag, UsageError } from "./command.ts";
 import { dialTableFromEnv } from "./dial_table.ts";
 import { onStopSignal } from "./signals.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
+import type { KvBudget } from "../node/api/kv_budget.ts";
 
 /** How long leaving the cluster may take before the process exits anyway (the others then see it dead). */
 export const LEAVE_TIMEOUT_MS = 3000;
@@ -29,6 +30,8 @@ export interface NodeProcessOptions {
   plan?: unknown;
   /** The node's pipeline, once attached (served by the control API). */
   pipeline?: () => PipelineNode | undefined;
+  /** The node's KV budget, when another server (the OpenAI API) admits requests against it too. */
+  budget?: KvBudget;
   /** Resolves when the process that started this node is gone (a worker's stdin ended): leave then. */
   parentGone?: Promise<void>;
   /**
@@ -90,7 +93,7 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
     api = serveApi(
       createApp(
         nodeServices(node, { plan: opts.plan, down: () => stop("down"), pipeline: opts.pipeline }),
-        { token },
+        { token, budget: opts.budget },
       ),
       apiAddr,
     );

@@ -7,6 +7,7 @@ import { loadTokenizer, StreamDecoder, type TextTokenizer } from "../models/toke
 import { writeSafetensors } from "../models/safetensors.ts";
 import {
   chromeTrace,
+  type HopTrace,
   meanTimings,
   type Sampling,
   type TokenEvent,
@@ -14,6 +15,7 @@ import {
 } from "../node/stage/mod.ts";
 import { apiError, apiFetch, type ApiTarget, readGenerateLines } from "../node/api/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
+import { expertReport } from "../node/stage/experts.ts";
 import { UsageError } from "./command.ts";
 import { onStopSignal } from "./signals.ts";
 import { writeJsonOutput, writeOutput } from "./output_file.ts";
@@ -30,6 +32,8 @@ export interface ChainGenerateOptions {
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
   /** Write the per-token, per-hop trace (Chrome trace-event JSON) here. */
   trace?: string;
+  /** Where MoE experts live: on their layer's stage (default) or spread over the nodes. */
+  experts?: "local" | "spread";
 }
 
 interface Prepared {
@@ -100,7 +104,7 @@ function report(
   o: ChainGenerateOptions,
   r: {
     tokens: number[];
-    events: { timings: TokenTimings }[];
+    events: { timings: TokenTimings; trace: HopTrace[] }[];
     stopReason: string;
     tokS: number;
     firstTokenMs: number;
@@ -108,6 +112,7 @@ function report(
   chain: { stages: unknown[]; nodes: number },
 ): void {
   const mean = meanTimings(r.events.slice(1).map((e) => e.timings));
+  const experts = expertReport(r.events.map((e) => e.trace));
   if (o.json) {
     console.log(JSON.stringify({
       tokens: r.tokens,
@@ -121,6 +126,7 @@ function report(
       wire: o.wire,
       nodes: chain.nodes,
       stages: chain.stages,
+      ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout } : {}),
       timings: {
         mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
         per_token: r.events.map((e) => ({
@@ -174,6 +180,7 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
       modelDir: o.modelDir,
       weights: o.weights,
       plan: o.plan,
+      experts: o.experts,
       signal: abort.signal,
     });
     try {
@@ -296,6 +303,7 @@ export async function logitsLocal(
     out: string;
     wire: "f16" | "f32";
     plan?: ChainGenerateOptions["plan"];
+    experts?: ChainGenerateOptions["experts"];
   },
 ): Promise<number> {
   const p = await prepare({ modelDir: o.modelDir, ids: o.ids, tokenizer: false });
@@ -310,6 +318,7 @@ export async function logitsLocal(
       modelDir: o.modelDir,
       weights: o.weights,
       plan: o.plan,
+      experts: o.experts,
       signal: abort.signal,
     });
     try {

@@ -2,11 +2,16 @@
 // (The leader's plan publication is node/stage/publish.ts.)
 import type { SwactorNode } from "../node/node.ts";
 import { PipelineNode } from "../node/stage/mod.ts";
-import { loadStage } from "../models/engine.ts";
+import { loadExpertHost, loadStage } from "../models/engine.ts";
 
 export function attachPipeline(
   node: SwactorNode,
   opts: { modelDir?: string; stallMs?: number } = {},
 ): PipelineNode {
-  return new PipelineNode(node, { loader: loadStage, modelDir: opts.modelDir, stallMs: opts.stallMs });
+  return new PipelineNode(node, {
+    loader: loadStage,
+    expertLoader: loadExpertHost,
+    modelDir: opts.modelDir,
+    stallMs: opts.stallMs,
+  });
 }

@@ -10,6 +10,9 @@ import { type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { spawnWorker, stopWorkers } from "./workers.ts";
 import { readPlanFile } from "./plan_file.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
+import { KvBudget, planKvTokens } from "../node/api/kv_budget.ts";
+import { type ApiServer, type MemberView, nodeServices } from "../node/api/mod.ts";
+import { servedModel, SERVING_HELP, servingPlan, startServing } from "./serving.ts";
 
 export const up: Command = {
   name: "up",
@@ -17,6 +20,7 @@ export const up: Command = {
   usage:
     `Usage: swactor up [--peers N] [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
                   [--model DIR] [--plan FILE] [--weights f32|f16|q8|q4]
+                  [--http HOST:PORT|off] [--api-key KEY] [--insecure] [--parallel N] [--queue N]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
 stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then leaves gracefully.
@@ -31,7 +35,8 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
                        \`generate\` on this machine then uses the cluster; \`status\` shows each stage
   --plan FILE          with --model: use this Plan JSON instead of planning (its stage nodes are mapped
                        onto the members in order); without --model it is only shown by \`status\`
-  --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)`,
+  --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)
+${SERVING_HELP}`,
   async run(argv) {
     const { values } = parseFlags(argv, {
       peers: { type: "string" },
@@ -42,12 +47,19 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
       model: { type: "string" },
       plan: { type: "string" },
       weights: { type: "string" },
+      http: { type: "string" },
+      "api-key": { type: "string" },
+      insecure: { type: "boolean" },
+      parallel: { type: "string" },
+      queue: { type: "string" },
     });
     const weights = parseWeights(values.weights);
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
+    const serving = servingPlan(values, values.model !== undefined);
     // The checkpoint is checked before any node starts: a bad one exits 2 with nothing left running.
-    if (values.model !== undefined) await Checkpoint.open(resolve(values.model));
+    const ckpt = values.model === undefined ? undefined : await Checkpoint.open(resolve(values.model));
+    const served = ckpt && serving.addr !== undefined ? await servedModel(values.model!, ckpt) : undefined;
     const plan = values.plan === undefined ? undefined : await readPlanFile(values.plan, {
       modelDir: values.model,
       nodes: values.model ? peers : undefined,
@@ -67,7 +79,21 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
     }
     const secret = newSecret();
     const workers: Deno.ChildProcess[] = [];
+    // One KV budget for the node: the control API's POST /generate and the OpenAI server admit against it.
+    const budget = new KvBudget(() => planKvTokens(pipeline?.board.current?.plan));
+    let readyVersion: number | undefined;
+    let view: { self(): string; members(): MemberView[] } | undefined;
+    let http: ApiServer | undefined;
     try {
+      // Bound before any node starts: a bad or busy --http exits 2 with nothing left running.
+      http = served && startServing(serving, {
+        model: served,
+        budget,
+        pipeline: () => pipeline,
+        readyVersion: () => readyVersion,
+        self: () => view?.self() ?? "",
+        members: () => view?.members() ?? [],
+      });
       return await runNodeProcess({
         secret,
         listen: values.listen,
@@ -76,8 +102,10 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
         membership: values.membership,
         plan: values.model ? undefined : plan,
         pipeline: () => pipeline,
+        budget,
         async ready(node, api, signal) {
           pipeline = attachPipeline(node);
+          view = nodeServices(node, { down: () => {}, pipeline: () => pipeline });
           node.actors.spawn("leader", { receive: () => {} });
           const ticket = encodeTicket({ secret, leader: node.transport.self });
           await writeState({
@@ -91,6 +119,7 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
           console.log(`ticket: ${ticket}`);
           console.error(`api: ${api.addr}`);
           console.error(`id: ${node.membership.id}`);
+          if (http) console.error(`http: http://${http.addr} (OpenAI API at /v1, dashboard at /, /metrics)`);
           const args = values.membership ? ["--membership", values.membership] : [];
           for (let i = 1; i < peers; i++) workers.push(spawnWorker(ticket, { args, stderr: "inherit" }));
           if (values.model) {
@@ -103,17 +132,20 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
             });
             console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);
             const chain = await pipeline.waitReady({ signal });
+            readyVersion = chain.version;
             console.error(
               `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)}`,
             );
           }
         },
         async cleanup() {
+          await http?.close();
           await pipeline?.close();
           await stopWorkers(workers);
         },
       });
     } finally {
+      await http?.close();
       await clearState(Deno.pid);
     }
   },

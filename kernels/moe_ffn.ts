@@ -37,6 +37,11 @@ export interface MoeFfnDims {
    * of a GEMV per token and slot. Default: T > GEMV_MAX_T (prefill).
    */
   grouped?: boolean;
+  /**
+   * false: only the router (ids and weights left in the scratch) and the shared expert; the routed experts
+   * run elsewhere (expert parallelism: models/experts.ts) and their sum is added into y later. Default true.
+   */
+  routed?: boolean;
 }
 
 /** Activations of a MoE block for up to T tokens (one set can serve every layer of a sequence). */
@@ -89,9 +94,9 @@ export interface MoeFfnBuffers {
   /** Router weight [E, H] (the `gate` linear); bias: e_score_correction_bias, f32 [E]. */
   router: GPUBuffer;
   bias?: GPUBuffer;
-  /** Expert stacks: [E, 2I, H] and [E, H, I]. */
-  gateUp: GPUBuffer;
-  down: GPUBuffer;
+  /** Expert stacks: [E, 2I, H] and [E, H, I] (absent with `routed: false`). */
+  gateUp?: GPUBuffer;
+  down?: GPUBuffer;
   /** Shared expert: [2Is, H] (gate rows, then up rows) and [H, Is]. */
   sharedGateUp?: GPUBuffer;
   sharedDown?: GPUBuffer;
@@ -120,7 +125,11 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
       T,
     }),
   ];
-  if (d.grouped ?? T > GEMV_MAX_T) {
+  if (d.routed === false) {
+    // the routed experts run elsewhere: nothing more here
+  } else if (!b.gateUp || !b.down) {
+    throw new TypeError("routed experts need the gateUp and down stacks");
+  } else if (d.grouped ?? T > GEMV_MAX_T) {
     const { order, tiles } = s;
     calls.push(
       moeGroupCall(gpu, { ids: s.ids, order, tiles }, experts),

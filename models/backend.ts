@@ -4,6 +4,28 @@
 // for every family, and node/stage/fake_backend.ts implements it with plain integer arithmetic for the
 // node tests. models/ does not import node/; node/ imports this file.
 
+import type { ExpertFanout, ExpertInput } from "./experts.ts";
+
+export type { ExpertFanout, ExpertInput };
+
+/** Routed experts held on this node for other nodes' stages (expert parallelism): models/experts.ts. */
+export interface ExpertService {
+  /** The model's hidden size (rows of the activations it takes and returns). */
+  readonly hidden: number;
+  /** Layer -> the expert ids held (ascending). */
+  held(): Map<number, number[]>;
+  /** The weighted sum of the chosen experts held here, [T, H]. */
+  compute(layer: number, input: ExpertInput): Promise<Float32Array>;
+  readonly weightBytes: number;
+  close(): void;
+}
+
+/** Loads the experts a node holds (what the Plan gives it). */
+export type ExpertLoader = (
+  hold: Map<number, number[]>,
+  opts: { model: ModelRef },
+) => Promise<ExpertService>;
+
 /** What one stage of the chain computes (from the Plan). */
 export interface StageRole {
   /** Position in the chain, 0-based. */
@@ -109,7 +131,15 @@ export interface StageBackend {
 /** Loads the backend for a role; what a node is given to run stages of some model family. */
 export type StageLoader = (
   role: StageRole,
-  opts: { model: ModelRef; onProgress?: (done: number, total: number) => void },
+  opts: {
+    model: ModelRef;
+    onProgress?: (done: number, total: number) => void;
+    /**
+     * Expert parallelism: the MoE layers of this role whose routed experts are held by expert hosts, and
+     * how to run them there (one call per layer and step; the node sends to the hosts).
+     */
+    experts?: { remote: number[]; fanout: ExpertFanout };
+  },
 ) => Promise<StageBackend>;
 
 /** Which model the chain runs and how (travels with the Plan). */

@@ -18,6 +18,7 @@
 // for the GPU and yields to the event loop, so a long prompt never holds the process (its membership,
 // its control API, Ctrl-C) for longer than one chunk's GPU time.
 import type {
+  ExpertLoader,
   LoopOptions,
   LoopResult,
   ModelFacts,
@@ -46,6 +47,7 @@ import {
 import { Checkpoint } from "./checkpoint.ts";
 import { RequestError } from "./errors.ts";
 import { type LoadOptions, Model, type Sequence, type WeightsOption } from "./model.ts";
+import { type ExpertFanout, ExpertHost } from "./experts.ts";
 
 /**
  * Readbacks in flight at once. With early reads (kernels/readback.ts) each is done as its map call returns;
@@ -128,7 +130,14 @@ export class Engine implements StageBackend {
   #open = new Map<string, Open>();
   #next = 0;
 
-  constructor(readonly role: StageRole, readonly weights: Model) {
+  #fanout: ExpertFanout | undefined;
+
+  /** `opts.fanout` runs the remote experts of the model's split layers (Model.load's remoteExperts). */
+  constructor(readonly role: StageRole, readonly weights: Model, opts: { fanout?: ExpertFanout } = {}) {
+    this.#fanout = opts.fanout;
+    if (weights.part.remoteExperts?.size && !opts.fanout) {
+      throw new TypeError("a model part with remote experts needs a fanout to run them");
+    }
     const c = weights.config;
     this.model = {
       hidden: c.hiddenSize,
@@ -176,7 +185,8 @@ export class Engine implements StageBackend {
       writeBytes(gpu, seq.x, 0, input.hidden);
     }
     writeStep(gpu, seq.step, { pos0, T, tokOut: pos0 + T });
-    submit(gpu, seq.program(T, output));
+    if (this.weights.part.remoteExperts?.size) await this.#runSegments(id, seq, T, output);
+    else submit(gpu, seq.program(T, output));
     if (output === "hidden") return { hidden: new Float32Array(await readBack(gpu, seq.x, T * H * 4)) };
     if (output === "sample") {
       const token = new Uint32Array(await readBack(gpu, seq.tokens, 4, (pos0 + T) * 4))[0];
@@ -184,6 +194,65 @@ export class Engine implements StageBackend {
       return { token };
     }
     return { logits: new Float32Array(await readBack(gpu, seq.logits!, T * this.model.vocab * 4)) };
+  }
+
+  /**
+   * A step of a part whose MoE layers' routed experts are remote: run each segment; at a split layer read
+   * back the layer's normalised input and the router's choice, have the experts run where they are held
+   * (the fanout: one message per host), and write their sum where the next segment adds it in.
+   */
+  async #runSegments(id: string, seq: Sequence, T: number, output: StageInput["output"]): Promise<void> {
+    const gpu = this.gpu;
+    const H = this.model.hidden;
+    for (const s of seq.segments(T, output)) {
+      submit(gpu, s.calls);
+      if (s.split === undefined) continue;
+      const ffn = this.weights.config.layer(s.split).ffn;
+      if (ffn.kind !== "moe") throw new Error(`layer ${s.split} is split but has no experts`);
+      const k = ffn.routing.topK;
+      const r = seq.routing!;
+      const xn = new Float32Array(await readBack(gpu, seq.normed, T * H * 4));
+      const ids = new Uint32Array(await readBack(gpu, r.ids, T * k * 4));
+      const weights = new Float32Array(await readBack(gpu, r.weights, T * k * 4));
+      const sum = await this.#fanout!(s.split, { request: id, T, xn, ids, weights });
+      if (sum.length !== T * H) {
+        throw new Error(`layer ${s.split}: the experts returned ${sum.length} values`);
+      }
+      writeBytes(gpu, seq.expertSum!, 0, sum);
+    }
+  }
+
+  /** Decodes one token a step: for a part whose experts are remote (no GPU-resident loop then). */
+  async #stepLoop(
+    id: string,
+    prompt: readonly number[],
+    opts: LoopOptions & Omit<GenerateOptions, "eosTokenIds">,
+    signal: AbortSignal,
+  ): Promise<GenerateResult> {
+    const { seq } = this.#get(id);
+    const P = prompt.length;
+    const t0 = performance.now();
+    let token = -1;
+    for (let pos0 = 0; pos0 < P; pos0 += seq.maxChunk) {
+      if (signal.aborted) return this.#result([], "aborted", P, t0, t0, t0, seq);
+      const T = Math.min(seq.maxChunk, P - pos0);
+      const last = pos0 + T >= P;
+      const tokens = Uint32Array.from(prompt.slice(pos0, pos0 + T));
+      const r = await this.run(id, { pos0, T, tokens, output: last ? "sample" : "hidden" });
+      if (last) token = r.token!;
+    }
+    const out = [token];
+    const firstAt = performance.now();
+    opts.onTokens?.([token]);
+    const eos = new Set(opts.eos);
+    while (out.length < opts.maxTokens && !eos.has(token)) {
+      if (signal.aborted) return this.#result(out, "aborted", P, t0, firstAt, performance.now(), seq);
+      const pos0 = P + out.length - 1;
+      token = (await this.run(id, { pos0, T: 1, tokens: Uint32Array.of(token), output: "sample" })).token!;
+      out.push(token);
+      opts.onTokens?.([token]);
+    }
+    return this.#result(out, eos.has(token) ? "eos" : "max_tokens", P, t0, firstAt, performance.now(), seq);
   }
 
   /**
@@ -212,6 +281,7 @@ export class Engine implements StageBackend {
         `prompt (${P}) + max tokens (${opts.maxTokens}) exceeds the request's ${seq.maxSeq} positions`,
       );
     }
+    if (this.weights.part.remoteExperts?.size) return await this.#stepLoop(id, prompt, opts, signal);
     const eos = new Set(opts.eos);
     const maxBatch = opts.maxBatch ?? 16;
     const vocab = this.model.vocab;
@@ -359,16 +429,13 @@ export class Engine implements StageBackend {
     const id = `logits-${this.#next++}`;
     this.open(id, { maxSeq: tokens.length, sampling: { temperature: 0, topP: 1, seed: 0 } });
     const { seq } = this.#get(id);
-    const gpu = this.gpu;
     try {
       const out = new Float32Array(tokens.length * V);
-      writeBytes(gpu, seq.tokens, 0, Uint32Array.from(tokens));
       for (let pos0 = 0; pos0 < tokens.length; pos0 += seq.maxChunk) {
         opts.signal?.throwIfAborted();
         const T = Math.min(seq.maxChunk, tokens.length - pos0);
-        writeStep(gpu, seq.step, { pos0, T, tokOut: tokens.length });
-        submit(gpu, seq.program(T, "logits"));
-        out.set(new Float32Array(await readBack(gpu, seq.logits!, T * V * 4)), pos0 * V);
+        const step = Uint32Array.from(tokens.slice(pos0, pos0 + T));
+        out.set((await this.run(id, { pos0, T, tokens: step, output: "logits" })).logits!, pos0 * V);
         await yieldToEventLoop();
       }
       return out;
@@ -445,10 +512,21 @@ export function weightsOption(v: string | undefined): WeightsOption | undefined 
   throw new RequestError(`weights must be auto, f32, f16, q8 or q4, got "${v}"`);
 }
 
+/** The ExpertLoader: reads the held experts of each layer onto this process's GPU. */
+export const loadExpertHost: ExpertLoader = async (hold, opts) =>
+  await ExpertHost.load(await getGpu(), await Checkpoint.open(opts.model.dir), hold, {
+    weights: weightsOption(opts.model.weights),
+  });
+
 /** Opens a checkpoint and loads `role`'s part of it onto this process's GPU. */
 export async function loadEngine(
   dir: string,
-  opts: Omit<LoadOptions, "layers" | "embed" | "head"> & { role?: StageRole; gpu?: Gpu } = {},
+  opts: Omit<LoadOptions, "layers" | "embed" | "head"> & {
+    role?: StageRole;
+    gpu?: Gpu;
+    /** Runs the routed experts of `remoteExperts` layers where they are held. */
+    fanout?: ExpertFanout;
+  } = {},
 ): Promise<Engine> {
   const ckpt = await Checkpoint.open(dir);
   const role = opts.role ?? wholeModel(ckpt.config.numLayers);
@@ -458,8 +536,9 @@ export async function loadEngine(
     embed: role.embeds,
     head: role.head,
     onProgress: opts.onProgress,
+    remoteExperts: opts.remoteExperts,
   });
-  return new Engine(role, model);
+  return new Engine(role, model, { fanout: opts.fanout });
 }
 
 /** The StageLoader for every family: reads only the role's tensors onto this process's GPU. */
@@ -468,4 +547,6 @@ export const loadStage: StageLoader = (role, opts) =>
     role,
     weights: weightsOption(opts.model.weights),
     onProgress: opts.onProgress,
+    remoteExperts: opts.experts?.remote,
+    fanout: opts.experts?.fanout,
   });

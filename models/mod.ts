@@ -40,12 +40,14 @@ export {
   type GenerateOptions,
   type GenerateResult,
   loadEngine,
+  loadExpertHost,
   loadStage,
   NonFiniteLogitsError,
   weightsOption,
   wholeModel,
 } from "./engine.ts";
 export type * from "./backend.ts";
+export { ExpertHost } from "./experts.ts";
 export {
   LLAMA3_BOS_TOKEN_ID,
   LLAMA3_VOCAB_SIZE,

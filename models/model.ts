@@ -16,6 +16,7 @@ import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
 import { CheckpointError, RequestError } from "./errors.ts";
 import { type ModelPart, tensorShapes } from "./tensors.ts";
 import {
+  biasAddCall,
   createStepBuffer,
   embedCall,
   GEMV_MAX_T,
@@ -76,6 +77,11 @@ export interface LoadOptions {
   head?: boolean;
   /** Called after each tensor is on the GPU, with bytes read so far and in all. */
   onProgress?: (done: number, total: number) => void;
+  /**
+   * MoE layers (in this part) whose routed experts are held by expert hosts (models/experts.ts) instead of
+   * here: the step stops after such a layer's router, and the engine adds the hosts' sum. Default: none.
+   */
+  remoteExperts?: readonly number[];
 }
 
 /** The default weight storage on this GPU: f16 where shader-f16 exists, else f32. */
@@ -169,6 +175,7 @@ export class Model {
       layers,
       embed: opts.embed ?? layers[0] === 0,
       head: opts.head ?? layers[1] === c.numLayers,
+      remoteExperts: new Set(opts.remoteExperts ?? []),
     };
     const wanted = tensorShapes(c, part);
     let total = 0;
@@ -251,7 +258,7 @@ export class Model {
       const p = layerPrefix(i);
       lw.push({
         attention: await loadAttention(ctx, loaders, spec.attention, H, p),
-        ffn: await loadFfn(loaders, spec.ffn, H, p),
+        ffn: await loadFfn(loaders, spec.ffn, H, p, !part.remoteExperts!.has(i)),
       });
     }
     const finalNorm = part.head ? await read(["model.norm.weight"]) : null;
@@ -286,6 +293,12 @@ export class Model {
 /** What a program ends with: nothing (hidden state stays in `x`), sampled token, or logits of every row. */
 export type ProgramOutput = "hidden" | "sample" | "logits";
 
+/** Part of a step: its kernel calls, and the MoE layer whose remote experts run after it (if any). */
+export interface Segment {
+  calls: KernelCall[];
+  split?: number;
+}
+
 /** One request's state on one part: KV cache, activations, the token buffer, and cached programs. */
 export class Sequence {
   readonly maxSeq: number;
@@ -307,7 +320,8 @@ export class Sequence {
   private readonly scratch: Record<string, GPUBuffer> = {};
   private readonly moe: ReturnType<typeof moeScratch> | undefined;
   private readonly ropeTable: GPUBuffer;
-  private readonly programs = new Map<string, KernelCall[]>();
+  private readonly programs = new Map<string, Segment[]>();
+  #expertSum: GPUBuffer | undefined;
   private destroyed = false;
 
   constructor(
@@ -340,10 +354,10 @@ export class Sequence {
     const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
     const moeRow = moe ? moe.routing.topK * Math.max(2 * moe.intermediate, H) : 1;
     const rowBytes = Math.max(model.hasHead ? V : 1, H, moeRow, ...Object.values(widths)) * 4;
-    this.maxChunk = Math.max(
-      1,
-      Math.min(opts.maxChunk ?? 128, opts.maxSeq, Math.floor(maxBinding / rowBytes)),
-    );
+    // A chunk bounds how long one submit holds the GPU (and, in Deno, this thread: docs/DENO_WEBGPU.md); a
+    // software adapter computes on the CPU, so its chunks are smaller.
+    const chunk = opts.maxChunk ?? (gpu.isSoftware ? 32 : 128);
+    this.maxChunk = Math.max(1, Math.min(chunk, opts.maxSeq, Math.floor(maxBinding / rowBytes)));
     const C = this.maxChunk;
     const buf = (bytes: number, label: string) => {
       const b = storageBuffer(gpu, bytes, label);
@@ -358,6 +372,7 @@ export class Sequence {
     this.logits = model.hasHead ? buf(C * V * 4, "logits") : null;
     if (moe) {
       this.moe = moeScratch(model.context, moe, H, C);
+      if (model.part.remoteExperts?.size) this.#expertSum = buf(C * H * 4, "expert sum");
       this.buffers.push(...moeScratchBuffers(this.moe));
     }
     let kvBytes = 0;
@@ -381,17 +396,32 @@ export class Sequence {
   /**
    * The kernel calls for a step of T tokens (built once per (T, output) and reused), ending as `output`
    * says: "sample" writes the next token into `tokens`; "logits" fills `logits` for all T rows;
-   * "hidden" leaves the hidden state in `x` for the next stage.
+   * "hidden" leaves the hidden state in `x` for the next stage. A part with remote experts runs its steps
+   * in segments instead (`segments`).
    */
   program(T: number, output: ProgramOutput, opts: { embed?: boolean } = {}): KernelCall[] {
+    const segments = this.segments(T, output, opts);
+    if (segments.length > 1) throw new Error("this part's experts are remote: run its steps by segments");
+    return segments[0].calls;
+  }
+
+  /**
+   * A step as segments: each ends either the step or at a MoE layer whose routed experts are remote
+   * (`split`: the layer). Then `xn` holds the layer's normalised input and the MoE scratch its router's ids
+   * and weights; the caller writes the experts' sum into `expertSum` [T, H], and the next segment adds it
+   * into the residual stream first.
+   */
+  segments(T: number, output: ProgramOutput, opts: { embed?: boolean } = {}): Segment[] {
     if (this.destroyed) throw new Error("sequence was released");
     if (!(T >= 1 && T <= this.maxChunk)) {
       throw new RangeError(`step of ${T} tokens; at most ${this.maxChunk}`);
     }
     const embed = opts.embed ?? this.model.hasEmbed;
     const key = `${T}/${output}/${embed}`;
-    let calls = this.programs.get(key);
-    if (calls) return calls;
+    const cached = this.programs.get(key);
+    if (cached) return cached;
+    const segments: Segment[] = [];
+    let calls: KernelCall[];
     const m = this.model;
     const { gpu, config: c, normType } = m;
     const ctx = m.context;
@@ -399,6 +429,7 @@ export class Sequence {
     const { step, x, tokens, xn } = this;
     const H = c.hiddenSize, V = c.vocabSize;
     calls = [];
+    segments.push({ calls });
     if (embed) {
       if (!m.embedTable) throw new Error("this stage has no embedding");
       calls.push(embedCall(gpu, { step, tokens, table: m.embedTable, x }, {
@@ -426,10 +457,16 @@ export class Sequence {
       if (spec.ffn.kind === "mlp") ks.push(spec.ffn.intermediate);
       const fused = T <= GEMV_MAX_T && ks.every(gemvFusedFits);
       const d = { hidden: H, T, fused };
-      calls!.push(
+      calls.push(
         ...attentionProgram(ctx, spec.attention, l.attention, this.caches[i], bufs, d),
         ...ffnProgram(ctx, spec.ffn, l.ffn, bufs, d),
       );
+      const layer = m.part.layers[0] + i;
+      if (m.part.remoteExperts?.has(layer)) {
+        segments.at(-1)!.split = layer;
+        calls = [biasAddCall(gpu, { b: this.expertSum!, y: x }, { N: T * H, T: 1 })];
+        segments.push({ calls });
+      }
     });
     if (output !== "hidden") {
       const { finalNorm, lmHead } = m;
@@ -460,8 +497,23 @@ export class Sequence {
         );
       }
     }
-    this.programs.set(key, calls);
-    return calls;
+    this.programs.set(key, segments);
+    return segments;
+  }
+
+  /** The routed experts' sum of a split layer, [maxChunk, H] (parts with remote experts only). */
+  get expertSum(): GPUBuffer | undefined {
+    return this.#expertSum;
+  }
+
+  /** The MoE router's output of the last split layer: ids [T, k] (u32) and weights [T, k] (f32). */
+  get routing(): { ids: GPUBuffer; weights: GPUBuffer } | undefined {
+    return this.moe && { ids: this.moe.ids, weights: this.moe.routeWeights };
+  }
+
+  /** The normalised input of the last split layer, [T, H]. */
+  get normed(): GPUBuffer {
+    return this.xn;
   }
 
   /** Frees the KV cache and working buffers (teardown). Safe to call twice. */
@@ -469,7 +521,9 @@ export class Sequence {
     if (this.destroyed) return;
     this.destroyed = true;
     for (const b of this.buffers) b.destroy();
-    for (const calls of this.programs.values()) releaseCalls(calls, this.step);
+    for (const segments of this.programs.values()) {
+      for (const s of segments) releaseCalls(s.calls, this.step);
+    }
     this.step.destroy();
     this.programs.clear();
   }

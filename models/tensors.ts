@@ -41,8 +41,8 @@ export function attentionTensors(a: AttentionSpec, hidden: number, p: string): [
 }
 
 /** The feed-forward block's tensors. */
-export function ffnTensors(f: FfnSpec, hidden: number, p: string): [string, number[]][] {
-  if (f.kind === "moe") return moeTensors(f, hidden, p);
+export function ffnTensors(f: FfnSpec, hidden: number, p: string, routed = true): [string, number[]][] {
+  if (f.kind === "moe") return moeTensors(f, hidden, p, routed);
   return [
     [p + "mlp.gate_proj.weight", [f.intermediate, hidden]],
     [p + "mlp.up_proj.weight", [f.intermediate, hidden]],
@@ -50,15 +50,15 @@ export function ffnTensors(f: FfnSpec, hidden: number, p: string): [string, numb
   ];
 }
 
-/** Layer i's tensors, in the order transformers writes them. */
-export function layerTensors(c: ModelConfig, i: number): [string, number[]][] {
+/** Layer i's tensors, in the order transformers writes them (without routed experts if not `routed`). */
+export function layerTensors(c: ModelConfig, i: number, routed = true): [string, number[]][] {
   const p = layerPrefix(i);
   const spec = c.layer(i);
   return [
     [p + "input_layernorm.weight", [c.hiddenSize]],
     ...attentionTensors(spec.attention, c.hiddenSize, p),
     [p + "post_attention_layernorm.weight", [c.hiddenSize]],
-    ...ffnTensors(spec.ffn, c.hiddenSize, p),
+    ...ffnTensors(spec.ffn, c.hiddenSize, p, routed),
   ];
 }
 
@@ -67,6 +67,8 @@ export interface ModelPart {
   layers: [number, number];
   embed: boolean;
   head: boolean;
+  /** MoE layers whose routed experts are held by expert hosts, not here (expert parallelism). */
+  remoteExperts?: ReadonlySet<number>;
 }
 
 /**
@@ -78,7 +80,9 @@ export function tensorShapes(c: ModelConfig, part?: ModelPart): Map<string, numb
   const v = c.vocabSize, h = c.hiddenSize;
   const shapes = new Map<string, number[]>();
   if (embed || (head && c.tieWordEmbeddings)) shapes.set("model.embed_tokens.weight", [v, h]);
-  for (let i = layers[0]; i < layers[1]; i++) for (const [n, s] of layerTensors(c, i)) shapes.set(n, s);
+  for (let i = layers[0]; i < layers[1]; i++) {
+    for (const [n, s] of layerTensors(c, i, !part?.remoteExperts?.has(i))) shapes.set(n, s);
+  }
   if (head) {
     shapes.set("model.norm.weight", [h]);
     if (!c.tieWordEmbeddings) shapes.set("lm_head.weight", [v, h]);

@@ -9,8 +9,11 @@ import { readJsonFile } from "./config.ts";
 import { CheckpointError } from "./errors.ts";
 
 export interface TextTokenizer {
-  /** Token ids of `text`, with BOS added as transformers adds it for this model. */
-  encode(text: string): number[];
+  /**
+   * Token ids of `text`, with BOS added as transformers adds it for this model; `{special: false}` adds
+   * none (text a chat template rendered, which writes its own BOS), as `add_special_tokens=False` does.
+   */
+  encode(text: string, opts?: { special?: boolean }): number[];
   /** Text of `ids`, special tokens (BOS, EOS, ...) left out, no whitespace clean-up. */
   decode(ids: number[]): string;
   /** Where the vocabulary came from, for logs: a tokenizer.json path or the built-in Llama 3. */
@@ -72,7 +75,8 @@ async function loadHfTokenizer(dir: string, config: ModelConfig): Promise<TextTo
   const vocabSize = tok.get_vocab(true).size;
   return {
     source: path,
-    encode(text: string): number[] {
+    encode(text: string, opts = {}): number[] {
+      if (opts.special === false) return tok.encode(text, { add_special_tokens: false }).ids;
       const ids = tok.encode(text).ids;
       if (bosId === null || addBos === null) return ids;
       if (addBos && ids[0] !== bosId) return [bosId, ...ids];
@@ -103,7 +107,7 @@ export function loadLlama3Tokenizer(): Promise<TextTokenizer> {
   llama3 ??= import("llama3-tokenizer-js").then((m) => m.default as Llama3Js);
   return llama3.then((tok) => ({
     source: "built-in Llama 3 tokenizer (llama3-tokenizer-js)",
-    encode: (text: string) => tok.encode(text, { bos: true, eos: false }),
+    encode: (text: string, opts = {}) => tok.encode(text, { bos: opts.special !== false, eos: false }),
     // Special tokens have no byte form in llama3-tokenizer-js, so they are dropped before decoding.
     decode: (ids: number[]) =>
       tok.decode(ids.filter((id) => Number.isInteger(id) && id >= 0 && id < LLAMA3_FIRST_SPECIAL)),

@@ -55,6 +55,8 @@ export const FIXTURE_TOLERANCE: Record<FixtureWeights, number> = { f32: 1e-4, f1
 
 export interface FixtureCheck {
   tokensMatch: boolean;
+  /** generate's --json object. */
+  json: Record<string, unknown>;
   generated: number[];
   expected: number[];
   logitsError: number;
@@ -66,10 +68,11 @@ export interface FixtureCheck {
  */
 export async function checkFixture(
   dir: string,
-  opts: { weights?: FixtureWeights; local?: number } = {},
+  opts: { weights?: FixtureWeights; local?: number; experts?: "local" | "spread" } = {},
 ): Promise<FixtureCheck> {
   const weights = opts.weights ?? "f32";
   const local = opts.local ? ["--local", String(opts.local)] : [];
+  if (opts.experts) local.push("--experts", opts.experts);
   const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
   const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
   // The reference's greedy loop runs past an eos; generation stops at it (as transformers' generate does).
@@ -94,7 +97,8 @@ export async function checkFixture(
     ...local,
   ]);
   if (gen.code !== 0) throw new Error(`generate on ${dir} exited ${gen.code}: ${gen.stderr}`);
-  const generated: number[] = JSON.parse(gen.stdout).tokens;
+  const json = JSON.parse(gen.stdout);
+  const generated: number[] = json.tokens;
   const out = await Deno.makeTempFile({ suffix: ".safetensors" });
   try {
     const lg = await cli([
@@ -117,6 +121,7 @@ export async function checkFixture(
     }
     return {
       tokensMatch: JSON.stringify(generated) === JSON.stringify(expected),
+      json,
       generated,
       expected,
       logitsError: worstRowError(got.data, want.data, got.shape[1]),
@@ -137,6 +142,7 @@ if (import.meta.main) {
       weights: { type: "string", default: "f32" },
       tolerance: { type: "string" },
       local: { type: "string" },
+      experts: { type: "string" },
     },
     allowPositionals: true,
   });
@@ -147,7 +153,11 @@ if (import.meta.main) {
   let failed = 0;
   for (const dir of positionals) {
     try {
-      const r = await checkFixture(dir, { weights, local: values.local ? Number(values.local) : undefined });
+      const r = await checkFixture(dir, {
+        weights,
+        local: values.local ? Number(values.local) : undefined,
+        experts: values.experts as "local" | "spread" | undefined,
+      });
       const ok = (r.tokensMatch || quantised) && r.logitsError <= tolerance;
       if (!ok) failed++;
       console.log(

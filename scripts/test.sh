@@ -14,4 +14,12 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
     echo "test.sh: no lavapipe and not root: WebGPU tests use whatever adapter exists, or skip" >&2
   fi
 fi
+# The dashboard's browser test (tests/cli/serve_test.ts) drives Debian's chromium; it installs it too when
+# missing, but doing it here keeps minutes of apt-get out of a test's time.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "test.sh: installing chromium (the dashboard's browser test)" >&2
+  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || (apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)) >/dev/null 2>&1 \
+    || echo "test.sh: could not install chromium; the dashboard's browser test will say it is skipped" >&2
+fi
 exec "$DENO" task ok "$@"

@@ -28,10 +28,17 @@ export async function loadAttention(
     : { kind: "mla", w: await loadMla(ctx, l.read, l.readF32, a, hidden, p) };
 }
 
-export async function loadFfn(l: Loaders, f: FfnSpec, hidden: number, p: string): Promise<FfnWeights> {
+/** `routed` false: a MoE layer's routed experts are held elsewhere (expert parallelism). */
+export async function loadFfn(
+  l: Loaders,
+  f: FfnSpec,
+  hidden: number,
+  p: string,
+  routed = true,
+): Promise<FfnWeights> {
   return f.kind === "mlp"
     ? { kind: "mlp", w: await loadMlp(l.read, f, hidden, p) }
-    : { kind: "moe", w: await loadMoe(l.read, f, hidden, p) };
+    : { kind: "moe", w: await loadMoe(l.read, f, hidden, p, routed) };
 }
 
 /** Floats per token of each scratch buffer a block needs (a sequence allocates the max over its layers). */

@@ -18,18 +18,20 @@ export interface MoeWeights {
   norm: GPUBuffer;
   router: GPUBuffer;
   bias?: GPUBuffer;
-  gateUp: GPUBuffer;
-  down: GPUBuffer;
+  /** The routed experts' stacks; absent when they are held elsewhere (expert parallelism). */
+  gateUp?: GPUBuffer;
+  down?: GPUBuffer;
   sharedGateUp?: GPUBuffer;
   sharedDown?: GPUBuffer;
 }
 
-export function moeTensors(f: MoeFfn, hidden: number, p: string): [string, number[]][] {
+/** The block's tensors; with `routed` false, without the routed experts (they are held elsewhere). */
+export function moeTensors(f: MoeFfn, hidden: number, p: string, routed = true): [string, number[]][] {
   const { experts: E } = f.routing;
   const I = f.intermediate;
   const t: [string, number[]][] = [[p + f.names.router, [E, hidden]]];
   if (f.names.bias) t.push([p + f.names.bias, [E]]);
-  for (let e = 0; e < E; e++) {
+  for (let e = 0; e < (routed ? E : 0); e++) {
     const n = f.names.expert(e);
     t.push([p + n.gate, [I, hidden]], [p + n.up, [I, hidden]], [p + n.down, [hidden, I]]);
   }
@@ -44,15 +46,23 @@ export function moeTensors(f: MoeFfn, hidden: number, p: string): [string, numbe
   return t;
 }
 
-export async function loadMoe(read: TensorReader, f: MoeFfn, hidden: number, p: string): Promise<MoeWeights> {
+export async function loadMoe(
+  read: TensorReader,
+  f: MoeFfn,
+  hidden: number,
+  p: string,
+  routed = true,
+): Promise<MoeWeights> {
   const E = f.routing.experts;
   const experts = Array.from({ length: E }, (_, e) => f.names.expert(e));
   const w: MoeWeights = {
     norm: await read([`${p}post_attention_layernorm.weight`]),
     router: await read([p + f.names.router], undefined, "f32"),
-    gateUp: await read(experts.flatMap((n) => [p + n.gate, p + n.up]), hidden),
-    down: await read(experts.map((n) => p + n.down), f.intermediate),
   };
+  if (routed) {
+    w.gateUp = await read(experts.flatMap((n) => [p + n.gate, p + n.up]), hidden);
+    w.down = await read(experts.map((n) => p + n.down), f.intermediate);
+  }
   if (f.names.bias) w.bias = await read([p + f.names.bias], undefined, "f32");
   if (f.names.shared && f.sharedIntermediate > 0) {
     const s = p + f.names.shared;
@@ -101,10 +111,11 @@ export function moeProgram(
       sharedIntermediate: f.sharedIntermediate,
       T: d.T,
       routing: f.routing,
+      routed: w.gateUp !== undefined,
       weights: {
         router: "f32",
-        gateUp: wt(w.gateUp)!,
-        down: wt(w.down)!,
+        gateUp: wt(w.gateUp) ?? "f32",
+        down: wt(w.down) ?? "f32",
         sharedGateUp: wt(w.sharedGateUp),
         sharedDown: wt(w.sharedDown),
       },

@@ -15,6 +15,7 @@ export type Admission =
 export class KvBudget {
   #held = 0;
   #requests = 0;
+  #onRelease = new Set<() => void>();
 
   /** `tokens()`: the budget in KV positions, read at each admission (the Plan may change). */
   constructor(readonly tokens: () => number) {}
@@ -22,6 +23,12 @@ export class KvBudget {
   /** Positions held by the requests in flight, and how many requests that is. */
   get held(): { tokens: number; requests: number } {
     return { tokens: this.#held, requests: this.#requests };
+  }
+
+  /** Calls `f` whenever a request gives its positions back (a queue waiting for room listens); returns the unsubscribe. */
+  onRelease(f: () => void): () => void {
+    this.#onRelease.add(f);
+    return () => this.#onRelease.delete(f);
   }
 
   /** Admits a request needing `need` positions, or says why not. */
@@ -54,6 +61,7 @@ export class KvBudget {
         released = true;
         this.#held -= need;
         this.#requests--;
+        for (const f of this.#onRelease) f();
       },
     };
   }

@@ -44,6 +44,8 @@ export const GENERATE_BODY_LIMIT = 4 * 2 ** 20;
 export interface PipelineRouteOptions {
   /** The KV budget in positions (default: the current Plan's context; see kv_budget.ts). */
   kvTokens?: number;
+  /** The node's KV budget, when other routes admit against it too (the OpenAI server does); else one of its own. */
+  budget?: KvBudget;
 }
 
 export function pipelineRoutes(
@@ -51,7 +53,8 @@ export function pipelineRoutes(
   pipeline: () => PipelineNode | undefined,
   opts: PipelineRouteOptions = {},
 ): void {
-  const budget = new KvBudget(() => opts.kvTokens ?? planKvTokens(pipeline()?.board.current?.plan));
+  const budget = opts.budget ??
+    new KvBudget(() => opts.kvTokens ?? planKvTokens(pipeline()?.board.current?.plan));
   app.get("/pipeline", async (c) => {
     const p = pipeline();
     if (!p) return c.json({ error: "this node runs no pipeline" }, 404);

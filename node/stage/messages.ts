@@ -41,6 +41,8 @@ export interface HopTrace {
   b: number;
   /** Stage 0 only, on decode steps: wire time of the token's way back from the last stage, ms. */
   r?: number;
+  /** Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts]). */
+  x?: Record<string, Record<string, [number, number, number[]]>>;
 }
 
 export type PipeMessage =

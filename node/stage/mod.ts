@@ -21,14 +21,7 @@ export {
   type RequestOptions,
   type TokenEvent,
 } from "./client.ts";
-export {
-  EXPERT_PREFIX,
-  expertLayout,
-  expertName,
-  hostedExperts,
-  type LayerExperts,
-  type PlanExperts,
-} from "./expert_layout.ts";
+export { EXPERT_PREFIX, expertName, expertSet } from "./expert_names.ts";
 export { FakeBackend, fakeReference } from "./fake_backend.ts";
 export { type HopTrace, type WireDtype } from "./messages.ts";
 export { type LocalStage, PipelineNode, type PipelineOptions, type StageReport } from "./pipeline.ts";
@@ -38,3 +31,12 @@ export { rolesOf, splitLayers } from "./roles.ts";
 export { StageActor, stageName } from "./stage_actor.ts";
 export { meanTimings, type TokenTimings, tokenTimings } from "./timings.ts";
 export { chromeTrace, type TraceEvent } from "./trace_events.ts";
+export {
+  expertHostName,
+  expertPlacement,
+  type ExpertReport,
+  expertReport,
+  heldBy,
+  remoteLayers,
+  spreadExperts,
+} from "./experts.ts";

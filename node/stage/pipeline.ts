@@ -8,7 +8,17 @@ import type { MemberChange } from "../membership/swim.ts";
 import type { Membership } from "../membership/mod.ts";
 import type { Registry } from "../registry/mod.ts";
 import { type Assignment, AssignmentBoard } from "./assignment.ts";
-import type { StageLoader } from "./backend.ts";
+import type { ExpertLoader, ExpertService, StageLoader } from "./backend.ts";
+import {
+  createFanout,
+  expertHostBehavior,
+  expertHostName,
+  expertPlacement,
+  type FanoutRecord,
+  fanoutTrace,
+  heldBy,
+  remoteLayers,
+} from "./experts.ts";
 import { type Chain, PipelineClient } from "./client.ts";
 import { encodePipe } from "./messages.ts";
 import { sendWithRetry } from "./retry.ts";
@@ -24,6 +34,8 @@ export interface PipelineHost {
 export interface PipelineOptions {
   /** Loads this node's stage (the model family's backend). */
   loader: StageLoader;
+  /** Loads the routed experts the Plan gives this node (expert parallelism). Default: none can be held. */
+  expertLoader?: ExpertLoader;
   /** Overrides the Assignment's checkpoint folder on this node (default: the Assignment's). */
   modelDir?: string;
   /** Client stall timeout, ms (default 30 000). */
@@ -66,6 +78,11 @@ export class PipelineNode {
   #local: LocalStage | undefined;
   #actor: StageActor | undefined;
   #ref: { stop(): Promise<void> } | undefined;
+  #hostRef: { stop(): Promise<void> } | undefined;
+  /** Per request, what this node's stage sent to expert hosts since its last step. */
+  #fanout = new Map<string, FanoutRecord>();
+  /** The expert hosts this node's stage sends to, and what fails its calls when one of them is gone. */
+  #hosts: { nodes: Set<string>; abort: AbortController } = { nodes: new Set(), abort: new AbortController() };
   #queue: Promise<void> = Promise.resolve();
   #unsubscribe: Array<() => void> = [];
   #closed = false;
@@ -151,6 +168,7 @@ export class PipelineNode {
     await this.client.close();
     await this.#queue;
     await this.#ref?.stop();
+    await this.#hostRef?.stop();
     this.board.close();
   }
 
@@ -189,13 +207,64 @@ export class PipelineNode {
       await this.#ref.stop(); // frees its requests and its weights
       this.#ref = this.#actor = undefined;
     }
+    if (this.#hostRef) {
+      await this.#hostRef.stop(); // frees its experts
+      this.#hostRef = undefined;
+    }
     this.#local = undefined;
+    const model = { ...a.model, dir: this.#o.modelDir ?? a.model.dir };
+    // Experts the Plan gives this node: loaded first, and served by `moe-host-{node}` (its name resolving
+    // is what tells the stages that use it that it is ready).
+    const held = heldBy(a.plan, self);
+    let experts: ExpertService | undefined;
+    if (held.size > 0) {
+      if (!this.#o.expertLoader) {
+        this.#log(`pipeline: the Plan gives this node experts, but it cannot hold any`);
+      } else {
+        try {
+          experts = await this.#o.expertLoader(held, { model });
+          if (this.#closed || a !== this.board.current) return experts.close();
+          this.#hostRef = this.#host.actors.spawn(
+            expertHostName(self),
+            expertHostBehavior(experts, experts.hidden, this.#log),
+          );
+        } catch (e) {
+          this.#log(`pipeline: cannot load this node's experts: ${(e as Error).message}`);
+        }
+      }
+    }
     if (index < 0) return;
     const role = roles[index];
     this.#local = { planVersion: a.version, index, state: "loading" };
-    const model = { ...a.model, dir: this.#o.modelDir ?? a.model.dir };
+    const remote = remoteLayers(a.plan, index);
+    const placement = expertPlacement(a.plan);
+    const hostNodes = new Set(
+      remote.flatMap((l) => [...(placement.get(l)?.keys() ?? [])]).filter((n) => n !== self),
+    );
+    const hostNames = [...hostNodes].map(expertHostName);
+    const hosts = { nodes: hostNodes, abort: new AbortController() };
+    this.#hosts = hosts;
     try {
-      const backend = await this.#o.loader(role, { model });
+      const backend = await this.#o.loader(role, {
+        model,
+        experts: remote.length
+          ? {
+            remote,
+            fanout: createFanout({
+              plan: a.plan,
+              self,
+              local: experts,
+              call: (name, body) =>
+                this.#host.actors.call(name, body, {
+                  timeoutMs: 30_000,
+                  channel: "data",
+                  signal: hosts.abort.signal,
+                }),
+              record: this.#fanout,
+            }),
+          }
+          : undefined,
+      });
       if (this.#closed || a !== this.board.current) return backend.close();
       this.#actor = new StageActor({
         backend,
@@ -205,8 +274,14 @@ export class PipelineNode {
         // Ready means: this stage can also resolve where its results go (the next stage, and stage 0
         // for the token loop); registry names arrive by gossip and may lag the leader's view.
         routesKnown: () =>
-          [stageName(0), ...(index + 1 < a.plan.stages.length ? [stageName(index + 1)] : [])]
+          [stageName(0), ...(index + 1 < a.plan.stages.length ? [stageName(index + 1)] : []), ...hostNames]
             .every((n) => this.#host.registry.resolve(n) !== undefined),
+        fanoutTrace: (id) => {
+          const r = this.#fanout.get(id);
+          if (!r) return undefined;
+          this.#fanout.delete(id);
+          return fanoutTrace(r);
+        },
       });
       this.#ref = this.#host.actors.spawn(stageName(index), this.#actor);
       this.#local = { planVersion: a.version, index, state: "ready" };
@@ -226,6 +301,10 @@ export class PipelineNode {
     if (member.id === this.#host.membership.id) return;
     const why = member.state === "dead" ? "died (membership marked it dead)" : "left the cluster";
     this.client.peerGone(member.id, why);
+    // A node holding experts this stage sends to is gone: its calls fail now, not at their timeout.
+    if (this.#hosts.nodes.has(member.id) && !this.#hosts.abort.signal.aborted) {
+      this.#hosts.abort.abort(new Error(`expert host ${member.id.slice(0, 10)} ${why}`));
+    }
     if (!this.#actor) return;
     const inChain = this.board.current?.plan.stages.some((s) => s.node === member.id);
     const freed = inChain ? this.#actor.releaseAll() : this.#actor.releaseClientsOf(member.id);

@@ -5,6 +5,9 @@ import type { Membership } from "../membership/mod.ts";
 import type { Assignment } from "./assignment.ts";
 import type { PipelineNode } from "./pipeline.ts";
 import { planChain } from "./plan_chain.ts";
+import { type ExpertPlan, spreadExperts } from "./experts.ts";
+import { compileHfConfig } from "../../planner/mod.ts";
+import { moeOf } from "../../planner/model_graph.ts";
 
 export interface PublishOptions {
   /** Checkpoint folder (absolute paths travel best: every node opens the same path). */
@@ -14,11 +17,15 @@ export interface PublishOptions {
   members: number;
   /** A Plan JSON to use instead of planning: its stage nodes are mapped onto the members in order. */
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
-  /** Where MoE experts live when planning here: "local" (default) or "spread" (plan_chain.ts). */
-  experts?: "local" | "spread";
   /** Give up waiting for the members after this long (default 60 s). */
   timeoutMs?: number;
   signal?: AbortSignal;
+  /**
+   * "spread": every MoE layer's routed experts are placed across the members (expert parallelism), even
+   * where they would fit on the layer's stage (planChain's spread: the planner's wide placement; a given
+   * `plan` gets spreadExperts' ranges); "local" (default): each stage holds its layers' experts.
+   */
+  experts?: "local" | "spread";
 }
 
 /**
@@ -70,6 +77,19 @@ export async function publishPlan(
       members.map((m) => ({ id: m.id, gpuMemoryBytes: m.meta.gpuMemoryBytes })).slice(0, opts.members),
       { experts: opts.experts ?? "local" },
     );
+  }
+  if (opts.experts === "spread") {
+    const graph = compileHfConfig(config);
+    const experts = new Map<number, number>();
+    graph.layers.forEach((l, i) => {
+      const m = moeOf(l);
+      if (m) experts.set(i, m.experts);
+    });
+    if (experts.size === 0) throw new TypeError(`model ${opts.modelDir} has no experts to spread`);
+    // planChain placed them already; a Plan given as a file is spread over the members here.
+    if (opts.plan) {
+      plan = spreadExperts(plan as ExpertPlan, experts, members.slice(0, opts.members).map((m) => m.id));
+    }
   }
   return pipeline.board.publish({
     plan: plan as Assignment["plan"],

@@ -24,6 +24,8 @@ export interface StageActorOptions {
   planVersion: number;
   /** Whether the names this stage sends to resolve yet (reported by STATS as `routes`). Default: yes. */
   routesKnown?: () => boolean;
+  /** Expert parallelism: takes what this stage sent to expert hosts for a request since the last call. */
+  fanoutTrace?: (id: string) => HopTrace["x"] | undefined;
   /** Default: warnings to stderr. */
   log?: (msg: string) => void;
 }
@@ -52,6 +54,8 @@ export class StageActor implements Behavior {
   #requests = new Map<string, Request>();
   /** Recently released ids: late messages for them must not reopen a sequence. */
   #released = new Set<string>();
+  /** Per request, its steps in order (see receive). */
+  #queues = new Map<string, Promise<void>>();
   #log: (msg: string) => void;
 
   constructor(opts: StageActorOptions) {
@@ -82,7 +86,7 @@ export class StageActor implements Behavior {
     };
   }
 
-  async receive(body: Uint8Array, _ctx: ActorContext): Promise<Uint8Array | void> {
+  receive(body: Uint8Array, _ctx: ActorContext): Uint8Array | void {
     let m: PipeMessage;
     try {
       m = decodePipe(body);
@@ -97,15 +101,32 @@ export class StageActor implements Behavior {
       case "release":
         this.release(m.id);
         return;
+      // A request's steps run in order on its own queue, off the mailbox: STATS and RELEASE are answered
+      // at once even while a long prefill computes, and requests do not wait for each other's steps.
       case "start":
-        return await this.#onStart(m, arrived);
+        return this.#enqueue(m.id, () => this.#onStart(m, arrived));
       case "token":
-        return await this.#onToken(m, arrived);
+        return this.#enqueue(m.id, () => this.#onToken(m, arrived));
       case "forward":
-        return await this.#onForward(m, arrived);
+        return this.#enqueue(m.id, () => this.#onForward(m, arrived));
       default:
         return;
     }
+  }
+
+  /** Runs `f` after the request's earlier steps; the queue entry goes when it is the last. */
+  #enqueue(id: string, f: () => Promise<void>): void {
+    const prev = this.#queues.get(id) ?? Promise.resolve();
+    const next = prev.then(f).catch((e) => this.#log(`stage: request ${id}: ${(e as Error).message}`));
+    this.#queues.set(id, next);
+    next.then(() => {
+      if (this.#queues.get(id) === next) this.#queues.delete(id);
+    });
+  }
+
+  /** Resolves when every queued step has run (tests, and a stopping actor). */
+  async idle(): Promise<void> {
+    while (this.#queues.size > 0) await Promise.all(this.#queues.values());
   }
 
   /** Frees `id`'s sequence; true when it held one. */
@@ -129,8 +150,9 @@ export class StageActor implements Behavior {
     return ids;
   }
 
-  onStop(): void {
+  async onStop(): Promise<void> {
     this.releaseAll();
+    await this.idle(); // steps in flight see their requests released and end
     this.#o.backend.close();
   }
 
@@ -318,9 +340,11 @@ export class StageActor implements Behavior {
     }
     if (!this.#requests.has(id)) return false; // released while computing
     const c = performance.now() - t0;
+    const fanout = this.#o.fanoutTrace?.(id);
     const hop = (b: number): HopTrace => {
       const h: HopTrace = { s: role.index, in: s.arrived, c, out: wallMs(), b };
       if (s.returnMs !== undefined) h.r = s.returnMs;
+      if (fanout) h.x = fanout;
       return h;
     };
     try {

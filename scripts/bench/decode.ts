@@ -33,15 +33,20 @@ const shapes: Record<string, Record<string, unknown>> = {
   demo: DEMO_CONFIG_JSON,
 };
 const gpu = await getGpu();
-const shape = values.shape ?? (gpu.isSoftware ? "demo" : "llama-3.2-1b");
-const configJson = shapes[shape];
-if (!configJson) throw new TypeError(`--shape must be one of ${Object.keys(shapes)}, got "${shape}"`);
+// --dir holding a checkpoint already (e.g. made by hf_moe.py) is benchmarked as it is.
+const existing = values.dir !== undefined && values.shape === undefined &&
+  await Deno.stat(`${values.dir}/config.json`).then(() => true, () => false);
+const shape = existing ? "checkpoint" : values.shape ?? (gpu.isSoftware ? "demo" : "llama-3.2-1b");
+const configJson = existing ? undefined : shapes[shape];
+if (!existing && !configJson) {
+  throw new TypeError(`--shape must be one of ${Object.keys(shapes)}, got "${shape}"`);
+}
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
 }
 const dir = values.dir ?? `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-bench-${shape}`;
 const t0 = performance.now();
-await ensureRandomCheckpoint(dir, configJson);
+if (configJson) await ensureRandomCheckpoint(dir, configJson);
 console.error(`bench: checkpoint ready in ${((performance.now() - t0) / 1000).toFixed(1)} s at ${dir}`);
 const ckpt = await Checkpoint.open(dir);
 const P = Number(values.prompt), N = Number(values.new);
@@ -109,7 +114,24 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
     gpu_ms_by_kernel: byKernel,
     weight_bytes: model.weightBytes,
+    // What a decode step reads: every weight but the routed experts, and topK / E of those (KV not counted).
+    read_bytes_per_token: readBytes(model),
+    read_gb_s: Number((readBytes(model) / gpuStepMs / 1e6).toFixed(1)),
+    layers: ckpt.config.numLayers,
+    model_type: ckpt.config.modelType,
     [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
   }));
   engine.close();
+}
+
+/** Weight bytes one decode step reads: the routed experts count topK / experts of their stacks. */
+function readBytes(model: Model): number {
+  let bytes = model.weightBytes;
+  model.layers.forEach((l, i) => {
+    const f = model.config.layer(model.part.layers[0] + i).ffn;
+    if (f.kind !== "moe" || l.ffn.kind !== "moe" || !l.ffn.w.gateUp || !l.ffn.w.down) return;
+    const stacks = l.ffn.w.gateUp.size + l.ffn.w.down.size;
+    bytes -= stacks * (1 - f.routing.topK / f.routing.experts);
+  });
+  return Math.round(bytes);
 }

@@ -2,7 +2,7 @@
 // names) over 32 simulated nodes (in-memory network, fake clock, memberlist's `lan` timings, 64-character
 // node ids as iroh's). The leader publishes a Plan (the Assignment rides membership); each node registers
 // the experts the Plan gives it as one name set (Registry.registerSet) the moment it adopts the Plan, as the
-// runtime does. Measured: the simulated time until every node resolves every expert name to the Plan's
+// runtime should. Measured: the simulated time until every node resolves every expert name to the Plan's
 // hosts, and the size of every push-pull against the control channel's message limit. Results feed
 // docs/MEMBERSHIP.md.
 //
@@ -23,12 +23,12 @@ import {
   type Assignment,
   AssignmentBoard,
   EXPERT_PREFIX,
-  expertLayout,
   expertName,
-  hostedExperts,
+  expertPlacement,
+  expertSet,
   planChain,
-  type PlanExperts,
 } from "../../node/stage/mod.ts";
+import type { ExpertPlan } from "../../node/stage/experts.ts";
 import { CONTROL_MAX_BYTES } from "../../node/wire/mod.ts";
 import { clusterFromNodes, compileHfConfig, type Plan, planPipeline } from "../../planner/mod.ts";
 import { SimCluster, type SimNode } from "../../tests/support/sim_cluster.ts";
@@ -114,7 +114,7 @@ export function kimiPlan(ids: string[], layout: Layout): Plan {
 function expectedSets(plan: Plan, ids: string[]): string {
   const out = [];
   for (const id of [...ids].sort()) {
-    const groups = hostedExperts(plan, id);
+    const groups = expertSet(plan, id);
     if (Object.keys(groups).length === 0) continue;
     const sorted = Object.fromEntries(Object.entries(groups).sort((a, b) => (a[0] < b[0] ? -1 : 1)));
     out.push({ prefix: EXPERT_PREFIX, owner: id, groups: sorted });
@@ -140,7 +140,7 @@ export function expertRegistrySim(
   const n = opts.nodes ?? 32, layout = opts.layout ?? "spread", seed = opts.seed ?? 1;
   const ids = Array.from({ length: n }, (_, i) => hexId(i));
   const plan = kimiPlan(ids, layout);
-  const layoutByLayer = expertLayout(plan);
+  const layoutByLayer = expertPlacement(plan);
   const want = expectedSets(plan, ids);
 
   let measuring = false;
@@ -178,7 +178,7 @@ export function expertRegistrySim(
   const boards = c.nodes.map((node: SimNode) => {
     const board = new AssignmentBoard(node.membership);
     board.onChange((a: Assignment) => {
-      const mine = hostedExperts(a.plan as unknown as PlanExperts, node.id);
+      const mine = expertSet(a.plan as unknown as ExpertPlan, node.id);
       if (opts.registration !== "names") return node.registry.registerSet(EXPERT_PREFIX, mine);
       for (const [l, ranges] of Object.entries(mine)) {
         for (const [s, e] of ranges) {
@@ -196,7 +196,7 @@ export function expertRegistrySim(
     model: { dir: "kimi-k2", weights: "q4" },
     layers: 61,
   });
-  const names = [...layoutByLayer].flatMap(([l, { hosts }]) =>
+  const names = [...layoutByLayer].flatMap(([l, hosts]) =>
     [...hosts].flatMap(([h, list]) => list.map((e) => [expertName(l, e), h]))
   );
   const agree = opts.registration === "names"
@@ -207,7 +207,7 @@ export function expertRegistrySim(
   const check = opts.verifyAll === false ? c.nodes.slice(0, 2) : c.nodes;
   if (agreeMs !== undefined && opts.registration !== "names") {
     for (const node of check) {
-      for (const [l, { hosts }] of layoutByLayer) {
+      for (const [l, hosts] of layoutByLayer) {
         const holders = new Map<number, string[]>();
         for (const [h, list] of hosts) for (const e of list) holders.set(e, [...(holders.get(e) ?? []), h]);
         for (const [e, hs] of holders) {
@@ -226,7 +226,7 @@ export function expertRegistrySim(
   const sorted = [...pushPulls].sort((a, b) => a - b);
   let expertNames = 0;
   const naive = [];
-  for (const [l, { hosts }] of layoutByLayer) {
+  for (const [l, hosts] of layoutByLayer) {
     const seen = new Set<number>();
     for (const [h, list] of hosts) {
       for (const e of list) {
@@ -237,7 +237,7 @@ export function expertRegistrySim(
     }
   }
   // The parts registerSet writes: one entry per PART_CHARS of range text per holder.
-  const setEntries = ids.reduce((a, id) => a + encodeParts(toGroups(hostedExperts(plan, id))).length, 0);
+  const setEntries = ids.reduce((a, id) => a + encodeParts(toGroups(expertSet(plan, id))).length, 0);
   return {
     layout,
     nodes: n,

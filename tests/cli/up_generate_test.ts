@@ -23,7 +23,21 @@ Deno.test({
     const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
     const want: number[] = ref.tokens.slice(ref.prompt_length);
     const up = new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", "--quiet", MAIN, "up", "--peers", "3", "--membership", "test", "--model", micro],
+      args: [
+        "run",
+        "-A",
+        "--quiet",
+        MAIN,
+        "up",
+        "--peers",
+        "3",
+        "--membership",
+        "test",
+        "--model",
+        micro,
+        "--http",
+        "off",
+      ],
       env,
       stdout: "piped",
       stderr: "piped",

@@ -7,6 +7,7 @@ import { ActorSystem } from "../../../node/actors/mod.ts";
 import type { PeerAddr } from "../../../node/transport/transport.ts";
 import { FakeBackend, type FakeBackendOptions, fakeReference } from "../../../node/stage/fake_backend.ts";
 import { StageActor, stageName } from "../../../node/stage/stage_actor.ts";
+import { encodePipe } from "../../../node/stage/messages.ts";
 import { type Chain, PipelineClient, PipelineError } from "../../../node/stage/client.ts";
 import { splitLayers } from "../../../node/stage/roles.ts";
 import { sendWithRetry } from "../../../node/stage/retry.ts";
@@ -146,6 +147,29 @@ Deno.test("stage chain: cancelling a one-stage decode loop stops it and frees th
     await t.settle();
     assert.equal(b.runs.length, steps, "the loop stopped");
     assert.ok(steps < 100, `the loop ran ${steps} steps after a cancel at token 5`);
+  } finally {
+    await t.close();
+  }
+});
+
+Deno.test("stage chain: a stage answers STATS while a long prefill's steps are still running", async () => {
+  // Every step takes 50 ms: a 19-token prompt in chunks of 8 keeps stage 0 busy for 150 ms.
+  const t = chain(2, { eosTokenIds: [], delayMs: 50 });
+  try {
+    const p = t.client.generate(t.chain, PROMPT, { maxTokens: 2 });
+    await t.settle(); // the START is in stage 0's hands
+    const stats = t.systems[2].call(stageName(0), encodePipe({ type: "stats" }), { timeoutMs: 1000 });
+    let answered = false;
+    stats.then(() => (answered = true), () => {});
+    // A few simulated ms of network, far less real time than the prefill's 150 ms of steps.
+    for (let i = 0; i < 20 && !answered; i++) {
+      t.clock.advance(1);
+      await new Promise((r) => setTimeout(r, 0));
+    }
+    assert.ok(answered, "STATS waited behind the prefill's steps");
+    const report = JSON.parse(new TextDecoder().decode(await stats));
+    assert.equal(report.active, 1, "the request is open mid-prefill");
+    await t.pump(p);
   } finally {
     await t.close();
   }

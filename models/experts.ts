@@ -1,0 +1,220 @@
+// Routed experts held apart from their layer's stage (expert parallelism): a node holds, per MoE layer, a
+// set of that layer's experts and runs them for the tokens a stage sends it. The stage routed on its own GPU
+// and read back only the chosen ids and weights with the normalised activations (models/engine.ts);
+// this computes, for every token, the weighted sum of the chosen experts that live here:
+//   y[t] = sum over slots j of token t whose expert ids[t, j] is held here: w[t, j] * expert(xn[t])
+// Slots of experts held elsewhere add nothing (kernels/moe_gemv.ts skips ids outside the stack), so the
+// stage's sum over every host's reply is the layer's whole routed output.
+import type { Checkpoint } from "./checkpoint.ts";
+import type { MoeFfn } from "./config.ts";
+import { RequestError } from "./errors.ts";
+import { layerPrefix } from "./tensors.ts";
+import {
+  type Gpu,
+  isQuant,
+  moeGemvCall,
+  quantFits,
+  quantize,
+  readBack,
+  releaseCalls,
+  storageBuffer,
+  uploadBuffer,
+  type WeightType,
+  writeBytes,
+} from "../kernels/mod.ts";
+import type { WeightsOption } from "./model.ts";
+
+/** Slot id meaning "not held here" (outside every stack, so the kernels skip it). */
+const NOT_HERE = 0xffffffff;
+
+/** Runs one MoE layer's routed experts wherever they are held and returns their sum, [T, H]. */
+export type ExpertFanout = (layer: number, input: ExpertInput) => Promise<Float32Array>;
+
+/** One request to a host: T tokens of one MoE layer. */
+export interface ExpertInput {
+  /** The request the step belongs to (for the node's per-request fan-out record). */
+  request?: string;
+  T: number;
+  /** The layer's normalised input (post_attention_layernorm), [T, H]. */
+  xn: Float32Array;
+  /** The router's choices, global expert ids [T, k]. */
+  ids: Uint32Array;
+  /** Their weights [T, k]. */
+  weights: Float32Array;
+}
+
+interface LayerStack {
+  spec: MoeFfn;
+  /** The experts held, ascending; slot in the stack = index here. */
+  experts: number[];
+  local: Map<number, number>;
+  gateUp: GPUBuffer;
+  down: GPUBuffer;
+  gateUpType: WeightsOption;
+  downType: WeightsOption;
+}
+
+/** Sorted distinct ids, checked against the layer's expert count. */
+function checkExperts(layer: number, ids: readonly number[], E: number): number[] {
+  const out = [...new Set(ids)].sort((a, b) => a - b);
+  const bad = out.find((e) => !Number.isInteger(e) || e < 0 || e >= E);
+  if (bad !== undefined) {
+    throw new RequestError(`layer ${layer} has experts 0..${E - 1}; asked to hold ${bad}`);
+  }
+  return out;
+}
+
+export class ExpertHost {
+  #layers = new Map<number, LayerStack>();
+  #scratch: { T: number; k: number; bufs: GPUBuffer[] } | undefined;
+  #bytes = 0;
+
+  private constructor(readonly gpu: Gpu, readonly hidden: number) {}
+
+  /** Reads the given experts of each MoE layer (only their tensors) and uploads them stacked. */
+  static async load(
+    gpu: Gpu,
+    ckpt: Checkpoint,
+    hold: ReadonlyMap<number, readonly number[]>,
+    opts: { weights?: WeightsOption; onProgress?: (done: number, total: number) => void } = {},
+  ): Promise<ExpertHost> {
+    const c = ckpt.config;
+    const host = new ExpertHost(gpu, c.hiddenSize);
+    const wt: WeightsOption = opts.weights ?? (gpu.hasF16 ? "f16" : "f32");
+    const floatType: WeightType = gpu.hasF16 ? "f16" : "f32";
+    const H = c.hiddenSize;
+    const jobs: { layer: number; spec: MoeFfn; experts: number[] }[] = [];
+    for (const [layer, ids] of hold) {
+      if (!(Number.isInteger(layer) && layer >= 0 && layer < c.numLayers)) {
+        throw new RequestError(`expert layer ${layer} is outside the model's ${c.numLayers} layers`);
+      }
+      const spec = c.layer(layer).ffn;
+      if (spec.kind !== "moe") throw new RequestError(`layer ${layer} has no experts (it is a dense MLP)`);
+      jobs.push({ layer, spec, experts: checkExperts(layer, ids, spec.routing.experts) });
+    }
+    const total = jobs.reduce((s, j) => s + j.experts.length, 0);
+    let done = 0;
+    const read = async (names: string[], K: number) => {
+      const as = isQuant(wt) && !quantFits(K) ? floatType : wt;
+      const f16 = as === "f16";
+      const parts = await Promise.all(names.map((n) => f16 ? ckpt.readF16(n) : ckpt.readF32(n)));
+      const length = parts.reduce((s, p) => s + p.length, 0);
+      let all: Uint16Array | Float32Array | Uint8Array = f16
+        ? new Uint16Array(length)
+        : new Float32Array(length);
+      let at = 0;
+      for (const p of parts) {
+        all.set(p, at);
+        at += p.length;
+      }
+      if (isQuant(as)) all = quantize(all as Float32Array, { N: length / K, K }, as);
+      host.#bytes += all.byteLength;
+      return { buf: uploadBuffer(gpu, all, names[0]), as };
+    };
+    for (const { layer, spec, experts } of jobs) {
+      const p = layerPrefix(layer);
+      const names = experts.map((e) => spec.names.expert(e));
+      const gu = await read(names.flatMap((n) => [p + n.gate, p + n.up]), H);
+      const dn = await read(names.map((n) => p + n.down), spec.intermediate);
+      host.#layers.set(layer, {
+        spec,
+        experts,
+        local: new Map(experts.map((e, i) => [e, i])),
+        gateUp: gu.buf,
+        down: dn.buf,
+        gateUpType: gu.as,
+        downType: dn.as,
+      });
+      done += experts.length;
+      opts.onProgress?.(done, total);
+    }
+    return host;
+  }
+
+  /** What is held: layer -> expert ids (ascending). */
+  held(): Map<number, number[]> {
+    return new Map([...this.#layers].map(([l, s]) => [l, s.experts]));
+  }
+
+  /** Bytes of expert weights on the GPU. */
+  get weightBytes(): number {
+    return this.#bytes;
+  }
+
+  /** The weighted sum of the chosen experts held here, [T, H] (zero rows where none is). */
+  async compute(layer: number, input: ExpertInput): Promise<Float32Array> {
+    const s = this.#layers.get(layer);
+    if (!s) throw new RequestError(`this node holds no experts of layer ${layer}`);
+    const { T } = input;
+    const H = this.hidden, k = s.spec.routing.topK, I = s.spec.intermediate;
+    if (input.xn.length !== T * H || input.ids.length !== T * k || input.weights.length !== T * k) {
+      throw new RequestError(
+        `layer ${layer}: expected [${T}, ${H}] activations and [${T}, ${k}] ids and weights; got ${input.xn.length}, ${input.ids.length}, ${input.weights.length} values`,
+      );
+    }
+    const gpu = this.gpu;
+    const [xn, ids, rw, gu, y] = this.#buffers(T, k, Math.max(2 * I, 1) * k);
+    const local = Uint32Array.from(input.ids, (e) => s.local.get(e) ?? NOT_HERE);
+    writeBytes(gpu, xn, 0, input.xn);
+    writeBytes(gpu, ids, 0, local);
+    writeBytes(gpu, rw, 0, input.weights);
+    const experts = { T, topK: k, experts: s.experts.length };
+    const calls = [
+      moeGemvCall(gpu, { x: xn, w: s.gateUp, y: gu, ids }, {
+        ...experts,
+        K: H,
+        N: 2 * I,
+        weights: s.gateUpType,
+      }),
+      moeGemvCall(gpu, { x: gu, w: s.down, y, ids, routeWeights: rw }, {
+        ...experts,
+        K: I,
+        N: H,
+        weights: s.downType,
+        input: "slot",
+        transform: "silu_mul",
+        output: "combine",
+      }),
+    ];
+    const enc = gpu.device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    for (const c of calls) {
+      pass.setPipeline(c.pipeline);
+      pass.setBindGroup(0, c.bindGroup);
+      pass.dispatchWorkgroups(...c.workgroups);
+    }
+    pass.end();
+    gpu.device.queue.submit([enc.finish()]);
+    try {
+      return new Float32Array(await readBack(gpu, y, T * H * 4));
+    } finally {
+      releaseCalls(calls);
+    }
+  }
+
+  /** Scratch for T tokens: xn, ids, weights, gate/up per slot, y (grown when a bigger step comes). */
+  #buffers(T: number, k: number, guPerToken: number): GPUBuffer[] {
+    const s = this.#scratch;
+    if (s && s.T >= T && s.k >= k) return s.bufs;
+    for (const b of s?.bufs ?? []) b.destroy();
+    const n = Math.max(T, s?.T ?? 0);
+    const bufs = [
+      storageBuffer(this.gpu, n * this.hidden * 4, "experts xn"),
+      storageBuffer(this.gpu, n * k * 4, "experts ids"),
+      storageBuffer(this.gpu, n * k * 4, "experts weights"),
+      storageBuffer(this.gpu, n * guPerToken * 4, "experts gate/up"),
+      storageBuffer(this.gpu, n * this.hidden * 4, "experts y"),
+    ];
+    this.#scratch = { T: n, k, bufs };
+    return bufs;
+  }
+
+  close(): void {
+    for (const s of this.#layers.values()) {
+      s.gateUp.destroy();
+      s.down.destroy();
+    }
+    for (const b of this.#scratch?.bufs ?? []) b.destroy();
+    this.#layers.clear();
+  }
+}

@@ -1,0 +1,90 @@
+// Expert parallelism with real processes on loopback (issue 16): MoE layers' routed experts spread over the
+// nodes (`--local N --experts spread`) give transformers' reference tokens and logits, each MoE layer's
+// experts live on several nodes, and a node holding experts killed mid-generation gives a clear error
+// quickly, with every surviving stage freeing the request.
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { fixtureDir } from "../fixtures.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
+import { checkFixture } from "../../scripts/check_fixture.ts";
+import { startLocalCluster } from "../../cli/local_cluster.ts";
+import { PipelineError } from "../../node/stage/mod.ts";
+
+const hasGpu = await gpuAvailable();
+const slow = { sanitizeOps: false, sanitizeResources: false };
+const GPU = "a WebGPU adapter";
+
+for (const [name, n] of [["kimi-k2-tiny", 5], ["mixtral-tiny", 5], ["mixtral-tiny", 8]] as const) {
+  Deno.test({
+    ...needs(`experts spread: ${name} on ${n} nodes gives the reference tokens and logits`, {
+      [GPU]: hasGpu,
+    }),
+    ...slow,
+  }, async () => {
+    const r = await checkFixture(fixtureDir(name)!, { local: n, experts: "spread", weights: "f32" });
+    assert.deepEqual(r.generated, r.expected, "greedy tokens");
+    assert.ok(r.logitsError <= 1e-4, `logits error ${r.logitsError}`);
+    const hosts = r.json.expert_hosts as Record<string, Record<string, string>>;
+    const fanout = r.json.fanout as Record<string, Record<string, { bytes: number; ms: number }>>;
+    const layers = Object.keys(hosts);
+    assert.ok(layers.length >= 3, `MoE layers served: ${layers}`);
+    for (const l of layers) {
+      const nodes = new Set(Object.values(hosts[l]));
+      assert.ok(nodes.size >= 2, `layer ${l}'s experts were served by ${nodes.size} node(s)`);
+      assert.ok(
+        Object.values(fanout[l]).some((f) => f.bytes > 0),
+        `layer ${l} sent activations to another node`,
+      );
+    }
+    const all = new Set(layers.flatMap((l) => Object.values(hosts[l])));
+    assert.ok(all.size >= 4, `${all.size} nodes served experts`);
+  });
+}
+
+Deno.test({
+  ...needs("experts spread: a node holding experts killed mid-generation: a clear error, the request freed", {
+    [GPU]: hasGpu,
+  }),
+  ...slow,
+}, async () => {
+  const dir = fixtureDir("kimi-k2-tiny")!;
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
+  // 7 nodes for a 4-layer model: 6 stages at most, so one node only holds experts.
+  const cluster = await startLocalCluster(7, {
+    modelDir: dir,
+    weights: "f32",
+    experts: "spread",
+    log: () => {},
+  });
+  try {
+    const hostOnly = [...cluster.workerIds].find(([id]) => !cluster.chain.nodes.includes(id));
+    assert.ok(hostOnly, "a node outside the chain holds experts");
+    const held = cluster.assignment.plan.expertHosts as { node: string }[];
+    assert.ok(held.some((h) => h.node === hostOnly[0]), "the Plan gives it experts");
+    let killedAt = 0;
+    const p = cluster.pipeline.client.generate(cluster.chain, prompt, {
+      maxTokens: 4000,
+      onToken: (e) => {
+        if (e.index !== 2) return;
+        Deno.kill(hostOnly[1], "SIGKILL");
+        killedAt = performance.now();
+      },
+    });
+    await assert.rejects(
+      p,
+      (e) => e instanceof PipelineError && /expert host|unreachable|failed/.test(e.message),
+    );
+    const ms = performance.now() - killedAt;
+    console.log(`expert host killed: the client got its error after ${(ms / 1000).toFixed(1)} s`);
+    assert.ok(ms < 10_000, `error after ${ms.toFixed(0)} ms`);
+    let reports = await cluster.pipeline.stageReports();
+    for (let i = 0; i < 50 && reports.some((r) => r.active !== 0); i++) {
+      await new Promise((r) => setTimeout(r, 200));
+      reports = await cluster.pipeline.stageReports();
+    }
+    assert.deepEqual(reports.map((r) => r.active), reports.map(() => 0), "every stage freed the request");
+  } finally {
+    await cluster.close();
+  }
+});
