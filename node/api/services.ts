@@ -12,8 +12,16 @@ export function nodeServices(
     self: () => node.membership.id,
     members: () => {
       const roles = new Map<string, string[]>();
+      // Expert sets read as one role per layer: "experts L:a-b,c-d" (a host owns ranges, not names).
+      for (const set of node.registry.sets()) {
+        for (const [layer, ranges] of Object.entries(set.groups)) {
+          if (ranges.length === 0) continue;
+          const ids = ranges.map(([a, b]) => (b - a === 1 ? `${a}` : `${a}-${b - 1}`)).join(",");
+          roles.set(set.owner, [...(roles.get(set.owner) ?? []), `experts ${layer}:${ids}`]);
+        }
+      }
       for (const [name, owner] of node.registry.entries()) {
-        if (name.startsWith(CLIENT_PREFIX)) continue;
+        if (name.startsWith(CLIENT_PREFIX) || name.startsWith("moe-host-")) continue; // plumbing, not roles
         roles.set(owner, [...(roles.get(owner) ?? []), name]);
       }
       return node.membership.members().map((m): MemberView => ({

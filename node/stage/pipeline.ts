@@ -9,6 +9,7 @@ import type { Membership } from "../membership/mod.ts";
 import type { Registry } from "../registry/mod.ts";
 import { type Assignment, AssignmentBoard } from "./assignment.ts";
 import type { ExpertLoader, ExpertService, StageLoader } from "./backend.ts";
+import { EXPERT_PREFIX, expertSet } from "./expert_names.ts";
 import {
   createFanout,
   expertHostBehavior,
@@ -210,6 +211,7 @@ export class PipelineNode {
     if (this.#hostRef) {
       await this.#hostRef.stop(); // frees its experts
       this.#hostRef = undefined;
+      this.#host.registry.unregisterSet(EXPERT_PREFIX);
     }
     this.#local = undefined;
     const model = { ...a.model, dir: this.#o.modelDir ?? a.model.dir };
@@ -228,6 +230,8 @@ export class PipelineNode {
             expertHostName(self),
             expertHostBehavior(experts, experts.hidden, this.#log),
           );
+          // moe-expert-{layer}-{idx} resolves to this node for what it holds (one name set: ranges per layer).
+          this.#host.registry.registerSet(EXPERT_PREFIX, expertSet(a.plan, self));
         } catch (e) {
           this.#log(`pipeline: cannot load this node's experts: ${(e as Error).message}`);
         }

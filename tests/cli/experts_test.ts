@@ -9,6 +9,8 @@ import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture } from "../../scripts/check_fixture.ts";
 import { startLocalCluster } from "../../cli/local_cluster.ts";
 import { PipelineError } from "../../node/stage/mod.ts";
+import { expertPlacement, type ExpertPlan } from "../../node/stage/experts.ts";
+import { expertName } from "../../node/stage/expert_names.ts";
 
 const hasGpu = await gpuAvailable();
 const slow = { sanitizeOps: false, sanitizeResources: false };
@@ -62,6 +64,15 @@ Deno.test({
     assert.ok(hostOnly, "a node outside the chain holds experts");
     const held = cluster.assignment.plan.expertHosts as { node: string }[];
     assert.ok(held.some((h) => h.node === hostOnly[0]), "the Plan gives it experts");
+    // moe-expert-{layer}-{idx} resolves, at the leader, to the node the Plan gives each expert.
+    const placement = expertPlacement(cluster.assignment.plan as ExpertPlan);
+    const want = [...placement].flatMap(([l, nodes]) =>
+      [...nodes].flatMap(([node, ids]) => ids.map((e) => [expertName(l, e), node] as const))
+    );
+    assert.ok(want.length >= 48, `${want.length} experts placed`);
+    const unresolved = () => want.filter(([name, node]) => cluster.node.registry.resolve(name) !== node);
+    for (let i = 0; i < 50 && unresolved().length > 0; i++) await new Promise((r) => setTimeout(r, 100));
+    assert.deepEqual(unresolved(), [], "every expert name resolves to its host");
     let killedAt = 0;
     const p = cluster.pipeline.client.generate(cluster.chain, prompt, {
       maxTokens: 4000,
