@@ -2,7 +2,7 @@
 // Needs root (network namespaces). About 2 minutes with the defaults on the 2-core VM.
 //
 //   deno run -A scripts/bench/pipeline_wan.ts [--model ../shared/fixtures/llama3-tiny] [--nodes 5]
-//     [--delays 0,10,25] [--max-tokens 32] [--rounds 3] [--json FILE]
+//     [--delays 0,10,25] [--max-tokens 32] [--rounds 3] [--json FILE] [--experts local|spread] [--links chain|all]
 //
 // Each node runs in its own network namespace (iroh would otherwise bypass the relays, docs/WAN.md) and
 // listens on its namespace address; every pair of nodes gets a relay pair in this (root) namespace, and each
@@ -31,7 +31,13 @@ const { values } = parseFlags(Deno.args, {
   rounds: { type: "string", default: "3" },
   port: { type: "string", default: "7400" },
   json: { type: "string" },
+  experts: { type: "string", default: "local" },
+  links: { type: "string", default: "chain" },
 });
+if (!["local", "spread"].includes(values.experts)) throw new TypeError(`--experts: local or spread`);
+if (!["chain", "all"].includes(values.links)) {
+  throw new TypeError(`--links: chain (stage hops) or all (every pair)`);
+}
 const n = Number(values.nodes);
 const delays = values.delays.split(",").map(Number);
 const maxTokens = Number(values["max-tokens"]);
@@ -111,6 +117,7 @@ try {
   const leader = await spawn(0, [
     join(root, "scripts/bench/pipeline_wan_leader.ts"),
     ...["--listen", addrs[0], "--model", values.model, "--nodes", `${n}`, "--tokens", prompt.join(",")],
+    ...["--experts", values.experts],
   ]);
   const inbox: Msg[] = [];
   collect(leader.stdout, (l) => inbox.push(JSON.parse(l)));
@@ -152,9 +159,16 @@ try {
   for (let round = 0; round < rounds; round++) {
     for (const run of runs) {
       // Hop k joins stage k and k+1; the last hop is the token's way back to stage 0.
-      for (let k = 0; k < order.length && order.length > 1; k++) {
-        const a = order[k], b = order[(k + 1) % order.length];
-        if (order.length > 2 || k === 0) topo.setLink(a, b, { delayMs: run.delayMs });
+      // --links all: every pair (expert fan-out crosses them too), else only the stage hops.
+      if (values.links === "all") {
+        for (let a = 0; a < n; a++) {
+          for (let b = a + 1; b < n; b++) topo.setLink(a, b, { delayMs: run.delayMs });
+        }
+      } else {
+        for (let k = 0; k < order.length && order.length > 1; k++) {
+          const a = order[k], b = order[(k + 1) % order.length];
+          if (order.length > 2 || k === 0) topo.setLink(a, b, { delayMs: run.delayMs });
+        }
       }
       await generate(4); // warm-up: RTT estimates settle on the new delay
       const r = await generate(maxTokens);

@@ -12,7 +12,7 @@ import { attachPipeline } from "../../cli/pipeline_node.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { presets } from "../../node/membership/mod.ts";
 import { startNode } from "../../node/node.ts";
-import { meanTimings, publishPlan } from "../../node/stage/mod.ts";
+import { expertReport, meanTimings, publishPlan } from "../../node/stage/mod.ts";
 import { encodeTicket, newSecret } from "../../node/ticket.ts";
 
 const { values } = parseFlags(Deno.args, {
@@ -21,6 +21,7 @@ const { values } = parseFlags(Deno.args, {
   nodes: { type: "string" },
   tokens: { type: "string" },
   wire: { type: "string", default: "f16" },
+  experts: { type: "string", default: "local" },
 });
 if (!values.listen || !values.model || !values.nodes || !values.tokens) {
   console.error("usage: pipeline_wan_leader.ts --listen IP:PORT --model DIR --nodes N --tokens 1,2,3");
@@ -46,6 +47,7 @@ try {
     weights: "f32",
     members: Number(values.nodes),
     timeoutMs: 120_000,
+    experts: values.experts === "spread" ? "spread" : "local",
   });
   const chain = await pipeline.waitReady();
   say({ ready: { stages: assignment.plan.stages } });
@@ -73,6 +75,8 @@ try {
           firstTokenMs: r.firstTokenMs,
           mean: meanTimings(decode),
           perToken: decode,
+          ...(expertReport(r.events.map((e) => e.trace)) ?? {}),
+          predictedMsPerToken: (assignment.plan as { predicted?: { tokenMs?: number } }).predicted?.tokenMs,
         },
       });
     }
