@@ -17,6 +17,8 @@ export interface NodeSpec {
   down: number;
   /** Fixed cost per token each time this node computes (encode, submit, readback, hand-off), seconds. */
   overhead: number;
+  /** Cost per token of each layer a stage holds besides its bytes (encoding and launching its dispatches), s. */
+  layerOverhead: number;
   /** Memory kept free for working space (activations, kernels' scratch, the runtime), bytes. */
   reserveBytes: number;
   /** A region name; links between regions apply to every pair of their nodes. "" for none. */
@@ -75,6 +77,7 @@ export const NODE_DEFAULTS: Omit<NodeSpec, "id"> = {
   up: 125e6, // 1 Gbit/s
   down: 125e6,
   overhead: 1e-3, // encode + submit + early readback + hand-off per stage per token (docs/PLANNER.md)
+  layerOverhead: 0, // unknown unless measured (a node measures its own: node/measure.ts)
   reserveBytes: 2 ** 30,
   region: "",
 };
@@ -113,6 +116,11 @@ export function clusterFromNodes(nodes: NodeDescriptor[], opts: ClusterFromNodes
     for (const k of ["memBytes", "memBandwidth", "flops", "up", "down"] as const) {
       if (!(spec[k] > 0)) {
         throw new RangeError(`clusterFromNodes: node "${d.id}": ${k} must be > 0, got ${spec[k]}`);
+      }
+    }
+    for (const k of ["overhead", "layerOverhead", "reserveBytes"] as const) {
+      if (!(spec[k] >= 0) || !Number.isFinite(spec[k])) {
+        throw new RangeError(`clusterFromNodes: node "${d.id}": ${k} must be >= 0, got ${spec[k]}`);
       }
     }
     return spec;

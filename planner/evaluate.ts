@@ -1,12 +1,13 @@
 // The cost model, written plainly over the model graph (not the search's prefix sums), so that tests can
 // check the fast path against it. Per token of decode:
-//   stage   = overhead + max(bytes read / memory bandwidth, FLOPs / matmul throughput)
+//   stage   = overhead + layers x layer overhead + max(bytes read / memory bandwidth, FLOPs / matmul throughput)
 //   hop     = link latency + hidden-state bytes / min(link bw, sender up, receiver down)
 //   return  = the last stage sends the sampled token id back to the first (the loop is closed)
 //   fan-out = per MoE layer whose experts live on other nodes: the expected slowest round trip to the
 //             nodes holding the token's top-k experts (exact expectation for k independent picks).
 import { type Cluster, linkBetween, type NodeSpec } from "./cluster.ts";
 import { type DTypeBytes, type ModelGraph, moeOf } from "./model_graph.ts";
+import { SAMPLER_BYTES_PER_TOKEN } from "./compiled.ts";
 
 export interface Assignment {
   stages: { node: string; start: number; end: number }[];
@@ -92,7 +93,7 @@ export function evaluateAssignment(
     if (si === m - 1) {
       nm.weights += model.headParams * dtype.embed -
         (m === 1 && model.tied ? model.vocab * model.hidden * dtype.embed : 0);
-      bytes += model.headParams * dtype.embed;
+      bytes += model.headParams * dtype.embed + SAMPLER_BYTES_PER_TOKEN * model.vocab;
       flops += 2 * model.headParams;
     }
     for (let l = st.start; l < st.end; l++) {
@@ -161,7 +162,7 @@ export function evaluateAssignment(
     stages.push({
       node: st.node,
       computeS: compute,
-      overheadS: node.overhead,
+      overheadS: node.overhead + (st.end - st.start) * node.layerOverhead,
       hopS: hop,
       fanoutS: fanout,
       bytesRead: bytes,

@@ -21,6 +21,7 @@ function nodeProps(n: NodeSpec): string {
     `up = ${formatQuantity("netrate", n.up)}`,
     `down = ${formatQuantity("netrate", n.down)}`,
     `overhead = ${formatQuantity("time", n.overhead)}`,
+    `layer_overhead = ${formatQuantity("time", n.layerOverhead)}`,
     `reserve = ${formatQuantity("bytes", n.reserveBytes)}`,
   ];
   if (n.region !== "") p.push(`region = ${name(n.region)}`);

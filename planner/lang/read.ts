@@ -88,6 +88,7 @@ const NODE_SCHEMA: Schema = {
   up: "netrate",
   down: "netrate",
   overhead: "time",
+  layer_overhead: "time",
   reserve: "bytes",
   region: "word",
 };
@@ -111,6 +112,7 @@ function applyNode(
   if ("up" in p) n.up = p.up as number;
   if ("down" in p) n.down = p.down as number;
   if ("overhead" in p) n.overhead = p.overhead as number;
+  if ("layer_overhead" in p) n.layerOverhead = p.layer_overhead as number;
   if ("reserve" in p) n.reserveBytes = p.reserve as number;
   if ("region" in p) n.region = p.region as string;
   return n;

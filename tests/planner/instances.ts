@@ -56,6 +56,7 @@ export function randomCluster(r: () => number, nodes: number, kind: typeof LINKS
       up: kind === "asymmetric-nodes" ? pick(r, [1e6, 1e8]) : 1e8,
       down: 1e8,
       overhead: pick(r, [0, 1e-3, 11e-3]),
+      layerOverhead: pick(r, [0, 0, 50e-6, 1e-3]),
       reserveBytes: 0.25 * 2 ** 30,
       region: kind === "regions" ? pick(r, ["x", "y"]) : "",
     })),

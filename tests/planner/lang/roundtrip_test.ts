@@ -21,6 +21,7 @@ function randomCluster(r: () => number): Cluster {
       up: pick(r, [125e6, 6.25e6, 1e7 * r() + 1]),
       down: pick(r, [125e6, 62.5e6]),
       overhead: pick(r, [11e-3, 0.5e-3, r() * 0.05]),
+      layerOverhead: pick(r, [0, 25e-6, r() * 1e-3]),
       reserveBytes: pick(r, [2 ** 30, 0, 1.5 * 2 ** 30]),
       region: pick(r, ["", "eu", "us-east", "r 2"]),
     })),
