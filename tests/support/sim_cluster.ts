@@ -5,6 +5,7 @@ import { Membership, type MembershipConfig } from "../../node/membership/mod.ts"
 import type { NodeDescriptor } from "../../node/membership/mod.ts";
 import { seededRandom } from "../../node/random.ts";
 import { Registry, type RegistryOptions } from "../../node/registry/mod.ts";
+import { Links, type LinksOptions } from "../../node/links.ts";
 import { type LinkOptions, MemoryNetwork } from "../../node/transport/memory.ts";
 import type { PeerAddr } from "../../node/transport/transport.ts";
 
@@ -12,6 +13,8 @@ export interface SimNode {
   id: string;
   membership: Membership;
   registry: Registry;
+  /** The link table, when the cluster was made with `links`. */
+  links?: Links;
 }
 
 export interface SimClusterOptions {
@@ -23,6 +26,8 @@ export interface SimClusterOptions {
   /** Default link: 1 ms +- 1 ms, no loss. */
   link?: LinkOptions;
   registry?: RegistryOptions;
+  /** Give each node a link table (node/links.ts) with these options. Default: none. */
+  links?: LinksOptions;
 }
 
 export function descriptor(id: string): NodeDescriptor {
@@ -36,11 +41,13 @@ export class SimCluster {
   readonly config: MembershipConfig;
   #seed: number;
   #registry: RegistryOptions;
+  #links?: LinksOptions;
 
   constructor(opts: SimClusterOptions) {
     this.config = opts.config;
     this.#seed = opts.seed ?? 1;
     this.#registry = opts.registry ?? {};
+    this.#links = opts.links;
     this.net = new MemoryNetwork(this.clock, {
       seed: this.#seed,
       link: opts.link ?? { delayMs: 1, jitterMs: 1 },
@@ -60,7 +67,9 @@ export class SimCluster {
       incarnation: opts.incarnation,
     });
     const registry = new Registry(membership, this.#registry);
-    return { id, membership, registry };
+    // A restarted node is a new life: its boot time (the clock's) is later than its previous one's.
+    const links = this.#links ? new Links(membership, { boot: this.clock.now(), ...this.#links }) : undefined;
+    return { id, membership, registry, links };
   }
 
   addr(node: SimNode): PeerAddr {
