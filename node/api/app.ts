@@ -4,6 +4,7 @@
 // node and tests make from fakes (app.request()); serveApi (serve.ts) serves it, on 127.0.0.1 by default.
 import { Hono } from "hono";
 import type { PipelineNode } from "../stage/mod.ts";
+import type { LiveDescriptor } from "../../planner/live.ts";
 import { pipelineRoutes, pipelineStatus } from "./pipeline_routes.ts";
 
 export interface MemberView {
@@ -16,6 +17,8 @@ export interface MemberView {
   adapter?: string;
   gpuMemoryBytes?: number;
   version?: string;
+  /** What the member measured about itself and its links (node/descriptor.ts descriptorView). */
+  descriptor?: LiveDescriptor;
 }
 
 export interface ApiServices {

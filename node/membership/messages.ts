@@ -4,7 +4,7 @@
 // message is JSON with short keys: easy to read in a capture, and small next to the transport's frame
 // cost. The decoder never throws: a bad packet or a bad message inside one is dropped and counted.
 import type { PeerId } from "../transport/transport.ts";
-import type { Member, MemberState, NodeDescriptor } from "./state.ts";
+import type { Member, MemberState, NodeDescriptor, NodeMeasurement } from "./state.ts";
 
 /** First byte of every membership packet, so a demultiplexer can route it (see isMembershipPacket). */
 export const MAGIC = 0x4d;
@@ -142,7 +142,50 @@ export function validateDescriptor(v: unknown): NodeDescriptor | undefined {
   if (!isStr(name) || !isStr(version) || !isStr(adapter) || !isNat(gpuMemoryBytes) || !isAddrs(addrs)) {
     return undefined;
   }
-  return { name, version, adapter, gpuMemoryBytes, addrs: [...addrs] };
+  const d: NodeDescriptor = { name, version, adapter, gpuMemoryBytes, addrs: [...addrs] };
+  if (v.measuring === true) d.measuring = true;
+  if (v.measured !== undefined) {
+    const m = validateMeasurement(v.measured);
+    if (!m) return undefined;
+    d.measured = m;
+  }
+  return d;
+}
+
+const isMs = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v) && v >= 0 && v < 1e7;
+const BOUNDS: readonly NodeMeasurement["memoryBound"][] = ["device", "cap", "host", "time", "none"];
+
+/** Validates a node's self-measurement; a clean copy or undefined. */
+export function validateMeasurement(v: unknown): NodeMeasurement | undefined {
+  if (!isObj(v)) return undefined;
+  const { at, memoryBytes, memoryCapBytes, memoryBound, readGbps, readWeights, timestamps } = v;
+  const { dispatchMs, readbackMs, encodeLayerMs, tookMs } = v;
+  if (!isNat(at) || !isNat(memoryBytes) || !isNat(memoryCapBytes)) return undefined;
+  if (!BOUNDS.includes(memoryBound as NodeMeasurement["memoryBound"])) return undefined;
+  if (readWeights !== "f16" && readWeights !== "f32") return undefined;
+  if (typeof timestamps !== "boolean") return undefined;
+  if (![dispatchMs, readbackMs, encodeLayerMs, tookMs].every(isMs)) return undefined;
+  if (!Array.isArray(readGbps) || readGbps.length > 16) return undefined;
+  const widths: [number, number][] = [];
+  for (const p of readGbps) {
+    if (!Array.isArray(p) || p.length !== 2 || !isNat(p[0]) || p[0] === 0) return undefined;
+    if (typeof p[1] !== "number" || !(p[1] > 0) || !Number.isFinite(p[1])) return undefined;
+    if (widths.length && p[0] <= widths[widths.length - 1][0]) return undefined;
+    widths.push([p[0], p[1]]);
+  }
+  return {
+    at,
+    memoryBytes,
+    memoryCapBytes,
+    memoryBound: memoryBound as NodeMeasurement["memoryBound"],
+    readGbps: widths,
+    readWeights,
+    timestamps,
+    dispatchMs: dispatchMs as number,
+    readbackMs: readbackMs as number,
+    encodeLayerMs: encodeLayerMs as number,
+    tookMs: tookMs as number,
+  };
 }
 
 function validateMember(v: unknown): Omit<Member, "since"> | undefined {
