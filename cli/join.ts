@@ -4,12 +4,13 @@ import { type Command, parseFlags, UsageError } from "./command.ts";
 import { runNodeProcess } from "./node_process.ts";
 import { attachPipeline } from "./pipeline_node.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
+import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 
 export const join: Command = {
   name: "join",
   summary: "join a cluster with a ticket from `up`",
   usage: `Usage: swactor join TICKET [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
-                    [--model DIR]
+                    [--model DIR] [--memory SIZE]
 
 Joins the cluster that TICKET names (it carries the cluster secret and the leader's address) and serves
 until SIGINT/SIGTERM or \`swactor down --api ADDR\`, then leaves gracefully.
@@ -18,6 +19,7 @@ until SIGINT/SIGTERM or \`swactor down --api ADDR\`, then leaves gracefully.
   --membership NAME    membership timing preset (default lan)
   --model DIR          where this machine keeps the checkpoint the cluster's Plan names (default: the
                        leader's path); the node loads the layers of the stage the Plan gives it
+${MEMORY_HELP}
 Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad ticket or usage.`,
   async run(argv) {
     const { values, positionals } = parseFlags(argv, {
@@ -25,15 +27,18 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
       api: { type: "string" },
       membership: { type: "string" },
       model: { type: "string" },
+      memory: { type: "string" },
     }, { allowPositionals: true });
     if (positionals.length !== 1) throw new UsageError("join expects exactly one TICKET argument");
     const ticket = parseTicket(positionals[0]);
+    const memoryCap = memoryFlag(values.memory);
     let pipeline: PipelineNode | undefined;
     return await runNodeProcess({
       secret: ticket.secret,
       listen: values.listen,
       api: values.api,
       membership: values.membership,
+      memoryCap,
       async ready(node, api) {
         console.error(`api: ${api}`);
         console.error(`id: ${node.membership.id}`);

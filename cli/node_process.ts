@@ -12,6 +12,8 @@ export interface NodeProcessOptions {
   listen?: string;
   api?: string;
   membership?: string;
+  /** Most memory the node offers, bytes (`--memory`); it measures itself within it (node/measure.ts). */
+  memoryCap?: number;
   plan?: unknown;
   /** The node's pipeline, once attached (served by the control API). */
   pipeline?: () => PipelineNode | undefined;
@@ -36,6 +38,8 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
     listen: opts.listen,
     membership: config,
     dialOverrides: await dialTableFromEnv(),
+    memoryCap: opts.memoryCap,
+    measure: true,
   });
   let stop!: () => void;
   const stopped = new Promise<void>((r) => (stop = r));

@@ -13,7 +13,11 @@ import {
   type TokenTimings,
 } from "../node/stage/mod.ts";
 import { apiFetch, readGenerateLines } from "../node/api/mod.ts";
+import type { Plan } from "../planner/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
+import { measuredMsPerToken, predictRequest, type RequestPrediction } from "./prediction.ts";
+import { liveMembersAt } from "./plan_live.ts";
+import { liveMembers } from "../node/stage/mod.ts";
 import { UsageError } from "./command.ts";
 
 export interface ChainGenerateOptions {
@@ -74,14 +78,16 @@ function report(
   o: ChainGenerateOptions,
   r: {
     tokens: number[];
-    events: { timings: TokenTimings }[];
+    events: { timings: TokenTimings; atMs: number }[];
     stopReason: string;
     tokS: number;
     firstTokenMs: number;
   },
   chain: { stages: unknown[]; nodes: number },
+  predicted?: RequestPrediction,
 ): void {
   const mean = meanTimings(r.events.slice(1).map((e) => e.timings));
+  const measured = measuredMsPerToken(r.events);
   if (o.json) {
     console.log(JSON.stringify({
       tokens: r.tokens,
@@ -89,6 +95,9 @@ function report(
       prompt_tokens: p.ids.length,
       tok_s: Number(r.tokS.toFixed(2)),
       first_token_ms: Number(r.firstTokenMs.toFixed(1)),
+      ms_per_token: measured ?? null,
+      predicted_ms_per_token: predicted?.msPerToken ?? null,
+      ...(predicted ? { predicted: { context: predicted.context, stages: predicted.stages } } : {}),
       stop_reason: r.stopReason,
       seed: o.sampling.seed,
       weights: o.weights,
@@ -110,7 +119,12 @@ function report(
         r.tokS.toFixed(1)
       } tok/s after a first ` +
         `token at ${r.firstTokenMs.toFixed(0)} ms (${r.stopReason}); per token: compute ms per stage ` +
-        `[${mean.computeMs.join(", ")}], wire ms per hop [${mean.wireMs.join(", ")}]`,
+        `[${mean.computeMs.join(", ")}], wire ms per hop [${mean.wireMs.join(", ")}]` +
+        (measured !== undefined && predicted
+          ? `; ${measured.toFixed(1)} ms per token after the first, predicted ${
+            predicted.msPerToken.toFixed(1)
+          }`
+          : ""),
     );
   }
 }
@@ -164,7 +178,13 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
         onToken: (e) => out.token(e.token),
       });
       out.end();
-      report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n });
+      const plan = cluster.assignment.plan as unknown as Plan;
+      const alive = cluster.node.membership.members().filter((m) => plan.stages.some((s) => s.node === m.id));
+      const predicted = await predictRequest(o.modelDir, plan, liveMembers(cluster.node, alive), {
+        promptTokens: p.ids.length,
+        generated: r.tokens.length,
+      });
+      report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n }, predicted);
       if (o.trace) await writeTrace(o.trace, r.events, cluster.assignment.plan.stages);
       return 0;
     } finally {
@@ -233,10 +253,19 @@ export async function generateOnCluster(base: string, o: ChainGenerateOptions): 
       if ("done" in m) {
         out.end();
         const status = await (await apiFetch(base, "/pipeline")).json();
+        const predicted = await predictRequest(
+          status.assignment.model.dir,
+          status.assignment.plan,
+          await liveMembersAt(base),
+          {
+            promptTokens: p.ids.length,
+            generated: tokens.length,
+          },
+        );
         report(p, o, { tokens, events, ...m.done }, {
           stages: stageSummary(status.assignment.plan.stages),
           nodes: m.done.stages,
-        });
+        }, predicted);
         if (o.trace) {
           if (events.some((e) => !Array.isArray(e.trace))) {
             console.error(

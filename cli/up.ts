@@ -1,19 +1,20 @@
 // `swactor up`: start a node that leads a new cluster, print its ticket, optionally start local workers.
 import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { clearState, writeState } from "../node/state_file.ts";
-import { type Command, numberFlag, parseFlags } from "./command.ts";
+import { type Command, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { runNodeProcess } from "./node_process.ts";
 import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
 import { type PipelineNode, publishPlan } from "../node/stage/mod.ts";
+import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 
 export const up: Command = {
   name: "up",
   summary: "start a node that leads a cluster and print its ticket",
   usage:
     `Usage: swactor up [--peers N] [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
-                  [--model DIR] [--plan FILE] [--weights f32|f16|q8|q4]
+                  [--model DIR] [--members N] [--plan FILE] [--weights f32|f16|q8|q4] [--memory SIZE]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
 stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves gracefully.
@@ -23,10 +24,14 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
                        file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down
   --membership NAME    membership timing preset (default lan)
   --model DIR          serve this checkpoint on a chain over the N nodes (layers placed by the planner);
-                       \`generate\` on this machine then uses the cluster; \`status\` shows each stage
+                       \`generate\` on this machine then uses the cluster; \`status\` shows each stage;
+                       the layers are split by what the nodes measured (docs/PLANNER.md, "Live clusters")
+  --members N          with --model: plan once N nodes are in the cluster, this one and the --peers workers
+                       included, the others joining with the ticket (default: --peers)
   --plan FILE          with --model: use this Plan JSON instead of planning (its stage nodes are mapped
                        onto the members in order); without --model it is only shown by \`status\`
-  --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)`,
+  --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)
+${MEMORY_HELP}`,
   async run(argv) {
     const { values } = parseFlags(argv, {
       peers: { type: "string" },
@@ -36,10 +41,21 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       model: { type: "string" },
       plan: { type: "string" },
       weights: { type: "string" },
+      members: { type: "string" },
+      memory: { type: "string" },
     });
     const weights = parseWeights(values.weights);
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
+    const members = numberFlag(values.members, "members", {
+      min: 1,
+      max: 1024,
+      integer: true,
+      fallback: peers,
+    });
+    if (values.members !== undefined && !values.model) throw new UsageError("--members needs --model");
+    if (members < peers) throw new UsageError(`--members ${members} is fewer than --peers ${peers}`);
+    const memoryCap = memoryFlag(values.memory);
     const plan = values.plan ? JSON.parse(await Deno.readTextFile(values.plan)) : undefined;
     const secret = newSecret();
     const workers: Deno.ChildProcess[] = [];
@@ -48,6 +64,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       listen: values.listen,
       api: values.api,
       membership: values.membership,
+      memoryCap,
       plan: values.model ? undefined : plan,
       pipeline: () => pipeline,
       async ready(node, api) {
@@ -76,7 +93,9 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
           const a = await publishPlan(node, pipeline, {
             modelDir: resolve(values.model),
             weights,
-            members: peers,
+            members,
+            // Nodes beyond --peers join by hand: give them time.
+            timeoutMs: members > peers ? 600_000 : undefined,
             plan,
           });
           console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);
