@@ -16,6 +16,7 @@ import {
   encodeCalls,
   gemvFusedCall,
   type Gpu,
+  gpuSlowdown,
   type KernelCall,
   readBack,
   releaseCalls,
@@ -85,7 +86,7 @@ export async function measureNode(gpu: Gpu, opts: MeasureOptions = {}): Promise<
       memoryBound: memory.bound,
       readGbps,
       readWeights: wt,
-      timestamps: gpu.hasTimestamps,
+      timestamps: gpu.hasTimestamps && gpuSlowdown() === 1,
       dispatchMs: round(steps.dispatchMs, 4),
       readbackMs: round(steps.readbackMs, 4),
       encodeLayerMs: round(steps.encodeLayerMs, 4),
@@ -213,9 +214,12 @@ async function probeBandwidth(gpu: Gpu, k: number, wt: "f16" | "f32", budgetMs: 
   }
 }
 
-/** ms of `reps` rounds of `calls`: GPU time from timestamps where there are any, else the wall clock. */
+/**
+ * ms of `reps` rounds of `calls`: GPU time from timestamps where there are any, else (or when the node is
+ * throttled with SWACTOR_SLOWDOWN, which stretches waits, not GPU work) the wall clock to the readback.
+ */
 async function timeCalls(gpu: Gpu, calls: KernelCall[], reps: number, out: GPUBuffer): Promise<number> {
-  if (gpu.hasTimestamps) return (await gpuMs(gpu, calls, reps)) * reps;
+  if (gpu.hasTimestamps && gpuSlowdown() === 1) return (await gpuMs(gpu, calls, reps)) * reps;
   const t0 = performance.now();
   const enc = gpu.device.createCommandEncoder();
   const pass = enc.beginComputePass();

@@ -1,6 +1,6 @@
 // Issue 17's acceptance with real processes on loopback: `up --model DIR --members 3` and two `join`s that
-// differ, one capped by `--memory` to a single layer, one on a slower adapter (lavapipe with one thread,
-// LP_NUM_THREADS=1: half the GEMV bandwidth, measured). Each node measures itself; `status --json` shows every
+// differ, one capped by `--memory` to a single layer, one three times slower (SWACTOR_SLOWDOWN=3: its waits
+// for the GPU last three times as long, kernels/gpu.ts; measured as such). Each node measures itself; `status --json` shows every
 // member's descriptor and links in ../shared/CLI.md's shape; the chain `up --model` placed follows the
 // measurements (the capped node holds one layer and not the head, the slow node one layer, the leader the
 // rest: with equal nodes the planner would give the leader one) and `plan --live` places the same way;
@@ -104,7 +104,7 @@ Deno.test({
       procs.push(capped);
       ids.capped = await idOf(capped);
       await measured(ids.capped);
-      const slow = spawn(["join", ticket, ...membership], { ...env, LP_NUM_THREADS: "1" });
+      const slow = spawn(["join", ticket, ...membership], { ...env, SWACTOR_SLOWDOWN: "3" });
       procs.push(slow);
       ids.slow = await idOf(slow);
       await until("the chain", () => /chain ready: 3 stage/.test(lead.err()), 120_000);
@@ -133,7 +133,7 @@ Deno.test({
       assert.equal(byId.get(ids.lead)!.memory_bytes, 2 ** 30);
       assert.ok(
         byId.get(ids.slow)!.read_gbps! < byId.get(ids.lead)!.read_gbps!,
-        `one lavapipe thread reads slower: ${byId.get(ids.slow)!.read_gbps} vs ${
+        `the throttled node reads slower: ${byId.get(ids.slow)!.read_gbps} vs ${
           byId.get(ids.lead)!.read_gbps
         }`,
       );
