@@ -63,6 +63,7 @@ export async function selfMeasure(
   } catch (e) {
     log(`self-measurement failed, planners will use defaults for this node: ${(e as Error).message}`);
   }
+  if (measured) log(`measured: ${measurementLine(measured)}`);
   const me = membership.member(membership.id);
   if (!me || me.state !== "alive") return measured; // leaving: say nothing more
   const { measuring: _, ...meta } = me.meta;
@@ -92,6 +93,8 @@ export function descriptorView(member: Member, links: Links): LiveDescriptor & {
     memory_bound: m?.memoryBound ?? null,
     read_gbps: m && m.readGbps.length ? m.readGbps[m.readGbps.length - 1][1] : null,
     read_gbps_by_width: m ? Object.fromEntries(m.readGbps.map(([k, v]) => [String(k), v])) : {},
+    cached_gbps_by_width: m ? Object.fromEntries(m.cachedGbps.map(([k, v]) => [String(k), v])) : {},
+    cache_bytes: m?.cacheBytes ?? 0,
     read_weights: m?.readWeights ?? null,
     timestamps: m?.timestamps ?? null,
     dispatch_ms: m?.dispatchMs ?? null,
@@ -103,6 +106,15 @@ export function descriptorView(member: Member, links: Links): LiveDescriptor & {
 }
 
 const round = (x: number, d: number) => Number(x.toFixed(d));
+
+/** One line for a person: "1.0 GiB (cap), 4.80 GB/s at K=4096 (2.25 at 64), step 0.260 ms, ...". */
+export function measurementLine(m: NodeMeasurement): string {
+  const gib = (m.memoryBytes / 2 ** 30).toFixed(1);
+  const [k0, g0] = m.readGbps[0] ?? [0, 0];
+  const [k1, g1] = m.readGbps[m.readGbps.length - 1] ?? [0, 0];
+  return `${gib} GiB (${m.memoryBound}), ${g1.toFixed(2)} GB/s at K=${k1} (${g0.toFixed(2)} at ${k0}), ` +
+    `step ${m.readbackMs.toFixed(3)} ms, dispatch ${m.dispatchMs.toFixed(4)} ms, in ${m.tookMs} ms`;
+}
 
 async function probeAdapter(timeoutMs: number): Promise<{ name: string; bytes: number } | undefined> {
   const gpu = (navigator as { gpu?: GPU }).gpu;

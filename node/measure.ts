@@ -4,8 +4,11 @@
 //   reached or, on a software adapter (whose "GPU memory" is host memory, committed only when touched), the
 //   host's available memory is; then all freed;
 // - weight-read bandwidth: the decode GEMV (kernels/gemv_fused.ts with RMSNorm folded in, the weight type
-//   the engine would choose) at a few input widths K, on matrices large enough to leave the caches behind,
-//   timed with GPU timestamps where the adapter has them (kernels/timer.ts), else by the wall clock;
+//   the engine would choose) at a few input widths K, twice: streaming (rotating over copies that together
+//   are several times any cache: what a real model's layers see) and cached (one small matrix read again
+//   and again: what a stage whose weights fit the cache sees), and how large a working set still reads at
+//   the cached rate; timed with GPU timestamps where the adapter has them (kernels/timer.ts), else by the
+//   wall clock;
 // - what a chain stage pays per step besides reading weights: the fixed part (upload the input, submit, read
 //   a small result back), what each further dispatch adds, and the host's encode time for a layer's
 //   dispatches. Each step follows a short idle gap, as a stage's steps do.
@@ -32,7 +35,7 @@ export interface MeasureOptions {
   memoryCap?: number;
   /** Rough time budget, ms (default: 1000 on a software adapter, 2000 on a GPU). */
   budgetMs?: number;
-  /** Input widths K of the bandwidth GEMVs (default [64, 256, 1024, 4096]). */
+  /** Input widths K of the bandwidth GEMVs (default [64, 512, 4096]). */
   widths?: number[];
   /**
    * A file whose lock makes the measurements of one machine take turns (default
@@ -42,11 +45,20 @@ export interface MeasureOptions {
 }
 
 const MiB = 2 ** 20;
-const DEFAULT_WIDTHS = [64, 256, 1024, 4096];
+const DEFAULT_WIDTHS = [64, 512, 4096];
+/** Weights a streaming probe rotates over (4 copies): 1.5 x a 32 MiB L3, several times a 50-72 MB GPU L2. */
+const STREAM_BYTES = { software: 48 * MiB, gpu: 256 * MiB };
+/** Working sets of the cache probe (one matrix read again and again), smallest first. */
+const CACHE_SIZES = [8 * MiB, 16 * MiB, 32 * MiB, 64 * MiB];
+/** A working set still counts as cached while it reads at this fraction of the smallest one's rate. */
+const CACHED_FRACTION = 0.75;
 /** GPU work per piece, ms: the event loop is blocked at most this long at a time. */
 const PIECE_MS = 20;
-/** Idle gap before each timed step, ms (a stage's steps follow a wait for the previous stage). */
-const STEP_GAP_MS = 3;
+/**
+ * Idle gap before each timed step, ms: a chain stage's steps follow a wait for the other stages, and after it
+ * a software adapter's threads have parked (a step after 20 ms idle costs ~0.5 ms there, back to back ~0.2).
+ */
+const STEP_GAP_MS = 20;
 /** Extra dispatches in the long steps of the step probe. */
 const EXTRA_DISPATCHES = 24;
 
@@ -68,16 +80,23 @@ export async function measureNode(gpu: Gpu, opts: MeasureOptions = {}): Promise<
   if (widths.length === 0 || widths.some((k) => !(Number.isInteger(k) && k >= 8 && k % 8 === 0))) {
     throw new RangeError(`widths must be multiples of 8, at least 8, got [${widths}]`);
   }
-  const budget = opts.budgetMs ?? (gpu.isSoftware ? 1000 : 2000);
+  const budget = opts.budgetMs ?? (gpu.isSoftware ? 1500 : 2000);
   const lockPath = opts.lockPath ?? `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-measure.lock`;
   return await inTurn(lockPath, async () => {
     const t0 = performance.now();
-    const memory = await probeMemory(gpu, cap, t0 + budget * 0.2);
+    const memory = await probeMemory(gpu, cap, t0 + budget * 0.1);
     const wt = gpu.hasF16 ? "f16" : "f32";
-    const readGbps: [number, number][] = [];
+    const stream = gpu.isSoftware ? STREAM_BYTES.software : STREAM_BYTES.gpu;
+    const each = (budget * 0.7) / (2 * widths.length + CACHE_SIZES.length - 1);
+    const readGbps: [number, number][] = [], cachedGbps: [number, number][] = [];
     for (const k of [...widths].sort((a, b) => a - b)) {
-      readGbps.push([k, round(await probeBandwidth(gpu, k, wt, (budget * 0.6) / widths.length), 3)]);
+      readGbps.push([k, round(await probeBandwidth(gpu, k, wt, each, { bytes: stream / 4, copies: 4 }), 3)]);
+      cachedGbps.push([
+        k,
+        round(await probeBandwidth(gpu, k, wt, each, { bytes: CACHE_SIZES[0], copies: 1 }), 3),
+      ]);
     }
+    const cacheBytes = await probeCacheSize(gpu, wt, each, readGbps, cachedGbps);
     const steps = await probeSteps(gpu);
     return {
       at: Date.now(),
@@ -85,6 +104,8 @@ export async function measureNode(gpu: Gpu, opts: MeasureOptions = {}): Promise<
       memoryCapBytes: cap,
       memoryBound: memory.bound,
       readGbps,
+      cachedGbps,
+      cacheBytes,
       readWeights: wt,
       timestamps: gpu.hasTimestamps && gpuSlowdown() === 1,
       dispatchMs: round(steps.dispatchMs, 4),
@@ -168,13 +189,45 @@ async function probeMemory(
 }
 
 /**
- * GB/s of weights read by the decode GEMV with input width `k`: pieces of back-to-back dispatches rotating
- * over weight copies that together exceed the caches; the best piece after the first.
+ * The largest working set (of CACHE_SIZES) that reads at CACHED_FRACTION of the smallest one's rate, at the
+ * width nearest 1024; 0 when the smallest reads no faster than streaming (no cache to speak of).
  */
-async function probeBandwidth(gpu: Gpu, k: number, wt: "f16" | "f32", budgetMs: number): Promise<number> {
+async function probeCacheSize(
+  gpu: Gpu,
+  wt: "f16" | "f32",
+  budgetMs: number,
+  stream: [number, number][],
+  cached: [number, number][],
+): Promise<number> {
+  let i = 0;
+  for (let j = 1; j < cached.length; j++) {
+    if (Math.abs(Math.log(cached[j][0] / 1024)) < Math.abs(Math.log(cached[i][0] / 1024))) i = j;
+  }
+  const [k, fast] = cached[i];
+  if (fast < 1.25 * stream[i][1]) return 0;
+  let size = CACHE_SIZES[0];
+  for (const s of CACHE_SIZES.slice(1)) {
+    if (await probeBandwidth(gpu, k, wt, budgetMs, { bytes: s, copies: 1 }) < CACHED_FRACTION * fast) break;
+    size = s;
+  }
+  return size;
+}
+
+/**
+ * GB/s of weights read by the decode GEMV with input width `k`: pieces of back-to-back dispatches rotating
+ * over `copies` weight matrices of about `bytes` each (warmed by one untimed round); the upper quartile of
+ * the pieces.
+ */
+async function probeBandwidth(
+  gpu: Gpu,
+  k: number,
+  wt: "f16" | "f32",
+  budgetMs: number,
+  shape: { bytes: number; copies: number },
+): Promise<number> {
   const bpw = wt === "f16" ? 2 : 4;
-  const target = gpu.isSoftware ? 8 * MiB : 64 * MiB;
-  const copies = gpu.isSoftware ? 1 : 4;
+  const target = shape.bytes;
+  const copies = shape.copies;
   const maxRows = Math.floor(Number(gpu.device.limits.maxStorageBufferBindingSize) / (k * bpw));
   let n = Math.min(Math.floor(target / (k * bpw)), maxRows);
   n = Math.max(64, n - (n % 64));
@@ -199,15 +252,17 @@ async function probeBandwidth(gpu: Gpu, k: number, wt: "f16" | "f32", budgetMs: 
     const rates: number[] = [];
     let reps = 1;
     const end = performance.now() + budgetMs;
-    while ((performance.now() < end && rates.length < 16) || rates.length < 3) {
+    while ((performance.now() < end && rates.length < 16) || rates.length < 2) {
       const ms = await timeCalls(gpu, calls, reps, y);
       rates.push((bytes * reps) / (ms * 1e6));
       if (ms < PIECE_MS / 2 && reps < 1024) reps *= 2;
       await sleep(0);
     }
-    // The best piece: one that shared the machine with another process (on a software adapter the GPU is
-    // the CPU) shows less than the adapter can do, none shows more.
-    return Math.max(...rates.slice(1));
+    // The upper quartile: a piece that shared the machine with another process (on a software adapter the
+    // GPU is the CPU) shows less than the adapter can do; the best piece alone would promise more than a
+    // shared machine gives.
+    const sorted = rates.sort((a, b) => a - b);
+    return sorted[Math.floor(sorted.length * 0.75)];
   } finally {
     releaseCalls(calls);
     for (const b of [x, norm, y, ...weights]) b.destroy();
@@ -271,7 +326,7 @@ async function probeSteps(
     await step(1);
     await step(1 + EXTRA_DISPATCHES);
     const short: number[] = [], long: number[] = [];
-    for (let r = 0; r < 7; r++) {
+    for (let r = 0; r < 5; r++) {
       await sleep(STEP_GAP_MS);
       short.push(await step(1));
       await sleep(STEP_GAP_MS);

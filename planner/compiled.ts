@@ -15,6 +15,9 @@ export interface CompiledProblem {
   /** Per node: usable memory (capacity - reserve), bandwidth, FLOP/s, fixed overhead per token and per layer. */
   memAvail: Float64Array;
   memBw: Float64Array;
+  /** Per node: bytes per token that still read from the cache (0: none), and the cache's bandwidth. */
+  cacheBytes: Float64Array;
+  cacheBw: Float64Array;
   flops: Float64Array;
   overhead: Float64Array;
   layerOverhead: Float64Array;
@@ -72,6 +75,8 @@ export function compileProblem(
     nodeIds: nodes.map((n) => n.id),
     memAvail: Float64Array.from(nodes, (n) => n.memBytes - n.reserveBytes),
     memBw: Float64Array.from(nodes, (n) => n.memBandwidth),
+    cacheBytes: Float64Array.from(nodes, (n) => n.cacheBytes),
+    cacheBw: Float64Array.from(nodes, (n) => n.cacheBandwidth),
     flops: Float64Array.from(nodes, (n) => n.flops),
     overhead: Float64Array.from(nodes, (n) => n.overhead),
     layerOverhead: Float64Array.from(nodes, (n) => n.layerOverhead),

@@ -1,11 +1,12 @@
 // The cost model, written plainly over the model graph (not the search's prefix sums), so that tests can
 // check the fast path against it. Per token of decode:
 //   stage   = overhead + layers x layer overhead + max(bytes read / memory bandwidth, FLOPs / matmul throughput)
+//             (a stage whose bytes fit the node's cache reads them at the cache's bandwidth)
 //   hop     = link latency + hidden-state bytes / min(link bw, sender up, receiver down)
 //   return  = the last stage sends the sampled token id back to the first (the loop is closed)
 //   fan-out = per MoE layer whose experts live on other nodes: the expected slowest round trip to the
 //             nodes holding the token's top-k experts (exact expectation for k independent picks).
-import { type Cluster, linkBetween, type NodeSpec } from "./cluster.ts";
+import { type Cluster, linkBetween, type NodeSpec, readSeconds } from "./cluster.ts";
 import { type DTypeBytes, type ModelGraph, moeOf } from "./model_graph.ts";
 import { SAMPLER_BYTES_PER_TOKEN } from "./compiled.ts";
 
@@ -158,7 +159,7 @@ export function evaluateAssignment(
       const l = linkBetween(cluster, node, next), bw = Math.min(l.bandwidth, node.up, next.down);
       hop = l.latency + (si === m - 1 ? 8 : act) / bw;
     }
-    const compute = Math.max(bytes / node.memBandwidth, flops / node.flops);
+    const compute = Math.max(readSeconds(node, bytes), flops / node.flops);
     stages.push({
       node: st.node,
       computeS: compute,

@@ -3,7 +3,8 @@
 // node/stage/publish.ts) and each request's predicted per-token time all go through here, so they agree.
 // How a measurement becomes a node spec (docs/PLANNER.md, "Live clusters"):
 //   memBytes      = memory_bytes (what the node could allocate, within its --memory cap)
-//   memBandwidth  = the GEMV bandwidth at the model's width (read_gbps_by_width, log-interpolated)
+//   memBandwidth  = the GEMV bandwidth streaming from memory at the model's width (read_gbps_by_width,
+//                   log-interpolated); cacheBytes / cacheBandwidth = cache_bytes and the cached rate there
 //   overhead      = readback_ms (a step's fixed part: upload, submit, read back)
 //   layerOverhead = dispatch_ms x the dispatches of a decoder layer
 //   links         = half the smoothed round trip each way (averaged over both ends' measurements)
@@ -37,6 +38,10 @@ export interface LiveDescriptor {
   read_gbps: number | null;
   /** The same by GEMV input width K (keys: K as a string). */
   read_gbps_by_width?: Record<string, number>;
+  /** The GEMV's rate on one matrix that stays in the cache, by width. */
+  cached_gbps_by_width?: Record<string, number>;
+  /** The largest working set that still reads at the cached rate, bytes (0: none seen). */
+  cache_bytes?: number;
   dispatch_ms: number | null;
   readback_ms: number | null;
   encode_layer_ms?: number | null;
@@ -65,9 +70,18 @@ export interface LiveClusterOptions {
   quant?: Partial<DTypeBytes>;
 }
 
-/** The bandwidth of a descriptor at GEMV width `k`, GB/s: log-interpolated between widths, clamped. */
-export function gbpsAt(d: LiveDescriptor, k: number | undefined): number | null {
-  const w = Object.entries(d.read_gbps_by_width ?? {}).map(([kk, v]) => [Number(kk), v] as const)
+/**
+ * The bandwidth of a descriptor at GEMV width `k`, GB/s (streaming; `table` "cached" for the cache's):
+ * log-interpolated between widths, clamped.
+ */
+export function gbpsAt(
+  d: LiveDescriptor,
+  k: number | undefined,
+  table: "read" | "cached" = "read",
+): number | null {
+  const byWidth = table === "read" ? d.read_gbps_by_width : d.cached_gbps_by_width;
+  if (table === "cached" && !byWidth) return null;
+  const w = Object.entries(byWidth ?? {}).map(([kk, v]) => [Number(kk), v] as const)
     .filter(([kk, v]) => kk > 0 && v > 0).sort((a, b) => a[0] - b[0]);
   if (k === undefined || w.length === 0) return d.read_gbps;
   if (k <= w[0][0]) return w[0][1];
@@ -89,6 +103,11 @@ export function liveNode(m: LiveMember, opts: LiveClusterOptions = {}): NodeDesc
   if (d.memory_bytes > 0) n.memBytes = d.memory_bytes;
   const gbps = gbpsAt(d, opts.width);
   if (gbps !== null && gbps > 0) n.memBandwidth = Math.round(gbps * 1e3) * 1e6; // MB/s resolution
+  const cached = gbpsAt(d, opts.width, "cached");
+  if (d.cache_bytes && cached !== null && cached > 0) {
+    n.cacheBytes = d.cache_bytes;
+    n.cacheBandwidth = Math.round(cached * 1e3) * 1e6;
+  }
   if (d.readback_ms !== null) n.overhead = microseconds(d.readback_ms);
   if (d.dispatch_ms !== null) {
     n.layerOverhead = microseconds(d.dispatch_ms * (opts.layerDispatches ?? LAYER_DISPATCHES));

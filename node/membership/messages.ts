@@ -155,6 +155,19 @@ export function validateDescriptor(v: unknown): NodeDescriptor | undefined {
 const isMs = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v) && v >= 0 && v < 1e7;
 const BOUNDS: readonly NodeMeasurement["memoryBound"][] = ["device", "cap", "host", "time", "none"];
 
+/** [K, GB/s] pairs, K ascending, rates positive; a clean copy or undefined. */
+function validateWidths(v: unknown): [number, number][] | undefined {
+  if (!Array.isArray(v) || v.length > 16) return undefined;
+  const out: [number, number][] = [];
+  for (const p of v) {
+    if (!Array.isArray(p) || p.length !== 2 || !isNat(p[0]) || p[0] === 0) return undefined;
+    if (typeof p[1] !== "number" || !(p[1] > 0) || !Number.isFinite(p[1])) return undefined;
+    if (out.length && p[0] <= out[out.length - 1][0]) return undefined;
+    out.push([p[0], p[1]]);
+  }
+  return out;
+}
+
 /** Validates a node's self-measurement; a clean copy or undefined. */
 export function validateMeasurement(v: unknown): NodeMeasurement | undefined {
   if (!isObj(v)) return undefined;
@@ -165,20 +178,16 @@ export function validateMeasurement(v: unknown): NodeMeasurement | undefined {
   if (readWeights !== "f16" && readWeights !== "f32") return undefined;
   if (typeof timestamps !== "boolean") return undefined;
   if (![dispatchMs, readbackMs, encodeLayerMs, tookMs].every(isMs)) return undefined;
-  if (!Array.isArray(readGbps) || readGbps.length > 16) return undefined;
-  const widths: [number, number][] = [];
-  for (const p of readGbps) {
-    if (!Array.isArray(p) || p.length !== 2 || !isNat(p[0]) || p[0] === 0) return undefined;
-    if (typeof p[1] !== "number" || !(p[1] > 0) || !Number.isFinite(p[1])) return undefined;
-    if (widths.length && p[0] <= widths[widths.length - 1][0]) return undefined;
-    widths.push([p[0], p[1]]);
-  }
+  const widths = validateWidths(readGbps), cached = validateWidths(v.cachedGbps);
+  if (!widths || !cached || !isNat(v.cacheBytes)) return undefined;
   return {
     at,
     memoryBytes,
     memoryCapBytes,
     memoryBound: memoryBound as NodeMeasurement["memoryBound"],
     readGbps: widths,
+    cachedGbps: cached,
+    cacheBytes: v.cacheBytes,
     readWeights,
     timestamps,
     dispatchMs: dispatchMs as number,

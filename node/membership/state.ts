@@ -34,8 +34,12 @@ export interface NodeMeasurement {
   /** What bounded memoryBytes: "device" (the adapter refused more), "cap", "host" (a software adapter's host
    *  memory), "time" (the probe ran out of time: a lower bound), "none" (no probe: the cap, or 0). */
   memoryBound: "device" | "cap" | "host" | "time" | "none";
-  /** Weight-read bandwidth of the decode GEMV by input width: [K, GB/s] pairs, K ascending. */
+  /** Weight-read bandwidth of the decode GEMV streaming from memory, by input width: [K, GB/s], K ascending. */
   readGbps: [number, number][];
+  /** The same reading one matrix that stays in the cache, by the same widths. */
+  cachedGbps: [number, number][];
+  /** The largest working set, bytes, that still reads at the cached rate (0: no cache effect seen). */
+  cacheBytes: number;
   /** Weights those GEMVs read ("f16" where the engine would choose it, else "f32"). */
   readWeights: "f16" | "f32";
   /** Whether GPU timestamps timed the GEMVs (else the wall clock around a submit and its readback). */

@@ -17,6 +17,8 @@ function nodeProps(n: NodeSpec): string {
   const p = [
     `mem = ${formatQuantity("bytes", n.memBytes)}`,
     `mem_bw = ${formatQuantity("rate", n.memBandwidth)}`,
+    `cache = ${formatQuantity("bytes", n.cacheBytes)}`,
+    `cache_bw = ${formatQuantity("rate", n.cacheBandwidth)}`,
     `flops = ${formatQuantity("flops", n.flops)}`,
     `up = ${formatQuantity("netrate", n.up)}`,
     `down = ${formatQuantity("netrate", n.down)}`,

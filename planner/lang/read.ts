@@ -84,6 +84,8 @@ class Reader {
 const NODE_SCHEMA: Schema = {
   mem: "bytes",
   mem_bw: "rate",
+  cache: "bytes",
+  cache_bw: "rate",
   flops: "flops",
   up: "netrate",
   down: "netrate",
@@ -108,6 +110,8 @@ function applyNode(
   const n = { ...base };
   if ("mem" in p) n.memBytes = p.mem as number;
   if ("mem_bw" in p) n.memBandwidth = p.mem_bw as number;
+  if ("cache" in p) n.cacheBytes = p.cache as number;
+  if ("cache_bw" in p) n.cacheBandwidth = p.cache_bw as number;
   if ("flops" in p) n.flops = p.flops as number;
   if ("up" in p) n.up = p.up as number;
   if ("down" in p) n.down = p.down as number;

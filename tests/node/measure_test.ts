@@ -25,8 +25,12 @@ Deno.test({
     assert.equal(m.memoryBytes, cap);
     assert.equal(m.memoryCapBytes, cap);
     assert.equal(m.memoryBound, "cap");
-    assert.deepEqual(m.readGbps.map(([k]) => k), [64, 256, 1024, 4096]);
+    assert.deepEqual(m.readGbps.map(([k]) => k), [64, 512, 4096]);
     for (const [, gbps] of m.readGbps) assert.ok(gbps > 0.01 && gbps < 50_000, `${gbps} GB/s`);
+    assert.deepEqual(m.cachedGbps.map(([k]) => k), [64, 512, 4096]);
+    for (const [, gbps] of m.cachedGbps) assert.ok(gbps > 0.01 && gbps < 100_000, `${gbps} GB/s`);
+    // The cache probe's working sets are 8..64 MiB; 0 means no cache effect was seen.
+    assert.ok([0, 8, 16, 32, 64].includes(m.cacheBytes / 2 ** 20), `cache ${m.cacheBytes}`);
     assert.ok(m.readbackMs > 0 && m.readbackMs < 50, `readback ${m.readbackMs} ms`);
     assert.ok(m.dispatchMs >= 0 && m.dispatchMs < 5, `dispatch ${m.dispatchMs} ms`);
     assert.ok(m.encodeLayerMs > 0 && m.encodeLayerMs < 5, `encode ${m.encodeLayerMs} ms`);
@@ -97,6 +101,8 @@ Deno.test("descriptor: a measurement is validated on the way in; unknown or bad 
     memoryCapBytes: 0,
     memoryBound: "device",
     readGbps: [[64, 1.5], [4096, 3]],
+    cachedGbps: [[64, 2.5], [4096, 6]],
+    cacheBytes: 16 * 2 ** 20,
     readWeights: "f16",
     timestamps: true,
     dispatchMs: 0.05,
@@ -114,6 +120,8 @@ Deno.test("descriptor: a measurement is validated on the way in; unknown or bad 
       { ...m, memoryBound: "lots" },
       { ...m, readGbps: [[4096, 3], [64, 1.5]] }, // widths must ascend
       { ...m, readGbps: [[64, -1]] },
+      { ...m, cachedGbps: undefined },
+      { ...m, cacheBytes: -1 },
       { ...m, dispatchMs: -1 },
       { ...m, readWeights: "q4" },
       { ...m, at: 1.5 },

@@ -52,6 +52,10 @@ export function randomCluster(r: () => number, nodes: number, kind: typeof LINKS
       id,
       memBytes: pick(r, [2, 3, 4, 6, 8]) * 2 ** 30,
       memBandwidth: pick(r, [100e9, 360e9, 1e12]),
+      ...pick(r, [{}, {}, { cacheBytes: 64e6, cacheBandwidth: 3e12 }, {
+        cacheBytes: 2 ** 30,
+        cacheBandwidth: 2e12,
+      }]),
       flops: pick(r, [1e12, 20e12, 80e12]),
       up: kind === "asymmetric-nodes" ? pick(r, [1e6, 1e8]) : 1e8,
       down: 1e8,

@@ -101,6 +101,30 @@ const config = {
   torch_dtype: "float32",
 };
 
+Deno.test("cost model: a stage whose bytes fit the node's cache reads at the cache's rate", () => {
+  const model = compileHfConfig(config);
+  const d = desc({
+    cache_bytes: 2 ** 20,
+    cached_gbps_by_width: { "64": 10 },
+    read_gbps_by_width: { "64": 1 },
+  });
+  const n = liveNode({ id: "a", descriptor: d }, { width: 64 });
+  assert.equal(n.cacheBytes, 2 ** 20);
+  assert.equal(n.cacheBandwidth, 10e9);
+  const c = liveCluster([{ id: "a", descriptor: d }], { width: 64 });
+  const ev = (end: number) =>
+    evaluateAssignment(model, c, { stages: [{ node: "a", start: 0, end }] }, {
+      context: 16,
+      dtype: model.dtype,
+    })
+      .stages[0];
+  const small = ev(1), big = ev(8);
+  assert.ok(small.bytesRead <= 2 ** 20 && big.bytesRead > 2 ** 20);
+  assert.ok(Math.abs(small.computeS - small.bytesRead / 10e9) < 1e-15);
+  assert.ok(Math.abs(big.computeS - big.bytesRead / 1e9) < 1e-15);
+  assert.match(printCluster(c), /cache = 1 MiB; cache_bw = 10 GB\/s/);
+});
+
 Deno.test("cost model: each layer a stage holds costs its node's layer overhead; the DP weighs it", () => {
   const model = compileHfConfig(config);
   const c = liveCluster([

@@ -17,6 +17,7 @@ function randomCluster(r: () => number): Cluster {
       id,
       memBytes: q(),
       memBandwidth: pick(r, [1008e9, 360e9, 1e12 * r() + 1]),
+      ...pick(r, [{}, { cacheBytes: 72 * 2 ** 20, cacheBandwidth: 5e12 * r() + 1 }]),
       flops: pick(r, [82.6e12, 35.6e12, r() * 1e14 + 1]),
       up: pick(r, [125e6, 6.25e6, 1e7 * r() + 1]),
       down: pick(r, [125e6, 62.5e6]),
