@@ -23,7 +23,8 @@ Plans which node runs which layers (and experts) of the model, and predicts per-
   --live            plan for the running cluster (the node at --api, default: the one \`up\` started here)
                     from what its members measured, as \`up --model\` would place it: a chain over the
                     members (--nodes N: the first N, that node first)
-  --weights W       with --live: the weights' form the chain would load (auto, f32, f16, q8, q4)
+  --weights W       with --live: the weights' form the chain would load (auto, f32, f16, q8, q4; default:
+                    the running chain's, else auto)
   --save-cluster F  with --live: write the measured cluster to F in the planner language
   --context N       tokens of KV cache each stage must hold (default 4096)
   --experts MODE    auto (default): the faster of local and spread; local: a stage holds its

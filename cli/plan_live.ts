@@ -31,7 +31,10 @@ export async function liveMembersAt(base: string): Promise<LiveMember[]> {
 }
 
 export async function planLive(o: PlanLiveOptions): Promise<{ plan: Plan; members: LiveMember[] }> {
-  let members = await liveMembersAt(await apiBase(o.api));
+  const base = await apiBase(o.api);
+  let members = await liveMembersAt(base);
+  // Without --weights, the weights of the chain the cluster runs, if any: plan as it was planned.
+  const weights = o.weights ?? await chainWeights(base);
   const unmeasured = members.filter((m) => !m.descriptor?.measured_at).map((m) => m.id.slice(0, 10));
   if (unmeasured.length) {
     console.error(
@@ -51,15 +54,27 @@ export async function planLive(o: PlanLiveOptions): Promise<{ plan: Plan; member
     const model = compileHfConfig(o.config);
     // As planChain builds it, so `plan --model DIR --cluster FILE` on the saved file plans the same split.
     const order = chainRoles(members, members.length, model.layers.length).layered.map((m) => m.id);
-    const cluster = chainCluster(model, members, { order, weights: o.weights });
+    const cluster = chainCluster(model, members, { order, weights });
     await Deno.writeTextFile(o.saveCluster, printCluster(cluster));
   }
   try {
-    return { plan: planChain(o.config, members, { context: o.context, weights: o.weights }), members };
+    return { plan: planChain(o.config, members, { context: o.context, weights }), members };
   } catch (e) {
     if (e instanceof PlacementError) {
       throw new UsageError(`no placement fits (${e.constraint}): ${e.message}`);
     }
     throw e;
+  }
+}
+
+/** The weights form of the chain the node at `base` runs, or undefined (no chain, or an older node). */
+async function chainWeights(base: string): Promise<string | undefined> {
+  try {
+    const res = await apiFetch(base, "/pipeline");
+    if (!res.ok) return undefined;
+    const body = await res.json() as { assignment?: { model?: { weights?: string } } | null };
+    return body.assignment?.model?.weights;
+  } catch {
+    return undefined;
   }
 }
