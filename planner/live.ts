@@ -7,7 +7,7 @@
 //                   log-interpolated); cacheBytes / cacheBandwidth = cache_bytes and the cached rate there
 //   overhead      = readback_ms (a step's fixed part: upload, submit, read back)
 //   layerOverhead = dispatch_ms x the dispatches of a decoder layer
-//   links         = half the smoothed round trip each way (averaged over both ends' measurements)
+//   links         = half the round trip each way, the larger of both ends' estimates
 // A member that has not measured (yet) keeps the planner's defaults for what it lacks. Pure.
 import {
   type Cluster,
@@ -118,7 +118,11 @@ export function liveNode(m: LiveMember, opts: LiveClusterOptions = {}): NodeDesc
 /** ms to seconds, rounded to the microsecond (so a printed cluster reads "260 us", not "0.00025979... s"). */
 const microseconds = (ms: number) => Math.round(ms * 1e3) / 1e6;
 
-/** The links among `members`: one per pair that either end measured, latency = half the mean round trip. */
+/**
+ * The links among `members`: one per pair that either end measured, latency half the round trip. Each end's
+ * estimate is the smallest of its recent round trips (node/links.ts), a lower bound of what the link does;
+ * of two lower bounds the larger is the tighter, and it is the one that has seen a link get slower.
+ */
 export function liveLinks(members: LiveMember[]): LinkSpec[] {
   const ids = new Set(members.map((m) => m.id));
   const pairs = new Map<string, { a: string; b: string; rtt: number[]; mbps: number[] }>();
@@ -133,11 +137,10 @@ export function liveLinks(members: LiveMember[]): LinkSpec[] {
       if (l.mbps !== null && l.mbps > 0) p.mbps.push(l.mbps);
     }
   }
-  const mean = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
   return [...pairs.values()].map((p) => ({
     a: p.a,
     b: p.b,
-    latency: microseconds(mean(p.rtt) / 2),
+    latency: microseconds(Math.max(...p.rtt) / 2),
     bandwidth: p.mbps.length ? Math.min(...p.mbps) * 125e3 : DEFAULT_LINK.bandwidth,
   }));
 }
