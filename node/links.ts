@@ -8,8 +8,8 @@
 // The estimate is the smallest of the last `window` round trips (a windowed minimum, as TCP's BBR keeps):
 // an ack that waited behind a busy event loop (a GPU step, a node measuring itself, loading weights) says
 // nothing about the link, and a chain's hop finds its receiver idle, waiting for it. A lasting change shows
-// at once when faster; when slower, after SLOWER_RUN samples in a row well above the estimate (each link is
-// sampled about once per probe interval times the members: on lan 1 s each).
+// at once when faster; when slower, after SLOWER_RUN samples in a row well above the estimate and within 1.5x
+// of each other (each link is sampled about once per probe interval times the members: on lan 1 s each).
 import type { DelegateHandle, MemberChange } from "./membership/mod.ts";
 import type { GossipDelegate, Member } from "./membership/mod.ts";
 import type { PeerId } from "./transport/transport.ts";
@@ -72,7 +72,7 @@ interface WireRow {
   l: WireLink[];
 }
 
-/** Samples in a row above 1.5 x the estimate + 1 ms that replace the window (the link got slower). */
+/** Samples in a row above 1.5 x the estimate + 1 ms, within 1.5x of each other, that replace the window. */
 const SLOWER_RUN = 3;
 const LIMITS = { rows: 4096, links: 4096, idChars: 256 };
 const enc = new TextEncoder();
@@ -124,9 +124,13 @@ export class Links {
     const cur = own.get(peer);
     const now = this.#host.now();
     let recent = [...(cur?.recent ?? []), rttMs].slice(-this.#window);
-    // Samples in a row well above the estimate: the link got slower (a route, a WAN delay); start over.
+    // Samples in a row well above the estimate and close to each other: the link got slower (a route, a WAN
+    // delay); start over. Acks held up by a busy peer scatter instead (1 ms, 14 ms, 6 ms).
     const tail = recent.slice(-SLOWER_RUN);
-    if (cur && tail.length === SLOWER_RUN && tail.every((x) => x > cur.rttMs * 1.5 + 1)) recent = tail;
+    if (
+      cur && tail.length === SLOWER_RUN && tail.every((x) => x > cur.rttMs * 1.5 + 1) &&
+      Math.max(...tail) <= 1.5 * Math.min(...tail)
+    ) recent = tail;
     const next: Stored = {
       rttMs: Math.min(...recent),
       recent,

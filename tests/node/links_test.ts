@@ -165,3 +165,23 @@ Deno.test("links: acks held up by a busy peer (a GPU step, a measurement) do not
   seen.sort((a, b) => a - b);
   assert.ok(seen[10] < 3, `median estimate ${seen[10]} (all: ${seen})`);
 });
+
+Deno.test("links: a run of scattered slow samples (a busy peer) does not reset the window; a steady one does", () => {
+  let onRtt: ((peer: string, ms: number) => void) | undefined;
+  const host = {
+    id: "me",
+    now: () => 0,
+    member: () => undefined,
+    onChange: () => () => {},
+    onRtt: (cb: (peer: string, ms: number) => void) => {
+      onRtt = cb;
+      return () => {};
+    },
+    addDelegate: (): DelegateHandle => ({ broadcast: () => {}, remove: () => {} }),
+  };
+  const links = new Links(host);
+  for (const ms of [1, 1.1, 1, 14, 3, 9]) onRtt!("p", ms);
+  assert.equal(links.of("me").get("p")!.rttMs, 1, "busy-peer samples scatter: still the link's floor");
+  for (const ms of [51, 50, 52]) onRtt!("p", ms);
+  assert.equal(links.of("me").get("p")!.rttMs, 50, "a steady run: the link got slower");
+});
