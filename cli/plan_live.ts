@@ -27,7 +27,7 @@ export async function liveMembersAt(base: string): Promise<LiveMember[]> {
   const self = body.self;
   return body.members.filter((m) => m.state === "alive")
     .sort((a, b) => (a.id === self ? -1 : b.id === self ? 1 : a.id < b.id ? -1 : 1))
-    .map((m) => ({ id: m.id, descriptor: m.descriptor }));
+    .map((m) => ({ id: m.id, descriptor: m.descriptor, host: m.name }));
 }
 
 export async function planLive(o: PlanLiveOptions): Promise<{ plan: Plan; members: LiveMember[] }> {

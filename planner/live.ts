@@ -4,7 +4,8 @@
 // How a measurement becomes a node spec (docs/PLANNER.md, "Live clusters"):
 //   memBytes      = memory_bytes (what the node could allocate, within its --memory cap)
 //   memBandwidth  = the GEMV bandwidth streaming from memory at the model's width (read_gbps_by_width,
-//                   log-interpolated); cacheBytes / cacheBandwidth = cache_bytes and the cached rate there
+//                   log-interpolated); cacheBytes / cacheBandwidth = cache_bytes and the cached rate there,
+//                   for a node alone on its machine (nodes on one machine evict each other's weights)
 //   overhead      = readback_ms (a step's fixed part: upload, submit, read back)
 //   layerOverhead = dispatch_ms x the dispatches of a decoder layer
 //   links         = half the round trip each way, the larger of both ends' estimates
@@ -52,6 +53,8 @@ export interface LiveDescriptor {
 export interface LiveMember {
   id: string;
   descriptor?: LiveDescriptor;
+  /** The machine it runs on (the descriptor's name, the host name by default), when known. */
+  host?: string;
 }
 
 /** Dispatches of one decoder layer's decode step (Llama, docs/ARCHITECTURE.md), the default. */
@@ -147,7 +150,19 @@ export function liveLinks(members: LiveMember[]): LinkSpec[] {
 
 /** The running cluster as a planner Cluster, from its members' descriptors. */
 export function liveCluster(members: LiveMember[], opts: LiveClusterOptions = {}): Cluster {
-  return clusterFromNodes(members.map((m) => liveNode(m, opts)), {
+  // Nodes on one machine share its cache: each one's weights evict the others', so none keeps a cache.
+  const perHost = new Map<string, number>();
+  for (const m of members) if (m.host) perHost.set(m.host, (perHost.get(m.host) ?? 0) + 1);
+  const shared = (m: LiveMember) => m.host !== undefined && perHost.get(m.host)! > 1;
+  const nodes = members.map((m) => {
+    const n = liveNode(m, opts);
+    if (shared(m)) {
+      delete n.cacheBytes;
+      delete n.cacheBandwidth;
+    }
+    return n;
+  });
+  return clusterFromNodes(nodes, {
     name: opts.name ?? "live",
     links: liveLinks(members),
     constraints: opts.constraints,

@@ -92,5 +92,5 @@ export async function publishPlan(
 
 /** Members as the planner reads them: id and descriptor view (measurements and link row). */
 export function liveMembers(node: { links: Links }, members: Member[]): ChainMember[] {
-  return members.map((m) => ({ id: m.id, descriptor: descriptorView(m, node.links) }));
+  return members.map((m) => ({ id: m.id, descriptor: descriptorView(m, node.links), host: m.meta.name }));
 }

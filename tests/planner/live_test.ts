@@ -123,6 +123,13 @@ Deno.test("cost model: a stage whose bytes fit the node's cache reads at the cac
   assert.ok(Math.abs(small.computeS - small.bytesRead / 10e9) < 1e-15);
   assert.ok(Math.abs(big.computeS - big.bytesRead / 1e9) < 1e-15);
   assert.match(printCluster(c), /cache = 1 MiB; cache_bw = 10 GB\/s/);
+  // Two nodes on one machine evict each other's weights: neither keeps its cache; a third alone does.
+  const shared = liveCluster([
+    { id: "a", descriptor: d, host: "box" },
+    { id: "b", descriptor: d, host: "box" },
+    { id: "c", descriptor: d, host: "other" },
+  ], { width: 64 });
+  assert.deepEqual(shared.nodes.map((x) => x.cacheBytes), [0, 0, 2 ** 20]);
 });
 
 Deno.test("cost model: each layer a stage holds costs its node's layer overhead; the DP weighs it", () => {
