@@ -5,12 +5,13 @@ import { apiAddress, runNodeProcess } from "./node_process.ts";
 import { attachPipeline } from "./pipeline_node.ts";
 import { readStdin } from "./workers.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
+import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 
 export const join: Command = {
   name: "join",
   summary: "join a cluster with a ticket from `up`",
   usage: `Usage: swactor join TICKET | - | --ticket-file FILE [--listen HOST:PORT] [--api HOST:PORT]
-                    [--membership lan|wan|local|test] [--model DIR] [--exit-with-stdin]
+                    [--membership lan|wan|local|test] [--model DIR] [--memory SIZE] [--exit-with-stdin]
 
 Joins the cluster that the ticket names (it carries the cluster secret and the leader's address) and
 serves until SIGINT/SIGTERM/SIGHUP or \`swactor down --api ADDR\`, then leaves gracefully.
@@ -25,6 +26,7 @@ prefer \`--ticket-file FILE\` (a file only you can read) or \`-\` (the first lin
                        leader's path); the node loads the layers of the stage the Plan gives it
   --exit-with-stdin    leave when stdin reaches end of file (how \`up --peers\` and \`--local\` tie the
                        workers they start to their own life)
+${MEMORY_HELP}
 Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad ticket or usage.`,
   async run(argv) {
     const { values, positionals } = parseFlags(argv, {
@@ -35,6 +37,7 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
       membership: { type: "string" },
       model: { type: "string" },
       "exit-with-stdin": { type: "boolean" },
+      memory: { type: "string" },
     }, { allowPositionals: true });
     const given = positionals.length + (values["ticket-file"] === undefined ? 0 : 1);
     if (given !== 1) {
@@ -54,6 +57,7 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
         ? { text: await stdin!.line, from: "the ticket on stdin" }
         : { text: positionals[0], from: "the ticket" },
     );
+    const memoryCap = memoryFlag(values.memory);
     let pipeline: PipelineNode | undefined;
     return await runNodeProcess({
       secret: ticket.secret,
@@ -62,6 +66,7 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
       exposeApi: values["expose-api"],
       membership: values.membership,
       parentGone: values["exit-with-stdin"] ? stdin!.ended : undefined,
+      memoryCap,
       async ready(node, api) {
         console.error(`api: ${api.addr}`);
         console.error(`id: ${node.membership.id}`);

@@ -35,7 +35,7 @@ export interface LocalClusterOptions {
 export async function startLocalCluster(n: number, opts: LocalClusterOptions): Promise<LocalCluster> {
   const log = opts.log ?? ((m: string) => console.error(`swactor: ${m}`));
   const secret = newSecret();
-  const node = await startNode({ secret, membership: presets.lan });
+  const node = await startNode({ secret, membership: presets.lan, measure: true });
   const pipeline = attachPipeline(node);
   const children: Deno.ChildProcess[] = [];
   const stderrTail: string[] = [];

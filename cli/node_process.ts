@@ -27,6 +27,8 @@ export interface NodeProcessOptions {
   /** --expose-api: allow a non-loopback --api. */
   exposeApi?: boolean;
   membership?: string;
+  /** Most memory the node offers, bytes (`--memory`); it measures itself within it (node/measure.ts). */
+  memoryCap?: number;
   plan?: unknown;
   /** The node's pipeline, once attached (served by the control API). */
   pipeline?: () => PipelineNode | undefined;
@@ -79,7 +81,14 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
   }
   let node: SwactorNode;
   try {
-    node = await startNode({ secret: opts.secret, listen, membership: config, dialOverrides });
+    node = await startNode({
+      secret: opts.secret,
+      listen,
+      membership: config,
+      dialOverrides,
+      memoryCap: opts.memoryCap,
+      measure: true,
+    });
   } catch (e) {
     if (e instanceof BindError) throw new UsageError(`--listen: ${e.message}`);
     throw e;

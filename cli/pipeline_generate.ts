@@ -16,6 +16,10 @@ import {
 import { apiError, apiFetch, type ApiTarget, readGenerateLines } from "../node/api/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
 import { expertReport } from "../node/stage/experts.ts";
+import type { Plan } from "../planner/mod.ts";
+import { measuredMsPerToken, predictRequest, type RequestPrediction } from "./prediction.ts";
+import { liveMembersAt } from "./plan_live.ts";
+import { liveMembers } from "../node/stage/mod.ts";
 import { UsageError } from "./command.ts";
 import { onStopSignal } from "./signals.ts";
 import { writeJsonOutput, writeOutput } from "./output_file.ts";
@@ -104,15 +108,17 @@ function report(
   o: ChainGenerateOptions,
   r: {
     tokens: number[];
-    events: { timings: TokenTimings; trace: HopTrace[] }[];
+    events: { timings: TokenTimings; trace: HopTrace[]; atMs: number }[];
     stopReason: string;
     tokS: number;
     firstTokenMs: number;
   },
   chain: { stages: unknown[]; nodes: number },
+  predicted?: RequestPrediction,
 ): void {
   const mean = meanTimings(r.events.slice(1).map((e) => e.timings));
   const experts = expertReport(r.events.map((e) => e.trace));
+  const measured = measuredMsPerToken(r.events);
   if (o.json) {
     console.log(JSON.stringify({
       tokens: r.tokens,
@@ -120,6 +126,9 @@ function report(
       prompt_tokens: p.ids.length,
       tok_s: Number(r.tokS.toFixed(2)),
       first_token_ms: Number(r.firstTokenMs.toFixed(1)),
+      ms_per_token: measured ?? null,
+      predicted_ms_per_token: predicted?.msPerToken ?? null,
+      ...(predicted ? { predicted: { context: predicted.context, stages: predicted.stages } } : {}),
       stop_reason: r.stopReason,
       seed: o.sampling.seed,
       weights: o.weights,
@@ -142,7 +151,12 @@ function report(
         r.tokS.toFixed(1)
       } tok/s after a first ` +
         `token at ${r.firstTokenMs.toFixed(0)} ms (${r.stopReason}); per token: compute ms per stage ` +
-        `[${mean.computeMs.join(", ")}], wire ms per hop [${mean.wireMs.join(", ")}]`,
+        `[${mean.computeMs.join(", ")}], wire ms per hop [${mean.wireMs.join(", ")}]` +
+        (measured !== undefined && predicted
+          ? `; ${measured.toFixed(1)} ms per token after the first, predicted ${
+            predicted.msPerToken.toFixed(1)
+          }`
+          : ""),
     );
   }
 }
@@ -193,7 +207,13 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
         onToken: (e) => out.token(e.token),
       });
       out.end();
-      report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n });
+      const plan = cluster.assignment.plan as unknown as Plan;
+      const alive = cluster.node.membership.members().filter((m) => plan.stages.some((s) => s.node === m.id));
+      const predicted = await predictRequest(o.modelDir, plan, liveMembers(cluster.node, alive), {
+        promptTokens: p.ids.length,
+        generated: r.tokens.length,
+      });
+      report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n }, predicted);
       if (o.trace) await writeTrace(o.trace, r.events, cluster.assignment.plan.stages);
       return 0;
     } finally {
@@ -267,10 +287,19 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
       if ("done" in m) {
         out.end();
         const status = await (await apiFetch(target, "/pipeline")).json();
+        const predicted = await predictRequest(
+          status.assignment.model.dir,
+          status.assignment.plan,
+          await liveMembersAt(target),
+          {
+            promptTokens: p.ids.length,
+            generated: tokens.length,
+          },
+        );
         report(p, o, { tokens, events, ...m.done }, {
           stages: stageSummary(status.assignment.plan.stages),
           nodes: m.done.stages,
-        });
+        }, predicted);
         if (o.trace) {
           if (events.some((e) => !Array.isArray(e.trace))) {
             console.error(

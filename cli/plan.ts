@@ -11,14 +11,23 @@ import {
   routingShares,
 } from "../planner/mod.ts";
 import { moeOf } from "../planner/model_graph.ts";
+import { planLive } from "./plan_live.ts";
+import { parseWeights } from "./load_model.ts";
 
 const usage =
   `Usage: swactor plan --model DIR --cluster FILE [--json] [--context N] [--experts auto|local|spread]
                     [--spread compact|wide] [--routing FILE]
+       swactor plan --model DIR --live [--api HOST:PORT] [--nodes N] [--weights W] [--save-cluster FILE] [--json]
 
 Plans which node runs which layers (and experts) of the model, and predicts per-token latency.
   --model DIR       a directory with a Hugging Face config.json
   --cluster FILE    a cluster description in the planner language (docs/PLANNER.md)
+  --live            plan for the running cluster (the node at --api, default: the one \`up\` started here)
+                    from what its members measured, as \`up --model\` would place it: a chain over the
+                    members (--nodes N: the first N, that node first)
+  --weights W       with --live: the weights' form the chain would load (auto, f32, f16, q8, q4; default:
+                    the running chain's, else auto)
+  --save-cluster F  with --live: write the measured cluster to F in the planner language
   --context N       tokens of KV cache each stage must hold (default 4096)
   --experts MODE    auto (default): the faster of local and spread; local: a stage holds its
                     layers' experts; spread: experts may live on other nodes
@@ -50,9 +59,15 @@ export const planCommand: Command = {
       spread: { type: "string" },
       routing: { type: "string" },
       json: { type: "boolean" },
+      live: { type: "boolean" },
+      api: { type: "string" },
+      nodes: { type: "string" },
+      weights: { type: "string" },
+      "save-cluster": { type: "string" },
     });
     if (!values.model) throw new UsageError("--model DIR is required");
-    if (!values.cluster) throw new UsageError("--cluster FILE is required");
+    if (values.live && values.cluster) throw new UsageError("--live and --cluster exclude each other");
+    if (!values.live && !values.cluster) throw new UsageError("--cluster FILE (or --live) is required");
     const experts = values.experts ?? "auto";
     if (!["auto", "local", "spread"].includes(experts)) {
       throw new UsageError(`--experts expects auto, local or spread, got "${experts}"`);
@@ -89,9 +104,25 @@ export const planCommand: Command = {
     } catch (e) {
       throw new UsageError(`${configPath}: ${(e as Error).message}`);
     }
+    if (values.live) {
+      if (experts !== "auto") throw new UsageError("--experts is not supported with --live yet");
+      const { plan } = await planLive({
+        config: json,
+        api: values.api,
+        nodes: values.nodes === undefined
+          ? undefined
+          : numberFlag(values.nodes, "nodes", { min: 1, integer: true, fallback: 1 }),
+        context,
+        weights: values.weights === undefined ? undefined : parseWeights(values.weights),
+        saveCluster: values["save-cluster"],
+      });
+      if (values.json) console.log(JSON.stringify(plan));
+      else console.log(formatPlanTable(plan, (l) => moeOf(model.layers[l])?.experts ?? -1));
+      return 0;
+    }
     let cluster;
     try {
-      cluster = parseCluster(await readText(values.cluster, "cluster file"), { file: values.cluster });
+      cluster = parseCluster(await readText(values.cluster!, "cluster file"), { file: values.cluster });
     } catch (e) {
       if (e instanceof LangError) throw new UsageError(e.message);
       throw e;

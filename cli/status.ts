@@ -1,6 +1,23 @@
 // `swactor status`: the members a node sees, as a table or as JSON.
 import { apiError, apiFetch, apiTarget, type MemberView } from "../node/api/mod.ts";
 import { type Command, parseFlags } from "./command.ts";
+import { humanBytes } from "../planner/units.ts";
+
+/** What a member measured, for the table: memory, bandwidth, step and dispatch costs, its links' mean RTT. */
+function measuredColumns(m: MemberView): string[] {
+  const d = m.descriptor;
+  const mem = d?.memory_bytes ? humanBytes(d.memory_bytes) : "-";
+  if (!d?.measured_at) {
+    return [mem, d && "measuring" in d && d.measuring ? "measuring" : "-", "-", "-", rtt(d)];
+  }
+  const num = (x: number | null | undefined, digits: number) => x == null ? "-" : x.toFixed(digits);
+  return [mem, num(d.read_gbps, 2), num(d.readback_ms, 3), num(d.dispatch_ms, 4), rtt(d)];
+}
+
+function rtt(d: MemberView["descriptor"]): string {
+  const r = Object.values(d?.links ?? {}).map((l) => l.rtt_ms);
+  return r.length ? `${(r.reduce((a, b) => a + b, 0) / r.length).toFixed(2)} (${r.length})` : "-";
+}
 
 export const status: Command = {
   name: "status",
@@ -8,7 +25,10 @@ export const status: Command = {
   usage: `Usage: swactor status [--json] [--api HOST:PORT]
 
 Asks the node at --api (default: the node \`up\` started on this machine) for its view of the cluster.
-  --json   print {"members": [{"id", "state", "roles", ...}], "plan": ...} on one line`,
+  --json   print {"members": [{"id", "state", "roles", "descriptor", ...}], "plan": ...} on one line; each
+           member's descriptor holds what it measured (memory, bandwidth, per-step costs) and its links
+The table shows each member's measured memory, GEMV bandwidth (GB/s at the widest width measured), a step's
+fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, and how many).`,
   async run(argv) {
     const { values } = parseFlags(argv, { json: { type: "boolean" }, api: { type: "string" } });
     const res = await apiFetch(await apiTarget(values.api), "/status");
@@ -38,9 +58,22 @@ Asks the node at --api (default: the node \`up\` started on this machine) for it
       m.name ?? "",
       (m.addrs ?? []).join(","),
       m.adapter || "-",
+      ...measuredColumns(m),
       m.roles.join(","),
     ]);
-    const head = ["  ID", "STATE", "NAME", "ADDRESS", "ADAPTER", "ROLES"];
+    const head = [
+      "  ID",
+      "STATE",
+      "NAME",
+      "ADDRESS",
+      "ADAPTER",
+      "MEMORY",
+      "READ GB/S",
+      "STEP MS",
+      "DISPATCH MS",
+      "RTT MS",
+      "ROLES",
+    ];
     const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
     for (const r of [head, ...rows]) console.log(r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd());
     for (const s of body.pipeline?.stages ?? []) {

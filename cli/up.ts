@@ -13,13 +13,14 @@ import { Checkpoint } from "../models/checkpoint.ts";
 import { KvBudget, planKvTokens } from "../node/api/kv_budget.ts";
 import { type ApiServer, type MemberView, nodeServices } from "../node/api/mod.ts";
 import { servedModel, SERVING_HELP, servingPlan, startServing } from "./serving.ts";
+import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 
 export const up: Command = {
   name: "up",
   summary: "start a node that leads a cluster and print its ticket",
   usage:
     `Usage: swactor up [--peers N] [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
-                  [--model DIR] [--plan FILE] [--weights f32|f16|q8|q4]
+                  [--model DIR] [--members N] [--plan FILE] [--weights f32|f16|q8|q4] [--memory SIZE]
                   [--http HOST:PORT|off] [--api-key KEY] [--insecure] [--parallel N] [--queue N]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
@@ -32,11 +33,15 @@ stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then l
                        a non-loopback address needs --expose-api
   --membership NAME    membership timing preset (default lan)
   --model DIR          serve this checkpoint on a chain over the N nodes (layers placed by the planner);
-                       \`generate\` on this machine then uses the cluster; \`status\` shows each stage
+                       \`generate\` on this machine then uses the cluster; \`status\` shows each stage;
+                       the layers are split by what the nodes measured (docs/PLANNER.md, "Live clusters")
+  --members N          with --model: plan once N nodes are in the cluster, this one and the --peers workers
+                       included, the others joining with the ticket (default: --peers)
   --plan FILE          with --model: use this Plan JSON instead of planning (its stage nodes are mapped
                        onto the members in order); without --model it is only shown by \`status\`
   --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)
-${SERVING_HELP}`,
+${SERVING_HELP}
+${MEMORY_HELP}`,
   async run(argv) {
     const { values } = parseFlags(argv, {
       peers: { type: "string" },
@@ -52,6 +57,8 @@ ${SERVING_HELP}`,
       insecure: { type: "boolean" },
       parallel: { type: "string" },
       queue: { type: "string" },
+      members: { type: "string" },
+      memory: { type: "string" },
     });
     const weights = parseWeights(values.weights);
     let pipeline: PipelineNode | undefined;
@@ -77,6 +84,15 @@ ${SERVING_HELP}`,
           `give this one a state folder of its own with SWACTOR_STATE_DIR`,
       );
     }
+    const members = numberFlag(values.members, "members", {
+      min: 1,
+      max: 1024,
+      integer: true,
+      fallback: peers,
+    });
+    if (values.members !== undefined && !values.model) throw new UsageError("--members needs --model");
+    if (members < peers) throw new UsageError(`--members ${members} is fewer than --peers ${peers}`);
+    const memoryCap = memoryFlag(values.memory);
     const secret = newSecret();
     const workers: Deno.ChildProcess[] = [];
     // One KV budget for the node: the control API's POST /generate and the OpenAI server admit against it.
@@ -100,6 +116,7 @@ ${SERVING_HELP}`,
         api: values.api,
         exposeApi: values["expose-api"],
         membership: values.membership,
+        memoryCap,
         plan: values.model ? undefined : plan,
         pipeline: () => pipeline,
         budget,
@@ -126,7 +143,9 @@ ${SERVING_HELP}`,
             const a = await publishPlan(node, pipeline, {
               modelDir: resolve(values.model),
               weights,
-              members: peers,
+              members,
+              // Nodes beyond --peers join by hand: give them time.
+              timeoutMs: members > peers ? 600_000 : undefined,
               plan,
               signal,
             });

@@ -42,6 +42,7 @@ export function getGpu(): Promise<Gpu> {
 }
 
 async function requestGpu(): Promise<Gpu> {
+  gpuSlowdown(); // a bad SWACTOR_SLOWDOWN is an error before anything runs
   if (typeof navigator === "undefined" || !("gpu" in navigator)) {
     throw new NoGpuError("this Deno has no WebGPU (navigator.gpu is missing)");
   }
@@ -167,13 +168,39 @@ export function packWords(
  * GPU is done, not ~11 ms later (kernels/readback.ts says how and when).
  */
 export async function readBack(gpu: Gpu, src: GPUBuffer, bytes: number, offset = 0): Promise<ArrayBuffer> {
+  const t0 = performance.now();
   const size = Math.ceil(bytes / 4) * 4;
   const staging = takeStaging(gpu, size);
   const enc = gpu.device.createCommandEncoder();
   enc.copyBufferToBuffer(src, offset, staging, 0, size);
   gpu.device.queue.submit([enc.finish()]); // now: what later writes do to `src` is not in this read
   await checkEarlyRead(gpu);
-  return readStaging(gpu, staging, bytes);
+  const data = await readStaging(gpu, staging, bytes);
+  const f = gpuSlowdown();
+  if (f > 1) await new Promise((r) => setTimeout(r, (f - 1) * (performance.now() - t0)));
+  return data;
+}
+
+/**
+ * SWACTOR_SLOWDOWN=F (a number >= 1; default 1) emulates a GPU F times slower, to make a node of a local
+ * cluster slower than the others (docs/NODE.md): each readBack, having waited W ms for the GPU's work, waits
+ * (F - 1) x W more. A chain stage's steps (Engine.run) and the node's self-measurement, which times its
+ * pieces by the wall clock when throttled (node/measure.ts), see it; the single-node decode loop does not.
+ * Waits shorter than the timer's resolution (~1 ms) are stretched by more than F.
+ */
+export function gpuSlowdown(): number {
+  return slowdown ??= slowdownFromEnv();
+}
+let slowdown: number | undefined;
+
+function slowdownFromEnv(): number {
+  const v = Deno.env.get("SWACTOR_SLOWDOWN");
+  if (v === undefined || v === "") return 1;
+  const f = Number(v);
+  if (!(Number.isFinite(f) && f >= 1)) {
+    throw new TypeError(`SWACTOR_SLOWDOWN must be a number >= 1 (how many times slower), got "${v}"`);
+  }
+  return f;
 }
 
 /** One dispatch, prepared once and encoded as often as needed (no per-use JavaScript work but the encode). */

@@ -1,6 +1,12 @@
-// This node's descriptor, shared in membership metadata so the planner can place work: GPU adapter name, a
-// usable-memory estimate, addresses, version.
-import type { NodeDescriptor } from "./membership/mod.ts";
+// This node's descriptor, shared in membership metadata so the planner can place work: GPU adapter name,
+// usable memory, addresses, version, and, once the node has measured itself (node/measure.ts), what it
+// measured and when. `descriptorView` turns a member's descriptor and its link row into the shape
+// `status --json` prints and planner/live.ts reads.
+import { getGpu } from "../kernels/gpu.ts";
+import type { LiveDescriptor } from "../planner/live.ts";
+import type { Links } from "./links.ts";
+import { measureNode, type MeasureOptions } from "./measure.ts";
+import type { Member, Membership, NodeDescriptor, NodeMeasurement } from "./membership/mod.ts";
 
 export const SWACTOR_VERSION = "0.1.0";
 
@@ -11,23 +17,103 @@ export interface DescribeOptions {
   noGpu?: boolean;
   /** Give up probing the adapter after this long (default 3000 ms). */
   gpuTimeoutMs?: number;
+  /** Most memory this node offers, bytes (`--memory`; default: no cap). */
+  memoryCap?: number;
+  /** The node will measure itself: the descriptor says so until it has (default false). */
+  measuring?: boolean;
+}
+
+/** Whether this process may touch the GPU (SWACTOR_NO_GPU=1 says no). */
+export function gpuAllowed(opts: { noGpu?: boolean } = {}): boolean {
+  return !opts.noGpu && Deno.env.get("SWACTOR_NO_GPU") !== "1";
 }
 
 /**
- * Builds the descriptor. WebGPU reports no memory size, so the estimate is the adapter's maxBufferSize (a
- * lower bound of what one allocation may use); 0 when there is no adapter.
+ * Builds the descriptor. Until the node has measured itself, the memory figure is the cap when there is one,
+ * else the adapter's maxBufferSize (WebGPU reports no memory size; that is a lower bound of one allocation);
+ * 0 when there is no adapter and no cap.
  */
 export async function describeNode(addrs: string[], opts: DescribeOptions = {}): Promise<NodeDescriptor> {
-  const gpu = opts.noGpu || Deno.env.get("SWACTOR_NO_GPU") === "1"
-    ? undefined
-    : await probeAdapter(opts.gpuTimeoutMs ?? 3000);
-  return {
+  const gpu = gpuAllowed(opts) ? await probeAdapter(opts.gpuTimeoutMs ?? 3000) : undefined;
+  const cap = opts.memoryCap ?? 0;
+  const d: NodeDescriptor = {
     name: opts.name ?? Deno.hostname(),
     version: SWACTOR_VERSION,
     adapter: gpu?.name ?? "",
-    gpuMemoryBytes: gpu?.bytes ?? 0,
+    gpuMemoryBytes: cap > 0 ? cap : gpu?.bytes ?? 0,
     addrs,
   };
+  if (opts.measuring && gpu) d.measuring = true;
+  return d;
+}
+
+/**
+ * Measures this node (node/measure.ts) and publishes the result in its descriptor (a new incarnation that
+ * membership gossips). Resolves with the measurement, or undefined when there is no GPU or it failed (the
+ * descriptor then stops saying `measuring`, so no planner waits for it). Never throws.
+ */
+export async function selfMeasure(
+  membership: Membership,
+  opts: MeasureOptions & { log?: (msg: string) => void } = {},
+): Promise<NodeMeasurement | undefined> {
+  const log = opts.log ?? ((m: string) => console.error(`swactor: ${m}`));
+  let measured: NodeMeasurement | undefined;
+  try {
+    measured = await measureNode(await getGpu(), opts);
+  } catch (e) {
+    log(`self-measurement failed, planners will use defaults for this node: ${(e as Error).message}`);
+  }
+  if (measured) log(`measured: ${measurementLine(measured)}`);
+  const me = membership.member(membership.id);
+  if (!me || me.state !== "alive") return measured; // leaving: say nothing more
+  const { measuring: _, ...meta } = me.meta;
+  membership.setMetadata(measured ? { ...meta, gpuMemoryBytes: measured.memoryBytes, measured } : meta);
+  return measured;
+}
+
+/** A member's descriptor in the shape of `status --json` (../shared/CLI.md), with its row of links. */
+export function descriptorView(member: Member, links: Links): LiveDescriptor & {
+  measuring: boolean;
+  memory_cap_bytes: number | null;
+  memory_bound: NodeMeasurement["memoryBound"] | null;
+  read_weights: "f16" | "f32" | null;
+  timestamps: boolean | null;
+  measure_ms: number | null;
+} {
+  const m = member.meta.measured;
+  const out: LiveDescriptor["links"] = {};
+  for (const [to, l] of links.of(member.id)) {
+    out[to] = { rtt_ms: round(l.rttMs, 3), mbps: l.mbps, age_ms: Math.round(l.ageMs), samples: l.samples };
+  }
+  return {
+    measured_at: m ? new Date(m.at).toISOString() : null,
+    measuring: member.meta.measuring === true,
+    memory_bytes: member.meta.gpuMemoryBytes,
+    memory_cap_bytes: m ? (m.memoryCapBytes || null) : null,
+    memory_bound: m?.memoryBound ?? null,
+    read_gbps: m && m.readGbps.length ? m.readGbps[m.readGbps.length - 1][1] : null,
+    read_gbps_by_width: m ? Object.fromEntries(m.readGbps.map(([k, v]) => [String(k), v])) : {},
+    cached_gbps_by_width: m ? Object.fromEntries(m.cachedGbps.map(([k, v]) => [String(k), v])) : {},
+    cache_bytes: m?.cacheBytes ?? 0,
+    read_weights: m?.readWeights ?? null,
+    timestamps: m?.timestamps ?? null,
+    dispatch_ms: m?.dispatchMs ?? null,
+    readback_ms: m?.readbackMs ?? null,
+    encode_layer_ms: m?.encodeLayerMs ?? null,
+    measure_ms: m?.tookMs ?? null,
+    links: out,
+  };
+}
+
+const round = (x: number, d: number) => Number(x.toFixed(d));
+
+/** One line for a person: "1.0 GiB (cap), 4.80 GB/s at K=4096 (2.25 at 64), step 0.260 ms, ...". */
+export function measurementLine(m: NodeMeasurement): string {
+  const gib = (m.memoryBytes / 2 ** 30).toFixed(1);
+  const [k0, g0] = m.readGbps[0] ?? [0, 0];
+  const [k1, g1] = m.readGbps[m.readGbps.length - 1] ?? [0, 0];
+  return `${gib} GiB (${m.memoryBound}), ${g1.toFixed(2)} GB/s at K=${k1} (${g0.toFixed(2)} at ${k0}), ` +
+    `step ${m.readbackMs.toFixed(3)} ms, dispatch ${m.dispatchMs.toFixed(4)} ms, in ${m.tookMs} ms`;
 }
 
 async function probeAdapter(timeoutMs: number): Promise<{ name: string; bytes: number } | undefined> {

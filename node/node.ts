@@ -1,9 +1,13 @@
-// A swactor node: wires the transport, membership (with the registry on its gossip) and the actor runtime
-// together. Each service lives in its own module; this file only composes them and forwards lifecycle.
+// A swactor node: wires the transport, membership (with the registry and the link table on its gossip) and the
+// actor runtime together, and, when asked, measures the node in the background (node/measure.ts) and
+// publishes the numbers in its descriptor. Each service lives in its own module; this file only composes them
+// and forwards lifecycle.
 // The transport is iroh unless the caller passes one (the in-memory network, for in-process tests).
 import { ActorSystem } from "./actors/mod.ts";
-import { describeNode, type DescribeOptions } from "./descriptor.ts";
-import { lan, Membership, type MembershipConfig } from "./membership/mod.ts";
+import { describeNode, type DescribeOptions, gpuAllowed, selfMeasure } from "./descriptor.ts";
+import { Links } from "./links.ts";
+import type { MeasureOptions } from "./measure.ts";
+import { lan, Membership, type MembershipConfig, type NodeMeasurement } from "./membership/mod.ts";
 import { isMembershipPacket } from "./membership/mod.ts";
 import { Registry } from "./registry/mod.ts";
 import { demux } from "./transport/demux.ts";
@@ -12,9 +16,14 @@ import type { Log } from "./transport/iroh_link.ts";
 import type { PeerAddr, Transport } from "./transport/transport.ts";
 import { Service } from "./wire/mod.ts";
 
-interface CommonNodeOptions extends DescribeOptions {
+interface CommonNodeOptions extends Omit<DescribeOptions, "measuring"> {
   /** Membership timings (default: the `lan` preset). */
   membership?: MembershipConfig;
+  /**
+   * Measure the node once it is up, in the background (default false): its usable memory within
+   * `memoryCap`, bandwidth and per-step costs go into its descriptor. Skipped without a GPU.
+   */
+  measure?: boolean | Omit<MeasureOptions, "memoryCap">;
 }
 
 /** A node on iroh (the default): its endpoint is made from these. */
@@ -44,7 +53,11 @@ export interface SwactorNode {
   transport: Transport;
   membership: Membership;
   registry: Registry;
+  /** The cluster's link table: this node's measured round trips and the others' rows, by gossip. */
+  links: Links;
   actors: ActorSystem;
+  /** The self-measurement: resolves once published (undefined when not asked, no GPU, or it failed). */
+  measured: Promise<NodeMeasurement | undefined>;
   /** Joins through `seeds`; throws PeerUnreachableError when the first seed refuses or cannot be reached. */
   join(seeds: PeerAddr[]): Promise<void>;
   /** Leaves gracefully (others see `left`), stops the actors, closes the transport. */
@@ -59,7 +72,8 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     log: opts.log,
     dialOverrides: opts.dialOverrides,
   });
-  const meta = await describeNode(transport.self.addrs, opts);
+  const measure = opts.measure !== undefined && opts.measure !== false && gpuAllowed(opts);
+  const meta = await describeNode(transport.self.addrs, { ...opts, measuring: measure });
   // The incarnation starts at the wall clock in seconds, so a restarted node (same identity) outranks the
   // `dead` record the others hold of its previous run.
   const membership = new Membership({
@@ -70,6 +84,7 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     incarnation: Math.floor(Date.now() / 1000),
   });
   const registry = new Registry(membership);
+  const links = new Links(membership);
   const actors = new ActorSystem({
     transport,
     resolver: registry,
@@ -95,12 +110,21 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     }
   });
   membership.start();
+  // After start: the node answers probes while it measures (the GPU work comes in short pieces).
+  const measured = meta.measuring
+    ? selfMeasure(membership, {
+      ...(typeof opts.measure === "object" ? opts.measure : {}),
+      memoryCap: opts.memoryCap,
+    })
+    : Promise.resolve(undefined);
 
   return {
     transport,
     membership,
     registry,
+    links,
     actors,
+    measured,
     async join(seeds) {
       await transport.connect?.(seeds[0]);
       await membership.join(seeds);
@@ -109,6 +133,7 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
       await actors.close();
       await membership.leave();
       registry.close();
+      links.close();
       await transport.close();
     },
   };

@@ -10,6 +10,13 @@ export interface NodeSpec {
   memBytes: number;
   /** Measured memory bandwidth of the GPU, bytes/s (what weight reads run at). */
   memBandwidth: number;
+  /**
+   * A stage whose bytes read per token are at most this many fit the GPU's cache and read at
+   * `cacheBandwidth` instead (0: no cache modelled). Only tiny models' stages fit; real ones stream.
+   */
+  cacheBytes: number;
+  /** Read bandwidth from the cache, bytes/s (used only when cacheBytes > 0). */
+  cacheBandwidth: number;
   /** Measured matmul throughput, FLOP/s. */
   flops: number;
   /** Upload and download bandwidth of the node's network connection, bytes/s. */
@@ -17,6 +24,8 @@ export interface NodeSpec {
   down: number;
   /** Fixed cost per token each time this node computes (encode, submit, readback, hand-off), seconds. */
   overhead: number;
+  /** Cost per token of each layer a stage holds besides its bytes (encoding and launching its dispatches), s. */
+  layerOverhead: number;
   /** Memory kept free for working space (activations, kernels' scratch, the runtime), bytes. */
   reserveBytes: number;
   /** A region name; links between regions apply to every pair of their nodes. "" for none. */
@@ -71,10 +80,13 @@ export interface Cluster {
 export const NODE_DEFAULTS: Omit<NodeSpec, "id"> = {
   memBytes: 24 * 2 ** 30,
   memBandwidth: 1008e9, // RTX 4090
+  cacheBytes: 0,
+  cacheBandwidth: 0,
   flops: 82.6e12, // RTX 4090 dense fp16
   up: 125e6, // 1 Gbit/s
   down: 125e6,
   overhead: 1e-3, // encode + submit + early readback + hand-off per stage per token (docs/PLANNER.md)
+  layerOverhead: 0, // unknown unless measured (a node measures its own: node/measure.ts)
   reserveBytes: 2 ** 30,
   region: "",
 };
@@ -115,6 +127,16 @@ export function clusterFromNodes(nodes: NodeDescriptor[], opts: ClusterFromNodes
         throw new RangeError(`clusterFromNodes: node "${d.id}": ${k} must be > 0, got ${spec[k]}`);
       }
     }
+    if (spec.cacheBytes > 0 && !(spec.cacheBandwidth > 0)) {
+      throw new RangeError(
+        `clusterFromNodes: node "${d.id}": a cache of ${spec.cacheBytes} bytes needs cacheBandwidth > 0`,
+      );
+    }
+    for (const k of ["overhead", "layerOverhead", "reserveBytes", "cacheBytes"] as const) {
+      if (!(spec[k] >= 0) || !Number.isFinite(spec[k])) {
+        throw new RangeError(`clusterFromNodes: node "${d.id}": ${k} must be >= 0, got ${spec[k]}`);
+      }
+    }
     return spec;
   });
   return {
@@ -125,6 +147,16 @@ export function clusterFromNodes(nodes: NodeDescriptor[], opts: ClusterFromNodes
     constraints: { ...emptyConstraints(), ...opts.constraints },
     quant: opts.quant ?? {},
   };
+}
+
+/** Seconds for `node` to read `bytes`: from its cache when they fit it, else from memory. */
+export function readSeconds(
+  node: Pick<NodeSpec, "memBandwidth" | "cacheBytes" | "cacheBandwidth">,
+  bytes: number,
+): number {
+  return node.cacheBytes > 0 && bytes <= node.cacheBytes
+    ? bytes / node.cacheBandwidth
+    : bytes / node.memBandwidth;
 }
 
 /** The link between two nodes: a node-pair link, else a region-pair link, else the default. */

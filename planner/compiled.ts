@@ -5,15 +5,22 @@
 import { type Cluster, linkBetween } from "./cluster.ts";
 import type { DTypeBytes, ModelGraph } from "./model_graph.ts";
 
+/** The sampler's memory traffic per vocabulary entry: f32 logits written by the head, read by the sampler. */
+export const SAMPLER_BYTES_PER_TOKEN = 8;
+
 export interface CompiledProblem {
   layers: number;
   nodes: number;
   nodeIds: string[];
-  /** Per node: usable memory (capacity - reserve), bandwidth, FLOP/s, fixed overhead per token. */
+  /** Per node: usable memory (capacity - reserve), bandwidth, FLOP/s, fixed overhead per token and per layer. */
   memAvail: Float64Array;
   memBw: Float64Array;
+  /** Per node: bytes per token that still read from the cache (0: none), and the cache's bandwidth. */
+  cacheBytes: Float64Array;
+  cacheBw: Float64Array;
   flops: Float64Array;
   overhead: Float64Array;
+  layerOverhead: Float64Array;
   /** N x N: seconds to send one hidden state from i to j (latency + bytes / effective bandwidth). */
   hop: Float64Array;
   /** N x N: seconds to send the sampled token id back from the last stage to the first. */
@@ -68,8 +75,11 @@ export function compileProblem(
     nodeIds: nodes.map((n) => n.id),
     memAvail: Float64Array.from(nodes, (n) => n.memBytes - n.reserveBytes),
     memBw: Float64Array.from(nodes, (n) => n.memBandwidth),
+    cacheBytes: Float64Array.from(nodes, (n) => n.cacheBytes),
+    cacheBw: Float64Array.from(nodes, (n) => n.cacheBandwidth),
     flops: Float64Array.from(nodes, (n) => n.flops),
     overhead: Float64Array.from(nodes, (n) => n.overhead),
+    layerOverhead: Float64Array.from(nodes, (n) => n.layerOverhead),
     hop: new Float64Array(N * N),
     ret: new Float64Array(N * N),
     lat: new Float64Array(N * N),
@@ -83,7 +93,7 @@ export function compileProblem(
     embedMem: model.embedParams * dtype.embed,
     embedRead: model.hidden * dtype.embed,
     headMem: model.headParams * dtype.embed,
-    headRead: model.headParams * dtype.embed,
+    headRead: model.headParams * dtype.embed + SAMPLER_BYTES_PER_TOKEN * model.vocab,
     headFlops: 2 * model.headParams,
     tiedSaving: model.tied ? model.vocab * model.hidden * dtype.embed : 0,
     pinOf: new Int32Array(L).fill(-1),

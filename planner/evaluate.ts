@@ -1,13 +1,15 @@
 // The cost model, written plainly over the model graph (not the search's prefix sums), so that tests can
 // check the fast path against it. Per token of decode:
-//   stage   = overhead + max(bytes read / memory bandwidth, FLOPs / matmul throughput)
+//   stage   = overhead + layers x layer overhead + max(bytes read / memory bandwidth, FLOPs / matmul throughput)
+//             (a stage whose bytes fit the node's cache reads them at the cache's bandwidth)
 //   hop     = link latency + hidden-state bytes / min(link bw, sender up, receiver down)
 //   return  = the last stage sends the sampled token id back to the first (the loop is closed)
 //   fan-out = per MoE layer whose experts live on other nodes: the expected slowest destination, where a
 //             destination h costs wire + compute: round trip + one activation each way + its overhead +
 //             the experts it runs for the token (reading their weights); see expectedFanout.
-import { type Cluster, linkBetween, type NodeSpec } from "./cluster.ts";
+import { type Cluster, linkBetween, type NodeSpec, readSeconds } from "./cluster.ts";
 import { type DTypeBytes, type ModelGraph, moeOf } from "./model_graph.ts";
+import { SAMPLER_BYTES_PER_TOKEN } from "./compiled.ts";
 
 export interface Assignment {
   stages: { node: string; start: number; end: number }[];
@@ -115,7 +117,7 @@ export function evaluateAssignment(
     if (si === m - 1) {
       nm.weights += model.headParams * dtype.embed -
         (m === 1 && model.tied ? model.vocab * model.hidden * dtype.embed : 0);
-      bytes += model.headParams * dtype.embed;
+      bytes += model.headParams * dtype.embed + SAMPLER_BYTES_PER_TOKEN * model.vocab;
       flops += 2 * model.headParams;
     }
     for (let l = st.start; l < st.end; l++) {
@@ -189,11 +191,11 @@ export function evaluateAssignment(
       const l = linkBetween(cluster, node, next), bw = Math.min(l.bandwidth, node.up, next.down);
       hop = l.latency + (si === m - 1 ? 8 : act) / bw;
     }
-    const compute = Math.max(bytes / node.memBandwidth, flops / node.flops);
+    const compute = Math.max(readSeconds(node, bytes), flops / node.flops);
     stages.push({
       node: st.node,
       computeS: compute,
-      overheadS: node.overhead,
+      overheadS: node.overhead + (st.end - st.start) * node.layerOverhead,
       hopS: hop,
       fanoutS: fanout,
       fanoutByLayer,

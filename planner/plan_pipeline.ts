@@ -4,11 +4,11 @@
 import type { Cluster } from "./cluster.ts";
 import { type CompiledProblem, compileProblem } from "./compiled.ts";
 import { PlacementError } from "./errors.ts";
-import { type Assignment, evaluateAssignment } from "./evaluate.ts";
+import { type Assignment, evaluateAssignment, type Evaluation } from "./evaluate.ts";
 import { type ExpertSpread, placeExperts, routingShares } from "./expert_placement.ts";
 import { type DTypeBytes, type ModelGraph, moeOf } from "./model_graph.ts";
 import { searchOrder } from "./node_order.ts";
-import { type Plan, PLAN_FORMAT_VERSION, type PlanNode } from "./plan.ts";
+import { type Plan, PLAN_FORMAT_VERSION, type PlanNode, type PlanPrediction } from "./plan.ts";
 import type { ExpertMode } from "./split_dp.ts";
 import { humanBytes } from "./units.ts";
 
@@ -185,16 +185,6 @@ function toPlan(
       expertLoad: m?.expertLoad ?? 0,
     };
   });
-  const sum = (f: (s: typeof e.stages[number]) => number) => e.stages.reduce((a, s) => a + f(s), 0);
-  const terms = {
-    compute: sum((s) => s.computeS),
-    overhead: sum((s) => s.overheadS),
-    network: sum((s) => s.hopS),
-    fanout: sum((s) => s.fanoutS),
-  };
-  const limitedBy = (Object.keys(terms) as (keyof typeof terms)[]).reduce((a, b) =>
-    terms[a] >= terms[b] ? a : b
-  );
   return {
     version: PLAN_FORMAT_VERSION,
     model: {
@@ -215,22 +205,39 @@ function toPlan(
     expertHosts: [...hostExperts].map(([node, experts]) => ({ node, experts })),
     nodes,
     predicted: {
-      tokenMs: e.tokenS * 1e3,
-      tokS: 1 / e.tokenS,
-      stages: e.stages.map((s, i) => ({
-        index: i,
-        node: s.node,
-        computeMs: s.computeS * 1e3,
-        overheadMs: s.overheadS * 1e3,
-        hopMs: s.hopS * 1e3,
-        fanoutMs: s.fanoutS * 1e3,
-      })),
-      limitedBy,
+      ...predictionOf(e),
       layerFanoutMs: Object.fromEntries(
         e.stages.flatMap((s) => [...s.fanoutByLayer].map(([l, f]) => [String(l), f * 1e3])),
       ),
     },
     search: { exact: c.exact, evaluated: meta.evals, ms: meta.ms },
+  };
+}
+
+/** The Plan's `predicted` block from the cost model's evaluation of an assignment. */
+export function predictionOf(e: Evaluation): PlanPrediction {
+  const sum = (f: (s: typeof e.stages[number]) => number) => e.stages.reduce((a, s) => a + f(s), 0);
+  const terms = {
+    compute: sum((s) => s.computeS),
+    overhead: sum((s) => s.overheadS),
+    network: sum((s) => s.hopS),
+    fanout: sum((s) => s.fanoutS),
+  };
+  const limitedBy = (Object.keys(terms) as (keyof typeof terms)[]).reduce((a, b) =>
+    terms[a] >= terms[b] ? a : b
+  );
+  return {
+    tokenMs: e.tokenS * 1e3,
+    tokS: 1 / e.tokenS,
+    stages: e.stages.map((s, i) => ({
+      index: i,
+      node: s.node,
+      computeMs: s.computeS * 1e3,
+      overheadMs: s.overheadS * 1e3,
+      hopMs: s.hopS * 1e3,
+      fanoutMs: s.fanoutS * 1e3,
+    })),
+    limitedBy,
   };
 }
 

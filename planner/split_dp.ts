@@ -39,7 +39,8 @@ export function stageTime(
     bytes += p.headRead;
     flops += p.headFlops;
   }
-  return p.overhead[n] + Math.max(bytes / p.memBw[n], flops / p.flops[n]);
+  const bw = p.cacheBytes[n] > 0 && bytes <= p.cacheBytes[n] ? p.cacheBw[n] : p.memBw[n];
+  return p.overhead[n] + (j - k) * p.layerOverhead[n] + Math.max(bytes / bw, flops / p.flops[n]);
 }
 
 /** Node n may own [k, j) when every pinned layer inside is pinned to n and all of n's pins are inside. */

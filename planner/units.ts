@@ -84,3 +84,20 @@ const ALL_UNITS = new Set(Object.values(UNITS).flatMap((u) => Object.keys(u)));
 export function isUnit(word: string): boolean {
   return ALL_UNITS.has(word);
 }
+
+/**
+ * Parses a quantity written with a unit of `dim` ("8GiB", "512 MiB", "1.5GB"), or a bare number in the base
+ * unit; throws RangeError saying what was expected.
+ */
+export function parseQuantity(dim: Dimension, text: string): number {
+  const m = /^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([A-Za-z/]*)\s*$/.exec(text);
+  const factor = m ? (m[2] === "" ? 1 : unitFactor(dim, m[2])) : undefined;
+  if (!m || factor === undefined) {
+    throw new RangeError(
+      `"${text}" is not a ${dim === "bytes" ? "size" : dim} (e.g. 8GiB, 512MiB; units: ${
+        unitsOf(dim).join(", ")
+      })`,
+    );
+  }
+  return Number(m[1]) * factor;
+}

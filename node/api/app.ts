@@ -5,6 +5,7 @@
 // A guard (guard.ts) runs before every route: loopback is not enough, a browser page can reach it too.
 import { Hono } from "hono";
 import type { PipelineNode } from "../stage/mod.ts";
+import type { LiveDescriptor } from "../../planner/live.ts";
 import { type PipelineRouteOptions, pipelineRoutes, pipelineStatus } from "./pipeline_routes.ts";
 import { type ApiGuard, guard } from "./guard.ts";
 
@@ -18,6 +19,8 @@ export interface MemberView {
   adapter?: string;
   gpuMemoryBytes?: number;
   version?: string;
+  /** What the member measured about itself and its links (node/descriptor.ts descriptorView). */
+  descriptor?: LiveDescriptor;
 }
 
 export interface ApiServices {

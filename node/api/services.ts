@@ -3,6 +3,7 @@ import type { SwactorNode } from "../node.ts";
 import type { ApiServices, MemberView } from "./app.ts";
 import type { PipelineNode } from "../stage/mod.ts";
 import { CLIENT_PREFIX } from "../stage/client.ts";
+import { descriptorView } from "../descriptor.ts";
 
 export function nodeServices(
   node: SwactorNode,
@@ -33,6 +34,7 @@ export function nodeServices(
         adapter: m.meta.adapter,
         gpuMemoryBytes: m.meta.gpuMemoryBytes,
         version: m.meta.version,
+        descriptor: descriptorView(m, node.links),
       })).sort((a, b) => (a.id < b.id ? -1 : 1));
     },
     registry: () => node.registry.entries(),

@@ -4,7 +4,7 @@
 // message is JSON with short keys: easy to read in a capture, and small next to the transport's frame
 // cost. The decoder never throws: a bad packet or a bad message inside one is dropped and counted.
 import type { PeerId } from "../transport/transport.ts";
-import type { Member, MemberState, NodeDescriptor } from "./state.ts";
+import type { Member, MemberState, NodeDescriptor, NodeMeasurement } from "./state.ts";
 
 /** First byte of every membership packet, so a demultiplexer can route it (see isMembershipPacket). */
 export const MAGIC = 0x4d;
@@ -142,7 +142,59 @@ export function validateDescriptor(v: unknown): NodeDescriptor | undefined {
   if (!isStr(name) || !isStr(version) || !isStr(adapter) || !isNat(gpuMemoryBytes) || !isAddrs(addrs)) {
     return undefined;
   }
-  return { name, version, adapter, gpuMemoryBytes, addrs: [...addrs] };
+  const d: NodeDescriptor = { name, version, adapter, gpuMemoryBytes, addrs: [...addrs] };
+  if (v.measuring === true) d.measuring = true;
+  if (v.measured !== undefined) {
+    const m = validateMeasurement(v.measured);
+    if (!m) return undefined;
+    d.measured = m;
+  }
+  return d;
+}
+
+const isMs = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v) && v >= 0 && v < 1e7;
+const BOUNDS: readonly NodeMeasurement["memoryBound"][] = ["device", "cap", "host", "time", "none"];
+
+/** [K, GB/s] pairs, K ascending, rates positive; a clean copy or undefined. */
+function validateWidths(v: unknown): [number, number][] | undefined {
+  if (!Array.isArray(v) || v.length > 16) return undefined;
+  const out: [number, number][] = [];
+  for (const p of v) {
+    if (!Array.isArray(p) || p.length !== 2 || !isNat(p[0]) || p[0] === 0) return undefined;
+    if (typeof p[1] !== "number" || !(p[1] > 0) || !Number.isFinite(p[1])) return undefined;
+    if (out.length && p[0] <= out[out.length - 1][0]) return undefined;
+    out.push([p[0], p[1]]);
+  }
+  return out;
+}
+
+/** Validates a node's self-measurement; a clean copy or undefined. */
+export function validateMeasurement(v: unknown): NodeMeasurement | undefined {
+  if (!isObj(v)) return undefined;
+  const { at, memoryBytes, memoryCapBytes, memoryBound, readGbps, readWeights, timestamps } = v;
+  const { dispatchMs, readbackMs, encodeLayerMs, tookMs } = v;
+  if (!isNat(at) || !isNat(memoryBytes) || !isNat(memoryCapBytes)) return undefined;
+  if (!BOUNDS.includes(memoryBound as NodeMeasurement["memoryBound"])) return undefined;
+  if (readWeights !== "f16" && readWeights !== "f32") return undefined;
+  if (typeof timestamps !== "boolean") return undefined;
+  if (![dispatchMs, readbackMs, encodeLayerMs, tookMs].every(isMs)) return undefined;
+  const widths = validateWidths(readGbps), cached = validateWidths(v.cachedGbps);
+  if (!widths || !cached || !isNat(v.cacheBytes)) return undefined;
+  return {
+    at,
+    memoryBytes,
+    memoryCapBytes,
+    memoryBound: memoryBound as NodeMeasurement["memoryBound"],
+    readGbps: widths,
+    cachedGbps: cached,
+    cacheBytes: v.cacheBytes,
+    readWeights,
+    timestamps,
+    dispatchMs: dispatchMs as number,
+    readbackMs: readbackMs as number,
+    encodeLayerMs: encodeLayerMs as number,
+    tookMs: tookMs as number,
+  };
 }
 
 function validateMember(v: unknown): Omit<Member, "since"> | undefined {

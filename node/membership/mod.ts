@@ -15,6 +15,7 @@ export {
   type MemberState,
   type MemberTable,
   type NodeDescriptor,
+  type NodeMeasurement,
 } from "./state.ts";
 export { decodePacket, isMembershipPacket, MAGIC, PROTOCOL_VERSION } from "./messages.ts";
 export { suspicionTimeout, suspicionTimeouts } from "./suspicion.ts";

@@ -13,10 +13,45 @@ export interface NodeDescriptor {
   version: string;
   /** GPU adapter name ("NVIDIA H200", "llvmpipe", "" when none). */
   adapter: string;
-  /** GPU memory usable for weights and activations, in bytes. */
+  /** GPU memory usable for weights and activations, in bytes (the measured figure once measured). */
   gpuMemoryBytes: number;
   /** Direct addresses ("ip:port") the node listens on. */
   addrs: string[];
+  /** The node is measuring itself (node/measure.ts); a planner waits a little for `measured`. */
+  measuring?: boolean;
+  /** What the node measured about itself, once it has. */
+  measured?: NodeMeasurement;
+}
+
+/** A node's self-measurement (node/measure.ts says how each number is taken). */
+export interface NodeMeasurement {
+  /** When it was measured, ms since the epoch. */
+  at: number;
+  /** Usable GPU memory, bytes: what the adapter let this process allocate, within the cap. */
+  memoryBytes: number;
+  /** The cap the user set (`--memory`), bytes; 0 when none. */
+  memoryCapBytes: number;
+  /** What bounded memoryBytes: "device" (the adapter refused more), "cap", "host" (a software adapter's host
+   *  memory), "time" (the probe ran out of time: a lower bound), "none" (no probe: the cap, or 0). */
+  memoryBound: "device" | "cap" | "host" | "time" | "none";
+  /** Weight-read bandwidth of the decode GEMV streaming from memory, by input width: [K, GB/s], K ascending. */
+  readGbps: [number, number][];
+  /** The same reading one matrix that stays in the cache, by the same widths. */
+  cachedGbps: [number, number][];
+  /** The largest working set, bytes, that still reads at the cached rate (0: no cache effect seen). */
+  cacheBytes: number;
+  /** Weights those GEMVs read ("f16" where the engine would choose it, else "f32"). */
+  readWeights: "f16" | "f32";
+  /** Whether GPU timestamps timed the GEMVs (else the wall clock around a submit and its readback). */
+  timestamps: boolean;
+  /** Wall ms one more small dispatch adds to a step (its host encode and the GPU's launch cost). */
+  dispatchMs: number;
+  /** Wall ms of a step's fixed part: upload the input, submit, read back a small result. */
+  readbackMs: number;
+  /** Host ms to encode one decoder layer's dispatches (LAYER_DISPATCHES of planner/live.ts). */
+  encodeLayerMs: number;
+  /** How long the measurement took, ms. */
+  tookMs: number;
 }
 
 export interface Member {

@@ -112,6 +112,8 @@ interface Probe {
   /** For a ping sent on behalf of another node: where to forward the ack/nack. */
   relay?: { to: PeerAddr; seq: number; nack: boolean };
   onAck?: () => void;
+  /** Clock time the direct ping left, for the round trip its ack measures. */
+  sentAt: number;
 }
 
 export class Membership {
@@ -141,6 +143,7 @@ export class Membership {
   #seq = 0;
   #probeOrder: PeerId[] = [];
   #listeners = new Set<(c: MemberChange) => void>();
+  #rttListeners = new Set<(peer: PeerId, ms: number) => void>();
   #delegates = new Map<string, GossipDelegate>();
   #timers: Cancel[] = [];
   #running = false;
@@ -199,6 +202,15 @@ export class Membership {
   onChange(cb: (c: MemberChange) => void): () => void {
     this.#listeners.add(cb);
     return () => this.#listeners.delete(cb);
+  }
+
+  /**
+   * Calls `cb` with the round trip, in ms, of every direct ping this node sends that its target answers
+   * itself (its own probes and those it makes for others): link timing at no cost in packets.
+   */
+  onRtt(cb: (peer: PeerId, ms: number) => void): () => void {
+    this.#rttListeners.add(cb);
+    return () => this.#rttListeners.delete(cb);
   }
 
   /** Changes this node's descriptor and tells the cluster (a new incarnation). */
@@ -303,7 +315,13 @@ export class Membership {
     this.stats.probes++;
     const c = this.config;
     const seq = ++this.#seq;
-    const p: Probe = { target: target.id, acked: false, nacks: 0, expectedNacks: 0 };
+    const p: Probe = {
+      target: target.id,
+      acked: false,
+      nacks: 0,
+      expectedNacks: 0,
+      sentAt: this.#clock.now(),
+    };
     this.#probes.set(seq, p);
     const ping = [encodeMessage({ t: "ping", seq, target: target.id })];
     if (target.state === "suspect") {
@@ -408,6 +426,8 @@ export class Membership {
         const p = this.#probes.get(m.seq);
         if (!p || p.acked) return;
         p.acked = true;
+        // An ack that comes through a helper (our ping-req) timed two links, not this one.
+        if (from.id === p.target) this.#emitRtt(p.target, this.#clock.now() - p.sentAt);
         if (p.relay) {
           this.#probes.delete(m.seq);
           this.#sendPacket(p.relay.to, [encodeMessage({ t: "ack", seq: p.relay.seq })]);
@@ -453,6 +473,7 @@ export class Membership {
       nacks: 0,
       expectedNacks: 0,
       relay: { to: requester, seq, nack },
+      sentAt: this.#clock.now(),
     };
     this.#probes.set(local, p);
     this.#sendPacket(target, [encodeMessage({ t: "ping", seq: local, target: target.id })]);
@@ -637,6 +658,16 @@ export class Membership {
     for (const cb of this.#listeners) {
       try {
         cb(c);
+      } catch {
+        // A listener's bug must not break the protocol.
+      }
+    }
+  }
+
+  #emitRtt(peer: PeerId, ms: number): void {
+    for (const cb of this.#rttListeners) {
+      try {
+        cb(peer, ms);
       } catch {
         // A listener's bug must not break the protocol.
       }

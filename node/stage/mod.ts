@@ -25,8 +25,15 @@ export { EXPERT_PREFIX, expertName, expertSet } from "./expert_names.ts";
 export { FakeBackend, fakeReference } from "./fake_backend.ts";
 export { type HopTrace, type WireDtype } from "./messages.ts";
 export { type LocalStage, PipelineNode, type PipelineOptions, type StageReport } from "./pipeline.ts";
-export { type ChainMember, planChain } from "./plan_chain.ts";
-export { type PublishOptions, publishPlan } from "./publish.ts";
+export {
+  chainCluster,
+  type ChainMember,
+  chainRoles,
+  planChain,
+  predictChain,
+  servedDtype,
+} from "./plan_chain.ts";
+export { liveMembers, type PublishOptions, publishPlan } from "./publish.ts";
 export { rolesOf, splitLayers } from "./roles.ts";
 export { StageActor, stageName } from "./stage_actor.ts";
 export { meanTimings, type TokenTimings, tokenTimings } from "./timings.ts";

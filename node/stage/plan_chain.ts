@@ -1,24 +1,30 @@
 // The leader's side of rung 1: from the model's config.json and the live members to a Plan with one stage per
-// wanted node. The planner's DP (planner/) splits the layers; a chain asks for exactly `stages` stages (an
-// `order` constraint), because the planner alone prefers fewer. With more nodes than layers, the embedding
-// and then the head become stages of their own (a chain holds at most layers + 2 stages); any node beyond
-// that is idle. With `experts: "spread"` every MoE layer's routed experts are placed over the members
-// (the planner's "wide" spread: each layer on at least two nodes, its stage's node included, and every
-// member hosting some where there are enough experts), even when they would fit on their stage. Pure.
+// wanted node. The members' measured descriptors make the cluster (planner/live.ts: memory, bandwidth at the
+// model's width, per-step and per-layer costs, links); the planner's DP (planner/) splits the layers over
+// them; a chain asks for exactly `stages` stages (an `order` constraint), because the planner alone prefers
+// fewer. The first member keeps stage 0 and the others' order is searched. With more nodes than layers, the
+// embedding and then the head become stages of their own (a chain holds at most layers + 2 stages); any node
+// beyond that is idle. The Plan's prediction is made for the final stages; `predictChain` makes it again for
+// one request's context. With `experts: "spread"` every MoE layer's routed experts are placed over the
+// members (the planner's "wide" spread: each layer on at least two nodes, its stage's node included, and
+// every member hosting some where there are enough experts), even when they would fit on their stage. Pure.
 import {
-  clusterFromNodes,
   compileHfConfig,
-  type NodeDescriptor,
+  type DTypeBytes,
+  evaluateAssignment,
+  liveCluster,
+  type LiveMember,
+  type ModelGraph,
   PlacementError,
   type Plan,
   planPipeline,
+  type PlanPrediction,
+  predictionOf,
 } from "../../planner/mod.ts";
+import type { Cluster } from "../../planner/cluster.ts";
 
-export interface ChainMember {
-  id: string;
-  /** The descriptor's usable GPU memory estimate (0: unknown, the planner's default is used). */
-  gpuMemoryBytes?: number;
-}
+/** A member as the planner sees it: its id and, once it has measured itself, its descriptor. */
+export type ChainMember = LiveMember;
 
 export interface PlanChainOptions {
   /** Stages wanted (default: every member). */
@@ -31,12 +37,61 @@ export interface PlanChainOptions {
    * parallelism on purpose, docs/PLANNER.md). Ignored for models without MoE layers.
    */
   experts?: "local" | "spread";
+  /** The weights' form on the GPU ("auto", "f32", "f16", "q8", "q4"; default "auto"): the bytes each reads. */
+  weights?: string;
+}
+
+/** Orders whose predicted per-token time is within this fraction of the fastest count as equally fast. */
+const ORDER_TOLERANCE = 0.01;
+
+/** Memory a chain node keeps free besides weights and KV (activations, staging buffers, the runtime). */
+const RESERVE_BYTES = 64 * 2 ** 20;
+
+/**
+ * Bytes per element the engine holds for `weights`: auto is f16 wherever the GPU has shader-f16 (every GPU we
+ * run on, and the software adapter); q8 / q4 hold 1 / 0.5 bytes plus an f16 scale per group of 32. The KV
+ * cache is f32 (docs/ARCHITECTURE.md).
+ */
+export function servedDtype(weights: string | undefined): Partial<DTypeBytes> {
+  const w = weights === "f32" ? 4 : weights === "q8" ? 34 / 32 : weights === "q4" ? 18 / 32 : 2;
+  return { dense: w, experts: w, embed: w, kv: 4 };
+}
+
+/**
+ * The cluster a chain is planned on: the members' measurements at the model's width, a chain's reserves, the
+ * bytes per element of the weights as served (`quant`), and the chain's node order when given.
+ */
+export function chainCluster(
+  model: ModelGraph,
+  members: ChainMember[],
+  opts: { order?: string[]; weights?: string } = {},
+): Cluster {
+  return liveCluster(members, {
+    width: model.hidden,
+    reserveBytes: RESERVE_BYTES,
+    constraints: opts.order ? { order: opts.order } : undefined,
+    quant: servedDtype(opts.weights),
+  });
+}
+
+/**
+ * Which of `members` (in chain order) does what in a chain of `stages` over `layers` layers: the layer stages,
+ * and with more stages than layers an embedding-only first stage, then a head-only last one. The others idle.
+ */
+export function chainRoles<T>(members: T[], stages: number, layers: number) {
+  const extra = Math.min(Math.max(0, stages - layers), 2);
+  const layerStages = Math.min(stages, layers);
+  const first = extra >= 1 ? 1 : 0;
+  return {
+    embedNode: extra >= 1 ? members[0] : undefined,
+    layered: members.slice(first, first + layerStages),
+    headNode: extra >= 2 ? members[1 + layerStages] : undefined,
+  };
 }
 
 /** A Plan over `members` (in chain order: the first one gets stage 0), or PlacementError saying why not. */
 export function planChain(configJson: unknown, members: ChainMember[], opts: PlanChainOptions = {}): Plan {
   const model = compileHfConfig(configJson);
-  const L = model.layers.length;
   const want = opts.stages ?? members.length;
   const experts = opts.experts ?? "local";
   if (experts !== "local" && experts !== "spread") {
@@ -51,21 +106,53 @@ export function planChain(configJson: unknown, members: ChainMember[], opts: Pla
       `${want} stages need ${want} nodes; the cluster has ${members.length}`,
     );
   }
-  const extra = Math.min(Math.max(0, want - L), 2);
-  const layerStages = Math.min(want, L);
-  // Stage order: [embedding node], the layer stages, [head node]; then idle nodes.
-  const embedNode = extra >= 1 ? members[0] : undefined;
-  const layered = members.slice(extra >= 1 ? 1 : 0, (extra >= 1 ? 1 : 0) + layerStages);
-  const headNode = extra >= 2 ? members[1 + layerStages] : undefined;
-  const descriptors: NodeDescriptor[] = members.map((m) => ({
-    id: m.id,
-    ...(m.gpuMemoryBytes ? { memBytes: m.gpuMemoryBytes } : {}),
-    reserveBytes: 64 * 2 ** 20,
-  }));
-  const cluster = clusterFromNodes(descriptors, { constraints: { order: layered.map((m) => m.id) } });
+  // The first member keeps stage 0; the order of the others is searched (every order up to 6 members, else
+  // a few by memory), since a node's place decides what it must hold (the head, the embedding).
+  const found: Plan[] = [];
+  let error: unknown;
+  for (const rest of orders(members.slice(1))) {
+    try {
+      found.push(planOrder(model, [members[0], ...rest], want, { ...opts, experts }));
+    } catch (e) {
+      if (!(e instanceof PlacementError)) throw e;
+      error ??= e;
+    }
+  }
+  // The first order (the members' own first) within 1% of the fastest: link estimates that wobble by a
+  // few microseconds do not reorder a chain, so `plan --live` and `up --model` agree on the same cluster.
+  const fastest = Math.min(...found.map((p) => p.predicted.tokenMs));
+  const best = found.find((p) => p.predicted.tokenMs <= fastest * (1 + ORDER_TOLERANCE));
+  if (!best) throw error;
+  return best;
+}
+
+/** Orders of `rest` to try: every one when few (members' order first), else the members' and by memory. */
+function orders(rest: ChainMember[]): ChainMember[][] {
+  if (rest.length <= 5) return permutations(rest);
+  const mem = (m: ChainMember) => m.descriptor?.memory_bytes ?? 0;
+  const up = [...rest].sort((a, b) => mem(a) - mem(b));
+  return [rest, up, [...up].reverse()];
+}
+
+function permutations<T>(xs: T[]): T[][] {
+  if (xs.length <= 1) return [xs];
+  const out: T[][] = [];
+  xs.forEach((x, i) => {
+    for (const p of permutations([...xs.slice(0, i), ...xs.slice(i + 1)])) out.push([x, ...p]);
+  });
+  return out;
+}
+
+/** The Plan for the chain over `members` in this order. */
+function planOrder(model: ModelGraph, members: ChainMember[], want: number, opts: PlanChainOptions): Plan {
+  const L = model.layers.length;
+  const { embedNode, layered, headNode } = chainRoles(members, want, L);
+  const layerStages = layered.length;
+  const context = opts.context ?? 4096;
+  const cluster = chainCluster(model, members, { order: layered.map((m) => m.id), weights: opts.weights });
   const plan = planPipeline(model, cluster, {
-    context: opts.context ?? 4096,
-    ...(experts === "spread" ? { experts: "spread", expertSpread: "wide" } : {}),
+    context,
+    ...(opts.experts === "spread" ? { experts: "spread", expertSpread: "wide" } : {}),
   });
   if (plan.stages.length !== layerStages) {
     throw new PlacementError(
@@ -89,5 +176,30 @@ export function planChain(configJson: unknown, members: ChainMember[], opts: Pla
     ...n,
     role: used.has(n.id) ? "stage" as const : hosting.has(n.id) ? "experts" as const : "idle" as const,
   }));
-  return { ...plan, stages, nodes };
+  const out = { ...plan, stages, nodes };
+  if (embedNode || headNode) out.predicted = predict(model, cluster, out, context);
+  return out;
+}
+
+function predict(model: ModelGraph, cluster: Cluster, plan: Plan, context: number): PlanPrediction {
+  const assignment = {
+    stages: plan.stages.map((s) => ({ node: s.node, start: s.layers[0], end: s.layers[1] })),
+  };
+  return predictionOf(
+    evaluateAssignment(model, cluster, assignment, { context, dtype: plan.model.dtypeBytes }),
+  );
+}
+
+/**
+ * The cost model's per-token time for `plan` on `members` as they measure now, at `context` tokens of KV
+ * cache (a request's mean context, for its prediction). The stages' nodes must be among the members.
+ */
+export function predictChain(
+  configJson: unknown,
+  plan: Plan,
+  members: ChainMember[],
+  opts: { context: number },
+): PlanPrediction {
+  const model = compileHfConfig(configJson);
+  return predict(model, chainCluster(model, members), plan, Math.max(1, Math.round(opts.context)));
 }

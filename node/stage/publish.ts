@@ -1,10 +1,13 @@
-// The leader's step that starts a chain: wait for the members, plan the chain over them (or map a given
-// Plan onto them) and publish the Assignment on the board, which every member's PipelineNode follows.
+// The leader's step that starts a chain: wait for the members (and for those measuring themselves to finish),
+// plan the chain over them from their measured descriptors (or map a given Plan onto them) and publish the
+// Assignment on the board, which every member's PipelineNode follows.
 import { join } from "node:path";
-import type { Membership } from "../membership/mod.ts";
+import type { Member, Membership } from "../membership/mod.ts";
+import { descriptorView } from "../descriptor.ts";
+import type { Links } from "../links.ts";
 import type { Assignment } from "./assignment.ts";
 import type { PipelineNode } from "./pipeline.ts";
-import { planChain } from "./plan_chain.ts";
+import { type ChainMember, planChain } from "./plan_chain.ts";
 import { type ExpertPlan, spreadExperts } from "./experts.ts";
 import { compileHfConfig } from "../../planner/mod.ts";
 import { moeOf } from "../../planner/model_graph.ts";
@@ -19,6 +22,11 @@ export interface PublishOptions {
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
   /** Give up waiting for the members after this long (default 60 s). */
   timeoutMs?: number;
+  /**
+   * Wait at most this long, once the members are there, for those still measuring themselves (default
+   * 20 s, or 3 s a member when more); past it, what they have not measured takes the planner's defaults.
+   */
+  measureTimeoutMs?: number;
   signal?: AbortSignal;
   /**
    * "spread": every MoE layer's routed experts are placed across the members (expert parallelism), even
@@ -34,7 +42,7 @@ export interface PublishOptions {
  * nodes than the cluster has (bad input: the CLI exits 2); a plain Error when the members do not come.
  */
 export async function publishPlan(
-  node: { membership: Membership },
+  node: { membership: Membership; links: Links },
   pipeline: PipelineNode,
   opts: PublishOptions,
 ): Promise<Assignment> {
@@ -52,7 +60,17 @@ export async function publishPlan(
     await new Promise((r) => setTimeout(r, 100));
   }
   const self = node.membership.id;
-  const members = alive().sort((a, b) => (a.id === self ? -1 : b.id === self ? 1 : a.id < b.id ? -1 : 1));
+  const order = (ms: Member[]) =>
+    ms.sort((a, b) => (a.id === self ? -1 : b.id === self ? 1 : a.id < b.id ? -1 : 1)).slice(0, opts.members);
+  if (!opts.plan) {
+    // Measurements on one machine take turns (node/measure.ts), about a second each on a software adapter.
+    const until = performance.now() + (opts.measureTimeoutMs ?? Math.max(20_000, 3000 * opts.members));
+    while (order(alive()).some((m) => m.meta.measuring) && performance.now() < until) {
+      opts.signal?.throwIfAborted();
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  const members = order(alive());
   let config: unknown;
   try {
     config = JSON.parse(await Deno.readTextFile(join(opts.modelDir, "config.json")));
@@ -72,11 +90,10 @@ export async function publishPlan(
     }
     plan = { ...opts.plan, stages: opts.plan.stages.map((s) => ({ ...s, node: byName.get(s.node)! })) };
   } else {
-    plan = planChain(
-      config,
-      members.map((m) => ({ id: m.id, gpuMemoryBytes: m.meta.gpuMemoryBytes })).slice(0, opts.members),
-      { experts: opts.experts ?? "local" },
-    );
+    plan = planChain(config, liveMembers(node, members), {
+      weights: opts.weights,
+      experts: opts.experts ?? "local",
+    });
   }
   if (opts.experts === "spread") {
     const graph = compileHfConfig(config);
@@ -96,4 +113,9 @@ export async function publishPlan(
     model: { dir: opts.modelDir, weights: opts.weights },
     layers,
   });
+}
+
+/** Members as the planner reads them: id and descriptor view (measurements and link row). */
+export function liveMembers(node: { links: Links }, members: Member[]): ChainMember[] {
+  return members.map((m) => ({ id: m.id, descriptor: descriptorView(m, node.links), host: m.meta.name }));
 }

@@ -17,10 +17,13 @@ function nodeProps(n: NodeSpec): string {
   const p = [
     `mem = ${formatQuantity("bytes", n.memBytes)}`,
     `mem_bw = ${formatQuantity("rate", n.memBandwidth)}`,
+    `cache = ${formatQuantity("bytes", n.cacheBytes)}`,
+    `cache_bw = ${formatQuantity("rate", n.cacheBandwidth)}`,
     `flops = ${formatQuantity("flops", n.flops)}`,
     `up = ${formatQuantity("netrate", n.up)}`,
     `down = ${formatQuantity("netrate", n.down)}`,
     `overhead = ${formatQuantity("time", n.overhead)}`,
+    `layer_overhead = ${formatQuantity("time", n.layerOverhead)}`,
     `reserve = ${formatQuantity("bytes", n.reserveBytes)}`,
   ];
   if (n.region !== "") p.push(`region = ${name(n.region)}`);

@@ -84,10 +84,13 @@ class Reader {
 const NODE_SCHEMA: Schema = {
   mem: "bytes",
   mem_bw: "rate",
+  cache: "bytes",
+  cache_bw: "rate",
   flops: "flops",
   up: "netrate",
   down: "netrate",
   overhead: "time",
+  layer_overhead: "time",
   reserve: "bytes",
   region: "word",
 };
@@ -107,10 +110,13 @@ function applyNode(
   const n = { ...base };
   if ("mem" in p) n.memBytes = p.mem as number;
   if ("mem_bw" in p) n.memBandwidth = p.mem_bw as number;
+  if ("cache" in p) n.cacheBytes = p.cache as number;
+  if ("cache_bw" in p) n.cacheBandwidth = p.cache_bw as number;
   if ("flops" in p) n.flops = p.flops as number;
   if ("up" in p) n.up = p.up as number;
   if ("down" in p) n.down = p.down as number;
   if ("overhead" in p) n.overhead = p.overhead as number;
+  if ("layer_overhead" in p) n.layerOverhead = p.layer_overhead as number;
   if ("reserve" in p) n.reserveBytes = p.reserve as number;
   if ("region" in p) n.region = p.region as string;
   return n;

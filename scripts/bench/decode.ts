@@ -8,7 +8,7 @@
 // would take minutes a token there); `deno task bench` is then a smoke test (tests/scripts/bench/).
 import { parseArgs } from "node:util";
 import { encodeCalls, getGpu, writeStep } from "../../kernels/mod.ts";
-import { gpuMs, gpuMsPerCall } from "./gpu_timer.ts";
+import { gpuMs, gpuMsPerCall } from "../../kernels/timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { DEMO_CONFIG_JSON } from "../../models/demo.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";

@@ -20,7 +20,7 @@ import {
   type SgTuning,
   storageBuffer,
 } from "../../kernels/mod.ts";
-import { gpuMs } from "./gpu_timer.ts";
+import { gpuMs } from "../../kernels/timer.ts";
 
 const { values } = parseArgs({
   args: Deno.args,

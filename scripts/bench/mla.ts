@@ -1,6 +1,6 @@
 // GPU time of one MLA layer's attention kernels for a decode step (T = 1), on random data: RoPE + latent
 // cache write, absorption of q_nope, attention over the latent cache (+ the split combine), value
-// up-projection; each call timed inside the sequence (gpu_timer.ts). Shapes: DeepSeek-V2-Lite's MLA
+// up-projection; each call timed inside the sequence (kernels/timer.ts). Shapes: DeepSeek-V2-Lite's MLA
 // (16 heads), Kimi K2's (64) and DeepSeek-V3's (128), kv_lora_rank 512, nope 128, rope 64, v 128, f16
 // weights, at several cache lengths, with the default tuning and each of its knobs moved. One JSON line per row.
 //   deno run -A scripts/bench/mla.ts [--heads 16,64,128] [--keys 128,1024,4096] [--repeat 50]
@@ -21,7 +21,7 @@ import {
   storageBuffer,
   writeStep,
 } from "../../kernels/mod.ts";
-import { gpuMsPerCall } from "./gpu_timer.ts";
+import { gpuMsPerCall } from "../../kernels/timer.ts";
 
 const { values: args } = parseArgs({
   args: Deno.args,

@@ -2,7 +2,13 @@
 // Needs root (network namespaces). About 2 minutes with the defaults on the 2-core VM.
 //
 //   deno run -A scripts/bench/pipeline_wan.ts [--model ../shared/fixtures/llama3-tiny] [--nodes 5]
-//     [--delays 0,10,25] [--max-tokens 32] [--rounds 3] [--json FILE] [--experts local|spread] [--links chain|all]
+//     [--delays 0,10,25] [--max-tokens 32] [--rounds 3] [--json FILE] [--weights f32|f16|auto] [--settle S]
+//     [--experts local|spread] [--links chain|all]
+//
+// Each node measures itself at start (they start one after another, each once the one before has measured:
+// on the software adapter a process loading its modules slows another's measurement), and each request is
+// reported with the cost model's prediction from the live descriptors and links; `--settle S` waits S
+// seconds after retuning the links, so the link estimates (SWIM round trips) have seen the new delay.
 //
 // Each node runs in its own network namespace (iroh would otherwise bypass the relays, docs/WAN.md) and
 // listens on its namespace address; every pair of nodes gets a relay pair in this (root) namespace, and each
@@ -33,11 +39,14 @@ const { values } = parseFlags(Deno.args, {
   json: { type: "string" },
   experts: { type: "string", default: "local" },
   links: { type: "string", default: "chain" },
+  weights: { type: "string", default: "f32" },
+  settle: { type: "string", default: "0" },
 });
 if (!["local", "spread"].includes(values.experts)) throw new TypeError(`--experts: local or spread`);
 if (!["chain", "all"].includes(values.links)) {
   throw new TypeError(`--links: chain (stage hops) or all (every pair)`);
 }
+const settleMs = Number(values.settle) * 1000;
 const n = Number(values.nodes);
 const delays = values.delays.split(",").map(Number);
 const maxTokens = Number(values["max-tokens"]);
@@ -112,16 +121,22 @@ async function shutdown(): Promise<void> {
 Deno.addSignalListener("SIGINT", () => shutdown().finally(() => Deno.exit(130)));
 
 const runs: Run[] = [];
+/** Nodes that said they measured themselves ("swactor: measured: ..." on stderr). */
+const measured = new Set<number>();
 let code = 0;
 try {
   const leader = await spawn(0, [
     join(root, "scripts/bench/pipeline_wan_leader.ts"),
     ...["--listen", addrs[0], "--model", values.model, "--nodes", `${n}`, "--tokens", prompt.join(",")],
     ...["--experts", values.experts],
+    ...["--weights", values.weights],
   ]);
   const inbox: Msg[] = [];
   collect(leader.stdout, (l) => inbox.push(JSON.parse(l)));
-  collect(leader.stderr, keep("leader"));
+  collect(leader.stderr, (l) => {
+    keep("leader")(l);
+    if (l.includes("measured: ")) measured.add(0);
+  });
   const writer = leader.stdin.getWriter();
   const next = async (key: string, timeoutMs: number): Promise<Msg> => {
     const deadline = performance.now() + timeoutMs;
@@ -135,13 +150,21 @@ try {
   };
   const hello = await next("ticket", 60_000);
   const nodeOf = new Map<string, number>([[hello.id as string, 0]]);
+
+  const waitMeasured = async (i: number) => {
+    const deadline = performance.now() + 30_000;
+    while (!measured.has(i) && performance.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  };
+  await waitMeasured(0);
   for (let i = 1; i < n; i++) {
     const w = await spawn(i, [join(root, "main.ts"), "join", hello.ticket as string, "--listen", addrs[i]]);
     collect(w.stderr, (l) => {
       keep(`node ${i}`)(l);
       if (l.startsWith("id: ")) nodeOf.set(l.slice(4).trim(), i);
+      if (l.includes("measured: ")) measured.add(i);
     });
     collect(w.stdout, () => {});
+    await waitMeasured(i);
   }
   log(`${n} nodes in namespaces; waiting for the chain`);
   const ready = (await next("ready", 240_000)).ready as { stages: { node: string }[] };
@@ -170,7 +193,8 @@ try {
           if (order.length > 2 || k === 0) topo.setLink(a, b, { delayMs: run.delayMs });
         }
       }
-      await generate(4); // warm-up: RTT estimates settle on the new delay
+      if (settleMs > 0) await new Promise((r) => setTimeout(r, settleMs));
+      await generate(4); // warm-up
       const r = await generate(maxTokens);
       run.results.push(r);
       log(`round ${round + 1}, ${run.delayMs} ms one-way per hop: ${r.tokS.toFixed(2)} tok/s`);

@@ -3,7 +3,10 @@
 // the Plan once all members joined, waits for the chain, then runs one generation per "generate" line on
 // stdin. Talks JSON lines on stdout: {"ticket","id"}, {"ready": {stages}}, {"result": {...}} per request,
 // {"error"} on failure. Not a product command: `up` starts its own local workers, which the bench cannot use.
+// The node measures itself like any node; each result carries the cost model's per-token time for it,
+// from the members' descriptors and links as they are then (node/stage/plan_chain.ts predictChain).
 //   deno run -A scripts/bench/pipeline_wan_leader.ts --listen IP:PORT --model DIR --nodes N --tokens 1,2,3
+//     [--weights f32|f16|auto]
 import { resolve } from "node:path";
 import { parseFlags } from "../../cli/command.ts";
 import { dialTableFromEnv } from "../../cli/dial_table.ts";
@@ -12,7 +15,9 @@ import { attachPipeline } from "../../cli/pipeline_node.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { presets } from "../../node/membership/mod.ts";
 import { startNode } from "../../node/node.ts";
-import { expertReport, meanTimings, publishPlan } from "../../node/stage/mod.ts";
+import { expertReport, liveMembers, meanTimings, predictChain, publishPlan } from "../../node/stage/mod.ts";
+import { measuredMsPerToken } from "../../cli/prediction.ts";
+import type { Plan } from "../../planner/mod.ts";
 import { encodeTicket, newSecret } from "../../node/ticket.ts";
 
 const { values } = parseFlags(Deno.args, {
@@ -22,6 +27,7 @@ const { values } = parseFlags(Deno.args, {
   tokens: { type: "string" },
   wire: { type: "string", default: "f16" },
   experts: { type: "string", default: "local" },
+  weights: { type: "string", default: "f32" },
 });
 if (!values.listen || !values.model || !values.nodes || !values.tokens) {
   console.error("usage: pipeline_wan_leader.ts --listen IP:PORT --model DIR --nodes N --tokens 1,2,3");
@@ -37,14 +43,16 @@ const node = await startNode({
   listen: values.listen,
   membership: presets.lan,
   dialOverrides: await dialTableFromEnv(),
+  measure: true,
 });
+const config = JSON.parse(await Deno.readTextFile(`${modelDir}/config.json`));
 const pipeline = attachPipeline(node);
 let code = 0;
 try {
   say({ ticket: encodeTicket({ secret, leader: node.transport.self }), id: node.membership.id });
   const assignment = await publishPlan(node, pipeline, {
     modelDir,
-    weights: "f32",
+    weights: values.weights,
     members: Number(values.nodes),
     timeoutMs: 120_000,
     experts: values.experts === "spread" ? "spread" : "local",
@@ -67,6 +75,11 @@ try {
         wire: values.wire as "f16" | "f32",
       });
       const decode = r.events.slice(1).map((e) => e.timings);
+      const plan = assignment.plan as unknown as Plan;
+      const members = node.membership.members().filter((m) => plan.stages.some((s) => s.node === m.id));
+      const predicted = predictChain(config, plan, liveMembers(node, members), {
+        context: prompt.length + r.tokens.length / 2,
+      });
       say({
         result: {
           tokens: r.tokens,
@@ -76,7 +89,12 @@ try {
           mean: meanTimings(decode),
           perToken: decode,
           ...(expertReport(r.events.map((e) => e.trace)) ?? {}),
-          predictedMsPerToken: (assignment.plan as { predicted?: { tokenMs?: number } }).predicted?.tokenMs,
+          msPerToken: measuredMsPerToken(r.events),
+          predictedMs: predicted.tokenMs,
+          predictedStages: predicted.stages.map((s) => ({
+            computeMs: s.computeMs + s.overheadMs,
+            hopMs: s.hopMs,
+          })),
         },
       });
     }

@@ -23,6 +23,12 @@ export interface Result {
   mean: TokenTimings;
   /** Decode tokens only (the first token's timings include the prompt). */
   perToken: TokenTimings[];
+  /** ms per token after the first decode step (cli/prediction.ts), when reported. */
+  msPerToken?: number;
+  /** The cost model's ms per token for this request from the live descriptors, when reported. */
+  predictedMs?: number;
+  /** Its per-stage compute (with fixed costs) and hop ms. */
+  predictedStages?: { computeMs: number; hopMs: number }[];
 }
 
 /** The measured requests at one delay. */
@@ -94,5 +100,40 @@ export function runsTable(
         `${predicted} | ${f(floor, 2)} |`,
     );
   }
-  return { markdown: breakdown.join("\n") + "\n\n" + bounds.join("\n"), correct };
+  const predicted = predictionTable(runs);
+  return {
+    markdown: breakdown.join("\n") + "\n\n" + bounds.join("\n") + (predicted ? "\n\n" + predicted : ""),
+    correct,
+  };
+}
+
+/**
+ * Predicted (the cost model on the live descriptors) against measured ms per token, per delay: means over
+ * the requests, and per stage and hop; undefined when the leader reported no predictions.
+ */
+export function predictionTable(runs: Run[]): string | undefined {
+  const withPrediction = runs.filter((r) => r.results.some((x) => x.predictedMs !== undefined));
+  if (withPrediction.length === 0) return undefined;
+  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+  const lines = [
+    "| one-way delay per hop, ms | predicted ms/token | measured ms/token | measured / predicted | " +
+    "predicted compute ms per stage | measured | predicted hop ms | measured |",
+    "|---|---|---|---|---|---|---|---|",
+  ];
+  for (const run of withPrediction) {
+    const rs = run.results.filter((x) => x.predictedMs !== undefined && x.msPerToken !== undefined);
+    if (rs.length === 0) continue;
+    const p = mean(rs.map((x) => x.predictedMs!)), m = mean(rs.map((x) => x.msPerToken!));
+    const stages = rs[0].predictedStages ?? [];
+    const col = (k: "computeMs" | "hopMs") =>
+      stages.map((_, i) => mean(rs.map((x) => x.predictedStages![i][k])));
+    const t = pooled(run).timings;
+    lines.push(
+      `| ${run.delayMs} | ${f(p)} | ${f(m)} | ${f(m / p, 2)} | ${list(col("computeMs"))} | ${
+        list(t.computeMs)
+      } | ` +
+        `${list(col("hopMs"))} | ${list(t.wireMs)} |`,
+    );
+  }
+  return lines.join("\n");
 }

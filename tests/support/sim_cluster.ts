@@ -5,6 +5,7 @@ import { Membership, type MembershipConfig } from "../../node/membership/mod.ts"
 import type { NodeDescriptor } from "../../node/membership/mod.ts";
 import { seededRandom } from "../../node/random.ts";
 import { Registry, type RegistryOptions } from "../../node/registry/mod.ts";
+import { Links, type LinksOptions } from "../../node/links.ts";
 import { type LinkOptions, MemoryNetwork } from "../../node/transport/memory.ts";
 import type { PeerAddr } from "../../node/transport/transport.ts";
 
@@ -12,6 +13,8 @@ export interface SimNode {
   id: string;
   membership: Membership;
   registry: Registry;
+  /** The link table, when the cluster was made with `links`. */
+  links?: Links;
 }
 
 export interface SimClusterOptions {
@@ -27,6 +30,8 @@ export interface SimClusterOptions {
   ids?: string[];
   /** Called with every message a node sends (before the network decides its fate), e.g. to measure sizes. */
   onSend?: (from: string, to: string, bytes: Uint8Array) => void;
+  /** Give each node a link table (node/links.ts) with these options. Default: none. */
+  links?: LinksOptions;
 }
 
 export function descriptor(id: string): NodeDescriptor {
@@ -41,6 +46,7 @@ export class SimCluster {
   #seed: number;
   #registry: RegistryOptions;
   #onSend: SimClusterOptions["onSend"];
+  #links?: LinksOptions;
 
   constructor(opts: SimClusterOptions) {
     this.config = opts.config;
@@ -50,6 +56,7 @@ export class SimCluster {
     if (opts.ids && opts.ids.length !== opts.n) {
       throw new RangeError(`ids: ${opts.ids.length} ids for ${opts.n} nodes`);
     }
+    this.#links = opts.links;
     this.net = new MemoryNetwork(this.clock, {
       seed: this.#seed,
       link: opts.link ?? { delayMs: 1, jitterMs: 1 },
@@ -79,7 +86,9 @@ export class SimCluster {
       incarnation: opts.incarnation,
     });
     const registry = new Registry(membership, this.#registry);
-    return { id, membership, registry };
+    // A restarted node is a new life: its boot time (the clock's) is later than its previous one's.
+    const links = this.#links ? new Links(membership, { boot: this.clock.now(), ...this.#links }) : undefined;
+    return { id, membership, registry, links };
   }
 
   addr(node: SimNode): PeerAddr {

@@ -56,3 +56,28 @@ Deno.test("runsTable flags a run whose tokens differ from the single node's or t
   // The 0 ms prediction at 10 ms: 200 ms + 3 hops x 10 ms = 230 ms, 4.35 tok/s.
   assert.match(wrong.markdown, /\| 10 \| 5\.00 \| [\d.]+ \| \d+% \| 4\.35 \|/);
 });
+
+Deno.test("prediction table: predicted and measured ms/token per delay, their ratio, per stage and hop", () => {
+  const withPrediction = (r: Result, predictedMs: number, msPerToken: number): Result => ({
+    ...r,
+    predictedMs,
+    msPerToken,
+    predictedStages: [{ computeMs: 9, hopMs: 1 }, { computeMs: 19, hopMs: 1 }, { computeMs: 29, hopMs: 2 }],
+  });
+  const runs = [{
+    delayMs: 0,
+    hops: 3,
+    results: [
+      withPrediction(result([1, 2, 3], 10, 1), 60, 66),
+      withPrediction(result([1, 2, 3], 10, 1), 62, 64),
+    ],
+  }];
+  const md = runsTable(runs, { single: [1, 2, 3], expected: [1, 2] }).markdown;
+  assert.match(md, /\| 0 \| 61\.0 \| 65\.0 \| 1\.07 \| \[9\.0, 19\.0, 29\.0\] \| \[10\.0, 20\.0, 30\.0\] \|/);
+  // Without predictions (an older leader), no such table.
+  const plain = runsTable([{ delayMs: 0, hops: 3, results: [result([1, 2, 3], 10, 1)] }], {
+    single: [1, 2, 3],
+    expected: [1, 2],
+  }).markdown;
+  assert.doesNotMatch(plain, /predicted ms\/token/);
+});

@@ -1,5 +1,6 @@
-// GPU time of compute passes, from timestamp queries (no readback floor in the number).
-import { encodeCalls, type Gpu, type KernelCall, readBack } from "../../kernels/mod.ts";
+// GPU time of compute passes, from timestamp queries (no readback floor in the number): the benchmarks
+// (scripts/bench/) and the node's self-measurement (node/measure.ts) time kernels with it.
+import { encodeCalls, type Gpu, type KernelCall, readBack } from "./gpu.ts";
 
 /**
  * Encodes `passes` compute passes, pass i holding what `fill(pass, i)` encodes between two timestamps, in one

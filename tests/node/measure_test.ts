@@ -1,0 +1,133 @@
+// A node's self-measurement (node/measure.ts) on this machine's adapter: bounded in time, memory within the
+// cap, bandwidth per width, step costs; the event loop stays free enough for membership meanwhile; the
+// measurement travels in the descriptor and is validated on the way in.
+import assert from "node:assert/strict";
+import { getGpu } from "../../kernels/gpu.ts";
+import { measureNode } from "../../node/measure.ts";
+import { validateDescriptor, validateMeasurement } from "../../node/membership/messages.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
+
+const hasGpu = await gpuAvailable();
+const lockPath = ""; // tests measure without waiting for the machine's turn
+
+Deno.test({
+  ...needs("measureNode: bounded, memory within the cap, bandwidth per width, step costs", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  async fn() {
+    const gpu = await getGpu();
+    const cap = 96 * 2 ** 20;
+    const t0 = performance.now();
+    const m = await measureNode(gpu, { memoryCap: cap, lockPath, budgetMs: 600 });
+    const took = performance.now() - t0;
+    // The budget is a target, not a hard limit (a piece in flight finishes); three times it is a failure.
+    assert.ok(took < 1800, `took ${took} ms for a 600 ms budget`);
+    assert.equal(m.memoryBytes, cap);
+    assert.equal(m.memoryCapBytes, cap);
+    assert.equal(m.memoryBound, "cap");
+    assert.deepEqual(m.readGbps.map(([k]) => k), [64, 512, 4096]);
+    for (const [, gbps] of m.readGbps) assert.ok(gbps > 0.01 && gbps < 50_000, `${gbps} GB/s`);
+    assert.deepEqual(m.cachedGbps.map(([k]) => k), [64, 512, 4096]);
+    for (const [, gbps] of m.cachedGbps) assert.ok(gbps > 0.01 && gbps < 100_000, `${gbps} GB/s`);
+    // The cache probe's working sets are 8..64 MiB; 0 means no cache effect was seen.
+    assert.ok([0, 8, 16, 32, 64].includes(m.cacheBytes / 2 ** 20), `cache ${m.cacheBytes}`);
+    assert.ok(m.readbackMs > 0 && m.readbackMs < 50, `readback ${m.readbackMs} ms`);
+    assert.ok(m.dispatchMs >= 0 && m.dispatchMs < 5, `dispatch ${m.dispatchMs} ms`);
+    assert.ok(m.encodeLayerMs > 0 && m.encodeLayerMs < 5, `encode ${m.encodeLayerMs} ms`);
+    assert.equal(m.timestamps, gpu.hasTimestamps);
+    assert.ok(Math.abs(m.at - Date.now()) < 60_000);
+    assert.deepEqual(validateMeasurement(JSON.parse(JSON.stringify(m))), m);
+  },
+});
+
+Deno.test({
+  ...needs("measureNode: timers keep running meanwhile (membership answers its pings)", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  async fn() {
+    const gpu = await getGpu();
+    await measureNode(gpu, { lockPath, budgetMs: 200, widths: [64] }); // pipelines compiled
+    let last = performance.now(), worst = 0;
+    const timer = setInterval(() => {
+      const now = performance.now();
+      worst = Math.max(worst, now - last);
+      last = now;
+    }, 5);
+    try {
+      await measureNode(gpu, { lockPath, budgetMs: 800 });
+    } finally {
+      clearInterval(timer);
+    }
+    // GPU work comes in pieces of ~20 ms; the lan preset's probe timeout is 500 ms.
+    console.log(`longest gap between 5 ms timer ticks while measuring: ${worst.toFixed(1)} ms`);
+    assert.ok(worst < 250, `the event loop was blocked for ${worst.toFixed(0)} ms`);
+  },
+});
+
+Deno.test({
+  ...needs("measureNode: measurements on one machine take turns (the lock file)", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  async fn() {
+    const gpu = await getGpu();
+    const path = await Deno.makeTempFile({ prefix: "swactor-measure-lock" });
+    try {
+      const spans: [number, number][] = [];
+      const one = async () => {
+        const m = await measureNode(gpu, { lockPath: path, budgetMs: 200, widths: [64] });
+        spans.push([m.at - m.tookMs, m.at]);
+      };
+      await Promise.all([one(), one()]);
+      spans.sort((a, b) => a[0] - b[0]);
+      assert.ok(spans[1][0] >= spans[0][1] - 2, `overlap: ${JSON.stringify(spans)}`);
+    } finally {
+      await Deno.remove(path);
+    }
+  },
+});
+
+Deno.test("measureNode: bad options are RangeErrors", async () => {
+  const gpu = {} as never; // never reached: options are checked first
+  await assert.rejects(() => measureNode(gpu, { memoryCap: -1 }), RangeError);
+  await assert.rejects(() => measureNode(gpu, { widths: [12] }), RangeError);
+  await assert.rejects(() => measureNode(gpu, { widths: [] }), RangeError);
+});
+
+Deno.test("descriptor: a measurement is validated on the way in; unknown or bad fields are dropped or refused", () => {
+  const base = { name: "n", version: "0.1.0", adapter: "x", gpuMemoryBytes: 1, addrs: [] };
+  const m = {
+    at: 1,
+    memoryBytes: 2,
+    memoryCapBytes: 0,
+    memoryBound: "device",
+    readGbps: [[64, 1.5], [4096, 3]],
+    cachedGbps: [[64, 2.5], [4096, 6]],
+    cacheBytes: 16 * 2 ** 20,
+    readWeights: "f16",
+    timestamps: true,
+    dispatchMs: 0.05,
+    readbackMs: 0.2,
+    encodeLayerMs: 0.004,
+    tookMs: 900,
+    extra: "dropped",
+  };
+  const ok = validateDescriptor({ ...base, measuring: true, measured: m });
+  assert.ok(ok?.measured);
+  assert.equal(ok.measuring, true);
+  assert.equal("extra" in ok.measured, false);
+  for (
+    const bad of [
+      { ...m, memoryBound: "lots" },
+      { ...m, readGbps: [[4096, 3], [64, 1.5]] }, // widths must ascend
+      { ...m, readGbps: [[64, -1]] },
+      { ...m, cachedGbps: undefined },
+      { ...m, cacheBytes: -1 },
+      { ...m, dispatchMs: -1 },
+      { ...m, readWeights: "q4" },
+      { ...m, at: 1.5 },
+    ]
+  ) {
+    assert.equal(validateDescriptor({ ...base, measured: bad }), undefined, JSON.stringify(bad));
+  }
+  assert.deepEqual(validateDescriptor({ ...base, measuring: "yes" }), base);
+});
