@@ -80,7 +80,15 @@ export function hexId(i: number): string {
 export function kimiPlan(ids: string[], layout: Layout): Plan {
   const config = JSON.parse(Deno.readTextFileSync(KIMI));
   if (layout === "spread") {
-    return planChain(config, ids.map((id) => ({ id, gpuMemoryBytes: 80 * 2 ** 30 })), { experts: "spread" });
+    const descriptor = {
+      measured_at: null,
+      memory_bytes: 80 * 2 ** 30,
+      read_gbps: null,
+      dispatch_ms: null,
+      readback_ms: null,
+      links: {},
+    };
+    return planChain(config, ids.map((id) => ({ id, descriptor })), { experts: "spread" });
   }
   const model = compileHfConfig(config);
   const cluster = clusterFromNodes(ids.map((id) => ({ id, memBytes: 24 * 2 ** 30 })), {
