@@ -1,10 +1,15 @@
 // The iroh transport: one QUIC endpoint per node, one cached authenticated connection per peer, two
-// long-lived streams per connection ("control" and "data"), length-framed messages, coalesced writes.
+// long-lived channels per connection ("control" and "data"), length-framed messages, coalesced writes.
+// The data channel takes the TLS path (node/transport/tls_path.ts: a direct TLS connection opened from the
+// authenticated iroh connection, hundreds of MB/s) where the peer offers one and it can be reached, and the
+// iroh connection's second stream otherwise (relayed or hole-punched peers). Nothing above the transport
+// knows which.
 // Offline by default (presetMinimal: no relay, no discovery; peers are dialed at their direct addresses);
 // `preset: "n0"` adds n0's relays and discovery for use across the internet.
 import iroh from "@number0/iroh";
 import type { Connection, Endpoint, Incoming } from "@number0/iroh";
 import { CONTROL_MAX_BYTES, DATA_MAX_BYTES, encodeFrame, FrameKind } from "../wire/mod.ts";
+import type { DataPath, TlsOffer } from "../wire/mod.ts";
 import { importSecret } from "./handshake.ts";
 import {
   acceptDataStream,
@@ -12,10 +17,29 @@ import {
   dialerHandshake,
   HandshakeError,
   openDataStream,
+  readPath,
+  sendPath,
 } from "./iroh_handshake.ts";
-import { FrameReader } from "./frame_reader.ts";
+import { FrameReader, irohSource } from "./frame_reader.ts";
 import { PeerUnreachableError } from "./errors.ts";
-import { type Deliver, IrohLink, type LinkStreams, type Log, shortError } from "./iroh_link.ts";
+import {
+  type ChannelPipe,
+  type Deliver,
+  IrohLink,
+  irohPipe,
+  type LinkStreams,
+  type Log,
+  shortError,
+  tlsPipe,
+} from "./iroh_link.ts";
+import {
+  dialTlsPath,
+  joinHostPort,
+  type PendingOffer,
+  splitHostPort,
+  TlsPath,
+  type TlsStream,
+} from "./tls_path.ts";
 import type { Channel, PeerAddr, PeerId, Transport } from "./transport.ts";
 
 export { PeerUnreachableError };
@@ -38,6 +62,14 @@ export interface IrohTransportOptions {
   dialTimeoutMs?: number;
   /** Give up on a handshake after this long (default 5000 ms). */
   handshakeTimeoutMs?: number;
+  /**
+   * The TLS data path's listen address, "host:port", or false for none (data then always stays on iroh,
+   * and this node neither offers nor dials it). Default: the host of `bindAddr`, at the iroh socket's port
+   * number when that TCP port is free (one number for a firewall to open), else any free port.
+   */
+  tls?: string | false;
+  /** Give up opening the TLS path to a peer after this long and keep its data on iroh (default 1500 ms). */
+  tlsTimeoutMs?: number;
   /** Coalescer flush threshold (default 256 KiB). */
   flushBytes?: number;
   /** Log sink (default: warnings to stderr). */
@@ -61,13 +93,16 @@ export class IrohTransport implements Transport {
   readonly #boot = Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16)).join("");
   readonly #log: Log;
 
-  constructor(readonly endpoint: Endpoint, readonly key: CryptoKey, readonly opts: IrohTransportOptions) {
+  constructor(
+    readonly endpoint: Endpoint,
+    readonly key: CryptoKey,
+    readonly opts: IrohTransportOptions,
+    /** The TLS data path's listener; undefined when `opts.tls` is false. */
+    readonly tls?: TlsPath,
+  ) {
     const id = endpoint.id().toString();
     this.self = { id, addrs: endpoint.addr().directAddresses() };
-    const verbose = Deno.env.get("SWACTOR_LOG") === "debug";
-    this.#log = opts.log ??
-      ((level, msg) =>
-        (level === "warn" || verbose) && console.error(`[transport ${id.slice(0, 6)}] ${msg}`));
+    this.#log = opts.log ?? defaultLog(id);
     this.#acceptLoop();
   }
 
@@ -112,11 +147,18 @@ export class IrohTransport implements Transport {
     return [...this.#links.entries()].filter(([, l]) => !l.closed).map(([id]) => id);
   }
 
+  /** Which path the data channel to `peer` takes, while a link is open. */
+  dataPath(peer: PeerId): DataPath | undefined {
+    const l = this.#links.get(peer);
+    return l && !l.closed ? l.dataPath : undefined;
+  }
+
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
     for (const l of this.#links.values()) l.close("transport closed");
     this.#links.clear();
+    this.tls?.close();
     await this.endpoint.close().catch(() => {});
   }
 
@@ -144,17 +186,32 @@ export class IrohTransport implements Transport {
       const hs = await withTimeout(
         (async () => {
           const ctl = await c.openBi();
-          const r = await dialerHandshake(ctl, this.#ctx(to.id));
-          const data = await openDataStream(c);
-          return { ctl, data, ...r };
+          return { ctl, ...await dialerHandshake(ctl, this.#ctx(to.id)) };
         })(),
         this.opts.handshakeTimeoutMs ?? 5000,
         "handshake",
       );
       hs.reader.messageMax = CONTROL_MAX_BYTES;
+      const tls = hs.offer && this.tls ? await this.#openTls(c, to, hs.offer) : undefined;
+      let data: ChannelPipe;
+      try {
+        data = await withTimeout(
+          (async () => {
+            await sendPath(hs.ctl, tls ? "tls" : "iroh");
+            if (tls) return tlsPipe(tls);
+            const stream = await openDataStream(c);
+            return irohPipe(stream, new FrameReader(irohSource(stream.recv), DATA_MAX_BYTES));
+          })(),
+          this.opts.handshakeTimeoutMs ?? 5000,
+          "data channel",
+        );
+      } catch (e) {
+        tls?.conn.close();
+        throw e;
+      }
       const link = this.#makeLink(conn, to, hs.peerBoot, true, {
-        control: { stream: hs.ctl, reader: hs.reader },
-        data: { stream: hs.data, reader: new FrameReader(hs.data.recv, DATA_MAX_BYTES) },
+        control: irohPipe(hs.ctl, hs.reader),
+        data,
       });
       return this.#adopt(link);
     } catch (e) {
@@ -168,6 +225,34 @@ export class IrohTransport implements Transport {
       try {
         conn?.close(1n, Array.from(new TextEncoder().encode(why.slice(0, 100))));
       } catch { /* closed */ }
+      return undefined;
+    }
+  }
+
+  /** Tries the peer's TLS offer; undefined (data stays on iroh) when it cannot be opened in time. */
+  async #openTls(conn: Connection, to: PeerAddr, offer: TlsOffer): Promise<TlsStream | undefined> {
+    const table = this.opts.dialOverrides;
+    const addrs = offer.addrs.map((a) => table?.get(a) ?? a);
+    // First the IP this iroh connection reached the peer at (the address most likely to work across
+    // networks), unless a dial table reroutes this peer: then only the table says where it may be reached.
+    const seen = table ? undefined : conn.paths().find((p) => p.isSelected && p.isIp)?.remoteAddr;
+    if (seen && addrs.length > 0) {
+      try {
+        addrs.unshift(joinHostPort(splitHostPort(seen).host, splitHostPort(offer.addrs[0]).port));
+      } catch { /* not host:port */ }
+    }
+    try {
+      const s = await dialTlsPath(
+        this.#ctx(to.id),
+        to.id,
+        offer,
+        [...new Set(addrs)],
+        this.opts.tlsTimeoutMs ?? 1500,
+      );
+      this.#log("info", `data to ${to.id.slice(0, 10)} takes the TLS path (${s.conn.remote})`);
+      return s;
+    } catch (e) {
+      this.#log("info", `data to ${to.id.slice(0, 10)} stays on iroh: TLS path failed: ${shortError(e)}`);
       return undefined;
     }
   }
@@ -192,6 +277,7 @@ export class IrohTransport implements Transport {
 
   async #accept(inc: Incoming): Promise<void> {
     let conn: Connection | undefined;
+    let pending: PendingOffer | undefined;
     let who = "unknown peer";
     try {
       const remote = await inc.remoteAddr();
@@ -209,21 +295,37 @@ export class IrohTransport implements Transport {
       const hs = await withTimeout(
         (async () => {
           const ctl = await c.acceptBi();
-          const r = await acceptorHandshake(ctl, this.#ctx(peer));
-          const data = await acceptDataStream(c, DATA_MAX_BYTES);
+          const r = await acceptorHandshake(ctl, this.#ctx(peer), () => {
+            pending = this.tls?.offer(peer);
+            return pending?.offer ?? null;
+          });
+          // The dialer tries the TLS offer before it says which path data takes.
+          let data: ChannelPipe;
+          if ((await readPath(r.reader)) === "tls") {
+            const s = pending?.take();
+            if (!s) {
+              throw new HandshakeError("PATH says tls, but no TLS connection proved this offer's token");
+            }
+            data = tlsPipe(s);
+          } else {
+            pending?.cancel();
+            const d = await acceptDataStream(c, DATA_MAX_BYTES);
+            data = irohPipe(d.stream, d.reader);
+          }
           return { ctl, data, ...r };
         })(),
-        timeout,
+        timeout + (this.opts.tlsTimeoutMs ?? 1500),
         "handshake",
       );
       hs.reader.messageMax = CONTROL_MAX_BYTES;
       const addrs = remote.kind === "ip" && remote.addr ? [remote.addr] : [];
       const link = this.#makeLink(c, { id: peer, addrs }, hs.peerBoot, false, {
-        control: { stream: hs.ctl, reader: hs.reader },
+        control: irohPipe(hs.ctl, hs.reader),
         data: hs.data,
       });
       this.#adopt(link);
     } catch (e) {
+      pending?.cancel();
       const why = shortError(e);
       this.#log("warn", `refused connection from ${who}: ${why}`);
       try {
@@ -233,7 +335,7 @@ export class IrohTransport implements Transport {
   }
 
   #ctx(peer: PeerId) {
-    return { key: this.key, self: this.self.id, peer, boot: hexBoot(this.#boot) };
+    return { key: this.key, self: this.self.id, peer, boot: hexBoot(this.#boot), log: this.#log };
   }
 
   #makeLink(
@@ -290,7 +392,52 @@ export async function createIrohTransport(opts: IrohTransportOptions): Promise<I
   b.bindAddr(opts.bindAddr ?? "127.0.0.1:0");
   if (opts.secretKey) b.secretKey(Array.from(opts.secretKey));
   const endpoint = await b.bind();
-  return new IrohTransport(endpoint, await importSecret(opts.secret), opts);
+  const key = await importSecret(opts.secret);
+  let tls: TlsPath | undefined;
+  try {
+    tls = opts.tls === false ? undefined : await startTlsPath(endpoint, key, opts);
+  } catch (e) {
+    await endpoint.close().catch(() => {});
+    throw e;
+  }
+  return new IrohTransport(endpoint, key, opts, tls);
+}
+
+/**
+ * The TLS listener beside the endpoint: at `opts.tls`, or on the iroh bind address's host at the port number
+ * the iroh socket got (one number to open in a firewall), or any free port when that one is taken.
+ */
+async function startTlsPath(
+  endpoint: Endpoint,
+  key: CryptoKey,
+  opts: IrohTransportOptions,
+): Promise<TlsPath> {
+  const self = endpoint.id().toString();
+  const common = {
+    key,
+    self,
+    advertise: () => endpoint.addr().directAddresses(),
+    handshakeTimeoutMs: opts.handshakeTimeoutMs,
+    log: opts.log ?? defaultLog(self),
+  };
+  if (typeof opts.tls === "string") return await TlsPath.start({ ...common, listen: opts.tls });
+  const { host } = splitHostPort(opts.bindAddr ?? "127.0.0.1:0");
+  const same = endpoint.boundSockets().map((a) => splitHostPort(a)).find((a) => a.host === host);
+  if (same) {
+    try {
+      return await TlsPath.start({ ...common, listen: joinHostPort(host, same.port) });
+    } catch (e) {
+      if ((e as { code?: string }).code !== "EADDRINUSE") throw e;
+    }
+  }
+  return await TlsPath.start({ ...common, listen: joinHostPort(host, 0) });
+}
+
+/** Warnings to stderr, everything with SWACTOR_LOG=debug. */
+function defaultLog(id: string): Log {
+  const verbose = Deno.env.get("SWACTOR_LOG") === "debug";
+  return (level, msg) =>
+    (level === "warn" || verbose) && console.error(`[transport ${id.slice(0, 6)}] ${msg}`);
 }
 
 function bootHex(b: Uint8Array): string {
