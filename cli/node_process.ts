@@ -6,10 +6,13 @@ import { presets } from "../node/membership/mod.ts";
 import { UsageError } from "./command.ts";
 import { dialTableFromEnv } from "./dial_table.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
+import type { RelayChoice } from "./relay_flag.ts";
 
 export interface NodeProcessOptions {
   secret: Uint8Array;
   listen?: string;
+  /** --relay (default none). */
+  relay?: RelayChoice;
   api?: string;
   membership?: string;
   plan?: unknown;
@@ -34,6 +37,8 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
   const node = await startNode({
     secret: opts.secret,
     listen: opts.listen,
+    preset: opts.relay?.preset,
+    relayUrl: opts.relay?.relayUrl,
     membership: config,
     dialOverrides: await dialTableFromEnv(),
   });

@@ -7,18 +7,21 @@ import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
 import { type PipelineNode, publishPlan } from "../node/stage/mod.ts";
+import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
 
 export const up: Command = {
   name: "up",
   summary: "start a node that leads a cluster and print its ticket",
-  usage:
-    `Usage: swactor up [--peers N] [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
-                  [--model DIR] [--plan FILE] [--weights f32|f16|q8|q4]
+  usage: `Usage: swactor up [--peers N] [--listen HOST:PORT] [--relay n0|URL|none] [--api HOST:PORT]
+                  [--membership lan|wan|local|test] [--model DIR] [--plan FILE] [--weights f32|f16|q8|q4]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
 stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves gracefully.
   --peers N            also start N-1 local worker nodes (\`swactor join\`), so one command gives a cluster
-  --listen HOST:PORT   iroh bind address (default 127.0.0.1:0)
+  --listen HOST:PORT   where peers reach this node: iroh on UDP HOST:PORT and its TLS data path on TCP
+                       HOST:PORT (default 127.0.0.1:0: this machine only; 0.0.0.0:7400 for every
+                       interface, see docs/DEPLOY.md for the firewall)
+${RELAY_HELP}
   --api HOST:PORT      control API address (default 127.0.0.1:0); recorded with the ticket in the state
                        file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down
   --membership NAME    membership timing preset (default lan)
@@ -31,6 +34,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
     const { values } = parseFlags(argv, {
       peers: { type: "string" },
       listen: { type: "string" },
+      relay: { type: "string" },
       api: { type: "string" },
       membership: { type: "string" },
       model: { type: "string" },
@@ -38,6 +42,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       weights: { type: "string" },
     });
     const weights = parseWeights(values.weights);
+    const relay = parseRelay(values.relay);
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
     const plan = values.plan ? JSON.parse(await Deno.readTextFile(values.plan)) : undefined;
@@ -46,6 +51,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
     return await runNodeProcess({
       secret,
       listen: values.listen,
+      relay,
       api: values.api,
       membership: values.membership,
       plan: values.model ? undefined : plan,
@@ -53,7 +59,7 @@ stdout and keeps running until SIGINT/SIGTERM or \`swactor down\`, then leaves g
       async ready(node, api) {
         pipeline = attachPipeline(node);
         node.actors.spawn("leader", { receive: () => {} });
-        const ticket = encodeTicket({ secret, leader: node.transport.self });
+        const ticket = encodeTicket({ secret, leader: node.transport.self, relay: relay.relay });
         await writeState({
           pid: Deno.pid,
           api,

@@ -5,7 +5,8 @@
 // iroh connection's second stream otherwise (relayed or hole-punched peers). Nothing above the transport
 // knows which.
 // Offline by default (presetMinimal: no relay, no discovery; peers are dialed at their direct addresses);
-// `preset: "n0"` adds n0's relays and discovery for use across the internet.
+// `preset: "n0"` adds n0's relays and discovery for use across the internet, `relayUrl` a relay of one's
+// own. A relay that cannot be reached is reported once; the node works on direct addresses meanwhile.
 import iroh from "@number0/iroh";
 import type { Connection, Endpoint, Incoming } from "@number0/iroh";
 import { CONTROL_MAX_BYTES, DATA_MAX_BYTES, encodeFrame, FrameKind } from "../wire/mod.ts";
@@ -44,7 +45,7 @@ import type { Channel, PeerAddr, PeerId, Transport } from "./transport.ts";
 
 export { PeerUnreachableError };
 
-const { Endpoint: EndpointClass, EndpointAddr, EndpointId, presetMinimal, presetN0 } = iroh;
+const { Endpoint: EndpointClass, EndpointAddr, EndpointId, presetMinimal, presetN0, RelayMode } = iroh;
 
 /** The ALPN carries no version: a version mismatch is detected in the frame header with a clear error. */
 export const ALPN = Array.from(new TextEncoder().encode("swactor"));
@@ -56,6 +57,10 @@ export interface IrohTransportOptions {
   bindAddr?: string;
   /** "minimal" (default: offline, direct addresses only) or "n0" (n0 relays and discovery). */
   preset?: "minimal" | "n0";
+  /** A relay of one's own (an iroh relay server's URL), with the minimal preset. Default: none. */
+  relayUrl?: string;
+  /** Report the relay unreachable when it is not up after this long (default 5000 ms). */
+  relayTimeoutMs?: number;
   /** 32-byte iroh secret key for a stable identity across restarts (default: a fresh one). */
   secretKey?: Uint8Array;
   /** Give up dialing after this long (default 5000 ms). */
@@ -90,6 +95,7 @@ export class IrohTransport implements Transport {
   #dialing = new Map<PeerId, Promise<IrohLink | undefined>>();
   #handler: Deliver = () => {};
   #closed = false;
+  #relayTimer: ReturnType<typeof setTimeout> | undefined;
   readonly #boot = Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16)).join("");
   readonly #log: Log;
 
@@ -102,8 +108,10 @@ export class IrohTransport implements Transport {
   ) {
     const id = endpoint.id().toString();
     this.self = { id, addrs: endpoint.addr().directAddresses() };
+    if (opts.relayUrl) this.self = { ...this.self, relay: opts.relayUrl };
     this.#log = opts.log ?? defaultLog(id);
     this.#acceptLoop();
+    if (opts.preset === "n0" || opts.relayUrl) this.#watchRelay(opts.relayUrl ?? "n0's relays");
   }
 
   send(to: PeerAddr, msg: Uint8Array, channel: Channel = "control"): Promise<boolean> {
@@ -156,6 +164,7 @@ export class IrohTransport implements Transport {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    clearTimeout(this.#relayTimer);
     for (const l of this.#links.values()) l.close("transport closed");
     this.#links.clear();
     this.tls?.close();
@@ -175,7 +184,9 @@ export class IrohTransport implements Transport {
   async #doDial(to: PeerAddr, errors: string[] = []): Promise<IrohLink | undefined> {
     let conn: Connection | undefined;
     try {
-      const addr = new EndpointAddr(EndpointId.fromString(to.id), null, this.#dialAddrs(to));
+      // The peer's home relay where known (the ticket's), else ours: a cluster shares its relay.
+      const relay = to.relay ?? this.opts.relayUrl ?? null;
+      const addr = new EndpointAddr(EndpointId.fromString(to.id), relay, this.#dialAddrs(to));
       conn = await withTimeout<Connection>(
         this.endpoint.connect(addr, ALPN),
         this.opts.dialTimeoutMs ?? 5000,
@@ -255,6 +266,35 @@ export class IrohTransport implements Transport {
       this.#log("info", `data to ${to.id.slice(0, 10)} stays on iroh: TLS path failed: ${shortError(e)}`);
       return undefined;
     }
+  }
+
+  /**
+   * Says once whether the relay came up in time; the node works on direct addresses either way. Polls the
+   * endpoint's home relay: the binding's `online()` promise never settles offline and keeps the process
+   * alive after close, and its `watchHomeRelay` panics (iroh-js 1.1.0).
+   */
+  #watchRelay(what: string): void {
+    const limit = this.opts.relayTimeoutMs ?? 5000;
+    const t0 = performance.now();
+    let warned = false;
+    const poll = () => {
+      if (this.#closed) return;
+      const home = this.endpoint.addr().relayUrl();
+      const waited = performance.now() - t0;
+      if (home) {
+        return this.#log(warned ? "warn" : "info", `relay reachable${warned ? " now" : ""}: ${home}`);
+      }
+      if (!warned && waited >= limit) {
+        warned = true;
+        this.#log(
+          "warn",
+          `relay unreachable (${what}, not up after ${limit / 1000} s): working on direct addresses only ` +
+            `(${this.self.addrs.join(", ") || "none"}); peers that cannot reach those cannot reach this node`,
+        );
+      }
+      this.#relayTimer = setTimeout(poll, warned ? 2000 : Math.min(250, limit));
+    };
+    poll();
   }
 
   #dialAddrs(to: PeerAddr): string[] {
@@ -388,6 +428,7 @@ export async function createIrohTransport(opts: IrohTransportOptions): Promise<I
   }
   const b = EndpointClass.builder();
   (opts.preset === "n0" ? presetN0 : presetMinimal)(b);
+  if (opts.relayUrl) b.relayMode(RelayMode.customFromUrls([opts.relayUrl]));
   b.alpns([ALPN]);
   b.bindAddr(opts.bindAddr ?? "127.0.0.1:0");
   if (opts.secretKey) b.secretKey(Array.from(opts.secretKey));
