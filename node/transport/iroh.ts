@@ -69,8 +69,9 @@ export interface IrohTransportOptions {
   handshakeTimeoutMs?: number;
   /**
    * The TLS data path's listen address, "host:port", or false for none (data then always stays on iroh,
-   * and this node neither offers nor dials it). Default: the host of `bindAddr`, at the iroh socket's port
-   * number when that TCP port is free (one number for a firewall to open), else any free port.
+   * and this node neither offers nor dials it). Default: the host and port of `bindAddr` (TCP beside iroh's
+   * UDP: one number for a firewall; an error when that TCP port is taken); with port 0, the port number
+   * iroh got when that TCP port is free, else any. None when the environment has SWACTOR_TLS=off.
    */
   tls?: string | false;
   /** Give up opening the TLS path to a peer after this long and keep its data on iroh (default 1500 ms). */
@@ -435,8 +436,10 @@ export async function createIrohTransport(opts: IrohTransportOptions): Promise<I
   const endpoint = await b.bind();
   const key = await importSecret(opts.secret);
   let tls: TlsPath | undefined;
+  // SWACTOR_TLS=off keeps every node's data on iroh: a bench/debug hook (docs/WIRE.md).
+  const off = opts.tls === false || (opts.tls === undefined && Deno.env.get("SWACTOR_TLS") === "off");
   try {
-    tls = opts.tls === false ? undefined : await startTlsPath(endpoint, key, opts);
+    tls = off ? undefined : await startTlsPath(endpoint, key, opts);
   } catch (e) {
     await endpoint.close().catch(() => {});
     throw e;
@@ -461,17 +464,29 @@ async function startTlsPath(
     handshakeTimeoutMs: opts.handshakeTimeoutMs,
     log: opts.log ?? defaultLog(self),
   };
-  if (typeof opts.tls === "string") return await TlsPath.start({ ...common, listen: opts.tls });
-  const { host } = splitHostPort(opts.bindAddr ?? "127.0.0.1:0");
+  const start = async (listen: string) => {
+    try {
+      return await TlsPath.start({ ...common, listen });
+    } catch (e) {
+      const why = (e as { code?: string }).code === "EADDRINUSE" ? "the TCP port is in use" : shortError(e);
+      throw Object.assign(new Error(`cannot listen for the TLS data path on TCP ${listen}: ${why}`), {
+        code: (e as { code?: string }).code,
+      });
+    }
+  };
+  if (typeof opts.tls === "string") return await start(opts.tls);
+  const { host, port } = splitHostPort(opts.bindAddr ?? "127.0.0.1:0");
+  // A port asked for is the firewall's one number: TCP gets the same one or the node does not start.
+  if (port !== 0) return await start(joinHostPort(host, port));
   const same = endpoint.boundSockets().map((a) => splitHostPort(a)).find((a) => a.host === host);
   if (same) {
     try {
-      return await TlsPath.start({ ...common, listen: joinHostPort(host, same.port) });
+      return await start(joinHostPort(host, same.port));
     } catch (e) {
       if ((e as { code?: string }).code !== "EADDRINUSE") throw e;
     }
   }
-  return await TlsPath.start({ ...common, listen: joinHostPort(host, 0) });
+  return await start(joinHostPort(host, 0));
 }
 
 /** Warnings to stderr, everything with SWACTOR_LOG=debug. */

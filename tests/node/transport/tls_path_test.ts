@@ -194,3 +194,29 @@ Deno.test("tls path: a client that pins another certificate never completes TLS"
     other.close();
   }
 });
+
+Deno.test("tls path: it listens on TCP at --listen's own port, and a taken TCP port is a clear error", async () => {
+  const secret = newSecret();
+  const probe = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (probe.addr as Deno.NetAddr).port;
+  probe.close();
+  const t = await createIrohTransport({ secret, bindAddr: `127.0.0.1:${port}`, log: () => {} });
+  try {
+    assert.equal(t.tls!.addr, `127.0.0.1:${port}`);
+    assert.deepEqual(t.self.addrs, [`127.0.0.1:${port}`]);
+  } finally {
+    await t.close();
+  }
+  const busy = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const taken = (busy.addr as Deno.NetAddr).port;
+  try {
+    await assert.rejects(
+      () => createIrohTransport({ secret, bindAddr: `127.0.0.1:${taken}`, log: () => {} }),
+      new RegExp(
+        `cannot listen for the TLS data path on TCP 127\\.0\\.0\\.1:${taken}: the TCP port is in use`,
+      ),
+    );
+  } finally {
+    busy.close();
+  }
+});
