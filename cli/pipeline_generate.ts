@@ -8,6 +8,7 @@ import { writeSafetensors } from "../models/safetensors.ts";
 import {
   chromeTrace,
   meanTimings,
+  type PrefillTimings,
   type Sampling,
   type TokenEvent,
   type TokenTimings,
@@ -74,7 +75,7 @@ function report(
   o: ChainGenerateOptions,
   r: {
     tokens: number[];
-    events: { timings: TokenTimings }[];
+    events: { timings: TokenTimings; prefill?: PrefillTimings }[];
     stopReason: string;
     tokS: number;
     firstTokenMs: number;
@@ -97,6 +98,7 @@ function report(
       stages: chain.stages,
       timings: {
         mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
+        prefill: prefillJson(r.events[0]?.prefill),
         per_token: r.events.map((e) => ({
           compute_ms: e.timings.computeMs,
           wire_ms: e.timings.wireMs,
@@ -113,6 +115,17 @@ function report(
         `[${mean.computeMs.join(", ")}], wire ms per hop [${mean.wireMs.join(", ")}]`,
     );
   }
+}
+
+/** The prefill's per-chunk means, as --json reports them (absent for a one-stage chain). */
+function prefillJson(p: PrefillTimings | undefined) {
+  return p && {
+    chunks: p.chunks,
+    compute_ms: p.computeMs,
+    wait_ms: p.waitMs,
+    wire_ms: p.wireMs,
+    bytes: p.bytes,
+  };
 }
 
 /** Writes JSON atomically (temp file + rename), so a reader never sees half a trace. */

@@ -78,7 +78,14 @@ export function pipelineRoutes(app: Hono, pipeline: () => PipelineNode | undefin
             wire: req.wire === "f32" ? "f32" : "f16",
             signal: abort.signal,
             onToken: (e) =>
-              line({ token: e.token, index: e.index, atMs: e.atMs, timings: e.timings, trace: e.trace }),
+              line({
+                token: e.token,
+                index: e.index,
+                atMs: e.atMs,
+                timings: e.timings,
+                trace: e.trace,
+                prefill: e.prefill,
+              }),
           });
           line({
             done: {

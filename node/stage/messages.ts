@@ -41,6 +41,11 @@ export interface HopTrace {
   b: number;
   /** Stage 0 only, on decode steps: wire time of the token's way back from the last stage, ms. */
   r?: number;
+  /**
+   * How long the message waited in the stage's mailbox before its compute began (`in`), ms; absent when
+   * it did not wait. The wire time of the hop into this stage ends at `in - w`.
+   */
+  w?: number;
 }
 
 export type PipeMessage =
@@ -69,6 +74,8 @@ export type PipeMessage =
     token: number;
     done?: "eos" | "max_tokens";
     trace: HopTrace[];
+    /** The first token only: the traces of the prefill chunks before the last one (the last is `trace`). */
+    prefill?: HopTrace[][];
   }
   | {
     type: "logits";

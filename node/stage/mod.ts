@@ -28,5 +28,11 @@ export { type ChainMember, planChain } from "./plan_chain.ts";
 export { type PublishOptions, publishPlan } from "./publish.ts";
 export { rolesOf, splitLayers } from "./roles.ts";
 export { StageActor, stageName } from "./stage_actor.ts";
-export { meanTimings, type TokenTimings, tokenTimings } from "./timings.ts";
+export {
+  meanTimings,
+  type PrefillTimings,
+  prefillTimings,
+  type TokenTimings,
+  tokenTimings,
+} from "./timings.ts";
 export { chromeTrace, type TraceEvent } from "./trace_events.ts";
