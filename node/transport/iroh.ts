@@ -247,7 +247,10 @@ export class IrohTransport implements Transport {
     const addrs = offer.addrs.map((a) => table?.get(a) ?? a);
     // First the IP this iroh connection reached the peer at (the address most likely to work across
     // networks), unless a dial table reroutes this peer: then only the table says where it may be reached.
-    const seen = table ? undefined : conn.paths().find((p) => p.isSelected && p.isIp)?.remoteAddr;
+    let seen: string | undefined;
+    try {
+      seen = table ? undefined : conn.paths().find((p) => p.isSelected && p.isIp)?.remoteAddr;
+    } catch { /* the connection is going away: the offered addresses will do */ }
     if (seen && addrs.length > 0) {
       try {
         addrs.unshift(joinHostPort(splitHostPort(seen).host, splitHostPort(offer.addrs[0]).port));

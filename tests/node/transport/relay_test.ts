@@ -23,7 +23,7 @@ Deno.test("relay: unreachable is reported once, and peers still talk over direct
       await new Promise((r) => setTimeout(r, 20));
     }
     await new Promise((r) => setTimeout(r, 700));
-    assert.deepEqual(got, ["control hi", "data data"]);
+    assert.deepEqual(got.sort(), ["control hi", "data data"]); // order holds per channel only
     assert.equal(warnings.length, 1, warnings.join("\n"));
     assert.match(
       warnings[0],
