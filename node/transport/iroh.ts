@@ -451,8 +451,9 @@ export async function createIrohTransport(opts: IrohTransportOptions): Promise<I
 }
 
 /**
- * The TLS listener beside the endpoint: at `opts.tls`, or on the iroh bind address's host at the port number
- * the iroh socket got (one number to open in a firewall), or any free port when that one is taken.
+ * The TLS listener beside the endpoint: at `opts.tls`; else on the iroh bind address's host and port (an
+ * error when that TCP port is taken: it is the one a firewall opens); with port 0, at the port number the
+ * iroh socket got when that TCP port is free, else any free port.
  */
 async function startTlsPath(
   endpoint: Endpoint,
