@@ -6,19 +6,24 @@ import { attachPipeline } from "./pipeline_node.ts";
 import { readStdin } from "./workers.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
 import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
+import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
 
 export const join: Command = {
   name: "join",
   summary: "join a cluster with a ticket from `up`",
   usage: `Usage: swactor join TICKET | - | --ticket-file FILE [--listen HOST:PORT] [--api HOST:PORT]
-                    [--membership lan|wan|local|test] [--model DIR] [--memory SIZE] [--exit-with-stdin]
+                    [--relay n0|URL|none] [--membership lan|wan|local|test] [--model DIR] [--memory SIZE]
+                    [--exit-with-stdin]
 
 Joins the cluster that the ticket names (it carries the cluster secret and the leader's address) and
 serves until SIGINT/SIGTERM/SIGHUP or \`swactor down --api ADDR\`, then leaves gracefully.
 The ticket holds the cluster's secret, and any user of this machine can read a process's command line:
 prefer \`--ticket-file FILE\` (a file only you can read) or \`-\` (the first line of stdin).
   --ticket-file FILE   read the ticket from FILE
-  --listen HOST:PORT   iroh bind address (default 127.0.0.1:0)
+  --listen HOST:PORT   where peers reach this node: iroh on UDP HOST:PORT and its TLS data path on TCP
+                       HOST:PORT (default 127.0.0.1:0: this machine only; 0.0.0.0:7400 for every interface)
+${RELAY_HELP}
+                       (default: the relay the ticket names)
   --api HOST:PORT      control API address (default 127.0.0.1:0; printed on stderr as "api: ...");
                        a non-loopback address needs --expose-api
   --membership NAME    membership timing preset (default lan)
@@ -32,6 +37,7 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
     const { values, positionals } = parseFlags(argv, {
       "ticket-file": { type: "string" },
       listen: { type: "string" },
+      relay: { type: "string" },
       api: { type: "string" },
       "expose-api": { type: "boolean" },
       membership: { type: "string" },
@@ -58,10 +64,12 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
         : { text: positionals[0], from: "the ticket" },
     );
     const memoryCap = memoryFlag(values.memory);
+    const relay = parseRelay(values.relay, ticket.relay);
     let pipeline: PipelineNode | undefined;
     return await runNodeProcess({
       secret: ticket.secret,
       listen: values.listen,
+      relay,
       api: values.api,
       exposeApi: values["expose-api"],
       membership: values.membership,
@@ -72,7 +80,8 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
         console.error(`id: ${node.membership.id}`);
         pipeline = attachPipeline(node, { modelDir: values.model });
         try {
-          await node.join([ticket.leader]);
+          const url = ticket.relay?.startsWith("http") ? ticket.relay : undefined;
+          await node.join([url ? { ...ticket.leader, relay: url } : ticket.leader]);
         } catch (e) {
           throw new Error(`cannot join the cluster: ${(e as Error).message}`);
         }

@@ -17,11 +17,14 @@ import type { KvBudget } from "../node/api/kv_budget.ts";
 export const LEAVE_TIMEOUT_MS = 3000;
 /** How long the command's own cleanup (its pipeline, its workers) may take after that. */
 export const CLEANUP_TIMEOUT_MS = 8000;
+import type { RelayChoice } from "./relay_flag.ts";
 
 export interface NodeProcessOptions {
   secret: Uint8Array;
   /** --listen, as given (checked here). */
   listen?: string;
+  /** --relay (default none). */
+  relay?: RelayChoice;
   /** --api, as given (checked here: loopback only unless `exposeApi`). */
   api?: string;
   /** --expose-api: allow a non-loopback --api. */
@@ -84,6 +87,8 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
     node = await startNode({
       secret: opts.secret,
       listen,
+      preset: opts.relay?.preset,
+      relayUrl: opts.relay?.relayUrl,
       membership: config,
       dialOverrides,
       memoryCap: opts.memoryCap,

@@ -9,6 +9,7 @@ import {
   chromeTrace,
   type HopTrace,
   meanTimings,
+  type PrefillTimings,
   type Sampling,
   type TokenEvent,
   type TokenTimings,
@@ -108,7 +109,7 @@ function report(
   o: ChainGenerateOptions,
   r: {
     tokens: number[];
-    events: { timings: TokenTimings; trace: HopTrace[]; atMs: number }[];
+    events: { timings: TokenTimings; trace: HopTrace[]; atMs: number; prefill?: PrefillTimings }[];
     stopReason: string;
     tokS: number;
     firstTokenMs: number;
@@ -138,6 +139,7 @@ function report(
       ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout } : {}),
       timings: {
         mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
+        prefill: prefillJson(r.events[0]?.prefill),
         per_token: r.events.map((e) => ({
           compute_ms: e.timings.computeMs,
           wire_ms: e.timings.wireMs,
@@ -159,6 +161,17 @@ function report(
           : ""),
     );
   }
+}
+
+/** The prefill's per-chunk means, as --json reports them (absent for a one-stage chain). */
+function prefillJson(p: PrefillTimings | undefined) {
+  return p && {
+    chunks: p.chunks,
+    compute_ms: p.computeMs,
+    wait_ms: p.waitMs,
+    wire_ms: p.wireMs,
+    bytes: p.bytes,
+  };
 }
 
 /** Writes a chain's per-step records as a Chrome trace (stage i on plan stage i's node). */

@@ -14,12 +14,13 @@ import { KvBudget, planKvTokens } from "../node/api/kv_budget.ts";
 import { type ApiServer, type MemberView, nodeServices } from "../node/api/mod.ts";
 import { servedModel, SERVING_HELP, servingPlan, startServing } from "./serving.ts";
 import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
+import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
 
 export const up: Command = {
   name: "up",
   summary: "start a node that leads a cluster and print its ticket",
-  usage:
-    `Usage: swactor up [--peers N] [--listen HOST:PORT] [--api HOST:PORT] [--membership lan|wan|local|test]
+  usage: `Usage: swactor up [--peers N] [--listen HOST:PORT] [--relay n0|URL|none] [--api HOST:PORT]
+                  [--membership lan|wan|local|test]
                   [--model DIR] [--members N] [--plan FILE] [--weights f32|f16|q8|q4] [--memory SIZE]
                   [--http HOST:PORT|off] [--api-key KEY] [--insecure] [--parallel N] [--queue N]
 
@@ -27,7 +28,10 @@ Starts a node that leads a new cluster (fresh secret), prints exactly one line "
 stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then leaves gracefully.
   --peers N            also start N-1 local worker nodes (\`swactor join\`; they get the ticket on a pipe,
                        not on their command line, and leave when this process ends, however it ends)
-  --listen HOST:PORT   iroh bind address (default 127.0.0.1:0)
+  --listen HOST:PORT   where peers reach this node: iroh on UDP HOST:PORT and its TLS data path on TCP
+                       HOST:PORT (default 127.0.0.1:0: this machine only; 0.0.0.0:7400 for every
+                       interface, see docs/DEPLOY.md for the firewall)
+${RELAY_HELP}
   --api HOST:PORT      control API address (default 127.0.0.1:0); recorded with the ticket in the state
                        file ($SWACTOR_STATE_DIR, $XDG_RUNTIME_DIR/swactor or ~/.cache/swactor) for status/down;
                        a non-loopback address needs --expose-api
@@ -46,6 +50,7 @@ ${MEMORY_HELP}`,
     const { values } = parseFlags(argv, {
       peers: { type: "string" },
       listen: { type: "string" },
+      relay: { type: "string" },
       api: { type: "string" },
       "expose-api": { type: "boolean" },
       membership: { type: "string" },
@@ -61,6 +66,7 @@ ${MEMORY_HELP}`,
       memory: { type: "string" },
     });
     const weights = parseWeights(values.weights);
+    const relay = parseRelay(values.relay);
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
     const serving = servingPlan(values, values.model !== undefined);
@@ -113,6 +119,7 @@ ${MEMORY_HELP}`,
       return await runNodeProcess({
         secret,
         listen: values.listen,
+        relay,
         api: values.api,
         exposeApi: values["expose-api"],
         membership: values.membership,
@@ -124,7 +131,7 @@ ${MEMORY_HELP}`,
           pipeline = attachPipeline(node);
           view = nodeServices(node, { down: () => {}, pipeline: () => pipeline });
           node.actors.spawn("leader", { receive: () => {} });
-          const ticket = encodeTicket({ secret, leader: node.transport.self });
+          const ticket = encodeTicket({ secret, leader: node.transport.self, relay: relay.relay });
           await writeState({
             pid: Deno.pid,
             api: api.addr,

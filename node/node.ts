@@ -34,6 +34,8 @@ export interface IrohNodeOptions extends CommonNodeOptions {
   listen?: string;
   /** "minimal" (default, offline) or "n0" (relays and discovery). */
   preset?: "minimal" | "n0";
+  /** A relay server of one's own (URL), with the minimal preset. Default: none. */
+  relayUrl?: string;
   /** Log sink (default: warnings to stderr). */
   log?: Log;
   /** Peer address -> address to dial instead (a test/bench hook; see IrohTransportOptions). Default none. */
@@ -69,6 +71,7 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     secret: opts.secret,
     bindAddr: opts.listen,
     preset: opts.preset,
+    relayUrl: opts.relayUrl,
     log: opts.log,
     dialOverrides: opts.dialOverrides,
   });

@@ -1,15 +1,17 @@
 // The ticket: everything a node needs to join a cluster, as one copy-pasteable string.
 //
 //   "swactor1" + base32(lowercase, no padding) of
-//     version u8 (=1) | secret 32 bytes | leader endpoint id 32 bytes |
-//     address count u8 | per address: u8 length + UTF-8 "ip:port" | crc32 (u32 BE) of everything before
+//     version u8 (=2) | secret 32 bytes | leader endpoint id 32 bytes |
+//     address count u8 | per address: u8 length + UTF-8 "ip:port" |
+//     relay: u8 length + UTF-8 ("n0", a relay URL, or length 0 for none) | crc32 (u32 BE) of everything before
+// Version 1 tickets (no relay field) are still read.
 //
 // The secret is what a node proves it holds in the connection handshake (node/transport/handshake.ts);
 // whoever has the ticket can join, so it is to be shared like a password.
 import type { PeerAddr } from "./transport/transport.ts";
 
 export const TICKET_PREFIX = "swactor1";
-export const TICKET_VERSION = 1;
+export const TICKET_VERSION = 2;
 export const SECRET_BYTES = 32;
 
 export interface Ticket {
@@ -18,6 +20,11 @@ export interface Ticket {
   secret: Uint8Array;
   /** The leader's endpoint id (64 hex chars) and its direct addresses. */
   leader: PeerAddr;
+  /**
+   * The cluster's relay: "n0" (n0's public relays and discovery) or a relay URL; absent for none. Joiners
+   * use it unless told otherwise (`join --relay`), so every node of the cluster can reach the others' homes.
+   */
+  relay?: string;
 }
 
 /** 32 fresh random bytes for a new cluster. */
@@ -37,6 +44,9 @@ export function encodeTicket(ticket: Omit<Ticket, "version">): string {
     if (b.length > 255) throw new RangeError(`address too long: ${a}`);
     parts.push(b.length, ...b);
   }
+  const relay = new TextEncoder().encode(ticket.relay ?? "");
+  if (relay.length > 255) throw new RangeError(`relay URL too long: ${ticket.relay}`);
+  parts.push(relay.length, ...relay);
   const body = Uint8Array.from(parts);
   const sum = crc32(body);
   const all = new Uint8Array(body.length + 4);
@@ -61,9 +71,9 @@ export function parseTicket(text: string): Ticket {
     throw new TypeError("ticket checksum mismatch: the ticket was mistyped or cut short");
   }
   const version = body[0];
-  if (version !== TICKET_VERSION) {
+  if (version !== 1 && version !== TICKET_VERSION) {
     throw new TypeError(
-      `ticket version ${version} is not supported (this build reads version ${TICKET_VERSION})`,
+      `ticket version ${version} is not supported (this build reads versions 1 and ${TICKET_VERSION})`,
     );
   }
   let pos = 1;
@@ -79,8 +89,17 @@ export function parseTicket(text: string): Ticket {
     addrs.push(new TextDecoder().decode(body.subarray(pos, pos + n)));
     pos += n;
   }
+  let relay: string | undefined;
+  if (version >= 2) {
+    const n = body[pos++];
+    if (n === undefined || pos + n > body.length) throw new TypeError("ticket relay is truncated");
+    if (n > 0) relay = new TextDecoder().decode(body.subarray(pos, pos + n));
+    pos += n;
+  }
   if (pos !== body.length) throw new TypeError(`ticket has ${body.length - pos} unexpected trailing bytes`);
-  return { version, secret, leader: { id, addrs } };
+  return relay === undefined
+    ? { version, secret, leader: { id, addrs } }
+    : { version, secret, leader: { id, addrs }, relay };
 }
 
 const ALPHABET = "abcdefghijklmnopqrstuvwxyz234567";

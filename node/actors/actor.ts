@@ -9,6 +9,8 @@ export interface ActorContext {
   from: string;
   /** Aborted when the caller cancels or times out, or when the actor stops. */
   signal: AbortSignal;
+  /** When the message reached the mailbox, ms since the epoch (it may have waited behind others since). */
+  receivedAt: number;
 }
 
 export interface Behavior {
@@ -24,6 +26,8 @@ export interface Envelope {
   abort: AbortController;
   /** Set for calls: gets the result or the error. */
   reply?: (result: { ok: Uint8Array } | { error: unknown; stopped?: boolean }) => void;
+  /** Set by `deliver`: when the message reached the mailbox, ms since the epoch. */
+  at?: number;
 }
 
 export class Actor {
@@ -42,6 +46,7 @@ export class Actor {
   /** Queues a message; false when the actor has stopped. */
   deliver(env: Envelope): boolean {
     if (this.#stopped) return false;
+    env.at = performance.timeOrigin + performance.now();
     this.#queue.push(env);
     if (!this.#running) this.#run();
     return true;
@@ -69,6 +74,7 @@ export class Actor {
           name: this.name,
           from: env.from,
           signal: env.abort.signal,
+          receivedAt: env.at!,
         });
         env.reply?.({ ok: out instanceof Uint8Array ? out : new Uint8Array(0) });
       } catch (error) {

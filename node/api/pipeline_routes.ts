@@ -107,7 +107,14 @@ export function pipelineRoutes(
             wire: req.wire,
             signal: abort.signal,
             onToken: (e) =>
-              line({ token: e.token, index: e.index, atMs: e.atMs, timings: e.timings, trace: e.trace }),
+              line({
+                token: e.token,
+                index: e.index,
+                atMs: e.atMs,
+                timings: e.timings,
+                trace: e.trace,
+                prefill: e.prefill,
+              }),
           });
           line({
             done: {

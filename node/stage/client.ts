@@ -13,7 +13,7 @@ import {
   type WireDtype,
 } from "./messages.ts";
 import { stageName } from "./stage_actor.ts";
-import { type TokenTimings, tokenTimings } from "./timings.ts";
+import { type PrefillTimings, prefillTimings, type TokenTimings, tokenTimings } from "./timings.ts";
 
 /** The chain a request runs on. */
 export interface Chain {
@@ -38,6 +38,8 @@ export interface TokenEvent {
   timings: TokenTimings;
   /** The raw per-stage record of the step that made this token (for --trace). */
   trace: HopTrace[];
+  /** The first token of a chain of several stages: the prompt's prefill, chunk by chunk, averaged. */
+  prefill?: PrefillTimings;
 }
 
 export interface RequestOptions {
@@ -130,6 +132,7 @@ export class PipelineClient {
         timings: tokenTimings(m.trace),
         trace: m.trace,
       };
+      if (m.prefill) e.prefill = prefillTimings([...m.prefill, m.trace]);
       tokens.push(m.token);
       events.push(e);
       opts.onToken?.(e);

@@ -43,6 +43,11 @@ export interface HopTrace {
   r?: number;
   /** Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts]). */
   x?: Record<string, Record<string, [number, number, number[]]>>;
+  /**
+   * How long the message waited in the stage's mailbox before its compute began (`in`), ms; absent when
+   * it did not wait. The wire time of the hop into this stage ends at `in - w`.
+   */
+  w?: number;
 }
 
 export type PipeMessage =
@@ -71,6 +76,8 @@ export type PipeMessage =
     token: number;
     done?: "eos" | "max_tokens";
     trace: HopTrace[];
+    /** The first token only: the traces of the prefill chunks before the last one (the last is `trace`). */
+    prefill?: HopTrace[][];
   }
   | {
     type: "logits";

@@ -36,7 +36,13 @@ export {
 export { liveMembers, type PublishOptions, publishPlan } from "./publish.ts";
 export { rolesOf, splitLayers } from "./roles.ts";
 export { StageActor, stageName } from "./stage_actor.ts";
-export { meanTimings, type TokenTimings, tokenTimings } from "./timings.ts";
+export {
+  meanTimings,
+  type PrefillTimings,
+  prefillTimings,
+  type TokenTimings,
+  tokenTimings,
+} from "./timings.ts";
 export { chromeTrace, type TraceEvent } from "./trace_events.ts";
 export {
   expertHostName,

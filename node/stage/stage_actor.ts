@@ -40,7 +40,12 @@ interface Request {
   /** Stage 0: the step whose token it waits for, and the next step number to use. */
   awaitStep: number;
   step: number;
+  /** The head: traces of the prefill chunks so far, sent with the first token (bounded by MAX_PREFILL_TRACES). */
+  prefill?: HopTrace[][];
 }
+
+/** Prefill chunk traces a head keeps for the first token (a 128k-token prompt in 128-token chunks). */
+const MAX_PREFILL_TRACES = 1024;
 
 /** Name of stage i's actor in the registry. */
 export function stageName(i: number): string {
@@ -86,7 +91,7 @@ export class StageActor implements Behavior {
     };
   }
 
-  receive(body: Uint8Array, _ctx: ActorContext): Uint8Array | void {
+  receive(body: Uint8Array, ctx: ActorContext): Uint8Array | void {
     let m: PipeMessage;
     try {
       m = decodePipe(body);
@@ -95,6 +100,8 @@ export class StageActor implements Behavior {
       return;
     }
     const arrived = wallMs();
+    // Time spent queued behind earlier messages (prefill chunks): compute, not wire, is what held it.
+    const waited = ctx.receivedAt ? Math.max(0, arrived - ctx.receivedAt) : 0;
     switch (m.type) {
       case "stats":
         return new TextEncoder().encode(JSON.stringify(this.stats()));
@@ -108,7 +115,7 @@ export class StageActor implements Behavior {
       case "token":
         return this.#enqueue(m.id, () => this.#onToken(m, arrived));
       case "forward":
-        return this.#enqueue(m.id, () => this.#onForward(m, arrived));
+        return this.#enqueue(m.id, () => this.#onForward(m, arrived, waited));
       default:
         return;
     }
@@ -267,7 +274,11 @@ export class StageActor implements Behavior {
     });
   }
 
-  async #onForward(m: Extract<PipeMessage, { type: "forward" }>, arrived: number): Promise<void> {
+  async #onForward(
+    m: Extract<PipeMessage, { type: "forward" }>,
+    arrived: number,
+    waited: number,
+  ): Promise<void> {
     let r = this.#requests.get(m.id);
     if (!r) {
       if (m.step !== 0 || !m.open) return; // a late message of a released request, or out of order
@@ -292,7 +303,12 @@ export class StageActor implements Behavior {
       } catch (e) {
         return this.#fail(next.id, r.open, (e as Error).message);
       }
-      const ok = await this.#run(next.id, r, { ...next, hidden, arrived: next === m ? arrived : wallMs() });
+      const ok = await this.#run(next.id, r, {
+        ...next,
+        hidden,
+        arrived: next === m ? arrived : wallMs(),
+        waited: next === m ? waited : 0,
+      });
       if (!ok || !this.#requests.has(m.id)) return;
       next = r.held.get(r.nextStep);
       r.held.delete(r.nextStep);
@@ -312,6 +328,8 @@ export class StageActor implements Behavior {
       hidden?: Float32Array;
       trace: HopTrace[];
       arrived: number;
+      /** ms the message waited in the mailbox before `arrived`. */
+      waited?: number;
       returnMs?: number;
     },
   ): Promise<boolean> {
@@ -345,6 +363,7 @@ export class StageActor implements Behavior {
       const h: HopTrace = { s: role.index, in: s.arrived, c, out: wallMs(), b };
       if (s.returnMs !== undefined) h.r = s.returnMs;
       if (fanout) h.x = fanout;
+      if (s.waited && s.waited >= 0.001) h.w = Math.round(s.waited * 1000) / 1000;
       return h;
     };
     try {
@@ -384,7 +403,11 @@ export class StageActor implements Behavior {
         );
         return true;
       }
-      if (output !== "sample") return true; // a prefill chunk before the last: the KV cache is filled
+      if (output !== "sample") {
+        // A prefill chunk before the last: the KV cache is filled; its trace goes with the first token.
+        if ((r.prefill ??= []).length < MAX_PREFILL_TRACES) r.prefill.push([...s.trace, hop(0)]);
+        return true;
+      }
       const pos = s.pos0 + s.T;
       const token = out.token!;
       const generated = pos - open.prompt + 1;
@@ -393,8 +416,19 @@ export class StageActor implements Behavior {
         : generated >= open.maxTokens || pos + 1 >= open.maxSeq
         ? "max_tokens" as const
         : undefined;
+      const prefill = r.prefill;
+      r.prefill = undefined;
       const msg = (b: number) =>
-        encodePipe({ type: "token", id, step: s.step, pos, token, done, trace: [...s.trace, hop(b)] });
+        encodePipe({
+          type: "token",
+          id,
+          step: s.step,
+          pos,
+          token,
+          done,
+          trace: [...s.trace, hop(b)],
+          prefill,
+        });
       const size = msg(0).length;
       // The loop closes here: stage 0 starts the next step as soon as the token arrives.
       if (!done) await this.#o.send(stageName(0), msg(size));

@@ -20,13 +20,45 @@ export function tokenTimings(trace: HopTrace[]): TokenTimings {
   const wireMs: (number | null)[] = [];
   const bytes: number[] = [];
   for (let k = 0; k + 1 < trace.length; k++) {
-    wireMs.push(round(trace[k + 1].in - trace[k].out));
+    wireMs.push(round(trace[k + 1].in - (trace[k + 1].w ?? 0) - trace[k].out));
     bytes.push(trace[k].b);
   }
   const back = trace[0]?.r;
   wireMs.push(back === undefined ? null : round(back));
   bytes.push(trace.at(-1)?.b ?? 0);
   return { computeMs, wireMs, bytes };
+}
+
+/** The prefill of one request: every chunk's trip through the chain, averaged per stage and per hop. */
+export interface PrefillTimings {
+  /** Chunks the prompt was cut into. */
+  chunks: number;
+  /** Mean compute per chunk, per stage, ms. */
+  computeMs: number[];
+  /** Mean time a chunk waited in each stage's mailbox behind the previous one, ms. */
+  waitMs: number[];
+  /** Mean wire time per chunk, per hop (stage k -> k + 1), ms. */
+  wireMs: number[];
+  /** Mean bytes per chunk, per hop. */
+  bytes: number[];
+}
+
+/** Per-stage and per-hop means over the prefill chunks' traces (the last chunk's is the first token's). */
+export function prefillTimings(chunks: HopTrace[][]): PrefillTimings {
+  const mean = (xs: number[]) => round(xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length));
+  const stages = Math.max(0, ...chunks.map((t) => t.length));
+  const col = (f: (t: HopTrace[], k: number) => number | undefined, n: number) =>
+    Array.from(
+      { length: Math.max(0, n) },
+      (_, k) => mean(chunks.map((t) => f(t, k)).filter((x): x is number => x !== undefined)),
+    );
+  return {
+    chunks: chunks.length,
+    computeMs: col((t, k) => t[k]?.c, stages),
+    waitMs: col((t, k) => (t[k] ? t[k].w ?? 0 : undefined), stages),
+    wireMs: col((t, k) => (t[k + 1] ? t[k + 1].in - (t[k + 1].w ?? 0) - t[k].out : undefined), stages - 1),
+    bytes: col((t, k) => (t[k + 1] ? t[k].b : undefined), stages - 1),
+  };
 }
 
 /** Mean of each column over tokens (nulls skipped). */

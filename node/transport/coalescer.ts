@@ -1,23 +1,36 @@
-// The write coalescer: frames queued in one tick (or until `flushBytes`) go out as one native write. The
-// iroh binding costs tens of microseconds per call and takes bytes as Array<number>, so one large write
-// beats many small ones by orders of magnitude (docs/WIRE.md, throughput). One coalescer per stream keeps
-// the stream's order.
+// The write coalescer: frames queued in one tick (or until `flushBytes`) go out as one write. The iroh
+// binding costs tens of microseconds per call and takes bytes as Array<number>, so one large write beats
+// many small ones by orders of magnitude (docs/WIRE.md, throughput); a TLS connection's writes are cheap
+// but still pay a syscall each. One coalescer per stream keeps the stream's order.
 
-/** Where flushed bytes go: the binding's SendStream.writeAll, or a fake in tests. */
-export type WriteSink = (bytes: number[]) => Promise<void>;
+/**
+ * Where flushed bytes go: the iroh stream's writeAll (converting to Array<number>), a TLS connection, or a
+ * fake in tests. The bytes may be a view of a queued frame: the sink must be done with them when it resolves.
+ */
+export type WriteSink = (bytes: Uint8Array) => Promise<void>;
 
 export interface CoalescerOptions {
   /** Flush at once when this many bytes are queued (default 256 KiB); otherwise on the next microtask. */
   flushBytes?: number;
   /** `enqueue` waits while more than this many bytes are queued or in flight (default 16 MiB). */
   highWaterBytes?: number;
+  /** Largest single write (default MAX_WRITE). */
+  maxWriteBytes?: number;
+  /**
+   * Wait for a timer between the pieces of a large message (default true). The iroh sink converts bytes
+   * on the event loop, so without this a big message would starve timers (membership pings) until it is
+   * all converted; a TLS write is a real async operation and needs no help.
+   */
+  yieldBetweenWrites?: boolean;
 }
 
-/** Largest single write handed to the binding. */
+/** Default largest single write: what the iroh binding converts without stalling the event loop for long. */
 export const MAX_WRITE = 1024 * 1024;
 
 export class Coalescer {
+  /** Frames waiting, from #head on (an index, not shift(): shift is O(n) and a window may hold 16k frames). */
   #queue: Uint8Array[] = [];
+  #head = 0;
   #queued = 0;
   #inFlight = 0;
   #writing = false;
@@ -26,11 +39,15 @@ export class Coalescer {
   #drainWaiters: Array<() => void> = [];
   readonly #flushBytes: number;
   readonly #highWater: number;
+  readonly #maxWrite: number;
+  readonly #yield: boolean;
 
   /** `onError` is told once when a write fails; the coalescer then drops everything. */
   constructor(readonly sink: WriteSink, readonly onError: (e: Error) => void, opts: CoalescerOptions = {}) {
     this.#flushBytes = opts.flushBytes ?? 256 * 1024;
     this.#highWater = opts.highWaterBytes ?? 16 * 1024 * 1024;
+    this.#maxWrite = opts.maxWriteBytes ?? MAX_WRITE;
+    this.#yield = opts.yieldBetweenWrites ?? true;
   }
 
   get failed(): boolean {
@@ -61,6 +78,7 @@ export class Coalescer {
     if (this.#failed) return;
     this.#failed = e;
     this.#queue = [];
+    this.#head = 0;
     this.#queued = 0;
     for (const w of this.#drainWaiters.splice(0)) w();
     this.onError(e);
@@ -68,18 +86,33 @@ export class Coalescer {
 
   #flush(): void {
     if (this.#writing || this.#queued === 0 || this.#failed) return;
-    // At most MAX_WRITE bytes per native write: converting to Array<number> and handing it to the binding
-    // blocks the event loop, so a 15 MB message written whole would stall membership pings for a second.
-    const total = Math.min(this.#queued, MAX_WRITE);
-    const out = new Array<number>(total);
-    let o = 0;
-    while (o < total) {
-      const f = this.#queue[0];
-      const take = Math.min(f.length, total - o);
-      // A preallocated loop is ~5x faster than Array.from for the Uint8Array -> Array<number> the binding needs.
-      for (let i = 0; i < take; i++) out[o++] = f[i];
-      if (take === f.length) this.#queue.shift();
-      else this.#queue[0] = f.subarray(take);
+    const total = Math.min(this.#queued, this.#maxWrite);
+    let out: Uint8Array;
+    const q = this.#queue;
+    if (q[this.#head].length >= total) {
+      // One frame fills the write: hand over a view of it, no copy.
+      const f = q[this.#head];
+      out = f.subarray(0, total);
+      if (total === f.length) this.#head++;
+      else q[this.#head] = f.subarray(total);
+    } else {
+      out = new Uint8Array(total);
+      let o = 0;
+      while (o < total) {
+        const f = q[this.#head];
+        const take = Math.min(f.length, total - o);
+        out.set(take === f.length ? f : f.subarray(0, take), o);
+        o += take;
+        if (take === f.length) this.#head++;
+        else q[this.#head] = f.subarray(take);
+      }
+    }
+    if (this.#head === q.length) {
+      this.#queue = [];
+      this.#head = 0;
+    } else if (this.#head > 1024 && this.#head * 2 > q.length) {
+      this.#queue = q.slice(this.#head);
+      this.#head = 0;
     }
     this.#queued -= total;
     this.#inFlight = total;
@@ -89,8 +122,10 @@ export class Coalescer {
         this.#writing = false;
         this.#inFlight = 0;
         for (const w of this.#drainWaiters.splice(0)) w();
-        // Let timers and other streams' work run between the pieces of a large message.
-        if (this.#queued > 0) setTimeout(() => this.#flush(), 0);
+        if (this.#queued === 0) return;
+        // Let timers and other streams' work run between the pieces of a large message (see yieldBetweenWrites).
+        if (this.#yield) setTimeout(() => this.#flush(), 0);
+        else this.#flush();
       },
       (e) => {
         this.#writing = false;
@@ -99,4 +134,11 @@ export class Coalescer {
       },
     );
   }
+}
+
+/** Uint8Array -> the Array<number> the iroh binding takes (a preallocated loop: ~5x faster than Array.from). */
+export function toNumberArray(bytes: Uint8Array): number[] {
+  const out = new Array<number>(bytes.length);
+  for (let i = 0; i < bytes.length; i++) out[i] = bytes[i];
+  return out;
 }

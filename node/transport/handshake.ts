@@ -3,11 +3,17 @@
 // reflected back at its sender. iroh has already authenticated the endpoint ids (they are the TLS keys), so
 // a peer that passes is a ticket holder speaking from the identity it claims.
 //
-//   proof(prover, verifier) = HMAC-SHA256(secret, "swactor-v1" || prover id || verifier id ||
+//   proof(prover, verifier) = HMAC-SHA256(secret, label || prover id || verifier id ||
 //                                                 verifier nonce || prover nonce)
+//
+// label is "swactor-v1" in the iroh handshake and "swactor-tls-v1" on the TLS data path, whose verifier
+// nonce is the one-time token the acceptor sent over the authenticated iroh connection.
 import { hexToBytes } from "../ticket.ts";
 
-const LABEL = new TextEncoder().encode("swactor-v1");
+/** The iroh handshake's label. */
+export const IROH_PROOF_LABEL = "swactor-v1";
+/** The TLS data path's label (node/transport/tls_path.ts): its proofs never pass for the handshake's. */
+export const TLS_PROOF_LABEL = "swactor-tls-v1";
 
 /** Imports the cluster secret once as an HMAC key. */
 export function importSecret(secret: Uint8Array): Promise<CryptoKey> {
@@ -29,10 +35,15 @@ export interface ProofInput {
   verifierNonce: Uint8Array;
 }
 
-export async function computeProof(key: CryptoKey, p: ProofInput): Promise<Uint8Array> {
-  const msg = new Uint8Array(LABEL.length + 64 + p.verifierNonce.length + p.proverNonce.length);
+export async function computeProof(
+  key: CryptoKey,
+  p: ProofInput,
+  label = IROH_PROOF_LABEL,
+): Promise<Uint8Array> {
+  const tag = new TextEncoder().encode(label);
+  const msg = new Uint8Array(tag.length + 64 + p.verifierNonce.length + p.proverNonce.length);
   let o = 0;
-  for (const part of [LABEL, hexToBytes(p.prover), hexToBytes(p.verifier), p.verifierNonce, p.proverNonce]) {
+  for (const part of [tag, hexToBytes(p.prover), hexToBytes(p.verifier), p.verifierNonce, p.proverNonce]) {
     msg.set(part, o);
     o += part.length;
   }
@@ -40,8 +51,13 @@ export async function computeProof(key: CryptoKey, p: ProofInput): Promise<Uint8
 }
 
 /** Checks a received proof in constant time. */
-export async function verifyProof(key: CryptoKey, p: ProofInput, proof: Uint8Array): Promise<boolean> {
-  const want = await computeProof(key, p);
+export async function verifyProof(
+  key: CryptoKey,
+  p: ProofInput,
+  proof: Uint8Array,
+  label = IROH_PROOF_LABEL,
+): Promise<boolean> {
+  const want = await computeProof(key, p, label);
   if (proof.length !== want.length) return false;
   let diff = 0;
   for (let i = 0; i < want.length; i++) diff |= want[i] ^ proof[i];

@@ -10,6 +10,8 @@ export interface PeerAddr {
   id: PeerId;
   /** Direct addresses; may be empty when a relay or discovery finds the peer. */
   addrs: string[];
+  /** The relay URL the peer is reachable through, where known (a ticket carries the leader's). */
+  relay?: string;
 }
 
 /** Which stream a message travels on; membership traffic never waits behind bulk activations. */

@@ -13,14 +13,14 @@ import { WireError } from "./errors.ts";
 export const MAGIC0 = 0x53;
 export const MAGIC1 = 0x57;
 /** Bumped on any incompatible change to frames or messages; peers of another version are refused. */
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 export const HEADER_BYTES = 8;
 
 /** Largest application message on the "data" channel (activations, weights). */
 export const DATA_MAX_BYTES = 64 * 1024 * 1024;
 /** Largest application message on the "control" channel (membership, registry, small calls). */
 export const CONTROL_MAX_BYTES = 1024 * 1024;
-/** Largest payload of any handshake frame (STREAM, HELLO, CHALLENGE, PROOF, WELCOME, REFUSE). */
+/** Largest payload of any handshake frame (every kind but MESSAGE). */
 export const HANDSHAKE_MAX_BYTES = 1024;
 
 export const FrameKind = {
@@ -38,6 +38,12 @@ export const FrameKind = {
   REFUSE: 6,
   /** One application message (opaque bytes handed to Transport.send). */
   MESSAGE: 7,
+  /** Acceptor → dialer, after WELCOME: where and how to open the TLS data path (or that there is none). */
+  TLS_OFFER: 8,
+  /** Dialer → acceptor, after TLS_OFFER: which path the data channel takes (TLS or the iroh stream). */
+  PATH: 9,
+  /** Dialer → acceptor, first frame on a TLS connection: the offer's token and a proof of the secret. */
+  TLS_HELLO: 10,
 } as const;
 export type FrameKind = typeof FrameKind[keyof typeof FrameKind];
 

@@ -1,5 +1,6 @@
 // Every message swactor puts on the wire, in one place (docs/WIRE.md explains each):
-// - handshake payloads (carried in STREAM/HELLO/CHALLENGE/PROOF/WELCOME/REFUSE frames, see frame.ts);
+// - handshake payloads (carried in STREAM/HELLO/CHALLENGE/PROOF/WELCOME/REFUSE frames, see frame.ts), and
+//   the TLS data path's (TLS_OFFER, PATH, TLS_HELLO);
 // - the service tag that opens every application MESSAGE and routes it to membership, registry or actors;
 // - the actor runtime's messages (send, call, reply, error, cancel).
 // Membership and registry payloads follow their service tag; their layouts are declared by their codecs
@@ -81,6 +82,89 @@ export function decodeRefuse(payload: Uint8Array): { reason: string } {
   const reason = r.str("reason", 1000);
   r.end();
   return { reason };
+}
+
+// ---- the TLS data path (node/transport/tls_path.ts) --------------------------------------------------------
+
+/** Longest certificate a TLS_OFFER carries (an Ed25519 one is ~280 bytes). */
+export const MAX_CERT_BYTES = 512;
+/** Most addresses a TLS_OFFER lists, and the longest ("[v6]:port" fits). */
+export const MAX_OFFER_ADDRS = 8;
+export const MAX_ADDR_BYTES = 64;
+
+/** Where the acceptor's TLS listener is, the certificate to pin, and the one-time token that admits its use. */
+export interface TlsOffer {
+  token: Uint8Array;
+  cert: Uint8Array;
+  /** "ip:port" of the listener, in the acceptor's order of preference. */
+  addrs: string[];
+}
+
+/** TLS_OFFER payload; `null` (an empty payload) says the acceptor offers no TLS path. */
+export function encodeTlsOffer(offer: TlsOffer | null): Uint8Array {
+  if (!offer) return new Uint8Array(0);
+  if (offer.cert.length === 0 || offer.cert.length > MAX_CERT_BYTES) {
+    throw new RangeError(`certificate must be 1..${MAX_CERT_BYTES} bytes, got ${offer.cert.length}`);
+  }
+  if (offer.addrs.length > MAX_OFFER_ADDRS) {
+    throw new RangeError(`a TLS offer lists at most ${MAX_OFFER_ADDRS} addresses, got ${offer.addrs.length}`);
+  }
+  const w = new Writer().raw(fixed(offer.token, NONCE_BYTES, "token")).bytes(offer.cert).u8(
+    offer.addrs.length,
+  );
+  for (const a of offer.addrs) {
+    if (new TextEncoder().encode(a).length > MAX_ADDR_BYTES) throw new RangeError(`address too long: ${a}`);
+    w.str(a);
+  }
+  return w.finish();
+}
+
+export function decodeTlsOffer(payload: Uint8Array): TlsOffer | null {
+  if (payload.length === 0) return null;
+  const r = new Reader(payload, "TLS_OFFER");
+  const token = r.raw(NONCE_BYTES, "token");
+  const cert = r.bytes("cert");
+  if (cert.length === 0 || cert.length > MAX_CERT_BYTES) {
+    throw new WireError("malformed", `TLS_OFFER: certificate of ${cert.length} bytes`);
+  }
+  const n = r.u8("address count");
+  if (n > MAX_OFFER_ADDRS) throw new WireError("malformed", `TLS_OFFER: ${n} addresses`);
+  const addrs: string[] = [];
+  for (let i = 0; i < n; i++) addrs.push(r.str("address", MAX_ADDR_BYTES));
+  r.end();
+  return { token, cert, addrs };
+}
+
+/** Which path a link's data channel takes; the dialer decides and says so in PATH. */
+export type DataPath = "iroh" | "tls";
+
+export function encodePath(path: DataPath): Uint8Array {
+  return new Writer().u8(path === "tls" ? 1 : 0).finish();
+}
+
+export function decodePath(payload: Uint8Array): DataPath {
+  const r = new Reader(payload, "PATH");
+  const code = r.u8("path");
+  r.end();
+  if (code === 0) return "iroh";
+  if (code === 1) return "tls";
+  throw new WireError("malformed", `PATH: unknown path ${code}`);
+}
+
+export function encodeTlsHello(m: { token: Uint8Array; nonce: Uint8Array; proof: Uint8Array }): Uint8Array {
+  return new Writer().raw(fixed(m.token, NONCE_BYTES, "token")).raw(fixed(m.nonce, NONCE_BYTES, "nonce"))
+    .raw(fixed(m.proof, PROOF_BYTES, "proof")).finish();
+}
+
+export function decodeTlsHello(
+  payload: Uint8Array,
+): { token: Uint8Array; nonce: Uint8Array; proof: Uint8Array } {
+  const r = new Reader(payload, "TLS_HELLO");
+  const token = r.raw(NONCE_BYTES, "token");
+  const nonce = r.raw(NONCE_BYTES, "nonce");
+  const proof = r.raw(PROOF_BYTES, "proof");
+  r.end();
+  return { token, nonce, proof };
 }
 
 // ---- services --------------------------------------------------------------------------------------------

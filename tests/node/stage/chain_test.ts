@@ -97,6 +97,15 @@ for (const stages of [1, 2, 3, 5, 6]) {
       assert.equal(typeof e.timings.wireMs.at(-1), "number", "a decode step reports the way back to stage 0");
       assert.equal(got.events[0].timings.wireMs.at(-1), null);
       if (stages > 1) assert.equal(e.timings.bytes[0], 4 * 2, "one token's hidden state in f16");
+      const prefill = got.events[0].prefill;
+      assert.ok(prefill, "the first token carries the prefill's chunk traces");
+      assert.equal(prefill.chunks, 3);
+      assert.equal(prefill.computeMs.length, stages);
+      assert.equal(prefill.waitMs.length, stages);
+      assert.equal(prefill.wireMs.length, stages - 1);
+      if (stages > 1) {
+        assert.equal(prefill.bytes[0], Math.round((8 + 8 + 3) * 4 * 2 / 3 * 1000) / 1000, "mean chunk bytes");
+      }
       await t.settle();
       for (const a of t.actors) assert.equal(a.backend.stats().active, 0, "released after completion");
     } finally {

@@ -8,7 +8,7 @@ function bytes(n: number, seed: number): Uint8Array {
 Deno.test("small frames queued in one tick go out as one write, in order", async () => {
   const writes: number[][] = [];
   const c = new Coalescer((b) => {
-    writes.push(b);
+    writes.push(Array.from(b));
     return Promise.resolve();
   }, () => {});
   const frames = [bytes(10, 1), bytes(20, 2), bytes(5, 3)];
@@ -22,7 +22,7 @@ Deno.test("a large message is written in pieces of at most MAX_WRITE, and timers
   const writes: number[][] = [];
   let timerRanAt = -1;
   const c = new Coalescer((b) => {
-    writes.push(b);
+    writes.push(Array.from(b));
     return Promise.resolve();
   }, () => {});
   const big = bytes(3 * MAX_WRITE + 123, 7);
@@ -40,4 +40,45 @@ Deno.test("a large message is written in pieces of at most MAX_WRITE, and timers
     timerRanAt >= 1 && timerRanAt < writes.length,
     `timer ran after write ${timerRanAt} of ${writes.length}`,
   );
+});
+
+Deno.test("a TLS-style coalescer writes a large frame as views of it, up to maxWriteBytes, without timers", async () => {
+  const writes: Uint8Array[] = [];
+  const c = new Coalescer(
+    (b) => {
+      writes.push(b);
+      return Promise.resolve();
+    },
+    () => {},
+    { maxWriteBytes: 1 << 20, yieldBetweenWrites: false },
+  );
+  const big = bytes(2.5 * (1 << 20), 5);
+  await c.enqueue(big);
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(writes.map((w) => w.length), [1 << 20, 1 << 20, 1 << 19]);
+  assert.ok(writes.every((w) => w.buffer === big.buffer), "large frames are handed over without a copy");
+});
+
+Deno.test("a window of 100,000 tiny frames is coalesced in order, in linear time", async () => {
+  const writes: Uint8Array[] = [];
+  const c = new Coalescer(
+    (b) => {
+      writes.push(b.slice());
+      return Promise.resolve();
+    },
+    () => {},
+    { flushBytes: 4096 },
+  );
+  const t0 = performance.now();
+  const frames = Array.from({ length: 100000 }, (_, i) => Uint8Array.of(i & 255, (i >> 8) & 255));
+  await Promise.all(frames.map((f) => c.enqueue(f)));
+  while (writes.reduce((n, w) => n + w.length, 0) < 200000) await new Promise((r) => setTimeout(r, 1));
+  const all = new Uint8Array(200000);
+  let o = 0;
+  for (const w of writes) {
+    all.set(w, o);
+    o += w.length;
+  }
+  for (let i = 0; i < 100000; i++) assert.deepEqual([all[2 * i], all[2 * i + 1]], [i & 255, (i >> 8) & 255]);
+  assert.ok(performance.now() - t0 < 1000, `took ${performance.now() - t0} ms`);
 });
