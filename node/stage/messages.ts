@@ -41,13 +41,13 @@ export interface HopTrace {
   b: number;
   /** Stage 0 only, on decode steps: wire time of the token's way back from the last stage, ms. */
   r?: number;
-  /** Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts]). */
-  x?: Record<string, Record<string, [number, number, number[]]>>;
   /**
-   * How long the message waited in the stage's mailbox before its compute began (`in`), ms; absent when
-   * it did not wait. The wire time of the hop into this stage ends at `in - w`.
+   * How long the step waited at this stage between `in` (the message's arrival) and the start of its
+   * compute, behind the request's earlier steps (prefill chunks), ms; absent when it did not wait.
    */
   w?: number;
+  /** Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts]). */
+  x?: Record<string, Record<string, [number, number, number[]]>>;
 }
 
 export type PipeMessage =

@@ -40,7 +40,7 @@ interface Request {
   /** Stage 0: the step whose token it waits for, and the next step number to use. */
   awaitStep: number;
   step: number;
-  /** The head: traces of the prefill chunks so far, sent with the first token (bounded by MAX_PREFILL_TRACES). */
+  /** The head: traces of the prefill chunks so far, sent with the first token (at most MAX_PREFILL_TRACES). */
   prefill?: HopTrace[][];
 }
 
@@ -99,9 +99,8 @@ export class StageActor implements Behavior {
       this.#log(`stage ${this.#o.backend.role.index}: dropped a malformed message: ${(e as Error).message}`);
       return;
     }
-    const arrived = wallMs();
-    // Time spent queued behind earlier messages (prefill chunks): compute, not wire, is what held it.
-    const waited = ctx.receivedAt ? Math.max(0, arrived - ctx.receivedAt) : 0;
+    // When the message reached this node's actor (its mailbox), the end of the hop's wire time.
+    const arrived = ctx.receivedAt || wallMs();
     switch (m.type) {
       case "stats":
         return new TextEncoder().encode(JSON.stringify(this.stats()));
@@ -115,7 +114,7 @@ export class StageActor implements Behavior {
       case "token":
         return this.#enqueue(m.id, () => this.#onToken(m, arrived));
       case "forward":
-        return this.#enqueue(m.id, () => this.#onForward(m, arrived, waited));
+        return this.#enqueue(m.id, () => this.#onForward(m, arrived));
       default:
         return;
     }
@@ -274,11 +273,7 @@ export class StageActor implements Behavior {
     });
   }
 
-  async #onForward(
-    m: Extract<PipeMessage, { type: "forward" }>,
-    arrived: number,
-    waited: number,
-  ): Promise<void> {
+  async #onForward(m: Extract<PipeMessage, { type: "forward" }>, arrived: number): Promise<void> {
     let r = this.#requests.get(m.id);
     if (!r) {
       if (m.step !== 0 || !m.open) return; // a late message of a released request, or out of order
@@ -303,12 +298,7 @@ export class StageActor implements Behavior {
       } catch (e) {
         return this.#fail(next.id, r.open, (e as Error).message);
       }
-      const ok = await this.#run(next.id, r, {
-        ...next,
-        hidden,
-        arrived: next === m ? arrived : wallMs(),
-        waited: next === m ? waited : 0,
-      });
+      const ok = await this.#run(next.id, r, { ...next, hidden, arrived: next === m ? arrived : wallMs() });
       if (!ok || !this.#requests.has(m.id)) return;
       next = r.held.get(r.nextStep);
       r.held.delete(r.nextStep);
@@ -328,8 +318,6 @@ export class StageActor implements Behavior {
       hidden?: Float32Array;
       trace: HopTrace[];
       arrived: number;
-      /** ms the message waited in the mailbox before `arrived`. */
-      waited?: number;
       returnMs?: number;
     },
   ): Promise<boolean> {
@@ -342,6 +330,8 @@ export class StageActor implements Behavior {
       : s.last
       ? "sample"
       : "hidden";
+    // The step may have waited here since it arrived, behind the request's earlier steps.
+    const waited = wallMs() - s.arrived;
     const t0 = performance.now();
     let out;
     try {
@@ -363,7 +353,7 @@ export class StageActor implements Behavior {
       const h: HopTrace = { s: role.index, in: s.arrived, c, out: wallMs(), b };
       if (s.returnMs !== undefined) h.r = s.returnMs;
       if (fanout) h.x = fanout;
-      if (s.waited && s.waited >= 0.001) h.w = Math.round(s.waited * 1000) / 1000;
+      if (waited >= 0.001) h.w = Math.round(waited * 1000) / 1000;
       return h;
     };
     try {

@@ -20,7 +20,7 @@ export function tokenTimings(trace: HopTrace[]): TokenTimings {
   const wireMs: (number | null)[] = [];
   const bytes: number[] = [];
   for (let k = 0; k + 1 < trace.length; k++) {
-    wireMs.push(round(trace[k + 1].in - (trace[k + 1].w ?? 0) - trace[k].out));
+    wireMs.push(round(trace[k + 1].in - trace[k].out));
     bytes.push(trace[k].b);
   }
   const back = trace[0]?.r;
@@ -35,7 +35,7 @@ export interface PrefillTimings {
   chunks: number;
   /** Mean compute per chunk, per stage, ms. */
   computeMs: number[];
-  /** Mean time a chunk waited in each stage's mailbox behind the previous one, ms. */
+  /** Mean time a chunk waited at each stage, after it arrived, behind the previous one, ms. */
   waitMs: number[];
   /** Mean wire time per chunk, per hop (stage k -> k + 1), ms. */
   wireMs: number[];
@@ -56,7 +56,7 @@ export function prefillTimings(chunks: HopTrace[][]): PrefillTimings {
     chunks: chunks.length,
     computeMs: col((t, k) => t[k]?.c, stages),
     waitMs: col((t, k) => (t[k] ? t[k].w ?? 0 : undefined), stages),
-    wireMs: col((t, k) => (t[k + 1] ? t[k + 1].in - (t[k + 1].w ?? 0) - t[k].out : undefined), stages - 1),
+    wireMs: col((t, k) => (t[k + 1] ? t[k + 1].in - t[k].out : undefined), stages - 1),
     bytes: col((t, k) => (t[k + 1] ? t[k].b : undefined), stages - 1),
   };
 }

@@ -44,7 +44,7 @@ export function chromeTrace(
         ph: "X",
         pid: h.s,
         tid: 0,
-        ts: us(h.in),
+        ts: us(h.in + (h.w ?? 0)), // compute starts after the step's wait at the stage
         dur: Math.round(h.c * 1000),
         args: { token: step.token, bytes_out: h.b },
       });

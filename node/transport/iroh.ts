@@ -497,7 +497,7 @@ async function startTlsPath(
       return await TlsPath.start({ ...common, listen });
     } catch (e) {
       const why = (e as { code?: string }).code === "EADDRINUSE" ? "the TCP port is in use" : shortError(e);
-      throw Object.assign(new Error(`cannot listen for the TLS data path on TCP ${listen}: ${why}`), {
+      throw Object.assign(new BindError(`cannot listen for the TLS data path on TCP ${listen}: ${why}`), {
         code: (e as { code?: string }).code,
       });
     }

@@ -3,7 +3,7 @@
 // the listener refuses every connection that does not prove the secret with a live token offered to the
 // same peer (forged token, wrong secret, another peer's token, a replayed token, no TLS_HELLO at all).
 import assert from "node:assert/strict";
-import { createIrohTransport } from "../../../node/transport/iroh.ts";
+import { BindError, createIrohTransport } from "../../../node/transport/iroh.ts";
 import { dialTlsPath, TlsPath } from "../../../node/transport/tls_path.ts";
 import { FAST_SERVER_NAME } from "../../../node/transport/cert.ts";
 import { importSecret } from "../../../node/transport/handshake.ts";
@@ -210,8 +210,13 @@ Deno.test("tls path: it listens on TCP at --listen's own port, and a taken TCP p
   const busy = Deno.listen({ hostname: "127.0.0.1", port: 0 });
   const taken = (busy.addr as Deno.NetAddr).port;
   try {
-    await assert.rejects(
-      () => createIrohTransport({ secret, bindAddr: `127.0.0.1:${taken}`, log: () => {} }),
+    const e = await createIrohTransport({ secret, bindAddr: `127.0.0.1:${taken}`, log: () => {} }).then(
+      () => undefined,
+      (e) => e,
+    );
+    assert.ok(e instanceof BindError, `a BindError (the CLI's exit 2 naming --listen), got ${e}`);
+    assert.match(
+      e.message,
       new RegExp(
         `cannot listen for the TLS data path on TCP 127\\.0\\.0\\.1:${taken}: the TCP port is in use`,
       ),
