@@ -2,7 +2,7 @@
 // (q_norm, k_norm [head_dim]), and head_dim independent of hidden / heads (128 when the config omits it).
 // `attention_bias` puts biases on q, k, v and o. Sliding windows are not supported and say so.
 // Defaults: transformers' Qwen3Config.
-import { ConfigReader, type ModelConfig } from "../config.ts";
+import { type AttentionSpec, ConfigReader, type ModelConfig } from "../config.ts";
 import type { ModelFamily } from "../family.ts";
 
 export const qwen3: ModelFamily = {
@@ -12,14 +12,7 @@ export const qwen3: ModelFamily = {
   parseConfig(json: unknown, source: string): ModelConfig {
     const r = new ConfigReader(json, source);
     r.oneOf("use_sliding_window", [false]);
-    const bias = r.bool("attention_bias", false);
-    const attention = {
-      kind: "gqa" as const,
-      ...r.gqa({ kvHeads: 32, headDim: 128 }),
-      qkvBias: bias,
-      oBias: bias,
-      qkNorm: true,
-    };
+    const attention = qwen3Attention(r, { kvHeads: 32, headDim: 128 });
     const ffn = { kind: "mlp" as const, intermediate: r.int("intermediate_size") };
     return r.common(
       "qwen3",
@@ -29,3 +22,9 @@ export const qwen3: ModelFamily = {
     );
   },
 };
+
+/** Qwen3's attention (dense and MoE): q/k RMSNorm per head, `attention_bias` on q, k, v and o. */
+export function qwen3Attention(r: ConfigReader, defaults: Parameters<ConfigReader["gqa"]>[0]): AttentionSpec {
+  const bias = r.bool("attention_bias", false);
+  return { kind: "gqa", ...r.gqa(defaults), qkvBias: bias, oBias: bias, qkNorm: true };
+}

@@ -5,6 +5,7 @@
 // intermediate_size. Defaults: Qwen3MoeConfig.
 import { ConfigReader, type DenseMlp, type ModelConfig, type MoeFfn } from "../config.ts";
 import type { ModelFamily } from "../family.ts";
+import { qwen3Attention } from "./qwen3.ts";
 
 export const qwen3Moe: ModelFamily = {
   name: "qwen3_moe",
@@ -13,14 +14,7 @@ export const qwen3Moe: ModelFamily = {
   parseConfig(json: unknown, source: string): ModelConfig {
     const r = new ConfigReader(json, source);
     r.oneOf("use_sliding_window", [false]);
-    const bias = r.bool("attention_bias", false);
-    const attention = {
-      kind: "gqa" as const,
-      ...r.gqa({ kvHeads: 4 }),
-      qkvBias: bias,
-      oBias: bias,
-      qkNorm: true,
-    };
+    const attention = qwen3Attention(r, { kvHeads: 4 });
     const experts = r.count("num_experts", 128);
     const step = r.int("decoder_sparse_step", 1);
     const mlpOnly = new Set(r.intList("mlp_only_layers", []));
