@@ -18,6 +18,15 @@ import {
   type WeightType,
 } from "./gpu.ts";
 import { checkSgTuning, gemvSgSource, sgDefaultTuning, sgFits, sgGroups, type SgTuning } from "./gemv_sg.ts";
+import {
+  checkMultiTuning,
+  gemvMultiSource,
+  multiDefaultTuning,
+  multiFits,
+  multiGroups,
+  multiTileK,
+  type MultiTuning,
+} from "./gemv_multi.ts";
 import { gemvQuantSource, quantUnit } from "./matmul_quant.ts";
 import { isQuant, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 
@@ -174,6 +183,11 @@ export interface GemvFusedDims {
   eps?: number;
   /** A team tuning forces this file's kernel; a subgroup tuning gemv_sg.ts's. Default: the best that fits. */
   tuning?: GemvTuning | SgTuning;
+  /**
+   * Steps of 2..GEMV_MULTI_MAX_T rows use gemv_multi.ts's kernel (each weight read once for all rows) where
+   * it fits; this tunes it. `false` forces the one-row kernels (a grid row per token; benchmarks).
+   */
+  multi?: MultiTuning | false;
 }
 
 /** Quantised GEMVs use int8 activations and dot4I8Packed where WGSL has it; SWACTOR_DP4=0 turns that off. */
@@ -206,6 +220,13 @@ export function gemvFusedCall(
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
+  if (d.multi !== false && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
+    const t = d.multi ?? multiDefaultTuning(d.K, d.N, d.T, wt);
+    checkMultiTuning(t, S!);
+    const KT = multiTileK(gpu, d.K, d.T, wt);
+    const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT });
+    return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], `gemv_${f}`);
+  }
   if (isSgTuning(d.tuning) || (d.tuning === undefined && sgFits(gpu, d.K, wt))) {
     if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);

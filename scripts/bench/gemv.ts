@@ -5,7 +5,9 @@
 // small shapes), after keeping the GPU busy long enough to reach its clocks. torch's number comes from
 // scripts/bench/torch_gemv.py in the same device run. Quantised rows count their own bytes (8.5 / 4.5
 // bits a weight), so their GB/s compare with f16's directly. One JSON line per case.
-//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep] [--weights f16,q8,q4]
+// --k 2,4,8,16: also the multi-token GEMV (gemv_multi.ts) at T rows, its default tuning (and with --sweep
+// a grid), as "k<T>_..." entries: GB/s of the weights read once for all T rows.
+//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep] [--weights f16,q8,q4] [--k 2,4,8,16] [--cases qkv,head]
 import { parseArgs } from "node:util";
 import {
   defaultTuning,
@@ -13,6 +15,7 @@ import {
   getGpu,
   type InputTransform,
   type KernelCall,
+  type MultiTuning,
   quantBytes,
   type QuantType,
   sgDefaultTuning,
@@ -28,6 +31,9 @@ const { values } = parseArgs({
     quick: { type: "boolean", default: false },
     sweep: { type: "boolean", default: false },
     weights: { type: "string", default: "f16,q8,q4" },
+    k: { type: "string" },
+    cases: { type: "string" },
+    "no-single": { type: "boolean", default: false },
   },
 });
 const gpu = await getGpu();
@@ -40,7 +46,7 @@ interface Case {
   f: InputTransform;
 }
 // The decode step's GEMVs (and 8192 x 2048, one of issue 6's shapes, with no transform).
-const cases: Case[] = quick ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }] : [
+const allCases: Case[] = quick ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }] : [
   { name: "o", N: 2048, K: 2048, f: "none" },
   { name: "qkv", N: 3072, K: 2048, f: "rmsnorm" },
   { name: "down", N: 2048, K: 8192, f: "silu_mul" },
@@ -48,6 +54,9 @@ const cases: Case[] = quick ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }] : 
   { name: "gate_up", N: 16384, K: 2048, f: "rmsnorm" },
   { name: "head", N: 128256, K: 2048, f: "rmsnorm" },
 ];
+const cases = allCases.filter((c) => !values.cases || values.cases.split(",").includes(c.name));
+const kList = values.k ? values.k.split(",").map(Number) : [];
+const maxT = Math.max(1, ...kList);
 
 function bytesOf(N: number, K: number, wt: Wt): number {
   return wt === "f16" ? N * K * 2 : quantBytes(N, K, wt);
@@ -93,7 +102,9 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       );
     }
     const width = f === "silu_mul" ? 2 * K : K;
-    const x = storageBuffer(gpu, width * 4), y = storageBuffer(gpu, N * 4), nw = storageBuffer(gpu, K * 2);
+    const x = storageBuffer(gpu, maxT * width * 4),
+      y = storageBuffer(gpu, maxT * N * 4),
+      nw = storageBuffer(gpu, K * 2);
     const call = (w: GPUBuffer, tuning?: Parameters<typeof gemvFusedCall>[2]["tuning"]): KernelCall =>
       gemvFusedCall(gpu, { x, w, y, normWeight: nw }, {
         K,
@@ -114,9 +125,28 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       const warm = ws.map((w) => call(w, { team: 64, rows: 1 }));
       for (let spent = 0; spent < 400;) spent += (await gpuMs(gpu, warm, 20)) * 20;
     }
-    time("team", (w) => call(w, defaultTuning(K, N)));
+    if (!values["no-single"]) time("team", (w) => call(w, defaultTuning(K, N)));
     const S = gpu.subgroupSize;
-    if (S && sgFits(gpu, K, wt)) {
+    for (const T of kList) {
+      const multi = (w: GPUBuffer, t?: MultiTuning) =>
+        gemvFusedCall(gpu, { x, w, y, normWeight: nw }, {
+          K,
+          N,
+          T,
+          weights: wt,
+          transform: f,
+          eps: 1e-5,
+          multi: t,
+        });
+      time(`k${T}_default`, (w) => multi(w));
+      if (values.sweep) {
+        for (const rows of [1, 2, 4, 8]) {
+          if (rows * T > 64) continue;
+          for (const wg of [128, 256, 512]) time(`k${T}_r${rows}w${wg}`, (w) => multi(w, { rows, wg }));
+        }
+      }
+    }
+    if (S && sgFits(gpu, K, wt) && !values["no-single"]) {
       const def = sgDefaultTuning(K, N, wt, S);
       time("sg_default", (w) => call(w, def));
       if (values.sweep) { for (const t of sweepTunings(K, wt, S)) time(name(t), (w) => call(w, t)); }
