@@ -26,7 +26,7 @@
 // 1000 / 4000 keys: hd 64: 3.7 / 4.2 / 5.5 / 9.7 / 23 against 11.5 / 18 / 48 / 204 / 793 for
 // rope + attention; hd 128: 19 / 22 / 21 / 13 / 36 against 69 / 129 / 319 / 394 / 1482.
 import type { Gpu, KernelCall } from "./gpu.ts";
-import { kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
 /** The largest head_dim the decode kernel supports. */
@@ -43,6 +43,14 @@ export interface AttentionDecodeTuning {
   unroll: number;
   /** Score with coalesced row reads and a shuffle butterfly where the shape allows (else lane per key). */
   butterfly?: boolean;
+  /**
+   * Flash-decoding: workgroups per head, each taking a contiguous share of the cached keys (at least
+   * `minChunks` chunks of S keys, so short contexts leave the later splits idle), writing a partial
+   * (max, sum, unnormalised output) that a second dispatch combines. 1: one workgroup per head, no combine.
+   */
+  splits?: number;
+  /** Fewest key chunks a split takes (default 4). */
+  minChunks?: number;
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -90,6 +98,8 @@ export function attentionDecodeSource(
   t: AttentionDecodeTuning,
 ): string {
   const { warps, unroll: UB } = t;
+  const SP = t.splits ?? 1;
+  const MINC = t.minChunks ?? 4;
   const HD = d.headDim;
   const VW = HD % 4 === 0 ? 4 : 2; // every vector below is VW floats: key, value and output slots
   const vt = `vec${VW}<f32>`;
@@ -203,7 +213,11 @@ struct P { max_seq: u32, scale: f32 }
 @group(0) @binding(3) var<storage, read> qkv: array<f32>;
 @group(0) @binding(4) var<storage, read_write> kc: array<${vt}>;
 @group(0) @binding(5) var<storage, read_write> vc: array<${vt}>;
-@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;
+${
+    SP > 1
+      ? "@group(0) @binding(6) var<storage, read_write> part: array<vec2<f32>>;"
+      : `@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;`
+  }
 const HD = ${HD}u;
 const HALF = ${HD / 2}u;
 const HDV = ${HDV}u;
@@ -229,6 +243,7 @@ fn main(
   @builtin(subgroup_invocation_id) lane: u32,
 ) {
   let h = wg.x;
+  let split = wg.y;
   let kvh = h / GROUP;
   let warp = tid / S;
   // Every thread reads the step itself; the key count is made uniform by the barrier below, which also
@@ -257,7 +272,7 @@ fn main(
   if (n == 0u) { return; }
   let nc = n - 1u; // keys read from the cache: positions 0..pos-1
   let kv0 = kvh * p.max_seq;
-  if (h % GROUP == 0u) {
+  if (h % GROUP == 0u && split == 0u) {
     let cb = (kv0 + nc) * HDV;
     for (var e = tid; e < HDV; e += WG) {
       kc[cb + e] = ks[e];
@@ -269,12 +284,16 @@ fn main(
   var m = -3.0e38;
   var l = 0.0;
   ${range(NSLOT).map((i) => `var acc${i} = ${vt}(0.0);`).join("\n  ")}
-  let nch = (nc + S - 1u) / S;
+  let nch_all = (nc + S - 1u) / S;
+  // This split's chunks [c_lo, c_lo + nch) (all of them without splits).
+  let per = max((nch_all + ${SP - 1}u) / ${SP}u, ${SP > 1 ? MINC : 1}u);
+  let c_lo = min(split * per, nch_all);
+  let nch = min(nch_all - c_lo, per);
   let rounds = (nch + WARPS - 1u) / WARPS;
   for (var r = 0u; r < rounds; r++) {
     let c = r * WARPS + warp;
     if (c < nch) {
-      let base = c * S;
+      let base = (c_lo + c) * S;
       // Keys past the last are read clamped to it, score -3e38 and weigh 0.
       ${vPrefetch.join("\n      ")}
       ${score.join("\n      ")}
@@ -300,10 +319,12 @@ fn main(
   }
   workgroupBarrier();
   let act = min(nch, WARPS);
+  // The current key (not in the cache yet) belongs to split 0.
+  let own = split == 0u;
   let sk = s_cur;
-  var mx = sk;
+  var mx = select(-3.0e38, sk, own);
   for (var w = 0u; w < act; w++) { mx = max(mx, ms[w]); }
-  let ek = exp(sk - mx);
+  let ek = select(0.0, exp(sk - mx), own);
   for (var e = tid; e < HDV; e += WG) {
     var lsum = ek;
     var a = ek * vs[e];
@@ -312,9 +333,53 @@ fn main(
       lsum += ls[w] * wt;
       a += accs[w * HDV + e] * wt;
     }
-    out[h * HDV + e] = a / lsum;
+    ${
+    SP > 1
+      ? `// Partial of split (h, split): slot 0 (max, sum), then the unnormalised output.
+    let pb = (h * ${SP}u + split) * (HDV * VW / 2u + 1u);
+    if (e == 0u) { part[pb] = vec2<f32>(mx, lsum); }
+    ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
+      : "out[h * HDV + e] = a / lsum;"
+  }
   }
 }`;
+}
+
+/** WGSL of the flash-decoding combine: one workgroup per head merges its splits' partials into out. */
+export function attentionCombineSource(d: { heads: number; headDim: number }, splits: number): string {
+  const HD = d.headDim;
+  const P2 = HD / 2; // vec2 slots of a partial's output
+  return `${STEP_WGSL}
+@group(0) @binding(0) var<storage, read> step: Step;
+@group(0) @binding(1) var<storage, read> part: array<vec2<f32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<vec2<f32>>;
+const SP = ${splits}u;
+const PW = ${P2 + 1}u;
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let h = wg.x;
+  if (step.T == 0u) { return; } // as the attention kernel: a step without tokens writes nothing
+  var mx = -3.0e38;
+  for (var s = 0u; s < SP; s++) { mx = max(mx, part[(h * SP + s) * PW].x); }
+  for (var e = tid; e < ${P2}u; e += 64u) {
+    var l = 0.0;
+    var a = vec2<f32>(0.0);
+    for (var s = 0u; s < SP; s++) {
+      let b = (h * SP + s) * PW;
+      let ml = part[b];
+      let w = select(0.0, exp(ml.x - mx), ml.y > 0.0);
+      l += ml.y * w;
+      a += part[b + 1u + e] * w;
+    }
+    out[h * ${P2}u + e] = a / l;
+  }
+}`;
+}
+
+/** Flash-decoding splits by default: enough workgroups to fill a large GPU, for caches of > 1024 keys. */
+export function attentionDecodeSplits(heads: number, maxSeq: number): number {
+  if (maxSeq <= 1024) return 1;
+  return Math.max(1, Math.min(32, Math.ceil(512 / heads)));
 }
 
 /**
@@ -323,8 +388,10 @@ fn main(
  * at step.pos0, and causal GQA attention over positions 0..pos0 into out [heads * hd]. Replaces
  * ropeKvCall + attentionCall in T = 1 programs only; q in qkv is left unrotated. Needs subgroups: check
  * attentionDecodeFits first (it throws a RangeError without them or for an unsupported shape).
+ * One dispatch; with flash-decoding splits (the default for caches of more than 1024 positions:
+ * attentionDecodeSplits) two, the split attention and the combine.
  */
-export function attentionDecodeCall(
+export function attentionDecodeCalls(
   gpu: Gpu,
   bufs: {
     step: GPUBuffer;
@@ -336,7 +403,7 @@ export function attentionDecodeCall(
   },
   d: AttentionDecodeDims,
   tuning?: Partial<AttentionDecodeTuning>,
-): KernelCall {
+): KernelCall[] {
   const S = gpu.subgroupSize;
   if (S === null) throw new RangeError("attention decode kernel needs subgroups, which this device lacks");
   if (!attentionDecodeFits(gpu, d)) {
@@ -344,8 +411,15 @@ export function attentionDecodeCall(
       `attention decode kernel does not fit heads ${d.heads}, kv heads ${d.kvHeads}, head_dim ${d.headDim}`,
     );
   }
-  const t = { ...attentionDecodeDefaultTuning(gpu, d.headDim), ...tuning };
-  const ok = Number.isInteger(t.warps) && t.warps >= 1 &&
+  const t = {
+    ...attentionDecodeDefaultTuning(gpu, d.headDim),
+    splits: attentionDecodeSplits(d.heads, d.maxSeq),
+    ...tuning,
+  };
+  const sp = t.splits ?? 1;
+  const ok = Number.isInteger(sp) && sp >= 1 && sp <= 256 &&
+    (t.minChunks === undefined || (Number.isInteger(t.minChunks) && t.minChunks >= 1)) &&
+    Number.isInteger(t.warps) && t.warps >= 1 &&
     t.warps * S <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
     sharedBytes(d.headDim, t.warps) <= gpu.maxWorkgroupStorage &&
     Number.isInteger(t.unroll) && t.unroll >= 1 && t.unroll <= 64;
@@ -353,19 +427,29 @@ export function attentionDecodeCall(
     throw new RangeError(`bad decode attention tuning ${JSON.stringify(t)} (S = ${S}, hd ${d.headDim})`);
   }
   const params = uniformBuffer(gpu, [d.maxSeq, 1 / Math.sqrt(d.headDim)], [1]);
-  return kernelCall(
+  const bound = [params, bufs.step, bufs.table, bufs.qkv, bufs.kcache, bufs.vcache, bufs.out];
+  const src = attentionDecodeSource(d, S, t);
+  if (sp === 1) return [kernelCall(gpu, pipeline(gpu, src), bound, [d.heads], "attention")];
+  const part = storageBuffer(gpu, d.heads * sp * (d.headDim / 2 + 1) * 8, "attention partials");
+  // With splits, binding 6 is the partials (the combine writes out).
+  const main = kernelCall(gpu, pipeline(gpu, src), [...bound.slice(0, 6), part], [d.heads, sp], "attention");
+  const combine = kernelCall(
     gpu,
-    pipeline(gpu, attentionDecodeSource(d, S, t)),
-    [
-      params,
-      bufs.step,
-      bufs.table,
-      bufs.qkv,
-      bufs.kcache,
-      bufs.vcache,
-      bufs.out,
-    ],
+    pipeline(gpu, attentionCombineSource(d, sp)),
+    [bufs.step, part, bufs.out],
     [d.heads],
     "attention",
   );
+  combine.owned = [part];
+  return [main, combine];
+}
+
+/** attentionDecodeCalls without splits: one dispatch (tests, and callers that want exactly one call). */
+export function attentionDecodeCall(
+  gpu: Gpu,
+  bufs: Parameters<typeof attentionDecodeCalls>[1],
+  d: AttentionDecodeDims,
+  tuning?: Partial<AttentionDecodeTuning>,
+): KernelCall {
+  return attentionDecodeCalls(gpu, bufs, d, { ...tuning, splits: 1 })[0];
 }

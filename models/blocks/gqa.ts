@@ -8,7 +8,7 @@
 // KV cache per layer: K and V [nKV, maxSeq, hd] f32.
 import {
   attentionCall,
-  attentionDecodeCall,
+  attentionDecodeCalls,
   attentionDecodeFits,
   biasAddCall,
   gemvFusedCall,
@@ -116,7 +116,7 @@ export function gqaProgram(
   const [kcache, vcache] = cache;
   // One token: RoPE, the KV write and attention in one dispatch (subgroups); else two.
   if (T === 1 && attentionDecodeFits(gpu, dims)) {
-    calls.push(attentionDecodeCall(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));
+    calls.push(...attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));
   } else {
     calls.push(
       ropeKvCall(gpu, { step, table, qkv, kcache, vcache }, dims),
