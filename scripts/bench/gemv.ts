@@ -6,7 +6,7 @@
 // scripts/bench/torch_gemv.py in the same device run. Quantised rows count their own bytes (8.5 / 4.5
 // bits a weight), so their GB/s compare with f16's directly. One JSON line per case.
 // --k 2,4,8,16: also the multi-token GEMV (gemv_multi.ts) at T rows, its default tuning (and with --sweep
-// a grid), as "k<T>_..." entries: GB/s of the weights read once for all T rows.
+// a grid), as "k<T>_..." entries. --persistent: the sweep's grid is persistent workgroups instead: GB/s of the weights read once for all T rows.
 //   deno run -A scripts/bench/gemv.ts [--quick] [--sweep] [--weights f16,q8,q4] [--k 2,4,8,16] [--cases qkv,head]
 import { parseArgs } from "node:util";
 import {
@@ -34,6 +34,7 @@ const { values } = parseArgs({
     k: { type: "string" },
     cases: { type: "string" },
     "no-single": { type: "boolean", default: false },
+    persistent: { type: "boolean", default: false },
   },
 });
 const gpu = await getGpu();
@@ -62,7 +63,30 @@ function bytesOf(N: number, K: number, wt: Wt): number {
   return wt === "f16" ? N * K * 2 : quantBytes(N, K, wt);
 }
 
+/**
+ * --sweep persistent: the one-token kernel with few, wide, persistent workgroups (each stages and
+ * normalises x once and then walks many row blocks): short rows (q4: 2 units a lane at K 2048) spend as
+ * long on that prologue as on their weights when every workgroup has one row block.
+ */
+function persistentTunings(K: number, wt: Wt, S: number): SgTuning[] {
+  const perUnit = wt === "f16" ? 8 : wt === "q8" ? 16 : 32;
+  const perLane = K / perUnit / S;
+  const out: SgTuning[] = [];
+  const rowsSet = wt === "f16" ? [1, 2, 4] : [2, 4, 8];
+  for (const rows of rowsSet) {
+    for (const unroll of [1, 2, 4].filter((u) => perLane % u === 0 && rows * u <= 16)) {
+      for (const wg of [256, 1024]) {
+        for (const groups of [132, 264, 528]) {
+          out.push({ rows, unroll, wg, groups, ...(wt !== "f16" && gpu.hasDp4 ? { dp4: true } : {}) });
+        }
+      }
+    }
+  }
+  return out;
+}
+
 function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
+  if (values.persistent) return persistentTunings(K, wt, S);
   const perUnit = wt === "f16" ? 8 : wt === "q8" ? 16 : 32;
   const perLane = K / perUnit / S;
   const out: SgTuning[] = [];
