@@ -166,7 +166,7 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       if (values.sweep) {
         for (const rows of [1, 2, 4, 8]) {
           if (rows * T > 64) continue;
-          for (const wg of [128, 256, 512]) time(`k${T}_r${rows}w${wg}`, (w) => multi(w, { rows, wg }));
+          for (const wg of [256, 1024]) time(`k${T}_r${rows}w${wg}`, (w) => multi(w, { rows, wg }));
         }
       }
     }
