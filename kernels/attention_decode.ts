@@ -61,7 +61,15 @@ export interface AttentionDecodeDims {
   headDim: number;
   /** Capacity of the KV cache in positions. */
   maxSeq: number;
+  /**
+   * Tokens dispatched (1..DECODE_MAX_T; default 1): a step of T tokens, each attending causally to the
+   * cache and to the step's earlier tokens. The step's T may be fewer (tokens past it do nothing).
+   */
+  T?: number;
 }
+
+/** The most tokens one decode-attention dispatch takes (a multi-token step: speculative verification). */
+export const DECODE_MAX_T = 16;
 
 /** Whether attentionDecodeCall serves this shape on this GPU (else use ropeKvCall + attentionCall). */
 export function attentionDecodeFits(gpu: Gpu, d: AttentionDecodeDims): boolean {
@@ -93,12 +101,13 @@ export function attentionDecodeDefaultTuning(gpu: Gpu, headDim: number): Attenti
 
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
 export function attentionDecodeSource(
-  d: { heads: number; kvHeads: number; headDim: number },
+  d: { heads: number; kvHeads: number; headDim: number; T?: number },
   S: number,
   t: AttentionDecodeTuning,
 ): string {
   const { warps, unroll: UB } = t;
   const SP = t.splits ?? 1;
+  const TT = d.T ?? 1; // tokens dispatched (grid z); the step's T may be fewer
   const MINC = t.minChunks ?? 4;
   const HD = d.headDim;
   const VW = HD % 4 === 0 ? 4 : 2; // every vector below is VW floats: key, value and output slots
@@ -236,6 +245,27 @@ var<workgroup> ms: array<f32, ${warps}>;
 var<workgroup> ls: array<f32, ${warps}>;
 var<workgroup> keys: u32;
 var<workgroup> s_cur: f32;
+${
+    TT === 1 ? "" : `const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
+var<workgroup> sn: array<f32, ${TT}>;
+// Score of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against q.
+fn new_score(j: u32, pos0: u32, kvh: u32) -> f32 {
+  var s = 0.0;
+  let kb = j * ROW + (NH + kvh) * HD;
+  for (var i = 0u; i < HALF; i++) {
+    let c = cs[(pos0 + j) * HALF + i];
+    let k0 = qkv[kb + i];
+    let k1 = qkv[kb + i + HALF];
+    s += qs[i / VW][i % VW] * (k0 * c.x - k1 * c.y) + qs[(i + HALF) / VW][(i + HALF) % VW] * (k1 * c.x + k0 * c.y);
+  }
+  return s;
+}
+// Value slot e of new key j.
+fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
+  let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
+  return ${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")});
+}`
+  }
 @compute @workgroup_size(${warps * S})
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
@@ -244,21 +274,23 @@ fn main(
 ) {
   let h = wg.x;
   let split = wg.y;
+  let tok = wg.z; // this workgroup's token of the step
   let kvh = h / GROUP;
   let warp = tid / S;
   // Every thread reads the step itself; the key count is made uniform by the barrier below, which also
   // publishes q, k, v. Nothing is written outside the workgroup before it.
-  let pos = step.pos0;
-  if (tid == 0u) { keys = select(0u, pos + 1u, step.T > 0u); }
+  let pos = step.pos0 + tok;
+  if (tid == 0u) { keys = select(0u, pos + 1u, step.T > tok); }
+  let rb = ${TT === 1 ? "0u" : "tok * ROW"};
   for (var i = tid; i < HALF; i += WG) {
     let c = cs[pos * HALF + i];
-    let qb = h * HD;
+    let qb = rb + h * HD;
     let q0 = qkv[qb + i];
     let q1 = qkv[qb + i + HALF];
-    let kb = (NH + kvh) * HD;
+    let kb = rb + (NH + kvh) * HD;
     let k0 = qkv[kb + i];
     let k1 = qkv[kb + i + HALF];
-    let vb = (NH + NKV + kvh) * HD;
+    let vb = rb + (NH + NKV + kvh) * HD;
     let v0 = qkv[vb + i];
     let v1 = qkv[vb + i + HALF];
     qs[i / VW][i % VW] = q0 * c.x - q1 * c.y;
@@ -270,10 +302,12 @@ fn main(
   }
   let n = workgroupUniformLoad(&keys);
   if (n == 0u) { return; }
-  let nc = n - 1u; // keys read from the cache: positions 0..pos-1
+  // Keys read from the cache: positions 0..pos0-1 (this step's own tokens, written by other workgroups of
+  // this dispatch, are read from qkv instead).
+  let nc = n - 1u - tok;
   let kv0 = kvh * p.max_seq;
   if (h % GROUP == 0u && split == 0u) {
-    let cb = (kv0 + nc) * HDV;
+    let cb = (kv0 + pos) * HDV;
     for (var e = tid; e < HDV; e += WG) {
       kc[cb + e] = ks[e];
       vc[cb + e] = vs[e];
@@ -311,23 +345,50 @@ fn main(
     ms[warp] = m;
     ls[warp] = l;
   }
-  if (warp == WARPS - 1u) {
+  ${
+    TT === 1
+      ? `if (warp == WARPS - 1u) {
     var t = 0.0;
     for (var e = lane; e < HDV; e += S) { t += dot(qs[e], ks[e]); }
     t = subgroupAdd(t);
     if (lane == 0u) { s_cur = t * p.scale; }
+  }`
+      : `if (warp == WARPS - 1u) {
+    for (var j = lane; j <= tok; j += S) { sn[j] = new_score(j, pos - tok, kvh) * p.scale; }
+  }`
   }
   workgroupBarrier();
   let act = min(nch, WARPS);
-  // The current key (not in the cache yet) belongs to split 0.
+  // The step's own keys (not read from the cache) belong to split 0.
   let own = split == 0u;
-  let sk = s_cur;
+  ${
+    TT === 1
+      ? `let sk = s_cur;
   var mx = select(-3.0e38, sk, own);
   for (var w = 0u; w < act; w++) { mx = max(mx, ms[w]); }
-  let ek = select(0.0, exp(sk - mx), own);
+  let ek = select(0.0, exp(sk - mx), own);`
+      : `var mx = -3.0e38;
+  if (own) { for (var j = 0u; j <= tok; j++) { mx = max(mx, sn[j]); } }
+  for (var w = 0u; w < act; w++) { mx = max(mx, ms[w]); }`
+  }
   for (var e = tid; e < HDV; e += WG) {
-    var lsum = ek;
-    var a = ek * vs[e];
+    ${
+    TT === 1
+      ? `var lsum = ek;
+    var a = ek * vs[e];`
+      : `var lsum = 0.0;
+    var a = ${vt}(0.0);
+    if (own) {
+      for (var j = 0u; j < tok; j++) {
+        let ej = exp(sn[j] - mx);
+        lsum += ej;
+        a += ej * new_value(j, e, kvh);
+      }
+      let et = exp(sn[tok] - mx);
+      lsum += et;
+      a += et * vs[e];
+    }`
+  }
     for (var w = 0u; w < act; w++) {
       let wt = exp(ms[w] - mx);
       lsum += ls[w] * wt;
@@ -336,10 +397,10 @@ fn main(
     ${
     SP > 1
       ? `// Partial of split (h, split): slot 0 (max, sum), then the unnormalised output.
-    let pb = (h * ${SP}u + split) * (HDV * VW / 2u + 1u);
+    let pb = ((tok * NH + h) * ${SP}u + split) * (HDV * VW / 2u + 1u);
     if (e == 0u) { part[pb] = vec2<f32>(mx, lsum); }
     ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
-      : "out[h * HDV + e] = a / lsum;"
+      : "out[(tok * NH + h) * HDV + e] = a / lsum;"
   }
   }
 }`;
@@ -347,6 +408,7 @@ fn main(
 
 /** WGSL of the flash-decoding combine: one workgroup per head merges its splits' partials into out. */
 export function attentionCombineSource(d: { heads: number; headDim: number }, splits: number): string {
+  const NH = d.heads;
   const HD = d.headDim;
   const P2 = HD / 2; // vec2 slots of a partial's output
   return `${STEP_WGSL}
@@ -358,20 +420,22 @@ const PW = ${P2 + 1}u;
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let h = wg.x;
-  if (step.T == 0u) { return; } // as the attention kernel: a step without tokens writes nothing
+  let tok = wg.y;
+  if (step.T <= tok) { return; } // as the attention kernel: a token past the step's writes nothing
+  let hs = (tok * ${NH}u + h) * SP;
   var mx = -3.0e38;
-  for (var s = 0u; s < SP; s++) { mx = max(mx, part[(h * SP + s) * PW].x); }
+  for (var s = 0u; s < SP; s++) { mx = max(mx, part[(hs + s) * PW].x); }
   for (var e = tid; e < ${P2}u; e += 64u) {
     var l = 0.0;
     var a = vec2<f32>(0.0);
     for (var s = 0u; s < SP; s++) {
-      let b = (h * SP + s) * PW;
+      let b = (hs + s) * PW;
       let ml = part[b];
       let w = select(0.0, exp(ml.x - mx), ml.y > 0.0);
       l += ml.y * w;
       a += part[b + 1u + e] * w;
     }
-    out[h * ${P2}u + e] = a / l;
+    out[(tok * ${NH}u + h) * ${P2}u + e] = a / l;
   }
 }`;
 }
@@ -413,10 +477,14 @@ export function attentionDecodeCalls(
   }
   const t = {
     ...attentionDecodeDefaultTuning(gpu, d.headDim),
-    splits: attentionDecodeSplits(d.heads, d.maxSeq),
+    splits: gpu.tuning.attentionSplits ?? attentionDecodeSplits(d.heads, d.maxSeq),
     ...tuning,
   };
   const sp = t.splits ?? 1;
+  const T = d.T ?? 1;
+  if (!(Number.isInteger(T) && T >= 1 && T <= DECODE_MAX_T)) {
+    throw new RangeError(`decode attention takes 1..${DECODE_MAX_T} tokens a step, got ${T}`);
+  }
   const ok = Number.isInteger(sp) && sp >= 1 && sp <= 256 &&
     (t.minChunks === undefined || (Number.isInteger(t.minChunks) && t.minChunks >= 1)) &&
     Number.isInteger(t.warps) && t.warps >= 1 &&
@@ -429,15 +497,21 @@ export function attentionDecodeCalls(
   const params = uniformBuffer(gpu, [d.maxSeq, 1 / Math.sqrt(d.headDim)], [1]);
   const bound = [params, bufs.step, bufs.table, bufs.qkv, bufs.kcache, bufs.vcache, bufs.out];
   const src = attentionDecodeSource(d, S, t);
-  if (sp === 1) return [kernelCall(gpu, pipeline(gpu, src), bound, [d.heads], "attention")];
-  const part = storageBuffer(gpu, d.heads * sp * (d.headDim / 2 + 1) * 8, "attention partials");
+  if (sp === 1) return [kernelCall(gpu, pipeline(gpu, src), bound, [d.heads, 1, T], "attention")];
+  const part = storageBuffer(gpu, T * d.heads * sp * (d.headDim / 2 + 1) * 8, "attention partials");
   // With splits, binding 6 is the partials (the combine writes out).
-  const main = kernelCall(gpu, pipeline(gpu, src), [...bound.slice(0, 6), part], [d.heads, sp], "attention");
+  const main = kernelCall(
+    gpu,
+    pipeline(gpu, src),
+    [...bound.slice(0, 6), part],
+    [d.heads, sp, T],
+    "attention",
+  );
   const combine = kernelCall(
     gpu,
     pipeline(gpu, attentionCombineSource(d, sp)),
     [bufs.step, part, bufs.out],
-    [d.heads],
+    [d.heads, T],
     "attention",
   );
   combine.owned = [part];

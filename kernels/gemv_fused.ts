@@ -28,40 +28,10 @@ import {
   type MultiTuning,
 } from "./gemv_multi.ts";
 import { gemvQuantSource, quantUnit } from "./matmul_quant.ts";
+import { RMS_PROLOGUE, siluMulVec4, TEAM_REDUCE_STORE } from "./wgsl.ts";
+
+export { TEAM_REDUCE_STORE };
 import { isQuant, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
-
-/**
- * WGSL shared by the team GEMVs (this file's and matmul_quant.ts's): each team reduces its per-row partial
- * sums `acc` in workgroup memory `part`, and its first R lanes write (or add into) rows n0.. of y.
- */
-export const TEAM_REDUCE_STORE = `
-  for (var r = 0u; r < R; r++) { part[r * TH + tid] = acc[r]; }
-  workgroupBarrier();
-  for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
-    if (lane < s) {
-      for (var r = 0u; r < R; r++) { part[r * TH + tid] += part[r * TH + tid + s]; }
-    }
-    workgroupBarrier();
-  }
-  if (lane < R && n0 + lane < p.N && t < p.T) {
-    let o = t * p.N + n0 + lane;
-    let prev = select(0.0, y[o], p.acc != 0u);
-    y[o] = prev + part[lane * TH + team * TEAM];
-  }
-  workgroupBarrier();`;
-
-/** WGSL shared by the team GEMVs with the RMSNorm transform: `inv` = 1 / rms of the input row. */
-export const RMS_PROLOGUE = `
-  var ss = 0.0;
-  for (var k = tid; k < k4; k += TH) { let v = x[xrow + k]; ss += dot(v, v); }
-  part[tid] = ss;
-  workgroupBarrier();
-  for (var s = TH / 2u; s > 0u; s >>= 1u) {
-    if (tid < s) { part[tid] += part[tid + s]; }
-    workgroupBarrier();
-  }
-  let inv = inverseSqrt(part[0] / f32(p.K) + p.eps);
-  workgroupBarrier();`;
 
 export type InputTransform = "none" | "rmsnorm" | "silu_mul";
 
@@ -119,8 +89,8 @@ function source(wt: WeightType, f: InputTransform, tune: GemvTuning, nwt: Weight
     xLoad += `
       let ua = x[xrow + k4 + 2u * j];
       let ub = x[xrow + k4 + 2u * j + 1u];
-      xa = xa / (vec4<f32>(1.0) + exp(-xa)) * ua;
-      xb = xb / (vec4<f32>(1.0) + exp(-xb)) * ub;`;
+      xa = ${siluMulVec4("xa", "ua")};
+      xb = ${siluMulVec4("xb", "ub")};`;
   }
   const norm = f !== "rmsnorm" ? "" : RMS_PROLOGUE;
   return `
@@ -190,9 +160,6 @@ export interface GemvFusedDims {
   multi?: MultiTuning | false;
 }
 
-/** Quantised GEMVs use int8 activations and dot4I8Packed where WGSL has it; SWACTOR_DP4=0 turns that off. */
-const DP4_DEFAULT = Deno.env.get("SWACTOR_DP4") !== "0";
-
 function isSgTuning(t: GemvTuning | SgTuning | undefined): t is SgTuning {
   return t !== undefined && "unroll" in t;
 }
@@ -220,18 +187,22 @@ export function gemvFusedCall(
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
-  if (d.multi !== false && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
-    const t = d.multi ?? multiDefaultTuning(d.K, d.N, d.T, wt);
+  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi !== false;
+  if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
+    const t = d.multi || multiDefaultTuning(d.K, d.N, d.T, wt);
     checkMultiTuning(t, S!);
     const KT = multiTileK(gpu, d.K, d.T, wt);
     const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT });
     return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], `gemv_${f}`);
   }
-  if (isSgTuning(d.tuning) || (d.tuning === undefined && sgFits(gpu, d.K, wt))) {
+  const sgOn = gpu.tuning.gemv !== "team";
+  if (isSgTuning(d.tuning) || (d.tuning === undefined && sgOn && sgFits(gpu, d.K, wt))) {
     if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
-    const t = isSgTuning(d.tuning) ? d.tuning : sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && DP4_DEFAULT);
+    const t = isSgTuning(d.tuning)
+      ? d.tuning
+      : sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false);
     checkSgTuning(t, d.K, wt, S);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S);

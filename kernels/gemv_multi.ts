@@ -16,7 +16,7 @@
 // K, N, T are compiled in. Tile: the largest multiple of S units a lane whose staging fits the budget.
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { QUANT_DECODE_WGSL } from "./matmul_quant.ts";
+import { normWeightVec4, QUANT_DECODE_WGSL, siluMulVec4 } from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 /** The most rows (tokens) the multi-token GEMV takes; more is a prefill chunk (the tiled GEMM's). */
@@ -104,12 +104,12 @@ export function gemvMultiSource(
   const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
   const xStride = f === "silu_mul" ? "2u * K4" : "K4";
   // Staging: warp w stages token rows w + i * WARPS of the tile; with RMSNorm it sums their x^2.
-  const nwv = nwt === "f16" ? "vec4<f32>(unpack2x16float(nw[g].x), unpack2x16float(nw[g].y))" : "nw[g]";
+  const nwv = normWeightVec4(nwt, "g");
   const stageOne = (i: number): string => {
     const tok = `(warp + ${i * WARPS}u)`;
     let v: string;
     if (f === "silu_mul") {
-      v = `let gt = x[xr + g];\n        let v = gt / (vec4<f32>(1.0) + exp(-gt)) * x[xr + K4 + g];`;
+      v = `let gt = x[xr + g];\n        let v = ${siluMulVec4("gt", "x[xr + K4 + g]")};`;
     } else if (f === "rmsnorm") {
       v = `let xv = x[xr + g];\n        ss${i} += dot(xv, xv);\n        let v = xv * ${nwv};`;
     } else v = `let v = x[xr + g];`;

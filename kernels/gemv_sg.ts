@@ -15,7 +15,7 @@
 // sum(x), the unit's sum of x computed once per workgroup).
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { QUANT_DECODE_WGSL } from "./matmul_quant.ts";
+import { normWeightVec4, QUANT_DECODE_WGSL, siluMulVec4 } from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 export interface SgTuning {
@@ -122,7 +122,7 @@ export function gemvSgSource(
   // The transformed input row, staged in workgroup memory.
   let stage: string;
   if (f === "rmsnorm") {
-    const nwv = nwt === "f16" ? "vec4<f32>(unpack2x16float(nw[k].x), unpack2x16float(nw[k].y))" : "nw[k]";
+    const nwv = normWeightVec4(nwt, "k");
     stage = `
   var ss = 0.0;
   for (var k = tid; k < K4; k += WG) { let v = x[xrow + k]; ss += dot(v, v); }
@@ -137,7 +137,7 @@ export function gemvSgSource(
     stage = `
   for (var k = tid; k < K4; k += WG) {
     let g = x[xrow + k];
-    xs[k] = g / (vec4<f32>(1.0) + exp(-g)) * x[xrow + K4 + k];
+    xs[k] = ${siluMulVec4("g", "x[xrow + K4 + k]")};
   }`;
   } else {
     stage = `

@@ -4,6 +4,8 @@
 // that is f16 or f32): worst row's max |error| / max |logit|, the fixtures' measure.
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
+//     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N]
+// The last four force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs.
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
@@ -18,6 +20,7 @@ import {
   encodeCalls,
   getGpu,
   type KernelCall,
+  type KernelTuning,
   releaseCalls,
   writeStep,
 } from "../../kernels/mod.ts";
@@ -44,6 +47,10 @@ const { values } = parseArgs({
     context: { type: "string" },
     "context-run": { type: "boolean", default: false },
     "skip-decode": { type: "boolean", default: false },
+    gemv: { type: "string" },
+    dp4: { type: "string" },
+    multi: { type: "string" },
+    splits: { type: "string" },
   },
 });
 const shapes: Record<string, Record<string, unknown>> = {
@@ -51,6 +58,7 @@ const shapes: Record<string, Record<string, unknown>> = {
   demo: DEMO_CONFIG_JSON,
 };
 const gpu = await getGpu();
+gpu.tuning = tuningFlags();
 // --dir holding a checkpoint already (e.g. made by hf_moe.py) is benchmarked as it is.
 const existing = values.dir !== undefined && values.shape === undefined &&
   await Deno.stat(`${values.dir}/config.json`).then(() => true, () => false);
@@ -130,7 +138,8 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     prompt: P,
     new_tokens: N,
     decode_tok_s: Number(best.tokS.toFixed(1)),
-    gemv: gpu.subgroupSize ? `subgroup (${gpu.subgroupSize} lanes)` : "team",
+    gemv: gpu.subgroupSize && gpu.tuning.gemv !== "team" ? `subgroup (${gpu.subgroupSize} lanes)` : "team",
+    tuning: gpu.tuning,
     wall_ms_per_token: Number((1000 / best.tokS).toFixed(3)),
     first_token_ms: Number(best.firstTokenMs.toFixed(1)),
     runs: results.map((r) => Number(r.tokS.toFixed(1))),
@@ -147,6 +156,33 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
   }));
   engine.close();
+}
+
+function onOff(name: string, v: string | undefined): boolean | undefined {
+  if (v === undefined) return undefined;
+  if (v !== "on" && v !== "off") throw new TypeError(`--${name} must be on or off, got "${v}"`);
+  return v === "on";
+}
+
+function tuningFlags(): KernelTuning {
+  const t: KernelTuning = {};
+  if (values.gemv !== undefined) {
+    if (values.gemv !== "team" && values.gemv !== "subgroup") {
+      throw new TypeError(`--gemv must be team or subgroup, got "${values.gemv}"`);
+    }
+    t.gemv = values.gemv;
+  }
+  const dp4 = onOff("dp4", values.dp4), multi = onOff("multi", values.multi);
+  if (dp4 !== undefined) t.dp4 = dp4;
+  if (multi !== undefined) t.multi = multi;
+  if (values.splits !== undefined) {
+    const n = Number(values.splits);
+    if (!(Number.isInteger(n) && n >= 1)) {
+      throw new TypeError(`--splits must be an integer >= 1, got "${values.splits}"`);
+    }
+    t.attentionSplits = n;
+  }
+  return t;
 }
 
 /** GPU ms of one pass of `calls` (warmed up; best of three timings of 10 repeats). */
