@@ -1,5 +1,9 @@
-// Single-token decode attention with RoPE and the KV-cache write folded in: one dispatch replaces
-// ropeKvCall + attentionCall when the step has T = 1 (prefill keeps those two). Needs subgroups.
+// Decode attention with RoPE and the KV-cache write folded in: one dispatch replaces ropeKvCall +
+// attentionCall for steps of 1..16 tokens (longer prefill chunks keep those two). Needs subgroups.
+// Several tokens (a speculative-verification step): grid z is the token t; its workgroups read the cache
+// for positions below pos0 only and the step's tokens 0..t from qkv (k rotated on the fly), since those
+// positions are written by other workgroups of the same dispatch. Long caches: flash-decoding splits
+// (docs/KERNELS.md), the keys of a head shared by several workgroups and a combine dispatch.
 //
 // One workgroup per q head h (kv head h / group), WG threads = WARPS subgroups of S lanes:
 //   - prologue: RoPE of q and of this kv head's k at pos = step.pos0 (rotate-half, the cs table as in

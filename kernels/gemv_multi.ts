@@ -71,8 +71,8 @@ export function multiDefaultTuning(
 ): MultiTuning {
   // Accumulators are R * T registers a lane: fewer rows as T grows; more rows per workgroup for tall
   // matrices so fewer workgroups stage the same x.
-  const rows = T <= 4 ? 4 : T <= 8 ? 2 : 1;
-  return { rows, wg: N >= 65536 ? 512 : 256 };
+  const rows = T <= 4 ? 4 : 2;
+  return { rows, wg: N >= 65536 ? 1024 : 256 };
 }
 
 export function checkMultiTuning(t: MultiTuning, S: number): void {
