@@ -5,7 +5,8 @@
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N]
-// The last four force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs.
+// The last four force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
+// the multi-token GEMV and --context without flash-decoding splits, in the same process.
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
@@ -47,6 +48,7 @@ const { values } = parseArgs({
     context: { type: "string" },
     "context-run": { type: "boolean", default: false },
     "skip-decode": { type: "boolean", default: false },
+    ab: { type: "boolean", default: false },
     gemv: { type: "string" },
     dp4: { type: "string" },
     multi: { type: "string" },
@@ -83,8 +85,14 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
   if (weights === "f16" && !gpu.hasF16) continue;
   const model = await Model.load(gpu, ckpt, { weights });
   const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
-  if (values.k) await kSteps(model, weights);
-  if (values.context) await contexts(engine, model, weights);
+  if (values.k) {
+    await kSteps(model, weights);
+    if (values.ab) await withTuning({ multi: false }, () => kSteps(model, weights));
+  }
+  if (values.context) {
+    await contexts(engine, model, weights);
+    if (values.ab) await withTuning({ attentionSplits: 1 }, () => contexts(engine, model, weights));
+  }
   if (values["skip-decode"]) {
     engine.close();
     continue;
@@ -185,6 +193,17 @@ function tuningFlags(): KernelTuning {
   return t;
 }
 
+/** Runs f with gpu.tuning overridden by t (programs built inside see it). */
+async function withTuning(t: KernelTuning, f: () => Promise<void>): Promise<void> {
+  const saved = gpu.tuning;
+  gpu.tuning = { ...saved, ...t };
+  try {
+    await f();
+  } finally {
+    gpu.tuning = saved;
+  }
+}
+
 /** GPU ms of one pass of `calls` (warmed up; best of three timings of 10 repeats). */
 async function stepMs(calls: KernelCall[]): Promise<number> {
   await gpuMs(gpu, calls, 5);
@@ -217,6 +236,7 @@ async function kSteps(model: Model, weights: string): Promise<void> {
     adapter: gpu.adapterName,
     weights,
     position: mid,
+    tuning: gpu.tuning,
     decode_step_ms: Number(one.toFixed(3)),
     k_step_ms: rows,
     ratio_vs_decode: Object.fromEntries(
@@ -249,6 +269,7 @@ async function contexts(engine: Engine, model: Model, weights: string): Promise<
       adapter: gpu.adapterName,
       weights,
       context: ctx,
+      tuning: gpu.tuning,
       gpu_ms_per_token: Number(ms.toFixed(3)),
       gpu_tok_s: Number((1000 / ms).toFixed(1)),
       attention_ms: Number(attention.toFixed(3)),
