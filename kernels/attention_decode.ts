@@ -415,31 +415,32 @@ export function attentionCombineSource(d: { heads: number; headDim: number }, sp
   const NH = d.heads;
   const HD = d.headDim;
   const P2 = HD / 2; // vec2 slots of a partial's output
+  const SP = splits;
+  // Every split's loads are issued before any is used (a loop would wait one L2 latency per split).
+  const ml = range(SP).map((s) => `let ml${s} = part[(hs + ${s}u) * PW];`);
+  const mx = range(SP).map((s) => `ml${s}.x`).reduce((a, b) => `max(${a}, ${b})`);
+  const w = range(SP).map((s) => `let w${s} = select(0.0, exp(ml${s}.x - mx), ml${s}.y > 0.0);`);
+  const l = range(SP).map((s) => `ml${s}.y * w${s}`).join(" + ");
+  const vs = range(SP).map((s) => `let v${s} = part[(hs + ${s}u) * PW + 1u + e];`);
+  const a = range(SP).map((s) => `v${s} * w${s}`).join(" + ");
   return `${STEP_WGSL}
 @group(0) @binding(0) var<storage, read> step: Step;
 @group(0) @binding(1) var<storage, read> part: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec2<f32>>;
-const SP = ${splits}u;
 const PW = ${P2 + 1}u;
-@compute @workgroup_size(64)
+@compute @workgroup_size(${Math.min(256, Math.max(32, P2))})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let h = wg.x;
   let tok = wg.y;
   if (step.T <= tok) { return; } // as the attention kernel: a token past the step's writes nothing
-  let hs = (tok * ${NH}u + h) * SP;
-  var mx = -3.0e38;
-  for (var s = 0u; s < SP; s++) { mx = max(mx, part[(hs + s) * PW].x); }
-  for (var e = tid; e < ${P2}u; e += 64u) {
-    var l = 0.0;
-    var a = vec2<f32>(0.0);
-    for (var s = 0u; s < SP; s++) {
-      let b = (hs + s) * PW;
-      let ml = part[b];
-      let w = select(0.0, exp(ml.x - mx), ml.y > 0.0);
-      l += ml.y * w;
-      a += part[b + 1u + e] * w;
-    }
-    out[(tok * ${NH}u + h) * ${P2}u + e] = a / l;
+  let hs = (tok * ${NH}u + h) * ${SP}u;
+  ${ml.join("\n  ")}
+  let mx = ${mx};
+  ${w.join("\n  ")}
+  let l = ${l};
+  for (var e = tid; e < ${P2}u; e += ${Math.min(256, Math.max(32, P2))}u) {
+    ${vs.join("\n    ")}
+    out[(tok * ${NH}u + h) * ${P2}u + e] = (${a}) / l;
   }
 }`;
 }
