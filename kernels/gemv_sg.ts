@@ -34,6 +34,11 @@ export interface SgTuning {
    * activation, far below q4's own.
    */
   dp4?: boolean;
+  /**
+   * Issue the first row block's first weight loads before staging x, so their memory latency overlaps the
+   * prologue (RMSNorm, int8 quantisation, barriers) instead of following it. Default false.
+   */
+  prefetch?: boolean;
 }
 
 /** Weights per 16-byte unit. */
@@ -254,6 +259,19 @@ export function gemvSgSource(
       `var a${r} = 0.0;`,
     );
   }
+  // The first iteration of the first block with its weights loaded before the stage (prefetch).
+  const pre: string[] = [];
+  const firstBody = body.map((line) => {
+    const m = /^let w(\d+)_(\d+) = W\[rb(\d+) \+ j(\d+)\];$/.exec(line);
+    return m ? `let w${m[1]}_${m[2]} = pw${m[1]}_${m[2]};` : line;
+  });
+  if (t.prefetch) {
+    pre.push("let pn0 = min(blk0, nblk - 1u) * R;");
+    for (let r = 0; r < R; r++) pre.push(`let prb${r} = min(pn0 + ${r}u, N - 1u) * UNITS;`);
+    for (let u = 0; u < U; u++) {
+      for (let r = 0; r < R; r++) pre.push(`let pw${u}_${r} = W[prb${r} + ${u}u * S + lane];`);
+    }
+  }
   const stores: string[] = [];
   for (let r = 0; r < R; r++) {
     stores.push(`let s${r} = subgroupAdd(a${r});`);
@@ -304,9 +322,28 @@ fn main(
   let lane = tid % S;
   let t = wg.y;
   let xrow = (p.x_row0 + t) * ${f === "silu_mul" ? "2u * K4" : "K4"};
-  ${stage}
   let nblk = (N + R - 1u) / R;
-  for (var blk = wg.x * WARPS + warp; blk < nblk; blk += ng.x * WARPS) {
+  let blk0 = wg.x * WARPS + warp;
+  ${pre.join("\n  ")}
+  ${stage}
+  ${
+    t.prefetch
+      ? `if (blk0 < nblk) {
+    let blk = blk0;
+    let n0 = blk * R;
+    ${rowsDecl.join("\n    ")}
+    {
+      let it = 0u;
+      ${firstBody.join("\n      ")}
+    }
+    for (var it = ${U}u; it < ITER; it += ${U}u) {
+      ${body.join("\n      ")}
+    }
+    ${stores.join("\n    ")}
+  }`
+      : ""
+  }
+  for (var blk = blk0${t.prefetch ? " + ng.x * WARPS" : ""}; blk < nblk; blk += ng.x * WARPS) {
     let n0 = blk * R;
     ${rowsDecl.join("\n    ")}
     for (var it = 0u; it < ITER; it += ${U}u) {

@@ -76,8 +76,17 @@ function persistentTunings(K: number, wt: Wt, S: number): SgTuning[] {
   for (const rows of rowsSet) {
     for (const unroll of [1, 2, 4].filter((u) => perLane % u === 0 && rows * u <= 16)) {
       for (const wg of [256, 1024]) {
-        for (const groups of [132, 264, 528]) {
-          out.push({ rows, unroll, wg, groups, ...(wt !== "f16" && gpu.hasDp4 ? { dp4: true } : {}) });
+        for (const groups of [132, 264]) {
+          for (const prefetch of [false, true]) {
+            out.push({
+              rows,
+              unroll,
+              wg,
+              groups,
+              prefetch,
+              ...(wt !== "f16" && gpu.hasDp4 ? { dp4: true } : {}),
+            });
+          }
         }
       }
     }
@@ -106,7 +115,8 @@ function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
   return out;
 }
 
-const name = (t: SgTuning) => `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.dp4 ? "d" : ""}`;
+const name = (t: SgTuning) =>
+  `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.dp4 ? "d" : ""}${t.prefetch ? "p" : ""}`;
 
 for (const wt of values.weights!.split(",") as Wt[]) {
   if (wt === "f16" && !gpu.hasF16) continue;
@@ -171,8 +181,9 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       }
     }
     if (S && sgFits(gpu, K, wt) && !values["no-single"]) {
-      const def = sgDefaultTuning(K, N, wt, S);
+      const def = sgDefaultTuning(K, N, wt, S, gpu.hasDp4);
       time("sg_default", (w) => call(w, def));
+      time("sg_default_pf", (w) => call(w, { ...def, prefetch: true }));
       if (values.sweep) { for (const t of sweepTunings(K, wt, S)) time(name(t), (w) => call(w, t)); }
     }
     for (let pass = 0; pass < 2; pass++) {
