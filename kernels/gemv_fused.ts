@@ -191,7 +191,7 @@ export function gemvFusedCall(
   if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
     const t = d.multi || multiDefaultTuning(d.K, d.N, d.T, wt);
     checkMultiTuning(t, S!);
-    const KT = multiTileK(gpu, d.K, d.T, wt);
+    const KT = multiTileK(gpu, d.K, d.T, wt, t);
     const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT });
     return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], `gemv_${f}`);
   }

@@ -27,6 +27,11 @@ export interface MultiTuning {
   rows: number;
   /** Workgroup size (a multiple of the subgroup size). */
   wg: number;
+  /**
+   * Issue a tile's weight loads before staging its x (their latency overlaps the staging and its barrier;
+   * tiles then hold at most 8 / rows units a lane). Default true.
+   */
+  prefetch?: boolean;
 }
 
 /** Weights per 16-byte unit. */
@@ -38,11 +43,19 @@ function unitWeights(wt: WeightType | QuantType): number {
 const STAGE_BUDGET = 32768;
 
 /** Values of K per tile for T rows: a multiple of one unit per lane where it fits, else fewer units. */
-export function multiTileK(gpu: Gpu, K: number, T: number, wt: WeightType | QuantType): number {
+export function multiTileK(
+  gpu: Gpu,
+  K: number,
+  T: number,
+  wt: WeightType | QuantType,
+  t?: MultiTuning,
+): number {
   const S = gpu.subgroupSize ?? 32;
   const UW = unitWeights(wt);
   const budget = Math.min(STAGE_BUDGET, gpu.maxWorkgroupStorage - 1024);
-  const maxK = Math.floor(budget / (4 * T));
+  let maxK = Math.floor(budget / (4 * T));
+  // Prefetched tiles: the loads of a tile live in registers (units a lane x rows <= 8).
+  if (t && t.prefetch !== false) maxK = Math.min(maxK, UW * S * Math.max(1, Math.floor(8 / t.rows)));
   let kt = UW * S;
   if (kt > maxK) {
     // Fewer units than lanes per tile: some lanes idle, but any T fits.
@@ -127,8 +140,7 @@ export function gemvMultiSource(
     }`;
   };
   // Decoding unit j of row r into XV vec4s (scaled for the quantised types), once for all T rows.
-  const decode = (r: number): string[] => {
-    const w = `w${r}`;
+  const decode = (r: number, w = `w${r}`, unit = "u0 + j"): string[] => {
     switch (wt) {
       case "f32":
         return [`let d${r}_0 = ${w};`];
@@ -139,12 +151,12 @@ export function gemvMultiSource(
         ];
       case "q8":
         return [
-          `let s${r} = group_scale(row${r} * GPR + (u0 + j) / 2u);`,
+          `let s${r} = group_scale(row${r} * GPR + (${unit}) / 2u);`,
           ...range(4).map((i) => `let d${r}_${i} = q8v(${w}[${i}]) * s${r};`),
         ];
       case "q4":
         return [
-          `let s${r} = group_scale(row${r} * GPR + u0 + j);`,
+          `let s${r} = group_scale(row${r} * GPR + ${unit});`,
           ...range(8).map((i) => `let d${r}_${i} = (q4v(${w}[${i >> 1}], ${16 * (i & 1)}u) - 8.0) * s${r};`),
         ];
     }
@@ -152,7 +164,7 @@ export function gemvMultiSource(
   const wLoad = (r: number) => `let w${r} = W[rb${r} + u0 + j];`;
   const body: string[] = [
     ...range(R).map(wLoad),
-    ...range(R).flatMap(decode),
+    ...range(R).flatMap((r) => decode(r)),
   ];
   for (let tk = 0; tk < T; tk++) {
     for (let i = 0; i < XV; i++) body.push(`let x${tk}_${i} = xs[${tk * KT4}u + ${XV}u * j + ${i}u];`);
@@ -160,6 +172,25 @@ export function gemvMultiSource(
       const sum = range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ");
       body.push(`a${r}_${tk} += ${sum};`);
     }
+  }
+  // Prefetched: UPL unit slots a lane, loads (clamped to the tile) before the stage, use after it.
+  const UPL = Math.ceil(KT / UW / S);
+  const pf = t.prefetch !== false;
+  const preLoads: string[] = [];
+  const preUse: string[] = [];
+  for (let u = 0; u < UPL; u++) {
+    preLoads.push(`let j${u} = ${u}u * S + lane;`, `let c${u} = min(j${u}, nu - 1u);`);
+    for (let r = 0; r < R; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
+    const inner: string[] = range(R).flatMap((r) => decode(r, `w${u}_${r}`, `u0 + j${u}`));
+    for (let tk = 0; tk < T; tk++) {
+      for (let i = 0; i < XV; i++) inner.push(`let x${tk}_${i} = xs[${tk * KT4}u + ${XV}u * j${u} + ${i}u];`);
+      for (let r = 0; r < R; r++) {
+        inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
+      }
+    }
+    preUse.push(`if (j${u} < nu) {
+        ${inner.join("\n        ")}
+      }`);
   }
   const rowsDecl = range(R).map((r) =>
     `let row${r} = min(n0 + ${r}u, N - 1u);\n  let rb${r} = row${r} * UNITS;`
@@ -223,13 +254,16 @@ fn main(
   ${ssDecl.join("\n  ")}
   for (var tile = 0u; tile < ${TILES}u; tile++) {
     let k40 = tile * KT4;
-    ${range(TPW).map(stageOne).join("\n    ")}
-    workgroupBarrier();
     let u0 = tile * ${KT / UW}u;
     let nu = min(${KT / UW}u, UNITS - u0);
-    for (var j = lane; j < nu; j += S) {
+    ${pf ? preLoads.join("\n    ") : ""}
+    ${range(TPW).map(stageOne).join("\n    ")}
+    workgroupBarrier();
+    ${
+    pf ? preUse.join("\n    ") : `for (var j = lane; j < nu; j += S) {
       ${body.join("\n      ")}
-    }
+    }`
+  }
     workgroupBarrier();
   }
   ${invStore}

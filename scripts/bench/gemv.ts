@@ -15,6 +15,7 @@ import {
   getGpu,
   type InputTransform,
   type KernelCall,
+  multiDefaultTuning,
   type MultiTuning,
   quantBytes,
   type QuantType,
@@ -173,6 +174,7 @@ for (const wt of values.weights!.split(",") as Wt[]) {
           multi: t,
         });
       time(`k${T}_default`, (w) => multi(w));
+      time(`k${T}_default_nopf`, (w) => multi(w, { ...multiDefaultTuning(K, N, T, wt), prefetch: false }));
       if (values.sweep) {
         for (const rows of [1, 2, 4, 8]) {
           if (rows * T > 64) continue;

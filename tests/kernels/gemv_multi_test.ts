@@ -31,9 +31,10 @@ Deno.test(
     const S = g.subgroupSize!;
     const tunings: MultiTuning[] = [
       { rows: 1, wg: S },
-      { rows: 2, wg: 4 * S },
+      { rows: 2, wg: 4 * S, prefetch: false },
       { rows: 3, wg: 2 * S },
-      { rows: 4, wg: 8 * S },
+      { rows: 4, wg: 8 * S, prefetch: false },
+      { rows: 2, wg: 2 * S },
     ];
     let k = 0;
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {
@@ -84,7 +85,7 @@ Deno.test(
               want,
               1e-4,
               1e-4,
-              `multi gemv ${wt} ${transform} T${T} K${K} (tile ${multiTileK(g, K, T, wt)}) N${N} ` +
+              `multi gemv ${wt} ${transform} T${T} K${K} (tile ${multiTileK(g, K, T, wt, multi)}) N${N} ` +
                 `nw ${normWeights} ${JSON.stringify(multi)}`,
             );
           }
