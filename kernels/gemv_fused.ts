@@ -160,6 +160,11 @@ export interface GemvFusedDims {
   multi?: MultiTuning | false;
 }
 
+/** A default tuning with gpu.tuning's prefetch choice applied (undefined: the default's own). */
+function withPrefetch<T extends { prefetch?: boolean }>(t: T, prefetch: boolean | undefined): T {
+  return prefetch === undefined ? t : { ...t, prefetch };
+}
+
 function isSgTuning(t: GemvTuning | SgTuning | undefined): t is SgTuning {
   return t !== undefined && "unroll" in t;
 }
@@ -189,7 +194,7 @@ export function gemvFusedCall(
   const S = gpu.subgroupSize;
   const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi !== false;
   if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
-    const t = d.multi || multiDefaultTuning(d.K, d.N, d.T, wt);
+    const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt), gpu.tuning.prefetch);
     checkMultiTuning(t, S!);
     const KT = multiTileK(gpu, d.K, d.T, wt, t);
     const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT });
@@ -200,9 +205,10 @@ export function gemvFusedCall(
     if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
-    const t = isSgTuning(d.tuning)
-      ? d.tuning
-      : sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false);
+    const t = isSgTuning(d.tuning) ? d.tuning : withPrefetch(
+      sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false),
+      gpu.tuning.prefetch,
+    );
     checkSgTuning(t, d.K, wt, S);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S);

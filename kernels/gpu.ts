@@ -23,6 +23,8 @@ export interface KernelTuning {
   multi?: boolean;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
+  /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`). */
+  prefetch?: boolean;
 }
 
 export interface Gpu {

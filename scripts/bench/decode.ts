@@ -4,8 +4,8 @@
 // that is f16 or f32): worst row's max |error| / max |logit|, the fixtures' measure.
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
-//     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N]
-// The last four force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
+//     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N] [--prefetch on|off]
+// The last five force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
 // the multi-token GEMV and --context without flash-decoding splits, in the same process.
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
@@ -53,6 +53,7 @@ const { values } = parseArgs({
     dp4: { type: "string" },
     multi: { type: "string" },
     splits: { type: "string" },
+    prefetch: { type: "string" },
   },
 });
 const shapes: Record<string, Record<string, unknown>> = {
@@ -163,6 +164,12 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     model_type: ckpt.config.modelType,
     [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
   }));
+  if (values.ab) {
+    // The same decode with the GEMVs' prefetch flipped (each generate builds its programs anew).
+    for (const prefetch of [true, false]) {
+      await withTuning({ prefetch }, () => decodeAb(engine, model, prompt, weights));
+    }
+  }
   engine.close();
 }
 
@@ -181,6 +188,8 @@ function tuningFlags(): KernelTuning {
     t.gemv = values.gemv;
   }
   const dp4 = onOff("dp4", values.dp4), multi = onOff("multi", values.multi);
+  const prefetch = onOff("prefetch", values.prefetch);
+  if (prefetch !== undefined) t.prefetch = prefetch;
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;
   if (values.splits !== undefined) {
@@ -191,6 +200,26 @@ function tuningFlags(): KernelTuning {
     t.attentionSplits = n;
   }
   return t;
+}
+
+/** --ab: decode tok/s (best of --runs) and GPU ms a step under the current gpu.tuning. */
+async function decodeAb(engine: Engine, model: Model, prompt: number[], weights: string): Promise<void> {
+  let best = 0;
+  for (let r = 0; r < Number(values.runs); r++) {
+    best = Math.max(best, (await generate(engine, prompt, { maxTokens: N, sampling: greedy })).tokS);
+  }
+  const seq = model.newSequence({ maxSeq: P + N, sampling: greedy });
+  const mid = P + Math.floor(N / 2);
+  writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+  const ms = gpu.hasTimestamps ? await stepMs(seq.program(1, "sample")) : NaN;
+  seq.destroy();
+  console.log(JSON.stringify({
+    bench: "swactor-decode-ab",
+    weights,
+    tuning: gpu.tuning,
+    decode_tok_s: Number(best.toFixed(1)),
+    gpu_ms_per_token: Number(ms.toFixed(3)),
+  }));
 }
 
 /** Runs f with gpu.tuning overridden by t (programs built inside see it). */
