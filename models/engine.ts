@@ -20,6 +20,8 @@
 // its logits row) or the logits [k, vocab]. `truncate(id, n)` drops positions n.. of the request: the next
 // step starts at n and overwrites them. `length(id)` is the positions the request holds (run, verify and
 // generate advance it). A rejected draft is thus: verify, accept a prefix, truncate to it, continue.
+// A long prompt is best prefilled with `run` ("hidden" chunks, the last one "sample"): verify computes the
+// head for every row it is given.
 //
 // Prefill runs in chunks of at most `maxChunk` tokens, one submit each; between chunks the engine waits
 // for the GPU and yields to the event loop, so a long prompt never holds the process (its membership,
