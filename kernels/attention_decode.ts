@@ -1,5 +1,9 @@
-// Single-token decode attention with RoPE and the KV-cache write folded in: one dispatch replaces
-// ropeKvCall + attentionCall when the step has T = 1 (prefill keeps those two). Needs subgroups.
+// Decode attention with RoPE and the KV-cache write folded in: one dispatch replaces ropeKvCall +
+// attentionCall for steps of 1..16 tokens (longer prefill chunks keep those two). Needs subgroups.
+// Several tokens (a speculative-verification step): grid z is the token t; its workgroups read the cache
+// for positions below pos0 only and the step's tokens 0..t from qkv (k rotated on the fly), since those
+// positions are written by other workgroups of the same dispatch. Long caches: flash-decoding splits
+// (docs/KERNELS.md), the keys of a head shared by several workgroups and a combine dispatch.
 //
 // One workgroup per q head h (kv head h / group), WG threads = WARPS subgroups of S lanes:
 //   - prologue: RoPE of q and of this kv head's k at pos = step.pos0 (rotate-half, the cs table as in
@@ -26,7 +30,7 @@
 // 1000 / 4000 keys: hd 64: 3.7 / 4.2 / 5.5 / 9.7 / 23 against 11.5 / 18 / 48 / 204 / 793 for
 // rope + attention; hd 128: 19 / 22 / 21 / 13 / 36 against 69 / 129 / 319 / 394 / 1482.
 import type { Gpu, KernelCall } from "./gpu.ts";
-import { kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
 /** The largest head_dim the decode kernel supports. */
@@ -43,6 +47,14 @@ export interface AttentionDecodeTuning {
   unroll: number;
   /** Score with coalesced row reads and a shuffle butterfly where the shape allows (else lane per key). */
   butterfly?: boolean;
+  /**
+   * Flash-decoding: workgroups per head, each taking a contiguous share of the cached keys (at least
+   * `minChunks` chunks of S keys, so short contexts leave the later splits idle), writing a partial
+   * (max, sum, unnormalised output) that a second dispatch combines. 1: one workgroup per head, no combine.
+   */
+  splits?: number;
+  /** Fewest key chunks a split takes (default 4). */
+  minChunks?: number;
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -53,7 +65,15 @@ export interface AttentionDecodeDims {
   headDim: number;
   /** Capacity of the KV cache in positions. */
   maxSeq: number;
+  /**
+   * Tokens dispatched (1..DECODE_MAX_T; default 1): a step of T tokens, each attending causally to the
+   * cache and to the step's earlier tokens. The step's T may be fewer (tokens past it do nothing).
+   */
+  T?: number;
 }
+
+/** The most tokens one decode-attention dispatch takes (a multi-token step: speculative verification). */
+export const DECODE_MAX_T = 16;
 
 /** Whether attentionDecodeCall serves this shape on this GPU (else use ropeKvCall + attentionCall). */
 export function attentionDecodeFits(gpu: Gpu, d: AttentionDecodeDims): boolean {
@@ -85,11 +105,14 @@ export function attentionDecodeDefaultTuning(gpu: Gpu, headDim: number): Attenti
 
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
 export function attentionDecodeSource(
-  d: { heads: number; kvHeads: number; headDim: number },
+  d: { heads: number; kvHeads: number; headDim: number; T?: number },
   S: number,
   t: AttentionDecodeTuning,
 ): string {
   const { warps, unroll: UB } = t;
+  const SP = t.splits ?? 1;
+  const TT = d.T ?? 1; // tokens dispatched (grid z); the step's T may be fewer
+  const MINC = t.minChunks ?? 4;
   const HD = d.headDim;
   const VW = HD % 4 === 0 ? 4 : 2; // every vector below is VW floats: key, value and output slots
   const vt = `vec${VW}<f32>`;
@@ -203,7 +226,11 @@ struct P { max_seq: u32, scale: f32 }
 @group(0) @binding(3) var<storage, read> qkv: array<f32>;
 @group(0) @binding(4) var<storage, read_write> kc: array<${vt}>;
 @group(0) @binding(5) var<storage, read_write> vc: array<${vt}>;
-@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;
+${
+    SP > 1
+      ? "@group(0) @binding(6) var<storage, read_write> part: array<vec2<f32>>;"
+      : `@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;`
+  }
 const HD = ${HD}u;
 const HALF = ${HD / 2}u;
 const HDV = ${HDV}u;
@@ -222,6 +249,27 @@ var<workgroup> ms: array<f32, ${warps}>;
 var<workgroup> ls: array<f32, ${warps}>;
 var<workgroup> keys: u32;
 var<workgroup> s_cur: f32;
+${
+    TT === 1 ? "" : `const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
+var<workgroup> sn: array<f32, ${TT}>;
+// Score of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against q.
+fn new_score(j: u32, pos0: u32, kvh: u32) -> f32 {
+  var s = 0.0;
+  let kb = j * ROW + (NH + kvh) * HD;
+  for (var i = 0u; i < HALF; i++) {
+    let c = cs[(pos0 + j) * HALF + i];
+    let k0 = qkv[kb + i];
+    let k1 = qkv[kb + i + HALF];
+    s += qs[i / VW][i % VW] * (k0 * c.x - k1 * c.y) + qs[(i + HALF) / VW][(i + HALF) % VW] * (k1 * c.x + k0 * c.y);
+  }
+  return s;
+}
+// Value slot e of new key j.
+fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
+  let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
+  return ${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")});
+}`
+  }
 @compute @workgroup_size(${warps * S})
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
@@ -229,21 +277,24 @@ fn main(
   @builtin(subgroup_invocation_id) lane: u32,
 ) {
   let h = wg.x;
+  let split = wg.y;
+  let tok = wg.z; // this workgroup's token of the step
   let kvh = h / GROUP;
   let warp = tid / S;
   // Every thread reads the step itself; the key count is made uniform by the barrier below, which also
   // publishes q, k, v. Nothing is written outside the workgroup before it.
-  let pos = step.pos0;
-  if (tid == 0u) { keys = select(0u, pos + 1u, step.T > 0u); }
+  let pos = step.pos0 + tok;
+  if (tid == 0u) { keys = select(0u, pos + 1u, step.T > tok); }
+  let rb = ${TT === 1 ? "0u" : "tok * ROW"};
   for (var i = tid; i < HALF; i += WG) {
     let c = cs[pos * HALF + i];
-    let qb = h * HD;
+    let qb = rb + h * HD;
     let q0 = qkv[qb + i];
     let q1 = qkv[qb + i + HALF];
-    let kb = (NH + kvh) * HD;
+    let kb = rb + (NH + kvh) * HD;
     let k0 = qkv[kb + i];
     let k1 = qkv[kb + i + HALF];
-    let vb = (NH + NKV + kvh) * HD;
+    let vb = rb + (NH + NKV + kvh) * HD;
     let v0 = qkv[vb + i];
     let v1 = qkv[vb + i + HALF];
     qs[i / VW][i % VW] = q0 * c.x - q1 * c.y;
@@ -255,10 +306,12 @@ fn main(
   }
   let n = workgroupUniformLoad(&keys);
   if (n == 0u) { return; }
-  let nc = n - 1u; // keys read from the cache: positions 0..pos-1
+  // Keys read from the cache: positions 0..pos0-1 (this step's own tokens, written by other workgroups of
+  // this dispatch, are read from qkv instead).
+  let nc = n - 1u - tok;
   let kv0 = kvh * p.max_seq;
-  if (h % GROUP == 0u) {
-    let cb = (kv0 + nc) * HDV;
+  if (h % GROUP == 0u && split == 0u) {
+    let cb = (kv0 + pos) * HDV;
     for (var e = tid; e < HDV; e += WG) {
       kc[cb + e] = ks[e];
       vc[cb + e] = vs[e];
@@ -269,12 +322,16 @@ fn main(
   var m = -3.0e38;
   var l = 0.0;
   ${range(NSLOT).map((i) => `var acc${i} = ${vt}(0.0);`).join("\n  ")}
-  let nch = (nc + S - 1u) / S;
+  let nch_all = (nc + S - 1u) / S;
+  // This split's chunks [c_lo, c_lo + nch) (all of them without splits).
+  let per = max((nch_all + ${SP - 1}u) / ${SP}u, ${SP > 1 ? MINC : 1}u);
+  let c_lo = min(split * per, nch_all);
+  let nch = min(nch_all - c_lo, per);
   let rounds = (nch + WARPS - 1u) / WARPS;
   for (var r = 0u; r < rounds; r++) {
     let c = r * WARPS + warp;
     if (c < nch) {
-      let base = c * S;
+      let base = (c_lo + c) * S;
       // Keys past the last are read clamped to it, score -3e38 and weigh 0.
       ${vPrefetch.join("\n      ")}
       ${score.join("\n      ")}
@@ -292,29 +349,106 @@ fn main(
     ms[warp] = m;
     ls[warp] = l;
   }
-  if (warp == WARPS - 1u) {
+  ${
+    TT === 1
+      ? `if (warp == WARPS - 1u) {
     var t = 0.0;
     for (var e = lane; e < HDV; e += S) { t += dot(qs[e], ks[e]); }
     t = subgroupAdd(t);
     if (lane == 0u) { s_cur = t * p.scale; }
+  }`
+      : `if (warp == WARPS - 1u) {
+    for (var j = lane; j <= tok; j += S) { sn[j] = new_score(j, pos - tok, kvh) * p.scale; }
+  }`
   }
   workgroupBarrier();
   let act = min(nch, WARPS);
-  let sk = s_cur;
-  var mx = sk;
+  // The step's own keys (not read from the cache) belong to split 0.
+  let own = split == 0u;
+  ${
+    TT === 1
+      ? `let sk = s_cur;
+  var mx = select(-3.0e38, sk, own);
   for (var w = 0u; w < act; w++) { mx = max(mx, ms[w]); }
-  let ek = exp(sk - mx);
+  let ek = select(0.0, exp(sk - mx), own);`
+      : `var mx = -3.0e38;
+  if (own) { for (var j = 0u; j <= tok; j++) { mx = max(mx, sn[j]); } }
+  for (var w = 0u; w < act; w++) { mx = max(mx, ms[w]); }`
+  }
   for (var e = tid; e < HDV; e += WG) {
-    var lsum = ek;
-    var a = ek * vs[e];
+    ${
+    TT === 1
+      ? `var lsum = ek;
+    var a = ek * vs[e];`
+      : `var lsum = 0.0;
+    var a = ${vt}(0.0);
+    if (own) {
+      for (var j = 0u; j < tok; j++) {
+        let ej = exp(sn[j] - mx);
+        lsum += ej;
+        a += ej * new_value(j, e, kvh);
+      }
+      let et = exp(sn[tok] - mx);
+      lsum += et;
+      a += et * vs[e];
+    }`
+  }
     for (var w = 0u; w < act; w++) {
       let wt = exp(ms[w] - mx);
       lsum += ls[w] * wt;
       a += accs[w * HDV + e] * wt;
     }
-    out[h * HDV + e] = a / lsum;
+    ${
+    SP > 1
+      ? `// Partial of split (h, split): slot 0 (max, sum), then the unnormalised output.
+    let pb = ((tok * NH + h) * ${SP}u + split) * (HDV * VW / 2u + 1u);
+    if (e == 0u) { part[pb] = vec2<f32>(mx, lsum); }
+    ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
+      : "out[(tok * NH + h) * HDV + e] = a / lsum;"
+  }
   }
 }`;
+}
+
+/** WGSL of the flash-decoding combine: one workgroup per head merges its splits' partials into out. */
+export function attentionCombineSource(d: { heads: number; headDim: number }, splits: number): string {
+  const NH = d.heads;
+  const HD = d.headDim;
+  const P2 = HD / 2; // vec2 slots of a partial's output
+  const SP = splits;
+  // Every split's loads are issued before any is used (a loop would wait one L2 latency per split).
+  const ml = range(SP).map((s) => `let ml${s} = part[(hs + ${s}u) * PW];`);
+  const mx = range(SP).map((s) => `ml${s}.x`).reduce((a, b) => `max(${a}, ${b})`);
+  const w = range(SP).map((s) => `let w${s} = select(0.0, exp(ml${s}.x - mx), ml${s}.y > 0.0);`);
+  const l = range(SP).map((s) => `ml${s}.y * w${s}`).join(" + ");
+  const vs = range(SP).map((s) => `let v${s} = part[(hs + ${s}u) * PW + 1u + e];`);
+  const a = range(SP).map((s) => `v${s} * w${s}`).join(" + ");
+  return `${STEP_WGSL}
+@group(0) @binding(0) var<storage, read> step: Step;
+@group(0) @binding(1) var<storage, read> part: array<vec2<f32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<vec2<f32>>;
+const PW = ${P2 + 1}u;
+@compute @workgroup_size(${Math.min(256, Math.max(32, P2))})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let h = wg.x;
+  let tok = wg.y;
+  if (step.T <= tok) { return; } // as the attention kernel: a token past the step's writes nothing
+  let hs = (tok * ${NH}u + h) * ${SP}u;
+  ${ml.join("\n  ")}
+  let mx = ${mx};
+  ${w.join("\n  ")}
+  let l = ${l};
+  for (var e = tid; e < ${P2}u; e += ${Math.min(256, Math.max(32, P2))}u) {
+    ${vs.join("\n    ")}
+    out[(tok * ${NH}u + h) * ${P2}u + e] = (${a}) / l;
+  }
+}`;
+}
+
+/** Flash-decoding splits by default: enough workgroups to fill a large GPU, for caches of > 1024 keys. */
+export function attentionDecodeSplits(heads: number, maxSeq: number): number {
+  if (maxSeq <= 1024) return 1;
+  return Math.max(1, Math.min(32, Math.ceil(512 / heads)));
 }
 
 /**
@@ -323,8 +457,10 @@ fn main(
  * at step.pos0, and causal GQA attention over positions 0..pos0 into out [heads * hd]. Replaces
  * ropeKvCall + attentionCall in T = 1 programs only; q in qkv is left unrotated. Needs subgroups: check
  * attentionDecodeFits first (it throws a RangeError without them or for an unsupported shape).
+ * One dispatch; with flash-decoding splits (the default for caches of more than 1024 positions:
+ * attentionDecodeSplits) two, the split attention and the combine.
  */
-export function attentionDecodeCall(
+export function attentionDecodeCalls(
   gpu: Gpu,
   bufs: {
     step: GPUBuffer;
@@ -336,7 +472,7 @@ export function attentionDecodeCall(
   },
   d: AttentionDecodeDims,
   tuning?: Partial<AttentionDecodeTuning>,
-): KernelCall {
+): KernelCall[] {
   const S = gpu.subgroupSize;
   if (S === null) throw new RangeError("attention decode kernel needs subgroups, which this device lacks");
   if (!attentionDecodeFits(gpu, d)) {
@@ -344,8 +480,19 @@ export function attentionDecodeCall(
       `attention decode kernel does not fit heads ${d.heads}, kv heads ${d.kvHeads}, head_dim ${d.headDim}`,
     );
   }
-  const t = { ...attentionDecodeDefaultTuning(gpu, d.headDim), ...tuning };
-  const ok = Number.isInteger(t.warps) && t.warps >= 1 &&
+  const t = {
+    ...attentionDecodeDefaultTuning(gpu, d.headDim),
+    splits: gpu.tuning.attentionSplits ?? attentionDecodeSplits(d.heads, d.maxSeq),
+    ...tuning,
+  };
+  const sp = t.splits ?? 1;
+  const T = d.T ?? 1;
+  if (!(Number.isInteger(T) && T >= 1 && T <= DECODE_MAX_T)) {
+    throw new RangeError(`decode attention takes 1..${DECODE_MAX_T} tokens a step, got ${T}`);
+  }
+  const ok = Number.isInteger(sp) && sp >= 1 && sp <= 256 &&
+    (t.minChunks === undefined || (Number.isInteger(t.minChunks) && t.minChunks >= 1)) &&
+    Number.isInteger(t.warps) && t.warps >= 1 &&
     t.warps * S <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
     sharedBytes(d.headDim, t.warps) <= gpu.maxWorkgroupStorage &&
     Number.isInteger(t.unroll) && t.unroll >= 1 && t.unroll <= 64;
@@ -353,19 +500,35 @@ export function attentionDecodeCall(
     throw new RangeError(`bad decode attention tuning ${JSON.stringify(t)} (S = ${S}, hd ${d.headDim})`);
   }
   const params = uniformBuffer(gpu, [d.maxSeq, 1 / Math.sqrt(d.headDim)], [1]);
-  return kernelCall(
+  const bound = [params, bufs.step, bufs.table, bufs.qkv, bufs.kcache, bufs.vcache, bufs.out];
+  const src = attentionDecodeSource(d, S, t);
+  if (sp === 1) return [kernelCall(gpu, pipeline(gpu, src), bound, [d.heads, 1, T], "attention")];
+  const part = storageBuffer(gpu, T * d.heads * sp * (d.headDim / 2 + 1) * 8, "attention partials");
+  // With splits, binding 6 is the partials (the combine writes out).
+  const main = kernelCall(
     gpu,
-    pipeline(gpu, attentionDecodeSource(d, S, t)),
-    [
-      params,
-      bufs.step,
-      bufs.table,
-      bufs.qkv,
-      bufs.kcache,
-      bufs.vcache,
-      bufs.out,
-    ],
-    [d.heads],
+    pipeline(gpu, src),
+    [...bound.slice(0, 6), part],
+    [d.heads, sp, T],
     "attention",
   );
+  const combine = kernelCall(
+    gpu,
+    pipeline(gpu, attentionCombineSource(d, sp)),
+    [bufs.step, part, bufs.out],
+    [d.heads, T],
+    "attention",
+  );
+  combine.owned = [part];
+  return [main, combine];
+}
+
+/** attentionDecodeCalls without splits: one dispatch (tests, and callers that want exactly one call). */
+export function attentionDecodeCall(
+  gpu: Gpu,
+  bufs: Parameters<typeof attentionDecodeCalls>[1],
+  d: AttentionDecodeDims,
+  tuning?: Partial<AttentionDecodeTuning>,
+): KernelCall {
+  return attentionDecodeCalls(gpu, bufs, d, { ...tuning, splits: 1 })[0];
 }

@@ -18,41 +18,20 @@ import {
   type WeightType,
 } from "./gpu.ts";
 import { checkSgTuning, gemvSgSource, sgDefaultTuning, sgFits, sgGroups, type SgTuning } from "./gemv_sg.ts";
+import {
+  checkMultiTuning,
+  gemvMultiSource,
+  multiDefaultTuning,
+  multiFits,
+  multiGroups,
+  multiTileK,
+  type MultiTuning,
+} from "./gemv_multi.ts";
 import { gemvQuantSource, quantUnit } from "./matmul_quant.ts";
+import { RMS_PROLOGUE, siluMulVec4, TEAM_REDUCE_STORE } from "./wgsl.ts";
+
+export { TEAM_REDUCE_STORE };
 import { isQuant, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
-
-/**
- * WGSL shared by the team GEMVs (this file's and matmul_quant.ts's): each team reduces its per-row partial
- * sums `acc` in workgroup memory `part`, and its first R lanes write (or add into) rows n0.. of y.
- */
-export const TEAM_REDUCE_STORE = `
-  for (var r = 0u; r < R; r++) { part[r * TH + tid] = acc[r]; }
-  workgroupBarrier();
-  for (var s = TEAM / 2u; s > 0u; s >>= 1u) {
-    if (lane < s) {
-      for (var r = 0u; r < R; r++) { part[r * TH + tid] += part[r * TH + tid + s]; }
-    }
-    workgroupBarrier();
-  }
-  if (lane < R && n0 + lane < p.N && t < p.T) {
-    let o = t * p.N + n0 + lane;
-    let prev = select(0.0, y[o], p.acc != 0u);
-    y[o] = prev + part[lane * TH + team * TEAM];
-  }
-  workgroupBarrier();`;
-
-/** WGSL shared by the team GEMVs with the RMSNorm transform: `inv` = 1 / rms of the input row. */
-export const RMS_PROLOGUE = `
-  var ss = 0.0;
-  for (var k = tid; k < k4; k += TH) { let v = x[xrow + k]; ss += dot(v, v); }
-  part[tid] = ss;
-  workgroupBarrier();
-  for (var s = TH / 2u; s > 0u; s >>= 1u) {
-    if (tid < s) { part[tid] += part[tid + s]; }
-    workgroupBarrier();
-  }
-  let inv = inverseSqrt(part[0] / f32(p.K) + p.eps);
-  workgroupBarrier();`;
 
 export type InputTransform = "none" | "rmsnorm" | "silu_mul";
 
@@ -110,8 +89,8 @@ function source(wt: WeightType, f: InputTransform, tune: GemvTuning, nwt: Weight
     xLoad += `
       let ua = x[xrow + k4 + 2u * j];
       let ub = x[xrow + k4 + 2u * j + 1u];
-      xa = xa / (vec4<f32>(1.0) + exp(-xa)) * ua;
-      xb = xb / (vec4<f32>(1.0) + exp(-xb)) * ub;`;
+      xa = ${siluMulVec4("xa", "ua")};
+      xb = ${siluMulVec4("xb", "ub")};`;
   }
   const norm = f !== "rmsnorm" ? "" : RMS_PROLOGUE;
   return `
@@ -174,10 +153,17 @@ export interface GemvFusedDims {
   eps?: number;
   /** A team tuning forces this file's kernel; a subgroup tuning gemv_sg.ts's. Default: the best that fits. */
   tuning?: GemvTuning | SgTuning;
+  /**
+   * Steps of 2..GEMV_MULTI_MAX_T rows use gemv_multi.ts's kernel (each weight read once for all rows) where
+   * it fits; this tunes it. `false` forces the one-row kernels (a grid row per token; benchmarks).
+   */
+  multi?: MultiTuning | false;
 }
 
-/** Quantised GEMVs use int8 activations and dot4I8Packed where WGSL has it; SWACTOR_DP4=0 turns that off. */
-const DP4_DEFAULT = Deno.env.get("SWACTOR_DP4") !== "0";
+/** A default tuning with gpu.tuning's prefetch choice applied (undefined: the default's own). */
+function withPrefetch<T extends { prefetch?: boolean }>(t: T, prefetch: boolean | undefined): T {
+  return prefetch === undefined ? t : { ...t, prefetch };
+}
 
 function isSgTuning(t: GemvTuning | SgTuning | undefined): t is SgTuning {
   return t !== undefined && "unroll" in t;
@@ -206,11 +192,23 @@ export function gemvFusedCall(
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
-  if (isSgTuning(d.tuning) || (d.tuning === undefined && sgFits(gpu, d.K, wt))) {
+  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi !== false;
+  if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
+    const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt), gpu.tuning.prefetch);
+    checkMultiTuning(t, S!);
+    const KT = multiTileK(gpu, d.K, d.T, wt, t);
+    const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT });
+    return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], `gemv_${f}`);
+  }
+  const sgOn = gpu.tuning.gemv !== "team";
+  if (isSgTuning(d.tuning) || (d.tuning === undefined && sgOn && sgFits(gpu, d.K, wt))) {
     if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
-    const t = isSgTuning(d.tuning) ? d.tuning : sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && DP4_DEFAULT);
+    const t = isSgTuning(d.tuning) ? d.tuning : withPrefetch(
+      sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false),
+      gpu.tuning.prefetch,
+    );
     checkSgTuning(t, d.K, wt, S);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S);

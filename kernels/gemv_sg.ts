@@ -15,7 +15,7 @@
 // sum(x), the unit's sum of x computed once per workgroup).
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { QUANT_DECODE_WGSL } from "./matmul_quant.ts";
+import { normWeightVec4, QUANT_DECODE_WGSL, siluMulVec4 } from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 export interface SgTuning {
@@ -34,6 +34,11 @@ export interface SgTuning {
    * activation, far below q4's own.
    */
   dp4?: boolean;
+  /**
+   * Issue the first row block's first weight loads before staging x, so their memory latency overlaps the
+   * prologue (RMSNorm, int8 quantisation, barriers) instead of following it. Default false.
+   */
+  prefetch?: boolean;
 }
 
 /** Weights per 16-byte unit. */
@@ -119,10 +124,28 @@ export function gemvSgSource(
   const { rows: R, unroll: U, wg: WG } = t;
   const K4 = K / 4;
   const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
-  // The transformed input row, staged in workgroup memory.
+  const dp4 = isQuant(wt) && t.dp4 === true;
+  // The transformed input row, staged in workgroup memory (f32 in xs; with dp4 only its int8 copy, made
+  // straight from x: one pass and one barrier fewer, and no xs).
   let stage: string;
-  if (f === "rmsnorm") {
-    const nwv = nwt === "f16" ? "vec4<f32>(unpack2x16float(nw[k].x), unpack2x16float(nw[k].y))" : "nw[k]";
+  const xin = (k: string): string =>
+    f === "rmsnorm"
+      ? `x[xrow + ${k}] * inv * ${normWeightVec4(nwt, k)}`
+      : f === "silu_mul"
+      ? siluMulVec4(`x[xrow + ${k}]`, `x[xrow + K4 + ${k}]`)
+      : `x[xrow + ${k}]`;
+  if (dp4) {
+    stage = f !== "rmsnorm" ? "" : `
+  var ss = 0.0;
+  for (var k = tid; k < K4; k += WG) { let v = x[xrow + k]; ss += dot(v, v); }
+  ss = subgroupAdd(ss);
+  if (lane == 0u) { red[warp] = ss; }
+  workgroupBarrier();
+  var tot = 0.0;
+  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+  let inv = inverseSqrt(tot / f32(K) + p.eps);`;
+  } else if (f === "rmsnorm") {
+    const nwv = normWeightVec4(nwt, "k");
     stage = `
   var ss = 0.0;
   for (var k = tid; k < K4; k += WG) { let v = x[xrow + k]; ss += dot(v, v); }
@@ -137,14 +160,13 @@ export function gemvSgSource(
     stage = `
   for (var k = tid; k < K4; k += WG) {
     let g = x[xrow + k];
-    xs[k] = g / (vec4<f32>(1.0) + exp(-g)) * x[xrow + K4 + k];
+    xs[k] = ${siluMulVec4("g", "x[xrow + K4 + k]")};
   }`;
   } else {
     stage = `
   for (var k = tid; k < K4; k += WG) { xs[k] = x[xrow + k]; }`;
   }
-  stage += "\n  workgroupBarrier();";
-  const dp4 = isQuant(wt) && t.dp4 === true;
+  if (!dp4) stage += "\n  workgroupBarrier();";
   if (dp4) {
     // Block b of 32 x values -> 8 packed int8 words xq[2b], xq[2b + 1] and (scale, scale * sum of q). q4's
     // words hold the even values of each 8 in the first vec4 and the odd ones in the second, matching
@@ -155,23 +177,27 @@ export function gemvSgSource(
     const put = wt === "q4"
       ? "words[k] = pack4xI8Clamp(qe); words[4u + k] = pack4xI8Clamp(qo);"
       : "words[2u * k] = pack4xI8Clamp(qe); words[2u * k + 1u] = pack4xI8Clamp(qo);";
-    stage += `
-  for (var b = tid; b < K / 32u; b += WG) {
-    var m = vec4<f32>(0.0);
-    for (var i = 0u; i < 8u; i++) { m = max(m, abs(xs[8u * b + i])); }
-    let amax = max(max(m.x, m.y), max(m.z, m.w));
-    let sc = select(amax / 127.0, 1.0, amax == 0.0);
-    var words: array<u32, 8>;
-    var qs = vec4<i32>(0);
-    for (var k = 0u; k < 4u; k++) {
-      let v0 = xs[8u * b + 2u * k];
-      let v1 = xs[8u * b + 2u * k + 1u];
+    // The block's 8 vec4s of f(x), read and transformed once, kept in registers.
+    const vin = Array.from({ length: 8 }, (_, i) => `let xb${i} = ${xin(`8u * b + ${i}u`)};`);
+    const quads = Array.from({ length: 4 }, (_, k) => `
+    {
+      let k = ${k}u;
+      let v0 = xb${2 * k};
+      let v1 = xb${2 * k + 1};
       ${order}
       let qe = vec4<i32>(round(e / sc));
       let qo = vec4<i32>(round(o / sc));
       qs += qe + qo;
       ${put}
-    }
+    }`).join("");
+    stage += `
+  for (var b = tid; b < K / 32u; b += WG) {
+    ${vin.join("\n    ")}
+    var m = ${Array.from({ length: 8 }, (_, i) => `abs(xb${i})`).reduce((a, c) => `max(${a}, ${c})`)};
+    let amax = max(max(m.x, m.y), max(m.z, m.w));
+    let sc = select(amax / 127.0, 1.0, amax == 0.0);
+    var words: array<u32, 8>;
+    var qs = vec4<i32>(0);${quads}
     xq[2u * b] = vec4<u32>(words[0], words[1], words[2], words[3]);
     xq[2u * b + 1u] = vec4<u32>(words[4], words[5], words[6], words[7]);
     xqs[b] = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
@@ -254,6 +280,19 @@ export function gemvSgSource(
       `var a${r} = 0.0;`,
     );
   }
+  // The first iteration of the first block with its weights loaded before the stage (prefetch).
+  const pre: string[] = [];
+  const firstBody = body.map((line) => {
+    const m = /^let w(\d+)_(\d+) = W\[rb(\d+) \+ j(\d+)\];$/.exec(line);
+    return m ? `let w${m[1]}_${m[2]} = pw${m[1]}_${m[2]};` : line;
+  });
+  if (t.prefetch) {
+    pre.push("let pn0 = min(blk0, nblk - 1u) * R;");
+    for (let r = 0; r < R; r++) pre.push(`let prb${r} = min(pn0 + ${r}u, N - 1u) * UNITS;`);
+    for (let u = 0; u < U; u++) {
+      for (let r = 0; r < R; r++) pre.push(`let pw${u}_${r} = W[prb${r} + ${u}u * S + lane];`);
+    }
+  }
   const stores: string[] = [];
   for (let r = 0; r < R; r++) {
     stores.push(`let s${r} = subgroupAdd(a${r});`);
@@ -285,7 +324,7 @@ const S = ${S}u;
 const WG = ${WG}u;
 const WARPS = ${WG / S}u;
 const R = ${R}u;
-var<workgroup> xs: array<vec4<f32>, ${K4}>;
+${dp4 ? "" : `var<workgroup> xs: array<vec4<f32>, ${K4}>;`}
 var<workgroup> red: array<f32, ${WG / S}>;
 ${needXsum ? `var<workgroup> xsum: array<f32, ${UNITS}>;` : ""}
 ${
@@ -304,9 +343,28 @@ fn main(
   let lane = tid % S;
   let t = wg.y;
   let xrow = (p.x_row0 + t) * ${f === "silu_mul" ? "2u * K4" : "K4"};
-  ${stage}
   let nblk = (N + R - 1u) / R;
-  for (var blk = wg.x * WARPS + warp; blk < nblk; blk += ng.x * WARPS) {
+  let blk0 = wg.x * WARPS + warp;
+  ${pre.join("\n  ")}
+  ${stage}
+  ${
+    t.prefetch
+      ? `if (blk0 < nblk) {
+    let blk = blk0;
+    let n0 = blk * R;
+    ${rowsDecl.join("\n    ")}
+    {
+      let it = 0u;
+      ${firstBody.join("\n      ")}
+    }
+    for (var it = ${U}u; it < ITER; it += ${U}u) {
+      ${body.join("\n      ")}
+    }
+    ${stores.join("\n    ")}
+  }`
+      : ""
+  }
+  for (var blk = blk0${t.prefetch ? " + ng.x * WARPS" : ""}; blk < nblk; blk += ng.x * WARPS) {
     let n0 = blk * R;
     ${rowsDecl.join("\n    ")}
     for (var it = 0u; it < ITER; it += ${U}u) {

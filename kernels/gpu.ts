@@ -5,6 +5,28 @@ import { checkEarlyRead, readStaging, takeStaging } from "./readback.ts";
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
 
+/**
+ * Kernel choices a caller may force (benchmarks, A/B runs), read when kernel calls are built: set them on
+ * `gpu.tuning` before building a model's programs (a sequence caches its programs). Each field left out
+ * means the default for this adapter. (These replace the SWACTOR_GEMV / SWACTOR_DP4 environment switches.)
+ */
+export interface KernelTuning {
+  /**
+   * The one-row GEMV: "subgroup" (gemv_sg.ts, the default where the adapter has subgroups and the shape
+   * fits) or "team" (gemv_fused.ts's portable kernel, everywhere). Only the GEMVs: the decode attention
+   * still uses subgroups where it can.
+   */
+  gemv?: "subgroup" | "team";
+  /** Quantised subgroup GEMVs quantise x to int8 and use dot4I8Packed (default: where WGSL has it). */
+  dp4?: boolean;
+  /** Steps of 2..16 rows read each weight once for all rows (gemv_multi.ts; default: where it fits). */
+  multi?: boolean;
+  /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
+  attentionSplits?: number;
+  /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`). */
+  prefetch?: boolean;
+}
+
 export interface Gpu {
   device: GPUDevice;
   /** The adapter's description, e.g. "NVIDIA H200" or "llvmpipe (LLVM 15.0.6, 256 bits)". */
@@ -17,7 +39,7 @@ export interface Gpu {
   hasTimestamps: boolean;
   /**
    * The subgroup (warp) size when `subgroups` is enabled and the adapter has one fixed size (NVIDIA 32,
-   * lavapipe 8), else null. The fast GEMV (gemv_sg.ts) needs it; SWACTOR_GEMV=team turns it off.
+   * lavapipe 8), else null. The fast GEMVs (gemv_sg.ts, gemv_multi.ts) and the decode attention need it.
    */
   subgroupSize: number | null;
   /** Bytes of workgroup memory a kernel may use. */
@@ -26,6 +48,8 @@ export interface Gpu {
   hasDp4: boolean;
   /** Pipelines by WGSL source + entry point, built once per device. */
   pipelines: Map<string, GPUComputePipeline>;
+  /** Forced kernel choices (empty: every default). */
+  tuning: KernelTuning;
 }
 
 /** Thrown when no WebGPU adapter is available; callers (tests) may skip on it. */
@@ -61,7 +85,7 @@ async function requestGpu(): Promise<Gpu> {
   const sgSize = info.subgroupMinSize && info.subgroupMinSize === info.subgroupMaxSize
     ? info.subgroupMinSize
     : 0;
-  const useSubgroups = sgSize > 0 && Deno.env.get("SWACTOR_GEMV") !== "team";
+  const useSubgroups = sgSize > 0;
   const request = (features: GPUFeatureName[]) =>
     adapter.requestDevice({
       requiredFeatures: features,
@@ -97,6 +121,7 @@ async function requestGpu(): Promise<Gpu> {
     hasDp4: (navigator.gpu as GPU & { wgslLanguageFeatures?: ReadonlySet<string> }).wgslLanguageFeatures
       ?.has("packed_4x8_integer_dot_product") ?? false,
     pipelines: new Map(),
+    tuning: {},
   };
 }
 

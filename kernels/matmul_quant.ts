@@ -4,7 +4,16 @@
 //                     transforms and reduction as the float one, but a 16-byte load is a unit of 16 (q8)
 //                     or 32 (q4) weights, times its group's bf16 scale
 //   tiledQuantSource  the 16x16 tiled prefill matmul (matmul.ts), dequantising as it fills the W tile
-import { type GemvTuning, type InputTransform, RMS_PROLOGUE, TEAM_REDUCE_STORE } from "./gemv_fused.ts";
+import type { GemvTuning, InputTransform } from "./gemv_fused.ts";
+import {
+  QUANT_DECODE_WGSL,
+  RMS_PROLOGUE,
+  siluMulVec4,
+  TEAM_REDUCE_STORE,
+  tiledMatmulSource,
+} from "./wgsl.ts";
+
+export { QUANT_DECODE_WGSL };
 import type { WeightType } from "./gpu.ts";
 import { QUANT_GROUP, quantElementWgsl, type QuantType } from "./quant.ts";
 
@@ -14,24 +23,6 @@ const THREADS = 256;
 export function quantUnit(t: QuantType): number {
   return t === "q8" ? 16 : 32;
 }
-
-/**
- * WGSL shared by the quantised GEMVs (this file's and gemv_sg.ts's), which both bind the matrix as
- * `W: array<vec4<u32>>` and its scales' word offset as `p.soff`: decoding 4 weights of a word, and group g's
- * bf16 scale.
- */
-export const QUANT_DECODE_WGSL = `
-fn group_scale(g: u32) -> f32 {
-  let sw = W[p.soff / 4u + g / 8u][(g / 2u) % 4u];
-  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));
-}
-fn q8v(w: u32) -> vec4<f32> {
-  let s = bitcast<i32>(w);
-  return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
-}
-fn q4v(w: u32, sh: u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
-}`;
 
 export function gemvQuantSource(t: QuantType, f: InputTransform, tune: GemvTuning, nwt: WeightType): string {
   const { team, rows } = tune;
@@ -43,7 +34,7 @@ export function gemvQuantSource(t: QuantType, f: InputTransform, tune: GemvTunin
     let v = `x[xrow + ${V4}u * j + ${i}u]`;
     if (f === "silu_mul") {
       xs.push(`let g${i} = ${v};`);
-      v = `g${i} / (vec4<f32>(1.0) + exp(-g${i})) * x[xrow + k4 + ${V4}u * j + ${i}u]`;
+      v = siluMulVec4(`g${i}`, `x[xrow + k4 + ${V4}u * j + ${i}u]`);
     }
     if (f === "rmsnorm") {
       if (nwt === "f16") {
@@ -113,33 +104,10 @@ ${TEAM_REDUCE_STORE}
 }
 
 export function tiledQuantSource(t: QuantType): string {
-  return `
-struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> W: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-var<workgroup> xs: array<array<f32, 17>, 16>;
-var<workgroup> ws: array<array<f32, 17>, 16>;
-${quantElementWgsl(t, "W")}
-@compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let n = wg.x * 16u + lid.x;
-  let t = wg.y * 16u + lid.y;
-  let wn = wg.x * 16u + lid.y;
-  var acc = 0.0;
-  for (var k0 = 0u; k0 < p.K; k0 += 16u) {
-    let k = k0 + lid.x;
-    xs[lid.y][lid.x] = select(0.0, x[(p.x_row0 + min(t, p.T - 1u)) * p.K + min(k, p.K - 1u)], t < p.T && k < p.K);
-    ws[lid.y][lid.x] = select(0.0, W_at(min(wn, p.N - 1u) * p.K + min(k, p.K - 1u), p.soff), wn < p.N && k < p.K);
-    workgroupBarrier();
-    for (var j = 0u; j < 16u; j++) { acc += xs[lid.y][j] * ws[lid.x][j]; }
-    workgroupBarrier();
-  }
-  if (n < p.N && t < p.T) {
-    let o = t * p.N + n;
-    let prev = select(0.0, y[o], p.acc != 0u);
-    y[o] = prev + acc;
-  }
-}`;
+  return tiledMatmulSource({
+    params: `struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32 }`,
+    wDecl: "array<u32>",
+    helpers: quantElementWgsl(t, "W"),
+    wAt: (e) => `W_at(${e}, p.soff)`,
+  });
 }

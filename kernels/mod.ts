@@ -23,3 +23,5 @@ export * from "./moe_grouped.ts";
 export * from "./moe_ffn.ts";
 export * from "./mla.ts";
 export * from "./mla_attention.ts";
+export * from "./gemv_multi.ts";
+export * from "./argmax_rows.ts";

@@ -18,7 +18,9 @@ export interface StepValues {
 }
 
 export function createStepBuffer(gpu: Gpu): GPUBuffer {
-  return gpu.device.createBuffer({ size: 16, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST });
+  // COPY_SRC: tests read it back.
+  const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
+  return gpu.device.createBuffer({ size: 16, usage });
 }
 
 const ADVANCE = `${STEP_WGSL}
@@ -28,6 +30,11 @@ fn main() {
   step.pos0 += step.T;
   step.tok_out += step.T;
 }`;
+
+/** What advanceCall does, on the CPU (the reference its test checks): pos0 and tok_out move on by T. */
+export function advanceRef(s: StepValues): StepValues {
+  return { pos0: (s.pos0 + s.T) >>> 0, T: s.T, tokOut: (s.tokOut + s.T) >>> 0 };
+}
 
 /** Moves the step on by its T tokens (decode: one), on the GPU. */
 export function advanceCall(gpu: Gpu, step: GPUBuffer): KernelCall {

@@ -14,6 +14,15 @@
 // Tokens come back in batches (1, 2, 4, ... up to maxBatch): the sampler writes each token where the next
 // step's embedding reads it, so the loop never waits for the GPU per token.
 //
+// Multi-token steps (speculative verification): `verify(id, pos0, tokens)` runs k = tokens.length tokens
+// at positions pos0 .. pos0 + k - 1 in one step (the k rows share each weight read: kernels/gemv_multi.ts;
+// attention is causal among them) and returns, for every position i, the greedy next token (the argmax of
+// its logits row) or the logits [k, vocab]. `truncate(id, n)` drops positions n.. of the request: the next
+// step starts at n and overwrites them. `length(id)` is the positions the request holds (run, verify and
+// generate advance it). A rejected draft is thus: verify, accept a prefix, truncate to it, continue.
+// A long prompt is best prefilled with `run` ("hidden" chunks, the last one "sample"): verify computes the
+// head for every row it is given.
+//
 // Prefill runs in chunks of at most `maxChunk` tokens, one submit each; between chunks the engine waits
 // for the GPU and yields to the event loop, so a long prompt never holds the process (its membership,
 // its control API, Ctrl-C) for longer than one chunk's GPU time.
@@ -32,6 +41,8 @@ import type {
 } from "./backend.ts";
 import {
   advanceCall,
+  argmaxRowsCalls,
+  argmaxRowsRef,
   encodeCalls,
   getGpu,
   type Gpu,
@@ -39,7 +50,9 @@ import {
   type KernelCall,
   readBack,
   readStaging,
+  releaseCalls,
   reserveStaging,
+  storageBuffer,
   takeStaging,
   writeBytes,
   writeStep,
@@ -117,6 +130,10 @@ interface Open {
   seq: Sequence;
   /** Aborted when the request is released while its loop runs. */
   abort: AbortController;
+  /** Positions 0..length-1 hold this request's tokens (KV written); steps past it are refused. */
+  length: number;
+  /** verify's argmax output [maxChunk] u32 and its kernel calls by k, made on first use. */
+  argmax?: { out: GPUBuffer; calls: Map<number, KernelCall[]> };
 }
 
 /** The whole model's role: one stage that embeds, runs every layer and samples. */
@@ -154,7 +171,7 @@ export class Engine implements StageBackend {
   open(id: string, opts: { maxSeq: number; sampling: Sampling; maxChunk?: number }): { chunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     const seq = this.weights.newSequence(opts);
-    this.#open.set(id, { seq, abort: new AbortController() });
+    this.#open.set(id, { seq, abort: new AbortController(), length: 0 });
     return { chunk: seq.maxChunk };
   }
 
@@ -165,13 +182,15 @@ export class Engine implements StageBackend {
   }
 
   async run(id: string, input: StageInput): Promise<StageResult> {
-    const { seq } = this.#get(id);
+    const open = this.#get(id);
+    const { seq } = open;
     const gpu = this.gpu;
     const { pos0, T, output } = input;
     const H = this.model.hidden;
     if (pos0 + T > seq.maxSeq) {
       throw new RequestError(`positions up to ${pos0 + T} exceed the request's ${seq.maxSeq}`);
     }
+    open.length = pos0 + T;
     if (this.role.embeds) {
       if (!input.tokens || input.tokens.length !== T) {
         throw new TypeError(`stage ${this.role.index} needs ${T} token ids`);
@@ -194,6 +213,76 @@ export class Engine implements StageBackend {
       return { token };
     }
     return { logits: new Float32Array(await readBack(gpu, seq.logits!, T * this.model.vocab * 4)) };
+  }
+
+  /**
+   * Runs `tokens` (k of them, 1 <= k <= the request's chunk; <= 16 is the cheap multi-token step) at
+   * positions pos0 .. pos0 + k - 1 of open request `id` in one step, writing their KV, and returns for each
+   * position i the next token after tokens[0..i] (given the request's earlier positions): "argmax" gives
+   * k greedy ids (Uint32Array, computed on the GPU: only k ids are read back), "logits" the rows
+   * [k, vocab] (Float32Array). pos0 may be at most length(id): a step may overwrite positions (after a
+   * rejected draft), never leave a gap. Afterwards length(id) is pos0 + k. Needs embedding and head.
+   */
+  async verify(
+    id: string,
+    pos0: number,
+    tokens: readonly number[] | Uint32Array,
+    output: "argmax" | "logits" = "argmax",
+  ): Promise<Uint32Array | Float32Array> {
+    const open = this.#get(id);
+    const { seq } = open;
+    if (!this.role.embeds || !this.role.head) throw new Error("verify needs a part with embedding and head");
+    const k = tokens.length;
+    if (!(k >= 1 && k <= seq.maxChunk)) {
+      throw new RequestError(`a verify step takes 1..${seq.maxChunk} tokens, got ${k}`);
+    }
+    if (!(Number.isInteger(pos0) && pos0 >= 0 && pos0 <= open.length)) {
+      throw new RequestError(
+        `verify at position ${pos0}: the request holds ${open.length} positions (a step may not leave a gap)`,
+      );
+    }
+    const ids = Uint32Array.from(tokens);
+    const V = this.model.vocab;
+    if (output === "logits" || this.weights.part.remoteExperts?.size) {
+      const logits = (await this.run(id, { pos0, T: k, tokens: ids, output: "logits" })).logits!;
+      return output === "logits" ? logits : argmaxRowsRef(logits, V);
+    }
+    const gpu = this.gpu;
+    if (pos0 + k > seq.maxSeq) {
+      throw new RequestError(`positions up to ${pos0 + k} exceed the request's ${seq.maxSeq}`);
+    }
+    checkTokenIds(Array.from(ids), V);
+    open.argmax ??= { out: storageBuffer(gpu, seq.maxChunk * 4, "verify argmax"), calls: new Map() };
+    let tail = open.argmax.calls.get(k);
+    if (!tail) {
+      tail = argmaxRowsCalls(gpu, { logits: seq.logits!, out: open.argmax.out }, { vocab: V, T: k });
+      open.argmax.calls.set(k, tail);
+    }
+    writeBytes(gpu, seq.tokens, pos0 * 4, ids);
+    writeStep(gpu, seq.step, { pos0, T: k, tokOut: pos0 + k });
+    submit(gpu, [...seq.program(k, "logits"), ...tail]);
+    open.length = pos0 + k;
+    const best = new Uint32Array(await readBack(gpu, open.argmax.out, k * 4));
+    const bad = best.find((t) => t >= V);
+    if (bad !== undefined) throw new NonFiniteLogitsError(bad, V);
+    return best;
+  }
+
+  /** Positions open request `id` holds (its KV cache is valid for 0..length-1). */
+  length(id: string): number {
+    return this.#get(id).length;
+  }
+
+  /**
+   * Drops positions n.. of open request `id` (0 <= n <= length(id)): the next step starts at n and
+   * overwrites them; nothing on the GPU changes now (attention reads only positions below a step's own).
+   */
+  truncate(id: string, n: number): void {
+    const open = this.#get(id);
+    if (!(Number.isInteger(n) && n >= 0 && n <= open.length)) {
+      throw new RequestError(`truncate to ${n}: the request holds ${open.length} positions`);
+    }
+    open.length = n;
   }
 
   /**
@@ -265,6 +354,18 @@ export class Engine implements StageBackend {
     opts: LoopOptions & Omit<GenerateOptions, "eosTokenIds">,
   ): Promise<GenerateResult> {
     const open = this.#get(id);
+    const result = await this.#generate(open, id, prompt, opts);
+    // The last token sampled is not in the KV cache yet: the request holds the prompt and the rest.
+    open.length = prompt.length + Math.max(0, result.tokens.length - 1);
+    return result;
+  }
+
+  async #generate(
+    open: Open,
+    id: string,
+    prompt: readonly number[],
+    opts: LoopOptions & Omit<GenerateOptions, "eosTokenIds">,
+  ): Promise<GenerateResult> {
     const { seq } = open;
     const gpu = this.gpu;
     const signal = opts.signal ? AbortSignal.any([opts.signal, open.abort.signal]) : open.abort.signal;
@@ -450,6 +551,10 @@ export class Engine implements StageBackend {
     this.#open.delete(id);
     o.abort.abort();
     o.seq.destroy();
+    if (o.argmax) {
+      for (const calls of o.argmax.calls.values()) releaseCalls(calls);
+      o.argmax.out.destroy();
+    }
     return true;
   }
 

@@ -19,7 +19,7 @@ import {
   biasAddCall,
   createStepBuffer,
   embedCall,
-  GEMV_MAX_T,
+  GEMV_MULTI_MAX_T,
   gemvFusedCall,
   gemvFusedFits,
   type Gpu,
@@ -450,12 +450,13 @@ export class Sequence {
     };
     m.layers.forEach((l, i) => {
       const spec = c.layer(m.part.layers[0] + i);
-      // Decode-sized steps use the fused GEMVs (the norm folded in); prefill and odd shapes the plain kernels.
+      // Steps of up to 16 tokens use the fused GEMVs (the norm folded in; 2..16 rows share each weight read,
+      // kernels/gemv_multi.ts); prefill chunks and odd shapes the plain kernels.
       // (GQA and the dense MLP decide for the whole block; MLA and MoE per projection, blocks/linear.ts.)
       const ks = [H];
       if (spec.attention.kind === "gqa") ks.push(spec.attention.heads * spec.attention.headDim);
       if (spec.ffn.kind === "mlp") ks.push(spec.ffn.intermediate);
-      const fused = T <= GEMV_MAX_T && ks.every(gemvFusedFits);
+      const fused = T <= GEMV_MULTI_MAX_T && ks.every(gemvFusedFits);
       const d = { hidden: H, T, fused };
       calls.push(
         ...attentionProgram(ctx, spec.attention, l.attention, this.caches[i], bufs, d),
@@ -474,7 +475,7 @@ export class Sequence {
       const rows = output === "logits" ? T : 1;
       const srcRow0 = output === "logits" ? 0 : T - 1;
       const eps = c.rmsNormEps;
-      if (gemvFusedFits(H) && rows <= GEMV_MAX_T) {
+      if (gemvFusedFits(H) && rows <= GEMV_MULTI_MAX_T) {
         calls.push(gemvFusedCall(gpu, { x, w: lmHead, y: this.logits, normWeight: finalNorm }, {
           K: H,
           N: V,

@@ -8,9 +8,10 @@
 // KV cache per layer: K and V [nKV, maxSeq, hd] f32.
 import {
   attentionCall,
-  attentionDecodeCall,
+  attentionDecodeCalls,
   attentionDecodeFits,
   biasAddCall,
+  DECODE_MAX_T,
   gemvFusedCall,
   headNormCall,
   type KernelCall,
@@ -114,9 +115,10 @@ export function gqaProgram(
   if (w.qkvBias) calls.push(biasAddCall(gpu, { b: w.qkvBias, y: qkv }, { N: qkvDim, T }));
   if (w.qNorm && w.kNorm) calls.push(headNormCall(gpu, { qkv, wq: w.qNorm, wk: w.kNorm }, { ...dims, eps }));
   const [kcache, vcache] = cache;
-  // One token: RoPE, the KV write and attention in one dispatch (subgroups); else two.
-  if (T === 1 && attentionDecodeFits(gpu, dims)) {
-    calls.push(attentionDecodeCall(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));
+  // Up to 16 tokens: RoPE, the KV write and attention in one dispatch (subgroups; flash-decoding splits for
+  // long caches add a combine); else two.
+  if (T <= DECODE_MAX_T && attentionDecodeFits(gpu, dims)) {
+    calls.push(...attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));
   } else {
     calls.push(
       ropeKvCall(gpu, { step, table, qkv, kcache, vcache }, dims),

@@ -1,8 +1,8 @@
 // One linear layer of a block, y (+)= f(x) @ W^T, with an optional RMSNorm of x folded in: the fused GEMV
-// (the norm computed as the row is read) where the step is decode-sized and the row length allows, else
+// (the norm computed as the row is read) where the step has at most 16 tokens and the row length allows, else
 // rmsnorm into `normed` and the tiled matmul. Every block builds its projections through here.
 import {
-  GEMV_MAX_T,
+  GEMV_MULTI_MAX_T,
   gemvFusedCall,
   gemvFusedFits,
   type KernelCall,
@@ -29,7 +29,8 @@ export function linear(
   const weights = ctx.typeOf(b.w);
   const eps = d.eps ?? ctx.eps;
   const dims = { K: d.K, N: d.N, T: d.T, accumulate: d.accumulate, weights };
-  if (d.T <= GEMV_MAX_T && gemvFusedFits(d.K)) {
+  // M <= 16 -> the GEMV family (one row, or 2..16 rows sharing each weight read: kernels/gemv_multi.ts).
+  if (d.T <= GEMV_MULTI_MAX_T && gemvFusedFits(d.K)) {
     return [gemvFusedCall(gpu, { x: b.x, w: b.w, y: b.y, normWeight: b.norm }, {
       ...dims,
       ...(b.norm ? { transform: "rmsnorm" as const, normWeights: normType, eps } : {}),

@@ -3,12 +3,30 @@
 // also has the prompt's teacher-forced logits error against the first weight type's (the float path when
 // that is f16 or f32): worst row's max |error| / max |logit|, the fixtures' measure.
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
+//     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
+//     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N] [--prefetch on|off]
+// The last five force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
+// the multi-token GEMV and --context without flash-decoding splits, in the same process.
+// --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
+// one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
+// after N tokens of context (the KV cache's contents do not change the work); with --context-run also
+// the measured decode tok/s of a real N-token prompt (its prefill takes a while). --skip-decode: only
+// those two (no 3-run generate).
 // On the GPU machine scripts/device/h200.sh runs it next to transformers (scripts/bench/hf_decode.py)
 // so the ratio comes from one run. On a software adapter the default shape is the demo model (a 1B model
 // would take minutes a token there); `deno task bench` is then a smoke test (tests/scripts/bench/).
 import { parseArgs } from "node:util";
-import { encodeCalls, getGpu, writeStep } from "../../kernels/mod.ts";
+import {
+  argmaxRowsCalls,
+  encodeCalls,
+  getGpu,
+  type KernelCall,
+  type KernelTuning,
+  releaseCalls,
+  writeStep,
+} from "../../kernels/mod.ts";
 import { gpuMs, gpuMsPerCall } from "../../kernels/timer.ts";
+import { storageBuffer } from "../../kernels/gpu.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { DEMO_CONFIG_JSON } from "../../models/demo.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
@@ -26,6 +44,16 @@ const { values } = parseArgs({
     new: { type: "string", default: "128" },
     runs: { type: "string", default: "3" },
     batch: { type: "string", default: "16" },
+    k: { type: "string" },
+    context: { type: "string" },
+    "context-run": { type: "boolean", default: false },
+    "skip-decode": { type: "boolean", default: false },
+    ab: { type: "boolean", default: false },
+    gemv: { type: "string" },
+    dp4: { type: "string" },
+    multi: { type: "string" },
+    splits: { type: "string" },
+    prefetch: { type: "string" },
   },
 });
 const shapes: Record<string, Record<string, unknown>> = {
@@ -33,6 +61,7 @@ const shapes: Record<string, Record<string, unknown>> = {
   demo: DEMO_CONFIG_JSON,
 };
 const gpu = await getGpu();
+gpu.tuning = tuningFlags();
 // --dir holding a checkpoint already (e.g. made by hf_moe.py) is benchmarked as it is.
 const existing = values.dir !== undefined && values.shape === undefined &&
   await Deno.stat(`${values.dir}/config.json`).then(() => true, () => false);
@@ -50,12 +79,25 @@ if (configJson) await ensureRandomCheckpoint(dir, configJson);
 console.error(`bench: checkpoint ready in ${((performance.now() - t0) / 1000).toFixed(1)} s at ${dir}`);
 const ckpt = await Checkpoint.open(dir);
 const P = Number(values.prompt), N = Number(values.new);
+const greedy = { temperature: 0, topP: 1, seed: 0 };
 const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
 let baseline: { weights: string; logits: Float32Array } | undefined;
 for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4")[]) {
   if (weights === "f16" && !gpu.hasF16) continue;
   const model = await Model.load(gpu, ckpt, { weights });
   const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
+  if (values.k) {
+    await kSteps(model, weights);
+    if (values.ab) await withTuning({ multi: false }, () => kSteps(model, weights));
+  }
+  if (values.context) {
+    await contexts(engine, model, weights);
+    if (values.ab) await withTuning({ attentionSplits: 1 }, () => contexts(engine, model, weights));
+  }
+  if (values["skip-decode"]) {
+    engine.close();
+    continue;
+  }
   const logits = await engine.logits(prompt);
   baseline ??= { weights, logits };
   const logitsError = worstRowError(logits, baseline.logits, ckpt.config.vocabSize);
@@ -105,7 +147,8 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     prompt: P,
     new_tokens: N,
     decode_tok_s: Number(best.tokS.toFixed(1)),
-    gemv: gpu.subgroupSize ? `subgroup (${gpu.subgroupSize} lanes)` : "team",
+    gemv: gpu.subgroupSize && gpu.tuning.gemv !== "team" ? `subgroup (${gpu.subgroupSize} lanes)` : "team",
+    tuning: gpu.tuning,
     wall_ms_per_token: Number((1000 / best.tokS).toFixed(3)),
     first_token_ms: Number(best.firstTokenMs.toFixed(1)),
     runs: results.map((r) => Number(r.tokS.toFixed(1))),
@@ -121,7 +164,151 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     model_type: ckpt.config.modelType,
     [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
   }));
+  if (values.ab) {
+    // The same decode with the GEMVs' prefetch flipped (each generate builds its programs anew).
+    for (const prefetch of [true, false]) {
+      await withTuning({ prefetch }, () => decodeAb(engine, model, prompt, weights));
+    }
+  }
   engine.close();
+}
+
+function onOff(name: string, v: string | undefined): boolean | undefined {
+  if (v === undefined) return undefined;
+  if (v !== "on" && v !== "off") throw new TypeError(`--${name} must be on or off, got "${v}"`);
+  return v === "on";
+}
+
+function tuningFlags(): KernelTuning {
+  const t: KernelTuning = {};
+  if (values.gemv !== undefined) {
+    if (values.gemv !== "team" && values.gemv !== "subgroup") {
+      throw new TypeError(`--gemv must be team or subgroup, got "${values.gemv}"`);
+    }
+    t.gemv = values.gemv;
+  }
+  const dp4 = onOff("dp4", values.dp4), multi = onOff("multi", values.multi);
+  const prefetch = onOff("prefetch", values.prefetch);
+  if (prefetch !== undefined) t.prefetch = prefetch;
+  if (dp4 !== undefined) t.dp4 = dp4;
+  if (multi !== undefined) t.multi = multi;
+  if (values.splits !== undefined) {
+    const n = Number(values.splits);
+    if (!(Number.isInteger(n) && n >= 1)) {
+      throw new TypeError(`--splits must be an integer >= 1, got "${values.splits}"`);
+    }
+    t.attentionSplits = n;
+  }
+  return t;
+}
+
+/** --ab: decode tok/s (best of --runs) and GPU ms a step under the current gpu.tuning. */
+async function decodeAb(engine: Engine, model: Model, prompt: number[], weights: string): Promise<void> {
+  let best = 0;
+  for (let r = 0; r < Number(values.runs); r++) {
+    best = Math.max(best, (await generate(engine, prompt, { maxTokens: N, sampling: greedy })).tokS);
+  }
+  const seq = model.newSequence({ maxSeq: P + N, sampling: greedy });
+  const mid = P + Math.floor(N / 2);
+  writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+  const ms = gpu.hasTimestamps ? await stepMs(seq.program(1, "sample")) : NaN;
+  seq.destroy();
+  console.log(JSON.stringify({
+    bench: "swactor-decode-ab",
+    weights,
+    tuning: gpu.tuning,
+    decode_tok_s: Number(best.toFixed(1)),
+    gpu_ms_per_token: Number(ms.toFixed(3)),
+  }));
+}
+
+/** Runs f with gpu.tuning overridden by t (programs built inside see it). */
+async function withTuning(t: KernelTuning, f: () => Promise<void>): Promise<void> {
+  const saved = gpu.tuning;
+  gpu.tuning = { ...saved, ...t };
+  try {
+    await f();
+  } finally {
+    gpu.tuning = saved;
+  }
+}
+
+/** GPU ms of one pass of `calls` (warmed up; best of three timings of 10 repeats). */
+async function stepMs(calls: KernelCall[]): Promise<number> {
+  await gpuMs(gpu, calls, 5);
+  let best = Infinity;
+  for (let i = 0; i < 3; i++) best = Math.min(best, await gpuMs(gpu, calls, 10));
+  return best;
+}
+
+/** --k: a k-token verify step's GPU time against the one-token decode step. */
+async function kSteps(model: Model, weights: string): Promise<void> {
+  if (!gpu.hasTimestamps) throw new Error("--k needs timestamp queries");
+  const ks = values.k!.split(",").map(Number);
+  const maxK = Math.max(...ks);
+  const seq = model.newSequence({ maxSeq: P + N + maxK, sampling: greedy, maxChunk: Math.max(16, maxK) });
+  const out = storageBuffer(gpu, maxK * 4);
+  const mid = P + Math.floor(N / 2);
+  writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+  // The H200 idles at 345 MHz and ramps up under load: ~0.5 s of decode steps first.
+  for (let spent = 0; spent < 500 && !gpu.isSoftware;) {
+    spent += await gpuMs(gpu, seq.program(1, "sample"), 20) * 20;
+  }
+  const one = await stepMs(seq.program(1, "sample"));
+  const rows: Record<string, number> = {};
+  for (const k of ks) {
+    const tail = argmaxRowsCalls(gpu, { logits: seq.logits!, out }, { vocab: ckpt.config.vocabSize, T: k });
+    writeStep(gpu, seq.step, { pos0: mid, T: k, tokOut: mid + k });
+    rows[k] = Number((await stepMs([...seq.program(k, "logits"), ...tail])).toFixed(3));
+    releaseCalls(tail);
+  }
+  seq.destroy();
+  out.destroy();
+  console.log(JSON.stringify({
+    bench: "swactor-k-step",
+    adapter: gpu.adapterName,
+    weights,
+    position: mid,
+    tuning: gpu.tuning,
+    decode_step_ms: Number(one.toFixed(3)),
+    k_step_ms: rows,
+    ratio_vs_decode: Object.fromEntries(
+      Object.entries(rows).map(([k, ms]) => [k, Number((ms / one).toFixed(2))]),
+    ),
+  }));
+}
+
+/** --context: the decode step after N tokens of context. */
+async function contexts(engine: Engine, model: Model, weights: string): Promise<void> {
+  for (const ctx of values.context!.split(",").map(Number)) {
+    const seq = model.newSequence({ maxSeq: ctx + 64, sampling: greedy });
+    const decode = seq.program(1, "sample");
+    writeStep(gpu, seq.step, { pos0: ctx, T: 1, tokOut: ctx + 1 });
+    const ms = gpu.hasTimestamps ? await stepMs(decode) : NaN;
+    let attention = NaN;
+    if (gpu.hasTimestamps) {
+      const per = await gpuMsPerCall(gpu, decode, 4);
+      attention = per.reduce((a, m, i) => a + (decode[i].label === "attention" ? m : 0), 0);
+    }
+    seq.destroy();
+    let tokS: number | undefined;
+    if (values["context-run"]) {
+      const prompt = Array.from({ length: ctx }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
+      const res = await generate(engine, prompt, { maxTokens: 64, sampling: greedy });
+      tokS = Number(res.tokS.toFixed(1));
+    }
+    console.log(JSON.stringify({
+      bench: "swactor-context",
+      adapter: gpu.adapterName,
+      weights,
+      context: ctx,
+      tuning: gpu.tuning,
+      gpu_ms_per_token: Number(ms.toFixed(3)),
+      gpu_tok_s: Number((1000 / ms).toFixed(1)),
+      attention_ms: Number(attention.toFixed(3)),
+      ...(tokS !== undefined ? { decode_tok_s: tokS } : {}),
+    }));
+  }
 }
 
 /** Weight bytes one decode step reads: the routed experts count topK / experts of their stacks. */

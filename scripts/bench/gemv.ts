@@ -5,7 +5,9 @@
 // small shapes), after keeping the GPU busy long enough to reach its clocks. torch's number comes from
 // scripts/bench/torch_gemv.py in the same device run. Quantised rows count their own bytes (8.5 / 4.5
 // bits a weight), so their GB/s compare with f16's directly. One JSON line per case.
-//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep] [--weights f16,q8,q4]
+// --k 2,4,8,16: also the multi-token GEMV (gemv_multi.ts) at T rows, its default tuning (and with --sweep
+// a grid), as "k<T>_..." entries. --persistent: the sweep's grid is persistent workgroups instead: GB/s of the weights read once for all T rows.
+//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep] [--weights f16,q8,q4] [--k 2,4,8,16] [--cases qkv,head]
 import { parseArgs } from "node:util";
 import {
   defaultTuning,
@@ -13,6 +15,8 @@ import {
   getGpu,
   type InputTransform,
   type KernelCall,
+  multiDefaultTuning,
+  type MultiTuning,
   quantBytes,
   type QuantType,
   sgDefaultTuning,
@@ -28,6 +32,10 @@ const { values } = parseArgs({
     quick: { type: "boolean", default: false },
     sweep: { type: "boolean", default: false },
     weights: { type: "string", default: "f16,q8,q4" },
+    k: { type: "string" },
+    cases: { type: "string" },
+    "no-single": { type: "boolean", default: false },
+    persistent: { type: "boolean", default: false },
   },
 });
 const gpu = await getGpu();
@@ -40,7 +48,7 @@ interface Case {
   f: InputTransform;
 }
 // The decode step's GEMVs (and 8192 x 2048, one of issue 6's shapes, with no transform).
-const cases: Case[] = quick ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }] : [
+const allCases: Case[] = quick ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }] : [
   { name: "o", N: 2048, K: 2048, f: "none" },
   { name: "qkv", N: 3072, K: 2048, f: "rmsnorm" },
   { name: "down", N: 2048, K: 8192, f: "silu_mul" },
@@ -48,12 +56,47 @@ const cases: Case[] = quick ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }] : 
   { name: "gate_up", N: 16384, K: 2048, f: "rmsnorm" },
   { name: "head", N: 128256, K: 2048, f: "rmsnorm" },
 ];
+const cases = allCases.filter((c) => !values.cases || values.cases.split(",").includes(c.name));
+const kList = values.k ? values.k.split(",").map(Number) : [];
+const maxT = Math.max(1, ...kList);
 
 function bytesOf(N: number, K: number, wt: Wt): number {
   return wt === "f16" ? N * K * 2 : quantBytes(N, K, wt);
 }
 
+/**
+ * --sweep persistent: the one-token kernel with few, wide, persistent workgroups (each stages and
+ * normalises x once and then walks many row blocks): short rows (q4: 2 units a lane at K 2048) spend as
+ * long on that prologue as on their weights when every workgroup has one row block.
+ */
+function persistentTunings(K: number, wt: Wt, S: number): SgTuning[] {
+  const perUnit = wt === "f16" ? 8 : wt === "q8" ? 16 : 32;
+  const perLane = K / perUnit / S;
+  const out: SgTuning[] = [];
+  const rowsSet = wt === "f16" ? [1, 2, 4] : [2, 4, 8];
+  for (const rows of rowsSet) {
+    for (const unroll of [1, 2, 4].filter((u) => perLane % u === 0 && rows * u <= 16)) {
+      for (const wg of [256, 1024]) {
+        for (const groups of [132, 264]) {
+          for (const prefetch of [false, true]) {
+            out.push({
+              rows,
+              unroll,
+              wg,
+              groups,
+              prefetch,
+              ...(wt !== "f16" && gpu.hasDp4 ? { dp4: true } : {}),
+            });
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
 function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
+  if (values.persistent) return persistentTunings(K, wt, S);
   const perUnit = wt === "f16" ? 8 : wt === "q8" ? 16 : 32;
   const perLane = K / perUnit / S;
   const out: SgTuning[] = [];
@@ -73,7 +116,8 @@ function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
   return out;
 }
 
-const name = (t: SgTuning) => `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.dp4 ? "d" : ""}`;
+const name = (t: SgTuning) =>
+  `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.dp4 ? "d" : ""}${t.prefetch ? "p" : ""}`;
 
 for (const wt of values.weights!.split(",") as Wt[]) {
   if (wt === "f16" && !gpu.hasF16) continue;
@@ -93,7 +137,9 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       );
     }
     const width = f === "silu_mul" ? 2 * K : K;
-    const x = storageBuffer(gpu, width * 4), y = storageBuffer(gpu, N * 4), nw = storageBuffer(gpu, K * 2);
+    const x = storageBuffer(gpu, maxT * width * 4),
+      y = storageBuffer(gpu, maxT * N * 4),
+      nw = storageBuffer(gpu, K * 2);
     const call = (w: GPUBuffer, tuning?: Parameters<typeof gemvFusedCall>[2]["tuning"]): KernelCall =>
       gemvFusedCall(gpu, { x, w, y, normWeight: nw }, {
         K,
@@ -114,11 +160,32 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       const warm = ws.map((w) => call(w, { team: 64, rows: 1 }));
       for (let spent = 0; spent < 400;) spent += (await gpuMs(gpu, warm, 20)) * 20;
     }
-    time("team", (w) => call(w, defaultTuning(K, N)));
+    if (!values["no-single"]) time("team", (w) => call(w, defaultTuning(K, N)));
     const S = gpu.subgroupSize;
-    if (S && sgFits(gpu, K, wt)) {
-      const def = sgDefaultTuning(K, N, wt, S);
+    for (const T of kList) {
+      const multi = (w: GPUBuffer, t?: MultiTuning) =>
+        gemvFusedCall(gpu, { x, w, y, normWeight: nw }, {
+          K,
+          N,
+          T,
+          weights: wt,
+          transform: f,
+          eps: 1e-5,
+          multi: t,
+        });
+      time(`k${T}_default`, (w) => multi(w));
+      time(`k${T}_default_nopf`, (w) => multi(w, { ...multiDefaultTuning(K, N, T, wt), prefetch: false }));
+      if (values.sweep) {
+        for (const rows of [1, 2, 4, 8]) {
+          if (rows * T > 64) continue;
+          for (const wg of [256, 1024]) time(`k${T}_r${rows}w${wg}`, (w) => multi(w, { rows, wg }));
+        }
+      }
+    }
+    if (S && sgFits(gpu, K, wt) && !values["no-single"]) {
+      const def = sgDefaultTuning(K, N, wt, S, gpu.hasDp4);
       time("sg_default", (w) => call(w, def));
+      time("sg_default_pf", (w) => call(w, { ...def, prefetch: true }));
       if (values.sweep) { for (const t of sweepTunings(K, wt, S)) time(name(t), (w) => call(w, t)); }
     }
     for (let pass = 0; pass < 2; pass++) {

@@ -4,6 +4,7 @@
 // saying so, without a GPU or without subgroups.
 import {
   attentionDecodeCall,
+  attentionDecodeCalls,
   attentionDecodeFits,
   type AttentionDecodeTuning,
   attentionRef,
@@ -39,7 +40,11 @@ interface Case {
 }
 
 /** Runs the call and reads the buffers back in one submit (one wait: each costs ~11 ms on lavapipe). */
-async function runAndRead(g: Gpu, call: KernelCall, reads: [GPUBuffer, number][]): Promise<Float32Array[]> {
+async function runAndRead(
+  g: Gpu,
+  calls: KernelCall[],
+  reads: [GPUBuffer, number][],
+): Promise<Float32Array[]> {
   const bytes = reads.reduce((a, [, n]) => a + n * 4, 0);
   const staging = g.device.createBuffer({
     size: bytes,
@@ -47,7 +52,7 @@ async function runAndRead(g: Gpu, call: KernelCall, reads: [GPUBuffer, number][]
   });
   const enc = g.device.createCommandEncoder();
   const pass = enc.beginComputePass();
-  encodeCalls(pass, [call]);
+  encodeCalls(pass, calls);
   pass.end();
   let at = 0;
   for (const [buf, n] of reads) {
@@ -85,7 +90,7 @@ async function runCase(c: Case) {
   const kcache = upload(g, kc0), vcache = upload(g, vc0), out = upload(g, poison);
   const step = createStepBuffer(g);
   writeStep(g, step, { pos0: pos, T: c.T, tokOut: 0 });
-  const call = attentionDecodeCall(g, {
+  const calls = attentionDecodeCalls(g, {
     step,
     table: upload(g, table),
     qkv: upload(g, qkv0),
@@ -98,12 +103,12 @@ async function runCase(c: Case) {
     headDim: hd,
     maxSeq: MAX_SEQ,
   }, c.tuning);
-  const [gotOut, gotK, gotV] = await runAndRead(g, call, [[out, heads * hd], [kcache, cacheLen], [
+  const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, heads * hd], [kcache, cacheLen], [
     vcache,
     cacheLen,
   ]]);
   const got = { out: gotOut, kc: gotK, vc: gotV };
-  for (const b of call.buffers) b.destroy();
+  for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
   // References: rotated q, caches with rope(k) and v at pos, attention over 0..pos.
   const q = qkv0.slice(0, heads * hd);
   for (let h = 0; h < heads; h++) ropeRef(q.subarray(h * hd, (h + 1) * hd), table, pos);
@@ -179,9 +184,36 @@ Deno.test(
   },
 );
 
+Deno.test(
+  { name: "flash-decoding: attention split over the keys and combined matches the reference", ignore },
+  async () => {
+    // Splits that divide the chunks, that do not, that leave later splits without keys (short positions),
+    // and more splits than chunks; position 0 has only the current key.
+    const tunings = [
+      { splits: 2, minChunks: 1 },
+      { splits: 5, minChunks: 1 },
+      { splits: 3 },
+      { splits: 16, minChunks: 1, warps: 2 },
+    ];
+    for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40], [2, 1, 6], [4, 4, 128]]) {
+      for (const tuning of tunings) {
+        for (const pos of [0, 1, 31, 65, 300, 319]) {
+          const what = `h${heads} kv${kv} hd${hd} @${pos} ${JSON.stringify(tuning)}`;
+          const { got, want } = await runCase({ heads, kv, hd, pos, T: 1, tuning });
+          assertClose(got.out, want.out, 1e-5, 1e-4, `out ${what}`);
+          assertClose(got.kc, want.kc, 1e-6, 1e-5, `k cache ${what}`);
+          assertClose(got.vc, want.vc, 0, 0, `v cache ${what}`);
+        }
+      }
+    }
+  },
+);
+
 Deno.test({ name: "decode attention does nothing when the step has no tokens", ignore }, async () => {
   for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40]]) {
+    const { got: one } = await runCase({ heads, kv, hd, pos: 5, T: 0, tuning: { splits: 3, minChunks: 1 } });
     const { got, kc0, vc0, poison } = await runCase({ heads, kv, hd, pos: 5, T: 0 });
+    assertClose(one.out, poison, 0, 0, `split out h${heads} hd${hd}`);
     assertClose(got.out, poison, 0, 0, `out h${heads} hd${hd}`);
     assertClose(got.kc, kc0, 0, 0, `k cache h${heads} hd${hd}`);
     assertClose(got.vc, vc0, 0, 0, `v cache h${heads} hd${hd}`);
@@ -207,3 +239,83 @@ Deno.test({ name: "decode attention refuses a device without subgroups", ignore:
   }
   if (!threw) throw new Error("expected a RangeError");
 });
+
+Deno.test(
+  { name: "decode attention of several tokens: causal among them, with and without splits", ignore },
+  async () => {
+    const g = gpu!;
+    const inv = ropeInvFreq(64, 10000, null);
+    for (const [heads, kv, hd] of [[4, 2, 64], [3, 1, 40], [2, 1, 6]]) {
+      const invHd = hd === 64 ? inv : ropeInvFreq(hd, 10000, null);
+      const table = ropeTable(invHd, MAX_SEQ);
+      const row = (heads + 2 * kv) * hd;
+      for (
+        const [T, steps, pos0, tuning] of [
+          [2, 2, 0, {}],
+          [3, 3, 64, { splits: 3, minChunks: 1 }],
+          [16, 16, 300, {}],
+          [5, 5, 33, { splits: 2, minChunks: 1 }],
+          [8, 3, 100, { splits: 4, minChunks: 1 }], // 8 dispatched, the step has 3: tokens 3.. write nothing
+        ] as [number, number, number, Partial<AttentionDecodeTuning>][]
+      ) {
+        const what = `h${heads} kv${kv} hd${hd} T${T}/${steps} @${pos0} ${JSON.stringify(tuning)}`;
+        const seed = heads * 7 + hd + T + pos0;
+        const qkv0 = randoms(T * row, seed, 2);
+        const cacheLen = kv * MAX_SEQ * hd;
+        const kc0 = randoms(cacheLen, seed + 1), vc0 = randoms(cacheLen, seed + 2);
+        const poison = new Float32Array(T * heads * hd).fill(-12345);
+        const kcache = upload(g, kc0), vcache = upload(g, vc0), out = upload(g, poison);
+        const step = createStepBuffer(g);
+        writeStep(g, step, { pos0, T: steps, tokOut: 0 });
+        const calls = attentionDecodeCalls(
+          g,
+          { step, table: upload(g, table), qkv: upload(g, qkv0), kcache, vcache, out },
+          { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T },
+          tuning,
+        );
+        const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, T * heads * hd], [kcache, cacheLen], [
+          vcache,
+          cacheLen,
+        ]]);
+        const q = new Float32Array(steps * heads * hd);
+        const kc = kc0.slice(), vc = vc0.slice();
+        for (let t = 0; t < steps; t++) {
+          const r = qkv0.subarray(t * row, (t + 1) * row);
+          for (let h = 0; h < heads; h++) {
+            const qh = r.slice(h * hd, (h + 1) * hd);
+            ropeRef(qh, table, pos0 + t);
+            q.set(qh, (t * heads + h) * hd);
+          }
+          for (let h = 0; h < kv; h++) {
+            const k = r.slice((heads + h) * hd, (heads + h + 1) * hd);
+            ropeRef(k, table, pos0 + t);
+            kc.set(k, (h * MAX_SEQ + pos0 + t) * hd);
+            vc.set(
+              r.subarray((heads + kv + h) * hd, (heads + kv + h + 1) * hd),
+              (h * MAX_SEQ + pos0 + t) * hd,
+            );
+          }
+        }
+        const want = attentionRef(q, kc, vc, {
+          heads,
+          kvHeads: kv,
+          headDim: hd,
+          maxSeq: MAX_SEQ,
+          T: steps,
+          pos0,
+        });
+        assertClose(gotOut.slice(0, steps * heads * hd), want, 1e-5, 1e-4, `out ${what}`);
+        assertClose(
+          gotOut.slice(steps * heads * hd),
+          poison.slice(steps * heads * hd),
+          0,
+          0,
+          `unused ${what}`,
+        );
+        assertClose(gotK, kc, 1e-6, 1e-5, `k cache ${what}`);
+        assertClose(gotV, vc, 0, 0, `v cache ${what}`);
+        for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
+      }
+    }
+  },
+);

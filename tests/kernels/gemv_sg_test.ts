@@ -1,7 +1,7 @@
 // The subgroup GEMV (kernels/gemv_sg.ts) against the CPU reference, for every weight type and input
-// transform and a spread of tunings (rows per warp, unroll, workgroup size, persistent grid). On lavapipe
-// the subgroup is 8 lanes, on NVIDIA 32: shapes are chosen from the adapter's size so each type has
-// 1..4 units per lane. Skips, saying so, without a GPU or without subgroups.
+// transform and a spread of tunings (rows per warp, unroll, workgroup size, persistent grid, weight
+// loads issued before the prologue). On lavapipe the subgroup is 8 lanes, on NVIDIA 32: shapes are
+// chosen from the adapter's size so each type has 1..4 units per lane. Skips, saying so, without a GPU or without subgroups.
 import {
   gemvFusedCall,
   matmulRef,
@@ -34,6 +34,9 @@ Deno.test(
       { rows: 4, unroll: 4, wg: 8 * S, groups: 1 },
       { rows: 2, unroll: 2, wg: 2 * S, groups: 0, dp4: true },
       { rows: 3, unroll: 1, wg: 4 * S, groups: 2, dp4: true },
+      { rows: 2, unroll: 2, wg: 4 * S, groups: 0, prefetch: true },
+      { rows: 3, unroll: 1, wg: 2 * S, groups: 2, dp4: true, prefetch: true },
+      { rows: 4, unroll: 1, wg: S, groups: 3, prefetch: true },
     ];
     let k = 0;
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {

@@ -1,0 +1,278 @@
+// The multi-token GEMV: y[t, n] (+)= sum_k f(x)[t, k] * W[n, k] for t < T, 2 <= T <= GEMV_MULTI_MAX_T,
+// reading each weight ONCE for all T rows (k accumulators per output row), so a step of a few tokens
+// (speculative verification, small batches) costs about what one token costs while the GEMV is
+// bandwidth-bound. f one of gemv_fused.ts's input transforms; weights f32, f16, q8 or q4.
+//
+// Shape of the work (needs subgroups; without them gemv_fused.ts's team kernel runs one grid row per token):
+//   - a workgroup of WARPS subgroups owns WARPS * R consecutive output rows, R per warp;
+//   - K is walked in tiles of KT values: the workgroup stages f(x)[0..T, tile] in workgroup memory
+//     (warp w stages tokens w, w + WARPS, ..), one barrier, then each warp streams its R rows' 16-byte
+//     units of the tile (lane l: units l, l + S, ..), decodes each unit once (f16 unpack, q8 / q4 codes
+//     times the group scale) and multiplies it with all T staged rows; one barrier before the next tile;
+//   - RMSNorm needs 1 / rms of each token row before any product, which would be a second pass over x.
+//     Instead the tile holds x * normWeight and each staging warp sums x^2 of its tokens as it goes:
+//     sum_k W (x inv nw) = inv * sum_k W (x nw), so inv scales the finished sums;
+//   - the R * T sums of a warp are reduced with subgroupAdd and written by lanes spread over the warp.
+// K, N, T are compiled in. Tile: the largest multiple of S units a lane whose staging fits the budget.
+import type { InputTransform } from "./gemv_fused.ts";
+import type { Gpu, WeightType } from "./gpu.ts";
+import { normWeightVec4, QUANT_DECODE_WGSL, siluMulVec4 } from "./wgsl.ts";
+import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
+
+/** The most rows (tokens) the multi-token GEMV takes; more is a prefill chunk (the tiled GEMM's). */
+export const GEMV_MULTI_MAX_T = 16;
+
+export interface MultiTuning {
+  /** Rows per warp. */
+  rows: number;
+  /** Workgroup size (a multiple of the subgroup size). */
+  wg: number;
+  /**
+   * Issue a tile's weight loads before staging its x (their latency overlaps the staging and its barrier;
+   * tiles then hold at most 8 / rows units a lane). Default true.
+   */
+  prefetch?: boolean;
+}
+
+/** Weights per 16-byte unit. */
+function unitWeights(wt: WeightType | QuantType): number {
+  return wt === "f16" ? 8 : wt === "f32" ? 4 : wt === "q8" ? 16 : 32;
+}
+
+/** Workgroup bytes the staged tiles may use (most adapters give 32 KiB or more). */
+const STAGE_BUDGET = 32768;
+
+/** Values of K per tile for T rows: a multiple of one unit per lane where it fits, else fewer units. */
+export function multiTileK(
+  gpu: Gpu,
+  K: number,
+  T: number,
+  wt: WeightType | QuantType,
+  t?: MultiTuning,
+): number {
+  const S = gpu.subgroupSize ?? 32;
+  const UW = unitWeights(wt);
+  const budget = Math.min(STAGE_BUDGET, gpu.maxWorkgroupStorage - 1024);
+  let maxK = Math.floor(budget / (4 * T));
+  // Prefetched tiles: the loads of a tile live in registers (units a lane x rows <= 8).
+  if (t && t.prefetch !== false) maxK = Math.min(maxK, UW * S * Math.max(1, Math.floor(8 / t.rows)));
+  let kt = UW * S;
+  if (kt > maxK) {
+    // Fewer units than lanes per tile: some lanes idle, but any T fits.
+    while (kt > UW && kt > maxK) kt /= 2;
+  } else {
+    while (kt * 2 <= maxK && kt * 2 <= K) kt *= 2;
+  }
+  // A tile need not exceed the row (rounded up to whole units).
+  return Math.min(kt, Math.ceil(K / UW) * UW);
+}
+
+/** Whether the multi-token GEMV serves this shape on this GPU (else the team kernel, a grid row per token). */
+export function multiFits(gpu: Gpu, K: number, T: number, wt: WeightType | QuantType): boolean {
+  if (!gpu.subgroupSize || T < 2 || T > GEMV_MULTI_MAX_T) return false;
+  if (K % unitWeights(wt) !== 0 || K % 8 !== 0) return false;
+  if (isQuant(wt) && K % QUANT_GROUP !== 0) return false;
+  return multiTileK(gpu, K, T, wt) * 4 * T + 256 <= gpu.maxWorkgroupStorage;
+}
+
+/** Tuning by shape, to be refined by scripts/bench/gemv.ts --k on the H200. */
+export function multiDefaultTuning(
+  _K: number,
+  N: number,
+  T: number,
+  _wt: WeightType | QuantType,
+): MultiTuning {
+  // Accumulators are R * T registers a lane: fewer rows as T grows; more rows per workgroup for tall
+  // matrices so fewer workgroups stage the same x.
+  const rows = T <= 4 ? 4 : 2;
+  return { rows, wg: N >= 65536 ? 1024 : 256 };
+}
+
+export function checkMultiTuning(t: MultiTuning, S: number): void {
+  const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= 8 && Number.isInteger(t.wg) &&
+    t.wg >= S && t.wg % S === 0 && t.wg <= 1024;
+  if (!ok) throw new RangeError(`bad multi-token GEMV tuning ${JSON.stringify(t)} (S = ${S})`);
+}
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+/** WGSL of the multi-token GEMV for one shape. */
+export function gemvMultiSource(
+  wt: WeightType | QuantType,
+  f: InputTransform,
+  t: MultiTuning,
+  nwt: WeightType,
+  d: { K: number; N: number; T: number; S: number; KT: number },
+): string {
+  const { K, N, T, S, KT } = d;
+  const { rows: R, wg: WG } = t;
+  const WARPS = WG / S;
+  const UW = unitWeights(wt);
+  const XV = UW / 4; // x vec4s per unit
+  const UNITS = K / UW;
+  const K4 = K / 4;
+  const KT4 = KT / 4;
+  const TILES = Math.ceil(K / KT);
+  const TPW = Math.ceil(T / WARPS); // tokens a warp stages
+  const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
+  const xStride = f === "silu_mul" ? "2u * K4" : "K4";
+  // Staging: warp w stages token rows w + i * WARPS of the tile; with RMSNorm it sums their x^2.
+  const nwv = normWeightVec4(nwt, "g");
+  const stageOne = (i: number): string => {
+    const tok = `(warp + ${i * WARPS}u)`;
+    let v: string;
+    if (f === "silu_mul") {
+      v = `let gt = x[xr + g];\n        let v = ${siluMulVec4("gt", "x[xr + K4 + g]")};`;
+    } else if (f === "rmsnorm") {
+      v = `let xv = x[xr + g];\n        ss${i} += dot(xv, xv);\n        let v = xv * ${nwv};`;
+    } else v = `let v = x[xr + g];`;
+    return `if (${tok} < T) {
+      let xr = (p.x_row0 + ${tok}) * ${xStride};
+      for (var c = lane; c < KT4; c += S) {
+        let g = k40 + c;
+        var o = vec4<f32>(0.0);
+        if (g < K4) {
+        ${v}
+        o = v;
+        }
+        xs[${tok} * KT4 + c] = o;
+      }
+    }`;
+  };
+  // Decoding unit j of row r into XV vec4s (scaled for the quantised types), once for all T rows.
+  const decode = (r: number, w = `w${r}`, unit = "u0 + j"): string[] => {
+    switch (wt) {
+      case "f32":
+        return [`let d${r}_0 = ${w};`];
+      case "f16":
+        return [
+          `let d${r}_0 = vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y));`,
+          `let d${r}_1 = vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w));`,
+        ];
+      case "q8":
+        return [
+          `let s${r} = group_scale(row${r} * GPR + (${unit}) / 2u);`,
+          ...range(4).map((i) => `let d${r}_${i} = q8v(${w}[${i}]) * s${r};`),
+        ];
+      case "q4":
+        return [
+          `let s${r} = group_scale(row${r} * GPR + ${unit});`,
+          ...range(8).map((i) => `let d${r}_${i} = (q4v(${w}[${i >> 1}], ${16 * (i & 1)}u) - 8.0) * s${r};`),
+        ];
+    }
+  };
+  const wLoad = (r: number) => `let w${r} = W[rb${r} + u0 + j];`;
+  const body: string[] = [
+    ...range(R).map(wLoad),
+    ...range(R).flatMap((r) => decode(r)),
+  ];
+  for (let tk = 0; tk < T; tk++) {
+    for (let i = 0; i < XV; i++) body.push(`let x${tk}_${i} = xs[${tk * KT4}u + ${XV}u * j + ${i}u];`);
+    for (let r = 0; r < R; r++) {
+      const sum = range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ");
+      body.push(`a${r}_${tk} += ${sum};`);
+    }
+  }
+  // Prefetched: UPL unit slots a lane, loads (clamped to the tile) before the stage, use after it.
+  const UPL = Math.ceil(KT / UW / S);
+  const pf = t.prefetch !== false;
+  const preLoads: string[] = [];
+  const preUse: string[] = [];
+  for (let u = 0; u < UPL; u++) {
+    preLoads.push(`let j${u} = ${u}u * S + lane;`, `let c${u} = min(j${u}, nu - 1u);`);
+    for (let r = 0; r < R; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
+    const inner: string[] = range(R).flatMap((r) => decode(r, `w${u}_${r}`, `u0 + j${u}`));
+    for (let tk = 0; tk < T; tk++) {
+      for (let i = 0; i < XV; i++) inner.push(`let x${tk}_${i} = xs[${tk * KT4}u + ${XV}u * j${u} + ${i}u];`);
+      for (let r = 0; r < R; r++) {
+        inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
+      }
+    }
+    preUse.push(`if (j${u} < nu) {
+        ${inner.join("\n        ")}
+      }`);
+  }
+  const rowsDecl = range(R).map((r) =>
+    `let row${r} = min(n0 + ${r}u, N - 1u);\n  let rb${r} = row${r} * UNITS;`
+  );
+  const accDecl = range(R).flatMap((r) => range(T).map((tk) => `var a${r}_${tk} = 0.0;`));
+  const ssDecl = f === "rmsnorm" ? range(TPW).map((i) => `var ss${i} = 0.0;`) : [];
+  const invStore = f !== "rmsnorm" ? "" : range(TPW).map((i) => {
+    const tok = `warp + ${i * WARPS}u`;
+    return `let sq${i} = subgroupAdd(ss${i});
+  if (lane == 0u && ${tok} < T) { inv[${tok}] = inverseSqrt(sq${i} / f32(K) + p.eps); }`;
+  }).join("\n  ");
+  const stores: string[] = [];
+  for (let r = 0; r < R; r++) {
+    for (let tk = 0; tk < T; tk++) {
+      const sc = f === "rmsnorm" ? ` * inv[${tk}]` : "";
+      stores.push(`let s${r}_${tk} = subgroupAdd(a${r}_${tk})${sc};`);
+    }
+  }
+  for (let r = 0; r < R; r++) {
+    for (let tk = 0; tk < T; tk++) {
+      stores.push(`if (lane == ${(r * T + tk) % S}u && n0 + ${r}u < N) {
+    let o = ${tk}u * N + n0 + ${r}u;
+    y[o] = select(0.0, y[o], p.acc != 0u) + s${r}_${tk};
+  }`);
+    }
+  }
+  const quantFns = !isQuant(wt) ? "" : `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}`;
+  return `
+struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: ${wDecl};
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+${
+    f === "rmsnorm"
+      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
+      : ""
+  }
+const K = ${K}u;
+const N = ${N}u;
+const T = ${T}u;
+const K4 = ${K4}u;
+const KT4 = ${KT4}u;
+const UNITS = ${UNITS}u;
+const S = ${S}u;
+const WARPS = ${WARPS}u;
+const R = ${R}u;
+var<workgroup> xs: array<vec4<f32>, ${T * KT4}>;
+${f === "rmsnorm" ? `var<workgroup> inv: array<f32, ${T}>;` : ""}
+${quantFns}
+@compute @workgroup_size(${WG})
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_index) tid: u32,
+) {
+  let warp = tid / S;
+  let lane = tid % S;
+  let n0 = (wg.x * WARPS + warp) * R;
+  ${rowsDecl.join("\n  ")}
+  ${accDecl.join("\n  ")}
+  ${ssDecl.join("\n  ")}
+  for (var tile = 0u; tile < ${TILES}u; tile++) {
+    let k40 = tile * KT4;
+    let u0 = tile * ${KT / UW}u;
+    let nu = min(${KT / UW}u, UNITS - u0);
+    ${pf ? preLoads.join("\n    ") : ""}
+    ${range(TPW).map(stageOne).join("\n    ")}
+    workgroupBarrier();
+    ${
+    pf ? preUse.join("\n    ") : `for (var j = lane; j < nu; j += S) {
+      ${body.join("\n      ")}
+    }`
+  }
+    workgroupBarrier();
+  }
+  ${invStore}
+  ${f === "rmsnorm" ? "workgroupBarrier();" : ""}
+  ${stores.join("\n  ")}
+}`;
+}
+
+/** Workgroups to launch along x. */
+export function multiGroups(N: number, t: MultiTuning, S: number): number {
+  return Math.ceil(N / ((t.wg / S) * t.rows));
+}

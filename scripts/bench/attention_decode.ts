@@ -1,0 +1,86 @@
+// Decode attention microbenchmark (kernels/attention_decode.ts) at Llama-3.2-1B's shape (32 q heads, 8 KV
+// heads, head_dim 64), 16 layers' caches rotated so L2 holds none of them: GPU us per layer for each
+// context and tuning (flash-decoding splits, fewest chunks a split takes, subgroups per workgroup), and
+// the KV bytes read per us. One JSON line per context.
+//   deno run -A scripts/bench/attention_decode.ts [--context 128,2048,8192] [--heads 32] [--kv 8] [--hd 64] [--quick]
+import { parseArgs } from "node:util";
+import {
+  attentionDecodeCalls,
+  type AttentionDecodeTuning,
+  createStepBuffer,
+  getGpu,
+  type KernelCall,
+  ropeInvFreq,
+  ropeTable,
+  storageBuffer,
+  uploadBuffer,
+  writeStep,
+} from "../../kernels/mod.ts";
+import { gpuMs } from "../../kernels/timer.ts";
+
+const { values } = parseArgs({
+  args: Deno.args,
+  options: {
+    context: { type: "string", default: "128,2048,8192" },
+    heads: { type: "string", default: "32" },
+    kv: { type: "string", default: "8" },
+    hd: { type: "string", default: "64" },
+    quick: { type: "boolean", default: false },
+  },
+});
+const gpu = await getGpu();
+const heads = Number(values.heads), kvHeads = Number(values.kv), headDim = Number(values.hd);
+const LAYERS = values.quick ? 2 : 16;
+const variants: [string, Partial<AttentionDecodeTuning>][] = [["one", { splits: 1 }], ["default", {}]];
+if (!values.quick) {
+  for (const splits of [4, 8, 16, 32]) {
+    for (const minChunks of [1, 4]) {
+      for (const warps of [4, 16]) {
+        variants.push([`s${splits}m${minChunks}w${warps}`, { splits, minChunks, warps }]);
+      }
+    }
+  }
+}
+for (const ctx of values.context!.split(",").map(Number)) {
+  const maxSeq = ctx + 8;
+  const step = createStepBuffer(gpu);
+  writeStep(gpu, step, { pos0: ctx, T: 1, tokOut: ctx + 1 });
+  const table = uploadBuffer(gpu, ropeTable(ropeInvFreq(headDim, 500000, null), maxSeq));
+  const qkv = uploadBuffer(gpu, new Float32Array((heads + 2 * kvHeads) * headDim).map((_, i) => Math.sin(i)));
+  const out = storageBuffer(gpu, heads * headDim * 4);
+  const bytes = kvHeads * maxSeq * headDim * 4;
+  const caches = Array.from({ length: LAYERS }, () => [storageBuffer(gpu, bytes), storageBuffer(gpu, bytes)]);
+  const d = { heads, kvHeads, headDim, maxSeq };
+  const sets: [string, KernelCall[]][] = variants.map(([name, t]) => [
+    name,
+    caches.flatMap(([kcache, vcache]) =>
+      attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out }, d, {
+        ...t,
+        ...(t.splits ? {} : {}),
+      })
+    ),
+  ]);
+  // The H200 ramps its clocks under load: ~0.5 s of this work first.
+  for (let spent = 0; spent < (values.quick ? 0 : 500);) spent += await gpuMs(gpu, sets[0][1], 20) * 20;
+  const us: Record<string, number> = {};
+  for (let pass = 0; pass < 2; pass++) {
+    for (const [name, calls] of sets) {
+      const ms = await gpuMs(gpu, calls, values.quick ? 1 : 10);
+      us[name] = Math.min(us[name] ?? Infinity, Number((ms * 1000 / LAYERS).toFixed(2)));
+    }
+  }
+  const best = Object.entries(us).reduce((a, b) => (b[1] < a[1] ? b : a));
+  const kvRead = 2 * kvHeads * (ctx + 1) * headDim * 4;
+  console.log(JSON.stringify({
+    bench: "attention-decode",
+    adapter: gpu.adapterName,
+    context: ctx,
+    heads,
+    kv_heads: kvHeads,
+    head_dim: headDim,
+    us_per_layer: us,
+    best: best[0],
+    best_gb_s: Number((kvRead / best[1] / 1000).toFixed(0)),
+  }));
+  for (const [k, v] of caches) (k.destroy(), v.destroy());
+}

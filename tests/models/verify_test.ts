@@ -1,0 +1,96 @@
+// Multi-token steps through the engine (Engine.verify / truncate / length, the API speculative decoding
+// builds on): k tokens in one step give each position's greedy next token and the teacher-forced logits,
+// a rejected draft is undone by truncate, and bad positions are refused. Real fixtures, f32 weights.
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { fixtureDir } from "../fixtures.ts";
+import { needs } from "../support/needs.ts";
+import { argmaxRowsRef, getGpu, NoGpuError } from "../../kernels/mod.ts";
+import { loadEngine } from "../../models/engine.ts";
+import { RequestError } from "../../models/errors.ts";
+
+const gpu = await getGpu().catch((e) => {
+  if (e instanceof NoGpuError) return null;
+  throw e;
+});
+const onGpu = (name: string) => needs(name, { "a WebGPU adapter": gpu });
+const greedy = { temperature: 0, topP: 1, seed: 0 };
+
+async function reference(dir: string) {
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  return {
+    prompt: ref.tokens.slice(0, ref.prompt_length) as number[],
+    cont: ref.tokens.slice(ref.prompt_length) as number[],
+  };
+}
+
+for (const name of ["llama-micro", "qwen3-tiny"]) {
+  Deno.test(onGpu(`${name}: verify steps of 1..16 tokens give the reference's greedy tokens`), async () => {
+    const dir = fixtureDir(name)!;
+    const { prompt, cont } = await reference(dir);
+    const all = [...prompt, ...cont];
+    const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+    try {
+      const want = await engine.logits(all);
+      const V = engine.model.vocab;
+      const wantIds = argmaxRowsRef(want, V);
+      engine.open("r", { maxSeq: all.length, sampling: greedy, maxChunk: 16 });
+      // The prompt in one step; its last row predicts cont[0].
+      const first = await engine.verify("r", 0, prompt);
+      assert.deepEqual(Array.from(first), Array.from(wantIds.slice(0, prompt.length)));
+      assert.equal(first.at(-1), cont[0]);
+      assert.equal(engine.length("r"), prompt.length);
+      // A draft of 8 with a wrong third token: positions up to it agree with the reference.
+      const P = prompt.length;
+      const draft = cont.slice(0, 8);
+      draft[2] = (draft[2] + 1) % V;
+      const got = await engine.verify("r", P, draft);
+      assert.deepEqual(Array.from(got.slice(0, 2)), cont.slice(1, 3));
+      assert.equal(engine.length("r"), P + 8);
+      // Accept cont[0..2) plus the correction, drop the rest, and continue with k = 1, 3, 5, 2 tokens.
+      engine.truncate("r", P + 2);
+      let pos = P + 2;
+      for (const k of [1, 3, 5, 2]) {
+        const ids = all.slice(pos, pos + k);
+        const next = await engine.verify("r", pos, ids);
+        assert.deepEqual(Array.from(next), Array.from(wantIds.slice(pos, pos + k)), `k ${k} at ${pos}`);
+        pos += k;
+      }
+      // Logits of a 16-token step match the teacher-forced rows (f32: within 1e-4 of the largest logit).
+      engine.truncate("r", 3);
+      const rows = (await engine.verify("r", 3, all.slice(3, 19), "logits")) as Float32Array;
+      let worst = 0, scale = 0;
+      for (let i = 0; i < rows.length; i++) {
+        worst = Math.max(worst, Math.abs(rows[i] - want[3 * V + i]));
+        scale = Math.max(scale, Math.abs(want[3 * V + i]));
+      }
+      assert.ok(worst <= 1e-4 * scale, `worst |logit error| ${worst} of ${scale}`);
+      assert.ok(engine.release("r"));
+    } finally {
+      engine.close();
+    }
+  });
+}
+
+Deno.test(onGpu("verify refuses a gap, too many tokens, and truncate past the end"), async () => {
+  const dir = fixtureDir("llama-micro")!;
+  const { prompt } = await reference(dir);
+  const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+  try {
+    engine.open("r", { maxSeq: 32, sampling: greedy, maxChunk: 8 });
+    await engine.verify("r", 0, prompt.slice(0, 4));
+    await assert.rejects(() => engine.verify("r", 5, [1]), RequestError, "a gap");
+    await assert.rejects(
+      () => engine.verify("r", 4, new Array(9).fill(1)),
+      RequestError,
+      "more than a chunk",
+    );
+    await assert.rejects(() => engine.verify("r", 4, []), RequestError, "no tokens");
+    assert.throws(() => engine.truncate("r", 5), RequestError);
+    engine.truncate("r", 2);
+    assert.equal(engine.length("r"), 2);
+    await assert.rejects(() => engine.verify("r", 3, [1]), RequestError, "a gap after truncate");
+  } finally {
+    engine.close();
+  }
+});
