@@ -17,6 +17,7 @@ export * from "./gemv_fused.ts";
 export * from "./gemv_sg.ts";
 export * from "./quant.ts";
 export * from "./matmul_quant.ts";
+export * from "./gemm.ts";
 export * from "./moe_router.ts";
 export * from "./moe_gemv.ts";
 export * from "./moe_grouped.ts";

@@ -14,7 +14,7 @@ import {
   gemvFusedCall,
   headNormCall,
   type KernelCall,
-  matmulCall,
+  prefillLinearCall,
   rmsnormCall,
   ropeKvCall,
   storageBuffer,
@@ -109,7 +109,7 @@ export function gqaProgram(
     ]
     : [
       rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
-      matmulCall(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
+      prefillLinearCall(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
     ];
   if (w.qkvBias) calls.push(biasAddCall(gpu, { b: w.qkvBias, y: qkv }, { N: qkvDim, T }));
   if (w.qNorm && w.kNorm) calls.push(headNormCall(gpu, { qkv, wq: w.qNorm, wk: w.kNorm }, { ...dims, eps }));
@@ -125,7 +125,9 @@ export function gqaProgram(
   }
   const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
   calls.push(
-    d.fused ? gemvFusedCall(gpu, { x: att, w: w.o, y: x }, o) : matmulCall(gpu, { x: att, w: w.o, y: x }, o),
+    d.fused
+      ? gemvFusedCall(gpu, { x: att, w: w.o, y: x }, o)
+      : prefillLinearCall(gpu, { x: att, w: w.o, y: x }, o),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));
   return calls;
