@@ -8,6 +8,7 @@ export * from "./rmsnorm.ts";
 export * from "./matmul.ts";
 export * from "./rope.ts";
 export * from "./attention.ts";
+export * from "./flash_attention.ts";
 export * from "./attention_decode.ts";
 export * from "./silu_mul.ts";
 export * from "./bias_add.ts";

@@ -11,6 +11,8 @@ import {
   attentionDecodeCall,
   attentionDecodeFits,
   biasAddCall,
+  flashAttentionCall,
+  flashAttentionFits,
   gemvFusedCall,
   headNormCall,
   type KernelCall,
@@ -118,9 +120,11 @@ export function gqaProgram(
   if (T === 1 && attentionDecodeFits(gpu, dims)) {
     calls.push(attentionDecodeCall(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));
   } else {
+    // Flash attention (tiles of queries and keys) where the head size fits it, else one query a workgroup.
+    const attend = flashAttentionFits(a.headDim) ? flashAttentionCall : attentionCall;
     calls.push(
       ropeKvCall(gpu, { step, table, qkv, kcache, vcache }, dims),
-      attentionCall(gpu, { step, qkv, kcache, vcache, out: att }, dims),
+      attend(gpu, { step, qkv, kcache, vcache, out: att }, dims),
     );
   }
   const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
