@@ -39,6 +39,11 @@ export interface GemmTile {
   rm: number;
   /** vec4 fragments of columns per thread. */
   rn: number;
+  /**
+   * Multiply in f16 (packed half2 FMAs, twice the FP32 rate on NVIDIA), summing each slice's bk products in
+   * f16 and adding those partial sums into the f32 accumulators. Needs shader-f16. Default false.
+   */
+  f16?: boolean;
 }
 
 export type GemmTransform = "none" | "silu_mul";
@@ -90,7 +95,7 @@ export function checkGemmTile(t: GemmTile, maxStorage = 49152): void {
 }
 
 function tileBytes(t: GemmTile): number {
-  return (t.bm + t.bn + 8) * t.bk * 4;
+  return (t.bm + t.bn + 8) * t.bk * (t.f16 ? 2 : 4);
 }
 
 /** Workgroups the H200 runs at once, about (132 SMs x 2): below it, smaller tiles fill the GPU better. */
@@ -161,6 +166,8 @@ fn q4v(w: u32, sh: u32) -> vec4<f32> {
 /** The WGSL of one GEMM variant. */
 export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: GemmTile): string {
   const { bm, bn, bk, rm, rn } = t;
+  const h = t.f16 === true;
+  const S = h ? "f16" : "f32"; // staged and multiplied as
   const TX = bn / (4 * rn), TY = bm / (4 * rm);
   const TH = TX * TY;
   const KQ = bk / 4; // vec4s of k per row of a slice
@@ -206,7 +213,7 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
       let m = u / ${KQ}u;
       let kb = 4u * (u % ${KQ}u);
       let v = xr${i};
-      for (var c = 0u; c < 4u; c++) { xs[(kb + c) * ${SA}u + m / 4u][m % 4u] = v[c]; }
+      for (var c = 0u; c < 4u; c++) { xs[(kb + c) * ${SA}u + m / 4u][m % 4u] = ${S}(v[c]); }
     }`);
   }
   for (let i = 0; i < LW; i++) {
@@ -216,7 +223,7 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
       let kb = 4u * (u % ${KQ}u);
       let r = wr${i};
       let v = select(vec4<f32>(0.0), ${w.decode}, wok${i});
-      for (var c = 0u; c < 4u; c++) { ws[(kb + c) * ${SW}u + n / 4u][n % 4u] = v[c]; }
+      for (var c = 0u; c < 4u; c++) { ws[(kb + c) * ${SW}u + n / 4u][n % 4u] = ${S}(v[c]); }
     }`);
   }
   const fma: string[] = [];
@@ -224,28 +231,32 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
   for (let j = 0; j < rn; j++) fma.push(`let b${j} = ws[kr * ${SW}u + ${j * TX}u + tx];`);
   for (let i = 0; i < rm; i++) {
     for (let r = 0; r < 4; r++) {
-      for (let j = 0; j < rn; j++) fma.push(`c${i}_${r}_${j} += a${i}[${r}] * b${j};`);
+      for (let j = 0; j < rn; j++) fma.push(`${h ? "h" : "c"}${i}_${r}_${j} += a${i}[${r}] * b${j};`);
     }
   }
   const accDecl: string[] = [];
+  const flush: string[] = [];
   const out: string[] = [];
   for (let i = 0; i < rm; i++) {
     for (let r = 0; r < 4; r++) {
       for (let j = 0; j < rn; j++) {
         accDecl.push(`var c${i}_${r}_${j} = vec4<f32>(0.0);`);
+        if (h) accDecl.push(`var h${i}_${r}_${j} = vec4<f16>(0.0);`);
+        flush.push(`c${i}_${r}_${j} += vec4<f32>(h${i}_${r}_${j});\n    h${i}_${r}_${j} = vec4<f16>(0.0);`);
         out.push(
           `store(m0 + ${4 * i * TY}u + 4u * ty + ${r}u, n0 + ${4 * j * TX}u + 4u * tx, c${i}_${r}_${j});`,
         );
       }
     }
   }
-  L(`struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32 }
+  L(`${h ? "enable f16;" : ""}
+struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> W: ${w.decl};
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-var<workgroup> xs: array<vec4<f32>, ${bk * SA}>;
-var<workgroup> ws: array<vec4<f32>, ${bk * SW}>;
+var<workgroup> xs: array<vec4<${S}>, ${bk * SA}>;
+var<workgroup> ws: array<vec4<${S}>, ${bk * SW}>;
 ${isQuant(wt) ? QUANT_WGSL : ""}
 fn store(m: u32, n: u32, v: vec4<f32>) {
   if (m >= p.T) { return; }
@@ -280,6 +291,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     Array.from({ length: bk }, (_, kr) =>
       `{\n      ${fma.join("\n      ").replaceAll("kr *", `${kr}u *`)}\n    }`).join("\n    ")
   }
+    ${h ? flush.join("\n    ") : ""}
     workgroupBarrier();
     if (k0 >= p.K) { break; }
   }
@@ -305,6 +317,7 @@ export function gemmCall(
   }
   const tile = d.tile ?? gemmDefaultTile(d.T, d.N);
   checkGemmTile(tile, gpu.maxWorkgroupStorage);
+  if (tile.f16 && !gpu.hasF16) throw new RangeError(`f16 GEMM tiles need shader-f16 (${gpu.adapterName})`);
   const f = d.transform ?? "none";
   const soff = isQuant(wt) ? quantScaleWord(d.N, d.K, wt) : 0;
   const ldx = (f === "silu_mul" ? 2 * d.K : d.K) / 4;

@@ -63,6 +63,63 @@ Deno.test(
   },
 );
 
+// f16 multiplies: x and the weights rounded to f16, each slice's bk = 16 products summed in f16. Bound
+// per element: (2 + bk) 2^-11 sum_k |x w| (the roundings and a bk-term f16 sum) + f32's share; a wrong
+// index or a lost slice is off by about sum |x w| / sqrt(K), far above it.
+Deno.test({
+  name: `GEMM with f16 multiplies stays within its rounding bound${
+    gpu?.hasF16 ? "" : " [ignored: no shader-f16]"
+  }`,
+  ignore: ignore || !gpu?.hasF16,
+}, async () => {
+  const g = gpu!;
+  let c = 50;
+  for (const [T, K, N] of [[37, 100, 77], [130, 96, 129], [65, 1056, 33]]) {
+    for (const wt of ["f16", "q8", "q4", "f32"] as const) {
+      if (!gemmFits(K, wt)) continue;
+      const transform = c % 2 === 0 ? "silu_mul" as const : "none" as const;
+      const tile: GemmTile = { ...TILES[1 + (c % 3)]!, f16: true };
+      c++;
+      const width = transform === "silu_mul" ? 2 * K : K;
+      const x = randoms(T * width, c, 2);
+      const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
+      const y = upload(g, new Float32Array(T * N));
+      await runCalls(g, [
+        gemmCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y }, {
+          K,
+          N,
+          T,
+          weights: wt,
+          transform,
+          tile,
+        }),
+      ]);
+      const want = gemmRef(x, w.deq, { K, N, T, transform });
+      const absIn = transform === "silu_mul"
+        ? Float32Array.from({ length: T * K }, (_, i) => {
+          const [t, k] = [Math.floor(i / K), i % K];
+          const gt = x[t * 2 * K + k];
+          return Math.abs(gt / (1 + Math.exp(-gt)) * x[t * 2 * K + K + k]);
+        })
+        : x.map(Math.abs);
+      const got = await readF32(g, y, T * N);
+      for (let t = 0; t < T; t++) {
+        for (let n = 0; n < N; n++) {
+          let sum = 0;
+          for (let k = 0; k < K; k++) sum += absIn[t * K + k] * Math.abs(w.deq[n * K + k]);
+          const err = Math.abs(got[t * N + n] - want[t * N + n]);
+          const bound = 1e-4 + 18 * 2 ** -11 * sum;
+          if (!(err <= bound)) {
+            throw new Error(
+              `f16 ${wt} ${transform} T${T} K${K} N${N} at (${t}, ${n}): |err| ${err} > ${bound}`,
+            );
+          }
+        }
+      }
+    }
+  }
+});
+
 Deno.test({ name: "GEMM rejects shapes and tiles it cannot take", ignore }, () => {
   const g = gpu!;
   const b = upload(g, new Float32Array(64));
