@@ -22,6 +22,7 @@ import {
   type KernelCall,
   kernelCall,
   pipeline,
+  storageBuffer,
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
@@ -63,6 +64,8 @@ export interface GemmDims {
   transform?: GemmTransform;
   /** Tile shape; default gemmDefaultTile(T, N). */
   tile?: GemmTile;
+  /** Workgroups along K, their sums added by a second dispatch; default gemmDefaultSplit. */
+  splitK?: number;
 }
 
 /** Whether the GEMM takes this shape (x is read as vec4s; quantised rows are whole groups). */
@@ -244,13 +247,15 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
         if (h) accDecl.push(`var h${i}_${r}_${j} = vec4<f16>(0.0);`);
         flush.push(`c${i}_${r}_${j} += vec4<f32>(h${i}_${r}_${j});\n    h${i}_${r}_${j} = vec4<f16>(0.0);`);
         out.push(
-          `store(m0 + ${4 * i * TY}u + 4u * ty + ${r}u, n0 + ${4 * j * TX}u + 4u * tx, c${i}_${r}_${j});`,
+          `store(m0 + ${4 * i * TY}u + 4u * ty + ${r}u, n0 + ${
+            4 * j * TX
+          }u + 4u * tx, ybase, c${i}_${r}_${j});`,
         );
       }
     }
   }
   L(`${h ? "enable f16;" : ""}
-struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32 }
+struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32, kc: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> W: ${w.decl};
@@ -258,11 +263,11 @@ struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32 }
 var<workgroup> xs: array<vec4<${S}>, ${bk * SA}>;
 var<workgroup> ws: array<vec4<${S}>, ${bk * SW}>;
 ${isQuant(wt) ? QUANT_WGSL : ""}
-fn store(m: u32, n: u32, v: vec4<f32>) {
+fn store(m: u32, n: u32, ybase: u32, v: vec4<f32>) {
   if (m >= p.T) { return; }
   for (var c = 0u; c < 4u; c++) {
     if (n + c < p.N) {
-      let o = m * p.N + n + c;
+      let o = ybase + m * p.N + n + c;
       y[o] = select(0.0, y[o], p.acc != 0u) + v[c];
     }
   }
@@ -276,14 +281,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   ${accDecl.join("\n  ")}
   ${Array.from({ length: LA }, (_, i) => `var xr${i}: vec4<f32>;`).join("\n  ")}
   ${Array.from({ length: LW }, (_, i) => `var wr${i}: ${w.raw};\n  var wok${i}: bool;`).join("\n  ")}
-  var k0 = 0u;
+  // Split K: workgroup z sums k in [z kc, (z + 1) kc) into its own slice of y (a reduce adds them).
+  var k0 = wg.z * p.kc;
+  let kend = min(p.K, k0 + p.kc);
+  let ybase = wg.z * p.T * p.N;
   ${Array.from({ length: LA }, (_, i) => xLoad(i)).join("\n  ")}
   ${Array.from({ length: LW }, (_, i) => wLoad(i)).join("\n  ")}
   loop {
     ${stores.join("\n    ")}
     workgroupBarrier();
     k0 += ${bk}u;
-    if (k0 < p.K) {
+    if (k0 < kend) {
       ${Array.from({ length: LA }, (_, i) => xLoad(i)).join("\n      ")}
       ${Array.from({ length: LW }, (_, i) => wLoad(i)).join("\n      ")}
     }
@@ -293,19 +301,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   }
     ${h ? flush.join("\n    ") : ""}
     workgroupBarrier();
-    if (k0 >= p.K) { break; }
+    if (k0 >= kend) { break; }
   }
   ${out.join("\n  ")}
 }`);
   return lines.join("\n");
 }
 
-/** One GEMM dispatch: y[T, N] (+)= f(x)[T, K] @ W[N, K]^T. */
-export function gemmCall(
+/**
+ * The GEMM's dispatches: y[T, N] (+)= f(x)[T, K] @ W[N, K]^T, one dispatch, or with `splitK` > 1 a
+ * dispatch whose workgroups also split K (each writing its slice of a shared scratch) and a reduce that
+ * adds the slices into y. Split K fills the GPU when T x N makes few tiles and K is long (a 512-row
+ * prompt chunk through down_proj: 64 tiles of 128 x 128 for 132 SMs).
+ */
+export function gemmCalls(
   gpu: Gpu,
   bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
   d: GemmDims,
-): KernelCall {
+): KernelCall[] {
   const wt = d.weights;
   if (!gemmFits(d.K, wt)) {
     throw new RangeError(
@@ -318,15 +331,81 @@ export function gemmCall(
   const tile = d.tile ?? gemmDefaultTile(d.T, d.N);
   checkGemmTile(tile, gpu.maxWorkgroupStorage);
   if (tile.f16 && !gpu.hasF16) throw new RangeError(`f16 GEMM tiles need shader-f16 (${gpu.adapterName})`);
+  const splits = d.splitK ?? gemmDefaultSplit(d.T, d.N, d.K, tile);
+  if (!(Number.isInteger(splits) && splits >= 1)) {
+    throw new RangeError(`splitK must be an integer >= 1, got ${splits}`);
+  }
+  const kc = ceilDiv(ceilDiv(d.K, splits), tile.bk) * tile.bk;
   const f = d.transform ?? "none";
   const soff = isQuant(wt) ? quantScaleWord(d.N, d.K, wt) : 0;
   const ldx = (f === "silu_mul" ? 2 * d.K : d.K) / 4;
-  const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0, soff, ldx]);
-  const code = gemmSource(wt, f, tile);
-  return kernelCall(gpu, pipeline(gpu, code), [params, bufs.x, bufs.w, bufs.y], [
+  const split = splits > 1;
+  const acc = d.accumulate && !split ? 1 : 0;
+  const params = uniformBuffer(gpu, [d.K, d.N, d.T, acc, d.xRow0 ?? 0, soff, ldx, kc]);
+  const out = split ? splitScratch(gpu, splits * d.T * d.N * 4) : bufs.y;
+  const gemm = kernelCall(gpu, pipeline(gpu, gemmSource(wt, f, tile)), [params, bufs.x, bufs.w, out], [
     ceilDiv(d.N, tile.bn),
     ceilDiv(d.T, tile.bm),
+    ceilDiv(d.K, kc),
   ], `gemm_${f}`);
+  if (!split) return [gemm];
+  const n = d.T * d.N;
+  const rp = uniformBuffer(gpu, [n, ceilDiv(d.K, kc), d.accumulate ? 1 : 0]);
+  return [
+    gemm,
+    kernelCall(gpu, pipeline(gpu, REDUCE), [rp, out, bufs.y], [
+      Math.min(ceilDiv(n, 256), 65535),
+      ceilDiv(n, 256 * 65535),
+    ], "gemm_reduce"),
+  ];
+}
+
+/** One GEMM dispatch (no split K): tests and callers that want exactly one call. */
+export function gemmCall(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
+  d: GemmDims,
+): KernelCall {
+  return gemmCalls(gpu, bufs, { ...d, splitK: 1 })[0];
+}
+
+/**
+ * Split K where the tiles are under a wave and K is long: enough splits for about two waves, each split
+ * keeping >= 1024 of K.
+ */
+export function gemmDefaultSplit(T: number, N: number, K: number, tile: GemmTile): number {
+  const tiles = ceilDiv(T, tile.bm) * ceilDiv(N, tile.bn);
+  let s = 1;
+  while (tiles * s < 2 * WAVE && K / (2 * s) >= 1024 && s < 8) s *= 2;
+  return s;
+}
+
+const REDUCE = `
+struct P { n: u32, splits: u32, acc: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> part: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  let i = g.y * 65535u * 256u + g.x;
+  if (i >= p.n) { return; }
+  var s = select(0.0, y[i], p.acc != 0u);
+  for (var z = 0u; z < p.splits; z++) { s += part[z * p.n + i]; }
+  y[i] = s;
+}`;
+
+/**
+ * The split-K partial sums' scratch, one per device, grown as needed and shared by every call: dispatches
+ * run in submission order, so no two GEMMs use it at once. (A grown-out buffer stays alive through the
+ * bind groups that hold it.)
+ */
+const scratch = new WeakMap<Gpu, GPUBuffer>();
+function splitScratch(gpu: Gpu, bytes: number): GPUBuffer {
+  const have = scratch.get(gpu);
+  if (have && have.size >= bytes) return have;
+  const b = storageBuffer(gpu, bytes, "gemm split-K");
+  scratch.set(gpu, b);
+  return b;
 }
 
 /**
@@ -336,7 +415,7 @@ export function gemmCall(
 export function gemmRef(
   x: Float32Array,
   w: Float32Array,
-  d: Omit<GemmDims, "weights" | "tile">,
+  d: Omit<GemmDims, "weights" | "tile" | "splitK">,
   y0?: Float32Array,
 ): Float32Array {
   const { K, N, T } = d;
@@ -363,10 +442,10 @@ export function gemmRef(
  * A prefill linear layer: the GEMM where it takes the shape, else matmul.ts's 16 x 16 tiled kernel (rows
  * whose length is not a multiple of 4). The blocks call this off the decode (GEMV) path.
  */
-export function prefillLinearCall(
+export function prefillLinearCalls(
   gpu: Gpu,
   bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
-  d: Omit<GemmDims, "transform" | "tile">,
-): KernelCall {
-  return gemmFits(d.K, d.weights) ? gemmCall(gpu, bufs, d) : matmulCall(gpu, bufs, d);
+  d: Omit<GemmDims, "tile" | "splitK">,
+): KernelCall[] {
+  return gemmFits(d.K, d.weights) ? gemmCalls(gpu, bufs, d) : [matmulCall(gpu, bufs, d)];
 }

@@ -25,7 +25,7 @@ import {
   type Gpu,
   isQuant,
   type KernelCall,
-  prefillLinearCall,
+  prefillLinearCalls,
   quantFits,
   quantize,
   type QuantType,
@@ -489,7 +489,7 @@ export class Sequence {
       } else {
         calls.push(
           rmsnormCall(gpu, { x, w: finalNorm, y: xn }, { hidden: H, rows, eps, srcRow0, weights: normType }),
-          prefillLinearCall(gpu, { x: xn, w: lmHead, y: this.logits }, {
+          ...prefillLinearCalls(gpu, { x: xn, w: lmHead, y: this.logits }, {
             K: H,
             N: V,
             T: rows,

@@ -16,7 +16,7 @@ import {
   gemvFusedCall,
   headNormCall,
   type KernelCall,
-  prefillLinearCall,
+  prefillLinearCalls,
   rmsnormCall,
   ropeKvCall,
   storageBuffer,
@@ -111,7 +111,7 @@ export function gqaProgram(
     ]
     : [
       rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
-      prefillLinearCall(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
+      ...prefillLinearCalls(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
     ];
   if (w.qkvBias) calls.push(biasAddCall(gpu, { b: w.qkvBias, y: qkv }, { N: qkvDim, T }));
   if (w.qNorm && w.kNorm) calls.push(headNormCall(gpu, { qkv, wq: w.qNorm, wk: w.kNorm }, { ...dims, eps }));
@@ -129,9 +129,9 @@ export function gqaProgram(
   }
   const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
   calls.push(
-    d.fused
-      ? gemvFusedCall(gpu, { x: att, w: w.o, y: x }, o)
-      : prefillLinearCall(gpu, { x: att, w: w.o, y: x }, o),
+    ...(d.fused
+      ? [gemvFusedCall(gpu, { x: att, w: w.o, y: x }, o)]
+      : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, o)),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));
   return calls;

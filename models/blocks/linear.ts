@@ -6,7 +6,7 @@ import {
   gemvFusedCall,
   gemvFusedFits,
   type KernelCall,
-  prefillLinearCall,
+  prefillLinearCalls,
   rmsnormCall,
 } from "../../kernels/mod.ts";
 import type { BlockContext } from "./context.ts";
@@ -35,10 +35,10 @@ export function linear(
       ...(b.norm ? { transform: "rmsnorm" as const, normWeights: normType, eps } : {}),
     })];
   }
-  if (!b.norm) return [prefillLinearCall(gpu, { x: b.x, w: b.w, y: b.y }, dims)];
+  if (!b.norm) return prefillLinearCalls(gpu, { x: b.x, w: b.w, y: b.y }, dims);
   if (!b.normed) throw new TypeError("a normed linear layer off the fused path needs `normed` scratch");
   return [
     rmsnormCall(gpu, { x: b.x, w: b.norm, y: b.normed }, { hidden: d.K, rows: d.T, eps, weights: normType }),
-    prefillLinearCall(gpu, { x: b.normed, w: b.w, y: b.y }, dims),
+    ...prefillLinearCalls(gpu, { x: b.normed, w: b.w, y: b.y }, dims),
   ];
 }

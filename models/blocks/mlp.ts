@@ -3,11 +3,11 @@
 //   gu  = xn @ [gate_proj; up_proj]^T               [2 I]
 //   x  += (silu(gate) * up) @ down_proj^T           [H]
 import {
-  gemmCall,
+  gemmCalls,
   gemmFits,
   gemvFusedCall,
   type KernelCall,
-  prefillLinearCall,
+  prefillLinearCalls,
   rmsnormCall,
   siluMulCall,
 } from "../../kernels/mod.ts";
@@ -74,13 +74,13 @@ export function mlpProgram(
   const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down) };
   return [
     rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
-    prefillLinearCall(gpu, { x: xn, w: w.gateUp, y: gu }, { K: H, N: 2 * I, T, weights: wt(w.gateUp) }),
+    ...prefillLinearCalls(gpu, { x: xn, w: w.gateUp, y: gu }, { K: H, N: 2 * I, T, weights: wt(w.gateUp) }),
     // The GEMM reads silu(gate) * up as it stages its input; other shapes take the separate kernel.
     ...(gemmFits(I, down.weights)
-      ? [gemmCall(gpu, { x: gu, w: w.down, y: x }, { ...down, transform: "silu_mul" as const })]
+      ? gemmCalls(gpu, { x: gu, w: w.down, y: x }, { ...down, transform: "silu_mul" as const })
       : [
         siluMulCall(gpu, { gu, a }, { intermediate: I, T }),
-        prefillLinearCall(gpu, { x: a, w: w.down, y: x }, down),
+        ...prefillLinearCalls(gpu, { x: a, w: w.down, y: x }, down),
       ]),
   ];
 }

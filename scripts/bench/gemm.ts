@@ -8,7 +8,8 @@
 import { parseArgs } from "node:util";
 import {
   checkGemmTile,
-  gemmCall,
+  gemmCalls,
+  gemmDefaultSplit,
   gemmDefaultTile,
   type GemmTile,
   getGpu,
@@ -102,24 +103,33 @@ for (const wt of values.weights!.split(",")) {
       } catch {
         continue;
       }
-      const call = gemmCall(gpu, { x, w, y }, { K, N, T: M, weights: wt as "f16", tile });
-      const flop = 2 * M * N * K;
-      await gpuMs(gpu, [call], 3); // compile + warm-up
-      const est = await gpuMs(gpu, [call], 3);
-      const repeat = Math.max(3, Math.min(200, Math.round(25 / Math.max(est, 0.01))));
-      const ms = await gpuMs(gpu, [call], repeat);
-      const tflops = flop / (ms / 1e3) / 1e12;
-      console.log(JSON.stringify({
-        wt,
-        M,
-        K,
-        N,
-        tile: tag(tile),
-        default: tag(tile) === tag(def),
-        us: +(ms * 1e3).toFixed(1),
-        tflops: +tflops.toFixed(2),
-        ofCeiling: +(tflops / ceiling).toFixed(3),
-      }));
+      // Split K: the default, and no split (for the default tile also 2 and 4) where the default splits.
+      const auto = gemmDefaultSplit(M, N, K, tile);
+      const isDef = tag(tile) === tag(def);
+      const splits = [
+        ...new Set([auto, ...(auto > 1 || isDef ? [1] : []), ...(isDef && wt === "f16" ? [2, 4] : [])]),
+      ];
+      for (const splitK of splits) {
+        const calls = gemmCalls(gpu, { x, w, y }, { K, N, T: M, weights: wt as "f16", tile, splitK });
+        const flop = 2 * M * N * K;
+        await gpuMs(gpu, calls, 3); // compile + warm-up
+        const est = await gpuMs(gpu, calls, 3);
+        const repeat = Math.max(3, Math.min(200, Math.round(25 / Math.max(est, 0.01))));
+        const ms = await gpuMs(gpu, calls, repeat);
+        const tflops = flop / (ms / 1e3) / 1e12;
+        console.log(JSON.stringify({
+          wt,
+          M,
+          K,
+          N,
+          tile: tag(tile),
+          split: splitK,
+          default: isDef && splitK === auto,
+          us: +(ms * 1e3).toFixed(1),
+          tflops: +tflops.toFixed(2),
+          ofCeiling: +(tflops / ceiling).toFixed(3),
+        }));
+      }
     }
     for (const b of [x, w, y]) b.destroy();
   }
