@@ -116,6 +116,15 @@ export function gemmDefaultTile(T: number, N: number): GemmTile {
   return { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2 };
 }
 
+/**
+ * Whether the default tiles multiply in f16: with SWACTOR_GEMM_MATH=f16 (read when a call is built, so a
+ * benchmark can compare both in one process) for f16 / q8 / q4 weights on an adapter with shader-f16;
+ * f32 weights (the exact path) always multiply in f32.
+ */
+export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
+  return gpu.hasF16 && wt !== "f32" && Deno.env.get("SWACTOR_GEMM_MATH") === "f16";
+}
+
 /** How one slice's vec4 of weights is fetched (raw, kept in registers) and decoded (when staged). */
 function weightCode(wt: WeightType | QuantType): { decl: string; raw: string; load: string; decode: string } {
   switch (wt) {
@@ -328,7 +337,7 @@ export function gemmCalls(
   if (!(Number.isInteger(d.T) && d.T >= 1 && Number.isInteger(d.N) && d.N >= 1)) {
     throw new RangeError(`GEMM of T = ${d.T} rows and N = ${d.N} columns`);
   }
-  const tile = d.tile ?? gemmDefaultTile(d.T, d.N);
+  const tile = d.tile ?? { ...gemmDefaultTile(d.T, d.N), f16: gemmF16Math(gpu, wt) };
   checkGemmTile(tile, gpu.maxWorkgroupStorage);
   if (tile.f16 && !gpu.hasF16) throw new RangeError(`f16 GEMM tiles need shader-f16 (${gpu.adapterName})`);
   const splits = d.splitK ?? gemmDefaultSplit(d.T, d.N, d.K, tile);

@@ -5,7 +5,10 @@
 // on the values). --kernels adds the GPU time of each kernel kind over one chunk (timestamps around each
 // dispatch), so the total says where the time goes. One JSON line per (weights, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
-//     [--chunk C] [--kernels] [--tiny]
+//     [--chunk C] [--kernels] [--tiny] [--math f32,f16]
+// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; with more than one, each
+// line after the first also has the teacher-forced logits error of a 256-token prompt against the first
+// (worst row's max |error| / max |logit|, the fixtures' measure).
 // --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -18,6 +21,7 @@ import { Model, type WeightsOption } from "../../models/model.ts";
 import { writeSafetensors } from "../../models/safetensors.ts";
 import { tensorShapes } from "../../models/tensors.ts";
 import { LLAMA_3_2_1B } from "./random_checkpoint.ts";
+import { worstRowError } from "../check_fixture.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
@@ -29,6 +33,7 @@ const { values } = parseArgs({
     chunk: { type: "string" },
     kernels: { type: "boolean", default: false },
     tiny: { type: "boolean", default: false },
+    math: { type: "string", default: "f32" },
   },
 });
 
@@ -87,34 +92,50 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
   const model = await Model.load(gpu, ckpt, { weights });
   console.error(`prefill: ${weights} loaded in ${((performance.now() - t1) / 1000).toFixed(1)} s`);
   const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
-  for (const P of prompts) {
-    const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
-    const maxChunk = values.chunk ? Number(values.chunk) : undefined;
-    const ttft: number[] = [];
-    let chunk = 0;
-    for (let r = 0; r <= runs; r++) { // run 0 compiles the pipelines
-      const id = `bench-${P}-${r}`;
-      chunk = engine.open(id, { maxSeq: P + 1, sampling, maxChunk }).chunk;
-      try {
-        const res = await engine.generate(id, prompt, { maxTokens: 1, eos: [] });
-        if (r > 0) ttft.push(res.firstTokenMs);
-      } finally {
-        engine.release(id);
-      }
+  const probe = Array.from(
+    { length: Math.min(256, ckpt.config.maxPositionEmbeddings) },
+    (_, i) => (i * 104729 + 7) % ckpt.config.vocabSize,
+  );
+  let baseline: Float32Array | undefined;
+  for (const math of values.math!.split(",")) {
+    Deno.env.set("SWACTOR_GEMM_MATH", math);
+    let logitsErr: number | undefined;
+    if (values.math!.includes(",")) {
+      const logits = await engine.logits(probe);
+      if (baseline) logitsErr = worstRowError(logits, baseline, ckpt.config.vocabSize);
+      else baseline = logits;
     }
-    ttft.sort((a, b) => a - b);
-    const ms = ttft[Math.floor(ttft.length / 2)];
-    const line: Record<string, unknown> = {
-      adapter: gpu.adapterName,
-      weights,
-      prompt: P,
-      chunk,
-      ttftMs: +ms.toFixed(1),
-      tokS: Math.round((P / ms) * 1000),
-      runsMs: ttft.map((t) => +t.toFixed(1)),
-    };
-    if (values.kernels && gpu.hasTimestamps) line.gpuMsByKernel = await kernelTimes(model, P, chunk);
-    console.log(JSON.stringify(line));
+    for (const P of prompts) {
+      const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
+      const maxChunk = values.chunk ? Number(values.chunk) : undefined;
+      const ttft: number[] = [];
+      let chunk = 0;
+      for (let r = 0; r <= runs; r++) { // run 0 compiles the pipelines
+        const id = `bench-${P}-${r}`;
+        chunk = engine.open(id, { maxSeq: P + 1, sampling, maxChunk }).chunk;
+        try {
+          const res = await engine.generate(id, prompt, { maxTokens: 1, eos: [] });
+          if (r > 0) ttft.push(res.firstTokenMs);
+        } finally {
+          engine.release(id);
+        }
+      }
+      ttft.sort((a, b) => a - b);
+      const ms = ttft[Math.floor(ttft.length / 2)];
+      const line: Record<string, unknown> = {
+        adapter: gpu.adapterName,
+        weights,
+        math,
+        ...(logitsErr === undefined ? {} : { logitsErr: +logitsErr.toExponential(2) }),
+        prompt: P,
+        chunk,
+        ttftMs: +ms.toFixed(1),
+        tokS: Math.round((P / ms) * 1000),
+        runsMs: ttft.map((t) => +t.toFixed(1)),
+      };
+      if (values.kernels && gpu.hasTimestamps) line.gpuMsByKernel = await kernelTimes(model, P, chunk);
+      console.log(JSON.stringify(line));
+    }
   }
   engine.close();
 }
