@@ -15,7 +15,7 @@ import { ceilDiv, type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer
 import type { AttentionDims } from "./attention.ts";
 import { STEP_WGSL } from "./step.ts";
 
-interface FlashTile {
+export interface FlashTile {
   /** Queries per workgroup (a multiple of 4). */
   bq: number;
   /** Lanes per group of 4 queries. */
@@ -33,7 +33,7 @@ function flashTile(hd: number): FlashTile {
   return hd <= 64 ? { bq: 64, lanes: 16, kpl: 2 } : { bq: 32, lanes: 32, kpl: 1 };
 }
 
-function source(hd: number, t: FlashTile, sg: boolean): string {
+export function flashSource(hd: number, t: FlashTile, sg: boolean): string {
   const { bq: BQ, lanes: L, kpl: KPL } = t;
   const QG = BQ / 4; // query groups (4 queries each)
   const TH = QG * L;
@@ -58,7 +58,7 @@ fn lane_sum(v: f32) -> f32 {
     : "";
   const lines: string[] = [];
   const L_ = (s: string) => lines.push(s);
-  L_(`${sg ? "enable subgroups;" : ""}
+  L_(`
 ${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, max_seq: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -249,7 +249,7 @@ export function flashAttentionCall(
   const params = uniformBuffer(gpu, [d.heads, d.kvHeads, d.maxSeq, 1 / Math.sqrt(d.headDim)], [3]);
   return kernelCall(
     gpu,
-    pipeline(gpu, source(d.headDim, tile, sg)),
+    pipeline(gpu, flashSource(d.headDim, tile, sg)),
     [
       params,
       bufs.step,

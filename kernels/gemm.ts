@@ -243,7 +243,11 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
   for (let j = 0; j < rn; j++) fma.push(`let b${j} = ws[kr * ${SW}u + ${j * TX}u + tx];`);
   for (let i = 0; i < rm; i++) {
     for (let r = 0; r < 4; r++) {
-      for (let j = 0; j < rn; j++) fma.push(`${h ? "h" : "c"}${i}_${r}_${j} += a${i}[${r}] * b${j};`);
+      for (let j = 0; j < rn; j++) {
+        // fma() for one FFMA (HFMA2) per pair of lanes: naga emits `c += a * b` as a multiply and an add.
+        const c = `${h ? "h" : "c"}${i}_${r}_${j}`;
+        fma.push(`${c} = fma(vec4<${S}>(a${i}[${r}]), b${j}, ${c});`);
+      }
     }
   }
   const accDecl: string[] = [];
