@@ -105,15 +105,13 @@ function tileBytes(t: GemmTile): number {
 const WAVE = 264;
 
 /**
- * The tile for a shape: 128 x 128 (8 x 8 per thread) when that gives the GPU a wave of workgroups,
- * else 64 x 128 or 64 x 64 (from scripts/bench/gemm.ts on the H200, docs/KERNELS.md).
+ * The tile for a shape, from scripts/bench/gemm.ts on the H200 (docs/KERNELS.md): 128 x 128 with 8 x 8
+ * outputs a thread when that makes a wave of workgroups, else 64 x 64 with 4 x 4 a thread (256 threads:
+ * enough warps per SM when the tiles are few), which split K then fills further.
  */
 export function gemmDefaultTile(T: number, N: number): GemmTile {
-  const big: GemmTile = { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2 };
-  if (ceilDiv(T, 128) * ceilDiv(N, 128) >= WAVE) return big;
-  const mid: GemmTile = { bm: 64, bn: 128, bk: 16, rm: 2, rn: 2 };
-  if (ceilDiv(T, 64) * ceilDiv(N, 128) >= WAVE / 2) return mid;
-  return { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2 };
+  if (ceilDiv(T, 128) * ceilDiv(N, 128) >= WAVE) return { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 };
+  return { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 };
 }
 
 /**
@@ -174,6 +172,21 @@ fn q8v(w: u32) -> vec4<f32> {
 fn q4v(w: u32, sh: u32) -> vec4<f32> {
   return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
 }`;
+
+/**
+ * Where thread tid sits in the TX x TY grid of thread blocks. Where the grid allows, a warp (32 lanes) is an
+ * 8 x 4 patch of it, so a k step's fragment reads are 4 distinct x vec4s (64 bytes) and 8 distinct W vec4s
+ * (128 bytes): one workgroup-memory wavefront each, where a 16 x 2 row of threads needs three in all and
+ * makes the FMAs wait on workgroup memory.
+ */
+function threadPlace(TX: number, TY: number): string {
+  if (TX % 8 !== 0 || TY % 4 !== 0) return `let tx = tid % ${TX}u;\n  let ty = tid / ${TX}u;`;
+  const WX = TX / 8; // warps across
+  return `let warp = tid / 32u;
+  let lane = tid % 32u;
+  let tx = (warp % ${WX}u) * 8u + lane % 8u;
+  let ty = (warp / ${WX}u) * 4u + lane / 8u;`;
+}
 
 /** The WGSL of one GEMM variant. */
 export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: GemmTile): string {
@@ -287,8 +300,7 @@ fn store(m: u32, n: u32, ybase: u32, v: vec4<f32>) {
 }
 @compute @workgroup_size(${TH})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-  let tx = tid % ${TX}u;
-  let ty = tid / ${TX}u;
+  ${threadPlace(TX, TY)}
   let n0 = wg.x * ${bn}u;
   let m0 = wg.y * ${bm}u;
   ${accDecl.join("\n  ")}
@@ -383,13 +395,13 @@ export function gemmCall(
 }
 
 /**
- * Split K where the tiles are under a wave and K is long: enough splits for about two waves, each split
- * keeping >= 1024 of K.
+ * Split K where the tiles are under a wave and K is long: splits (a power of two) until they make a wave,
+ * each split keeping >= 1024 of K.
  */
 export function gemmDefaultSplit(T: number, N: number, K: number, tile: GemmTile): number {
   const tiles = ceilDiv(T, tile.bm) * ceilDiv(N, tile.bn);
   let s = 1;
-  while (tiles * s < 2 * WAVE && K / (2 * s) >= 1024 && s < 8) s *= 2;
+  while (tiles * s < WAVE && K / (2 * s) >= 1024 && s < 8) s *= 2;
   return s;
 }
 

@@ -67,17 +67,17 @@ const shapes = values.quick
   ? [{ M: 64, K: 256, N: 96 }]
   : [512, 2048].flatMap((M) => [[2048, 2048], [2048, 8192], [8192, 2048]].map(([K, N]) => ({ M, K, N })));
 const GRID: GemmTile[] = [
+  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 },
   { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2 },
-  { bm: 128, bn: 128, bk: 32, rm: 2, rn: 2 },
-  { bm: 64, bn: 128, bk: 16, rm: 2, rn: 2 },
-  { bm: 128, bn: 64, bk: 16, rm: 2, rn: 2 },
-  { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2 },
-  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 },
   { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4 },
+  { bm: 128, bn: 256, bk: 8, rm: 2, rn: 4 },
+  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 },
+  { bm: 64, bn: 128, bk: 16, rm: 1, rn: 2 },
+  { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2 },
+  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, f16: true },
   { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2, f16: true },
-  { bm: 128, bn: 128, bk: 32, rm: 2, rn: 2, f16: true },
-  { bm: 64, bn: 128, bk: 16, rm: 2, rn: 2, f16: true },
-  { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2, f16: true },
+  { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4, f16: true },
+  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, f16: true },
 ];
 
 function bytes(N: number, K: number, wt: string): number {
