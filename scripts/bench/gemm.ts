@@ -1,10 +1,11 @@
 // Prefill GEMM microbenchmark (kernels/gemm.ts) at the prompt's shapes (Llama 3.2 1B): TFLOP/s of
-// y[M, N] = x[M, K] @ W[N, K]^T for M = 512 and 2048 over (K, N) = 2048 x 2048, 2048 x 8192, 8192 x 2048,
+// y[M, N] = x[M, K] @ W[N, K]^T for M = 512 (one chunk; --m for others) over the layer's (K, N),
 // for a grid of tiles (f16) and, at the default tile, every weight format; against the FP32 FMA ceiling
 // the caller gives (--ceiling, TFLOP/s). Timed with GPU timestamps over back-to-back dispatches after a
 // warm-up. --probe first prints what the adapter offers (features, limits, WGSL language features) and
 // whether a cooperative-matrix feature can be requested. One JSON line per case.
 //   deno run -A scripts/bench/gemm.ts [--probe] [--quick] [--ceiling 67] [--weights f16] [--tiles all|default]
+//     [--m 512,2048]
 import { parseArgs } from "node:util";
 import {
   checkGemmTile,
@@ -26,6 +27,7 @@ const { values } = parseArgs({
     ceiling: { type: "string", default: "67" },
     weights: { type: "string", default: "f16,q8,q4" },
     tiles: { type: "string", default: "all" },
+    m: { type: "string", default: "512" },
   },
 });
 
@@ -63,9 +65,12 @@ if (values.probe) {
 
 const gpu = await getGpu();
 const ceiling = Number(values.ceiling);
+// The prompt's GEMMs at one chunk (M rows): qkv, o_proj, gate_up (with the SiLU gate in down_proj), down_proj.
 const shapes = values.quick
   ? [{ M: 64, K: 256, N: 96 }]
-  : [512, 2048].flatMap((M) => [[2048, 2048], [2048, 8192], [8192, 2048]].map(([K, N]) => ({ M, K, N })));
+  : values.m!.split(",").map(Number).flatMap((M) =>
+    [[2048, 3072], [2048, 2048], [2048, 16384], [8192, 2048]].map(([K, N]) => ({ M, K, N }))
+  );
 const GRID: GemmTile[] = [
   { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 },
   { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2 },
