@@ -82,6 +82,7 @@ const GRID: GemmTile[] = [
   { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, f16: true },
   { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2, f16: true },
   { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4, f16: true },
+  { bm: 128, bn: 128, bk: 32, rm: 2, rn: 2, f16: true },
   { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, f16: true },
 ];
 
