@@ -29,10 +29,12 @@ export function flashAttentionFits(headDim: number): boolean {
   return headDim >= 4 && headDim <= 128 && headDim % 4 === 0;
 }
 
-function flashTile(hd: number): FlashTile {
+/** The tile for a head size (see the top of the file). */
+export function flashTile(hd: number): FlashTile {
   return hd <= 64 ? { bq: 64, lanes: 16, kpl: 2 } : { bq: 32, lanes: 32, kpl: 1 };
 }
 
+/** The WGSL for one head size and tile; `sg`: row reductions by subgroup operations (32-lane subgroups). */
 export function flashSource(hd: number, t: FlashTile, sg: boolean): string {
   const { bq: BQ, lanes: L, kpl: KPL } = t;
   const QG = BQ / 4; // query groups (4 queries each)

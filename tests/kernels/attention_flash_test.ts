@@ -8,6 +8,8 @@ import {
   attentionRef,
   createStepBuffer,
   flashAttentionCall,
+  flashSource,
+  flashTile,
   runCalls,
   storageBuffer,
   writeStep,
@@ -72,3 +74,18 @@ for (const sg of [false, true]) {
     }
   });
 }
+
+// Regression: the subgroup variant once began with `enable subgroups;`, which naga rejects, so on the H200 the
+// pipeline was invalid and every prefill attention silently wrote nothing. Compiling it needs only an adapter
+// with the subgroups feature (lavapipe has it, with 8-lane subgroups it cannot run this variant on).
+Deno.test({
+  name: `flash attention's subgroup variant compiles${gpu?.subgroupSize ? "" : " [ignored: no subgroups]"}`,
+  ignore: ignore || !gpu?.subgroupSize,
+}, async () => {
+  const g = gpu!;
+  for (const hd of [64, 128]) {
+    const module = g.device.createShaderModule({ code: flashSource(hd, flashTile(hd), true) });
+    const errors = (await module.getCompilationInfo()).messages.filter((m) => m.type === "error");
+    if (errors.length > 0) throw new Error(`head_dim ${hd}: ${errors.map((e) => e.message).join("; ")}`);
+  }
+});
