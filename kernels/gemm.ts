@@ -294,7 +294,9 @@ fn store(m: u32, n: u32, ybase: u32, v: vec4<f32>) {
   for (var c = 0u; c < 4u; c++) {
     if (n + c < p.N) {
       let o = ybase + m * p.N + n + c;
-      y[o] = select(0.0, y[o], p.acc != 0u) + v[c];
+      var prev = 0.0;
+      if (p.acc != 0u) { prev = y[o]; }
+      y[o] = prev + v[c];
     }
   }
 }
