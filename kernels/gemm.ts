@@ -45,6 +45,8 @@ export interface GemmTile {
    * f16 and adding those partial sums into the f32 accumulators. Needs shader-f16. Default false.
    */
   f16?: boolean;
+  /** Two staging buffers (one barrier a slice instead of two). Default false. */
+  db?: boolean;
 }
 
 export type GemmTransform = "none" | "silu_mul";
@@ -98,7 +100,7 @@ export function checkGemmTile(t: GemmTile, maxStorage = 49152): void {
 }
 
 function tileBytes(t: GemmTile): number {
-  return (t.bm + t.bn + 8) * t.bk * (t.f16 ? 2 : 4);
+  return (t.bm + t.bn + 8) * t.bk * (t.f16 ? 2 : 4) * (t.db ? 2 : 1);
 }
 
 /** Workgroups the H200 runs at once, about (132 SMs x 2): below it, smaller tiles fill the GPU better. */
@@ -192,6 +194,8 @@ function threadPlace(TX: number, TY: number): string {
 export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: GemmTile): string {
   const { bm, bn, bk, rm, rn } = t;
   const h = t.f16 === true;
+  const db = t.db === true;
+  const nb = db ? 2 : 1;
   const S = h ? "f16" : "f32"; // staged and multiplied as
   const TX = bn / (4 * rn), TY = bm / (4 * rm);
   const TH = TX * TY;
@@ -238,7 +242,9 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
       let m = u / ${KQ}u;
       let kb = 4u * (u % ${KQ}u);
       let v = xr${i};
-      for (var c = 0u; c < 4u; c++) { xs[(kb + c) * ${SA}u + m / 4u][m % 4u] = ${S}(v[c]); }
+      for (var c = 0u; c < 4u; c++) { xs[${
+      db ? `sb * ${bk * SA}u + ` : ""
+    }(kb + c) * ${SA}u + m / 4u][m % 4u] = ${S}(v[c]); }
     }`);
   }
   for (let i = 0; i < LW; i++) {
@@ -248,12 +254,18 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
       let kb = 4u * (u % ${KQ}u);
       let r = wr${i};
       let v = select(vec4<f32>(0.0), ${w.decode}, wok${i});
-      for (var c = 0u; c < 4u; c++) { ws[(kb + c) * ${SW}u + n / 4u][n % 4u] = ${S}(v[c]); }
+      for (var c = 0u; c < 4u; c++) { ws[${
+      db ? `sb * ${bk * SW}u + ` : ""
+    }(kb + c) * ${SW}u + n / 4u][n % 4u] = ${S}(v[c]); }
     }`);
   }
   const fma: string[] = [];
-  for (let i = 0; i < rm; i++) fma.push(`let a${i} = xs[kr * ${SA}u + ${i * TY}u + ty];`);
-  for (let j = 0; j < rn; j++) fma.push(`let b${j} = ws[kr * ${SW}u + ${j * TX}u + tx];`);
+  for (let i = 0; i < rm; i++) {
+    fma.push(`let a${i} = xs[${db ? `rb * ${bk * SA}u + ` : ""}kr * ${SA}u + ${i * TY}u + ty];`);
+  }
+  for (let j = 0; j < rn; j++) {
+    fma.push(`let b${j} = ws[${db ? `rb * ${bk * SW}u + ` : ""}kr * ${SW}u + ${j * TX}u + tx];`);
+  }
   for (let i = 0; i < rm; i++) {
     for (let r = 0; r < 4; r++) {
       for (let j = 0; j < rn; j++) {
@@ -280,14 +292,57 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
       }
     }
   }
+  const loads = (ind: string) =>
+    [...Array.from({ length: LA }, (_, i) => xLoad(i)), ...Array.from({ length: LW }, (_, i) => wLoad(i))]
+      .join(
+        `\n${ind}`,
+      );
+  const multiply = Array.from(
+    { length: bk },
+    (_, kr) => `{\n      ${fma.join("\n      ").replaceAll("kr *", `${kr}u *`)}\n    }`,
+  ).join("\n    ");
+  const loop = `loop {
+    ${stores.join("\n    ")}
+    workgroupBarrier();
+    k0 += ${bk}u;
+    if (k0 < kend) {
+      ${loads("      ")}
+    }
+    ${multiply}
+    ${h ? flush.join("\n    ") : ""}
+    workgroupBarrier();
+    if (k0 >= kend) { break; }
+  }`;
+  // Double-buffered: the next slice is stored into the other buffer while this one is read; the buffer
+  // written was last read before the previous barrier.
+  const dbLoop = `var rb = 0u;
+  var sb = 0u;
+  ${stores.join("\n  ")}
+  workgroupBarrier();
+  loop {
+    k0 += ${bk}u;
+    let more = k0 < kend;
+    if (more) {
+      ${loads("      ")}
+    }
+    ${multiply}
+    ${h ? flush.join("\n    ") : ""}
+    if (more) {
+      sb = 1u - rb;
+      ${stores.join("\n      ")}
+    }
+    workgroupBarrier();
+    rb = 1u - rb;
+    if (!more) { break; }
+  }`;
   L(`${h ? "enable f16;" : ""}
 struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32, kc: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> W: ${w.decl};
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-var<workgroup> xs: array<vec4<${S}>, ${bk * SA}>;
-var<workgroup> ws: array<vec4<${S}>, ${bk * SW}>;
+var<workgroup> xs: array<vec4<${S}>, ${nb * bk * SA}>;
+var<workgroup> ws: array<vec4<${S}>, ${nb * bk * SW}>;
 ${isQuant(wt) ? QUANT_WGSL : ""}
 fn store(m: u32, n: u32, ybase: u32, v: vec4<f32>) {
   if (m >= p.T) { return; }
@@ -314,22 +369,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let ybase = wg.z * p.T * p.N;
   ${Array.from({ length: LA }, (_, i) => xLoad(i)).join("\n  ")}
   ${Array.from({ length: LW }, (_, i) => wLoad(i)).join("\n  ")}
-  loop {
-    ${stores.join("\n    ")}
-    workgroupBarrier();
-    k0 += ${bk}u;
-    if (k0 < kend) {
-      ${Array.from({ length: LA }, (_, i) => xLoad(i)).join("\n      ")}
-      ${Array.from({ length: LW }, (_, i) => wLoad(i)).join("\n      ")}
-    }
-    ${
-    Array.from({ length: bk }, (_, kr) =>
-      `{\n      ${fma.join("\n      ").replaceAll("kr *", `${kr}u *`)}\n    }`).join("\n    ")
-  }
-    ${h ? flush.join("\n    ") : ""}
-    workgroupBarrier();
-    if (k0 >= kend) { break; }
-  }
+  ${db ? dbLoop : loop}
   ${out.join("\n  ")}
 }`);
   return lines.join("\n");

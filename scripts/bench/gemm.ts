@@ -73,12 +73,11 @@ const shapes = values.quick
   );
 const GRID: GemmTile[] = [
   { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 },
-  { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2 },
+  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, db: true },
+  { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2, db: true },
+  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, db: true },
   { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4 },
-  { bm: 128, bn: 256, bk: 8, rm: 2, rn: 4 },
   { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 },
-  { bm: 64, bn: 128, bk: 16, rm: 1, rn: 2 },
-  { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2 },
   { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, f16: true },
   { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2, f16: true },
   { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4, f16: true },
@@ -92,7 +91,7 @@ function bytes(N: number, K: number, wt: string): number {
   return quantBytes(N, K, wt as "q8" | "q4");
 }
 
-const tag = (t: GemmTile) => `${t.bm}x${t.bn}k${t.bk}r${t.rm}${t.rn}${t.f16 ? "h" : ""}`;
+const tag = (t: GemmTile) => `${t.bm}x${t.bn}k${t.bk}r${t.rm}${t.rn}${t.f16 ? "h" : ""}${t.db ? "d" : ""}`;
 for (const wt of values.weights!.split(",")) {
   if (wt === "f16" && !gpu.hasF16) continue;
   for (const { M, K, N } of shapes) {

@@ -16,6 +16,8 @@ const TILES: (GemmTile | undefined)[] = [
   { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2 },
   { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 },
   { bm: 32, bn: 64, bk: 32, rm: 1, rn: 2 },
+  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, db: true },
+  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, db: true },
 ];
 
 Deno.test(
