@@ -25,7 +25,7 @@ import {
   type Gpu,
   isQuant,
   type KernelCall,
-  matmulCall,
+  prefillLinearCalls,
   quantFits,
   quantize,
   type QuantType,
@@ -355,8 +355,9 @@ export class Sequence {
     const moeRow = moe ? moe.routing.topK * Math.max(2 * moe.intermediate, H) : 1;
     const rowBytes = Math.max(model.hasHead ? V : 1, H, moeRow, ...Object.values(widths)) * 4;
     // A chunk bounds how long one submit holds the GPU (and, in Deno, this thread: docs/DENO_WEBGPU.md); a
-    // software adapter computes on the CPU, so its chunks are smaller.
-    const chunk = opts.maxChunk ?? (gpu.isSoftware ? 32 : 128);
+    // software adapter computes on the CPU, so its chunks are smaller. On a GPU, 512 rows give the prefill
+    // GEMM (kernels/gemm.ts) enough tiles to fill the SMs (a 512-token chunk of a 1B model is ~30 ms).
+    const chunk = opts.maxChunk ?? (gpu.isSoftware ? 32 : 512);
     this.maxChunk = Math.max(1, Math.min(chunk, opts.maxSeq, Math.floor(maxBinding / rowBytes)));
     const C = this.maxChunk;
     const buf = (bytes: number, label: string) => {
@@ -489,7 +490,12 @@ export class Sequence {
       } else {
         calls.push(
           rmsnormCall(gpu, { x, w: finalNorm, y: xn }, { hidden: H, rows, eps, srcRow0, weights: normType }),
-          matmulCall(gpu, { x: xn, w: lmHead, y: this.logits }, { K: H, N: V, T: rows, weights: wt(lmHead) }),
+          ...prefillLinearCalls(gpu, { x: xn, w: lmHead, y: this.logits }, {
+            K: H,
+            N: V,
+            T: rows,
+            weights: wt(lmHead),
+          }),
         );
       }
       if (output === "sample") {

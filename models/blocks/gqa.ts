@@ -12,10 +12,12 @@ import {
   attentionDecodeFits,
   biasAddCall,
   DECODE_MAX_T,
+  flashAttentionCall,
+  flashAttentionFits,
   gemvFusedCall,
   headNormCall,
   type KernelCall,
-  matmulCall,
+  prefillLinearCalls,
   rmsnormCall,
   ropeKvCall,
   storageBuffer,
@@ -110,7 +112,7 @@ export function gqaProgram(
     ]
     : [
       rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
-      matmulCall(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
+      ...prefillLinearCalls(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
     ];
   if (w.qkvBias) calls.push(biasAddCall(gpu, { b: w.qkvBias, y: qkv }, { N: qkvDim, T }));
   if (w.qNorm && w.kNorm) calls.push(headNormCall(gpu, { qkv, wq: w.qNorm, wk: w.kNorm }, { ...dims, eps }));
@@ -120,14 +122,18 @@ export function gqaProgram(
   if (T <= DECODE_MAX_T && attentionDecodeFits(gpu, dims)) {
     calls.push(...attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));
   } else {
+    // Flash attention (tiles of queries and keys) where the head size fits it, else one query a workgroup.
+    const attend = flashAttentionFits(a.headDim) ? flashAttentionCall : attentionCall;
     calls.push(
       ropeKvCall(gpu, { step, table, qkv, kcache, vcache }, dims),
-      attentionCall(gpu, { step, qkv, kcache, vcache, out: att }, dims),
+      attend(gpu, { step, qkv, kcache, vcache, out: att }, dims),
     );
   }
   const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
   calls.push(
-    d.fused ? gemvFusedCall(gpu, { x: att, w: w.o, y: x }, o) : matmulCall(gpu, { x: att, w: w.o, y: x }, o),
+    ...(d.fused
+      ? [gemvFusedCall(gpu, { x: att, w: w.o, y: x }, o)]
+      : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, o)),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));
   return calls;

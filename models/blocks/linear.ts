@@ -6,7 +6,7 @@ import {
   gemvFusedCall,
   gemvFusedFits,
   type KernelCall,
-  matmulCall,
+  prefillLinearCalls,
   rmsnormCall,
 } from "../../kernels/mod.ts";
 import type { BlockContext } from "./context.ts";
@@ -36,10 +36,10 @@ export function linear(
       ...(b.norm ? { transform: "rmsnorm" as const, normWeights: normType, eps } : {}),
     })];
   }
-  if (!b.norm) return [matmulCall(gpu, { x: b.x, w: b.w, y: b.y }, dims)];
+  if (!b.norm) return prefillLinearCalls(gpu, { x: b.x, w: b.w, y: b.y }, dims);
   if (!b.normed) throw new TypeError("a normed linear layer off the fused path needs `normed` scratch");
   return [
     rmsnormCall(gpu, { x: b.x, w: b.norm, y: b.normed }, { hidden: d.K, rows: d.T, eps, weights: normType }),
-    matmulCall(gpu, { x: b.normed, w: b.w, y: b.y }, dims),
+    ...prefillLinearCalls(gpu, { x: b.normed, w: b.w, y: b.y }, dims),
   ];
 }

@@ -2,7 +2,15 @@
 //   xn  = rmsnorm(x) * post_attention_layernorm     [H]
 //   gu  = xn @ [gate_proj; up_proj]^T               [2 I]
 //   x  += (silu(gate) * up) @ down_proj^T           [H]
-import { gemvFusedCall, type KernelCall, matmulCall, rmsnormCall, siluMulCall } from "../../kernels/mod.ts";
+import {
+  gemmCalls,
+  gemmFits,
+  gemvFusedCall,
+  type KernelCall,
+  prefillLinearCalls,
+  rmsnormCall,
+  siluMulCall,
+} from "../../kernels/mod.ts";
 import type { DenseMlp } from "../config.ts";
 import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
 
@@ -63,11 +71,17 @@ export function mlpProgram(
       }),
     ];
   }
+  const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down) };
   return [
     rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
-    matmulCall(gpu, { x: xn, w: w.gateUp, y: gu }, { K: H, N: 2 * I, T, weights: wt(w.gateUp) }),
-    siluMulCall(gpu, { gu, a }, { intermediate: I, T }),
-    matmulCall(gpu, { x: a, w: w.down, y: x }, { K: I, N: H, T, accumulate: true, weights: wt(w.down) }),
+    ...prefillLinearCalls(gpu, { x: xn, w: w.gateUp, y: gu }, { K: H, N: 2 * I, T, weights: wt(w.gateUp) }),
+    // The GEMM reads silu(gate) * up as it stages its input; other shapes take the separate kernel.
+    ...(gemmFits(I, down.weights)
+      ? gemmCalls(gpu, { x: gu, w: w.down, y: x }, { ...down, transform: "silu_mul" as const })
+      : [
+        siluMulCall(gpu, { gu, a }, { intermediate: I, T }),
+        ...prefillLinearCalls(gpu, { x: a, w: w.down, y: x }, down),
+      ]),
   ];
 }
 

@@ -1,0 +1,518 @@
+// The prefill GEMM: y[m, n] (+)= sum_k f(x)[m, k] * W[n, k] for many rows m (a prompt's tokens), W as the
+// checkpoint stores it ([out, in]) in any of the engine's formats (f32, f16, q8, q4; kernels/quant.ts).
+// Register-blocked tiles, the classic SIMT SGEMM layout:
+//   - a workgroup computes a BM x BN tile of y; each thread a (4 RM) x (4 RN) block of it, held in
+//     RM * 4 * RN vec4<f32> registers, so each k step is 2 (RM + RN) vec4 reads of workgroup memory for
+//     16 RM RN FMAs;
+//   - each step stages a BK-wide slice of x (BM rows) and of W (BN rows) in workgroup memory, k-major
+//     (xs[k][m], ws[k][n]) so a thread's fragments are vec4 reads; f16 / q8 / q4 weights are decoded to
+//     f32 as they are staged;
+//   - the next slice's global loads are issued before the current slice is multiplied (register
+//     prefetch), and decoded only when stored, so their latency hides behind the FMAs.
+// A thread's rows are m = 4 (i TY + ty) + 0..3 (i < RM) and its columns n = 4 (j TX + tx) + 0..3, strided
+// so that the fragment reads of a warp are broadcasts or consecutive vec4s (no bank conflicts).
+// Accumulation is f32 throughout: the tiles are FP32-FMA-bound (no cooperative matrices reach WGSL through
+// Deno: docs/KERNELS.md), and f16 sums over K = 8192 would lose the fixtures' 1e-4.
+// Input transforms (the decode GEMV's, where they save a pass): "silu_mul" reads silu(gate) * up from a
+// fused [M, 2K] gate/up row as it stages x. RMSNorm stays its own kernel before the GEMM (it costs one
+// [M, K] pass, under 1% of the GEMM).
+import {
+  ceilDiv,
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  pipeline,
+  storageBuffer,
+  uniformBuffer,
+  type WeightType,
+} from "./gpu.ts";
+import { matmulCall } from "./matmul.ts";
+import { isQuant, QUANT_GROUP, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
+
+export interface GemmTile {
+  /** Rows (tokens) of y per workgroup. */
+  bm: number;
+  /** Columns (output features) of y per workgroup. */
+  bn: number;
+  /** k per staged slice (a multiple of 4). */
+  bk: number;
+  /** vec4 fragments of rows per thread (a thread computes 4 rm rows). */
+  rm: number;
+  /** vec4 fragments of columns per thread. */
+  rn: number;
+  /**
+   * Multiply in f16 (packed half2 FMAs, twice the FP32 rate on NVIDIA), summing each slice's bk products in
+   * f16 and adding those partial sums into the f32 accumulators. Needs shader-f16. Default false.
+   */
+  f16?: boolean;
+  /** Two staging buffers (one barrier a slice instead of two). Default false. */
+  db?: boolean;
+}
+
+export type GemmTransform = "none" | "silu_mul";
+
+export interface GemmDims {
+  /** Input features (for silu_mul: the width of the gate half; x's rows are 2K wide). */
+  K: number;
+  /** Output features (rows of W). */
+  N: number;
+  /** Rows of x (tokens). */
+  T: number;
+  /** Add into y instead of overwriting it. Default false. */
+  accumulate?: boolean;
+  /** First row of x to read. Default 0. */
+  xRow0?: number;
+  weights: WeightType | QuantType;
+  transform?: GemmTransform;
+  /** Tile shape; default gemmDefaultTile(T, N). */
+  tile?: GemmTile;
+  /** Workgroups along K, their sums added by a second dispatch; default gemmDefaultSplit. */
+  splitK?: number;
+}
+
+/** Whether the GEMM takes this shape (x is read as vec4s; quantised rows are whole groups). */
+export function gemmFits(K: number, weights: WeightType | QuantType): boolean {
+  return isQuant(weights) ? quantFits(K) : K > 0 && K % 4 === 0;
+}
+
+/** Threads of a workgroup for a tile. */
+export function gemmThreads(t: GemmTile): number {
+  return (t.bm / (4 * t.rm)) * (t.bn / (4 * t.rn));
+}
+
+/** Throws a RangeError naming what is wrong with a tile. */
+export function checkGemmTile(t: GemmTile, maxStorage = 49152): void {
+  const { bm, bn, bk, rm, rn } = t;
+  const whole = [bm, bn, bk, rm, rn].every((v) => Number.isInteger(v) && v >= 1);
+  if (!whole || bk % 4 !== 0 || bm % (4 * rm) !== 0 || bn % (4 * rn) !== 0) {
+    throw new RangeError(`GEMM tile ${JSON.stringify(t)}: bk % 4, bm % 4rm and bn % 4rn must be 0`);
+  }
+  const th = gemmThreads(t);
+  if (th > 256 || th < 32) throw new RangeError(`GEMM tile ${JSON.stringify(t)} has ${th} threads (32..256)`);
+  if (((bm * bk) / 4) % th !== 0 || ((bn * bk) / 4) % th !== 0) {
+    throw new RangeError(
+      `GEMM tile ${JSON.stringify(t)}: a slice's vec4 loads must split evenly over ${th} threads`,
+    );
+  }
+  if (tileBytes(t) > maxStorage) {
+    throw new RangeError(`GEMM tile ${JSON.stringify(t)} needs ${tileBytes(t)} bytes of workgroup memory`);
+  }
+}
+
+function tileBytes(t: GemmTile): number {
+  return (t.bm + t.bn + 8) * t.bk * (t.f16 ? 2 : 4) * (t.db ? 2 : 1);
+}
+
+/** Workgroups the H200 runs at once, about (132 SMs x 2): below it, smaller tiles fill the GPU better. */
+const WAVE = 264;
+
+/**
+ * The tile for a shape, from scripts/bench/gemm.ts on the H200 (docs/KERNELS.md): 128 x 128 with 8 x 8
+ * outputs a thread when that makes a wave of workgroups, else 64 x 64 with 4 x 4 a thread (256 threads:
+ * enough warps per SM when the tiles are few), which split K then fills further.
+ */
+export function gemmDefaultTile(T: number, N: number): GemmTile {
+  if (ceilDiv(T, 128) * ceilDiv(N, 128) >= WAVE) return { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 };
+  return { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 };
+}
+
+/**
+ * Whether the default tiles multiply in f16: with SWACTOR_GEMM_MATH=f16 (read when a call is built, so a
+ * benchmark can compare both in one process) for f16 / q8 / q4 weights on an adapter with shader-f16;
+ * f32 weights (the exact path) always multiply in f32.
+ */
+export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
+  return gpu.hasF16 && wt !== "f32" && Deno.env.get("SWACTOR_GEMM_MATH") === "f16";
+}
+
+/** How one slice's vec4 of weights is fetched (raw, kept in registers) and decoded (when staged). */
+function weightCode(wt: WeightType | QuantType): { decl: string; raw: string; load: string; decode: string } {
+  switch (wt) {
+    case "f32":
+      return {
+        decl: "array<vec4<f32>>",
+        raw: "vec4<f32>",
+        load: "W[e / 4u]",
+        decode: "r",
+      };
+    case "f16":
+      return {
+        decl: "array<vec2<u32>>",
+        raw: "vec2<u32>",
+        load: "W[e / 4u]",
+        decode: "vec4<f32>(unpack2x16float(r.x), unpack2x16float(r.y))",
+      };
+    case "q8":
+      // r.x: four int8 codes; r.y: the word holding the group's bf16 scale; r.z: which half.
+      return {
+        decl: "array<u32>",
+        raw: "vec3<u32>",
+        load: `vec3<u32>(W[e / 4u], W[p.soff + e / ${2 * QUANT_GROUP}u], (e / ${QUANT_GROUP}u) & 1u)`,
+        decode: `q8v(r.x) * bf16_at(r.y, r.z)`,
+      };
+    case "q4":
+      // r.x: the word of 8 codes; its half (e % 8 is 0 or 4) is picked when decoding.
+      return {
+        decl: "array<u32>",
+        raw: "vec4<u32>",
+        load: `vec4<u32>(W[e / 8u], W[p.soff + e / ${
+          2 * QUANT_GROUP
+        }u], (e / ${QUANT_GROUP}u) & 1u, 4u * (e % 8u))`,
+        decode: `(q4v(r.x, r.w) - vec4<f32>(8.0)) * bf16_at(r.y, r.z)`,
+      };
+  }
+}
+
+const QUANT_WGSL = `
+fn bf16_at(w: u32, hi: u32) -> f32 {
+  return bitcast<f32>(select(w << 16u, w & 0xffff0000u, hi == 1u));
+}
+fn q8v(w: u32) -> vec4<f32> {
+  let s = bitcast<i32>(w);
+  return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
+}
+fn q4v(w: u32, sh: u32) -> vec4<f32> {
+  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
+}`;
+
+/**
+ * Where thread tid sits in the TX x TY grid of thread blocks. Where the grid allows, a warp (32 lanes) is an
+ * 8 x 4 patch of it, so a k step's fragment reads are 4 distinct x vec4s (64 bytes) and 8 distinct W vec4s
+ * (128 bytes): one workgroup-memory wavefront each, where a 16 x 2 row of threads needs three in all and
+ * makes the FMAs wait on workgroup memory.
+ */
+function threadPlace(TX: number, TY: number): string {
+  if (TX % 8 !== 0 || TY % 4 !== 0) return `let tx = tid % ${TX}u;\n  let ty = tid / ${TX}u;`;
+  const WX = TX / 8; // warps across
+  return `let warp = tid / 32u;
+  let lane = tid % 32u;
+  let tx = (warp % ${WX}u) * 8u + lane % 8u;
+  let ty = (warp / ${WX}u) * 4u + lane / 8u;`;
+}
+
+/** The WGSL of one GEMM variant. */
+export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: GemmTile): string {
+  const { bm, bn, bk, rm, rn } = t;
+  const h = t.f16 === true;
+  const db = t.db === true;
+  const nb = db ? 2 : 1;
+  const S = h ? "f16" : "f32"; // staged and multiplied as
+  const TX = bn / (4 * rn), TY = bm / (4 * rm);
+  const TH = TX * TY;
+  const KQ = bk / 4; // vec4s of k per row of a slice
+  const LA = (bm * KQ) / TH; // x vec4 loads per thread per slice
+  const LW = (bn * KQ) / TH; // W vec4 loads per thread per slice
+  const w = weightCode(wt);
+  // Padding of the k-major slices by one vec4 per k row spreads the transposed stores over the banks.
+  const SA = bm / 4 + 1, SW = bn / 4 + 1;
+  const lines: string[] = [];
+  const L = (s: string) => lines.push(s);
+  // x load: row m (clamped), k vec4 kq; values past T or K read as 0.
+  const xLoad = (i: number) => {
+    const u = `(tid + ${i * TH}u)`;
+    return `{
+      let m = ${u} / ${KQ}u;
+      let k = k0 + 4u * (${u} % ${KQ}u);
+      let ok = m0 + m < p.T && k < p.K;
+      let row = p.x_row0 + min(m0 + m, p.T - 1u);
+      let kk = min(k, p.K - 4u) / 4u;
+      ${
+      f === "silu_mul"
+        ? `let g = x[row * p.ldx + kk];
+      let up = x[row * p.ldx + p.K / 4u + kk];
+      xr${i} = select(vec4<f32>(0.0), g / (vec4<f32>(1.0) + exp(-g)) * up, ok);`
+        : `xr${i} = select(vec4<f32>(0.0), x[row * p.ldx + kk], ok);`
+    }
+    }`;
+  };
+  const wLoad = (i: number) => {
+    const u = `(tid + ${i * TH}u)`;
+    return `{
+      let n = ${u} / ${KQ}u;
+      let k = k0 + 4u * (${u} % ${KQ}u);
+      wok${i} = n0 + n < p.N && k < p.K;
+      let e = min(n0 + n, p.N - 1u) * p.K + min(k, p.K - 4u);
+      wr${i} = ${w.load};
+    }`;
+  };
+  const stores: string[] = [];
+  for (let i = 0; i < LA; i++) {
+    stores.push(`{
+      let u = tid + ${i * TH}u;
+      let m = u / ${KQ}u;
+      let kb = 4u * (u % ${KQ}u);
+      let v = xr${i};
+      for (var c = 0u; c < 4u; c++) { xs[${
+      db ? `sb * ${bk * SA}u + ` : ""
+    }(kb + c) * ${SA}u + m / 4u][m % 4u] = ${S}(v[c]); }
+    }`);
+  }
+  for (let i = 0; i < LW; i++) {
+    stores.push(`{
+      let u = tid + ${i * TH}u;
+      let n = u / ${KQ}u;
+      let kb = 4u * (u % ${KQ}u);
+      let r = wr${i};
+      let v = select(vec4<f32>(0.0), ${w.decode}, wok${i});
+      for (var c = 0u; c < 4u; c++) { ws[${
+      db ? `sb * ${bk * SW}u + ` : ""
+    }(kb + c) * ${SW}u + n / 4u][n % 4u] = ${S}(v[c]); }
+    }`);
+  }
+  const fma: string[] = [];
+  for (let i = 0; i < rm; i++) {
+    fma.push(`let a${i} = xs[${db ? `rb * ${bk * SA}u + ` : ""}kr * ${SA}u + ${i * TY}u + ty];`);
+  }
+  for (let j = 0; j < rn; j++) {
+    fma.push(`let b${j} = ws[${db ? `rb * ${bk * SW}u + ` : ""}kr * ${SW}u + ${j * TX}u + tx];`);
+  }
+  for (let i = 0; i < rm; i++) {
+    for (let r = 0; r < 4; r++) {
+      for (let j = 0; j < rn; j++) {
+        // fma() for one FFMA (HFMA2) per pair of lanes: naga emits `c += a * b` as a multiply and an add.
+        const c = `${h ? "h" : "c"}${i}_${r}_${j}`;
+        fma.push(`${c} = fma(vec4<${S}>(a${i}[${r}]), b${j}, ${c});`);
+      }
+    }
+  }
+  const accDecl: string[] = [];
+  const flush: string[] = [];
+  const out: string[] = [];
+  for (let i = 0; i < rm; i++) {
+    for (let r = 0; r < 4; r++) {
+      for (let j = 0; j < rn; j++) {
+        accDecl.push(`var c${i}_${r}_${j} = vec4<f32>(0.0);`);
+        if (h) accDecl.push(`var h${i}_${r}_${j} = vec4<f16>(0.0);`);
+        flush.push(`c${i}_${r}_${j} += vec4<f32>(h${i}_${r}_${j});\n    h${i}_${r}_${j} = vec4<f16>(0.0);`);
+        out.push(
+          `store(m0 + ${4 * i * TY}u + 4u * ty + ${r}u, n0 + ${
+            4 * j * TX
+          }u + 4u * tx, ybase, c${i}_${r}_${j});`,
+        );
+      }
+    }
+  }
+  const loads = (ind: string) =>
+    [...Array.from({ length: LA }, (_, i) => xLoad(i)), ...Array.from({ length: LW }, (_, i) => wLoad(i))]
+      .join(
+        `\n${ind}`,
+      );
+  const multiply = Array.from(
+    { length: bk },
+    (_, kr) => `{\n      ${fma.join("\n      ").replaceAll("kr *", `${kr}u *`)}\n    }`,
+  ).join("\n    ");
+  const loop = `loop {
+    ${stores.join("\n    ")}
+    workgroupBarrier();
+    k0 += ${bk}u;
+    if (k0 < kend) {
+      ${loads("      ")}
+    }
+    ${multiply}
+    ${h ? flush.join("\n    ") : ""}
+    workgroupBarrier();
+    if (k0 >= kend) { break; }
+  }`;
+  // Double-buffered: the next slice is stored into the other buffer while this one is read; the buffer
+  // written was last read before the previous barrier.
+  const dbLoop = `var rb = 0u;
+  var sb = 0u;
+  ${stores.join("\n  ")}
+  workgroupBarrier();
+  loop {
+    k0 += ${bk}u;
+    let more = k0 < kend;
+    if (more) {
+      ${loads("      ")}
+    }
+    ${multiply}
+    ${h ? flush.join("\n    ") : ""}
+    if (more) {
+      sb = 1u - rb;
+      ${stores.join("\n      ")}
+    }
+    workgroupBarrier();
+    rb = 1u - rb;
+    if (!more) { break; }
+  }`;
+  L(`${h ? "enable f16;" : ""}
+struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32, kc: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: ${w.decl};
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+var<workgroup> xs: array<vec4<${S}>, ${nb * bk * SA}>;
+var<workgroup> ws: array<vec4<${S}>, ${nb * bk * SW}>;
+${isQuant(wt) ? QUANT_WGSL : ""}
+fn store(m: u32, n: u32, ybase: u32, v: vec4<f32>) {
+  if (m >= p.T) { return; }
+  for (var c = 0u; c < 4u; c++) {
+    if (n + c < p.N) {
+      let o = ybase + m * p.N + n + c;
+      var prev = 0.0;
+      if (p.acc != 0u) { prev = y[o]; }
+      y[o] = prev + v[c];
+    }
+  }
+}
+@compute @workgroup_size(${TH})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  ${threadPlace(TX, TY)}
+  let n0 = wg.x * ${bn}u;
+  let m0 = wg.y * ${bm}u;
+  ${accDecl.join("\n  ")}
+  ${Array.from({ length: LA }, (_, i) => `var xr${i}: vec4<f32>;`).join("\n  ")}
+  ${Array.from({ length: LW }, (_, i) => `var wr${i}: ${w.raw};\n  var wok${i}: bool;`).join("\n  ")}
+  // Split K: workgroup z sums k in [z kc, (z + 1) kc) into its own slice of y (a reduce adds them).
+  var k0 = wg.z * p.kc;
+  let kend = min(p.K, k0 + p.kc);
+  let ybase = wg.z * p.T * p.N;
+  ${Array.from({ length: LA }, (_, i) => xLoad(i)).join("\n  ")}
+  ${Array.from({ length: LW }, (_, i) => wLoad(i)).join("\n  ")}
+  ${db ? dbLoop : loop}
+  ${out.join("\n  ")}
+}`);
+  return lines.join("\n");
+}
+
+/**
+ * The GEMM's dispatches: y[T, N] (+)= f(x)[T, K] @ W[N, K]^T, one dispatch, or with `splitK` > 1 a
+ * dispatch whose workgroups also split K (each writing its slice of a shared scratch) and a reduce that
+ * adds the slices into y. Split K fills the GPU when T x N makes few tiles and K is long (a 512-row
+ * prompt chunk through down_proj: 64 tiles of 128 x 128 for 132 SMs).
+ */
+export function gemmCalls(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
+  d: GemmDims,
+): KernelCall[] {
+  const wt = d.weights;
+  if (!gemmFits(d.K, wt)) {
+    throw new RangeError(
+      `the GEMM needs K % ${isQuant(wt) ? QUANT_GROUP : 4} == 0 for ${wt} weights, got K = ${d.K}`,
+    );
+  }
+  if (!(Number.isInteger(d.T) && d.T >= 1 && Number.isInteger(d.N) && d.N >= 1)) {
+    throw new RangeError(`GEMM of T = ${d.T} rows and N = ${d.N} columns`);
+  }
+  const tile = d.tile ?? { ...gemmDefaultTile(d.T, d.N), f16: gemmF16Math(gpu, wt) };
+  checkGemmTile(tile, gpu.maxWorkgroupStorage);
+  if (tile.f16 && !gpu.hasF16) throw new RangeError(`f16 GEMM tiles need shader-f16 (${gpu.adapterName})`);
+  const splits = d.splitK ?? gemmDefaultSplit(d.T, d.N, d.K, tile);
+  if (!(Number.isInteger(splits) && splits >= 1)) {
+    throw new RangeError(`splitK must be an integer >= 1, got ${splits}`);
+  }
+  const kc = ceilDiv(ceilDiv(d.K, splits), tile.bk) * tile.bk;
+  const f = d.transform ?? "none";
+  const soff = isQuant(wt) ? quantScaleWord(d.N, d.K, wt) : 0;
+  const ldx = (f === "silu_mul" ? 2 * d.K : d.K) / 4;
+  const split = splits > 1;
+  const acc = d.accumulate && !split ? 1 : 0;
+  const params = uniformBuffer(gpu, [d.K, d.N, d.T, acc, d.xRow0 ?? 0, soff, ldx, kc]);
+  const out = split ? splitScratch(gpu, splits * d.T * d.N * 4) : bufs.y;
+  const gemm = kernelCall(gpu, pipeline(gpu, gemmSource(wt, f, tile)), [params, bufs.x, bufs.w, out], [
+    ceilDiv(d.N, tile.bn),
+    ceilDiv(d.T, tile.bm),
+    ceilDiv(d.K, kc),
+  ], `gemm_${f}`);
+  if (!split) return [gemm];
+  const n = d.T * d.N;
+  const rp = uniformBuffer(gpu, [n, ceilDiv(d.K, kc), d.accumulate ? 1 : 0]);
+  return [
+    gemm,
+    kernelCall(gpu, pipeline(gpu, REDUCE), [rp, out, bufs.y], [
+      Math.min(ceilDiv(n, 256), 65535),
+      ceilDiv(n, 256 * 65535),
+    ], "gemm_reduce"),
+  ];
+}
+
+/** One GEMM dispatch (no split K): tests and callers that want exactly one call. */
+export function gemmCall(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
+  d: GemmDims,
+): KernelCall {
+  return gemmCalls(gpu, bufs, { ...d, splitK: 1 })[0];
+}
+
+/**
+ * Split K where the tiles are under a wave and K is long: splits (a power of two) until they make a wave,
+ * each split keeping >= 1024 of K.
+ */
+export function gemmDefaultSplit(T: number, N: number, K: number, tile: GemmTile): number {
+  const tiles = ceilDiv(T, tile.bm) * ceilDiv(N, tile.bn);
+  let s = 1;
+  while (tiles * s < WAVE && K / (2 * s) >= 1024 && s < 8) s *= 2;
+  return s;
+}
+
+const REDUCE = `
+struct P { n: u32, splits: u32, acc: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> part: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  let i = g.y * 65535u * 256u + g.x;
+  if (i >= p.n) { return; }
+  var s = select(0.0, y[i], p.acc != 0u);
+  for (var z = 0u; z < p.splits; z++) { s += part[z * p.n + i]; }
+  y[i] = s;
+}`;
+
+/**
+ * The split-K partial sums' scratch, one per device, grown as needed and shared by every call: dispatches
+ * run in submission order, so no two GEMMs use it at once. (A grown-out buffer stays alive through the
+ * bind groups that hold it.)
+ */
+const scratch = new WeakMap<Gpu, GPUBuffer>();
+function splitScratch(gpu: Gpu, bytes: number): GPUBuffer {
+  const have = scratch.get(gpu);
+  if (have && have.size >= bytes) return have;
+  const b = storageBuffer(gpu, bytes, "gemm split-K");
+  scratch.set(gpu, b);
+  return b;
+}
+
+/**
+ * CPU reference (f64 sums): `x` holds rows of K (or 2K for silu_mul) from row xRow0, `w` the weights as
+ * floats (dequantised for q8 / q4), `y0` the prior content of y when accumulating.
+ */
+export function gemmRef(
+  x: Float32Array,
+  w: Float32Array,
+  d: Omit<GemmDims, "weights" | "tile" | "splitK">,
+  y0?: Float32Array,
+): Float32Array {
+  const { K, N, T } = d;
+  const f = d.transform ?? "none";
+  const ld = f === "silu_mul" ? 2 * K : K;
+  const r0 = d.xRow0 ?? 0;
+  const y = new Float32Array(T * N);
+  const row = new Float64Array(K);
+  for (let t = 0; t < T; t++) {
+    for (let k = 0; k < K; k++) {
+      const g = x[(r0 + t) * ld + k];
+      row[k] = f === "silu_mul" ? Math.fround(g / (1 + Math.exp(-g))) * x[(r0 + t) * ld + K + k] : g;
+    }
+    for (let n = 0; n < N; n++) {
+      let s = d.accumulate && y0 ? y0[t * N + n] : 0;
+      for (let k = 0; k < K; k++) s += row[k] * w[n * K + k];
+      y[t * N + n] = s;
+    }
+  }
+  return y;
+}
+
+/**
+ * A prefill linear layer: the GEMM where it takes the shape, else matmul.ts's 16 x 16 tiled kernel (rows
+ * whose length is not a multiple of 4). The blocks call this off the decode (GEMV) path.
+ */
+export function prefillLinearCalls(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
+  d: Omit<GemmDims, "tile" | "splitK">,
+): KernelCall[] {
+  return gemmFits(d.K, d.weights) ? gemmCalls(gpu, bufs, d) : [matmulCall(gpu, bufs, d)];
+}

@@ -1,0 +1,166 @@
+// Prefill benchmark (issue 13): time to first token and prompt tok/s for 512- and 2048-token prompts,
+// greedy, through the engine's own path (Engine.generate with one new token: every chunk of the prompt,
+// the head and the sampler, and the readback). On a checkpoint dir, or a Llama-3.2-1B-shaped model with
+// random weights written there first (fast: rows copied from one random pool; the numbers do not depend
+// on the values). --kernels adds the GPU time of each kernel kind over one chunk (timestamps around each
+// dispatch), so the total says where the time goes. One JSON line per (weights, prompt).
+//   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
+//     [--chunk C] [--kernels] [--tiny] [--math f32,f16]
+// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; with more than one, each
+// line after the first also has the teacher-forced logits error of a 256-token prompt against the first
+// (worst row's max |error| / max |logit|, the fixtures' measure).
+// --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { getGpu, writeStep } from "../../kernels/mod.ts";
+import { gpuMsPerCall } from "../../kernels/timer.ts";
+import { Checkpoint } from "../../models/checkpoint.ts";
+import { Engine, wholeModel } from "../../models/engine.ts";
+import { parseModelConfig } from "../../models/family.ts";
+import { Model, type WeightsOption } from "../../models/model.ts";
+import { writeSafetensors } from "../../models/safetensors.ts";
+import { tensorShapes } from "../../models/tensors.ts";
+import { LLAMA_3_2_1B } from "./random_checkpoint.ts";
+import { worstRowError } from "../check_fixture.ts";
+
+const { values } = parseArgs({
+  args: Deno.args,
+  options: {
+    dir: { type: "string", default: `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-bench-prefill-llama1b` },
+    weights: { type: "string", default: "f16" },
+    prompts: { type: "string", default: "512,2048" },
+    runs: { type: "string", default: "3" },
+    chunk: { type: "string" },
+    kernels: { type: "boolean", default: false },
+    tiny: { type: "boolean", default: false },
+    math: { type: "string", default: "f32" },
+  },
+});
+
+/** Writes a Llama-3.2-1B-shaped checkpoint of bf16 weights ~U(-0.03, 0.03), norms 1, unless one is there. */
+const CONFIG = values.tiny
+  ? {
+    ...LLAMA_3_2_1B,
+    vocab_size: 1000,
+    hidden_size: 256,
+    intermediate_size: 512,
+    num_hidden_layers: 2,
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+    bos_token_id: 1,
+    eos_token_id: [2],
+  }
+  : LLAMA_3_2_1B;
+
+async function ensureCheckpoint(dir: string): Promise<void> {
+  if (await Deno.stat(join(dir, "config.json")).then(() => true, () => false)) return;
+  await Deno.mkdir(dir, { recursive: true });
+  const config = parseModelConfig(CONFIG, "benchmark config");
+  const pool = new Uint16Array(1 << 24);
+  const f = new Float32Array(1);
+  const bits = new Uint32Array(f.buffer);
+  let s = 0x9e3779b9;
+  for (let i = 0; i < pool.length; i++) {
+    s ^= s << 13, s ^= s >>> 17, s ^= s << 5;
+    f[0] = ((s >>> 0) / 2 ** 32 - 0.5) * 0.06; // bf16 of a uniform value in (-0.03, 0.03)
+    pool[i] = bits[0] >>> 16;
+  }
+  const tensors = [...tensorShapes(config)].map(([name, shape]) => {
+    const n = shape.reduce((a, b) => a * b, 1);
+    const data = new Uint16Array(n);
+    if (/norm/.test(name)) data.fill(0x3f80); // 1.0
+    else for (let o = 0; o < n; o += pool.length) data.set(pool.subarray(0, Math.min(pool.length, n - o)), o);
+    return { name, dtype: "BF16" as const, shape, data: new Uint8Array(data.buffer) };
+  });
+  await writeSafetensors(join(dir, "model.safetensors"), tensors, { format: "pt" });
+  await Deno.writeTextFile(join(dir, "config.json"), JSON.stringify(CONFIG, null, 2));
+}
+
+const gpu = await getGpu();
+const t0 = performance.now();
+await ensureCheckpoint(values.dir!);
+console.error(
+  `prefill: checkpoint ready in ${((performance.now() - t0) / 1000).toFixed(1)} s at ${values.dir}`,
+);
+const ckpt = await Checkpoint.open(values.dir!);
+const prompts = values.prompts!.split(",").map(Number);
+const runs = Number(values.runs);
+const sampling = { temperature: 0, topP: 1, seed: 0 };
+for (const weights of values.weights!.split(",") as WeightsOption[]) {
+  if (weights === "f16" && !gpu.hasF16) continue;
+  const t1 = performance.now();
+  const model = await Model.load(gpu, ckpt, { weights });
+  console.error(`prefill: ${weights} loaded in ${((performance.now() - t1) / 1000).toFixed(1)} s`);
+  const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
+  const probe = Array.from(
+    { length: Math.min(256, ckpt.config.maxPositionEmbeddings) },
+    (_, i) => (i * 104729 + 7) % ckpt.config.vocabSize,
+  );
+  let baseline: Float32Array | undefined;
+  for (const math of values.math!.split(",")) {
+    Deno.env.set("SWACTOR_GEMM_MATH", math);
+    let logitsErr: number | undefined;
+    if (values.math!.includes(",")) {
+      const logits = await engine.logits(probe);
+      if (baseline) logitsErr = worstRowError(logits, baseline, ckpt.config.vocabSize);
+      else baseline = logits;
+    }
+    for (const P of prompts) {
+      const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
+      const maxChunk = values.chunk ? Number(values.chunk) : undefined;
+      const ttft: number[] = [];
+      let chunk = 0;
+      for (let r = 0; r <= runs; r++) { // run 0 compiles the pipelines
+        const id = `bench-${P}-${r}`;
+        chunk = engine.open(id, { maxSeq: P + 1, sampling, maxChunk }).chunk;
+        try {
+          const res = await engine.generate(id, prompt, { maxTokens: 1, eos: [] });
+          if (r > 0) ttft.push(res.firstTokenMs);
+        } finally {
+          engine.release(id);
+        }
+      }
+      ttft.sort((a, b) => a - b);
+      const ms = ttft[Math.floor(ttft.length / 2)];
+      const line: Record<string, unknown> = {
+        adapter: gpu.adapterName,
+        weights,
+        math,
+        ...(logitsErr === undefined ? {} : { logitsErr: +logitsErr.toExponential(2) }),
+        prompt: P,
+        chunk,
+        ttftMs: +ms.toFixed(1),
+        tokS: Math.round((P / ms) * 1000),
+        runsMs: ttft.map((t) => +t.toFixed(1)),
+      };
+      if (values.kernels && gpu.hasTimestamps) line.gpuMsByKernel = await kernelTimes(model, P, chunk);
+      console.log(JSON.stringify(line));
+    }
+  }
+  engine.close();
+}
+
+/** GPU ms by kernel label over the prompt's chunks (the last chunk's position range stands for all). */
+async function kernelTimes(model: Model, P: number, chunk: number): Promise<Record<string, number>> {
+  const seq = model.newSequence({ maxSeq: P + 1, sampling, maxChunk: chunk });
+  try {
+    const byLabel: Record<string, number> = {};
+    let total = 0;
+    for (let pos0 = 0; pos0 < P; pos0 += chunk) {
+      const T = Math.min(chunk, P - pos0);
+      writeStep(gpu, seq.step, { pos0, T, tokOut: P });
+      const calls = seq.program(T, pos0 + T >= P ? "sample" : "hidden");
+      const ms = await gpuMsPerCall(gpu, calls, 1);
+      calls.forEach((c, i) => {
+        const k = c.label ?? "?";
+        byLabel[k] = (byLabel[k] ?? 0) + ms[i];
+        total += ms[i];
+      });
+    }
+    const out: Record<string, number> = { total: +total.toFixed(2) };
+    for (const [k, v] of Object.entries(byLabel).sort((a, b) => b[1] - a[1])) out[k] = +v.toFixed(2);
+    return out;
+  } finally {
+    seq.destroy();
+  }
+}

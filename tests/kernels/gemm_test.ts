@@ -1,0 +1,142 @@
+// The prefill GEMM (kernels/gemm.ts) against gemmRef (f64 sums) over the same weights as floats (f16
+// rounded, q8 / q4 dequantised: q * bf16 scale is exact in f32), on awkward shapes: T and N not multiples
+// of any tile, K not a multiple of the slice (bk = 16), T = 1, every tile the defaults pick and a few more.
+// Tolerance: the only difference is f32 accumulation order over K terms with |x|, |w| <= 2: atol 1e-4 +
+// rtol 1e-4 holds with a wide margin at K <= 1056 (a wrong index misses it by orders of magnitude).
+import { gemmCall, gemmFits, gemmRef, type GemmTile, runCalls, uploadBuffer } from "../../kernels/mod.ts";
+import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+
+const gpu = await gpuOrSkip();
+const ignore = gpu === null;
+
+const TILES: (GemmTile | undefined)[] = [
+  undefined,
+  { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2 },
+  { bm: 64, bn: 128, bk: 16, rm: 2, rn: 2 },
+  { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2 },
+  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 },
+  { bm: 32, bn: 64, bk: 32, rm: 1, rn: 2 },
+  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, db: true },
+  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, db: true },
+];
+
+Deno.test(
+  { name: "GEMM matches the reference for every weight format, tile and awkward shape", ignore },
+  async () => {
+    const g = gpu!;
+    // [T, K, N]: K = 4 * odd and not a multiple of 16 (float only), N odd, T = 1 and T past a tile.
+    const shapes = [[1, 64, 5], [37, 100, 77], [130, 96, 129], [65, 1056, 33], [200, 32, 300]];
+    let c = 0;
+    for (const [T, K, N] of shapes) {
+      for (const wt of ["f32", "f16", "q8", "q4"] as const) {
+        if (!gemmFits(K, wt)) continue;
+        for (const transform of ["none", "silu_mul"] as const) {
+          const tile = TILES[c++ % TILES.length];
+          const accumulate = c % 2 === 0;
+          const xRow0 = c % 3 === 0 ? 1 : 0;
+          const width = transform === "silu_mul" ? 2 * K : K;
+          const x = randoms((T + xRow0) * width, c, 2);
+          const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
+          const y0 = randoms(T * N, c + 7);
+          const y = upload(g, y0);
+          await runCalls(g, [
+            gemmCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y }, {
+              K,
+              N,
+              T,
+              accumulate,
+              xRow0,
+              weights: wt,
+              transform,
+              tile,
+            }),
+          ]);
+          const want = gemmRef(x, w.deq, { K, N, T, accumulate, xRow0, transform }, y0);
+          assertClose(
+            await readF32(g, y, T * N),
+            want,
+            1e-4,
+            1e-4,
+            `${wt} ${transform} T${T} K${K} N${N} tile ${JSON.stringify(tile)}`,
+          );
+        }
+      }
+    }
+  },
+);
+
+// f16 multiplies: x and the weights rounded to f16, each slice's bk = 16 products summed in f16. Bound
+// per element: (2 + bk) 2^-11 sum_k |x w| (the roundings and a bk-term f16 sum) + f32's share; a wrong
+// index or a lost slice is off by about sum |x w| / sqrt(K), far above it.
+Deno.test({
+  name: `GEMM with f16 multiplies stays within its rounding bound${
+    gpu?.hasF16 ? "" : " [ignored: no shader-f16]"
+  }`,
+  ignore: ignore || !gpu?.hasF16,
+}, async () => {
+  const g = gpu!;
+  let c = 50;
+  for (const [T, K, N] of [[37, 100, 77], [130, 96, 129], [65, 1056, 33]]) {
+    for (const wt of ["f16", "q8", "q4", "f32"] as const) {
+      if (!gemmFits(K, wt)) continue;
+      const transform = c % 2 === 0 ? "silu_mul" as const : "none" as const;
+      const tile: GemmTile = { ...TILES[1 + (c % 3)]!, f16: true };
+      c++;
+      const width = transform === "silu_mul" ? 2 * K : K;
+      const x = randoms(T * width, c, 2);
+      const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
+      const y = upload(g, new Float32Array(T * N));
+      await runCalls(g, [
+        gemmCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y }, {
+          K,
+          N,
+          T,
+          weights: wt,
+          transform,
+          tile,
+        }),
+      ]);
+      const want = gemmRef(x, w.deq, { K, N, T, transform });
+      const absIn = transform === "silu_mul"
+        ? Float32Array.from({ length: T * K }, (_, i) => {
+          const [t, k] = [Math.floor(i / K), i % K];
+          const gt = x[t * 2 * K + k];
+          return Math.abs(gt / (1 + Math.exp(-gt)) * x[t * 2 * K + K + k]);
+        })
+        : x.map(Math.abs);
+      const got = await readF32(g, y, T * N);
+      for (let t = 0; t < T; t++) {
+        for (let n = 0; n < N; n++) {
+          let sum = 0;
+          for (let k = 0; k < K; k++) sum += absIn[t * K + k] * Math.abs(w.deq[n * K + k]);
+          const err = Math.abs(got[t * N + n] - want[t * N + n]);
+          const bound = 1e-4 + 18 * 2 ** -11 * sum;
+          if (!(err <= bound)) {
+            throw new Error(
+              `f16 ${wt} ${transform} T${T} K${K} N${N} at (${t}, ${n}): |err| ${err} > ${bound}`,
+            );
+          }
+        }
+      }
+    }
+  }
+});
+
+Deno.test({ name: "GEMM rejects shapes and tiles it cannot take", ignore }, () => {
+  const g = gpu!;
+  const b = upload(g, new Float32Array(64));
+  const bufs = { x: b, w: b, y: b };
+  const bad = (d: Parameters<typeof gemmCall>[2], re: RegExp) => {
+    let msg = "";
+    try {
+      gemmCall(g, bufs, d);
+    } catch (e) {
+      msg = (e as Error).message;
+    }
+    if (!re.test(msg)) throw new Error(`want ${re}, got "${msg}"`);
+  };
+  bad({ K: 6, N: 4, T: 2, weights: "f32" }, /K % 4 == 0/);
+  bad({ K: 48, N: 4, T: 2, weights: "q4" }, /K % 32 == 0/);
+  bad({ K: 8, N: 4, T: 2, weights: "f32", tile: { bm: 64, bn: 64, bk: 6, rm: 2, rn: 2 } }, /bk % 4/);
+  bad({ K: 8, N: 4, T: 2, weights: "f32", tile: { bm: 256, bn: 256, bk: 16, rm: 2, rn: 2 } }, /threads/);
+});
