@@ -23,3 +23,4 @@ export * from "./moe_grouped.ts";
 export * from "./moe_ffn.ts";
 export * from "./mla.ts";
 export * from "./mla_attention.ts";
+export * from "./convert.ts";
