@@ -9,6 +9,8 @@
 // key=value,... overrides config keys (e.g. a smoke test on a software adapter, whose buffers are small:
 // --set vocab_size=4096,num_experts=16,n_routed_experts=16).
 // transformers on the same shapes: scripts/bench/hf_moe.py.
+// --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
+// the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
 import {
   encodeCalls,
@@ -23,6 +25,8 @@ import { gpuMs, gpuMsPerCall } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
 import { Model, type WeightsOption } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
+import { Checkpoint } from "../../models/checkpoint.ts";
+import type { ConvertOn } from "../../models/upload.ts";
 
 /** Qwen3-30B-A3B's config.json (public), and DeepSeek-V2-Lite's dimensions as a deepseek_v3 config. */
 export const MOE_SHAPES: Record<string, Record<string, unknown>> = {
@@ -101,6 +105,8 @@ const { values } = parseArgs({
     new: { type: "string", default: "128" },
     runs: { type: "string", default: "2" },
     set: { type: "string" },
+    load: { type: "string" },
+    convert: { type: "string", default: "gpu,cpu" },
   },
 });
 
@@ -130,6 +136,28 @@ if (gpu.isSoftware) {
 }
 const emptyUs = gpu.hasTimestamps ? await dispatchUs(gpu) : NaN;
 const P = Number(values.prompt), N = Number(values.new);
+if (values.load) {
+  const ckpt = await Checkpoint.open(values.load);
+  for (const weights of values.weights!.split(",") as WeightsOption[]) {
+    for (const convert of values.convert!.split(",") as ConvertOn[]) {
+      const t0 = performance.now();
+      const model = await Model.load(gpu, ckpt, { weights, convert });
+      await gpu.device.queue.onSubmittedWorkDone();
+      const s = (performance.now() - t0) / 1000;
+      console.log(JSON.stringify({
+        bench: "swactor-load",
+        dir: values.load,
+        weights,
+        convert,
+        load_s: Number(s.toFixed(2)),
+        weight_bytes: model.weightBytes,
+        checkpoint_gb_s: Number((ckpt.files.length ? fileBytes(ckpt) / s / 1e9 : 0).toFixed(2)),
+      }));
+      model.destroy();
+    }
+  }
+  Deno.exit(0);
+}
 for (const shape of values.shape!.split(",")) {
   const base = MOE_SHAPES[shape];
   if (!base) throw new TypeError(`--shape must be among ${Object.keys(MOE_SHAPES)}, got "${shape}"`);
@@ -217,6 +245,12 @@ for (const shape of values.shape!.split(",")) {
     }));
     engine.close();
   }
+}
+
+function fileBytes(ckpt: Checkpoint): number {
+  let n = 0;
+  for (const t of ckpt.tensors.values()) n += t.end - t.begin;
+  return n;
 }
 
 /** Weight bytes one decode step reads: the routed experts count topK / experts of their stacks. */
