@@ -24,3 +24,4 @@ export * from "./moe_ffn.ts";
 export * from "./mla.ts";
 export * from "./mla_attention.ts";
 export * from "./convert.ts";
+export * from "./moe_sg.ts";

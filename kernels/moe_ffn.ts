@@ -11,6 +11,7 @@ import { gemvFusedCall, gemvFusedFits, type GemvTuning } from "./gemv_fused.ts";
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
 import { moeGemvCall } from "./moe_gemv.ts";
+import { moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
 import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
 import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
 import { isQuant, quantFits, type QuantType } from "./quant.ts";
@@ -197,6 +198,93 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
       );
     }
   }
+  return calls;
+}
+
+/**
+ * The decode path on adapters with subgroups (T <= GEMV_MAX_T): the block from the residual stream itself,
+ * its RMSNorm fused into the router GEMV and the gate_up GEMV (kernels/moe_sg.ts), so no normalised copy
+ * is written:
+ *   router logits = rmsnorm(x) @ router^T        gemv_sg (f32 weights)
+ *   ids, w        = route(logits)                moe_router.ts
+ *   act           = silu(gate) * up, k slots      moe_sg gate_up (norm fused)
+ *   [shared expert: gate_up with the norm fused, then down + silu_mul fused, added into x]
+ *   x            += sum_j w_j down_j . act_j      moe_sg down (combine fused)
+ * 4 dispatches (6 with a shared expert), against moeFfnCalls' 5 (7) plus the norm. Null when a shape does
+ * not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
+ */
+export function moeDecodeCalls(
+  gpu: Gpu,
+  b: Omit<MoeFfnBuffers, "x" | "y"> & { x: GPUBuffer; norm: GPUBuffer },
+  d: MoeFfnDims & { eps: number; normWeights: WeightType },
+): KernelCall[] | null {
+  const r = checkRouting(d.routing);
+  const { hidden: H, intermediate: I, T } = d;
+  const Is = d.sharedIntermediate ?? 0;
+  const s = b.scratch;
+  if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
+  if (!gemvFusedFits(H) || d.weights.router !== "f32") return null;
+  const experts = { T, topK: r.topK, experts: r.experts };
+  const gateUp: MoeSgDims = {
+    kind: "gate_up",
+    K: H,
+    N: I,
+    ...experts,
+    weights: d.weights.gateUp,
+    rmsnorm: { eps: d.eps, weights: d.normWeights },
+  };
+  const down: MoeSgDims = { kind: "down", K: I, N: H, ...experts, weights: d.weights.down, accumulate: true };
+  if (!moeSgFits(gpu, gateUp) || !moeSgFits(gpu, down)) return null;
+  const sgt = d.weights.sharedGateUp, sdt = d.weights.sharedDown;
+  if (Is > 0) {
+    if (!b.sharedGateUp || !b.sharedDown || !sgt || !sdt || !s.sharedGu) {
+      throw new TypeError(
+        "sharedIntermediate > 0 needs sharedGateUp / sharedDown buffers, weights and scratch",
+      );
+    }
+    if (!gemvFusedFits(Is) || (isQuant(sdt) && !quantFits(Is))) return null;
+  }
+  const norm = { normWeight: b.norm };
+  const calls = [
+    gemvFusedCall(gpu, { x: b.x, w: b.router, y: s.logits, ...norm }, {
+      K: H,
+      N: r.experts,
+      T,
+      weights: "f32",
+      normWeights: d.normWeights,
+      transform: "rmsnorm",
+      eps: d.eps,
+    }),
+    moeRouterCall(gpu, { logits: s.logits, ids: s.ids, routeWeights: s.routeWeights, bias: b.bias }, {
+      ...r,
+      T,
+    }),
+    moeSgCall(gpu, { x: b.x, w: b.gateUp, out: s.gu, ids: s.ids, norm: b.norm }, gateUp),
+  ];
+  if (Is > 0) {
+    calls.push(
+      gemvFusedCall(gpu, { x: b.x, w: b.sharedGateUp!, y: s.sharedGu!, ...norm }, {
+        K: H,
+        N: 2 * Is,
+        T,
+        weights: sgt!,
+        normWeights: d.normWeights,
+        transform: "rmsnorm",
+        eps: d.eps,
+      }),
+      gemvFusedCall(gpu, { x: s.sharedGu!, w: b.sharedDown!, y: b.x }, {
+        K: Is,
+        N: H,
+        T,
+        accumulate: true,
+        weights: sdt!,
+        transform: "silu_mul",
+      }),
+    );
+  }
+  calls.push(
+    moeSgCall(gpu, { x: s.gu, w: b.down, out: b.x, ids: s.ids, routeWeights: s.routeWeights }, down),
+  );
   return calls;
 }
 

@@ -1,0 +1,136 @@
+// The subgroup expert GEMVs (kernels/moe_sg.ts) against the CPU references (moe_gemv.ts's moeGemvRef,
+// rmsnorm and silu_mul written out): gate_up with and without the fused RMSNorm, SiLU * up fused; down with
+// the weighted combine and the residual add; every storage; awkward shapes (rows not a multiple of the
+// warp's, slots whose rows do not fill a warp, T > 1, experts outside the stack skipped).
+// Tolerance 1e-4 + 1e-4 |ref| against f64 on the very weights the GPU reads (moe_test.ts's argument).
+import {
+  moeGemvRef,
+  moeSgCall,
+  type MoeSgDims,
+  moeSgFits,
+  type QuantType,
+  runCalls,
+  storageBuffer,
+  uploadBuffer,
+  type WeightType,
+} from "../../kernels/mod.ts";
+import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+
+const gpu = await gpuOrSkip();
+const ignore = gpu === null || gpu.subgroupSize === null;
+const TYPES: (WeightType | QuantType)[] = ["f32", "f16", "q8", "q4"];
+
+function silu(v: number): number {
+  return v / (1 + Math.exp(-v));
+}
+
+/** ids [T, k]: distinct experts per token, some (when `outside`) beyond the stack. */
+function pickIds(T: number, k: number, E: number, seed: number, outside = false): Uint32Array {
+  const ids = new Uint32Array(T * k);
+  for (let t = 0; t < T; t++) {
+    for (let j = 0; j < k; j++) ids[t * k + j] = (seed + t * 7 + j * 3) % E;
+    if (outside && k > 1) ids[t * k + 1] = E + 5;
+  }
+  return ids;
+}
+
+Deno.test(
+  { name: "moe sg gate_up: silu(gate) * up of the chosen experts, with and without rmsnorm", ignore },
+  async () => {
+    const shapes = [
+      { K: 64, N: 12, k: 2, E: 3, T: 1 },
+      { K: 128, N: 40, k: 3, E: 5, T: 2 },
+      { K: 256, N: 7, k: 1, E: 2, T: 1 },
+    ];
+    let ran = 0;
+    for (const wt of TYPES) {
+      if (wt === "f16" && !gpu!.hasF16) continue;
+      for (const { K, N, k, E, T } of shapes) {
+        for (const norm of [false, true]) {
+          const d: MoeSgDims = { kind: "gate_up", K, N, T, topK: k, experts: E, weights: wt };
+          if (norm) d.rmsnorm = { eps: 1e-6, weights: "f32" };
+          if (!moeSgFits(gpu!, d)) continue;
+          const x = randoms(T * K, K + N + 1);
+          const nw = randoms(K, 5, 1);
+          const w = randoms(E * 2 * N * K, E + K, 0.2);
+          const { bytes, deq } = packedWeights(wt, w, E * 2 * N, K);
+          const ids = pickIds(T, k, E, N, T > 1);
+          // The input the experts see: rmsnorm(x) * nw, or x.
+          const xn = new Float32Array(T * K);
+          for (let t = 0; t < T; t++) {
+            let ss = 0;
+            for (let i = 0; i < K; i++) ss += x[t * K + i] ** 2;
+            const inv = norm ? 1 / Math.sqrt(ss / K + 1e-6) : 1;
+            for (let i = 0; i < K; i++) xn[t * K + i] = norm ? x[t * K + i] * inv * nw[i] : x[t * K + i];
+          }
+          const gu = moeGemvRef({ x: xn, w: deq, ids }, {
+            K,
+            N: 2 * N,
+            T,
+            topK: k,
+            experts: E,
+            weights: "f32",
+          });
+          const want = new Float32Array(T * k * N);
+          for (let s = 0; s < T * k; s++) {
+            for (let n = 0; n < N; n++) want[s * N + n] = silu(gu[s * 2 * N + n]) * gu[s * 2 * N + N + n];
+          }
+          const out = storageBuffer(gpu!, T * k * N * 4);
+          const bufs = {
+            x: upload(gpu!, x),
+            w: uploadBuffer(gpu!, bytes),
+            out,
+            ids: upload(gpu!, ids),
+            norm: upload(gpu!, nw),
+          };
+          await runCalls(gpu!, [moeSgCall(gpu!, bufs, d)]);
+          const got = await readF32(gpu!, out, T * k * N);
+          // Slots of experts outside the stack are left alone (zero here).
+          for (let s = 0; s < T * k; s++) if (ids[s] >= E) want.fill(0, s * N, s * N + N);
+          assertClose(got, want, 1e-4, 1e-4, `gate_up ${wt} K${K} N${N} k${k} T${T} norm ${norm}`);
+          ran++;
+        }
+      }
+    }
+    if (ran < 12) throw new Error(`only ${ran} gate_up cases fit this adapter`);
+  },
+);
+
+Deno.test({ name: "moe sg down: the weighted sum of the chosen experts added into y", ignore }, async () => {
+  const shapes = [
+    { K: 64, N: 20, k: 2, E: 3, T: 1 },
+    { K: 96, N: 33, k: 3, E: 4, T: 2 },
+    { K: 32, N: 9, k: 5, E: 6, T: 1 },
+  ];
+  let ran = 0;
+  for (const wt of TYPES) {
+    if (wt === "f16" && !gpu!.hasF16) continue;
+    for (const { K, N, k, E, T } of shapes) {
+      const d: MoeSgDims = { kind: "down", K, N, T, topK: k, experts: E, weights: wt };
+      if (!moeSgFits(gpu!, d)) continue;
+      const act = randoms(T * k * K, K + 3);
+      const w = randoms(E * N * K, E * K, 0.2);
+      const { bytes, deq } = packedWeights(wt, w, E * N, K);
+      const ids = pickIds(T, k, E, K, T > 1);
+      const rw = randoms(T * k, 9, 1);
+      const y0 = randoms(T * N, 4);
+      const want = moeGemvRef({ x: act, w: deq, ids, routeWeights: rw, y0 }, {
+        K,
+        N,
+        T,
+        topK: k,
+        experts: E,
+        weights: "f32",
+        input: "slot",
+        output: "combine",
+        accumulate: true,
+      });
+      const y = upload(gpu!, y0);
+      const bufs = { x: upload(gpu!, act), w: uploadBuffer(gpu!, bytes), out: y, ids: upload(gpu!, ids) };
+      await runCalls(gpu!, [moeSgCall(gpu!, { ...bufs, routeWeights: upload(gpu!, rw) }, d)]);
+      assertClose(await readF32(gpu!, y, T * N), want, 1e-4, 1e-4, `down ${wt} K${K} N${N} k${k} T${T}`);
+      ran++;
+    }
+  }
+  if (ran < 6) throw new Error(`only ${ran} down cases fit this adapter`);
+});
