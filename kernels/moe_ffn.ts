@@ -201,6 +201,10 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
   return calls;
 }
 
+const MOE_PATH = Deno.env.get("SWACTOR_MOE");
+/** Rows per warp of the subgroup expert GEMVs, "gate_up,down" (SWACTOR_MOE_ROWS; for tuning sweeps). */
+const MOE_ROWS = (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number);
+
 /**
  * The decode path on adapters with subgroups (T <= GEMV_MAX_T): the block from the residual stream itself,
  * its RMSNorm fused into the router GEMV and the gate_up GEMV (kernels/moe_sg.ts), so no normalised copy
@@ -223,6 +227,8 @@ export function moeDecodeCalls(
   const Is = d.sharedIntermediate ?? 0;
   const s = b.scratch;
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
+  // SWACTOR_MOE=team: the previous path (benchmarks compare the two in one run).
+  if (MOE_PATH === "team") return null;
   if (!gemvFusedFits(H) || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
   const gateUp: MoeSgDims = {
@@ -232,8 +238,17 @@ export function moeDecodeCalls(
     ...experts,
     weights: d.weights.gateUp,
     rmsnorm: { eps: d.eps, weights: d.normWeights },
+    rows: MOE_ROWS[0] || undefined,
   };
-  const down: MoeSgDims = { kind: "down", K: I, N: H, ...experts, weights: d.weights.down, accumulate: true };
+  const down: MoeSgDims = {
+    kind: "down",
+    K: I,
+    N: H,
+    ...experts,
+    weights: d.weights.down,
+    accumulate: true,
+    rows: MOE_ROWS[1] || undefined,
+  };
   if (!moeSgFits(gpu, gateUp) || !moeSgFits(gpu, down)) return null;
   const sgt = d.weights.sharedGateUp, sdt = d.weights.sharedDown;
   if (Is > 0) {

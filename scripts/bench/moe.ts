@@ -226,6 +226,8 @@ for (const shape of values.shape!.split(",")) {
       layers: L,
       full_layers: fullLayers,
       weights,
+      moe_path: Deno.env.get("SWACTOR_MOE") ?? "sg",
+      moe_rows: Deno.env.get("SWACTOR_MOE_ROWS") ?? "default",
       load_s: Number(loadS.toFixed(1)),
       decode_tok_s: Number(best.toFixed(1)),
       runs: runs.map((r) => Number(r.toFixed(1))),
