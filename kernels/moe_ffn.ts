@@ -210,11 +210,11 @@ const MOE_ROWS = (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number)
  * its RMSNorm fused into the router GEMV and the gate_up GEMV (kernels/moe_sg.ts), so no normalised copy
  * is written:
  *   router logits = rmsnorm(x) @ router^T        gemv_sg (f32 weights)
- *   ids, w        = route(logits)                moe_router.ts
- *   act           = silu(gate) * up, k slots      moe_sg gate_up (norm fused)
+ *   ids, w        = route(logits)                moe_router.ts's routing, inside the next kernel
+ *   act           = silu(gate) * up, k slots      moe_sg gate_up (routing and norm fused)
  *   [shared expert: gate_up with the norm fused, then down + silu_mul fused, added into x]
  *   x            += sum_j w_j down_j . act_j      moe_sg down (combine fused)
- * 4 dispatches (6 with a shared expert), against moeFfnCalls' 5 (7) plus the norm. Null when a shape does
+ * 3 dispatches (5 with a shared expert), against moeFfnCalls' 4 (6) plus the norm. Null when a shape does
  * not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
  */
 export function moeDecodeCalls(
@@ -227,7 +227,7 @@ export function moeDecodeCalls(
   const Is = d.sharedIntermediate ?? 0;
   const s = b.scratch;
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
-  // SWACTOR_MOE=team: the previous path (benchmarks compare the two in one run).
+  // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch.
   if (MOE_PATH === "team") return null;
   if (!gemvFusedFits(H) || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
@@ -239,6 +239,7 @@ export function moeDecodeCalls(
     weights: d.weights.gateUp,
     rmsnorm: { eps: d.eps, weights: d.normWeights },
     rows: MOE_ROWS[0] || undefined,
+    route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined },
   };
   const down: MoeSgDims = {
     kind: "down",
@@ -270,12 +271,25 @@ export function moeDecodeCalls(
       transform: "rmsnorm",
       eps: d.eps,
     }),
-    moeRouterCall(gpu, { logits: s.logits, ids: s.ids, routeWeights: s.routeWeights, bias: b.bias }, {
-      ...r,
-      T,
-    }),
-    moeSgCall(gpu, { x: b.x, w: b.gateUp, out: s.gu, ids: s.ids, norm: b.norm }, gateUp),
   ];
+  if (!gateUp.route) {
+    calls.push(
+      moeRouterCall(gpu, { logits: s.logits, ids: s.ids, routeWeights: s.routeWeights, bias: b.bias }, {
+        ...r,
+        T,
+      }),
+    );
+  }
+  calls.push(moeSgCall(gpu, {
+    x: b.x,
+    w: b.gateUp,
+    out: s.gu,
+    ids: s.ids,
+    norm: b.norm,
+    logits: s.logits,
+    routeWeights: s.routeWeights,
+    bias: b.bias,
+  }, gateUp));
   if (Is > 0) {
     calls.push(
       gemvFusedCall(gpu, { x: b.x, w: b.sharedGateUp!, y: s.sharedGu!, ...norm }, {

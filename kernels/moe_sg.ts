@@ -14,6 +14,7 @@
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
 import { QUANT_DECODE_WGSL } from "./matmul_quant.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
+import { checkRouting, type MoeRouting, routerWgsl } from "./moe_router.ts";
 
 type Storage = WeightType | QuantType;
 
@@ -39,15 +40,24 @@ export interface MoeSgDims {
   rmsnorm?: { eps: number; weights: WeightType };
   /** down: add into y instead of overwriting it. Default true (the residual add). */
   accumulate?: boolean;
-  /** Rows (gate_up: gate/up pairs) per warp at a time. Default: 2 (quantised 2, floats 2). */
+  /** Rows (gate_up: gate/up pairs) per warp at a time. Default: 2. */
   rows?: number;
+  /**
+   * gate_up: choose the experts here from the router's logits (moe_router.ts's routing, run by every
+   * workgroup on its own: no dispatch of its own), writing ids and routeWeights from workgroup 0 for the
+   * down GEMV and anyone after; `bias` is e_score_correction_bias.
+   */
+  route?: { routing: MoeRouting; bias: boolean };
 }
 
 /** Workgroup bytes the kernel stages (the staged input, q4's per-unit sums, reductions, expert bases). */
 function sharedBytes(d: MoeSgDims): number {
   const width = d.kind === "down" ? d.topK * d.K : d.K;
   const units = width / unitWeights(d.weights);
-  return width * 4 + (d.weights === "q4" ? units * 4 : 0) + 64 * 4 + d.topK * 8;
+  const route = d.route
+    ? (2 * d.route.routing.experts + 256 + 3 * d.topK + 2 * (d.route.routing.groups ?? 1)) * 4
+    : 0;
+  return width * 4 + (d.weights === "q4" ? units * 4 : 0) + 64 * 4 + d.topK * 8 + route;
 }
 
 /** Whether the subgroup kernels serve this shape here (else moe_gemv.ts's team kernel does). */
@@ -118,10 +128,18 @@ function source(d: MoeSgDims, S: number, R: number): string {
     stage = `
   for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i]; }`;
   }
+  const rt = d.route ? routerWgsl(checkRouting(d.route.routing), d.route.bias) : undefined;
+  if (rt) {
+    stage = rt.body(`t * ${d.route!.routing.experts}u`) + `
+  if (wg.x == 0u && tid < K_SLOTS) {
+    ids[t * K_SLOTS + tid] = rt_ids[tid];
+    rw[t * K_SLOTS + tid] = rt_w[tid];
+  }` + stage;
+  }
   if (!down) {
     stage += `
   if (tid < K_SLOTS) {
-    let e = ids[t * K_SLOTS + tid];
+    let e = ${rt ? "rt_ids[tid]" : "ids[t * K_SLOTS + tid]"};
     let ok = e >= p.e0 && e - p.e0 < p.ne;
     ebase[tid] = select(0xffffffffu, (e - p.e0) * 2u * N, ok);
   }`;
@@ -201,21 +219,24 @@ function source(d: MoeSgDims, S: number, R: number): string {
     ).join("\n    ");
   }
   const total = down ? "N" : "K_SLOTS * N";
+  // Bindings after x, W and the output, in moeSgCall's order.
+  const more: string[] = [`var<storage, ${rt ? "read_write" : "read"}> ids: array<u32>`];
+  if (down) more.push("var<storage, read> rw: array<f32>");
+  if (!down && d.rmsnorm) {
+    more.push(`var<storage, read> nw: array<${d.rmsnorm.weights === "f16" ? "vec2<u32>" : "vec4<f32>"}>`);
+  }
+  if (rt) {
+    more.push("var<storage, read> logits: array<f32>", "var<storage, read_write> rw: array<f32>");
+    if (d.route!.bias) more.push("var<storage, read> bias: array<f32>");
+  }
+  const extra = more.map((b, i) => `@group(0) @binding(${4 + i}) ${b};`).join("\n") + (rt ? rt.decls : "");
   return `
 struct P { eps: f32, soff: u32, e0: u32, ne: u32, acc: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> W: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> ${down ? "y" : "act"}: array<f32>;
-@group(0) @binding(4) var<storage, read> ids: array<u32>;
-${down ? "@group(0) @binding(5) var<storage, read> rw: array<f32>;" : ""}
-${
-    !down && d.rmsnorm
-      ? `@group(0) @binding(5) var<storage, read> nw: array<${
-        d.rmsnorm.weights === "f16" ? "vec2<u32>" : "vec4<f32>"
-      }>;`
-      : ""
-  }
+${extra}
 const K = ${d.K}u;
 const N = ${d.N}u;
 const K_SLOTS = ${k}u;
@@ -268,6 +289,8 @@ export function moeSgCall(
     ids: GPUBuffer;
     routeWeights?: GPUBuffer;
     norm?: GPUBuffer;
+    logits?: GPUBuffer;
+    bias?: GPUBuffer;
   },
   d: MoeSgDims,
 ): KernelCall {
@@ -293,6 +316,16 @@ export function moeSgCall(
   const buffers = [params, bufs.x, bufs.w, bufs.out, bufs.ids];
   if (down) buffers.push(bufs.routeWeights!);
   else if (d.rmsnorm) buffers.push(bufs.norm!);
+  if (!down && d.route) {
+    if (d.route.routing.topK !== d.topK) {
+      throw new RangeError(`routing topK ${d.route.routing.topK} != ${d.topK}`);
+    }
+    if (!bufs.logits || !bufs.routeWeights || (d.route.bias && !bufs.bias)) {
+      throw new TypeError("routing in the gate_up GEMV needs logits, routeWeights (and bias)");
+    }
+    buffers.push(bufs.logits, bufs.routeWeights);
+    if (d.route.bias) buffers.push(bufs.bias!);
+  }
   const warps = WG / S;
   const groups = Math.ceil(Math.ceil(rowsOut / R) / warps);
   return kernelCall(gpu, pipeline(gpu, source(d, S, R)), buffers, [groups, d.T], `moe_sg_${d.kind}`);

@@ -5,10 +5,13 @@
 // Tolerance 1e-4 + 1e-4 |ref| against f64 on the very weights the GPU reads (moe_test.ts's argument).
 import {
   moeGemvRef,
+  moeRouterRef,
+  type MoeRouting,
   moeSgCall,
   type MoeSgDims,
   moeSgFits,
   type QuantType,
+  readBack,
   runCalls,
   storageBuffer,
   uploadBuffer,
@@ -133,4 +136,72 @@ Deno.test({ name: "moe sg down: the weighted sum of the chosen experts added int
     }
   }
   if (ran < 6) throw new Error(`only ${ran} down cases fit this adapter`);
+});
+
+Deno.test({
+  name: "moe sg gate_up with the routing fused: the router's choice, weights and activations",
+  ignore,
+}, async () => {
+  const K = 64, N = 24, E = 16, T = 2;
+  const routings: MoeRouting[] = [
+    { experts: E, topK: 4, scoring: "softmax", normTopK: true },
+    { experts: E, topK: 3, scoring: "softmax", normTopK: false },
+    { experts: E, topK: 4, scoring: "sigmoid", normTopK: true, groups: 4, topKGroups: 2, scale: 2.5 },
+  ];
+  for (const routing of routings) {
+    for (const wt of ["f32", "q4"] as const) {
+      const k = routing.topK;
+      // Logits well apart (a permutation of a spaced ramp): no near-ties for f32 and f64 to order differently.
+      const logits = Float32Array.from(
+        { length: T * E },
+        (_, i) => (((i * 7) % E) - E / 2) * 0.37 + (i >= E ? 0.11 : 0),
+      );
+      const bias = routing.scoring === "sigmoid" ? randoms(E, 3, 0.2) : undefined;
+      const want = moeRouterRef(logits, { ...routing, bias });
+      const x = randoms(T * K, 17);
+      const w = randoms(E * 2 * N * K, 5, 0.2);
+      const { bytes, deq } = packedWeights(wt, w, E * 2 * N, K);
+      const gu = moeGemvRef({ x, w: deq, ids: want.ids }, {
+        K,
+        N: 2 * N,
+        T,
+        topK: k,
+        experts: E,
+        weights: "f32",
+      });
+      const act = new Float32Array(T * k * N);
+      for (let s = 0; s < T * k; s++) {
+        for (let n = 0; n < N; n++) act[s * N + n] = silu(gu[s * 2 * N + n]) * gu[s * 2 * N + N + n];
+      }
+      const d: MoeSgDims = {
+        kind: "gate_up",
+        K,
+        N,
+        T,
+        topK: k,
+        experts: E,
+        weights: wt,
+        route: { routing, bias: !!bias },
+      };
+      const out = storageBuffer(gpu!, T * k * N * 4);
+      const ids = storageBuffer(gpu!, T * k * 4);
+      const rw = storageBuffer(gpu!, T * k * 4);
+      await runCalls(gpu!, [
+        moeSgCall(gpu!, {
+          x: upload(gpu!, x),
+          w: uploadBuffer(gpu!, bytes),
+          out,
+          ids,
+          routeWeights: rw,
+          logits: upload(gpu!, logits),
+          bias: bias && upload(gpu!, bias),
+        }, d),
+      ]);
+      const what = `${routing.scoring} k${k} ${wt}`;
+      const gotIds = new Uint32Array(await readBack(gpu!, ids, T * k * 4));
+      if (gotIds.join() !== want.ids.join()) throw new Error(`${what}: ids ${gotIds} != ${want.ids}`);
+      assertClose(await readF32(gpu!, rw, T * k), want.weights, 1e-6, 1e-5, `${what}: weights`);
+      assertClose(await readF32(gpu!, out, T * k * N), act, 1e-4, 1e-4, `${what}: activations`);
+    }
+  }
 });
