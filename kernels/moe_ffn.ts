@@ -212,9 +212,10 @@ const MOE_ROWS = (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number)
  *   router logits = rmsnorm(x) @ router^T        gemv_sg (f32 weights)
  *   ids, w        = route(logits)                moe_router.ts's routing, inside the next kernel
  *   act           = silu(gate) * up, k slots      moe_sg gate_up (routing and norm fused)
- *   [shared expert: gate_up with the norm fused, then down + silu_mul fused, added into x]
  *   x            += sum_j w_j down_j . act_j      moe_sg down (combine fused)
- * 3 dispatches (5 with a shared expert), against moeFfnCalls' 4 (6) plus the norm. Null when a shape does
+ * The shared expert (deepseek_v3, kimi_k2) rides along as Is / I more slots of weight 1 when it is stored
+ * like the routed experts; else it is two GEMVs more (norm fused, then down with silu_mul fused).
+ * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm. Null when a shape does
  * not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
  */
 export function moeDecodeCalls(
@@ -227,7 +228,8 @@ export function moeDecodeCalls(
   const Is = d.sharedIntermediate ?? 0;
   const s = b.scratch;
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
-  // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch.
+  // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
+  // =unfolded: the shared expert's own GEMVs.
   if (MOE_PATH === "team") return null;
   if (!gemvFusedFits(H) || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
@@ -250,7 +252,6 @@ export function moeDecodeCalls(
     accumulate: true,
     rows: MOE_ROWS[1] || undefined,
   };
-  if (!moeSgFits(gpu, gateUp) || !moeSgFits(gpu, down)) return null;
   const sgt = d.weights.sharedGateUp, sdt = d.weights.sharedDown;
   if (Is > 0) {
     if (!b.sharedGateUp || !b.sharedDown || !sgt || !sdt || !s.sharedGu) {
@@ -259,7 +260,19 @@ export function moeDecodeCalls(
       );
     }
     if (!gemvFusedFits(Is) || (isQuant(sdt) && !quantFits(Is))) return null;
+    // The shared expert as Is / I more slots of the expert kernels, when it is stored like the routed
+    // ones and its activations fit the scratch (gu holds T * k * 2I floats).
+    const NSH = Is / I;
+    const fold = { ...gateUp, sharedSlots: NSH }, foldDown = { ...down, sharedSlots: NSH };
+    if (
+      MOE_PATH !== "unfolded" && Number.isInteger(NSH) && NSH <= r.topK && sgt === d.weights.gateUp &&
+      sdt === d.weights.down && moeSgFits(gpu, fold) && moeSgFits(gpu, foldDown)
+    ) {
+      gateUp.sharedSlots = down.sharedSlots = NSH;
+    }
   }
+  if (!moeSgFits(gpu, gateUp) || !moeSgFits(gpu, down)) return null;
+  const folded = (gateUp.sharedSlots ?? 0) > 0;
   const norm = { normWeight: b.norm };
   const calls = [
     gemvFusedCall(gpu, { x: b.x, w: b.router, y: s.logits, ...norm }, {
@@ -289,8 +302,9 @@ export function moeDecodeCalls(
     logits: s.logits,
     routeWeights: s.routeWeights,
     bias: b.bias,
+    shared: folded ? b.sharedGateUp : undefined,
   }, gateUp));
-  if (Is > 0) {
+  if (Is > 0 && !folded) {
     calls.push(
       gemvFusedCall(gpu, { x: b.x, w: b.sharedGateUp!, y: s.sharedGu!, ...norm }, {
         K: H,
@@ -312,7 +326,14 @@ export function moeDecodeCalls(
     );
   }
   calls.push(
-    moeSgCall(gpu, { x: s.gu, w: b.down, out: b.x, ids: s.ids, routeWeights: s.routeWeights }, down),
+    moeSgCall(gpu, {
+      x: s.gu,
+      w: b.down,
+      out: b.x,
+      ids: s.ids,
+      routeWeights: s.routeWeights,
+      shared: folded ? b.sharedDown : undefined,
+    }, down),
   );
   return calls;
 }

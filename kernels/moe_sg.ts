@@ -12,7 +12,6 @@
 // Weight storage: f32, f16, q8, q4 (kernels/quant.ts's layout over the [E * N, K] stack), as moe_gemv.ts.
 // Slots whose expert lies outside [firstExpert, firstExpert + experts) read nothing and add nothing.
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
-import { QUANT_DECODE_WGSL } from "./matmul_quant.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, routerWgsl } from "./moe_router.ts";
 
@@ -48,16 +47,23 @@ export interface MoeSgDims {
    * down GEMV and anyone after; `bias` is e_score_correction_bias.
    */
   route?: { routing: MoeRouting; bias: boolean };
+  /**
+   * The shared expert folded in as this many slots of weight 1 (its intermediate is sharedSlots x the
+   * routed one; its matrices, in the routed storage, are bound as `shared`: gate_up [2 Is, K], down [N, Is]).
+   * gate_up's act and down's input are then [T, topK + sharedSlots, I]. Default 0.
+   */
+  sharedSlots?: number;
 }
 
 /** Workgroup bytes the kernel stages (the staged input, q4's per-unit sums, reductions, expert bases). */
 function sharedBytes(d: MoeSgDims): number {
-  const width = d.kind === "down" ? d.topK * d.K : d.K;
+  const width = d.kind === "down" ? (d.topK + (d.sharedSlots ?? 0)) * d.K : d.K;
   const units = width / unitWeights(d.weights);
   const route = d.route
     ? (2 * d.route.routing.experts + 256 + 3 * d.topK + 2 * (d.route.routing.groups ?? 1)) * 4
     : 0;
-  return width * 4 + (d.weights === "q4" ? units * 4 : 0) + 64 * 4 + d.topK * 8 + route;
+  return width * 4 + (d.weights === "q4" ? units * 4 : 0) + 64 * 4 + (d.topK + (d.sharedSlots ?? 0)) * 12 +
+    route;
 }
 
 /** Whether the subgroup kernels serve this shape here (else moe_gemv.ts's team kernel does). */
@@ -85,36 +91,54 @@ function unitDot(wt: Storage, w: string, x: (i: number) => string, scale: string
   }
 }
 
+// Slots: the k routed ones, then NSH pseudo-slots of the shared expert (its intermediate cut into NSH
+// pieces of the routed width, each a slot of weight 1). Slot j's matrix starts at unit sb[j] of its buffer
+// (W routed, WS shared); gate_up: gate row n at sb + n * UNITS, its up row su[j] units further; down: row h
+// at sb + h * sr[j]. A quantised unit i has its scale at group i (q4) or i / 2 (q8) in either buffer.
 function source(d: MoeSgDims, S: number, R: number): string {
   const wt = d.weights;
+  const quant = isQuant(wt);
   const UW = unitWeights(wt);
   const XV = UW / 4;
   const UNITS = d.K / UW; // units of one expert row
   const down = d.kind === "down";
   const k = d.topK;
-  const WIDTH = down ? k * d.K : d.K; // staged floats
-  const VU = down ? k * UNITS : UNITS; // units of a (virtual) row
-  const scaleOf = (row: string, u: string) =>
-    wt === "q4" ? `group_scale(${row} * UNITS + ${u})` : `group_scale(${row} * GPR + ${u} / 2u)`;
-  // The staged input.
+  const NSH = d.sharedSlots ?? 0;
+  const SL = k + NSH;
+  const WIDTH = down ? SL * d.K : d.K; // staged floats
+  const VU = down ? SL * UNITS : UNITS; // units of a (virtual) row
+  const rt = d.route ? routerWgsl(checkRouting(d.route.routing), d.route.bias) : undefined;
+  // The slot table (routed slots from the ids; shared ones fixed).
+  const idOf = rt ? "rt_ids[tid]" : "ids[t * K_SLOTS + tid]";
+  const table = `
+  if (tid < SL) {
+    var base = 0xffffffffu;
+    var cf = 1.0;
+    if (tid < K_SLOTS) {
+      let e = ${idOf};
+      if (e >= p.e0 && e - p.e0 < p.ne) { base = (e - p.e0) * ${down ? "N" : "2u * N"} * UNITS; }
+      ${down ? "cf = select(0.0, rw[t * K_SLOTS + tid], base != 0xffffffffu);" : ""}
+      sr[tid] = ${down ? "UNITS" : "N * UNITS"};
+    } else {
+      base = (tid - K_SLOTS) * ${down ? "UNITS" : "N * UNITS"};
+      sr[tid] = ${down ? "NSH * UNITS" : "NSH * N * UNITS"};
+    }
+    sb[tid] = base;
+    coef[tid] = cf;
+  }`;
   let stage: string;
   if (down) {
-    stage = `
-  if (tid < K_SLOTS) {
-    let e = ids[t * K_SLOTS + tid];
-    let ok = e >= p.e0 && e - p.e0 < p.ne;
-    ebase[tid] = select(0xffffffffu, (e - p.e0) * N, ok);
-    coef[tid] = select(0.0, rw[t * K_SLOTS + tid], ok);
-  }
+    stage = `${table}
   workgroupBarrier();
   for (var i = tid; i < WIDTH / 4u; i += WG) {
     xs[i] = x[t * (WIDTH / 4u) + i] * coef[i / (K / 4u)];
   }`;
-  } else if (d.rmsnorm) {
-    const nwv = d.rmsnorm.weights === "f16"
-      ? "vec4<f32>(unpack2x16float(nw[i].x), unpack2x16float(nw[i].y))"
-      : "nw[i]";
-    stage = `
+  } else {
+    if (d.rmsnorm) {
+      const nwv = d.rmsnorm.weights === "f16"
+        ? "vec4<f32>(unpack2x16float(nw[i].x), unpack2x16float(nw[i].y))"
+        : "nw[i]";
+      stage = `
   var ss = 0.0;
   for (var i = tid; i < K / 4u; i += WG) { let v = x[t * (K / 4u) + i]; ss += dot(v, v); }
   ss = subgroupAdd(ss);
@@ -124,25 +148,18 @@ function source(d: MoeSgDims, S: number, R: number): string {
   for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
   let inv = inverseSqrt(tot / f32(K) + p.eps);
   for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i] * inv * ${nwv}; }`;
-  } else {
-    stage = `
+    } else {
+      stage = `
   for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i]; }`;
-  }
-  const rt = d.route ? routerWgsl(checkRouting(d.route.routing), d.route.bias) : undefined;
-  if (rt) {
-    stage = rt.body(`t * ${d.route!.routing.experts}u`) + `
+    }
+    if (rt) {
+      stage = rt.body(`t * ${d.route!.routing.experts}u`) + `
   if (wg.x == 0u && tid < K_SLOTS) {
     ids[t * K_SLOTS + tid] = rt_ids[tid];
     rw[t * K_SLOTS + tid] = rt_w[tid];
   }` + stage;
-  }
-  if (!down) {
-    stage += `
-  if (tid < K_SLOTS) {
-    let e = ${rt ? "rt_ids[tid]" : "ids[t * K_SLOTS + tid]"};
-    let ok = e >= p.e0 && e - p.e0 < p.ne;
-    ebase[tid] = select(0xffffffffu, (e - p.e0) * 2u * N, ok);
-  }`;
+    }
+    stage += table;
   }
   stage += "\n  workgroupBarrier();";
   if (wt === "q4") {
@@ -155,26 +172,25 @@ function source(d: MoeSgDims, S: number, R: number): string {
   workgroupBarrier();`;
   }
   const xAt = (i: number) => `xs[${XV}u * v + ${i}u]`;
+  const rows = Array.from({ length: R }, (_, r) => r);
+  // Loads a unit (and its scale) from the slot's buffer.
+  const load = (w: string, sh: string, idx: string) =>
+    `let ${w} = ld(${sh}, ${idx});${quant ? `\n      let ${w}s = gsc(${sh}, ${idx});` : ""}`;
+  const dotOf = (w: string) => unitDot(wt, w, xAt, `${w}s`, "xsm");
   let rowsDecl: string, loop: string, stores: string;
   if (down) {
-    // Output rows h0 + r; unit v of the virtual row is unit u = v % UNITS of slot j = v / UNITS.
-    const rows = Array.from({ length: R }, (_, r) => r);
     rowsDecl = rows.map((r) => `let h${r} = min(n0 + ${r}u, N - 1u);\n    var a${r} = 0.0;`).join("\n    ");
     loop = `
     for (var v = lane; v < VU; v += S) {
       let j = v / UNITS;
       let u = v % UNITS;
-      let eb = ebase[j];
-      if (eb == 0xffffffffu) { continue; }
+      let b = sb[j];
+      if (b == 0xffffffffu) { continue; }
+      let sh = j >= K_SLOTS;
+      let st = sr[j];
       ${wt === "q4" ? "let xsm = xsum[v];" : ""}
-      ${
-      rows.map((r) => `let row${r} = eb + h${r};\n      let w${r} = W[row${r} * UNITS + u];`).join("\n      ")
-    }
-      ${
-      rows.map((r) => `a${r} += ${unitDot(wt, `w${r}`, xAt, scaleOf(`row${r}`, "u"), "xsm")};`).join(
-        "\n      ",
-      )
-    }
+      ${rows.map((r) => load(`w${r}`, "sh", `b + h${r} * st + u`)).join("\n      ")}
+      ${rows.map((r) => `a${r} += ${dotOf(`w${r}`)};`).join("\n      ")}
     }`;
     stores = rows.map((r) =>
       `let s${r} = subgroupAdd(a${r});
@@ -184,13 +200,14 @@ function source(d: MoeSgDims, S: number, R: number): string {
     }`
     ).join("\n    ");
   } else {
-    // Pairs P = n0 + r: slot j = P / N, row n = P % N; gate row eb + n, up row eb + N + n.
-    const rows = Array.from({ length: R }, (_, r) => r);
+    // Pairs P = n0 + r: slot j = P / N, row n = P % N.
     rowsDecl = rows.map((r) =>
-      `let q${r} = min(n0 + ${r}u, K_SLOTS * N - 1u);
-    let eb${r} = ebase[q${r} / N];
-    let g${r} = select(eb${r} + q${r} % N, 0u, eb${r} == 0xffffffffu);
-    let u${r} = g${r} + N;
+      `let q${r} = min(n0 + ${r}u, SL * N - 1u);
+    let j${r} = q${r} / N;
+    let b${r} = sb[j${r}];
+    let sh${r} = j${r} >= K_SLOTS;
+    let g${r} = select(b${r}, 0u, b${r} == 0xffffffffu) + (q${r} % N) * UNITS;
+    let u${r} = g${r} + sr[j${r}];
     var ag${r} = 0.0;
     var au${r} = 0.0;`
     ).join("\n    ");
@@ -199,26 +216,22 @@ function source(d: MoeSgDims, S: number, R: number): string {
       ${wt === "q4" ? "let xsm = xsum[v];" : ""}
       ${
       rows.map((r) =>
-        `let wg${r} = W[g${r} * UNITS + v];
-      let wu${r} = W[u${r} * UNITS + v];`
+        `${load(`wg${r}`, `sh${r}`, `g${r} + v`)}\n      ${load(`wu${r}`, `sh${r}`, `u${r} + v`)}`
       ).join("\n      ")
     }
       ${
-      rows.map((r) =>
-        `ag${r} += ${unitDot(wt, `wg${r}`, xAt, scaleOf(`g${r}`, "v"), "xsm")};
-      au${r} += ${unitDot(wt, `wu${r}`, xAt, scaleOf(`u${r}`, "v"), "xsm")};`
-      ).join("\n      ")
+      rows.map((r) => `ag${r} += ${dotOf(`wg${r}`)};\n      au${r} += ${dotOf(`wu${r}`)};`).join("\n      ")
     }
     }`;
     stores = rows.map((r) =>
       `let sg${r} = subgroupAdd(ag${r});
     let su${r} = subgroupAdd(au${r});
-    if (lane == 0u && n0 + ${r}u < K_SLOTS * N && eb${r} != 0xffffffffu) {
-      act[t * K_SLOTS * N + n0 + ${r}u] = sg${r} / (1.0 + exp(-sg${r})) * su${r};
+    if (lane == 0u && n0 + ${r}u < SL * N && b${r} != 0xffffffffu) {
+      act[t * SL * N + n0 + ${r}u] = sg${r} / (1.0 + exp(-sg${r})) * su${r};
     }`
     ).join("\n    ");
   }
-  const total = down ? "N" : "K_SLOTS * N";
+  const total = down ? "N" : "SL * N";
   // Bindings after x, W and the output, in moeSgCall's order.
   const more: string[] = [`var<storage, ${rt ? "read_write" : "read"}> ids: array<u32>`];
   if (down) more.push("var<storage, read> rw: array<f32>");
@@ -229,9 +242,35 @@ function source(d: MoeSgDims, S: number, R: number): string {
     more.push("var<storage, read> logits: array<f32>", "var<storage, read_write> rw: array<f32>");
     if (d.route!.bias) more.push("var<storage, read> bias: array<f32>");
   }
+  if (NSH > 0) more.push("var<storage, read> WS: array<vec4<u32>>");
   const extra = more.map((b, i) => `@group(0) @binding(${4 + i}) ${b};`).join("\n") + (rt ? rt.decls : "");
+  const gscale = (buf: string, off: string) => `
+  let sw = ${buf}[${off} / 4u + g / 8u][(g / 2u) % 4u];
+  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));`;
+  const group = wt === "q4" ? "i" : "i / 2u";
+  const helpers = `
+fn ld(sh: bool, i: u32) -> vec4<u32> {
+  ${NSH > 0 ? "if (sh) { return WS[i]; }" : ""}
+  return W[i];
+}
+${
+    quant
+      ? `fn gsc(sh: bool, i: u32) -> f32 {
+  let g = ${group};
+  if (sh) {${NSH > 0 ? gscale("WS", "p.soff2") : "return 0.0;"}
+  }${gscale("W", "p.soff")}
+}
+fn q8v(w: u32) -> vec4<f32> {
+  let s = bitcast<i32>(w);
+  return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
+}
+fn q4v(w: u32, sh: u32) -> vec4<f32> {
+  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
+}`
+      : ""
+  }`;
   return `
-struct P { eps: f32, soff: u32, e0: u32, ne: u32, acc: u32 }
+struct P { eps: f32, soff: u32, e0: u32, ne: u32, acc: u32, soff2: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> W: array<vec4<u32>>;
@@ -240,8 +279,9 @@ ${extra}
 const K = ${d.K}u;
 const N = ${d.N}u;
 const K_SLOTS = ${k}u;
+const NSH = ${NSH}u;
+const SL = ${SL}u;
 const UNITS = ${UNITS}u;
-const GPR = ${d.K / QUANT_GROUP >= 1 ? Math.floor(d.K / QUANT_GROUP) : 1}u;
 const VU = ${VU}u;
 const WIDTH = ${WIDTH}u;
 const S = ${S}u;
@@ -250,10 +290,11 @@ const WARPS = ${WG / S}u;
 const R = ${R}u;
 var<workgroup> xs: array<vec4<f32>, ${WIDTH / 4}>;
 var<workgroup> red: array<f32, ${WG / S}>;
-var<workgroup> ebase: array<u32, ${k}>;
-${down ? `var<workgroup> coef: array<f32, ${k}>;` : ""}
+var<workgroup> sb: array<u32, ${SL}>;
+var<workgroup> sr: array<u32, ${SL}>;
+var<workgroup> coef: array<f32, ${SL}>;
 ${wt === "q4" ? `var<workgroup> xsum: array<f32, ${VU}>;` : ""}
-${isQuant(wt) ? QUANT_DECODE_WGSL : ""}
+${helpers}
 @compute @workgroup_size(${WG})
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
@@ -264,6 +305,7 @@ fn main(
   let lane = tid % S;
   let t = wg.y;
   _ = &red;
+  _ = &coef;
   ${stage}
   let nblk = (${total} + R - 1u) / R;
   for (var blk = wg.x * WARPS + warp; blk < nblk; blk += ng.x * WARPS) {
@@ -291,6 +333,7 @@ export function moeSgCall(
     norm?: GPUBuffer;
     logits?: GPUBuffer;
     bias?: GPUBuffer;
+    shared?: GPUBuffer;
   },
   d: MoeSgDims,
 ): KernelCall {
@@ -302,9 +345,15 @@ export function moeSgCall(
   if (down && !bufs.routeWeights) throw new TypeError("the down GEMV needs routeWeights");
   if (!down && d.rmsnorm && !bufs.norm) throw new TypeError("rmsnorm needs the norm weights");
   const R = d.rows ?? 2;
-  const rowsOut = down ? d.N : d.topK * d.N;
-  const soff = isQuant(d.weights)
-    ? quantScaleWord(d.experts * d.N * (down ? 1 : 2), d.K, d.weights as QuantType)
+  const NSH = d.sharedSlots ?? 0;
+  if (!(Number.isInteger(NSH) && NSH >= 0)) throw new RangeError(`sharedSlots must be >= 0, got ${NSH}`);
+  if (NSH > 0 && !bufs.shared) throw new TypeError("sharedSlots > 0 needs the shared expert's matrix");
+  const rowsOut = down ? d.N : (d.topK + NSH) * d.N;
+  const q = isQuant(d.weights) ? d.weights as QuantType : undefined;
+  const soff = q ? quantScaleWord(d.experts * d.N * (down ? 1 : 2), d.K, q) : 0;
+  // The shared matrix: gate_up [2 NSH N, K], down [N, NSH K].
+  const soff2 = q && NSH > 0
+    ? (down ? quantScaleWord(d.N, NSH * d.K, q) : quantScaleWord(2 * NSH * d.N, d.K, q))
     : 0;
   const params = uniformBuffer(gpu, [
     d.rmsnorm?.eps ?? 0,
@@ -312,6 +361,7 @@ export function moeSgCall(
     d.firstExpert ?? 0,
     d.experts,
     (d.accumulate ?? true) ? 1 : 0,
+    soff2,
   ], [0]);
   const buffers = [params, bufs.x, bufs.w, bufs.out, bufs.ids];
   if (down) buffers.push(bufs.routeWeights!);
@@ -326,6 +376,7 @@ export function moeSgCall(
     buffers.push(bufs.logits, bufs.routeWeights);
     if (d.route.bias) buffers.push(bufs.bias!);
   }
+  if (NSH > 0) buffers.push(bufs.shared!);
   const warps = WG / S;
   const groups = Math.ceil(Math.ceil(rowsOut / R) / warps);
   return kernelCall(gpu, pipeline(gpu, source(d, S, R)), buffers, [groups, d.T], `moe_sg_${d.kind}`);

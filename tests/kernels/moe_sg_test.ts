@@ -205,3 +205,70 @@ Deno.test({
     }
   }
 });
+
+Deno.test(
+  { name: "moe sg with the shared expert folded in as extra slots of weight 1", ignore },
+  async () => {
+    const K = 64, I = 32, E = 4, k = 2, NSH = 2, T = 1, H = K;
+    const Is = NSH * I;
+    for (const wt of TYPES) {
+      if (wt === "f16" && !gpu!.hasF16) continue;
+      const x = randoms(T * K, 3);
+      const ids = Uint32Array.from([2, 0]);
+      const rw = Float32Array.from([0.7, 0.3]);
+      const w = packedWeights(wt, randoms(E * 2 * I * K, 4, 0.2), E * 2 * I, K);
+      const sw = packedWeights(wt, randoms(2 * Is * K, 5, 0.2), 2 * Is, K);
+      const dw = packedWeights(wt, randoms(E * H * I, 6, 0.2), E * H, I);
+      const sdw = packedWeights(wt, randoms(H * Is, 7, 0.2), H, Is);
+      // The reference: the routed slots, then the shared MLP cut into NSH slots.
+      const act = new Float32Array((k + NSH) * I);
+      const dotRow = (m: Float32Array, row: number, len: number, v: Float32Array, at = 0) => {
+        let s = 0;
+        for (let i = 0; i < len; i++) s += m[row * len + i] * v[at + i];
+        return s;
+      };
+      for (let j = 0; j < k; j++) {
+        for (let n = 0; n < I; n++) {
+          act[j * I + n] = silu(dotRow(w.deq, ids[j] * 2 * I + n, K, x)) *
+            dotRow(w.deq, ids[j] * 2 * I + I + n, K, x);
+        }
+      }
+      for (let js = 0; js < NSH; js++) {
+        for (let n = 0; n < I; n++) {
+          act[(k + js) * I + n] = silu(dotRow(sw.deq, js * I + n, K, x)) *
+            dotRow(sw.deq, Is + js * I + n, K, x);
+        }
+      }
+      const y0 = randoms(H, 8);
+      const want = y0.slice();
+      for (let h = 0; h < H; h++) {
+        let s = 0;
+        for (let j = 0; j < k; j++) s += rw[j] * dotRow(dw.deq, ids[j] * H + h, I, act, j * I);
+        for (let i = 0; i < Is; i++) s += sdw.deq[h * Is + i] * act[k * I + i];
+        want[h] += s;
+      }
+      const actBuf = storageBuffer(gpu!, act.length * 4);
+      const idsBuf = upload(gpu!, ids), rwBuf = upload(gpu!, rw), y = upload(gpu!, y0);
+      const common = { T, topK: k, experts: E, weights: wt, sharedSlots: NSH };
+      await runCalls(gpu!, [
+        moeSgCall(gpu!, {
+          x: upload(gpu!, x),
+          w: uploadBuffer(gpu!, w.bytes),
+          out: actBuf,
+          ids: idsBuf,
+          shared: uploadBuffer(gpu!, sw.bytes),
+        }, { kind: "gate_up", K, N: I, ...common }),
+        moeSgCall(gpu!, {
+          x: actBuf,
+          w: uploadBuffer(gpu!, dw.bytes),
+          out: y,
+          ids: idsBuf,
+          routeWeights: rwBuf,
+          shared: uploadBuffer(gpu!, sdw.bytes),
+        }, { kind: "down", K: I, N: H, ...common }),
+      ]);
+      assertClose(await readF32(gpu!, actBuf, act.length), act, 1e-4, 1e-4, `${wt} shared gate_up`);
+      assertClose(await readF32(gpu!, y, H), want, 1e-4, 1e-4, `${wt} shared down`);
+    }
+  },
+);
