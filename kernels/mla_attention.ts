@@ -176,7 +176,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
       `var v${g} = 0.0;
     if (h0 + ${g}u < NH) {
       if (e < R) { v${g} = qlat[(t * NH + h0 + ${g}u) * R + e]; }
-      else { v${g} = q[t * NH * (DN + DR) + (h0 + ${g}u) * (DN + DR) + DN + e - R]; }
+      else { v${g} = q[t * ${d.qStride ?? NH * (DN + DR)}u + (h0 + ${g}u) * (DN + DR) + DN + e - R]; }
     }
     ${V === 4 ? `qs[${g * CWV}u + e / 4u][e % 4u] = v${g};` : `qs[${g * CWV}u + e] = v${g};`}`
     ).join("\n    ")

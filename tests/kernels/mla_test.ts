@@ -296,10 +296,18 @@ function program(
     scale: number;
     weights: "f32" | "f16";
     tuning?: Partial<MlaAttentionTuning>;
+    kvStride?: number;
+    kvOffset?: number;
   },
 ): KernelCall[] {
   return [
-    mlaRopeCacheCall(g, b, { ...d, eps: o.eps, interleaved: o.interleaved }),
+    mlaRopeCacheCall(g, b, {
+      ...d,
+      eps: o.eps,
+      interleaved: o.interleaved,
+      kvStride: o.kvStride,
+      kvOffset: o.kvOffset,
+    }),
     mlaAbsorbCall(g, b, { ...d, weights: o.weights }),
     ...mlaAttentionCalls(g, b, { ...d, scale: o.scale, tuning: o.tuning }),
     mlaValueCall(g, b, { ...d, weights: o.weights }),
@@ -314,7 +322,7 @@ async function runCase(
   s: Shape,
   pos0: number,
   T: number,
-  o: { weights: "f32" | "f16"; interleaved: boolean; tuning?: Partial<MlaAttentionTuning> },
+  o: { weights: "f32" | "f16"; interleaved: boolean; tuning?: Partial<MlaAttentionTuning>; fused?: boolean },
 ) {
   const g = gpu!;
   const maxSeq = pos0 + T + 3;
@@ -335,11 +343,20 @@ async function runCase(
   const w = (a: Float32Array) => upload(g, o.weights === "f16" ? f32ToF16(a) : a);
   const step = createStepBuffer(g);
   writeStep(g, step, { pos0, T, tokOut: 0 });
+  // fused: q and kv rows side by side in one buffer, as one GEMV over [q_proj; kv_a_proj] writes them,
+  // with 3 floats of padding to show the stride is honoured.
+  const qRow = s.heads * (s.DN + s.DR), QS = qRow + CW + 3;
+  const qkv = new Float32Array(T * QS);
+  for (let t = 0; t < T; t++) {
+    qkv.set(p.q.subarray(t * qRow, (t + 1) * qRow), t * QS);
+    qkv.set(p.kv.subarray((pos0 + t) * CW, (pos0 + t + 1) * CW), t * QS + qRow);
+  }
+  const qBuf = upload(g, o.fused ? qkv : p.q);
   const b = {
     step,
     table: upload(g, p.table),
-    q: upload(g, p.q),
-    kv: upload(g, p.kv.slice(pos0 * CW)),
+    q: qBuf,
+    kv: o.fused ? qBuf : upload(g, p.kv.slice(pos0 * CW)),
     kvNorm: upload(g, p.kvNorm),
     cache: upload(g, cache0),
     wUK: w(wUK),
@@ -348,10 +365,12 @@ async function runCase(
     ctx: storageBuffer(g, T * s.heads * s.R * 4),
     out: upload(g, new Float32Array(T * s.heads * s.DV).fill(-12345)),
   };
-  const calls = program(g, b, d, { ...p, ...o });
+  const calls = o.fused
+    ? program(g, b, { ...d, qStride: QS }, { ...p, ...o, kvStride: QS, kvOffset: qRow })
+    : program(g, b, d, { ...p, ...o });
   const [out, cache] = await runAndRead(g, calls, [[b.out, T * s.heads * s.DV], [b.cache, maxSeq * CW]]);
   releaseCalls(calls, step);
-  for (const buf of Object.values(b)) buf.destroy();
+  for (const buf of new Set(Object.values(b))) buf.destroy();
   const want = mlaReference({ ...p, kvB }, {
     ...d,
     pos0,
@@ -408,6 +427,18 @@ for (const weights of ["f32", "f16"] as const) {
     },
   );
 }
+
+Deno.test(
+  { name: "MLA kernels with q and kv in one buffer (a fused projection's rows, strided)", ignore },
+  async () => {
+    for (const s of [SHAPES[0], SHAPES[2], SHAPES[7]]) {
+      for (const [pos0, T] of [[0, 1], [65, 1], [60, 9]] as [number, number][]) {
+        const r = await runCase(s, pos0, T, { weights: "f32", interleaved: T % 2 === 1, fused: true });
+        assertClose(r.out, r.want, 2e-5, 2e-4, `fused h${s.heads} R${s.R} @${pos0}+${T}`);
+      }
+    }
+  },
+);
 
 Deno.test(
   { name: "MLA attention: head groups, key splits and unrolls give the same answer", ignore },
