@@ -11,7 +11,7 @@ import { gemvFusedCall, gemvFusedFits, type GemvTuning } from "./gemv_fused.ts";
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
 import { moeGemvCall } from "./moe_gemv.ts";
-import { moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
+import { moeRouterGemvCall, moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
 import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
 import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
 import { isQuant, quantFits, type QuantType } from "./quant.ts";
@@ -209,7 +209,7 @@ const MOE_ROWS = (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number)
  * The decode path on adapters with subgroups (T <= GEMV_MAX_T): the block from the residual stream itself,
  * its RMSNorm fused into the router GEMV and the gate_up GEMV (kernels/moe_sg.ts), so no normalised copy
  * is written:
- *   router logits = rmsnorm(x) @ router^T        gemv_sg (f32 weights)
+ *   router logits = rmsnorm(x) @ router^T        moe_sg.ts's router GEMV (a workgroup a row: latency)
  *   ids, w        = route(logits)                moe_router.ts's routing, inside the next kernel
  *   act           = silu(gate) * up, k slots      moe_sg gate_up (routing and norm fused)
  *   x            += sum_j w_j down_j . act_j      moe_sg down (combine fused)
@@ -231,7 +231,7 @@ export function moeDecodeCalls(
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
   if (MOE_PATH === "team") return null;
-  if (!gemvFusedFits(H) || d.weights.router !== "f32") return null;
+  if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
   const gateUp: MoeSgDims = {
     kind: "gate_up",
@@ -275,14 +275,12 @@ export function moeDecodeCalls(
   const folded = (gateUp.sharedSlots ?? 0) > 0;
   const norm = { normWeight: b.norm };
   const calls = [
-    gemvFusedCall(gpu, { x: b.x, w: b.router, y: s.logits, ...norm }, {
+    moeRouterGemvCall(gpu, { x: b.x, router: b.router, norm: b.norm, logits: s.logits }, {
       K: H,
-      N: r.experts,
+      experts: r.experts,
       T,
-      weights: "f32",
-      normWeights: d.normWeights,
-      transform: "rmsnorm",
       eps: d.eps,
+      normWeights: d.normWeights,
     }),
   ];
   if (!gateUp.route) {

@@ -168,6 +168,86 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
   return { decls, body };
 }
 
+/**
+ * routerWgsl for the common case without expert groups, built for latency: the first subgroup (S lanes) does
+ * the whole routing in registers, each lane holding experts lane, lane + S, ...: softmax (or sigmoid) with
+ * subgroupMax / subgroupAdd, then k rounds of argmax (highest choice, lowest index on ties: the rank
+ * order) with subgroupMax / subgroupMin. No workgroup barrier until the result is shared.
+ */
+export function routerWgslFast(
+  r: Required<MoeRouting>,
+  bias: boolean,
+  S: number,
+): { decls: string; body: (row: string) => string } {
+  if (r.groups !== 1) throw new RangeError("the subgroup router serves routing without expert groups");
+  const E = r.experts, K = r.topK;
+  const PER = Math.ceil(E / S);
+  const scale = Math.fround(r.scale);
+  const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
+  const score = r.scoring === "softmax"
+    ? `
+    var m = -3.4e38;
+    for (var i = 0u; i < ${PER}u; i++) {
+      let e = i * ${S}u + tid;
+      if (e < ${E}u) { m = max(m, logits[row + e]); }
+    }
+    m = subgroupMax(m);
+    var tot = 0.0;
+    for (var i = 0u; i < ${PER}u; i++) {
+      let e = i * ${S}u + tid;
+      if (e < ${E}u) { let v = exp(logits[row + e] - m); sc[i] = v; tot += v; }
+    }
+    tot = subgroupAdd(tot);
+    for (var i = 0u; i < ${PER}u; i++) { sc[i] = sc[i] / tot; }`
+    : `
+    for (var i = 0u; i < ${PER}u; i++) {
+      let e = i * ${S}u + tid;
+      if (e < ${E}u) { sc[i] = 1.0 / (1.0 + exp(-logits[row + e])); }
+    }`;
+  const norm = !r.normTopK ? "" : `
+    var sum = 0.0;
+    for (var j = 0u; j < ${K}u; j++) { sum += rt_pick[j]; }
+    w = w / (sum + ${r.scoring === "sigmoid" ? "1e-20" : "0.0"});`;
+  const decls = `
+var<workgroup> rt_pick: array<f32, ${K}>;
+var<workgroup> rt_ids: array<u32, ${K}>;
+var<workgroup> rt_w: array<f32, ${K}>;`;
+  const body = (row: string) => `
+  if (tid < ${S}u) {
+    let row = ${row};
+    var sc: array<f32, ${PER}>;
+    var ch: array<f32, ${PER}>;
+    var taken: array<bool, ${PER}>;
+    ${score}
+    for (var i = 0u; i < ${PER}u; i++) {
+      let e = i * ${S}u + tid;
+      taken[i] = e >= ${E}u;
+      ch[i] = sc[i]${bias ? " + bias[min(e, " + (E - 1) + "u)]" : ""};
+    }
+    for (var j = 0u; j < ${K}u; j++) {
+      var bv = -3.40282347e38;
+      var be = 0xffffffffu;
+      for (var i = 0u; i < ${PER}u; i++) {
+        if (!taken[i] && (be == 0xffffffffu || ch[i] > bv)) { bv = ch[i]; be = i * ${S}u + tid; }
+      }
+      let mv = subgroupMax(select(-3.40282347e38, bv, be != 0xffffffffu));
+      let win = subgroupMin(select(0xffffffffu, be, be != 0xffffffffu && bv == mv));
+      if (win % ${S}u == tid) {
+        taken[win / ${S}u] = true;
+        rt_ids[j] = win;
+        rt_pick[j] = sc[win / ${S}u];
+      }
+    }
+  }
+  workgroupBarrier();
+  if (tid < ${K}u) {
+    var w = rt_pick[tid];${norm}
+    rt_w[tid] = w * ${f(scale)};
+  }
+  workgroupBarrier();`;
+  return { decls, body };
+}
+
 function source(r: Required<MoeRouting>, bias: boolean): string {
   const K = r.topK;
   const rt = routerWgsl(r, bias);

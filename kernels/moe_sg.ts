@@ -13,7 +13,7 @@
 // Slots whose expert lies outside [firstExpert, firstExpert + experts) read nothing and add nothing.
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
-import { checkRouting, type MoeRouting, routerWgsl } from "./moe_router.ts";
+import { checkRouting, type MoeRouting, routerWgsl, routerWgslFast } from "./moe_router.ts";
 
 type Storage = WeightType | QuantType;
 
@@ -107,7 +107,12 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const SL = k + NSH;
   const WIDTH = down ? SL * d.K : d.K; // staged floats
   const VU = down ? SL * UNITS : UNITS; // units of a (virtual) row
-  const rt = d.route ? routerWgsl(checkRouting(d.route.routing), d.route.bias) : undefined;
+  const routing = d.route && checkRouting(d.route.routing);
+  const rt = !routing
+    ? undefined
+    : routing.groups === 1
+    ? routerWgslFast(routing, d.route!.bias, S)
+    : routerWgsl(routing, d.route!.bias);
   // The slot table (routed slots from the ids; shared ones fixed).
   const idOf = rt ? "rt_ids[tid]" : "ids[t * K_SLOTS + tid]";
   const table = `
@@ -380,4 +385,65 @@ export function moeSgCall(
   const warps = WG / S;
   const groups = Math.ceil(Math.ceil(rowsOut / R) / warps);
   return kernelCall(gpu, pipeline(gpu, source(d, S, R)), buffers, [groups, d.T], `moe_sg_${d.kind}`);
+}
+
+/**
+ * The router's logits with the block's RMSNorm fused, built for latency (decode): one workgroup per
+ * expert row and token, each thread loading its few 16-byte units of the row, of x and of the norm weights
+ * at once (one memory round trip), then one reduction of the sum of squares and the dot product together:
+ *   logits[t, e] = rsqrt(mean(x[t]^2) + eps) * sum_k router[e, k] * x[t, k] * norm[k]
+ * (the same value as rmsnorm then the GEMV, up to f32 summation order). Router f32 [E, K], K % 4 == 0.
+ */
+export function moeRouterGemvCall(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; router: GPUBuffer; norm: GPUBuffer; logits: GPUBuffer },
+  d: { K: number; experts: number; T: number; eps: number; normWeights: WeightType },
+): KernelCall {
+  const S = gpu.subgroupSize;
+  if (!S || d.K % 4 !== 0) {
+    throw new RangeError(`the router GEMV needs subgroups and K % 4 == 0, got K = ${d.K}`);
+  }
+  const K4 = d.K / 4;
+  const nwv = d.normWeights === "f16"
+    ? "vec4<f32>(unpack2x16float(nw[i].x), unpack2x16float(nw[i].y))"
+    : "nw[i]";
+  const code = `
+struct P { eps: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> logits: array<f32>;
+@group(0) @binding(4) var<storage, read> nw: array<${d.normWeights === "f16" ? "vec2<u32>" : "vec4<f32>"}>;
+const K4 = ${K4}u;
+const E = ${d.experts}u;
+const WARPS = ${WG / S}u;
+var<workgroup> red: array<vec2<f32>, ${WG / S}>;
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let e = wg.x;
+  let t = wg.y;
+  var ss = 0.0;
+  var dt = 0.0;
+  for (var i = tid; i < K4; i += ${WG}u) {
+    let xv = x[t * K4 + i];
+    ss += dot(xv, xv);
+    dt += dot(W[e * K4 + i], xv * ${nwv});
+  }
+  let r = subgroupAdd(vec2<f32>(ss, dt));
+  if (tid % ${S}u == 0u) { red[tid / ${S}u] = r; }
+  workgroupBarrier();
+  if (tid == 0u) {
+    var tot = vec2<f32>(0.0);
+    for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+    logits[t * E + e] = inverseSqrt(tot.x / f32(${d.K}) + p.eps) * tot.y;
+  }
+}`;
+  const params = uniformBuffer(gpu, [d.eps], [0]);
+  return kernelCall(
+    gpu,
+    pipeline(gpu, code),
+    [params, bufs.x, bufs.router, bufs.logits, bufs.norm],
+    [d.experts, d.T],
+    "moe_router_gemv",
+  );
 }

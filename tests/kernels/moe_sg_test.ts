@@ -5,6 +5,7 @@
 // Tolerance 1e-4 + 1e-4 |ref| against f64 on the very weights the GPU reads (moe_test.ts's argument).
 import {
   moeGemvRef,
+  moeRouterGemvCall,
   moeRouterRef,
   type MoeRouting,
   moeSgCall,
@@ -147,6 +148,7 @@ Deno.test({
     { experts: E, topK: 4, scoring: "softmax", normTopK: true },
     { experts: E, topK: 3, scoring: "softmax", normTopK: false },
     { experts: E, topK: 4, scoring: "sigmoid", normTopK: true, groups: 4, topKGroups: 2, scale: 2.5 },
+    { experts: E, topK: 5, scoring: "sigmoid", normTopK: true, scale: 1.5 },
   ];
   for (const routing of routings) {
     for (const wt of ["f32", "q4"] as const) {
@@ -156,6 +158,8 @@ Deno.test({
         { length: T * E },
         (_, i) => (((i * 7) % E) - E / 2) * 0.37 + (i >= E ? 0.11 : 0),
       );
+      // Token 1 of the plain softmax case is all ties: the lowest indices win, in order.
+      if (routing.scoring === "softmax" && routing.normTopK) logits.fill(0.5, E, 2 * E);
       const bias = routing.scoring === "sigmoid" ? randoms(E, 3, 0.2) : undefined;
       const want = moeRouterRef(logits, { ...routing, bias });
       const x = randoms(T * K, 17);
@@ -272,3 +276,34 @@ Deno.test(
     }
   },
 );
+
+Deno.test({ name: "moe router GEMV: rmsnorm(x) @ router^T, one workgroup a row", ignore }, async () => {
+  for (const [K, E, T] of [[64, 8, 1], [2048, 128, 2], [36, 5, 3]]) {
+    for (const nwt of ["f32", "f16"] as const) {
+      if (nwt === "f16" && !gpu!.hasF16) continue;
+      const x = randoms(T * K, K + E), router = randoms(E * K, 7, 0.1);
+      const nw = packedWeights(nwt, randoms(K, 3, 1), 1, K);
+      const want = new Float32Array(T * E);
+      for (let t = 0; t < T; t++) {
+        let ss = 0;
+        for (let i = 0; i < K; i++) ss += x[t * K + i] ** 2;
+        const inv = 1 / Math.sqrt(ss / K + 1e-6);
+        for (let e = 0; e < E; e++) {
+          let s = 0;
+          for (let i = 0; i < K; i++) s += router[e * K + i] * x[t * K + i] * inv * nw.deq[i];
+          want[t * E + e] = s;
+        }
+      }
+      const logits = storageBuffer(gpu!, T * E * 4);
+      await runCalls(gpu!, [
+        moeRouterGemvCall(gpu!, {
+          x: upload(gpu!, x),
+          router: upload(gpu!, router),
+          norm: uploadBuffer(gpu!, nw.bytes),
+          logits,
+        }, { K, experts: E, T, eps: 1e-6, normWeights: nwt }),
+      ]);
+      assertClose(await readF32(gpu!, logits, T * E), want, 1e-5, 1e-4, `router K${K} E${E} T${T} ${nwt}`);
+    }
+  }
+});
