@@ -176,26 +176,44 @@ function source(d: MoeSgDims, S: number, R: number): string {
   }
   workgroupBarrier();`;
   }
-  const xAt = (i: number) => `xs[${XV}u * v + ${i}u]`;
   const rows = Array.from({ length: R }, (_, r) => r);
+  // Units a lane loads before using any: all of its row's (up to 8) per pass of the loop.
+  const U = Math.max(1, Math.min(8, Math.ceil(VU / S)));
+  const us = Array.from({ length: U }, (_, u) => u);
   // Loads a unit (and its scale) from the slot's buffer.
   const load = (w: string, sh: string, idx: string) =>
     `let ${w} = ld(${sh}, ${idx});${quant ? `\n      let ${w}s = gsc(${sh}, ${idx});` : ""}`;
-  const dotOf = (w: string) => unitDot(wt, w, xAt, `${w}s`, "xsm");
+  const dotOf = (w: string, u: number) =>
+    unitDot(wt, w, (i) => `xs[${XV}u * v${u} + ${i}u]`, `${w}s`, `xsm${u}`);
+  const unitsOf = (extra: (u: number) => string) =>
+    us.map((u) =>
+      `let v${u} = min(v0 + ${u * S}u, VU - 1u);
+      let ok${u} = v0 + ${u * S}u < VU;${wt === "q4" ? `\n      let xsm${u} = xsum[v${u}];` : ""}${extra(u)}`
+    ).join("\n      ");
   let rowsDecl: string, loop: string, stores: string;
   if (down) {
     rowsDecl = rows.map((r) => `let h${r} = min(n0 + ${r}u, N - 1u);\n    var a${r} = 0.0;`).join("\n    ");
     loop = `
-    for (var v = lane; v < VU; v += S) {
-      let j = v / UNITS;
-      let u = v % UNITS;
-      let b = sb[j];
-      if (b == 0xffffffffu) { continue; }
-      let sh = j >= K_SLOTS;
-      let st = sr[j];
-      ${wt === "q4" ? "let xsm = xsum[v];" : ""}
-      ${rows.map((r) => load(`w${r}`, "sh", `b + h${r} * st + u`)).join("\n      ")}
-      ${rows.map((r) => `a${r} += ${dotOf(`w${r}`)};`).join("\n      ")}
+    for (var v0 = lane; v0 < VU; v0 += ${S * U}u) {
+      ${
+      unitsOf((u) => `
+      let j${u} = v${u} / UNITS;
+      let b${u} = sb[j${u}];
+      let on${u} = ok${u} && b${u} != 0xffffffffu;
+      let base${u} = select(0u, b${u}, on${u}) + v${u} % UNITS;
+      let sh${u} = j${u} >= K_SLOTS;
+      let st${u} = sr[j${u}];`)
+    }
+      ${
+      us.flatMap((u) => rows.map((r) => load(`w${u}_${r}`, `sh${u}`, `base${u} + h${r} * st${u}`))).join(
+        "\n      ",
+      )
+    }
+      ${
+      us.flatMap((u) => rows.map((r) => `a${r} += select(0.0, ${dotOf(`w${u}_${r}`, u)}, on${u});`)).join(
+        "\n      ",
+      )
+    }
     }`;
     stores = rows.map((r) =>
       `let s${r} = subgroupAdd(a${r});
@@ -217,15 +235,25 @@ function source(d: MoeSgDims, S: number, R: number): string {
     var au${r} = 0.0;`
     ).join("\n    ");
     loop = `
-    for (var v = lane; v < VU; v += S) {
-      ${wt === "q4" ? "let xsm = xsum[v];" : ""}
+    for (var v0 = lane; v0 < VU; v0 += ${S * U}u) {
+      ${unitsOf(() => "")}
       ${
-      rows.map((r) =>
-        `${load(`wg${r}`, `sh${r}`, `g${r} + v`)}\n      ${load(`wu${r}`, `sh${r}`, `u${r} + v`)}`
+      us.flatMap((u) =>
+        rows.map((r) =>
+          `${load(`wg${u}_${r}`, `sh${r}`, `g${r} + v${u}`)}\n      ${
+            load(`wu${u}_${r}`, `sh${r}`, `u${r} + v${u}`)
+          }`
+        )
       ).join("\n      ")
     }
       ${
-      rows.map((r) => `ag${r} += ${dotOf(`wg${r}`)};\n      au${r} += ${dotOf(`wu${r}`)};`).join("\n      ")
+      us.flatMap((u) =>
+        rows.map((r) =>
+          `ag${r} += select(0.0, ${dotOf(`wg${u}_${r}`, u)}, ok${u});\n      au${r} += select(0.0, ${
+            dotOf(`wu${u}_${r}`, u)
+          }, ok${u});`
+        )
+      ).join("\n      ")
     }
     }`;
     stores = rows.map((r) =>
