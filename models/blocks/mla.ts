@@ -14,6 +14,7 @@ import {
   type KernelCall,
   mlaAbsorbCall,
   mlaAttentionCalls,
+  type MlaAttentionTuning,
   type MlaDims,
   mlaRopeCacheCall,
   mlaSplitKvB,
@@ -24,6 +25,19 @@ import {
 import type { MlaAttention } from "../config.ts";
 import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
 import { linear } from "./linear.ts";
+
+/**
+ * SWACTOR_MLA_TUNING=headsPerGroup,splits,unroll (any may be empty): the attention kernel's cut, for tuning
+ * sweeps on a GPU (kernels/mla_attention.ts's defaults otherwise).
+ */
+const ATTENTION_TUNING = (() => {
+  const v = Deno.env.get("SWACTOR_MLA_TUNING");
+  if (!v) return undefined;
+  const [headsPerGroup, splits, unroll] = v.split(",").map((x) => (x === "" ? undefined : Number(x)));
+  return Object.fromEntries(
+    Object.entries({ headsPerGroup, splits, unroll }).filter(([, x]) => x !== undefined),
+  ) as Partial<MlaAttentionTuning>;
+})();
 
 /** RMSNorm epsilon of q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm's default). */
 const LORA_NORM_EPS = 1e-6;
@@ -172,6 +186,7 @@ export function mlaProgram(
     ...mlaAttentionCalls(gpu, { step, q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
       ...dims,
       scale: a.scale,
+      tuning: ATTENTION_TUNING,
     }),
     mlaValueCall(gpu, { ctx: s.ctx, wUV: w.wUV, out: s.att }, { ...dims, weights: w.kvType }),
     ...linear(ctx, { x: s.att, w: w.o, y: x }, { K: a.heads * a.vHeadDim, N: H, T, accumulate: true }),

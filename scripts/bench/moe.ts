@@ -228,6 +228,7 @@ for (const shape of values.shape!.split(",")) {
       weights,
       moe_path: Deno.env.get("SWACTOR_MOE") ?? "sg",
       moe_rows: Deno.env.get("SWACTOR_MOE_ROWS") ?? "default",
+      mla_tuning: Deno.env.get("SWACTOR_MLA_TUNING") ?? "default",
       load_s: Number(loadS.toFixed(1)),
       decode_tok_s: Number(best.toFixed(1)),
       runs: runs.map((r) => Number(r.toFixed(1))),
