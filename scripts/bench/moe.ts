@@ -130,11 +130,32 @@ async function dispatchUs(gpu: Gpu, n = 2000): Promise<number> {
   return ms * 1000;
 }
 
+/**
+ * GPU µs per dispatch in a chain where each reads what the previous wrote (ping-pong between two buffers,
+ * one workgroup each): the barrier between dependent dispatches that every kernel of a decode step pays.
+ */
+async function dependentUs(gpu: Gpu, n = 2000): Promise<number> {
+  const a = storageBuffer(gpu, 1024, "ping"), b = storageBuffer(gpu, 1024, "pong");
+  const pipe = pipeline(
+    gpu,
+    `@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) { dst[g.x] = src[g.x] + 1.0; }`,
+  );
+  const calls = [kernelCall(gpu, pipe, [a, b], [1], "ping"), kernelCall(gpu, pipe, [b, a], [1], "pong")];
+  await gpuMs(gpu, calls, 10);
+  const ms = await gpuMs(gpu, calls, n / 2);
+  a.destroy();
+  b.destroy();
+  return (ms / 2) * 1000;
+}
+
 const gpu = await getGpu();
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
 }
 const emptyUs = gpu.hasTimestamps ? await dispatchUs(gpu) : NaN;
+const chainUs = gpu.hasTimestamps ? await dependentUs(gpu) : NaN;
 const P = Number(values.prompt), N = Number(values.new);
 if (values.load) {
   const ckpt = await Checkpoint.open(values.load);
@@ -236,6 +257,7 @@ for (const shape of values.shape!.split(",")) {
       cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
       dispatches_per_token: decode.length,
       empty_dispatch_us: Number(emptyUs.toFixed(2)),
+      dependent_dispatch_us: Number(chainUs.toFixed(2)),
       weight_bytes: model.weightBytes,
       read_bytes_per_token: read,
       read_tb_s: Number((read / gpuStepMs / 1e9).toFixed(3)),
