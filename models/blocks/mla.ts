@@ -12,11 +12,10 @@
 // transformers' q_a_layernorm and kv_a_layernorm keep RMSNorm's default eps (1e-6), not rms_norm_eps.
 import {
   type KernelCall,
-  mlaAbsorbCall,
   mlaAttentionCalls,
   type MlaAttentionTuning,
   type MlaDims,
-  mlaRopeCacheCall,
+  mlaRopeAbsorbCall,
   mlaSplitKvB,
   mlaValueCall,
   storageBuffer,
@@ -176,13 +175,16 @@ export function mlaProgram(
     );
   }
   calls.push(
-    mlaRopeCacheCall(gpu, { step, table, q, kv, kvNorm: w.kvANorm, cache: cache[0] }, {
-      ...dims,
-      ...kvLayout,
-      eps: LORA_NORM_EPS,
-      interleaved: a.interleaved,
-    }),
-    mlaAbsorbCall(gpu, { q, wUK: w.wUK, qLatent: s.qLatent }, { ...dims, weights: w.kvType }),
+    mlaRopeAbsorbCall(gpu, {
+      step,
+      table,
+      q,
+      kv,
+      kvNorm: w.kvANorm,
+      cache: cache[0],
+      wUK: w.wUK,
+      qLatent: s.qLatent,
+    }, { ...dims, ...kvLayout, eps: LORA_NORM_EPS, interleaved: a.interleaved, weights: w.kvType }),
     ...mlaAttentionCalls(gpu, { step, q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
       ...dims,
       scale: a.scale,

@@ -20,6 +20,7 @@ import {
   mlaKvBytesPerToken,
   mlaLatentAttentionRef,
   mlaReference,
+  mlaRopeAbsorbCall,
   mlaRopeCacheCall,
   mlaRopeRef,
   mlaSoftmaxScale,
@@ -298,8 +299,23 @@ function program(
     tuning?: Partial<MlaAttentionTuning>;
     kvStride?: number;
     kvOffset?: number;
+    ropeAbsorb?: boolean;
   },
 ): KernelCall[] {
+  if (o.ropeAbsorb) {
+    return [
+      mlaRopeAbsorbCall(g, b, {
+        ...d,
+        eps: o.eps,
+        interleaved: o.interleaved,
+        kvStride: o.kvStride,
+        kvOffset: o.kvOffset,
+        weights: o.weights,
+      }),
+      ...mlaAttentionCalls(g, b, { ...d, scale: o.scale, tuning: o.tuning }),
+      mlaValueCall(g, b, { ...d, weights: o.weights }),
+    ];
+  }
   return [
     mlaRopeCacheCall(g, b, {
       ...d,
@@ -322,7 +338,13 @@ async function runCase(
   s: Shape,
   pos0: number,
   T: number,
-  o: { weights: "f32" | "f16"; interleaved: boolean; tuning?: Partial<MlaAttentionTuning>; fused?: boolean },
+  o: {
+    weights: "f32" | "f16";
+    interleaved: boolean;
+    tuning?: Partial<MlaAttentionTuning>;
+    fused?: boolean;
+    ropeAbsorb?: boolean;
+  },
 ) {
   const g = gpu!;
   const maxSeq = pos0 + T + 3;
@@ -427,6 +449,27 @@ for (const weights of ["f32", "f16"] as const) {
     },
   );
 }
+
+Deno.test(
+  { name: "MLA rope + cache and absorption in one dispatch: the same answer", ignore },
+  async () => {
+    for (const s of SHAPES) {
+      for (const [pos0, T] of [[0, 1], [64, 1], [60, 9]] as [number, number][]) {
+        for (const [weights, fused] of [["f32", false], ["f16", true]] as const) {
+          if (weights === "f16" && !gpu!.hasF16) continue;
+          const what = `h${s.heads} R${s.R} dn${s.DN} dr${s.DR} @${pos0}+${T} ${weights} fused=${fused}`;
+          const r = await runCase(s, pos0, T, {
+            weights,
+            interleaved: pos0 % 2 === 0,
+            fused,
+            ropeAbsorb: true,
+          });
+          assertClose(r.out, r.want, 2e-5, 2e-4, `rope+absorb ${what}`);
+        }
+      }
+    }
+  },
+);
 
 Deno.test(
   { name: "MLA kernels with q and kv in one buffer (a fused projection's rows, strided)", ignore },
