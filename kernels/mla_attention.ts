@@ -422,3 +422,95 @@ export function mlaLatentAttentionRef(
   }
   return out;
 }
+
+/**
+ * The split attention's combine and the value up-projection (mla.ts's mlaValueCall) in one dispatch, for
+ * subgroup adapters: each workgroup (row block, head, token) merges the head's split partials into ctx in
+ * workgroup memory (as the combine does), then its warps compute RB rows of out = W_UV_h ctx, lanes over
+ * 4-weight units of a row, subgroupAdd reducing. Null where it does not apply (one split: ctx is written
+ * directly; no subgroups; R or dr not a multiple of 4), and the caller keeps the two dispatches.
+ *   part  the attention's partials (mlaAttentionCalls' scratch)
+ *   wUV   [heads, dv, R] f32 or f16, out [T, heads * dv] f32
+ */
+export function mlaCombineValueCall(
+  gpu: Gpu,
+  bufs: { step: GPUBuffer; part: GPUBuffer; wUV: GPUBuffer; out: GPUBuffer },
+  d: MlaDims & { splits: number; weights: "f32" | "f16" },
+): KernelCall | null {
+  const SG = gpu.subgroupSize;
+  const R = d.kvLoraRank, DR = d.qkRopeHeadDim, NH = d.heads, DV = d.vHeadDim, S = d.splits;
+  if (!SG || S <= 1 || R % 4 !== 0 || DR % 4 !== 0) return null;
+  const RV = R / 4;
+  const PS = RV + 1;
+  const KPC = WG / lanesPerKey((R + DR) / 4);
+  const CWG = 256, WARPS = CWG / SG;
+  const RPW = 2; // rows per warp
+  const RB = WARPS * RPW;
+  const f16 = d.weights === "f16";
+  const wv = f16 ? "vec4<f32>(unpack2x16float(W[wb + u].x), unpack2x16float(W[wb + u].y))" : "W[wb + u]";
+  const code = `${STEP_WGSL}
+@group(0) @binding(0) var<storage, read> step: Step;
+@group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: array<${f16 ? "vec2<u32>" : "vec4<f32>"}>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+const NH = ${NH}u;
+const RV = ${RV}u;
+const S = ${S}u;
+const DV = ${DV}u;
+var<workgroup> cx: array<vec4<f32>, ${RV}>;
+var<workgroup> wz: array<f32, ${S}>;
+var<workgroup> lsum: f32;
+var<workgroup> live: u32;
+@compute @workgroup_size(${CWG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let h = wg.y;
+  let t = wg.z;
+  if (tid == 0u) { live = select(0u, 1u, t < step.T); }
+  if (workgroupUniformLoad(&live) == 0u) { return; }
+  let base = (t * S * NH + h) * ${PS}u;
+  // Splits z >= the chunk count had no keys and wrote nothing.
+  let nz = min(S, (step.pos0 + t + ${KPC}u) / ${KPC}u);
+  if (tid == 0u) {
+    var mx = -3.0e38;
+    for (var z = 0u; z < nz; z++) { mx = max(mx, part[base + z * NH * ${PS}u + RV].x); }
+    var ls = 0.0;
+    for (var z = 0u; z < nz; z++) {
+      let ml = part[base + z * NH * ${PS}u + RV];
+      let w = exp(ml.x - mx);
+      wz[z] = w;
+      ls += w * ml.y;
+    }
+    lsum = ls;
+  }
+  workgroupBarrier();
+  let inv = 1.0 / lsum;
+  for (var u = tid; u < RV; u += ${CWG}u) {
+    var a = vec4<f32>(0.0);
+    for (var z = 0u; z < nz; z++) { a += part[base + z * NH * ${PS}u + u] * wz[z]; }
+    cx[u] = a * inv;
+  }
+  workgroupBarrier();
+  let warp = tid / ${SG}u;
+  let lane = tid % ${SG}u;
+  for (var r = 0u; r < ${RPW}u; r++) {
+    let n = wg.x * ${RB}u + warp * ${RPW}u + r;
+    let wb = (h * DV + min(n, DV - 1u)) * RV;
+    var acc = 0.0;
+    for (var u = lane; u < RV; u += ${SG}u) { acc += dot(${wv}, cx[u]); }
+    let s = subgroupAdd(acc);
+    if (lane == 0u && n < DV) { y[t * NH * DV + h * DV + n] = s; }
+  }
+}`;
+  return kernelCall(
+    gpu,
+    pipeline(gpu, code),
+    [bufs.step, bufs.part, bufs.wUV, bufs.out],
+    [ceilDiv(DV, RB), NH, d.T],
+    "mla_combine_value",
+  );
+}
+
+/** The splits mlaAttentionCalls will use for these dims (its second call, if any, is the combine). */
+export function mlaAttentionSplits(gpu: Gpu, d: MlaDims & { tuning?: Partial<MlaAttentionTuning> }): number {
+  return { ...mlaAttentionDefaultTuning(gpu, d), ...d.tuning }.splits;
+}

@@ -13,7 +13,9 @@
 import {
   type KernelCall,
   mlaAttentionCalls,
+  mlaAttentionSplits,
   type MlaAttentionTuning,
+  mlaCombineValueCall,
   type MlaDims,
   mlaRopeAbsorbCall,
   mlaSplitKvB,
@@ -185,12 +187,28 @@ export function mlaProgram(
       wUK: w.wUK,
       qLatent: s.qLatent,
     }, { ...dims, ...kvLayout, eps: LORA_NORM_EPS, interleaved: a.interleaved, weights: w.kvType }),
-    ...mlaAttentionCalls(gpu, { step, q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
+  );
+  // Attention, then (split keys) its combine and the value up-projection, fused where they can be.
+  const attention = mlaAttentionCalls(gpu, { step, q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
+    ...dims,
+    scale: a.scale,
+    tuning: ATTENTION_TUNING,
+  });
+  const fused = attention.length === 2
+    ? mlaCombineValueCall(gpu, { step, part: attention[1].buffers[1], wUV: w.wUV, out: s.att }, {
       ...dims,
-      scale: a.scale,
-      tuning: ATTENTION_TUNING,
-    }),
-    mlaValueCall(gpu, { ctx: s.ctx, wUV: w.wUV, out: s.att }, { ...dims, weights: w.kvType }),
+      splits: mlaAttentionSplits(gpu, { ...dims, tuning: ATTENTION_TUNING }),
+      weights: w.kvType,
+    })
+    : null;
+  if (fused) calls.push(attention[0], fused);
+  else {
+    calls.push(
+      ...attention,
+      mlaValueCall(gpu, { ctx: s.ctx, wUV: w.wUV, out: s.att }, { ...dims, weights: w.kvType }),
+    );
+  }
+  calls.push(
     ...linear(ctx, { x: s.att, w: w.o, y: x }, { K: a.heads * a.vHeadDim, N: H, T, accumulate: true }),
   );
   return calls;

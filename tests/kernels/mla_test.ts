@@ -15,7 +15,9 @@ import {
   mlaAbsorbCall,
   mlaAbsorbRef,
   mlaAttentionCalls,
+  mlaAttentionSplits,
   type MlaAttentionTuning,
+  mlaCombineValueCall,
   type MlaDims,
   mlaKvBytesPerToken,
   mlaLatentAttentionRef,
@@ -300,8 +302,32 @@ function program(
     kvStride?: number;
     kvOffset?: number;
     ropeAbsorb?: boolean;
+    combineValue?: boolean;
   },
 ): KernelCall[] {
+  if (o.combineValue) {
+    const attention = mlaAttentionCalls(g, b, { ...d, scale: o.scale, tuning: o.tuning });
+    if (attention.length !== 2) throw new Error("combineValue needs split keys");
+    const splits = mlaAttentionSplits(g, { ...d, tuning: o.tuning });
+    const fused = mlaCombineValueCall(g, { ...b, part: attention[1].buffers[1] }, {
+      ...d,
+      splits,
+      weights: o.weights,
+    });
+    if (!fused) throw new Error("combineValue does not apply here");
+    return [
+      mlaRopeCacheCall(g, b, {
+        ...d,
+        eps: o.eps,
+        interleaved: o.interleaved,
+        kvStride: o.kvStride,
+        kvOffset: o.kvOffset,
+      }),
+      mlaAbsorbCall(g, b, { ...d, weights: o.weights }),
+      attention[0],
+      fused,
+    ];
+  }
   if (o.ropeAbsorb) {
     return [
       mlaRopeAbsorbCall(g, b, {
@@ -344,6 +370,7 @@ async function runCase(
     tuning?: Partial<MlaAttentionTuning>;
     fused?: boolean;
     ropeAbsorb?: boolean;
+    combineValue?: boolean;
   },
 ) {
   const g = gpu!;
@@ -449,6 +476,30 @@ for (const weights of ["f32", "f16"] as const) {
     },
   );
 }
+
+Deno.test(
+  {
+    name: "MLA split attention's combine fused with the value projection: the same answer",
+    ignore: ignore || gpu?.subgroupSize === null,
+  },
+  async () => {
+    let ran = 0;
+    for (const s of SHAPES.filter((s) => s.R % 4 === 0 && s.DR % 4 === 0)) {
+      for (const pos0 of [0, 15, 16, 64, 299]) {
+        for (const weights of ["f32", "f16"] as const) {
+          if (weights === "f16" && !gpu!.hasF16) continue;
+          for (const tuning of [{}, { headsPerGroup: 1, splits: 5 }]) {
+            const what = `h${s.heads} R${s.R} dv${s.DV} @${pos0} ${weights} ${JSON.stringify(tuning)}`;
+            const r = await runCase(s, pos0, 1, { weights, interleaved: true, tuning, combineValue: true });
+            assertClose(r.out, r.want, 2e-5, 2e-4, `combine+value ${what}`);
+            ran++;
+          }
+        }
+      }
+    }
+    if (ran < 20) throw new Error(`only ${ran} cases ran`);
+  },
+);
 
 Deno.test(
   { name: "MLA rope + cache and absorption in one dispatch: the same answer", ignore },
