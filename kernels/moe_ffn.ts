@@ -201,9 +201,16 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
   return calls;
 }
 
-const MOE_PATH = Deno.env.get("SWACTOR_MOE");
-/** Rows per warp of the subgroup expert GEMVs, "gate_up,down" (SWACTOR_MOE_ROWS; for tuning sweeps). */
-const MOE_ROWS = (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number);
+/**
+ * Benchmark switches, read when a program is built (so one process can sweep them): SWACTOR_MOE (path) and
+ * SWACTOR_MOE_ROWS ("gate_up,down": rows per warp of the subgroup expert GEMVs).
+ */
+function moeSwitches(): { path: string | undefined; rows: number[] } {
+  return {
+    path: Deno.env.get("SWACTOR_MOE"),
+    rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
+  };
+}
 
 /**
  * The decode path on adapters with subgroups (T <= GEMV_MAX_T): the block from the residual stream itself,
@@ -230,6 +237,7 @@ export function moeDecodeCalls(
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
+  const { path: MOE_PATH, rows: MOE_ROWS } = moeSwitches();
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };

@@ -29,16 +29,16 @@ import { linear } from "./linear.ts";
 
 /**
  * SWACTOR_MLA_TUNING=headsPerGroup,splits,unroll (any may be empty): the attention kernel's cut, for tuning
- * sweeps on a GPU (kernels/mla_attention.ts's defaults otherwise).
+ * sweeps on a GPU (kernels/mla_attention.ts's defaults otherwise); read when a program is built.
  */
-const ATTENTION_TUNING = (() => {
+function attentionTuning(): Partial<MlaAttentionTuning> | undefined {
   const v = Deno.env.get("SWACTOR_MLA_TUNING");
   if (!v) return undefined;
   const [headsPerGroup, splits, unroll] = v.split(",").map((x) => (x === "" ? undefined : Number(x)));
   return Object.fromEntries(
     Object.entries({ headsPerGroup, splits, unroll }).filter(([, x]) => x !== undefined),
   ) as Partial<MlaAttentionTuning>;
-})();
+}
 
 /** RMSNorm epsilon of q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm's default). */
 const LORA_NORM_EPS = 1e-6;
@@ -189,6 +189,7 @@ export function mlaProgram(
     }, { ...dims, ...kvLayout, eps: LORA_NORM_EPS, interleaved: a.interleaved, weights: w.kvType }),
   );
   // Attention, then (split keys) its combine and the value up-projection, fused where they can be.
+  const ATTENTION_TUNING = attentionTuning();
   const attention = mlaAttentionCalls(gpu, { step, q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
     ...dims,
     scale: a.scale,

@@ -9,6 +9,9 @@
 // key=value,... overrides config keys (e.g. a smoke test on a software adapter, whose buffers are small:
 // --set vocab_size=4096,num_experts=16,n_routed_experts=16).
 // transformers on the same shapes: scripts/bench/hf_moe.py.
+// --sweep "VAR=a;b;c" also times the decode step (GPU ms, timestamps) for each value of the environment
+// switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MLA_TUNING, SWACTOR_MOE: read when a program is built) on the loaded
+// model: `sweep` in the JSON line.
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
@@ -107,6 +110,7 @@ const { values } = parseArgs({
     set: { type: "string" },
     load: { type: "string" },
     convert: { type: "string", default: "gpu,cpu" },
+    sweep: { type: "string" },
   },
 });
 
@@ -232,6 +236,23 @@ for (const shape of values.shape!.split(",")) {
       for (const k in byKernel) byKernel[k] = Number(byKernel[k].toFixed(4));
     }
     seq.destroy();
+    // Variants of the step on the same weights: GPU ms per token each.
+    const sweep: Record<string, number> = {};
+    if (values.sweep && gpu.hasTimestamps) {
+      const [name, list] = values.sweep.split("=");
+      const before = Deno.env.get(name);
+      for (const v of list.split(";")) {
+        Deno.env.set(name, v);
+        const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+        const prog = s2.program(1, "sample");
+        writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+        await gpuMs(gpu, prog, 2);
+        sweep[`${name}=${v}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));
+        s2.destroy();
+      }
+      if (before === undefined) Deno.env.delete(name);
+      else Deno.env.set(name, before);
+    }
     const read = readBytes(model);
     const best = Math.max(...runs);
     // Scaling a cut model to the full depth: per-layer work times full / cut layers, the rest as measured.
@@ -266,6 +287,7 @@ for (const shape of values.shape!.split(",")) {
       full_depth_tok_s_gpu_bound: Number((1000 / perLayer(gpuStepMs, headMs)).toFixed(1)),
       full_depth_read_bytes: Math.round(perLayer(read, headBytes)),
       head_and_embed_ms: Number(headMs.toFixed(4)),
+      sweep_gpu_ms: sweep,
       gpu_ms_by_kernel: byKernel,
     }));
     engine.close();
