@@ -1,7 +1,8 @@
 // MoE decode benchmark (issue 12 item 4): tok/s at batch 1 on real-size MoE shapes with random weights
 // made on the GPU from the config alone (models/random_weights.ts: no checkpoint on disk), greedy, 32-token
-// prompt. One JSON line per (shape, weights) with: tok/s, GPU ms per token (timestamps), the weight bytes a
-// decode step reads (every weight but the routed experts, plus top-k / E of those; KV not counted) and the
+// prompt. One JSON line per (shape, weights) with: tok/s, GPU ms per token (timestamps), the bytes a decode
+// step reads (every weight but the routed experts, plus top-k / E of those, one embedding row, and the KV
+// cache up to the timed position) and the
 // fraction of the H200's copy bandwidth (4.2 TB/s) that is, dispatches per token, GPU ms by kernel, and the
 // per-dispatch cost of an empty kernel on this GPU.
 //   deno run -A scripts/bench/moe.ts [--shape qwen3-30b-a3b,deepseek-v2-lite] [--layers N] [--weights f16,q4]
@@ -253,7 +254,8 @@ for (const shape of values.shape!.split(",")) {
       if (before === undefined) Deno.env.delete(name);
       else Deno.env.set(name, before);
     }
-    const read = readBytes(model);
+    // Weights read, plus the KV cache up to the timed position (every layer reads all its rows).
+    const read = readBytes(model) + model.kvBytesPerToken() * (mid + 1);
     const best = Math.max(...runs);
     // Scaling a cut model to the full depth: per-layer work times full / cut layers, the rest as measured.
     const perLayer = (x: number, fixed: number) => fixed + (x - fixed) * fullLayers / L;
