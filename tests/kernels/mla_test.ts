@@ -543,10 +543,14 @@ Deno.test(
       { headsPerGroup: 2, splits: 3, unroll: 3 },
       { headsPerGroup: 5, splits: 7, unroll: 16 },
       { splits: 64, unroll: 1 },
+      { subgroup: true, splits: 1 },
+      { subgroup: true, splits: 3 },
+      { subgroup: false, splits: 5 },
     ];
     for (const s of [SHAPES[0], SHAPES[3], SHAPES[5]]) {
       for (const tuning of tunings) {
         if (tuning.headsPerGroup! > s.heads) continue;
+        if (tuning.subgroup && (gpu!.subgroupSize === null || s.R % 4 !== 0 || s.DR % 4 !== 0)) continue;
         for (const [pos0, T] of [[0, 1], [200, 1], [130, 6]] as [number, number][]) {
           const what = `h${s.heads} R${s.R} @${pos0}+${T} ${JSON.stringify(tuning)}`;
           const r = await runCase(s, pos0, T, { weights: "f32", interleaved: true, tuning });
