@@ -10,7 +10,7 @@
 import { gemvFusedCall, gemvFusedFits, type GemvTuning } from "./gemv_fused.ts";
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
-import { moeGemvCall } from "./moe_gemv.ts";
+import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
 import { moeRouterGemvCall, moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
 import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
 import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
@@ -279,7 +279,12 @@ export function moeDecodeCalls(
       gateUp.sharedSlots = down.sharedSlots = NSH;
     }
   }
-  if (!moeSgFits(gpu, gateUp) || !moeSgFits(gpu, down)) return null;
+  if (!moeSgFits(gpu, gateUp)) return null;
+  // A down row too long to stage (k * I floats: Kimi K2's 8 x 2048) goes to the team kernel, which reads
+  // the activations from memory.
+  const sgDown = moeSgFits(gpu, down);
+  if (!sgDown) gateUp.sharedSlots = down.sharedSlots = undefined;
+  if (!sgDown && !moeGemvFits(I, d.weights.down)) return null;
   const folded = (gateUp.sharedSlots ?? 0) > 0;
   const norm = { normWeight: b.norm };
   const calls = [
@@ -332,14 +337,24 @@ export function moeDecodeCalls(
     );
   }
   calls.push(
-    moeSgCall(gpu, {
-      x: s.gu,
-      w: b.down,
-      out: b.x,
-      ids: s.ids,
-      routeWeights: s.routeWeights,
-      shared: folded ? b.sharedDown : undefined,
-    }, down),
+    sgDown
+      ? moeSgCall(gpu, {
+        x: s.gu,
+        w: b.down,
+        out: b.x,
+        ids: s.ids,
+        routeWeights: s.routeWeights,
+        shared: folded ? b.sharedDown : undefined,
+      }, down)
+      : moeGemvCall(gpu, { x: s.gu, w: b.down, y: b.x, ids: s.ids, routeWeights: s.routeWeights }, {
+        ...experts,
+        K: I,
+        N: H,
+        weights: d.weights.down,
+        input: "slot",
+        output: "combine",
+        accumulate: true,
+      }),
   );
   return calls;
 }

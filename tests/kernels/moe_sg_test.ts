@@ -4,6 +4,9 @@
 // warp's, slots whose rows do not fill a warp, T > 1, experts outside the stack skipped).
 // Tolerance 1e-4 + 1e-4 |ref| against f64 on the very weights the GPU reads (moe_test.ts's argument).
 import {
+  createMoeScratch,
+  moeDecodeCalls,
+  moeFfnRef,
   moeGemvRef,
   moeRouterGemvCall,
   moeRouterRef,
@@ -307,3 +310,72 @@ Deno.test({ name: "moe router GEMV: rmsnorm(x) @ router^T, one workgroup a row",
     }
   }
 });
+
+Deno.test(
+  { name: "moeDecodeCalls: the whole decode block from the residual equals moeFfnRef", ignore },
+  async () => {
+    const g = gpu!;
+    const H = 64, E = 8, k = 4;
+    // I small: both subgroup kernels; I large: k * I floats exceed workgroup memory, so down is the team kernel.
+    const bigI = Math.ceil((g.maxWorkgroupStorage / 4 / k + 1) / 32) * 32;
+    for (const I of [32, bigI]) {
+      for (const shared of [0, I]) {
+        for (const wt of ["f32", "q4"] as const) {
+          const routing: MoeRouting = shared
+            ? { experts: E, topK: k, scoring: "sigmoid", normTopK: true, scale: 1.5 }
+            : { experts: E, topK: k, scoring: "softmax", normTopK: true };
+          const T = 1;
+          const x = randoms(T * H, I + shared + 1);
+          const nw = randoms(H, 2, 1);
+          const router = randoms(E * H, 3, 0.3);
+          const bias = shared ? randoms(E, 4, 0.1) : undefined;
+          const gu = packedWeights(wt, randoms(E * 2 * I * H, 5, 0.1), E * 2 * I, H);
+          const dn = packedWeights(wt, randoms(E * H * I, 6, 0.1), E * H, I);
+          const sgu = shared ? packedWeights(wt, randoms(2 * shared * H, 7, 0.1), 2 * shared, H) : undefined;
+          const sdn = shared ? packedWeights(wt, randoms(H * shared, 8, 0.1), H, shared) : undefined;
+          let ss = 0;
+          for (let i = 0; i < H; i++) ss += x[i] ** 2;
+          const inv = 1 / Math.sqrt(ss / H + 1e-6);
+          const xn = x.map((v, i) => v * inv * nw[i]);
+          const dims = { hidden: H, intermediate: I, sharedIntermediate: shared, routing };
+          const ref = moeFfnRef({
+            x: xn,
+            router,
+            bias,
+            gateUp: gu.deq,
+            down: dn.deq,
+            sharedGateUp: sgu?.deq,
+            sharedDown: sdn?.deq,
+          }, dims);
+          const xb = upload(g, x);
+          const calls = moeDecodeCalls(g, {
+            x: xb,
+            norm: upload(g, nw),
+            router: upload(g, router),
+            bias: bias && upload(g, bias),
+            gateUp: uploadBuffer(g, gu.bytes),
+            down: uploadBuffer(g, dn.bytes),
+            sharedGateUp: sgu && uploadBuffer(g, sgu.bytes),
+            sharedDown: sdn && uploadBuffer(g, sdn.bytes),
+            scratch: createMoeScratch(g, { ...dims, T }),
+          }, {
+            ...dims,
+            T,
+            eps: 1e-6,
+            normWeights: "f32",
+            weights: { router: "f32", gateUp: wt, down: wt, sharedGateUp: wt, sharedDown: wt },
+          });
+          if (!calls) throw new Error(`I ${I}: the decode path does not apply`);
+          const downLabel = calls.at(-1)!.label;
+          if (downLabel !== (I === bigI ? "moe_gemv_combine" : "moe_sg_down")) {
+            throw new Error(`I ${I}: down ran as ${downLabel}`);
+          }
+          await runCalls(g, calls);
+          const want = x.map((v, i) => v + ref.out[i]);
+          const what = `I${I} shared ${shared} ${wt}: ${calls.map((c) => c.label).join(",")}`;
+          assertClose(await readF32(g, xb, H), want, 1e-4, 1e-4, what);
+        }
+      }
+    }
+  },
+);
