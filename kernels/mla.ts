@@ -24,6 +24,7 @@ import {
   type KernelCall,
   kernelCall,
   pipeline,
+  releaseCalls,
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
@@ -46,6 +47,11 @@ export interface MlaDims {
   maxSeq: number;
   /** Tokens dispatched (the step's T must not exceed it). */
   T: number;
+  /**
+   * Floats between token rows of q (default heads * (dn + dr)): wider when q is the front of a fused
+   * projection's output whose rows also hold kv (q_lora_rank null: [q | kv] from one GEMV).
+   */
+  qStride?: number;
 }
 
 /** Bytes per token per layer: the latent cache's [c, kRope], and expanded K and V as transformers keeps them. */
@@ -107,23 +113,29 @@ function checkDims(d: MlaDims, what: string): void {
   if (d.qkRopeHeadDim % 2 !== 0) {
     throw new RangeError(`${what}: qkRopeHeadDim must be even, got ${d.qkRopeHeadDim}`);
   }
+  const qRow = d.heads * (d.qkNopeHeadDim + d.qkRopeHeadDim);
+  if (d.qStride !== undefined && !(Number.isInteger(d.qStride) && d.qStride >= qRow)) {
+    throw new RangeError(
+      `${what}: qStride must be an integer >= heads * (dn + dr) = ${qRow}, got ${d.qStride}`,
+    );
+  }
 }
 
 // ---- RoPE of q and of the new keys, latent cache write ----
 
-function ropeCacheSource(d: MlaDims, interleaved: boolean, normWeights: WeightType): string {
+function ropeCacheSource(d: MlaDims, interleaved: boolean, normWeights: WeightType, kvInQ: boolean): string {
   const HALF = d.qkRopeHeadDim / 2;
   const pair = interleaved ? ["2u * i", "2u * i + 1u"] : ["i", `i + ${HALF}u`];
   const nw = normWeights === "f16" ? "unpack2x16float(nw[i >> 1u])[i & 1u]" : "nw[i]";
-  return `${STEP_WGSL}
+  const src = `${STEP_WGSL}
 struct P { kv_stride: u32, kv_off: u32, eps: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> q: array<f32>;
-@group(0) @binding(4) var<storage, read> kv: array<f32>;
-@group(0) @binding(5) var<storage, read> nw: array<${normWeights === "f16" ? "u32" : "f32"}>;
-@group(0) @binding(6) var<storage, read_write> cache: array<f32>;
+${kvInQ ? "" : "@group(0) @binding(4) var<storage, read> kv: array<f32>;"}
+@group(0) @binding(${kvInQ ? 4 : 5}) var<storage, read> nw: array<${normWeights === "f16" ? "u32" : "f32"}>;
+@group(0) @binding(${kvInQ ? 5 : 6}) var<storage, read_write> cache: array<f32>;
 const NH = ${d.heads}u;
 const DN = ${d.qkNopeHeadDim}u;
 const DR = ${d.qkRopeHeadDim}u;
@@ -142,7 +154,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   let pos = step.pos0 + t;
   if (h < NH) {
     // Workgroup h < heads: q head h's rope part, in place.
-    let b = (t * NH + h) * (DN + DR) + DN;
+    let b = t * ${d.qStride ?? d.heads * (d.qkNopeHeadDim + d.qkRopeHeadDim)}u + h * (DN + DR) + DN;
     for (var i = j; i < HALF; i += 64u) {
       let c = cs[pos * HALF + i];
       let a0 = q[b + ${pair[0]}];
@@ -173,6 +185,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     cache[cb + R + ${pair[1]}] = a1 * c.x + a0 * c.y;
   }
 }`;
+  // kv read from the q binding (one buffer holds both: a binding may not be read-only and writable at once).
+  return kvInQ ? src.replaceAll("kv[", "q[") : src;
 }
 
 /**
@@ -219,21 +233,101 @@ export function mlaRopeCacheCall(
     );
   }
   const params = uniformBuffer(gpu, [kvStride, kvOffset, d.eps], [2]);
-  const src = ropeCacheSource(d, d.interleaved, d.normWeights ?? "f32");
+  const kvInQ = bufs.kv === bufs.q;
+  const qRow = d.heads * (d.qkNopeHeadDim + d.qkRopeHeadDim);
+  if (kvInQ && (d.qStride ?? qRow) < qRow + d.kvLoraRank + d.qkRopeHeadDim) {
+    throw new RangeError(`MLA rope + cache: q and kv in one buffer need a q stride of at least both rows`);
+  }
+  const src = ropeCacheSource(d, d.interleaved, d.normWeights ?? "f32", kvInQ);
+  const buffers = [params, bufs.step, bufs.table, bufs.q, bufs.kv, bufs.kvNorm, bufs.cache];
   return kernelCall(
     gpu,
     pipeline(gpu, src),
-    [
-      params,
-      bufs.step,
-      bufs.table,
-      bufs.q,
-      bufs.kv,
-      bufs.kvNorm,
-      bufs.cache,
-    ],
+    kvInQ ? buffers.filter((_, i) => i !== 4) : buffers,
     [d.heads + 1, d.T],
     "mla_rope_cache",
+  );
+}
+
+/**
+ * mlaRopeCacheCall and mlaAbsorbCall as one dispatch: they are independent (the rope rotates q's rope parts,
+ * the absorption reads its nope parts), so the absorption's workgroups simply follow the rope's
+ * (heads + 1 of them) in the grid, saving a dependent dispatch (a barrier: several microseconds on the H200).
+ */
+export function mlaRopeAbsorbCall(
+  gpu: Gpu,
+  bufs: {
+    step: GPUBuffer;
+    table: GPUBuffer;
+    q: GPUBuffer;
+    kv: GPUBuffer;
+    kvNorm: GPUBuffer;
+    cache: GPUBuffer;
+    wUK: GPUBuffer;
+    qLatent: GPUBuffer;
+  },
+  d: MlaDims & {
+    eps: number;
+    interleaved: boolean;
+    kvStride?: number;
+    kvOffset?: number;
+    normWeights?: WeightType;
+    weights: WeightType;
+  },
+): KernelCall {
+  const rope = mlaRopeCacheCall(gpu, bufs, d);
+  const absorb = mlaAbsorbCall(gpu, bufs, d);
+  releaseCalls([absorb]);
+  const kvInQ = bufs.kv === bufs.q;
+  const ropeSrc = ropeCacheSource(d, d.interleaved, d.normWeights ?? "f32", kvInQ);
+  const { heads, kvLoraRank: R, qkNopeHeadDim: DN, qkRopeHeadDim: DR } = d;
+  const { code: absorbSrc, rowsPerGroup } = headGemvSource({
+    heads,
+    N: R,
+    K: DN,
+    T: d.T,
+    xRow: d.qStride ?? heads * (DN + DR),
+    xHead: DN + DR,
+    yRow: heads * R,
+    yHead: R,
+    weights: d.weights,
+  });
+  const blocks = ceilDiv(R, rowsPerGroup);
+  const first = kvInQ ? 6 : 7; // the absorption's bindings follow the rope's
+  const head =
+    "@compute @workgroup_size(64)\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>)";
+  if (!ropeSrc.includes(head) || !absorbSrc.includes(head)) {
+    throw new Error("MLA kernel sources changed shape");
+  }
+  const absorbPart = absorbSrc
+    .replace("@group(0) @binding(0) var<storage, read> x: array<f32>;\n", "")
+    .replace(
+      "@group(0) @binding(1) var<storage, read> W:",
+      `@group(0) @binding(${first}) var<storage, read> W:`,
+    )
+    .replace(
+      "@group(0) @binding(2) var<storage, read_write> y:",
+      `@group(0) @binding(${first + 1}) var<storage, read_write> y:`,
+    )
+    .replaceAll("x[", "q[")
+    .replaceAll("red", "red_a")
+    .replace(head, "fn absorb_main(wg: vec3<u32>, lid: vec3<u32>)");
+  const code = `${ropeSrc.replace(head, "fn rope_main(wg: vec3<u32>, lid: vec3<u32>)")}
+${absorbPart}
+${head} {
+  if (wg.x <= NH) {
+    rope_main(wg, lid);
+  } else {
+    let b = wg.x - NH - 1u;
+    absorb_main(vec3<u32>(b % ${blocks}u, b / ${blocks}u, wg.y), lid);
+  }
+}`;
+  return kernelCall(
+    gpu,
+    pipeline(gpu, code),
+    [...rope.buffers, bufs.wUK, bufs.qLatent],
+    [heads + 1 + blocks * heads, d.T],
+    "mla_rope_absorb",
   );
 }
 
@@ -360,7 +454,7 @@ export function mlaAbsorbCall(
     N: R,
     K: DN,
     T,
-    xRow: heads * (DN + DR),
+    xRow: d.qStride ?? heads * (DN + DR),
     xHead: DN + DR,
     yRow: heads * R,
     yHead: R,

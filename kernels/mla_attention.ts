@@ -38,6 +38,11 @@ export interface MlaAttentionTuning {
   splits: number;
   /** Loads a lane issues before using any (per block of the score and value loops), 1..32. */
   unroll: number;
+  /**
+   * The subgroup kernel (sgAttentionSource): one head a workgroup, q held in registers, a warp's keys scored
+   * with subgroupAdd. Default where it applies (subgroups, rows of whole vec4s); headsPerGroup is then 1.
+   */
+  subgroup?: boolean;
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -54,9 +59,121 @@ function sharedBytes(d: MlaDims, G: number): number {
 export function mlaAttentionDefaultTuning(gpu: Gpu, d: MlaDims): MlaAttentionTuning {
   let G = Math.min(HEADS_PER_GROUP, d.heads);
   while (G > 1 && sharedBytes(d, G) > gpu.maxWorkgroupStorage) G--;
+  if (d.T === 1 && sgFits(gpu, d)) {
+    // One head a workgroup: enough splits for about 1024 workgroups at long contexts (idle ones exit).
+    const splits = d.T === 1 ? Math.max(1, Math.min(64, Math.floor(1024 / d.heads))) : 1;
+    return { headsPerGroup: 1, splits, unroll: 8, subgroup: true };
+  }
   const groups = ceilDiv(d.heads, G) * d.T;
   const splits = d.T === 1 ? Math.max(1, Math.min(64, Math.floor(WORKGROUPS / groups))) : 1;
   return { headsPerGroup: G, splits, unroll: 8 };
+}
+
+/** Whether the subgroup kernel serves these dims here. */
+function sgFits(gpu: Gpu, d: MlaDims): boolean {
+  return gpu.subgroupSize !== null && d.kvLoraRank % 4 === 0 && d.qkRopeHeadDim % 4 === 0;
+}
+
+/**
+ * Decode attention for subgroup adapters, one head per workgroup of 128 threads (WG), keys in chunks of KPC
+ * (the same chunks and partials as attentionSource, so the combine is shared):
+ *   - each lane holds its slice of the head's query [qLatent, qRope] in registers (vec4s l, l + S, ...);
+ *   - each warp scores KPC / warps keys: all their row loads issued at once, partial dots with the query
+ *     registers, subgroupAdd per key (no tree in workgroup memory);
+ *   - every thread runs the chunk's online softmax itself from the shared scores (no per-head serial pass);
+ *   - thread j accumulates latent vec4 j (and j + WG ...) over the chunk's rows.
+ */
+function sgAttentionSource(d: MlaDims, S: number, SG: number): string {
+  const R = d.kvLoraRank, DR = d.qkRopeHeadDim, DN = d.qkNopeHeadDim, NH = d.heads;
+  const CWV = (R + DR) / 4, RV = R / 4;
+  const KPC = WG / lanesPerKey(CWV);
+  const WARPS = WG / SG;
+  const KPW = KPC / WARPS; // keys per warp per chunk
+  const QV = Math.ceil(CWV / SG); // query vec4s per lane
+  const ND = Math.ceil(RV / WG);
+  const PS = RV + 1;
+  const QS = d.qStride ?? NH * (DN + DR);
+  const qs = range(QV), ks = range(KPW), nd = range(ND);
+  const out = S === 1
+    ? nd.map((i) => `if (j + ${i * WG}u < RV) { ctx[(t * NH + h) * RV + j + ${i * WG}u] = acc${i} / l; }`)
+      .join("\n  ")
+    : nd.map((i) =>
+      `if (j + ${i * WG}u < RV) { part[((t * ${S}u + z) * NH + h) * ${PS}u + j + ${i * WG}u] = acc${i}; }`
+    ).join("\n  ") + `
+  if (j == 0u) { part[((t * ${S}u + z) * NH + h) * ${PS}u + RV] = vec4<f32>(m, l, 0.0, 0.0); }`;
+  return `${STEP_WGSL}
+struct P { scale: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> step: Step;
+@group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(3) var<storage, read> qlat: array<f32>;
+@group(0) @binding(4) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> ${S === 1 ? "ctx" : "part"}: array<vec4<f32>>;
+const NH = ${NH}u;
+const R = ${R}u;
+const CWV = ${CWV}u;
+const RV = ${RV}u;
+const KPC = ${KPC}u;
+var<workgroup> ss: array<f32, ${KPC}>;
+var<workgroup> keys: u32;
+fn qv(t: u32, h: u32, v: u32) -> vec4<f32> {
+  if (v >= CWV) { return vec4<f32>(0.0); }
+  if (v < RV) { let b = (t * NH + h) * R + 4u * v; return vec4<f32>(qlat[b], qlat[b + 1u], qlat[b + 2u], qlat[b + 3u]); }
+  let b = t * ${QS}u + h * ${DN + DR}u + ${DN}u + 4u * (v - RV);
+  return vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
+}
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j: u32) {
+  let h = wg.x;
+  let t = wg.y;
+  let z = wg.z;
+  if (j == 0u) { keys = select(0u, step.pos0 + t + 1u, t < step.T); }
+  let n = workgroupUniformLoad(&keys);
+  let nch = (n + KPC - 1u) / KPC;
+  if (z >= nch) { return; }
+  let warp = j / ${SG}u;
+  let lane = j % ${SG}u;
+  ${qs.map((i) => `let q${i} = qv(t, h, lane + ${i * SG}u);`).join("\n  ")}
+  var m = -3.0e38;
+  var l = 0.0;
+  ${nd.map((i) => `var acc${i} = vec4<f32>(0.0);`).join("\n  ")}
+  for (var c = z; c < nch; c += ${S}u) {
+    let base = c * KPC;
+    // Scores of this warp's keys.
+    ${
+    ks.map((k) =>
+      `let r${k} = min(base + warp * ${KPW}u + ${k}u, n - 1u) * CWV;
+    ${qs.map((i) => `let k${k}_${i} = kc[r${k} + min(lane + ${i * SG}u, CWV - 1u)];`).join("\n    ")}`
+    ).join("\n    ")
+  }
+    ${
+    ks.map((k) =>
+      `let d${k} = subgroupAdd(${qs.map((i) => `dot(q${i}, k${k}_${i})`).join(" + ")});
+    if (lane == 0u) {
+      let key = base + warp * ${KPW}u + ${k}u;
+      ss[warp * ${KPW}u + ${k}u] = select(-3.0e38, d${k} * p.scale, key < n);
+    }`
+    ).join("\n    ")
+  }
+    workgroupBarrier();
+    // Online softmax over the chunk, by every thread.
+    var m1 = m;
+    for (var k = 0u; k < KPC; k++) { m1 = max(m1, ss[k]); }
+    let corr = exp(m - m1);
+    var sum = 0.0;
+    ${nd.map((i) => `acc${i} *= corr;`).join("\n    ")}
+    for (var k = 0u; k < KPC; k++) {
+      let w = exp(ss[k] - m1);
+      sum += w;
+      let row = min(base + k, n - 1u) * CWV;
+      ${nd.map((i) => `acc${i} += w * kc[row + min(j + ${i * WG}u, RV - 1u)];`).join("\n      ")}
+    }
+    l = l * corr + sum;
+    m = m1;
+    workgroupBarrier();
+  }
+  ${out}
+}`;
 }
 
 const HEADS_PER_GROUP = 8;
@@ -176,7 +293,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
       `var v${g} = 0.0;
     if (h0 + ${g}u < NH) {
       if (e < R) { v${g} = qlat[(t * NH + h0 + ${g}u) * R + e]; }
-      else { v${g} = q[t * NH * (DN + DR) + (h0 + ${g}u) * (DN + DR) + DN + e - R]; }
+      else { v${g} = q[t * ${d.qStride ?? NH * (DN + DR)}u + (h0 + ${g}u) * (DN + DR) + DN + e - R]; }
     }
     ${V === 4 ? `qs[${g * CWV}u + e / 4u][e % 4u] = v${g};` : `qs[${g * CWV}u + e] = v${g};`}`
     ).join("\n    ")
@@ -318,7 +435,15 @@ export function mlaAttentionCalls(
   d: MlaDims & { scale: number; tuning?: Partial<MlaAttentionTuning> },
 ): KernelCall[] {
   checkDims(d);
-  const t = { ...mlaAttentionDefaultTuning(gpu, d), ...d.tuning };
+  const def = mlaAttentionDefaultTuning(gpu, d);
+  // A tuning that picks head groups means the grouped kernel (unless it asks for the subgroup one).
+  if (d.tuning?.headsPerGroup !== undefined && d.tuning.subgroup === undefined && def.subgroup) {
+    Object.assign(def, {
+      subgroup: false,
+      splits: Math.max(1, Math.min(64, Math.floor(WORKGROUPS / ceilDiv(d.heads, d.tuning.headsPerGroup)))),
+    });
+  }
+  const t = { ...def, ...d.tuning };
   const G = t.headsPerGroup, S = t.splits;
   if (!Number.isInteger(G) || G < 1 || G > d.heads || sharedBytes(d, G) > gpu.maxWorkgroupStorage) {
     throw new RangeError(
@@ -330,13 +455,19 @@ export function mlaAttentionCalls(
     throw new RangeError(`MLA attention: splits ${S} must be 1..256`);
   }
   if (!(d.scale > 0)) throw new RangeError(`MLA attention: scale must be positive, got ${d.scale}`);
+  if (t.subgroup && !sgFits(gpu, d)) {
+    throw new RangeError(`MLA attention: the subgroup kernel needs subgroups and vec4 rows (R, dr % 4 == 0)`);
+  }
   const params = uniformBuffer(gpu, [d.scale], [0]);
-  const grid: [number, number, number] = [ceilDiv(d.heads, G), d.T, S];
+  const sg = t.subgroup === true;
+  const grid: [number, number, number] = [sg ? d.heads : ceilDiv(d.heads, G), d.T, S];
+  const source = (splits: number) =>
+    sg ? sgAttentionSource(d, splits, gpu.subgroupSize!) : attentionSource(d, G, splits, t.unroll);
   const R = d.kvLoraRank;
   if (S === 1) {
     const call = kernelCall(
       gpu,
-      pipeline(gpu, attentionSource(d, G, 1, t.unroll)),
+      pipeline(gpu, source(1)),
       [
         params,
         bufs.step,
@@ -354,7 +485,7 @@ export function mlaAttentionCalls(
   const part = storageBuffer(gpu, partFloats * 4, "mla_part");
   const call = kernelCall(
     gpu,
-    pipeline(gpu, attentionSource(d, G, S, t.unroll)),
+    pipeline(gpu, source(S)),
     [
       params,
       bufs.step,
@@ -421,4 +552,96 @@ export function mlaLatentAttentionRef(
     }
   }
   return out;
+}
+
+/**
+ * The split attention's combine and the value up-projection (mla.ts's mlaValueCall) in one dispatch, for
+ * subgroup adapters: each workgroup (row block, head, token) merges the head's split partials into ctx in
+ * workgroup memory (as the combine does), then its warps compute RB rows of out = W_UV_h ctx, lanes over
+ * 4-weight units of a row, subgroupAdd reducing. Null where it does not apply (one split: ctx is written
+ * directly; no subgroups; R or dr not a multiple of 4), and the caller keeps the two dispatches.
+ *   part  the attention's partials (mlaAttentionCalls' scratch)
+ *   wUV   [heads, dv, R] f32 or f16, out [T, heads * dv] f32
+ */
+export function mlaCombineValueCall(
+  gpu: Gpu,
+  bufs: { step: GPUBuffer; part: GPUBuffer; wUV: GPUBuffer; out: GPUBuffer },
+  d: MlaDims & { splits: number; weights: "f32" | "f16" },
+): KernelCall | null {
+  const SG = gpu.subgroupSize;
+  const R = d.kvLoraRank, DR = d.qkRopeHeadDim, NH = d.heads, DV = d.vHeadDim, S = d.splits;
+  if (!SG || S <= 1 || R % 4 !== 0 || DR % 4 !== 0) return null;
+  const RV = R / 4;
+  const PS = RV + 1;
+  const KPC = WG / lanesPerKey((R + DR) / 4);
+  const CWG = 256, WARPS = CWG / SG;
+  const RPW = 2; // rows per warp
+  const RB = WARPS * RPW;
+  const f16 = d.weights === "f16";
+  const wv = f16 ? "vec4<f32>(unpack2x16float(W[wb + u].x), unpack2x16float(W[wb + u].y))" : "W[wb + u]";
+  const code = `${STEP_WGSL}
+@group(0) @binding(0) var<storage, read> step: Step;
+@group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: array<${f16 ? "vec2<u32>" : "vec4<f32>"}>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+const NH = ${NH}u;
+const RV = ${RV}u;
+const S = ${S}u;
+const DV = ${DV}u;
+var<workgroup> cx: array<vec4<f32>, ${RV}>;
+var<workgroup> wz: array<f32, ${S}>;
+var<workgroup> lsum: f32;
+var<workgroup> live: u32;
+@compute @workgroup_size(${CWG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let h = wg.y;
+  let t = wg.z;
+  if (tid == 0u) { live = select(0u, 1u, t < step.T); }
+  if (workgroupUniformLoad(&live) == 0u) { return; }
+  let base = (t * S * NH + h) * ${PS}u;
+  // Splits z >= the chunk count had no keys and wrote nothing.
+  let nz = min(S, (step.pos0 + t + ${KPC}u) / ${KPC}u);
+  if (tid == 0u) {
+    var mx = -3.0e38;
+    for (var z = 0u; z < nz; z++) { mx = max(mx, part[base + z * NH * ${PS}u + RV].x); }
+    var ls = 0.0;
+    for (var z = 0u; z < nz; z++) {
+      let ml = part[base + z * NH * ${PS}u + RV];
+      let w = exp(ml.x - mx);
+      wz[z] = w;
+      ls += w * ml.y;
+    }
+    lsum = ls;
+  }
+  workgroupBarrier();
+  let inv = 1.0 / lsum;
+  for (var u = tid; u < RV; u += ${CWG}u) {
+    var a = vec4<f32>(0.0);
+    for (var z = 0u; z < nz; z++) { a += part[base + z * NH * ${PS}u + u] * wz[z]; }
+    cx[u] = a * inv;
+  }
+  workgroupBarrier();
+  let warp = tid / ${SG}u;
+  let lane = tid % ${SG}u;
+  for (var r = 0u; r < ${RPW}u; r++) {
+    let n = wg.x * ${RB}u + warp * ${RPW}u + r;
+    let wb = (h * DV + min(n, DV - 1u)) * RV;
+    var acc = 0.0;
+    for (var u = lane; u < RV; u += ${SG}u) { acc += dot(${wv}, cx[u]); }
+    let s = subgroupAdd(acc);
+    if (lane == 0u && n < DV) { y[t * NH * DV + h * DV + n] = s; }
+  }
+}`;
+  return kernelCall(
+    gpu,
+    pipeline(gpu, code),
+    [bufs.step, bufs.part, bufs.wUV, bufs.out],
+    [ceilDiv(DV, RB), NH, d.T],
+    "mla_combine_value",
+  );
+}
+
+/** The splits mlaAttentionCalls will use for these dims (its second call, if any, is the combine). */
+export function mlaAttentionSplits(gpu: Gpu, d: MlaDims & { tuning?: Partial<MlaAttentionTuning> }): number {
+  return { ...mlaAttentionDefaultTuning(gpu, d), ...d.tuning }.splits;
 }

@@ -27,3 +27,5 @@ export * from "./mla.ts";
 export * from "./mla_attention.ts";
 export * from "./gemv_multi.ts";
 export * from "./argmax_rows.ts";
+export * from "./convert.ts";
+export * from "./moe_sg.ts";

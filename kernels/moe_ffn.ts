@@ -10,7 +10,8 @@
 import { gemvFusedCall, gemvFusedFits, type GemvTuning } from "./gemv_fused.ts";
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
-import { moeGemvCall } from "./moe_gemv.ts";
+import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
+import { moeRouterGemvCall, moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
 import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
 import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
 import { isQuant, quantFits, type QuantType } from "./quant.ts";
@@ -197,6 +198,164 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
       );
     }
   }
+  return calls;
+}
+
+/**
+ * Benchmark switches, read when a program is built (so one process can sweep them): SWACTOR_MOE (path) and
+ * SWACTOR_MOE_ROWS ("gate_up,down": rows per warp of the subgroup expert GEMVs).
+ */
+function moeSwitches(): { path: string | undefined; rows: number[] } {
+  return {
+    path: Deno.env.get("SWACTOR_MOE"),
+    rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
+  };
+}
+
+/**
+ * The decode path on adapters with subgroups (T <= GEMV_MAX_T): the block from the residual stream itself,
+ * its RMSNorm fused into the router GEMV and the gate_up GEMV (kernels/moe_sg.ts), so no normalised copy
+ * is written:
+ *   router logits = rmsnorm(x) @ router^T        moe_sg.ts's router GEMV (a workgroup a row: latency)
+ *   ids, w        = route(logits)                moe_router.ts's routing, inside the next kernel
+ *   act           = silu(gate) * up, k slots      moe_sg gate_up (routing and norm fused)
+ *   x            += sum_j w_j down_j . act_j      moe_sg down (combine fused)
+ * The shared expert (deepseek_v3, kimi_k2) rides along as Is / I more slots of weight 1 when it is stored
+ * like the routed experts; else it is two GEMVs more (norm fused, then down with silu_mul fused).
+ * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm. Null when a shape does
+ * not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
+ */
+export function moeDecodeCalls(
+  gpu: Gpu,
+  b: Omit<MoeFfnBuffers, "x" | "y"> & { x: GPUBuffer; norm: GPUBuffer },
+  d: MoeFfnDims & { eps: number; normWeights: WeightType },
+): KernelCall[] | null {
+  const r = checkRouting(d.routing);
+  const { hidden: H, intermediate: I, T } = d;
+  const Is = d.sharedIntermediate ?? 0;
+  const s = b.scratch;
+  if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
+  // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
+  // =unfolded: the shared expert's own GEMVs.
+  const { path: MOE_PATH, rows: MOE_ROWS } = moeSwitches();
+  if (MOE_PATH === "team") return null;
+  if (H % 4 !== 0 || d.weights.router !== "f32") return null;
+  const experts = { T, topK: r.topK, experts: r.experts };
+  const gateUp: MoeSgDims = {
+    kind: "gate_up",
+    K: H,
+    N: I,
+    ...experts,
+    weights: d.weights.gateUp,
+    rmsnorm: { eps: d.eps, weights: d.normWeights },
+    rows: MOE_ROWS[0] || undefined,
+    route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined },
+  };
+  const down: MoeSgDims = {
+    kind: "down",
+    K: I,
+    N: H,
+    ...experts,
+    weights: d.weights.down,
+    accumulate: true,
+    rows: MOE_ROWS[1] || undefined,
+  };
+  const sgt = d.weights.sharedGateUp, sdt = d.weights.sharedDown;
+  if (Is > 0) {
+    if (!b.sharedGateUp || !b.sharedDown || !sgt || !sdt || !s.sharedGu) {
+      throw new TypeError(
+        "sharedIntermediate > 0 needs sharedGateUp / sharedDown buffers, weights and scratch",
+      );
+    }
+    if (!gemvFusedFits(Is) || (isQuant(sdt) && !quantFits(Is))) return null;
+    // The shared expert as Is / I more slots of the expert kernels, when it is stored like the routed
+    // ones and its activations fit the scratch (gu holds T * k * 2I floats).
+    const NSH = Is / I;
+    const fold = { ...gateUp, sharedSlots: NSH }, foldDown = { ...down, sharedSlots: NSH };
+    if (
+      MOE_PATH !== "unfolded" && Number.isInteger(NSH) && NSH <= r.topK && sgt === d.weights.gateUp &&
+      sdt === d.weights.down && moeSgFits(gpu, fold) && moeSgFits(gpu, foldDown)
+    ) {
+      gateUp.sharedSlots = down.sharedSlots = NSH;
+    }
+  }
+  if (!moeSgFits(gpu, gateUp)) return null;
+  // A down row too long to stage (k * I floats: Kimi K2's 8 x 2048) goes to the team kernel, which reads
+  // the activations from memory.
+  const sgDown = moeSgFits(gpu, down);
+  if (!sgDown) gateUp.sharedSlots = down.sharedSlots = undefined;
+  if (!sgDown && !moeGemvFits(I, d.weights.down)) return null;
+  const folded = (gateUp.sharedSlots ?? 0) > 0;
+  const norm = { normWeight: b.norm };
+  const calls = [
+    moeRouterGemvCall(gpu, { x: b.x, router: b.router, norm: b.norm, logits: s.logits }, {
+      K: H,
+      experts: r.experts,
+      T,
+      eps: d.eps,
+      normWeights: d.normWeights,
+    }),
+  ];
+  if (!gateUp.route) {
+    calls.push(
+      moeRouterCall(gpu, { logits: s.logits, ids: s.ids, routeWeights: s.routeWeights, bias: b.bias }, {
+        ...r,
+        T,
+      }),
+    );
+  }
+  calls.push(moeSgCall(gpu, {
+    x: b.x,
+    w: b.gateUp,
+    out: s.gu,
+    ids: s.ids,
+    norm: b.norm,
+    logits: s.logits,
+    routeWeights: s.routeWeights,
+    bias: b.bias,
+    shared: folded ? b.sharedGateUp : undefined,
+  }, gateUp));
+  if (Is > 0 && !folded) {
+    calls.push(
+      gemvFusedCall(gpu, { x: b.x, w: b.sharedGateUp!, y: s.sharedGu!, ...norm }, {
+        K: H,
+        N: 2 * Is,
+        T,
+        weights: sgt!,
+        normWeights: d.normWeights,
+        transform: "rmsnorm",
+        eps: d.eps,
+      }),
+      gemvFusedCall(gpu, { x: s.sharedGu!, w: b.sharedDown!, y: b.x }, {
+        K: Is,
+        N: H,
+        T,
+        accumulate: true,
+        weights: sdt!,
+        transform: "silu_mul",
+      }),
+    );
+  }
+  calls.push(
+    sgDown
+      ? moeSgCall(gpu, {
+        x: s.gu,
+        w: b.down,
+        out: b.x,
+        ids: s.ids,
+        routeWeights: s.routeWeights,
+        shared: folded ? b.sharedDown : undefined,
+      }, down)
+      : moeGemvCall(gpu, { x: s.gu, w: b.down, y: b.x, ids: s.ids, routeWeights: s.routeWeights }, {
+        ...experts,
+        K: I,
+        N: H,
+        weights: d.weights.down,
+        input: "slot",
+        output: "combine",
+        accumulate: true,
+      }),
+  );
   return calls;
 }
 

@@ -13,7 +13,7 @@
 // Ties (torch.topk leaves them unspecified) go to the lowest index, for experts and for groups. Output
 // slots are in descending order of the selection score. One workgroup per token: each thread ranks its
 // experts by counting the experts that beat them (one barrier, no sort), which for E <= 1024 is cheap.
-import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, pipeline } from "./gpu.ts";
 
 export interface MoeRouting {
   /** Routed experts in the layer (n_routed_experts / num_local_experts / num_experts), 1..1024. */
@@ -32,7 +32,6 @@ export interface MoeRouting {
   scale?: number;
 }
 
-const WG = 256;
 export const MOE_MAX_EXPERTS = 1024;
 
 /** The routing with its defaults filled in, or a RangeError naming the bad field. */
@@ -68,103 +67,203 @@ export function checkRouting(r: MoeRouting): Required<MoeRouting> {
   return { ...r, groups, topKGroups, scale };
 }
 
-function source(r: Required<MoeRouting>, bias: boolean): string {
+/**
+ * The routing as WGSL a kernel of WG = 256 threads can embed: `decls` (workgroup arrays and a reduction
+ * helper, names prefixed `rt_`) and `body(row)`, statements run by every thread (tid = its local index) that
+ * read `logits[row + e]` (and `bias[e]` with `bias`) and leave the choice in workgroup memory: rt_ids[j]
+ * (u32) and rt_w[j] (f32, final weights), slot 0 the best, after a barrier.
+ */
+export function routerWgsl(
+  r: Required<MoeRouting>,
+  bias: boolean,
+): { decls: string; body: (row: string) => string } {
   const E = r.experts;
   const G = r.groups;
   const GS = E / G;
-  const score = r.scoring === "softmax"
-    ? `
-  var m = -3.4e38;
-  for (var e = tid; e < E; e += WG) { m = max(m, logits[row + e]); }
-  let mx = reduce(tid, m, true);
-  var s = 0.0;
-  for (var e = tid; e < E; e += WG) { let v = exp(logits[row + e] - mx); score[e] = v; s += v; }
-  let tot = reduce(tid, s, false);
-  for (var e = tid; e < E; e += WG) { score[e] = score[e] / tot; }`
-    : `
-  for (var e = tid; e < E; e += WG) { score[e] = 1.0 / (1.0 + exp(-logits[row + e])); }`;
+  const KG = r.topKGroups;
+  const K = r.topK;
+  const scale = Math.fround(r.scale);
+  const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
+  const score = (row: string) =>
+    r.scoring === "softmax"
+      ? `
+  var rt_m = -3.4e38;
+  for (var e = tid; e < ${E}u; e += 256u) { rt_m = max(rt_m, logits[${row} + e]); }
+  let rt_mx = rt_reduce(tid, rt_m, true);
+  var rt_s = 0.0;
+  for (var e = tid; e < ${E}u; e += 256u) { let v = exp(logits[${row} + e] - rt_mx); rt_score[e] = v; rt_s += v; }
+  let rt_tot = rt_reduce(tid, rt_s, false);
+  for (var e = tid; e < ${E}u; e += 256u) { rt_score[e] = rt_score[e] / rt_tot; }`
+      : `
+  for (var e = tid; e < ${E}u; e += 256u) { rt_score[e] = 1.0 / (1.0 + exp(-logits[${row} + e])); }`;
   // Group-limited selection: group g's score is the sum of its two largest c; the KG best groups stay.
   const groups = G === 1 ? "" : `
-  if (tid < G) {
+  if (tid < ${G}u) {
     var a = -3.4e38;
     var b = -3.4e38;
-    for (var e = tid * GS; e < tid * GS + GS; e++) {
-      let v = choice[e];
+    for (var e = tid * ${GS}u; e < tid * ${GS}u + ${GS}u; e++) {
+      let v = rt_choice[e];
       if (v > a) { b = a; a = v; } else if (v > b) { b = v; }
     }
-    gscore[tid] = a + b;
+    rt_gscore[tid] = a + b;
   }
   workgroupBarrier();
-  if (tid < G) {
-    let v = gscore[tid];
+  if (tid < ${G}u) {
+    let v = rt_gscore[tid];
     var rank = 0u;
-    for (var g = 0u; g < G; g++) { let o = gscore[g]; rank += u32(o > v || (o == v && g < tid)); }
-    keep[tid] = u32(rank < KG);
+    for (var g = 0u; g < ${G}u; g++) { let o = rt_gscore[g]; rank += u32(o > v || (o == v && g < tid)); }
+    rt_keep[tid] = u32(rank < ${KG}u);
   }
   workgroupBarrier();
   // -inf in transformers; the lowest finite f32 orders the same (kept scores are finite) and WGSL has no
   // infinite constants.
-  for (var e = tid; e < E; e += WG) { if (keep[e / GS] == 0u) { choice[e] = -3.40282347e38; } }
+  for (var e = tid; e < ${E}u; e += 256u) { if (rt_keep[e / ${GS}u] == 0u) { rt_choice[e] = -3.40282347e38; } }
   workgroupBarrier();`;
   const norm = !r.normTopK ? "" : `
     var sum = 0.0;
-    for (var j = 0u; j < K; j++) { sum += pick[j]; }
+    for (var j = 0u; j < ${K}u; j++) { sum += rt_pick[j]; }
     w = w / (sum + ${r.scoring === "sigmoid" ? "1e-20" : "0.0"});`;
-  return `
-struct P { scale: f32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
-@group(0) @binding(3) var<storage, read_write> wts: array<f32>;
-${bias ? "@group(0) @binding(4) var<storage, read> bias: array<f32>;" : ""}
-const E = ${E}u;
-const K = ${r.topK}u;
-const G = ${G}u;
-const GS = ${GS}u;
-const KG = ${r.topKGroups}u;
-const WG = ${WG}u;
-var<workgroup> score: array<f32, ${E}>;
-var<workgroup> choice: array<f32, ${E}>;
-var<workgroup> red: array<f32, ${WG}>;
-var<workgroup> gscore: array<f32, ${G}>;
-var<workgroup> keep: array<u32, ${G}>;
-var<workgroup> pick: array<f32, ${r.topK}>;
-
-fn reduce(tid: u32, v: f32, is_max: bool) -> f32 {
-  red[tid] = v;
+  const decls = `
+var<workgroup> rt_score: array<f32, ${E}>;
+var<workgroup> rt_choice: array<f32, ${E}>;
+var<workgroup> rt_red: array<f32, 256>;
+var<workgroup> rt_gscore: array<f32, ${G}>;
+var<workgroup> rt_keep: array<u32, ${G}>;
+var<workgroup> rt_pick: array<f32, ${K}>;
+var<workgroup> rt_ids: array<u32, ${K}>;
+var<workgroup> rt_w: array<f32, ${K}>;
+fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
+  rt_red[tid] = v;
   workgroupBarrier();
-  for (var s = WG / 2u; s > 0u; s >>= 1u) {
-    if (tid < s) { red[tid] = select(red[tid] + red[tid + s], max(red[tid], red[tid + s]), is_max); }
+  for (var s = 128u; s > 0u; s >>= 1u) {
+    if (tid < s) { rt_red[tid] = select(rt_red[tid] + rt_red[tid + s], max(rt_red[tid], rt_red[tid + s]), is_max); }
     workgroupBarrier();
   }
-  let r = red[0];
+  let r = rt_red[0];
   workgroupBarrier();
   return r;
-}
-
-@compute @workgroup_size(${WG})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-  let t = wg.x;
-  let row = t * E;
-  ${score}
-  for (var e = tid; e < E; e += WG) { choice[e] = score[e]${bias ? " + bias[e]" : ""}; }
+}`;
+  const body = (row: string) => `
+  ${score(row)}
+  for (var e = tid; e < ${E}u; e += 256u) { rt_choice[e] = rt_score[e]${bias ? " + bias[e]" : ""}; }
   workgroupBarrier();
   ${groups}
   // Rank = how many experts beat this one (larger c, or equal c and a lower index): a total order, so
   // ranks 0..K-1 are each written once.
-  for (var e = tid; e < E; e += WG) {
-    let v = choice[e];
+  for (var e = tid; e < ${E}u; e += 256u) {
+    let v = rt_choice[e];
     var rank = 0u;
-    for (var j = 0u; j < E; j++) { let o = choice[j]; rank += u32(o > v || (o == v && j < e)); }
-    if (rank < K) {
-      ids[t * K + rank] = e;
-      pick[rank] = score[e];
+    for (var j = 0u; j < ${E}u; j++) { let o = rt_choice[j]; rank += u32(o > v || (o == v && j < e)); }
+    if (rank < ${K}u) {
+      rt_ids[rank] = e;
+      rt_pick[rank] = rt_score[e];
     }
   }
   workgroupBarrier();
-  if (tid < K) {
-    var w = pick[tid];${norm}
-    wts[t * K + tid] = w * p.scale;
+  if (tid < ${K}u) {
+    var w = rt_pick[tid];${norm}
+    rt_w[tid] = w * ${f(scale)};
+  }
+  workgroupBarrier();`;
+  return { decls, body };
+}
+
+/**
+ * routerWgsl for the common case without expert groups, built for latency: the first subgroup (S lanes) does
+ * the whole routing in registers, each lane holding experts lane, lane + S, ...: softmax (or sigmoid) with
+ * subgroupMax / subgroupAdd, then k rounds of argmax (highest choice, lowest index on ties: the rank
+ * order) with subgroupMax / subgroupMin. No workgroup barrier until the result is shared.
+ */
+export function routerWgslFast(
+  r: Required<MoeRouting>,
+  bias: boolean,
+  S: number,
+): { decls: string; body: (row: string) => string } {
+  if (r.groups !== 1) throw new RangeError("the subgroup router serves routing without expert groups");
+  const E = r.experts, K = r.topK;
+  const PER = Math.ceil(E / S);
+  const scale = Math.fround(r.scale);
+  const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
+  const score = r.scoring === "softmax"
+    ? `
+    var m = -3.4e38;
+    for (var i = 0u; i < ${PER}u; i++) {
+      let e = i * ${S}u + tid;
+      if (e < ${E}u) { m = max(m, logits[row + e]); }
+    }
+    m = subgroupMax(m);
+    var tot = 0.0;
+    for (var i = 0u; i < ${PER}u; i++) {
+      let e = i * ${S}u + tid;
+      if (e < ${E}u) { let v = exp(logits[row + e] - m); sc[i] = v; tot += v; }
+    }
+    tot = subgroupAdd(tot);
+    for (var i = 0u; i < ${PER}u; i++) { sc[i] = sc[i] / tot; }`
+    : `
+    for (var i = 0u; i < ${PER}u; i++) {
+      let e = i * ${S}u + tid;
+      if (e < ${E}u) { sc[i] = 1.0 / (1.0 + exp(-logits[row + e])); }
+    }`;
+  const norm = !r.normTopK ? "" : `
+    var sum = 0.0;
+    for (var j = 0u; j < ${K}u; j++) { sum += rt_pick[j]; }
+    w = w / (sum + ${r.scoring === "sigmoid" ? "1e-20" : "0.0"});`;
+  const decls = `
+var<workgroup> rt_pick: array<f32, ${K}>;
+var<workgroup> rt_ids: array<u32, ${K}>;
+var<workgroup> rt_w: array<f32, ${K}>;`;
+  const body = (row: string) => `
+  if (tid < ${S}u) {
+    let row = ${row};
+    var sc: array<f32, ${PER}>;
+    var ch: array<f32, ${PER}>;
+    var taken: array<bool, ${PER}>;
+    ${score}
+    for (var i = 0u; i < ${PER}u; i++) {
+      let e = i * ${S}u + tid;
+      taken[i] = e >= ${E}u;
+      ch[i] = sc[i]${bias ? " + bias[min(e, " + (E - 1) + "u)]" : ""};
+    }
+    for (var j = 0u; j < ${K}u; j++) {
+      var bv = -3.40282347e38;
+      var be = 0xffffffffu;
+      for (var i = 0u; i < ${PER}u; i++) {
+        if (!taken[i] && (be == 0xffffffffu || ch[i] > bv)) { bv = ch[i]; be = i * ${S}u + tid; }
+      }
+      let mv = subgroupMax(select(-3.40282347e38, bv, be != 0xffffffffu));
+      let win = subgroupMin(select(0xffffffffu, be, be != 0xffffffffu && bv == mv));
+      if (win % ${S}u == tid) {
+        taken[win / ${S}u] = true;
+        rt_ids[j] = win;
+        rt_pick[j] = sc[win / ${S}u];
+      }
+    }
+  }
+  workgroupBarrier();
+  if (tid < ${K}u) {
+    var w = rt_pick[tid];${norm}
+    rt_w[tid] = w * ${f(scale)};
+  }
+  workgroupBarrier();`;
+  return { decls, body };
+}
+
+function source(r: Required<MoeRouting>, bias: boolean): string {
+  const K = r.topK;
+  const rt = routerWgsl(r, bias);
+  return `
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(2) var<storage, read_write> wts: array<f32>;
+${bias ? "@group(0) @binding(3) var<storage, read> bias: array<f32>;" : ""}
+${rt.decls}
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let t = wg.x;
+  ${rt.body(`t * ${r.experts}u`)}
+  if (tid < ${K}u) {
+    ids[t * ${K}u + tid] = rt_ids[tid];
+    wts[t * ${K}u + tid] = rt_w[tid];
   }
 }`;
 }
@@ -181,8 +280,7 @@ export function moeRouterCall(
 ): KernelCall {
   const r = checkRouting(d);
   if (!(Number.isInteger(d.T) && d.T >= 1)) throw new RangeError(`T must be a positive integer, got ${d.T}`);
-  const params = uniformBuffer(gpu, [r.scale], [0]);
-  const buffers = [params, bufs.logits, bufs.ids, bufs.routeWeights];
+  const buffers = [bufs.logits, bufs.ids, bufs.routeWeights];
   if (bufs.bias) buffers.push(bufs.bias);
   return kernelCall(gpu, pipeline(gpu, source(r, bufs.bias !== undefined)), buffers, [d.T], "moe_router");
 }

@@ -5,24 +5,20 @@
 //   y[t] = sum over slots j of token t whose expert ids[t, j] is held here: w[t, j] * expert(xn[t])
 // Slots of experts held elsewhere add nothing (kernels/moe_gemv.ts skips ids outside the stack), so the
 // stage's sum over every host's reply is the layer's whole routed output.
-import type { Checkpoint } from "./checkpoint.ts";
+import { type ConvertOn, type WeightSource, WeightUploader } from "./upload.ts";
 import type { MoeFfn } from "./config.ts";
 import { RequestError } from "./errors.ts";
 import { layerPrefix } from "./tensors.ts";
 import {
   type Gpu,
-  isQuant,
   moeGemvCall,
-  quantFits,
-  quantize,
   readBack,
   releaseCalls,
   storageBuffer,
-  uploadBuffer,
   type WeightType,
   writeBytes,
 } from "../kernels/mod.ts";
-import type { WeightsOption } from "./model.ts";
+import { matrixStorage, type WeightsOption } from "./model.ts";
 
 /** Slot id meaning "not held here" (outside every stack, so the kernels skip it). */
 const NOT_HERE = 0xffffffff;
@@ -74,9 +70,13 @@ export class ExpertHost {
   /** Reads the given experts of each MoE layer (only their tensors) and uploads them stacked. */
   static async load(
     gpu: Gpu,
-    ckpt: Checkpoint,
+    ckpt: WeightSource,
     hold: ReadonlyMap<number, readonly number[]>,
-    opts: { weights?: WeightsOption; onProgress?: (done: number, total: number) => void } = {},
+    opts: {
+      weights?: WeightsOption;
+      convert?: ConvertOn;
+      onProgress?: (done: number, total: number) => void;
+    } = {},
   ): Promise<ExpertHost> {
     const c = ckpt.config;
     const host = new ExpertHost(gpu, c.hiddenSize);
@@ -94,22 +94,10 @@ export class ExpertHost {
     }
     const total = jobs.reduce((s, j) => s + j.experts.length, 0);
     let done = 0;
+    const uploader = new WeightUploader(gpu, ckpt, { on: opts.convert });
     const read = async (names: string[], K: number) => {
-      const as = isQuant(wt) && !quantFits(K) ? floatType : wt;
-      const f16 = as === "f16";
-      const parts = await Promise.all(names.map((n) => f16 ? ckpt.readF16(n) : ckpt.readF32(n)));
-      const length = parts.reduce((s, p) => s + p.length, 0);
-      let all: Uint16Array | Float32Array | Uint8Array = f16
-        ? new Uint16Array(length)
-        : new Float32Array(length);
-      let at = 0;
-      for (const p of parts) {
-        all.set(p, at);
-        at += p.length;
-      }
-      if (isQuant(as)) all = quantize(all as Float32Array, { N: length / K, K }, as);
-      host.#bytes += all.byteLength;
-      return { buf: uploadBuffer(gpu, all, names[0]), as };
+      const as = matrixStorage(wt, K, floatType);
+      return { buf: await uploader.upload(names, as, K), as };
     };
     for (const { layer, spec, experts } of jobs) {
       const p = layerPrefix(layer);
@@ -128,6 +116,8 @@ export class ExpertHost {
       done += experts.length;
       opts.onProgress?.(done, total);
     }
+    await uploader.finish();
+    host.#bytes = uploader.bytes;
     return host;
   }
 

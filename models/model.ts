@@ -10,7 +10,7 @@
 //     x   += ffn(rmsnorm(x))                              [H]   (blocks/mlp.ts, blocks/moe.ts)
 //   logits = rmsnorm(x) * norm @ lm_head^T                [V]   (lm_head = embed_tokens when tied)
 //   token  = sample(logits)
-import type { Checkpoint } from "./checkpoint.ts";
+import { type ConvertOn, type WeightSource, WeightUploader } from "./upload.ts";
 import type { ModelConfig } from "./config.ts";
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
 import { CheckpointError, RequestError } from "./errors.ts";
@@ -27,7 +27,6 @@ import {
   type KernelCall,
   prefillLinearCalls,
   quantFits,
-  quantize,
   type QuantType,
   releaseCalls,
   rmsnormCall,
@@ -82,6 +81,13 @@ export interface LoadOptions {
    * here: the step stops after such a layer's router, and the engine adds the hosts' sum. Default: none.
    */
   remoteExperts?: readonly number[];
+  /** Where the checkpoint's floats are converted to the storage: "gpu" (default) or "cpu" (the reference). */
+  convert?: ConvertOn;
+}
+
+/** A matrix's storage when the model asks for `wt`: quantised only if its rows (K) allow. */
+export function matrixStorage(wt: WeightsOption, K: number, floatType: WeightType): WeightsOption {
+  return isQuant(wt) && !quantFits(K) ? floatType : wt;
 }
 
 /** The default weight storage on this GPU: f16 where shader-f16 exists, else f32. */
@@ -155,7 +161,7 @@ export class Model {
   }
 
   /** Reads this part's tensors (only their byte ranges), checking every shape first, and uploads them. */
-  static async load(gpu: Gpu, ckpt: Checkpoint, opts: LoadOptions = {}): Promise<Model> {
+  static async load(gpu: Gpu, ckpt: WeightSource, opts: LoadOptions = {}): Promise<Model> {
     const c = ckpt.config;
     const wt = opts.weights ?? defaultWeights(gpu);
     if (wt === "f16" && !gpu.hasF16) {
@@ -188,41 +194,15 @@ export class Model {
       }
       total += info.end - info.begin;
     }
-    const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
     let done = 0;
-    let gpuBytes = 0;
     const types = new Map<GPUBuffer, WeightsOption>();
     const normType: WeightType = isQuant(wt) ? "f32" : wt;
     const floatType: WeightType = gpu.hasF16 ? "f16" : "f32";
+    const uploader = new WeightUploader(gpu, ckpt, { on: opts.convert });
     const read: TensorReader = async (names, K, vector = "norm") => {
-      const as = K === undefined
-        ? (vector === "f32" ? "f32" : normType)
-        : !isQuant(wt)
-        ? wt
-        : quantFits(K)
-        ? wt
-        : floatType;
-      const f16 = as === "f16";
-      const parts = await Promise.all(names.map((n) => f16 ? ckpt.readF16(n) : ckpt.readF32(n)));
-      const length = parts.reduce((s, p) => s + p.length, 0);
-      let all: Uint16Array | Float32Array | Uint8Array = f16
-        ? new Uint16Array(length)
-        : new Float32Array(length);
-      let at = 0;
-      for (const p of parts) {
-        all.set(p, at);
-        at += p.length;
-      }
-      if (isQuant(as)) all = quantize(all as Float32Array, { N: length / K!, K: K! }, as);
-      if (all.byteLength > maxBinding) {
-        throw new Error(
-          `${names.join("+")} needs ${all.byteLength} bytes on the GPU, above ${gpu.adapterName}'s largest ` +
-            `binding (${maxBinding})${wt === "f32" ? "; try 16-bit weights" : ""}`,
-        );
-      }
+      const as = K === undefined ? (vector === "f32" ? "f32" : normType) : matrixStorage(wt, K, floatType);
+      const buf = await uploader.upload(names, as, K);
       for (const n of names) done += ckpt.info(n).end - ckpt.info(n).begin;
-      gpuBytes += all.byteLength;
-      const buf = uploadBuffer(gpu, all, names[0]);
       types.set(buf, as);
       opts.onProgress?.(done, total);
       return buf;
@@ -233,6 +213,7 @@ export class Model {
       opts.onProgress?.(done, total);
       return data;
     };
+    let gpuBytes = 0;
     const ctx: BlockContext = {
       gpu,
       normType,
@@ -263,6 +244,8 @@ export class Model {
     }
     const finalNorm = part.head ? await read(["model.norm.weight"]) : null;
     const lmHead = part.head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"], H)) : null;
+    await uploader.finish();
+    gpuBytes += uploader.bytes;
     return new Model(gpu, c, part, wt, normType, types, embedTable, lw, finalNorm, lmHead, gpuBytes);
   }
 

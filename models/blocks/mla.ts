@@ -3,6 +3,7 @@
 //   xn      = rmsnorm(x) * input_layernorm                                  [H]
 //   q       = q_b(rmsnorm(q_a(xn)) * q_a_layernorm)  or  q_proj(xn)         [nH (dn + dr)]
 //   kv      = kv_a_proj_with_mqa(xn)                                         [R + dr]
+//             (without q_lora_rank, q_proj and kv_a_proj_with_mqa are one matrix and one GEMV: rows [q | kv])
 //   q_rope, cache[pos] = rope(q[:, dn:]), [rmsnorm(kv[:R]) * kv_a_layernorm, rope(kv[R:])]
 //   qLat_h  = W_UK_h^T q_nope_h                                              [nH, R]
 //   ctx_h   = softmax_s(scale (qLat_h . c_s + q_rope_h . kRope_s)) c_s       [nH, R]
@@ -11,10 +12,12 @@
 // transformers' q_a_layernorm and kv_a_layernorm keep RMSNorm's default eps (1e-6), not rms_norm_eps.
 import {
   type KernelCall,
-  mlaAbsorbCall,
   mlaAttentionCalls,
+  mlaAttentionSplits,
+  type MlaAttentionTuning,
+  mlaCombineValueCall,
   type MlaDims,
-  mlaRopeCacheCall,
+  mlaRopeAbsorbCall,
   mlaSplitKvB,
   mlaValueCall,
   storageBuffer,
@@ -23,6 +26,19 @@ import {
 import type { MlaAttention } from "../config.ts";
 import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
 import { linear } from "./linear.ts";
+
+/**
+ * SWACTOR_MLA_TUNING=headsPerGroup,splits,unroll (any may be empty): the attention kernel's cut, for tuning
+ * sweeps on a GPU (kernels/mla_attention.ts's defaults otherwise); read when a program is built.
+ */
+function attentionTuning(): Partial<MlaAttentionTuning> | undefined {
+  const v = Deno.env.get("SWACTOR_MLA_TUNING");
+  if (!v) return undefined;
+  const [headsPerGroup, splits, unroll] = v.split(",").map((x) => (x === "" ? undefined : Number(x)));
+  return Object.fromEntries(
+    Object.entries({ headsPerGroup, splits, unroll }).filter(([, x]) => x !== undefined),
+  ) as Partial<MlaAttentionTuning>;
+}
 
 /** RMSNorm epsilon of q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm's default). */
 const LORA_NORM_EPS = 1e-6;
@@ -33,8 +49,9 @@ export interface MlaWeights {
   qA?: GPUBuffer;
   qANorm?: GPUBuffer;
   qB?: GPUBuffer;
-  q?: GPUBuffer;
-  kvA: GPUBuffer;
+  /** q_lora_rank null: [q_proj; kv_a_proj_with_mqa] stacked, one GEMV. Else kv_a_proj_with_mqa alone. */
+  qkvA?: GPUBuffer;
+  kvA?: GPUBuffer;
   kvANorm: GPUBuffer;
   /** kv_b_proj cut per head: W_UK [nH, R, dn] and W_UV [nH, dv, R] (floats). */
   wUK: GPUBuffer;
@@ -67,6 +84,7 @@ export function mlaScratch(a: MlaAttention): Record<string, number> {
     qa: a.qLoraRank ?? 1,
     qan: a.qLoraRank ?? 1,
     kv: R + a.qkRopeHeadDim,
+    qkv: a.qLoraRank === null ? a.heads * (a.qkNopeHeadDim + a.qkRopeHeadDim) + R + a.qkRopeHeadDim : 1,
     qLatent: a.heads * R,
     ctx: a.heads * R,
     att: a.heads * a.vHeadDim,
@@ -82,12 +100,13 @@ export async function loadMla(
   p: string,
 ): Promise<MlaWeights> {
   const norm = await read([`${p}input_layernorm.weight`]);
-  const q = a.qLoraRank === null ? { q: await read([`${p}self_attn.q_proj.weight`], hidden) } : {
+  const kvName = `${p}self_attn.kv_a_proj_with_mqa.weight`;
+  const q = a.qLoraRank === null ? { qkvA: await read([`${p}self_attn.q_proj.weight`, kvName], hidden) } : {
     qA: await read([`${p}self_attn.q_a_proj.weight`], hidden),
     qANorm: await read([`${p}self_attn.q_a_layernorm.weight`]),
     qB: await read([`${p}self_attn.q_b_proj.weight`], a.qLoraRank),
+    kvA: await read([kvName], hidden),
   };
-  const kvA = await read([`${p}self_attn.kv_a_proj_with_mqa.weight`], hidden);
   const kvANorm = await read([`${p}self_attn.kv_a_layernorm.weight`], undefined, "f32");
   const { wUK, wUV } = mlaSplitKvB(await readF32(`${p}self_attn.kv_b_proj.weight`), a);
   const kvType: WeightType = ctx.gpu.hasF16 && ctx.normType === "f16" ? "f16" : "f32";
@@ -95,7 +114,6 @@ export async function loadMla(
   return {
     norm,
     ...q,
-    kvA,
     kvANorm,
     wUK: ctx.upload(wUK, kvType, "W_UK"),
     wUV: ctx.upload(wUV, kvType, "W_UV"),
@@ -137,8 +155,14 @@ export function mlaProgram(
   const qDim = a.heads * (a.qkNopeHeadDim + a.qkRopeHeadDim);
   const kvDim = a.kvLoraRank + a.qkRopeHeadDim;
   const calls: KernelCall[] = [];
+  // q and kv: one GEMV into rows [q | kv] without q_lora_rank, else q through the low rank and kv apart.
+  let q = s.q, kv = s.kv, kvLayout = {};
   if (a.qLoraRank === null) {
-    calls.push(...linear(ctx, { x, w: w.q!, y: s.q, norm: w.norm, normed: xn }, { K: H, N: qDim, T }));
+    const QS = qDim + kvDim;
+    calls.push(...linear(ctx, { x, w: w.qkvA!, y: s.qkv, norm: w.norm, normed: xn }, { K: H, N: QS, T }));
+    q = kv = s.qkv;
+    dims.qStride = QS;
+    kvLayout = { kvStride: QS, kvOffset: qDim };
   } else {
     const r = a.qLoraRank;
     calls.push(
@@ -149,28 +173,50 @@ export function mlaProgram(
         T,
         eps: LORA_NORM_EPS,
       }),
+      ...linear(ctx, { x, w: w.kvA!, y: s.kv, norm: w.norm, normed: xn }, { K: H, N: kvDim, T }),
     );
   }
   calls.push(
-    ...linear(ctx, { x, w: w.kvA, y: s.kv, norm: w.norm, normed: xn }, { K: H, N: kvDim, T }),
-    mlaRopeCacheCall(gpu, { step, table, q: s.q, kv: s.kv, kvNorm: w.kvANorm, cache: cache[0] }, {
+    mlaRopeAbsorbCall(gpu, {
+      step,
+      table,
+      q,
+      kv,
+      kvNorm: w.kvANorm,
+      cache: cache[0],
+      wUK: w.wUK,
+      qLatent: s.qLatent,
+    }, { ...dims, ...kvLayout, eps: LORA_NORM_EPS, interleaved: a.interleaved, weights: w.kvType }),
+  );
+  // Attention, then (split keys) its combine and the value up-projection, fused where they can be.
+  const ATTENTION_TUNING = attentionTuning();
+  const attention = mlaAttentionCalls(gpu, { step, q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
+    ...dims,
+    scale: a.scale,
+    tuning: ATTENTION_TUNING,
+  });
+  const fused = attention.length === 2
+    ? mlaCombineValueCall(gpu, { step, part: attention[1].buffers[1], wUV: w.wUV, out: s.att }, {
       ...dims,
-      eps: LORA_NORM_EPS,
-      interleaved: a.interleaved,
-    }),
-    mlaAbsorbCall(gpu, { q: s.q, wUK: w.wUK, qLatent: s.qLatent }, { ...dims, weights: w.kvType }),
-    ...mlaAttentionCalls(gpu, { step, q: s.q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
-      ...dims,
-      scale: a.scale,
-    }),
-    mlaValueCall(gpu, { ctx: s.ctx, wUV: w.wUV, out: s.att }, { ...dims, weights: w.kvType }),
+      splits: mlaAttentionSplits(gpu, { ...dims, tuning: ATTENTION_TUNING }),
+      weights: w.kvType,
+    })
+    : null;
+  if (fused) calls.push(attention[0], fused);
+  else {
+    calls.push(
+      ...attention,
+      mlaValueCall(gpu, { ctx: s.ctx, wUV: w.wUV, out: s.att }, { ...dims, weights: w.kvType }),
+    );
+  }
+  calls.push(
     ...linear(ctx, { x: s.att, w: w.o, y: x }, { K: a.heads * a.vHeadDim, N: H, T, accumulate: true }),
   );
   return calls;
 }
 
 export function mlaBuffers(w: MlaWeights): GPUBuffer[] {
-  return [w.norm, w.qA, w.qANorm, w.qB, w.q, w.kvA, w.kvANorm, w.wUK, w.wUV, w.o].filter((
+  return [w.norm, w.qA, w.qANorm, w.qB, w.qkvA, w.kvA, w.kvANorm, w.wUK, w.wUV, w.o].filter((
     b,
   ): b is GPUBuffer => !!b);
 }

@@ -7,6 +7,7 @@
 import {
   createMoeScratch,
   type KernelCall,
+  moeDecodeCalls,
   moeFfnCalls,
   type MoeScratch,
   rmsnormCall,
@@ -93,6 +94,35 @@ export function moeProgram(
   const { gpu, normType, eps } = ctx;
   const wt = (b?: GPUBuffer) => b && ctx.typeOf(b);
   const { x, xn } = bufs;
+  const weights = {
+    router: "f32" as const,
+    gateUp: wt(w.gateUp) ?? "f32",
+    down: wt(w.down) ?? "f32",
+    sharedGateUp: wt(w.sharedGateUp),
+    sharedDown: wt(w.sharedDown),
+  };
+  const dims = {
+    hidden: d.hidden,
+    intermediate: f.intermediate,
+    sharedIntermediate: f.sharedIntermediate,
+    T: d.T,
+    routing: f.routing,
+    routed: w.gateUp !== undefined,
+    weights,
+  };
+  // Decode with subgroups: the norm fused into the kernels that read it (no xn), SiLU and the combine fused.
+  const decode = moeDecodeCalls(gpu, {
+    x,
+    norm: w.norm,
+    router: w.router,
+    bias: w.bias,
+    gateUp: w.gateUp,
+    down: w.down,
+    sharedGateUp: w.sharedGateUp,
+    sharedDown: w.sharedDown,
+    scratch: bufs.moe,
+  }, { ...dims, eps, normWeights: normType });
+  if (decode) return decode;
   return [
     rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: d.hidden, rows: d.T, eps, weights: normType }),
     ...moeFfnCalls(gpu, {
@@ -105,21 +135,7 @@ export function moeProgram(
       sharedGateUp: w.sharedGateUp,
       sharedDown: w.sharedDown,
       scratch: bufs.moe,
-    }, {
-      hidden: d.hidden,
-      intermediate: f.intermediate,
-      sharedIntermediate: f.sharedIntermediate,
-      T: d.T,
-      routing: f.routing,
-      routed: w.gateUp !== undefined,
-      weights: {
-        router: "f32",
-        gateUp: wt(w.gateUp) ?? "f32",
-        down: wt(w.down) ?? "f32",
-        sharedGateUp: wt(w.sharedGateUp),
-        sharedDown: wt(w.sharedDown),
-      },
-    }),
+    }, dims),
   ];
 }
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""A random-weight MoE checkpoint at a real model's widths, made by transformers on the GPU (fast), and
-transformers' own decode speed on it: the yardstick for scripts/bench/decode.ts on MoE shapes.
-  python3 scripts/bench/hf_moe.py SHAPE LAYERS OUT_DIR [--no-bench]
+"""A random-weight MoE model at a real model's widths, made by transformers on the GPU (fast), and
+transformers' own decode speed on it: the yardstick for scripts/bench/moe.ts (and decode.ts) on MoE shapes.
+  python3 scripts/bench/hf_moe.py SHAPE LAYERS OUT_DIR [--no-bench]   writes a checkpoint, then benchmarks it
+  python3 scripts/bench/hf_moe.py SHAPE LAYERS --random                  random init on the GPU, no checkpoint
+With --random nothing is written (the full Qwen3-30B-A3B shape is 61 GB in bf16, more than the GPU machine's
+disk): the model is built from the config directly on the GPU in bf16 with transformers' own init.
 SHAPE: qwen3-30b-a3b (48 layers, 128 experts top-8, hidden 2048, moe_intermediate 768) or deepseek-v2-lite
 (a deepseek_v3 config with DeepSeek-V2-Lite's dimensions: 27 layers, the first dense, 64 experts top-6 + 2
 shared, hidden 2048, kv_lora_rank 512, no q low-rank). LAYERS cuts the depth (same widths), so several
@@ -32,8 +35,19 @@ SHAPES = {
 
 shape, layers, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cfg = dict(SHAPES[shape], num_hidden_layers=layers)
-os.makedirs(out, exist_ok=True)
-if not os.path.exists(os.path.join(out, "model.safetensors")):
+random = out == "--random"
+if random:
+    t = time.perf_counter()
+    config = AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = model.eval()
+    torch.cuda.synchronize()
+    print(json.dumps({"bench": "hf-moe-made", "shape": shape, "layers": layers, "random": True,
+                      "s": round(time.perf_counter() - t, 1)}))
+else:
+    os.makedirs(out, exist_ok=True)
+if not random and not os.path.exists(os.path.join(out, "model.safetensors")):
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     config = AutoConfig.from_pretrained(out)
@@ -48,10 +62,11 @@ if not os.path.exists(os.path.join(out, "model.safetensors")):
     torch.cuda.empty_cache()
 if "--no-bench" in sys.argv:
     sys.exit(0)
-model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).cuda().eval()
+if not random:
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).cuda().eval()
 P, N = 32, 64
 ids = torch.tensor([[(i * 7919 + 13) % cfg["vocab_size"] for i in range(P)]], device="cuda")
-for cache in ["static", "dynamic"]:
+for cache in os.environ.get("HF_CACHES", "static,dynamic").split(","):
     kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False)
     if cache == "static":
         kw["cache_implementation"] = "static"
@@ -62,6 +77,7 @@ for cache in ["static", "dynamic"]:
             torch.cuda.synchronize(); t = time.perf_counter()
             model.generate(ids, **kw)
             torch.cuda.synchronize(); best = max(best, N / (time.perf_counter() - t))
-        print(json.dumps({"bench": "hf-decode", "shape": shape, "layers": layers, "cache": cache, "tok_s": round(best, 1)}))
+        print(json.dumps({"bench": "hf-decode", "shape": shape, "layers": layers, "cache": cache, "tok_s": round(best, 1),
+                          "random_init": random}))
     except Exception as e:  # a cache kind this model does not support
         print(json.dumps({"bench": "hf-decode", "shape": shape, "layers": layers, "cache": cache, "error": str(e)[:200]}))

@@ -15,11 +15,14 @@ import {
   mlaAbsorbCall,
   mlaAbsorbRef,
   mlaAttentionCalls,
+  mlaAttentionSplits,
   type MlaAttentionTuning,
+  mlaCombineValueCall,
   type MlaDims,
   mlaKvBytesPerToken,
   mlaLatentAttentionRef,
   mlaReference,
+  mlaRopeAbsorbCall,
   mlaRopeCacheCall,
   mlaRopeRef,
   mlaSoftmaxScale,
@@ -296,10 +299,57 @@ function program(
     scale: number;
     weights: "f32" | "f16";
     tuning?: Partial<MlaAttentionTuning>;
+    kvStride?: number;
+    kvOffset?: number;
+    ropeAbsorb?: boolean;
+    combineValue?: boolean;
   },
 ): KernelCall[] {
+  if (o.combineValue) {
+    const attention = mlaAttentionCalls(g, b, { ...d, scale: o.scale, tuning: o.tuning });
+    if (attention.length !== 2) throw new Error("combineValue needs split keys");
+    const splits = mlaAttentionSplits(g, { ...d, tuning: o.tuning });
+    const fused = mlaCombineValueCall(g, { ...b, part: attention[1].buffers[1] }, {
+      ...d,
+      splits,
+      weights: o.weights,
+    });
+    if (!fused) throw new Error("combineValue does not apply here");
+    return [
+      mlaRopeCacheCall(g, b, {
+        ...d,
+        eps: o.eps,
+        interleaved: o.interleaved,
+        kvStride: o.kvStride,
+        kvOffset: o.kvOffset,
+      }),
+      mlaAbsorbCall(g, b, { ...d, weights: o.weights }),
+      attention[0],
+      fused,
+    ];
+  }
+  if (o.ropeAbsorb) {
+    return [
+      mlaRopeAbsorbCall(g, b, {
+        ...d,
+        eps: o.eps,
+        interleaved: o.interleaved,
+        kvStride: o.kvStride,
+        kvOffset: o.kvOffset,
+        weights: o.weights,
+      }),
+      ...mlaAttentionCalls(g, b, { ...d, scale: o.scale, tuning: o.tuning }),
+      mlaValueCall(g, b, { ...d, weights: o.weights }),
+    ];
+  }
   return [
-    mlaRopeCacheCall(g, b, { ...d, eps: o.eps, interleaved: o.interleaved }),
+    mlaRopeCacheCall(g, b, {
+      ...d,
+      eps: o.eps,
+      interleaved: o.interleaved,
+      kvStride: o.kvStride,
+      kvOffset: o.kvOffset,
+    }),
     mlaAbsorbCall(g, b, { ...d, weights: o.weights }),
     ...mlaAttentionCalls(g, b, { ...d, scale: o.scale, tuning: o.tuning }),
     mlaValueCall(g, b, { ...d, weights: o.weights }),
@@ -314,7 +364,14 @@ async function runCase(
   s: Shape,
   pos0: number,
   T: number,
-  o: { weights: "f32" | "f16"; interleaved: boolean; tuning?: Partial<MlaAttentionTuning> },
+  o: {
+    weights: "f32" | "f16";
+    interleaved: boolean;
+    tuning?: Partial<MlaAttentionTuning>;
+    fused?: boolean;
+    ropeAbsorb?: boolean;
+    combineValue?: boolean;
+  },
 ) {
   const g = gpu!;
   const maxSeq = pos0 + T + 3;
@@ -335,11 +392,20 @@ async function runCase(
   const w = (a: Float32Array) => upload(g, o.weights === "f16" ? f32ToF16(a) : a);
   const step = createStepBuffer(g);
   writeStep(g, step, { pos0, T, tokOut: 0 });
+  // fused: q and kv rows side by side in one buffer, as one GEMV over [q_proj; kv_a_proj] writes them,
+  // with 3 floats of padding to show the stride is honoured.
+  const qRow = s.heads * (s.DN + s.DR), QS = qRow + CW + 3;
+  const qkv = new Float32Array(T * QS);
+  for (let t = 0; t < T; t++) {
+    qkv.set(p.q.subarray(t * qRow, (t + 1) * qRow), t * QS);
+    qkv.set(p.kv.subarray((pos0 + t) * CW, (pos0 + t + 1) * CW), t * QS + qRow);
+  }
+  const qBuf = upload(g, o.fused ? qkv : p.q);
   const b = {
     step,
     table: upload(g, p.table),
-    q: upload(g, p.q),
-    kv: upload(g, p.kv.slice(pos0 * CW)),
+    q: qBuf,
+    kv: o.fused ? qBuf : upload(g, p.kv.slice(pos0 * CW)),
     kvNorm: upload(g, p.kvNorm),
     cache: upload(g, cache0),
     wUK: w(wUK),
@@ -348,10 +414,12 @@ async function runCase(
     ctx: storageBuffer(g, T * s.heads * s.R * 4),
     out: upload(g, new Float32Array(T * s.heads * s.DV).fill(-12345)),
   };
-  const calls = program(g, b, d, { ...p, ...o });
+  const calls = o.fused
+    ? program(g, b, { ...d, qStride: QS }, { ...p, ...o, kvStride: QS, kvOffset: qRow })
+    : program(g, b, d, { ...p, ...o });
   const [out, cache] = await runAndRead(g, calls, [[b.out, T * s.heads * s.DV], [b.cache, maxSeq * CW]]);
   releaseCalls(calls, step);
-  for (const buf of Object.values(b)) buf.destroy();
+  for (const buf of new Set(Object.values(b))) buf.destroy();
   const want = mlaReference({ ...p, kvB }, {
     ...d,
     pos0,
@@ -410,6 +478,63 @@ for (const weights of ["f32", "f16"] as const) {
 }
 
 Deno.test(
+  {
+    name: "MLA split attention's combine fused with the value projection: the same answer",
+    ignore: ignore || gpu?.subgroupSize === null,
+  },
+  async () => {
+    let ran = 0;
+    for (const s of SHAPES.filter((s) => s.R % 4 === 0 && s.DR % 4 === 0)) {
+      for (const pos0 of [0, 15, 16, 64, 299]) {
+        for (const weights of ["f32", "f16"] as const) {
+          if (weights === "f16" && !gpu!.hasF16) continue;
+          for (const tuning of [{}, { headsPerGroup: 1, splits: 5 }]) {
+            const what = `h${s.heads} R${s.R} dv${s.DV} @${pos0} ${weights} ${JSON.stringify(tuning)}`;
+            const r = await runCase(s, pos0, 1, { weights, interleaved: true, tuning, combineValue: true });
+            assertClose(r.out, r.want, 2e-5, 2e-4, `combine+value ${what}`);
+            ran++;
+          }
+        }
+      }
+    }
+    if (ran < 20) throw new Error(`only ${ran} cases ran`);
+  },
+);
+
+Deno.test(
+  { name: "MLA rope + cache and absorption in one dispatch: the same answer", ignore },
+  async () => {
+    for (const s of SHAPES) {
+      for (const [pos0, T] of [[0, 1], [64, 1], [60, 9]] as [number, number][]) {
+        for (const [weights, fused] of [["f32", false], ["f16", true]] as const) {
+          if (weights === "f16" && !gpu!.hasF16) continue;
+          const what = `h${s.heads} R${s.R} dn${s.DN} dr${s.DR} @${pos0}+${T} ${weights} fused=${fused}`;
+          const r = await runCase(s, pos0, T, {
+            weights,
+            interleaved: pos0 % 2 === 0,
+            fused,
+            ropeAbsorb: true,
+          });
+          assertClose(r.out, r.want, 2e-5, 2e-4, `rope+absorb ${what}`);
+        }
+      }
+    }
+  },
+);
+
+Deno.test(
+  { name: "MLA kernels with q and kv in one buffer (a fused projection's rows, strided)", ignore },
+  async () => {
+    for (const s of [SHAPES[0], SHAPES[2], SHAPES[7]]) {
+      for (const [pos0, T] of [[0, 1], [65, 1], [60, 9]] as [number, number][]) {
+        const r = await runCase(s, pos0, T, { weights: "f32", interleaved: T % 2 === 1, fused: true });
+        assertClose(r.out, r.want, 2e-5, 2e-4, `fused h${s.heads} R${s.R} @${pos0}+${T}`);
+      }
+    }
+  },
+);
+
+Deno.test(
   { name: "MLA attention: head groups, key splits and unrolls give the same answer", ignore },
   async () => {
     const tunings: Partial<MlaAttentionTuning>[] = [
@@ -418,10 +543,14 @@ Deno.test(
       { headsPerGroup: 2, splits: 3, unroll: 3 },
       { headsPerGroup: 5, splits: 7, unroll: 16 },
       { splits: 64, unroll: 1 },
+      { subgroup: true, splits: 1 },
+      { subgroup: true, splits: 3 },
+      { subgroup: false, splits: 5 },
     ];
     for (const s of [SHAPES[0], SHAPES[3], SHAPES[5]]) {
       for (const tuning of tunings) {
         if (tuning.headsPerGroup! > s.heads) continue;
+        if (tuning.subgroup && (gpu!.subgroupSize === null || s.R % 4 !== 0 || s.DR % 4 !== 0)) continue;
         for (const [pos0, T] of [[0, 1], [200, 1], [130, 6]] as [number, number][]) {
           const what = `h${s.heads} R${s.R} @${pos0}+${T} ${JSON.stringify(tuning)}`;
           const r = await runCase(s, pos0, T, { weights: "f32", interleaved: true, tuning });

@@ -1,0 +1,477 @@
+// The decode-time expert GEMVs on adapters with subgroups (moe_gemv.ts's team kernel is the fallback and
+// the reference): a MoE block's routed experts in two dispatches, each built like gemv_sg.ts's GEMV (the
+// input staged once per workgroup in workgroup memory, warps owning rows, lanes reading 16-byte units of a
+// row coalesced, subgroupAdd reducing it, no barrier while weights stream):
+//   gate_up  act[t, j, n] = silu(gate_e . f(x[t])) * (up_e . f(x[t]))     e = ids[t, j], n < I
+//            a warp computes R (gate row, up row) pairs; f = rmsnorm(x) * norm (fused: the block's
+//            post_attention_layernorm, so no separate norm dispatch) or the identity
+//   down     y[t, h] (+)= sum_j w[t, j] * down_e[h] . act[t, j]          the weighted combine, fused
+//            the k slots' rows of output h are one virtual row of k * I weights read from k experts, its
+//            input the k slots' activations staged pre-multiplied by their route weights, so a warp's
+//            row is k times longer and nothing is combined afterwards
+// Weight storage: f32, f16, q8, q4 (kernels/quant.ts's layout over the [E * N, K] stack), as moe_gemv.ts.
+// Slots whose expert lies outside [firstExpert, firstExpert + experts) read nothing and add nothing.
+import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
+import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
+import { checkRouting, type MoeRouting, routerWgsl, routerWgslFast } from "./moe_router.ts";
+
+type Storage = WeightType | QuantType;
+
+/** Weights per 16-byte unit. */
+function unitWeights(wt: Storage): number {
+  return wt === "f16" ? 8 : wt === "f32" ? 4 : wt === "q8" ? 16 : 32;
+}
+
+const WG = 256;
+
+export interface MoeSgDims {
+  /** "gate_up": K = hidden, N = intermediate I (the stack is [E, 2I, K]); "down": K = I, N = hidden. */
+  kind: "gate_up" | "down";
+  K: number;
+  N: number;
+  T: number;
+  topK: number;
+  /** Experts in the stack, and the id of its first. */
+  experts: number;
+  firstExpert?: number;
+  weights: Storage;
+  /** gate_up: normalise x with this RMSNorm epsilon and `norm` weights (f32 or f16) first. */
+  rmsnorm?: { eps: number; weights: WeightType };
+  /** down: add into y instead of overwriting it. Default true (the residual add). */
+  accumulate?: boolean;
+  /** Rows (gate_up: gate/up pairs) per warp at a time. Default: 2. */
+  rows?: number;
+  /**
+   * gate_up: choose the experts here from the router's logits (moe_router.ts's routing, run by every
+   * workgroup on its own: no dispatch of its own), writing ids and routeWeights from workgroup 0 for the
+   * down GEMV and anyone after; `bias` is e_score_correction_bias.
+   */
+  route?: { routing: MoeRouting; bias: boolean };
+  /**
+   * The shared expert folded in as this many slots of weight 1 (its intermediate is sharedSlots x the
+   * routed one; its matrices, in the routed storage, are bound as `shared`: gate_up [2 Is, K], down [N, Is]).
+   * gate_up's act and down's input are then [T, topK + sharedSlots, I]. Default 0.
+   */
+  sharedSlots?: number;
+}
+
+/** Workgroup bytes the kernel stages (the staged input, q4's per-unit sums, reductions, expert bases). */
+function sharedBytes(d: MoeSgDims): number {
+  const width = d.kind === "down" ? (d.topK + (d.sharedSlots ?? 0)) * d.K : d.K;
+  const units = width / unitWeights(d.weights);
+  const route = d.route
+    ? (2 * d.route.routing.experts + 256 + 3 * d.topK + 2 * (d.route.routing.groups ?? 1)) * 4
+    : 0;
+  return width * 4 + (d.weights === "q4" ? units * 4 : 0) + 64 * 4 + (d.topK + (d.sharedSlots ?? 0)) * 12 +
+    route;
+}
+
+/** Whether the subgroup kernels serve this shape here (else moe_gemv.ts's team kernel does). */
+export function moeSgFits(gpu: Gpu, d: MoeSgDims): boolean {
+  const UW = unitWeights(d.weights);
+  return gpu.subgroupSize !== null && d.K % UW === 0 && d.K % 4 === 0 &&
+    (!isQuant(d.weights) || d.K % QUANT_GROUP === 0) && sharedBytes(d) <= gpu.maxWorkgroupStorage;
+}
+
+function unitDot(wt: Storage, w: string, x: (i: number) => string, scale: string, xsum: string): string {
+  switch (wt) {
+    case "f32":
+      return `dot(bitcast<vec4<f32>>(${w}), ${x(0)})`;
+    case "f16":
+      return `dot(vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y)), ${x(0)}) + ` +
+        `dot(vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w)), ${x(1)})`;
+    case "q8":
+      return `${scale} * (${[0, 1, 2, 3].map((i) => `dot(q8v(${w}[${i}]), ${x(i)})`).join(" + ")})`;
+    case "q4":
+      return `${scale} * (${
+        [0, 1, 2, 3, 4, 5, 6, 7].map((i) => `dot(q4v(${w}[${i >> 1}], ${16 * (i & 1)}u), ${x(i)})`).join(
+          " + ",
+        )
+      } - 8.0 * ${xsum})`;
+  }
+}
+
+// Slots: the k routed ones, then NSH pseudo-slots of the shared expert (its intermediate cut into NSH
+// pieces of the routed width, each a slot of weight 1). Slot j's matrix starts at unit sb[j] of its buffer
+// (W routed, WS shared); gate_up: gate row n at sb + n * UNITS, its up row su[j] units further; down: row h
+// at sb + h * sr[j]. A quantised unit i has its scale at group i (q4) or i / 2 (q8) in either buffer.
+function source(d: MoeSgDims, S: number, R: number): string {
+  const wt = d.weights;
+  const quant = isQuant(wt);
+  const UW = unitWeights(wt);
+  const XV = UW / 4;
+  const UNITS = d.K / UW; // units of one expert row
+  const down = d.kind === "down";
+  const k = d.topK;
+  const NSH = d.sharedSlots ?? 0;
+  const SL = k + NSH;
+  const WIDTH = down ? SL * d.K : d.K; // staged floats
+  const VU = down ? SL * UNITS : UNITS; // units of a (virtual) row
+  const routing = d.route && checkRouting(d.route.routing);
+  const rt = !routing
+    ? undefined
+    : routing.groups === 1
+    ? routerWgslFast(routing, d.route!.bias, S)
+    : routerWgsl(routing, d.route!.bias);
+  // The slot table (routed slots from the ids; shared ones fixed).
+  const idOf = rt ? "rt_ids[tid]" : "ids[t * K_SLOTS + tid]";
+  const table = `
+  if (tid < SL) {
+    var base = 0xffffffffu;
+    var cf = 1.0;
+    if (tid < K_SLOTS) {
+      let e = ${idOf};
+      if (e >= p.e0 && e - p.e0 < p.ne) { base = (e - p.e0) * ${down ? "N" : "2u * N"} * UNITS; }
+      ${down ? "cf = select(0.0, rw[t * K_SLOTS + tid], base != 0xffffffffu);" : ""}
+      sr[tid] = ${down ? "UNITS" : "N * UNITS"};
+    } else {
+      base = (tid - K_SLOTS) * ${down ? "UNITS" : "N * UNITS"};
+      sr[tid] = ${down ? "NSH * UNITS" : "NSH * N * UNITS"};
+    }
+    sb[tid] = base;
+    coef[tid] = cf;
+  }`;
+  let stage: string;
+  if (down) {
+    stage = `${table}
+  workgroupBarrier();
+  for (var i = tid; i < WIDTH / 4u; i += WG) {
+    xs[i] = x[t * (WIDTH / 4u) + i] * coef[i / (K / 4u)];
+  }`;
+  } else {
+    if (d.rmsnorm) {
+      const nwv = d.rmsnorm.weights === "f16"
+        ? "vec4<f32>(unpack2x16float(nw[i].x), unpack2x16float(nw[i].y))"
+        : "nw[i]";
+      stage = `
+  var ss = 0.0;
+  for (var i = tid; i < K / 4u; i += WG) { let v = x[t * (K / 4u) + i]; ss += dot(v, v); }
+  ss = subgroupAdd(ss);
+  if (lane == 0u) { red[warp] = ss; }
+  workgroupBarrier();
+  var tot = 0.0;
+  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+  let inv = inverseSqrt(tot / f32(K) + p.eps);
+  for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i] * inv * ${nwv}; }`;
+    } else {
+      stage = `
+  for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i]; }`;
+    }
+    if (rt) {
+      stage = rt.body(`t * ${d.route!.routing.experts}u`) + `
+  if (wg.x == 0u && tid < K_SLOTS) {
+    ids[t * K_SLOTS + tid] = rt_ids[tid];
+    rw[t * K_SLOTS + tid] = rt_w[tid];
+  }` + stage;
+    }
+    stage += table;
+  }
+  stage += "\n  workgroupBarrier();";
+  if (wt === "q4") {
+    stage += `
+  for (var j = tid; j < VU; j += WG) {
+    var s4 = vec4<f32>(0.0);
+    for (var i = 0u; i < ${XV}u; i++) { s4 += xs[${XV}u * j + i]; }
+    xsum[j] = dot(s4, vec4<f32>(1.0));
+  }
+  workgroupBarrier();`;
+  }
+  const rows = Array.from({ length: R }, (_, r) => r);
+  // Units a lane loads before using any: all of its row's (up to 8) per pass of the loop.
+  const U = Math.max(1, Math.min(8, Math.ceil(VU / S)));
+  const us = Array.from({ length: U }, (_, u) => u);
+  // Loads a unit (and its scale) from the slot's buffer.
+  const load = (w: string, sh: string, idx: string) =>
+    `let ${w} = ld(${sh}, ${idx});${quant ? `\n      let ${w}s = gsc(${sh}, ${idx});` : ""}`;
+  const dotOf = (w: string, u: number) =>
+    unitDot(wt, w, (i) => `xs[${XV}u * v${u} + ${i}u]`, `${w}s`, `xsm${u}`);
+  const unitsOf = (extra: (u: number) => string) =>
+    us.map((u) =>
+      `let v${u} = min(v0 + ${u * S}u, VU - 1u);
+      let ok${u} = v0 + ${u * S}u < VU;${wt === "q4" ? `\n      let xsm${u} = xsum[v${u}];` : ""}${extra(u)}`
+    ).join("\n      ");
+  let rowsDecl: string, loop: string, stores: string;
+  if (down) {
+    rowsDecl = rows.map((r) => `let h${r} = min(n0 + ${r}u, N - 1u);\n    var a${r} = 0.0;`).join("\n    ");
+    loop = `
+    for (var v0 = lane; v0 < VU; v0 += ${S * U}u) {
+      ${
+      unitsOf((u) => `
+      let j${u} = v${u} / UNITS;
+      let b${u} = sb[j${u}];
+      let on${u} = ok${u} && b${u} != 0xffffffffu;
+      let base${u} = select(0u, b${u}, on${u}) + v${u} % UNITS;
+      let sh${u} = j${u} >= K_SLOTS;
+      let st${u} = sr[j${u}];`)
+    }
+      ${
+      us.flatMap((u) => rows.map((r) => load(`w${u}_${r}`, `sh${u}`, `base${u} + h${r} * st${u}`))).join(
+        "\n      ",
+      )
+    }
+      ${
+      us.flatMap((u) => rows.map((r) => `a${r} += select(0.0, ${dotOf(`w${u}_${r}`, u)}, on${u});`)).join(
+        "\n      ",
+      )
+    }
+    }`;
+    stores = rows.map((r) =>
+      `let s${r} = subgroupAdd(a${r});
+    if (lane == 0u && n0 + ${r}u < N) {
+      let o = t * N + n0 + ${r}u;
+      y[o] = select(0.0, y[o], p.acc != 0u) + s${r};
+    }`
+    ).join("\n    ");
+  } else {
+    // Pairs P = n0 + r: slot j = P / N, row n = P % N.
+    rowsDecl = rows.map((r) =>
+      `let q${r} = min(n0 + ${r}u, SL * N - 1u);
+    let j${r} = q${r} / N;
+    let b${r} = sb[j${r}];
+    let sh${r} = j${r} >= K_SLOTS;
+    let g${r} = select(b${r}, 0u, b${r} == 0xffffffffu) + (q${r} % N) * UNITS;
+    let u${r} = g${r} + sr[j${r}];
+    var ag${r} = 0.0;
+    var au${r} = 0.0;`
+    ).join("\n    ");
+    loop = `
+    for (var v0 = lane; v0 < VU; v0 += ${S * U}u) {
+      ${unitsOf(() => "")}
+      ${
+      us.flatMap((u) =>
+        rows.map((r) =>
+          `${load(`wg${u}_${r}`, `sh${r}`, `g${r} + v${u}`)}\n      ${
+            load(`wu${u}_${r}`, `sh${r}`, `u${r} + v${u}`)
+          }`
+        )
+      ).join("\n      ")
+    }
+      ${
+      us.flatMap((u) =>
+        rows.map((r) =>
+          `ag${r} += select(0.0, ${dotOf(`wg${u}_${r}`, u)}, ok${u});\n      au${r} += select(0.0, ${
+            dotOf(`wu${u}_${r}`, u)
+          }, ok${u});`
+        )
+      ).join("\n      ")
+    }
+    }`;
+    stores = rows.map((r) =>
+      `let sg${r} = subgroupAdd(ag${r});
+    let su${r} = subgroupAdd(au${r});
+    if (lane == 0u && n0 + ${r}u < SL * N && b${r} != 0xffffffffu) {
+      act[t * SL * N + n0 + ${r}u] = sg${r} / (1.0 + exp(-sg${r})) * su${r};
+    }`
+    ).join("\n    ");
+  }
+  const total = down ? "N" : "SL * N";
+  // Bindings after x, W and the output, in moeSgCall's order.
+  const more: string[] = [`var<storage, ${rt ? "read_write" : "read"}> ids: array<u32>`];
+  if (down) more.push("var<storage, read> rw: array<f32>");
+  if (!down && d.rmsnorm) {
+    more.push(`var<storage, read> nw: array<${d.rmsnorm.weights === "f16" ? "vec2<u32>" : "vec4<f32>"}>`);
+  }
+  if (rt) {
+    more.push("var<storage, read> logits: array<f32>", "var<storage, read_write> rw: array<f32>");
+    if (d.route!.bias) more.push("var<storage, read> bias: array<f32>");
+  }
+  if (NSH > 0) more.push("var<storage, read> WS: array<vec4<u32>>");
+  const extra = more.map((b, i) => `@group(0) @binding(${4 + i}) ${b};`).join("\n") + (rt ? rt.decls : "");
+  const gscale = (buf: string, off: string) => `
+  let sw = ${buf}[${off} / 4u + g / 8u][(g / 2u) % 4u];
+  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));`;
+  const group = wt === "q4" ? "i" : "i / 2u";
+  const helpers = `
+fn ld(sh: bool, i: u32) -> vec4<u32> {
+  ${NSH > 0 ? "if (sh) { return WS[i]; }" : ""}
+  return W[i];
+}
+${
+    quant
+      ? `fn gsc(sh: bool, i: u32) -> f32 {
+  let g = ${group};
+  if (sh) {${NSH > 0 ? gscale("WS", "p.soff2") : "return 0.0;"}
+  }${gscale("W", "p.soff")}
+}
+fn q8v(w: u32) -> vec4<f32> {
+  let s = bitcast<i32>(w);
+  return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
+}
+fn q4v(w: u32, sh: u32) -> vec4<f32> {
+  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
+}`
+      : ""
+  }`;
+  return `
+struct P { eps: f32, soff: u32, e0: u32, ne: u32, acc: u32, soff2: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> ${down ? "y" : "act"}: array<f32>;
+${extra}
+const K = ${d.K}u;
+const N = ${d.N}u;
+const K_SLOTS = ${k}u;
+const NSH = ${NSH}u;
+const SL = ${SL}u;
+const UNITS = ${UNITS}u;
+const VU = ${VU}u;
+const WIDTH = ${WIDTH}u;
+const S = ${S}u;
+const WG = ${WG}u;
+const WARPS = ${WG / S}u;
+const R = ${R}u;
+var<workgroup> xs: array<vec4<f32>, ${WIDTH / 4}>;
+var<workgroup> red: array<f32, ${WG / S}>;
+var<workgroup> sb: array<u32, ${SL}>;
+var<workgroup> sr: array<u32, ${SL}>;
+var<workgroup> coef: array<f32, ${SL}>;
+${wt === "q4" ? `var<workgroup> xsum: array<f32, ${VU}>;` : ""}
+${helpers}
+@compute @workgroup_size(${WG})
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_index) tid: u32,
+  @builtin(num_workgroups) ng: vec3<u32>,
+) {
+  let warp = tid / S;
+  let lane = tid % S;
+  let t = wg.y;
+  _ = &red;
+  _ = &coef;
+  ${stage}
+  let nblk = (${total} + R - 1u) / R;
+  for (var blk = wg.x * WARPS + warp; blk < nblk; blk += ng.x * WARPS) {
+    let n0 = blk * R;
+    ${rowsDecl}
+    ${loop}
+    ${stores}
+  }
+}`;
+}
+
+/**
+ * One of the two decode expert GEMVs (the file's comment). Buffers: gate_up: x [T, K] (the residual
+ * stream when `rmsnorm`, with `norm` its weights; else the normalised input), w [E, 2N, K], out = act
+ * [T, topK, N]; down: x = act [T, topK, K], w [E, N, K], out = y [T, N], routeWeights [T, topK]. ids [T, topK].
+ */
+export function moeSgCall(
+  gpu: Gpu,
+  bufs: {
+    x: GPUBuffer;
+    w: GPUBuffer;
+    out: GPUBuffer;
+    ids: GPUBuffer;
+    routeWeights?: GPUBuffer;
+    norm?: GPUBuffer;
+    logits?: GPUBuffer;
+    bias?: GPUBuffer;
+    shared?: GPUBuffer;
+  },
+  d: MoeSgDims,
+): KernelCall {
+  const S = gpu.subgroupSize;
+  if (!S || !moeSgFits(gpu, d)) {
+    throw new RangeError(`the subgroup expert GEMV does not fit ${d.kind} K = ${d.K} (${d.weights}) here`);
+  }
+  const down = d.kind === "down";
+  if (down && !bufs.routeWeights) throw new TypeError("the down GEMV needs routeWeights");
+  if (!down && d.rmsnorm && !bufs.norm) throw new TypeError("rmsnorm needs the norm weights");
+  const R = d.rows ?? 2;
+  const NSH = d.sharedSlots ?? 0;
+  if (!(Number.isInteger(NSH) && NSH >= 0)) throw new RangeError(`sharedSlots must be >= 0, got ${NSH}`);
+  if (NSH > 0 && !bufs.shared) throw new TypeError("sharedSlots > 0 needs the shared expert's matrix");
+  const rowsOut = down ? d.N : (d.topK + NSH) * d.N;
+  const q = isQuant(d.weights) ? d.weights as QuantType : undefined;
+  const soff = q ? quantScaleWord(d.experts * d.N * (down ? 1 : 2), d.K, q) : 0;
+  // The shared matrix: gate_up [2 NSH N, K], down [N, NSH K].
+  const soff2 = q && NSH > 0
+    ? (down ? quantScaleWord(d.N, NSH * d.K, q) : quantScaleWord(2 * NSH * d.N, d.K, q))
+    : 0;
+  const params = uniformBuffer(gpu, [
+    d.rmsnorm?.eps ?? 0,
+    soff,
+    d.firstExpert ?? 0,
+    d.experts,
+    (d.accumulate ?? true) ? 1 : 0,
+    soff2,
+  ], [0]);
+  const buffers = [params, bufs.x, bufs.w, bufs.out, bufs.ids];
+  if (down) buffers.push(bufs.routeWeights!);
+  else if (d.rmsnorm) buffers.push(bufs.norm!);
+  if (!down && d.route) {
+    if (d.route.routing.topK !== d.topK) {
+      throw new RangeError(`routing topK ${d.route.routing.topK} != ${d.topK}`);
+    }
+    if (!bufs.logits || !bufs.routeWeights || (d.route.bias && !bufs.bias)) {
+      throw new TypeError("routing in the gate_up GEMV needs logits, routeWeights (and bias)");
+    }
+    buffers.push(bufs.logits, bufs.routeWeights);
+    if (d.route.bias) buffers.push(bufs.bias!);
+  }
+  if (NSH > 0) buffers.push(bufs.shared!);
+  const warps = WG / S;
+  const groups = Math.ceil(Math.ceil(rowsOut / R) / warps);
+  return kernelCall(gpu, pipeline(gpu, source(d, S, R)), buffers, [groups, d.T], `moe_sg_${d.kind}`);
+}
+
+/**
+ * The router's logits with the block's RMSNorm fused, built for latency (decode): one workgroup per
+ * expert row and token, each thread loading its few 16-byte units of the row, of x and of the norm weights
+ * at once (one memory round trip), then one reduction of the sum of squares and the dot product together:
+ *   logits[t, e] = rsqrt(mean(x[t]^2) + eps) * sum_k router[e, k] * x[t, k] * norm[k]
+ * (the same value as rmsnorm then the GEMV, up to f32 summation order). Router f32 [E, K], K % 4 == 0.
+ */
+export function moeRouterGemvCall(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; router: GPUBuffer; norm: GPUBuffer; logits: GPUBuffer },
+  d: { K: number; experts: number; T: number; eps: number; normWeights: WeightType },
+): KernelCall {
+  const S = gpu.subgroupSize;
+  if (!S || d.K % 4 !== 0) {
+    throw new RangeError(`the router GEMV needs subgroups and K % 4 == 0, got K = ${d.K}`);
+  }
+  const K4 = d.K / 4;
+  const nwv = d.normWeights === "f16"
+    ? "vec4<f32>(unpack2x16float(nw[i].x), unpack2x16float(nw[i].y))"
+    : "nw[i]";
+  const code = `
+struct P { eps: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> logits: array<f32>;
+@group(0) @binding(4) var<storage, read> nw: array<${d.normWeights === "f16" ? "vec2<u32>" : "vec4<f32>"}>;
+const K4 = ${K4}u;
+const E = ${d.experts}u;
+const WARPS = ${WG / S}u;
+var<workgroup> red: array<vec2<f32>, ${WG / S}>;
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let e = wg.x;
+  let t = wg.y;
+  var ss = 0.0;
+  var dt = 0.0;
+  for (var i = tid; i < K4; i += ${WG}u) {
+    let xv = x[t * K4 + i];
+    ss += dot(xv, xv);
+    dt += dot(W[e * K4 + i], xv * ${nwv});
+  }
+  let r = subgroupAdd(vec2<f32>(ss, dt));
+  if (tid % ${S}u == 0u) { red[tid / ${S}u] = r; }
+  workgroupBarrier();
+  if (tid == 0u) {
+    var tot = vec2<f32>(0.0);
+    for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+    logits[t * E + e] = inverseSqrt(tot.x / f32(${d.K}) + p.eps) * tot.y;
+  }
+}`;
+  const params = uniformBuffer(gpu, [d.eps], [0]);
+  return kernelCall(
+    gpu,
+    pipeline(gpu, code),
+    [params, bufs.x, bufs.router, bufs.logits, bufs.norm],
+    [d.experts, d.T],
+    "moe_router_gemv",
+  );
+}

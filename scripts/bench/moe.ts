@@ -1,0 +1,319 @@
+// MoE decode benchmark (issue 12 item 4): tok/s at batch 1 on real-size MoE shapes with random weights
+// made on the GPU from the config alone (models/random_weights.ts: no checkpoint on disk), greedy, 32-token
+// prompt. One JSON line per (shape, weights) with: tok/s, GPU ms per token (timestamps), the bytes a decode
+// step reads (every weight but the routed experts, plus top-k / E of those, one embedding row, and the KV
+// cache up to the timed position) and the
+// fraction of the H200's copy bandwidth (4.2 TB/s) that is, dispatches per token, GPU ms by kernel, and the
+// per-dispatch cost of an empty kernel on this GPU.
+//   deno run -A scripts/bench/moe.ts [--shape qwen3-30b-a3b,deepseek-v2-lite] [--layers N] [--weights f16,q4]
+// --layers cuts the depth (same widths; per-layer parts scale to the full depth: `full_depth_*`). --set
+// key=value,... overrides config keys (e.g. a smoke test on a software adapter, whose buffers are small:
+// --set vocab_size=4096,num_experts=16,n_routed_experts=16).
+// transformers on the same shapes: scripts/bench/hf_moe.py.
+// --sweep "VAR=a;b;c" also times the decode step (GPU ms, timestamps) for each value of the environment
+// switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MLA_TUNING, SWACTOR_MOE: read when a program is built) on the loaded
+// model: `sweep` in the JSON line.
+// --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
+// the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
+import { parseArgs } from "node:util";
+import {
+  encodeCalls,
+  getGpu,
+  type Gpu,
+  kernelCall,
+  pipeline,
+  storageBuffer,
+  writeStep,
+} from "../../kernels/mod.ts";
+import { gpuMs, gpuMsPerCall } from "../../kernels/timer.ts";
+import { Engine, generate, wholeModel } from "../../models/engine.ts";
+import { Model, type WeightsOption } from "../../models/model.ts";
+import { RandomWeights } from "../../models/random_weights.ts";
+import { Checkpoint } from "../../models/checkpoint.ts";
+import type { ConvertOn } from "../../models/upload.ts";
+
+/** Qwen3-30B-A3B's config.json (public), and DeepSeek-V2-Lite's dimensions as a deepseek_v3 config. */
+export const MOE_SHAPES: Record<string, Record<string, unknown>> = {
+  "qwen3-30b-a3b": {
+    architectures: ["Qwen3MoeForCausalLM"],
+    model_type: "qwen3_moe",
+    vocab_size: 151936,
+    hidden_size: 2048,
+    intermediate_size: 6144,
+    moe_intermediate_size: 768,
+    num_hidden_layers: 48,
+    num_attention_heads: 32,
+    num_key_value_heads: 4,
+    head_dim: 128,
+    num_experts: 128,
+    num_experts_per_tok: 8,
+    norm_topk_prob: true,
+    decoder_sparse_step: 1,
+    mlp_only_layers: [],
+    max_position_embeddings: 40960,
+    rms_norm_eps: 1e-6,
+    rope_theta: 1000000.0,
+    tie_word_embeddings: false,
+    torch_dtype: "bfloat16",
+    bos_token_id: 151643,
+    eos_token_id: 151645,
+    hidden_act: "silu",
+  },
+  "deepseek-v2-lite": {
+    architectures: ["DeepseekV3ForCausalLM"],
+    model_type: "deepseek_v3",
+    vocab_size: 102400,
+    hidden_size: 2048,
+    intermediate_size: 10944,
+    moe_intermediate_size: 1408,
+    num_hidden_layers: 27,
+    num_attention_heads: 16,
+    num_key_value_heads: 16,
+    kv_lora_rank: 512,
+    q_lora_rank: null,
+    qk_rope_head_dim: 64,
+    qk_nope_head_dim: 128,
+    v_head_dim: 128,
+    n_routed_experts: 64,
+    num_experts_per_tok: 6,
+    n_shared_experts: 2,
+    n_group: 1,
+    topk_group: 1,
+    first_k_dense_replace: 1,
+    moe_layer_freq: 1,
+    norm_topk_prob: false,
+    routed_scaling_factor: 1.0,
+    topk_method: "noaux_tc",
+    scoring_func: "sigmoid",
+    max_position_embeddings: 163840,
+    rms_norm_eps: 1e-6,
+    rope_theta: 10000.0,
+    tie_word_embeddings: false,
+    torch_dtype: "bfloat16",
+    bos_token_id: 100000,
+    eos_token_id: 100001,
+    hidden_act: "silu",
+  },
+};
+
+/** The H200's device-to-device copy bandwidth (FACTS.md). */
+const COPY_BW = 4.2e12;
+
+const { values } = parseArgs({
+  args: Deno.args,
+  options: {
+    shape: { type: "string", default: "qwen3-30b-a3b,deepseek-v2-lite" },
+    layers: { type: "string" },
+    weights: { type: "string", default: "f16,q4" },
+    prompt: { type: "string", default: "32" },
+    new: { type: "string", default: "128" },
+    runs: { type: "string", default: "2" },
+    set: { type: "string" },
+    load: { type: "string" },
+    convert: { type: "string", default: "gpu,cpu" },
+    sweep: { type: "string" },
+  },
+});
+
+/** GPU µs per dispatch of an empty kernel, dispatched `n` times in one pass (the floor under every kernel). */
+async function dispatchUs(gpu: Gpu, n = 2000): Promise<number> {
+  const buf = storageBuffer(gpu, 16, "dispatch probe");
+  const call = kernelCall(
+    gpu,
+    pipeline(
+      gpu,
+      `@group(0) @binding(0) var<storage, read_write> b: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) { if (g.x == 9999u) { b[0] = 1u; } }`,
+    ),
+    [buf],
+    [1],
+    "empty",
+  );
+  await gpuMs(gpu, [call], 10);
+  const ms = await gpuMs(gpu, [call], n);
+  buf.destroy();
+  return ms * 1000;
+}
+
+/**
+ * GPU µs per dispatch in a chain where each reads what the previous wrote (ping-pong between two buffers,
+ * one workgroup each): the barrier between dependent dispatches that every kernel of a decode step pays.
+ */
+async function dependentUs(gpu: Gpu, n = 2000): Promise<number> {
+  const a = storageBuffer(gpu, 1024, "ping"), b = storageBuffer(gpu, 1024, "pong");
+  const pipe = pipeline(
+    gpu,
+    `@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) { dst[g.x] = src[g.x] + 1.0; }`,
+  );
+  const calls = [kernelCall(gpu, pipe, [a, b], [1], "ping"), kernelCall(gpu, pipe, [b, a], [1], "pong")];
+  await gpuMs(gpu, calls, 10);
+  const ms = await gpuMs(gpu, calls, n / 2);
+  a.destroy();
+  b.destroy();
+  return (ms / 2) * 1000;
+}
+
+const gpu = await getGpu();
+if (gpu.isSoftware) {
+  console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
+}
+const emptyUs = gpu.hasTimestamps ? await dispatchUs(gpu) : NaN;
+const chainUs = gpu.hasTimestamps ? await dependentUs(gpu) : NaN;
+const P = Number(values.prompt), N = Number(values.new);
+if (values.load) {
+  const ckpt = await Checkpoint.open(values.load);
+  for (const weights of values.weights!.split(",") as WeightsOption[]) {
+    for (const convert of values.convert!.split(",") as ConvertOn[]) {
+      const t0 = performance.now();
+      const model = await Model.load(gpu, ckpt, { weights, convert });
+      await gpu.device.queue.onSubmittedWorkDone();
+      const s = (performance.now() - t0) / 1000;
+      console.log(JSON.stringify({
+        bench: "swactor-load",
+        dir: values.load,
+        weights,
+        convert,
+        load_s: Number(s.toFixed(2)),
+        weight_bytes: model.weightBytes,
+        checkpoint_gb_s: Number((ckpt.files.length ? fileBytes(ckpt) / s / 1e9 : 0).toFixed(2)),
+      }));
+      model.destroy();
+    }
+  }
+  Deno.exit(0);
+}
+for (const shape of values.shape!.split(",")) {
+  const base = MOE_SHAPES[shape];
+  if (!base) throw new TypeError(`--shape must be among ${Object.keys(MOE_SHAPES)}, got "${shape}"`);
+  const fullLayers = base.num_hidden_layers as number;
+  const L = values.layers ? Math.min(Number(values.layers), fullLayers) : fullLayers;
+  const set = Object.fromEntries(
+    (values.set?.split(",") ?? []).map((kv) => [kv.split("=")[0], Number(kv.split("=")[1])]),
+  );
+  const src = new RandomWeights({ ...base, ...set, num_hidden_layers: L }, 1, `random ${shape}`);
+  const c = src.config;
+  const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % c.vocabSize);
+  for (const weights of values.weights!.split(",") as WeightsOption[]) {
+    if (weights === "f16" && !gpu.hasF16) continue;
+    const t0 = performance.now();
+    const model = await Model.load(gpu, src, { weights });
+    await gpu.device.queue.onSubmittedWorkDone();
+    const loadS = (performance.now() - t0) / 1000;
+    const engine = new Engine(wholeModel(L), model);
+    const runs: number[] = [];
+    for (let r = 0; r < Number(values.runs); r++) {
+      const res = await generate(engine, prompt, {
+        maxTokens: N,
+        sampling: { temperature: 0, topP: 1, seed: 0 },
+      });
+      runs.push(res.tokS);
+    }
+    const seq = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+    const decode = seq.program(1, "sample");
+    const mid = P + Math.floor(N / 2);
+    writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+    const gpuStepMs = gpu.hasTimestamps ? (await gpuMs(gpu, decode, 2), await gpuMs(gpu, decode, 10)) : NaN;
+    const c0 = performance.now();
+    for (let i = 0; i < 20; i++) {
+      const enc = gpu.device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeCalls(pass, decode);
+      pass.end();
+      gpu.device.queue.submit([enc.finish()]);
+    }
+    const cpuStepMs = (performance.now() - c0) / 20;
+    await gpu.device.queue.onSubmittedWorkDone();
+    const byKernel: Record<string, number> = {};
+    const perCall = gpu.hasTimestamps
+      ? await gpuMsPerCall(gpu, decode, Math.max(1, Math.floor(2000 / decode.length / 2)))
+      : [];
+    if (gpu.hasTimestamps) {
+      decode.forEach((call, i) => {
+        const k = call.label ?? "?";
+        byKernel[k] = (byKernel[k] ?? 0) + perCall[i];
+      });
+      for (const k in byKernel) byKernel[k] = Number(byKernel[k].toFixed(4));
+    }
+    seq.destroy();
+    // Variants of the step on the same weights: GPU ms per token each.
+    const sweep: Record<string, number> = {};
+    if (values.sweep && gpu.hasTimestamps) {
+      const [name, list] = values.sweep.split("=");
+      const before = Deno.env.get(name);
+      for (const v of list.split(";")) {
+        Deno.env.set(name, v);
+        const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+        const prog = s2.program(1, "sample");
+        writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+        await gpuMs(gpu, prog, 2);
+        sweep[`${name}=${v}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));
+        s2.destroy();
+      }
+      if (before === undefined) Deno.env.delete(name);
+      else Deno.env.set(name, before);
+    }
+    // Weights read, plus the KV cache up to the timed position (every layer reads all its rows).
+    const read = readBytes(model) + model.kvBytesPerToken() * (mid + 1);
+    const best = Math.max(...runs);
+    // Scaling a cut model to the full depth: per-layer work times full / cut layers, the rest as measured.
+    const perLayer = (x: number, fixed: number) => fixed + (x - fixed) * fullLayers / L;
+    const headBytes = (model.lmHead?.size ?? 0) + (model.finalNorm?.size ?? 0) + c.hiddenSize * 2;
+    // The step's parts outside the layers: the embedding (first call) and the head from its norm on.
+    const headAt = decode.findLastIndex((k) => /^(gemv_)?rmsnorm/.test(k.label ?? ""));
+    const headMs = gpu.hasTimestamps ? perCall[0] + perCall.slice(headAt).reduce((s, v) => s + v, 0) : 0;
+    console.log(JSON.stringify({
+      bench: "swactor-moe-decode",
+      adapter: gpu.adapterName,
+      shape,
+      layers: L,
+      full_layers: fullLayers,
+      weights,
+      moe_path: Deno.env.get("SWACTOR_MOE") ?? "sg",
+      moe_rows: Deno.env.get("SWACTOR_MOE_ROWS") ?? "default",
+      mla_tuning: Deno.env.get("SWACTOR_MLA_TUNING") ?? "default",
+      load_s: Number(loadS.toFixed(1)),
+      decode_tok_s: Number(best.toFixed(1)),
+      runs: runs.map((r) => Number(r.toFixed(1))),
+      gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),
+      cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
+      dispatches_per_token: decode.length,
+      empty_dispatch_us: Number(emptyUs.toFixed(2)),
+      dependent_dispatch_us: Number(chainUs.toFixed(2)),
+      weight_bytes: model.weightBytes,
+      read_bytes_per_token: read,
+      read_tb_s: Number((read / gpuStepMs / 1e9).toFixed(3)),
+      copy_bw_fraction: Number((read / gpuStepMs / 1e9 / (COPY_BW / 1e12)).toFixed(3)),
+      full_depth_gpu_ms: Number(perLayer(gpuStepMs, headMs).toFixed(3)),
+      full_depth_tok_s_gpu_bound: Number((1000 / perLayer(gpuStepMs, headMs)).toFixed(1)),
+      full_depth_read_bytes: Math.round(perLayer(read, headBytes)),
+      head_and_embed_ms: Number(headMs.toFixed(4)),
+      sweep_gpu_ms: sweep,
+      gpu_ms_by_kernel: byKernel,
+    }));
+    engine.close();
+  }
+}
+
+function fileBytes(ckpt: Checkpoint): number {
+  let n = 0;
+  for (const t of ckpt.tensors.values()) n += t.end - t.begin;
+  return n;
+}
+
+/** Weight bytes one decode step reads: the routed experts count topK / experts of their stacks. */
+function readBytes(model: Model): number {
+  let bytes = model.weightBytes;
+  // The embedding table: one row a token.
+  if (model.embedTable && model.embedTable !== model.lmHead) {
+    bytes -= model.embedTable.size * (1 - 1 / model.config.vocabSize);
+  }
+  model.layers.forEach((l, i) => {
+    const f = model.config.layer(model.part.layers[0] + i).ffn;
+    if (f.kind !== "moe" || l.ffn.kind !== "moe" || !l.ffn.w.gateUp || !l.ffn.w.down) return;
+    const stacks = l.ffn.w.gateUp.size + l.ffn.w.down.size;
+    bytes -= stacks * (1 - f.routing.topK / f.routing.experts);
+  });
+  return Math.round(bytes);
+}
