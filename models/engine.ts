@@ -115,6 +115,8 @@ const yieldToEventLoop = () => new Promise<void>((r) => setTimeout(r, 0));
 
 interface Open {
   seq: Sequence;
+  /** Positions whose KV entries are valid (run() writes pos0 .. pos0 + T - 1; truncate() lowers it). */
+  length: number;
   /** Aborted when the request is released while its loop runs. */
   abort: AbortController;
 }
@@ -154,7 +156,7 @@ export class Engine implements StageBackend {
   open(id: string, opts: { maxSeq: number; sampling: Sampling; maxChunk?: number }): { chunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     const seq = this.weights.newSequence(opts);
-    this.#open.set(id, { seq, abort: new AbortController() });
+    this.#open.set(id, { seq, length: 0, abort: new AbortController() });
     return { chunk: seq.maxChunk };
   }
 
@@ -164,14 +166,24 @@ export class Engine implements StageBackend {
     return o;
   }
 
+  /**
+   * Runs T tokens at positions pos0 .. pos0 + T - 1. A step at pos0 below the sequence's length first drops
+   * the positions from pos0 on (truncate(id, pos0)): the KV cache is indexed by position and attention
+   * reads only positions <= its own, so rejected speculative positions are simply written over.
+   */
   async run(id: string, input: StageInput): Promise<StageResult> {
-    const { seq } = this.#get(id);
+    const open = this.#get(id);
+    const { seq } = open;
     const gpu = this.gpu;
     const { pos0, T, output } = input;
     const H = this.model.hidden;
     if (pos0 + T > seq.maxSeq) {
       throw new RequestError(`positions up to ${pos0 + T} exceed the request's ${seq.maxSeq}`);
     }
+    if (pos0 > open.length) {
+      throw new RangeError(`request ${id}: a step at position ${pos0} leaves a gap after ${open.length}`);
+    }
+    open.length = pos0 + T;
     if (this.role.embeds) {
       if (!input.tokens || input.tokens.length !== T) {
         throw new TypeError(`stage ${this.role.index} needs ${T} token ids`);
@@ -414,6 +426,18 @@ export class Engine implements StageBackend {
       }
     }
     return true;
+  }
+
+  /**
+   * Drops request `id`'s positions from `length` on (speculative decoding's rejected drafts): the next
+   * step starts at `length`. RangeError when the sequence holds fewer positions.
+   */
+  truncate(id: string, length: number): void {
+    const open = this.#get(id);
+    if (!(Number.isInteger(length) && length >= 0 && length <= open.length)) {
+      throw new RangeError(`request ${id}: cannot truncate ${open.length} positions to ${length}`);
+    }
+    open.length = length;
   }
 
   /** Teacher-forced logits [T, V] of `tokens` (row t: next-token logits after tokens[0..t]). */
