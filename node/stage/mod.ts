@@ -43,7 +43,7 @@ export {
   type TokenTimings,
   tokenTimings,
 } from "./timings.ts";
-export { chromeTrace, type TraceEvent } from "./trace_events.ts";
+export { chromeTrace, type TraceEvent, type TraceStep } from "./trace_events.ts";
 export {
   expertHostName,
   expertPlacement,

@@ -1,0 +1,101 @@
+// The speculative decoding flags of `generate` (docs/SPECULATIVE.md): --draft DIR|ngram, --speculate K,
+// --speculate-depth D, --draft-noise P; and the drafter they make on this (the originating) node.
+import { resolve } from "node:path";
+import { numberFlag, UsageError } from "./command.ts";
+import { type Engine, loadEngine } from "../models/engine.ts";
+import { CheckpointError, RequestError } from "../models/errors.ts";
+import { type Drafter, ModelDrafter, NgramDrafter, NoisyDrafter } from "../models/speculative.ts";
+
+export const SPECULATE_HELP =
+  `  --draft DIR|ngram     speculative decoding: a draft model (any supported family, whole on this node,
+                        with the target's vocabulary; the target's own folder works) or prompt lookup
+                        (ngram: continues the latest earlier match of the last tokens; no model). --json
+                        then adds trips (passes through the chain) and accepted_per_trip
+  --speculate K         tokens drafted per verification step (default 4 with --draft; 1 to 16)
+  --speculate-depth D   verification steps in flight at once on a chain (default 1; pipelined
+                        speculation: the next step is drafted assuming the current one is kept)
+  --draft-noise P       (tests, benchmarks) replace each drafted token with another with probability P`;
+
+/** The parsed flags; undefined when speculation is off. */
+export interface SpeculateFlags {
+  draft: string;
+  k: number;
+  depth: number;
+  noise: number;
+}
+
+export const SPECULATE_FLAGS = {
+  draft: { type: "string" },
+  speculate: { type: "string" },
+  "speculate-depth": { type: "string" },
+  "draft-noise": { type: "string" },
+} as const;
+
+export function speculateFlags(values: Record<string, unknown>): SpeculateFlags | undefined {
+  const draft = values.draft as string | undefined;
+  const k = values.speculate as string | undefined;
+  const depth = values["speculate-depth"] as string | undefined;
+  const noise = values["draft-noise"] as string | undefined;
+  if (draft === undefined) {
+    const stray = k !== undefined
+      ? "--speculate"
+      : depth !== undefined
+      ? "--speculate-depth"
+      : noise !== undefined
+      ? "--draft-noise"
+      : undefined;
+    if (stray) throw new UsageError(`${stray} needs --draft DIR|ngram`);
+    return undefined;
+  }
+  if (draft === "") throw new UsageError("--draft expects a checkpoint folder or ngram");
+  return {
+    draft,
+    k: numberFlag(k, "speculate", { min: 1, max: 16, integer: true, fallback: 4 }),
+    depth: numberFlag(depth, "speculate-depth", { min: 1, max: 16, integer: true, fallback: 1 }),
+    noise: numberFlag(noise, "draft-noise", { min: 0, max: 1, fallback: 0 }),
+  };
+}
+
+/**
+ * Makes the drafter on this node. A draft folder equal to the target's reuses `target` when it is loaded
+ * here (one node); otherwise the draft model is loaded (whole) onto this process's GPU. Vocabulary
+ * mismatches and unreadable folders are UsageErrors naming --draft.
+ */
+export async function makeDrafter(
+  f: SpeculateFlags,
+  o: { modelDir: string; vocab: number; maxSeq: number; seed: number; target?: Engine; weights?: string },
+): Promise<Drafter> {
+  let d: Drafter;
+  if (f.draft === "ngram") d = new NgramDrafter();
+  else {
+    let engine = o.target;
+    if (!engine || resolve(f.draft) !== resolve(o.modelDir)) {
+      try {
+        engine = await loadEngine(f.draft, {
+          weights: o.weights === undefined || o.weights === "auto" ? undefined : o.weights as "f32",
+        });
+      } catch (e) {
+        if (e instanceof CheckpointError) throw new UsageError(`--draft ${f.draft}: ${e.message}`);
+        throw e;
+      }
+    }
+    const owned = engine !== o.target ? engine : undefined;
+    try {
+      const m = new ModelDrafter(engine, {
+        maxSeq: Math.min(o.maxSeq, engine.model.maxPositions),
+        vocab: o.vocab,
+      });
+      const close = m.close.bind(m);
+      m.close = () => {
+        close();
+        owned?.close();
+      };
+      d = m;
+    } catch (e) {
+      owned?.close();
+      if (e instanceof RequestError) throw new UsageError(`--draft ${f.draft}: ${e.message}`);
+      throw e;
+    }
+  }
+  return f.noise > 0 ? new NoisyDrafter(d, f.noise, { vocab: o.vocab, seed: o.seed }) : d;
+}
