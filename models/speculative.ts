@@ -235,6 +235,19 @@ export interface SpeculationStats {
   /** Drafted tokens sent for verification, and how many of them were kept. */
   drafted: number;
   acceptedDrafts: number;
+  /** Verification steps that rejected a draft (the others kept all theirs). */
+  rejections: number;
+}
+
+/**
+ * The per-token acceptance rate: the probability that a draft is kept given the ones before it were, as
+ * the cost model uses it (planner/speculative.ts), estimated as kept / (kept + rejections) (each step
+ * keeps a prefix, ended by at most one rejection). Lower than kept / drafted, which also counts the drafts
+ * behind a rejection that were never judged.
+ */
+export function acceptanceRate(s: SpeculationStats): number | null {
+  const judged = s.acceptedDrafts + s.rejections;
+  return judged > 0 ? s.acceptedDrafts / judged : null;
 }
 
 /** Speculation's figures as `--json` reports them. */
@@ -246,7 +259,7 @@ export function speculationJson(s: SpeculationStats, generated: number, drafter:
     accepted_per_trip: s.trips > 0 ? round(generated / s.trips) : 0,
     drafted: s.drafted,
     accepted_drafts: s.acceptedDrafts,
-    acceptance: s.drafted > 0 ? round(s.acceptedDrafts / s.drafted) : null,
+    acceptance: acceptanceRate(s) === null ? null : round(acceptanceRate(s)!),
   };
 }
 
@@ -310,7 +323,7 @@ export async function speculativeGenerate(
   const { chunk } = backend.open(id, { maxSeq: P + o.maxTokens, sampling: o.sampling });
   const k = Math.min(o.k, chunk - 1);
   if (k < 1) throw new RequestError(`a verification step of ${o.k + 1} tokens exceeds this model's steps`);
-  const stats: SpeculationStats = { trips: 1, drafted: 0, acceptedDrafts: 0 };
+  const stats: SpeculationStats = { trips: 1, drafted: 0, acceptedDrafts: 0, rejections: 0 };
   try {
     let first = -1;
     for (let pos0 = 0; pos0 < P; pos0 += chunk) {
@@ -347,6 +360,7 @@ export async function speculativeGenerate(
       stats.trips++;
       stats.drafted += drafts.length;
       stats.acceptedDrafts += v.accepted;
+      if (v.accepted < drafts.length) stats.rejections++;
       o.onTrip?.({
         draftMs: tVerify - tDraft,
         verifyMs: performance.now() - tVerify,

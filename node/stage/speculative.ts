@@ -42,7 +42,7 @@ interface Chunk {
 export class Speculation {
   readonly trips: Trip[] = [];
   /** Passes that decided tokens (the prefill's included), drafts sent and kept, chunks dropped. */
-  stats = { trips: 0, drafted: 0, acceptedDrafts: 0, cancelled: 0 };
+  stats = { trips: 0, drafted: 0, acceptedDrafts: 0, rejections: 0, cancelled: 0 };
   #o: Required<SpeculateOptions>;
   /** The prompt and every token decided so far. */
   #decided: number[];
@@ -101,6 +101,7 @@ export class Speculation {
     this.stats.trips++;
     this.stats.drafted += c.trip.drafted;
     this.stats.acceptedDrafts += m.accepted;
+    if (m.accepted < c.trip.drafted) this.stats.rejections++;
     if (!this.#decide(m.tokens, m.trace)) return;
     const next = this.#inflight[0];
     const at = this.#decided.length - 1;

@@ -1,0 +1,25 @@
+// The cost model's speculative terms: tokens per trip and the predicted speedup.
+import assert from "node:assert/strict";
+import { predictSpeculative, tokensPerTrip } from "../../planner/speculative.ts";
+
+Deno.test("tokens per trip: k + 1 when every draft is kept, 1 when none is, the geometric sum between", () => {
+  assert.equal(tokensPerTrip(1, 4), 5);
+  assert.equal(tokensPerTrip(0, 4), 1);
+  assert.ok(Math.abs(tokensPerTrip(0.8, 4) - (1 + 0.8 + 0.64 + 0.512 + 0.4096)) < 1e-12);
+  assert.throws(() => tokensPerTrip(1.5, 4), RangeError);
+  assert.throws(() => tokensPerTrip(0.5, -1), RangeError);
+});
+
+Deno.test("predicted speculation: the trip's extra costs and pipelined chunks", () => {
+  const p = predictSpeculative({ tripMs: 125, alpha: 0.8, k: 4 });
+  assert.ok(
+    Math.abs(p.speedup - tokensPerTrip(0.8, 4)) < 1e-12,
+    "no extra cost: the speedup is tokens per trip",
+  );
+  const slow = predictSpeculative({ tripMs: 125, alpha: 0.8, k: 4, draftMs: 25 });
+  assert.ok(Math.abs(slow.msPerToken - 150 / tokensPerTrip(0.8, 4)) < 1e-9);
+  const deep = predictSpeculative({ tripMs: 125, alpha: 1, k: 4, depth: 3 });
+  assert.equal(deep.tokensPerTrip, 15, "every chunk kept whole: depth chunks per trip");
+  const cut = predictSpeculative({ tripMs: 125, alpha: 0, k: 4, depth: 3 });
+  assert.equal(cut.tokensPerTrip, 1, "nothing kept: chunks behind are never useful");
+});
