@@ -16,6 +16,14 @@ export const SPECULATE_HELP =
                         speculation: the next step is drafted assuming the current one is kept)
   --draft-noise P       (tests, benchmarks) replace each drafted token with another with probability P`;
 
+export const SPECULATE_UP_HELP =
+  `  --draft DIR|ngram    with --model: speculative decoding for the OpenAI API; the drafter (a draft model
+                       with the target's vocabulary, or prompt lookup) runs on this node; requests
+                       speculate unless they send "speculate": 0 (or "speculate": K for K drafts)
+  --speculate K        tokens drafted per verification step (default 4; 1 to 16)
+  --speculate-depth D  verification steps in flight at once (default 1)
+  --draft-noise P      (benchmarks) replace each drafted token with another with probability P`;
+
 /** The parsed flags; undefined when speculation is off. */
 export interface SpeculateFlags {
   draft: string;
@@ -56,46 +64,64 @@ export function speculateFlags(values: Record<string, unknown>): SpeculateFlags 
   };
 }
 
+/** Drafters for many requests: one draft model loaded once (or none for ngram); close() frees it. */
+export interface DrafterSource {
+  make(maxSeq: number): Drafter;
+  close(): void;
+}
+
 /**
- * Makes the drafter on this node. A draft folder equal to the target's reuses `target` when it is loaded
- * here (one node); otherwise the draft model is loaded (whole) onto this process's GPU. Vocabulary
- * mismatches and unreadable folders are UsageErrors naming --draft.
+ * Prepares this node's drafters. A draft folder equal to the target's reuses `target` when it is loaded
+ * here (one node); otherwise the draft model is loaded (whole) onto this process's GPU. An unreadable
+ * folder or another vocabulary than the target's is a UsageError naming --draft.
  */
+export async function drafterSource(
+  f: SpeculateFlags,
+  o: { modelDir: string; vocab: number; seed: number; target?: Engine; weights?: string },
+): Promise<DrafterSource> {
+  const noisy = (d: Drafter) =>
+    f.noise > 0 ? new NoisyDrafter(d, f.noise, { vocab: o.vocab, seed: o.seed }) : d;
+  if (f.draft === "ngram") return { make: () => noisy(new NgramDrafter()), close() {} };
+  let engine = o.target;
+  if (!engine || resolve(f.draft) !== resolve(o.modelDir)) {
+    try {
+      engine = await loadEngine(f.draft, {
+        weights: o.weights === undefined || o.weights === "auto" ? undefined : o.weights as "f32",
+      });
+    } catch (e) {
+      if (e instanceof CheckpointError || e instanceof RequestError) {
+        throw new UsageError(`--draft ${f.draft}: ${e.message}`);
+      }
+      throw e;
+    }
+  }
+  const owned = engine !== o.target ? engine : undefined;
+  const draft = engine;
+  if (draft.model.vocab !== o.vocab || !draft.role.embeds || !draft.role.head) {
+    owned?.close();
+    throw new UsageError(
+      `--draft ${f.draft}: its vocabulary has ${draft.model.vocab} tokens, the target's ${o.vocab}: a draft ` +
+        `model must share the target's vocabulary`,
+    );
+  }
+  return {
+    make: (maxSeq) =>
+      noisy(new ModelDrafter(draft, { maxSeq: Math.min(maxSeq, draft.model.maxPositions), vocab: o.vocab })),
+    close: () => owned?.close(),
+  };
+}
+
+/** One drafter for one request (its source freed with it). */
 export async function makeDrafter(
   f: SpeculateFlags,
   o: { modelDir: string; vocab: number; maxSeq: number; seed: number; target?: Engine; weights?: string },
 ): Promise<Drafter> {
-  let d: Drafter;
-  if (f.draft === "ngram") d = new NgramDrafter();
-  else {
-    let engine = o.target;
-    if (!engine || resolve(f.draft) !== resolve(o.modelDir)) {
-      try {
-        engine = await loadEngine(f.draft, {
-          weights: o.weights === undefined || o.weights === "auto" ? undefined : o.weights as "f32",
-        });
-      } catch (e) {
-        if (e instanceof CheckpointError) throw new UsageError(`--draft ${f.draft}: ${e.message}`);
-        throw e;
-      }
-    }
-    const owned = engine !== o.target ? engine : undefined;
-    try {
-      const m = new ModelDrafter(engine, {
-        maxSeq: Math.min(o.maxSeq, engine.model.maxPositions),
-        vocab: o.vocab,
-      });
-      const close = m.close.bind(m);
-      m.close = () => {
-        close();
-        owned?.close();
-      };
-      d = m;
-    } catch (e) {
-      owned?.close();
-      if (e instanceof RequestError) throw new UsageError(`--draft ${f.draft}: ${e.message}`);
-      throw e;
-    }
-  }
-  return f.noise > 0 ? new NoisyDrafter(d, f.noise, { vocab: o.vocab, seed: o.seed }) : d;
+  const source = await drafterSource(f, o);
+  const d = source.make(o.maxSeq);
+  const close = d.close.bind(d);
+  d.close = () => {
+    close();
+    source.close();
+  };
+  return d;
 }

@@ -13,6 +13,13 @@ import { Checkpoint } from "../models/checkpoint.ts";
 import { KvBudget, planKvTokens } from "../node/api/kv_budget.ts";
 import { type ApiServer, type MemberView, nodeServices } from "../node/api/mod.ts";
 import { servedModel, SERVING_HELP, servingPlan, startServing } from "./serving.ts";
+import {
+  type DrafterSource,
+  drafterSource,
+  SPECULATE_FLAGS,
+  SPECULATE_UP_HELP,
+  speculateFlags,
+} from "./speculate_flags.ts";
 import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
 
@@ -45,6 +52,7 @@ ${RELAY_HELP}
                        onto the members in order); without --model it is only shown by \`status\`
   --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)
 ${SERVING_HELP}
+${SPECULATE_UP_HELP}
 ${MEMORY_HELP}`,
   async run(argv) {
     const { values } = parseFlags(argv, {
@@ -64,7 +72,14 @@ ${MEMORY_HELP}`,
       queue: { type: "string" },
       members: { type: "string" },
       memory: { type: "string" },
+      ...SPECULATE_FLAGS,
     });
+    const spec = speculateFlags(values);
+    if (spec && (values.model === undefined || values.http === "off")) {
+      throw new UsageError(
+        "--draft speculates for the OpenAI API of `up --model DIR`: it needs --model and --http",
+      );
+    }
     const weights = parseWeights(values.weights);
     const relay = parseRelay(values.relay);
     let pipeline: PipelineNode | undefined;
@@ -106,7 +121,16 @@ ${MEMORY_HELP}`,
     let readyVersion: number | undefined;
     let view: { self(): string; members(): MemberView[] } | undefined;
     let http: ApiServer | undefined;
+    let drafts: DrafterSource | undefined;
     try {
+      // The drafter runs here, on the node that serves the requests (it originates them on the chain).
+      drafts = spec && served &&
+        await drafterSource(spec, {
+          modelDir: resolve(values.model!),
+          vocab: served.vocab,
+          seed: 0x5eed,
+          weights,
+        });
       // Bound before any node starts: a bad or busy --http exits 2 with nothing left running.
       http = served && startServing(serving, {
         model: served,
@@ -115,6 +139,7 @@ ${MEMORY_HELP}`,
         readyVersion: () => readyVersion,
         self: () => view?.self() ?? "",
         members: () => view?.members() ?? [],
+        speculation: spec && drafts ? { drafter: drafts.make, k: spec.k, depth: spec.depth } : undefined,
       });
       return await runNodeProcess({
         secret,
@@ -172,6 +197,7 @@ ${MEMORY_HELP}`,
       });
     } finally {
       await http?.close();
+      drafts?.close();
       await clearState(Deno.pid);
     }
   },
