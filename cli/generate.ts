@@ -156,6 +156,9 @@ export const generateCommand: Command = {
         engine.close();
         throw e;
       });
+    if (spec?.auto) {
+      console.error("swactor: --speculate auto chooses k on a chain; one node drafts 4 tokens a step");
+    }
     const abort = new AbortController();
     let exitCode = 130;
     const removeSignals = onStopSignal((_, code) => {

@@ -122,7 +122,7 @@ function report(
   },
   chain: { stages: unknown[]; nodes: number },
   predicted?: RequestPrediction,
-  spec?: ReturnType<typeof speculationJson> & { depth: number; cancelled: number },
+  spec?: ReturnType<typeof specReport>,
 ): void {
   const mean = meanTimings(r.events.slice(1).map((e) => e.timings));
   const experts = expertReport(r.events.map((e) => e.trace));
@@ -190,6 +190,7 @@ function prefillJson(p: PrefillTimings | undefined) {
 function specReport(r: SpeculateOutcome, f: SpeculateFlags) {
   return {
     ...speculationJson(r.stats, r.tokens.length, f.noise > 0 ? `${f.draft}+noise ${f.noise}` : f.draft, f.k),
+    ...(f.auto ? { speculate: "auto", chosen_k: r.trips.map((t) => t.drafted) } : {}),
     depth: f.depth,
     cancelled: r.stats.cancelled,
   };
@@ -281,6 +282,7 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
           drafter,
           k: o.speculate!.k,
           depth: o.speculate!.depth,
+          auto: o.speculate!.auto,
         })
         : await cluster.pipeline.client.generate(cluster.chain, p.ids, request);
       const spec = r.stats && r.trips ? specReport(r as SpeculateOutcome, o.speculate!) : undefined;

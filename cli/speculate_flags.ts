@@ -11,23 +11,30 @@ export const SPECULATE_HELP =
                         with the target's vocabulary; the target's own folder works) or prompt lookup
                         (ngram: continues the latest earlier match of the last tokens; no model). --json
                         then adds trips (passes through the chain) and accepted_per_trip
-  --speculate K         tokens drafted per verification step (default 4 with --draft; 1 to 16)
+  --speculate K|auto    tokens drafted per verification step (default 4 with --draft; 1 to 16); auto
+                        (on a chain): chosen for each step from the acceptance, trip time, drafting
+                        and verification costs measured so far (docs/SPECULATIVE.md)
   --speculate-depth D   verification steps in flight at once on a chain (default 1; pipelined
-                        speculation: the next step is drafted assuming the current one is kept)
+                        speculation: the next step is drafted assuming the current one is kept); with
+                        --speculate auto, the most that may be chosen
   --draft-noise P       (tests, benchmarks) replace each drafted token with another with probability P`;
 
 export const SPECULATE_UP_HELP =
   `  --draft DIR|ngram    with --model: speculative decoding for the OpenAI API; the drafter (a draft model
                        with the target's vocabulary, or prompt lookup) runs on this node; requests
                        speculate unless they send "speculate": 0 (or "speculate": K for K drafts)
-  --speculate K        tokens drafted per verification step (default 4; 1 to 16)
-  --speculate-depth D  verification steps in flight at once (default 1)
+  --speculate K|auto   tokens drafted per verification step (default 4; 1 to 16; auto: chosen per step
+                       from what the request measured)
+  --speculate-depth D  verification steps in flight at once (default 1; with auto, the most)
   --draft-noise P      (benchmarks) replace each drafted token with another with probability P`;
 
 /** The parsed flags; undefined when speculation is off. */
 export interface SpeculateFlags {
   draft: string;
+  /** Drafts per chunk (with `auto`, the first chunk's). */
   k: number;
+  /** --speculate auto: k and depth chosen per chunk from measurements. */
+  auto: boolean;
   depth: number;
   noise: number;
 }
@@ -58,7 +65,8 @@ export function speculateFlags(values: Record<string, unknown>): SpeculateFlags 
   if (draft === "") throw new UsageError("--draft expects a checkpoint folder or ngram");
   return {
     draft,
-    k: numberFlag(k, "speculate", { min: 1, max: 16, integer: true, fallback: 4 }),
+    k: k === "auto" ? 4 : numberFlag(k, "speculate", { min: 1, max: 16, integer: true, fallback: 4 }),
+    auto: k === "auto",
     depth: numberFlag(depth, "speculate-depth", { min: 1, max: 16, integer: true, fallback: 1 }),
     noise: numberFlag(noise, "draft-noise", { min: 0, max: 1, fallback: 0 }),
   };

@@ -139,7 +139,9 @@ ${MEMORY_HELP}`,
         readyVersion: () => readyVersion,
         self: () => view?.self() ?? "",
         members: () => view?.members() ?? [],
-        speculation: spec && drafts ? { drafter: drafts.make, k: spec.k, depth: spec.depth } : undefined,
+        speculation: spec && drafts
+          ? { drafter: drafts.make, k: spec.k, depth: spec.depth, auto: spec.auto }
+          : undefined,
       });
       return await runNodeProcess({
         secret,

@@ -46,3 +46,33 @@ export function predictSpeculative(o: {
   const msPerToken = trip / (e * chunks);
   return { tokensPerTrip: e * chunks, msPerToken, speedup: o.tripMs / msPerToken };
 }
+
+/**
+ * The k (drafts per chunk, 1..maxK) and depth (chunks in flight, 1..maxDepth) that predictSpeculative
+ * rates fastest, given the measured acceptance, the plain trip time, the drafter's ms per drafted token and
+ * what each extra token adds to a verification step (ms, all stages together).
+ */
+export function chooseSpeculation(o: {
+  tripMs: number;
+  alpha: number;
+  draftMsPerToken: number;
+  stepMsPerToken: number;
+  maxK?: number;
+  maxDepth?: number;
+}): { k: number; depth: number; prediction: SpeculativePrediction } {
+  let best: { k: number; depth: number; prediction: SpeculativePrediction } | undefined;
+  for (let k = 1; k <= (o.maxK ?? 16); k++) {
+    for (let depth = 1; depth <= (o.maxDepth ?? 1); depth++) {
+      const prediction = predictSpeculative({
+        tripMs: o.tripMs,
+        alpha: o.alpha,
+        k,
+        depth,
+        draftMs: o.draftMsPerToken * k,
+        extraStepMs: o.stepMsPerToken * k,
+      });
+      if (!best || prediction.msPerToken < best.prediction.msPerToken - 1e-9) best = { k, depth, prediction };
+    }
+  }
+  return best!;
+}

@@ -17,8 +17,10 @@ export interface ServedSpeculation {
   drafter(maxSeq: number): Drafter;
   /** Drafted tokens per chunk when a request does not say (its extension field `speculate`). */
   k: number;
-  /** Chunks in flight. */
+  /** Chunks in flight (with `auto`, the most). */
   depth: number;
+  /** Choose k and depth per chunk from the request's measurements (`--speculate auto`). */
+  auto?: boolean;
 }
 
 /** What a request asks of speculation: undefined, the server's default; 0, off; K, K drafts per chunk. */
@@ -123,7 +125,8 @@ export function pipelineServing(o: {
         );
       }
       const drafter = sp.drafter(prompt.length + (opts.maxTokens ?? 64) + 1);
-      return r.p.client.speculate(r.c, prompt, { ...opts, drafter, k, depth: sp.depth })
+      const auto = opts.speculate === undefined && sp.auto;
+      return r.p.client.speculate(r.c, prompt, { ...opts, drafter, k, depth: sp.depth, auto })
         .finally(() => drafter.close());
     },
     async cluster() {

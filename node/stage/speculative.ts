@@ -7,6 +7,7 @@
 import type { Drafter } from "../../models/speculative.ts";
 import { clipTokens } from "../../models/speculative.ts";
 import type { HopTrace, PipeMessage } from "./messages.ts";
+import { chooseSpeculation } from "../../planner/speculative.ts";
 
 export interface SpeculateOptions {
   drafter: Drafter;
@@ -14,6 +15,12 @@ export interface SpeculateOptions {
   k: number;
   /** Verification chunks in flight at once (default 1: draft again only after each verdict). */
   depth?: number;
+  /**
+   * Choose k (up to 16, starting at `k`) and the depth (up to `depth`) for each new chunk from what this
+   * request measured so far: acceptance, trip time, drafting time, a verification step's cost per token
+   * (planner/speculative.ts chooseSpeculation). Default false: k and depth as given.
+   */
+  auto?: boolean;
 }
 
 /** One verification pass through the chain, for the trace and the report. */
@@ -44,6 +51,14 @@ export class Speculation {
   /** Passes that decided tokens (the prefill's included), drafts sent and kept, chunks dropped. */
   stats = { trips: 0, drafted: 0, acceptedDrafts: 0, rejections: 0, cancelled: 0 };
   #o: Required<SpeculateOptions>;
+  /** k and depth for the next chunk (the options', or chosen as the request goes when `auto`). */
+  #k: number;
+  #depth: number;
+  /** Measurements for `auto`: per chunk, tokens and summed stage compute; send-to-verdict ms; draft ms. */
+  #fit = { n: 0, t: 0, c: 0, tt: 0, tc: 0 };
+  #tripMs: number[] = [];
+  #draftMsPerToken: number[] = [];
+  #sentAt = new Map<number, number>();
   /** The prompt and every token decided so far. */
   #decided: number[];
   /** `decided` plus the tokens of the chunks in flight (drafted, not yet verified). */
@@ -74,7 +89,9 @@ export class Speculation {
     }
     const depth = opts.depth ?? 1;
     if (!(Number.isInteger(depth) && depth >= 1)) throw new RangeError(`depth must be >= 1, got ${depth}`);
-    this.#o = { drafter: opts.drafter, k: opts.k, depth };
+    this.#o = { drafter: opts.drafter, k: opts.k, depth, auto: opts.auto ?? false };
+    this.#k = opts.k;
+    this.#depth = opts.auto ? 1 : depth;
     this.#decided = [...prompt];
     this.#prompt = prompt.length;
     this.#end = { maxTokens: opts.maxTokens, eos: new Set(opts.eos) };
@@ -102,6 +119,7 @@ export class Speculation {
     this.stats.drafted += c.trip.drafted;
     this.stats.acceptedDrafts += m.accepted;
     if (m.accepted < c.trip.drafted) this.stats.rejections++;
+    if (this.#o.auto) this.#measure(c, m);
     if (!this.#decide(m.tokens, m.trace)) return;
     const next = this.#inflight[0];
     const at = this.#decided.length - 1;
@@ -115,6 +133,37 @@ export class Speculation {
       this.#assumed = [...this.#decided];
     }
     this.#refill();
+  }
+
+  /**
+   * `auto`: records a verdict's costs and picks k and depth for the chunks drafted next. A step's compute
+   * (all stages) is fitted as a + b * T over the chunks so far (T varies with k and at the end); the
+   * plain trip time is the verdict's round trip less b * (T - 1).
+   */
+  #measure(c: Chunk, m: Extract<PipeMessage, { type: "verdict" }>): void {
+    const T = c.tokens.length;
+    const compute = m.trace.reduce((a, h) => a + h.c, 0);
+    const f = this.#fit;
+    f.n++, f.t += T, f.c += compute, f.tt += T * T, f.tc += T * compute;
+    const den = f.n * f.tt - f.t * f.t;
+    const b = den > 0 ? Math.max(0, (f.n * f.tc - f.t * f.c) / den) : 0;
+    const sent = this.#sentAt.get(c.chunk);
+    this.#sentAt.delete(c.chunk);
+    if (sent !== undefined) this.#tripMs.push(performance.now() - sent - b * (T - 1));
+    const recent = (xs: number[]) => {
+      const r = xs.slice(-8);
+      return r.length ? r.reduce((a, x) => a + x, 0) / r.length : 0;
+    };
+    const s = this.stats;
+    const choice = chooseSpeculation({
+      tripMs: Math.max(0.1, recent(this.#tripMs)),
+      alpha: (s.acceptedDrafts + 1) / (s.acceptedDrafts + s.rejections + 2), // with a uniform prior
+      draftMsPerToken: recent(this.#draftMsPerToken),
+      stepMsPerToken: b,
+      maxDepth: this.#o.depth,
+    });
+    this.#k = choice.k;
+    this.#depth = choice.depth;
   }
 
   /** Stops drafting (the request ended). */
@@ -149,8 +198,9 @@ export class Speculation {
 
   /** Drafts and sends chunks until `depth` are in flight. */
   async #fill(): Promise<void> {
-    const { k, depth, drafter } = this.#o;
-    while (!this.#finished && this.#inflight.length < depth) {
+    const { drafter } = this.#o;
+    while (!this.#finished && this.#inflight.length < this.#depth) {
+      const k = this.#k;
       const epoch = this.#epoch;
       const last = this.#inflight.at(-1);
       const pos0 = last ? last.pos0 + last.tokens.length : this.#decided.length - 1;
@@ -171,6 +221,8 @@ export class Speculation {
       const trip: Trip = { chunk, pos0, drafted: tokens.length - 1, accepted: -1, draftAt, draftMs };
       this.trips.push(trip);
       this.#inflight.push({ chunk, pos0, tokens, trip });
+      this.#sentAt.set(chunk, performance.now());
+      if (drafts.length > 0) this.#draftMsPerToken.push(draftMs / drafts.length);
       this.io.send({ type: "verify", id: "", chunk, pos0, tokens: Uint32Array.from(tokens) });
       if (tokens.length < T) return; // the drafter ran out: nothing to pipeline behind this chunk
     }

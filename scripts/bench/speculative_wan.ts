@@ -127,8 +127,20 @@ for (const delay of delays) {
     const bound = delay > 0 ? 1000 / (STAGES * delay) : Infinity;
     // Warm-up (builds the stages' GPU programs), then plain.
     await c.client.generate(c.chain, PROMPT, { maxTokens: 4, sampling: greedy, wire: "f32" });
+    for (const prompt of [PROMPT, REPETITIVE]) { // and the verification steps' programs, the drafter's
+      const d = new ModelDrafter(whole, { maxSeq: 256, vocab: V });
+      await c.client.speculate(c.chain, prompt, {
+        maxTokens: 12,
+        sampling: greedy,
+        wire: "f32",
+        drafter: d,
+        k: K,
+      });
+      d.close();
+    }
     const plainRuns: Record<string, number> = {};
     let tripMs = 0;
+    let plainComputeMs = 0;
     for (const [name, prompt] of [["plain", PROMPT], ["plain (repetitive prompt)", REPETITIVE]] as const) {
       const r = await c.client.generate(c.chain, [...prompt], {
         maxTokens: MAX,
@@ -136,7 +148,10 @@ for (const delay of delays) {
         wire: "f32",
       });
       plainRuns[name] = r.tokS;
-      if (name === "plain") tripMs = 1000 / r.tokS;
+      if (name === "plain") {
+        tripMs = 1000 / r.tokS;
+        plainComputeMs = mean(r.events.slice(1).map((e) => sum(e.trace.map((h) => h.c))));
+      }
       rows.push({ delay, run: name, tok_s: r.tokS, bound });
       lines.push(`| ${delay} | ${name} | ${r.tokS.toFixed(1)} | 1.00 | ${fmt(bound)} | ${MAX} | 1 | | |`);
     }
@@ -163,7 +178,12 @@ for (const delay of delays) {
         const alpha = acceptanceRate(r.stats) ?? 0;
         const draftMs = r.trips.reduce((a, t) => a + t.draftMs, 0) / Math.max(1, r.trips.length);
         const base = prompt === REPETITIVE ? 1000 / plainRuns["plain (repetitive prompt)"] : tripMs;
-        const p = predictSpeculative({ tripMs: base, alpha, k: K, depth, draftMs });
+        // A verification step computes k + 1 tokens at every stage: what that adds to a trip, measured.
+        const verifyComputeMs = mean(
+          r.trips.filter((t) => t.trace).map((t) => sum(t.trace!.map((h) => h.c))),
+        );
+        const extraStepMs = Math.max(0, verifyComputeMs - plainComputeMs);
+        const p = predictSpeculative({ tripMs: base, alpha, k: K, depth, draftMs, extraStepMs });
         const plainTokS = prompt === REPETITIVE ? plainRuns["plain (repetitive prompt)"] : plainRuns.plain;
         const perTrip = r.tokens.length / r.stats.trips;
         rows.push({
@@ -177,6 +197,8 @@ for (const delay of delays) {
           accepted_per_trip: perTrip,
           acceptance: alpha,
           predicted_tok_s: 1000 / p.msPerToken,
+          draft_ms: draftMs,
+          extra_step_ms: extraStepMs,
           wall_ms: ms,
         });
         lines.push(
@@ -201,6 +223,14 @@ whole.close();
 
 function noisy(p: number): Drafter {
   return new NoisyDrafter(new ModelDrafter(whole, { maxSeq: 256, vocab: V }), p, { vocab: V, seed: 7 });
+}
+
+function sum(xs: number[]): number {
+  return xs.reduce((a, b) => a + b, 0);
+}
+
+function mean(xs: number[]): number {
+  return xs.length ? sum(xs) / xs.length : 0;
 }
 
 function fmt(x: number): string {

@@ -1,6 +1,6 @@
 // The cost model's speculative terms: tokens per trip and the predicted speedup.
 import assert from "node:assert/strict";
-import { predictSpeculative, tokensPerTrip } from "../../planner/speculative.ts";
+import { chooseSpeculation, predictSpeculative, tokensPerTrip } from "../../planner/speculative.ts";
 
 Deno.test("tokens per trip: k + 1 when every draft is kept, 1 when none is, the geometric sum between", () => {
   assert.equal(tokensPerTrip(1, 4), 5);
@@ -22,4 +22,22 @@ Deno.test("predicted speculation: the trip's extra costs and pipelined chunks", 
   assert.equal(deep.tokensPerTrip, 15, "every chunk kept whole: depth chunks per trip");
   const cut = predictSpeculative({ tripMs: 125, alpha: 0, k: 4, depth: 3 });
   assert.equal(cut.tokensPerTrip, 1, "nothing kept: chunks behind are never useful");
+});
+
+Deno.test("choosing k and depth: long drafts when drafts are kept and cheap, short ones otherwise", () => {
+  const sure = chooseSpeculation({ tripMs: 125, alpha: 0.99, draftMsPerToken: 0.5, stepMsPerToken: 0.5 });
+  assert.equal(sure.k, 16);
+  const shaky = chooseSpeculation({ tripMs: 125, alpha: 0.3, draftMsPerToken: 5, stepMsPerToken: 2 });
+  assert.ok(shaky.k <= 3, `k ${shaky.k}`);
+  const local = chooseSpeculation({ tripMs: 5, alpha: 0.8, draftMsPerToken: 4, stepMsPerToken: 1 });
+  assert.ok(local.k <= 2, `a short trip does not pay for long drafts: k ${local.k}`);
+  const deep = chooseSpeculation({
+    tripMs: 125,
+    alpha: 0.95,
+    draftMsPerToken: 1,
+    stepMsPerToken: 1,
+    maxDepth: 4,
+  });
+  assert.ok(deep.depth > 1, "well-kept drafts pay for chunks in flight");
+  assert.ok(deep.prediction.speedup > 1);
 });

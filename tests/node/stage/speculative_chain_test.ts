@@ -147,6 +147,23 @@ for (const { fixture, layers, stages } of CASES) {
             }
           }
         }
+        // auto: k and depth chosen per chunk from the request's measurements; the tokens stay plain's.
+        const greedy = { temperature: 0, topP: 1, seed: 0 };
+        const plain = await generate(whole, prompt, { maxTokens: 40, sampling: greedy, eosTokenIds: [] });
+        const drafter = new ModelDrafter(whole, { maxSeq: 256, vocab: V });
+        const got = await t.pump(t.client.speculate(t.chain, prompt, {
+          maxTokens: 40,
+          sampling: greedy,
+          wire: "f32",
+          drafter,
+          k: 2,
+          depth: 3,
+          auto: true,
+        }));
+        drafter.close();
+        assert.deepEqual(got.tokens, plain.tokens, "auto");
+        assert.equal(got.trips[0].drafted, 2, "the first chunk drafts the given k");
+        assert.ok(got.trips.some((x) => x.drafted > 2), "every draft kept: longer drafts are chosen");
         await t.settle();
         for (const a of t.actors) assert.equal(a.backend.stats().active, 0, "released after completion");
         assert.equal(whole.stats().active, 0, "the drafters' sequences are freed");
