@@ -19,7 +19,12 @@ import { apiError, apiFetch, type ApiTarget, readGenerateLines } from "../node/a
 import { startLocalCluster } from "./local_cluster.ts";
 import { expertReport } from "../node/stage/experts.ts";
 import type { Plan } from "../planner/mod.ts";
-import { measuredMsPerToken, predictRequest, type RequestPrediction } from "./prediction.ts";
+import {
+  measuredMsPerToken,
+  predictRequest,
+  predictSpeculativeRequest,
+  type RequestPrediction,
+} from "./prediction.ts";
 import { liveMembersAt } from "./plan_live.ts";
 import { liveMembers } from "../node/stage/mod.ts";
 import { UsageError } from "./command.ts";
@@ -285,7 +290,7 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
           auto: o.speculate!.auto,
         })
         : await cluster.pipeline.client.generate(cluster.chain, p.ids, request);
-      const spec = r.stats && r.trips ? specReport(r as SpeculateOutcome, o.speculate!) : undefined;
+      let spec = r.stats && r.trips ? specReport(r as SpeculateOutcome, o.speculate!) : undefined;
       out.end();
       const plan = cluster.assignment.plan as unknown as Plan;
       const alive = cluster.node.membership.members().filter((m) => plan.stages.some((s) => s.node === m.id));
@@ -293,6 +298,19 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
         promptTokens: p.ids.length,
         generated: r.tokens.length,
       });
+      if (spec) {
+        // The cost model's speedup for this chain at the acceptance this request measured (drafting and
+        // the wider step's compute left out: docs/SPECULATIVE.md).
+        const s = predictSpeculativeRequest(predicted, {
+          alpha: spec.acceptance,
+          // auto: the mean k it chose
+          k: o.speculate!.auto
+            ? Math.max(1, Math.round(r.trips!.reduce((a, t) => a + t.drafted, 0) / r.trips!.length))
+            : o.speculate!.k,
+          depth: o.speculate!.depth,
+        });
+        spec = { ...spec, ...(s ? { predicted_speculative: s } : {}) };
+      }
       report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n }, predicted, spec);
       if (o.trace) {
         await writeTrace(
