@@ -155,14 +155,15 @@ for (const delay of delays) {
       rows.push({ delay, run: name, tok_s: r.tokS, bound });
       lines.push(`| ${delay} | ${name} | ${r.tokS.toFixed(1)} | 1.00 | ${fmt(bound)} | ${MAX} | 1 | | |`);
     }
-    const runs: [string, () => Drafter, number[], number][] = [
+    const runs: [string, () => Drafter, number[], number, boolean?][] = [
       ["target as draft", () => new ModelDrafter(whole, { maxSeq: 256, vocab: V }), PROMPT, 1],
       ["target + noise 0.2", () => noisy(0.2), PROMPT, 1],
       ["target + noise 0.2, depth 2", () => noisy(0.2), PROMPT, 2],
+      ["target + noise 0.2, auto (depth <= 3)", () => noisy(0.2), PROMPT, 3, true],
       ["target + noise 0.4", () => noisy(0.4), PROMPT, 1],
       ["ngram, repetitive prompt", () => new NgramDrafter(), REPETITIVE, 1],
     ];
-    for (const [name, make, prompt, depth] of runs) {
+    for (const [name, make, prompt, depth, auto] of runs) {
       const d = make();
       try {
         const t0 = performance.now();
@@ -173,6 +174,7 @@ for (const delay of delays) {
           drafter: d,
           k: K,
           depth,
+          auto,
         });
         const ms = performance.now() - t0;
         const alpha = acceptanceRate(r.stats) ?? 0;
@@ -183,7 +185,16 @@ for (const delay of delays) {
           r.trips.filter((t) => t.trace).map((t) => sum(t.trace!.map((h) => h.c))),
         );
         const extraStepMs = Math.max(0, verifyComputeMs - plainComputeMs);
-        const p = predictSpeculative({ tripMs: base, alpha, k: K, depth, draftMs, extraStepMs });
+        // auto: predicted at the mean k it chose (and depth 1: what it chose is not reported per chunk)
+        const kUsed = auto ? Math.max(1, Math.round(mean(r.trips.map((t) => t.drafted)))) : K;
+        const p = predictSpeculative({
+          tripMs: base,
+          alpha,
+          k: kUsed,
+          depth: auto ? 1 : depth,
+          draftMs,
+          extraStepMs,
+        });
         const plainTokS = prompt === REPETITIVE ? plainRuns["plain (repetitive prompt)"] : plainRuns.plain;
         const perTrip = r.tokens.length / r.stats.trips;
         rows.push({
@@ -198,6 +209,7 @@ for (const delay of delays) {
           acceptance: alpha,
           predicted_tok_s: 1000 / p.msPerToken,
           draft_ms: draftMs,
+          k: kUsed,
           extra_step_ms: extraStepMs,
           wall_ms: ms,
         });
