@@ -240,3 +240,33 @@ for (const fixture of FIXTURES) {
     },
   );
 }
+
+Deno.test(
+  needs("Engine.truncate: rejected positions are written over; a step may not leave a gap", {
+    "a WebGPU adapter": gpu,
+    "llama-micro": fixtureDir("llama-micro"),
+  }),
+  async () => {
+    const engine = await loadEngine(fixtureDir("llama-micro")!, { gpu: gpu!, weights: "f32" });
+    try {
+      const sampling = { temperature: 0, topP: 1, seed: 0 };
+      engine.open("a", { maxSeq: 32, sampling });
+      engine.open("b", { maxSeq: 32, sampling });
+      const run = (id: string, pos0: number, tokens: number[]) =>
+        engine.run(id, { pos0, T: tokens.length, tokens: Uint32Array.from(tokens), output: "logits" });
+      // a: the prompt, then wrong drafts at 4..6, dropped, then the right tokens; b: the right tokens only.
+      await run("a", 0, [1, 5, 9, 23]);
+      await run("a", 4, [300, 301, 302]);
+      engine.truncate("a", 4);
+      const a = (await run("a", 4, [44, 5])).logits!;
+      const b = (await run("b", 0, [1, 5, 9, 23, 44, 5])).logits!.subarray(4 * 512);
+      let worst = 0;
+      for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]));
+      assert.ok(worst < 1e-4, `logits after a rollback differ by ${worst}`);
+      await assert.rejects(run("a", 9, [1]), /leaves a gap after 6/);
+      assert.throws(() => engine.truncate("a", 7), /cannot truncate 6 positions to 7/);
+    } finally {
+      engine.close();
+    }
+  },
+);
