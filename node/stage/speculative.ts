@@ -31,6 +31,8 @@ export interface Trip {
   drafted: number;
   /** Drafts kept; -1 for a chunk dropped because an earlier one was cut short. */
   accepted: number;
+  /** Chunks allowed in flight when this one was sent (`auto` changes it). */
+  depth: number;
   /** When drafting started (epoch ms) and how long it took. */
   draftAt: number;
   draftMs: number;
@@ -218,7 +220,15 @@ export class Speculation {
       const tokens = this.#assumed.slice(pos0, pos0 + T);
       if (tokens.length === 0) return; // pipelined, and the drafter has no guess: wait for the verdict
       const chunk = this.#nextChunk++;
-      const trip: Trip = { chunk, pos0, drafted: tokens.length - 1, accepted: -1, draftAt, draftMs };
+      const trip: Trip = {
+        chunk,
+        pos0,
+        drafted: tokens.length - 1,
+        accepted: -1,
+        depth: this.#depth,
+        draftAt,
+        draftMs,
+      };
       this.trips.push(trip);
       this.#inflight.push({ chunk, pos0, tokens, trip });
       this.#sentAt.set(chunk, performance.now());

@@ -118,8 +118,8 @@ const REPETITIVE = Array.from({ length: 40 }, (_, i) => [1, 17, 99, 230, 5][i % 
 const greedy = { temperature: 0, topP: 1, seed: 0 };
 const rows: Record<string, unknown>[] = [];
 const lines = [
-  "| ms/hop | run | tok/s | x plain | plain bound | trips | tokens/trip | acceptance | predicted tok/s |",
-  "|---|---|---|---|---|---|---|---|---|",
+  "| ms/hop | run | k, depth | tok/s | x plain | plain bound | trips | tokens/trip | acceptance | predicted tok/s |",
+  "|---|---|---|---|---|---|---|---|---|---|",
 ];
 for (const delay of delays) {
   const c = await chainWithDelay(delay);
@@ -153,7 +153,7 @@ for (const delay of delays) {
         plainComputeMs = mean(r.events.slice(1).map((e) => sum(e.trace.map((h) => h.c))));
       }
       rows.push({ delay, run: name, tok_s: r.tokS, bound });
-      lines.push(`| ${delay} | ${name} | ${r.tokS.toFixed(1)} | 1.00 | ${fmt(bound)} | ${MAX} | 1 | | |`);
+      lines.push(`| ${delay} | ${name} | | ${r.tokS.toFixed(1)} | 1.00 | ${fmt(bound)} | ${MAX} | 1 | | |`);
     }
     const runs: [string, () => Drafter, number[], number, boolean?][] = [
       ["target as draft", () => new ModelDrafter(whole, { maxSeq: 256, vocab: V }), PROMPT, 1],
@@ -185,13 +185,14 @@ for (const delay of delays) {
           r.trips.filter((t) => t.trace).map((t) => sum(t.trace!.map((h) => h.c))),
         );
         const extraStepMs = Math.max(0, verifyComputeMs - plainComputeMs);
-        // auto: predicted at the mean k it chose (and depth 1: what it chose is not reported per chunk)
+        // auto: predicted at the mean k and depth it chose
         const kUsed = auto ? Math.max(1, Math.round(mean(r.trips.map((t) => t.drafted)))) : K;
+        const depthUsed = auto ? Math.max(1, Math.round(mean(r.trips.map((t) => t.depth)))) : depth;
         const p = predictSpeculative({
           tripMs: base,
           alpha,
           k: kUsed,
-          depth: auto ? 1 : depth,
+          depth: depthUsed,
           draftMs,
           extraStepMs,
         });
@@ -210,13 +211,14 @@ for (const delay of delays) {
           predicted_tok_s: 1000 / p.msPerToken,
           draft_ms: draftMs,
           k: kUsed,
+          depth: depthUsed,
           extra_step_ms: extraStepMs,
           wall_ms: ms,
         });
         lines.push(
-          `| ${delay} | ${name} | ${r.tokS.toFixed(1)} | ${(r.tokS / plainTokS).toFixed(2)} | ${
-            fmt(bound)
-          } | ` +
+          `| ${delay} | ${name} | ${auto ? "~" : ""}${kUsed}, ${auto ? "~" : ""}${depthUsed} | ${
+            r.tokS.toFixed(1)
+          } | ${(r.tokS / plainTokS).toFixed(2)} | ${fmt(bound)} | ` +
             `${r.stats.trips}${r.stats.cancelled ? ` (+${r.stats.cancelled} cancelled)` : ""} | ` +
             `${perTrip.toFixed(2)} | ${alpha.toFixed(2)} | ${(1000 / p.msPerToken).toFixed(1)} |`,
         );
