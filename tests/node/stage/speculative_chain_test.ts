@@ -193,6 +193,28 @@ Deno.test(
       );
       assert.deepEqual(got.tokens, plain.tokens);
       assert.equal(got.stopReason, "max_tokens");
+      // An eos id inside a chunk of kept drafts ends the output right after it.
+      const eos = plain.tokens[5];
+      const drafter = new ModelDrafter(whole, { maxSeq: 64, vocab: whole.model.vocab });
+      const stopped = await t.pump(
+        t.client.speculate(t.chain, prompt, { maxTokens: 16, sampling, eos: [eos], drafter, k: 4, depth: 2 }),
+      );
+      drafter.close();
+      assert.deepEqual(stopped.tokens, plain.tokens.slice(0, plain.tokens.indexOf(eos) + 1));
+      assert.equal(stopped.stopReason, "eos");
+      // Cancelled mid-way: the request fails with the signal's reason and every stage frees it.
+      const abort = new AbortController();
+      const cancelled = t.client.speculate(t.chain, prompt, {
+        maxTokens: 16,
+        sampling,
+        drafter: new NgramDrafter(),
+        k: 2,
+        signal: abort.signal,
+        onToken: (e) => e.index === 2 && abort.abort(new Error("stop here")),
+      });
+      await assert.rejects(t.pump(cancelled), /stop here/);
+      await t.settle();
+      for (const a of t.actors) assert.equal(a.backend.stats().active, 0, "freed after a cancel");
     } finally {
       await t.close();
       whole.close();
