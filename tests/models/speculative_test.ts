@@ -270,3 +270,54 @@ Deno.test(
     }
   },
 );
+
+// Every family (MoE and MLA blocks included) verifies drafts with the same multi-token step.
+const FAMILIES = [
+  "qwen2-tiny",
+  "qwen3-bias",
+  "mixtral-tiny",
+  "mixtral-e6k3",
+  "qwen3-moe-norm",
+  "qwen3-moe-raw",
+  "deepseek-v3-plain",
+  "deepseek-v3-groups",
+  "kimi-k2-tiny",
+];
+for (const fixture of FAMILIES) {
+  const dir = fixtureDir(fixture);
+  Deno.test(
+    needs(`speculative on one node (${fixture}): the target and n-gram drafts give plain decoding's tokens`, {
+      "a WebGPU adapter": gpu,
+      [fixture]: dir,
+    }),
+    async () => {
+      const engine = await loadEngine(dir!, { gpu: gpu!, weights: "f32" });
+      try {
+        const ref = JSON.parse(await Deno.readTextFile(join(dir!, "reference.json")));
+        const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
+        for (
+          const sampling of [{ temperature: 0, topP: 1, seed: 0 }, { temperature: 0.9, topP: 0.9, seed: 7 }]
+        ) {
+          const plain = await generate(engine, prompt, { maxTokens: 12, sampling, eosTokenIds: [] });
+          for (
+            const d of [
+              new ModelDrafter(engine, { maxSeq: 64, vocab: engine.model.vocab }),
+              new NgramDrafter(),
+            ]
+          ) {
+            const r = await speculativeGenerate(engine, d, prompt, {
+              k: 4,
+              maxTokens: 12,
+              eos: [],
+              sampling,
+            });
+            d.close();
+            assert.deepEqual(r.tokens, plain.tokens, `${d.kind}, temperature ${sampling.temperature}`);
+          }
+        }
+      } finally {
+        engine.close();
+      }
+    },
+  );
+}
