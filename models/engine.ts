@@ -115,10 +115,10 @@ const yieldToEventLoop = () => new Promise<void>((r) => setTimeout(r, 0));
 
 interface Open {
   seq: Sequence;
-  /** Positions whose KV entries are valid (run() writes pos0 .. pos0 + T - 1; truncate() lowers it). */
-  length: number;
   /** Aborted when the request is released while its loop runs. */
   abort: AbortController;
+  /** Positions 0..length-1 hold this request's tokens (KV written); steps past it are refused. */
+  length: number;
 }
 
 /** The whole model's role: one stage that embeds, runs every layer and samples. */
@@ -156,7 +156,7 @@ export class Engine implements StageBackend {
   open(id: string, opts: { maxSeq: number; sampling: Sampling; maxChunk?: number }): { chunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     const seq = this.weights.newSequence(opts);
-    this.#open.set(id, { seq, length: 0, abort: new AbortController() });
+    this.#open.set(id, { seq, abort: new AbortController(), length: 0 });
     return { chunk: seq.maxChunk };
   }
 
@@ -166,11 +166,6 @@ export class Engine implements StageBackend {
     return o;
   }
 
-  /**
-   * Runs T tokens at positions pos0 .. pos0 + T - 1. A step at pos0 below the sequence's length first drops
-   * the positions from pos0 on (truncate(id, pos0)): the KV cache is indexed by position and attention
-   * reads only positions <= its own, so rejected speculative positions are simply written over.
-   */
   async run(id: string, input: StageInput): Promise<StageResult> {
     const open = this.#get(id);
     const { seq } = open;
@@ -179,9 +174,6 @@ export class Engine implements StageBackend {
     const H = this.model.hidden;
     if (pos0 + T > seq.maxSeq) {
       throw new RequestError(`positions up to ${pos0 + T} exceed the request's ${seq.maxSeq}`);
-    }
-    if (pos0 > open.length) {
-      throw new RangeError(`request ${id}: a step at position ${pos0} leaves a gap after ${open.length}`);
     }
     open.length = pos0 + T;
     if (this.role.embeds) {
@@ -206,6 +198,23 @@ export class Engine implements StageBackend {
       return { token };
     }
     return { logits: new Float32Array(await readBack(gpu, seq.logits!, T * this.model.vocab * 4)) };
+  }
+
+  /** Positions open request `id` holds (its KV cache is valid for 0..length-1). */
+  length(id: string): number {
+    return this.#get(id).length;
+  }
+
+  /**
+   * Drops positions n.. of open request `id` (0 <= n <= length(id)): the next step starts at n and
+   * overwrites them; nothing on the GPU changes now (attention reads only positions below a step's own).
+   */
+  truncate(id: string, n: number): void {
+    const open = this.#get(id);
+    if (!(Number.isInteger(n) && n >= 0 && n <= open.length)) {
+      throw new RequestError(`truncate to ${n}: the request holds ${open.length} positions`);
+    }
+    open.length = n;
   }
 
   /**
@@ -426,18 +435,6 @@ export class Engine implements StageBackend {
       }
     }
     return true;
-  }
-
-  /**
-   * Drops request `id`'s positions from `length` on (speculative decoding's rejected drafts): the next
-   * step starts at `length`. RangeError when the sequence holds fewer positions.
-   */
-  truncate(id: string, length: number): void {
-    const open = this.#get(id);
-    if (!(Number.isInteger(length) && length >= 0 && length <= open.length)) {
-      throw new RangeError(`request ${id}: cannot truncate ${open.length} positions to ${length}`);
-    }
-    open.length = length;
   }
 
   /** Teacher-forced logits [T, V] of `tokens` (row t: next-token logits after tokens[0..t]). */
