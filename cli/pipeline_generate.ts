@@ -30,7 +30,7 @@ import { liveMembers } from "../node/stage/mod.ts";
 import { UsageError } from "./command.ts";
 import { onStopSignal } from "./signals.ts";
 import { writeJsonOutput, writeOutput } from "./output_file.ts";
-import { makeDrafter, type SpeculateFlags } from "./speculate_flags.ts";
+import { draftName, makeDrafter, type SpeculateFlags } from "./speculate_flags.ts";
 import { speculationJson } from "../models/speculative.ts";
 import type { GenerateOutcome, SpeculateOutcome } from "../node/stage/client.ts";
 
@@ -354,9 +354,9 @@ export async function clusterModel(base: string, modelDir: string | undefined): 
 
 /** generate through the cluster that `up` on this machine leads (its control API at `target`). */
 export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptions): Promise<number> {
-  if (o.speculate) {
+  if (o.speculate && o.speculate.noise > 0) {
     throw new UsageError(
-      "--draft through the cluster `up` leads is not supported yet: use --local N, or stop `up` to run on one node",
+      "--draft-noise applies where the drafter runs: give it to `up` (the cluster drafts)",
     );
   }
   const p = await prepare(o);
@@ -377,6 +377,14 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
         sampling: o.sampling,
         eos: p.eos,
         wire: o.wire,
+        // The cluster's leader drafts (`up --model DIR --draft ...`); it refuses another drafter than ours.
+        ...(o.speculate
+          ? {
+            speculate: o.speculate.auto ? "auto" : o.speculate.k,
+            speculateDepth: o.speculate.depth,
+            draft: draftName(o.speculate.draft),
+          }
+          : {}),
       }),
       signal: abort.signal,
     });
@@ -406,10 +414,26 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
             generated: tokens.length,
           },
         );
-        report(p, o, { tokens, events, ...m.done }, {
-          stages: stageSummary(status.assignment.plan.stages),
-          nodes: m.done.stages,
-        }, predicted);
+        const sp = m.done.speculation;
+        const spec = sp && o.speculate
+          ? {
+            ...speculationJson(sp, tokens.length, o.speculate.draft, o.speculate.k),
+            depth: o.speculate.depth,
+            cancelled: sp.cancelled,
+            ...(o.speculate.auto ? { speculate: "auto", chosen_k: sp.chosenK } : {}),
+          }
+          : undefined;
+        report(
+          p,
+          o,
+          { tokens, events, ...m.done },
+          {
+            stages: stageSummary(status.assignment.plan.stages),
+            nodes: m.done.stages,
+          },
+          predicted,
+          spec,
+        );
         if (o.trace) {
           if (events.some((e) => !Array.isArray(e.trace))) {
             console.error(

@@ -20,9 +20,10 @@ export const SPECULATE_HELP =
   --draft-noise P       (tests, benchmarks) replace each drafted token with another with probability P`;
 
 export const SPECULATE_UP_HELP =
-  `  --draft DIR|ngram    with --model: speculative decoding for the OpenAI API; the drafter (a draft model
-                       with the target's vocabulary, or prompt lookup) runs on this node; requests
-                       speculate unless they send "speculate": 0 (or "speculate": K for K drafts)
+  `  --draft DIR|ngram    with --model: speculative decoding; the drafter (a draft model with the target's
+                       vocabulary, or prompt lookup) runs on this node; the OpenAI API's requests
+                       speculate unless they send "speculate": 0 (or "speculate": K for K drafts), and
+                       \`generate --draft\` on this machine drafts with it
   --speculate K|auto   tokens drafted per verification step (default 4; 1 to 16; auto: chosen per step
                        from what the request measured)
   --speculate-depth D  verification steps in flight at once (default 1; with auto, the most)
@@ -70,6 +71,11 @@ export function speculateFlags(values: Record<string, unknown>): SpeculateFlags 
     depth: numberFlag(depth, "speculate-depth", { min: 1, max: 16, integer: true, fallback: 1 }),
     noise: numberFlag(noise, "draft-noise", { min: 0, max: 1, fallback: 0 }),
   };
+}
+
+/** What --draft names, as nodes compare it: "ngram", or the folder's absolute path. */
+export function draftName(draft: string): string {
+  return draft === "ngram" ? draft : resolve(draft);
 }
 
 /** Drafters for many requests: one draft model loaded once (or none for ngram); close() frees it. */

@@ -13,9 +13,11 @@ import { Checkpoint } from "../models/checkpoint.ts";
 import { KvBudget, planKvTokens } from "../node/api/kv_budget.ts";
 import { type ApiServer, type MemberView, nodeServices } from "../node/api/mod.ts";
 import { servedModel, SERVING_HELP, servingPlan, startServing } from "./serving.ts";
+import type { SpeculationSource } from "../node/stage/speculative.ts";
 import {
   type DrafterSource,
   drafterSource,
+  draftName,
   SPECULATE_FLAGS,
   SPECULATE_UP_HELP,
   speculateFlags,
@@ -75,10 +77,8 @@ ${MEMORY_HELP}`,
       ...SPECULATE_FLAGS,
     });
     const spec = speculateFlags(values);
-    if (spec && (values.model === undefined || values.http === "off")) {
-      throw new UsageError(
-        "--draft speculates for the OpenAI API of `up --model DIR`: it needs --model and --http",
-      );
+    if (spec && values.model === undefined) {
+      throw new UsageError("--draft speculates for the chain of `up --model DIR`: it needs --model");
     }
     const weights = parseWeights(values.weights);
     const relay = parseRelay(values.relay);
@@ -124,13 +124,22 @@ ${MEMORY_HELP}`,
     let drafts: DrafterSource | undefined;
     try {
       // The drafter runs here, on the node that serves the requests (it originates them on the chain).
-      drafts = spec && served &&
+      drafts = spec && ckpt &&
         await drafterSource(spec, {
           modelDir: resolve(values.model!),
-          vocab: served.vocab,
+          vocab: ckpt.config.vocabSize,
           seed: 0x5eed,
           weights,
         });
+      const speculation: SpeculationSource | undefined = spec && drafts
+        ? {
+          drafter: drafts.make,
+          draft: draftName(spec.draft),
+          k: spec.k,
+          depth: spec.depth,
+          auto: spec.auto,
+        }
+        : undefined;
       // Bound before any node starts: a bad or busy --http exits 2 with nothing left running.
       http = served && startServing(serving, {
         model: served,
@@ -139,9 +148,7 @@ ${MEMORY_HELP}`,
         readyVersion: () => readyVersion,
         self: () => view?.self() ?? "",
         members: () => view?.members() ?? [],
-        speculation: spec && drafts
-          ? { drafter: drafts.make, k: spec.k, depth: spec.depth, auto: spec.auto }
-          : undefined,
+        speculation,
       });
       return await runNodeProcess({
         secret,
@@ -154,6 +161,7 @@ ${MEMORY_HELP}`,
         plan: values.model ? undefined : plan,
         pipeline: () => pipeline,
         budget,
+        speculation,
         async ready(node, api, signal) {
           pipeline = attachPipeline(node);
           view = nodeServices(node, { down: () => {}, pipeline: () => pipeline });

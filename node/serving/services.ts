@@ -9,19 +9,10 @@ import type { MemberView } from "../api/app.ts";
 import type { KvBudget } from "../api/kv_budget.ts";
 import type { GenerateOutcome, PipelineNode, RequestOptions, StageReport } from "../stage/mod.ts";
 import { ApiError } from "./errors.ts";
-import type { Drafter } from "../../models/speculative.ts";
+import type { SpeculationSource } from "../stage/speculative.ts";
 
 /** Speculative decoding on the server (`up --model DIR --draft ...`): the drafter runs on this node. */
-export interface ServedSpeculation {
-  /** A fresh drafter for one request of at most `maxSeq` positions (closed when the request ends). */
-  drafter(maxSeq: number): Drafter;
-  /** Drafted tokens per chunk when a request does not say (its extension field `speculate`). */
-  k: number;
-  /** Chunks in flight (with `auto`, the most). */
-  depth: number;
-  /** Choose k and depth per chunk from the request's measurements (`--speculate auto`). */
-  auto?: boolean;
-}
+export type ServedSpeculation = SpeculationSource;
 
 /** What a request asks of speculation: undefined, the server's default; 0, off; K, K drafts per chunk. */
 export interface SpeculateRequest {

@@ -23,6 +23,20 @@ export interface SpeculateOptions {
   auto?: boolean;
 }
 
+/** A node's drafters for the requests it originates (`up --model DIR --draft ...`). */
+export interface SpeculationSource {
+  /** A fresh drafter for one request of at most `maxSeq` positions (closed when the request ends). */
+  drafter(maxSeq: number): Drafter;
+  /** What drafts: "ngram", or the draft model's folder (absolute). */
+  draft: string;
+  /** Drafted tokens per chunk when a request does not say. */
+  k: number;
+  /** Chunks in flight (with `auto`, the most). */
+  depth: number;
+  /** Choose k and depth per chunk from the request's measurements (`--speculate auto`). */
+  auto?: boolean;
+}
+
 /** One verification pass through the chain, for the trace and the report. */
 export interface Trip {
   chunk: number;

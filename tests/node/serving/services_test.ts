@@ -79,7 +79,10 @@ Deno.test("pipeline services: requests speculate with the server's drafter unles
     members: () => [],
   };
   const drafter = () => ({ kind: "ngram", draft: () => Promise.resolve([]), close: () => void closed++ });
-  const s = pipelineServing({ ...base, speculation: { drafter, k: 4, depth: 2, auto: true } });
+  const s = pipelineServing({
+    ...base,
+    speculation: { drafter, draft: "ngram", k: 4, depth: 2, auto: true },
+  });
   await s.generate([1], {});
   await s.generate([1], { speculate: 6 });
   await s.generate([1], { speculate: 0 });
