@@ -156,9 +156,6 @@ export const generateCommand: Command = {
         engine.close();
         throw e;
       });
-    if (spec?.auto) {
-      console.error("swactor: --speculate auto chooses k on a chain; one node drafts 4 tokens a step");
-    }
     const abort = new AbortController();
     let exitCode = 130;
     const removeSignals = onStopSignal((_, code) => {
@@ -181,6 +178,7 @@ export const generateCommand: Command = {
       const result = drafter
         ? await speculativeGenerate(engine, drafter, ids, {
           k: spec!.k,
+          auto: spec!.auto,
           maxTokens,
           eos: engine.model.eosTokenIds,
           sampling,
@@ -195,7 +193,7 @@ export const generateCommand: Command = {
           onTokens,
         });
       const speculation = drafter && "trips" in result
-        ? speculationJson(result, result.tokens.length, spec!.draft, spec!.k)
+        ? speculationJson(result, result.tokens.length, spec!.draft, spec!.auto ? "auto" : spec!.k)
         : undefined;
       const text = tokenizer ? tokenizer.decode(result.tokens) : "";
       if (values.json) {

@@ -11,8 +11,8 @@ export const SPECULATE_HELP =
                         with the target's vocabulary; the target's own folder works) or prompt lookup
                         (ngram: continues the latest earlier match of the last tokens; no model). --json
                         then adds trips (passes through the chain) and accepted_per_trip
-  --speculate K|auto    tokens drafted per verification step (default 4 with --draft; 1 to 16); auto
-                        (on a chain): chosen for each step from the acceptance, trip time, drafting
+  --speculate K|auto    tokens drafted per verification step (default 4 with --draft; 1 to 16); auto:
+                        chosen for each step from the acceptance, trip time, drafting
                         and verification costs measured so far (docs/SPECULATIVE.md)
   --speculate-depth D   verification steps in flight at once on a chain (default 1; pipelined
                         speculation: the next step is drafted assuming the current one is kept); with

@@ -14,6 +14,7 @@
 import { sampleRef } from "../kernels/sample.ts";
 import type { Sampling, StageBackend } from "./backend.ts";
 import { RequestError } from "./errors.ts";
+import { SpeculationTuner } from "../planner/speculative.ts";
 
 /** What the target decided for one verification step. */
 export interface Verdict {
@@ -251,7 +252,7 @@ export function acceptanceRate(s: SpeculationStats): number | null {
 }
 
 /** Speculation's figures as `--json` reports them. */
-export function speculationJson(s: SpeculationStats, generated: number, drafter: string, k: number) {
+export function speculationJson(s: SpeculationStats, generated: number, drafter: string, k: number | "auto") {
   return {
     draft: drafter,
     speculate: k,
@@ -285,8 +286,10 @@ export function clipTokens(
 }
 
 export interface SpeculativeOptions {
-  /** Drafted tokens per verification step (>= 1). */
+  /** Drafted tokens per verification step (>= 1; with `auto`, the first step's). */
   k: number;
+  /** Choose k for each step from what this request measured (planner/speculative.ts SpeculationTuner). */
+  auto?: boolean;
   maxTokens: number;
   eos: readonly number[];
   sampling: Sampling;
@@ -321,8 +324,9 @@ export async function speculativeGenerate(
   const id = `spec-${crypto.randomUUID().slice(0, 8)}`;
   const t0 = performance.now();
   const { chunk } = backend.open(id, { maxSeq: P + o.maxTokens, sampling: o.sampling });
-  const k = Math.min(o.k, chunk - 1);
+  let k = Math.min(o.k, chunk - 1);
   if (k < 1) throw new RequestError(`a verification step of ${o.k + 1} tokens exceeds this model's steps`);
+  const tuner = o.auto ? new SpeculationTuner({ maxK: Math.min(16, chunk - 1), maxDepth: 1 }) : undefined;
   const stats: SpeculationStats = { trips: 1, drafted: 0, acceptedDrafts: 0, rejections: 0 };
   try {
     let first = -1;
@@ -361,12 +365,19 @@ export async function speculativeGenerate(
       stats.drafted += drafts.length;
       stats.acceptedDrafts += v.accepted;
       if (v.accepted < drafts.length) stats.rejections++;
-      o.onTrip?.({
-        draftMs: tVerify - tDraft,
-        verifyMs: performance.now() - tVerify,
-        drafted: drafts.length,
-        accepted: v.accepted,
-      });
+      const verifyMs = performance.now() - tVerify;
+      o.onTrip?.({ draftMs: tVerify - tDraft, verifyMs, drafted: drafts.length, accepted: v.accepted });
+      if (tuner) { // one node: the step is the whole trip
+        tuner.drafted(drafts.length, tVerify - tDraft);
+        tuner.verified({
+          T: tokens.length,
+          computeMs: verifyMs,
+          roundTripMs: verifyMs,
+          kept: v.accepted,
+          rejected: v.accepted < drafts.length,
+        });
+        k = tuner.choose().k;
+      }
       fresh = [...drafts.slice(0, v.accepted), v.next];
     }
   } finally {

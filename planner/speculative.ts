@@ -76,3 +76,56 @@ export function chooseSpeculation(o: {
   }
   return best!;
 }
+
+/**
+ * Chooses k and depth as a request goes (`--speculate auto`), from its own measurements: per verification
+ * step its tokens T, its compute (all stages), its round trip and the drafting time. The step's compute is
+ * fitted as a + b * T over the steps so far (T varies with k, and at the end); the plain trip time is a
+ * round trip less b * (T - 1); acceptance is kept / (kept + rejections) with a uniform prior.
+ */
+export class SpeculationTuner {
+  #fit = { n: 0, t: 0, c: 0, tt: 0, tc: 0 };
+  #trips: number[] = [];
+  #draft: number[] = [];
+  #kept = 0;
+  #rejections = 0;
+
+  constructor(readonly opts: { maxK?: number; maxDepth?: number } = {}) {}
+
+  /** Drafting `tokens` took `ms`. */
+  drafted(tokens: number, ms: number): void {
+    if (tokens > 0) this.#draft.push(ms / tokens);
+  }
+
+  /** A verification step of T tokens: its compute and round trip (ms), the drafts it kept, whether it rejected one. */
+  verified(o: { T: number; computeMs: number; roundTripMs: number; kept: number; rejected: boolean }): void {
+    const f = this.#fit;
+    f.n++, f.t += o.T, f.c += o.computeMs, f.tt += o.T * o.T, f.tc += o.T * o.computeMs;
+    this.#trips.push(o.roundTripMs - this.stepMsPerToken * (o.T - 1));
+    this.#kept += o.kept;
+    if (o.rejected) this.#rejections++;
+  }
+
+  /** The fitted b: what one more token adds to a verification step, ms. */
+  get stepMsPerToken(): number {
+    const f = this.#fit;
+    const den = f.n * f.tt - f.t * f.t;
+    return den > 0 ? Math.max(0, (f.n * f.tc - f.t * f.c) / den) : 0;
+  }
+
+  choose(): { k: number; depth: number } {
+    const recent = (xs: number[]) => {
+      const r = xs.slice(-8);
+      return r.length ? r.reduce((a, x) => a + x, 0) / r.length : 0;
+    };
+    const c = chooseSpeculation({
+      tripMs: Math.max(0.1, recent(this.#trips)),
+      alpha: (this.#kept + 1) / (this.#kept + this.#rejections + 2),
+      draftMsPerToken: recent(this.#draft),
+      stepMsPerToken: this.stepMsPerToken,
+      maxK: this.opts.maxK,
+      maxDepth: this.opts.maxDepth,
+    });
+    return { k: c.k, depth: c.depth };
+  }
+}

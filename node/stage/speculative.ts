@@ -7,7 +7,7 @@
 import type { Drafter } from "../../models/speculative.ts";
 import { clipTokens } from "../../models/speculative.ts";
 import type { HopTrace, PipeMessage } from "./messages.ts";
-import { chooseSpeculation } from "../../planner/speculative.ts";
+import { SpeculationTuner } from "../../planner/speculative.ts";
 
 export interface SpeculateOptions {
   drafter: Drafter;
@@ -70,10 +70,8 @@ export class Speculation {
   /** k and depth for the next chunk (the options', or chosen as the request goes when `auto`). */
   #k: number;
   #depth: number;
-  /** Measurements for `auto`: per chunk, tokens and summed stage compute; send-to-verdict ms; draft ms. */
-  #fit = { n: 0, t: 0, c: 0, tt: 0, tc: 0 };
-  #tripMs: number[] = [];
-  #draftMsPerToken: number[] = [];
+  /** `auto`: what the request measured, and when each chunk was sent. */
+  #tuner: SpeculationTuner | undefined;
   #sentAt = new Map<number, number>();
   /** The prompt and every token decided so far. */
   #decided: number[];
@@ -108,6 +106,7 @@ export class Speculation {
     this.#o = { drafter: opts.drafter, k: opts.k, depth, auto: opts.auto ?? false };
     this.#k = opts.k;
     this.#depth = opts.auto ? 1 : depth;
+    if (opts.auto) this.#tuner = new SpeculationTuner({ maxDepth: depth });
     this.#decided = [...prompt];
     this.#prompt = prompt.length;
     this.#end = { maxTokens: opts.maxTokens, eos: new Set(opts.eos) };
@@ -135,7 +134,7 @@ export class Speculation {
     this.stats.drafted += c.trip.drafted;
     this.stats.acceptedDrafts += m.accepted;
     if (m.accepted < c.trip.drafted) this.stats.rejections++;
-    if (this.#o.auto) this.#measure(c, m);
+    if (this.#tuner) this.#measure(c, m);
     if (!this.#decide(m.tokens, m.trace)) return;
     const next = this.#inflight[0];
     const at = this.#decided.length - 1;
@@ -151,35 +150,19 @@ export class Speculation {
     this.#refill();
   }
 
-  /**
-   * `auto`: records a verdict's costs and picks k and depth for the chunks drafted next. A step's compute
-   * (all stages) is fitted as a + b * T over the chunks so far (T varies with k and at the end); the
-   * plain trip time is the verdict's round trip less b * (T - 1).
-   */
+  /** `auto`: records a verdict's costs (planner/speculative.ts SpeculationTuner); picks k and depth. */
   #measure(c: Chunk, m: Extract<PipeMessage, { type: "verdict" }>): void {
-    const T = c.tokens.length;
-    const compute = m.trace.reduce((a, h) => a + h.c, 0);
-    const f = this.#fit;
-    f.n++, f.t += T, f.c += compute, f.tt += T * T, f.tc += T * compute;
-    const den = f.n * f.tt - f.t * f.t;
-    const b = den > 0 ? Math.max(0, (f.n * f.tc - f.t * f.c) / den) : 0;
     const sent = this.#sentAt.get(c.chunk);
     this.#sentAt.delete(c.chunk);
-    if (sent !== undefined) this.#tripMs.push(performance.now() - sent - b * (T - 1));
-    const recent = (xs: number[]) => {
-      const r = xs.slice(-8);
-      return r.length ? r.reduce((a, x) => a + x, 0) / r.length : 0;
-    };
-    const s = this.stats;
-    const choice = chooseSpeculation({
-      tripMs: Math.max(0.1, recent(this.#tripMs)),
-      alpha: (s.acceptedDrafts + 1) / (s.acceptedDrafts + s.rejections + 2), // with a uniform prior
-      draftMsPerToken: recent(this.#draftMsPerToken),
-      stepMsPerToken: b,
-      maxDepth: this.#o.depth,
+    if (sent === undefined) return;
+    this.#tuner!.verified({
+      T: c.tokens.length,
+      computeMs: m.trace.reduce((a, h) => a + h.c, 0),
+      roundTripMs: performance.now() - sent,
+      kept: m.accepted,
+      rejected: m.accepted < c.trip.drafted,
     });
-    this.#k = choice.k;
-    this.#depth = choice.depth;
+    ({ k: this.#k, depth: this.#depth } = this.#tuner!.choose());
   }
 
   /** Stops drafting (the request ended). */
@@ -246,7 +229,7 @@ export class Speculation {
       this.trips.push(trip);
       this.#inflight.push({ chunk, pos0, tokens, trip });
       this.#sentAt.set(chunk, performance.now());
-      if (drafts.length > 0) this.#draftMsPerToken.push(draftMs / drafts.length);
+      this.#tuner?.drafted(drafts.length, draftMs);
       this.io.send({ type: "verify", id: "", chunk, pos0, tokens: Uint32Array.from(tokens) });
       if (tokens.length < T) return; // the drafter ran out: nothing to pipeline behind this chunk
     }

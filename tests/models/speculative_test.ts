@@ -208,6 +208,25 @@ for (const fixture of FIXTURES) {
             }
           }
         }
+        // auto: k chosen per step from the request's measurements; the tokens stay plain decoding's.
+        for (
+          const sampling of [{ temperature: 0, topP: 1, seed: 0 }, { temperature: 1, topP: 0.9, seed: 5 }]
+        ) {
+          const plain = await generate(engine, prompt, { maxTokens: 30, sampling, eosTokenIds: [] });
+          const d = new NoisyDrafter(new ModelDrafter(engine, { maxSeq: 128, vocab: V }), 0.3, {
+            vocab: V,
+            seed: 4,
+          });
+          const r = await speculativeGenerate(engine, d, prompt, {
+            k: 4,
+            auto: true,
+            maxTokens: 30,
+            eos: [],
+            sampling,
+          });
+          d.close();
+          assert.deepEqual(r.tokens, plain.tokens, `auto, temperature ${sampling.temperature}`);
+        }
         // Stops exactly at an eos id inside an accepted run of drafts.
         const greedy = { temperature: 0, topP: 1, seed: 0 };
         const plain = await generate(engine, prompt, { maxTokens: 30, sampling: greedy, eosTokenIds: [] });

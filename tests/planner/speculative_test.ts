@@ -1,6 +1,11 @@
 // The cost model's speculative terms: tokens per trip and the predicted speedup.
 import assert from "node:assert/strict";
-import { chooseSpeculation, predictSpeculative, tokensPerTrip } from "../../planner/speculative.ts";
+import {
+  chooseSpeculation,
+  predictSpeculative,
+  SpeculationTuner,
+  tokensPerTrip,
+} from "../../planner/speculative.ts";
 
 Deno.test("tokens per trip: k + 1 when every draft is kept, 1 when none is, the geometric sum between", () => {
   assert.equal(tokensPerTrip(1, 4), 5);
@@ -40,4 +45,22 @@ Deno.test("choosing k and depth: long drafts when drafts are kept and cheap, sho
   });
   assert.ok(deep.depth > 1, "well-kept drafts pay for chunks in flight");
   assert.ok(deep.prediction.speedup > 1);
+});
+
+Deno.test("SpeculationTuner: fits a step's cost per token and chooses from what it saw", () => {
+  const t = new SpeculationTuner({ maxDepth: 1 });
+  // Steps cost 2 + 0.5 T ms of compute inside a 125 ms round trip (hops); every draft kept.
+  for (const T of [5, 3, 5, 2, 5]) {
+    t.verified({ T, computeMs: 2 + 0.5 * T, roundTripMs: 125 + 2 + 0.5 * T, kept: T - 1, rejected: false });
+    t.drafted(T - 1, 0.2 * (T - 1));
+  }
+  assert.ok(Math.abs(t.stepMsPerToken - 0.5) < 1e-9, `${t.stepMsPerToken}`);
+  assert.equal(t.choose().k, 16, "long trips, cheap drafts, all kept: the longest drafts");
+  // The same costs, but every step rejects its first draft: the shortest drafts (k 1 or 2 tie within 1%).
+  const bad = new SpeculationTuner({ maxDepth: 1 });
+  for (let i = 0; i < 8; i++) {
+    bad.verified({ T: 5, computeMs: 4.5, roundTripMs: 129.5, kept: 0, rejected: true });
+    bad.drafted(4, 0.8);
+  }
+  assert.ok(bad.choose().k <= 2, `k ${bad.choose().k}`);
 });
