@@ -183,6 +183,13 @@ export class PipelineClient {
             this.#actors.send(stageName(0), encodePipe({ ...v, id: p.id }), { channel: "data" })
               .catch((e) => p.fail(new PipelineError(`cannot reach stage 0: ${(e as Error).message}`)));
           },
+          cancel: (before) => {
+            for (let i = 0; i < p.chain.nodes.length; i++) {
+              this.#actors.send(stageName(i), encodePipe({ type: "cancel", id: p.id, before })).catch(
+                () => {},
+              );
+            }
+          },
           emit: (fresh, trace, end) => {
             const atMs = performance.now() - p.started;
             for (const token of fresh) {

@@ -14,6 +14,7 @@ export const MsgType = {
   STATS: 7,
   VERIFY: 8,
   VERDICT: 9,
+  CANCEL: 10,
 } as const;
 
 /** Activations on the wire: 16-bit by default. */
@@ -83,6 +84,8 @@ export type PipeMessage =
     open?: OpenParams;
     /** A verification step: its chunk number and its token ids (the last committed one, then the drafts). */
     verify?: VerifyStep;
+    /** A cancelled verification step passed on uncomputed (no hidden state), to keep the step order. */
+    void?: true;
     dtype: WireDtype;
     trace: HopTrace[];
     hidden: Uint8Array;
@@ -135,6 +138,12 @@ export type PipeMessage =
     stale?: boolean;
     trace: HopTrace[];
   }
+  | {
+    type: "cancel";
+    id: string;
+    /** Verification chunks numbered below this that a stage has not run yet are void: skip them. */
+    before: number;
+  }
   | { type: "release"; id: string; reason: string }
   | { type: "error"; id: string; stage: number; message: string }
   | { type: "stats" };
@@ -151,6 +160,7 @@ const TYPE_BY_NAME: Record<PipeMessage["type"], number> = {
   stats: MsgType.STATS,
   verify: MsgType.VERIFY,
   verdict: MsgType.VERDICT,
+  cancel: MsgType.CANCEL,
 };
 const NAME_BY_TYPE = Object.fromEntries(Object.entries(TYPE_BY_NAME).map(([k, v]) => [v, k]));
 

@@ -93,6 +93,8 @@ export class Speculation {
     private readonly io: {
       /** Sends a VERIFY to stage 0. */
       send(m: Extract<PipeMessage, { type: "verify" }>): void;
+      /** Tells every stage that the chunks numbered below `before` still in flight are void. */
+      cancel?(before: number): void;
       /** Newly decided tokens, with the trace of the pass that decided them. */
       emit(tokens: number[], trace: HopTrace[], done?: "eos" | "max_tokens"): void;
       fail(e: Error): void;
@@ -183,6 +185,8 @@ export class Speculation {
   /** Forgets every chunk in flight and drafts again from the decided tokens. */
   #reset(): void {
     this.#epoch++;
+    // The stages skip the dropped chunks they have not run yet (CANCEL: every chunk before the next one).
+    if (this.#inflight.length > 0) this.io.cancel?.(this.#nextChunk);
     this.#inflight.length = 0;
     this.#assumed = [...this.#decided];
     this.#refill();

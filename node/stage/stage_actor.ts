@@ -51,6 +51,8 @@ interface Request {
    * token (its KV not yet computed). A verification chunk that does not start there is stale.
    */
   decided?: { pos: number; token: number };
+  /** Speculating: verification chunks numbered below this are void (the client dropped them): skip them. */
+  voidBefore: number;
 }
 
 /** Prefill chunk traces a head keeps for the first token (a 128k-token prompt in 128-token chunks). */
@@ -71,6 +73,8 @@ export class StageActor implements Behavior {
   /** Per request, its steps in order (see receive). */
   #queues = new Map<string, Promise<void>>();
   #log: (msg: string) => void;
+  /** Verification steps this stage skipped because the client cancelled them (speculative decoding). */
+  cancelledSteps = 0;
 
   constructor(opts: StageActorOptions) {
     this.#o = opts;
@@ -116,6 +120,11 @@ export class StageActor implements Behavior {
       case "release":
         this.release(m.id);
         return;
+      case "cancel": { // at once, off the request's queue: steps queued behind it see it
+        const r = this.#requests.get(m.id);
+        if (r) r.voidBefore = Math.max(r.voidBefore, m.before);
+        return;
+      }
       // A request's steps run in order on its own queue, off the mailbox: STATS and RELEASE are answered
       // at once even while a long prefill computes, and requests do not wait for each other's steps.
       case "start":
@@ -183,7 +192,16 @@ export class StageActor implements Behavior {
   #openRequest(id: string, open: OpenParams): Request | undefined {
     if (this.#released.has(id)) return undefined;
     const { chunk } = this.#o.backend.open(id, { maxSeq: open.maxSeq, sampling: open.sampling });
-    const r: Request = { open, chunk, nextStep: 0, held: new Map(), awaitStep: -1, step: 0, nextChunk: 0 };
+    const r: Request = {
+      open,
+      chunk,
+      nextStep: 0,
+      held: new Map(),
+      awaitStep: -1,
+      step: 0,
+      nextChunk: 0,
+      voidBefore: 0,
+    };
     this.#requests.set(id, r);
     return r;
   }
@@ -292,6 +310,7 @@ export class StageActor implements Behavior {
     const r = this.#requests.get(m.id);
     if (!r || r.open.mode !== "speculate" || m.chunk < r.nextChunk) return; // unknown, or a duplicate
     r.nextChunk = m.chunk + 1;
+    if (m.chunk < r.voidBefore) return void this.cancelledSteps++; // dropped by the client: never started
     const T = m.tokens.length;
     if (T < 1 || T > r.chunk) {
       return this.#fail(m.id, r.open, `a verification step of ${T} tokens; this chain takes 1 to ${r.chunk}`);
@@ -327,6 +346,24 @@ export class StageActor implements Behavior {
     let next: typeof m | undefined = m;
     while (next) {
       r.nextStep++;
+      if (next.void || (next.verify && next.verify.chunk < r.voidBefore)) {
+        // A cancelled verification step: not computed; passed on (uncomputed) to keep the step order.
+        if (!next.void) this.cancelledSteps++;
+        if (!this.#o.backend.role.head) {
+          const { hidden: _, ...rest } = next;
+          try {
+            await this.#o.send(
+              stageName(this.#o.backend.role.index + 1),
+              encodePipe({ ...rest, void: true, hidden: new Uint8Array(0) }),
+            );
+          } catch (e) {
+            return this.#fail(next.id, r.open, `cannot pass the result on: ${(e as Error).message}`);
+          }
+        }
+        next = r.held.get(r.nextStep);
+        r.held.delete(r.nextStep);
+        continue;
+      }
       let hidden: Float32Array;
       try {
         hidden = unpackHidden(next.hidden, next.dtype, next.T * this.#o.backend.model.hidden);
