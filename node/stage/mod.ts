@@ -19,8 +19,10 @@ export {
   PipelineClient,
   PipelineError,
   type RequestOptions,
+  type SpeculateOutcome,
   type TokenEvent,
 } from "./client.ts";
+export { type SpeculateOptions, Speculation, type SpeculationSource, type Trip } from "./speculative.ts";
 export { EXPERT_PREFIX, expertName, expertSet } from "./expert_names.ts";
 export { FakeBackend, fakeReference } from "./fake_backend.ts";
 export { type HopTrace, type WireDtype } from "./messages.ts";
