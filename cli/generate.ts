@@ -11,6 +11,8 @@ import { checkPrompt, clusterModel, generateLocal, generateOnCluster } from "./p
 import { onStopSignal } from "./signals.ts";
 import { checkOutputPath, writeJsonOutput } from "./output_file.ts";
 import { readPlanFile } from "./plan_file.ts";
+import { makeDrafter, SPECULATE_FLAGS, SPECULATE_HELP, speculateFlags } from "./speculate_flags.ts";
+import { speculationJson, speculativeGenerate } from "../models/speculative.ts";
 
 const USAGE = `Usage: swactor generate [PROMPT] [options]
 
@@ -37,6 +39,7 @@ ${WEIGHTS_HELP}
   --experts local|spread  with --local: MoE experts on their layer's stage (local, the default) or
                         spread over the nodes (expert parallelism); --json then adds expert_hosts and
                         fanout (what went to each node per MoE layer)
+${SPECULATE_HELP}
   --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local or
                         through \`up\`'s chain, every step's compute per stage and every hop on the wire;
                         on one node, the prefill and each decode batch
@@ -63,7 +66,9 @@ export const generateCommand: Command = {
       trace: { type: "string" },
       wire: { type: "string" },
       experts: { type: "string" },
+      ...SPECULATE_FLAGS,
     }, { allowPositionals: true });
+    const spec = speculateFlags(values);
     if (values.plan !== undefined && values.local === undefined) {
       throw new UsageError("--plan needs --local N (a running cluster takes its plan from `up --plan`)");
     }
@@ -100,6 +105,7 @@ export const generateCommand: Command = {
       sampling: { temperature, topP, seed },
       json: values.json ?? false,
       wire: (values.wire ?? "f16") as "f16" | "f32",
+      speculate: spec,
     };
     if (values.local !== undefined) {
       const n = numberFlag(values.local, "local", { min: 1, max: 64, integer: true, fallback: 1 });
@@ -138,6 +144,18 @@ export const generateCommand: Command = {
       ids = tokenizer.encode(prompt!);
     }
     checkPrompt(ids, engine.weights.config, maxTokens);
+    const drafter = spec &&
+      await makeDrafter(spec, {
+        modelDir: values.model ?? "",
+        vocab: engine.model.vocab,
+        maxSeq: ids.length + maxTokens + 1,
+        seed,
+        target: values.model === undefined ? undefined : engine,
+        weights,
+      }).catch((e) => {
+        engine.close();
+        throw e;
+      });
     const abort = new AbortController();
     let exitCode = 130;
     const removeSignals = onStopSignal((_, code) => {
@@ -150,18 +168,33 @@ export const generateCommand: Command = {
     const started = performance.now();
     const batches: { tokens: number; atMs: number }[] = [];
     try {
-      const result = await generate(engine, ids, {
-        maxTokens,
-        sampling: { temperature, topP, seed },
-        eosTokenIds: engine.model.eosTokenIds,
-        signal: abort.signal,
-        onTokens: (fresh) => {
-          batches.push({ tokens: fresh.length, atMs: performance.now() - started });
-          if (values.json) return;
-          if (stream) { for (const id of fresh) write(stream.push(id)); }
-          else write(fresh.join(" ") + " ");
-        },
-      });
+      const onTokens = (fresh: number[]) => {
+        batches.push({ tokens: fresh.length, atMs: performance.now() - started });
+        if (values.json) return;
+        if (stream) { for (const id of fresh) write(stream.push(id)); }
+        else write(fresh.join(" ") + " ");
+      };
+      const sampling = { temperature, topP, seed };
+      const result = drafter
+        ? await speculativeGenerate(engine, drafter, ids, {
+          k: spec!.k,
+          auto: spec!.auto,
+          maxTokens,
+          eos: engine.model.eosTokenIds,
+          sampling,
+          signal: abort.signal,
+          onTokens,
+        })
+        : await generate(engine, ids, {
+          maxTokens,
+          sampling,
+          eosTokenIds: engine.model.eosTokenIds,
+          signal: abort.signal,
+          onTokens,
+        });
+      const speculation = drafter && "trips" in result
+        ? speculationJson(result, result.tokens.length, spec!.draft, spec!.auto ? "auto" : spec!.k)
+        : undefined;
       const text = tokenizer ? tokenizer.decode(result.tokens) : "";
       if (values.json) {
         console.log(JSON.stringify({
@@ -174,12 +207,17 @@ export const generateCommand: Command = {
           seed,
           weights: engine.weights.weightType,
           adapter: engine.gpu.adapterName,
+          ...speculation,
         }));
       } else {
         write((stream?.flush() ?? "") + "\n");
         console.error(
           `swactor: ${result.tokens.length} tokens, ${result.tokS.toFixed(1)} tok/s after a first token at ` +
-            `${result.firstTokenMs.toFixed(0)} ms (${result.stopReason}; seed ${seed})`,
+            `${result.firstTokenMs.toFixed(0)} ms (${result.stopReason}; seed ${seed})` +
+            (speculation
+              ? `; speculative: ${speculation.trips} trips, ${speculation.accepted_per_trip} tokens per trip, ` +
+                `${speculation.accepted_drafts}/${speculation.drafted} drafts kept`
+              : ""),
         );
       }
       if (values.trace) {
@@ -189,6 +227,7 @@ export const generateCommand: Command = {
       return result.stopReason === "aborted" ? exitCode : 0;
     } finally {
       removeSignals();
+      drafter?.close();
       engine.close();
     }
   },

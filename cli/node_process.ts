@@ -11,6 +11,7 @@ import { addressFlag, UsageError } from "./command.ts";
 import { dialTableFromEnv } from "./dial_table.ts";
 import { onStopSignal } from "./signals.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
+import type { SpeculationSource } from "../node/stage/speculative.ts";
 import type { KvBudget } from "../node/api/kv_budget.ts";
 
 /** How long leaving the cluster may take before the process exits anyway (the others then see it dead). */
@@ -37,6 +38,8 @@ export interface NodeProcessOptions {
   pipeline?: () => PipelineNode | undefined;
   /** The node's KV budget, when another server (the OpenAI API) admits requests against it too. */
   budget?: KvBudget;
+  /** The node's drafters (`up --model DIR --draft ...`): POST /generate may ask to speculate. */
+  speculation?: SpeculationSource;
   /** Resolves when the process that started this node is gone (a worker's stdin ended): leave then. */
   parentGone?: Promise<void>;
   /**
@@ -107,7 +110,7 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
     api = serveApi(
       createApp(
         nodeServices(node, { plan: opts.plan, down: () => stop("down"), pipeline: opts.pipeline }),
-        { token, budget: opts.budget },
+        { token, budget: opts.budget, speculation: opts.speculation },
       ),
       apiAddr,
     );

@@ -13,17 +13,26 @@ import {
   type Sampling,
   type TokenEvent,
   type TokenTimings,
+  type TraceStep,
 } from "../node/stage/mod.ts";
 import { apiError, apiFetch, type ApiTarget, readGenerateLines } from "../node/api/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
 import { expertReport } from "../node/stage/experts.ts";
 import type { Plan } from "../planner/mod.ts";
-import { measuredMsPerToken, predictRequest, type RequestPrediction } from "./prediction.ts";
+import {
+  measuredMsPerToken,
+  predictRequest,
+  predictSpeculativeRequest,
+  type RequestPrediction,
+} from "./prediction.ts";
 import { liveMembersAt } from "./plan_live.ts";
 import { liveMembers } from "../node/stage/mod.ts";
 import { UsageError } from "./command.ts";
 import { onStopSignal } from "./signals.ts";
 import { writeJsonOutput, writeOutput } from "./output_file.ts";
+import { draftName, makeDrafter, type SpeculateFlags } from "./speculate_flags.ts";
+import { speculationJson } from "../models/speculative.ts";
+import type { GenerateOutcome, SpeculateOutcome } from "../node/stage/client.ts";
 
 export interface ChainGenerateOptions {
   modelDir: string;
@@ -39,6 +48,8 @@ export interface ChainGenerateOptions {
   trace?: string;
   /** Where MoE experts live: on their layer's stage (default) or spread over the nodes. */
   experts?: "local" | "spread";
+  /** Speculative decoding (the drafter runs in this process, beside stage 0). */
+  speculate?: SpeculateFlags;
 }
 
 interface Prepared {
@@ -116,6 +127,7 @@ function report(
   },
   chain: { stages: unknown[]; nodes: number },
   predicted?: RequestPrediction,
+  spec?: ReturnType<typeof specReport>,
 ): void {
   const mean = meanTimings(r.events.slice(1).map((e) => e.timings));
   const experts = expertReport(r.events.map((e) => e.trace));
@@ -137,6 +149,7 @@ function report(
       nodes: chain.nodes,
       stages: chain.stages,
       ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout } : {}),
+      ...spec,
       timings: {
         mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
         prefill: prefillJson(r.events[0]?.prefill),
@@ -158,6 +171,10 @@ function report(
           ? `; ${measured.toFixed(1)} ms per token after the first, predicted ${
             predicted.msPerToken.toFixed(1)
           }`
+          : "") +
+        (spec
+          ? `; speculative: ${spec.trips} trips, ${spec.accepted_per_trip} tokens per trip, ` +
+            `${spec.accepted_drafts}/${spec.drafted} drafts kept, ${spec.cancelled} chunks cancelled`
           : ""),
     );
   }
@@ -174,8 +191,42 @@ function prefillJson(p: PrefillTimings | undefined) {
   };
 }
 
+/** Speculation's figures for --json. */
+function specReport(r: SpeculateOutcome, f: SpeculateFlags) {
+  return {
+    ...speculationJson(r.stats, r.tokens.length, f.noise > 0 ? `${f.draft}+noise ${f.noise}` : f.draft, f.k),
+    ...(f.auto ? { speculate: "auto", chosen_k: r.trips.map((t) => t.drafted) } : {}),
+    depth: f.depth,
+    cancelled: r.stats.cancelled,
+  };
+}
+
+/**
+ * A speculative generation's trace: the prefill, then one step per verification chunk, named after what
+ * happened to it (drafted / kept, or cancelled), each with its drafting time on stage 0's track.
+ */
+function tripSteps(r: SpeculateOutcome): TraceStep[] {
+  const steps: TraceStep[] = [
+    { token: r.tokens[0], trace: r.events[0]?.trace ?? [], label: "prefill" },
+  ];
+  for (const t of r.trips) {
+    if (!t.trace) continue;
+    const label = t.accepted < 0
+      ? `verify ${t.chunk}: cancelled (an earlier chunk was cut short)`
+      : `verify ${t.chunk}: ${t.accepted}/${t.drafted} drafts kept${
+        t.accepted < t.drafted ? " (rejection)" : ""
+      }`;
+    steps.push({ token: -1, trace: t.trace, label, draft: { at: t.draftAt, ms: t.draftMs } });
+  }
+  return steps;
+}
+
 /** Writes a chain's per-step records as a Chrome trace (stage i on plan stage i's node). */
-async function writeTrace(path: string, events: TokenEvent[], planStages: { node: string }[]): Promise<void> {
+async function writeTrace(
+  path: string,
+  events: TraceStep[],
+  planStages: { node: string }[],
+): Promise<void> {
   await writeJsonOutput(path, chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))));
   console.error(`swactor: trace written to ${path} (open it in Perfetto or chrome://tracing)`);
 }
@@ -210,15 +261,36 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
       experts: o.experts,
       signal: abort.signal,
     });
+    const drafter = o.speculate &&
+      await makeDrafter(o.speculate, {
+        modelDir: o.modelDir,
+        vocab: p.vocab,
+        maxSeq: p.ids.length + o.maxTokens + 1,
+        seed: o.sampling.seed,
+        weights: o.weights,
+      }).catch(async (e) => {
+        await cluster.close();
+        throw e;
+      });
     try {
-      const r = await cluster.pipeline.client.generate(cluster.chain, p.ids, {
+      const request = {
         maxTokens: o.maxTokens,
         sampling: o.sampling,
         eos: p.eos,
         wire: o.wire,
         signal: abort.signal,
-        onToken: (e) => out.token(e.token),
-      });
+        onToken: (e: TokenEvent) => out.token(e.token),
+      };
+      const r: GenerateOutcome & Partial<SpeculateOutcome> = drafter
+        ? await cluster.pipeline.client.speculate(cluster.chain, p.ids, {
+          ...request,
+          drafter,
+          k: o.speculate!.k,
+          depth: o.speculate!.depth,
+          auto: o.speculate!.auto,
+        })
+        : await cluster.pipeline.client.generate(cluster.chain, p.ids, request);
+      let spec = r.stats && r.trips ? specReport(r as SpeculateOutcome, o.speculate!) : undefined;
       out.end();
       const plan = cluster.assignment.plan as unknown as Plan;
       const alive = cluster.node.membership.members().filter((m) => plan.stages.some((s) => s.node === m.id));
@@ -226,10 +298,30 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
         promptTokens: p.ids.length,
         generated: r.tokens.length,
       });
-      report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n }, predicted);
-      if (o.trace) await writeTrace(o.trace, r.events, cluster.assignment.plan.stages);
+      if (spec) {
+        // The cost model's speedup for this chain at the acceptance this request measured (drafting and
+        // the wider step's compute left out: docs/SPECULATIVE.md).
+        const s = predictSpeculativeRequest(predicted, {
+          alpha: spec.acceptance,
+          // auto: the mean k it chose
+          k: o.speculate!.auto
+            ? Math.max(1, Math.round(r.trips!.reduce((a, t) => a + t.drafted, 0) / r.trips!.length))
+            : o.speculate!.k,
+          depth: o.speculate!.depth,
+        });
+        spec = { ...spec, ...(s ? { predicted_speculative: s } : {}) };
+      }
+      report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n }, predicted, spec);
+      if (o.trace) {
+        await writeTrace(
+          o.trace,
+          r.trips ? tripSteps(r as SpeculateOutcome) : r.events,
+          cluster.assignment.plan.stages,
+        );
+      }
       return 0;
     } finally {
+      drafter?.close();
       await cluster.close();
     }
   } catch (e) {
@@ -262,6 +354,11 @@ export async function clusterModel(base: string, modelDir: string | undefined): 
 
 /** generate through the cluster that `up` on this machine leads (its control API at `target`). */
 export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptions): Promise<number> {
+  if (o.speculate && o.speculate.noise > 0) {
+    throw new UsageError(
+      "--draft-noise applies where the drafter runs: give it to `up` (the cluster drafts)",
+    );
+  }
   const p = await prepare(o);
   const abort = new AbortController();
   let exitCode = 130;
@@ -280,6 +377,14 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
         sampling: o.sampling,
         eos: p.eos,
         wire: o.wire,
+        // The cluster's leader drafts (`up --model DIR --draft ...`); it refuses another drafter than ours.
+        ...(o.speculate
+          ? {
+            speculate: o.speculate.auto ? "auto" : o.speculate.k,
+            speculateDepth: o.speculate.depth,
+            draft: draftName(o.speculate.draft),
+          }
+          : {}),
       }),
       signal: abort.signal,
     });
@@ -309,10 +414,26 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
             generated: tokens.length,
           },
         );
-        report(p, o, { tokens, events, ...m.done }, {
-          stages: stageSummary(status.assignment.plan.stages),
-          nodes: m.done.stages,
-        }, predicted);
+        const sp = m.done.speculation;
+        const spec = sp && o.speculate
+          ? {
+            ...speculationJson(sp, tokens.length, o.speculate.draft, o.speculate.k),
+            depth: o.speculate.depth,
+            cancelled: sp.cancelled,
+            ...(o.speculate.auto ? { speculate: "auto", chosen_k: sp.chosenK } : {}),
+          }
+          : undefined;
+        report(
+          p,
+          o,
+          { tokens, events, ...m.done },
+          {
+            stages: stageSummary(status.assignment.plan.stages),
+            nodes: m.done.stages,
+          },
+          predicted,
+          spec,
+        );
         if (o.trace) {
           if (events.some((e) => !Array.isArray(e.trace))) {
             console.error(

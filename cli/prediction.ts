@@ -5,6 +5,7 @@
 import { join } from "node:path";
 import { predictChain } from "../node/stage/mod.ts";
 import type { LiveMember, Plan } from "../planner/mod.ts";
+import { predictSpeculative } from "../planner/speculative.ts";
 
 export interface RequestPrediction {
   /** Predicted ms per decoded token. */
@@ -45,6 +46,24 @@ export async function predictRequest(
 export function measuredMsPerToken(events: { atMs: number }[]): number | undefined {
   if (events.length < 3) return undefined;
   return round((events[events.length - 1].atMs - events[1].atMs) / (events.length - 2));
+}
+
+/**
+ * The cost model's speculative prediction for a request (planner/speculative.ts): the plain per-token time
+ * predicted for the chain, the request's measured acceptance, k and depth. Undefined without a prediction or
+ * a judged draft.
+ */
+export function predictSpeculativeRequest(
+  plain: RequestPrediction | undefined,
+  o: { alpha: number | null; k: number; depth: number },
+) {
+  if (!plain || o.alpha === null) return undefined;
+  const p = predictSpeculative({ tripMs: plain.msPerToken, alpha: o.alpha, k: o.k, depth: o.depth });
+  return {
+    tokens_per_trip: round(p.tokensPerTrip),
+    ms_per_token: round(p.msPerToken),
+    speedup: round(p.speedup),
+  };
 }
 
 const round = (x: number) => Math.round(x * 1000) / 1000;

@@ -11,6 +11,7 @@ import type { KvBudget } from "../node/api/kv_budget.ts";
 import type { MemberView } from "../node/api/app.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
 import { createServingApp, pipelineServing, type ServedModel } from "../node/serving/mod.ts";
+import type { ServedSpeculation } from "../node/serving/services.ts";
 import { addressFlag, numberFlag, UsageError } from "./command.ts";
 
 export const DEFAULT_HTTP = "127.0.0.1:8080";
@@ -95,6 +96,8 @@ export function startServing(
     readyVersion: () => number | undefined;
     self: () => string;
     members: () => MemberView[];
+    /** `up --draft`: requests speculate by default (docs/SPECULATIVE.md). */
+    speculation?: ServedSpeculation;
   },
 ): ApiServer | undefined {
   if (plan.addr === undefined) return undefined;

@@ -13,6 +13,15 @@ import { Checkpoint } from "../models/checkpoint.ts";
 import { KvBudget, planKvTokens } from "../node/api/kv_budget.ts";
 import { type ApiServer, type MemberView, nodeServices } from "../node/api/mod.ts";
 import { servedModel, SERVING_HELP, servingPlan, startServing } from "./serving.ts";
+import type { SpeculationSource } from "../node/stage/speculative.ts";
+import {
+  type DrafterSource,
+  drafterSource,
+  draftName,
+  SPECULATE_FLAGS,
+  SPECULATE_UP_HELP,
+  speculateFlags,
+} from "./speculate_flags.ts";
 import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
 
@@ -45,6 +54,7 @@ ${RELAY_HELP}
                        onto the members in order); without --model it is only shown by \`status\`
   --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)
 ${SERVING_HELP}
+${SPECULATE_UP_HELP}
 ${MEMORY_HELP}`,
   async run(argv) {
     const { values } = parseFlags(argv, {
@@ -64,7 +74,12 @@ ${MEMORY_HELP}`,
       queue: { type: "string" },
       members: { type: "string" },
       memory: { type: "string" },
+      ...SPECULATE_FLAGS,
     });
+    const spec = speculateFlags(values);
+    if (spec && values.model === undefined) {
+      throw new UsageError("--draft speculates for the chain of `up --model DIR`: it needs --model");
+    }
     const weights = parseWeights(values.weights);
     const relay = parseRelay(values.relay);
     let pipeline: PipelineNode | undefined;
@@ -106,7 +121,25 @@ ${MEMORY_HELP}`,
     let readyVersion: number | undefined;
     let view: { self(): string; members(): MemberView[] } | undefined;
     let http: ApiServer | undefined;
+    let drafts: DrafterSource | undefined;
     try {
+      // The drafter runs here, on the node that serves the requests (it originates them on the chain).
+      drafts = spec && ckpt &&
+        await drafterSource(spec, {
+          modelDir: resolve(values.model!),
+          vocab: ckpt.config.vocabSize,
+          seed: 0x5eed,
+          weights,
+        });
+      const speculation: SpeculationSource | undefined = spec && drafts
+        ? {
+          drafter: drafts.make,
+          draft: draftName(spec.draft),
+          k: spec.k,
+          depth: spec.depth,
+          auto: spec.auto,
+        }
+        : undefined;
       // Bound before any node starts: a bad or busy --http exits 2 with nothing left running.
       http = served && startServing(serving, {
         model: served,
@@ -115,6 +148,7 @@ ${MEMORY_HELP}`,
         readyVersion: () => readyVersion,
         self: () => view?.self() ?? "",
         members: () => view?.members() ?? [],
+        speculation,
       });
       return await runNodeProcess({
         secret,
@@ -127,6 +161,7 @@ ${MEMORY_HELP}`,
         plan: values.model ? undefined : plan,
         pipeline: () => pipeline,
         budget,
+        speculation,
         async ready(node, api, signal) {
           pipeline = attachPipeline(node);
           view = nodeServices(node, { down: () => {}, pipeline: () => pipeline });
@@ -172,6 +207,7 @@ ${MEMORY_HELP}`,
       });
     } finally {
       await http?.close();
+      drafts?.close();
       await clearState(Deno.pid);
     }
   },

@@ -13,6 +13,15 @@ export interface GenerateRequest {
   eos: number[];
   /** Activations between stages (default "f16"). */
   wire: WireDtype;
+  /**
+   * Speculative decoding with the node's drafter (docs/SPECULATIVE.md): drafts per chunk, or "auto";
+   * absent: plain decoding.
+   */
+  speculate?: number | "auto";
+  /** With speculate: chunks in flight (with auto, the most; default the node's). */
+  speculateDepth?: number;
+  /** With speculate: the drafter the client expects ("ngram" or a folder); the node refuses another. */
+  draft?: string;
 }
 
 /** What the request is checked against. */
@@ -26,7 +35,16 @@ export class BadRequestError extends Error {
   override name = "BadRequestError";
 }
 
-const FIELDS = new Set(["tokens", "maxTokens", "sampling", "eos", "wire"]);
+const FIELDS = new Set([
+  "tokens",
+  "maxTokens",
+  "sampling",
+  "eos",
+  "wire",
+  "speculate",
+  "speculateDepth",
+  "draft",
+]);
 const SAMPLING_FIELDS = new Set(["temperature", "topP", "seed"]);
 const U32 = 2 ** 32;
 
@@ -59,7 +77,23 @@ export function parseGenerateRequest(body: unknown, limits: RequestLimits): Gene
   if (wire !== "f16" && wire !== "f32") {
     throw new BadRequestError(`wire must be "f16" or "f32", got ${JSON.stringify(wire).slice(0, 40)}`);
   }
-  return { tokens, maxTokens, sampling, eos, wire };
+  const spec: Pick<GenerateRequest, "speculate" | "speculateDepth" | "draft"> = {};
+  if (obj.speculate !== undefined) {
+    spec.speculate = obj.speculate === "auto" ? "auto" : integer(obj.speculate, "speculate", 1, 16);
+  }
+  if (obj.speculateDepth !== undefined) {
+    spec.speculateDepth = integer(obj.speculateDepth, "speculateDepth", 1, 16);
+  }
+  if (obj.draft !== undefined) {
+    if (typeof obj.draft !== "string" || obj.draft === "") {
+      throw new BadRequestError("draft must be a string");
+    }
+    spec.draft = obj.draft;
+  }
+  if (spec.speculate === undefined && (spec.speculateDepth !== undefined || spec.draft !== undefined)) {
+    throw new BadRequestError("speculateDepth and draft need speculate");
+  }
+  return { tokens, maxTokens, sampling, eos, wire, ...spec };
 }
 
 function object(v: unknown, what: string): Record<string, unknown> {

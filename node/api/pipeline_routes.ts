@@ -9,11 +9,19 @@ import type { GenerateOutcome, PipelineNode, TokenEvent } from "../stage/mod.ts"
 import { ndjsonLine, readNdjson } from "./ndjson.ts";
 import { BadRequestError, parseGenerateRequest } from "./generate_request.ts";
 import { KvBudget, planKvTokens } from "./kv_budget.ts";
+import type { SpeculationSource } from "../stage/speculative.ts";
+import type { SpeculateOutcome } from "../stage/client.ts";
 
 /** One line of `POST /generate`'s body: a line per token, then either the outcome or an error. */
 export type GenerateLine =
   | TokenEvent
-  | { done: Pick<GenerateOutcome, "stopReason" | "firstTokenMs" | "tokS"> & { stages: number } }
+  | {
+    done: Pick<GenerateOutcome, "stopReason" | "firstTokenMs" | "tokS"> & {
+      stages: number;
+      /** A speculative request's figures (docs/SPECULATIVE.md). */
+      speculation?: SpeculateOutcome["stats"] & { chosenK: number[] };
+    };
+  }
   | { error: string };
 
 /** Reads `POST /generate`'s body line by line; throws on a line that is none of GenerateLine's kinds. */
@@ -46,6 +54,8 @@ export interface PipelineRouteOptions {
   kvTokens?: number;
   /** The node's KV budget, when other routes admit against it too (the OpenAI server does); else one of its own. */
   budget?: KvBudget;
+  /** The node's drafters (`up --model DIR --draft ...`), for requests that ask to speculate. */
+  speculation?: SpeculationSource;
 }
 
 export function pipelineRoutes(
@@ -81,6 +91,18 @@ export function pipelineRoutes(
       if (e instanceof BadRequestError) return c.json({ error: e.message }, 400);
       throw e;
     }
+    const src = opts.speculation;
+    if (req.speculate !== undefined) {
+      if (!src) {
+        return c.json(
+          { error: "this node has no drafter: start it with `up --model DIR --draft DIR|ngram`" },
+          400,
+        );
+      }
+      if (req.draft !== undefined && req.draft !== src.draft) {
+        return c.json({ error: `this node drafts with ${src.draft}, not ${req.draft}` }, 400);
+      }
+    }
     const admission = budget.admit(req.tokens.length + req.maxTokens);
     if (!admission.ok) return c.json({ error: admission.error }, admission.status);
     let chain;
@@ -100,13 +122,13 @@ export function pipelineRoutes(
           } catch { /* closed */ }
         };
         try {
-          const out = await p.client.generate(chain, req.tokens, {
+          const request = {
             maxTokens: req.maxTokens,
             sampling: req.sampling,
             eos: req.eos,
             wire: req.wire,
             signal: abort.signal,
-            onToken: (e) =>
+            onToken: (e: TokenEvent) =>
               line({
                 token: e.token,
                 index: e.index,
@@ -115,13 +137,31 @@ export function pipelineRoutes(
                 trace: e.trace,
                 prefill: e.prefill,
               }),
-          });
+          };
+          let out: GenerateOutcome & Partial<SpeculateOutcome>;
+          if (req.speculate !== undefined && src) {
+            const drafter = src.drafter(req.tokens.length + req.maxTokens + 1);
+            try {
+              out = await p.client.speculate(chain, req.tokens, {
+                ...request,
+                drafter,
+                k: req.speculate === "auto" ? src.k : req.speculate,
+                depth: req.speculateDepth ?? src.depth,
+                auto: req.speculate === "auto",
+              });
+            } finally {
+              drafter.close();
+            }
+          } else out = await p.client.generate(chain, req.tokens, request);
           line({
             done: {
               stopReason: out.stopReason,
               firstTokenMs: out.firstTokenMs,
               tokS: out.tokS,
               stages: chain.nodes.length,
+              ...(out.stats && out.trips
+                ? { speculation: { ...out.stats, chosenK: out.trips.map((t) => t.drafted) } }
+                : {}),
             },
           });
         } catch (e) {

@@ -206,6 +206,8 @@ function shapes(job: CompletionJob, o: { id: string; created: number; model: str
     prompt_tokens: r.promptTokens,
     completion_tokens: r.completionTokens,
     total_tokens: r.promptTokens + r.completionTokens,
+    // Extension: speculative decoding's passes through the chain (docs/SPECULATIVE.md).
+    ...(r.speculation && { trips: r.speculation.trips, accepted_per_trip: r.speculation.acceptedPerTrip }),
   });
   const withUsage = job.includeUsage ? { usage: null } : {};
   if (job.kind === "chat") {

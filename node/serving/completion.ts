@@ -36,6 +36,8 @@ export interface CompletionResult {
   finish: "stop" | "length";
   promptTokens: number;
   completionTokens: number;
+  /** Speculative decoding (extension): passes through the chain and generated tokens per pass. */
+  speculation?: { trips: number; acceptedPerTrip: number };
 }
 
 /** The model a request names must be the one served: its id, or its folder. 404 otherwise. */
@@ -163,11 +165,13 @@ export async function runCompletion(
   let completionTokens = 0;
   let finish: CompletionResult["finish"] = "length";
   let outcome = "error";
+  let speculation: CompletionResult["speculation"];
   try {
     try {
       const out = await s.generate(p.ids, {
         maxTokens: p.maxTokens,
         sampling: p.job.sampling,
+        speculate: p.job.speculate,
         eos: p.eos,
         signal: abort.signal,
         onToken: (e) => {
@@ -180,6 +184,13 @@ export async function runCompletion(
         },
       });
       finish = out.stopReason === "eos" ? "stop" : "length";
+      const stats = (out as { stats?: { trips: number } }).stats;
+      if (stats && stats.trips > 0) {
+        speculation = {
+          trips: stats.trips,
+          acceptedPerTrip: Math.round((out.tokens.length / stats.trips) * 1000) / 1000,
+        };
+      }
     } catch (e) {
       if (abort.signal.reason !== STOPPED || o.signal.aborted) throw e;
     }
@@ -187,7 +198,13 @@ export async function runCompletion(
     else emit(stops.push(decoder.flush()).text + stops.flush());
     if (stops.stopped) finish = "stop";
     outcome = finish;
-    return { text, finish, promptTokens: p.ids.length, completionTokens };
+    return {
+      text,
+      finish,
+      promptTokens: p.ids.length,
+      completionTokens,
+      ...(speculation && { speculation }),
+    };
   } catch (e) {
     if (o.signal.aborted) {
       outcome = "cancelled";

@@ -41,6 +41,11 @@ export interface CompletionJob {
   stream: boolean;
   /** stream_options.include_usage: a last chunk with the usage. */
   includeUsage: boolean;
+  /**
+   * Extension (docs/SPECULATIVE.md): drafted tokens per verification step; 0 turns speculation off;
+   * undefined: the server's default (on with K when `up` was given --draft).
+   */
+  speculate?: number;
 }
 
 const U32 = 2 ** 32;
@@ -91,6 +96,8 @@ const COMMON = {
   store: optional(boolean(), { nullable: true }),
   metadata: optional(object({}, { unknown: "ignore" }), { nullable: true }),
   service_tier: optional(string(), { nullable: true }),
+  // Extension: speculative decoding (docs/SPECULATIVE.md).
+  speculate: optional(integer({ min: 0, max: 16 }), { nullable: true }),
 };
 
 const textPart = object({ type: literal("text"), text: string() });
@@ -161,6 +168,7 @@ function common(b: Common, maxTokens: number | undefined): Omit<CompletionJob, "
     stop: b.stop === undefined ? [] : typeof b.stop === "string" ? [b.stop] : b.stop,
     stream: b.stream ?? false,
     includeUsage: b.stream_options?.include_usage ?? false,
+    speculate: b.speculate ?? undefined,
   };
 }
 

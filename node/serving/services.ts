@@ -9,6 +9,15 @@ import type { MemberView } from "../api/app.ts";
 import type { KvBudget } from "../api/kv_budget.ts";
 import type { GenerateOutcome, PipelineNode, RequestOptions, StageReport } from "../stage/mod.ts";
 import { ApiError } from "./errors.ts";
+import type { SpeculationSource } from "../stage/speculative.ts";
+
+/** Speculative decoding on the server (`up --model DIR --draft ...`): the drafter runs on this node. */
+export type ServedSpeculation = SpeculationSource;
+
+/** What a request asks of speculation: undefined, the server's default; 0, off; K, K drafts per chunk. */
+export interface SpeculateRequest {
+  speculate?: number;
+}
 
 /** The model the server offers. */
 export interface ServedModel {
@@ -41,7 +50,7 @@ export interface ServingServices {
   /** Whether the chain serves the model now; else why not (requests get 503 with Retry-After). */
   ready(): { ready: true } | { ready: false; why: string };
   /** Runs one generation on the chain; rejects with the signal's reason when aborted. */
-  generate(prompt: number[], opts: RequestOptions): Promise<GenerateOutcome>;
+  generate(prompt: number[], opts: RequestOptions & SpeculateRequest): Promise<GenerateOutcome>;
   /** The KV budget requests are admitted against (the node's, shared with POST /generate). */
   budget: KvBudget;
   cluster(): Promise<ClusterView>;
@@ -60,6 +69,7 @@ export function pipelineServing(o: {
   budget: KvBudget;
   self: () => string;
   members: () => MemberView[];
+  speculation?: ServedSpeculation;
 }): ServingServices {
   let verified: number | undefined;
   let checking: number | undefined;
@@ -95,7 +105,20 @@ export function pipelineServing(o: {
     generate(prompt, opts) {
       const r = chain();
       if (!r) return Promise.reject(new ApiError(503, "the model is loading", { retryAfterS: 5 }));
-      return r.p.client.generate(r.c, prompt, opts);
+      const sp = o.speculation;
+      const k = opts.speculate ?? sp?.k ?? 0;
+      if (k === 0) return r.p.client.generate(r.c, prompt, opts);
+      if (!sp) {
+        return Promise.reject(
+          new ApiError(400, "this server has no drafter: start it with `up --model DIR --draft DIR|ngram`", {
+            code: "speculate_unavailable",
+          }),
+        );
+      }
+      const drafter = sp.drafter(prompt.length + (opts.maxTokens ?? 64) + 1);
+      const auto = opts.speculate === undefined && sp.auto;
+      return r.p.client.speculate(r.c, prompt, { ...opts, drafter, k, depth: sp.depth, auto })
+        .finally(() => drafter.close());
     },
     async cluster() {
       const p = o.pipeline();

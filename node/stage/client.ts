@@ -14,6 +14,7 @@ import {
 } from "./messages.ts";
 import { stageName } from "./stage_actor.ts";
 import { type PrefillTimings, prefillTimings, type TokenTimings, tokenTimings } from "./timings.ts";
+import { type SpeculateOptions, Speculation, type Trip } from "./speculative.ts";
 
 /** The chain a request runs on. */
 export interface Chain {
@@ -65,12 +66,21 @@ export interface GenerateOutcome {
   tokS: number;
 }
 
+/** A speculative generation: the outcome, and what speculation did. */
+export interface SpeculateOutcome extends GenerateOutcome {
+  /** Passes that decided tokens (the prefill's included), drafts sent and kept, chunks dropped. */
+  stats: Speculation["stats"];
+  /** Every verification chunk sent, in order. */
+  trips: Trip[];
+}
+
 /** The chain failed (a stage's error, a stage's node died, or nothing came for too long). */
 export class PipelineError extends Error {
   override name = "PipelineError";
 }
 
 interface Pending {
+  id: string;
   chain: Chain;
   started: number;
   last: number;
@@ -150,6 +160,75 @@ export class PipelineClient {
     });
   }
 
+  /**
+   * Generates after `prompt` with speculative decoding (node/stage/speculative.ts): the drafter runs here,
+   * and every verification chunk is one multi-token step through the chain.
+   */
+  speculate(
+    chain: Chain,
+    prompt: number[],
+    opts: RequestOptions & SpeculateOptions,
+  ): Promise<SpeculateOutcome> {
+    const maxTokens = opts.maxTokens ?? 64;
+    const tokens: number[] = [];
+    const events: TokenEvent[] = [];
+    let spec: Speculation | undefined;
+    return this.#request<SpeculateOutcome>(
+      chain,
+      prompt,
+      { ...opts, maxTokens, mode: "speculate" },
+      (m, p, done) => {
+        spec ??= new Speculation(prompt, { ...opts, maxTokens, eos: opts.eos ?? [] }, {
+          send: (v) => {
+            this.#actors.send(stageName(0), encodePipe({ ...v, id: p.id }), { channel: "data" })
+              .catch((e) => p.fail(new PipelineError(`cannot reach stage 0: ${(e as Error).message}`)));
+          },
+          cancel: (before) => {
+            for (let i = 0; i < p.chain.nodes.length; i++) {
+              this.#actors.send(stageName(i), encodePipe({ type: "cancel", id: p.id, before })).catch(
+                () => {},
+              );
+            }
+          },
+          emit: (fresh, trace, end) => {
+            const atMs = performance.now() - p.started;
+            for (const token of fresh) {
+              const e: TokenEvent = {
+                index: tokens.length,
+                token,
+                atMs,
+                timings: tokenTimings(trace),
+                trace,
+              };
+              if (tokens.length === 0 && m.type === "token" && m.prefill) {
+                e.prefill = prefillTimings([...m.prefill, m.trace]);
+              }
+              tokens.push(token);
+              events.push(e);
+              opts.onToken?.(e);
+            }
+            if (!end) return;
+            spec!.stop();
+            const first = events[0].atMs;
+            const span = events.at(-1)!.atMs - first;
+            done({
+              tokens,
+              stopReason: end,
+              events,
+              firstTokenMs: first,
+              tokS: tokens.length > 1 && span > 0 ? ((tokens.length - 1) / span) * 1000 : 0,
+              stats: spec!.stats,
+              trips: spec!.trips,
+            });
+          },
+          fail: (e) => p.fail(e),
+        });
+        if (m.type === "token") spec.onToken(m);
+        else if (m.type === "verdict") spec.onVerdict(m);
+      },
+    ).finally(() => spec?.stop());
+  }
+
   /** Teacher-forced logits [T, vocab] of `tokens` on `chain`. */
   logits(
     chain: Chain,
@@ -198,7 +277,7 @@ export class PipelineClient {
     if (opts.signal?.aborted) return Promise.reject(opts.signal.reason);
     const id = `${this.#self.slice(0, 8)}-${this.#next++}-${crypto.randomUUID().slice(0, 8)}`;
     const open: OpenParams = {
-      maxSeq: prompt.length + (opts.mode === "generate" ? opts.maxTokens : 0),
+      maxSeq: prompt.length + (opts.mode === "logits" ? 0 : opts.maxTokens),
       sampling: opts.sampling ?? { temperature: 0, topP: 1, seed: 0 },
       mode: opts.mode,
       maxTokens: opts.maxTokens,
@@ -220,6 +299,7 @@ export class PipelineClient {
       const onAbort = () => finish(() => reject(opts.signal!.reason), "cancelled");
       opts.signal?.addEventListener("abort", onAbort, { once: true });
       const p: Pending = {
+        id,
         chain,
         started: performance.now(),
         last: performance.now(),

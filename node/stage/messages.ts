@@ -4,7 +4,18 @@
 // receiver can drop duplicates (rung 4 retries sends).
 import type { Sampling } from "./backend.ts";
 
-export const MsgType = { START: 1, FORWARD: 2, TOKEN: 3, LOGITS: 4, RELEASE: 5, ERROR: 6, STATS: 7 } as const;
+export const MsgType = {
+  START: 1,
+  FORWARD: 2,
+  TOKEN: 3,
+  LOGITS: 4,
+  RELEASE: 5,
+  ERROR: 6,
+  STATS: 7,
+  VERIFY: 8,
+  VERDICT: 9,
+  CANCEL: 10,
+} as const;
 
 /** Activations on the wire: 16-bit by default. */
 export type WireDtype = "f16" | "f32";
@@ -14,8 +25,11 @@ export interface OpenParams {
   /** Positions the sequence holds (prompt + max tokens). */
   maxSeq: number;
   sampling: Sampling;
-  /** "generate": sample up to maxTokens; "logits": teacher-forced logits of the prompt. */
-  mode: "generate" | "logits";
+  /**
+   * "generate": sample up to maxTokens; "logits": teacher-forced logits of the prompt; "speculate": the
+   * prefill's token goes to the client only, which then sends VERIFY steps (docs/SPECULATIVE.md).
+   */
+  mode: "generate" | "logits" | "speculate";
   maxTokens: number;
   /** Prompt length. */
   prompt: number;
@@ -50,6 +64,11 @@ export interface HopTrace {
   x?: Record<string, Record<string, [number, number, number[]]>>;
 }
 
+export interface VerifyStep {
+  chunk: number;
+  tokens: number[];
+}
+
 export type PipeMessage =
   | { type: "start"; id: string; open: OpenParams; prompt: Uint32Array }
   | {
@@ -63,6 +82,10 @@ export type PipeMessage =
     last: boolean;
     /** Present on step 0 only. */
     open?: OpenParams;
+    /** A verification step: its chunk number and its token ids (the last committed one, then the drafts). */
+    verify?: VerifyStep;
+    /** A cancelled verification step passed on uncomputed (no hidden state), to keep the step order. */
+    void?: true;
     dtype: WireDtype;
     trace: HopTrace[];
     hidden: Uint8Array;
@@ -89,6 +112,38 @@ export type PipeMessage =
     trace: HopTrace[];
     data: Uint8Array;
   }
+  | {
+    type: "verify";
+    id: string;
+    /** The request's verification chunk counter, from 0 (duplicates are dropped by it). */
+    chunk: number;
+    /** Position of tokens[0]. */
+    pos0: number;
+    /** The last committed token (or, pipelined, the drafter's guess of it), then the drafts. */
+    tokens: Uint32Array;
+  }
+  | {
+    type: "verdict";
+    id: string;
+    chunk: number;
+    pos0: number;
+    /** Drafts kept (a prefix of tokens[1..]). */
+    accepted: number;
+    /** The kept drafts, then the target's next token; empty when stale. */
+    tokens: number[];
+    /**
+     * The chunk did not start where the sequence stands (an earlier chunk in flight was cut short): it was
+     * computed, then dropped.
+     */
+    stale?: boolean;
+    trace: HopTrace[];
+  }
+  | {
+    type: "cancel";
+    id: string;
+    /** Verification chunks numbered below this that a stage has not run yet are void: skip them. */
+    before: number;
+  }
   | { type: "release"; id: string; reason: string }
   | { type: "error"; id: string; stage: number; message: string }
   | { type: "stats" };
@@ -103,6 +158,9 @@ const TYPE_BY_NAME: Record<PipeMessage["type"], number> = {
   release: MsgType.RELEASE,
   error: MsgType.ERROR,
   stats: MsgType.STATS,
+  verify: MsgType.VERIFY,
+  verdict: MsgType.VERDICT,
+  cancel: MsgType.CANCEL,
 };
 const NAME_BY_TYPE = Object.fromEntries(Object.entries(TYPE_BY_NAME).map(([k, v]) => [v, k]));
 
@@ -112,6 +170,9 @@ export function encodePipe(m: PipeMessage): Uint8Array {
   if (m.type === "start") {
     payload = new Uint8Array(m.prompt.buffer, m.prompt.byteOffset, m.prompt.byteLength);
     delete rest.prompt;
+  } else if (m.type === "verify") {
+    payload = new Uint8Array(m.tokens.buffer, m.tokens.byteOffset, m.tokens.byteLength);
+    delete rest.tokens;
   } else if (m.type === "forward") {
     payload = m.hidden;
     delete rest.hidden;
@@ -142,9 +203,9 @@ export function decodePipe(bytes: Uint8Array): PipeMessage {
   // Copy the payload so typed views over it are aligned.
   const payload = bytes.slice(5 + n);
   const m = { type, ...header } as Record<string, unknown>;
-  if (type === "start") {
-    if (payload.length % 4 !== 0) throw new TypeError("start message: token ids must be u32");
-    m.prompt = new Uint32Array(payload.buffer, 0, payload.length / 4);
+  if (type === "start" || type === "verify") {
+    if (payload.length % 4 !== 0) throw new TypeError(`${type} message: token ids must be u32`);
+    m[type === "start" ? "prompt" : "tokens"] = new Uint32Array(payload.buffer, 0, payload.length / 4);
   } else if (type === "forward") m.hidden = payload;
   else if (type === "logits") m.data = payload;
   if (type !== "stats" && typeof m.id !== "string") throw new TypeError(`${type} message without request id`);

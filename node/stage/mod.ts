@@ -19,8 +19,10 @@ export {
   PipelineClient,
   PipelineError,
   type RequestOptions,
+  type SpeculateOutcome,
   type TokenEvent,
 } from "./client.ts";
+export { type SpeculateOptions, Speculation, type SpeculationSource, type Trip } from "./speculative.ts";
 export { EXPERT_PREFIX, expertName, expertSet } from "./expert_names.ts";
 export { FakeBackend, fakeReference } from "./fake_backend.ts";
 export { type HopTrace, type WireDtype } from "./messages.ts";
@@ -43,7 +45,7 @@ export {
   type TokenTimings,
   tokenTimings,
 } from "./timings.ts";
-export { chromeTrace, type TraceEvent } from "./trace_events.ts";
+export { chromeTrace, type TraceEvent, type TraceStep } from "./trace_events.ts";
 export {
   expertHostName,
   expertPlacement,

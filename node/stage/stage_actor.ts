@@ -12,9 +12,11 @@ import {
   type HopTrace,
   type OpenParams,
   type PipeMessage,
+  type VerifyStep,
   wallMs,
 } from "./messages.ts";
 import { packHidden, unpackHidden } from "./wire_dtype.ts";
+import { verifyRows } from "../../models/speculative.ts";
 
 export interface StageActorOptions {
   backend: StageBackend;
@@ -42,6 +44,15 @@ interface Request {
   step: number;
   /** The head: traces of the prefill chunks so far, sent with the first token (at most MAX_PREFILL_TRACES). */
   prefill?: HopTrace[][];
+  /** Stage 0, speculating: the next VERIFY chunk expected (older ones are duplicates). */
+  nextChunk: number;
+  /**
+   * The head, speculating: where the sequence stands, the position of its last decided token and that
+   * token (its KV not yet computed). A verification chunk that does not start there is stale.
+   */
+  decided?: { pos: number; token: number };
+  /** Speculating: verification chunks numbered below this are void (the client dropped them): skip them. */
+  voidBefore: number;
 }
 
 /** Prefill chunk traces a head keeps for the first token (a 128k-token prompt in 128-token chunks). */
@@ -62,6 +73,8 @@ export class StageActor implements Behavior {
   /** Per request, its steps in order (see receive). */
   #queues = new Map<string, Promise<void>>();
   #log: (msg: string) => void;
+  /** Verification steps this stage skipped because the client cancelled them (speculative decoding). */
+  cancelledSteps = 0;
 
   constructor(opts: StageActorOptions) {
     this.#o = opts;
@@ -107,6 +120,11 @@ export class StageActor implements Behavior {
       case "release":
         this.release(m.id);
         return;
+      case "cancel": { // at once, off the request's queue: steps queued behind it see it
+        const r = this.#requests.get(m.id);
+        if (r) r.voidBefore = Math.max(r.voidBefore, m.before);
+        return;
+      }
       // A request's steps run in order on its own queue, off the mailbox: STATS and RELEASE are answered
       // at once even while a long prefill computes, and requests do not wait for each other's steps.
       case "start":
@@ -115,6 +133,8 @@ export class StageActor implements Behavior {
         return this.#enqueue(m.id, () => this.#onToken(m, arrived));
       case "forward":
         return this.#enqueue(m.id, () => this.#onForward(m, arrived));
+      case "verify":
+        return this.#enqueue(m.id, () => this.#onVerify(m, arrived));
       default:
         return;
     }
@@ -172,7 +192,16 @@ export class StageActor implements Behavior {
   #openRequest(id: string, open: OpenParams): Request | undefined {
     if (this.#released.has(id)) return undefined;
     const { chunk } = this.#o.backend.open(id, { maxSeq: open.maxSeq, sampling: open.sampling });
-    const r: Request = { open, chunk, nextStep: 0, held: new Map(), awaitStep: -1, step: 0 };
+    const r: Request = {
+      open,
+      chunk,
+      nextStep: 0,
+      held: new Map(),
+      awaitStep: -1,
+      step: 0,
+      nextChunk: 0,
+      voidBefore: 0,
+    };
     this.#requests.set(id, r);
     return r;
   }
@@ -273,6 +302,31 @@ export class StageActor implements Behavior {
     });
   }
 
+  /**
+   * Stage 0, speculating: one verification step of the drafts (T = 1 + drafts tokens) through the chain,
+   * as one multi-token step at every stage; the head answers the client with a VERDICT.
+   */
+  async #onVerify(m: Extract<PipeMessage, { type: "verify" }>, arrived: number): Promise<void> {
+    const r = this.#requests.get(m.id);
+    if (!r || r.open.mode !== "speculate" || m.chunk < r.nextChunk) return; // unknown, or a duplicate
+    r.nextChunk = m.chunk + 1;
+    if (m.chunk < r.voidBefore) return void this.cancelledSteps++; // dropped by the client: never started
+    const T = m.tokens.length;
+    if (T < 1 || T > r.chunk) {
+      return this.#fail(m.id, r.open, `a verification step of ${T} tokens; this chain takes 1 to ${r.chunk}`);
+    }
+    await this.#run(m.id, r, {
+      step: r.step++,
+      pos0: m.pos0,
+      T,
+      last: true,
+      tokens: m.tokens,
+      trace: [],
+      arrived,
+      verify: { chunk: m.chunk, tokens: Array.from(m.tokens) },
+    });
+  }
+
   async #onForward(m: Extract<PipeMessage, { type: "forward" }>, arrived: number): Promise<void> {
     let r = this.#requests.get(m.id);
     if (!r) {
@@ -292,6 +346,24 @@ export class StageActor implements Behavior {
     let next: typeof m | undefined = m;
     while (next) {
       r.nextStep++;
+      if (next.void || (next.verify && next.verify.chunk < r.voidBefore)) {
+        // A cancelled verification step: not computed; passed on (uncomputed) to keep the step order.
+        if (!next.void) this.cancelledSteps++;
+        if (!this.#o.backend.role.head) {
+          const { hidden: _, ...rest } = next;
+          try {
+            await this.#o.send(
+              stageName(this.#o.backend.role.index + 1),
+              encodePipe({ ...rest, void: true, hidden: new Uint8Array(0) }),
+            );
+          } catch (e) {
+            return this.#fail(next.id, r.open, `cannot pass the result on: ${(e as Error).message}`);
+          }
+        }
+        next = r.held.get(r.nextStep);
+        r.held.delete(r.nextStep);
+        continue;
+      }
       let hidden: Float32Array;
       try {
         hidden = unpackHidden(next.hidden, next.dtype, next.T * this.#o.backend.model.hidden);
@@ -319,13 +391,14 @@ export class StageActor implements Behavior {
       trace: HopTrace[];
       arrived: number;
       returnMs?: number;
+      verify?: VerifyStep;
     },
   ): Promise<boolean> {
     const role = this.#o.backend.role;
     const { open } = r;
     const output: StageInput["output"] = !role.head
       ? "hidden"
-      : open.mode === "logits"
+      : open.mode === "logits" || s.verify
       ? "logits"
       : s.last
       ? "sample"
@@ -369,6 +442,7 @@ export class StageActor implements Behavior {
             T: s.T,
             last: s.last,
             open: s.step === 0 ? open : undefined,
+            verify: s.verify,
             dtype: open.wire,
             trace: [...s.trace, hop(hidden.length)],
             hidden,
@@ -376,6 +450,7 @@ export class StageActor implements Behavior {
         );
         return true;
       }
+      if (s.verify) return await this.#verdict(id, r, s.pos0, s.verify, out.logits!, [...s.trace, hop(0)]);
       if (output === "logits") {
         const data = new Uint8Array(out.logits!.buffer, out.logits!.byteOffset, out.logits!.byteLength);
         await this.#o.send(
@@ -420,14 +495,42 @@ export class StageActor implements Behavior {
           prefill,
         });
       const size = msg(0).length;
+      if (open.mode === "speculate") r.decided = { pos, token }; // the client drafts from here
       // The loop closes here: stage 0 starts the next step as soon as the token arrives.
-      if (!done) await this.#o.send(stageName(0), msg(size));
+      else if (!done) await this.#o.send(stageName(0), msg(size));
       await this.#o.send(open.client, msg(size));
       return true;
     } catch (e) {
       await this.#fail(id, open, `cannot pass the result on: ${(e as Error).message}`);
       return false;
     }
+  }
+
+  /**
+   * The head, speculating: keeps the drafts the target agrees with (models/speculative.ts verifyRows) and
+   * tells the client. A chunk that does not continue the decided sequence (an earlier chunk in flight was
+   * cut short, so this one was drafted on a wrong guess) is dropped; later chunks overwrite its positions.
+   */
+  async #verdict(
+    id: string,
+    r: Request,
+    pos0: number,
+    v: VerifyStep,
+    logits: Float32Array,
+    trace: HopTrace[],
+  ): Promise<boolean> {
+    const d = r.decided;
+    const base = { type: "verdict" as const, id, chunk: v.chunk, pos0, trace };
+    if (!d || d.pos !== pos0 || d.token !== v.tokens[0]) {
+      await this.#o.send(r.open.client, encodePipe({ ...base, accepted: 0, tokens: [], stale: true }));
+      return true;
+    }
+    const drafts = v.tokens.slice(1);
+    const { accepted, next } = verifyRows(logits, this.#o.backend.model.vocab, drafts, r.open.sampling, pos0);
+    r.decided = { pos: pos0 + accepted + 1, token: next };
+    const tokens = [...drafts.slice(0, accepted), next];
+    await this.#o.send(r.open.client, encodePipe({ ...base, accepted, tokens }));
+    return true;
   }
 
   async #fail(id: string, open: OpenParams, message: string): Promise<void> {

@@ -18,12 +18,22 @@ export interface TraceEvent {
 /** Track (pid) of the wire hops; stages use their index. */
 export const WIRE_PID = 1000;
 
+/** One step of the chain: its trace; speculative decoding names it and adds its drafting time. */
+export interface TraceStep {
+  token: number;
+  trace: HopTrace[];
+  /** Default: "prefill" for the first step, then "token k". */
+  label?: string;
+  /** When the drafter ran for this step (epoch ms) and for how long, on the client beside stage 0. */
+  draft?: { at: number; ms: number };
+}
+
 /**
  * Chrome trace events for a generation: `steps[k]` is the trace of the step that produced generated token
  * k (k = 0 is the prefill). Times are microseconds from the first stage's first arrival.
  */
 export function chromeTrace(
-  steps: { token: number; trace: HopTrace[] }[],
+  steps: TraceStep[],
   stages: { index: number; node: string }[],
 ): { traceEvents: TraceEvent[]; displayTimeUnit: "ms" } {
   const t0 = Math.min(...steps.flatMap((s) => s.trace.map((h) => h.in)));
@@ -37,7 +47,17 @@ export function chromeTrace(
   }));
   events.push({ name: "process_name", ph: "M", pid: WIRE_PID, tid: 0, args: { name: "wire" } });
   steps.forEach((step, k) => {
-    const label = k === 0 ? "prefill" : `token ${k}`;
+    const label = step.label ?? (k === 0 ? "prefill" : `token ${k}`);
+    if (step.draft) {
+      events.push({
+        name: `draft: ${label}`,
+        ph: "X",
+        pid: step.trace[0]?.s ?? 0,
+        tid: 1,
+        ts: us(step.draft.at),
+        dur: Math.round(step.draft.ms * 1000),
+      });
+    }
     step.trace.forEach((h, i) => {
       events.push({
         name: label,
