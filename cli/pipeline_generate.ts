@@ -10,6 +10,7 @@ import {
   type HopTrace,
   meanTimings,
   type PrefillTimings,
+  type RecoveryRecord,
   type Sampling,
   type TokenEvent,
   type TokenTimings,
@@ -113,6 +114,7 @@ function report(
     stopReason: string;
     tokS: number;
     firstTokenMs: number;
+    recoveries?: RecoveryRecord[];
   },
   chain: { stages: unknown[]; nodes: number },
   predicted?: RequestPrediction,
@@ -137,6 +139,16 @@ function report(
       nodes: chain.nodes,
       stages: chain.stages,
       ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout } : {}),
+      // Each lost stage the generation survived (docs/RECOVERY.md).
+      recoveries: (r.recoveries ?? []).map((x) => ({
+        stage: x.stage,
+        node: x.node,
+        reason: x.reason,
+        ms: x.ms,
+        gap_ms: x.gap_ms,
+        at_token: x.at_token,
+        plan: [x.from, x.to],
+      })),
       timings: {
         mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
         prefill: prefillJson(r.events[0]?.prefill),
@@ -148,6 +160,14 @@ function report(
       },
     }));
   } else {
+    for (const x of r.recoveries ?? []) {
+      console.error(
+        `swactor: recovered from stage ${x.stage ?? "?"} (node ${
+          (x.node ?? "?").slice(0, 10)
+        }) ${x.reason} ` +
+          `at token ${x.at_token}: decoding went on ${x.ms} ms after the loss was seen (${x.gap_ms} ms without tokens)`,
+      );
+    }
     console.error(
       `swactor: ${r.tokens.length} tokens on ${chain.stages.length} stages, ${
         r.tokS.toFixed(1)
@@ -175,8 +195,16 @@ function prefillJson(p: PrefillTimings | undefined) {
 }
 
 /** Writes a chain's per-step records as a Chrome trace (stage i on plan stage i's node). */
-async function writeTrace(path: string, events: TokenEvent[], planStages: { node: string }[]): Promise<void> {
-  await writeJsonOutput(path, chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))));
+async function writeTrace(
+  path: string,
+  events: TokenEvent[],
+  planStages: { node: string }[],
+  recoveries: RecoveryRecord[] = [],
+): Promise<void> {
+  await writeJsonOutput(
+    path,
+    chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node })), recoveries),
+  );
   console.error(`swactor: trace written to ${path} (open it in Perfetto or chrome://tracing)`);
 }
 
@@ -227,7 +255,7 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
         generated: r.tokens.length,
       });
       report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n }, predicted);
-      if (o.trace) await writeTrace(o.trace, r.events, cluster.assignment.plan.stages);
+      if (o.trace) await writeTrace(o.trace, r.events, cluster.assignment.plan.stages, r.recoveries);
       return 0;
     } finally {
       await cluster.close();
@@ -318,7 +346,7 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
             console.error(
               "swactor: the cluster's nodes send no per-step trace (an older version?): no trace written",
             );
-          } else await writeTrace(o.trace, events, status.assignment.plan.stages);
+          } else await writeTrace(o.trace, events, status.assignment.plan.stages, m.done.recoveries);
         }
         return 0;
       }

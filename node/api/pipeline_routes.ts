@@ -13,7 +13,13 @@ import { KvBudget, planKvTokens } from "./kv_budget.ts";
 /** One line of `POST /generate`'s body: a line per token, then either the outcome or an error. */
 export type GenerateLine =
   | TokenEvent
-  | { done: Pick<GenerateOutcome, "stopReason" | "firstTokenMs" | "tokS"> & { stages: number } }
+  | {
+    done: Pick<GenerateOutcome, "stopReason" | "firstTokenMs" | "tokS"> & {
+      stages: number;
+      /** Each lost stage the request survived (absent from older nodes). */
+      recoveries?: GenerateOutcome["recoveries"];
+    };
+  }
   | { error: string };
 
 /** Reads `POST /generate`'s body line by line; throws on a line that is none of GenerateLine's kinds. */
@@ -30,11 +36,18 @@ export async function* readGenerateLines(body: ReadableStream<Uint8Array>): Asyn
 
 export async function pipelineStatus(p: PipelineNode): Promise<unknown> {
   const a = p.board.current;
-  if (!a) return { assignment: null, local: p.local ?? null, stages: [] };
+  if (!a) return { assignment: null, local: p.local ?? null, stages: [], ready: false };
+  const stages = await p.stageReports();
   return {
     assignment: { version: a.version, leader: a.leader, model: a.model, layers: a.layers, plan: a.plan },
     local: p.local ?? null,
-    stages: await p.stageReports(),
+    stages,
+    // Every stage of the current Plan answers with that version from the Plan's node.
+    ready: stages.length > 0 &&
+      stages.every((r, i) =>
+        !r.error && r.planVersion === a.version && r.node === a.plan.stages[i].node && r.routes !== false
+      ),
+    replans: p.recovery?.replans ?? [],
   };
 }
 
@@ -122,6 +135,7 @@ export function pipelineRoutes(
               firstTokenMs: out.firstTokenMs,
               tokS: out.tokS,
               stages: chain.nodes.length,
+              ...(out.recoveries?.length ? { recoveries: out.recoveries } : {}),
             },
           });
         } catch (e) {

@@ -25,6 +25,12 @@ export interface OpenParams {
   /** Node id of the requester: stages release its requests when it dies. */
   clientNode: string;
   wire: WireDtype;
+  /**
+   * The Plan version of the chain the request runs on (a fence: a stage serving another version refuses
+   * the request, so a stage that comes back from a hang with an old Plan cannot touch a resumed request).
+   * Absent: any version (older clients).
+   */
+  version?: number;
 }
 
 /** One stage's part of a step: when the message arrived, compute time, when the next one left, its size. */
@@ -90,7 +96,14 @@ export type PipeMessage =
     data: Uint8Array;
   }
   | { type: "release"; id: string; reason: string }
-  | { type: "error"; id: string; stage: number; message: string }
+  | {
+    type: "error";
+    id: string;
+    stage: number;
+    message: string;
+    /** The stage refused the request because it serves another Plan version (see OpenParams.version). */
+    stale?: boolean;
+  }
   | { type: "stats" };
 
 const enc = new TextEncoder();

@@ -62,6 +62,8 @@ export class StageActor implements Behavior {
   /** Per request, its steps in order (see receive). */
   #queues = new Map<string, Promise<void>>();
   #log: (msg: string) => void;
+  /** Set when a newer Plan keeps this stage's backend for its own actor: stopping then frees only requests. */
+  #handedOver = false;
 
   constructor(opts: StageActorOptions) {
     this.#o = opts;
@@ -156,10 +158,19 @@ export class StageActor implements Behavior {
     return ids;
   }
 
+  /**
+   * Gives the backend (weights loaded) to the actor of a newer Plan that keeps this stage's role: stopping
+   * this actor then frees its requests but not the weights. Returns the backend.
+   */
+  handOver(): StageBackend {
+    this.#handedOver = true;
+    return this.#o.backend;
+  }
+
   async onStop(): Promise<void> {
     this.releaseAll();
     await this.idle(); // steps in flight see their requests released and end
-    this.#o.backend.close();
+    if (!this.#handedOver) this.#o.backend.close();
   }
 
   #remember(id: string): void {
@@ -169,8 +180,23 @@ export class StageActor implements Behavior {
     }
   }
 
+  /**
+   * Opens `id`'s sequence; undefined when the id was released, or when the request runs on another Plan
+   * version than this stage's (the fence: the client hears of it as a stale stage and re-routes).
+   */
   #openRequest(id: string, open: OpenParams): Request | undefined {
     if (this.#released.has(id)) return undefined;
+    if (open.version !== undefined && open.version !== this.#o.planVersion) {
+      const index = this.#o.backend.role.index;
+      this.#log(
+        `stage ${index}: refused request ${id} of Plan v${open.version} (this stage serves v${this.#o.planVersion})`,
+      );
+      this.#remember(id);
+      const message = `stage ${index} serves Plan v${this.#o.planVersion}, not v${open.version}`;
+      this.#o.send(open.client, encodePipe({ type: "error", id, stage: index, message, stale: true }))
+        .catch(() => {});
+      return undefined;
+    }
     const { chunk } = this.#o.backend.open(id, { maxSeq: open.maxSeq, sampling: open.sampling });
     const r: Request = { open, chunk, nextStep: 0, held: new Map(), awaitStep: -1, step: 0 };
     this.#requests.set(id, r);
