@@ -13,8 +13,8 @@ import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { readGenerateLines } from "../../node/api/mod.ts";
 
-const PROMPT = [128000, 12805, 5304, 264, 892, 11, 304, 264, 14458, 555, 279, 9581, 11];
-const MAIN = new URL("../../main.ts", import.meta.url).pathname;
+export const PROMPT = [128000, 12805, 5304, 264, 892, 11, 304, 264, 14458, 555, 279, 9581, 11];
+export const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
 interface RunResult {
   fault: string;
@@ -23,8 +23,26 @@ interface RunResult {
   completed: boolean;
   identical: boolean;
   recoveries: { stage: number | null; node: string | null; reason: string; ms: number; gap_ms: number }[];
+  /** stop: a generation after the stopped node came back is exact too. */
+  afterIdentical?: boolean;
   error?: string;
   wallS: number;
+}
+
+/** A greedy generation through the control API at `api`; its tokens. */
+export async function generate(api: string, token: string, maxTokens: number): Promise<number[]> {
+  const res = await fetch(`${api}/generate`, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${token}` },
+    body: JSON.stringify({ tokens: PROMPT, maxTokens, wire: "f32" }),
+  });
+  if (!res.ok) throw new Error(`generate refused: ${res.status} ${await res.text()}`);
+  const tokens: number[] = [];
+  for await (const m of readGenerateLines(res.body!)) {
+    if ("error" in m) throw new Error(m.error);
+    if ("token" in m) tokens.push(m.token);
+  }
+  return tokens;
 }
 
 /** A seeded generator (mulberry32), so a chaos run can be repeated. */
@@ -39,13 +57,13 @@ function rng(seed: number): () => number {
   };
 }
 
-function quantile(xs: number[], q: number): number | null {
+export function quantile(xs: number[], q: number): number | null {
   if (xs.length === 0) return null;
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)];
 }
 
-async function solo(model: string, maxTokens: number): Promise<number[]> {
+export async function solo(model: string, maxTokens: number): Promise<number[]> {
   const state = await Deno.makeTempDir({ prefix: "swactor-chaos-solo-" });
   const out = await new Deno.Command(Deno.execPath(), {
     args: [
@@ -128,6 +146,7 @@ async function oneRun(
   const c = await up(o.model, o.peers);
   const atToken = 5 + Math.floor(random() * Math.max(1, o.maxTokens - 40));
   let victimPid: number | undefined;
+  let stoppedAt = 0;
   let victim = "";
   const result: RunResult = {
     fault: o.fault,
@@ -158,6 +177,7 @@ async function oneRun(
         if (tokens.length === atToken) {
           if (o.fault === "kill") Deno.kill(victimPid, "SIGKILL");
           else {
+            stoppedAt = performance.now();
             Deno.kill(victimPid, "SIGSTOP");
             const pid = victimPid;
             setTimeout(() => {
@@ -180,6 +200,13 @@ async function oneRun(
       }
     }
     result.identical = JSON.stringify(tokens) === JSON.stringify(want);
+    if (o.fault === "stop") {
+      // The stopped node comes back with the old Plan: once it has, a new generation must still be exact.
+      const back = stoppedAt + o.stopS * 1000 + 3000;
+      await new Promise((r) => setTimeout(r, Math.max(0, back - performance.now())));
+      const again = await generate(c.api, c.token, o.maxTokens);
+      result.afterIdentical = JSON.stringify(again) === JSON.stringify(want);
+    }
   } catch (e) {
     result.error = (e as Error).message;
   } finally {
@@ -199,6 +226,10 @@ async function oneRun(
 }
 
 if (import.meta.main) {
+  await main();
+}
+
+async function main() {
   const { values } = parseArgs({
     args: Deno.args,
     options: {
@@ -248,6 +279,7 @@ if (import.meta.main) {
       runs: runs.length,
       completed: runs.filter((r) => r.completed).length,
       identical: runs.filter((r) => r.identical).length,
+      ...(fault === "stop" ? { after_identical: runs.filter((r) => r.afterIdentical).length } : {}),
       recoveries: ms.length,
       recovery_ms: { p50: quantile(ms, 0.5), p95: quantile(ms, 0.95), max: quantile(ms, 1) },
       gap_ms: { p50: quantile(gap, 0.5), p95: quantile(gap, 0.95), max: quantile(gap, 1) },
