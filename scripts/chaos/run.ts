@@ -5,7 +5,10 @@
 // times (from the loss being seen to decoding going on: `ms`; from the last token before the loss: `gap_ms`).
 //
 //   deno run -A scripts/chaos/run.ts --model DIR [--runs 20] [--faults kill,stop] [--peers 5]
-//     [--max-tokens 200] [--stop-s 15] [--seed 1] [--json out.json]
+//     [--max-tokens 200] [--stop-s 15] [--seed 1] [--temperature 0] [--json out.json]
+//
+// --temperature T > 0 samples (top-p 0.9, sampling seed 7): the resumed request must draw what the
+// uninterrupted one drew, since each position's draw comes from (seed, position).
 //
 // Partitions through the WAN relay need network namespaces (root); on this machine the partition fault is
 // exercised on the in-memory network instead (tests/node/stage/recovery_test.ts).
@@ -14,6 +17,8 @@ import { resolve } from "node:path";
 import { readGenerateLines } from "../../node/api/mod.ts";
 
 export const PROMPT = [128000, 12805, 5304, 264, 892, 11, 304, 264, 14458, 555, 279, 9581, 11];
+/** The sampling of every generation (greedy unless --temperature). */
+let SAMPLING = { temperature: 0, topP: 1, seed: 0 };
 export const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 
 interface RunResult {
@@ -30,11 +35,16 @@ interface RunResult {
 }
 
 /** A greedy generation through the control API at `api`; its tokens. */
-export async function generate(api: string, token: string, maxTokens: number): Promise<number[]> {
+export async function generate(
+  api: string,
+  token: string,
+  maxTokens: number,
+  sampling = SAMPLING,
+): Promise<number[]> {
   const res = await fetch(`${api}/generate`, {
     method: "POST",
     headers: { "content-type": "application/json", authorization: `Bearer ${token}` },
-    body: JSON.stringify({ tokens: PROMPT, maxTokens, wire: "f32" }),
+    body: JSON.stringify({ tokens: PROMPT, maxTokens, wire: "f32", sampling }),
   });
   if (!res.ok) throw new Error(`generate refused: ${res.status} ${await res.text()}`);
   const tokens: number[] = [];
@@ -166,7 +176,7 @@ async function oneRun(
     const res = await fetch(`${c.api}/generate`, {
       method: "POST",
       headers: { "content-type": "application/json", authorization: `Bearer ${c.token}` },
-      body: JSON.stringify({ tokens: PROMPT, maxTokens: o.maxTokens, wire: "f32" }),
+      body: JSON.stringify({ tokens: PROMPT, maxTokens: o.maxTokens, wire: "f32", sampling: SAMPLING }),
     });
     if (!res.ok) throw new Error(`generate refused: ${res.status} ${await res.text()}`);
     const tokens: number[] = [];
@@ -240,6 +250,7 @@ async function main() {
       "max-tokens": { type: "string", default: "200" },
       "stop-s": { type: "string", default: "15" },
       seed: { type: "string", default: "1" },
+      temperature: { type: "string", default: "0" },
       json: { type: "string" },
     },
   });
@@ -261,6 +272,8 @@ async function main() {
     stopS: Number(values["stop-s"]),
   };
   const random = rng(Number(values.seed));
+  const temperature = Number(values.temperature);
+  if (temperature > 0) SAMPLING = { temperature, topP: 0.9, seed: 7 };
   const want = await solo(o.model, o.maxTokens);
   console.error(`solo: ${want.length} tokens, ${new Set(want).size} distinct`);
   const summary: Record<string, unknown> = {};

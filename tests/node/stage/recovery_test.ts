@@ -18,6 +18,8 @@ import {
 import { effectiveLeader, withSpares } from "../../../node/stage/recovery.ts";
 import { decodePipe, encodePipe } from "../../../node/stage/messages.ts";
 import { MemoryNetwork } from "../../../node/transport/memory.ts";
+import { nodeServices } from "../../../node/api/mod.ts";
+import { pipelineStatus } from "../../../node/api/pipeline_routes.ts";
 
 const LAYERS = 6;
 /** The nodes' log lines: shown with SWACTOR_DEBUG=1. */
@@ -197,6 +199,28 @@ Deno.test("recovery: a killed stage's part moves to the spare; the generation co
     assert.deepEqual(now.plan.stages.map((s) => s.node), ["n0", "n1", "n3"], "the spare took stage 2");
     assert.equal(c.pipelines[0].recovery!.replans.at(-1)!.how, "spare");
     assert.deepEqual(c.loads.sort(), ["n0:0", "n1:1", "n2:2", "n3:2"], "stages 0 and 1 kept their weights");
+    // What `status --json` shows: the chain ready, the re-plan, roles and (one machine) every member's pid.
+    const status = await pipelineStatus(c.pipelines[0]) as {
+      ready: boolean;
+      replans: { from: number; to: number; how: string; lost: { node: string }[] }[];
+    };
+    assert.equal(status.ready, true);
+    assert.deepEqual(
+      status.replans.map((x) => [x.from, x.to, x.how, x.lost.map((l) => l.node)]),
+      [[a.version, now.version, "spare", ["n2"]]],
+    );
+    const members = nodeServices(c.nodes[0], { down: () => {}, pipeline: () => c.pipelines[0] }).members();
+    const alive = members.filter((m) => m.state === "alive");
+    assert.deepEqual(alive.map((m) => [m.id, m.pid]), [["n0", Deno.pid], ["n1", Deno.pid], ["n3", Deno.pid]]);
+    for (let i = 0; i < 50 && !alive.find((m) => m.id === "n3")!.roles.includes("stage-2"); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      alive.splice(
+        0,
+        alive.length,
+        ...nodeServices(c.nodes[0], { down: () => {} }).members().filter((m) => m.state === "alive"),
+      );
+    }
+    assert.deepEqual(alive.map((m) => m.roles.sort()), [["leader", "stage-0"], ["stage-1"], ["stage-2"]]);
     // A new request runs on the new chain.
     const again = await c.pipelines[1].client.generate(await c.pipelines[1].waitReady(), PROMPT, {
       maxTokens: 6,
