@@ -290,9 +290,13 @@ export class PipelineClient {
         opts.signal?.removeEventListener("abort", onAbort);
         f();
       };
-      /** Ends the running attempt: every stage of its chain frees it. */
-      const endAttempt = (reason: string): boolean => {
-        if (!current || !this.#pending.delete(current.id)) return false;
+      /**
+       * Ends the running attempt (only `only`, when given: a late failure of an earlier attempt must not end
+       * the one that replaced it): every stage of its chain frees it. False when it had ended already.
+       */
+      const endAttempt = (reason: string, only?: string): boolean => {
+        if (!current || (only !== undefined && only !== current.id)) return false;
+        if (!this.#pending.delete(current.id)) return false;
         const { id, chain } = current;
         for (let i = 0; i < chain.nodes.length; i++) {
           this.#actors.send(stageName(i), encodePipe({ type: "release", id, reason })).catch(() => {});
@@ -362,7 +366,7 @@ export class PipelineClient {
             }
             try {
               handle(m, p, (v) => {
-                endAttempt("done");
+                endAttempt("done", id);
                 settle(() => resolve(v));
               });
             } catch (e) {
@@ -370,7 +374,7 @@ export class PipelineClient {
             }
           },
           fail: (e) => {
-            if (!endAttempt("failed")) return;
+            if (!endAttempt("failed", id)) return;
             const loss = e instanceof PipelineError ? e.loss : undefined;
             if (!loss || !resumable || !this.#resume || attempt >= MAX_RESUMES || this.#closed) {
               return settle(() => reject(e));

@@ -10,6 +10,7 @@ import { startNode, type SwactorNode } from "../../../node/node.ts";
 import {
   FakeBackend,
   fakeReference,
+  PipelineClient,
   PipelineNode,
   publishPlan,
   StageActor,
@@ -18,6 +19,7 @@ import {
 import { effectiveLeader, withSpares } from "../../../node/stage/recovery.ts";
 import { decodePipe, encodePipe } from "../../../node/stage/messages.ts";
 import { MemoryNetwork } from "../../../node/transport/memory.ts";
+import type { ActorContext, Behavior } from "../../../node/actors/mod.ts";
 import { nodeServices } from "../../../node/api/mod.ts";
 import { pipelineStatus } from "../../../node/api/pipeline_routes.ts";
 
@@ -328,5 +330,46 @@ Deno.test("recovery: without `recover` a lost stage still fails the request with
     await pipelines[2].close();
     await nodes[2].actors.close();
     await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("recovery: a late failure of an earlier attempt does not end the attempt that replaced it", async () => {
+  let inbox: ((body: Uint8Array) => void) | undefined;
+  const starts: { id: string; prompt: number[] }[] = [];
+  let failFirst: (e: Error) => void = () => {};
+  const actors = {
+    spawn: (_name: string, b: Behavior) => {
+      inbox = (body) => b.receive(body, { from: "b", receivedAt: 0 } as unknown as ActorContext);
+      return { stop: () => Promise.resolve() };
+    },
+    send: (_name: string, body: Uint8Array) => {
+      const m = decodePipe(body);
+      if (m.type !== "start") return Promise.resolve();
+      starts.push({ id: m.id, prompt: [...m.prompt] });
+      // The first START's send fails, but only after the request has resumed on a new chain.
+      return starts.length === 1 ? new Promise<void>((_, reject) => (failFirst = reject)) : Promise.resolve();
+    },
+  };
+  const client = new PipelineClient(actors, "node-a", {
+    resume: () => Promise.resolve({ chain: { version: 2, nodes: ["b"] } }),
+  });
+  try {
+    const got = client.generate({ version: 1, nodes: ["a"] }, [1, 2, 3], { maxTokens: 2 });
+    const token = (id: string, step: number, pos: number, t: number, done?: "max_tokens") =>
+      inbox!(encodePipe({ type: "token", id, step, pos, token: t, done, trace: [] }));
+    token(starts[0].id, 0, 3, 40);
+    inbox!(encodePipe({ type: "error", id: starts[0].id, stage: 0, message: "lost" }));
+    await new Promise((r) => setTimeout(r, 10));
+    assert.equal(starts.length, 2);
+    assert.deepEqual(starts[1].prompt, [1, 2, 3, 40], "the prompt and the token so far");
+    failFirst(new Error("unreachable"));
+    await new Promise((r) => setTimeout(r, 10));
+    token(starts[1].id, 0, 4, 41, "max_tokens");
+    const out = await got;
+    assert.deepEqual(out.tokens, [40, 41]);
+    assert.equal(starts.length, 2, "no third attempt");
+    assert.deepEqual(out.recoveries!.map((r) => [r.reason, r.from, r.to, r.at_token]), [["error", 1, 2, 1]]);
+  } finally {
+    await client.close();
   }
 });
