@@ -204,9 +204,11 @@ export class PipelineNode {
     const timeoutMs = this.#o.resumeTimeoutMs ?? 60_000;
     const deadline = performance.now() + timeoutMs;
     const grace = performance.now() + 3000;
+    // A node of the current Plan is dead or left now: the leader re-plans. (Not `loss.gone` alone: a node
+    // falsely declared dead that refuted it is alive again, and the leader keeps its Plan.)
     const gone = () => {
       const a = this.board.current;
-      if (loss.gone || !a) return true;
+      if (!a) return true;
       return [...planNodes(a.plan)].some((n) => {
         const st = this.#host.membership.member(n)?.state;
         return st === "dead" || st === "left";

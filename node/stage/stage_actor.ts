@@ -62,6 +62,9 @@ export class StageActor implements Behavior {
   /** Per request, its steps in order (see receive). */
   #queues = new Map<string, Promise<void>>();
   #log: (msg: string) => void;
+  #stopping = false;
+  /** Backend work in flight (a step's compute, a one-stage chain's decode loop). */
+  #computing = new Set<Promise<unknown>>();
   /** Set when a newer Plan keeps this stage's backend for its own actor: stopping then frees only requests. */
   #handedOver = false;
 
@@ -168,9 +171,24 @@ export class StageActor implements Behavior {
   }
 
   async onStop(): Promise<void> {
+    this.#stopping = true; // steps still queued open nothing now
     this.releaseAll();
-    await this.idle(); // steps in flight see their requests released and end
+    // Steps computing see their requests released and end; steps past their compute may still be sending
+    // to a node that hangs (SIGSTOP: a send can wait until it comes back), and are not waited for: they no
+    // longer touch the backend, and a re-plan must not wait for a stopped node (docs/RECOVERY.md).
+    while (this.#computing.size > 0) await Promise.allSettled([...this.#computing]);
     if (!this.#handedOver) this.#o.backend.close();
+  }
+
+  /** Runs backend work, tracked so that stopping waits for it (and for nothing else). */
+  async #compute<T>(f: () => Promise<T>): Promise<T> {
+    const p = f();
+    this.#computing.add(p);
+    try {
+      return await p;
+    } finally {
+      this.#computing.delete(p);
+    }
   }
 
   #remember(id: string): void {
@@ -185,7 +203,7 @@ export class StageActor implements Behavior {
    * version than this stage's (the fence: the client hears of it as a stale stage and re-routes).
    */
   #openRequest(id: string, open: OpenParams): Request | undefined {
-    if (this.#released.has(id)) return undefined;
+    if (this.#released.has(id) || this.#stopping) return undefined;
     if (open.version !== undefined && open.version !== this.#o.planVersion) {
       const index = this.#o.backend.role.index;
       this.#log(
@@ -255,26 +273,28 @@ export class StageActor implements Behavior {
       sending = sending.then(() => this.#o.send(open.client, body));
     };
     try {
-      await this.#o.backend.generate!(m.id, Array.from(m.prompt), {
-        maxTokens: open.maxTokens,
-        eos: open.eos,
-        onTokens: (ids) => {
-          const now = wallMs();
-          const c = (now - from) / ids.length;
-          for (const token of ids) {
-            const pos = P + generated;
-            generated++;
-            const done = open.eos.includes(token)
-              ? "eos" as const
-              : generated >= open.maxTokens || pos + 1 >= open.maxSeq
-              ? "max_tokens" as const
-              : undefined;
-            const trace = [{ s: 0, in: from, c, out: now, b: 0 }];
-            send(encodePipe({ type: "token", id: m.id, step: generated - 1, pos, token, done, trace }));
-          }
-          from = now;
-        },
-      });
+      await this.#compute(() =>
+        this.#o.backend.generate!(m.id, Array.from(m.prompt), {
+          maxTokens: open.maxTokens,
+          eos: open.eos,
+          onTokens: (ids) => {
+            const now = wallMs();
+            const c = (now - from) / ids.length;
+            for (const token of ids) {
+              const pos = P + generated;
+              generated++;
+              const done = open.eos.includes(token)
+                ? "eos" as const
+                : generated >= open.maxTokens || pos + 1 >= open.maxSeq
+                ? "max_tokens" as const
+                : undefined;
+              const trace = [{ s: 0, in: from, c, out: now, b: 0 }];
+              send(encodePipe({ type: "token", id: m.id, step: generated - 1, pos, token, done, trace }));
+            }
+            from = now;
+          },
+        })
+      );
       await sending;
     } catch (e) {
       await this.#fail(m.id, open, (e as Error).message);
@@ -361,13 +381,15 @@ export class StageActor implements Behavior {
     const t0 = performance.now();
     let out;
     try {
-      out = await this.#o.backend.run(id, {
-        pos0: s.pos0,
-        T: s.T,
-        tokens: s.tokens,
-        hidden: s.hidden,
-        output,
-      });
+      out = await this.#compute(() =>
+        this.#o.backend.run(id, {
+          pos0: s.pos0,
+          T: s.T,
+          tokens: s.tokens,
+          hidden: s.hidden,
+          output,
+        })
+      );
     } catch (e) {
       await this.#fail(id, open, (e as Error).message);
       return false;

@@ -373,3 +373,46 @@ Deno.test("recovery: a late failure of an earlier attempt does not end the attem
     await client.close();
   }
 });
+
+Deno.test("recovery: a stage stops without waiting for a send to a hung node, but after its compute", async () => {
+  const backend = new FakeBackend({ index: 0, stages: 2, layers: [0, 3], embeds: true, head: false }, {
+    delayMs: 30,
+  });
+  let closed = false;
+  const close = backend.close.bind(backend);
+  backend.close = () => {
+    closed = true;
+    close();
+  };
+  const actor = new StageActor({
+    backend,
+    planVersion: 1,
+    log: () => {},
+    send: () => new Promise<void>(() => {}), // the next stage's node is stopped: the send never returns
+  });
+  const open = {
+    maxSeq: 20,
+    sampling: { temperature: 0, topP: 1, seed: 0 },
+    mode: "generate" as const,
+    maxTokens: 4,
+    prompt: 3,
+    eos: [],
+    client: "client-x",
+    clientNode: "x",
+    wire: "f32" as const,
+  };
+  const ctx = { from: "x", receivedAt: 0 } as unknown as Parameters<StageActor["receive"]>[1];
+  actor.receive(encodePipe({ type: "start", id: "r1", open, prompt: Uint32Array.of(1, 2, 3) }), ctx);
+  await new Promise((r) => setTimeout(r, 60)); // computed, now stuck in the send
+  actor.receive(encodePipe({ type: "start", id: "r2", open, prompt: Uint32Array.of(1, 2, 3) }), ctx);
+  await new Promise((r) => setTimeout(r, 5)); // r2 computes
+  const t0 = performance.now();
+  let stopped = false;
+  const stopping = actor.onStop().then(() => (stopped = true));
+  await new Promise((r) => setTimeout(r, 0));
+  assert.equal(closed, false, "not closed while r2 computes");
+  await Promise.race([stopping, new Promise((r) => setTimeout(r, 2000))]);
+  assert.ok(stopped, "stopped although a send never returns");
+  assert.ok(closed && performance.now() - t0 < 1000);
+  assert.equal(backend.stats().active, 0);
+});
