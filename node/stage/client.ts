@@ -331,6 +331,7 @@ export class PipelineClient {
           clientNode: this.#self,
           wire: opts.wire ?? "f16",
           version: chain.version,
+          ...(before.length ? { replayFrom: prompt.length } : {}),
         };
         current = { id, chain };
         const p: Pending = {

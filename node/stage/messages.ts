@@ -31,6 +31,13 @@ export interface OpenParams {
    * Absent: any version (older clients).
    */
   version?: number;
+  /**
+   * A resumed request (docs/RECOVERY.md): positions from here on (the tokens generated before the loss) are
+   * rebuilt one per step, the shape of the decode steps that made them, after the original prompt's chunks,
+   * so that every stage's KV cache and the next logits are bitwise the uninterrupted run's (a sampled token
+   * near a boundary of the sampler's CDF would otherwise flip with prefill's different rounding).
+   */
+  replayFrom?: number;
 }
 
 /** One stage's part of a step: when the message arrived, compute time, when the next one left, its size. */

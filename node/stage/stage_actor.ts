@@ -240,8 +240,10 @@ export class StageActor implements Behavior {
       void this.#loop(m, r, arrived);
       return;
     }
-    for (let pos0 = 0; pos0 < P; pos0 += r.chunk) {
-      const T = Math.min(r.chunk, P - pos0);
+    // The prompt in chunks; a resumed request's generated tokens one per step, as they were first made.
+    const replayFrom = Math.min(P, m.open.replayFrom ?? P);
+    for (let pos0 = 0, T = 0; pos0 < P; pos0 += T) {
+      T = pos0 < replayFrom ? Math.min(r.chunk, replayFrom - pos0) : 1;
       const last = pos0 + T >= P;
       const step = r.step++;
       if (last) r.awaitStep = step;

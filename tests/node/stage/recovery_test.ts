@@ -52,13 +52,16 @@ async function modelDir(): Promise<string> {
 async function cluster(n: number, delayMs = 15) {
   const net = new MemoryNetwork(new SystemClock());
   const loads: string[] = [];
+  const backends = new Map<string, FakeBackend>();
   const nodes: SwactorNode[] = [];
   const pipelines: PipelineNode[] = [];
   for (let i = 0; i < n; i++) {
     const node = await startNode({ transport: net.connect(`n${i}`), membership: timings, noGpu: true });
     const loader: StageLoader = (role) => {
       loads.push(`n${i}:${role.index}`);
-      return Promise.resolve(new FakeBackend(role, { eosTokenIds: [], delayMs }));
+      const b = new FakeBackend(role, { eosTokenIds: [], delayMs });
+      backends.set(`n${i}:${role.index}`, b);
+      return Promise.resolve(b);
     };
     nodes.push(node);
     pipelines.push(new PipelineNode(node, { loader, log, recover: true, resumeTimeoutMs: 30_000 }));
@@ -70,6 +73,7 @@ async function cluster(n: number, delayMs = 15) {
     nodes,
     pipelines,
     loads,
+    backends,
     kill(i: number) {
       killed.add(i);
       net.kill(`n${i}`);
@@ -201,6 +205,12 @@ Deno.test("recovery: a killed stage's part moves to the spare; the generation co
     assert.deepEqual(now.plan.stages.map((s) => s.node), ["n0", "n1", "n3"], "the spare took stage 2");
     assert.equal(c.pipelines[0].recovery!.replans.at(-1)!.how, "spare");
     assert.deepEqual(c.loads.sort(), ["n0:0", "n1:1", "n2:2", "n3:2"], "stages 0 and 1 kept their weights");
+    // Stage 0 rebuilt the resumed request as it first ran: the prompt in the same chunks (the fake's 8),
+    // then every token generated before the loss one per step, like the decode steps that made them.
+    const resumed = c.backends.get("n0:0")!.runs.filter((x) => x.id.includes("~"));
+    assert.deepEqual(resumed.slice(0, 2).map((x) => [x.pos0, x.T]), [[0, 8], [8, 3]]);
+    assert.ok(resumed.slice(2).every((x, k) => x.T === 1 && x.pos0 === PROMPT.length + k));
+    assert.ok(resumed.length > 2 + r.at_token);
     // What `status --json` shows: the chain ready, the re-plan, roles and (one machine) every member's pid.
     const status = await pipelineStatus(c.pipelines[0]) as {
       ready: boolean;
