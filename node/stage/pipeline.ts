@@ -204,14 +204,15 @@ export class PipelineNode {
     const timeoutMs = this.#o.resumeTimeoutMs ?? 60_000;
     const deadline = performance.now() + timeoutMs;
     const grace = performance.now() + 3000;
-    // A node of the current Plan is dead or left now: the leader re-plans. (Not `loss.gone` alone: a node
-    // falsely declared dead that refuted it is alive again, and the leader keeps its Plan.)
+    // A node of the current Plan is dead or left now (the leader re-plans), or suspect (membership decides
+    // soon: re-sending on the chain meanwhile fails again, e.g. at a killed expert host). Not `loss.gone`
+    // alone: a node falsely declared dead that refuted it is alive again, and the leader keeps its Plan.
     const gone = () => {
       const a = this.board.current;
       if (!a) return true;
       return [...planNodes(a.plan)].some((n) => {
         const st = this.#host.membership.member(n)?.state;
-        return st === "dead" || st === "left";
+        return st === "dead" || st === "left" || st === "suspect";
       });
     };
     while ((this.board.current?.version ?? 0) <= loss.version && (gone() || performance.now() < grace)) {
