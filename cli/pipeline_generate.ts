@@ -10,6 +10,7 @@ import {
   type HopTrace,
   meanTimings,
   type PrefillTimings,
+  type RecoveryRecord,
   type Sampling,
   type TokenEvent,
   type TokenTimings,
@@ -124,6 +125,7 @@ function report(
     stopReason: string;
     tokS: number;
     firstTokenMs: number;
+    recoveries?: RecoveryRecord[];
   },
   chain: { stages: unknown[]; nodes: number },
   predicted?: RequestPrediction,
@@ -150,6 +152,16 @@ function report(
       stages: chain.stages,
       ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout } : {}),
       ...spec,
+      // Each lost stage the generation survived (docs/RECOVERY.md).
+      recoveries: (r.recoveries ?? []).map((x) => ({
+        stage: x.stage,
+        node: x.node,
+        reason: x.reason,
+        ms: x.ms,
+        gap_ms: x.gap_ms,
+        at_token: x.at_token,
+        plan: [x.from, x.to],
+      })),
       timings: {
         mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
         prefill: prefillJson(r.events[0]?.prefill),
@@ -161,6 +173,14 @@ function report(
       },
     }));
   } else {
+    for (const x of r.recoveries ?? []) {
+      console.error(
+        `swactor: recovered from stage ${x.stage ?? "?"} (node ${
+          (x.node ?? "?").slice(0, 10)
+        }) ${x.reason} ` +
+          `at token ${x.at_token}: decoding went on ${x.ms} ms after the loss was seen (${x.gap_ms} ms without tokens)`,
+      );
+    }
     console.error(
       `swactor: ${r.tokens.length} tokens on ${chain.stages.length} stages, ${
         r.tokS.toFixed(1)
@@ -226,8 +246,12 @@ async function writeTrace(
   path: string,
   events: TraceStep[],
   planStages: { node: string }[],
+  recoveries: RecoveryRecord[] = [],
 ): Promise<void> {
-  await writeJsonOutput(path, chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))));
+  await writeJsonOutput(
+    path,
+    chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node })), recoveries),
+  );
   console.error(`swactor: trace written to ${path} (open it in Perfetto or chrome://tracing)`);
 }
 
@@ -317,6 +341,7 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
           o.trace,
           r.trips ? tripSteps(r as SpeculateOutcome) : r.events,
           cluster.assignment.plan.stages,
+          r.recoveries,
         );
       }
       return 0;
@@ -439,7 +464,7 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
             console.error(
               "swactor: the cluster's nodes send no per-step trace (an older version?): no trace written",
             );
-          } else await writeTrace(o.trace, events, status.assignment.plan.stages);
+          } else await writeTrace(o.trace, events, status.assignment.plan.stages, m.done.recoveries);
         }
         return 0;
       }

@@ -13,5 +13,7 @@ export function attachPipeline(
     expertLoader: loadExpertHost,
     modelDir: opts.modelDir,
     stallMs: opts.stallMs,
+    // A generation survives the loss of a node: re-plan, reload, resume (docs/RECOVERY.md).
+    recover: true,
   });
 }

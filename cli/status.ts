@@ -25,8 +25,11 @@ export const status: Command = {
   usage: `Usage: swactor status [--json] [--api HOST:PORT]
 
 Asks the node at --api (default: the node \`up\` started on this machine) for its view of the cluster.
-  --json   print {"members": [{"id", "state", "roles", "descriptor", ...}], "plan": ...} on one line; each
-           member's descriptor holds what it measured (memory, bandwidth, per-step costs) and its links
+  --json   print {"members": [{"id", "state", "roles", "descriptor", "pid"?, ...}], "plan": ...,
+           "pipeline"?: {"ready", "stages", "replans", ...}} on one line; each member's descriptor holds what
+           it measured (memory, bandwidth, per-step costs) and its links; pid is given for members on this
+           machine; roles are leader, stage-{i} and expert sets; pipeline.ready is true when every stage of
+           the current Plan is ready; replans lists the re-plans after lost nodes this node made as leader
 The table shows each member's measured memory, GEMV bandwidth (GB/s at the widest width measured), a step's
 fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, and how many).`,
   async run(argv) {
@@ -38,6 +41,15 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
       members: MemberView[];
       plan: unknown;
       pipeline?: {
+        ready?: boolean;
+        assignment?: { version: number; leader: string } | null;
+        replans?: {
+          from: number;
+          to: number;
+          lost: { node: string; reason: string }[];
+          how: string;
+          ms: number;
+        }[];
         stages: {
           index: number;
           node?: string;
@@ -57,6 +69,7 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
       m.state,
       m.name ?? "",
       (m.addrs ?? []).join(","),
+      m.pid === undefined ? "-" : String(m.pid),
       m.adapter || "-",
       ...measuredColumns(m),
       m.roles.join(","),
@@ -66,6 +79,7 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
       "STATE",
       "NAME",
       "ADDRESS",
+      "PID",
       "ADAPTER",
       "MEMORY",
       "READ GB/S",
@@ -76,6 +90,21 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
     ];
     const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
     for (const r of [head, ...rows]) console.log(r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd());
+    const p = body.pipeline;
+    if (p?.assignment) {
+      console.log(
+        `plan v${p.assignment.version}, leader ${p.assignment.leader.slice(0, 16)}: ${
+          p.ready ? "ready" : "not ready"
+        }`,
+      );
+    }
+    for (const r of p?.replans ?? []) {
+      console.log(
+        `re-planned v${r.from} -> v${r.to} (${r.how}) after losing ${
+          r.lost.map((l) => `${l.node.slice(0, 16)} (${l.reason})`).join(", ")
+        }, in ${r.ms} ms`,
+      );
+    }
     for (const s of body.pipeline?.stages ?? []) {
       console.log(
         `stage ${s.index}  node ${(s.node ?? "?").slice(0, 16)}  layers [${s.layers ?? "?"}]  ` +

@@ -42,6 +42,7 @@ export async function describeNode(addrs: string[], opts: DescribeOptions = {}):
     adapter: gpu?.name ?? "",
     gpuMemoryBytes: cap > 0 ? cap : gpu?.bytes ?? 0,
     addrs,
+    pid: Deno.pid,
   };
   if (opts.measuring && gpu) d.measuring = true;
   return d;

@@ -21,6 +21,8 @@ export interface MemberView {
   version?: string;
   /** What the member measured about itself and its links (node/descriptor.ts descriptorView). */
   descriptor?: LiveDescriptor;
+  /** Its process id, for a member on this machine. */
+  pid?: number;
 }
 
 export interface ApiServices {

@@ -20,6 +20,8 @@ export type GenerateLine =
       stages: number;
       /** A speculative request's figures (docs/SPECULATIVE.md). */
       speculation?: SpeculateOutcome["stats"] & { chosenK: number[] };
+      /** Each lost stage the request survived (absent from older nodes). */
+      recoveries?: GenerateOutcome["recoveries"];
     };
   }
   | { error: string };
@@ -38,11 +40,18 @@ export async function* readGenerateLines(body: ReadableStream<Uint8Array>): Asyn
 
 export async function pipelineStatus(p: PipelineNode): Promise<unknown> {
   const a = p.board.current;
-  if (!a) return { assignment: null, local: p.local ?? null, stages: [] };
+  if (!a) return { assignment: null, local: p.local ?? null, stages: [], ready: false };
+  const stages = await p.stageReports();
   return {
     assignment: { version: a.version, leader: a.leader, model: a.model, layers: a.layers, plan: a.plan },
     local: p.local ?? null,
-    stages: await p.stageReports(),
+    stages,
+    // Every stage of the current Plan answers with that version from the Plan's node.
+    ready: stages.length > 0 &&
+      stages.every((r, i) =>
+        !r.error && r.planVersion === a.version && r.node === a.plan.stages[i].node && r.routes !== false
+      ),
+    replans: p.recovery?.replans ?? [],
   };
 }
 
@@ -162,6 +171,7 @@ export function pipelineRoutes(
               ...(out.stats && out.trips
                 ? { speculation: { ...out.stats, chosenK: out.trips.map((t) => t.drafted) } }
                 : {}),
+              ...(out.recoveries?.length ? { recoveries: out.recoveries } : {}),
             },
           });
         } catch (e) {

@@ -25,7 +25,9 @@ export function nodeServices(
         if (name.startsWith(CLIENT_PREFIX) || name.startsWith("moe-host-")) continue; // plumbing, not roles
         roles.set(owner, [...(roles.get(owner) ?? []), name]);
       }
+      const host = Deno.hostname();
       return node.membership.members().map((m): MemberView => ({
+        ...(m.meta.pid && m.meta.name === host ? { pid: m.meta.pid } : {}),
         id: m.id,
         state: m.state,
         roles: roles.get(m.id) ?? [],

@@ -143,6 +143,7 @@ export function validateDescriptor(v: unknown): NodeDescriptor | undefined {
     return undefined;
   }
   const d: NodeDescriptor = { name, version, adapter, gpuMemoryBytes, addrs: [...addrs] };
+  if (isNat(v.pid) && v.pid > 0) d.pid = v.pid;
   if (v.measuring === true) d.measuring = true;
   if (v.measured !== undefined) {
     const m = validateMeasurement(v.measured);

@@ -17,6 +17,8 @@ export interface NodeDescriptor {
   gpuMemoryBytes: number;
   /** Direct addresses ("ip:port") the node listens on. */
   addrs: string[];
+  /** The node's process id (status shows it for members on the same machine: by `name`, the host name). */
+  pid?: number;
   /** The node is measuring itself (node/measure.ts); a planner waits a little for `measured`. */
   measuring?: boolean;
   /** What the node measured about itself, once it has. */

@@ -39,6 +39,19 @@ export interface OpenParams {
   /** Node id of the requester: stages release its requests when it dies. */
   clientNode: string;
   wire: WireDtype;
+  /**
+   * The Plan version of the chain the request runs on (a fence: a stage serving another version refuses
+   * the request, so a stage that comes back from a hang with an old Plan cannot touch a resumed request).
+   * Absent: any version (older clients).
+   */
+  version?: number;
+  /**
+   * A resumed request (docs/RECOVERY.md): positions from here on (the tokens generated before the loss) are
+   * rebuilt one per step, the shape of the decode steps that made them, after the original prompt's chunks,
+   * so that every stage's KV cache and the next logits are bitwise the uninterrupted run's (a sampled token
+   * near a boundary of the sampler's CDF would otherwise flip with prefill's different rounding).
+   */
+  replayFrom?: number;
 }
 
 /** One stage's part of a step: when the message arrived, compute time, when the next one left, its size. */
@@ -145,7 +158,14 @@ export type PipeMessage =
     before: number;
   }
   | { type: "release"; id: string; reason: string }
-  | { type: "error"; id: string; stage: number; message: string }
+  | {
+    type: "error";
+    id: string;
+    stage: number;
+    message: string;
+    /** The stage refused the request because it serves another Plan version (see OpenParams.version). */
+    stale?: boolean;
+  }
   | { type: "stats" };
 
 const enc = new TextEncoder();

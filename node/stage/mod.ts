@@ -18,6 +18,7 @@ export {
   type GenerateOutcome,
   PipelineClient,
   PipelineError,
+  type RecoveryRecord,
   type RequestOptions,
   type SpeculateOutcome,
   type TokenEvent,
@@ -36,6 +37,7 @@ export {
   servedDtype,
 } from "./plan_chain.ts";
 export { liveMembers, type PublishOptions, publishPlan } from "./publish.ts";
+export { ChainRecovery, effectiveLeader, type Replan, withSpares } from "./recovery.ts";
 export { rolesOf, splitLayers } from "./roles.ts";
 export { StageActor, stageName } from "./stage_actor.ts";
 export {

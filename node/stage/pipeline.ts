@@ -8,7 +8,7 @@ import type { MemberChange } from "../membership/swim.ts";
 import type { Membership } from "../membership/mod.ts";
 import type { Registry } from "../registry/mod.ts";
 import { type Assignment, AssignmentBoard } from "./assignment.ts";
-import type { ExpertLoader, ExpertService, StageLoader } from "./backend.ts";
+import type { ExpertLoader, ExpertService, StageBackend, StageLoader } from "./backend.ts";
 import { EXPERT_PREFIX, expertSet } from "./expert_names.ts";
 import {
   createFanout,
@@ -20,7 +20,9 @@ import {
   heldBy,
   remoteLayers,
 } from "./experts.ts";
-import { type Chain, PipelineClient } from "./client.ts";
+import { type Chain, type ChainLoss, PipelineClient } from "./client.ts";
+import { ChainRecovery, planNodes } from "./recovery.ts";
+import type { Links } from "../links.ts";
 import { encodePipe } from "./messages.ts";
 import { sendWithRetry } from "./retry.ts";
 import { rolesOf } from "./roles.ts";
@@ -30,6 +32,8 @@ export interface PipelineHost {
   membership: Membership;
   registry: Registry;
   actors: ActorSystem;
+  /** Measured links, for re-plans (node/stage/recovery.ts); without it this node never re-plans. */
+  links?: Links;
 }
 
 export interface PipelineOptions {
@@ -45,6 +49,13 @@ export interface PipelineOptions {
   clock?: Clock;
   /** Default: messages to stderr. */
   log?: (msg: string) => void;
+  /**
+   * Survive the loss of a node (docs/RECOVERY.md): re-plan when this node leads (or takes the lead), and
+   * resume this node's requests on the new chain. Default false: a lost stage fails its requests.
+   */
+  recover?: boolean;
+  /** How long a request waits for a chain to resume on, ms (default 60 000). */
+  resumeTimeoutMs?: number;
 }
 
 /** What this node does in the chain now. */
@@ -73,6 +84,8 @@ export interface StageReport {
 export class PipelineNode {
   readonly board: AssignmentBoard;
   readonly client: PipelineClient;
+  /** Re-plans after a loss (when `recover`: on whichever node leads). */
+  readonly recovery: ChainRecovery | undefined;
   #host: PipelineHost;
   #o: PipelineOptions;
   #log: (msg: string) => void;
@@ -80,6 +93,8 @@ export class PipelineNode {
   #actor: StageActor | undefined;
   #ref: { stop(): Promise<void> } | undefined;
   #hostRef: { stop(): Promise<void> } | undefined;
+  /** What the running stage's backend was loaded for, when a later Plan may keep it (see #claim). */
+  #kept: { key: string } | undefined;
   /** Per request, what this node's stage sent to expert hosts since its last step. */
   #fanout = new Map<string, FanoutRecord>();
   /** The expert hosts this node's stage sends to, and what fails its calls when one of them is gone. */
@@ -102,9 +117,23 @@ export class PipelineNode {
         send: (name, body, o) => this.#send(name, body, o?.channel),
       },
       host.membership.id,
-      { stallMs: opts.stallMs },
+      {
+        stallMs: opts.stallMs,
+        resume: opts.recover ? (loss, signal) => this.#resumeChain(loss, signal) : undefined,
+      },
     );
-    this.#unsubscribe.push(this.board.onChange((a) => this.#enqueue(() => this.#claim(a))));
+    if (opts.recover && host.links) {
+      this.recovery = new ChainRecovery(
+        { membership: host.membership, actors: host.actors, links: host.links },
+        this.board,
+        { modelDir: opts.modelDir, log: this.#log },
+      );
+    }
+    this.#unsubscribe.push(this.board.onChange((a) => {
+      // Requests on an older chain are over there (their stages free them when they take the new roles).
+      if (opts.recover) this.client.planChanged(a.version);
+      this.#enqueue(() => this.#claim(a));
+    }));
     this.#unsubscribe.push(host.membership.onChange((c) => this.#onMember(c)));
   }
 
@@ -138,7 +167,7 @@ export class PipelineNode {
   }
 
   /** Resolves with the chain once every stage of the current Assignment reports ready; Error on timeout or a failed stage. */
-  async waitReady(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<Chain> {
+  async waitReady(opts: { timeoutMs?: number; signal?: AbortSignal; pollMs?: number } = {}): Promise<Chain> {
     const deadline = performance.now() + (opts.timeoutMs ?? 120_000);
     let last = "no Assignment yet";
     while (performance.now() < deadline) {
@@ -156,15 +185,66 @@ export class PipelineNode {
           `stage ${waiting.index} (node ${a.plan.stages[waiting.index].node.slice(0, 10)}) is not ready` +
           (waiting.error ? `: ${waiting.error}` : "");
       }
-      await new Promise((r) => setTimeout(r, 250));
+      await new Promise((r) => setTimeout(r, opts.pollMs ?? 250));
     }
     throw new Error(
       `the chain is not ready after ${Math.round((opts.timeoutMs ?? 120_000) / 1000)} s: ${last}`,
     );
   }
 
+  /**
+   * The chain a request resumes on after `loss`: once ready, a newer Plan's when the node is gone or any
+   * node of the current Plan is (the leader re-plans), else the current one's (a stale stage or a failed hop
+   * on a chain that is still whole), or a newer one if it comes within a few seconds.
+   */
+  async #resumeChain(
+    loss: ChainLoss,
+    signal?: AbortSignal,
+  ): Promise<{ chain: Chain; lost?: { stage: number; node: string; reason: string } }> {
+    const timeoutMs = this.#o.resumeTimeoutMs ?? 60_000;
+    const deadline = performance.now() + timeoutMs;
+    const grace = performance.now() + 3000;
+    // A node of the current Plan is dead or left now (the leader re-plans), or suspect (membership decides
+    // soon: re-sending on the chain meanwhile fails again, e.g. at a killed expert host). Not `loss.gone`
+    // alone: a node falsely declared dead that refuted it is alive again, and the leader keeps its Plan.
+    const gone = () => {
+      const a = this.board.current;
+      if (!a) return true;
+      return [...planNodes(a.plan)].some((n) => {
+        const st = this.#host.membership.member(n)?.state;
+        return st === "dead" || st === "left" || st === "suspect";
+      });
+    };
+    while ((this.board.current?.version ?? 0) <= loss.version && (gone() || performance.now() < grace)) {
+      signal?.throwIfAborted();
+      if (this.#closed) throw new Error("the node is closing");
+      if (performance.now() > deadline) {
+        throw new Error(`no new Plan within ${Math.round(timeoutMs / 1000)} s of losing stage ${loss.stage}`);
+      }
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const chain = await this.waitReady({
+      signal,
+      timeoutMs: Math.max(1000, deadline - performance.now()),
+      pollMs: 100,
+    });
+    // Name what was lost: the first node of the old chain that membership says is gone.
+    const stage = (loss.nodes ?? []).findIndex((n) => {
+      const st = this.#host.membership.member(n)?.state;
+      return st === "dead" || st === "left";
+    });
+    if (stage < 0) return { chain };
+    const node = loss.nodes![stage];
+    const reason = this.#host.membership.member(node)?.state === "left" ? "left" : "died";
+    return {
+      chain,
+      lost: { stage, node, reason: loss.gone ? loss.reason : `${reason} (${loss.reason} first)` },
+    };
+  }
+
   async close(): Promise<void> {
     this.#closed = true;
+    await this.recovery?.close();
     for (const u of this.#unsubscribe) u();
     await this.client.close();
     await this.#queue;
@@ -204,20 +284,27 @@ export class PipelineNode {
     const self = this.#host.membership.id;
     const roles = rolesOf(a.plan, a.layers);
     const index = a.plan.stages.findIndex((s) => s.node === self);
+    const model = { ...a.model, dir: this.#o.modelDir ?? a.model.dir };
+    const held = heldBy(a.plan, self);
+    // A re-plan that leaves this stage's role as it was (same layers, same place in the chain, no experts
+    // involved) keeps the loaded weights: only the requests of the old Plan are freed.
+    const same = index >= 0 && held.size === 0 && remoteLayers(a.plan, index).length === 0 &&
+      this.#kept !== undefined && this.#kept.key === JSON.stringify([roles[index], model]);
+    let kept: StageBackend | undefined;
     if (this.#ref) {
-      await this.#ref.stop(); // frees its requests and its weights
+      if (same) kept = this.#actor!.handOver();
+      await this.#ref.stop(); // frees its requests, and its weights unless handed over
       this.#ref = this.#actor = undefined;
     }
+    this.#kept = undefined;
     if (this.#hostRef) {
       await this.#hostRef.stop(); // frees its experts
       this.#hostRef = undefined;
       this.#host.registry.unregisterSet(EXPERT_PREFIX);
     }
     this.#local = undefined;
-    const model = { ...a.model, dir: this.#o.modelDir ?? a.model.dir };
     // Experts the Plan gives this node: loaded first, and served by `moe-host-{node}` (its name resolving
     // is what tells the stages that use it that it is ready).
-    const held = heldBy(a.plan, self);
     let experts: ExpertService | undefined;
     if (held.size > 0) {
       if (!this.#o.expertLoader) {
@@ -249,7 +336,7 @@ export class PipelineNode {
     const hosts = { nodes: hostNodes, abort: new AbortController() };
     this.#hosts = hosts;
     try {
-      const backend = await this.#o.loader(role, {
+      const backend = kept ?? await this.#o.loader(role, {
         model,
         experts: remote.length
           ? {
@@ -289,6 +376,9 @@ export class PipelineNode {
       });
       this.#ref = this.#host.actors.spawn(stageName(index), this.#actor);
       this.#local = { planVersion: a.version, index, state: "ready" };
+      if (held.size === 0 && remote.length === 0) {
+        this.#kept = { key: JSON.stringify([role, model]) };
+      }
     } catch (e) {
       const error = (e as Error).message;
       this.#log(`stage ${index}: cannot load layers [${role.layers}]: ${error}`);
@@ -304,7 +394,7 @@ export class PipelineNode {
     if (member.state !== "dead" && member.state !== "left") return;
     if (member.id === this.#host.membership.id) return;
     const why = member.state === "dead" ? "died (membership marked it dead)" : "left the cluster";
-    this.client.peerGone(member.id, why);
+    this.client.peerGone(member.id, why, member.state === "dead" ? "died" : "left");
     // A node holding experts this stage sends to is gone: its calls fail now, not at their timeout.
     if (this.#hosts.nodes.has(member.id) && !this.#hosts.abort.signal.aborted) {
       this.#hosts.abort.abort(new Error(`expert host ${member.id.slice(0, 10)} ${why}`));

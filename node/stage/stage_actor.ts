@@ -75,6 +75,11 @@ export class StageActor implements Behavior {
   #log: (msg: string) => void;
   /** Verification steps this stage skipped because the client cancelled them (speculative decoding). */
   cancelledSteps = 0;
+  #stopping = false;
+  /** Backend work in flight (a step's compute, a one-stage chain's decode loop). */
+  #computing = new Set<Promise<unknown>>();
+  /** Set when a newer Plan keeps this stage's backend for its own actor: stopping then frees only requests. */
+  #handedOver = false;
 
   constructor(opts: StageActorOptions) {
     this.#o = opts;
@@ -176,10 +181,34 @@ export class StageActor implements Behavior {
     return ids;
   }
 
+  /**
+   * Gives the backend (weights loaded) to the actor of a newer Plan that keeps this stage's role: stopping
+   * this actor then frees its requests but not the weights. Returns the backend.
+   */
+  handOver(): StageBackend {
+    this.#handedOver = true;
+    return this.#o.backend;
+  }
+
   async onStop(): Promise<void> {
+    this.#stopping = true; // steps still queued open nothing now
     this.releaseAll();
-    await this.idle(); // steps in flight see their requests released and end
-    this.#o.backend.close();
+    // Steps computing see their requests released and end; steps past their compute may still be sending
+    // to a node that hangs (SIGSTOP: a send can wait until it comes back), and are not waited for: they no
+    // longer touch the backend, and a re-plan must not wait for a stopped node (docs/RECOVERY.md).
+    while (this.#computing.size > 0) await Promise.allSettled([...this.#computing]);
+    if (!this.#handedOver) this.#o.backend.close();
+  }
+
+  /** Runs backend work, tracked so that stopping waits for it (and for nothing else). */
+  async #compute<T>(f: () => Promise<T>): Promise<T> {
+    const p = f();
+    this.#computing.add(p);
+    try {
+      return await p;
+    } finally {
+      this.#computing.delete(p);
+    }
   }
 
   #remember(id: string): void {
@@ -189,8 +218,23 @@ export class StageActor implements Behavior {
     }
   }
 
+  /**
+   * Opens `id`'s sequence; undefined when the id was released, or when the request runs on another Plan
+   * version than this stage's (the fence: the client hears of it as a stale stage and re-routes).
+   */
   #openRequest(id: string, open: OpenParams): Request | undefined {
-    if (this.#released.has(id)) return undefined;
+    if (this.#released.has(id) || this.#stopping) return undefined;
+    if (open.version !== undefined && open.version !== this.#o.planVersion) {
+      const index = this.#o.backend.role.index;
+      this.#log(
+        `stage ${index}: refused request ${id} of Plan v${open.version} (this stage serves v${this.#o.planVersion})`,
+      );
+      this.#remember(id);
+      const message = `stage ${index} serves Plan v${this.#o.planVersion}, not v${open.version}`;
+      this.#o.send(open.client, encodePipe({ type: "error", id, stage: index, message, stale: true }))
+        .catch(() => {});
+      return undefined;
+    }
     const { chunk } = this.#o.backend.open(id, { maxSeq: open.maxSeq, sampling: open.sampling });
     const r: Request = {
       open,
@@ -225,8 +269,10 @@ export class StageActor implements Behavior {
       void this.#loop(m, r, arrived);
       return;
     }
-    for (let pos0 = 0; pos0 < P; pos0 += r.chunk) {
-      const T = Math.min(r.chunk, P - pos0);
+    // The prompt in chunks; a resumed request's generated tokens one per step, as they were first made.
+    const replayFrom = Math.min(P, m.open.replayFrom ?? P);
+    for (let pos0 = 0, T = 0; pos0 < P; pos0 += T) {
+      T = pos0 < replayFrom ? Math.min(r.chunk, replayFrom - pos0) : 1;
       const last = pos0 + T >= P;
       const step = r.step++;
       if (last) r.awaitStep = step;
@@ -258,26 +304,28 @@ export class StageActor implements Behavior {
       sending = sending.then(() => this.#o.send(open.client, body));
     };
     try {
-      await this.#o.backend.generate!(m.id, Array.from(m.prompt), {
-        maxTokens: open.maxTokens,
-        eos: open.eos,
-        onTokens: (ids) => {
-          const now = wallMs();
-          const c = (now - from) / ids.length;
-          for (const token of ids) {
-            const pos = P + generated;
-            generated++;
-            const done = open.eos.includes(token)
-              ? "eos" as const
-              : generated >= open.maxTokens || pos + 1 >= open.maxSeq
-              ? "max_tokens" as const
-              : undefined;
-            const trace = [{ s: 0, in: from, c, out: now, b: 0 }];
-            send(encodePipe({ type: "token", id: m.id, step: generated - 1, pos, token, done, trace }));
-          }
-          from = now;
-        },
-      });
+      await this.#compute(() =>
+        this.#o.backend.generate!(m.id, Array.from(m.prompt), {
+          maxTokens: open.maxTokens,
+          eos: open.eos,
+          onTokens: (ids) => {
+            const now = wallMs();
+            const c = (now - from) / ids.length;
+            for (const token of ids) {
+              const pos = P + generated;
+              generated++;
+              const done = open.eos.includes(token)
+                ? "eos" as const
+                : generated >= open.maxTokens || pos + 1 >= open.maxSeq
+                ? "max_tokens" as const
+                : undefined;
+              const trace = [{ s: 0, in: from, c, out: now, b: 0 }];
+              send(encodePipe({ type: "token", id: m.id, step: generated - 1, pos, token, done, trace }));
+            }
+            from = now;
+          },
+        })
+      );
       await sending;
     } catch (e) {
       await this.#fail(m.id, open, (e as Error).message);
@@ -408,13 +456,15 @@ export class StageActor implements Behavior {
     const t0 = performance.now();
     let out;
     try {
-      out = await this.#o.backend.run(id, {
-        pos0: s.pos0,
-        T: s.T,
-        tokens: s.tokens,
-        hidden: s.hidden,
-        output,
-      });
+      out = await this.#compute(() =>
+        this.#o.backend.run(id, {
+          pos0: s.pos0,
+          T: s.T,
+          tokens: s.tokens,
+          hidden: s.hidden,
+          output,
+        })
+      );
     } catch (e) {
       await this.#fail(id, open, (e as Error).message);
       return false;

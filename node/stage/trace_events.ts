@@ -17,6 +17,8 @@ export interface TraceEvent {
 
 /** Track (pid) of the wire hops; stages use their index. */
 export const WIRE_PID = 1000;
+/** Track of the recoveries (docs/RECOVERY.md). */
+export const RECOVERY_PID = 1001;
 
 /** One step of the chain: its trace; speculative decoding names it and adds its drafting time. */
 export interface TraceStep {
@@ -35,6 +37,14 @@ export interface TraceStep {
 export function chromeTrace(
   steps: TraceStep[],
   stages: { index: number; node: string }[],
+  recoveries: {
+    stage: number | null;
+    node: string | null;
+    reason: string;
+    ms: number;
+    gap_ms: number;
+    at: number;
+  }[] = [],
 ): { traceEvents: TraceEvent[]; displayTimeUnit: "ms" } {
   const t0 = Math.min(...steps.flatMap((s) => s.trace.map((h) => h.in)));
   const us = (ms: number) => Math.round((ms - t0) * 1000);
@@ -93,5 +103,21 @@ export function chromeTrace(
       });
     }
   });
+  // Each recovery: a span on its own track from the lost attempt's last message to the first token after
+  // the resume (a lost stage's track may belong to a node that is gone).
+  if (recoveries.length) {
+    events.push({ name: "process_name", ph: "M", pid: RECOVERY_PID, tid: 0, args: { name: "recoveries" } });
+  }
+  for (const r of recoveries) {
+    events.push({
+      name: `recovery: stage ${r.stage ?? "?"} (${(r.node ?? "?").slice(0, 10)}) ${r.reason}`,
+      ph: "X",
+      pid: RECOVERY_PID,
+      tid: 0,
+      ts: us(r.at - r.gap_ms),
+      dur: Math.round(r.gap_ms * 1000),
+      args: { ...r },
+    });
+  }
   return { traceEvents: events, displayTimeUnit: "ms" };
 }

@@ -8,7 +8,6 @@ import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture } from "../../scripts/check_fixture.ts";
 import { startLocalCluster } from "../../cli/local_cluster.ts";
-import { PipelineError } from "../../node/stage/mod.ts";
 import { expertPlacement, type ExpertPlan } from "../../node/stage/experts.ts";
 import { expertName } from "../../node/stage/expert_names.ts";
 
@@ -44,7 +43,7 @@ for (const [name, n] of [["kimi-k2-tiny", 5], ["mixtral-tiny", 5], ["mixtral-tin
 }
 
 Deno.test({
-  ...needs("experts spread: a node holding experts killed mid-generation: a clear error, the request freed", {
+  ...needs("experts spread: a node holding experts killed mid-generation: re-placed, the same tokens", {
     [GPU]: hasGpu,
   }),
   ...slow,
@@ -73,22 +72,16 @@ Deno.test({
     const unresolved = () => want.filter(([name, node]) => cluster.node.registry.resolve(name) !== node);
     for (let i = 0; i < 50 && unresolved().length > 0; i++) await new Promise((r) => setTimeout(r, 100));
     assert.deepEqual(unresolved(), [], "every expert name resolves to its host");
-    let killedAt = 0;
-    const p = cluster.pipeline.client.generate(cluster.chain, prompt, {
-      maxTokens: 4000,
-      onToken: (e) => {
-        if (e.index !== 2) return;
-        Deno.kill(hostOnly[1], "SIGKILL");
-        killedAt = performance.now();
-      },
+    const alone = (await cluster.pipeline.client.generate(cluster.chain, prompt, { maxTokens: 12 })).tokens;
+    const r = await cluster.pipeline.client.generate(cluster.chain, prompt, {
+      maxTokens: 12,
+      onToken: (e) => e.index === 2 && Deno.kill(hostOnly[1], "SIGKILL"),
     });
-    await assert.rejects(
-      p,
-      (e) => e instanceof PipelineError && /expert host|unreachable|failed/.test(e.message),
-    );
-    const ms = performance.now() - killedAt;
-    console.log(`expert host killed: the client got its error after ${(ms / 1000).toFixed(1)} s`);
-    assert.ok(ms < 10_000, `error after ${ms.toFixed(0)} ms`);
+    assert.deepEqual(r.tokens, alone, "the resumed generation gives the uninterrupted run's tokens");
+    assert.equal(r.recoveries?.length, 1);
+    console.log(`expert host killed: decoding went on after ${r.recoveries![0].gap_ms} ms`);
+    const now = cluster.pipeline.board.current!.plan as ExpertPlan;
+    assert.ok(!(now.expertHosts ?? []).some((h) => h.node === hostOnly[0]), "its experts live elsewhere now");
     let reports = await cluster.pipeline.stageReports();
     for (let i = 0; i < 50 && reports.some((r) => r.active !== 0); i++) {
       await new Promise((r) => setTimeout(r, 200));

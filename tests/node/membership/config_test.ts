@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { lan, membershipConfig, presets } from "../../../node/membership/config.ts";
 
-Deno.test("lan preset is memberlist's DefaultLANConfig", () => {
+Deno.test("lan preset is memberlist's DefaultLANConfig, probing every 500 ms with suspicion multiplier 6", () => {
   assert.deepEqual(
     [
       lan.probeIntervalMs,
@@ -10,7 +10,7 @@ Deno.test("lan preset is memberlist's DefaultLANConfig", () => {
       lan.suspicionMaxTimeoutMult,
       lan.retransmitMult,
     ],
-    [1000, 500, 4, 6, 4],
+    [500, 250, 6, 6, 4],
   );
   assert.deepEqual(
     [

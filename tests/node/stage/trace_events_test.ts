@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { chromeTrace, WIRE_PID } from "../../../node/stage/trace_events.ts";
+import { chromeTrace, RECOVERY_PID, WIRE_PID } from "../../../node/stage/trace_events.ts";
 
 Deno.test("chromeTrace: a span per stage and step, a span per hop, and the token's way back", () => {
   // Two steps on a 3-stage chain, times in epoch ms.
@@ -55,4 +55,23 @@ Deno.test("chromeTrace: a span per stage and step, a span per hop, and the token
   assert.equal(back.ts! + back.dur!, 50000);
   // Every stage and the wire get a named track.
   assert.equal(traceEvents.filter((e) => e.ph === "M").length, 4);
+});
+
+Deno.test("chromeTrace: each recovery is a span on its own track, from the last message to the resumed token", () => {
+  const steps = [
+    {
+      token: 7,
+      trace: [{ s: 0, in: 1000, c: 10, out: 1010, b: 64 }, { s: 1, in: 1011, c: 9, out: 1020, b: 4 }],
+    },
+  ];
+  const stages = [0, 1].map((index) => ({ index, node: `node${index}-abcdefgh` }));
+  const r = { stage: 1, node: "node1-abcdefgh", reason: "died", ms: 1500, gap_ms: 5000, at: 7000 };
+  const { traceEvents } = chromeTrace(steps, stages, [r]);
+  const track = traceEvents.filter((e) => e.pid === RECOVERY_PID);
+  assert.deepEqual(track.map((e) => e.ph), ["M", "X"]);
+  assert.deepEqual(
+    [track[1].name, track[1].ts, track[1].dur],
+    ["recovery: stage 1 (node1-abcd) died", 1_000_000, 5_000_000],
+  );
+  assert.equal(chromeTrace(steps, stages).traceEvents.some((e) => e.pid === RECOVERY_PID), false);
 });

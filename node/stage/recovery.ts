@@ -1,0 +1,198 @@
+// Recovery (rung 6, docs/RECOVERY.md): when a node of the current Plan dies or leaves (membership says so),
+// the leader re-plans over the survivors and publishes the new Assignment; every node claims its new role
+// (a role that did not change keeps its weights), and the clients resume their requests on the new chain
+// (node/stage/client.ts: prompt + tokens so far are re-sent, the stages rebuild their KV). When the leader
+// itself is gone, the live member with the lowest id takes over: it re-plans and leads from then on.
+import { join } from "node:path";
+import type { ActorSystem } from "../actors/mod.ts";
+import type { Links } from "../links.ts";
+import type { Member, Membership } from "../membership/mod.ts";
+import type { Assignment, AssignmentBoard } from "./assignment.ts";
+import { expertPlacement, type ExpertPlan } from "./experts.ts";
+import { planChain } from "./plan_chain.ts";
+import { liveMembers } from "./publish.ts";
+
+/** A Plan's node-bearing fields (planner/plan.ts has the whole type). */
+export type RecoverablePlan = ExpertPlan & {
+  stages: ExpertPlan["stages"];
+  nodes?: { id: string; role?: string }[];
+} & Record<string, unknown>;
+
+/** One re-plan the leader made, as `status --json` shows it. */
+export interface Replan {
+  /** Plan versions before and after. */
+  from: number;
+  to: number;
+  /** The nodes that were lost, and why ("died", "left"). */
+  lost: { node: string; reason: string }[];
+  /** "spare": the lost nodes' parts moved to idle members; "replan": the Plan was made again over the survivors. */
+  how: "spare" | "replan";
+  /** From the first loss seen here to the new Plan's publication, ms. */
+  ms: number;
+  /** Whether this node took the lead to do it (the previous leader was among the lost). */
+  tookLead: boolean;
+}
+
+/** Every node the Plan uses: its stages' nodes and its expert hosts. */
+export function planNodes(plan: ExpertPlan): Set<string> {
+  const hosts = [...expertPlacement(plan).values()].flatMap((m) => [...m.keys()]);
+  return new Set([...plan.stages.map((s) => s.node), ...hosts]);
+}
+
+/**
+ * The spares' move (pure): each lost node's part (a stage, with its experts, or an expert host's experts)
+ * goes to a spare, in order; undefined when there are fewer spares than lost nodes. Spares are members the
+ * Plan does not use.
+ */
+export function withSpares<P extends RecoverablePlan>(
+  plan: P,
+  lost: string[],
+  spares: string[],
+): P | undefined {
+  const used = planNodes(plan);
+  const gone = lost.filter((n) => used.has(n));
+  const free = spares.filter((n) => !used.has(n));
+  if (free.length < gone.length) return undefined;
+  const to = new Map(gone.map((n, i) => [n, free[i]]));
+  const map = (n: string) => to.get(n) ?? n;
+  return {
+    ...plan,
+    stages: plan.stages.map((s) => ({ ...s, node: map(s.node) })),
+    ...(plan.expertHosts ? { expertHosts: plan.expertHosts.map((h) => ({ ...h, node: map(h.node) })) } : {}),
+    // The Plan's node list: a spare takes the lost node's role there, the lost node idles.
+    ...(plan.nodes
+      ? {
+        nodes: plan.nodes.map((n) => {
+          if (to.has(n.id)) return { ...n, role: "idle" };
+          const was = [...to].find(([, spare]) => spare === n.id)?.[0];
+          const role = was && plan.nodes!.find((m) => m.id === was)?.role;
+          return role ? { ...n, role } : n;
+        }),
+      }
+      : {}),
+  };
+}
+
+/** Who leads: the Assignment's leader while it is live, else the live member with the lowest id. */
+export function effectiveLeader(
+  a: Pick<Assignment, "leader">,
+  members: Pick<Member, "id" | "state">[],
+): string {
+  const alive = members.filter((m) => m.state === "alive").map((m) => m.id).sort();
+  return alive.includes(a.leader) ? a.leader : alive[0] ?? a.leader;
+}
+
+export interface RecoveryHost {
+  membership: Membership;
+  actors: ActorSystem;
+  links: Links;
+}
+
+export interface RecoveryOptions {
+  /** The checkpoint folder on this node (default: the Assignment's). */
+  modelDir?: string;
+  /** Wait this long after a loss for others that come with it before re-planning (default 100 ms). */
+  settleMs?: number;
+  log?: (msg: string) => void;
+}
+
+/** Watches membership on every node; on the leader (or the node that takes the lead) re-plans after a loss. */
+export class ChainRecovery {
+  /** The re-plans this node made, oldest first (at most 64). */
+  readonly replans: Replan[] = [];
+  #host: RecoveryHost;
+  #board: AssignmentBoard;
+  #o: RecoveryOptions;
+  #log: (msg: string) => void;
+  #firstLoss: number | undefined;
+  #timer: ReturnType<typeof setTimeout> | undefined;
+  #busy: Promise<void> = Promise.resolve();
+  #leaderRef: { stop(): Promise<void> } | undefined;
+  #unsubscribe: Array<() => void> = [];
+  #closed = false;
+
+  constructor(host: RecoveryHost, board: AssignmentBoard, opts: RecoveryOptions = {}) {
+    this.#host = host;
+    this.#board = board;
+    this.#o = opts;
+    this.#log = opts.log ?? ((m) => console.error(`swactor: ${m}`));
+    this.#unsubscribe.push(host.membership.onChange(({ member }) => {
+      if (member.state === "dead" || member.state === "left") this.#schedule();
+    }));
+    this.#unsubscribe.push(board.onChange(() => this.#schedule()));
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    clearTimeout(this.#timer);
+    for (const u of this.#unsubscribe) u();
+    await this.#busy;
+    await this.#leaderRef?.stop();
+  }
+
+  #schedule(): void {
+    if (this.#closed) return;
+    this.#firstLoss ??= performance.now();
+    clearTimeout(this.#timer);
+    this.#timer = setTimeout(() => {
+      this.#busy = this.#busy.then(() => this.#check()).catch((e) =>
+        this.#log(`recovery: ${(e as Error).message}`)
+      );
+    }, this.#o.settleMs ?? 100);
+  }
+
+  async #check(): Promise<void> {
+    const a = this.#board.current;
+    const since = this.#firstLoss;
+    this.#firstLoss = undefined;
+    if (!a || this.#closed) return;
+    const self = this.#host.membership.id;
+    const members = this.#host.membership.members();
+    const leader = effectiveLeader(a, members);
+    if (leader !== self) return;
+    this.#holdLeaderName();
+    const state = new Map(members.map((m) => [m.id, m.state]));
+    const lost = [...planNodes(a.plan)]
+      .filter((n) => n !== self && state.get(n) !== "alive" && state.get(n) !== "suspect")
+      .map((node) => ({ node, reason: state.get(node) === "left" ? "left" : "died" }));
+    const tookLead = a.leader !== self;
+    if (lost.length === 0 && !tookLead) return;
+    const alive = members.filter((m) => m.state === "alive")
+      .sort((x, y) => (x.id === self ? -1 : y.id === self ? 1 : x.id < y.id ? -1 : 1));
+    let how: Replan["how"] = "spare";
+    let plan = withSpares(a.plan as RecoverablePlan, lost.map((l) => l.node), alive.map((m) => m.id));
+    if (!plan) {
+      // No spare for every lost part: plan again over the survivors, from their measured descriptors.
+      how = "replan";
+      const dir = this.#o.modelDir ?? a.model.dir;
+      const config = JSON.parse(await Deno.readTextFile(join(dir, "config.json")));
+      plan = planChain(config, liveMembers(this.#host, alive), {
+        weights: a.model.weights,
+        experts: (a.plan as ExpertPlan).expertMode === "spread" ? "spread" : "local",
+      }) as unknown as RecoverablePlan;
+    }
+    if (this.#closed || this.#board.current !== a) return; // a newer Plan came meanwhile
+    const next = this.#board.publish({ plan: plan as Assignment["plan"], model: a.model, layers: a.layers });
+    const r: Replan = {
+      from: a.version,
+      to: next.version,
+      lost,
+      how,
+      ms: Math.round(performance.now() - (since ?? performance.now())),
+      tookLead,
+    };
+    this.replans.push(r);
+    if (this.replans.length > 64) this.replans.shift();
+    this.#log(
+      `recovery: plan v${r.from} -> v${r.to} (${how}${tookLead ? ", this node leads now" : ""}): lost ${
+        lost.map((l) => `${l.node.slice(0, 10)} (${l.reason})`).join(", ") || "the leader"
+      }; ${next.plan.stages.length} stage(s)`,
+    );
+  }
+
+  /** The leader answers to the name `leader` (status shows it as a role). */
+  #holdLeaderName(): void {
+    if (this.#leaderRef || this.#host.actors.localNames().includes("leader")) return;
+    this.#leaderRef = this.#host.actors.spawn("leader", { receive: () => {} });
+  }
+}
