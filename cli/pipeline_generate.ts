@@ -136,7 +136,9 @@ function report(
       wire: o.wire,
       nodes: chain.nodes,
       stages: chain.stages,
-      ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout } : {}),
+      ...(experts
+        ? { expert_hosts: experts.hosts, fanout: experts.fanout, fanout_parts: experts.parts }
+        : {}),
       timings: {
         mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
         prefill: prefillJson(r.events[0]?.prefill),

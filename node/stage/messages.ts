@@ -46,8 +46,16 @@ export interface HopTrace {
    * compute, behind the request's earlier steps (prefill chunks), ms; absent when it did not wait.
    */
   w?: number;
-  /** Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts]). */
-  x?: Record<string, Record<string, [number, number, number[]]>>;
+  /**
+   * Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts, host ms]:
+   * the round trip, and the host's own compute within it).
+   */
+  x?: Record<string, Record<string, [number, number, number[], number?]>>;
+  /**
+   * The fan-out's parts per MoE layer in the step (layer -> [fan-outs, readback ms of the routing and the
+   * activations, ms until the last reply, combine ms]).
+   */
+  xp?: Record<string, [number, number, number, number]>;
 }
 
 export type PipeMessage =
