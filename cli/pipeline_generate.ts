@@ -119,6 +119,8 @@ function report(
 ): void {
   const mean = meanTimings(r.events.slice(1).map((e) => e.timings));
   const experts = expertReport(r.events.map((e) => e.trace));
+  // The fan-out's parts over the decode steps only (as mean_decode: the first event is the prefill's).
+  const decodeParts = expertReport(r.events.slice(1).map((e) => e.trace))?.parts ?? {};
   const measured = measuredMsPerToken(r.events);
   if (o.json) {
     console.log(JSON.stringify({
