@@ -138,9 +138,7 @@ function report(
       wire: o.wire,
       nodes: chain.nodes,
       stages: chain.stages,
-      ...(experts
-        ? { expert_hosts: experts.hosts, fanout: experts.fanout, fanout_parts: experts.parts }
-        : {}),
+      ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout, fanout_parts: decodeParts } : {}),
       timings: {
         mean_decode: { compute_ms: mean.computeMs, wire_ms: mean.wireMs, bytes: mean.bytes },
         prefill: prefillJson(r.events[0]?.prefill),
