@@ -223,7 +223,12 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
       });
       out.end();
       const plan = cluster.assignment.plan as unknown as Plan;
-      const alive = cluster.node.membership.members().filter((m) => plan.stages.some((s) => s.node === m.id));
+      // The stages' nodes and the expert hosts: a spread Plan is predicted with its fan-out to them.
+      const inPlan = new Set([
+        ...plan.stages.map((s) => s.node),
+        ...(plan.expertHosts ?? []).map((h) => h.node),
+      ]);
+      const alive = cluster.node.membership.members().filter((m) => inPlan.has(m.id));
       const predicted = await predictRequest(o.modelDir, plan, liveMembers(cluster.node, alive), {
         promptTokens: p.ids.length,
         generated: r.tokens.length,
