@@ -176,6 +176,8 @@ export interface FanoutNode {
   ms: number;
   /** The host's own compute within them, ms. */
   hostMs: number;
+  /** Messages (or local computes). */
+  calls: number;
   experts: Set<number>;
 }
 
@@ -196,8 +198,8 @@ export type FanoutRecord = Map<number, FanoutLayer>;
 
 /** A record as it travels in a hop's trace (messages.ts HopTrace `x` and `xp`). */
 export interface FanoutTrace {
-  /** layer -> node -> [bytes, ms, experts, host ms]. */
-  x: Record<string, Record<string, [number, number, number[], number]>>;
+  /** layer -> node -> [bytes, ms, experts, host ms, calls]. */
+  x: Record<string, Record<string, [number, number, number[], number, number]>>;
   /** layer -> [fan-outs, readback ms, wait ms, combine ms]. */
   xp: Record<string, [number, number, number, number]>;
 }
@@ -210,7 +212,7 @@ export function fanoutTrace(r: FanoutRecord): FanoutTrace {
     out.xp[layer] = [l.steps, ms3(l.readbackMs), ms3(l.waitMs), ms3(l.combineMs)];
     out.x[layer] = {};
     for (const [node, v] of l.nodes) {
-      out.x[layer][node] = [v.bytes, ms3(v.ms), [...v.experts].sort((a, b) => a - b), ms3(v.hostMs)];
+      out.x[layer][node] = [v.bytes, ms3(v.ms), [...v.experts].sort((a, b) => a - b), ms3(v.hostMs), v.calls];
     }
   }
   return out;
@@ -267,7 +269,9 @@ export function createFanout(o: {
             hostMs = all[input.T * hidden];
           }
           if (layerRec) {
-            const r = layerRec.nodes.get(node) ?? { bytes: 0, ms: 0, hostMs: 0, experts: new Set<number>() };
+            const r = layerRec.nodes.get(node) ??
+              { bytes: 0, ms: 0, hostMs: 0, calls: 0, experts: new Set<number>() };
+            r.calls++;
             r.bytes += bytes;
             r.ms += performance.now() - t0;
             r.hostMs += hostMs;
@@ -301,7 +305,23 @@ export interface ExpertReport {
    * layer -> the fan-out's parts over the request: fan-outs (steps), readback of the routing and activations,
    * wait (first send to last reply), combine, ms.
    */
-  parts: Record<string, { steps: number; readback_ms: number; wait_ms: number; combine_ms: number }>;
+  parts: Record<string, FanoutParts>;
+}
+
+/** A layer's fan-outs over a request: counts and ms summed over its steps. */
+export interface FanoutParts {
+  /** Fan-outs (the stage's steps through this layer). */
+  steps: number;
+  /** Reading back the routing and the activations. */
+  readback_ms: number;
+  /** From the first send to the last reply. */
+  wait_ms: number;
+  /** Summing the replies. */
+  combine_ms: number;
+  /** Messages to other nodes, their round trips and the hosts' compute within them (wire = ms - host_ms). */
+  remote: { calls: number; ms: number; host_ms: number };
+  /** The stage's own share (computed in its process beside the remote ones). */
+  own: { calls: number; ms: number };
 }
 
 export function expertReport(
@@ -310,6 +330,15 @@ export function expertReport(
   const hosts: ExpertReport["hosts"] = {};
   const fanout: ExpertReport["fanout"] = {};
   const parts: ExpertReport["parts"] = {};
+  const part = (layer: string) =>
+    parts[layer] ??= {
+      steps: 0,
+      readback_ms: 0,
+      wait_ms: 0,
+      combine_ms: 0,
+      remote: { calls: 0, ms: 0, host_ms: 0 },
+      own: { calls: 0, ms: 0 },
+    };
   let any = false;
   for (const trace of traces) {
     for (const hop of trace ?? []) {
@@ -317,8 +346,17 @@ export function expertReport(
         any = true;
         hosts[layer] ??= {};
         fanout[layer] ??= {};
-        for (const [node, [bytes, ms, experts, hostMs]] of Object.entries(nodes)) {
+        for (const [node, [bytes, ms, experts, hostMs, calls]] of Object.entries(nodes)) {
           for (const e of experts) hosts[layer][e] = node;
+          const p = part(layer);
+          if (bytes > 0) {
+            p.remote.calls += calls ?? 0;
+            p.remote.ms = ms3(p.remote.ms + ms);
+            p.remote.host_ms = ms3(p.remote.host_ms + (hostMs ?? 0));
+          } else {
+            p.own.calls += calls ?? 0;
+            p.own.ms = ms3(p.own.ms + ms);
+          }
           const f = fanout[layer][node] ?? { bytes: 0, ms: 0, host_ms: 0 };
           fanout[layer][node] = {
             bytes: f.bytes + bytes,
@@ -328,13 +366,11 @@ export function expertReport(
         }
       }
       for (const [layer, [steps, readback, wait, combine]] of Object.entries(hop.xp ?? {})) {
-        const p = parts[layer] ?? { steps: 0, readback_ms: 0, wait_ms: 0, combine_ms: 0 };
-        parts[layer] = {
-          steps: p.steps + steps,
-          readback_ms: ms3(p.readback_ms + readback),
-          wait_ms: ms3(p.wait_ms + wait),
-          combine_ms: ms3(p.combine_ms + combine),
-        };
+        const p = part(layer);
+        p.steps += steps;
+        p.readback_ms = ms3(p.readback_ms + readback);
+        p.wait_ms = ms3(p.wait_ms + wait);
+        p.combine_ms = ms3(p.combine_ms + combine);
       }
     }
   }

@@ -47,10 +47,10 @@ export interface HopTrace {
    */
   w?: number;
   /**
-   * Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts, host ms]:
-   * the round trip, and the host's own compute within it).
+   * Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts, host ms,
+   * calls]: the round trips, the host's own compute within them, and how many).
    */
-  x?: Record<string, Record<string, [number, number, number[], number?]>>;
+  x?: Record<string, Record<string, [number, number, number[], number?, number?]>>;
   /**
    * The fan-out's parts per MoE layer in the step (layer -> [fan-outs, readback ms of the routing and the
    * activations, ms until the last reply, combine ms]).
