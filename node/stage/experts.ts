@@ -162,11 +162,17 @@ export function expertHostBehavior(
   };
 }
 
-/** What went to each node for one request: layer -> node -> bytes sent + received, ms, experts served. */
-export type FanoutRecord = Map<number, Map<string, { bytes: number; ms: number; experts: Set<number> }>>;
+/**
+ * What went to each node for one request since the last step: layer -> node -> bytes sent + received, ms,
+ * experts served, and when the first call started (ms since the epoch).
+ */
+export type FanoutRecord = Map<
+  number,
+  Map<string, { bytes: number; ms: number; experts: Set<number>; at: number }>
+>;
 
-/** A record as it travels in a hop's trace: layer -> node -> [bytes, ms, experts]. */
-export type FanoutTrace = Record<string, Record<string, [number, number, number[]]>>;
+/** A record as it travels in a hop's trace: layer -> node -> [bytes, ms, experts, at]. */
+export type FanoutTrace = Record<string, Record<string, [number, number, number[], number]>>;
 
 export function fanoutTrace(r: FanoutRecord): FanoutTrace {
   const out: FanoutTrace = {};
@@ -177,6 +183,7 @@ export function fanoutTrace(r: FanoutRecord): FanoutTrace {
         v.bytes,
         Number(v.ms.toFixed(3)),
         [...v.experts].sort((a, b) => a - b),
+        Number(v.at.toFixed(3)),
       ];
     }
   }
@@ -225,7 +232,8 @@ export function createFanout(o: {
           }
           if (rec) {
             if (!rec.has(layer)) rec.set(layer, new Map());
-            const r = rec.get(layer)!.get(node) ?? { bytes: 0, ms: 0, experts: new Set<number>() };
+            const r = rec.get(layer)!.get(node) ??
+              { bytes: 0, ms: 0, experts: new Set<number>(), at: performance.timeOrigin + t0 };
             r.bytes += bytes;
             r.ms += performance.now() - t0;
             for (const e of chosen) if (ids.has(e)) r.experts.add(e);
@@ -249,7 +257,9 @@ export interface ExpertReport {
   fanout: Record<string, Record<string, { bytes: number; ms: number }>>;
 }
 
-export function expertReport(traces: ({ x?: FanoutTrace }[] | undefined)[]): ExpertReport | undefined {
+export function expertReport(
+  traces: ({ x?: Record<string, Record<string, [number, number, number[], number?]>> }[] | undefined)[],
+): ExpertReport | undefined {
   const hosts: ExpertReport["hosts"] = {};
   const fanout: ExpertReport["fanout"] = {};
   let any = false;

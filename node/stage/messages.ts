@@ -28,6 +28,8 @@ export interface OpenParams {
 }
 
 /** One stage's part of a step: when the message arrived, compute time, when the next one left, its size. */
+import type { TraceNote } from "./trace_events.ts";
+
 export interface HopTrace {
   /** Stage index. */
   s: number;
@@ -46,8 +48,13 @@ export interface HopTrace {
    * compute, behind the request's earlier steps (prefill chunks), ms; absent when it did not wait.
    */
   w?: number;
-  /** Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts]). */
-  x?: Record<string, Record<string, [number, number, number[]]>>;
+  /**
+   * Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts, at]: `at` the
+   * call's start, ms since the epoch; absent from older nodes).
+   */
+  x?: Record<string, Record<string, [number, number, number[], number?]>>;
+  /** More events for the trace (recoveries, speculation, ...): node/stage/trace_events.ts, addTraceNote. */
+  n?: TraceNote[];
 }
 
 export type PipeMessage =
