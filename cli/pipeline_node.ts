@@ -40,8 +40,8 @@ export class WeightBudget {
   #take(need: number, what: string): void {
     if (this.#held + need > this.bytes) {
       throw new Error(
-        `${what} needs ${humanBytes(need)} of weights; this node's memory budget (--memory) is ` +
-          `${humanBytes(this.bytes)}, ${humanBytes(this.#held)} of it held already`,
+        `${what} needs ${need} bytes of weights; this node's memory budget (--memory) is ${this.bytes} ` +
+          `bytes (${humanBytes(this.bytes)}), ${this.#held} of them held already`,
       );
     }
     this.#held += need;
