@@ -192,6 +192,8 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
       ...(o.context !== undefined ? ["--context", String(o.context)] : []),
       "--api",
       api,
+      "--http",
+      "off",
       ...(net ? ["--expose-api"] : []),
     ]);
     const leaderWriter = leader.stdin.getWriter(); // held open: the leader leaves when this process is gone
