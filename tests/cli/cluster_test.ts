@@ -184,3 +184,69 @@ Deno.test({
     await Deno.remove(tmp, { recursive: true });
   }
 });
+
+Deno.test({
+  ...needs(
+    "up --cluster kimi_lab.swl: status shows each node's experts, generate uses it, down stops every node",
+    {
+      "a WebGPU adapter": hasGpu,
+    },
+  ),
+  sanitizeOps: false,
+  sanitizeResources: false,
+}, async () => {
+  const dir = fixtureDir("kimi-k2-tiny", { needs: "reference.json" })!;
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  const state = await Deno.makeTempDir();
+  const env = { SWACTOR_STATE_DIR: state };
+  const up = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", "--quiet", new URL("../../main.ts", import.meta.url).pathname, "up"].concat(
+      ["--cluster", LAB, "--model", dir],
+    ),
+    env,
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  let err = "";
+  const reading = (async () => {
+    for await (const c of up.stderr.pipeThrough(new TextDecoderStream())) err += c;
+  })();
+  try {
+    const deadline = Date.now() + 120_000;
+    while (!err.includes("`swactor down` stops them")) {
+      if (Date.now() > deadline) throw new Error(`up --cluster did not come up: ${err}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    const status = await runCli(["status", "--json"], { env });
+    assert.equal(status.code, 0, status.stderr);
+    const members = JSON.parse(status.stdout).members as { name: string; roles: string[] }[];
+    assert.equal(members.length, 12);
+    const hosting = members.filter((m) => m.roles.some((r) => /^experts \d+:\d/.test(r)));
+    assert.ok(hosting.length >= 8, `${hosting.length} members list experts among their roles`);
+    assert.ok(members.some((m) => m.name === "ew-3060"), "members are named after the file's nodes");
+    const gen = await runCli([
+      ...["generate", "--tokens", ref.tokens.slice(0, ref.prompt_length).join(","), "--max-tokens", "2"],
+      ...["--temperature", "0", "--json"],
+    ], { env });
+    assert.equal(gen.code, 0, gen.stderr);
+    assert.deepEqual(
+      JSON.parse(gen.stdout).tokens,
+      ref.tokens.slice(ref.prompt_length, ref.prompt_length + 2),
+    );
+    const down = await runCli(["down"], { env });
+    assert.equal(down.code, 0, down.stderr);
+    const code = await Promise.race([
+      up.status.then((s) => s.code),
+      new Promise<null>((r) => setTimeout(() => r(null), 30_000)),
+    ]);
+    assert.equal(code, 0, `up --cluster after down: ${err}`);
+  } finally {
+    try {
+      up.kill("SIGKILL");
+    } catch { /* gone */ }
+    await up.status;
+    await reading;
+    await Deno.remove(state, { recursive: true });
+  }
+});
