@@ -5,7 +5,14 @@ import { resolve } from "node:path";
 import { numberFlag, UsageError } from "./command.ts";
 import { LAB_CONTEXT, readLabCluster } from "./cluster_plan.ts";
 import { type ClusterRun, startClusterRun } from "./cluster_run.ts";
-import { type ChainGenerateOptions, generateOnCluster } from "./pipeline_generate.ts";
+import {
+  type ChainGenerateOptions,
+  checkPrompt,
+  generateOnCluster,
+  writeLogits,
+} from "./pipeline_generate.ts";
+import { apiError, apiFetch } from "../node/api/mod.ts";
+import { Checkpoint } from "../models/checkpoint.ts";
 import { onStopSignal } from "./signals.ts";
 import { parseWeights } from "./load_model.ts";
 import { claimState, clearState, statePath, writeState } from "../node/state_file.ts";
@@ -109,6 +116,40 @@ export async function generateCluster(
       `swactor: the ${setup.lab.nodes.length} node processes are torn down` +
         (datagrams !== undefined ? ` (the relays delivered ${datagrams} datagrams)` : ""),
     );
+  }
+}
+
+/** logits --cluster FILE: teacher-forced logits on a fresh lab cluster (POST /logits on its leader). */
+export async function logitsCluster(
+  values: ClusterValues,
+  o: { ids: number[]; out: string; wire: "f16" | "f32" },
+  modelDir: string,
+): Promise<number> {
+  const setup = await clusterSetup(values, modelDir);
+  const config = (await Checkpoint.open(setup.modelDir)).config;
+  checkPrompt(o.ids, config, 0);
+  const run = await start(setup);
+  if (typeof run === "number") return run;
+  try {
+    const res = await apiFetch(run.target, "/logits", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ tokens: o.ids, wire: o.wire }),
+    });
+    if (!res.ok) throw new Error(`the cluster refused the request: ${await apiError(res)}`);
+    const logits = new Float32Array(await res.arrayBuffer());
+    if (logits.length !== o.ids.length * config.vocabSize) {
+      throw new Error(
+        `the cluster sent ${logits.length} logits; expected ${o.ids.length} x ${config.vocabSize}`,
+      );
+    }
+    await writeLogits(o.out, o.ids, config.vocabSize, logits);
+    console.error(
+      `swactor: wrote logits [${o.ids.length}, ${config.vocabSize}] to ${o.out} (${setup.lab.nodes.length} nodes)`,
+    );
+    return 0;
+  } finally {
+    await run.close();
   }
 }
 

@@ -14,6 +14,7 @@ import { PlacementError } from "../../planner/mod.ts";
 import type { StageBackend } from "../../node/stage/mod.ts";
 import type { ExpertService } from "../../node/stage/backend.ts";
 import { breakdown } from "../../scripts/trace_breakdown.ts";
+import { readF32, worstRowError } from "../../scripts/check_fixture.ts";
 
 const LAB = new URL("../../planner/examples/kimi_lab.swl", import.meta.url).pathname;
 const MODELS = ["kimi-k2-tiny", "deepseek-v3-groups", "deepseek-v3-plain"];
@@ -248,5 +249,31 @@ Deno.test({
     await up.status;
     await reading;
     await Deno.remove(state, { recursive: true });
+  }
+});
+
+Deno.test({
+  ...needs("logits --cluster kimi_lab.swl (f32, memory scaled 2x): transformers' logits within 1e-4", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  sanitizeOps: false,
+  sanitizeResources: false,
+}, async () => {
+  const dir = fixtureDir("kimi-k2-tiny", { needs: "reference.safetensors" })!;
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  const tmp = await Deno.makeTempDir();
+  try {
+    const out = join(tmp, "l.safetensors");
+    const r = await runCli([
+      ...["logits", "--model", dir, "--tokens", ref.tokens.join(","), "--out", out, "--weights", "f32"],
+      ...["--cluster", LAB, "--memory-scale", "2"],
+    ]);
+    assert.equal(r.code, 0, r.stderr);
+    const got = await readF32(out, "logits");
+    const want = await readF32(join(dir, "reference.safetensors"), "logits");
+    const err = worstRowError(got.data, want.data, got.shape[1]);
+    assert.ok(err <= 1e-4, `logits error ${err}`);
+  } finally {
+    await Deno.remove(tmp, { recursive: true });
   }
 });
