@@ -173,9 +173,11 @@ export async function upCluster(values: ClusterValues): Promise<number> {
         pid: Deno.pid,
         api,
         token: run.target.token!,
+        ticket: run.ticket,
         id: [...run.names].find(([, name]) => name === setup.lab.nodes[0].name)?.[0] ?? "",
         startedAt: new Date().toISOString(),
       });
+      console.log(`ticket: ${run.ticket}`);
       console.error(`api: ${api}`);
       for (const [id, name] of run.names) console.error(`node ${name}: ${id}`);
       console.error(

@@ -43,6 +43,8 @@ export interface ClusterRunOptions {
 export interface ClusterRun {
   /** The leader's control API. */
   target: ApiTarget;
+  /** The leader's ticket (more nodes may join with it). */
+  ticket: string;
   /** Node id -> the file's name for it. */
   names: Map<string, string>;
   /** Datagrams the relays delivered, when the WAN is emulated. */
@@ -53,9 +55,11 @@ export interface ClusterRun {
 }
 
 /** Whether namespaces can be made here; a UsageError (exit 2) saying why not otherwise. */
-export async function checkNamespaces(): Promise<void> {
-  if (Deno.build.os !== "linux") throw new UsageError("--emulate-wan needs Linux network namespaces");
-  if (Deno.uid() !== 0) {
+export async function checkNamespaces(
+  host: { os: string; uid: number | null } = { os: Deno.build.os, uid: Deno.uid() },
+): Promise<void> {
+  if (host.os !== "linux") throw new UsageError("--emulate-wan needs Linux network namespaces");
+  if (host.uid !== 0) {
     throw new UsageError("--emulate-wan needs root (it creates network namespaces); run it as root");
   }
   try {
@@ -245,6 +249,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
     const token = JSON.parse(await Deno.readTextFile(join(tmp, "node-0", "node.json"))).token as string;
     return {
       target: { base: `http://${apiAddr}`, token, pid: leader.pid },
+      ticket: ticket!,
       names,
       exited: leader.status.then(() => {}),
       relayDatagrams: () => topo?.stats().reduce((s, r) => s + r.up.delivered + r.down.delivered, 0),

@@ -8,7 +8,8 @@ import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
 import { runCli } from "./run.ts";
 import { labLink, planRegional, readLabCluster } from "../../cli/cluster_plan.ts";
-import { LAB_NETNS_PREFIX } from "../../cli/cluster_run.ts";
+import { checkNamespaces, LAB_NETNS_PREFIX } from "../../cli/cluster_run.ts";
+import { UsageError } from "../../cli/command.ts";
 import { WeightBudget } from "../../cli/pipeline_node.ts";
 import { PlacementError } from "../../planner/mod.ts";
 import type { StageBackend } from "../../node/stage/mod.ts";
@@ -206,19 +207,25 @@ Deno.test({
     ),
     env,
     stdin: "null",
-    stdout: "null",
+    stdout: "piped",
     stderr: "piped",
   }).spawn();
-  let err = "";
-  const reading = (async () => {
-    for await (const c of up.stderr.pipeThrough(new TextDecoderStream())) err += c;
-  })();
+  let err = "", out = "";
+  const reading = Promise.all([
+    (async () => {
+      for await (const c of up.stderr.pipeThrough(new TextDecoderStream())) err += c;
+    })(),
+    (async () => {
+      for await (const c of up.stdout.pipeThrough(new TextDecoderStream())) out += c;
+    })(),
+  ]);
   try {
     const deadline = Date.now() + 120_000;
     while (!err.includes("`swactor down` stops them")) {
       if (Date.now() > deadline) throw new Error(`up --cluster did not come up: ${err}`);
       await new Promise((r) => setTimeout(r, 200));
     }
+    assert.match(out, /^ticket: \S+\n$/, "one ticket line on stdout, as `up` prints");
     const status = await runCli(["status", "--json"], { env });
     assert.equal(status.code, 0, status.stderr);
     const members = JSON.parse(status.stdout).members as { name: string; roles: string[] }[];
@@ -276,4 +283,9 @@ Deno.test({
   } finally {
     await Deno.remove(tmp, { recursive: true });
   }
+});
+
+Deno.test("--emulate-wan without root or on another OS: a UsageError saying so (exit 2)", async () => {
+  await assert.rejects(checkNamespaces({ os: "linux", uid: 1000 }), UsageError, "--emulate-wan needs root");
+  await assert.rejects(checkNamespaces({ os: "darwin", uid: 0 }), UsageError, "Linux network namespaces");
 });
