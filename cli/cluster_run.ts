@@ -78,23 +78,29 @@ export async function checkNamespaces(
 
 /** Deletes the lab namespaces whose run (the pid in their name) is gone; returns their names. */
 export async function clearStaleNamespaces(): Promise<string[]> {
+  const stale = await staleNamespaces();
+  for (const n of stale) {
+    await new Deno.Command("ip", { args: ["netns", "del", n], stdout: "null", stderr: "null" }).output();
+  }
+  return stale;
+}
+
+/** The lab namespaces whose run (the pid in their name) is gone. */
+export async function staleNamespaces(): Promise<string[]> {
   const out = await new Deno.Command("ip", { args: ["netns", "list"], stdout: "piped", stderr: "null" })
     .output();
   const names = new TextDecoder().decode(out.stdout).split("\n").map((l) => l.split(" ")[0])
     .filter((n) => n.startsWith(`${LAB_NETNS_PREFIX}-`));
-  const stale = names.filter((n) => {
-    const pid = Number(/^[^-]+-(\d+)s/.exec(n)?.[1]);
-    if (!Number.isInteger(pid) || pid === Deno.pid % 100000) return pid !== Deno.pid % 100000;
-    try {
-      Deno.statSync(`/proc/${pid}`);
-      return false;
-    } catch {
-      return true;
-    }
-  });
-  for (const n of stale) {
-    await new Deno.Command("ip", { args: ["netns", "del", n], stdout: "null", stderr: "null" }).output();
+  // A name carries its run's pid modulo 100000 (interface names are short: scripts/wan/netns.ts), so a
+  // namespace is stale only when no running process has that pid modulo 100000.
+  const running = new Set<number>();
+  for (const e of Deno.readDirSync("/proc")) {
+    if (/^\d+$/.test(e.name)) running.add(Number(e.name) % 100000);
   }
+  const stale = names.filter((n) => {
+    const tag = Number(/^[^-]+-(\d+)s/.exec(n)?.[1]);
+    return Number.isInteger(tag) && !running.has(tag);
+  });
   return stale;
 }
 
