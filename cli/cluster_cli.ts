@@ -44,6 +44,7 @@ export interface ClusterValues {
   model?: string;
   weights?: string;
   experts?: string;
+  local?: string;
 }
 
 /** Reads the cluster flags; UsageError for bad ones. */
@@ -61,6 +62,12 @@ async function clusterSetup(values: ClusterValues, modelDir: string) {
     ? undefined
     : numberFlag(values.context, "context", { min: 1, integer: true, fallback: LAB_CONTEXT });
   const lab = await readLabCluster(values.cluster!, { memoryScale });
+  if (values.local !== undefined && Number(values.local) !== lab.nodes.length) {
+    throw new UsageError(
+      `--local ${values.local} with --cluster ${values.cluster}: the file has ${lab.nodes.length} nodes ` +
+        `(give --local ${lab.nodes.length}, or leave --local out)`,
+    );
+  }
   return {
     file: values.cluster!,
     lab,

@@ -67,8 +67,8 @@ export const generateCommand: Command = {
       experts: { type: "string" },
       ...clusterFlags,
     }, { allowPositionals: true });
-    if (values.cluster !== undefined && (values.local !== undefined || values.plan !== undefined)) {
-      throw new UsageError("--cluster starts its own nodes and plans: give it without --local or --plan");
+    if (values.cluster !== undefined && values.plan !== undefined) {
+      throw new UsageError("--cluster plans from the file: give it without --plan");
     }
     if (values.cluster === undefined) {
       for (const f of ["emulate-wan", "memory-scale", "context"] as const) {

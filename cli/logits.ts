@@ -49,9 +49,6 @@ export const logitsCommand: Command = {
     }
     if (values["cluster-plan"] !== undefined) throw new UsageError("--cluster-plan is `up`'s (the leader's)");
     if (values.cluster !== undefined) {
-      if (values.local !== undefined) {
-        throw new UsageError("--cluster starts its own nodes: give it without --local");
-      }
       return await logitsCluster(values, {
         ids: tokens,
         out: values.out,

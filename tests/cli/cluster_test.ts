@@ -119,6 +119,9 @@ Deno.test("generate --cluster: a file whose memory cannot hold the model exits 2
     const bad = await runCli(["generate", "--tokens", "1", "--cluster", file, "--experts", "local"]);
     assert.equal(bad.code, 2);
     assert.match(bad.stderr, /--experts local cannot be combined/);
+    const count = await runCli(["generate", "--tokens", "1", "--cluster", LAB, "--local", "5"]);
+    assert.equal(count.code, 2);
+    assert.match(count.stderr, /--local 5 with --cluster .*: the file has 12 nodes/);
     const noCluster = await runCli(["generate", "--tokens", "1", "--emulate-wan"]);
     assert.equal(noCluster.code, 2);
     assert.match(noCluster.stderr, /--emulate-wan needs --cluster FILE/);
