@@ -11,6 +11,7 @@ import { checkPrompt, clusterModel, generateLocal, generateOnCluster } from "./p
 import { onStopSignal } from "./signals.ts";
 import { checkOutputPath, writeJsonOutput } from "./output_file.ts";
 import { readPlanFile } from "./plan_file.ts";
+import { CLUSTER_HELP, clusterFlags, generateCluster } from "./cluster_cli.ts";
 
 const USAGE = `Usage: swactor generate [PROMPT] [options]
 
@@ -37,6 +38,7 @@ ${WEIGHTS_HELP}
   --experts local|spread  with --local: MoE experts on their layer's stage (local, the default) or
                         spread over the nodes (expert parallelism); --json then adds expert_hosts and
                         fanout (what went to each node per MoE layer)
+${CLUSTER_HELP}
   --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local or
                         through \`up\`'s chain, every step's compute per stage and every hop on the wire;
                         on one node, the prefill and each decode batch
@@ -63,7 +65,17 @@ export const generateCommand: Command = {
       trace: { type: "string" },
       wire: { type: "string" },
       experts: { type: "string" },
+      ...clusterFlags,
     }, { allowPositionals: true });
+    if (values.cluster !== undefined && values.plan !== undefined) {
+      throw new UsageError("--cluster plans from the file: give it without --plan");
+    }
+    if (values.cluster === undefined) {
+      for (const f of ["emulate-wan", "memory-scale", "context"] as const) {
+        if (values[f] !== undefined) throw new UsageError(`--${f} needs --cluster FILE`);
+      }
+    }
+    if (values["cluster-plan"] !== undefined) throw new UsageError("--cluster-plan is `up`'s (the leader's)");
     if (values.plan !== undefined && values.local === undefined) {
       throw new UsageError("--plan needs --local N (a running cluster takes its plan from `up --plan`)");
     }
@@ -101,6 +113,13 @@ export const generateCommand: Command = {
       json: values.json ?? false,
       wire: (values.wire ?? "f16") as "f16" | "f32",
     };
+    if (values.cluster !== undefined) {
+      return await generateCluster(
+        values,
+        { ...chainOpts, trace: values.trace },
+        values.model ?? await ensureDemoModel(),
+      );
+    }
     if (values.local !== undefined) {
       const n = numberFlag(values.local, "local", { min: 1, max: 64, integer: true, fallback: 1 });
       const modelDir = values.model ?? await ensureDemoModel();

@@ -39,6 +39,10 @@ export interface ChainGenerateOptions {
   trace?: string;
   /** Where MoE experts live: on their layer's stage (default) or spread over the nodes. */
   experts?: "local" | "spread";
+  /** Node id -> a name for it (the cluster file's), for the trace's tracks. */
+  names?: Map<string, string>;
+  /** Node processes in the cluster, for --json (default: the stages). */
+  nodes?: number;
 }
 
 interface Prepared {
@@ -176,9 +180,17 @@ function prefillJson(p: PrefillTimings | undefined) {
   };
 }
 
-/** Writes a chain's per-step records as a Chrome trace (stage i on plan stage i's node). */
-async function writeTrace(path: string, events: TokenEvent[], planStages: { node: string }[]): Promise<void> {
-  await writeJsonOutput(path, chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node }))));
+/** Writes a chain's per-step records as a Chrome trace (a track per node; stage i on plan stage i's node). */
+async function writeTrace(
+  path: string,
+  events: TokenEvent[],
+  planStages: { node: string }[],
+  names?: Map<string, string>,
+): Promise<void> {
+  await writeJsonOutput(
+    path,
+    chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node })), { names }),
+  );
   console.error(`swactor: trace written to ${path} (open it in Perfetto or chrome://tracing)`);
 }
 
@@ -318,14 +330,14 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
         );
         report(p, o, { tokens, events, ...m.done }, {
           stages: stageSummary(status.assignment.plan.stages),
-          nodes: m.done.stages,
+          nodes: o.nodes ?? m.done.stages,
         }, predicted);
         if (o.trace) {
           if (events.some((e) => !Array.isArray(e.trace))) {
             console.error(
               "swactor: the cluster's nodes send no per-step trace (an older version?): no trace written",
             );
-          } else await writeTrace(o.trace, events, status.assignment.plan.stages);
+          } else await writeTrace(o.trace, events, status.assignment.plan.stages, o.names);
         }
         return 0;
       }

@@ -179,6 +179,8 @@ export interface FanoutNode {
   /** Messages (or local computes). */
   calls: number;
   experts: Set<number>;
+  /** When the first call started, ms since the epoch (the trace's fan-out spans). */
+  at: number;
 }
 
 /** A layer's fan-outs over a request's steps: their parts, and what went to each node. */
@@ -198,8 +200,8 @@ export type FanoutRecord = Map<number, FanoutLayer>;
 
 /** A record as it travels in a hop's trace (messages.ts HopTrace `x` and `xp`). */
 export interface FanoutTrace {
-  /** layer -> node -> [bytes, ms, experts, host ms, calls]. */
-  x: Record<string, Record<string, [number, number, number[], number, number]>>;
+  /** layer -> node -> [bytes, ms, experts, at (first call's start, ms since the epoch), host ms, calls]. */
+  x: Record<string, Record<string, [number, number, number[], number, number, number]>>;
   /** layer -> [fan-outs, readback ms, wait ms, combine ms]. */
   xp: Record<string, [number, number, number, number]>;
 }
@@ -212,7 +214,14 @@ export function fanoutTrace(r: FanoutRecord): FanoutTrace {
     out.xp[layer] = [l.steps, ms3(l.readbackMs), ms3(l.waitMs), ms3(l.combineMs)];
     out.x[layer] = {};
     for (const [node, v] of l.nodes) {
-      out.x[layer][node] = [v.bytes, ms3(v.ms), [...v.experts].sort((a, b) => a - b), ms3(v.hostMs), v.calls];
+      out.x[layer][node] = [
+        v.bytes,
+        ms3(v.ms),
+        [...v.experts].sort((a, b) => a - b),
+        ms3(v.at),
+        ms3(v.hostMs),
+        v.calls,
+      ];
     }
   }
   return out;
@@ -270,7 +279,14 @@ export function createFanout(o: {
           }
           if (layerRec) {
             const r = layerRec.nodes.get(node) ??
-              { bytes: 0, ms: 0, hostMs: 0, calls: 0, experts: new Set<number>() };
+              {
+                bytes: 0,
+                ms: 0,
+                hostMs: 0,
+                calls: 0,
+                experts: new Set<number>(),
+                at: performance.timeOrigin + t0,
+              };
             r.calls++;
             r.bytes += bytes;
             r.ms += performance.now() - t0;
@@ -346,7 +362,7 @@ export function expertReport(
         any = true;
         hosts[layer] ??= {};
         fanout[layer] ??= {};
-        for (const [node, [bytes, ms, experts, hostMs, calls]] of Object.entries(nodes)) {
+        for (const [node, [bytes, ms, experts, _at, hostMs, calls]] of Object.entries(nodes)) {
           for (const e of experts) hosts[layer][e] = node;
           const p = part(layer);
           if (bytes > 0) {
