@@ -7,6 +7,7 @@
 // Plan: the host of (layer, idx) is the node whose list holds idx.
 import type { ActorContext, Behavior } from "../actors/mod.ts";
 import type { ExpertFanout, ExpertInput, ExpertService } from "./backend.ts";
+import type { HopTrace } from "./messages.ts";
 
 /** The Plan fields this file reads (planner/plan.ts has the whole type). */
 export interface ExpertPlan {
@@ -93,7 +94,8 @@ export function spreadExperts<P extends ExpertPlan>(
 }
 
 // The host request: header length (u32 LE), JSON {layer, T, k, request}, then xn f32 [T, H], ids u32 [T, k],
-// weights f32 [T, k]. The reply: y f32 [T, H].
+// weights f32 [T, k]. The reply: y f32 [T, H], then the host's compute time for it, ms (one f32): what the
+// trace splits a fan-out's time by (the rest is the wire and the two ends' message handling).
 
 export function encodeExpertRequest(layer: number, input: ExpertInput): Uint8Array {
   const k = input.ids.length / input.T;
@@ -153,8 +155,12 @@ export function expertHostBehavior(
         log(`expert host: dropped a malformed request: ${(e as Error).message}`);
         throw e;
       }
+      const t0 = performance.now();
       const y = await service.compute(req.layer, req.input);
-      return new Uint8Array(y.buffer, y.byteOffset, y.byteLength);
+      const out = new Uint8Array(y.byteLength + 4);
+      out.set(new Uint8Array(y.buffer, y.byteOffset, y.byteLength));
+      new DataView(out.buffer).setFloat32(y.byteLength, performance.now() - t0, true);
+      return out;
     },
     onStop() {
       service.close();
@@ -164,15 +170,15 @@ export function expertHostBehavior(
 
 /**
  * What went to each node for one request since the last step: layer -> node -> bytes sent + received, ms,
- * experts served, and when the first call started (ms since the epoch).
+ * experts served, when the first call started (ms since the epoch) and the host's own compute ms.
  */
 export type FanoutRecord = Map<
   number,
-  Map<string, { bytes: number; ms: number; experts: Set<number>; at: number }>
+  Map<string, { bytes: number; ms: number; experts: Set<number>; at: number; hostMs: number }>
 >;
 
-/** A record as it travels in a hop's trace: layer -> node -> [bytes, ms, experts, at]. */
-export type FanoutTrace = Record<string, Record<string, [number, number, number[], number]>>;
+/** A record as it travels in a hop's trace: layer -> node -> [bytes, ms, experts, at, host ms]. */
+export type FanoutTrace = Record<string, Record<string, [number, number, number[], number, number]>>;
 
 export function fanoutTrace(r: FanoutRecord): FanoutTrace {
   const out: FanoutTrace = {};
@@ -184,6 +190,7 @@ export function fanoutTrace(r: FanoutRecord): FanoutTrace {
         Number(v.ms.toFixed(3)),
         [...v.experts].sort((a, b) => a - b),
         Number(v.at.toFixed(3)),
+        Number(v.hostMs.toFixed(3)),
       ];
     }
   }
@@ -219,22 +226,29 @@ export function createFanout(o: {
           let y: Float32Array;
           let bytes = 0;
           const hidden = input.xn.length / input.T;
-          if (node === o.self && o.local) y = await o.local.compute(layer, input);
-          else {
+          let hostMs;
+          if (node === o.self && o.local) {
+            y = await o.local.compute(layer, input);
+            hostMs = performance.now() - t0;
+          } else {
             const reply = await o.call(expertHostName(node), body);
             bytes = body.length + reply.length;
-            if (reply.length !== input.T * hidden * 4) {
+            const n = input.T * hidden * 4;
+            if (reply.length !== n + 4) {
               throw new Error(
-                `expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}`,
+                `expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}; ` +
+                  `expected ${n + 4}`,
               );
             }
-            y = new Float32Array(reply.slice().buffer);
+            y = new Float32Array(reply.slice(0, n).buffer);
+            hostMs = new DataView(reply.buffer, reply.byteOffset + n, 4).getFloat32(0, true);
           }
           if (rec) {
             if (!rec.has(layer)) rec.set(layer, new Map());
             const r = rec.get(layer)!.get(node) ??
-              { bytes: 0, ms: 0, experts: new Set<number>(), at: performance.timeOrigin + t0 };
+              { bytes: 0, ms: 0, experts: new Set<number>(), at: performance.timeOrigin + t0, hostMs: 0 };
             r.bytes += bytes;
+            r.hostMs += hostMs;
             r.ms += performance.now() - t0;
             for (const e of chosen) if (ids.has(e)) r.experts.add(e);
             rec.get(layer)!.set(node, r);
@@ -258,7 +272,7 @@ export interface ExpertReport {
 }
 
 export function expertReport(
-  traces: ({ x?: Record<string, Record<string, [number, number, number[], number?]>> }[] | undefined)[],
+  traces: ({ x?: HopTrace["x"] }[] | undefined)[],
 ): ExpertReport | undefined {
   const hosts: ExpertReport["hosts"] = {};
   const fanout: ExpertReport["fanout"] = {};

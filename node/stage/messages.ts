@@ -49,10 +49,11 @@ export interface HopTrace {
    */
   w?: number;
   /**
-   * Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts, at]: `at` the
-   * call's start, ms since the epoch; absent from older nodes).
+   * Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts, at, host ms]:
+   * `at` the call's start, ms since the epoch; host ms the host's own compute of it, the rest of `ms` being
+   * the wire and the message handling at both ends; both absent from older nodes).
    */
-  x?: Record<string, Record<string, [number, number, number[], number?]>>;
+  x?: Record<string, Record<string, [number, number, number[], number?, number?]>>;
   /** More events for the trace (recoveries, speculation, ...): node/stage/trace_events.ts, addTraceNote. */
   n?: TraceNote[];
 }
