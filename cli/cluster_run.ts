@@ -263,7 +263,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
     };
   } catch (e) {
     await close();
-    if (tail.length && !debug) console.error(tail.join("\n"));
+    if (tail.length && !debug && !o.signal?.aborted) console.error(tail.join("\n"));
     throw e;
   }
 }
