@@ -118,15 +118,16 @@ function layerBytes(model: ModelGraph, l: number, dtype: DTypeBytes, context: nu
  * first, one stage per node used; then each MoE layer's routed experts are spread over every node of the
  * region in contiguous ranges, in proportion to their free memory. So a token crosses each region once,
  * and a MoE layer's fan-out stays inside its region. Node ids are the file's names unless `ids` maps them.
- * PlacementError (naming what does not fit) when the file's memory cannot hold the model that way.
+ * PlacementError (naming what does not fit) when the file's memory cannot hold the model that way. `name`
+ * names the model in the Plan (default: its family).
  */
 export function planRegional(
   configJson: unknown,
   cluster: Cluster,
-  opts: { context?: number; weights?: string; ids?: Map<string, string> } = {},
+  opts: { context?: number; weights?: string; ids?: Map<string, string>; name?: string } = {},
 ): Plan {
   const t0 = performance.now();
-  const model = compileHfConfig(configJson);
+  const model = compileHfConfig(configJson, { name: opts.name });
   const context = opts.context ?? LAB_CONTEXT;
   const dtype: DTypeBytes = { ...model.dtype, ...cluster.quant, ...servedDtype(opts.weights) };
   const L = model.layers.length;

@@ -9,7 +9,7 @@
 // the WAN emulation's relays (scripts/wan/), one relay pair per pair of nodes carrying the file's one-way
 // latency and rate cap between them. The caller talks to the leader's control API. close() stops the nodes,
 // the relays and the namespaces; namespaces left by an earlier run that died are deleted at start.
-import { join, resolve } from "node:path";
+import { basename, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { ApiTarget } from "../node/api/mod.ts";
 import { DIAL_TABLE_ENV } from "./dial_table.ts";
@@ -263,7 +263,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
     };
   } catch (e) {
     await close();
-    if (tail.length && !debug) console.error(tail.join("\n"));
+    if (tail.length && !debug && !o.signal?.aborted) console.error(tail.join("\n"));
     throw e;
   }
 }
@@ -295,7 +295,12 @@ export async function labPlanOnMembers(
       if (m.state === "alive" && lab.nodes.some((x) => x.name === m.meta.name)) ids.set(m.meta.name, m.id);
     }
     if (ids.size === lab.nodes.length) {
-      return planRegional(config, lab.cluster, { context: o.context, weights: o.weights, ids });
+      return planRegional(config, lab.cluster, {
+        context: o.context,
+        weights: o.weights,
+        ids,
+        name: basename(o.modelDir),
+      });
     }
     if (performance.now() > deadline) {
       const missing = lab.nodes.filter((x) => !ids.has(x.name)).map((x) => x.name);

@@ -4,7 +4,8 @@
 //
 // Prints two markdown tables: per token (the prefill is token 0), its time split into the stages' own
 // compute (GPU work, readbacks, the host's encode: a stage's compute minus its MoE fan-outs), the MoE
-// fan-outs (per layer, the slowest destination's call: its wire both ways and the host's compute), the hops
+// fan-outs (per layer, the slowest destination's call: its wire both ways and the host's compute, which is
+// also shown on its own), the hops
 // on the wire (the hidden state stage to stage, and the token back to stage 0) and the bytes moved, plus one
 // column per other kind of event found (recoveries, speculation: TraceNote's `cat`), and the mean over the
 // decode tokens with each part's share; then per stage, the mean decode compute, fan-out and outgoing hop.
@@ -27,6 +28,8 @@ export interface TokenRow {
   totalMs: number;
   computeMs: number;
   fanoutMs: number;
+  /** Of fanoutMs: the hosts' own compute (the slowest destination's, per layer). */
+  hostMs: number;
   wireMs: number;
   hopBytes: number;
   fanoutBytes: number;
@@ -59,6 +62,7 @@ export function breakdown(events: Event[]): { tokens: TokenRow[]; stages: StageR
         totalMs: 0,
         computeMs: 0,
         fanoutMs: 0,
+        hostMs: 0,
         wireMs: 0,
         hopBytes: 0,
         fanoutBytes: 0,
@@ -69,8 +73,8 @@ export function breakdown(events: Event[]): { tokens: TokenRow[]; stages: StageR
     return r;
   };
   const kinds = new Set<string>();
-  // per token and (stage, layer): the slowest destination
-  const layerMax = new Map<string, number>();
+  // per token and (stage, layer): the slowest destination, and its host's compute
+  const layerMax = new Map<string, { ms: number; host: number }>();
   const stageAcc = new Map<number, { node: string; c: number; f: number; h: number }>();
   const stage = (s: number, pid: number) => {
     let a = stageAcc.get(s);
@@ -98,16 +102,18 @@ export function breakdown(events: Event[]): { tokens: TokenRow[]; stages: StageR
       if (decode) stage(Number(e.args!.from), e.pid).h += ms;
     } else if (e.cat === "fanout") {
       const key = `${t}:${e.args!.stage}:${e.args!.layer}`;
-      layerMax.set(key, Math.max(layerMax.get(key) ?? 0, ms));
+      const host = typeof e.args?.host_ms === "number" ? e.args.host_ms as number : 0;
+      if (ms >= (layerMax.get(key)?.ms ?? -1)) layerMax.set(key, { ms, host });
       r.fanoutBytes += Number(e.args?.bytes ?? 0);
     } else if (e.cat && !CORE.has(e.cat)) {
       kinds.add(e.cat);
       r.other[e.cat] = (r.other[e.cat] ?? 0) + ms;
     }
   }
-  for (const [key, ms] of layerMax) {
+  for (const [key, { ms, host }] of layerMax) {
     const [t, s] = key.split(":").map(Number);
     rows.get(t)!.fanoutMs += ms;
+    rows.get(t)!.hostMs += host;
     if (t > 0) {
       const a = stageAcc.get(s);
       if (a) a.f += ms;
@@ -140,6 +146,7 @@ export function breakdownMarkdown(b: ReturnType<typeof breakdown>): string {
     "total ms",
     "stage compute ms",
     "MoE fan-out ms",
+    "of which host compute",
     "hops (wire) ms",
     "hop bytes",
     "fan-out bytes",
@@ -152,6 +159,7 @@ export function breakdownMarkdown(b: ReturnType<typeof breakdown>): string {
     f(r.totalMs),
     f(r.computeMs),
     f(r.fanoutMs),
+    f(r.hostMs),
     f(r.wireMs),
     String(Math.round(r.hopBytes)),
     String(Math.round(r.fanoutBytes)),
@@ -166,6 +174,7 @@ export function breakdownMarkdown(b: ReturnType<typeof breakdown>): string {
       totalMs: mean((r) => r.totalMs),
       computeMs: mean((r) => r.computeMs),
       fanoutMs: mean((r) => r.fanoutMs),
+      hostMs: mean((r) => r.hostMs),
       wireMs: mean((r) => r.wireMs),
       hopBytes: mean((r) => r.hopBytes),
       fanoutBytes: mean((r) => r.fanoutBytes),
@@ -178,6 +187,7 @@ export function breakdownMarkdown(b: ReturnType<typeof breakdown>): string {
       "100%",
       pct(m.computeMs),
       pct(m.fanoutMs),
+      pct(m.hostMs),
       pct(m.wireMs),
       "",
       "",

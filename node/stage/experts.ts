@@ -270,7 +270,8 @@ export function createFanout(o: {
             bytes = body.length + reply.length;
             if (reply.length !== (input.T * hidden + 1) * 4) {
               throw new Error(
-                `expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}`,
+                `expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}; ` +
+                  `expected ${(input.T * hidden + 1) * 4}`,
               );
             }
             const all = new Float32Array(reply.slice().buffer);

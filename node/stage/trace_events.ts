@@ -10,8 +10,9 @@
 //   thread "wire out"     cat "hop": the step's hidden state on its way to the next stage, or the token back
 //                         to stage 0 (args: from, to, bytes, wire_ms)
 //   thread "fan-out -> X" cat "fanout": one MoE layer's message to node X and its reply (args: layer,
-//                         bytes, experts)
-//   thread "expert host"  cat "expert": the same call seen on the host's track (args: layer, from, experts)
+//                         bytes, experts, host_ms: the host's compute of it)
+//   thread "expert host"  cat "expert": the host's compute of that call on the host's track (centred in the
+//                         call: the wire takes about as long each way)
 //   thread "events"       anything else: recoveries, speculation (below)
 //
 // THE PLACE TO ADD TRACE EVENTS: a stage attaches a `TraceNote` to the hop it is about to send
@@ -110,13 +111,20 @@ export function chromeTrace(
         args: { token: k, stage: h.s, wait_ms: h.w ?? 0, bytes_out: h.b },
       });
       for (const [layer, dests] of Object.entries(h.x ?? {})) {
-        for (const [dest, [bytes, ms, experts, at]] of Object.entries(dests)) {
+        for (const [dest, [bytes, ms, experts, at, hostMs]] of Object.entries(dests)) {
           const d = pid(dest);
           const tid = THREADS.fanout + d;
           const name = opts.names?.get(dest) ?? dest.slice(0, 10);
           thread(p, tid, `fan-out -> ${name}`);
           const ts = us(at ?? start);
-          const args = { token: k, layer: Number(layer), stage: h.s, bytes, experts };
+          const args = {
+            token: k,
+            layer: Number(layer),
+            stage: h.s,
+            bytes,
+            experts,
+            host_ms: hostMs ?? null,
+          };
           events.push({
             name: `${label}: layer ${layer} -> ${name}`,
             cat: "fanout",
@@ -128,6 +136,9 @@ export function chromeTrace(
             args,
           });
           if (dest !== node) {
+            // The host's compute, where it ran: centred in the call (the wire takes about as long each way);
+            // the whole call when the host did not say (older nodes).
+            const compute = hostMs ?? ms;
             thread(d, THREADS.host, "expert host");
             events.push({
               name: `${label}: layer ${layer} experts [${experts}] for stage ${h.s}`,
@@ -135,8 +146,8 @@ export function chromeTrace(
               ph: "X",
               pid: d,
               tid: THREADS.host,
-              ts,
-              dur: Math.round(ms * 1000),
+              ts: ts + Math.round(((ms - compute) / 2) * 1000),
+              dur: Math.round(compute * 1000),
               args,
             });
           }

@@ -290,3 +290,33 @@ Deno.test("--emulate-wan without root or on another OS: a UsageError saying so (
   await assert.rejects(checkNamespaces({ os: "linux", uid: 1000 }), UsageError, "--emulate-wan needs root");
   await assert.rejects(checkNamespaces({ os: "darwin", uid: 0 }), UsageError, "Linux network namespaces");
 });
+
+Deno.test("plan --experts regional prints the plan generate --cluster runs; f32 needs --memory-scale 2", async () => {
+  const dir = fixtureDir("kimi-k2-tiny")!;
+  const r = await runCli(["plan", "--model", dir, "--cluster", LAB, "--experts", "regional", "--json"]);
+  assert.equal(r.code, 0, r.stderr);
+  const { cluster } = await readLabCluster(LAB);
+  assert.deepEqual(JSON.parse(r.stdout), {
+    ...planRegional(config("kimi-k2-tiny"), cluster, { name: "kimi-k2-tiny" }),
+    search: JSON.parse(r.stdout).search,
+  });
+  const f32 = await runCli([
+    "plan",
+    "--model",
+    dir,
+    "--cluster",
+    LAB,
+    "--experts",
+    "regional",
+    "--weights",
+    "f32",
+  ]);
+  assert.equal(f32.code, 2);
+  assert.match(f32.stderr, /no placement fits \(memory of region eu-west\)/);
+  const scaled = await runCli([
+    ...["plan", "--model", dir, "--cluster", LAB, "--experts", "regional", "--weights", "f32"],
+    ...["--memory-scale", "2"],
+  ]);
+  assert.equal(scaled.code, 0, scaled.stderr);
+  assert.match(scaled.stdout, /context 512, experts spread; cluster kimi_lab: \d stages/);
+});

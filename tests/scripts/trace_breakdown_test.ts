@@ -25,8 +25,8 @@ function steps(): { token: number; trace: HopTrace[] }[] {
           out: 1125,
           b: 8,
           x: {
-            "1": { a: [300, 4, [0], 1113], b: [300, 6, [5], 1113] },
-            "2": { a: [300, 3, [1], 1120] },
+            "1": { a: [300, 4, [0], 1113, 3], b: [300, 6, [5], 1113, 2] },
+            "2": { a: [300, 3, [1], 1120, 1] },
           },
         },
       ],
@@ -50,6 +50,7 @@ Deno.test("trace_breakdown: per token, the stages' own compute, the fan-outs, th
   assert.equal(t1.totalMs, 40);
   assert.equal(t1.computeMs, 6);
   assert.equal(t1.fanoutMs, 9);
+  assert.equal(t1.hostMs, 3, "the slowest destination's host compute per layer: 2 + 1");
   assert.equal(t1.wireMs, 25);
   assert.equal(t1.hopBytes, 128 + 8);
   assert.equal(t1.fanoutBytes, 900);
@@ -61,6 +62,9 @@ Deno.test("trace_breakdown: per token, the stages' own compute, the fan-outs, th
     15,
   ]]);
   const md = breakdownMarkdown(b);
-  assert.match(md, /\| \*\*decode mean\*\* \| 40\.0 \| 6\.0 \| 9\.0 \| 25\.0 \| 136 \| 900 \| 5\.0 \|/);
-  assert.match(md, /\| share \| 100% \| 15% \| 23% \| 63% \|/);
+  assert.match(
+    md,
+    /\| \*\*decode mean\*\* \| 40\.0 \| 6\.0 \| 9\.0 \| 3\.0 \| 25\.0 \| 136 \| 900 \| 5\.0 \|/,
+  );
+  assert.match(md, /\| share \| 100% \| 15% \| 23% \| 8% \| 63% \|/);
 });

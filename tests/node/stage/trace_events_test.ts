@@ -24,7 +24,9 @@ function steps(): { token: number; trace: HopTrace[] }[] {
           out: 1071,
           b: 128,
           // layer 3's fan-out: 300 B to node h (experts 4, 5) from 1063 for 4 ms, and the stage's own node
-          x: { "3": { "hhhhhhhhhhhhhhhh": [300, 4, [4, 5], 1063], "node1-abcdefgh": [0, 0.5, [1], 1063] } },
+          x: {
+            "3": { "hhhhhhhhhhhhhhhh": [300, 4, [4, 5], 1063, 1], "node1-abcdefgh": [0, 0.5, [1], 1063] },
+          },
         },
         { s: 2, in: 1072, c: 15, out: 1087, b: 40 },
       ],
@@ -76,11 +78,12 @@ Deno.test("chromeTrace: a MoE layer's fan-out per destination, on the stage's tr
   assert.equal(remote.pid, 2, "on the stage's node");
   assert.equal(remote.ts, 63000);
   assert.equal(remote.dur, 4000);
-  assert.deepEqual(remote.args, { token: 1, layer: 3, stage: 1, bytes: 300, experts: [4, 5] });
+  assert.deepEqual(remote.args, { token: 1, layer: 3, stage: 1, bytes: 300, experts: [4, 5], host_ms: 1 });
   const host = spans(traceEvents, "expert");
   assert.equal(host.length, 1, "the stage's own experts are not a host's call");
   assert.equal(host[0].pid, 4, "the host gets a track of its own after the stages");
-  assert.equal(host[0].ts, 63000);
+  // The host computed 1 ms of the 4: drawn in the middle of the call.
+  assert.deepEqual([host[0].ts, host[0].dur], [64500, 1000]);
   const procs = traceEvents.filter((e) => e.name === "process_name").map((e) => e.args!.name);
   assert.equal(procs[3], "(hhhhhhhhhh): experts");
   // Destinations overlap in time: each gets a thread of its own on the stage's track.
