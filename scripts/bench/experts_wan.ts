@@ -7,14 +7,23 @@
 //
 //   deno run -A scripts/bench/experts_wan.ts [--models kimi-k2-tiny,mixtral-tiny] [--nodes 5]
 //     [--delays 1,10,25] [--max-tokens 24] [--rounds 2] [--settle 10] [--no-wan] [--json FILE]
+//   deno run -A scripts/bench/experts_wan.ts --k2 DIR --nodes 12 [--max-tokens 16] [--rounds 1]
 //
 // Loopback: `generate --local N --experts spread --weights f32 --wire f32 --json`, `--rounds` times per model.
+// `--k2 DIR` instead runs the Kimi-K2-topology checkpoint (scripts/fixtures/make_k2_scaled.ts, written to DIR
+// when absent) on one process and on N processes with experts spread (use --nodes 12), checks the tokens are
+// equal, and checks at the leader of a fresh N-node cluster that every `moe-expert-{l}-{e}` (23,040 of them)
+// resolves to the node the Plan gives it (docs/DOD.md).
 // WAN (root: network namespaces): scripts/bench/pipeline_wan.ts `--experts spread --links all`, so every pair
 // of nodes (stage hops and expert fan-out alike) goes through a relay with the given one-way delay. Models are
 // looked up in tests/fixtures, then ../shared/fixtures. Markdown to stdout; `--json` keeps every result.
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseFlags } from "../../cli/command.ts";
+import { startLocalCluster } from "../../cli/local_cluster.ts";
+import { expertPlacement, type ExpertPlan } from "../../node/stage/experts.ts";
+import { expertName } from "../../node/stage/expert_names.ts";
+import { writeK2Scaled } from "../fixtures/make_k2_scaled.ts";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -73,18 +82,35 @@ function fixture(name: string): string {
   throw new Error(`no fixture ${name} (with reference.json) in tests/fixtures or ../shared/fixtures`);
 }
 
-async function loopback(model: string, dir: string, nodes: number, maxTokens: number): Promise<Measured> {
-  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
-  const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
+/** `generate --json` on `dir` (f32 weights and wire, greedy), with more CLI arguments; its JSON. */
+async function generate(dir: string, prompt: number[], maxTokens: number, more: string[]) {
   const args = ["run", "-A", "--quiet", join(root, "main.ts"), "generate", "--model", dir];
   args.push("--tokens", prompt.join(","), "--max-tokens", `${maxTokens}`, "--temperature", "0", "--json");
-  args.push("--weights", "f32", "--wire", "f32", "--local", `${nodes}`, "--experts", "spread");
+  args.push("--weights", "f32", "--wire", "f32", ...more);
   const out = await new Deno.Command(deno, { args, stdout: "piped", stderr: "piped" }).output();
   if (!out.success) {
-    throw new Error(`generate --local ${nodes} failed: ${new TextDecoder().decode(out.stderr).slice(-2000)}`);
+    throw new Error(
+      `generate ${more.join(" ")} failed: ${new TextDecoder().decode(out.stderr).slice(-2000)}`,
+    );
   }
-  const j = JSON.parse(new TextDecoder().decode(out.stdout));
-  const expected: number[] = ref.tokens.slice(ref.prompt_length);
+  return JSON.parse(new TextDecoder().decode(out.stdout));
+}
+
+/** The fixture's prompt and reference continuation. */
+async function reference(dir: string): Promise<{ prompt: number[]; expected: number[] }> {
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  return { prompt: ref.tokens.slice(0, ref.prompt_length), expected: ref.tokens.slice(ref.prompt_length) };
+}
+
+async function loopback(
+  model: string,
+  dir: string,
+  nodes: number,
+  maxTokens: number,
+  ref: { prompt: number[]; expected: number[] },
+): Promise<Measured> {
+  const j = await generate(dir, ref.prompt, maxTokens, ["--local", `${nodes}`, "--experts", "spread"]);
+  const expected = ref.expected;
   const n = Math.min(expected.length, j.tokens.length);
   return {
     model,
@@ -129,6 +155,49 @@ async function wan(
         correct,
       });
     }
+  }
+  return rows;
+}
+
+/** The K2-topology checkpoint on one process and on `nodes` with experts spread; its expert names resolved. */
+async function k2Scaled(dir: string, nodes: number, maxTokens: number, rounds: number): Promise<Measured[]> {
+  try {
+    await Deno.stat(join(dir, "config.json"));
+  } catch {
+    log(`writing the K2-topology checkpoint to ${dir}`);
+    await writeK2Scaled(dir);
+  }
+  const prompt = [0, 500, 33, 901, 7, 64, 250, 1000, 12, 3, 77];
+  log("k2-scaled: one process");
+  const single: number[] = (await generate(dir, prompt, maxTokens, [])).tokens;
+  const rows: Measured[] = [];
+  for (let i = 0; i < rounds; i++) {
+    log(`k2-scaled: --local ${nodes} --experts spread, round ${i + 1}`);
+    rows.push(await loopback("k2-scaled", dir, nodes, maxTokens, { prompt, expected: single }));
+  }
+  log(`k2-scaled: a fresh ${nodes}-node cluster, every expert name resolved at the leader`);
+  const t0 = performance.now();
+  const c = await startLocalCluster(nodes, {
+    modelDir: dir,
+    weights: "f32",
+    experts: "spread",
+    log: () => {},
+  });
+  try {
+    const readyS = (performance.now() - t0) / 1000;
+    const want = [...expertPlacement(c.assignment.plan as ExpertPlan)].flatMap(([l, hosts]) =>
+      [...hosts].flatMap(([node, ids]) => ids.map((e) => [expertName(l, e), node] as const))
+    );
+    const unresolved = () => want.filter(([name, node]) => c.node.registry.resolve(name) !== node).length;
+    for (let i = 0; i < 100 && unresolved() > 0; i++) await new Promise((r) => setTimeout(r, 100));
+    const bad = unresolved();
+    console.log(
+      `k2-scaled on ${nodes} nodes: ready in ${readyS.toFixed(1)} s; ${want.length} experts placed, ${bad} ` +
+        `unresolved at the leader; Plan ${JSON.stringify(c.assignment.plan).length} bytes\n`,
+    );
+    if (bad) rows.forEach((r) => (r.correct = false));
+  } finally {
+    await c.close();
   }
   return rows;
 }
@@ -195,6 +264,7 @@ if (import.meta.main) {
     settle: { type: "string", default: "10" },
     "no-wan": { type: "boolean", default: false },
     json: { type: "string" },
+    k2: { type: "string" },
   });
   const nodes = Number(values.nodes),
     maxTokens = Number(values["max-tokens"]),
@@ -205,11 +275,17 @@ if (import.meta.main) {
     Deno.exit(2);
   }
   const rows: Measured[] = [];
+  if (values.k2) {
+    rows.push(...await k2Scaled(values.k2, nodes, maxTokens, rounds));
+    console.log(table(rows));
+    Deno.exit(rows.every((r) => r.correct) ? 0 : 1);
+  }
   for (const model of values.models.split(",")) {
     const dir = fixture(model);
+    const ref = await reference(dir);
     for (let i = 0; i < rounds; i++) {
       log(`${model}: loopback, round ${i + 1}`);
-      rows.push(await loopback(model, dir, nodes, maxTokens));
+      rows.push(await loopback(model, dir, nodes, maxTokens, ref));
     }
     if (!values["no-wan"]) {
       log(`${model}: through the WAN emulation at ${delays.join(", ")} ms`);
