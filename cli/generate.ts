@@ -13,6 +13,7 @@ import { checkOutputPath, writeJsonOutput } from "./output_file.ts";
 import { readPlanFile } from "./plan_file.ts";
 import { makeDrafter, SPECULATE_FLAGS, SPECULATE_HELP, speculateFlags } from "./speculate_flags.ts";
 import { speculationJson, speculativeGenerate } from "../models/speculative.ts";
+import { CLUSTER_HELP, clusterFlags, generateCluster } from "./cluster_cli.ts";
 
 const USAGE = `Usage: swactor generate [PROMPT] [options]
 
@@ -40,6 +41,7 @@ ${WEIGHTS_HELP}
                         spread over the nodes (expert parallelism); --json then adds expert_hosts and
                         fanout (what went to each node per MoE layer)
 ${SPECULATE_HELP}
+${CLUSTER_HELP}
   --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local or
                         through \`up\`'s chain, every step's compute per stage and every hop on the wire;
                         on one node, the prefill and each decode batch
@@ -67,8 +69,18 @@ export const generateCommand: Command = {
       wire: { type: "string" },
       experts: { type: "string" },
       ...SPECULATE_FLAGS,
+      ...clusterFlags,
     }, { allowPositionals: true });
     const spec = speculateFlags(values);
+    if (values.cluster !== undefined && values.plan !== undefined) {
+      throw new UsageError("--cluster plans from the file: give it without --plan");
+    }
+    if (values.cluster === undefined) {
+      for (const f of ["emulate-wan", "memory-scale", "context"] as const) {
+        if (values[f] !== undefined) throw new UsageError(`--${f} needs --cluster FILE`);
+      }
+    }
+    if (values["cluster-plan"] !== undefined) throw new UsageError("--cluster-plan is `up`'s (the leader's)");
     if (values.plan !== undefined && values.local === undefined) {
       throw new UsageError("--plan needs --local N (a running cluster takes its plan from `up --plan`)");
     }
@@ -107,6 +119,13 @@ export const generateCommand: Command = {
       wire: (values.wire ?? "f16") as "f16" | "f32",
       speculate: spec,
     };
+    if (values.cluster !== undefined) {
+      return await generateCluster(
+        values,
+        { ...chainOpts, trace: values.trace },
+        values.model ?? await ensureDemoModel(),
+      );
+    }
     if (values.local !== undefined) {
       const n = numberFlag(values.local, "local", { min: 1, max: 64, integer: true, fallback: 1 });
       const modelDir = values.model ?? await ensureDemoModel();

@@ -13,7 +13,7 @@ export const join: Command = {
   summary: "join a cluster with a ticket from `up`",
   usage: `Usage: swactor join TICKET | - | --ticket-file FILE [--listen HOST:PORT] [--api HOST:PORT]
                     [--relay n0|URL|none] [--membership lan|wan|local|test] [--model DIR] [--memory SIZE]
-                    [--exit-with-stdin]
+                    [--name NAME] [--exit-with-stdin]
 
 Joins the cluster that the ticket names (it carries the cluster secret and the leader's address) and
 serves until SIGINT/SIGTERM/SIGHUP or \`swactor down --api ADDR\`, then leaves gracefully.
@@ -29,6 +29,8 @@ ${RELAY_HELP}
   --membership NAME    membership timing preset (default lan)
   --model DIR          where this machine keeps the checkpoint the cluster's Plan names (default: the
                        leader's path); the node loads the layers of the stage the Plan gives it
+  --name NAME          this node's name in its descriptor (default: the host name; \`--cluster\` names
+                       each node after the cluster file's node)
   --exit-with-stdin    leave when stdin reaches end of file (how \`up --peers\` and \`--local\` tie the
                        workers they start to their own life)
 ${MEMORY_HELP}
@@ -44,6 +46,7 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
       model: { type: "string" },
       "exit-with-stdin": { type: "boolean" },
       memory: { type: "string" },
+      name: { type: "string" },
     }, { allowPositionals: true });
     const given = positionals.length + (values["ticket-file"] === undefined ? 0 : 1);
     if (given !== 1) {
@@ -75,10 +78,11 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
       membership: values.membership,
       parentGone: values["exit-with-stdin"] ? stdin!.ended : undefined,
       memoryCap,
+      name: values.name,
       async ready(node, api) {
         console.error(`api: ${api.addr}`);
         console.error(`id: ${node.membership.id}`);
-        pipeline = attachPipeline(node, { modelDir: values.model });
+        pipeline = attachPipeline(node, { modelDir: values.model, memoryBudget: memoryCap });
         try {
           const url = ticket.relay?.startsWith("http") ? ticket.relay : undefined;
           await node.join([url ? { ...ticket.leader, relay: url } : ticket.leader]);

@@ -5,6 +5,7 @@ import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { checkPrompt, logitsLocal, writeLogits } from "./pipeline_generate.ts";
 import { checkOutputPath } from "./output_file.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
+import { CLUSTER_HELP, clusterFlags, logitsCluster } from "./cluster_cli.ts";
 
 const USAGE = `Usage: swactor logits --model DIR --tokens 1,2,3 --out FILE.safetensors [options]
 
@@ -20,6 +21,7 @@ ${WEIGHTS_HELP}
   --local N             run on an ephemeral cluster of N node processes on this machine
   --wire f16|f32        activations between stages with --local (default f32 here: exact)
   --experts local|spread  with --local: MoE experts on their layer's stage, or spread over the nodes
+${CLUSTER_HELP}
   -h, --help            this help`;
 
 export const logitsCommand: Command = {
@@ -35,6 +37,7 @@ export const logitsCommand: Command = {
       local: { type: "string" },
       wire: { type: "string" },
       experts: { type: "string" },
+      ...clusterFlags,
     });
     if (!values.model) throw new UsageError("--model DIR is required");
     if (!values.tokens) throw new UsageError("--tokens is required");
@@ -43,6 +46,17 @@ export const logitsCommand: Command = {
     await checkOutputPath(values.out, "--out");
     if (values.wire !== undefined && values.wire !== "f16" && values.wire !== "f32") {
       throw new UsageError(`--wire expects f16 or f32, got "${values.wire}"`);
+    }
+    if (values["cluster-plan"] !== undefined) throw new UsageError("--cluster-plan is `up`'s (the leader's)");
+    if (values.cluster !== undefined) {
+      return await logitsCluster(values, {
+        ids: tokens,
+        out: values.out,
+        wire: (values.wire ?? "f32") as "f16" | "f32",
+      }, values.model);
+    }
+    for (const f of ["emulate-wan", "memory-scale", "context"] as const) {
+      if (values[f] !== undefined) throw new UsageError(`--${f} needs --cluster FILE`);
     }
     if (values.local !== undefined) {
       const n = numberFlag(values.local, "local", { min: 1, max: 64, integer: true, fallback: 1 });

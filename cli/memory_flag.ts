@@ -16,8 +16,8 @@ export function memoryFlag(value: string | undefined): number | undefined {
   } catch (e) {
     throw new UsageError(`--memory: ${(e as Error).message}`);
   }
-  if (!(bytes >= 1 << 20) || !Number.isSafeInteger(Math.floor(bytes))) {
-    throw new UsageError(`--memory must be at least 1MiB, got "${value}"`);
+  if (!(bytes >= 64 << 10) || !Number.isSafeInteger(Math.floor(bytes))) {
+    throw new UsageError(`--memory must be at least 64KiB, got "${value}"`);
   }
   return Math.floor(bytes);
 }

@@ -33,6 +33,8 @@ export interface NodeProcessOptions {
   membership?: string;
   /** Most memory the node offers, bytes (`--memory`); it measures itself within it (node/measure.ts). */
   memoryCap?: number;
+  /** The node's name in its descriptor (`--name`; default: the host name). */
+  name?: string;
   plan?: unknown;
   /** The node's pipeline, once attached (served by the control API). */
   pipeline?: () => PipelineNode | undefined;
@@ -95,6 +97,7 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
       membership: config,
       dialOverrides,
       memoryCap: opts.memoryCap,
+      name: opts.name,
       measure: true,
     });
   } catch (e) {

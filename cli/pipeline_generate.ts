@@ -10,6 +10,7 @@ import {
   type HopTrace,
   meanTimings,
   type PrefillTimings,
+  recoveryNotes,
   type RecoveryRecord,
   type Sampling,
   type TokenEvent,
@@ -51,6 +52,10 @@ export interface ChainGenerateOptions {
   experts?: "local" | "spread";
   /** Speculative decoding (the drafter runs in this process, beside stage 0). */
   speculate?: SpeculateFlags;
+  /** Node id -> a name for it (the cluster file's), for the trace's tracks. */
+  names?: Map<string, string>;
+  /** Node processes in the cluster, for --json (default: the stages). */
+  nodes?: number;
 }
 
 interface Prepared {
@@ -133,6 +138,8 @@ function report(
 ): void {
   const mean = meanTimings(r.events.slice(1).map((e) => e.timings));
   const experts = expertReport(r.events.map((e) => e.trace));
+  // The fan-out's parts over the decode steps only (as mean_decode: the first event is the prefill's).
+  const decodeParts = expertReport(r.events.slice(1).map((e) => e.trace))?.parts ?? {};
   const measured = measuredMsPerToken(r.events);
   if (o.json) {
     console.log(JSON.stringify({
@@ -150,7 +157,7 @@ function report(
       wire: o.wire,
       nodes: chain.nodes,
       stages: chain.stages,
-      ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout } : {}),
+      ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout, fanout_parts: decodeParts } : {}),
       ...spec,
       // Each lost stage the generation survived (docs/RECOVERY.md).
       recoveries: (r.recoveries ?? []).map((x) => ({
@@ -241,16 +248,20 @@ function tripSteps(r: SpeculateOutcome): TraceStep[] {
   return steps;
 }
 
-/** Writes a chain's per-step records as a Chrome trace (stage i on plan stage i's node). */
+/** Writes a chain's per-step records as a Chrome trace (a track per node; stage i on plan stage i's node). */
 async function writeTrace(
   path: string,
   events: TraceStep[],
   planStages: { node: string }[],
   recoveries: RecoveryRecord[] = [],
+  names?: Map<string, string>,
 ): Promise<void> {
   await writeJsonOutput(
     path,
-    chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node })), recoveries),
+    chromeTrace(events, planStages.map((s, index) => ({ index, node: s.node })), {
+      names,
+      notes: recoveryNotes(recoveries, planStages[0]?.node ?? "client"),
+    }),
   );
   console.error(`swactor: trace written to ${path} (open it in Perfetto or chrome://tracing)`);
 }
@@ -317,7 +328,12 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
       let spec = r.stats && r.trips ? specReport(r as SpeculateOutcome, o.speculate!) : undefined;
       out.end();
       const plan = cluster.assignment.plan as unknown as Plan;
-      const alive = cluster.node.membership.members().filter((m) => plan.stages.some((s) => s.node === m.id));
+      // The stages' nodes and the expert hosts: a spread Plan is predicted with its fan-out to them.
+      const inPlan = new Set([
+        ...plan.stages.map((s) => s.node),
+        ...(plan.expertHosts ?? []).map((h) => h.node),
+      ]);
+      const alive = cluster.node.membership.members().filter((m) => inPlan.has(m.id));
       const predicted = await predictRequest(o.modelDir, plan, liveMembers(cluster.node, alive), {
         promptTokens: p.ids.length,
         generated: r.tokens.length,
@@ -454,7 +470,7 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
           { tokens, events, ...m.done },
           {
             stages: stageSummary(status.assignment.plan.stages),
-            nodes: m.done.stages,
+            nodes: o.nodes ?? m.done.stages,
           },
           predicted,
           spec,
@@ -464,7 +480,7 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
             console.error(
               "swactor: the cluster's nodes send no per-step trace (an older version?): no trace written",
             );
-          } else await writeTrace(o.trace, events, status.assignment.plan.stages, m.done.recoveries);
+          } else await writeTrace(o.trace, events, status.assignment.plan.stages, m.done.recoveries, o.names);
         }
         return 0;
       }

@@ -1,19 +1,116 @@
 // Where the CLI picks the stage loader: every command that runs a pipeline attaches it through here.
 // (The leader's plan publication is node/stage/publish.ts.)
+import { join } from "node:path";
 import type { SwactorNode } from "../node/node.ts";
-import { PipelineNode } from "../node/stage/mod.ts";
+import { PipelineNode, type StageLoader } from "../node/stage/mod.ts";
+import type { ExpertLoader } from "../node/stage/backend.ts";
 import { loadExpertHost, loadStage } from "../models/engine.ts";
+import { compileHfConfig } from "../planner/mod.ts";
+import { servedDtype } from "../node/stage/plan_chain.ts";
+import { humanBytes } from "../planner/units.ts";
 
 export function attachPipeline(
   node: SwactorNode,
-  opts: { modelDir?: string; stallMs?: number } = {},
+  opts: { modelDir?: string; stallMs?: number; memoryBudget?: number } = {},
 ): PipelineNode {
+  const budget = opts.memoryBudget ? new WeightBudget(opts.memoryBudget) : undefined;
   return new PipelineNode(node, {
-    loader: loadStage,
-    expertLoader: loadExpertHost,
+    loader: budget ? budget.stage(loadStage) : loadStage,
+    expertLoader: budget ? budget.experts(loadExpertHost) : loadExpertHost,
     modelDir: opts.modelDir,
     stallMs: opts.stallMs,
     // A generation survives the loss of a node: re-plan, reload, resume (docs/RECOVERY.md).
     recover: true,
   });
+}
+
+/**
+ * A node's memory budget (`--memory`) as the loaders enforce it: before loading, the weights a stage or an
+ * expert host would hold (counted as the planner counts them, at the served bytes per element) are added to
+ * what the node holds already, and a load past the budget is refused with an error naming both. What is
+ * freed (a stage or host closed) is given back. The KV cache, allocated per request, is the planner's to
+ * fit (it plans each node's memory for the Plan's context).
+ */
+export class WeightBudget {
+  #held = 0;
+  constructor(readonly bytes: number) {}
+
+  get held(): number {
+    return this.#held;
+  }
+
+  #take(need: number, what: string): void {
+    if (this.#held + need > this.bytes) {
+      throw new Error(
+        `${what} needs ${need} bytes of weights; this node's memory budget (--memory) is ${this.bytes} ` +
+          `bytes (${humanBytes(this.bytes)}), ${this.#held} of them held already`,
+      );
+    }
+    this.#held += need;
+  }
+
+  stage(load: StageLoader): StageLoader {
+    return async (role, o) => {
+      const graph = await graphOf(o.model.dir);
+      const dtype = servedDtype(o.model.weights);
+      const remote = new Set(o.experts?.remote ?? []);
+      let n = 0;
+      if (role.embeds) n += graph.embedParams * dtype.embed!;
+      if (role.head) n += graph.headParams * dtype.embed!;
+      for (let l = role.layers[0]; l < role.layers[1]; l++) {
+        for (const op of graph.layers[l].ops) {
+          if (op.kind !== "moe") n += op.params * dtype.dense!;
+          else {
+            n += (op.routerParams + op.shared * op.sharedParams) * dtype.dense!;
+            if (!remote.has(l)) n += op.experts * op.expertParams * dtype.experts!;
+          }
+        }
+      }
+      const need = Math.round(n);
+      this.#take(need, `stage ${role.index} (layers [${role.layers}])`);
+      try {
+        const backend = await load(role, o);
+        const close = backend.close.bind(backend);
+        backend.close = () => {
+          this.#held -= need;
+          close();
+        };
+        return backend;
+      } catch (e) {
+        this.#held -= need;
+        throw e;
+      }
+    };
+  }
+
+  experts(load: ExpertLoader): ExpertLoader {
+    return async (hold, o) => {
+      const graph = await graphOf(o.model.dir);
+      const dtype = servedDtype(o.model.weights);
+      let n = 0, count = 0;
+      for (const [l, ids] of hold) {
+        const op = graph.layers[l]?.ops.find((x) => x.kind === "moe");
+        if (op?.kind === "moe") n += ids.length * op.expertParams * dtype.experts!;
+        count += ids.length;
+      }
+      const need = Math.round(n);
+      this.#take(need, `holding ${count} experts`);
+      try {
+        const service = await load(hold, o);
+        const close = service.close.bind(service);
+        service.close = () => {
+          this.#held -= need;
+          close();
+        };
+        return service;
+      } catch (e) {
+        this.#held -= need;
+        throw e;
+      }
+    };
+  }
+}
+
+async function graphOf(dir: string) {
+  return compileHfConfig(JSON.parse(await Deno.readTextFile(join(dir, "config.json"))));
 }

@@ -13,10 +13,12 @@ import {
 import { moeOf } from "../planner/model_graph.ts";
 import { planLive } from "./plan_live.ts";
 import { parseWeights } from "./load_model.ts";
+import { LAB_CONTEXT, labCluster, planRegional } from "./cluster_plan.ts";
 
 const usage =
   `Usage: swactor plan --model DIR --cluster FILE [--json] [--context N] [--experts auto|local|spread]
                     [--spread compact|wide] [--routing FILE]
+       swactor plan --model DIR --cluster FILE --experts regional [--weights W] [--memory-scale F] [--json]
        swactor plan --model DIR --live [--api HOST:PORT] [--nodes N] [--weights W] [--save-cluster FILE] [--json]
 
 Plans which node runs which layers (and experts) of the model, and predicts per-token latency.
@@ -30,7 +32,10 @@ Plans which node runs which layers (and experts) of the model, and predicts per-
   --save-cluster F  with --live: write the measured cluster to F in the planner language
   --context N       tokens of KV cache each stage must hold (default 4096)
   --experts MODE    auto (default): the faster of local and spread; local: a stage holds its
-                    layers' experts; spread: experts may live on other nodes
+                    layers' experts; spread: experts may live on other nodes; regional: the plan that
+                    \`generate --cluster FILE\` runs (layers across the regions, each MoE layer's experts over
+                    its region's nodes; --context defaults to ${LAB_CONTEXT} there, --weights to auto, and
+                    --memory-scale F multiplies every node's memory: docs/DOD.md)
   --spread HOW      with experts spread: compact (default: fewest nodes per layer) or wide (every
                     MoE layer on >= 2 nodes, every node hosting some: expert parallelism)
   --routing FILE    observed routing counts, JSON {"<layer>": [count per routed expert]}: the busiest
@@ -64,13 +69,17 @@ export const planCommand: Command = {
       nodes: { type: "string" },
       weights: { type: "string" },
       "save-cluster": { type: "string" },
+      "memory-scale": { type: "string" },
     });
     if (!values.model) throw new UsageError("--model DIR is required");
     if (values.live && values.cluster) throw new UsageError("--live and --cluster exclude each other");
     if (!values.live && !values.cluster) throw new UsageError("--cluster FILE (or --live) is required");
     const experts = values.experts ?? "auto";
-    if (!["auto", "local", "spread"].includes(experts)) {
-      throw new UsageError(`--experts expects auto, local or spread, got "${experts}"`);
+    if (!["auto", "local", "spread", "regional"].includes(experts)) {
+      throw new UsageError(`--experts expects auto, local, spread or regional, got "${experts}"`);
+    }
+    if (values["memory-scale"] !== undefined && experts !== "regional") {
+      throw new UsageError("--memory-scale needs --experts regional");
     }
     const spread = values.spread ?? "compact";
     if (spread !== "compact" && spread !== "wide") {
@@ -88,7 +97,11 @@ export const planCommand: Command = {
         throw new UsageError(`--routing ${values.routing}: expected {"<layer>": [counts]}`);
       }
     }
-    const context = numberFlag(values.context, "context", { min: 1, integer: true, fallback: 4096 });
+    const context = numberFlag(values.context, "context", {
+      min: 1,
+      integer: true,
+      fallback: experts === "regional" ? LAB_CONTEXT : 4096,
+    });
     const configPath = `${values.model.replace(/\/$/, "")}/config.json`;
     let json: unknown;
     try {
@@ -126,6 +139,28 @@ export const planCommand: Command = {
     } catch (e) {
       if (e instanceof LangError) throw new UsageError(e.message);
       throw e;
+    }
+    if (experts === "regional") {
+      if (routing) throw new UsageError("--routing is not supported with --experts regional");
+      const memoryScale = values["memory-scale"] === undefined
+        ? undefined
+        : numberFlag(values["memory-scale"], "memory-scale", { min: Number.MIN_VALUE, fallback: 1 });
+      let plan;
+      try {
+        plan = planRegional(json, labCluster(cluster, { memoryScale }).cluster, {
+          context,
+          weights: parseWeights(values.weights),
+          name,
+        });
+      } catch (e) {
+        if (e instanceof PlacementError) {
+          throw new UsageError(`no placement fits (${e.constraint}): ${e.message}`);
+        }
+        throw e;
+      }
+      if (values.json) console.log(JSON.stringify(plan));
+      else console.log(formatPlanTable(plan, (l) => moeOf(model.layers[l])?.experts ?? -1));
+      return 0;
     }
     if (routing) {
       try {

@@ -12,8 +12,8 @@ export interface RequestPrediction {
   msPerToken: number;
   /** The context (KV positions) it was evaluated at: the prompt plus half the generated tokens. */
   context: number;
-  /** Per stage: predicted compute (incl. its fixed costs) and hop ms. */
-  stages: { compute_ms: number; hop_ms: number }[];
+  /** Per stage: predicted compute (incl. its fixed costs), hop and expert fan-out ms. */
+  stages: { compute_ms: number; hop_ms: number; fanout_ms: number }[];
 }
 
 /** Predicts a request's per-token time, or undefined (with a line on stderr) when it cannot. */
@@ -33,6 +33,7 @@ export async function predictRequest(
       stages: p.stages.map((s) => ({
         compute_ms: round(s.computeMs + s.overheadMs),
         hop_ms: round(s.hopMs),
+        fanout_ms: round(s.fanoutMs),
       })),
     };
   } catch (e) {

@@ -24,6 +24,9 @@ import {
 } from "./speculate_flags.ts";
 import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
+import { readStdin } from "./workers.ts";
+import { CLUSTER_HELP, clusterFlags, upCluster } from "./cluster_cli.ts";
+import { labPlanOnMembers } from "./cluster_run.ts";
 
 export const up: Command = {
   name: "up",
@@ -32,6 +35,7 @@ export const up: Command = {
                   [--membership lan|wan|local|test]
                   [--model DIR] [--members N] [--plan FILE] [--weights f32|f16|q8|q4] [--memory SIZE]
                   [--http HOST:PORT|off] [--api-key KEY] [--insecure] [--parallel N] [--queue N]
+       swactor up --cluster FILE --model DIR [--emulate-wan] [--memory-scale F] [--weights W]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
 stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then leaves gracefully.
@@ -55,7 +59,9 @@ ${RELAY_HELP}
   --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)
 ${SERVING_HELP}
 ${SPECULATE_UP_HELP}
-${MEMORY_HELP}`,
+${MEMORY_HELP}
+  --name NAME          this node's name in its descriptor (default: the host name)
+${CLUSTER_HELP}`,
   async run(argv) {
     const { values } = parseFlags(argv, {
       peers: { type: "string" },
@@ -74,8 +80,16 @@ ${MEMORY_HELP}`,
       queue: { type: "string" },
       members: { type: "string" },
       memory: { type: "string" },
+      name: { type: "string" },
+      "exit-with-stdin": { type: "boolean" },
       ...SPECULATE_FLAGS,
+      ...clusterFlags,
     });
+    if (values.cluster !== undefined) return await upCluster(values);
+    if (values["emulate-wan"]) throw new UsageError("--emulate-wan needs --cluster FILE");
+    if (values["cluster-plan"] !== undefined && !values.model) {
+      throw new UsageError("--cluster-plan needs --model");
+    }
     const spec = speculateFlags(values);
     if (spec && values.model === undefined) {
       throw new UsageError("--draft speculates for the chain of `up --model DIR`: it needs --model");
@@ -158,12 +172,14 @@ ${MEMORY_HELP}`,
         exposeApi: values["expose-api"],
         membership: values.membership,
         memoryCap,
+        name: values.name,
+        parentGone: values["exit-with-stdin"] ? readStdin({ watchEnd: true }).ended : undefined,
         plan: values.model ? undefined : plan,
         pipeline: () => pipeline,
         budget,
         speculation,
         async ready(node, api, signal) {
-          pipeline = attachPipeline(node);
+          pipeline = attachPipeline(node, { memoryBudget: memoryCap });
           view = nodeServices(node, { down: () => {}, pipeline: () => pipeline });
           node.actors.spawn("leader", { receive: () => {} });
           const ticket = encodeTicket({ secret, leader: node.transport.self, relay: relay.relay });
@@ -182,13 +198,22 @@ ${MEMORY_HELP}`,
           const args = values.membership ? ["--membership", values.membership] : [];
           for (let i = 1; i < peers; i++) workers.push(spawnWorker(ticket, { args, stderr: "inherit" }));
           if (values.model) {
+            // --cluster-plan: the lab's regional plan over the nodes the file declares (cli/cluster_run.ts).
+            const labPlan = values["cluster-plan"] === undefined ? undefined : await labPlanOnMembers(node, {
+              file: values["cluster-plan"],
+              modelDir: resolve(values.model),
+              weights,
+              memoryScale: values["memory-scale"] === undefined ? undefined : Number(values["memory-scale"]),
+              context: values.context === undefined ? undefined : Number(values.context),
+              signal,
+            });
             const a = await publishPlan(node, pipeline, {
               modelDir: resolve(values.model),
               weights,
               members,
               // Nodes beyond --peers join by hand: give them time.
               timeoutMs: members > peers ? 600_000 : undefined,
-              plan,
+              plan: labPlan as unknown as typeof plan ?? plan,
               signal,
             });
             console.error(`swactor: plan v${a.version}: ${a.plan.stages.length} stage(s); loading`);

@@ -300,10 +300,12 @@ export class Engine implements StageBackend {
       if (ffn.kind !== "moe") throw new Error(`layer ${s.split} is split but has no experts`);
       const k = ffn.routing.topK;
       const r = seq.routing!;
+      const t0 = performance.now();
       const xn = new Float32Array(await readBack(gpu, seq.normed, T * H * 4));
       const ids = new Uint32Array(await readBack(gpu, r.ids, T * k * 4));
       const weights = new Float32Array(await readBack(gpu, r.weights, T * k * 4));
-      const sum = await this.#fanout!(s.split, { request: id, T, xn, ids, weights });
+      const readbackMs = performance.now() - t0;
+      const sum = await this.#fanout!(s.split, { request: id, T, xn, ids, weights, readbackMs });
       if (sum.length !== T * H) {
         throw new Error(`layer ${s.split}: the experts returned ${sum.length} values`);
       }

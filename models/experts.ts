@@ -37,6 +37,8 @@ export interface ExpertInput {
   ids: Uint32Array;
   /** Their weights [T, k]. */
   weights: Float32Array;
+  /** How long the stage took to read back xn, ids and weights, ms (for the fan-out's timings). */
+  readbackMs?: number;
 }
 
 interface LayerStack {

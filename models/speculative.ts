@@ -65,7 +65,12 @@ export function targetToken(row: Float32Array, sampling: Sampling, tokOut: numbe
 
 /** Greedy steps with an Engine read back k argmax ids (GPU-side), sampled ones every row's logits. */
 type VerifyingBackend = StageBackend & {
-  verify?(id: string, pos0: number, tokens: Uint32Array, output: "argmax"): Promise<Uint32Array | Float32Array>;
+  verify?(
+    id: string,
+    pos0: number,
+    tokens: Uint32Array,
+    output: "argmax",
+  ): Promise<Uint32Array | Float32Array>;
 };
 
 async function verifyStep(

@@ -4,9 +4,12 @@
 //             (a stage whose bytes fit the node's cache reads them at the cache's bandwidth)
 //   hop     = link latency + hidden-state bytes / min(link bw, sender up, receiver down)
 //   return  = the last stage sends the sampled token id back to the first (the loop is closed)
-//   fan-out = per MoE layer whose experts live on other nodes: the expected slowest destination, where a
-//             destination h costs wire + compute: round trip + one activation each way + its overhead +
-//             the experts it runs for the token (reading their weights); see expectedFanout.
+//   fan-out = per MoE layer whose experts live on other nodes: the stage reads back the router's choice and
+//             the activations (SPLIT_READBACKS x its overhead), then waits for the expected slowest
+//             destination, where a destination h costs wire + compute: round trip + one activation each way +
+//             its overhead + the experts it runs for the token (reading their weights); the stage's own share
+//             is a destination too, without the wire (it runs as a separate submit and readback in the
+//             stage's process, concurrently with the remote ones); see expectedFanout.
 import { type Cluster, linkBetween, type NodeSpec, readSeconds } from "./cluster.ts";
 import { type DTypeBytes, type ModelGraph, moeOf } from "./model_graph.ts";
 import { SAMPLER_BYTES_PER_TOKEN } from "./compiled.ts";
@@ -52,6 +55,14 @@ export interface Evaluation {
   stages: StageCost[];
   nodes: Map<string, NodeMemory>;
 }
+
+/**
+ * Readbacks a stage makes at each MoE layer whose experts it sends away: the normalised input, the router's
+ * ids and its weights, one after another (models/engine.ts, `#runSegments`). Each costs about a step's fixed
+ * part (the node's `overhead`): measured 2.2-2.4 ms for the three on the software adapter where the node's
+ * own step measured 0.6-0.8 (docs/BENCHMARKS.md, "Experts across nodes").
+ */
+export const SPLIT_READBACKS = 3;
 
 function nodeOf(cluster: Cluster, id: string): NodeSpec {
   const n = cluster.nodes.find((x) => x.id === id);
@@ -165,22 +176,24 @@ export function evaluateAssignment(
       }
       const share = new Map<string, number>();
       for (const [e, h] of chosen) share.set(h, (share.get(h) ?? 0) + loadOf(e));
-      const remote: string[] = [];
-      for (const [h, p] of share) {
-        mem(h).expertLoad += moe.topK * p;
-        if (h === st.node) {
-          bytes += moe.topK * p * eb;
-          flops += moe.topK * p * 2 * moe.expertParams;
-        } else remote.push(h);
-      }
-      if (remote.length) {
-        // Wire + compute per destination: its fixed cost plus the experts the token runs there.
-        const costs = remote.map((h) => {
+      for (const [h, p] of share) mem(h).expertLoad += moe.topK * p;
+      const split = [...share.keys()].some((h) => h !== st.node);
+      if (!split) {
+        const p = share.get(st.node) ?? 0;
+        bytes += moe.topK * p * eb;
+        flops += moe.topK * p * 2 * moe.expertParams;
+      } else {
+        // Wire + compute per destination: its fixed cost plus the experts the token runs there. The stage's
+        // own share runs beside the remote ones as a step of its own (its overhead, no wire).
+        const dests = [...share.keys()];
+        const costs = dests.map((h) => {
           const hn = nodeOf(cluster, h);
           const perExpert = Math.max(eb / hn.memBandwidth, (2 * moe.expertParams) / hn.flops);
-          return fixedOf(h) + expertsWhenHit(share.get(h)!, moe.topK) * perExpert;
+          const fixed = h === st.node ? node.overhead : fixedOf(h);
+          return fixed + expertsWhenHit(share.get(h)!, moe.topK) * perExpert;
         });
-        const f = expectedFanout(costs, remote.map((h) => share.get(h)!), moe.topK);
+        const f = SPLIT_READBACKS * node.overhead +
+          expectedFanout(costs, dests.map((h) => share.get(h)!), moe.topK);
         fanoutByLayer.set(l, f);
         fanout += f;
       }

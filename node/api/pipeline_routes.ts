@@ -187,4 +187,51 @@ export function pipelineRoutes(
     });
     return new Response(stream, { headers: { "content-type": "application/x-ndjson" } });
   });
+  // Teacher-forced logits of `tokens` through the chain (`logits` against a running cluster, e.g. one that
+  // `up --cluster` keeps): float32 [T, vocab], little-endian, in the body; the shape in x-swactor-shape.
+  app.post("/logits", limit, async (c) => {
+    const p = pipeline();
+    if (!p) return c.json({ error: "this node runs no pipeline" }, 404);
+    let body: { tokens?: unknown; wire?: unknown };
+    try {
+      body = await c.req.json();
+    } catch {
+      return c.json({ error: "the body must be JSON" }, 400);
+    }
+    const vocab = (p.board.current?.plan as { model?: { vocab?: unknown } } | undefined)?.model?.vocab;
+    if (!Number.isInteger(vocab)) return c.json({ error: "the chain has no Plan yet" }, 503);
+    const V = vocab as number;
+    const tokens = body?.tokens;
+    if (
+      !Array.isArray(tokens) || tokens.length === 0 ||
+      !tokens.every((t) => Number.isInteger(t) && t >= 0 && t < V)
+    ) {
+      return c.json({ error: `tokens must be a non-empty array of token ids in [0, ${V})` }, 400);
+    }
+    if (body.wire !== undefined && body.wire !== "f16" && body.wire !== "f32") {
+      return c.json({ error: `wire must be "f16" or "f32", got ${JSON.stringify(body.wire)}` }, 400);
+    }
+    const admission = budget.admit(tokens.length);
+    if (!admission.ok) return c.json({ error: admission.error }, admission.status);
+    try {
+      const chain = await p.waitReady({ timeoutMs: 5000 }).catch((e) => {
+        throw Object.assign(new Error((e as Error).message), { status: 503 });
+      });
+      const abort = new AbortController();
+      c.req.raw.signal.addEventListener("abort", () => abort.abort(new Error("the client went away")));
+      const { logits } = await p.client.logits(chain, tokens as number[], {
+        vocab: V,
+        wire: (body.wire ?? "f16") as "f16" | "f32",
+        signal: abort.signal,
+      });
+      return new Response(logits.slice().buffer as ArrayBuffer, {
+        headers: { "content-type": "application/octet-stream", "x-swactor-shape": `${tokens.length},${V}` },
+      });
+    } catch (e) {
+      const status = (e as { status?: number }).status === 503 ? 503 : 500;
+      return c.json({ error: (e as Error).message }, status);
+    } finally {
+      admission.release();
+    }
+  });
 }

@@ -7,6 +7,7 @@
 // Plan: the host of (layer, idx) is the node whose list holds idx.
 import type { ActorContext, Behavior } from "../actors/mod.ts";
 import type { ExpertFanout, ExpertInput, ExpertService } from "./backend.ts";
+import type { HopTrace } from "./messages.ts";
 
 /** The Plan fields this file reads (planner/plan.ts has the whole type). */
 export interface ExpertPlan {
@@ -93,7 +94,8 @@ export function spreadExperts<P extends ExpertPlan>(
 }
 
 // The host request: header length (u32 LE), JSON {layer, T, k, request}, then xn f32 [T, H], ids u32 [T, k],
-// weights f32 [T, k]. The reply: y f32 [T, H].
+// weights f32 [T, k]. The reply: y f32 [T, H], then the host's compute time in ms (f32), so that the stage
+// can split a round trip into wire and remote compute.
 
 export function encodeExpertRequest(layer: number, input: ExpertInput): Uint8Array {
   const k = input.ids.length / input.T;
@@ -153,8 +155,12 @@ export function expertHostBehavior(
         log(`expert host: dropped a malformed request: ${(e as Error).message}`);
         throw e;
       }
+      const t0 = performance.now();
       const y = await service.compute(req.layer, req.input);
-      return new Uint8Array(y.buffer, y.byteOffset, y.byteLength);
+      const out = new Float32Array(y.length + 1);
+      out.set(y);
+      out[y.length] = performance.now() - t0;
+      return new Uint8Array(out.buffer);
     },
     onStop() {
       service.close();
@@ -162,21 +168,59 @@ export function expertHostBehavior(
   };
 }
 
-/** What went to each node for one request: layer -> node -> bytes sent + received, ms, experts served. */
-export type FanoutRecord = Map<number, Map<string, { bytes: number; ms: number; experts: Set<number> }>>;
+/** One destination of a layer's fan-outs, summed over a request's steps. */
+export interface FanoutNode {
+  /** Bytes sent and received (0 for the stage's own node). */
+  bytes: number;
+  /** Round trips (or the local compute), ms. */
+  ms: number;
+  /** The host's own compute within them, ms. */
+  hostMs: number;
+  /** Messages (or local computes). */
+  calls: number;
+  experts: Set<number>;
+  /** When the first call started, ms since the epoch (the trace's fan-out spans). */
+  at: number;
+}
 
-/** A record as it travels in a hop's trace: layer -> node -> [bytes, ms, experts]. */
-export type FanoutTrace = Record<string, Record<string, [number, number, number[]]>>;
+/** A layer's fan-outs over a request's steps: their parts, and what went to each node. */
+export interface FanoutLayer {
+  steps: number;
+  /** Reading back the routing and the activations on the stage's GPU, ms. */
+  readbackMs: number;
+  /** From the first send to the last reply, ms. */
+  waitMs: number;
+  /** Summing the replies, ms. */
+  combineMs: number;
+  nodes: Map<string, FanoutNode>;
+}
+
+/** What went to each node for one request, per MoE layer. */
+export type FanoutRecord = Map<number, FanoutLayer>;
+
+/** A record as it travels in a hop's trace (messages.ts HopTrace `x` and `xp`). */
+export interface FanoutTrace {
+  /** layer -> node -> [bytes, ms, experts, at (first call's start, ms since the epoch), host ms, calls]. */
+  x: Record<string, Record<string, [number, number, number[], number, number, number]>>;
+  /** layer -> [fan-outs, readback ms, wait ms, combine ms]. */
+  xp: Record<string, [number, number, number, number]>;
+}
+
+const ms3 = (v: number) => Number(v.toFixed(3));
 
 export function fanoutTrace(r: FanoutRecord): FanoutTrace {
-  const out: FanoutTrace = {};
-  for (const [layer, nodes] of r) {
-    out[layer] = {};
-    for (const [node, v] of nodes) {
-      out[layer][node] = [
+  const out: FanoutTrace = { x: {}, xp: {} };
+  for (const [layer, l] of r) {
+    out.xp[layer] = [l.steps, ms3(l.readbackMs), ms3(l.waitMs), ms3(l.combineMs)];
+    out.x[layer] = {};
+    for (const [node, v] of l.nodes) {
+      out.x[layer][node] = [
         v.bytes,
-        Number(v.ms.toFixed(3)),
+        ms3(v.ms),
         [...v.experts].sort((a, b) => a - b),
+        ms3(v.at),
+        ms3(v.hostMs),
+        v.calls,
       ];
     }
   }
@@ -185,7 +229,8 @@ export function fanoutTrace(r: FanoutRecord): FanoutTrace {
 
 /**
  * A stage's fanout: for each layer, the nodes holding an expert some token chose get one message each (the
- * local node's experts run in-process); their sums are added. Records per request what went where.
+ * local node's experts run in-process); their sums are added. Records per request what went where and how
+ * long each part took.
  */
 export function createFanout(o: {
   plan: ExpertPlan;
@@ -205,38 +250,64 @@ export function createFanout(o: {
     if (rec && input.request) o.record.set(input.request, rec);
     const chosen = new Set(input.ids);
     const body = encodeExpertRequest(layer, input);
+    const hidden = input.xn.length / input.T;
+    const layerRec: FanoutLayer | undefined = rec
+      ? rec.get(layer) ?? { steps: 0, readbackMs: 0, waitMs: 0, combineMs: 0, nodes: new Map() }
+      : undefined;
+    if (rec && layerRec) rec.set(layer, layerRec);
+    const start = performance.now();
     const parts = await Promise.all(
       hosts.filter(([, ids]) => [...chosen].some((e) => ids.has(e))).map(
         async ([node, ids]) => {
           const t0 = performance.now();
           let y: Float32Array;
-          let bytes = 0;
-          const hidden = input.xn.length / input.T;
-          if (node === o.self && o.local) y = await o.local.compute(layer, input);
-          else {
+          let bytes = 0, hostMs: number;
+          if (node === o.self && o.local) {
+            y = await o.local.compute(layer, input);
+            hostMs = performance.now() - t0;
+          } else {
             const reply = await o.call(expertHostName(node), body);
             bytes = body.length + reply.length;
-            if (reply.length !== input.T * hidden * 4) {
+            if (reply.length !== (input.T * hidden + 1) * 4) {
               throw new Error(
-                `expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}`,
+                `expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}; ` +
+                  `expected ${(input.T * hidden + 1) * 4}`,
               );
             }
-            y = new Float32Array(reply.slice().buffer);
+            const all = new Float32Array(reply.slice().buffer);
+            y = all.subarray(0, input.T * hidden);
+            hostMs = all[input.T * hidden];
           }
-          if (rec) {
-            if (!rec.has(layer)) rec.set(layer, new Map());
-            const r = rec.get(layer)!.get(node) ?? { bytes: 0, ms: 0, experts: new Set<number>() };
+          if (layerRec) {
+            const r = layerRec.nodes.get(node) ??
+              {
+                bytes: 0,
+                ms: 0,
+                hostMs: 0,
+                calls: 0,
+                experts: new Set<number>(),
+                at: performance.timeOrigin + t0,
+              };
+            r.calls++;
             r.bytes += bytes;
             r.ms += performance.now() - t0;
+            r.hostMs += hostMs;
             for (const e of chosen) if (ids.has(e)) r.experts.add(e);
-            rec.get(layer)!.set(node, r);
+            layerRec.nodes.set(node, r);
           }
           return y;
         },
       ),
     );
+    const replied = performance.now();
     const sum = new Float32Array(input.xn.length);
     for (const p of parts) for (let i = 0; i < sum.length; i++) sum[i] += p[i];
+    if (layerRec) {
+      layerRec.steps++;
+      layerRec.readbackMs += input.readbackMs ?? 0;
+      layerRec.waitMs += replied - start;
+      layerRec.combineMs += performance.now() - replied;
+    }
     return sum;
   };
 }
@@ -245,13 +316,46 @@ export function createFanout(o: {
 export interface ExpertReport {
   /** layer -> expert -> the node that served it in this request. */
   hosts: Record<string, Record<string, string>>;
-  /** layer -> node -> bytes (request + reply) and ms over the whole request. */
-  fanout: Record<string, Record<string, { bytes: number; ms: number }>>;
+  /** layer -> node -> bytes (request + reply), ms (round trips) and host_ms (its compute) over the request. */
+  fanout: Record<string, Record<string, { bytes: number; ms: number; host_ms: number }>>;
+  /**
+   * layer -> the fan-out's parts over the request: fan-outs (steps), readback of the routing and activations,
+   * wait (first send to last reply), combine, ms.
+   */
+  parts: Record<string, FanoutParts>;
 }
 
-export function expertReport(traces: ({ x?: FanoutTrace }[] | undefined)[]): ExpertReport | undefined {
+/** A layer's fan-outs over a request: counts and ms summed over its steps. */
+export interface FanoutParts {
+  /** Fan-outs (the stage's steps through this layer). */
+  steps: number;
+  /** Reading back the routing and the activations. */
+  readback_ms: number;
+  /** From the first send to the last reply. */
+  wait_ms: number;
+  /** Summing the replies. */
+  combine_ms: number;
+  /** Messages to other nodes, their round trips and the hosts' compute within them (wire = ms - host_ms). */
+  remote: { calls: number; ms: number; host_ms: number };
+  /** The stage's own share (computed in its process beside the remote ones). */
+  own: { calls: number; ms: number };
+}
+
+export function expertReport(
+  traces: (Pick<HopTrace, "x" | "xp">[] | undefined)[],
+): ExpertReport | undefined {
   const hosts: ExpertReport["hosts"] = {};
   const fanout: ExpertReport["fanout"] = {};
+  const parts: ExpertReport["parts"] = {};
+  const part = (layer: string) =>
+    parts[layer] ??= {
+      steps: 0,
+      readback_ms: 0,
+      wait_ms: 0,
+      combine_ms: 0,
+      remote: { calls: 0, ms: 0, host_ms: 0 },
+      own: { calls: 0, ms: 0 },
+    };
   let any = false;
   for (const trace of traces) {
     for (const hop of trace ?? []) {
@@ -259,13 +363,33 @@ export function expertReport(traces: ({ x?: FanoutTrace }[] | undefined)[]): Exp
         any = true;
         hosts[layer] ??= {};
         fanout[layer] ??= {};
-        for (const [node, [bytes, ms, experts]] of Object.entries(nodes)) {
+        for (const [node, [bytes, ms, experts, _at, hostMs, calls]] of Object.entries(nodes)) {
           for (const e of experts) hosts[layer][e] = node;
-          const f = fanout[layer][node] ?? { bytes: 0, ms: 0 };
-          fanout[layer][node] = { bytes: f.bytes + bytes, ms: Number((f.ms + ms).toFixed(3)) };
+          const p = part(layer);
+          if (bytes > 0) {
+            p.remote.calls += calls ?? 0;
+            p.remote.ms = ms3(p.remote.ms + ms);
+            p.remote.host_ms = ms3(p.remote.host_ms + (hostMs ?? 0));
+          } else {
+            p.own.calls += calls ?? 0;
+            p.own.ms = ms3(p.own.ms + ms);
+          }
+          const f = fanout[layer][node] ?? { bytes: 0, ms: 0, host_ms: 0 };
+          fanout[layer][node] = {
+            bytes: f.bytes + bytes,
+            ms: ms3(f.ms + ms),
+            host_ms: ms3(f.host_ms + (hostMs ?? 0)),
+          };
         }
+      }
+      for (const [layer, [steps, readback, wait, combine]] of Object.entries(hop.xp ?? {})) {
+        const p = part(layer);
+        p.steps += steps;
+        p.readback_ms = ms3(p.readback_ms + readback);
+        p.wait_ms = ms3(p.wait_ms + wait);
+        p.combine_ms = ms3(p.combine_ms + combine);
       }
     }
   }
-  return any ? { hosts, fanout } : undefined;
+  return any ? { hosts, fanout, parts } : undefined;
 }

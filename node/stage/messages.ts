@@ -55,6 +55,8 @@ export interface OpenParams {
 }
 
 /** One stage's part of a step: when the message arrived, compute time, when the next one left, its size. */
+import type { TraceNote } from "./trace_events.ts";
+
 export interface HopTrace {
   /** Stage index. */
   s: number;
@@ -73,8 +75,19 @@ export interface HopTrace {
    * compute, behind the request's earlier steps (prefill chunks), ms; absent when it did not wait.
    */
   w?: number;
-  /** Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts]). */
-  x?: Record<string, Record<string, [number, number, number[]]>>;
+  /**
+   * Expert parallelism: this stage's fan-out in the step (layer -> node -> [bytes, ms, experts, at, host ms,
+   * calls]: the round trips, `at` the first call's start (ms since the epoch), the host's own compute within
+   * them, and how many; the last three absent from older nodes).
+   */
+  x?: Record<string, Record<string, [number, number, number[], number?, number?, number?]>>;
+  /**
+   * The fan-out's parts per MoE layer in the step (layer -> [fan-outs, readback ms of the routing and the
+   * activations, ms until the last reply, combine ms]).
+   */
+  xp?: Record<string, [number, number, number, number]>;
+  /** More events for the trace (recoveries, speculation, ...): node/stage/trace_events.ts, addTraceNote. */
+  n?: TraceNote[];
 }
 
 export interface VerifyStep {

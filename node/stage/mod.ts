@@ -47,7 +47,7 @@ export {
   type TokenTimings,
   tokenTimings,
 } from "./timings.ts";
-export { chromeTrace, type TraceEvent, type TraceStep } from "./trace_events.ts";
+export { chromeTrace, recoveryNotes, type TraceEvent, type TraceStep } from "./trace_events.ts";
 export {
   expertHostName,
   expertPlacement,

@@ -22,6 +22,7 @@ import {
   predictionOf,
 } from "../../planner/mod.ts";
 import type { Cluster } from "../../planner/cluster.ts";
+import { expertPlacement } from "./experts.ts";
 
 /** A member as the planner sees it: its id and, once it has measured itself, its descriptor. */
 export type ChainMember = LiveMember;
@@ -182,8 +183,11 @@ function planOrder(model: ModelGraph, members: ChainMember[], want: number, opts
 }
 
 function predict(model: ModelGraph, cluster: Cluster, plan: Plan, context: number): PlanPrediction {
+  // The Plan's expert placement, so that a spread Plan is predicted with its fan-out.
+  const experts = expertPlacement(plan);
   const assignment = {
     stages: plan.stages.map((s) => ({ node: s.node, start: s.layers[0], end: s.layers[1] })),
+    ...(plan.expertMode === "spread" && experts.size ? { experts } : {}),
   };
   return predictionOf(
     evaluateAssignment(model, cluster, assignment, { context, dtype: plan.model.dtypeBytes }),

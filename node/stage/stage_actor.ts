@@ -27,7 +27,7 @@ export interface StageActorOptions {
   /** Whether the names this stage sends to resolve yet (reported by STATS as `routes`). Default: yes. */
   routesKnown?: () => boolean;
   /** Expert parallelism: takes what this stage sent to expert hosts for a request since the last call. */
-  fanoutTrace?: (id: string) => HopTrace["x"] | undefined;
+  fanoutTrace?: (id: string) => Pick<HopTrace, "x" | "xp"> | undefined;
   /** Default: warnings to stderr. */
   log?: (msg: string) => void;
 }
@@ -475,7 +475,7 @@ export class StageActor implements Behavior {
     const hop = (b: number): HopTrace => {
       const h: HopTrace = { s: role.index, in: s.arrived, c, out: wallMs(), b };
       if (s.returnMs !== undefined) h.r = s.returnMs;
-      if (fanout) h.x = fanout;
+      if (fanout) Object.assign(h, fanout);
       if (waited >= 0.001) h.w = Math.round(waited * 1000) / 1000;
       return h;
     };

@@ -8,6 +8,7 @@
 // Nothing else is read or delivered before WELCOME; a wrong proof or protocol version refuses the peer.
 import type { BiStream } from "@number0/iroh";
 import {
+  CONTROL_MAX_BYTES,
   type DataPath,
   decodeChallenge,
   decodeHello,
@@ -142,6 +143,10 @@ export async function sendPath(ctl: BiStream, path: DataPath): Promise<void> {
 
 /** The acceptor reads the dialer's decision. */
 export async function readPath(reader: FrameReader): Promise<DataPath> {
+  // The dialer has proved the secret, and its first control messages may follow PATH in the same read:
+  // they are decoded with the control channel's limit, not the handshake's (a 1.3 KB gossip message right
+  // behind PATH was refused as an oversized handshake frame).
+  reader.messageMax = CONTROL_MAX_BYTES;
   return decodePath((await expect(reader, FrameKind.PATH, "handshake")).payload);
 }
 

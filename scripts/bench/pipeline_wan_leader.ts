@@ -76,7 +76,11 @@ try {
       });
       const decode = r.events.slice(1).map((e) => e.timings);
       const plan = assignment.plan as unknown as Plan;
-      const members = node.membership.members().filter((m) => plan.stages.some((s) => s.node === m.id));
+      const inPlan = new Set([
+        ...plan.stages.map((s) => s.node),
+        ...(plan.expertHosts ?? []).map((h) => h.node),
+      ]);
+      const members = node.membership.members().filter((m) => inPlan.has(m.id));
       const predicted = predictChain(config, plan, liveMembers(node, members), {
         context: prompt.length + r.tokens.length / 2,
       });
@@ -89,11 +93,13 @@ try {
           mean: meanTimings(decode),
           perToken: decode,
           ...(expertReport(r.events.map((e) => e.trace)) ?? {}),
+          fanoutParts: expertReport(r.events.slice(1).map((e) => e.trace))?.parts,
           msPerToken: measuredMsPerToken(r.events),
           predictedMs: predicted.tokenMs,
           predictedStages: predicted.stages.map((s) => ({
             computeMs: s.computeMs + s.overheadMs,
             hopMs: s.hopMs,
+            fanoutMs: s.fanoutMs,
           })),
         },
       });

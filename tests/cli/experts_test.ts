@@ -39,6 +39,22 @@ for (const [name, n] of [["kimi-k2-tiny", 5], ["mixtral-tiny", 5], ["mixtral-tin
     }
     const all = new Set(layers.flatMap((l) => Object.values(hosts[l])));
     assert.ok(all.size >= 4, `${all.size} nodes served experts`);
+    // The fan-out's parts per layer: readback, wait for the replies, combine; each remote round trip holds
+    // the host's own compute (carried in its reply), so wire = round trip - host compute >= 0.
+    const parts = r.json.fanout_parts as Record<
+      string,
+      { steps: number; readback_ms: number; wait_ms: number; combine_ms: number }
+    >;
+    for (const l of layers) {
+      const p = parts[l];
+      assert.ok(
+        p.steps >= r.generated.length - 1 && p.readback_ms > 0 && p.wait_ms > 0,
+        `layer ${l}: ${JSON.stringify(p)}`,
+      );
+      for (const f of Object.values(fanout[l]) as { bytes: number; ms: number; host_ms: number }[]) {
+        assert.ok(f.host_ms > 0 && f.host_ms <= f.ms + 0.01, `layer ${l}: ${JSON.stringify(f)}`);
+      }
+    }
   });
 }
 

@@ -84,9 +84,11 @@ Deno.test({
       assert.deepEqual(out.tokens, want);
       assert.equal(out.timings.mean_decode.compute_ms.length, 3);
       const t = JSON.parse(await Deno.readTextFile(trace));
-      const tracks = t.traceEvents.filter((e: { ph: string; name: string }) => e.ph === "M").length;
-      assert.equal(tracks, 4, "a track per stage and one for the wire");
-      const spans = t.traceEvents.filter((e: { ph: string; pid: number }) => e.ph === "X" && e.pid === 1);
+      const tracks = t.traceEvents.filter((e: { name: string }) => e.name === "process_name").length;
+      assert.equal(tracks, 3, "a track per node");
+      const spans = t.traceEvents.filter((e: { cat?: string; pid: number }) =>
+        e.cat === "compute" && e.pid === 2
+      );
       assert.equal(spans.length, want.length, "stage 1 computes once per generated token");
     } finally {
       const down = await new Deno.Command(Deno.execPath(), {

@@ -178,3 +178,19 @@ Deno.test("predictChain: the plan's per-token time at a request's context, on cu
   assert.deepEqual(servedDtype("f32"), { dense: 4, experts: 4, embed: 4, kv: 4 });
   assert.deepEqual(servedDtype("auto"), { dense: 2, experts: 2, embed: 2, kv: 4 });
 });
+
+Deno.test("predictChain: a spread Plan is predicted with its fan-out (each MoE layer's readbacks and wait)", () => {
+  // Before, the request's prediction dropped the Plan's expert placement: it counted every expert as the
+  // stage's own and no fan-out, so a spread chain was predicted at the local chain's time (6.9 ms against
+  // 16.8 measured for kimi-k2-tiny on 5 processes).
+  const members = ["n0", "n1", "n2", "n3", "n4"].map((id) => ({ id, descriptor: measured() }));
+  const kimi = fixtureConfig("kimi-k2-tiny");
+  const spread = planChain(kimi, members, { experts: "spread" });
+  const local = planChain(kimi, members);
+  const s = predictChain(kimi, spread, members, { context: 20 });
+  const l = predictChain(kimi, local, members, { context: 20 });
+  const moeStages = spread.stages.filter((st) => st.layers[1] > Math.max(1, st.layers[0]));
+  assert.equal(s.stages.filter((st) => st.fanoutMs > 0).length, moeStages.length);
+  assert.ok(l.stages.every((st) => st.fanoutMs === 0));
+  assert.ok(s.tokenMs > l.tokenMs, `${s.tokenMs} vs ${l.tokenMs}`);
+});
