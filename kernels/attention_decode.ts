@@ -480,9 +480,14 @@ export function attentionDecodeCalls(
       `attention decode kernel does not fit heads ${d.heads}, kv heads ${d.kvHeads}, head_dim ${d.headDim}`,
     );
   }
+  const splits = gpu.tuning.attentionSplits ?? attentionDecodeSplits(d.heads, d.maxSeq);
+  const base = attentionDecodeDefaultTuning(gpu, d.headDim);
+  // Split, a workgroup's share of the keys is short: 4 subgroups a workgroup (H200, hd 64, 16 splits:
+  // 9.9 us a layer at 2048 keys and 18.9 at 8192, against 20.8 and 30.9 with 16; scripts/bench/attention_decode.ts).
   const t = {
-    ...attentionDecodeDefaultTuning(gpu, d.headDim),
-    splits: gpu.tuning.attentionSplits ?? attentionDecodeSplits(d.heads, d.maxSeq),
+    ...base,
+    splits,
+    ...(splits > 1 ? { warps: Math.min(base.warps, 4) } : {}),
     ...tuning,
   };
   const sp = t.splits ?? 1;

@@ -192,7 +192,10 @@ export function gemvFusedCall(
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
-  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi !== false;
+  // By default not for quantised weights: on the H200 the multi-token kernel reads q4 at 50-160 GB/s at
+  // T = 8 (T staged rows times the unpacked codes), and a k-step with the team kernel costs a third of it
+  // (docs/BENCHMARKS.md). `multi` or gpu.tuning.multi: true forces it.
+  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi ?? !isQuant(wt);
   if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
     const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt), gpu.tuning.prefetch);
     checkMultiTuning(t, S!);

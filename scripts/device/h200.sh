@@ -1,40 +1,97 @@
 #!/usr/bin/env bash
-# One full check on the GPU machine (device tool), after ../shared/device/pack.sh here and with the
-# fixtures' generator copied to .gpu/fixtures/ (scripts/device/prepare.sh does both):
-#   source .gpu/on-device.sh; bash scripts/device/h200.sh
-# 1. regenerates the Llama fixtures (+ variants) with transformers there (it has torch), 2. checks every
-# one through the CLI with f32, f16, q8 and q4 weights, 3. runs the kernel and CLI tests on the H200,
-# 4. the decode benchmark next to transformers (GEMV=1: also the GEMV microbenchmark). Logs go to $OUT.
-# With BEFORE=DIR (another checkout, e.g. the commit before a change, unpacked there), the decode benchmark
-# alternates between DIR's code and this one's on the same checkpoint, so both are measured in one lease.
+# The full check on the GPU machine (device tool), after scripts/device/prepare.sh here (packs deno,
+# node_modules and the Vulkan loader into .gpu/ and copies the fixtures' generator to .gpu/fixtures/):
+#   source .gpu/on-device.sh; bash scripts/device/h200.sh [PART ...]
+# PARTs (default: all, in this order; each logs to $OUT/PART.txt and is cut off after its time limit):
+#   fixtures  regenerate the fixtures with transformers there (shared Llamas + Qwens, the Llama, family and
+#             long-prompt variants; tests/fixtures' MoE ones are checked as they are), check every one
+#             through the CLI with f32, f16, q8 and q4 weights (FIXTURE_WEIGHTS="q8 q4": only those)
+#   chain     a few of them through --local 3 (three node processes on the one GPU)
+#   tests     the kernel and engine tests on the H200 (its subgroups of 32, shader-f16)
+#   decode    Llama-3.2-1B shape, random weights: decode tok/s f16 / q8 / q4, the k-token step against the
+#             one-token step, decode at 128 / 2048 / 8192 of context (A/B: without multi-token GEMV and
+#             flash-decoding splits), then transformers on the same checkpoint (the yardstick)
+#   prefill   time to first token of 512- and 2048-token prompts (f16, q4; GEMM math f32 and f16), the GEMM
+#             microbenchmark at M = 512 against the FP32 FMA ceiling
+#   moe       Qwen3-30B-A3B and DeepSeek-V2-Lite shapes at full depth (random weights made on the GPU), f16
+#             and q4, then transformers on the same shapes
+# With BEFORE=DIR (another checkout), `decode` also alternates DIR's code and this one's on one checkpoint.
 set -uo pipefail
-export XDG_RUNTIME_DIR=/tmp/xdg; mkdir -p -m 700 $XDG_RUNTIME_DIR
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-fx=/tmp/fx
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg}; mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 export PYTHONUNBUFFERED=1
-python3 .gpu/fixtures/make_fixtures.py $fx llama-micro llama3-tiny qwen2-tiny qwen3-tiny 2>&1 | tail -2
-python3 scripts/fixtures/make_llama_variants.py .gpu/fixtures $fx 2>&1 | tail -3
-echo "== fixtures through the CLI on the H200"
-for w in f32 f16 q8 q4; do
-  deno run -A scripts/check_fixture.ts $fx/* --weights $w 2>&1 | tee "$OUT/fixtures_$w.txt"
-done
-deno run -A scripts/check_fixture.ts $fx/qwen* $fx/llama3-tiny --weights f32 --local 3 2>&1 | tee "$OUT/fixtures_local3.txt"
-echo "== tests on the H200"
-SWACTOR_FIXTURES=$fx deno test -A tests/kernels tests/models tests/cli/generate_test.ts 2>&1 | grep -E "passed|failed|FAIL|skipped" | tee "$OUT/tests.txt"
-if [ "${GEMV:-0}" = 1 ]; then
-  echo "== GEMV microbenchmark (ours, then torch; the full sweep is scripts/device/sweep.sh)"
-  deno run -A scripts/bench/gemv.ts 2>&1 | tee "$OUT/gemv.txt"
-  python3 scripts/bench/torch_gemv.py 2>&1 | tee -a "$OUT/gemv.txt"
-fi
-echo "== decode benchmark"
-deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q8,q4 > "$OUT/bench.txt" 2>&1
-if [ -n "${BEFORE:-}" ]; then
-  # before / after / before / after on the same checkpoint: drift shows as a difference between rounds
-  for round in 1 2; do
-    (cd "$BEFORE" && deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q4 2>/dev/null | sed 's/^{/{"code":"before",/') >> "$OUT/before_after.txt"
-    deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q4 2>/dev/null | sed 's/^{/{"code":"after",/' >> "$OUT/before_after.txt"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(fixtures chain tests decode prefill moe)
+fx=/tmp/fx
+t0=$(date +%s)
+log() { echo "[$(($(date +%s) - t0)) s] $*"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+
+make_fixtures() {
+  [ -d $fx/llama-micro ] && return
+  python3 .gpu/fixtures/make_fixtures.py $fx llama-micro llama3-tiny qwen2-tiny qwen3-tiny 2>&1 | tail -1
+  python3 scripts/fixtures/make_llama_variants.py .gpu/fixtures $fx 2>&1 | tail -1
+  python3 scripts/fixtures/make_family_variants.py .gpu/fixtures $fx 2>&1 | tail -1
+  python3 scripts/fixtures/make_long_prompts.py .gpu/fixtures $fx 2>&1 | grep -v Warning | tail -1
+  # the MoE fixtures copied into tests/ (made by ../shared's generator) are checked as they are
+  for d in tests/fixtures/*/; do [ -f "$d/config.json" ] && [ ! -e "$fx/$(basename "$d")" ] && cp -r "$d" $fx/; done
+}
+
+part_fixtures() {
+  make_fixtures
+  for w in ${FIXTURE_WEIGHTS:-f32 f16 q8 q4}; do
+    log "fixtures, $w weights"
+    deno run -A scripts/check_fixture.ts $fx/* --weights $w 2>&1 | grep -E "PASS|FAIL|passed|rror"
   done
-fi
-python3 scripts/bench/hf_decode.py /tmp/llama1b 2>&1 | grep -E "^\{|Error" >> "$OUT/bench.txt"
-python3 scripts/bench/summarize.py "$OUT/bench.txt"
+}
+
+part_chain() {
+  make_fixtures
+  deno run -A scripts/check_fixture.ts $fx/qwen3-tiny $fx/llama3-tiny $fx/llama-hd128-long $fx/kimi-k2-tiny \
+    $fx/qwen3-moe-norm --weights f32 --local 3 2>&1 | grep -E "PASS|FAIL|passed|rror"
+}
+
+part_tests() {
+  make_fixtures
+  SWACTOR_FIXTURES=$fx deno test -A tests/kernels tests/models/verify_test.ts tests/models/engine_test.ts 2>&1 |
+    grep --line-buffered -E "passed|failed|FAIL|skipped|=>" | head -40
+}
+
+part_decode() {
+  deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q8,q4 2>&1 | grep -E "^\{|rror"
+  log "k-token steps and context lengths"
+  deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q4 --k 1,2,4,8,16 \
+    --context 128,2048,8192 --skip-decode --ab 2>&1 | grep -E "^\{|rror"
+  if [ -n "${BEFORE:-}" ]; then
+    for round in 1 2; do
+      (cd "$BEFORE" && deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q4 2>/dev/null |
+        sed 's/^{/{"code":"before",/')
+      deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q4 2>/dev/null | sed 's/^{/{"code":"after",/'
+    done
+  fi
+  log "transformers"
+  python3 scripts/bench/hf_decode.py /tmp/llama1b 2>&1 | grep -E "^\{|Error"
+}
+
+part_prefill() {
+  deno run -A scripts/bench/prefill.ts --dir /tmp/llama1b --weights f16,q4 --prompts 512,2048 --runs 3 \
+    --kernels --math f32,f16 2>&1 | grep -E "^\{|rror"
+  log "GEMM at M = 512"
+  deno run -A scripts/bench/gemm.ts --ceiling 67 --weights f16,q4 2>&1 | grep -E "^\{|rror"
+}
+
+part_moe() {
+  local B="deno run -A scripts/bench/moe.ts --runs 3"
+  $B --shape qwen3-30b-a3b,deepseek-v2-lite --weights q4,f16 2>&1 | grep -E "^\{|rror"
+  log "transformers"
+  HF_CACHES=dynamic python3 scripts/bench/hf_moe.py qwen3-30b-a3b 48 --random 2>&1 | grep -E "^\{|Error" | tail -3
+  HF_CACHES=dynamic python3 scripts/bench/hf_moe.py deepseek-v2-lite 27 --random 2>&1 | grep -E "^\{|Error" | tail -3
+}
+
+declare -A limit=([fixtures]=230 [chain]=150 [tests]=120 [decode]=200 [prefill]=150 [moe]=280)
+for p in "${parts[@]}"; do
+  log "== $p"
+  export -f make_fixtures part_$p log; export fx t0
+  timeout "${LIMIT:-${limit[$p]:-300}}" bash -c "part_$p" 2>&1 | tee "$OUT/$p.txt"
+  [ "${PIPESTATUS[0]}" = 124 ] && echo "($p cut off after its time limit)" | tee -a "$OUT/$p.txt"
+done
+log "done"
