@@ -5,7 +5,8 @@
 //
 // Shape of the work (needs subgroups; without them gemv_fused.ts's team kernel runs one grid row per token):
 //   - a workgroup of WARPS subgroups owns WARPS * R consecutive output rows, R per warp;
-//   - K is walked in tiles of KT values: the workgroup stages f(x)[0..T, tile] in workgroup memory
+//   - K is walked in tiles of KT values: the workgroup stages f(x)[0..T, tile] in workgroup memory (component-
+//     major within a unit, so a warp's reads are conflict-free)
 //     (warp w stages tokens w, w + WARPS, ..), one barrier, then each warp streams its R rows' 16-byte
 //     units of the tile (lane l: units l, l + S, ..), decodes each unit once (f16 unpack, q8 / q4 codes
 //     times the group scale) and multiplies it with all T staged rows; one barrier before the next tile;
@@ -116,6 +117,10 @@ export function gemvMultiSource(
   const KT4 = KT / 4;
   const TILES = Math.ceil(K / KT);
   const TPW = Math.ceil(T / WARPS); // tokens a warp stages
+  // Units per tile. A token's tile is staged component-major, [XV][NU] vec4s: lane j then reads x vec4 i of
+  // its unit at i * NU + j, consecutive across the warp (no bank conflicts; unit-major would stride XV vec4s,
+  // 8-way for q4).
+  const NU = KT / UW;
   const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
   const xStride = f === "silu_mul" ? "2u * K4" : "K4";
   // Staging: warp w stages token rows w + i * WARPS of the tile; with RMSNorm it sums their x^2.
@@ -137,7 +142,7 @@ export function gemvMultiSource(
         ${v}
         o = v;
         }
-        xs[${tok} * KT4 + c] = o;
+        xs[${tok} * KT4 + (c % ${XV}u) * ${NU}u + c / ${XV}u] = o;
       }
     }`;
   };
@@ -169,7 +174,7 @@ export function gemvMultiSource(
     ...range(R).flatMap((r) => decode(r)),
   ];
   for (let tk = 0; tk < T; tk++) {
-    for (let i = 0; i < XV; i++) body.push(`let x${tk}_${i} = xs[${tk * KT4}u + ${XV}u * j + ${i}u];`);
+    for (let i = 0; i < XV; i++) body.push(`let x${tk}_${i} = xs[${tk * KT4 + i * NU}u + j];`);
     for (let r = 0; r < R; r++) {
       const sum = range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ");
       body.push(`a${r}_${tk} += ${sum};`);
@@ -185,7 +190,7 @@ export function gemvMultiSource(
     for (let r = 0; r < R; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
     const inner: string[] = range(R).flatMap((r) => decode(r, `w${u}_${r}`, `u0 + j${u}`));
     for (let tk = 0; tk < T; tk++) {
-      for (let i = 0; i < XV; i++) inner.push(`let x${tk}_${i} = xs[${tk * KT4}u + ${XV}u * j${u} + ${i}u];`);
+      for (let i = 0; i < XV; i++) inner.push(`let x${tk}_${i} = xs[${tk * KT4 + i * NU}u + j${u}];`);
       for (let r = 0; r < R; r++) {
         inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
       }

@@ -157,20 +157,20 @@ export function gemvSgSource(
   var tot = 0.0;
   for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
   let inv = inverseSqrt(tot / f32(K) + p.eps);
-  for (var k = tid; k < K4; k += WG) { xs[k] = x[xrow + k] * inv * ${nwv}; }`;
+  for (var k = tid; k < K4; k += WG) { xs[xi(k)] = x[xrow + k] * inv * ${nwv}; }`;
   } else if (f === "silu_mul") {
     stage = `
   for (var k = tid; k < K4; k += WG) {
     let g = x[xrow + k];
-    xs[k] = ${siluMulVec4("g", "x[xrow + K4 + k]")};
+    xs[xi(k)] = ${siluMulVec4("g", "x[xrow + K4 + k]")};
   }`;
   } else {
     stage = `
-  for (var k = tid; k < K4; k += WG) { xs[k] = x[xrow + k]; }`;
+  for (var k = tid; k < K4; k += WG) { xs[xi(k)] = x[xrow + k]; }`;
   }
   if (!dp4) stage += "\n  workgroupBarrier();";
   if (dp4) {
-    // Block b of 32 x values -> 8 packed int8 words xq[2b], xq[2b + 1] and (scale, scale * sum of q). q4's
+    // Block b of 32 x values -> 8 packed int8 words two vec4s of xq (below) and (scale, scale * sum of q). q4's
     // words hold the even values of each 8 in the first vec4 and the odd ones in the second, matching
     // the nibbles that (w & 0x0F0F0F0F) and ((w >> 4) & 0x0F0F0F0F) pick out of a weight word.
     const order = wt === "q4"
@@ -179,6 +179,10 @@ export function gemvSgSource(
     const put = wt === "q4"
       ? "words[k] = pack4xI8Clamp(qe); words[4u + k] = pack4xI8Clamp(qo);"
       : "words[2u * k] = pack4xI8Clamp(qe); words[2u * k + 1u] = pack4xI8Clamp(qo);";
+    // Where block b's two vec4s of words go. q4 (a block is one unit): xq[b] and xq[UNITS + b], so a warp's
+    // lanes read consecutive vec4s (interleaved, lanes would stride 32 bytes: 2-way bank conflicts); q8 (a
+    // block is two units, read one vec4 a unit): xq[2b], xq[2b + 1].
+    const [xqLo, xqHi] = wt === "q4" ? ["b", "UNITS + b"] : ["2u * b", "2u * b + 1u"];
     // The block's 8 vec4s of f(x), read and transformed once, kept in registers.
     const vin = Array.from({ length: 8 }, (_, i) => `let xb${i} = ${xin(`8u * b + ${i}u`)};`);
     const quads = Array.from({ length: 4 }, (_, k) => `
@@ -200,8 +204,8 @@ export function gemvSgSource(
     let sc = select(amax / 127.0, 1.0, amax == 0.0);
     var words: array<u32, 8>;
     var qs = vec4<i32>(0);${quads}
-    xq[2u * b] = vec4<u32>(words[0], words[1], words[2], words[3]);
-    xq[2u * b + 1u] = vec4<u32>(words[4], words[5], words[6], words[7]);
+    xq[${xqLo}] = vec4<u32>(words[0], words[1], words[2], words[3]);
+    xq[${xqHi}] = vec4<u32>(words[4], words[5], words[6], words[7]);
     xqs[b] = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
   }
   workgroupBarrier();`;
@@ -211,7 +215,7 @@ export function gemvSgSource(
     stage += `
   for (var j = tid; j < UNITS; j += WG) {
     var s4 = vec4<f32>(0.0);
-    for (var i = 0u; i < ${XV}u; i++) { s4 += xs[${XV}u * j + i]; }
+    for (var i = 0u; i < ${XV}u; i++) { s4 += xs[i * UNITS + j]; }
     xsum[j] = dot(s4, vec4<f32>(1.0));
   }
   workgroupBarrier();`;
@@ -261,13 +265,13 @@ export function gemvSgSource(
   for (let u = 0; u < U; u++) {
     if (dp4 && wt === "q4") {
       body.push(
-        `let xq${u}e = xq[2u * j${u}];`,
-        `let xq${u}o = xq[2u * j${u} + 1u];`,
+        `let xq${u}e = xq[j${u}];`,
+        `let xq${u}o = xq[UNITS + j${u}];`,
         `let xs${u} = xqs[j${u}];`,
       );
     } else if (dp4) body.push(`let xq${u} = xq[j${u}];`, `let xs${u} = xqs[j${u} / 2u];`);
     else {
-      for (let i = 0; i < XV; i++) body.push(`let ${xv(u, i)} = xs[${XV}u * j${u} + ${i}u];`);
+      for (let i = 0; i < XV; i++) body.push(`let ${xv(u, i)} = xs[${i}u * UNITS + j${u}];`);
     }
     if (needXsum) body.push(`let xsum${u} = xsum[j${u}];`);
   }
@@ -327,6 +331,9 @@ const WG = ${WG}u;
 const WARPS = ${WG / S}u;
 const R = ${R}u;
 ${dp4 ? "" : `var<workgroup> xs: array<vec4<f32>, ${K4}>;`}
+// x vec4 k of the row is component k % XV of unit k / XV; staged component-major ([XV][UNITS]) so a warp's
+// lanes, one unit each, read consecutive vec4s (unit-major would stride XV vec4s: XV-way bank conflicts).
+fn xi(k: u32) -> u32 { return (k % ${XV}u) * UNITS + k / ${XV}u; }
 var<workgroup> red: array<f32, ${WG / S}>;
 ${needXsum ? `var<workgroup> xsum: array<f32, ${UNITS}>;` : ""}
 ${
