@@ -192,10 +192,11 @@ export function gemvFusedCall(
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
-  // By default not for quantised weights: on the H200 the multi-token kernel reads q4 at 50-160 GB/s at
-  // T = 8 (T staged rows times the unpacked codes), and a k-step with the team kernel costs a third of it
-  // (docs/BENCHMARKS.md). `multi` or gpu.tuning.multi: true forces it.
-  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi ?? !isQuant(wt);
+  // By default not for q4: on the H200 the multi-token kernel read q4 at 50-160 GB/s at T = 8, and a k-step
+  // with one grid row per token (int8 activations) cost a third of it (docs/BENCHMARKS.md). q8 keeps it: its
+  // f32 activations keep the fixtures' greedy tokens where int8 ones flip near-ties in short prompts' steps.
+  // `multi` or gpu.tuning.multi: true forces it.
+  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi ?? wt !== "q4";
   if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
     const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt), gpu.tuning.prefetch);
     checkMultiTuning(t, S!);

@@ -19,7 +19,7 @@ export interface KernelTuning {
   gemv?: "subgroup" | "team";
   /** Quantised subgroup GEMVs quantise x to int8 and use dot4I8Packed (default: where WGSL has it). */
   dp4?: boolean;
-  /** Steps of 2..16 rows read each weight once for all rows (gemv_multi.ts; default: f32 / f16 weights where it fits). */
+  /** Steps of 2..16 rows read each weight once for all rows (gemv_multi.ts; default: all but q4, where it fits). */
   multi?: boolean;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
