@@ -269,3 +269,35 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  needs("an oracle MTP module (the target made a bigram model) has every draft kept", {
+    "a WebGPU adapter": gpu,
+  }),
+  async () => {
+    const dir = join(await Deno.makeTempDir(), "mtp-oracle");
+    await makeMtpCheckpoint(plainDir, dir, { oracle: true });
+    const prompt = await promptOf(plainDir);
+    await withMtp(dir, async (engine, module) => {
+      const plain = await generate(engine, prompt, { maxTokens: 20, sampling: greedy, eosTokenIds: [] });
+      for (const k of [1, 4]) {
+        const d = new MtpDrafter(engine, module, { maxSeq: prompt.length + 21 });
+        try {
+          const r = await speculativeGenerate(engine, d, prompt, {
+            k,
+            maxTokens: 20,
+            eos: [],
+            sampling: greedy,
+          });
+          assert.deepEqual(r.tokens, plain.tokens);
+          assert.equal(r.rejections, 0);
+          assert.equal(r.acceptedDrafts, r.drafted);
+          // The prefill's token, then k + 1 tokens a trip.
+          assert.equal(r.trips, 1 + Math.ceil(19 / (k + 1)), `k = ${k}`);
+        } finally {
+          d.close();
+        }
+      }
+    });
+  },
+);
