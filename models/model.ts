@@ -85,9 +85,9 @@ export interface LoadOptions {
   convert?: ConvertOn;
   /**
    * Load `mtp`'s first multi-token-prediction module instead of a layer range (models/mtp.ts): its decoder
-   * layer (numLayers), enorm, hnorm, eh_proj, and its head where the checkpoint ships one. It shares the
-   * target's embedding table (and final norm and lm_head where it has no head of its own); `mtp` must be
-   * the whole model, loaded from the same checkpoint.
+   * layer (numLayers), enorm, hnorm, eh_proj, and its head's norm and matrix where the checkpoint ships them.
+   * It shares the target's embedding table (and final norm or lm_head where it has none of its own); `mtp`
+   * must be the whole model, loaded from the same checkpoint.
    */
   mtp?: Model;
 }
@@ -232,8 +232,11 @@ export class Model {
       };
     const wanted = tensorShapes(c, target ? { ...part, head: false } : part);
     const mtpPrefix = layerPrefix(c.numLayers);
-    const ownHead = target !== undefined && holds(ckpt, mtpPrefix + "shared_head.head.weight");
-    if (target) { for (const [n, shape] of mtpTensors(c, 0, ownHead)) wanted.set(n, shape); }
+    const own = {
+      norm: target !== undefined && holds(ckpt, mtpPrefix + "shared_head.norm.weight"),
+      head: target !== undefined && holds(ckpt, mtpPrefix + "shared_head.head.weight"),
+    };
+    if (target) { for (const [n, shape] of mtpTensors(c, 0, own)) wanted.set(n, shape); }
     let total = 0;
     for (const [name, shape] of wanted) {
       const info = ckpt.info(name);
@@ -318,8 +321,8 @@ export class Model {
         ehEmbed: ctx.upload(halves[0], ehType, "mtp eh_proj (embedding)"),
         ehHidden: ctx.upload(halves[1], ehType, "mtp eh_proj (hidden)"),
       };
-      finalNorm = ownHead ? await read([mtpPrefix + "shared_head.norm.weight"]) : borrow(target.finalNorm!);
-      lmHead = ownHead ? await read([mtpPrefix + "shared_head.head.weight"], H) : borrow(target.lmHead!);
+      finalNorm = own.norm ? await read([mtpPrefix + "shared_head.norm.weight"]) : borrow(target.finalNorm!);
+      lmHead = own.head ? await read([mtpPrefix + "shared_head.head.weight"], H) : borrow(target.lmHead!);
     } else {
       finalNorm = part.head ? await read(["model.norm.weight"]) : null;
       lmHead = part.head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"], H)) : null;

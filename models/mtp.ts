@@ -6,10 +6,11 @@
 //   h'  = eh_proj(concat(enorm(embed[token_{t+1}]), hnorm(h_t)))        [H]   (eh_proj [H, 2H])
 //   out = the module's decoder layer on h' at position t                  [H]   (its own KV cache, by position)
 //   d   = argmax(head(norm(out)))                                         the token at t + 2
-// with the embedding shared with the target and its own head (`shared_head`) where the checkpoint ships one,
-// else the target's final norm and lm_head. Drafting k tokens chains the module on its own output: out and
-// the draft d take the places of h and token at t + 1 (what DeepSeek's and SGLang's inference do with one
-// module).
+// with the embedding shared with the target, and the head's norm and matrix the module's own (`shared_head`)
+// where the checkpoint ships them, else the target's final norm and lm_head (SGLang always reads the target's
+// lm_head and embedding). Drafting k tokens chains the module on its own output: out and the draft d take the
+// places of h and the token at t + 1 (as SGLang and vLLM do with one module). (vLLM also zeroes the embedding
+// at position 0; SGLang does not, nor do we.)
 //
 // The module runs on the target's GPU beside it and reads the target's hidden states where the last step left
 // them (Engine.hiddenStates): after every target step of the single-node loop (the prefill's chunks, each
@@ -35,16 +36,14 @@ export async function loadMtp(target: Engine, dir: string): Promise<Model> {
   const ckpt = await Checkpoint.open(dir);
   const c = ckpt.config;
   if (c.mtpLayers < 1) {
+    const why = c.family === "deepseek_v3" ? "0 or absent" : `not read for the ${c.family} family`;
     throw new CheckpointError(
-      `${dir} ships no multi-token-prediction module (config.json's num_nextn_predict_layers is ` +
-        `${
-          c.family === "deepseek_v3" ? "0 or absent" : `not read for the ${c.family} family`
-        }): --draft mtp ` +
-        `needs a DeepSeek-V3-style checkpoint that has one`,
+      `${dir} ships no multi-token-prediction module (config.json's num_nextn_predict_layers is ${why}): ` +
+        `--draft mtp needs a DeepSeek-V3-style checkpoint that has one`,
     );
   }
   const missing = [
-    ...mtpTensors(c, 0, false).map(([n]) => n),
+    ...mtpTensors(c, 0, { norm: false, head: false }).map(([n]) => n),
     layerPrefix(c.numLayers) + "input_layernorm.weight",
   ]
     .filter((n) => !ckpt.has(n));

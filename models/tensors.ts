@@ -65,19 +65,22 @@ export function layerTensors(c: ModelConfig, i: number, routed = true): [string,
 /**
  * Multi-token-prediction module m's own tensors (DeepSeek-V3; models/mtp.ts), besides its decoder layer
  * (layer numLayers + m, named as any layer): the norms of the token's embedding and of the target's hidden
- * state, the projection of their concatenation [hidden, 2 * hidden], and its head where the checkpoint ships
- * one (`ownHead`; otherwise the model's final norm and lm_head serve).
+ * state, the projection of their concatenation [hidden, 2 * hidden], and its head's norm and matrix where the
+ * checkpoint ships them (`own`; otherwise the model's final norm and lm_head serve).
  */
-export function mtpTensors(c: ModelConfig, m: number, ownHead: boolean): [string, number[]][] {
+export function mtpTensors(
+  c: ModelConfig,
+  m: number,
+  own: { norm: boolean; head: boolean },
+): [string, number[]][] {
   const p = layerPrefix(c.numLayers + m), h = c.hiddenSize;
   const t: [string, number[]][] = [
     [p + "enorm.weight", [h]],
     [p + "hnorm.weight", [h]],
     [p + "eh_proj.weight", [h, 2 * h]],
   ];
-  if (ownHead) {
-    t.push([p + "shared_head.norm.weight", [h]], [p + "shared_head.head.weight", [c.vocabSize, h]]);
-  }
+  if (own.norm) t.push([p + "shared_head.norm.weight", [h]]);
+  if (own.head) t.push([p + "shared_head.head.weight", [c.vocabSize, h]]);
   return t;
 }
 
