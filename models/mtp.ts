@@ -17,7 +17,7 @@
 // verification) the loop calls `observe` with the rows it decided, and the module runs on them at once (its
 // KV cache follows the target's positions; rejected positions are overwritten, as the target's are). Its
 // greedy token for the position after the last decided one is sampled into its token buffer on the GPU, and
-// the chained steps read it there: k drafts cost k small steps and one readback. On a chain the hidden
+// the chained steps read it there: k drafts cost k small steps (k - 1 in one submit) and one readback. On a chain the hidden
 // states are on the last stage, away from the drafter beside stage 0: `--draft mtp` runs on one node.
 import { type Engine, submit } from "./engine.ts";
 import { Checkpoint } from "./checkpoint.ts";
@@ -25,7 +25,7 @@ import { CheckpointError } from "./errors.ts";
 import { Model, type Sequence } from "./model.ts";
 import { layerPrefix, mtpTensors } from "./tensors.ts";
 import type { Drafter } from "./speculative.ts";
-import { readBack, writeBytes, writeStep } from "../kernels/mod.ts";
+import { advanceCall, type KernelCall, readBack, writeBytes, writeStep } from "../kernels/mod.ts";
 
 /**
  * Loads the first MTP module of the checkpoint in `dir` beside `target` (the whole model, loaded from it),
@@ -61,6 +61,7 @@ export class MtpDrafter implements Drafter {
   readonly kind = "mtp";
   #seq: Sequence | undefined;
   #request: string | undefined;
+  #advance: KernelCall | undefined;
   /** The last position observed and its row in the module's `x` (where a chained step reads it). */
   #last: { pos: number; row: number } | undefined;
 
@@ -77,6 +78,7 @@ export class MtpDrafter implements Drafter {
     const { buffer, chunk } = this.target.hiddenStates(request);
     if (this.#request !== request) {
       this.#seq?.destroy();
+      this.#advance = undefined;
       this.#seq = this.module.newSequence({
         maxSeq: this.opts.maxSeq,
         sampling: { temperature: 0, topP: 1, seed: 0 },
@@ -111,13 +113,17 @@ export class MtpDrafter implements Drafter {
       );
     }
     const seq = this.#seq!, gpu = this.module.gpu;
-    // Draft 1 is at tokens[last.pos + 1]; each chained step at position p writes tokens[p + 1].
-    let pos = last.pos, row = last.row, n = 1;
-    for (; n < k && pos + 2 < seq.maxSeq; n++) {
-      pos++;
-      writeStep(gpu, seq.step, { pos0: pos, T: 1, tokOut: pos + 1 });
-      submit(gpu, seq.program(1, "sample", { hiddenRow: row }));
-      row = 0;
+    // Draft 1 is at tokens[last.pos + 1]; each chained step at position p writes tokens[p + 1]. The chained
+    // steps go in one submit, the GPU moving the step record on between them (as the engine's decode loop).
+    const n = Math.max(1, Math.min(k, seq.maxSeq - last.pos - 1));
+    if (n > 1) {
+      this.#advance ??= advanceCall(gpu, seq.step);
+      const calls: KernelCall[] = [];
+      for (let i = 1; i < n; i++) {
+        calls.push(...seq.program(1, "sample", { hiddenRow: i === 1 ? last.row : 0 }), this.#advance);
+      }
+      writeStep(gpu, seq.step, { pos0: last.pos + 1, T: 1, tokOut: last.pos + 2 });
+      submit(gpu, calls);
     }
     const ids = Array.from(new Uint32Array(await readBack(gpu, seq.tokens, n * 4, (last.pos + 1) * 4)));
     const V = this.module.config.vocabSize;

@@ -95,8 +95,18 @@ Deno.test("generate --draft mtp: plain decoding's tokens on one node; exit 2 wit
   assert.deepEqual(j.tokens, plain.tokens);
   assert.equal(j.draft, "mtp");
   assert.ok(j.trips >= 1 && j.trips <= 12 && j.drafted > 0, JSON.stringify(j));
+  // The config names a module the weights lack.
+  const bare = join(await Deno.makeTempDir(), "bare");
+  await Deno.mkdir(bare);
+  const config = JSON.parse(await Deno.readTextFile(join(plainDir, "config.json")));
+  await Deno.writeTextFile(
+    join(bare, "config.json"),
+    JSON.stringify({ ...config, num_nextn_predict_layers: 1 }),
+  );
+  await Deno.copyFile(join(plainDir, "model.safetensors"), join(bare, "model.safetensors"));
   const cases: [string[], RegExp][] = [
     [["--model", plainDir], /--draft mtp: .* ships no multi-token-prediction module/],
+    [["--model", bare], /num_nextn_predict_layers = 1, but the weights lack the module/],
     [["--model", micro], /--draft mtp: .* ships no multi-token-prediction module/],
     [["--model", dir, "--local", "2"], /--draft mtp .* runs on one node only/],
   ];
