@@ -63,7 +63,7 @@ export function speculateFlags(values: Record<string, unknown>): SpeculateFlags 
       : noise !== undefined
       ? "--draft-noise"
       : undefined;
-    if (stray) throw new UsageError(`${stray} needs --draft DIR|ngram`);
+    if (stray) throw new UsageError(`${stray} needs --draft DIR|ngram|mtp`);
     return undefined;
   }
   if (draft === "") throw new UsageError("--draft expects a checkpoint folder, ngram or mtp");
