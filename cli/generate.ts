@@ -11,7 +11,13 @@ import { checkPrompt, clusterModel, generateLocal, generateOnCluster } from "./p
 import { onStopSignal } from "./signals.ts";
 import { checkOutputPath, writeJsonOutput } from "./output_file.ts";
 import { readPlanFile } from "./plan_file.ts";
-import { makeDrafter, SPECULATE_FLAGS, SPECULATE_HELP, speculateFlags } from "./speculate_flags.ts";
+import {
+  makeDrafter,
+  MTP_ONE_NODE,
+  SPECULATE_FLAGS,
+  SPECULATE_HELP,
+  speculateFlags,
+} from "./speculate_flags.ts";
 import { speculationJson, speculativeGenerate } from "../models/speculative.ts";
 import { CLUSTER_HELP, clusterFlags, generateCluster } from "./cluster_cli.ts";
 
@@ -119,6 +125,9 @@ export const generateCommand: Command = {
       wire: (values.wire ?? "f16") as "f16" | "f32",
       speculate: spec,
     };
+    if (spec?.draft === "mtp" && (values.cluster !== undefined || values.local !== undefined)) {
+      throw new UsageError(MTP_ONE_NODE);
+    }
     if (values.cluster !== undefined) {
       return await generateCluster(
         values,
@@ -149,12 +158,13 @@ export const generateCommand: Command = {
     if (state?.api) {
       const target = targetOf(state);
       const dir = await clusterModel(target.base, values.model);
+      if (dir && spec?.draft === "mtp") throw new UsageError(MTP_ONE_NODE);
       if (dir) {
         return await generateOnCluster(target, { ...chainOpts, modelDir: dir, trace: values.trace });
       }
     }
 
-    const { engine, tokenizer } = await loadModel(values.model, { weights });
+    const { engine, tokenizer, dir } = await loadModel(values.model, { weights });
     let ids = promptIds;
     if (ids === undefined) {
       if (!tokenizer) {
@@ -165,11 +175,11 @@ export const generateCommand: Command = {
     checkPrompt(ids, engine.weights.config, maxTokens);
     const drafter = spec &&
       await makeDrafter(spec, {
-        modelDir: values.model ?? "",
+        modelDir: spec.draft === "mtp" ? dir : values.model ?? "",
         vocab: engine.model.vocab,
         maxSeq: ids.length + maxTokens + 1,
         seed,
-        target: values.model === undefined ? undefined : engine,
+        target: values.model === undefined && spec.draft !== "mtp" ? undefined : engine,
         weights,
       }).catch((e) => {
         engine.close();

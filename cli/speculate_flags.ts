@@ -1,16 +1,19 @@
-// The speculative decoding flags of `generate` (docs/SPECULATIVE.md): --draft DIR|ngram, --speculate K,
+// The speculative decoding flags of `generate` (docs/SPECULATIVE.md): --draft DIR|ngram|mtp, --speculate K,
 // --speculate-depth D, --draft-noise P; and the drafter they make on this (the originating) node.
 import { resolve } from "node:path";
 import { numberFlag, UsageError } from "./command.ts";
 import { type Engine, loadEngine } from "../models/engine.ts";
 import { CheckpointError, RequestError } from "../models/errors.ts";
 import { type Drafter, ModelDrafter, NgramDrafter, NoisyDrafter } from "../models/speculative.ts";
+import { loadMtp, MtpDrafter } from "../models/mtp.ts";
 
 export const SPECULATE_HELP =
-  `  --draft DIR|ngram     speculative decoding: a draft model (any supported family, whole on this node,
-                        with the target's vocabulary; the target's own folder works) or prompt lookup
-                        (ngram: continues the latest earlier match of the last tokens; no model). --json
-                        then adds trips (passes through the chain) and accepted_per_trip
+  `  --draft DIR|ngram|mtp speculative decoding: a draft model (any supported family, whole on this node,
+                        with the target's vocabulary; the target's own folder works), prompt lookup
+                        (ngram: continues the latest earlier match of the last tokens; no model) or the
+                        target's own multi-token-prediction module (mtp: DeepSeek-V3 checkpoints with
+                        num_nextn_predict_layers; one node only). --json then adds trips (passes through
+                        the chain) and accepted_per_trip
   --speculate K|auto    tokens drafted per verification step (default 4 with --draft; 1 to 16); auto:
                         chosen for each step from the acceptance, trip time, drafting
                         and verification costs measured so far (docs/SPECULATIVE.md)
@@ -21,7 +24,7 @@ export const SPECULATE_HELP =
 
 export const SPECULATE_UP_HELP =
   `  --draft DIR|ngram    with --model: speculative decoding; the drafter (a draft model with the target's
-                       vocabulary, or prompt lookup) runs on this node; the OpenAI API's requests
+                       vocabulary, or prompt lookup) runs on this node (mtp needs one node: generate); the OpenAI API's requests
                        speculate unless they send "speculate": 0 (or "speculate": K for K drafts), and
                        \`generate --draft\` on this machine drafts with it
   --speculate K|auto   tokens drafted per verification step (default 4; 1 to 16; auto: chosen per step
@@ -60,10 +63,10 @@ export function speculateFlags(values: Record<string, unknown>): SpeculateFlags 
       : noise !== undefined
       ? "--draft-noise"
       : undefined;
-    if (stray) throw new UsageError(`${stray} needs --draft DIR|ngram`);
+    if (stray) throw new UsageError(`${stray} needs --draft DIR|ngram|mtp`);
     return undefined;
   }
-  if (draft === "") throw new UsageError("--draft expects a checkpoint folder or ngram");
+  if (draft === "") throw new UsageError("--draft expects a checkpoint folder, ngram or mtp");
   return {
     draft,
     k: k === "auto" ? 4 : numberFlag(k, "speculate", { min: 1, max: 16, integer: true, fallback: 4 }),
@@ -73,10 +76,18 @@ export function speculateFlags(values: Record<string, unknown>): SpeculateFlags 
   };
 }
 
-/** What --draft names, as nodes compare it: "ngram", or the folder's absolute path. */
+/** What --draft names, as nodes compare it: "ngram", "mtp", or the folder's absolute path. */
 export function draftName(draft: string): string {
-  return draft === "ngram" ? draft : resolve(draft);
+  return draft === "ngram" || draft === "mtp" ? draft : resolve(draft);
 }
+
+/**
+ * Why `--draft mtp` runs on one node: the module reads the target's last hidden states, which a chain holds
+ * on its last stage, away from the drafter beside stage 0 (docs/SPECULATIVE.md).
+ */
+export const MTP_ONE_NODE = "--draft mtp drafts with the target's own multi-token-prediction module, which " +
+  "reads the target's hidden states where they are computed: it runs on one node only for now (generate " +
+  "--model DIR without --local, --cluster, or a running `up`); use --draft DIR or ngram on a chain";
 
 /** Drafters for many requests: one draft model loaded once (or none for ngram); close() frees it. */
 export interface DrafterSource {
@@ -96,6 +107,20 @@ export async function drafterSource(
   const noisy = (d: Drafter) =>
     f.noise > 0 ? new NoisyDrafter(d, f.noise, { vocab: o.vocab, seed: o.seed }) : d;
   if (f.draft === "ngram") return { make: () => noisy(new NgramDrafter()), close() {} };
+  if (f.draft === "mtp") {
+    const target = o.target;
+    if (!target) throw new UsageError(MTP_ONE_NODE);
+    const module = await loadMtp(target, o.modelDir).catch((e) => {
+      if (e instanceof CheckpointError || e instanceof RequestError) {
+        throw new UsageError(`--draft mtp: ${e.message}`);
+      }
+      throw e;
+    });
+    return {
+      make: (maxSeq) => noisy(new MtpDrafter(target, module, { maxSeq })),
+      close: () => module.destroy(),
+    };
+  }
   let engine = o.target;
   if (!engine || resolve(f.draft) !== resolve(o.modelDir)) {
     try {

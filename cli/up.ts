@@ -18,6 +18,7 @@ import {
   type DrafterSource,
   drafterSource,
   draftName,
+  MTP_ONE_NODE,
   SPECULATE_FLAGS,
   SPECULATE_UP_HELP,
   speculateFlags,
@@ -94,6 +95,7 @@ ${CLUSTER_HELP}`,
     if (spec && values.model === undefined) {
       throw new UsageError("--draft speculates for the chain of `up --model DIR`: it needs --model");
     }
+    if (spec?.draft === "mtp") throw new UsageError(MTP_ONE_NODE);
     const weights = parseWeights(values.weights);
     const relay = parseRelay(values.relay);
     let pipeline: PipelineNode | undefined;

@@ -96,6 +96,12 @@ export interface ModelConfig {
   vocabSize: number;
   hiddenSize: number;
   numLayers: number;
+  /**
+   * Multi-token-prediction modules the checkpoint ships after its decoder layers (DeepSeek-V3's
+   * `num_nextn_predict_layers`; 0 for other families): stored as layers numLayers .. numLayers + mtpLayers
+   * - 1, which `layer(i)` also describes (models/mtp.ts). The forward pass never runs them.
+   */
+  mtpLayers: number;
   rmsNormEps: number;
   rope: RopeConfig;
   maxPositionEmbeddings: number;
@@ -223,6 +229,7 @@ export class ConfigReader {
     architectures: readonly string[],
     defaults: { maxPositions: number; rmsNormEps: number; ropeTheta: number; tie: boolean },
     layer: (i: number) => LayerSpec,
+    extra: { mtpLayers?: number } = {},
   ): ModelConfig {
     const c = this.c;
     let archs: string[] = [architectures[0]];
@@ -249,6 +256,7 @@ export class ConfigReader {
       throw this.fail(`torch_dtype must be a string, got ${JSON.stringify(dtype)}`);
     }
     const numLayers = this.int("num_hidden_layers");
+    const mtpLayers = extra.mtpLayers ?? 0;
     const config: ModelConfig = {
       family,
       modelType: String(c.model_type),
@@ -256,6 +264,7 @@ export class ConfigReader {
       vocabSize: this.int("vocab_size"),
       hiddenSize: this.int("hidden_size"),
       numLayers,
+      mtpLayers,
       rmsNormEps: this.num("rms_norm_eps", defaults.rmsNormEps),
       rope: { theta: this.ropeTheta(defaults.ropeTheta), scaling: this.ropeScaling() },
       maxPositionEmbeddings: this.int("max_position_embeddings", defaults.maxPositions),
@@ -268,8 +277,11 @@ export class ConfigReader {
         : [this.tokenId("eos_token_id", eos)],
       torchDtype: dtype,
       layer: (i) => {
-        if (!(Number.isInteger(i) && i >= 0 && i < numLayers)) {
-          throw new RangeError(`layer ${i} is outside the model's ${numLayers} layers`);
+        if (!(Number.isInteger(i) && i >= 0 && i < numLayers + mtpLayers)) {
+          throw new RangeError(
+            `layer ${i} is outside the model's ${numLayers} layers` +
+              (mtpLayers ? ` and ${mtpLayers} multi-token-prediction modules` : ""),
+          );
         }
         return layer(i);
       },

@@ -115,7 +115,8 @@ export function checkTokenIds(ids: readonly number[], vocab: number): void {
   });
 }
 
-function submit(gpu: Gpu, calls: readonly KernelCall[]): void {
+/** Encodes `calls` in one compute pass and submits it. */
+export function submit(gpu: Gpu, calls: readonly KernelCall[]): void {
   const enc = gpu.device.createCommandEncoder();
   const pass = enc.beginComputePass();
   encodeCalls(pass, calls);
@@ -266,6 +267,16 @@ export class Engine implements StageBackend {
     const bad = best.find((t) => t >= V);
     if (bad !== undefined) throw new NonFiniteLogitsError(bad, V);
     return best;
+  }
+
+  /**
+   * Open request `id`'s hidden states of its last step on the GPU: rows 0..T-1 of `buffer` (after the last
+   * layer, before the final norm, on a part with the head), valid until its next step; and the most rows a
+   * step has (`chunk`). What an MTP drafter reads (models/mtp.ts), without a readback.
+   */
+  hiddenStates(id: string): { buffer: GPUBuffer; chunk: number } {
+    const { seq } = this.#get(id);
+    return { buffer: seq.x, chunk: seq.maxChunk };
   }
 
   /** Positions open request `id` holds (its KV cache is valid for 0..length-1). */

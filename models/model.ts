@@ -14,7 +14,7 @@ import { type ConvertOn, type WeightSource, WeightUploader } from "./upload.ts";
 import type { ModelConfig } from "./config.ts";
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
 import { CheckpointError, RequestError } from "./errors.ts";
-import { type ModelPart, tensorShapes } from "./tensors.ts";
+import { type ModelPart, mtpTensors, tensorShapes } from "./tensors.ts";
 import {
   biasAddCall,
   createStepBuffer,
@@ -83,6 +83,34 @@ export interface LoadOptions {
   remoteExperts?: readonly number[];
   /** Where the checkpoint's floats are converted to the storage: "gpu" (default) or "cpu" (the reference). */
   convert?: ConvertOn;
+  /**
+   * Load `mtp`'s first multi-token-prediction module instead of a layer range (models/mtp.ts): its decoder
+   * layer (numLayers), enorm, hnorm, eh_proj, and its head's norm and matrix where the checkpoint ships them.
+   * It shares the target's embedding table (and final norm or lm_head where it has none of its own); `mtp`
+   * must be the whole model, loaded from the same checkpoint.
+   */
+  mtp?: Model;
+}
+
+/** An MTP module's own weights: h' = eh_proj(concat(enorm(embed(next)), hnorm(h))) = ehEmbed · e + ehHidden · h. */
+export interface MtpWeights {
+  enorm: GPUBuffer;
+  hnorm: GPUBuffer;
+  /** eh_proj's columns 0..H-1 [H, H] (they multiply the normalised embedding). */
+  ehEmbed: GPUBuffer;
+  /** eh_proj's columns H..2H-1 [H, H] (they multiply the normalised hidden state). */
+  ehHidden: GPUBuffer;
+}
+
+/** Whether a weight source holds tensor `name`. */
+function holds(ckpt: WeightSource, name: string): boolean {
+  try {
+    ckpt.info(name);
+    return true;
+  } catch (e) {
+    if (e instanceof CheckpointError) return false;
+    throw e;
+  }
 }
 
 /** A matrix's storage when the model asks for `wt`: quantised only if its rows (K) allow. */
@@ -130,6 +158,10 @@ export class Model {
     readonly lmHead: GPUBuffer | null,
     /** Bytes of weights on the GPU. */
     readonly weightBytes: number,
+    /** An MTP module's own weights (part.mtp), else null. */
+    readonly mtp: MtpWeights | null = null,
+    /** Buffers another model owns (an MTP module's shared embedding and head): destroy leaves them. */
+    private readonly borrowed: ReadonlySet<GPUBuffer> = new Set(),
   ) {}
 
   get hasEmbed(): boolean {
@@ -167,8 +199,21 @@ export class Model {
     if (wt === "f16" && !gpu.hasF16) {
       throw new RequestError(`f16 weights need shader-f16, which ${gpu.adapterName} lacks`);
     }
-    const layers = opts.layers ?? [0, c.numLayers];
-    if (!(layers[0] >= 0 && layers[0] <= layers[1] && layers[1] <= c.numLayers)) {
+    const target = opts.mtp;
+    const same = (k: "numLayers" | "hiddenSize" | "vocabSize") => target!.config[k] === c[k];
+    if (
+      target &&
+      !(target.hasEmbed && target.hasHead && same("numLayers") && same("hiddenSize") && same("vocabSize"))
+    ) {
+      throw new TypeError("an MTP module is loaded beside its whole target model, from the same checkpoint");
+    }
+    if (target && c.mtpLayers < 1) {
+      throw new CheckpointError(`${ckpt.dir}: the checkpoint has no multi-token-prediction module`);
+    }
+    const layers: [number, number] = target
+      ? [c.numLayers, c.numLayers + 1]
+      : opts.layers ?? [0, c.numLayers];
+    if (!target && !(layers[0] >= 0 && layers[0] <= layers[1] && layers[1] <= c.numLayers)) {
       throw new RequestError(`layer range [${layers}] is outside the model's ${c.numLayers} layers`);
     }
     // A config that claims more layers than the weights hold fails here, before anything is built for it.
@@ -177,13 +222,21 @@ export class Model {
         `${ckpt.dir}: config.json says num_hidden_layers = ${c.numLayers}, but the weights hold ${ckpt.layersStored()} layers`,
       );
     }
-    const part: ModelPart = {
-      layers,
-      embed: opts.embed ?? layers[0] === 0,
-      head: opts.head ?? layers[1] === c.numLayers,
-      remoteExperts: new Set(opts.remoteExperts ?? []),
+    const part: ModelPart = target
+      ? { layers, embed: false, head: true, remoteExperts: new Set(), mtp: true }
+      : {
+        layers,
+        embed: opts.embed ?? layers[0] === 0,
+        head: opts.head ?? layers[1] === c.numLayers,
+        remoteExperts: new Set(opts.remoteExperts ?? []),
+      };
+    const wanted = tensorShapes(c, target ? { ...part, head: false } : part);
+    const mtpPrefix = layerPrefix(c.numLayers);
+    const own = {
+      norm: target !== undefined && holds(ckpt, mtpPrefix + "shared_head.norm.weight"),
+      head: target !== undefined && holds(ckpt, mtpPrefix + "shared_head.head.weight"),
     };
-    const wanted = tensorShapes(c, part);
+    if (target) { for (const [n, shape] of mtpTensors(c, 0, own)) wanted.set(n, shape); }
     let total = 0;
     for (const [name, shape] of wanted) {
       const info = ckpt.info(name);
@@ -228,8 +281,16 @@ export class Model {
       },
     };
     const H = c.hiddenSize;
+    const borrowed = new Set<GPUBuffer>();
+    const borrow = (b: GPUBuffer) => {
+      borrowed.add(b);
+      types.set(b, target!.typeOf(b));
+      return b;
+    };
     // A tied embedding table is the head too, the largest matrix: it is quantised like the others.
-    const embedTable = wanted.has("model.embed_tokens.weight")
+    const embedTable = target
+      ? borrow(target.embedTable!)
+      : wanted.has("model.embed_tokens.weight")
       ? await read(["model.embed_tokens.weight"], H)
       : null;
     const lw: LayerWeights[] = [];
@@ -242,15 +303,54 @@ export class Model {
         ffn: await loadFfn(loaders, spec.ffn, H, p, !part.remoteExperts!.has(i)),
       });
     }
-    const finalNorm = part.head ? await read(["model.norm.weight"]) : null;
-    const lmHead = part.head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"], H)) : null;
+    let mtp: MtpWeights | null = null;
+    let finalNorm: GPUBuffer | null, lmHead: GPUBuffer | null;
+    if (target) {
+      // eh_proj [H, 2H] is split into its two [H, H] halves, so the concatenation is never built: two
+      // products summed. They stay floats (f32 when asked for, else the GPU's float) under q8 / q4.
+      const eh = await readF32(mtpPrefix + "eh_proj.weight");
+      const halves = [new Float32Array(H * H), new Float32Array(H * H)];
+      for (let r = 0; r < H; r++) {
+        halves[0].set(eh.subarray(r * 2 * H, r * 2 * H + H), r * H);
+        halves[1].set(eh.subarray(r * 2 * H + H, (r + 1) * 2 * H), r * H);
+      }
+      const ehType: WeightType = isQuant(wt) ? floatType : wt;
+      mtp = {
+        enorm: await read([mtpPrefix + "enorm.weight"]),
+        hnorm: await read([mtpPrefix + "hnorm.weight"]),
+        ehEmbed: ctx.upload(halves[0], ehType, "mtp eh_proj (embedding)"),
+        ehHidden: ctx.upload(halves[1], ehType, "mtp eh_proj (hidden)"),
+      };
+      finalNorm = own.norm ? await read([mtpPrefix + "shared_head.norm.weight"]) : borrow(target.finalNorm!);
+      lmHead = own.head ? await read([mtpPrefix + "shared_head.head.weight"], H) : borrow(target.lmHead!);
+    } else {
+      finalNorm = part.head ? await read(["model.norm.weight"]) : null;
+      lmHead = part.head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"], H)) : null;
+    }
     await uploader.finish();
     gpuBytes += uploader.bytes;
-    return new Model(gpu, c, part, wt, normType, types, embedTable, lw, finalNorm, lmHead, gpuBytes);
+    return new Model(
+      gpu,
+      c,
+      part,
+      wt,
+      normType,
+      types,
+      embedTable,
+      lw,
+      finalNorm,
+      lmHead,
+      gpuBytes,
+      mtp,
+      borrowed,
+    );
   }
 
-  /** Starts a sequence (one request): its KV cache for `maxSeq` positions and working buffers. */
-  newSequence(opts: { maxSeq: number; sampling: SamplingOptions; maxChunk?: number }): Sequence {
+  /**
+   * Starts a sequence (one request): its KV cache for `maxSeq` positions and working buffers. An MTP module's
+   * sequence reads the target's hidden states from `hidden` (the target sequence's `x`).
+   */
+  newSequence(opts: SequenceOptions): Sequence {
     return new Sequence(this, opts);
   }
 
@@ -266,15 +366,33 @@ export class Model {
   destroy(): void {
     const bufs = new Set<GPUBuffer>();
     for (const b of [this.embedTable, this.finalNorm, this.lmHead]) if (b) bufs.add(b);
+    if (this.mtp) { for (const b of Object.values(this.mtp)) bufs.add(b); }
     for (const l of this.layers) {
       for (const b of [...attentionBuffers(l.attention), ...ffnBuffers(l.ffn)]) bufs.add(b);
     }
-    for (const b of bufs) b.destroy();
+    for (const b of bufs) if (!this.borrowed.has(b)) b.destroy();
   }
+}
+
+export interface SequenceOptions {
+  maxSeq: number;
+  sampling: SamplingOptions;
+  /** Most tokens a step. Default: 32 on a software adapter, else 512 (bounded by the binding size). */
+  maxChunk?: number;
+  /** An MTP module's sequence: the target's hidden state [T, H] it reads (the target sequence's `x`). */
+  hidden?: GPUBuffer;
 }
 
 /** What a program ends with: nothing (hidden state stays in `x`), sampled token, or logits of every row. */
 export type ProgramOutput = "hidden" | "sample" | "logits";
+
+/** How a step is built. */
+export interface StepOptions {
+  /** Whether the step embeds tokens. Default: the part's. */
+  embed?: boolean;
+  /** An MTP module's chained step: read the hidden input from row `hiddenRow` of its own `x` (T = 1). */
+  hiddenRow?: number;
+}
 
 /** Part of a step: its kernel calls, and the MoE layer whose remote experts run after it (if any). */
 export interface Segment {
@@ -300,6 +418,8 @@ export class Sequence {
   private readonly buffers: GPUBuffer[] = [];
   private readonly caches: GPUBuffer[][] = [];
   private readonly xn: GPUBuffer;
+  /** An MTP module's normalised hidden input [maxChunk, H]. */
+  private readonly hn: GPUBuffer | undefined;
   private readonly scratch: Record<string, GPUBuffer> = {};
   private readonly moe: ReturnType<typeof moeScratch> | undefined;
   private readonly ropeTable: GPUBuffer;
@@ -309,7 +429,7 @@ export class Sequence {
 
   constructor(
     readonly model: Model,
-    private readonly opts: { maxSeq: number; sampling: SamplingOptions; maxChunk?: number },
+    private readonly opts: SequenceOptions,
   ) {
     const { gpu, config: c } = model;
     if (!(Number.isInteger(opts.maxSeq) && opts.maxSeq >= 1)) {
@@ -352,6 +472,12 @@ export class Sequence {
     this.step = createStepBuffer(gpu);
     this.x = buf(C * H * 4, "x");
     this.xn = buf(C * H * 4, "xn");
+    if (model.mtp) {
+      if (!opts.hidden) {
+        throw new TypeError("an MTP module's sequence reads the target's hidden state: give it");
+      }
+      this.hn = buf(C * H * 4, "mtp hidden");
+    }
     for (const [name, w] of Object.entries(widths)) this.scratch[name] = buf(C * w * 4, name);
     this.logits = model.hasHead ? buf(C * V * 4, "logits") : null;
     if (moe) {
@@ -381,9 +507,11 @@ export class Sequence {
    * The kernel calls for a step of T tokens (built once per (T, output) and reused), ending as `output`
    * says: "sample" writes the next token into `tokens`; "logits" fills `logits` for all T rows;
    * "hidden" leaves the hidden state in `x` for the next stage. A part with remote experts runs its steps
-   * in segments instead (`segments`).
+   * in segments instead (`segments`). An MTP module's step (models/mtp.ts) reads, at positions pos0.., the
+   * tokens that follow them from `tokens` and the target's hidden states of rows 0..T-1 of `hidden`, or with
+   * `hiddenRow` (T = 1) row `hiddenRow` of its own `x` (its previous step's output: chained drafting).
    */
-  program(T: number, output: ProgramOutput, opts: { embed?: boolean } = {}): KernelCall[] {
+  program(T: number, output: ProgramOutput, opts: StepOptions = {}): KernelCall[] {
     const segments = this.segments(T, output, opts);
     if (segments.length > 1) throw new Error("this part's experts are remote: run its steps by segments");
     return segments[0].calls;
@@ -395,13 +523,13 @@ export class Sequence {
    * and weights; the caller writes the experts' sum into `expertSum` [T, H], and the next segment adds it
    * into the residual stream first.
    */
-  segments(T: number, output: ProgramOutput, opts: { embed?: boolean } = {}): Segment[] {
+  segments(T: number, output: ProgramOutput, opts: StepOptions = {}): Segment[] {
     if (this.destroyed) throw new Error("sequence was released");
     if (!(T >= 1 && T <= this.maxChunk)) {
       throw new RangeError(`step of ${T} tokens; at most ${this.maxChunk}`);
     }
     const embed = opts.embed ?? this.model.hasEmbed;
-    const key = `${T}/${output}/${embed}`;
+    const key = `${T}/${output}/${embed}/${opts.hiddenRow}`;
     const cached = this.programs.get(key);
     if (cached) return cached;
     const segments: Segment[] = [];
@@ -414,7 +542,8 @@ export class Sequence {
     const H = c.hiddenSize, V = c.vocabSize;
     calls = [];
     segments.push({ calls });
-    if (embed) {
+    if (m.mtp) calls.push(...this.#mtpInput(T, opts.hiddenRow));
+    else if (embed) {
       if (!m.embedTable) throw new Error("this stage has no embedding");
       calls.push(embedCall(gpu, { step, tokens, table: m.embedTable, x }, {
         hidden: H,
@@ -489,6 +618,40 @@ export class Sequence {
     }
     this.programs.set(key, segments);
     return segments;
+  }
+
+  /**
+   * An MTP module's input into `x`: eh_proj(concat(enorm(embed(token)), hnorm(h))), with eh_proj's halves
+   * applied apart and summed (the concatenation is never built). The hidden input is normalised first, as
+   * chaining reads it from `x`, which the embedding then overwrites.
+   */
+  #mtpInput(T: number, hiddenRow: number | undefined): KernelCall[] {
+    const m = this.model, w = m.mtp!, { gpu, config: c, normType } = m;
+    const H = c.hiddenSize, eps = c.rmsNormEps;
+    if (hiddenRow !== undefined && T !== 1) throw new RangeError("a chained MTP step is one token");
+    const { x, xn, hn, step, tokens } = this;
+    const src = hiddenRow === undefined ? this.opts.hidden! : x;
+    const linear = (from: GPUBuffer, weight: GPUBuffer, y: GPUBuffer) =>
+      prefillLinearCalls(gpu, { x: from, w: weight, y }, { K: H, N: H, T, weights: m.typeOf(weight) });
+    return [
+      rmsnormCall(gpu, { x: src, w: w.hnorm, y: hn! }, {
+        hidden: H,
+        rows: T,
+        eps,
+        srcRow0: hiddenRow ?? 0,
+        weights: normType,
+      }),
+      embedCall(gpu, { step, tokens, table: m.embedTable!, x }, {
+        hidden: H,
+        vocab: c.vocabSize,
+        T,
+        weights: m.typeOf(m.embedTable!),
+      }),
+      rmsnormCall(gpu, { x, w: w.enorm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
+      ...linear(xn, w.ehEmbed, x),
+      ...linear(hn!, w.ehHidden, xn),
+      biasAddCall(gpu, { b: xn, y: x }, { N: T * H, T: 1 }),
+    ];
   }
 
   /** The routed experts' sum of a split layer, [maxChunk, H] (parts with remote experts only). */

@@ -97,6 +97,12 @@ export interface Drafter {
   readonly kind: string;
   /** Up to `k` tokens to follow `context` (the prompt and every token so far, plus assumed ones). */
   draft(context: readonly number[], k: number): Promise<number[]>;
+  /**
+   * For a drafter that reads the target's hidden states (models/mtp.ts): the single-node loop calls it after
+   * every target step of request `request`, which decided positions pos0 .. pos0 + next.length - 1 (the
+   * step's first rows) and the tokens `next` that follow them, before the target's next step.
+   */
+  observe?(request: string, pos0: number, next: readonly number[]): Promise<void>;
   /** Frees what the drafter holds (a draft model's sequence). */
   close(): void;
 }
@@ -233,6 +239,10 @@ export class NoisyDrafter implements Drafter {
     this.kind = `${inner.kind}+noise ${p}`;
   }
 
+  observe(request: string, pos0: number, next: readonly number[]): Promise<void> {
+    return this.inner.observe?.(request, pos0, next) ?? Promise.resolve();
+  }
+
   async draft(context: readonly number[], k: number): Promise<number[]> {
     const d = await this.inner.draft(context, k);
     return d.map((t) => {
@@ -365,6 +375,10 @@ export async function speculativeGenerate(
       const tokens = Uint32Array.from(prompt.slice(pos0, pos0 + T));
       const r = await backend.run(id, { pos0, T, tokens, output: last ? "sample" : "hidden" });
       if (last) first = r.token!;
+      await drafter.observe?.(id, pos0, [
+        ...prompt.slice(pos0 + 1, pos0 + T),
+        last ? first : prompt[pos0 + T],
+      ]);
     }
     if (first >= V) throw new RangeError(`the sampler returned ${first}: non-finite logits`);
     const firstAt = performance.now();
@@ -388,6 +402,7 @@ export async function speculativeGenerate(
       const tokens = Uint32Array.from([context[pos0], ...drafts]);
       const v = await verifyStep(backend, id, pos0, tokens, drafts, o.sampling);
       backend.truncate(id, pos0 + v.accepted + 1); // the rejected drafts' positions
+      await drafter.observe?.(id, pos0, [...drafts.slice(0, v.accepted), v.next]);
       stats.trips++;
       stats.drafted += drafts.length;
       stats.acceptedDrafts += v.accepted;

@@ -62,6 +62,28 @@ export function layerTensors(c: ModelConfig, i: number, routed = true): [string,
   ];
 }
 
+/**
+ * Multi-token-prediction module m's own tensors (DeepSeek-V3; models/mtp.ts), besides its decoder layer
+ * (layer numLayers + m, named as any layer): the norms of the token's embedding and of the target's hidden
+ * state, the projection of their concatenation [hidden, 2 * hidden], and its head's norm and matrix where the
+ * checkpoint ships them (`own`; otherwise the model's final norm and lm_head serve).
+ */
+export function mtpTensors(
+  c: ModelConfig,
+  m: number,
+  own: { norm: boolean; head: boolean },
+): [string, number[]][] {
+  const p = layerPrefix(c.numLayers + m), h = c.hiddenSize;
+  const t: [string, number[]][] = [
+    [p + "enorm.weight", [h]],
+    [p + "hnorm.weight", [h]],
+    [p + "eh_proj.weight", [h, 2 * h]],
+  ];
+  if (own.norm) t.push([p + "shared_head.norm.weight", [h]]);
+  if (own.head) t.push([p + "shared_head.head.weight", [c.vocabSize, h]]);
+  return t;
+}
+
 /** What a part of the model holds: a layer range, with or without the embedding and the head. */
 export interface ModelPart {
   layers: [number, number];
@@ -69,6 +91,8 @@ export interface ModelPart {
   head: boolean;
   /** MoE layers whose routed experts are held by expert hosts, not here (expert parallelism). */
   remoteExperts?: ReadonlySet<number>;
+  /** The part is the first multi-token-prediction module (layers = [numLayers, numLayers + 1]). */
+  mtp?: boolean;
 }
 
 /**

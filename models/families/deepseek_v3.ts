@@ -9,6 +9,8 @@
 // - routing: sigmoid scores; selection adds e_score_correction_bias; experts in n_group groups, a group's
 //   score the sum of its best two, the best topk_group groups kept; the chosen experts' unbiased scores,
 //   renormalised if norm_topk_prob, times routed_scaling_factor; plus n_shared_experts always-on experts.
+// - num_nextn_predict_layers multi-token-prediction modules follow the layers (models/mtp.ts; transformers
+//   ignores them; `--draft mtp` drafts with the first).
 // Only topk_method "noaux_tc" and scoring_func "sigmoid" exist in transformers; others exit 2.
 // Defaults: DeepseekV3Config.
 import { ConfigReader, type DenseMlp, type MlaAttention, type ModelConfig, type MoeFfn } from "../config.ts";
@@ -90,6 +92,8 @@ export const deepseekV3: ModelFamily = {
       this.architectures,
       { maxPositions: 4096, rmsNormEps: 1e-6, ropeTheta: 10000, tie: false },
       (i) => ({ attention, ffn: moe && i >= firstDense ? moe : dense }),
+      // The MTP modules' decoder layers follow the last layer and are built as it would be (models/mtp.ts).
+      { mtpLayers: r.count("num_nextn_predict_layers", 0) },
     );
   },
 };

@@ -7,6 +7,7 @@ import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
 import { runCli } from "./run.ts";
 import { ensureRandomCheckpoint } from "../../scripts/bench/random_checkpoint.ts";
+import { makeMtpCheckpoint } from "../../scripts/fixtures/make_mtp.ts";
 
 const micro = fixtureDir("llama-micro")!;
 const tiny = fixtureDir("llama3-tiny", { needs: "model.safetensors" });
@@ -82,6 +83,37 @@ Deno.test("generate --draft on one node: plain decoding's tokens, trips and acce
       assert.ok(j.trips <= Math.ceil(24 / 3) + 1, `${j.trips} trips`);
       assert.equal(j.acceptance, 1);
     }
+  }
+});
+
+Deno.test("generate --draft mtp: plain decoding's tokens on one node; exit 2 without a module or on a chain", async () => {
+  const plainDir = fixtureDir("deepseek-v3-plain")!;
+  const dir = join(await Deno.makeTempDir(), "mtp");
+  await makeMtpCheckpoint(plainDir, dir);
+  const plain = await gen(["--model", dir, "--max-tokens", "12"]);
+  const j = await gen(["--model", dir, "--max-tokens", "12", "--draft", "mtp", "--speculate", "3"]);
+  assert.deepEqual(j.tokens, plain.tokens);
+  assert.equal(j.draft, "mtp");
+  assert.ok(j.trips >= 1 && j.trips <= 12 && j.drafted > 0, JSON.stringify(j));
+  // The config names a module the weights lack.
+  const bare = join(await Deno.makeTempDir(), "bare");
+  await Deno.mkdir(bare);
+  const config = JSON.parse(await Deno.readTextFile(join(plainDir, "config.json")));
+  await Deno.writeTextFile(
+    join(bare, "config.json"),
+    JSON.stringify({ ...config, num_nextn_predict_layers: 1 }),
+  );
+  await Deno.copyFile(join(plainDir, "model.safetensors"), join(bare, "model.safetensors"));
+  const cases: [string[], RegExp][] = [
+    [["--model", plainDir], /--draft mtp: .* ships no multi-token-prediction module/],
+    [["--model", bare], /num_nextn_predict_layers = 1, but the weights lack the module/],
+    [["--model", micro], /--draft mtp: .* ships no multi-token-prediction module/],
+    [["--model", dir, "--local", "2"], /--draft mtp .* runs on one node only/],
+  ];
+  for (const [flags, re] of cases) {
+    const r = await runCli(["generate", "--tokens", "1,2", "--max-tokens", "4", "--draft", "mtp", ...flags]);
+    assert.equal(r.code, 2, `${flags.join(" ")}: ${r.stderr}`);
+    assert.match(r.stderr, re);
   }
 });
 

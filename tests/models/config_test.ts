@@ -66,6 +66,7 @@ Deno.test("llama3-tiny's config parses with llama3 rope scaling, all eos ids and
     vocabSize: 128256,
     hiddenSize: 64,
     numLayers: 4,
+    mtpLayers: 0,
     rmsNormEps: 1e-5,
     rope: {
       theta: 500000,
