@@ -14,6 +14,7 @@
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, routerWgsl, routerWgslFast } from "./moe_router.ts";
+import { dp4Dot, int8BlocksWgsl } from "./wgsl.ts";
 
 type Storage = WeightType | QuantType;
 
@@ -48,6 +49,12 @@ export interface MoeSgDims {
    */
   route?: { routing: MoeRouting; bias: boolean };
   /**
+   * q8 / q4: multiply int8 activations with dot4I8Packed (gemv_sg.ts's dp4: the staged input quantised
+   * per block of 32, wgsl.ts's int8BlocksWgsl) instead of converting every weight to f32. Needs WGSL's
+   * packed_4x8_integer_dot_product. Default false.
+   */
+  dp4?: boolean;
+  /**
    * The shared expert folded in as this many slots of weight 1 (its intermediate is sharedSlots x the
    * routed one; its matrices, in the routed storage, are bound as `shared`: gate_up [2 Is, K], down [N, Is]).
    * gate_up's act and down's input are then [T, topK + sharedSlots, I]. Default 0.
@@ -55,15 +62,23 @@ export interface MoeSgDims {
   sharedSlots?: number;
 }
 
-/** Workgroup bytes the kernel stages (the staged input, q4's per-unit sums, reductions, expert bases). */
+/** Whether the kernel runs dp4 (quantised weights and the option). */
+function isDp4(d: MoeSgDims): boolean {
+  return d.dp4 === true && isQuant(d.weights);
+}
+
+/**
+ * Workgroup bytes the kernel stages (the staged input: f32, or with dp4 int8 and a (scale, sum) per 32;
+ * q4's per-unit sums, reductions, expert bases).
+ */
 function sharedBytes(d: MoeSgDims): number {
   const width = d.kind === "down" ? (d.topK + (d.sharedSlots ?? 0)) * d.K : d.K;
   const units = width / unitWeights(d.weights);
   const route = d.route
     ? (2 * d.route.routing.experts + 256 + 3 * d.topK + 2 * (d.route.routing.groups ?? 1)) * 4
     : 0;
-  return width * 4 + (d.weights === "q4" ? units * 4 : 0) + 64 * 4 + (d.topK + (d.sharedSlots ?? 0)) * 12 +
-    route;
+  const input = isDp4(d) ? width + (width / 32) * 8 : width * 4 + (d.weights === "q4" ? units * 4 : 0);
+  return input + 64 * 4 + (d.topK + (d.sharedSlots ?? 0)) * 12 + route;
 }
 
 /** Whether the subgroup kernels serve this shape here (else moe_gemv.ts's team kernel does). */
@@ -91,6 +106,18 @@ function unitDot(wt: Storage, w: string, x: (i: number) => string, scale: string
   }
 }
 
+/** A unit's value with dp4: its int8 words `xq` (q4: [even, odd]) and its block's (scale, scale * sum q). */
+function unitDotDp4(
+  wt: QuantType,
+  w: string,
+  xq: string | [string, string],
+  xs: string,
+  scale: string,
+): string {
+  const d = dp4Dot(wt, w, xq);
+  return wt === "q4" ? `${scale} * (${xs}.x * f32(${d}) - 8.0 * ${xs}.y)` : `${scale} * ${xs}.x * f32(${d})`;
+}
+
 // Slots: the k routed ones, then NSH pseudo-slots of the shared expert (its intermediate cut into NSH
 // pieces of the routed width, each a slot of weight 1). Slot j's matrix starts at unit sb[j] of its buffer
 // (W routed, WS shared); gate_up: gate row n at sb + n * UNITS, its up row su[j] units further; down: row h
@@ -98,6 +125,7 @@ function unitDot(wt: Storage, w: string, x: (i: number) => string, scale: string
 function source(d: MoeSgDims, S: number, R: number): string {
   const wt = d.weights;
   const quant = isQuant(wt);
+  const dp4 = isDp4(d);
   const UW = unitWeights(wt);
   const XV = UW / 4;
   const UNITS = d.K / UW; // units of one expert row
@@ -131,43 +159,45 @@ function source(d: MoeSgDims, S: number, R: number): string {
     sb[tid] = base;
     coef[tid] = cf;
   }`;
+  // The staged input: vec4 i of it (down: the slots' activations times their route weights; gate_up: x or
+  // rmsnorm(x) * norm), f32 in xs, or with dp4 its int8 copy.
   let stage: string;
+  const put = (vin: (i: string) => string, width: string) =>
+    dp4 ? int8BlocksWgsl(wt as QuantType, vin, `${width} / 32u`, "WG") : `
+  for (var i = tid; i < ${width} / 4u; i += WG) { xs[i] = ${vin("i")}; }`;
   if (down) {
     stage = `${table}
-  workgroupBarrier();
-  for (var i = tid; i < WIDTH / 4u; i += WG) {
-    xs[i] = x[t * (WIDTH / 4u) + i] * coef[i / (K / 4u)];
-  }`;
+  workgroupBarrier();${put((i) => `x[t * (WIDTH / 4u) + ${i}] * coef[(${i}) / (K / 4u)]`, "WIDTH")}`;
   } else {
-    if (d.rmsnorm) {
-      const nwv = d.rmsnorm.weights === "f16"
-        ? "vec4<f32>(unpack2x16float(nw[i].x), unpack2x16float(nw[i].y))"
-        : "nw[i]";
-      stage = `
+    // The sum of squares of x first: the routing's barriers publish it (its loads overlap the routing).
+    stage = d.rmsnorm
+      ? `
   var ss = 0.0;
   for (var i = tid; i < K / 4u; i += WG) { let v = x[t * (K / 4u) + i]; ss += dot(v, v); }
   ss = subgroupAdd(ss);
-  if (lane == 0u) { red[warp] = ss; }
-  workgroupBarrier();
-  var tot = 0.0;
-  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
-  let inv = inverseSqrt(tot / f32(K) + p.eps);
-  for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i] * inv * ${nwv}; }`;
-    } else {
-      stage = `
-  for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i]; }`;
-    }
+  if (lane == 0u) { red[warp] = ss; }`
+      : "";
     if (rt) {
-      stage = rt.body(`t * ${d.route!.routing.experts}u`) + `
+      stage += rt.body(`t * ${d.route!.routing.experts}u`) + `
   if (wg.x == 0u && tid < K_SLOTS) {
     ids[t * K_SLOTS + tid] = rt_ids[tid];
     rw[t * K_SLOTS + tid] = rt_w[tid];
-  }` + stage;
-    }
+  }`;
+    } else if (d.rmsnorm) stage += "\n  workgroupBarrier();";
+    if (d.rmsnorm) {
+      const nwv = (i: string) =>
+        d.rmsnorm!.weights === "f16"
+          ? `vec4<f32>(unpack2x16float(nw[${i}].x), unpack2x16float(nw[${i}].y))`
+          : `nw[${i}]`;
+      stage += `
+  var tot = 0.0;
+  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+  let inv = inverseSqrt(tot / f32(K) + p.eps);${put((i) => `x[t * (K / 4u) + ${i}] * inv * ${nwv(i)}`, "K")}`;
+    } else stage += put((i) => `x[t * (K / 4u) + ${i}]`, "K");
     stage += table;
   }
   stage += "\n  workgroupBarrier();";
-  if (wt === "q4") {
+  if (wt === "q4" && !dp4) {
     stage += `
   for (var j = tid; j < VU; j += WG) {
     var s4 = vec4<f32>(0.0);
@@ -184,11 +214,22 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const load = (w: string, sh: string, idx: string) =>
     `let ${w} = ld(${sh}, ${idx});${quant ? `\n      let ${w}s = gsc(${sh}, ${idx});` : ""}`;
   const dotOf = (w: string, u: number) =>
-    unitDot(wt, w, (i) => `xs[${XV}u * v${u} + ${i}u]`, `${w}s`, `xsm${u}`);
+    !dp4
+      ? unitDot(wt, w, (i) => `xs[${XV}u * v${u} + ${i}u]`, `${w}s`, `xsm${u}`)
+      : wt === "q4"
+      ? unitDotDp4(wt, w, [`xe${u}`, `xo${u}`], `xb${u}`, `${w}s`)
+      : unitDotDp4(wt as QuantType, w, `xe${u}`, `xb${u}`, `${w}s`);
+  // A unit's input, loaded once for the R rows: f32 (q4: and its sum), or int8 words and block scale.
+  const inputOf = (u: number) =>
+    !dp4
+      ? (wt === "q4" ? `\n      let xsm${u} = xsum[v${u}];` : "")
+      : wt === "q4"
+      ? `\n      let xe${u} = xq[2u * v${u}];\n      let xo${u} = xq[2u * v${u} + 1u];\n      let xb${u} = xqs[v${u}];`
+      : `\n      let xe${u} = xq[v${u}];\n      let xb${u} = xqs[v${u} / 2u];`;
   const unitsOf = (extra: (u: number) => string) =>
     us.map((u) =>
       `let v${u} = min(v0 + ${u * S}u, VU - 1u);
-      let ok${u} = v0 + ${u * S}u < VU;${wt === "q4" ? `\n      let xsm${u} = xsum[v${u}];` : ""}${extra(u)}`
+      let ok${u} = v0 + ${u * S}u < VU;${inputOf(u)}${extra(u)}`
     ).join("\n      ");
   let rowsDecl: string, loop: string, stores: string;
   if (down) {
@@ -321,12 +362,18 @@ const S = ${S}u;
 const WG = ${WG}u;
 const WARPS = ${WG / S}u;
 const R = ${R}u;
-var<workgroup> xs: array<vec4<f32>, ${WIDTH / 4}>;
+${
+    dp4
+      ? `var<workgroup> xq: array<vec4<u32>, ${WIDTH / 16}>;\nvar<workgroup> xqs: array<vec2<f32>, ${
+        WIDTH / 32
+      }>;`
+      : `var<workgroup> xs: array<vec4<f32>, ${WIDTH / 4}>;`
+  }
 var<workgroup> red: array<f32, ${WG / S}>;
 var<workgroup> sb: array<u32, ${SL}>;
 var<workgroup> sr: array<u32, ${SL}>;
 var<workgroup> coef: array<f32, ${SL}>;
-${wt === "q4" ? `var<workgroup> xsum: array<f32, ${VU}>;` : ""}
+${wt === "q4" && !dp4 ? `var<workgroup> xsum: array<f32, ${VU}>;` : ""}
 ${helpers}
 @compute @workgroup_size(${WG})
 fn main(
@@ -377,6 +424,9 @@ export function moeSgCall(
   const down = d.kind === "down";
   if (down && !bufs.routeWeights) throw new TypeError("the down GEMV needs routeWeights");
   if (!down && d.rmsnorm && !bufs.norm) throw new TypeError("rmsnorm needs the norm weights");
+  if (d.dp4 && isQuant(d.weights) && !gpu.hasDp4) {
+    throw new RangeError("the dp4 expert GEMV needs WGSL's packed_4x8_integer_dot_product");
+  }
   const R = d.rows ?? 2;
   const NSH = d.sharedSlots ?? 0;
   if (!(Number.isInteger(NSH) && NSH >= 0)) throw new RangeError(`sharedSlots must be >= 0, got ${NSH}`);
