@@ -55,6 +55,12 @@ export interface MoeSgDims {
    */
   dp4?: boolean;
   /**
+   * Issue the first pass's weight loads before staging the input, so their memory latency overlaps the
+   * staging (and, for down, its quantisation); the slots then come from the ids in memory. Not with
+   * `route` (the ids are this kernel's own). Default false.
+   */
+  prefetch?: boolean;
+  /**
    * The shared expert folded in as this many slots of weight 1 (its intermediate is sharedSlots x the
    * routed one; its matrices, in the routed storage, are bound as `shared`: gate_up [2 Is, K], down [N, Is]).
    * gate_up's act and down's input are then [T, topK + sharedSlots, I]. Default 0.
@@ -141,24 +147,27 @@ function source(d: MoeSgDims, S: number, R: number): string {
     : routing.groups === 1
     ? routerWgslFast(routing, d.route!.bias, S)
     : routerWgsl(routing, d.route!.bias);
-  // The slot table (routed slots from the ids; shared ones fixed).
-  const idOf = rt ? "rt_ids[tid]" : "ids[t * K_SLOTS + tid]";
+  // Issue the first pass's weight loads before staging (the slots read from ids in memory): only where
+  // the ids come from memory, not from this kernel's own routing.
+  const prefetch = d.prefetch === true && !rt;
+  // The slot table in workgroup memory (routed slots from the ids; shared ones fixed): slot_at's
+  // (base, row stride) and the slot's input coefficient (down: its route weight).
+  const idOf = rt ? "rt_ids[min(tid, K_SLOTS - 1u)]" : "ids[t * K_SLOTS + min(tid, K_SLOTS - 1u)]";
   const table = `
   if (tid < SL) {
-    var base = 0xffffffffu;
-    var cf = 1.0;
-    if (tid < K_SLOTS) {
-      let e = ${idOf};
-      if (e >= p.e0 && e - p.e0 < p.ne) { base = (e - p.e0) * ${down ? "N" : "2u * N"} * UNITS; }
-      ${down ? "cf = select(0.0, rw[t * K_SLOTS + tid], base != 0xffffffffu);" : ""}
-      sr[tid] = ${down ? "UNITS" : "N * UNITS"};
-    } else {
-      base = (tid - K_SLOTS) * ${down ? "UNITS" : "N * UNITS"};
-      sr[tid] = ${down ? "NSH * UNITS" : "NSH * N * UNITS"};
-    }
-    sb[tid] = base;
-    coef[tid] = cf;
+    let sa = slot_at(${idOf}, tid);
+    sb[tid] = sa.x;
+    sr[tid] = sa.y;
+    coef[tid] = ${
+    down ? "select(select(0.0, rw[t * K_SLOTS + tid], sa.x != 0xffffffffu), 1.0, tid >= K_SLOTS)" : "1.0"
+  };
   }`;
+  // Slot j's base and row stride: from the table, or (prefetch) straight from the ids.
+  const fromTable = { sb: (j: string) => `sb[${j}]`, sr: (j: string) => `sr[${j}]` };
+  const fromIds = {
+    sb: (j: string) => `slot_at(ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)], ${j}).x`,
+    sr: (j: string) => `slot_at(ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)], ${j}).y`,
+  };
   // The staged input: vec4 i of it (down: the slots' activations times their route weights; gate_up: x or
   // rmsnorm(x) * norm), f32 in xs, or with dp4 its int8 copy.
   let stage: string;
@@ -226,36 +235,32 @@ function source(d: MoeSgDims, S: number, R: number): string {
       : wt === "q4"
       ? `\n      let xe${u} = xq[2u * v${u}];\n      let xo${u} = xq[2u * v${u} + 1u];\n      let xb${u} = xqs[v${u}];`
       : `\n      let xe${u} = xq[v${u}];\n      let xb${u} = xqs[v${u} / 2u];`;
-  const unitsOf = (extra: (u: number) => string) =>
+  type Tab = typeof fromTable;
+  // A pass over units p0, p0 + S, ... of the row: addresses, inputs, weight loads, multiply-adds.
+  const addr = (tab: Tab) =>
     us.map((u) =>
-      `let v${u} = min(v0 + ${u * S}u, VU - 1u);
-      let ok${u} = v0 + ${u * S}u < VU;${inputOf(u)}${extra(u)}`
-    ).join("\n      ");
-  let rowsDecl: string, loop: string, stores: string;
-  if (down) {
-    rowsDecl = rows.map((r) => `let h${r} = min(n0 + ${r}u, N - 1u);\n    var a${r} = 0.0;`).join("\n    ");
-    loop = `
-    for (var v0 = lane; v0 < VU; v0 += ${S * U}u) {
-      ${
-      unitsOf((u) => `
+      `let v${u} = min(p0 + ${u * S}u, VU - 1u);
+      let ok${u} = p0 + ${u * S}u < VU;${
+        down
+          ? `
       let j${u} = v${u} / UNITS;
-      let b${u} = sb[j${u}];
+      let b${u} = ${tab.sb(`j${u}`)};
       let on${u} = ok${u} && b${u} != 0xffffffffu;
       let base${u} = select(0u, b${u}, on${u}) + v${u} % UNITS;
       let sh${u} = j${u} >= K_SLOTS;
-      let st${u} = sr[j${u}];`)
-    }
-      ${
-      us.flatMap((u) => rows.map((r) => load(`w${u}_${r}`, `sh${u}`, `base${u} + h${r} * st${u}`))).join(
-        "\n      ",
-      )
-    }
-      ${
-      us.flatMap((u) => rows.map((r) => `a${r} += select(0.0, ${dotOf(`w${u}_${r}`, u)}, on${u});`)).join(
-        "\n      ",
-      )
-    }
-    }`;
+      let st${u} = ${tab.sr(`j${u}`)};`
+          : ""
+      }`
+    ).join("\n      ");
+  const inputs = us.map((u) => inputOf(u)).join("");
+  let rowsDecl: (tab: Tab) => string, loads: string, dots: string, stores: string;
+  if (down) {
+    rowsDecl = () =>
+      rows.map((r) => `let h${r} = min(n0 + ${r}u, N - 1u);\n    var a${r} = 0.0;`).join("\n    ");
+    loads = us.flatMap((u) => rows.map((r) => load(`w${u}_${r}`, `sh${u}`, `base${u} + h${r} * st${u}`)))
+      .join("\n      ");
+    dots = us.flatMap((u) => rows.map((r) => `a${r} += select(0.0, ${dotOf(`w${u}_${r}`, u)}, on${u});`))
+      .join("\n      ");
     stores = rows.map((r) =>
       `let s${r} = subgroupAdd(a${r});
     if (lane == 0u && n0 + ${r}u < N) {
@@ -265,38 +270,31 @@ function source(d: MoeSgDims, S: number, R: number): string {
     ).join("\n    ");
   } else {
     // Pairs P = n0 + r: slot j = P / N, row n = P % N.
-    rowsDecl = rows.map((r) =>
-      `let q${r} = min(n0 + ${r}u, SL * N - 1u);
+    rowsDecl = (tab) =>
+      rows.map((r) =>
+        `let q${r} = min(n0 + ${r}u, SL * N - 1u);
     let j${r} = q${r} / N;
-    let b${r} = sb[j${r}];
+    let b${r} = ${tab.sb(`j${r}`)};
     let sh${r} = j${r} >= K_SLOTS;
     let g${r} = select(b${r}, 0u, b${r} == 0xffffffffu) + (q${r} % N) * UNITS;
-    let u${r} = g${r} + sr[j${r}];
+    let u${r} = g${r} + ${tab.sr(`j${r}`)};
     var ag${r} = 0.0;
     var au${r} = 0.0;`
-    ).join("\n    ");
-    loop = `
-    for (var v0 = lane; v0 < VU; v0 += ${S * U}u) {
-      ${unitsOf(() => "")}
-      ${
-      us.flatMap((u) =>
-        rows.map((r) =>
-          `${load(`wg${u}_${r}`, `sh${r}`, `g${r} + v${u}`)}\n      ${
-            load(`wu${u}_${r}`, `sh${r}`, `u${r} + v${u}`)
-          }`
-        )
-      ).join("\n      ")
-    }
-      ${
-      us.flatMap((u) =>
-        rows.map((r) =>
-          `ag${r} += select(0.0, ${dotOf(`wg${u}_${r}`, u)}, ok${u});\n      au${r} += select(0.0, ${
-            dotOf(`wu${u}_${r}`, u)
-          }, ok${u});`
-        )
-      ).join("\n      ")
-    }
-    }`;
+      ).join("\n    ");
+    loads = us.flatMap((u) =>
+      rows.map((r) =>
+        `${load(`wg${u}_${r}`, `sh${r}`, `g${r} + v${u}`)}\n      ${
+          load(`wu${u}_${r}`, `sh${r}`, `u${r} + v${u}`)
+        }`
+      )
+    ).join("\n      ");
+    dots = us.flatMap((u) =>
+      rows.map((r) =>
+        `ag${r} += select(0.0, ${dotOf(`wg${u}_${r}`, u)}, ok${u});\n      au${r} += select(0.0, ${
+          dotOf(`wu${u}_${r}`, u)
+        }, ok${u});`
+      )
+    ).join("\n      ");
     stores = rows.map((r) =>
       `let sg${r} = subgroupAdd(ag${r});
     let su${r} = subgroupAdd(au${r});
@@ -305,7 +303,42 @@ function source(d: MoeSgDims, S: number, R: number): string {
     }`
     ).join("\n    ");
   }
-  const total = down ? "N" : "SL * N";
+  const loop = (from: string) => `
+    for (var p0 = ${from}; p0 < VU; p0 += ${S * U}u) {
+      ${addr(fromTable)}${inputs}
+      ${loads}
+      ${dots}
+    }`;
+  // The warp's blocks of rows: with prefetch, the first block's first pass loads before the stage (its
+  // addresses from the ids) and is finished after it; the rest as usual.
+  const nblk = `let nblk = (${down ? "N" : "SL * N"} + R - 1u) / R;\n  let blk0 = wg.x * WARPS + warp;`;
+  const body = prefetch
+    ? `${nblk}
+  let n0 = min(blk0, nblk - 1u) * R;
+  ${rowsDecl(fromIds)}
+  let p0 = lane;
+  ${addr(fromIds)}
+  ${loads}
+  ${stage}
+  if (blk0 < nblk) {${inputs}
+    ${dots}
+    ${loop(`lane + ${S * U}u`)}
+    ${stores}
+  }
+  for (var blk = blk0 + ng.x * WARPS; blk < nblk; blk += ng.x * WARPS) {
+    let n0 = blk * R;
+    ${rowsDecl(fromTable)}
+    ${loop("lane")}
+    ${stores}
+  }`
+    : `${stage}
+  ${nblk}
+  for (var blk = blk0; blk < nblk; blk += ng.x * WARPS) {
+    let n0 = blk * R;
+    ${rowsDecl(fromTable)}
+    ${loop("lane")}
+    ${stores}
+  }`;
   // Bindings after x, W and the output, in moeSgCall's order.
   const more: string[] = [`var<storage, ${rt ? "read_write" : "read"}> ids: array<u32>`];
   if (down) more.push("var<storage, read> rw: array<f32>");
@@ -323,6 +356,19 @@ function source(d: MoeSgDims, S: number, R: number): string {
   return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));`;
   const group = wt === "q4" ? "i" : "i / 2u";
   const helpers = `
+// Slot j's matrix: (first unit, units between rows) in W (routed, expert e; 0xffffffff: not in this
+// stack) or WS (the shared expert's pseudo-slots).
+fn slot_at(e: u32, j: u32) -> vec2<u32> {
+  if (j < K_SLOTS) {
+    let on = e >= p.e0 && e - p.e0 < p.ne;
+    return vec2<u32>(select(0xffffffffu, (e - p.e0) * ${down ? "N" : "2u * N"} * UNITS, on), ${
+    down ? "UNITS" : "N * UNITS"
+  });
+  }
+  return vec2<u32>((j - K_SLOTS) * ${down ? "UNITS" : "N * UNITS"}, ${
+    down ? "NSH * UNITS" : "NSH * N * UNITS"
+  });
+}
 fn ld(sh: bool, i: u32) -> vec4<u32> {
   ${NSH > 0 ? "if (sh) { return WS[i]; }" : ""}
   return W[i];
@@ -386,14 +432,7 @@ fn main(
   let t = wg.y;
   _ = &red;
   _ = &coef;
-  ${stage}
-  let nblk = (${total} + R - 1u) / R;
-  for (var blk = wg.x * WARPS + warp; blk < nblk; blk += ng.x * WARPS) {
-    let n0 = blk * R;
-    ${rowsDecl}
-    ${loop}
-    ${stores}
-  }
+  ${body}
 }`;
 }
 

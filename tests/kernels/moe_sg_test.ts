@@ -48,9 +48,10 @@ function dp4Slack(x: Float32Array, w: Float32Array): number {
   return bound;
 }
 
-/** The quantised storages run with and without dp4 where the adapter has it. */
-function dp4Options(wt: WeightType | QuantType): boolean[] {
-  return wt === "q8" || wt === "q4" ? (gpu!.hasDp4 ? [false, true] : [false]) : [false];
+/** Each storage with and without prefetch; the quantised ones also with dp4 where the adapter has it. */
+function variants(wt: WeightType | QuantType): { dp4: boolean; prefetch: boolean }[] {
+  const dp4 = wt === "q8" || wt === "q4" ? (gpu!.hasDp4 ? [false, true] : [false]) : [false];
+  return dp4.flatMap((q) => [false, true].map((prefetch) => ({ dp4: q, prefetch })));
 }
 
 /** ids [T, k]: distinct experts per token, some (when `outside`) beyond the stack. */
@@ -75,8 +76,12 @@ Deno.test(
     for (const wt of TYPES) {
       if (wt === "f16" && !gpu!.hasF16) continue;
       for (const { K, N, k, E, T } of shapes) {
-        for (const [norm, dp4] of [false, true].flatMap((n) => dp4Options(wt).map((q) => [n, q]))) {
-          const d: MoeSgDims = { kind: "gate_up", K, N, T, topK: k, experts: E, weights: wt, dp4 };
+        for (
+          const [norm, { dp4, prefetch }] of [false, true].flatMap((n) =>
+            variants(wt).map((v) => [n, v] as const)
+          )
+        ) {
+          const d: MoeSgDims = { kind: "gate_up", K, N, T, topK: k, experts: E, weights: wt, dp4, prefetch };
           if (norm) d.rmsnorm = { eps: 1e-6, weights: "f32" };
           if (!moeSgFits(gpu!, d)) continue;
           const x = randoms(T * K, K + N + 1);
@@ -116,7 +121,7 @@ Deno.test(
           const got = await readF32(gpu!, out, T * k * N);
           // Slots of experts outside the stack are left alone (zero here).
           for (let s = 0; s < T * k; s++) if (ids[s] >= E) want.fill(0, s * N, s * N + N);
-          const what = `gate_up ${wt} K${K} N${N} k${k} T${T} norm ${norm} dp4 ${dp4}`;
+          const what = `gate_up ${wt} K${K} N${N} k${k} T${T} norm ${norm} dp4 ${dp4} prefetch ${prefetch}`;
           if (dp4) {
             // The gate and up dot products each move by at most their dp4 slack; act = silu(g) * u
             // (|silu'| < 1.1) by at most the propagated amount.
@@ -158,9 +163,11 @@ Deno.test({ name: "moe sg down: the weighted sum of the chosen experts added int
   for (const wt of TYPES) {
     if (wt === "f16" && !gpu!.hasF16) continue;
     for (
-      const [{ K, N, k, E, T }, dp4] of shapes.flatMap((sh) => dp4Options(wt).map((q) => [sh, q] as const))
+      const [{ K, N, k, E, T }, { dp4, prefetch }] of shapes.flatMap((sh) =>
+        variants(wt).map((v) => [sh, v] as const)
+      )
     ) {
-      const d: MoeSgDims = { kind: "down", K, N, T, topK: k, experts: E, weights: wt, dp4 };
+      const d: MoeSgDims = { kind: "down", K, N, T, topK: k, experts: E, weights: wt, dp4, prefetch };
       if (!moeSgFits(gpu!, d)) continue;
       const act = randoms(T * k * K, K + 3);
       const w = randoms(E * N * K, E * K, 0.2);
@@ -183,7 +190,7 @@ Deno.test({ name: "moe sg down: the weighted sum of the chosen experts added int
       const bufs = { x: upload(gpu!, act), w: uploadBuffer(gpu!, bytes), out: y, ids: upload(gpu!, ids) };
       await runCalls(gpu!, [moeSgCall(gpu!, { ...bufs, routeWeights: upload(gpu!, rw) }, d)]);
       const got = await readF32(gpu!, y, T * N);
-      const what = `down ${wt} K${K} N${N} k${k} T${T} dp4 ${dp4}`;
+      const what = `down ${wt} K${K} N${N} k${k} T${T} dp4 ${dp4} prefetch ${prefetch}`;
       if (dp4) {
         // Each slot's input is quantised after its route weight is applied.
         for (let t = 0; t < T; t++) {
@@ -298,7 +305,7 @@ Deno.test(
   async () => {
     const K = 64, I = 32, E = 4, k = 2, NSH = 2, T = 1, H = K;
     const Is = NSH * I;
-    for (const [wt, dp4] of TYPES.flatMap((w) => dp4Options(w).map((q) => [w, q] as const))) {
+    for (const [wt, { dp4, prefetch }] of TYPES.flatMap((w) => variants(w).map((v) => [w, v] as const))) {
       if (wt === "f16" && !gpu!.hasF16) continue;
       const x = randoms(T * K, 3);
       const ids = Uint32Array.from([2, 0]);
@@ -336,7 +343,7 @@ Deno.test(
       }
       const actBuf = storageBuffer(gpu!, act.length * 4);
       const idsBuf = upload(gpu!, ids), rwBuf = upload(gpu!, rw), y = upload(gpu!, y0);
-      const common = { T, topK: k, experts: E, weights: wt, sharedSlots: NSH, dp4 };
+      const common = { T, topK: k, experts: E, weights: wt, sharedSlots: NSH, dp4, prefetch };
       await runCalls(gpu!, [
         moeSgCall(gpu!, {
           x: upload(gpu!, x),
