@@ -297,8 +297,8 @@ export function moeDecodeCalls(
     }
   }
   if (!moeSgFits(gpu, gateUp)) return null;
-  // A down row too long to stage (k * I floats: Kimi K2's 8 x 2048) goes to the team kernel, which reads
-  // the activations from memory.
+  // A down row too long to stage (k * I values: Kimi K2's 8 x 2048 as f32; as int8 with dp4 it fits) goes to
+  // the team kernel, which reads the activations from memory.
   const sgDown = moeSgFits(gpu, down);
   if (!sgDown) gateUp.sharedSlots = down.sharedSlots = undefined;
   if (!sgDown && !moeGemvFits(I, d.weights.down)) return null;
