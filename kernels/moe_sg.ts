@@ -142,17 +142,20 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const WIDTH = down ? SL * d.K : d.K; // staged floats
   const VU = down ? SL * UNITS : UNITS; // units of a (virtual) row
   const routing = d.route && checkRouting(d.route.routing);
-  const rt = !routing
-    ? undefined
-    : routing.groups === 1
-    ? routerWgslFast(routing, d.route!.bias, S)
-    : routerWgsl(routing, d.route!.bias);
-  // Issue the first pass's weight loads before staging (the slots read from ids in memory): only where
-  // the ids come from memory, not from this kernel's own routing.
-  const prefetch = d.prefetch === true && !rt;
+  const fast = routing && routing.groups === 1 ? routerWgslFast(routing, d.route!.bias, S) : undefined;
+  const rt = !routing ? undefined : fast ?? routerWgsl(routing, d.route!.bias);
+  // Issue the first pass's weight loads before staging: the slots read from the ids in memory, or, when
+  // this kernel routes without expert groups, every warp routes on its own (the choice in its registers,
+  // no barrier) and loads at once.
+  const warpRoute = d.prefetch === true && fast !== undefined;
+  const prefetch = d.prefetch === true && (!rt || warpRoute);
   // The slot table in workgroup memory (routed slots from the ids; shared ones fixed): slot_at's
   // (base, row stride) and the slot's input coefficient (down: its route weight).
-  const idOf = rt ? "rt_ids[min(tid, K_SLOTS - 1u)]" : "ids[t * K_SLOTS + min(tid, K_SLOTS - 1u)]";
+  const idOf = warpRoute
+    ? "rt_wid[min(tid, K_SLOTS - 1u)]"
+    : rt
+    ? "rt_ids[min(tid, K_SLOTS - 1u)]"
+    : "ids[t * K_SLOTS + min(tid, K_SLOTS - 1u)]";
   const table = `
   if (tid < SL) {
     let sa = slot_at(${idOf}, tid);
@@ -164,9 +167,11 @@ function source(d: MoeSgDims, S: number, R: number): string {
   }`;
   // Slot j's base and row stride: from the table, or (prefetch) straight from the ids.
   const fromTable = { sb: (j: string) => `sb[${j}]`, sr: (j: string) => `sr[${j}]` };
+  const idAt = (j: string) =>
+    warpRoute ? `rt_wid[min(${j}, K_SLOTS - 1u)]` : `ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)]`;
   const fromIds = {
-    sb: (j: string) => `slot_at(ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)], ${j}).x`,
-    sr: (j: string) => `slot_at(ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)], ${j}).y`,
+    sb: (j: string) => `slot_at(${idAt(j)}, ${j}).x`,
+    sr: (j: string) => `slot_at(${idAt(j)}, ${j}).y`,
   };
   // The staged input: vec4 i of it (down: the slots' activations times their route weights; gate_up: x or
   // rmsnorm(x) * norm), f32 in xs, or with dp4 its int8 copy.
@@ -186,8 +191,8 @@ function source(d: MoeSgDims, S: number, R: number): string {
   ss = subgroupAdd(ss);
   if (lane == 0u) { red[warp] = ss; }`
       : "";
-    if (rt) {
-      stage += rt.body(`t * ${d.route!.routing.experts}u`) + `
+    if (rt && !warpRoute) {
+      stage += rt.body(`t * ${d.route!.routing.experts}u`, "sg_lane") + `
   if (wg.x == 0u && tid < K_SLOTS) {
     ids[t * K_SLOTS + tid] = rt_ids[tid];
     rw[t * K_SLOTS + tid] = rt_w[tid];
@@ -312,8 +317,14 @@ function source(d: MoeSgDims, S: number, R: number): string {
   // The warp's blocks of rows: with prefetch, the first block's first pass loads before the stage (its
   // addresses from the ids) and is finished after it; the rest as usual.
   const nblk = `let nblk = (${down ? "N" : "SL * N"} + R - 1u) / R;\n  let blk0 = wg.x * WARPS + warp;`;
+  const route = !warpRoute ? "" : `${fast!.warp(`t * ${routing!.experts}u`, "sg_lane")}
+  if (wg.x == 0u && warp == 0u && lane < K_SLOTS) {
+    ids[t * K_SLOTS + lane] = rt_wid[lane];
+    rw[t * K_SLOTS + lane] = rt_wt[lane];
+  }`;
   const body = prefetch
-    ? `${nblk}
+    ? `${route}
+  ${nblk}
   let n0 = min(blk0, nblk - 1u) * R;
   ${rowsDecl(fromIds)}
   let p0 = lane;
@@ -426,6 +437,7 @@ fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
   @builtin(local_invocation_index) tid: u32,
   @builtin(num_workgroups) ng: vec3<u32>,
+  @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
   let warp = tid / S;
   let lane = tid % S;

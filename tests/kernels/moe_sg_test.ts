@@ -228,7 +228,9 @@ Deno.test({
   ];
   for (const routing of routings) {
     // The last: RMSNorm fused (its sum of squares overlaps the routing) and dp4.
-    for (const [wt, norm] of [["f32", false], ["q4", false], ["q4", true]] as const) {
+    // prefetch: without groups every warp routes on its own and loads before staging.
+    const cases = [["f32", false], ["q4", false], ["q4", true]] as const;
+    for (const [[wt, norm], prefetch] of cases.flatMap((c) => [false, true].map((p) => [c, p] as const))) {
       const dp4 = norm && gpu!.hasDp4;
       const k = routing.topK;
       // Logits well apart (a permutation of a spaced ramp): no near-ties for f32 and f64 to order differently.
@@ -273,6 +275,7 @@ Deno.test({
         weights: wt,
         route: { routing, bias: !!bias },
         dp4,
+        prefetch,
         ...(norm ? { rmsnorm: { eps: 1e-6, weights: "f32" as const } } : {}),
       };
       const out = storageBuffer(gpu!, T * k * N * 4);
@@ -290,7 +293,7 @@ Deno.test({
           norm: upload(gpu!, nw),
         }, d),
       ]);
-      const what = `${routing.scoring} k${k} ${wt} norm ${norm} dp4 ${dp4}`;
+      const what = `${routing.scoring} k${k} ${wt} norm ${norm} dp4 ${dp4} prefetch ${prefetch}`;
       const gotIds = new Uint32Array(await readBack(gpu!, ids, T * k * 4));
       if (gotIds.join() !== want.ids.join()) throw new Error(`${what}: ids ${gotIds} != ${want.ids}`);
       assertClose(await readF32(gpu!, rw, T * k), want.weights, 1e-6, 1e-5, `${what}: weights`);
