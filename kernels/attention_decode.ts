@@ -6,7 +6,8 @@
 // (docs/KERNELS.md), the keys of a head shared by several workgroups and a combine dispatch.
 //
 // One workgroup per q head h (kv head h / group), WG threads = WARPS subgroups of S lanes:
-//   - prologue: RoPE of q and of this kv head's k at pos = step.pos0 (rotate-half, the cs table as in
+//   - prologue: (with qNorm / kNorm: Qwen3's RMSNorm of the q head and of the k head first, folded in
+//     here instead of a dispatch of its own: a subgroupAdd and one barrier) RoPE of q and of this kv head's k at pos = step.pos0 (rotate-half, the cs table as in
 //     rope.ts) into workgroup memory with v; one barrier (the workgroupUniformLoad that makes the key
 //     count uniform, and returns when step.T == 0). The group's first q head writes rotated k and v into
 //     the caches at pos; no workgroup reads position pos from the cache (each uses its own k / v for it),
@@ -66,6 +67,11 @@ export interface AttentionDecodeDims {
   /** Capacity of the KV cache in positions. */
   maxSeq: number;
   /**
+   * RMSNorm each q head and k head (over head_dim, this epsilon; weights qNorm / kNorm) before RoPE:
+   * Qwen3's q_norm / k_norm, as head_norm.ts does in place, here without touching qkv.
+   */
+  normEps?: number;
+  /**
    * Tokens dispatched (1..DECODE_MAX_T; default 1): a step of T tokens, each attending causally to the
    * cache and to the step's earlier tokens. The step's T may be fewer (tokens past it do nothing).
    */
@@ -105,10 +111,11 @@ export function attentionDecodeDefaultTuning(gpu: Gpu, headDim: number): Attenti
 
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
 export function attentionDecodeSource(
-  d: { heads: number; kvHeads: number; headDim: number; T?: number },
+  d: { heads: number; kvHeads: number; headDim: number; T?: number; normEps?: number },
   S: number,
   t: AttentionDecodeTuning,
 ): string {
+  const norm = d.normEps !== undefined;
   const { warps, unroll: UB } = t;
   const SP = t.splits ?? 1;
   const TT = d.T ?? 1; // tokens dispatched (grid z); the step's T may be fewer
@@ -219,7 +226,7 @@ export function attentionDecodeSource(
     }
   }
   return `${STEP_WGSL}
-struct P { max_seq: u32, scale: f32 }
+struct P { max_seq: u32, scale: f32, eps: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
@@ -230,6 +237,13 @@ ${
     SP > 1
       ? "@group(0) @binding(6) var<storage, read_write> part: array<vec2<f32>>;"
       : `@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;`
+  }
+${
+    norm
+      ? `@group(0) @binding(7) var<storage, read> wq: array<f32>;
+@group(0) @binding(8) var<storage, read> wk: array<f32>;
+var<workgroup> nred: array<vec2<f32>, ${warps}>;`
+      : ""
   }
 const HD = ${HD}u;
 const HALF = ${HD / 2}u;
@@ -255,11 +269,18 @@ var<workgroup> sn: array<f32, ${TT}>;
 // Score of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against q.
 fn new_score(j: u32, pos0: u32, kvh: u32) -> f32 {
   var s = 0.0;
-  let kb = j * ROW + (NH + kvh) * HD;
+  let kb = j * ROW + (NH + kvh) * HD;${
+      norm
+        ? `
+  var ss = 0.0;
+  for (var i = 0u; i < HD; i++) { let v = qkv[kb + i]; ss += v * v; }
+  let ik = inverseSqrt(ss / f32(HD) + p.eps);`
+        : ""
+    }
   for (var i = 0u; i < HALF; i++) {
     let c = cs[(pos0 + j) * HALF + i];
-    let k0 = qkv[kb + i];
-    let k1 = qkv[kb + i + HALF];
+    let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
+    let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
     s += qs[i / VW][i % VW] * (k0 * c.x - k1 * c.y) + qs[(i + HALF) / VW][(i + HALF) % VW] * (k1 * c.x + k0 * c.y);
   }
   return s;
@@ -286,14 +307,34 @@ fn main(
   let pos = step.pos0 + tok;
   if (tid == 0u) { keys = select(0u, pos + 1u, step.T > tok); }
   let rb = ${TT === 1 ? "0u" : "tok * ROW"};
+  let qb = rb + h * HD;
+  let kb = rb + (NH + kvh) * HD;${
+    norm
+      ? `
+  // RMSNorm of the q head and the k head (q_norm / k_norm), before RoPE.
+  var nq = 0.0;
+  var nk = 0.0;
+  for (var i = tid; i < HD; i += WG) {
+    let a = qkv[qb + i];
+    let b = qkv[kb + i];
+    nq += a * a;
+    nk += b * b;
+  }
+  let nr = subgroupAdd(vec2<f32>(nq, nk));
+  if (lane == 0u) { nred[warp] = nr; }
+  workgroupBarrier();
+  var ntot = vec2<f32>(0.0);
+  for (var w = 0u; w < WARPS; w++) { ntot += nred[w]; }
+  let iq = inverseSqrt(ntot.x / f32(HD) + p.eps);
+  let ik = inverseSqrt(ntot.y / f32(HD) + p.eps);`
+      : ""
+  }
   for (var i = tid; i < HALF; i += WG) {
     let c = cs[pos * HALF + i];
-    let qb = rb + h * HD;
-    let q0 = qkv[qb + i];
-    let q1 = qkv[qb + i + HALF];
-    let kb = rb + (NH + kvh) * HD;
-    let k0 = qkv[kb + i];
-    let k1 = qkv[kb + i + HALF];
+    let q0 = qkv[qb + i]${norm ? " * iq * wq[i]" : ""};
+    let q1 = qkv[qb + i + HALF]${norm ? " * iq * wq[i + HALF]" : ""};
+    let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
+    let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
     let vb = rb + (NH + NKV + kvh) * HD;
     let v0 = qkv[vb + i];
     let v1 = qkv[vb + i + HALF];
@@ -469,6 +510,9 @@ export function attentionDecodeCalls(
     kcache: GPUBuffer;
     vcache: GPUBuffer;
     out: GPUBuffer;
+    /** With d.normEps: the q_norm and k_norm weights (f32 [head_dim]). */
+    qNorm?: GPUBuffer;
+    kNorm?: GPUBuffer;
   },
   d: AttentionDecodeDims,
   tuning?: Partial<AttentionDecodeTuning>,
@@ -504,16 +548,21 @@ export function attentionDecodeCalls(
   if (!ok) {
     throw new RangeError(`bad decode attention tuning ${JSON.stringify(t)} (S = ${S}, hd ${d.headDim})`);
   }
-  const params = uniformBuffer(gpu, [d.maxSeq, 1 / Math.sqrt(d.headDim)], [1]);
+  const norm = d.normEps !== undefined;
+  if (norm && (!bufs.qNorm || !bufs.kNorm)) throw new TypeError("normEps needs the qNorm and kNorm weights");
+  const params = uniformBuffer(gpu, [d.maxSeq, 1 / Math.sqrt(d.headDim), d.normEps ?? 0], [1, 2]);
   const bound = [params, bufs.step, bufs.table, bufs.qkv, bufs.kcache, bufs.vcache, bufs.out];
+  const normBufs = norm ? [bufs.qNorm!, bufs.kNorm!] : [];
   const src = attentionDecodeSource(d, S, t);
-  if (sp === 1) return [kernelCall(gpu, pipeline(gpu, src), bound, [d.heads, 1, T], "attention")];
+  if (sp === 1) {
+    return [kernelCall(gpu, pipeline(gpu, src), [...bound, ...normBufs], [d.heads, 1, T], "attention")];
+  }
   const part = storageBuffer(gpu, T * d.heads * sp * (d.headDim / 2 + 1) * 8, "attention partials");
   // With splits, binding 6 is the partials (the combine writes out).
   const main = kernelCall(
     gpu,
     pipeline(gpu, src),
-    [...bound.slice(0, 6), part],
+    [...bound.slice(0, 6), part, ...normBufs],
     [d.heads, sp, T],
     "attention",
   );

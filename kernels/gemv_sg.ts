@@ -15,7 +15,7 @@
 // sum(x), the unit's sum of x computed once per workgroup).
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { normWeightVec4, QUANT_DECODE_WGSL, siluMulVec4 } from "./wgsl.ts";
+import { dp4Dot, int8BlocksWgsl, normWeightVec4, QUANT_DECODE_WGSL, siluMulVec4 } from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 export interface SgTuning {
@@ -170,45 +170,7 @@ export function gemvSgSource(
   }
   if (!dp4) stage += "\n  workgroupBarrier();";
   if (dp4) {
-    // Block b of 32 x values -> 8 packed int8 words two vec4s of xq (below) and (scale, scale * sum of q). q4's
-    // words hold the even values of each 8 in the first vec4 and the odd ones in the second, matching
-    // the nibbles that (w & 0x0F0F0F0F) and ((w >> 4) & 0x0F0F0F0F) pick out of a weight word.
-    const order = wt === "q4"
-      ? "let e = vec4<f32>(v0.x, v0.z, v1.x, v1.z); let o = vec4<f32>(v0.y, v0.w, v1.y, v1.w);"
-      : "let e = v0; let o = v1;";
-    const put = wt === "q4"
-      ? "words[k] = pack4xI8Clamp(qe); words[4u + k] = pack4xI8Clamp(qo);"
-      : "words[2u * k] = pack4xI8Clamp(qe); words[2u * k + 1u] = pack4xI8Clamp(qo);";
-    // Where block b's two vec4s of words go. q4 (a block is one unit): xq[b] and xq[UNITS + b], so a warp's
-    // lanes read consecutive vec4s (interleaved, lanes would stride 32 bytes: 2-way bank conflicts); q8 (a
-    // block is two units, read one vec4 a unit): xq[2b], xq[2b + 1].
-    const [xqLo, xqHi] = wt === "q4" ? ["b", "UNITS + b"] : ["2u * b", "2u * b + 1u"];
-    // The block's 8 vec4s of f(x), read and transformed once, kept in registers.
-    const vin = Array.from({ length: 8 }, (_, i) => `let xb${i} = ${xin(`8u * b + ${i}u`)};`);
-    const quads = Array.from({ length: 4 }, (_, k) => `
-    {
-      let k = ${k}u;
-      let v0 = xb${2 * k};
-      let v1 = xb${2 * k + 1};
-      ${order}
-      let qe = vec4<i32>(round(e / sc));
-      let qo = vec4<i32>(round(o / sc));
-      qs += qe + qo;
-      ${put}
-    }`).join("");
-    stage += `
-  for (var b = tid; b < K / 32u; b += WG) {
-    ${vin.join("\n    ")}
-    var m = ${Array.from({ length: 8 }, (_, i) => `abs(xb${i})`).reduce((a, c) => `max(${a}, ${c})`)};
-    let amax = max(max(m.x, m.y), max(m.z, m.w));
-    let sc = select(amax / 127.0, 1.0, amax == 0.0);
-    var words: array<u32, 8>;
-    var qs = vec4<i32>(0);${quads}
-    xq[${xqLo}] = vec4<u32>(words[0], words[1], words[2], words[3]);
-    xq[${xqHi}] = vec4<u32>(words[4], words[5], words[6], words[7]);
-    xqs[b] = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
-  }
-  workgroupBarrier();`;
+    stage += int8BlocksWgsl(wt as QuantType, xin, "K / 32u", "WG", "UNITS") + "\n  workgroupBarrier();";
   }
   const needXsum = !dp4 && wt === "q4";
   if (needXsum) {
@@ -234,7 +196,7 @@ export function gemvSgSource(
       case "q8": {
         if (dp4) {
           // Unit j is half j % 2 of block j / 2; its 16 values' words are xq[j] in natural order.
-          const d = ["x", "y", "z", "w"].map((c) => `dot4I8Packed(${w}.${c}, xq${u}.${c})`).join(" + ");
+          const d = dp4Dot("q8", w, `xq${u}`);
           return `group_scale(${row} * GPR + ${j} / 2u) * xs${u}.x * f32(${d})`;
         }
         const d = [0, 1, 2, 3].map((i) => `dot(q8v(${w}[${i}]), ${xv(u, i)})`).join(" + ");
@@ -242,10 +204,7 @@ export function gemvSgSource(
       }
       case "q4": {
         if (dp4) {
-          const d = ["x", "y", "z", "w"].map((c) =>
-            `dot4I8Packed(${w}.${c} & 0x0F0F0F0Fu, xq${u}e.${c}) + ` +
-            `dot4I8Packed((${w}.${c} >> 4u) & 0x0F0F0F0Fu, xq${u}o.${c})`
-          ).join(" + ");
+          const d = dp4Dot("q4", w, [`xq${u}e`, `xq${u}o`]);
           // Codes are q + 8: sum q x = s (sum c xq - 8 sum xq).
           return `group_scale(${row} * GPR + ${j}) * (xs${u}.x * f32(${d}) - 8.0 * xs${u}.y)`;
         }

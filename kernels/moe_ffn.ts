@@ -202,13 +202,26 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
 }
 
 /**
- * Benchmark switches, read when a program is built (so one process can sweep them): SWACTOR_MOE (path) and
- * SWACTOR_MOE_ROWS ("gate_up,down": rows per warp of the subgroup expert GEMVs).
+ * Benchmark switches, read when a program is built (so one process can sweep them): SWACTOR_MOE (path),
+ * SWACTOR_MOE_ROWS ("gate_up,down": rows per warp of the subgroup expert GEMVs) and SWACTOR_MOE_DP4 ("0":
+ * the quantised expert GEMVs convert weights to f32 instead of multiplying int8 activations; else dp4
+ * wherever the dense GEMVs use it: the adapter has it and gpu.tuning.dp4 is not false) and
+ * SWACTOR_MOE_PREFETCH ("0": the expert GEMVs load no weights before staging their input; default on
+ * unless gpu.tuning.prefetch is false).
  */
-function moeSwitches(): { path: string | undefined; rows: number[] } {
+function moeSwitches(
+  gpu: Gpu,
+): { path: string | undefined; rows: number[]; dp4: boolean; prefetch: boolean } {
+  const flag = (name: string): boolean | undefined => {
+    const v = Deno.env.get(name);
+    if (v !== undefined && v !== "0" && v !== "1") throw new TypeError(`${name} must be 0 or 1, got "${v}"`);
+    return v === undefined ? undefined : v === "1";
+  };
   return {
     path: Deno.env.get("SWACTOR_MOE"),
     rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
+    dp4: (flag("SWACTOR_MOE_DP4") ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
+    prefetch: flag("SWACTOR_MOE_PREFETCH") ?? gpu.tuning.prefetch !== false,
   };
 }
 
@@ -237,7 +250,7 @@ export function moeDecodeCalls(
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
-  const { path: MOE_PATH, rows: MOE_ROWS } = moeSwitches();
+  const { path: MOE_PATH, rows: MOE_ROWS, dp4, prefetch } = moeSwitches(gpu);
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
@@ -249,6 +262,8 @@ export function moeDecodeCalls(
     weights: d.weights.gateUp,
     rmsnorm: { eps: d.eps, weights: d.normWeights },
     rows: MOE_ROWS[0] || undefined,
+    dp4: dp4 && isQuant(d.weights.gateUp),
+    prefetch,
     route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined },
   };
   const down: MoeSgDims = {
@@ -259,6 +274,8 @@ export function moeDecodeCalls(
     weights: d.weights.down,
     accumulate: true,
     rows: MOE_ROWS[1] || undefined,
+    dp4: dp4 && isQuant(d.weights.down),
+    prefetch,
   };
   const sgt = d.weights.sharedGateUp, sdt = d.weights.sharedDown;
   if (Is > 0) {
@@ -280,8 +297,8 @@ export function moeDecodeCalls(
     }
   }
   if (!moeSgFits(gpu, gateUp)) return null;
-  // A down row too long to stage (k * I floats: Kimi K2's 8 x 2048) goes to the team kernel, which reads
-  // the activations from memory.
+  // A down row too long to stage (k * I values: Kimi K2's 8 x 2048 as f32; as int8 with dp4 it fits) goes to
+  // the team kernel, which reads the activations from memory.
   const sgDown = moeSgFits(gpu, down);
   if (!sgDown) gateUp.sharedSlots = down.sharedSlots = undefined;
   if (!sgDown && !moeGemvFits(I, d.weights.down)) return null;

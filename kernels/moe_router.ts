@@ -169,58 +169,68 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
 }
 
 /**
- * routerWgsl for the common case without expert groups, built for latency: the first subgroup (S lanes) does
+ * routerWgsl for the common case without expert groups, built for latency: one subgroup (S lanes) does
  * the whole routing in registers, each lane holding experts lane, lane + S, ...: softmax (or sigmoid) with
  * subgroupMax / subgroupAdd, then k rounds of argmax (highest choice, lowest index on ties: the rank
- * order) with subgroupMax / subgroupMin. No workgroup barrier until the result is shared.
+ * order) with subgroupMax / subgroupMin, each round's winner known to every lane. `warp(row, lane)`: those
+ * statements for any subgroup (all its lanes, `lane` its index), leaving the choice in every lane's
+ * registers: rt_wid[j] (u32) and rt_wt[j] (f32, final weights); `body(row, lane)`: the first subgroup
+ * (tid < S) runs them and publishes rt_ids / rt_w after one barrier. `lane` should be the
+ * subgroup_invocation_id builtin (the winner's score is read with subgroupShuffle); default `tid`.
  */
 export function routerWgslFast(
   r: Required<MoeRouting>,
   bias: boolean,
   S: number,
-): { decls: string; body: (row: string) => string } {
+): {
+  decls: string;
+  body: (row: string, lane?: string) => string;
+  warp: (row: string, lane: string) => string;
+} {
   if (r.groups !== 1) throw new RangeError("the subgroup router serves routing without expert groups");
   const E = r.experts, K = r.topK;
   const PER = Math.ceil(E / S);
   const scale = Math.fround(r.scale);
   const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
-  const score = r.scoring === "softmax"
-    ? `
+  const warp = (row: string, lane: string) => {
+    const score = r.scoring === "softmax"
+      ? `
     var m = -3.4e38;
     for (var i = 0u; i < ${PER}u; i++) {
-      let e = i * ${S}u + tid;
+      let e = i * ${S}u + ${lane};
       if (e < ${E}u) { m = max(m, logits[row + e]); }
     }
     m = subgroupMax(m);
     var tot = 0.0;
     for (var i = 0u; i < ${PER}u; i++) {
-      let e = i * ${S}u + tid;
+      let e = i * ${S}u + ${lane};
       if (e < ${E}u) { let v = exp(logits[row + e] - m); sc[i] = v; tot += v; }
     }
     tot = subgroupAdd(tot);
     for (var i = 0u; i < ${PER}u; i++) { sc[i] = sc[i] / tot; }`
-    : `
+      : `
     for (var i = 0u; i < ${PER}u; i++) {
-      let e = i * ${S}u + tid;
+      let e = i * ${S}u + ${lane};
       if (e < ${E}u) { sc[i] = 1.0 / (1.0 + exp(-logits[row + e])); }
     }`;
-  const norm = !r.normTopK ? "" : `
+    const norm = !r.normTopK ? "" : `
     var sum = 0.0;
-    for (var j = 0u; j < ${K}u; j++) { sum += rt_pick[j]; }
-    w = w / (sum + ${r.scoring === "sigmoid" ? "1e-20" : "0.0"});`;
-  const decls = `
-var<workgroup> rt_pick: array<f32, ${K}>;
-var<workgroup> rt_ids: array<u32, ${K}>;
-var<workgroup> rt_w: array<f32, ${K}>;`;
-  const body = (row: string) => `
-  if (tid < ${S}u) {
+    for (var j = 0u; j < ${K}u; j++) { sum += pick[j]; }
+    for (var j = 0u; j < ${K}u; j++) { rt_wt[j] = pick[j] / (sum + ${
+      r.scoring === "sigmoid" ? "1e-20" : "0.0"
+    }); }`;
+    return `
+  var rt_wid: array<u32, ${K}>;
+  var rt_wt: array<f32, ${K}>;
+  {
     let row = ${row};
     var sc: array<f32, ${PER}>;
     var ch: array<f32, ${PER}>;
     var taken: array<bool, ${PER}>;
+    var pick: array<f32, ${K}>;
     ${score}
     for (var i = 0u; i < ${PER}u; i++) {
-      let e = i * ${S}u + tid;
+      let e = i * ${S}u + ${lane};
       taken[i] = e >= ${E}u;
       ch[i] = sc[i]${bias ? " + bias[min(e, " + (E - 1) + "u)]" : ""};
     }
@@ -228,24 +238,30 @@ var<workgroup> rt_w: array<f32, ${K}>;`;
       var bv = -3.40282347e38;
       var be = 0xffffffffu;
       for (var i = 0u; i < ${PER}u; i++) {
-        if (!taken[i] && (be == 0xffffffffu || ch[i] > bv)) { bv = ch[i]; be = i * ${S}u + tid; }
+        if (!taken[i] && (be == 0xffffffffu || ch[i] > bv)) { bv = ch[i]; be = i * ${S}u + ${lane}; }
       }
       let mv = subgroupMax(select(-3.40282347e38, bv, be != 0xffffffffu));
       let win = subgroupMin(select(0xffffffffu, be, be != 0xffffffffu && bv == mv));
-      if (win % ${S}u == tid) {
-        taken[win / ${S}u] = true;
-        rt_ids[j] = win;
-        rt_pick[j] = sc[win / ${S}u];
-      }
+      if (win % ${S}u == ${lane}) { taken[win / ${S}u] = true; }
+      rt_wid[j] = win;
+      pick[j] = subgroupShuffle(sc[min(win / ${S}u, ${PER - 1}u)], win % ${S}u);
+      rt_wt[j] = pick[j];
+    }${norm}
+    for (var j = 0u; j < ${K}u; j++) { rt_wt[j] = rt_wt[j] * ${f(scale)}; }
+  }`;
+  };
+  const decls = `
+var<workgroup> rt_ids: array<u32, ${K}>;
+var<workgroup> rt_w: array<f32, ${K}>;`;
+  const body = (row: string, lane = "tid") => `
+  if (tid < ${S}u) {${warp(row, lane)}
+    if (tid < ${K}u) {
+      rt_ids[tid] = rt_wid[tid];
+      rt_w[tid] = rt_wt[tid];
     }
   }
-  workgroupBarrier();
-  if (tid < ${K}u) {
-    var w = rt_pick[tid];${norm}
-    rt_w[tid] = w * ${f(scale)};
-  }
   workgroupBarrier();`;
-  return { decls, body };
+  return { decls, body, warp };
 }
 
 function source(r: Required<MoeRouting>, bias: boolean): string {

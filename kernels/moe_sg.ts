@@ -14,6 +14,7 @@
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, routerWgsl, routerWgslFast } from "./moe_router.ts";
+import { dp4Dot, int8BlocksWgsl } from "./wgsl.ts";
 
 type Storage = WeightType | QuantType;
 
@@ -48,6 +49,18 @@ export interface MoeSgDims {
    */
   route?: { routing: MoeRouting; bias: boolean };
   /**
+   * q8 / q4: multiply int8 activations with dot4I8Packed (gemv_sg.ts's dp4: the staged input quantised
+   * per block of 32, wgsl.ts's int8BlocksWgsl) instead of converting every weight to f32. Needs WGSL's
+   * packed_4x8_integer_dot_product. Default false.
+   */
+  dp4?: boolean;
+  /**
+   * Issue the first pass's weight loads before staging the input, so their memory latency overlaps the
+   * staging (and, for down, its quantisation); the slots then come from the ids in memory. Not with
+   * `route` (the ids are this kernel's own). Default false.
+   */
+  prefetch?: boolean;
+  /**
    * The shared expert folded in as this many slots of weight 1 (its intermediate is sharedSlots x the
    * routed one; its matrices, in the routed storage, are bound as `shared`: gate_up [2 Is, K], down [N, Is]).
    * gate_up's act and down's input are then [T, topK + sharedSlots, I]. Default 0.
@@ -55,15 +68,23 @@ export interface MoeSgDims {
   sharedSlots?: number;
 }
 
-/** Workgroup bytes the kernel stages (the staged input, q4's per-unit sums, reductions, expert bases). */
+/** Whether the kernel runs dp4 (quantised weights and the option). */
+function isDp4(d: MoeSgDims): boolean {
+  return d.dp4 === true && isQuant(d.weights);
+}
+
+/**
+ * Workgroup bytes the kernel stages (the staged input: f32, or with dp4 int8 and a (scale, sum) per 32;
+ * q4's per-unit sums, reductions, expert bases).
+ */
 function sharedBytes(d: MoeSgDims): number {
   const width = d.kind === "down" ? (d.topK + (d.sharedSlots ?? 0)) * d.K : d.K;
   const units = width / unitWeights(d.weights);
   const route = d.route
     ? (2 * d.route.routing.experts + 256 + 3 * d.topK + 2 * (d.route.routing.groups ?? 1)) * 4
     : 0;
-  return width * 4 + (d.weights === "q4" ? units * 4 : 0) + 64 * 4 + (d.topK + (d.sharedSlots ?? 0)) * 12 +
-    route;
+  const input = isDp4(d) ? width + (width / 32) * 8 : width * 4 + (d.weights === "q4" ? units * 4 : 0);
+  return input + 64 * 4 + (d.topK + (d.sharedSlots ?? 0)) * 12 + route;
 }
 
 /** Whether the subgroup kernels serve this shape here (else moe_gemv.ts's team kernel does). */
@@ -91,6 +112,18 @@ function unitDot(wt: Storage, w: string, x: (i: number) => string, scale: string
   }
 }
 
+/** A unit's value with dp4: its int8 words `xq` (q4: [even, odd]) and its block's (scale, scale * sum q). */
+function unitDotDp4(
+  wt: QuantType,
+  w: string,
+  xq: string | [string, string],
+  xs: string,
+  scale: string,
+): string {
+  const d = dp4Dot(wt, w, xq);
+  return wt === "q4" ? `${scale} * (${xs}.x * f32(${d}) - 8.0 * ${xs}.y)` : `${scale} * ${xs}.x * f32(${d})`;
+}
+
 // Slots: the k routed ones, then NSH pseudo-slots of the shared expert (its intermediate cut into NSH
 // pieces of the routed width, each a slot of weight 1). Slot j's matrix starts at unit sb[j] of its buffer
 // (W routed, WS shared); gate_up: gate row n at sb + n * UNITS, its up row su[j] units further; down: row h
@@ -98,6 +131,7 @@ function unitDot(wt: Storage, w: string, x: (i: number) => string, scale: string
 function source(d: MoeSgDims, S: number, R: number): string {
   const wt = d.weights;
   const quant = isQuant(wt);
+  const dp4 = isDp4(d);
   const UW = unitWeights(wt);
   const XV = UW / 4;
   const UNITS = d.K / UW; // units of one expert row
@@ -108,70 +142,80 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const WIDTH = down ? SL * d.K : d.K; // staged floats
   const VU = down ? SL * UNITS : UNITS; // units of a (virtual) row
   const routing = d.route && checkRouting(d.route.routing);
-  const rt = !routing
-    ? undefined
-    : routing.groups === 1
-    ? routerWgslFast(routing, d.route!.bias, S)
-    : routerWgsl(routing, d.route!.bias);
-  // The slot table (routed slots from the ids; shared ones fixed).
-  const idOf = rt ? "rt_ids[tid]" : "ids[t * K_SLOTS + tid]";
+  const fast = routing && routing.groups === 1 ? routerWgslFast(routing, d.route!.bias, S) : undefined;
+  const rt = !routing ? undefined : fast ?? routerWgsl(routing, d.route!.bias);
+  // Issue the first pass's weight loads before staging: the slots read from the ids in memory, or, when
+  // this kernel routes without expert groups, every warp routes on its own (the choice in its registers,
+  // no barrier) and loads at once.
+  const warpRoute = d.prefetch === true && fast !== undefined;
+  const prefetch = d.prefetch === true && (!rt || warpRoute);
+  // The slot table in workgroup memory (routed slots from the ids; shared ones fixed): slot_at's
+  // (base, row stride) and the slot's input coefficient (down: its route weight).
+  const idOf = warpRoute
+    ? "rt_wid[min(tid, K_SLOTS - 1u)]"
+    : rt
+    ? "rt_ids[min(tid, K_SLOTS - 1u)]"
+    : "ids[t * K_SLOTS + min(tid, K_SLOTS - 1u)]";
   const table = `
   if (tid < SL) {
-    var base = 0xffffffffu;
-    var cf = 1.0;
-    if (tid < K_SLOTS) {
-      let e = ${idOf};
-      if (e >= p.e0 && e - p.e0 < p.ne) { base = (e - p.e0) * ${down ? "N" : "2u * N"} * UNITS; }
-      ${down ? "cf = select(0.0, rw[t * K_SLOTS + tid], base != 0xffffffffu);" : ""}
-      sr[tid] = ${down ? "UNITS" : "N * UNITS"};
-    } else {
-      base = (tid - K_SLOTS) * ${down ? "UNITS" : "N * UNITS"};
-      sr[tid] = ${down ? "NSH * UNITS" : "NSH * N * UNITS"};
-    }
-    sb[tid] = base;
-    coef[tid] = cf;
+    let sa = slot_at(${idOf}, tid);
+    sb[tid] = sa.x;
+    sr[tid] = sa.y;
+    coef[tid] = ${
+    down ? "select(select(0.0, rw[t * K_SLOTS + tid], sa.x != 0xffffffffu), 1.0, tid >= K_SLOTS)" : "1.0"
+  };
   }`;
+  // Slot j's base and row stride: from the table, or (prefetch) straight from the ids.
+  const fromTable = { sb: (j: string) => `sb[${j}]`, sr: (j: string) => `sr[${j}]` };
+  const idAt = (j: string) =>
+    warpRoute ? `rt_wid[min(${j}, K_SLOTS - 1u)]` : `ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)]`;
+  const fromIds = {
+    sb: (j: string) => `slot_at(${idAt(j)}, ${j}).x`,
+    sr: (j: string) => `slot_at(${idAt(j)}, ${j}).y`,
+  };
+  // The staged input: vec4 i of it (down: the slots' activations times their route weights; gate_up: x or
+  // rmsnorm(x) * norm), f32 in xs, or with dp4 its int8 copy.
   let stage: string;
+  const put = (vin: (i: string) => string, width: string) =>
+    dp4 ? int8BlocksWgsl(wt as QuantType, vin, `${width} / 32u`, "WG", "VU") : `
+  for (var i = tid; i < ${width} / 4u; i += WG) { xs[xi(i)] = ${vin("i")}; }`;
   if (down) {
     stage = `${table}
-  workgroupBarrier();
-  for (var i = tid; i < WIDTH / 4u; i += WG) {
-    xs[i] = x[t * (WIDTH / 4u) + i] * coef[i / (K / 4u)];
-  }`;
+  workgroupBarrier();${put((i) => `x[t * (WIDTH / 4u) + ${i}] * coef[(${i}) / (K / 4u)]`, "WIDTH")}`;
   } else {
-    if (d.rmsnorm) {
-      const nwv = d.rmsnorm.weights === "f16"
-        ? "vec4<f32>(unpack2x16float(nw[i].x), unpack2x16float(nw[i].y))"
-        : "nw[i]";
-      stage = `
+    // The sum of squares of x first: the routing's barriers publish it (its loads overlap the routing).
+    stage = d.rmsnorm
+      ? `
   var ss = 0.0;
   for (var i = tid; i < K / 4u; i += WG) { let v = x[t * (K / 4u) + i]; ss += dot(v, v); }
   ss = subgroupAdd(ss);
-  if (lane == 0u) { red[warp] = ss; }
-  workgroupBarrier();
-  var tot = 0.0;
-  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
-  let inv = inverseSqrt(tot / f32(K) + p.eps);
-  for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i] * inv * ${nwv}; }`;
-    } else {
-      stage = `
-  for (var i = tid; i < K / 4u; i += WG) { xs[i] = x[t * (K / 4u) + i]; }`;
-    }
-    if (rt) {
-      stage = rt.body(`t * ${d.route!.routing.experts}u`) + `
+  if (lane == 0u) { red[warp] = ss; }`
+      : "";
+    if (rt && !warpRoute) {
+      stage += rt.body(`t * ${d.route!.routing.experts}u`, "sg_lane") + `
   if (wg.x == 0u && tid < K_SLOTS) {
     ids[t * K_SLOTS + tid] = rt_ids[tid];
     rw[t * K_SLOTS + tid] = rt_w[tid];
-  }` + stage;
-    }
+  }`;
+    } else if (d.rmsnorm) stage += "\n  workgroupBarrier();";
+    if (d.rmsnorm) {
+      const nwv = (i: string) =>
+        d.rmsnorm!.weights === "f16"
+          ? `vec4<f32>(unpack2x16float(nw[${i}].x), unpack2x16float(nw[${i}].y))`
+          : `nw[${i}]`;
+      stage += `
+  var tot = 0.0;
+  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+  let inv = inverseSqrt(tot / f32(K) + p.eps);${put((i) => `x[t * (K / 4u) + ${i}] * inv * ${nwv(i)}`, "K")}`;
+    } else stage += put((i) => `x[t * (K / 4u) + ${i}]`, "K");
     stage += table;
   }
   stage += "\n  workgroupBarrier();";
-  if (wt === "q4") {
+  if (wt === "q4" && !dp4) {
     stage += `
   for (var j = tid; j < VU; j += WG) {
     var s4 = vec4<f32>(0.0);
-    for (var i = 0u; i < ${XV}u; i++) { s4 += xs[${XV}u * j + i]; }
+    for (var i = 0u; i < ${XV}u; i++) { s4 += xs[i * VU + j]; }
     xsum[j] = dot(s4, vec4<f32>(1.0));
   }
   workgroupBarrier();`;
@@ -184,37 +228,44 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const load = (w: string, sh: string, idx: string) =>
     `let ${w} = ld(${sh}, ${idx});${quant ? `\n      let ${w}s = gsc(${sh}, ${idx});` : ""}`;
   const dotOf = (w: string, u: number) =>
-    unitDot(wt, w, (i) => `xs[${XV}u * v${u} + ${i}u]`, `${w}s`, `xsm${u}`);
-  const unitsOf = (extra: (u: number) => string) =>
+    !dp4
+      ? unitDot(wt, w, (i) => `xs[${i}u * VU + v${u}]`, `${w}s`, `xsm${u}`)
+      : wt === "q4"
+      ? unitDotDp4(wt, w, [`xe${u}`, `xo${u}`], `xb${u}`, `${w}s`)
+      : unitDotDp4(wt as QuantType, w, `xe${u}`, `xb${u}`, `${w}s`);
+  // A unit's input, loaded once for the R rows: f32 (q4: and its sum), or int8 words and block scale.
+  const inputOf = (u: number) =>
+    !dp4
+      ? (wt === "q4" ? `\n      let xsm${u} = xsum[v${u}];` : "")
+      : wt === "q4"
+      ? `\n      let xe${u} = xq[v${u}];\n      let xo${u} = xq[VU + v${u}];\n      let xb${u} = xqs[v${u}];`
+      : `\n      let xe${u} = xq[v${u}];\n      let xb${u} = xqs[v${u} / 2u];`;
+  type Tab = typeof fromTable;
+  // A pass over units p0, p0 + S, ... of the row: addresses, inputs, weight loads, multiply-adds.
+  const addr = (tab: Tab) =>
     us.map((u) =>
-      `let v${u} = min(v0 + ${u * S}u, VU - 1u);
-      let ok${u} = v0 + ${u * S}u < VU;${wt === "q4" ? `\n      let xsm${u} = xsum[v${u}];` : ""}${extra(u)}`
-    ).join("\n      ");
-  let rowsDecl: string, loop: string, stores: string;
-  if (down) {
-    rowsDecl = rows.map((r) => `let h${r} = min(n0 + ${r}u, N - 1u);\n    var a${r} = 0.0;`).join("\n    ");
-    loop = `
-    for (var v0 = lane; v0 < VU; v0 += ${S * U}u) {
-      ${
-      unitsOf((u) => `
+      `let v${u} = min(p0 + ${u * S}u, VU - 1u);
+      let ok${u} = p0 + ${u * S}u < VU;${
+        down
+          ? `
       let j${u} = v${u} / UNITS;
-      let b${u} = sb[j${u}];
+      let b${u} = ${tab.sb(`j${u}`)};
       let on${u} = ok${u} && b${u} != 0xffffffffu;
       let base${u} = select(0u, b${u}, on${u}) + v${u} % UNITS;
       let sh${u} = j${u} >= K_SLOTS;
-      let st${u} = sr[j${u}];`)
-    }
-      ${
-      us.flatMap((u) => rows.map((r) => load(`w${u}_${r}`, `sh${u}`, `base${u} + h${r} * st${u}`))).join(
-        "\n      ",
-      )
-    }
-      ${
-      us.flatMap((u) => rows.map((r) => `a${r} += select(0.0, ${dotOf(`w${u}_${r}`, u)}, on${u});`)).join(
-        "\n      ",
-      )
-    }
-    }`;
+      let st${u} = ${tab.sr(`j${u}`)};`
+          : ""
+      }`
+    ).join("\n      ");
+  const inputs = us.map((u) => inputOf(u)).join("");
+  let rowsDecl: (tab: Tab) => string, loads: string, dots: string, stores: string;
+  if (down) {
+    rowsDecl = () =>
+      rows.map((r) => `let h${r} = min(n0 + ${r}u, N - 1u);\n    var a${r} = 0.0;`).join("\n    ");
+    loads = us.flatMap((u) => rows.map((r) => load(`w${u}_${r}`, `sh${u}`, `base${u} + h${r} * st${u}`)))
+      .join("\n      ");
+    dots = us.flatMap((u) => rows.map((r) => `a${r} += select(0.0, ${dotOf(`w${u}_${r}`, u)}, on${u});`))
+      .join("\n      ");
     stores = rows.map((r) =>
       `let s${r} = subgroupAdd(a${r});
     if (lane == 0u && n0 + ${r}u < N) {
@@ -224,38 +275,31 @@ function source(d: MoeSgDims, S: number, R: number): string {
     ).join("\n    ");
   } else {
     // Pairs P = n0 + r: slot j = P / N, row n = P % N.
-    rowsDecl = rows.map((r) =>
-      `let q${r} = min(n0 + ${r}u, SL * N - 1u);
+    rowsDecl = (tab) =>
+      rows.map((r) =>
+        `let q${r} = min(n0 + ${r}u, SL * N - 1u);
     let j${r} = q${r} / N;
-    let b${r} = sb[j${r}];
+    let b${r} = ${tab.sb(`j${r}`)};
     let sh${r} = j${r} >= K_SLOTS;
     let g${r} = select(b${r}, 0u, b${r} == 0xffffffffu) + (q${r} % N) * UNITS;
-    let u${r} = g${r} + sr[j${r}];
+    let u${r} = g${r} + ${tab.sr(`j${r}`)};
     var ag${r} = 0.0;
     var au${r} = 0.0;`
-    ).join("\n    ");
-    loop = `
-    for (var v0 = lane; v0 < VU; v0 += ${S * U}u) {
-      ${unitsOf(() => "")}
-      ${
-      us.flatMap((u) =>
-        rows.map((r) =>
-          `${load(`wg${u}_${r}`, `sh${r}`, `g${r} + v${u}`)}\n      ${
-            load(`wu${u}_${r}`, `sh${r}`, `u${r} + v${u}`)
-          }`
-        )
-      ).join("\n      ")
-    }
-      ${
-      us.flatMap((u) =>
-        rows.map((r) =>
-          `ag${r} += select(0.0, ${dotOf(`wg${u}_${r}`, u)}, ok${u});\n      au${r} += select(0.0, ${
-            dotOf(`wu${u}_${r}`, u)
-          }, ok${u});`
-        )
-      ).join("\n      ")
-    }
-    }`;
+      ).join("\n    ");
+    loads = us.flatMap((u) =>
+      rows.map((r) =>
+        `${load(`wg${u}_${r}`, `sh${r}`, `g${r} + v${u}`)}\n      ${
+          load(`wu${u}_${r}`, `sh${r}`, `u${r} + v${u}`)
+        }`
+      )
+    ).join("\n      ");
+    dots = us.flatMap((u) =>
+      rows.map((r) =>
+        `ag${r} += select(0.0, ${dotOf(`wg${u}_${r}`, u)}, ok${u});\n      au${r} += select(0.0, ${
+          dotOf(`wu${u}_${r}`, u)
+        }, ok${u});`
+      )
+    ).join("\n      ");
     stores = rows.map((r) =>
       `let sg${r} = subgroupAdd(ag${r});
     let su${r} = subgroupAdd(au${r});
@@ -264,7 +308,48 @@ function source(d: MoeSgDims, S: number, R: number): string {
     }`
     ).join("\n    ");
   }
-  const total = down ? "N" : "SL * N";
+  const loop = (from: string) => `
+    for (var p0 = ${from}; p0 < VU; p0 += ${S * U}u) {
+      ${addr(fromTable)}${inputs}
+      ${loads}
+      ${dots}
+    }`;
+  // The warp's blocks of rows: with prefetch, the first block's first pass loads before the stage (its
+  // addresses from the ids) and is finished after it; the rest as usual.
+  const nblk = `let nblk = (${down ? "N" : "SL * N"} + R - 1u) / R;\n  let blk0 = wg.x * WARPS + warp;`;
+  const route = !warpRoute ? "" : `${fast!.warp(`t * ${routing!.experts}u`, "sg_lane")}
+  if (wg.x == 0u && warp == 0u && lane < K_SLOTS) {
+    ids[t * K_SLOTS + lane] = rt_wid[lane];
+    rw[t * K_SLOTS + lane] = rt_wt[lane];
+  }`;
+  const body = prefetch
+    ? `${route}
+  ${nblk}
+  let n0 = min(blk0, nblk - 1u) * R;
+  ${rowsDecl(fromIds)}
+  let p0 = lane;
+  ${addr(fromIds)}
+  ${loads}
+  ${stage}
+  if (blk0 < nblk) {${inputs}
+    ${dots}
+    ${loop(`lane + ${S * U}u`)}
+    ${stores}
+  }
+  for (var blk = blk0 + ng.x * WARPS; blk < nblk; blk += ng.x * WARPS) {
+    let n0 = blk * R;
+    ${rowsDecl(fromTable)}
+    ${loop("lane")}
+    ${stores}
+  }`
+    : `${stage}
+  ${nblk}
+  for (var blk = blk0; blk < nblk; blk += ng.x * WARPS) {
+    let n0 = blk * R;
+    ${rowsDecl(fromTable)}
+    ${loop("lane")}
+    ${stores}
+  }`;
   // Bindings after x, W and the output, in moeSgCall's order.
   const more: string[] = [`var<storage, ${rt ? "read_write" : "read"}> ids: array<u32>`];
   if (down) more.push("var<storage, read> rw: array<f32>");
@@ -282,6 +367,19 @@ function source(d: MoeSgDims, S: number, R: number): string {
   return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));`;
   const group = wt === "q4" ? "i" : "i / 2u";
   const helpers = `
+// Slot j's matrix: (first unit, units between rows) in W (routed, expert e; 0xffffffff: not in this
+// stack) or WS (the shared expert's pseudo-slots).
+fn slot_at(e: u32, j: u32) -> vec2<u32> {
+  if (j < K_SLOTS) {
+    let on = e >= p.e0 && e - p.e0 < p.ne;
+    return vec2<u32>(select(0xffffffffu, (e - p.e0) * ${down ? "N" : "2u * N"} * UNITS, on), ${
+    down ? "UNITS" : "N * UNITS"
+  });
+  }
+  return vec2<u32>((j - K_SLOTS) * ${down ? "UNITS" : "N * UNITS"}, ${
+    down ? "NSH * UNITS" : "NSH * N * UNITS"
+  });
+}
 fn ld(sh: bool, i: u32) -> vec4<u32> {
   ${NSH > 0 ? "if (sh) { return WS[i]; }" : ""}
   return W[i];
@@ -321,32 +419,35 @@ const S = ${S}u;
 const WG = ${WG}u;
 const WARPS = ${WG / S}u;
 const R = ${R}u;
-var<workgroup> xs: array<vec4<f32>, ${WIDTH / 4}>;
+${
+    dp4
+      ? `var<workgroup> xq: array<vec4<u32>, ${WIDTH / 16}>;\nvar<workgroup> xqs: array<vec2<f32>, ${
+        WIDTH / 32
+      }>;`
+      : `var<workgroup> xs: array<vec4<f32>, ${WIDTH / 4}>;
+// vec4 i of the staged row is component i % XV of unit i / XV: staged component-major ([XV][VU]) so a warp's
+// lanes, one unit each, read consecutive vec4s.
+fn xi(i: u32) -> u32 { return (i % ${XV}u) * VU + i / ${XV}u; }`
+  }
 var<workgroup> red: array<f32, ${WG / S}>;
 var<workgroup> sb: array<u32, ${SL}>;
 var<workgroup> sr: array<u32, ${SL}>;
 var<workgroup> coef: array<f32, ${SL}>;
-${wt === "q4" ? `var<workgroup> xsum: array<f32, ${VU}>;` : ""}
+${wt === "q4" && !dp4 ? `var<workgroup> xsum: array<f32, ${VU}>;` : ""}
 ${helpers}
 @compute @workgroup_size(${WG})
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
   @builtin(local_invocation_index) tid: u32,
   @builtin(num_workgroups) ng: vec3<u32>,
+  @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
   let warp = tid / S;
   let lane = tid % S;
   let t = wg.y;
   _ = &red;
   _ = &coef;
-  ${stage}
-  let nblk = (${total} + R - 1u) / R;
-  for (var blk = wg.x * WARPS + warp; blk < nblk; blk += ng.x * WARPS) {
-    let n0 = blk * R;
-    ${rowsDecl}
-    ${loop}
-    ${stores}
-  }
+  ${body}
 }`;
 }
 
@@ -377,6 +478,9 @@ export function moeSgCall(
   const down = d.kind === "down";
   if (down && !bufs.routeWeights) throw new TypeError("the down GEMV needs routeWeights");
   if (!down && d.rmsnorm && !bufs.norm) throw new TypeError("rmsnorm needs the norm weights");
+  if (d.dp4 && isQuant(d.weights) && !gpu.hasDp4) {
+    throw new RangeError("the dp4 expert GEMV needs WGSL's packed_4x8_integer_dot_product");
+  }
   const R = d.rows ?? 2;
   const NSH = d.sharedSlots ?? 0;
   if (!(Number.isInteger(NSH) && NSH >= 0)) throw new RangeError(`sharedSlots must be >= 0, got ${NSH}`);

@@ -3,6 +3,7 @@
 // tile's loader: RMSNorm's weight, SiLU(gate) * up), and the 16x16 tiled matmul whose W tile loader is the
 // one thing the float and quantised versions change.
 import type { WeightType } from "./gpu.ts";
+import type { QuantType } from "./quant.ts";
 
 /**
  * WGSL shared by the team GEMVs (gemv_fused.ts's, matmul_quant.ts's, moe_gemv.ts's): each team reduces its per-row partial
@@ -54,6 +55,73 @@ fn q8v(w: u32) -> vec4<f32> {
 fn q4v(w: u32, sh: u32) -> vec4<f32> {
   return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
 }`;
+
+/**
+ * The int8 copy of an input row that the dp4 GEMVs (gemv_sg.ts, moe_sg.ts) multiply with dot4I8Packed, as
+ * llama.cpp's Q8_1 activations: per block b of 32 values (scale amax / 127), the packed words xq[2b],
+ * xq[2b + 1] (workgroup `array<vec4<u32>>`) and xqs[b] = (scale, scale * sum of the block's q). q4 puts the
+ * even values of each 8 in the first vec4 and the odd ones in the second, matching the nibbles that
+ * (w & 0x0F0F0F0F) and ((w >> 4) & 0x0F0F0F0F) pick out of a weight word (dp4Dot); q8 keeps their order.
+ * `vin(k)` is vec4 k of the (transformed) input, k an expression of the block b; the blocks are shared out
+ * from `tid` in steps of `step`. The caller adds the barrier. `split` (q4): the two vec4s of block b go to
+ * xq[b] and xq[split + b] instead (split = the number of blocks), so a warp whose lanes read one block each
+ * reads consecutive vec4s (interleaved, they stride 32 bytes: 2-way bank conflicts).
+ */
+export function int8BlocksWgsl(
+  wt: QuantType,
+  vin: (k: string) => string,
+  blocks: string,
+  step: string,
+  split?: string,
+): string {
+  const [lo, hi] = split && wt === "q4" ? ["b", `${split} + b`] : ["2u * b", "2u * b + 1u"];
+  const order = wt === "q4"
+    ? "let e = vec4<f32>(v0.x, v0.z, v1.x, v1.z); let o = vec4<f32>(v0.y, v0.w, v1.y, v1.w);"
+    : "let e = v0; let o = v1;";
+  const put = wt === "q4"
+    ? "words[k] = pack4xI8Clamp(qe); words[4u + k] = pack4xI8Clamp(qo);"
+    : "words[2u * k] = pack4xI8Clamp(qe); words[2u * k + 1u] = pack4xI8Clamp(qo);";
+  // The block's 8 vec4s of the input, read and transformed once, kept in registers.
+  const xin = Array.from({ length: 8 }, (_, i) => `let xb${i} = ${vin(`8u * b + ${i}u`)};`);
+  const quads = Array.from({ length: 4 }, (_, k) => `
+    {
+      let k = ${k}u;
+      let v0 = xb${2 * k};
+      let v1 = xb${2 * k + 1};
+      ${order}
+      let qe = vec4<i32>(round(e / sc));
+      let qo = vec4<i32>(round(o / sc));
+      qs += qe + qo;
+      ${put}
+    }`).join("");
+  return `
+  for (var b = tid; b < ${blocks}; b += ${step}) {
+    ${xin.join("\n    ")}
+    var m = ${Array.from({ length: 8 }, (_, i) => `abs(xb${i})`).reduce((a, c) => `max(${a}, ${c})`)};
+    let amax = max(max(m.x, m.y), max(m.z, m.w));
+    let sc = select(amax / 127.0, 1.0, amax == 0.0);
+    var words: array<u32, 8>;
+    var qs = vec4<i32>(0);${quads}
+    xq[${lo}] = vec4<u32>(words[0], words[1], words[2], words[3]);
+    xq[${hi}] = vec4<u32>(words[4], words[5], words[6], words[7]);
+    xqs[b] = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
+  }`;
+}
+
+/**
+ * The integer dot product (i32) of a 16-byte weight unit `w` (vec4<u32>) with its int8 input from
+ * int8BlocksWgsl: q4 (32 codes c = q + 8) with the block's words `x` = [even vec4, odd vec4], q8 (16
+ * values) with the unit's vec4 of words. A q4 unit's value is then scale * (xs.x * dot - 8 xs.y), a q8
+ * unit's scale * xs.x * dot (xs = the block's xqs).
+ */
+export function dp4Dot(wt: QuantType, w: string, x: string | [string, string]): string {
+  const c = ["x", "y", "z", "w"];
+  if (wt === "q8") return c.map((k) => `dot4I8Packed(${w}.${k}, ${x}.${k})`).join(" + ");
+  const [e, o] = x as [string, string];
+  return c.map((k) =>
+    `dot4I8Packed(${w}.${k} & 0x0F0F0F0Fu, ${e}.${k}) + dot4I8Packed((${w}.${k} >> 4u) & 0x0F0F0F0Fu, ${o}.${k})`
+  ).join(" + ");
+}
 
 /** The 4 norm weights at vec4 index `i` of `nw` (bound as vec2<u32> for f16, vec4<f32> for f32). */
 export function normWeightVec4(nwt: WeightType, i: string): string {

@@ -35,6 +35,17 @@ export interface GqaWeights {
   kNorm?: GPUBuffer;
 }
 
+/**
+ * Where Qwen3's q_norm / k_norm run in decode steps: "fused" (default) in the decode attention kernel's
+ * prologue, or "own" (head_norm.ts's dispatch, as prefill does). SWACTOR_HEAD_NORM, read when a program is
+ * built (so scripts/bench/moe.ts --sweep can compare them in one process).
+ */
+function headNormSwitch(): "fused" | "own" {
+  const v = Deno.env.get("SWACTOR_HEAD_NORM") ?? "fused";
+  if (v !== "fused" && v !== "own") throw new TypeError(`SWACTOR_HEAD_NORM must be fused or own, got "${v}"`);
+  return v;
+}
+
 /** Floats per token of the block's scratch buffers. */
 export function gqaWidths(a: GqaAttention): { qkv: number; att: number } {
   return { qkv: (a.heads + 2 * a.kvHeads) * a.headDim, att: a.heads * a.headDim };
@@ -115,12 +126,23 @@ export function gqaProgram(
       ...prefillLinearCalls(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
     ];
   if (w.qkvBias) calls.push(biasAddCall(gpu, { b: w.qkvBias, y: qkv }, { N: qkvDim, T }));
-  if (w.qNorm && w.kNorm) calls.push(headNormCall(gpu, { qkv, wq: w.qNorm, wk: w.kNorm }, { ...dims, eps }));
+  // Up to 16 tokens: (q/k head norms,) RoPE, the KV write and attention in one dispatch (subgroups;
+  // flash-decoding splits for long caches add a combine); else two or three.
+  const decode = T <= DECODE_MAX_T && attentionDecodeFits(gpu, dims);
+  const qkNorm = w.qNorm && w.kNorm ? { wq: w.qNorm, wk: w.kNorm } : undefined;
+  const foldNorm = qkNorm !== undefined && decode && headNormSwitch() === "fused";
+  if (qkNorm && !foldNorm) calls.push(headNormCall(gpu, { qkv, ...qkNorm }, { ...dims, eps }));
   const [kcache, vcache] = cache;
-  // Up to 16 tokens: RoPE, the KV write and attention in one dispatch (subgroups; flash-decoding splits for
-  // long caches add a combine); else two.
-  if (T <= DECODE_MAX_T && attentionDecodeFits(gpu, dims)) {
-    calls.push(...attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out: att }, dims));
+  if (decode) {
+    calls.push(
+      ...(foldNorm
+        ? attentionDecodeCalls(
+          gpu,
+          { step, table, qkv, kcache, vcache, out: att, qNorm: qkNorm.wq, kNorm: qkNorm.wk },
+          { ...dims, normEps: eps },
+        )
+        : attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out: att }, dims)),
+    );
   } else {
     // Flash attention (tiles of queries and keys) where the head size fits it, else one query a workgroup.
     const attend = flashAttentionFits(a.headDim) ? flashAttentionCall : attentionCall;

@@ -11,8 +11,10 @@
 // --set vocab_size=4096,num_experts=16,n_routed_experts=16).
 // transformers on the same shapes: scripts/bench/hf_moe.py.
 // --sweep "VAR=a;b;c" also times the decode step (GPU ms, timestamps) for each value of the environment
-// switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MLA_TUNING, SWACTOR_MOE: read when a program is built) on the loaded
-// model: `sweep` in the JSON line.
+// switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MOE_DP4, SWACTOR_MOE_PREFETCH, SWACTOR_HEAD_NORM, SWACTOR_MLA_TUNING,
+// SWACTOR_MOE: read when a program is built) on the loaded
+// model: `sweep_gpu_ms` in the JSON line. --sweep may be given several times: each switch is swept on its
+// own, the others as the environment sets them.
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
@@ -111,7 +113,7 @@ const { values } = parseArgs({
     set: { type: "string" },
     load: { type: "string" },
     convert: { type: "string", default: "gpu,cpu" },
-    sweep: { type: "string" },
+    sweep: { type: "string", multiple: true },
   },
 });
 
@@ -239,8 +241,8 @@ for (const shape of values.shape!.split(",")) {
     seq.destroy();
     // Variants of the step on the same weights: GPU ms per token each.
     const sweep: Record<string, number> = {};
-    if (values.sweep && gpu.hasTimestamps) {
-      const [name, list] = values.sweep.split("=");
+    for (const one of gpu.hasTimestamps ? values.sweep ?? [] : []) {
+      const [name, list] = one.split("=");
       const before = Deno.env.get(name);
       for (const v of list.split(";")) {
         Deno.env.set(name, v);
@@ -249,6 +251,7 @@ for (const shape of values.shape!.split(",")) {
         writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
         await gpuMs(gpu, prog, 2);
         sweep[`${name}=${v}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));
+        sweep[`${name}=${v} dispatches`] = prog.length;
         s2.destroy();
       }
       if (before === undefined) Deno.env.delete(name);
@@ -273,6 +276,9 @@ for (const shape of values.shape!.split(",")) {
       moe_path: Deno.env.get("SWACTOR_MOE") ?? "sg",
       moe_rows: Deno.env.get("SWACTOR_MOE_ROWS") ?? "default",
       mla_tuning: Deno.env.get("SWACTOR_MLA_TUNING") ?? "default",
+      moe_dp4: Deno.env.get("SWACTOR_MOE_DP4") ?? "default",
+      moe_prefetch: Deno.env.get("SWACTOR_MOE_PREFETCH") ?? "default",
+      head_norm: Deno.env.get("SWACTOR_HEAD_NORM") ?? "fused",
       load_s: Number(loadS.toFixed(1)),
       decode_tok_s: Number(best.toFixed(1)),
       runs: runs.map((r) => Number(r.toFixed(1))),

@@ -11,6 +11,7 @@ import {
   createStepBuffer,
   encodeCalls,
   type Gpu,
+  headNormRef,
   type KernelCall,
   ropeInvFreq,
   ropeRef,
@@ -37,6 +38,8 @@ interface Case {
   pos: number;
   T: number;
   tuning?: Partial<AttentionDecodeTuning>;
+  /** Qwen3's q_norm / k_norm folded in (random weights; head_norm.ts's headNormRef is the reference). */
+  norm?: boolean;
 }
 
 /** Runs the call and reads the buffers back in one submit (one wait: each costs ~11 ms on lavapipe). */
@@ -90,6 +93,7 @@ async function runCase(c: Case) {
   const kcache = upload(g, kc0), vcache = upload(g, vc0), out = upload(g, poison);
   const step = createStepBuffer(g);
   writeStep(g, step, { pos0: pos, T: c.T, tokOut: 0 });
+  const wq = randoms(hd, seed + 3, 1), wk = randoms(hd, seed + 4, 1);
   const calls = attentionDecodeCalls(g, {
     step,
     table: upload(g, table),
@@ -97,11 +101,13 @@ async function runCase(c: Case) {
     kcache,
     vcache,
     out,
+    ...(c.norm ? { qNorm: upload(g, wq), kNorm: upload(g, wk) } : {}),
   }, {
     heads,
     kvHeads: kv,
     headDim: hd,
     maxSeq: MAX_SEQ,
+    ...(c.norm ? { normEps: 1e-6 } : {}),
   }, c.tuning);
   const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, heads * hd], [kcache, cacheLen], [
     vcache,
@@ -109,15 +115,16 @@ async function runCase(c: Case) {
   ]]);
   const got = { out: gotOut, kc: gotK, vc: gotV };
   for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
-  // References: rotated q, caches with rope(k) and v at pos, attention over 0..pos.
-  const q = qkv0.slice(0, heads * hd);
+  // References: (normalised heads,) rotated q, caches with rope(k) and v at pos, attention over 0..pos.
+  const qkv = c.norm ? headNormRef(qkv0, wq, wk, { heads, kvHeads: kv, headDim: hd, eps: 1e-6 }) : qkv0;
+  const q = qkv.slice(0, heads * hd);
   for (let h = 0; h < heads; h++) ropeRef(q.subarray(h * hd, (h + 1) * hd), table, pos);
   const kc = kc0.slice(), vc = vc0.slice();
   for (let h = 0; h < kv; h++) {
-    const k = qkv0.slice((heads + h) * hd, (heads + h + 1) * hd);
+    const k = qkv.slice((heads + h) * hd, (heads + h + 1) * hd);
     ropeRef(k, table, pos);
     kc.set(k, (h * MAX_SEQ + pos) * hd);
-    vc.set(qkv0.subarray((heads + kv + h) * hd, (heads + kv + h + 1) * hd), (h * MAX_SEQ + pos) * hd);
+    vc.set(qkv.subarray((heads + kv + h) * hd, (heads + kv + h + 1) * hd), (h * MAX_SEQ + pos) * hd);
   }
   const want = attentionRef(q, kc, vc, { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T: 1, pos0: pos });
   return { got, want: { out: want, kc, vc }, kc0, vc0, poison };
@@ -209,6 +216,27 @@ Deno.test(
   },
 );
 
+Deno.test(
+  { name: "decode attention with q_norm / k_norm folded in matches head_norm then attention", ignore },
+  async () => {
+    const tunings: Partial<AttentionDecodeTuning>[] = [{}, { warps: 3, unroll: 3 }, {
+      splits: 3,
+      minChunks: 1,
+    }];
+    for (const [heads, kv, hd] of [[4, 2, 128], [3, 1, 40], [2, 1, 6], [2, 1, 256]]) {
+      for (const tuning of tunings) {
+        for (const pos of [0, 65]) {
+          const what = `norm h${heads} kv${kv} hd${hd} @${pos} ${JSON.stringify(tuning)}`;
+          const { got, want } = await runCase({ heads, kv, hd, pos, T: 1, tuning, norm: true });
+          assertClose(got.out, want.out, 1e-5, 1e-4, `out ${what}`);
+          assertClose(got.kc, want.kc, 1e-5, 1e-4, `k cache ${what}`);
+          assertClose(got.vc, want.vc, 0, 0, `v cache ${what}`);
+        }
+      }
+    }
+  },
+);
+
 Deno.test({ name: "decode attention does nothing when the step has no tokens", ignore }, async () => {
   for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40]]) {
     const { got: one } = await runCase({ heads, kv, hd, pos: 5, T: 0, tuning: { splits: 3, minChunks: 1 } });
@@ -258,9 +286,15 @@ Deno.test(
           [8, 3, 100, { splits: 4, minChunks: 1 }], // 8 dispatched, the step has 3: tokens 3.. write nothing
         ] as [number, number, number, Partial<AttentionDecodeTuning>][]
       ) {
-        const what = `h${heads} kv${kv} hd${hd} T${T}/${steps} @${pos0} ${JSON.stringify(tuning)}`;
+        // Some with Qwen3's q_norm / k_norm folded in (the other tokens' keys normalised on the fly).
+        const norm = T % 2 === 1 || T === 16;
+        const what = `h${heads} kv${kv} hd${hd} T${T}/${steps} @${pos0} ${
+          JSON.stringify(tuning)
+        } norm ${norm}`;
         const seed = heads * 7 + hd + T + pos0;
-        const qkv0 = randoms(T * row, seed, 2);
+        const raw = randoms(T * row, seed, 2);
+        const wq = randoms(hd, seed + 3, 1), wk = randoms(hd, seed + 4, 1);
+        const qkv0 = norm ? headNormRef(raw, wq, wk, { heads, kvHeads: kv, headDim: hd, eps: 1e-6 }) : raw;
         const cacheLen = kv * MAX_SEQ * hd;
         const kc0 = randoms(cacheLen, seed + 1), vc0 = randoms(cacheLen, seed + 2);
         const poison = new Float32Array(T * heads * hd).fill(-12345);
@@ -269,8 +303,16 @@ Deno.test(
         writeStep(g, step, { pos0, T: steps, tokOut: 0 });
         const calls = attentionDecodeCalls(
           g,
-          { step, table: upload(g, table), qkv: upload(g, qkv0), kcache, vcache, out },
-          { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T },
+          {
+            step,
+            table: upload(g, table),
+            qkv: upload(g, raw),
+            kcache,
+            vcache,
+            out,
+            ...(norm ? { qNorm: upload(g, wq), kNorm: upload(g, wk) } : {}),
+          },
+          { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T, ...(norm ? { normEps: 1e-6 } : {}) },
           tuning,
         );
         const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, T * heads * hd], [kcache, cacheLen], [
@@ -312,7 +354,7 @@ Deno.test(
           0,
           `unused ${what}`,
         );
-        assertClose(gotK, kc, 1e-6, 1e-5, `k cache ${what}`);
+        assertClose(gotK, kc, norm ? 1e-5 : 1e-6, norm ? 1e-4 : 1e-5, `k cache ${what}`);
         assertClose(gotV, vc, 0, 0, `v cache ${what}`);
         for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
       }

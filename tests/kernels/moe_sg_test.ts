@@ -31,6 +31,29 @@ function silu(v: number): number {
   return v / (1 + Math.exp(-v));
 }
 
+/**
+ * How far a dot product of w and x may move when x is quantised to int8 per block of 32 (dp4: scale
+ * amax / 127, so each value within half a step): sum over blocks of amax / 254 * sum |w| (harness's checkDp4).
+ */
+function dp4Slack(x: Float32Array, w: Float32Array): number {
+  let bound = 0;
+  for (let b = 0; b < x.length; b += 32) {
+    let amax = 0, wsum = 0;
+    for (let i = b; i < b + 32; i++) {
+      amax = Math.max(amax, Math.abs(x[i]));
+      wsum += Math.abs(w[i]);
+    }
+    bound += (amax / 127 / 2) * wsum * 1.001;
+  }
+  return bound;
+}
+
+/** Each storage with and without prefetch; the quantised ones also with dp4 where the adapter has it. */
+function variants(wt: WeightType | QuantType): { dp4: boolean; prefetch: boolean }[] {
+  const dp4 = wt === "q8" || wt === "q4" ? (gpu!.hasDp4 ? [false, true] : [false]) : [false];
+  return dp4.flatMap((q) => [false, true].map((prefetch) => ({ dp4: q, prefetch })));
+}
+
 /** ids [T, k]: distinct experts per token, some (when `outside`) beyond the stack. */
 function pickIds(T: number, k: number, E: number, seed: number, outside = false): Uint32Array {
   const ids = new Uint32Array(T * k);
@@ -53,8 +76,12 @@ Deno.test(
     for (const wt of TYPES) {
       if (wt === "f16" && !gpu!.hasF16) continue;
       for (const { K, N, k, E, T } of shapes) {
-        for (const norm of [false, true]) {
-          const d: MoeSgDims = { kind: "gate_up", K, N, T, topK: k, experts: E, weights: wt };
+        for (
+          const [norm, { dp4, prefetch }] of [false, true].flatMap((n) =>
+            variants(wt).map((v) => [n, v] as const)
+          )
+        ) {
+          const d: MoeSgDims = { kind: "gate_up", K, N, T, topK: k, experts: E, weights: wt, dp4, prefetch };
           if (norm) d.rmsnorm = { eps: 1e-6, weights: "f32" };
           if (!moeSgFits(gpu!, d)) continue;
           const x = randoms(T * K, K + N + 1);
@@ -94,7 +121,30 @@ Deno.test(
           const got = await readF32(gpu!, out, T * k * N);
           // Slots of experts outside the stack are left alone (zero here).
           for (let s = 0; s < T * k; s++) if (ids[s] >= E) want.fill(0, s * N, s * N + N);
-          assertClose(got, want, 1e-4, 1e-4, `gate_up ${wt} K${K} N${N} k${k} T${T} norm ${norm}`);
+          const what = `gate_up ${wt} K${K} N${N} k${k} T${T} norm ${norm} dp4 ${dp4} prefetch ${prefetch}`;
+          if (dp4) {
+            // The gate and up dot products each move by at most their dp4 slack; act = silu(g) * u
+            // (|silu'| < 1.1) by at most the propagated amount.
+            for (let s = 0; s < T * k; s++) {
+              if (ids[s] >= E) continue;
+              const xt = xn.subarray(Math.floor(s / k) * K, Math.floor(s / k) * K + K);
+              for (let n = 0; n < N; n++) {
+                const row = (r: number) =>
+                  deq.subarray((ids[s] * 2 * N + r) * K, (ids[s] * 2 * N + r + 1) * K);
+                const g = gu[s * 2 * N + n], u = gu[s * 2 * N + N + n];
+                const bg = dp4Slack(xt, row(n)), bu = dp4Slack(xt, row(N + n));
+                const want1 = want[s * N + n];
+                const bound = 1e-4 + 1e-4 * Math.abs(want1) + 1.1 * bg * (Math.abs(u) + bu) +
+                  (Math.abs(silu(g)) + 1.1 * bg) * bu;
+                const err = Math.abs(got[s * N + n] - want1);
+                if (!(err <= bound)) {
+                  throw new Error(
+                    `${what}: slot ${s} row ${n}: got ${got[s * N + n]}, want ${want1} (> ${bound})`,
+                  );
+                }
+              }
+            }
+          } else assertClose(got, want, 1e-4, 1e-4, what);
           ran++;
         }
       }
@@ -112,8 +162,12 @@ Deno.test({ name: "moe sg down: the weighted sum of the chosen experts added int
   let ran = 0;
   for (const wt of TYPES) {
     if (wt === "f16" && !gpu!.hasF16) continue;
-    for (const { K, N, k, E, T } of shapes) {
-      const d: MoeSgDims = { kind: "down", K, N, T, topK: k, experts: E, weights: wt };
+    for (
+      const [{ K, N, k, E, T }, { dp4, prefetch }] of shapes.flatMap((sh) =>
+        variants(wt).map((v) => [sh, v] as const)
+      )
+    ) {
+      const d: MoeSgDims = { kind: "down", K, N, T, topK: k, experts: E, weights: wt, dp4, prefetch };
       if (!moeSgFits(gpu!, d)) continue;
       const act = randoms(T * k * K, K + 3);
       const w = randoms(E * N * K, E * K, 0.2);
@@ -135,7 +189,26 @@ Deno.test({ name: "moe sg down: the weighted sum of the chosen experts added int
       const y = upload(gpu!, y0);
       const bufs = { x: upload(gpu!, act), w: uploadBuffer(gpu!, bytes), out: y, ids: upload(gpu!, ids) };
       await runCalls(gpu!, [moeSgCall(gpu!, { ...bufs, routeWeights: upload(gpu!, rw) }, d)]);
-      assertClose(await readF32(gpu!, y, T * N), want, 1e-4, 1e-4, `down ${wt} K${K} N${N} k${k} T${T}`);
+      const got = await readF32(gpu!, y, T * N);
+      const what = `down ${wt} K${K} N${N} k${k} T${T} dp4 ${dp4} prefetch ${prefetch}`;
+      if (dp4) {
+        // Each slot's input is quantised after its route weight is applied.
+        for (let t = 0; t < T; t++) {
+          for (let h = 0; h < N; h++) {
+            let bound = 1e-4 + 1e-4 * Math.abs(want[t * N + h]);
+            for (let j = 0; j < k; j++) {
+              const e = ids[t * k + j];
+              if (e >= E) continue;
+              const xin = act.subarray((t * k + j) * K, (t * k + j + 1) * K).map((v) => v * rw[t * k + j]);
+              bound += dp4Slack(xin, deq.subarray((e * N + h) * K, (e * N + h + 1) * K));
+            }
+            const err = Math.abs(got[t * N + h] - want[t * N + h]);
+            if (!(err <= bound)) {
+              throw new Error(`${what}: ${t},${h}: got ${got[t * N + h]}, want ${want[t * N + h]}`);
+            }
+          }
+        }
+      } else assertClose(got, want, 1e-4, 1e-4, what);
       ran++;
     }
   }
@@ -154,7 +227,11 @@ Deno.test({
     { experts: E, topK: 5, scoring: "sigmoid", normTopK: true, scale: 1.5 },
   ];
   for (const routing of routings) {
-    for (const wt of ["f32", "q4"] as const) {
+    // The last: RMSNorm fused (its sum of squares overlaps the routing) and dp4.
+    // prefetch: without groups every warp routes on its own and loads before staging.
+    const cases = [["f32", false], ["q4", false], ["q4", true]] as const;
+    for (const [[wt, norm], prefetch] of cases.flatMap((c) => [false, true].map((p) => [c, p] as const))) {
+      const dp4 = norm && gpu!.hasDp4;
       const k = routing.topK;
       // Logits well apart (a permutation of a spaced ramp): no near-ties for f32 and f64 to order differently.
       const logits = Float32Array.from(
@@ -166,9 +243,17 @@ Deno.test({
       const bias = routing.scoring === "sigmoid" ? randoms(E, 3, 0.2) : undefined;
       const want = moeRouterRef(logits, { ...routing, bias });
       const x = randoms(T * K, 17);
+      const nw = randoms(K, 6, 1);
+      const xn = x.slice();
+      for (let t = 0; norm && t < T; t++) {
+        let ss = 0;
+        for (let i = 0; i < K; i++) ss += x[t * K + i] ** 2;
+        const inv = 1 / Math.sqrt(ss / K + 1e-6);
+        for (let i = 0; i < K; i++) xn[t * K + i] = x[t * K + i] * inv * nw[i];
+      }
       const w = randoms(E * 2 * N * K, 5, 0.2);
       const { bytes, deq } = packedWeights(wt, w, E * 2 * N, K);
-      const gu = moeGemvRef({ x, w: deq, ids: want.ids }, {
+      const gu = moeGemvRef({ x: xn, w: deq, ids: want.ids }, {
         K,
         N: 2 * N,
         T,
@@ -189,6 +274,9 @@ Deno.test({
         experts: E,
         weights: wt,
         route: { routing, bias: !!bias },
+        dp4,
+        prefetch,
+        ...(norm ? { rmsnorm: { eps: 1e-6, weights: "f32" as const } } : {}),
       };
       const out = storageBuffer(gpu!, T * k * N * 4);
       const ids = storageBuffer(gpu!, T * k * 4);
@@ -202,13 +290,15 @@ Deno.test({
           routeWeights: rw,
           logits: upload(gpu!, logits),
           bias: bias && upload(gpu!, bias),
+          norm: upload(gpu!, nw),
         }, d),
       ]);
-      const what = `${routing.scoring} k${k} ${wt}`;
+      const what = `${routing.scoring} k${k} ${wt} norm ${norm} dp4 ${dp4} prefetch ${prefetch}`;
       const gotIds = new Uint32Array(await readBack(gpu!, ids, T * k * 4));
       if (gotIds.join() !== want.ids.join()) throw new Error(`${what}: ids ${gotIds} != ${want.ids}`);
       assertClose(await readF32(gpu!, rw, T * k), want.weights, 1e-6, 1e-5, `${what}: weights`);
-      assertClose(await readF32(gpu!, out, T * k * N), act, 1e-4, 1e-4, `${what}: activations`);
+      const tol = dp4 ? 0.02 * Math.max(...act.map(Math.abs)) : 1e-4;
+      assertClose(await readF32(gpu!, out, T * k * N), act, tol, dp4 ? 0 : 1e-4, `${what}: activations`);
     }
   }
 });
@@ -218,7 +308,7 @@ Deno.test(
   async () => {
     const K = 64, I = 32, E = 4, k = 2, NSH = 2, T = 1, H = K;
     const Is = NSH * I;
-    for (const wt of TYPES) {
+    for (const [wt, { dp4, prefetch }] of TYPES.flatMap((w) => variants(w).map((v) => [w, v] as const))) {
       if (wt === "f16" && !gpu!.hasF16) continue;
       const x = randoms(T * K, 3);
       const ids = Uint32Array.from([2, 0]);
@@ -256,7 +346,7 @@ Deno.test(
       }
       const actBuf = storageBuffer(gpu!, act.length * 4);
       const idsBuf = upload(gpu!, ids), rwBuf = upload(gpu!, rw), y = upload(gpu!, y0);
-      const common = { T, topK: k, experts: E, weights: wt, sharedSlots: NSH };
+      const common = { T, topK: k, experts: E, weights: wt, sharedSlots: NSH, dp4, prefetch };
       await runCalls(gpu!, [
         moeSgCall(gpu!, {
           x: upload(gpu!, x),
@@ -274,8 +364,12 @@ Deno.test(
           shared: uploadBuffer(gpu!, sdw.bytes),
         }, { kind: "down", K: I, N: H, ...common }),
       ]);
-      assertClose(await readF32(gpu!, actBuf, act.length), act, 1e-4, 1e-4, `${wt} shared gate_up`);
-      assertClose(await readF32(gpu!, y, H), want, 1e-4, 1e-4, `${wt} shared down`);
+      // dp4: within 2% of the largest value (a wrong slot, order or scale is off by far more).
+      const [tol, rel] = dp4 ? [0.02 * Math.max(...act.map(Math.abs)), 0.02] : [1e-4, 1e-4];
+      assertClose(await readF32(gpu!, actBuf, act.length), act, tol, rel, `${wt} dp4 ${dp4} shared gate_up`);
+      const dy = want.map((v, i) => Math.abs(v - y0[i]));
+      const ytol = dp4 ? 0.02 * Math.max(...dy) : 1e-4;
+      assertClose(await readF32(gpu!, y, H), want, ytol, dp4 ? 0 : 1e-4, `${wt} dp4 ${dp4} shared down`);
     }
   },
 );
@@ -320,7 +414,12 @@ Deno.test(
     const bigI = Math.ceil((g.maxWorkgroupStorage / 4 / k + 1) / 32) * 32;
     for (const I of [32, bigI]) {
       for (const shared of [0, I]) {
-        for (const wt of ["f32", "q4"] as const) {
+        for (
+          const [wt, dp4] of [["f32", false], ["q4", false], ...(g.hasDp4 ? [["q4", true]] : [])] as [
+            "f32" | "q4",
+            boolean,
+          ][]
+        ) {
           const routing: MoeRouting = shared
             ? { experts: E, topK: k, scoring: "sigmoid", normTopK: true, scale: 1.5 }
             : { experts: E, topK: k, scoring: "softmax", normTopK: true };
@@ -348,6 +447,7 @@ Deno.test(
             sharedDown: sdn?.deq,
           }, dims);
           const xb = upload(g, x);
+          Deno.env.set("SWACTOR_MOE_DP4", dp4 ? "1" : "0");
           const calls = moeDecodeCalls(g, {
             x: xb,
             norm: upload(g, nw),
@@ -365,15 +465,19 @@ Deno.test(
             normWeights: "f32",
             weights: { router: "f32", gateUp: wt, down: wt, sharedGateUp: wt, sharedDown: wt },
           });
+          Deno.env.delete("SWACTOR_MOE_DP4");
           if (!calls) throw new Error(`I ${I}: the decode path does not apply`);
           const downLabel = calls.at(-1)!.label;
-          if (downLabel !== (I === bigI ? "moe_gemv_combine" : "moe_sg_down")) {
+          // With dp4 the long down row fits (1.25 bytes a value staged, not 4).
+          if (downLabel !== (I === bigI && !dp4 ? "moe_gemv_combine" : "moe_sg_down")) {
             throw new Error(`I ${I}: down ran as ${downLabel}`);
           }
           await runCalls(g, calls);
           const want = x.map((v, i) => v + ref.out[i]);
-          const what = `I${I} shared ${shared} ${wt}: ${calls.map((c) => c.label).join(",")}`;
-          assertClose(await readF32(g, xb, H), want, 1e-4, 1e-4, what);
+          const what = `I${I} shared ${shared} ${wt} dp4 ${dp4}: ${calls.map((c) => c.label).join(",")}`;
+          // dp4: the block's output within 2% of its largest (int8 activations, twice quantised).
+          const tol = dp4 ? 0.02 * Math.max(...ref.out.map(Math.abs)) : 1e-4;
+          assertClose(await readF32(g, xb, H), want, tol, dp4 ? 0 : 1e-4, what);
         }
       }
     }
