@@ -39,7 +39,11 @@ ${WEIGHTS_HELP}
   --wire f16|f32        activations between stages (default f16)
   --experts local|spread  with --local: MoE experts on their layer's stage (local, the default) or
                         spread over the nodes (expert parallelism); --json then adds expert_hosts and
-                        fanout (what went to each node per MoE layer)
+                        fanout (what went to each node per MoE layer) and routing_counts (the
+                        router's picks per MoE layer)
+  --routing-out FILE    with spread experts (--local N --experts spread, --cluster, or \`up\`'s chain
+                        when it spreads them): write the router's observed picks as the routing counts
+                        \`plan --routing FILE\` reads, {"<layer>": [count per routed expert]}
 ${SPECULATE_HELP}
 ${CLUSTER_HELP}
   --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local or
@@ -68,6 +72,7 @@ export const generateCommand: Command = {
       trace: { type: "string" },
       wire: { type: "string" },
       experts: { type: "string" },
+      "routing-out": { type: "string" },
       ...SPECULATE_FLAGS,
       ...clusterFlags,
     }, { allowPositionals: true });
@@ -108,6 +113,15 @@ export const generateCommand: Command = {
     });
     const weights = parseWeights(values.weights);
     if (values.trace !== undefined) await checkOutputPath(values.trace, "--trace");
+    const routingOut = values["routing-out"];
+    if (routingOut !== undefined) {
+      await checkOutputPath(routingOut, "--routing-out");
+      if (values.local !== undefined && values.experts !== "spread") {
+        throw new UsageError(
+          "--routing-out needs --experts spread: only stages that send experts' tokens read the router's choices back",
+        );
+      }
+    }
     const promptIds = values.tokens !== undefined ? parseTokenList(values.tokens) : undefined;
     const chainOpts = {
       weights,
@@ -118,6 +132,7 @@ export const generateCommand: Command = {
       json: values.json ?? false,
       wire: (values.wire ?? "f16") as "f16" | "f32",
       speculate: spec,
+      routingOut,
     };
     if (values.cluster !== undefined) {
       return await generateCluster(
@@ -154,6 +169,9 @@ export const generateCommand: Command = {
       }
     }
 
+    if (routingOut !== undefined) {
+      throw new UsageError("--routing-out needs a chain: --local N --experts spread, --cluster FILE, or `up`");
+    }
     const { engine, tokenizer } = await loadModel(values.model, { weights });
     let ids = promptIds;
     if (ids === undefined) {
