@@ -170,7 +170,9 @@ export const generateCommand: Command = {
     }
 
     if (routingOut !== undefined) {
-      throw new UsageError("--routing-out needs a chain: --local N --experts spread, --cluster FILE, or `up`");
+      throw new UsageError(
+        "--routing-out needs a chain: --local N --experts spread, --cluster FILE, or `up`",
+      );
     }
     const { engine, tokenizer } = await loadModel(values.model, { weights });
     let ids = promptIds;

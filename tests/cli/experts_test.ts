@@ -97,16 +97,24 @@ async function routingRoundTrip(dir: string, counts: Record<string, number[]>) {
 }
 
 Deno.test({
-  ...needs("experts spread: replicas on two expert-only nodes; one killed mid-generation: no re-plan, same tokens", {
-    [GPU]: hasGpu,
-  }),
+  ...needs(
+    "experts spread: replicas on two expert-only nodes; one killed mid-generation: no re-plan, same tokens",
+    {
+      [GPU]: hasGpu,
+    },
+  ),
   ...slow,
 }, async () => {
   const dir = fixtureDir("kimi-k2-tiny")!;
   const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
   const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
   // 8 nodes for a 4-layer model: 6 stages at most, so two nodes only hold experts.
-  const cluster = await startLocalCluster(8, { modelDir: dir, weights: "f32", experts: "spread", log: () => {} });
+  const cluster = await startLocalCluster(8, {
+    modelDir: dir,
+    weights: "f32",
+    experts: "spread",
+    log: () => {},
+  });
   try {
     const plan = structuredClone(cluster.assignment.plan) as ExpertPlan & Record<string, unknown>;
     const only = [...cluster.workerIds.keys()].filter((id) => !cluster.chain.nodes.includes(id));
