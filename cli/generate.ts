@@ -45,7 +45,11 @@ ${WEIGHTS_HELP}
   --wire f16|f32        activations between stages (default f16)
   --experts local|spread  with --local: MoE experts on their layer's stage (local, the default) or
                         spread over the nodes (expert parallelism); --json then adds expert_hosts and
-                        fanout (what went to each node per MoE layer)
+                        fanout (what went to each node per MoE layer) and routing_counts (the
+                        router's picks per MoE layer)
+  --routing-out FILE    with spread experts (--local N --experts spread, --cluster, or \`up\`'s chain
+                        when it spreads them): write the router's observed picks as the routing counts
+                        \`plan --routing FILE\` reads, {"<layer>": [count per routed expert]}
 ${SPECULATE_HELP}
 ${CLUSTER_HELP}
   --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local or
@@ -74,6 +78,7 @@ export const generateCommand: Command = {
       trace: { type: "string" },
       wire: { type: "string" },
       experts: { type: "string" },
+      "routing-out": { type: "string" },
       ...SPECULATE_FLAGS,
       ...clusterFlags,
     }, { allowPositionals: true });
@@ -114,6 +119,15 @@ export const generateCommand: Command = {
     });
     const weights = parseWeights(values.weights);
     if (values.trace !== undefined) await checkOutputPath(values.trace, "--trace");
+    const routingOut = values["routing-out"];
+    if (routingOut !== undefined) {
+      await checkOutputPath(routingOut, "--routing-out");
+      if (values.local !== undefined && values.experts !== "spread") {
+        throw new UsageError(
+          "--routing-out needs --experts spread: only stages that send experts' tokens read the router's choices back",
+        );
+      }
+    }
     const promptIds = values.tokens !== undefined ? parseTokenList(values.tokens) : undefined;
     const chainOpts = {
       weights,
@@ -124,6 +138,7 @@ export const generateCommand: Command = {
       json: values.json ?? false,
       wire: (values.wire ?? "f16") as "f16" | "f32",
       speculate: spec,
+      routingOut,
     };
     if (spec?.draft === "mtp" && (values.cluster !== undefined || values.local !== undefined)) {
       throw new UsageError(MTP_ONE_NODE);
@@ -164,6 +179,11 @@ export const generateCommand: Command = {
       }
     }
 
+    if (routingOut !== undefined) {
+      throw new UsageError(
+        "--routing-out needs a chain: --local N --experts spread, --cluster FILE, or `up`",
+      );
+    }
     const { engine, tokenizer, dir } = await loadModel(values.model, { weights });
     let ids = promptIds;
     if (ids === undefined) {

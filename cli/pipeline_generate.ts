@@ -19,7 +19,7 @@ import {
 } from "../node/stage/mod.ts";
 import { apiError, apiFetch, type ApiTarget, readGenerateLines } from "../node/api/mod.ts";
 import { startLocalCluster } from "./local_cluster.ts";
-import { expertReport } from "../node/stage/experts.ts";
+import { expertReport, routingCounts } from "../node/stage/experts.ts";
 import type { Plan } from "../planner/mod.ts";
 import {
   measuredMsPerToken,
@@ -56,6 +56,8 @@ export interface ChainGenerateOptions {
   names?: Map<string, string>;
   /** Node processes in the cluster, for --json (default: the stages). */
   nodes?: number;
+  /** Write the router's observed picks here, as the routing counts `plan --routing FILE` reads. */
+  routingOut?: string;
 }
 
 interface Prepared {
@@ -63,6 +65,8 @@ interface Prepared {
   tokenizer: TextTokenizer | null;
   eos: number[];
   vocab: number;
+  /** Routed experts of a layer (0 for a dense one). */
+  expertsOf: (layer: number) => number;
 }
 
 /**
@@ -102,7 +106,11 @@ async function prepare(
     ids = tokenizer.encode(o.prompt!);
   }
   checkPrompt(ids, ckpt.config, o.maxTokens ?? 0);
-  return { ids, tokenizer, eos: ckpt.config.eosTokenIds, vocab: ckpt.config.vocabSize };
+  const expertsOf = (l: number) => {
+    const ffn = ckpt.config.layer(l).ffn;
+    return ffn.kind === "moe" ? ffn.routing.experts : 0;
+  };
+  return { ids, tokenizer, eos: ckpt.config.eosTokenIds, vocab: ckpt.config.vocabSize, expertsOf };
 }
 
 function streamer(p: Prepared, json: boolean) {
@@ -119,6 +127,24 @@ function streamer(p: Prepared, json: boolean) {
       if (!json) write((stream?.flush() ?? "") + "\n");
     },
   };
+}
+
+/**
+ * `--routing-out FILE`: the request's routing counts, {"<layer>": [count per routed expert]}, summed over its
+ * steps (prefill included). Only stages whose experts are spread read the router's choice back, so a chain
+ * with every expert on its stage has none to write: an error says so.
+ */
+async function writeRouting(p: Prepared, o: ChainGenerateOptions, traces: (HopTrace[] | undefined)[]) {
+  if (!o.routingOut) return;
+  const picks = expertReport(traces)?.picks ?? {};
+  if (Object.keys(picks).length === 0) {
+    throw new Error(
+      "no routing counts to write: only stages whose experts are spread (--experts spread) read the " +
+        "router's choices back",
+    );
+  }
+  await writeJsonOutput(o.routingOut, routingCounts(picks, p.expertsOf));
+  console.error(`swactor: routing counts written to ${o.routingOut} (\`plan --routing ${o.routingOut}\`)`);
 }
 
 function report(
@@ -141,6 +167,7 @@ function report(
   // The fan-out's parts over the decode steps only (as mean_decode: the first event is the prefill's).
   const decodeParts = expertReport(r.events.slice(1).map((e) => e.trace))?.parts ?? {};
   const measured = measuredMsPerToken(r.events);
+  const routing = experts && routingCounts(experts.picks, p.expertsOf);
   if (o.json) {
     console.log(JSON.stringify({
       tokens: r.tokens,
@@ -158,6 +185,8 @@ function report(
       nodes: chain.nodes,
       stages: chain.stages,
       ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout, fanout_parts: decodeParts } : {}),
+      // The router's picks per MoE layer whose experts were spread (`plan --routing` reads this form).
+      ...(routing && Object.keys(routing).length ? { routing_counts: routing } : {}),
       ...spec,
       // Each lost stage the generation survived (docs/RECOVERY.md).
       recoveries: (r.recoveries ?? []).map((x) => ({
@@ -352,6 +381,7 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
         spec = { ...spec, ...(s ? { predicted_speculative: s } : {}) };
       }
       report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n }, predicted, spec);
+      await writeRouting(p, o, r.events.map((e) => e.trace));
       if (o.trace) {
         await writeTrace(
           o.trace,
@@ -475,6 +505,7 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
           predicted,
           spec,
         );
+        await writeRouting(p, o, events.map((e) => Array.isArray(e.trace) ? e.trace : undefined));
         if (o.trace) {
           if (events.some((e) => !Array.isArray(e.trace))) {
             console.error(

@@ -10,7 +10,7 @@
 //   hottest, the nearest nodes the next.
 // - wide (expert parallelism on purpose, even where the experts would fit on their stage): every MoE layer
 //   on at least two nodes, its stage's node included, and the layers' other hosts rotated so that every
-//   node that can hosts some; each layer's experts are split by the hosts' memory bandwidth.
+//   node that can hosts some; each layer's experts are split evenly over its hosts (capped by memory).
 //
 // With routing counts, hot experts served remotely then get replicas where memory allows (replicateHot).
 //
@@ -213,7 +213,7 @@ function placeCompact(p: Placement): void {
  * Every MoE layer on w >= 2 nodes (its stage's node first), w = ceil(hosts / MoE layers) so that every
  * host gets some layer when there are enough; the other hosts are the least used so far (then those serving
  * fewest other stages), then the nearest.
- * A layer's experts are split by the hosts' memory bandwidth, contiguous in host order.
+ * A layer's experts are split evenly over its hosts (capped by their memory), contiguous in host order.
  */
 function placeWide(p: Placement): void {
   const H = p.hosts.length, M = p.units.length;
@@ -235,7 +235,10 @@ function placeWide(p: Placement): void {
       used.set(h, used.get(h)! + 1);
       remote.set(h, remote.get(h)! + 1);
     }
-    const counts = apportion(E, chosen.map((h) => p.node(h).memBandwidth));
+    // An even split, not one by measured bandwidth: live measurements on a loaded machine wobble by several
+    // times (a host measured 8x slower than its peer got 3 of 16 experts, which the router may not pick in
+    // a short request), and a wide spread's layout should not follow that noise. Memory still caps a share.
+    const counts = apportion(E, chosen.map(() => 1));
     let next = 0;
     chosen.forEach((h, i) => {
       const n = Math.min(counts[i], p.room(u, h));

@@ -47,6 +47,16 @@ export function heldBy(plan: ExpertPlan, node: string): Map<number, number[]> {
   return out;
 }
 
+/** Whether every expert of `layers` has a host for which `ok(node)` holds (one live replica is enough). */
+export function servable(plan: ExpertPlan, layers: number[], ok: (node: string) => boolean): boolean {
+  const placement = expertPlacement(plan);
+  return layers.every((l) => {
+    const covered = new Set<number>();
+    for (const [node, ids] of placement.get(l) ?? []) if (ok(node)) { for (const e of ids) covered.add(e); }
+    return [...(placement.get(l)?.values() ?? [])].every((ids) => ids.every((e) => covered.has(e)));
+  });
+}
+
 /**
  * The MoE layers of a stage that run their experts through hosts: in "spread" mode, every MoE layer of the
  * stage that the Plan places. ("local" Plans keep experts in the stage's own weights.)
@@ -193,6 +203,8 @@ export interface FanoutLayer {
   /** Summing the replies, ms. */
   combineMs: number;
   nodes: Map<string, FanoutNode>;
+  /** The router's picks: expert -> how many times a token chose it (every step, prefill included). */
+  picks: Map<number, number>;
 }
 
 /** What went to each node for one request, per MoE layer. */
@@ -204,14 +216,17 @@ export interface FanoutTrace {
   x: Record<string, Record<string, [number, number, number[], number, number, number]>>;
   /** layer -> [fan-outs, readback ms, wait ms, combine ms]. */
   xp: Record<string, [number, number, number, number]>;
+  /** layer -> the router's picks, [expert, count, expert, count, ...] (those picked at least once). */
+  xc?: Record<string, number[]>;
 }
 
 const ms3 = (v: number) => Number(v.toFixed(3));
 
 export function fanoutTrace(r: FanoutRecord): FanoutTrace {
-  const out: FanoutTrace = { x: {}, xp: {} };
+  const out: FanoutTrace = { x: {}, xp: {}, xc: {} };
   for (const [layer, l] of r) {
     out.xp[layer] = [l.steps, ms3(l.readbackMs), ms3(l.waitMs), ms3(l.combineMs)];
+    out.xc![layer] = [...l.picks].sort((a, b) => a[0] - b[0]).flat();
     out.x[layer] = {};
     for (const [node, v] of l.nodes) {
       out.x[layer][node] = [
@@ -227,78 +242,166 @@ export function fanoutTrace(r: FanoutRecord): FanoutTrace {
   return out;
 }
 
+/** An expert id no host holds: a slot the destination of a message is not to run (hosts skip unknown ids). */
+export const NOT_SENT = 0xffffffff;
+
+/** How long a host whose call failed is passed over while another replica of its experts is live, ms. */
+export const HOST_DOWN_MS = 10_000;
+
+/** An expert host's call failed; the message names the host and the layer. */
+export class ExpertHostError extends Error {
+  constructor(readonly node: string, readonly layer: number, cause: unknown) {
+    super(`expert host ${node.slice(0, 10)} failed layer ${layer}: ${(cause as Error)?.message ?? cause}`, {
+      cause,
+    });
+  }
+}
+
 /**
- * A stage's fanout: for each layer, the nodes holding an expert some token chose get one message each (the
- * local node's experts run in-process); their sums are added. Records per request what went where and how
- * long each part took.
+ * A stage's fanout: for each layer, each expert some token chose is run by one of its hosts (the Plan may
+ * place replicas): the stage's own node when it holds one, else the cheapest live host (`cost`: the measured
+ * round trip; ties in the Plan's order), a choice kept until that host fails, so that a request's steps go
+ * the same way. Each destination gets one message per layer, whose ids name only the experts it is to run
+ * (the others are NOT_SENT), so an expert with two copies is counted once; the replies are summed. When a
+ * call fails (or `alive` says the host is gone), the experts it was to run are sent at once to another
+ * replica; only an expert with no live replica left fails the step (and the request takes the re-plan
+ * path). Records per request what went where, how long each part took, and the router's picks.
  */
 export function createFanout(o: {
   plan: ExpertPlan;
   self: string;
   local: ExpertService | undefined;
-  call(name: string, body: Uint8Array): Promise<Uint8Array>;
+  /** Calls `moe-host-{node}` (its name: expertHostName(node)). */
+  call(name: string, body: Uint8Array, node: string): Promise<Uint8Array>;
   record: Map<string, FanoutRecord>;
+  /** False for a node membership says is gone (default: every node is live). */
+  alive?: (node: string) => boolean;
+  /** The cost of sending to `node` (lower first; default 0: the Plan's order decides). */
+  cost?: (node: string) => number;
+  /** Milliseconds now (default performance.now), for how long a failed host is passed over. */
+  now?: () => number;
 }): ExpertFanout {
   const placement = expertPlacement(o.plan);
-  const sets = new Map(
-    [...placement].map(([l, m]) => [l, [...m].map(([node, ids]) => [node, new Set(ids)] as const)]),
-  );
+  const now = o.now ?? (() => performance.now());
+  // layer -> expert -> its hosts, in the Plan's order.
+  const hostsOf = new Map<number, Map<number, string[]>>();
+  for (const [layer, nodes] of placement) {
+    const m = new Map<number, string[]>();
+    for (const [node, ids] of nodes) for (const e of ids) m.set(e, [...(m.get(e) ?? []), node]);
+    hostsOf.set(layer, m);
+  }
+  /** layer -> expert -> the host that runs it (until that host fails). */
+  const route = new Map<number, Map<number, string>>();
+  /** node -> until when it is passed over (its last call failed). */
+  const down = new Map<string, number>();
+  const usable = (node: string) =>
+    (node === o.self ? o.local !== undefined : true) && (o.alive?.(node) ?? true);
+  /** The host for expert `e` of `layer`, not one of `failed`; undefined when no replica is left. */
+  const pick = (layer: number, e: number, failed: Set<string>): string | undefined => {
+    const kept = route.get(layer)?.get(e);
+    if (kept && !failed.has(kept) && usable(kept)) return kept;
+    const all = (hostsOf.get(layer)?.get(e) ?? []).filter((h) => !failed.has(h) && usable(h));
+    const t = now();
+    const up = all.filter((h) => (down.get(h) ?? 0) <= t);
+    const from = up.length ? up : all; // every live replica failed lately: try them again
+    if (from.length === 0) return undefined;
+    const best = from.includes(o.self) ? o.self : from.map((h, i) => ({ h, i, c: o.cost?.(h) ?? 0 }))
+      .sort((a, b) => a.c - b.c || a.i - b.i)[0].h;
+    if (!route.has(layer)) route.set(layer, new Map());
+    route.get(layer)!.set(e, best);
+    return best;
+  };
   return async (layer, input) => {
-    const hosts = sets.get(layer);
-    if (!hosts) throw new Error(`the Plan places no experts of layer ${layer}`);
+    const experts = hostsOf.get(layer);
+    if (!experts) throw new Error(`the Plan places no experts of layer ${layer}`);
     const rec = input.request ? o.record.get(input.request) ?? new Map() : undefined;
     if (rec && input.request) o.record.set(input.request, rec);
-    const chosen = new Set(input.ids);
-    const body = encodeExpertRequest(layer, input);
     const hidden = input.xn.length / input.T;
     const layerRec: FanoutLayer | undefined = rec
-      ? rec.get(layer) ?? { steps: 0, readbackMs: 0, waitMs: 0, combineMs: 0, nodes: new Map() }
+      ? rec.get(layer) ??
+        { steps: 0, readbackMs: 0, waitMs: 0, combineMs: 0, nodes: new Map(), picks: new Map() }
       : undefined;
     if (rec && layerRec) rec.set(layer, layerRec);
+    if (layerRec) { for (const e of input.ids) layerRec.picks.set(e, (layerRec.picks.get(e) ?? 0) + 1); }
     const start = performance.now();
-    const parts = await Promise.all(
-      hosts.filter(([, ids]) => [...chosen].some((e) => ids.has(e))).map(
-        async ([node, ids]) => {
-          const t0 = performance.now();
-          let y: Float32Array;
-          let bytes = 0, hostMs: number;
-          if (node === o.self && o.local) {
-            y = await o.local.compute(layer, input);
-            hostMs = performance.now() - t0;
-          } else {
-            const reply = await o.call(expertHostName(node), body);
-            bytes = body.length + reply.length;
-            if (reply.length !== (input.T * hidden + 1) * 4) {
-              throw new Error(
-                `expert host ${node.slice(0, 10)} replied ${reply.length} bytes for layer ${layer}; ` +
-                  `expected ${(input.T * hidden + 1) * 4}`,
-              );
-            }
-            const all = new Float32Array(reply.slice().buffer);
-            y = all.subarray(0, input.T * hidden);
-            hostMs = all[input.T * hidden];
+    const failed = new Set<string>();
+    const parts: Float32Array[] = [];
+    let todo = [...new Set(input.ids)];
+    let lastError: unknown;
+    while (todo.length) {
+      const dest = new Map<string, Set<number>>();
+      for (const e of todo) {
+        const h = pick(layer, e, failed);
+        if (h === undefined) {
+          if (!experts.has(e)) throw new Error(`the Plan places no host for expert ${e} of layer ${layer}`);
+          throw lastError ?? new Error(`no live host holds expert ${e} of layer ${layer}`);
+        }
+        if (!dest.has(h)) dest.set(h, new Set());
+        dest.get(h)!.add(e);
+      }
+      const results = await Promise.allSettled([...dest].map(async ([node, mine]) => {
+        const part: ExpertInput = {
+          ...input,
+          ids: input.ids.map((e) => mine.has(e) ? e : NOT_SENT),
+        };
+        const t0 = performance.now();
+        let y: Float32Array;
+        let bytes = 0, hostMs: number;
+        if (node === o.self) {
+          y = await o.local!.compute(layer, part);
+          hostMs = performance.now() - t0;
+        } else {
+          const body = encodeExpertRequest(layer, part);
+          let reply: Uint8Array;
+          try {
+            reply = await o.call(expertHostName(node), body, node);
+          } catch (e) {
+            throw new ExpertHostError(node, layer, e);
           }
-          if (layerRec) {
-            const r = layerRec.nodes.get(node) ??
-              {
-                bytes: 0,
-                ms: 0,
-                hostMs: 0,
-                calls: 0,
-                experts: new Set<number>(),
-                at: performance.timeOrigin + t0,
-              };
-            r.calls++;
-            r.bytes += bytes;
-            r.ms += performance.now() - t0;
-            r.hostMs += hostMs;
-            for (const e of chosen) if (ids.has(e)) r.experts.add(e);
-            layerRec.nodes.set(node, r);
+          bytes = body.length + reply.length;
+          if (reply.length !== (input.T * hidden + 1) * 4) {
+            throw new ExpertHostError(
+              node,
+              layer,
+              new Error(`replied ${reply.length} bytes; expected ${(input.T * hidden + 1) * 4}`),
+            );
           }
-          return y;
-        },
-      ),
-    );
+          const all = new Float32Array(reply.slice().buffer);
+          y = all.subarray(0, input.T * hidden);
+          hostMs = all[input.T * hidden];
+        }
+        if (layerRec) {
+          const r = layerRec.nodes.get(node) ??
+            {
+              bytes: 0,
+              ms: 0,
+              hostMs: 0,
+              calls: 0,
+              experts: new Set<number>(),
+              at: performance.timeOrigin + t0,
+            };
+          r.calls++;
+          r.bytes += bytes;
+          r.ms += performance.now() - t0;
+          r.hostMs += hostMs;
+          for (const e of mine) r.experts.add(e);
+          layerRec.nodes.set(node, r);
+        }
+        return y;
+      }));
+      todo = [];
+      [...dest].forEach(([node, mine], i) => {
+        const r = results[i];
+        if (r.status === "fulfilled") return void parts.push(r.value);
+        // Only a host's failure moves its experts; a failure of this node's own compute is the step's.
+        if (!(r.reason instanceof ExpertHostError)) throw r.reason;
+        lastError = r.reason;
+        failed.add(node);
+        down.set(node, now() + HOST_DOWN_MS);
+        for (const e of mine) route.get(layer)?.delete(e);
+        todo.push(...mine);
+      });
+    }
     const replied = performance.now();
     const sum = new Float32Array(input.xn.length);
     for (const p of parts) for (let i = 0; i < sum.length; i++) sum[i] += p[i];
@@ -323,6 +426,8 @@ export interface ExpertReport {
    * wait (first send to last reply), combine, ms.
    */
   parts: Record<string, FanoutParts>;
+  /** layer -> expert -> how many times the router chose it over the request (prefill included). */
+  picks: Record<string, Record<string, number>>;
 }
 
 /** A layer's fan-outs over a request: counts and ms summed over its steps. */
@@ -342,9 +447,10 @@ export interface FanoutParts {
 }
 
 export function expertReport(
-  traces: (Pick<HopTrace, "x" | "xp">[] | undefined)[],
+  traces: (Pick<HopTrace, "x" | "xp" | "xc">[] | undefined)[],
 ): ExpertReport | undefined {
   const hosts: ExpertReport["hosts"] = {};
+  const picks: ExpertReport["picks"] = {};
   const fanout: ExpertReport["fanout"] = {};
   const parts: ExpertReport["parts"] = {};
   const part = (layer: string) =>
@@ -382,6 +488,10 @@ export function expertReport(
           };
         }
       }
+      for (const [layer, flat] of Object.entries(hop.xc ?? {})) {
+        const c = picks[layer] ??= {};
+        for (let i = 0; i + 1 < flat.length; i += 2) c[flat[i]] = (c[flat[i]] ?? 0) + flat[i + 1];
+      }
       for (const [layer, [steps, readback, wait, combine]] of Object.entries(hop.xp ?? {})) {
         const p = part(layer);
         p.steps += steps;
@@ -391,5 +501,21 @@ export function expertReport(
       }
     }
   }
-  return any ? { hosts, fanout, parts } : undefined;
+  return any ? { hosts, fanout, parts, picks } : undefined;
+}
+
+/**
+ * A request's picks as the routing counts `plan --routing FILE` reads: {"<layer>": [count per routed
+ * expert]}, `experts(layer)` giving each MoE layer's expert count (its experts never picked count 0).
+ */
+export function routingCounts(
+  picks: ExpertReport["picks"],
+  experts: (layer: number) => number,
+): Record<string, number[]> {
+  const out: Record<string, number[]> = {};
+  for (const [layer, c] of Object.entries(picks)) {
+    const E = experts(Number(layer));
+    out[layer] = Array.from({ length: E }, (_, e) => c[e] ?? 0);
+  }
+  return out;
 }

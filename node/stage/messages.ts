@@ -86,6 +86,11 @@ export interface HopTrace {
    * activations, ms until the last reply, combine ms]).
    */
   xp?: Record<string, [number, number, number, number]>;
+  /**
+   * The router's picks per MoE layer in the step (layer -> [expert, count, expert, count, ...]): what
+   * `generate --routing-out` sums into the counts `plan --routing` reads.
+   */
+  xc?: Record<string, number[]>;
   /** More events for the trace (recoveries, speculation, ...): node/stage/trace_events.ts, addTraceNote. */
   n?: TraceNote[];
 }

@@ -19,9 +19,10 @@ import {
   fanoutTrace,
   heldBy,
   remoteLayers,
+  servable,
 } from "./experts.ts";
 import { type Chain, type ChainLoss, PipelineClient } from "./client.ts";
-import { ChainRecovery, planNodes } from "./recovery.ts";
+import { breaking, ChainRecovery, planNodes } from "./recovery.ts";
 import type { Links } from "../links.ts";
 import { encodePipe } from "./messages.ts";
 import { sendWithRetry } from "./retry.ts";
@@ -97,8 +98,8 @@ export class PipelineNode {
   #kept: { key: string } | undefined;
   /** Per request, what this node's stage sent to expert hosts since its last step. */
   #fanout = new Map<string, FanoutRecord>();
-  /** The expert hosts this node's stage sends to, and what fails its calls when one of them is gone. */
-  #hosts: { nodes: Set<string>; abort: AbortController } = { nodes: new Set(), abort: new AbortController() };
+  /** The expert hosts this node's stage sends to, each with what fails its calls when it is gone. */
+  #hosts = new Map<string, AbortController>();
   #queue: Promise<void> = Promise.resolve();
   #unsubscribe: Array<() => void> = [];
   #closed = false;
@@ -207,13 +208,17 @@ export class PipelineNode {
     // A node of the current Plan is dead or left now (the leader re-plans), or suspect (membership decides
     // soon: re-sending on the chain meanwhile fails again, e.g. at a killed expert host). Not `loss.gone`
     // alone: a node falsely declared dead that refuted it is alive again, and the leader keeps its Plan.
+    // An expert host whose experts all have live replicas breaks nothing (recovery.ts, breaking).
     const gone = () => {
       const a = this.board.current;
       if (!a) return true;
-      return [...planNodes(a.plan)].some((n) => {
-        const st = this.#host.membership.member(n)?.state;
-        return st === "dead" || st === "left" || st === "suspect";
-      });
+      return breaking(
+        a.plan,
+        [...planNodes(a.plan)].filter((n) => {
+          const st = this.#host.membership.member(n)?.state;
+          return st === "dead" || st === "left" || st === "suspect";
+        }),
+      ).length > 0;
     };
     while ((this.board.current?.version ?? 0) <= loss.version && (gone() || performance.now() < grace)) {
       signal?.throwIfAborted();
@@ -332,9 +337,13 @@ export class PipelineNode {
     const hostNodes = new Set(
       remote.flatMap((l) => [...(placement.get(l)?.keys() ?? [])]).filter((n) => n !== self),
     );
-    const hostNames = [...hostNodes].map(expertHostName);
-    const hosts = { nodes: hostNodes, abort: new AbortController() };
+    const hosts = new Map([...hostNodes].map((n) => [n, new AbortController()]));
     this.#hosts = hosts;
+    const membership = this.#host.membership;
+    const alive = (n: string) => {
+      const st = membership.member(n)?.state;
+      return n === self || (st !== "dead" && st !== "left");
+    };
     try {
       const backend = kept ?? await this.#o.loader(role, {
         model,
@@ -345,13 +354,16 @@ export class PipelineNode {
               plan: a.plan,
               self,
               local: experts,
-              call: (name, body) =>
+              call: (name, body, node) =>
                 this.#host.actors.call(name, body, {
                   timeoutMs: 30_000,
                   channel: "data",
-                  signal: hosts.abort.signal,
+                  signal: hosts.get(node)?.signal,
                 }),
               record: this.#fanout,
+              alive,
+              // Among replicas, the nearest by the measured round trip (unmeasured last, then the Plan's order).
+              cost: (n) => this.#host.links?.of(self).get(n)?.rttMs ?? Number.MAX_VALUE,
             }),
           }
           : undefined,
@@ -365,8 +377,13 @@ export class PipelineNode {
         // Ready means: this stage can also resolve where its results go (the next stage, and stage 0
         // for the token loop); registry names arrive by gossip and may lag the leader's view.
         routesKnown: () =>
-          [stageName(0), ...(index + 1 < a.plan.stages.length ? [stageName(index + 1)] : []), ...hostNames]
-            .every((n) => this.#host.registry.resolve(n) !== undefined),
+          [stageName(0), ...(index + 1 < a.plan.stages.length ? [stageName(index + 1)] : [])]
+            .every((n) => this.#host.registry.resolve(n) !== undefined) &&
+          // ...and every expert it sends has a host that answers (one live replica is enough).
+          servable(a.plan, remote, (n) =>
+            n === self
+              ? experts !== undefined
+              : alive(n) && this.#host.registry.resolve(expertHostName(n)) !== undefined),
         fanoutTrace: (id) => {
           const r = this.#fanout.get(id);
           if (!r) return undefined;
@@ -395,9 +412,11 @@ export class PipelineNode {
     if (member.id === this.#host.membership.id) return;
     const why = member.state === "dead" ? "died (membership marked it dead)" : "left the cluster";
     this.client.peerGone(member.id, why, member.state === "dead" ? "died" : "left");
-    // A node holding experts this stage sends to is gone: its calls fail now, not at their timeout.
-    if (this.#hosts.nodes.has(member.id) && !this.#hosts.abort.signal.aborted) {
-      this.#hosts.abort.abort(new Error(`expert host ${member.id.slice(0, 10)} ${why}`));
+    // A node holding experts this stage sends to is gone: its calls fail now, not at their timeout (and the
+    // fan-out sends its experts to a replica where there is one).
+    const abort = this.#hosts.get(member.id);
+    if (abort && !abort.signal.aborted) {
+      abort.abort(new Error(`expert host ${member.id.slice(0, 10)} ${why}`));
     }
     if (!this.#actor) return;
     const inChain = this.board.current?.plan.stages.some((s) => s.node === member.id);

@@ -40,6 +40,23 @@ export function planNodes(plan: ExpertPlan): Set<string> {
 }
 
 /**
+ * Of `lost` (nodes of the Plan that are gone), those whose loss breaks the Plan (pure): a stage's node, or an
+ * expert host holding an expert that no other live node of the Plan holds. The others are covered by
+ * replicas: the stages send their experts' tokens to another copy (createFanout) and the Plan stands.
+ */
+export function breaking(plan: ExpertPlan, lost: string[]): string[] {
+  const gone = new Set(lost);
+  const stages = new Set(plan.stages.map((s) => s.node));
+  const placement = expertPlacement(plan);
+  return lost.filter((n) =>
+    stages.has(n) ||
+    [...placement.values()].some((nodes) =>
+      (nodes.get(n) ?? []).some((e) => ![...nodes].some(([m, ids]) => !gone.has(m) && ids.includes(e)))
+    )
+  );
+}
+
+/**
  * The spares' move (pure): each lost node's part (a stage, with its experts, or an expert host's experts)
  * goes to a spare, in order; undefined when there are fewer spares than lost nodes. Spares are members the
  * Plan does not use.
@@ -108,6 +125,8 @@ export class ChainRecovery {
   #timer: ReturnType<typeof setTimeout> | undefined;
   #busy: Promise<void> = Promise.resolve();
   #leaderRef: { stop(): Promise<void> } | undefined;
+  /** "version:node" of the losses replicas covered (logged once). */
+  #covered = new Set<string>();
   #unsubscribe: Array<() => void> = [];
   #closed = false;
 
@@ -157,6 +176,20 @@ export class ChainRecovery {
       .map((node) => ({ node, reason: state.get(node) === "left" ? "left" : "died" }));
     const tookLead = a.leader !== self;
     if (lost.length === 0 && !tookLead) return;
+    // Expert hosts whose every expert has a live replica: the stages route around them, no re-plan (which
+    // would restart the requests in flight). The Plan keeps them until a loss that does break it.
+    if (!tookLead && breaking(a.plan, lost.map((l) => l.node)).length === 0) {
+      for (const l of lost) {
+        if (this.#covered.has(`${a.version}:${l.node}`)) continue;
+        this.#covered.add(`${a.version}:${l.node}`);
+        this.#log(
+          `recovery: expert host ${
+            l.node.slice(0, 10)
+          } ${l.reason}; replicas hold its experts, plan v${a.version} stands`,
+        );
+      }
+      return;
+    }
     const alive = members.filter((m) => m.state === "alive")
       .sort((x, y) => (x.id === self ? -1 : y.id === self ? 1 : x.id < y.id ? -1 : 1));
     let how: Replan["how"] = "spare";

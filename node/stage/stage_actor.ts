@@ -27,7 +27,7 @@ export interface StageActorOptions {
   /** Whether the names this stage sends to resolve yet (reported by STATS as `routes`). Default: yes. */
   routesKnown?: () => boolean;
   /** Expert parallelism: takes what this stage sent to expert hosts for a request since the last call. */
-  fanoutTrace?: (id: string) => Pick<HopTrace, "x" | "xp"> | undefined;
+  fanoutTrace?: (id: string) => Pick<HopTrace, "x" | "xp" | "xc"> | undefined;
   /** Default: warnings to stderr. */
   log?: (msg: string) => void;
 }

@@ -71,6 +71,20 @@ Deno.test("bad tickets and flag values: exit 2 with one line", async (t) => {
     "a flag without its value",
     () => expectBadInput(["generate", "--tokens", "1", "--max-tokens"], /--max-tokens expects a value/),
   );
+  await t.step(
+    "--routing-out without spread experts, or without a chain",
+    async () => {
+      const out = join(await Deno.makeTempDir(), "routing.json");
+      await expectBadInput(
+        ["generate", "--model", micro, "--tokens", "1", "--local", "2", "--routing-out", out],
+        /--routing-out needs --experts spread/,
+      );
+      await expectBadInput(
+        ["generate", "--model", micro, "--tokens", "1", "--routing-out", out],
+        /--routing-out needs a chain/,
+      );
+    },
+  );
 });
 
 Deno.test("a corrupt tokenizer's NUL bytes are escaped in the message, not echoed raw", async () => {

@@ -4,11 +4,13 @@
 // quickly, with every surviving stage freeing the request.
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture } from "../../scripts/check_fixture.ts";
 import { startLocalCluster } from "../../cli/local_cluster.ts";
-import { expertPlacement, type ExpertPlan } from "../../node/stage/experts.ts";
+import { expertPlacement, type ExpertPlan, expertReport } from "../../node/stage/experts.ts";
+import { runCli } from "./run.ts";
 import { expertName } from "../../node/stage/expert_names.ts";
 
 const hasGpu = await gpuAvailable();
@@ -39,6 +41,14 @@ for (const [name, n] of [["kimi-k2-tiny", 5], ["mixtral-tiny", 5], ["mixtral-tin
     }
     const all = new Set(layers.flatMap((l) => Object.values(hosts[l])));
     assert.ok(all.size >= 4, `${all.size} nodes served experts`);
+    // The router's picks come back as routing counts; `plan --routing` replicates the hot ones.
+    const counts = r.json.routing_counts as Record<string, number[]>;
+    assert.deepEqual(Object.keys(counts).sort(), layers.sort());
+    for (const l of layers) {
+      const picks = counts[l].reduce((a, b) => a + b, 0);
+      assert.ok(picks >= r.generated.length, `layer ${l}: ${picks} picks`);
+    }
+    if (name === "kimi-k2-tiny") await routingRoundTrip(fixtureDir(name)!, counts);
     // The fan-out's parts per layer: readback, wait for the replies, combine; each remote round trip holds
     // the host's own compute (carried in its reply), so wire = round trip - host compute >= 0.
     const parts = r.json.fanout_parts as Record<
@@ -57,6 +67,113 @@ for (const [name, n] of [["kimi-k2-tiny", 5], ["mixtral-tiny", 5], ["mixtral-tin
     }
   });
 }
+
+const LAN5 = fileURLToPath(new URL("../../planner/examples/lan5.swl", import.meta.url));
+
+/** `plan --routing` on the counts a generation wrote: its hot remote experts get replicas. */
+async function routingRoundTrip(dir: string, counts: Record<string, number[]>) {
+  const file = await Deno.makeTempFile({ suffix: ".json" });
+  try {
+    await Deno.writeTextFile(file, JSON.stringify(counts));
+    const args = ["plan", "--model", dir, "--cluster", LAN5, "--experts", "spread"];
+    const out = await runCli([...args, "--spread", "wide", "--routing", file, "--json"]);
+    assert.equal(out.code, 0, out.stderr);
+    const placement = expertPlacement(JSON.parse(out.stdout) as ExpertPlan);
+    let replicas = 0;
+    for (const [l, nodes] of placement) {
+      const c = counts[l], mean = c.reduce((a, b) => a + b, 0) / c.length;
+      const copies = new Map<number, number>();
+      for (const ids of nodes.values()) for (const e of ids) copies.set(e, (copies.get(e) ?? 0) + 1);
+      for (const [e, n] of copies) {
+        if (n < 2) continue;
+        replicas++;
+        assert.ok(c[e] >= 2 * mean, `layer ${l} expert ${e} (${c[e]} picks, mean ${mean}) is hot`);
+      }
+    }
+    assert.ok(replicas > 0, "the hot experts got replicas");
+  } finally {
+    await Deno.remove(file);
+  }
+}
+
+Deno.test({
+  ...needs(
+    "experts spread: replicas on two expert-only nodes; one killed mid-generation: no re-plan, same tokens",
+    {
+      [GPU]: hasGpu,
+    },
+  ),
+  ...slow,
+}, async () => {
+  const dir = fixtureDir("kimi-k2-tiny")!;
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
+  // 8 nodes for a 4-layer model: 6 stages at most, so two nodes only hold experts.
+  const cluster = await startLocalCluster(8, {
+    modelDir: dir,
+    weights: "f32",
+    experts: "spread",
+    log: () => {},
+  });
+  try {
+    const plan = structuredClone(cluster.assignment.plan) as ExpertPlan & Record<string, unknown>;
+    const only = [...cluster.workerIds.keys()].filter((id) => !cluster.chain.nodes.includes(id));
+    assert.equal(only.length, 2, "two nodes outside the chain");
+    // Each of the two holds the other's experts too: every expert either holds has a live copy if one dies.
+    const hosts = plan.expertHosts!;
+    const [a, b] = only.map((id) => hosts.find((h) => h.node === id)!);
+    assert.ok(a && b, "the Plan gives both experts");
+    const union = (x: Record<string, number[]>, y: Record<string, number[]>) =>
+      Object.fromEntries(
+        [...new Set([...Object.keys(x), ...Object.keys(y)])].map((l) => [
+          l,
+          [...new Set([...(x[l] ?? []), ...(y[l] ?? [])])].sort((p, q) => p - q),
+        ]),
+      );
+    const both = union(a.experts, b.experts);
+    a.experts = both;
+    b.experts = structuredClone(both);
+    const published = cluster.pipeline.board.publish({
+      plan: plan as typeof cluster.assignment.plan,
+      model: cluster.assignment.model,
+      layers: cluster.assignment.layers,
+    });
+    const chain = await cluster.pipeline.waitReady();
+    assert.equal(chain.version, published.version);
+    const alone = await cluster.pipeline.client.generate(chain, prompt, { maxTokens: 24 });
+    // Kill whichever of the two served more (each stage keeps its choice of replica while it answers).
+    const served = expertReport(alone.events.map((e) => e.trace))!.fanout;
+    const calls = (id: string) =>
+      Object.values(served).reduce((s, nodes) => s + (nodes[id] ? nodes[id].bytes : 0), 0);
+    const victim = calls(only[0]) >= calls(only[1]) ? only[0] : only[1];
+    assert.ok(calls(victim) > 0, "a host-only node served experts");
+    const r = await cluster.pipeline.client.generate(chain, prompt, {
+      maxTokens: 24,
+      onToken: (e) => e.index === 2 && Deno.kill(cluster.workerIds.get(victim)!, "SIGKILL"),
+    });
+    assert.deepEqual(r.tokens, alone.tokens, "the replica took over: the same tokens");
+    assert.equal(r.recoveries?.length ?? 0, 0, "no resume");
+    const survivor = only.find((id) => id !== victim)!;
+    const after = expertReport(r.events.slice(3).map((e) => e.trace))!.fanout;
+    assert.ok(
+      Object.values(after).some((nodes) => (nodes[survivor]?.bytes ?? 0) > 0),
+      "the other replica served after the kill",
+    );
+    // Once membership says the node is dead, the leader keeps the Plan (its experts have live copies).
+    for (let i = 0; i < 100 && cluster.node.membership.member(victim)?.state !== "dead"; i++) {
+      await new Promise((res) => setTimeout(res, 100));
+    }
+    assert.equal(cluster.node.membership.member(victim)?.state, "dead");
+    await new Promise((res) => setTimeout(res, 500));
+    assert.equal(cluster.pipeline.board.current!.version, published.version, "no re-plan");
+    const again = await cluster.pipeline.waitReady({ timeoutMs: 10_000 });
+    const next = await cluster.pipeline.client.generate(again, prompt, { maxTokens: 24 });
+    assert.deepEqual(next.tokens, alone.tokens, "a new request on the same Plan");
+    console.log(`replica host killed at token 2: ${r.tokens.length} tokens, no re-plan`);
+  } finally {
+    await cluster.close();
+  }
+});
 
 Deno.test({
   ...needs("experts spread: a node holding experts killed mid-generation: re-placed, the same tokens", {

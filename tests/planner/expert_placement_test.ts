@@ -251,6 +251,20 @@ Deno.test("wide placement: every MoE layer on >= 2 nodes, its stage included, ev
   for (const [l, hosts] of compact) assert.deepEqual([...hosts.keys()], [stages[l].node]);
 });
 
+Deno.test("wide placement splits evenly whatever the measured bandwidths (a flaky layout before)", () => {
+  const model = moeModel(1, 16, 4);
+  const cluster = clusterFromNodes([
+    { id: "s", memBytes: 100 * GB, memBandwidth: 80e9 },
+    { id: "slow", memBytes: 100 * GB, memBandwidth: 10e9 },
+  ]);
+  const placed = placeExperts(model, cluster, [{ node: "s", start: 0, end: 1 }], {
+    context: 1,
+    dtype: DT,
+    spread: "wide",
+  }).get(0)!;
+  assert.deepEqual([...placed.values()].map((ids) => ids.length), [8, 8]);
+});
+
 Deno.test("wide placement respects memory: a host with room for one expert takes one, the rest go elsewhere", () => {
   const model = moeModel(1, 8, 2);
   const cluster = clusterFromNodes([

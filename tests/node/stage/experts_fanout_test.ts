@@ -6,10 +6,15 @@ import type { ActorContext } from "../../../node/actors/mod.ts";
 import type { ExpertInput, ExpertService } from "../../../node/stage/backend.ts";
 import {
   createFanout,
+  decodeExpertRequest,
   expertHostBehavior,
+  ExpertHostError,
   expertHostName,
   type FanoutRecord,
   fanoutTrace,
+  HOST_DOWN_MS,
+  NOT_SENT,
+  routingCounts,
 } from "../../../node/stage/experts.ts";
 
 const H = 4;
@@ -80,4 +85,112 @@ Deno.test("fan-out: one call per destination, the sum of the replies, and each h
   assert.ok(Math.abs(at - Date.now()) < 5000, "the call's start in epoch ms");
   assert.deepEqual(x["1"]["stage"][2], [0, 1]);
   assert.equal(x["1"]["stage"][0], 0, "the stage's own experts cost no bytes");
+});
+
+/** A plan whose layer 1 has experts 0-1 on the stage, 2-3 on "a" and on "b" (replicas), 4-5 on "b" only. */
+const replicated = {
+  expertMode: "spread",
+  stages: [{ node: "stage", layers: [1, 2] as [number, number], experts: { "1": [0, 1] } }],
+  expertHosts: [{ node: "a", experts: { "1": [2, 3] } }, { node: "b", experts: { "1": [2, 3, 4, 5] } }],
+};
+
+/** Hosts a and b as actors behind `call`; `failing` names hosts whose calls throw. */
+function replicaHosts(failing: Set<string>) {
+  const hosts = new Map([
+    [expertHostName("a"), expertHostBehavior(host([2, 3], 0), H, () => {})],
+    [expertHostName("b"), expertHostBehavior(host([2, 3, 4, 5], 0), H, () => {})],
+  ]);
+  const calls: { node: string; ids: number[] }[] = [];
+  const call = async (name: string, body: Uint8Array, node: string) => {
+    const sent = decodeExpertRequest(body, H).input;
+    calls.push({ node, ids: [...sent.ids].filter((e) => e !== NOT_SENT) });
+    if (failing.has(node)) throw new Error(`${node} is unreachable`);
+    return await hosts.get(name)!.receive(body, {} as ActorContext) as Uint8Array;
+  };
+  return { calls, call };
+}
+
+/** One token choosing experts 0, 2, 4 with weights 1, 2, 4: y = 1 * 1 + 2 * 3 + 4 * 5 = 27. */
+const step = (request = "r") => ({
+  request,
+  T: 1,
+  xn: new Float32Array(H),
+  ids: Uint32Array.from([0, 2, 4]),
+  weights: Float32Array.from([1, 2, 4]),
+});
+
+Deno.test("fan-out with replicas: each expert runs once, on the cheapest live copy, one message per node", async () => {
+  const failing = new Set<string>();
+  const { calls, call } = replicaHosts(failing);
+  const record = new Map<string, FanoutRecord>();
+  const cost = new Map([["a", 1], ["b", 2]]);
+  const fanout = createFanout({
+    plan: replicated,
+    self: "stage",
+    local: host([0, 1], 0),
+    call,
+    record,
+    cost: (n) => cost.get(n)!,
+  });
+  const y = await fanout(1, step());
+  assert.deepEqual([...y], Array(H).fill(27), "expert 2 is counted once though two nodes hold it");
+  assert.deepEqual(
+    calls.sort((x, y) => x.node < y.node ? -1 : 1),
+    [{ node: "a", ids: [2] }, { node: "b", ids: [4] }],
+    "a (cheaper) runs expert 2; b only what it alone holds",
+  );
+  // The choice is kept while the host answers, though the costs change.
+  cost.set("a", 5);
+  calls.length = 0;
+  await fanout(1, step());
+  assert.deepEqual(calls.find((c) => c.node === "a")?.ids, [2]);
+  // The router's picks, per request, as the trace carries them and as `plan --routing` reads them.
+  const { xc } = fanoutTrace(record.get("r")!);
+  assert.deepEqual(xc, { "1": [0, 2, 2, 2, 4, 2] });
+  assert.deepEqual(routingCounts({ "1": { 0: 2, 2: 2, 4: 2 } }, () => 6), { "1": [2, 0, 2, 0, 2, 0] });
+});
+
+Deno.test("fan-out with replicas: a failed host's experts go to another replica in the same step", async () => {
+  const failing = new Set(["a"]);
+  const { calls, call } = replicaHosts(failing);
+  let t = 0;
+  const fanout = createFanout({
+    plan: replicated,
+    self: "stage",
+    local: host([0, 1], 0),
+    call,
+    record: new Map(),
+    cost: (n) => (n === "a" ? 1 : 2),
+    now: () => t,
+  });
+  const y = await fanout(1, step());
+  assert.deepEqual([...y], Array(H).fill(27), "the same sum: b ran expert 2 instead");
+  assert.deepEqual(calls.map((c) => `${c.node}:${c.ids}`).sort(), ["a:2", "b:2", "b:4"]);
+  // The next steps go to b at once (a is passed over for HOST_DOWN_MS, then tried again).
+  calls.length = 0;
+  await fanout(1, step());
+  assert.deepEqual(calls.map((c) => `${c.node}:${c.ids}`), ["b:2,4"], "one message to b");
+  failing.clear();
+  t += HOST_DOWN_MS + 1;
+  calls.length = 0;
+  await fanout(1, step());
+  assert.deepEqual(calls.map((c) => `${c.node}:${c.ids}`), ["b:2,4"], "kept on b while b answers");
+});
+
+Deno.test("fan-out with replicas: a host membership says is gone is not called; no live copy fails the step", async () => {
+  const { calls, call } = replicaHosts(new Set(["b"]));
+  const fanout = createFanout({
+    plan: replicated,
+    self: "stage",
+    local: host([0, 1], 0),
+    call,
+    record: new Map(),
+    alive: (n) => n !== "a",
+  });
+  // Expert 4 lives on b only, and b's call fails: the step fails, naming the host (the re-plan path).
+  await assert.rejects(() => fanout(1, step()), (e: Error) => {
+    assert.ok(e instanceof ExpertHostError && e.node === "b", e.message);
+    return true;
+  });
+  assert.ok(calls.every((c) => c.node !== "a"), "a (gone) was not called");
 });

@@ -16,7 +16,7 @@ import {
   StageActor,
   type StageLoader,
 } from "../../../node/stage/mod.ts";
-import { effectiveLeader, withSpares } from "../../../node/stage/recovery.ts";
+import { breaking, effectiveLeader, withSpares } from "../../../node/stage/recovery.ts";
 import { decodePipe, encodePipe } from "../../../node/stage/messages.ts";
 import { MemoryNetwork } from "../../../node/transport/memory.ts";
 import type { ActorContext, Behavior } from "../../../node/actors/mod.ts";
@@ -120,6 +120,22 @@ Deno.test("recovery: withSpares moves each lost node's part to an idle member, o
     effectiveLeader({ leader: "b" }, [{ id: "b", state: "dead" }, { id: "c", state: "alive" }]),
     "c",
   );
+});
+
+Deno.test("recovery: an expert host whose experts all have live replicas does not break the Plan", () => {
+  const plan = {
+    stages: [{ node: "a", layers: [0, 2] as [number, number], experts: { "1": [0, 1] } }],
+    expertHosts: [
+      { node: "b", experts: { "1": [2, 3] } },
+      { node: "c", experts: { "1": [2, 3, 4] } },
+      { node: "d", experts: { "1": [4, 5] } },
+    ],
+  };
+  assert.deepEqual(breaking(plan, ["b"]), [], "c holds 2 and 3 too");
+  assert.deepEqual(breaking(plan, ["c"]), [], "b holds 2 and 3, d holds 4");
+  assert.deepEqual(breaking(plan, ["b", "c"]), ["b", "c"], "2 and 3 have no copy left");
+  assert.deepEqual(breaking(plan, ["d"]), ["d"], "5 lives on d only");
+  assert.deepEqual(breaking(plan, ["a"]), ["a"], "a stage's node always breaks it");
 });
 
 Deno.test("recovery: a stage refuses a request of another Plan version and tells its client (fencing)", async () => {
