@@ -25,6 +25,8 @@ export interface KernelTuning {
   attentionSplits?: number;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`). */
   prefetch?: boolean;
+  /** The prefill flash attention: "blocked" (the default) or "lanes" (the first version; flash_attention.ts). */
+  flash?: "blocked" | "lanes";
 }
 
 export interface Gpu {

@@ -5,14 +5,15 @@
 // on the values). --kernels adds the GPU time of each kernel kind over one chunk (timestamps around each
 // dispatch), so the total says where the time goes. One JSON line per (weights, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
-//     [--chunk C] [--kernels] [--tiny] [--math f32,f16]
-// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; with more than one, each
-// line after the first also has the teacher-forced logits error of a 256-token prompt against the first
-// (worst row's max |error| / max |logit|, the fixtures' measure).
+//     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes]
+// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; --flash: the prefill flash
+// attention variant (gpu.tuning.flash, kernels/flash_attention.ts). Every (math, flash) pair is run; with
+// more than one, each line after the first also has the teacher-forced logits error of a 256-token prompt
+// against the first (worst row's max |error| / max |logit|, the fixtures' measure).
 // --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { getGpu, writeStep } from "../../kernels/mod.ts";
+import { type FlashVariant, getGpu, writeStep } from "../../kernels/mod.ts";
 import { gpuMsPerCall } from "../../kernels/timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Engine, wholeModel } from "../../models/engine.ts";
@@ -34,6 +35,7 @@ const { values } = parseArgs({
     kernels: { type: "boolean", default: false },
     tiny: { type: "boolean", default: false },
     math: { type: "string", default: "f32" },
+    flash: { type: "string", default: "blocked" },
   },
 });
 
@@ -97,10 +99,17 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
     (_, i) => (i * 104729 + 7) % ckpt.config.vocabSize,
   );
   let baseline: Float32Array | undefined;
-  for (const math of values.math!.split(",")) {
+  const combos = values.math!.split(",").flatMap((math) =>
+    values.flash!.split(",").map((flash) => ({ math, flash: flash as FlashVariant }))
+  );
+  for (const { math, flash } of combos) {
+    if (flash !== "blocked" && flash !== "lanes") {
+      throw new TypeError(`--flash takes blocked or lanes, got ${flash}`);
+    }
     Deno.env.set("SWACTOR_GEMM_MATH", math);
+    gpu.tuning.flash = flash; // read as each request's programs are built
     let logitsErr: number | undefined;
-    if (values.math!.includes(",")) {
+    if (combos.length > 1) {
       const logits = await engine.logits(probe);
       if (baseline) logitsErr = worstRowError(logits, baseline, ckpt.config.vocabSize);
       else baseline = logits;
@@ -126,6 +135,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         adapter: gpu.adapterName,
         weights,
         math,
+        flash,
         ...(logitsErr === undefined ? {} : { logitsErr: +logitsErr.toExponential(2) }),
         prompt: P,
         chunk,
