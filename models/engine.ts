@@ -25,7 +25,8 @@
 //
 // Prefill runs in chunks of at most `maxChunk` tokens, one submit each; between chunks the engine waits
 // for the GPU and yields to the event loop, so a long prompt never holds the process (its membership,
-// its control API, Ctrl-C) for longer than one chunk's GPU time.
+// its control API, Ctrl-C) for longer than one chunk's GPU time. The next chunk is encoded while one runs
+// and submitted as soon as the wait returns, so the waits cost the GPU no idle time.
 import type {
   ExpertLoader,
   LoopOptions,
@@ -394,7 +395,10 @@ export class Engine implements StageBackend {
     try {
       // Primed staging buffers for the batches in flight: a buffer returns to the pool ~10 ms after its read,
       // and the first small batches come faster than that (free after the first request: kernels/readback.ts).
-      const reserved = reserveStaging(gpu, maxBatch * 4, 8);
+      // Only as many as this request has batches: priming maps a buffer, which in Deno waits for the prefill
+      // and then 10 ms more before the first token, so a one-token request after another (whose buffer is
+      // not back yet) must not ask for 8.
+      const reserved = reserveStaging(gpu, maxBatch * 4, Math.min(8, batchCount(opts.maxTokens, maxBatch)));
       if (!(await this.#prefill(seq, prompt, "sample", signal))) {
         return this.#result([], "aborted", P, t0, t0, t0, seq);
       }
@@ -495,7 +499,11 @@ export class Engine implements StageBackend {
 
   /**
    * Runs the prompt in chunks; the last chunk ends as `last` says. Waits for the GPU and yields to the
-   * event loop between chunks. False when aborted before the end.
+   * event loop between chunks, but never leaves the GPU idle for it: chunk k + 1 is encoded (its program
+   * built on first use) while chunk k runs, submitted the moment the wait for k returns, and the yield
+   * happens while it runs. (Encoding after the wait and yielding before the submit left the GPU idle for the
+   * encode, a ~2 ms setTimeout and, on the last chunk, the "sample" program's build: ~6 ms of host time.)
+   * False when aborted before the end (a chunk already submitted still runs).
    */
   async #prefill(
     seq: Sequence,
@@ -504,17 +512,29 @@ export class Engine implements StageBackend {
     signal: AbortSignal,
   ): Promise<boolean> {
     const gpu = this.gpu;
+    const P = prompt.length;
+    const encode = (pos0: number): GPUCommandBuffer => {
+      const T = Math.min(seq.maxChunk, P - pos0);
+      const enc = gpu.device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeCalls(pass, seq.program(T, pos0 + T >= P ? last : "hidden"));
+      pass.end();
+      return enc.finish();
+    };
     writeBytes(gpu, seq.tokens, 0, Uint32Array.from(prompt));
-    for (let pos0 = 0; pos0 < prompt.length; pos0 += seq.maxChunk) {
+    if (signal.aborted) return false;
+    let next = encode(0);
+    for (let pos0 = 0; pos0 < P; pos0 += seq.maxChunk) {
+      const T = Math.min(seq.maxChunk, P - pos0);
+      // The step record is written in queue order: after the previous chunk's commands, before this one's.
+      writeStep(gpu, seq.step, { pos0, T, tokOut: P });
+      gpu.device.queue.submit([next]);
+      if (pos0 + T >= P) break;
+      next = encode(pos0 + T);
+      await yieldToEventLoop(); // this chunk runs meanwhile
+      if (signal.aborted) return false; // released: its buffers are gone (the chunk in flight still finishes)
+      await readBack(gpu, seq.tokens, 4); // the chunk is done (a bounded wait: nothing else is queued)
       if (signal.aborted) return false;
-      const T = Math.min(seq.maxChunk, prompt.length - pos0);
-      const isLast = pos0 + T >= prompt.length;
-      writeStep(gpu, seq.step, { pos0, T, tokOut: prompt.length });
-      submit(gpu, seq.program(T, isLast ? last : "hidden"));
-      if (!isLast) {
-        await readBack(gpu, seq.tokens, 4); // the chunk is done (a bounded wait), then let others run
-        await yieldToEventLoop();
-      }
     }
     return true;
   }
@@ -608,6 +628,17 @@ interface Batch {
 }
 
 /** Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. */
+/** How many batches generate reads for `maxTokens` tokens: the prefill's token, then 1, 2, 4 .. maxBatch. */
+function batchCount(maxTokens: number, maxBatch: number): number {
+  let n = 1, planned = 1, size = 1;
+  while (planned < maxTokens) {
+    planned += Math.min(size, maxTokens - planned);
+    size = Math.min(size * 2, maxBatch);
+    n++;
+  }
+  return n;
+}
+
 async function readBatch(gpu: Gpu, b: Batch): Promise<number[]> {
   return Array.from(new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4)));
 }
