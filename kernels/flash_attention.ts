@@ -11,7 +11,15 @@
 // both 256 threads and at most 40 KB of workgroup memory (docs/KERNELS.md). hd must be a multiple of 4.
 // q comes from the fused qkv activations (after RoPE), K and V from the layer's cache [nKV, maxSeq, hd]
 // where rope_kv put this step's rows; out is [T, heads * hd]. attentionRef (attention.ts) is the reference.
-import { ceilDiv, type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import {
+  ceilDiv,
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  memoSource,
+  pipeline,
+  uniformBuffer,
+} from "./gpu.ts";
 import type { AttentionDims } from "./attention.ts";
 import { STEP_WGSL } from "./step.ts";
 
@@ -449,6 +457,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   return lines.join("\n");
 }
 
+const flashBlockedSources = memoSource(flashBlockedSource);
+const flashSources = memoSource(flashSource);
+
 /** The flash variants: "blocked" (register-blocked 4 x 4 scores a thread, the default) and "lanes" (the first). */
 export type FlashVariant = "blocked" | "lanes";
 
@@ -491,7 +502,7 @@ export function flashAttentionCall(
     }
     return kernelCall(
       gpu,
-      pipeline(gpu, flashBlockedSource(d.headDim, tile, sg)),
+      pipeline(gpu, flashBlockedSources(d.headDim, tile, sg)),
       buffers,
       [d.heads, ceilDiv(d.T, tile.bq)],
       "flash_attention",
@@ -502,7 +513,7 @@ export function flashAttentionCall(
   if (sg && gpu.subgroupSize !== 32) throw new RangeError("subgroup flash attention needs 32-lane subgroups");
   return kernelCall(
     gpu,
-    pipeline(gpu, flashSource(d.headDim, tile, sg)),
+    pipeline(gpu, flashSources(d.headDim, tile, sg)),
     buffers,
     [ceilDiv(d.T, tile.bq), d.heads],
     "flash_attention",

@@ -127,6 +127,21 @@ async function requestGpu(): Promise<Gpu> {
   };
 }
 
+/**
+ * `gen` with its results kept by argument list (JSON): for the big generated kernels (unrolled GEMM and flash
+ * attention sources), which every request's programs would otherwise regenerate (~1 MB of WGSL a 16-layer
+ * program) before `pipeline` finds them compiled. Arguments must be JSON-serialisable and the generator pure.
+ */
+export function memoSource<A extends unknown[]>(gen: (...args: A) => string): (...args: A) => string {
+  const memo = new Map<string, string>();
+  return (...args: A) => {
+    const key = JSON.stringify(args);
+    let code = memo.get(key);
+    if (code === undefined) memo.set(key, code = gen(...args));
+    return code;
+  };
+}
+
 /** A compute pipeline for `code`, compiled once per device. */
 export function pipeline(gpu: Gpu, code: string, entryPoint = "main"): GPUComputePipeline {
   const key = `${entryPoint}\n${code}`;

@@ -3,7 +3,9 @@
 // the head and the sampler, and the readback). On a checkpoint dir, or a Llama-3.2-1B-shaped model with
 // random weights written there first (fast: rows copied from one random pool; the numbers do not depend
 // on the values). --kernels adds the GPU time of each kernel kind over one chunk (timestamps around each
-// dispatch), so the total says where the time goes. One JSON line per (weights, prompt).
+// dispatch), so the total says where the time goes, and hostBuildMs the CPU ms of building a fresh request's
+// programs (every request builds its own: ttft - total - hostBuildMs is the rest of the host's share).
+// One JSON line per (weights, math, flash, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
 //     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes]
 // --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; --flash: the prefill flash
@@ -143,23 +145,36 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         tokS: Math.round((P / ms) * 1000),
         runsMs: ttft.map((t) => +t.toFixed(1)),
       };
-      if (values.kernels && gpu.hasTimestamps) line.gpuMsByKernel = await kernelTimes(model, P, chunk);
+      if (values.kernels && gpu.hasTimestamps) {
+        const { byKernel, buildMs } = await kernelTimes(model, P, chunk);
+        line.gpuMsByKernel = byKernel;
+        line.hostBuildMs = +buildMs.toFixed(2);
+      }
       console.log(JSON.stringify(line));
     }
   }
   engine.close();
 }
 
-/** GPU ms by kernel label over the prompt's chunks (the last chunk's position range stands for all). */
-async function kernelTimes(model: Model, P: number, chunk: number): Promise<Record<string, number>> {
+/**
+ * GPU ms by kernel label over the prompt's chunks, and the host ms of building a fresh request's programs
+ * (the pipelines are cached by then; every request builds its own programs before its first submit).
+ */
+async function kernelTimes(
+  model: Model,
+  P: number,
+  chunk: number,
+): Promise<{ byKernel: Record<string, number>; buildMs: number }> {
   const seq = model.newSequence({ maxSeq: P + 1, sampling, maxChunk: chunk });
   try {
     const byLabel: Record<string, number> = {};
-    let total = 0;
+    let total = 0, buildMs = 0;
     for (let pos0 = 0; pos0 < P; pos0 += chunk) {
       const T = Math.min(chunk, P - pos0);
       writeStep(gpu, seq.step, { pos0, T, tokOut: P });
+      const t = performance.now();
       const calls = seq.program(T, pos0 + T >= P ? "sample" : "hidden");
+      buildMs += performance.now() - t;
       const ms = await gpuMsPerCall(gpu, calls, 1);
       calls.forEach((c, i) => {
         const k = c.label ?? "?";
@@ -169,7 +184,7 @@ async function kernelTimes(model: Model, P: number, chunk: number): Promise<Reco
     }
     const out: Record<string, number> = { total: +total.toFixed(2) };
     for (const [k, v] of Object.entries(byLabel).sort((a, b) => b[1] - a[1])) out[k] = +v.toFixed(2);
-    return out;
+    return { byKernel: out, buildMs };
   } finally {
     seq.destroy();
   }
