@@ -246,6 +246,12 @@ export interface FlashBlockTile {
   bkv: number;
   /** K and V tiles share one workgroup buffer (one more barrier a tile; for head sizes where two do not fit). */
   shareKV: boolean;
+  /**
+   * The next tile's K and V are loaded into registers while this tile is computed (2 BKV hd / threads floats
+   * a thread; default: where K and V have their own buffers). Else each tile's loads are all issued, then
+   * stored, at the tile's start.
+   */
+  prefetch: boolean;
 }
 
 /** Bytes of workgroup memory the blocked variant takes. */
@@ -268,10 +274,12 @@ export function flashBlockTile(
 ): FlashBlockTile {
   let bq = tile.bq ?? (hd <= 64 ? 64 : 32);
   const bkv = tile.bkv ?? 32;
-  const fits = (shareKV: boolean) => flashBlockBytes(hd, { bq, bkv, shareKV }) <= storage;
+  const fits = (shareKV: boolean) => flashBlockBytes(hd, { bq, bkv, shareKV, prefetch: false }) <= storage;
   for (;;) {
     const shareKV = tile.shareKV ?? !fits(false);
-    if (fits(shareKV) || tile.bq !== undefined || bq <= 8) return { bq, bkv, shareKV };
+    if (fits(shareKV) || tile.bq !== undefined || bq <= 8) {
+      return { bq, bkv, shareKV, prefetch: !shareKV && (tile.prefetch ?? true) };
+    }
     bq /= 2;
   }
 }
@@ -323,6 +331,33 @@ export function flashBlockedSource(hd: number, t: FlashBlockTile, sg: boolean): 
     workgroupBarrier();`;
   };
   const o = (dv: number, i: number) => `o${dv}_${i}`;
+  // Staging a tile of K (transposed: consecutive threads take consecutive keys, so the scalar stores do not
+  // conflict) or V (row-major), NL vec4s a thread: every load is issued into a register before any is stored.
+  const NL = Math.ceil((BKV * H4) / TH);
+  const ragged = (BKV * H4) % TH !== 0;
+  const inTile = (n: number, s: string) => ragged ? `if (tid + ${n * TH}u < ${BKV * H4}u) { ${s} }` : s;
+  const regs = ["kr", "vr"].map((r) => `var ${r}: array<vec4<f32>, ${NL}>;`).join(" ");
+  const loads = (r: string, kb: string, kv: "k" | "v") =>
+    Array.from({ length: NL }, (_, n) => {
+      const [j, d4] = kv === "k" ? [`u % ${BKV}u`, `u / ${BKV}u`] : [`u / H4`, `u % H4`];
+      return inTile(
+        n,
+        `{ let u = tid + ${
+          n * TH
+        }u; let key = ${kb} + ${j}; ${r}[${n}] = select(vec4<f32>(0.0), ${kv}c[(cache0 + min(key, nkeys - 1u)) * H4 + ${d4}], key < nkeys); }`,
+      );
+    }).join("\n    ");
+  const stores = (buf: string, r: string, kv: "k" | "v") =>
+    Array.from({ length: NL }, (_, n) =>
+      inTile(
+        n,
+        kv === "k"
+          ? `{ let u = tid + ${n * TH}u; let j = u % ${BKV}u; let d4 = u / ${BKV}u; ${
+            [0, 1, 2, 3].map((c) => `${buf}[(4u * d4 + ${c}u) * ${KG}u + j / 4u][j % 4u] = ${r}[${n}][${c}];`)
+              .join(" ")
+          } }`
+          : `${buf}[tid + ${n * TH}u] = ${r}[${n}];`,
+      )).join("\n    ");
   const lines: string[] = [];
   const L_ = (s: string) => lines.push(s);
   L_(`${STEP_WGSL}
@@ -374,23 +409,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   }
   let cache0 = kvh * p.max_seq;
   // The position of each of this thread's 4 queries (keys past it are masked).
-  let qpos = vec4<u32>(pos0 + q0 + 4u * qg) + vec4<u32>(0u, 1u, 2u, 3u);
+  let qpos = vec4<u32>(pos0 + q0 + 4u * qg) + vec4<u32>(0u, 1u, 2u, 3u);`);
+  const firstTile = t.prefetch ? `\n  ${loads("kr", "0u", "k")}\n  ${loads("vr", "0u", "v")}` : "";
+  L_(`  ${regs}${firstTile}
   for (var kb = 0u; kb < nkeys; kb += ${BKV}u) {
+    workgroupBarrier();`);
+  if (t.prefetch) {
+    L_(`    ${stores(kbuf, "kr", "k")}
+    ${stores(vbuf, "vr", "v")}
     workgroupBarrier();
-    // K tile, transposed: consecutive threads take consecutive keys (conflict-free scalar stores).
-    for (var u = tid; u < ${BKV * H4}u; u += ${TH}u) {
-      let j = u % ${BKV}u;
-      let d4 = u / ${BKV}u;
-      let key = kb + j;
-      let v = select(vec4<f32>(0.0), kc[(cache0 + min(key, nkeys - 1u)) * H4 + d4], key < nkeys);
-      for (var c = 0u; c < 4u; c++) { ${kbuf}[(4u * d4 + c) * ${KG}u + j / 4u][j % 4u] = v[c]; }
-    }`);
-  const stageV = `for (var u = tid; u < ${BKV * H4}u; u += ${TH}u) {
-      let key = kb + u / H4;
-      ${vbuf}[u] = select(vec4<f32>(0.0), vc[(cache0 + min(key, nkeys - 1u)) * H4 + u % H4], key < nkeys);
-    }`;
-  if (!t.shareKV) L_(`    ${stageV}`);
-  L_(`    workgroupBarrier();
+    // The next tile's loads, in flight while this one is computed (keys past nkeys load as zeros).
+    ${loads("kr", `kb + ${BKV}u`, "k")}
+    ${loads("vr", `kb + ${BKV}u`, "v")}`);
+  } else {
+    L_(`    ${loads("kr", "kb", "k")}
+    ${t.shareKV ? "" : loads("vr", "kb", "v")}
+    ${stores(kbuf, "kr", "k")}
+    ${t.shareKV ? "" : stores(vbuf, "vr", "v")}`);
+  }
+  L_(`    ${t.prefetch ? "" : "workgroupBarrier();"}
     var s0 = vec4<f32>(0.0); var s1 = vec4<f32>(0.0); var s2 = vec4<f32>(0.0); var s3 = vec4<f32>(0.0);`);
   for (let d = 0; d < hd; d++) {
     L_(`    { let q = qs[${d * QG}u + qg]; let k = ${kbuf}[${d * KG}u + kg];
@@ -422,7 +459,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   }
     workgroupBarrier();`);
   if (t.shareKV) {
-    L_(`    ${stageV}
+    L_(`    ${loads("vr", "kb", "v")}
+    ${stores(kbuf, "vr", "v")}
     workgroupBarrier();`);
   }
   for (let j = 0; j < BKV; j++) {

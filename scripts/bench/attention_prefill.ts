@@ -40,11 +40,16 @@ const variants: [string, FlashVariant, Partial<FlashBlockTile>][] = [
   ["blocked", "blocked", {}],
 ];
 if (!values.quick) {
-  variants.push(["blocked-bq32", "blocked", { bq: 32 }], ["blocked-bkv16", "blocked", { bkv: 16 }], [
-    "blocked-bkv64",
-    "blocked",
-    { bkv: 64 },
-  ]);
+  variants.push(
+    ["blocked-noprefetch", "blocked", { prefetch: false }],
+    ["blocked-bq32", "blocked", { bq: 32 }],
+    ["blocked-bkv16", "blocked", { bkv: 16 }],
+    [
+      "blocked-bkv64",
+      "blocked",
+      { bkv: 64 },
+    ],
+  );
 }
 console.error(
   `# ${gpu.adapterName}, subgroup ${gpu.subgroupSize}, workgroup memory ${gpu.maxWorkgroupStorage}`,

@@ -92,12 +92,16 @@ for (const variant of ["blocked", "lanes"] as const) {
       await checkCases(CASES, { variant, subgroups: sg });
       if (variant === "blocked") {
         // Both query blocks on every adapter (lavapipe's 32 KiB take bq 64 only with small heads).
-        await checkCases([[8, 2, 32, 0, 1], [4, 2, 32, 30, 99], [8, 8, 16, 5, 64]], {
+        // (hd 40 at bq 64: a tile is 320 vec4s for 128 threads, so the third load is only some threads'.)
+        await checkCases([[8, 2, 32, 0, 1], [4, 2, 32, 30, 99], [8, 8, 16, 5, 64], [4, 2, 40, 9, 70]], {
           variant,
           subgroups: sg,
           tile: { bq: 64 },
         });
         await checkCases(CASES.slice(0, 3), { variant, subgroups: sg, tile: { bq: 32 } });
+        await checkCases(CASES.slice(0, 4), { variant, subgroups: sg, tile: { prefetch: false } });
+        // 16 keys a tile: 4-lane key groups.
+        await checkCases(CASES.slice(3, 7), { variant, subgroups: sg, tile: { bkv: 16 } });
         await checkCases(CASES.slice(3, 5), { variant, subgroups: sg, tile: { shareKV: true } });
       }
     });
