@@ -395,10 +395,7 @@ export class Engine implements StageBackend {
     try {
       // Primed staging buffers for the batches in flight: a buffer returns to the pool ~10 ms after its read,
       // and the first small batches come faster than that (free after the first request: kernels/readback.ts).
-      // Only as many as this request has batches: priming maps a buffer, which in Deno waits for the prefill
-      // and then 10 ms more before the first token, so a one-token request after another (whose buffer is
-      // not back yet) must not ask for 8.
-      const reserved = reserveStaging(gpu, maxBatch * 4, Math.min(8, batchCount(opts.maxTokens, maxBatch)));
+      const reserved = reserveStaging(gpu, maxBatch * 4, 8);
       if (!(await this.#prefill(seq, prompt, "sample", signal))) {
         return this.#result([], "aborted", P, t0, t0, t0, seq);
       }
@@ -628,17 +625,6 @@ interface Batch {
 }
 
 /** Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. */
-/** How many batches generate reads for `maxTokens` tokens: the prefill's token, then 1, 2, 4 .. maxBatch. */
-function batchCount(maxTokens: number, maxBatch: number): number {
-  let n = 1, planned = 1, size = 1;
-  while (planned < maxTokens) {
-    planned += Math.min(size, maxTokens - planned);
-    size = Math.min(size * 2, maxBatch);
-    n++;
-  }
-  return n;
-}
-
 async function readBatch(gpu: Gpu, b: Batch): Promise<number[]> {
   return Array.from(new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4)));
 }

@@ -5,6 +5,8 @@
 // on the values). --kernels adds the GPU time of each kernel kind over one chunk (timestamps around each
 // dispatch), so the total says where the time goes, and hostBuildMs the CPU ms of building a fresh request's
 // programs (every request builds its own: ttft - total - hostBuildMs is the rest of the host's share).
+// awaitedReads / primedStaging: readbacks in the timed runs that waited for Deno's map promise instead of
+// reading early, and staging buffers primed (kernels/readback.ts): ~10 ms each; 0 is the healthy value.
 // One JSON line per (weights, math, flash, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
 //     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes]
@@ -15,7 +17,7 @@
 // --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { type FlashVariant, getGpu, writeStep } from "../../kernels/mod.ts";
+import { type FlashVariant, getGpu, readbackStats, writeStep } from "../../kernels/mod.ts";
 import { gpuMsPerCall } from "../../kernels/timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Engine, wholeModel } from "../../models/engine.ts";
@@ -120,13 +122,20 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
       const maxChunk = values.chunk ? Number(values.chunk) : undefined;
       const ttft: number[] = [];
+      // Reads that waited for Deno's map promise and staging buffers primed in the timed runs (~10 ms each).
+      let awaited = 0, primed = 0;
       let chunk = 0;
       for (let r = 0; r <= runs; r++) { // run 0 compiles the pipelines
         const id = `bench-${P}-${r}`;
         chunk = engine.open(id, { maxSeq: P + 1, sampling, maxChunk }).chunk;
         try {
+          const [a0, p0] = [readbackStats.awaited, readbackStats.primed];
           const res = await engine.generate(id, prompt, { maxTokens: 1, eos: [] });
-          if (r > 0) ttft.push(res.firstTokenMs);
+          if (r > 0) {
+            ttft.push(res.firstTokenMs);
+            awaited += readbackStats.awaited - a0;
+            primed += readbackStats.primed - p0;
+          }
         } finally {
           engine.release(id);
         }
@@ -144,6 +153,8 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         ttftMs: +ms.toFixed(1),
         tokS: Math.round((P / ms) * 1000),
         runsMs: ttft.map((t) => +t.toFixed(1)),
+        awaitedReads: awaited,
+        primedStaging: primed,
       };
       if (values.kernels && gpu.hasTimestamps) {
         const { byKernel, buildMs } = await kernelTimes(model, P, chunk);
