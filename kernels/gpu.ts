@@ -27,6 +27,11 @@ export interface KernelTuning {
   prefetch?: boolean;
   /** The prefill flash attention: "blocked" (the default) or "lanes" (the first version; flash_attention.ts). */
   flash?: "blocked" | "lanes";
+  /**
+   * The engine's prefill encodes the next chunk while one runs and submits it as the wait returns (default
+   * true; false: encodes it after the wait and the yield, the first way; models/engine.ts). Read per prefill.
+   */
+  prefillOverlap?: boolean;
 }
 
 export interface Gpu {

@@ -518,6 +518,7 @@ export class Engine implements StageBackend {
       pass.end();
       return enc.finish();
     };
+    const overlap = gpu.tuning.prefillOverlap ?? true;
     writeBytes(gpu, seq.tokens, 0, Uint32Array.from(prompt));
     if (signal.aborted) return false;
     let next = encode(0);
@@ -527,10 +528,17 @@ export class Engine implements StageBackend {
       writeStep(gpu, seq.step, { pos0, T, tokOut: P });
       gpu.device.queue.submit([next]);
       if (pos0 + T >= P) break;
-      next = encode(pos0 + T);
-      await yieldToEventLoop(); // this chunk runs meanwhile
-      if (signal.aborted) return false; // released: its buffers are gone (the chunk in flight still finishes)
-      await readBack(gpu, seq.tokens, 4); // the chunk is done (a bounded wait: nothing else is queued)
+      if (overlap) {
+        next = encode(pos0 + T);
+        await yieldToEventLoop(); // this chunk runs meanwhile
+        if (signal.aborted) return false; // released: its buffers are gone (the chunk in flight still finishes)
+        await readBack(gpu, seq.tokens, 4); // the chunk is done (a bounded wait: nothing else is queued)
+      } else {
+        await readBack(gpu, seq.tokens, 4);
+        await yieldToEventLoop();
+        if (signal.aborted) return false;
+        next = encode(pos0 + T);
+      }
       if (signal.aborted) return false;
     }
     return true;

@@ -7,11 +7,12 @@
 // programs (every request builds its own: ttft - total - hostBuildMs is the rest of the host's share).
 // awaitedReads / primedStaging: readbacks in the timed runs that waited for Deno's map promise instead of
 // reading early, and staging buffers primed (kernels/readback.ts): ~10 ms each; 0 is the healthy value.
-// One JSON line per (weights, math, flash, prompt).
+// One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
-//     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes]
+//     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
 // --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; --flash: the prefill flash
-// attention variant (gpu.tuning.flash, kernels/flash_attention.ts). Every (math, flash) pair is run; with
+// attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
+// prefill chunk while one runs (gpu.tuning.prefillOverlap, models/engine.ts). Every combination is run; with
 // more than one, each line after the first also has the teacher-forced logits error of a 256-token prompt
 // against the first (worst row's max |error| / max |logit|, the fixtures' measure).
 // --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
@@ -40,6 +41,7 @@ const { values } = parseArgs({
     tiny: { type: "boolean", default: false },
     math: { type: "string", default: "f32" },
     flash: { type: "string", default: "blocked" },
+    overlap: { type: "string", default: "on" },
   },
 });
 
@@ -104,14 +106,20 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
   );
   let baseline: Float32Array | undefined;
   const combos = values.math!.split(",").flatMap((math) =>
-    values.flash!.split(",").map((flash) => ({ math, flash: flash as FlashVariant }))
+    values.flash!.split(",").flatMap((flash) =>
+      values.overlap!.split(",").map((overlap) => ({ math, flash: flash as FlashVariant, overlap }))
+    )
   );
-  for (const { math, flash } of combos) {
+  for (const { math, flash, overlap } of combos) {
     if (flash !== "blocked" && flash !== "lanes") {
       throw new TypeError(`--flash takes blocked or lanes, got ${flash}`);
     }
+    if (overlap !== "on" && overlap !== "off") {
+      throw new TypeError(`--overlap takes on or off, got ${overlap}`);
+    }
     Deno.env.set("SWACTOR_GEMM_MATH", math);
     gpu.tuning.flash = flash; // read as each request's programs are built
+    gpu.tuning.prefillOverlap = overlap === "on"; // read by each prefill
     let logitsErr: number | undefined;
     if (combos.length > 1) {
       const logits = await engine.logits(probe);
@@ -147,6 +155,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         weights,
         math,
         flash,
+        overlap,
         ...(logitsErr === undefined ? {} : { logitsErr: +logitsErr.toExponential(2) }),
         prompt: P,
         chunk,
