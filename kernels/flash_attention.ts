@@ -394,9 +394,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   let kvh = h / (p.n_heads / p.n_kv);
   let row4 = (p.n_heads + 2u * p.n_kv) * H4; // vec4s per qkv row
   let qscale = p.scale * 1.4426950408889634; // softmax in base 2
+  // Consecutive threads take consecutive queries, so the transposing scalar stores do not conflict.
   for (var u = tid; u < ${BQ}u * H4; u += ${TH}u) {
-    let r = u / H4;
-    let d4 = u % H4;
+    let r = u % ${BQ}u;
+    let d4 = u / ${BQ}u;
     let v = select(vec4<f32>(0.0), qkv[min(q0 + r, T - 1u) * row4 + h * H4 + d4], q0 + r < T) * qscale;
     for (var c = 0u; c < 4u; c++) { qs[(4u * d4 + c) * ${QG}u + r / 4u][r % 4u] = v[c]; }
   }
