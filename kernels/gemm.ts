@@ -21,6 +21,7 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
+  memoSource,
   pipeline,
   storageBuffer,
   uniformBuffer,
@@ -191,6 +192,9 @@ function threadPlace(TX: number, TY: number): string {
 }
 
 /** The WGSL of one GEMM variant. */
+/** gemmSource, generated once per (weights, transform, tile). */
+const gemmSources = memoSource(gemmSource);
+
 export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: GemmTile): string {
   const { bm, bn, bk, rm, rn } = t;
   const h = t.f16 === true;
@@ -410,7 +414,7 @@ export function gemmCalls(
   const acc = d.accumulate && !split ? 1 : 0;
   const params = uniformBuffer(gpu, [d.K, d.N, d.T, acc, d.xRow0 ?? 0, soff, ldx, kc]);
   const out = split ? splitScratch(gpu, splits * d.T * d.N * 4) : bufs.y;
-  const gemm = kernelCall(gpu, pipeline(gpu, gemmSource(wt, f, tile)), [params, bufs.x, bufs.w, out], [
+  const gemm = kernelCall(gpu, pipeline(gpu, gemmSources(wt, f, tile)), [params, bufs.x, bufs.w, out], [
     ceilDiv(d.N, tile.bn),
     ceilDiv(d.T, tile.bm),
     ceilDiv(d.K, kc),

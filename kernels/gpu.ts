@@ -25,6 +25,13 @@ export interface KernelTuning {
   attentionSplits?: number;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`). */
   prefetch?: boolean;
+  /** The prefill flash attention: "blocked" (the default) or "lanes" (the first version; flash_attention.ts). */
+  flash?: "blocked" | "lanes";
+  /**
+   * The engine's prefill encodes the next chunk while one runs and submits it as the wait returns (default
+   * true; false: encodes it after the wait and the yield, the first way; models/engine.ts). Read per prefill.
+   */
+  prefillOverlap?: boolean;
 }
 
 export interface Gpu {
@@ -122,6 +129,21 @@ async function requestGpu(): Promise<Gpu> {
       ?.has("packed_4x8_integer_dot_product") ?? false,
     pipelines: new Map(),
     tuning: {},
+  };
+}
+
+/**
+ * `gen` with its results kept by argument list (JSON): for the big generated kernels (unrolled GEMM and flash
+ * attention sources), which every request's programs would otherwise regenerate (~1 MB of WGSL a 16-layer
+ * program) before `pipeline` finds them compiled. Arguments must be JSON-serialisable and the generator pure.
+ */
+export function memoSource<A extends unknown[]>(gen: (...args: A) => string): (...args: A) => string {
+  const memo = new Map<string, string>();
+  return (...args: A) => {
+    const key = JSON.stringify(args);
+    let code = memo.get(key);
+    if (code === undefined) memo.set(key, code = gen(...args));
+    return code;
   };
 }
 

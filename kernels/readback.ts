@@ -16,8 +16,11 @@ import type { Gpu } from "./gpu.ts";
 export const FAST_READBACK = /^2\.9\./.test(Deno.version.deno) &&
   Deno.env.get("SWACTOR_FAST_READBACK") !== "0";
 
-/** How reads completed in this process: early (as the map call returned) or by awaiting Deno's promise. */
-export const readbackStats = { early: 0, awaited: 0 };
+/**
+ * How reads completed in this process: early (as the map call returned) or by awaiting Deno's promise; and
+ * how many staging buffers were primed (each an awaited map: it waits for the GPU's queued work and 10 ms).
+ */
+export const readbackStats = { early: 0, awaited: 0, primed: 0 };
 
 /** Buffers above this are not pooled (a logits dump): created, mapped and awaited, then destroyed. */
 const MAX_POOLED = 16 << 20;
@@ -57,6 +60,7 @@ function sizeClass(bytes: number): number {
 
 async function primed(gpu: Gpu, size: number): Promise<GPUBuffer> {
   const b = gpu.device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  readbackStats.primed++;
   await b.mapAsync(GPUMapMode.READ);
   b.unmap();
   primedSet.add(b);

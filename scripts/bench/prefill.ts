@@ -3,16 +3,22 @@
 // the head and the sampler, and the readback). On a checkpoint dir, or a Llama-3.2-1B-shaped model with
 // random weights written there first (fast: rows copied from one random pool; the numbers do not depend
 // on the values). --kernels adds the GPU time of each kernel kind over one chunk (timestamps around each
-// dispatch), so the total says where the time goes. One JSON line per (weights, prompt).
+// dispatch), so the total says where the time goes, and hostBuildMs the CPU ms of building a fresh request's
+// programs (every request builds its own: ttft - total - hostBuildMs is the rest of the host's share).
+// awaitedReads / primedStaging: readbacks in the timed runs that waited for Deno's map promise instead of
+// reading early, and staging buffers primed (kernels/readback.ts): ~10 ms each; 0 is the healthy value.
+// One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
-//     [--chunk C] [--kernels] [--tiny] [--math f32,f16]
-// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; with more than one, each
-// line after the first also has the teacher-forced logits error of a 256-token prompt against the first
-// (worst row's max |error| / max |logit|, the fixtures' measure).
+//     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
+// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; --flash: the prefill flash
+// attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
+// prefill chunk while one runs (gpu.tuning.prefillOverlap, models/engine.ts). Every combination is run; with
+// more than one, each line after the first also has the teacher-forced logits error of a 256-token prompt
+// against the first (worst row's max |error| / max |logit|, the fixtures' measure).
 // --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { getGpu, writeStep } from "../../kernels/mod.ts";
+import { type FlashVariant, getGpu, readbackStats, writeStep } from "../../kernels/mod.ts";
 import { gpuMsPerCall } from "../../kernels/timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Engine, wholeModel } from "../../models/engine.ts";
@@ -34,6 +40,8 @@ const { values } = parseArgs({
     kernels: { type: "boolean", default: false },
     tiny: { type: "boolean", default: false },
     math: { type: "string", default: "f32" },
+    flash: { type: "string", default: "blocked" },
+    overlap: { type: "string", default: "on" },
   },
 });
 
@@ -97,10 +105,23 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
     (_, i) => (i * 104729 + 7) % ckpt.config.vocabSize,
   );
   let baseline: Float32Array | undefined;
-  for (const math of values.math!.split(",")) {
+  const combos = values.math!.split(",").flatMap((math) =>
+    values.flash!.split(",").flatMap((flash) =>
+      values.overlap!.split(",").map((overlap) => ({ math, flash: flash as FlashVariant, overlap }))
+    )
+  );
+  for (const { math, flash, overlap } of combos) {
+    if (flash !== "blocked" && flash !== "lanes") {
+      throw new TypeError(`--flash takes blocked or lanes, got ${flash}`);
+    }
+    if (overlap !== "on" && overlap !== "off") {
+      throw new TypeError(`--overlap takes on or off, got ${overlap}`);
+    }
     Deno.env.set("SWACTOR_GEMM_MATH", math);
+    gpu.tuning.flash = flash; // read as each request's programs are built
+    gpu.tuning.prefillOverlap = overlap === "on"; // read by each prefill
     let logitsErr: number | undefined;
-    if (values.math!.includes(",")) {
+    if (combos.length > 1) {
       const logits = await engine.logits(probe);
       if (baseline) logitsErr = worstRowError(logits, baseline, ckpt.config.vocabSize);
       else baseline = logits;
@@ -109,13 +130,20 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
       const maxChunk = values.chunk ? Number(values.chunk) : undefined;
       const ttft: number[] = [];
+      // Reads that waited for Deno's map promise and staging buffers primed in the timed runs (~10 ms each).
+      let awaited = 0, primed = 0;
       let chunk = 0;
       for (let r = 0; r <= runs; r++) { // run 0 compiles the pipelines
         const id = `bench-${P}-${r}`;
         chunk = engine.open(id, { maxSeq: P + 1, sampling, maxChunk }).chunk;
         try {
+          const [a0, p0] = [readbackStats.awaited, readbackStats.primed];
           const res = await engine.generate(id, prompt, { maxTokens: 1, eos: [] });
-          if (r > 0) ttft.push(res.firstTokenMs);
+          if (r > 0) {
+            ttft.push(res.firstTokenMs);
+            awaited += readbackStats.awaited - a0;
+            primed += readbackStats.primed - p0;
+          }
         } finally {
           engine.release(id);
         }
@@ -126,30 +154,47 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         adapter: gpu.adapterName,
         weights,
         math,
+        flash,
+        overlap,
         ...(logitsErr === undefined ? {} : { logitsErr: +logitsErr.toExponential(2) }),
         prompt: P,
         chunk,
         ttftMs: +ms.toFixed(1),
         tokS: Math.round((P / ms) * 1000),
         runsMs: ttft.map((t) => +t.toFixed(1)),
+        awaitedReads: awaited,
+        primedStaging: primed,
       };
-      if (values.kernels && gpu.hasTimestamps) line.gpuMsByKernel = await kernelTimes(model, P, chunk);
+      if (values.kernels && gpu.hasTimestamps) {
+        const { byKernel, buildMs } = await kernelTimes(model, P, chunk);
+        line.gpuMsByKernel = byKernel;
+        line.hostBuildMs = +buildMs.toFixed(2);
+      }
       console.log(JSON.stringify(line));
     }
   }
   engine.close();
 }
 
-/** GPU ms by kernel label over the prompt's chunks (the last chunk's position range stands for all). */
-async function kernelTimes(model: Model, P: number, chunk: number): Promise<Record<string, number>> {
+/**
+ * GPU ms by kernel label over the prompt's chunks, and the host ms of building a fresh request's programs
+ * (the pipelines are cached by then; every request builds its own programs before its first submit).
+ */
+async function kernelTimes(
+  model: Model,
+  P: number,
+  chunk: number,
+): Promise<{ byKernel: Record<string, number>; buildMs: number }> {
   const seq = model.newSequence({ maxSeq: P + 1, sampling, maxChunk: chunk });
   try {
     const byLabel: Record<string, number> = {};
-    let total = 0;
+    let total = 0, buildMs = 0;
     for (let pos0 = 0; pos0 < P; pos0 += chunk) {
       const T = Math.min(chunk, P - pos0);
       writeStep(gpu, seq.step, { pos0, T, tokOut: P });
+      const t = performance.now();
       const calls = seq.program(T, pos0 + T >= P ? "sample" : "hidden");
+      buildMs += performance.now() - t;
       const ms = await gpuMsPerCall(gpu, calls, 1);
       calls.forEach((c, i) => {
         const k = c.label ?? "?";
@@ -159,7 +204,7 @@ async function kernelTimes(model: Model, P: number, chunk: number): Promise<Reco
     }
     const out: Record<string, number> = { total: +total.toFixed(2) };
     for (const [k, v] of Object.entries(byLabel).sort((a, b) => b[1] - a[1])) out[k] = +v.toFixed(2);
-    return out;
+    return { byKernel: out, buildMs };
   } finally {
     seq.destroy();
   }

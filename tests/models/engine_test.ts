@@ -144,7 +144,21 @@ Deno.test(
   },
 );
 
-Deno.test(onGpu("a long prefill yields to the event loop between chunks"), async () => {
+for (const overlap of [true, false]) {
+  Deno.test(
+    onGpu(`a long prefill yields to the event loop between chunks (prefillOverlap ${overlap})`),
+    async () => {
+      gpu!.tuning.prefillOverlap = overlap;
+      try {
+        await longPrefill();
+      } finally {
+        delete gpu!.tuning.prefillOverlap;
+      }
+    },
+  );
+}
+
+async function longPrefill(): Promise<void> {
   const dir = fixtureDir("llama-micro")!;
   const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
   try {
@@ -165,7 +179,7 @@ Deno.test(onGpu("a long prefill yields to the event loop between chunks"), async
   } finally {
     engine.close();
   }
-});
+}
 
 Deno.test(onGpu("NaN weights fail with a message that names non-finite logits"), async () => {
   const src = fixtureDir("llama-micro")!;
