@@ -206,8 +206,9 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * SWACTOR_MOE_ROWS ("gate_up,down": rows per warp of the subgroup expert GEMVs) and SWACTOR_MOE_DP4 ("0":
  * the quantised expert GEMVs convert weights to f32 instead of multiplying int8 activations; else dp4
  * wherever the dense GEMVs use it: the adapter has it and gpu.tuning.dp4 is not false) and
- * SWACTOR_MOE_PREFETCH ("0": the expert GEMVs load no weights before staging their input; default on
- * unless gpu.tuning.prefetch is false).
+ * SWACTOR_MOE_PREFETCH ("1": the expert GEMVs issue their first weight loads before staging their input,
+ * and gate_up routes in every warp; default off: on the H200 it made the Qwen3-30B-A3B shape's q4 step 23%
+ * slower at 8 layers, 0.685 against 0.558 ms, and f16's gate_up 1.8x slower at full depth; docs/BENCHMARKS.md).
  */
 function moeSwitches(
   gpu: Gpu,
@@ -221,7 +222,7 @@ function moeSwitches(
     path: Deno.env.get("SWACTOR_MOE"),
     rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
     dp4: (flag("SWACTOR_MOE_DP4") ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
-    prefetch: flag("SWACTOR_MOE_PREFETCH") ?? gpu.tuning.prefetch !== false,
+    prefetch: flag("SWACTOR_MOE_PREFETCH") ?? false,
   };
 }
 
