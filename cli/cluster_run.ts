@@ -18,6 +18,7 @@ import { UsageError } from "./command.ts";
 import { type LabCluster, labLink, planRegional, readLabCluster } from "./cluster_plan.ts";
 import { PlacementError, type Plan } from "../planner/mod.ts";
 import type { Membership } from "../node/membership/mod.ts";
+import type { WireDtype } from "../node/stage/mod.ts";
 import { createNetns, type NetnsSet } from "../scripts/wan/netns.ts";
 import { startTopology, type Topology } from "../scripts/wan/topology.ts";
 import { stopWorkers } from "./workers.ts";
@@ -32,6 +33,8 @@ export interface ClusterRunOptions {
   lab: LabCluster;
   modelDir: string;
   weights: string;
+  /** The chain's activations between stages (`up --wire`; default f16). */
+  wire?: WireDtype;
   emulateWan: boolean;
   /** --memory-scale, passed on to the leader so that it plans from the same budgets. */
   memoryScale?: number;
@@ -196,6 +199,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
       String(n),
       "--weights",
       o.weights,
+      ...(o.wire ? ["--wire", o.wire] : []),
       "--cluster-plan",
       resolve(o.file),
       ...(o.memoryScale !== undefined ? ["--memory-scale", String(o.memoryScale)] : []),

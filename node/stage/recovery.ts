@@ -172,7 +172,12 @@ export class ChainRecovery {
       }) as unknown as RecoverablePlan;
     }
     if (this.#closed || this.#board.current !== a) return; // a newer Plan came meanwhile
-    const next = this.#board.publish({ plan: plan as Assignment["plan"], model: a.model, layers: a.layers });
+    const next = this.#board.publish({
+      plan: plan as Assignment["plan"],
+      model: a.model,
+      layers: a.layers,
+      ...(a.wire ? { wire: a.wire } : {}),
+    });
     const r: Replan = {
       from: a.version,
       to: next.version,

@@ -178,6 +178,7 @@ Deno.test("recovery: a killed stage's part moves to the spare; the generation co
     const a = await publishPlan(c.nodes[0], c.pipelines[0], {
       modelDir: dir,
       weights: "f32",
+      wire: "f32",
       members: 4,
       plan,
     });
@@ -203,6 +204,8 @@ Deno.test("recovery: a killed stage's part moves to the spare; the generation co
     assert.ok(r.to > a.version && r.at_token >= 9 && r.ms >= 0 && r.gap_ms >= r.ms);
     const now = c.pipelines[0].board.current!;
     assert.deepEqual(now.plan.stages.map((s) => s.node), ["n0", "n1", "n3"], "the spare took stage 2");
+    assert.equal(got.wire, "f32", "the chain's wire (`up --wire f32`), on the resumed attempt too");
+    assert.equal(now.wire, "f32", "the re-plan keeps the chain's wire");
     assert.equal(c.pipelines[0].recovery!.replans.at(-1)!.how, "spare");
     assert.deepEqual(c.loads.sort(), ["n0:0", "n1:1", "n2:2", "n3:2"], "stages 0 and 1 kept their weights");
     // Stage 0 rebuilt the resumed request as it first ran: the prompt in the same chunks (the fake's 8),
