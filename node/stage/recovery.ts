@@ -2,7 +2,9 @@
 // the leader re-plans over the survivors and publishes the new Assignment; every node claims its new role
 // (a role that did not change keeps its weights), and the clients resume their requests on the new chain
 // (node/stage/client.ts: prompt + tokens so far are re-sent, the stages rebuild their KV). When the leader
-// itself is gone, the live member with the lowest id takes over: it re-plans and leads from then on.
+// itself is gone, the live member with the lowest id takes over: it re-plans and leads from then on. Only a
+// node that sees a strict majority of the members alive re-plans (hasMajority): a partition's minority side
+// waits, so the Plans of the two sides never compete when it heals.
 import { join } from "node:path";
 import type { ActorSystem } from "../actors/mod.ts";
 import type { Links } from "../links.ts";
@@ -82,6 +84,17 @@ export function effectiveLeader(
   return alive.includes(a.leader) ? a.leader : alive[0] ?? a.leader;
 }
 
+/**
+ * Whether `members` (one node's view, itself included) has a strict majority alive: only then may that node
+ * take the lead or re-plan. Members that left gracefully are not counted; a dead one counts until its
+ * tombstone is forgotten (a day with `lan`). So a cluster of two cannot re-plan after a loss: its survivor
+ * cannot tell a dead peer from a partition.
+ */
+export function hasMajority(members: Pick<Member, "state">[]): boolean {
+  const counted = members.filter((m) => m.state !== "left");
+  return 2 * counted.filter((m) => m.state === "alive").length > counted.length;
+}
+
 export interface RecoveryHost {
   membership: Membership;
   actors: ActorSystem;
@@ -150,6 +163,17 @@ export class ChainRecovery {
     const members = this.#host.membership.members();
     const leader = effectiveLeader(a, members);
     if (leader !== self) return;
+    if (!hasMajority(members)) {
+      // A node cut off from the others (or a leader on a partition's minority side) sees them all dead: were
+      // it to re-plan, it would put the whole model on itself, and its Plan, the newer one, would replace the
+      // majority's when the partition heals. It waits instead; the majority re-plans without it.
+      const alive = members.filter((m) => m.state === "alive").length;
+      const counted = members.filter((m) => m.state !== "left").length;
+      this.#log(
+        `recovery: this node sees ${alive} of ${counted} members alive, no majority: it does not re-plan`,
+      );
+      return;
+    }
     this.#holdLeaderName();
     const state = new Map(members.map((m) => [m.id, m.state]));
     const lost = [...planNodes(a.plan)]
