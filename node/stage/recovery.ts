@@ -106,6 +106,12 @@ export interface RecoveryOptions {
   modelDir?: string;
   /** Wait this long after a loss for others that come with it before re-planning (default 100 ms). */
   settleMs?: number;
+  /**
+   * A node that had no majority (a partition's minority side) waits this long after it sees one again before
+   * it re-plans or takes the lead (default 10 s, lan's reconnect period): its view still holds the deaths it
+   * declared alone until the refutations reach it.
+   */
+  rejoinMs?: number;
   log?: (msg: string) => void;
 }
 
@@ -118,6 +124,10 @@ export class ChainRecovery {
   #o: RecoveryOptions;
   #log: (msg: string) => void;
   #firstLoss: number | undefined;
+  /** Whether this node's last look saw no majority; when it saw one again. */
+  #minority = false;
+  #rejoinedAt = -Infinity;
+  #recheck: ReturnType<typeof setTimeout> | undefined;
   #timer: ReturnType<typeof setTimeout> | undefined;
   #busy: Promise<void> = Promise.resolve();
   #leaderRef: { stop(): Promise<void> } | undefined;
@@ -138,6 +148,7 @@ export class ChainRecovery {
   async close(): Promise<void> {
     this.#closed = true;
     clearTimeout(this.#timer);
+    clearTimeout(this.#recheck);
     for (const u of this.#unsubscribe) u();
     await this.#busy;
     await this.#leaderRef?.stop();
@@ -161,9 +172,15 @@ export class ChainRecovery {
     if (!a || this.#closed) return;
     const self = this.#host.membership.id;
     const members = this.#host.membership.members();
+    const majority = hasMajority(members);
+    if (!majority) this.#minority = true;
+    else if (this.#minority) {
+      this.#minority = false;
+      this.#rejoinedAt = performance.now();
+    }
     const leader = effectiveLeader(a, members);
     if (leader !== self) return;
-    if (!hasMajority(members)) {
+    if (!majority) {
       // A node cut off from the others (or a leader on a partition's minority side) sees them all dead: were
       // it to re-plan, it would put the whole model on itself, and its Plan, the newer one, would replace the
       // majority's when the partition heals. It waits instead; the majority re-plans without it.
@@ -172,6 +189,16 @@ export class ChainRecovery {
       this.#log(
         `recovery: this node sees ${alive} of ${counted} members alive, no majority: it does not re-plan`,
       );
+      return;
+    }
+    const wait = this.#rejoinedAt + (this.#o.rejoinMs ?? 10_000) - performance.now();
+    if (wait > 0) {
+      // Back from a partition's minority side: a member it declared dead alone (the leader, say) may be alive
+      // and refuting it. At the heal of a 15 s partition of one stage, the cut-off node saw the others come
+      // back but the leader not yet, took the lead (its id the lowest then) and moved the leader's stage (5 of
+      // 20 chaos runs). Look again once the refutations had time to arrive.
+      clearTimeout(this.#recheck);
+      this.#recheck = setTimeout(() => this.#schedule(), wait);
       return;
     }
     this.#holdLeaderName();
