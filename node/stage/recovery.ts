@@ -107,11 +107,10 @@ export interface RecoveryOptions {
   /** Wait this long after a loss for others that come with it before re-planning (default 100 ms). */
   settleMs?: number;
   /**
-   * A node that had no majority (a partition's minority side) waits this long after it sees one again before
-   * it re-plans or takes the lead (default 10 s, lan's reconnect period): its view still holds the deaths it
-   * declared alone until the refutations reach it.
+   * How long a death this node saw while it had no majority is disbelieved (default 60 s: two `lan` push-pull
+   * periods, for the views to converge after a partition heals).
    */
-  rejoinMs?: number;
+  distrustMs?: number;
   log?: (msg: string) => void;
 }
 
@@ -124,10 +123,14 @@ export class ChainRecovery {
   #o: RecoveryOptions;
   #log: (msg: string) => void;
   #firstLoss: number | undefined;
-  /** Whether this node's last look saw no majority; when it saw one again. */
-  #minority = false;
-  #rejoinedAt = -Infinity;
-  #recheck: ReturnType<typeof setTimeout> | undefined;
+  /**
+   * Members that turned dead while this node saw no majority (it was on a partition's minority side), and
+   * when: until they are alive again (or distrustMs), they count as alive here. At the heal of a 15 s
+   * partition of one stage, the cut-off node saw the others come back before the leader (it refuses
+   * connections from members it holds dead, and no one had told the leader it was thought dead, so it had
+   * not refuted), took the lead with the lowest live id and moved the leader's stage (5 of 20 chaos runs).
+   */
+  #distrusted = new Map<string, number>();
   #timer: ReturnType<typeof setTimeout> | undefined;
   #busy: Promise<void> = Promise.resolve();
   #leaderRef: { stop(): Promise<void> } | undefined;
@@ -140,6 +143,10 @@ export class ChainRecovery {
     this.#o = opts;
     this.#log = opts.log ?? ((m) => console.error(`swactor: ${m}`));
     this.#unsubscribe.push(host.membership.onChange(({ member }) => {
+      if (member.state === "dead" && !hasMajority(host.membership.members())) {
+        this.#distrusted.set(member.id, performance.now());
+      }
+      if (member.state === "alive") this.#distrusted.delete(member.id);
       if (member.state === "dead" || member.state === "left") this.#schedule();
     }));
     this.#unsubscribe.push(board.onChange(() => this.#schedule()));
@@ -148,7 +155,6 @@ export class ChainRecovery {
   async close(): Promise<void> {
     this.#closed = true;
     clearTimeout(this.#timer);
-    clearTimeout(this.#recheck);
     for (const u of this.#unsubscribe) u();
     await this.#busy;
     await this.#leaderRef?.stop();
@@ -171,16 +177,16 @@ export class ChainRecovery {
     this.#firstLoss = undefined;
     if (!a || this.#closed) return;
     const self = this.#host.membership.id;
-    const members = this.#host.membership.members();
-    const majority = hasMajority(members);
-    if (!majority) this.#minority = true;
-    else if (this.#minority) {
-      this.#minority = false;
-      this.#rejoinedAt = performance.now();
+    const now = performance.now();
+    for (const [id, at] of this.#distrusted) {
+      if (now - at > (this.#o.distrustMs ?? 60_000)) this.#distrusted.delete(id);
     }
+    const members = this.#host.membership.members().map((m) =>
+      m.state === "dead" && this.#distrusted.has(m.id) ? { ...m, state: "alive" as const } : m
+    );
     const leader = effectiveLeader(a, members);
     if (leader !== self) return;
-    if (!majority) {
+    if (!hasMajority(members)) {
       // A node cut off from the others (or a leader on a partition's minority side) sees them all dead: were
       // it to re-plan, it would put the whole model on itself, and its Plan, the newer one, would replace the
       // majority's when the partition heals. It waits instead; the majority re-plans without it.
@@ -189,16 +195,6 @@ export class ChainRecovery {
       this.#log(
         `recovery: this node sees ${alive} of ${counted} members alive, no majority: it does not re-plan`,
       );
-      return;
-    }
-    const wait = this.#rejoinedAt + (this.#o.rejoinMs ?? 10_000) - performance.now();
-    if (wait > 0) {
-      // Back from a partition's minority side: a member it declared dead alone (the leader, say) may be alive
-      // and refuting it. At the heal of a 15 s partition of one stage, the cut-off node saw the others come
-      // back but the leader not yet, took the lead (its id the lowest then) and moved the leader's stage (5 of
-      // 20 chaos runs). Look again once the refutations had time to arrive.
-      clearTimeout(this.#recheck);
-      this.#recheck = setTimeout(() => this.#schedule(), wait);
       return;
     }
     this.#holdLeaderName();
