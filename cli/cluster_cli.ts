@@ -16,6 +16,7 @@ import { Checkpoint } from "../models/checkpoint.ts";
 import { onStopSignal } from "./signals.ts";
 import { parseWeights } from "./load_model.ts";
 import { claimState, clearState, statePath, writeState } from "../node/state_file.ts";
+import type { WireDtype } from "../node/stage/mod.ts";
 
 export const CLUSTER_HELP =
   `  --cluster FILE       start one local node process per node of this cluster file (planner language,
@@ -80,7 +81,9 @@ async function clusterSetup(values: ClusterValues, modelDir: string) {
 }
 
 /** Starts the lab cluster, aborting on a stop signal meanwhile. */
-async function start(setup: Awaited<ReturnType<typeof clusterSetup>>): Promise<ClusterRun | number> {
+async function start(
+  setup: Awaited<ReturnType<typeof clusterSetup>> & { wire?: WireDtype },
+): Promise<ClusterRun | number> {
   const abort = new AbortController();
   let code = 130;
   const remove = onStopSignal((signal, c) => {
@@ -161,7 +164,7 @@ export async function logitsCluster(
 }
 
 /** up --cluster FILE: the lab cluster until a stop signal, `swactor down`, or its leader's end. */
-export async function upCluster(values: ClusterValues): Promise<number> {
+export async function upCluster(values: ClusterValues, wire?: WireDtype): Promise<number> {
   if (!values.model) throw new UsageError("up --cluster needs --model DIR");
   const setup = await clusterSetup(values, values.model);
   const running = await claimState(Deno.pid, () => {});
@@ -172,7 +175,7 @@ export async function upCluster(values: ClusterValues): Promise<number> {
     );
   }
   try {
-    const run = await start(setup);
+    const run = await start({ ...setup, wire });
     if (typeof run === "number") return run;
     try {
       const api = run.target.base.replace(/^http:\/\//, "");

@@ -7,8 +7,9 @@
 // memory bandwidth over its own: every GPU wait of a step is stretched by that factor, kernels/gpu.ts).
 // With --emulate-wan every node runs in a network namespace of its own and reaches the others only through
 // the WAN emulation's relays (scripts/wan/), one relay pair per pair of nodes carrying the file's one-way
-// latency and rate cap between them. The caller talks to the leader's control API. close() stops the nodes,
-// the relays and the namespaces; namespaces left by an earlier run that died are deleted at start.
+// latency and rate cap between them (`partition` cuts a node off there and heals it). The caller talks to the
+// leader's control API. close() stops the nodes, the relays and the namespaces; namespaces left by an earlier
+// run that died are deleted at start.
 import { basename, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { ApiTarget } from "../node/api/mod.ts";
@@ -18,6 +19,7 @@ import { UsageError } from "./command.ts";
 import { type LabCluster, labLink, planRegional, readLabCluster } from "./cluster_plan.ts";
 import { PlacementError, type Plan } from "../planner/mod.ts";
 import type { Membership } from "../node/membership/mod.ts";
+import type { WireDtype } from "../node/stage/mod.ts";
 import { createNetns, type NetnsSet } from "../scripts/wan/netns.ts";
 import { startTopology, type Topology } from "../scripts/wan/topology.ts";
 import { stopWorkers } from "./workers.ts";
@@ -32,6 +34,8 @@ export interface ClusterRunOptions {
   lab: LabCluster;
   modelDir: string;
   weights: string;
+  /** The chain's activations between stages (`up --wire`; default f16). */
+  wire?: WireDtype;
   emulateWan: boolean;
   /** --memory-scale, passed on to the leader so that it plans from the same budgets. */
   memoryScale?: number;
@@ -49,6 +53,13 @@ export interface ClusterRun {
   names: Map<string, string>;
   /** Datagrams the relays delivered, when the WAN is emulated. */
   relayDatagrams(): number | undefined;
+  /**
+   * With the WAN emulated: cuts the node the file names `name` off from every other node at the relays (every
+   * datagram between it and them dropped, both ways), or with `cut` false gives it the file's links back. The
+   * node runs on and its control API stays reachable from this machine: a partition as the others see it
+   * (scripts/chaos/run.ts). Error without the emulation; RangeError for a name the file does not have.
+   */
+  partition(name: string, cut: boolean): void;
   /** Resolves when the leader's process has ended (`swactor down`, or it failed). */
   exited: Promise<void>;
   close(): Promise<void>;
@@ -196,6 +207,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
       String(n),
       "--weights",
       o.weights,
+      ...(o.wire ? ["--wire", o.wire] : []),
       "--cluster-plan",
       resolve(o.file),
       ...(o.memoryScale !== undefined ? ["--memory-scale", String(o.memoryScale)] : []),
@@ -259,6 +271,17 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
       names,
       exited: leader.status.then(() => {}),
       relayDatagrams: () => topo?.stats().reduce((s, r) => s + r.up.delivered + r.down.delivered, 0),
+      partition: (name, cut) => {
+        if (!topo) throw new Error("a partition needs the WAN emulated (--emulate-wan)");
+        const i = nodes.findIndex((x) => x.name === name);
+        if (i < 0) throw new RangeError(`no node ${name} in ${o.file}`);
+        for (let j = 0; j < n; j++) {
+          if (j === i) continue;
+          const [a, b] = i < j ? [i, j] : [j, i];
+          const spec = labLink(o.lab.cluster, nodes[a].name, nodes[b].name);
+          topo.setLink(a, b, cut ? { ...spec, loss: 1 } : spec);
+        }
+      },
       close,
     };
   } catch (e) {

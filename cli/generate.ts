@@ -1,4 +1,5 @@
 // swactor generate: text (or token ids) in, generated text streamed out.
+import { wireFlag } from "./wire_flag.ts";
 import type { Command } from "./command.ts";
 import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
@@ -42,7 +43,8 @@ ${WEIGHTS_HELP}
                         same model), else this process alone.
   --plan FILE           with --local: use this Plan JSON instead of planning (its stage nodes are
                         mapped onto the cluster's nodes in order)
-  --wire f16|f32        activations between stages (default f16)
+  --wire f16|f32        activations between stages (default f16; through \`up\`'s chain, the chain's:
+                        \`up --wire\`)
   --experts local|spread  with --local: MoE experts on their layer's stage (local, the default) or
                         spread over the nodes (expert parallelism); --json then adds expert_hosts and
                         fanout (what went to each node per MoE layer) and routing_counts (the
@@ -95,9 +97,7 @@ export const generateCommand: Command = {
     if (values.plan !== undefined && values.local === undefined) {
       throw new UsageError("--plan needs --local N (a running cluster takes its plan from `up --plan`)");
     }
-    if (values.wire !== undefined && values.wire !== "f16" && values.wire !== "f32") {
-      throw new UsageError(`--wire expects f16 or f32, got "${values.wire}"`);
-    }
+    const wire = wireFlag(values.wire);
     if (positionals.length > 1) {
       throw new UsageError(`expected one PROMPT (quote it), got ${positionals.length} words`);
     }
@@ -136,7 +136,7 @@ export const generateCommand: Command = {
       maxTokens,
       sampling: { temperature, topP, seed },
       json: values.json ?? false,
-      wire: (values.wire ?? "f16") as "f16" | "f32",
+      wire,
       speculate: spec,
       routingOut,
     };

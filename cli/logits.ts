@@ -1,4 +1,5 @@
 // swactor logits: teacher-forced logits of a token sequence, written as safetensors (for comparing
+import { wireFlag } from "./wire_flag.ts";
 // with reference outputs).
 import type { Command } from "./command.ts";
 import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
@@ -44,15 +45,13 @@ export const logitsCommand: Command = {
     if (!values.out) throw new UsageError("--out FILE is required");
     const tokens = parseTokenList(values.tokens);
     await checkOutputPath(values.out, "--out");
-    if (values.wire !== undefined && values.wire !== "f16" && values.wire !== "f32") {
-      throw new UsageError(`--wire expects f16 or f32, got "${values.wire}"`);
-    }
+    const wire = wireFlag(values.wire) ?? "f32";
     if (values["cluster-plan"] !== undefined) throw new UsageError("--cluster-plan is `up`'s (the leader's)");
     if (values.cluster !== undefined) {
       return await logitsCluster(values, {
         ids: tokens,
         out: values.out,
-        wire: (values.wire ?? "f32") as "f16" | "f32",
+        wire,
       }, values.model);
     }
     for (const f of ["emulate-wan", "memory-scale", "context"] as const) {
@@ -65,7 +64,7 @@ export const logitsCommand: Command = {
         weights: parseWeights(values.weights),
         ids: tokens,
         out: values.out,
-        wire: (values.wire ?? "f32") as "f16" | "f32",
+        wire,
         experts: expertsFlag(values.experts, values.local),
       });
     }

@@ -44,7 +44,8 @@ export interface ChainGenerateOptions {
   maxTokens: number;
   sampling: Sampling;
   json: boolean;
-  wire: "f16" | "f32";
+  /** Activations between stages; absent: the chain's (`up --wire`; f16 for a chain started here). */
+  wire?: "f16" | "f32";
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
   /** Write the per-token, per-hop trace (Chrome trace-event JSON) here. */
   trace?: string;
@@ -157,6 +158,8 @@ function report(
     tokS: number;
     firstTokenMs: number;
     recoveries?: RecoveryRecord[];
+    /** What the chain ran the request with (absent from older nodes). */
+    wire?: "f16" | "f32";
   },
   chain: { stages: unknown[]; nodes: number },
   predicted?: RequestPrediction,
@@ -181,7 +184,7 @@ function report(
       stop_reason: r.stopReason,
       seed: o.sampling.seed,
       weights: o.weights,
-      wire: o.wire,
+      wire: r.wire ?? o.wire ?? "f16",
       nodes: chain.nodes,
       stages: chain.stages,
       ...(experts ? { expert_hosts: experts.hosts, fanout: experts.fanout, fanout_parts: decodeParts } : {}),

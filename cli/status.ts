@@ -29,7 +29,8 @@ Asks the node at --api (default: the node \`up\` started on this machine) for it
            "pipeline"?: {"ready", "stages", "replans", ...}} on one line; each member's descriptor holds what
            it measured (memory, bandwidth, per-step costs) and its links; pid is given for members on this
            machine; roles are leader, stage-{i} and expert sets; pipeline.ready is true when every stage of
-           the current Plan is ready; replans lists the re-plans after lost nodes this node made as leader
+           the current Plan is ready; pipeline.assignment.wire is what requests that name no wire send
+           between stages (\`up --wire\`); replans lists the re-plans after lost nodes this node made as leader
 The table shows each member's measured memory, GEMV bandwidth (GB/s at the widest width measured), a step's
 fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, and how many).`,
   async run(argv) {
@@ -42,7 +43,7 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
       plan: unknown;
       pipeline?: {
         ready?: boolean;
-        assignment?: { version: number; leader: string } | null;
+        assignment?: { version: number; leader: string; wire?: string } | null;
         replans?: {
           from: number;
           to: number;
@@ -95,7 +96,7 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
       console.log(
         `plan v${p.assignment.version}, leader ${p.assignment.leader.slice(0, 16)}: ${
           p.ready ? "ready" : "not ready"
-        }`,
+        }${p.assignment.wire ? `, activations ${p.assignment.wire} between stages` : ""}`,
       );
     }
     for (const r of p?.replans ?? []) {

@@ -6,7 +6,7 @@ import { runNodeProcess } from "./node_process.ts";
 import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
-import { type PipelineNode, publishPlan } from "../node/stage/mod.ts";
+import { type PipelineNode, publishPlan, requestWire } from "../node/stage/mod.ts";
 import { spawnWorker, stopWorkers } from "./workers.ts";
 import { readPlanFile } from "./plan_file.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
@@ -28,15 +28,17 @@ import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
 import { readStdin } from "./workers.ts";
 import { CLUSTER_HELP, clusterFlags, upCluster } from "./cluster_cli.ts";
 import { labPlanOnMembers } from "./cluster_run.ts";
+import { WIRE_UP_HELP, wireFlag } from "./wire_flag.ts";
 
 export const up: Command = {
   name: "up",
   summary: "start a node that leads a cluster and print its ticket",
   usage: `Usage: swactor up [--peers N] [--listen HOST:PORT] [--relay n0|URL|none] [--api HOST:PORT]
                   [--membership lan|wan|local|test]
-                  [--model DIR] [--members N] [--plan FILE] [--weights f32|f16|q8|q4] [--memory SIZE]
-                  [--http HOST:PORT|off] [--api-key KEY] [--insecure] [--parallel N] [--queue N]
-       swactor up --cluster FILE --model DIR [--emulate-wan] [--memory-scale F] [--weights W]
+                  [--model DIR] [--members N] [--plan FILE] [--weights f32|f16|q8|q4] [--wire f16|f32]
+                  [--memory SIZE] [--http HOST:PORT|off] [--api-key KEY] [--insecure] [--parallel N]
+                  [--queue N]
+       swactor up --cluster FILE --model DIR [--emulate-wan] [--memory-scale F] [--weights W] [--wire W]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
 stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then leaves gracefully.
@@ -58,6 +60,7 @@ ${RELAY_HELP}
   --plan FILE          with --model: use this Plan JSON instead of planning (its stage nodes are mapped
                        onto the members in order); without --model it is only shown by \`status\`
   --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)
+${WIRE_UP_HELP}
 ${SERVING_HELP}
 ${SPECULATE_UP_HELP}
 ${MEMORY_HELP}
@@ -74,6 +77,7 @@ ${CLUSTER_HELP}`,
       model: { type: "string" },
       plan: { type: "string" },
       weights: { type: "string" },
+      wire: { type: "string" },
       http: { type: "string" },
       "api-key": { type: "string" },
       insecure: { type: "boolean" },
@@ -86,7 +90,13 @@ ${CLUSTER_HELP}`,
       ...SPECULATE_FLAGS,
       ...clusterFlags,
     });
-    if (values.cluster !== undefined) return await upCluster(values);
+    const wire = wireFlag(values.wire);
+    if (wire !== undefined && values.model === undefined) {
+      throw new UsageError(
+        "--wire sets the activations of the chain that `up --model DIR` serves: it needs --model",
+      );
+    }
+    if (values.cluster !== undefined) return await upCluster(values, wire);
     if (values["emulate-wan"]) throw new UsageError("--emulate-wan needs --cluster FILE");
     if (values["cluster-plan"] !== undefined && !values.model) {
       throw new UsageError("--cluster-plan needs --model");
@@ -212,6 +222,7 @@ ${CLUSTER_HELP}`,
             const a = await publishPlan(node, pipeline, {
               modelDir: resolve(values.model),
               weights,
+              wire,
               members,
               // Nodes beyond --peers join by hand: give them time.
               timeoutMs: members > peers ? 600_000 : undefined,
@@ -222,7 +233,8 @@ ${CLUSTER_HELP}`,
             const chain = await pipeline.waitReady({ signal });
             readyVersion = chain.version;
             console.error(
-              `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)}`,
+              `swactor: chain ready: ${chain.nodes.length} stage(s) serving ${resolve(values.model)} ` +
+                `(activations ${requestWire(chain)} between stages)`,
             );
           }
         },

@@ -11,8 +11,8 @@ export interface GenerateRequest {
   sampling: Sampling;
   /** Token ids that end the generation (default none). */
   eos: number[];
-  /** Activations between stages (default "f16"). */
-  wire: WireDtype;
+  /** Activations between stages; absent: the chain's (`up --wire`, default f16). */
+  wire?: WireDtype;
   /**
    * Speculative decoding with the node's drafter (docs/SPECULATIVE.md): drafts per chunk, or "auto";
    * absent: plain decoding.
@@ -73,8 +73,8 @@ export function parseGenerateRequest(body: unknown, limits: RequestLimits): Gene
     if (!Array.isArray(obj.eos)) throw new BadRequestError("eos must be an array of token ids");
     eos = obj.eos.map((t, i) => tokenId(`eos[${i}]`)(t));
   }
-  const wire = obj.wire ?? "f16";
-  if (wire !== "f16" && wire !== "f32") {
+  const wire = obj.wire;
+  if (wire !== undefined && wire !== "f16" && wire !== "f32") {
     throw new BadRequestError(`wire must be "f16" or "f32", got ${JSON.stringify(wire).slice(0, 40)}`);
   }
   const spec: Pick<GenerateRequest, "speculate" | "speculateDepth" | "draft"> = {};
@@ -93,7 +93,7 @@ export function parseGenerateRequest(body: unknown, limits: RequestLimits): Gene
   if (spec.speculate === undefined && (spec.speculateDepth !== undefined || spec.draft !== undefined)) {
     throw new BadRequestError("speculateDepth and draft need speculate");
   }
-  return { tokens, maxTokens, sampling, eos, wire, ...spec };
+  return { tokens, maxTokens, sampling, eos, ...(wire !== undefined ? { wire } : {}), ...spec };
 }
 
 function object(v: unknown, what: string): Record<string, unknown> {

@@ -5,7 +5,13 @@
 // (generate_request.ts), and admitted against the node's KV budget (kv_budget.ts) before anything starts.
 import type { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import type { GenerateOutcome, PipelineNode, TokenEvent } from "../stage/mod.ts";
+import {
+  type GenerateOutcome,
+  type PipelineNode,
+  requestWire,
+  type TokenEvent,
+  type WireDtype,
+} from "../stage/mod.ts";
 import { ndjsonLine, readNdjson } from "./ndjson.ts";
 import { BadRequestError, parseGenerateRequest } from "./generate_request.ts";
 import { KvBudget, planKvTokens } from "./kv_budget.ts";
@@ -17,6 +23,8 @@ export type GenerateLine =
   | TokenEvent
   | {
     done: Pick<GenerateOutcome, "stopReason" | "firstTokenMs" | "tokS"> & {
+      /** The activations between stages the request ran with (absent from older nodes). */
+      wire?: GenerateOutcome["wire"];
       stages: number;
       /** A speculative request's figures (docs/SPECULATIVE.md). */
       speculation?: SpeculateOutcome["stats"] & { chosenK: number[] };
@@ -43,7 +51,15 @@ export async function pipelineStatus(p: PipelineNode): Promise<unknown> {
   if (!a) return { assignment: null, local: p.local ?? null, stages: [], ready: false };
   const stages = await p.stageReports();
   return {
-    assignment: { version: a.version, leader: a.leader, model: a.model, layers: a.layers, plan: a.plan },
+    assignment: {
+      version: a.version,
+      leader: a.leader,
+      model: a.model,
+      layers: a.layers,
+      // What requests that name no wire send (`up --wire`).
+      wire: requestWire(a),
+      plan: a.plan,
+    },
     local: p.local ?? null,
     stages,
     // Every stage of the current Plan answers with that version from the Plan's node.
@@ -167,6 +183,7 @@ export function pipelineRoutes(
               stopReason: out.stopReason,
               firstTokenMs: out.firstTokenMs,
               tokS: out.tokS,
+              wire: out.wire,
               stages: chain.nodes.length,
               ...(out.stats && out.trips
                 ? { speculation: { ...out.stats, chosenK: out.trips.map((t) => t.drafted) } }
@@ -221,7 +238,7 @@ export function pipelineRoutes(
       c.req.raw.signal.addEventListener("abort", () => abort.abort(new Error("the client went away")));
       const { logits } = await p.client.logits(chain, tokens as number[], {
         vocab: V,
-        wire: (body.wire ?? "f16") as "f16" | "f32",
+        wire: body.wire as WireDtype | undefined,
         signal: abort.signal,
       });
       return new Response(logits.slice().buffer as ArrayBuffer, {

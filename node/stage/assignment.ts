@@ -6,6 +6,7 @@ import type { DelegateHandle, GossipDelegate } from "../membership/swim.ts";
 import type { PeerAddr, PeerId } from "../transport/transport.ts";
 import type { ModelRef } from "./backend.ts";
 import type { PlanStages } from "./roles.ts";
+import type { WireDtype } from "./messages.ts";
 
 export interface Assignment {
   version: number;
@@ -16,6 +17,11 @@ export interface Assignment {
   model: ModelRef;
   /** The model's layer count. */
   layers: number;
+  /**
+   * The activations between stages of requests that name none (`up --wire`); absent (an older leader's
+   * Assignment): f16. A re-plan keeps it.
+   */
+  wire?: WireDtype;
 }
 
 /** What the delegate needs from membership (Membership satisfies it). */

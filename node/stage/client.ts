@@ -23,6 +23,13 @@ export interface Chain {
   version: number;
   /** Node id of each stage, in order. */
   nodes: string[];
+  /** The chain's activations between stages for requests that name none (`up --wire`); absent: f16. */
+  wire?: WireDtype;
+}
+
+/** The activations a request on `chain` sends: its own `wire`, else the chain's (`up --wire`), else f16. */
+export function requestWire(chain: Pick<Chain, "wire">, wire?: WireDtype): WireDtype {
+  return wire ?? chain.wire ?? "f16";
 }
 
 /** What the client needs from the actor system. */
@@ -51,7 +58,7 @@ export interface RequestOptions {
   sampling?: Sampling;
   /** Default: none (generation stops at maxTokens). */
   eos?: number[];
-  /** Activations on the wire, default "f16". */
+  /** Activations between stages; default the chain's (requestWire). */
   wire?: WireDtype;
   signal?: AbortSignal;
   onToken?: (e: TokenEvent) => void;
@@ -67,6 +74,8 @@ export interface GenerateOutcome {
   tokS: number;
   /** Each time the request lost a stage and resumed on another chain. */
   recoveries?: RecoveryRecord[];
+  /** The activations between stages it ran with (requestWire). */
+  wire: WireDtype;
 }
 
 /** A speculative generation: the outcome, and what speculation did. */
@@ -219,6 +228,7 @@ export class PipelineClient {
           firstTokenMs: first,
           tokS: tokens.length > 1 && span > 0 ? ((tokens.length - 1) / span) * 1000 : 0,
           recoveries,
+          wire: requestWire(chain, opts.wire),
         });
       }
     }, resume);
@@ -283,6 +293,7 @@ export class PipelineClient {
               tokS: tokens.length > 1 && span > 0 ? ((tokens.length - 1) / span) * 1000 : 0,
               stats: spec!.stats,
               trips: spec!.trips,
+              wire: requestWire(chain, opts.wire),
             });
           },
           fail: (e) => p.fail(e),
@@ -358,6 +369,8 @@ export class PipelineClient {
     if (chain.nodes.length === 0) return Promise.reject(new TypeError("the chain has no stages"));
     if (opts.signal?.aborted) return Promise.reject(opts.signal.reason);
     const base = `${this.#self.slice(0, 8)}-${this.#next++}-${crypto.randomUUID().slice(0, 8)}`;
+    // Fixed for the request: a resumed attempt sends what the first one did, whatever chain it runs on.
+    const wire = requestWire(chain, opts.wire);
     const started = performance.now();
     return new Promise<T>((resolve, reject) => {
       let settled = false;
@@ -408,7 +421,7 @@ export class PipelineClient {
           eos: opts.eos ?? [],
           client: this.name,
           clientNode: this.#self,
-          wire: opts.wire ?? "f16",
+          wire,
           version: chain.version,
           ...(before.length ? { replayFrom: prompt.length } : {}),
         };

@@ -20,6 +20,7 @@ export {
   PipelineError,
   type RecoveryRecord,
   type RequestOptions,
+  requestWire,
   type SpeculateOutcome,
   type TokenEvent,
 } from "./client.ts";

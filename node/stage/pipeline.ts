@@ -145,7 +145,11 @@ export class PipelineNode {
   /** The chain of the current Assignment (it may not be ready: see waitReady). */
   chain(): Chain | undefined {
     const a = this.board.current;
-    return a && { version: a.version, nodes: a.plan.stages.map((s) => s.node) };
+    return a && {
+      version: a.version,
+      nodes: a.plan.stages.map((s) => s.node),
+      ...(a.wire ? { wire: a.wire } : {}),
+    };
   }
 
   /** Asks every stage for its STATS (per stage: version, active requests, KV bytes; or an error). */

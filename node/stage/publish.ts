@@ -6,6 +6,7 @@ import type { Member, Membership } from "../membership/mod.ts";
 import { descriptorView } from "../descriptor.ts";
 import type { Links } from "../links.ts";
 import type { Assignment } from "./assignment.ts";
+import type { WireDtype } from "./messages.ts";
 import type { PipelineNode } from "./pipeline.ts";
 import { type ChainMember, planChain } from "./plan_chain.ts";
 import { type ExpertPlan, spreadExperts } from "./experts.ts";
@@ -16,6 +17,8 @@ export interface PublishOptions {
   /** Checkpoint folder (absolute paths travel best: every node opens the same path). */
   modelDir: string;
   weights: string;
+  /** The chain's activations between stages for requests that name none (`up --wire`; default f16). */
+  wire?: WireDtype;
   /** Members to wait for before planning. */
   members: number;
   /** A Plan JSON to use instead of planning: its stage nodes are mapped onto the members in order. */
@@ -112,6 +115,7 @@ export async function publishPlan(
     plan: plan as Assignment["plan"],
     model: { dir: opts.modelDir, weights: opts.weights },
     layers,
+    wire: opts.wire ?? "f16",
   });
 }
 

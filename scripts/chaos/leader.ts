@@ -1,7 +1,8 @@
 // The leader's loss (issue 18, docs/RECOVERY.md): `up --peers 1 --members P --model DIR` and P-1 `join`
 // processes (which, unlike `up --peers` workers, outlive the leader), a greedy generation through the
 // leader, kill -9 of the leader mid-generation; then how long until another member leads with a ready chain
-// (its status says so), and whether a new generation through that member gives the single node's tokens.
+// (its status says so), and whether a new generation through that member gives the single node's tokens
+// (on the chain's wire: the new leader's re-plan keeps `up --wire f32`).
 //
 //   deno run -A scripts/chaos/leader.ts --model DIR [--peers 5] [--max-tokens 200] [--runs 1] [--json out.json]
 import { parseArgs } from "node:util";
@@ -63,7 +64,19 @@ async function oneRun(model: string, peers: number, maxTokens: number, want: num
   };
   const run: LeaderRun = { newLeaderMs: null, leader: null, identical: false };
   try {
-    const up = spawn(["up", "--peers", "1", "--members", String(peers), "--model", model, "--http", "off"]);
+    const up = spawn([
+      "up",
+      "--peers",
+      "1",
+      "--members",
+      String(peers),
+      "--model",
+      model,
+      "--wire",
+      "f32",
+      "--http",
+      "off",
+    ]);
     const out = await lines(up.stdout, (l) => l.startsWith("ticket: "), 60_000);
     const ticket = out.find((l) => l.startsWith("ticket: "))!.slice(8);
     const file = `${state}/ticket`;
@@ -81,7 +94,7 @@ async function oneRun(model: string, peers: number, maxTokens: number, want: num
     const res = await fetch(`http://${upState.api}/generate`, {
       method: "POST",
       headers: { "content-type": "application/json", authorization: `Bearer ${upState.token}` },
-      body: JSON.stringify({ tokens: PROMPT, maxTokens, wire: "f32" }),
+      body: JSON.stringify({ tokens: PROMPT, maxTokens }),
     });
     const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
     let n = 0;

@@ -1,20 +1,28 @@
-// Chaos runs (issue 18, docs/RECOVERY.md): N runs, each on a fresh `up --peers P --model DIR` (real
-// processes on this machine, the `lan` membership preset), each killing (kill -9) or stopping (SIGSTOP for
-// --stop-s, then SIGCONT) a random non-leader node at a random token of a greedy generation through the
-// cluster's control API. Reports completed runs, outputs identical to the single node's, and the recovery
-// times (from the loss being seen to decoding going on: `ms`; from the last token before the loss: `gap_ms`).
+// Chaos runs (issue 18, docs/RECOVERY.md): N runs, each on a fresh cluster of P real node processes on this
+// machine (the `lan` membership preset, `--wire f32`), each hitting a random non-leader node at a random
+// token of a greedy generation through the cluster's control API:
+//   kill       kill -9 (on `up --peers P --model DIR`);
+//   stop       SIGSTOP for --stop-s, then SIGCONT (on `up --peers P`);
+//   partition  the node cut off from every other node for --partition-s at the WAN emulation's relays, then
+//              healed (on the lab cluster of `up --cluster FILE --emulate-wan`: each node in a network
+//              namespace of its own, reaching the others only through the relays; needs root). The file is
+//              written here: P equal nodes on a LAN (0.3 ms, 1 Gbit/s), each a region of its own, so the lab
+//              plans a stage per node while there are layers (cli/cluster_plan.ts); the victim is a stage.
+// Reports completed runs, outputs identical to the single node's, and the recovery times (from the loss being
+// seen to decoding going on: `ms`; from the last token before the loss: `gap_ms`). After a stop or a
+// partition, once the node is back with its old Plan, a second generation must give the same tokens too.
 //
-//   deno run -A scripts/chaos/run.ts --model DIR [--runs 20] [--faults kill,stop] [--peers 5]
-//     [--max-tokens 200] [--stop-s 15] [--seed 1] [--temperature 0] [--json out.json]
+//   deno run -A scripts/chaos/run.ts --model DIR [--runs 20] [--faults kill,stop,partition] [--peers 5]
+//     [--max-tokens 200] [--stop-s 15] [--partition-s 15] [--seed 1] [--temperature 0] [--json out.json]
 //
 // --temperature T > 0 samples (top-p 0.9, sampling seed 7): the resumed request must draw what the
 // uninterrupted one drew, since each position's draw comes from (seed, position).
-//
-// Partitions through the WAN relay need network namespaces (root); on this machine the partition fault is
-// exercised on the in-memory network instead (tests/node/stage/recovery_test.ts).
 import { parseArgs } from "node:util";
 import { resolve } from "node:path";
+import { join } from "node:path";
 import { readGenerateLines } from "../../node/api/mod.ts";
+import { readLabCluster } from "../../cli/cluster_plan.ts";
+import { startClusterRun } from "../../cli/cluster_run.ts";
 
 export const PROMPT = [128000, 12805, 5304, 264, 892, 11, 304, 264, 14458, 555, 279, 9581, 11];
 /** The sampling of every generation (greedy unless --temperature). */
@@ -28,13 +36,16 @@ interface RunResult {
   completed: boolean;
   identical: boolean;
   recoveries: { stage: number | null; node: string | null; reason: string; ms: number; gap_ms: number }[];
-  /** stop: a generation after the stopped node came back is exact too. */
+  /** stop, partition: a generation after the node came back is exact too. */
   afterIdentical?: boolean;
+  /** stop, partition: after the node came back, the Assignment's leader is still the first one (no node
+   * that was cut off took the lead and had its own Plan adopted). */
+  leaderKept?: boolean;
   error?: string;
   wallS: number;
 }
 
-/** A greedy generation through the control API at `api`; its tokens. */
+/** A generation through the control API at `api` on the chain's wire (`up --wire f32`); its tokens. */
 export async function generate(
   api: string,
   token: string,
@@ -44,7 +55,7 @@ export async function generate(
   const res = await fetch(`${api}/generate`, {
     method: "POST",
     headers: { "content-type": "application/json", authorization: `Bearer ${token}` },
-    body: JSON.stringify({ tokens: PROMPT, maxTokens, wire: "f32", sampling }),
+    body: JSON.stringify({ tokens: PROMPT, maxTokens, sampling }),
   });
   if (!res.ok) throw new Error(`generate refused: ${res.status} ${await res.text()}`);
   const tokens: number[] = [];
@@ -104,11 +115,35 @@ export async function solo(model: string, maxTokens: number): Promise<number[]> 
   return JSON.parse(new TextDecoder().decode(out.stdout)).tokens;
 }
 
-/** Starts `up`, waits for the chain; returns the process, its state folder and the API. */
-async function up(model: string, peers: number) {
+/** A cluster a run hits: its leader's control API, and how to end it. */
+interface ChaosCluster {
+  api: string;
+  token: string;
+  /** The leader's node id (never the victim). */
+  leader: string;
+  /** partition: cuts the node `id` off from the others at the relays, or heals it. */
+  partition?: (id: string, cut: boolean) => void;
+  close(): Promise<void>;
+}
+
+/** Starts `up --peers P --model DIR --wire f32` (kill, stop) and waits for the chain. */
+async function up(model: string, peers: number): Promise<ChaosCluster> {
   const state = await Deno.makeTempDir({ prefix: "swactor-chaos-" });
   const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MAIN, "up", "--peers", String(peers), "--model", model, "--http", "off"],
+    args: [
+      "run",
+      "-A",
+      MAIN,
+      "up",
+      "--peers",
+      String(peers),
+      "--model",
+      model,
+      "--wire",
+      "f32",
+      "--http",
+      "off",
+    ],
     env: { SWACTOR_STATE_DIR: state },
     stdout: "piped",
     stderr: "piped",
@@ -143,28 +178,96 @@ async function up(model: string, peers: number) {
       throw new Error(`no state file in ${state}`);
     }),
   );
-  return { child, state, api: `http://${st.api}`, token: st.token as string, leader: st.id as string };
+  return {
+    api: `http://${st.api}`,
+    token: st.token as string,
+    leader: st.id as string,
+    close: async () => {
+      try {
+        child.kill("SIGTERM");
+      } catch { /* gone */ }
+      await child.status;
+      await Deno.remove(state, { recursive: true }).catch(() => {});
+    },
+  };
+}
+
+/**
+ * The lab cluster of `up --cluster FILE --emulate-wan --wire f32` (partition), started in this process (its
+ * relays run here, so the run can cut a node off at them): P equal nodes on a LAN, a region each.
+ */
+async function lab(model: string, peers: number): Promise<ChaosCluster> {
+  const dir = await Deno.makeTempDir({ prefix: "swactor-chaos-lab-" });
+  const file = join(dir, "chaos.swl");
+  const names = Array.from({ length: peers }, (_, i) => `n${i + 1}`);
+  await Deno.writeTextFile(
+    file,
+    `# scripts/chaos/run.ts --faults partition: ${peers} equal nodes on a LAN, each a region of its own.
+cluster chaos {
+  defaults {
+    mem = 24 GiB
+    mem_bw = 100 GB/s
+    flops = 10 TFLOP/s
+    up = 1 Gbit/s
+    down = 1 Gbit/s
+    overhead = 1 ms
+    reserve = 256 MiB
+  }
+  link default { latency = 0.3 ms; bw = 1 Gbit/s }
+${names.map((n) => `  node ${n} { region = r${n} }`).join("\n")}
+}
+`,
+  );
+  try {
+    const run = await startClusterRun({
+      file,
+      lab: await readLabCluster(file),
+      modelDir: model,
+      weights: "auto",
+      wire: "f32",
+      emulateWan: true,
+      log: () => {},
+    });
+    const leader = [...run.names].find(([, name]) => name === names[0])![0];
+    return {
+      api: run.target.base,
+      token: run.target.token!,
+      leader,
+      partition: (id, cut) => run.partition(run.names.get(id)!, cut),
+      close: async () => {
+        await run.close();
+        await Deno.remove(dir, { recursive: true }).catch(() => {});
+      },
+    };
+  } catch (e) {
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    throw e;
+  }
 }
 
 async function status(api: string, token: string) {
   const res = await fetch(`${api}/status`, { headers: { authorization: `Bearer ${token}` } });
-  return await res.json() as { members: { id: string; state: string; pid?: number; roles: string[] }[] };
+  return await res.json() as {
+    members: { id: string; state: string; pid?: number; roles: string[] }[];
+    pipeline?: { assignment?: { leader: string; plan: { stages: { node: string }[] } } | null };
+  };
 }
 
 async function oneRun(
-  o: { model: string; peers: number; maxTokens: number; stopS: number; fault: string },
+  o: { model: string; peers: number; maxTokens: number; stopS: number; partitionS: number; fault: string },
   random: () => number,
   want: number[],
 ): Promise<RunResult> {
   const t0 = performance.now();
-  const c = await up(o.model, o.peers);
+  const c = o.fault === "partition" ? await lab(o.model, o.peers) : await up(o.model, o.peers);
   const atToken = 5 + Math.floor(random() * Math.max(1, o.maxTokens - 40));
   let victimPid: number | undefined;
-  let stoppedAt = 0;
-  let victim = "";
+  let hitAt = 0;
+  let heal: ReturnType<typeof setTimeout> | undefined;
+  const downS = o.fault === "partition" ? o.partitionS : o.stopS;
   const result: RunResult = {
     fault: o.fault,
-    victim,
+    victim: "",
     atToken,
     completed: false,
     identical: false,
@@ -172,15 +275,21 @@ async function oneRun(
     wallS: 0,
   };
   try {
-    const members = (await status(c.api, c.token)).members.filter((m) => m.id !== c.leader && m.pid);
+    const st = await status(c.api, c.token);
+    // kill, stop: a member with a process on this machine; partition: a stage's node (a spare's loss would
+    // change nothing).
+    const stages = new Set(st.pipeline?.assignment?.plan.stages.map((s) => s.node) ?? []);
+    const members = st.members.filter((m) =>
+      m.id !== c.leader && (o.fault === "partition" ? stages.has(m.id) : m.pid)
+    );
     const pick = members[Math.floor(random() * members.length)];
-    victim = pick.id;
-    victimPid = pick.pid!;
+    const victim = pick.id;
+    victimPid = pick.pid;
     result.victim = victim.slice(0, 10);
     const res = await fetch(`${c.api}/generate`, {
       method: "POST",
       headers: { "content-type": "application/json", authorization: `Bearer ${c.token}` },
-      body: JSON.stringify({ tokens: PROMPT, maxTokens: o.maxTokens, wire: "f32", sampling: SAMPLING }),
+      body: JSON.stringify({ tokens: PROMPT, maxTokens: o.maxTokens, sampling: SAMPLING }),
     });
     if (!res.ok) throw new Error(`generate refused: ${res.status} ${await res.text()}`);
     const tokens: number[] = [];
@@ -189,16 +298,19 @@ async function oneRun(
       if ("token" in m) {
         tokens.push(m.token);
         if (tokens.length === atToken) {
-          if (o.fault === "kill") Deno.kill(victimPid, "SIGKILL");
-          else {
-            stoppedAt = performance.now();
-            Deno.kill(victimPid, "SIGSTOP");
-            const pid = victimPid;
+          hitAt = performance.now();
+          if (o.fault === "kill") Deno.kill(victimPid!, "SIGKILL");
+          else if (o.fault === "stop") {
+            Deno.kill(victimPid!, "SIGSTOP");
+            const pid = victimPid!;
             setTimeout(() => {
               try {
                 Deno.kill(pid, "SIGCONT");
               } catch { /* gone */ }
             }, o.stopS * 1000);
+          } else {
+            c.partition!(victim, true);
+            heal = setTimeout(() => c.partition!(victim, false), o.partitionS * 1000);
           }
         }
       }
@@ -214,26 +326,25 @@ async function oneRun(
       }
     }
     result.identical = JSON.stringify(tokens) === JSON.stringify(want);
-    if (o.fault === "stop") {
-      // The stopped node comes back with the old Plan: once it has, a new generation must still be exact.
-      const back = stoppedAt + o.stopS * 1000 + 3000;
+    if (o.fault !== "kill" && hitAt > 0) {
+      // The stopped or cut-off node comes back with the old Plan: once it has, a new generation must still
+      // be exact.
+      const back = hitAt + downS * 1000 + 3000;
       await new Promise((r) => setTimeout(r, Math.max(0, back - performance.now())));
       const again = await generate(c.api, c.token, o.maxTokens);
       result.afterIdentical = JSON.stringify(again) === JSON.stringify(want);
+      result.leaderKept = (await status(c.api, c.token)).pipeline?.assignment?.leader === c.leader;
     }
   } catch (e) {
     result.error = (e as Error).message;
   } finally {
-    if (victimPid) {
+    clearTimeout(heal);
+    if (o.fault === "stop" && victimPid) {
       try {
         Deno.kill(victimPid, "SIGCONT");
       } catch { /* gone */ }
     }
-    try {
-      c.child.kill("SIGTERM");
-    } catch { /* gone */ }
-    await c.child.status;
-    await Deno.remove(c.state, { recursive: true }).catch(() => {});
+    await c.close();
   }
   result.wallS = Math.round((performance.now() - t0) / 100) / 10;
   return result;
@@ -250,6 +361,7 @@ async function main() {
       model: { type: "string" },
       runs: { type: "string", default: "20" },
       faults: { type: "string", default: "kill,stop" },
+      "partition-s": { type: "string", default: "15" },
       peers: { type: "string", default: "5" },
       "max-tokens": { type: "string", default: "200" },
       "stop-s": { type: "string", default: "15" },
@@ -259,13 +371,15 @@ async function main() {
     },
   });
   if (!values.model) {
-    console.error("usage: deno run -A scripts/chaos/run.ts --model DIR [--runs N] [--faults kill,stop] ...");
+    console.error(
+      "usage: deno run -A scripts/chaos/run.ts --model DIR [--runs N] [--faults kill,stop,partition] ...",
+    );
     Deno.exit(2);
   }
   const faults = values.faults!.split(",");
   for (const f of faults) {
-    if (f !== "kill" && f !== "stop") {
-      console.error(`--faults: unknown fault "${f}" (kill, stop)`);
+    if (f !== "kill" && f !== "stop" && f !== "partition") {
+      console.error(`--faults: unknown fault "${f}" (kill, stop, partition)`);
       Deno.exit(2);
     }
   }
@@ -274,6 +388,7 @@ async function main() {
     peers: Number(values.peers),
     maxTokens: Number(values["max-tokens"]),
     stopS: Number(values["stop-s"]),
+    partitionS: Number(values["partition-s"]),
   };
   const random = rng(Number(values.seed));
   const temperature = Number(values.temperature);
@@ -296,7 +411,12 @@ async function main() {
       runs: runs.length,
       completed: runs.filter((r) => r.completed).length,
       identical: runs.filter((r) => r.identical).length,
-      ...(fault === "stop" ? { after_identical: runs.filter((r) => r.afterIdentical).length } : {}),
+      ...(fault !== "kill"
+        ? {
+          after_identical: runs.filter((r) => r.afterIdentical).length,
+          leader_kept: runs.filter((r) => r.leaderKept).length,
+        }
+        : {}),
       recoveries: ms.length,
       recovery_ms: { p50: quantile(ms, 0.5), p95: quantile(ms, 0.95), max: quantile(ms, 1) },
       gap_ms: { p50: quantile(gap, 0.5), p95: quantile(gap, 0.95), max: quantile(gap, 1) },

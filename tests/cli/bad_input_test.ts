@@ -85,6 +85,18 @@ Deno.test("bad tickets and flag values: exit 2 with one line", async (t) => {
       );
     },
   );
+  await t.step(
+    "up --wire bf16 (the chain's activations are f16 or f32)",
+    () =>
+      expectBadInput(
+        ["up", "--peers", "2", "--model", micro, "--wire", "bf16"],
+        /--wire expects f16 or f32, got "bf16"/,
+      ),
+  );
+  await t.step(
+    "up --wire without --model (no chain to set)",
+    () => expectBadInput(["up", "--wire", "f32"], /--wire .*needs --model/),
+  );
 });
 
 Deno.test("a corrupt tokenizer's NUL bytes are escaped in the message, not echoed raw", async () => {

@@ -1,7 +1,8 @@
-// The user's cluster path end to end with real processes: `up --peers 3 --model DIR` (the leader plans a
-// 3-stage chain over itself and two `join` workers it spawns), then a plain `generate ... --json --trace F`
-// from another process finds that chain through the state file and the control API: the reference
-// continuation, per-stage timings, and a trace with one track per stage; `down` ends it all.
+// The user's cluster path end to end with real processes: `up --peers 3 --model DIR --wire f32` (the leader
+// plans a 3-stage chain over itself and two `join` workers it spawns, f32 activations between its stages),
+// then a plain `generate ... --json --trace F` from another process finds that chain through the state file
+// and the control API: the reference continuation on the chain's f32 wire, per-stage timings, and a trace
+// with one track per stage; `status --json` shows the chain's wire; `down` ends it all.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
@@ -12,7 +13,8 @@ const hasGpu = await gpuAvailable();
 
 Deno.test({
   ...needs(
-    "up --peers 3 --model, then generate --trace through the chain: reference tokens and a trace per stage",
+    "up --peers 3 --model --wire f32, then generate --trace through the chain: reference tokens, the chain's " +
+      "wire and a trace per stage",
     { "a WebGPU adapter": hasGpu },
   ),
   sanitizeResources: false,
@@ -35,6 +37,8 @@ Deno.test({
         "test",
         "--model",
         micro,
+        "--wire",
+        "f32",
         "--http",
         "off",
       ],
@@ -82,7 +86,18 @@ Deno.test({
       assert.equal(gen.code, 0, stderr);
       const out = JSON.parse(new TextDecoder().decode(gen.stdout).trim().split("\n").at(-1)!);
       assert.deepEqual(out.tokens, want);
+      assert.equal(out.wire, "f32", "the request named no wire: the chain's (`up --wire f32`)");
+      // 1 position x hidden 64 (llama-micro) x 4 bytes on each hop of a decode step.
+      assert.deepEqual(out.timings.per_token[1].bytes.slice(0, 2), [256, 256]);
       assert.equal(out.timings.mean_decode.compute_ms.length, 3);
+      const st = await new Deno.Command(Deno.execPath(), {
+        args: ["run", "-A", "--quiet", MAIN, "status", "--json"],
+        env,
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      assert.equal(st.code, 0, new TextDecoder().decode(st.stderr));
+      assert.equal(JSON.parse(new TextDecoder().decode(st.stdout)).pipeline.assignment.wire, "f32");
       const t = JSON.parse(await Deno.readTextFile(trace));
       const tracks = t.traceEvents.filter((e: { name: string }) => e.name === "process_name").length;
       assert.equal(tracks, 3, "a track per node");

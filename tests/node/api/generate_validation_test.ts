@@ -84,8 +84,7 @@ Deno.test("generate: defaults and the checked values reach the chain", () => {
     maxTokens: 64,
     sampling: { temperature: 0, topP: 1, seed: 0 },
     eos: [],
-    wire: "f16",
-  });
+  }, "no wire: the chain's (`up --wire`) applies");
   assert.deepEqual(
     parseGenerateRequest({ tokens: [3], sampling: { temperature: 0.7 }, wire: "f32", eos: [2] }, {
       vocab: 10,

@@ -123,7 +123,9 @@ export function fakeServices(
           : null;
         if (stop) {
           if (o.hold) return;
-          return end(() => resolve({ tokens, stopReason: stop, events, firstTokenMs: 5, tokS: 100 }));
+          return end(() =>
+            resolve({ tokens, stopReason: stop, events, firstTokenMs: 5, tokS: 100, wire: "f16" })
+          );
         }
         if (o.gapMs) setTimeout(() => step(i + 1), o.gapMs);
         else step(i + 1);

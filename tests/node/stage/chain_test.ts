@@ -198,6 +198,23 @@ Deno.test("stage chain: f32 on the wire gives the same tokens and twice the byte
   }
 });
 
+Deno.test("stage chain: a chain's wire (`up --wire`) applies to requests that name none; a request's own wins", async () => {
+  const t = chain(3, { eosTokenIds: [] });
+  try {
+    const f32 = { ...t.chain, wire: "f32" as const };
+    const plain = await t.pump(t.client.generate(f32, PROMPT, { maxTokens: 3 }));
+    assert.equal(plain.wire, "f32");
+    assert.equal(plain.events[1].timings.bytes[0], 4 * 4, "f32 on the wire: the chain's");
+    const own = await t.pump(t.client.generate(f32, PROMPT, { maxTokens: 3, wire: "f16" }));
+    assert.equal(own.wire, "f16");
+    assert.equal(own.events[1].timings.bytes[0], 4 * 2, "the request's own f16");
+    const none = await t.pump(t.client.generate(t.chain, PROMPT, { maxTokens: 3 }));
+    assert.equal(none.wire, "f16", "a chain that names no wire: f16");
+  } finally {
+    await t.close();
+  }
+});
+
 Deno.test("stage chain: generation stops at eos, which the last stage detects", async () => {
   const ref = await fakeReference(PROMPT, { layers: LAYERS, maxTokens: 12, eosTokenIds: [] });
   const eos = ref[4];

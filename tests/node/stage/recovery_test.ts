@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { SystemClock } from "../../../node/clock.ts";
-import { local as timings } from "../../../node/membership/mod.ts";
+import { local as timings, type MemberState } from "../../../node/membership/mod.ts";
 import { startNode, type SwactorNode } from "../../../node/node.ts";
 import {
   FakeBackend,
@@ -16,7 +16,7 @@ import {
   StageActor,
   type StageLoader,
 } from "../../../node/stage/mod.ts";
-import { breaking, effectiveLeader, withSpares } from "../../../node/stage/recovery.ts";
+import { breaking, effectiveLeader, hasMajority, withSpares } from "../../../node/stage/recovery.ts";
 import { decodePipe, encodePipe } from "../../../node/stage/messages.ts";
 import { MemoryNetwork } from "../../../node/transport/memory.ts";
 import type { ActorContext, Behavior } from "../../../node/actors/mod.ts";
@@ -85,6 +85,20 @@ async function cluster(n: number, delayMs = 15) {
     },
   };
 }
+
+Deno.test("recovery: only a node that sees a strict majority alive re-plans (left members not counted)", () => {
+  const m = (...states: MemberState[]) => states.map((state) => ({ state }));
+  assert.equal(hasMajority(m("alive", "alive", "alive", "dead", "dead")), true);
+  assert.equal(hasMajority(m("alive", "dead", "dead", "dead", "dead")), false, "cut off alone");
+  assert.equal(hasMajority(m("alive", "alive", "dead", "dead")), false, "half is not a majority");
+  assert.equal(hasMajority(m("alive", "alive", "suspect", "dead")), false, "a suspect is not counted alive");
+  assert.equal(hasMajority(m("alive", "dead", "left", "left")), false);
+  assert.equal(
+    hasMajority(m("alive", "alive", "dead", "left", "left")),
+    true,
+    "those that left do not count",
+  );
+});
 
 Deno.test("recovery: withSpares moves each lost node's part to an idle member, or says it cannot", () => {
   const plan = {
@@ -194,6 +208,7 @@ Deno.test("recovery: a killed stage's part moves to the spare; the generation co
     const a = await publishPlan(c.nodes[0], c.pipelines[0], {
       modelDir: dir,
       weights: "f32",
+      wire: "f32",
       members: 4,
       plan,
     });
@@ -219,6 +234,8 @@ Deno.test("recovery: a killed stage's part moves to the spare; the generation co
     assert.ok(r.to > a.version && r.at_token >= 9 && r.ms >= 0 && r.gap_ms >= r.ms);
     const now = c.pipelines[0].board.current!;
     assert.deepEqual(now.plan.stages.map((s) => s.node), ["n0", "n1", "n3"], "the spare took stage 2");
+    assert.equal(got.wire, "f32", "the chain's wire (`up --wire f32`), on the resumed attempt too");
+    assert.equal(now.wire, "f32", "the re-plan keeps the chain's wire");
     assert.equal(c.pipelines[0].recovery!.replans.at(-1)!.how, "spare");
     assert.deepEqual(c.loads.sort(), ["n0:0", "n1:1", "n2:2", "n3:2"], "stages 0 and 1 kept their weights");
     // Stage 0 rebuilt the resumed request as it first ran: the prompt in the same chunks (the fake's 8),
@@ -282,8 +299,18 @@ Deno.test("recovery: with no spare the survivors are re-planned; a cut-off stage
     assert.equal(now.plan.stages.length, 3, "re-planned over the 3 survivors");
     assert.ok(!now.plan.stages.some((s) => s.node === "n2"));
     assert.equal(c.pipelines[0].recovery!.replans.at(-1)!.how, "replan");
+    // n2, alone, comes to see every other member dead; with no majority it neither leads nor re-plans (else
+    // its Plan, the whole model on n2 and newer, would replace the majority's at the heal).
+    const alone = performance.now() + 40_000;
+    while (c.nodes[2].membership.members().filter((m) => m.state === "dead").length < 3) {
+      assert.ok(performance.now() < alone, "n2 never saw the others dead");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await new Promise((r) => setTimeout(r, 500)); // past the re-plan's settle time
+    assert.deepEqual(c.pipelines[2].recovery!.replans, [], "the minority side made no Plan");
+    assert.ok(c.pipelines[2].board.current!.version <= now.version);
     // Heal: n2 comes back, learns the new Plan (it serves no stage in it), and the chain still gives the
-    // whole model's tokens.
+    // whole model's tokens, still led by n0.
     c.net.heal();
     const deadline = performance.now() + 15_000;
     while (c.pipelines[2].board.current?.version !== now.version || c.pipelines[2].local !== undefined) {
@@ -294,7 +321,10 @@ Deno.test("recovery: with no spare the survivors are re-planned; a cut-off stage
       maxTokens: 30,
     });
     assert.deepEqual(again.tokens, want);
-    assert.deepEqual(again.recoveries, []);
+    // Both sides saw each other dead: while the merge settles (each side refutes the other's word that it
+    // died), a hop may fail once and the request resume (seen in 1 of 3 runs).
+    assert.ok(again.recoveries!.length <= 1, JSON.stringify(again.recoveries));
+    assert.equal(c.pipelines[0].board.current!.leader, "n0", "the majority's leader still leads");
   } finally {
     await c.close();
     await Deno.remove(dir, { recursive: true });
