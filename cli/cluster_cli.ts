@@ -17,6 +17,7 @@ import { onStopSignal } from "./signals.ts";
 import { parseWeights } from "./load_model.ts";
 import { claimState, clearState, statePath, writeState } from "../node/state_file.ts";
 import type { WireDtype } from "../node/stage/mod.ts";
+import { MTP_ONE_NODE, speculateFlags } from "./speculate_flags.ts";
 
 export const CLUSTER_HELP =
   `  --cluster FILE       start one local node process per node of this cluster file (planner language,
@@ -26,7 +27,9 @@ export const CLUSTER_HELP =
   --emulate-wan        with --cluster: each node in its own network namespace, the file's links (latency,
                        bandwidth) between every pair applied by the WAN emulation's relays (needs root)
   --memory-scale F     with --cluster: multiply every node's declared memory by F (default 1)
-  --context N          with --cluster: KV context the plan holds per request (default ${LAB_CONTEXT})`;
+  --context N          with --cluster: KV context the plan holds per request (default ${LAB_CONTEXT})
+  --draft ...          with --cluster: the leader drafts (the speculative decoding flags, --draft-noise
+                       included, are given to its \`up\`: docs/SPECULATIVE.md)`;
 
 /** The flags of CLUSTER_HELP, for parseFlags (`--cluster-plan` is the leader's, set by cluster_run.ts). */
 export const clusterFlags = {
@@ -46,6 +49,10 @@ export interface ClusterValues {
   weights?: string;
   experts?: string;
   local?: string;
+  draft?: string;
+  speculate?: string;
+  "speculate-depth"?: string;
+  "draft-noise"?: string;
 }
 
 /** Reads the cluster flags; UsageError for bad ones. */
@@ -62,6 +69,9 @@ async function clusterSetup(values: ClusterValues, modelDir: string) {
   const context = values.context === undefined
     ? undefined
     : numberFlag(values.context, "context", { min: 1, integer: true, fallback: LAB_CONTEXT });
+  // Speculative decoding: the leader serves the requests, so it drafts (`up --draft ...`, its flags as given).
+  const speculate = speculateFlags(values as Record<string, unknown>);
+  if (speculate?.draft === "mtp") throw new UsageError(MTP_ONE_NODE);
   const lab = await readLabCluster(values.cluster!, { memoryScale });
   if (values.local !== undefined && Number(values.local) !== lab.nodes.length) {
     throw new UsageError(
@@ -77,6 +87,7 @@ async function clusterSetup(values: ClusterValues, modelDir: string) {
     emulateWan: values["emulate-wan"] ?? false,
     memoryScale,
     context,
+    speculate,
   };
 }
 
@@ -115,6 +126,8 @@ export async function generateCluster(
   try {
     return await generateOnCluster(run.target, {
       ...o,
+      // The leader applies --draft-noise (it drafts); the request names the drafter and k only.
+      speculate: o.speculate && { ...o.speculate, noise: 0 },
       modelDir: setup.modelDir,
       names: run.names,
       nodes: setup.lab.nodes.length,

@@ -23,6 +23,7 @@ import type { WireDtype } from "../node/stage/mod.ts";
 import { createNetns, type NetnsSet } from "../scripts/wan/netns.ts";
 import { startTopology, type Topology } from "../scripts/wan/topology.ts";
 import { stopWorkers } from "./workers.ts";
+import { draftName, type SpeculateFlags } from "./speculate_flags.ts";
 
 const MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
 /** Name prefix of the lab's namespaces: `swlab-{pid}s{set}-{node}`. */
@@ -40,6 +41,8 @@ export interface ClusterRunOptions {
   /** --memory-scale, passed on to the leader so that it plans from the same budgets. */
   memoryScale?: number;
   context?: number;
+  /** Speculative decoding: the leader drafts for the requests it serves (`up --draft ...`). */
+  speculate?: SpeculateFlags;
   signal?: AbortSignal;
   log?: (msg: string) => void;
 }
@@ -212,6 +215,13 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
       resolve(o.file),
       ...(o.memoryScale !== undefined ? ["--memory-scale", String(o.memoryScale)] : []),
       ...(o.context !== undefined ? ["--context", String(o.context)] : []),
+      ...(o.speculate
+        ? [
+          ...["--draft", draftName(o.speculate.draft)],
+          ...["--speculate", o.speculate.auto ? "auto" : String(o.speculate.k)],
+          ...["--speculate-depth", String(o.speculate.depth), "--draft-noise", String(o.speculate.noise)],
+        ]
+        : []),
       "--api",
       api,
       "--http",

@@ -3,7 +3,8 @@
 //
 //   deno run -A scripts/bench/pipeline_wan.ts [--model ../shared/fixtures/llama3-tiny] [--nodes 5]
 //     [--delays 0,10,25] [--max-tokens 32] [--rounds 3] [--json FILE] [--weights f32|f16|auto] [--settle S]
-//     [--experts local|spread] [--links chain|all]
+//     [--experts local|spread] [--links chain|all] [--wire f16|f32]
+//     [--speculate K [--drafters target,target:0.2,ngram] [--random-layers N]]
 //
 // Each node measures itself at start (they start one after another, each once the one before has measured:
 // on the software adapter a process loading its modules slows another's measurement), and each request is
@@ -19,6 +20,16 @@
 // visits every delay: one short warm-up request, then one measured request (greedy, the model's reference
 // prompt); rounds spread each delay's requests over the run, so the machine's changing load hits all delays
 // alike. Markdown tables to stdout (scripts/bench/pipeline_wan_report.ts says how the bounds are computed).
+//
+// --speculate K (issue 19): speculative decoding through the same emulation. The leader drafts beside stage 0
+// (k = K drafts per verification step, depth 1) with each drafter of --drafters: "target" (the model as its
+// own draft, acceptance ~1), "target:P" (the same, each drafted token replaced with probability P) and
+// "ngram" (prompt lookup, on a repetitive prompt); DIR or DIR:P names another draft model. Each round and
+// delay then also runs plain decoding of the repetitive prompt and one speculative request per drafter, and
+// a third table gives each next to plain decoding of the same prompt (in the same round: the machine's load
+// hits both alike), the plain bound 1000 / (hops x delay), and whether its tokens equal plain decoding's.
+// --random-layers N: the model is a random llama-micro-shaped checkpoint with N layers
+// (scripts/bench/random_checkpoint.ts), one layer per node (N = --nodes), prompted with fixed token ids.
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseFlags } from "../../cli/command.ts";
@@ -26,7 +37,8 @@ import { DIAL_TABLE_ENV } from "../../cli/dial_table.ts";
 import { collect } from "../../cli/local_cluster.ts";
 import { createNetns } from "../wan/netns.ts";
 import { startTopology } from "../wan/topology.ts";
-import { type Run, runsTable } from "./pipeline_wan_report.ts";
+import { type Run, runsTable, type SpecRun, specTable } from "./pipeline_wan_report.ts";
+import { llamaMicroShapedCheckpoint } from "./random_checkpoint.ts";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 const { values } = parseFlags(Deno.args, {
@@ -41,6 +53,10 @@ const { values } = parseFlags(Deno.args, {
   links: { type: "string", default: "chain" },
   weights: { type: "string", default: "f32" },
   settle: { type: "string", default: "0" },
+  wire: { type: "string", default: "f16" },
+  speculate: { type: "string" },
+  drafters: { type: "string", default: "target,target:0.2,ngram" },
+  "random-layers": { type: "string" },
 });
 if (!["local", "spread"].includes(values.experts)) throw new TypeError(`--experts: local or spread`);
 if (!["chain", "all"].includes(values.links)) {
@@ -51,10 +67,36 @@ const n = Number(values.nodes);
 const delays = values.delays.split(",").map(Number);
 const maxTokens = Number(values["max-tokens"]);
 const rounds = Number(values.rounds);
-const reference: { tokens: number[]; prompt_length: number } = JSON.parse(
-  await Deno.readTextFile(join(values.model, "reference.json")),
-);
-const prompt = reference.tokens.slice(0, reference.prompt_length);
+const randomLayers = values["random-layers"] === undefined ? undefined : Number(values["random-layers"]);
+if (randomLayers !== undefined && randomLayers !== n) {
+  throw new TypeError(`--random-layers ${randomLayers}: one layer per node, so it must equal --nodes ${n}`);
+}
+const model = randomLayers === undefined ? values.model : await llamaMicroShapedCheckpoint(randomLayers);
+// The random model has no reference continuation: the single-node path's greedy tokens stand for it.
+const reference: { tokens: number[]; prompt_length: number } | undefined = randomLayers === undefined
+  ? JSON.parse(await Deno.readTextFile(join(model, "reference.json")))
+  : undefined;
+const prompt = reference?.tokens.slice(0, reference.prompt_length) ??
+  [1, 17, 99, 230, 5, 71, 402, 310, 12, 44];
+/** ngram's prompt: a repeated phrase, whose continuation prompt lookup can draft. */
+const repetitive = Array.from({ length: 40 }, (_, i) => prompt[i % 5]);
+const speculateK = values.speculate === undefined ? undefined : Number(values.speculate);
+if (speculateK !== undefined && !(Number.isInteger(speculateK) && speculateK >= 1 && speculateK <= 16)) {
+  throw new TypeError(`--speculate: 1 to 16 drafts per verification step`);
+}
+/** --drafters: name, the leader's draft (a folder or "ngram") and its noise. */
+const drafters = speculateK === undefined ? [] : values.drafters.split(",").map((d) => {
+  const [what, p] = d.split(":");
+  const noise = p === undefined ? 0 : Number(p);
+  if (!(noise >= 0 && noise <= 1)) throw new TypeError(`--drafters ${d}: the noise must be 0 to 1`);
+  const draft = what === "target" ? model : what;
+  return {
+    name: `${what === "ngram" ? "ngram" : what === "target" ? "target as draft" : what}` +
+      (noise > 0 ? ` + noise ${noise}` : ""),
+    draft,
+    noise,
+  };
+});
 const deno = Deno.execPath();
 const log = (m: string) => console.error(`pipeline_wan: ${m}`);
 
@@ -62,7 +104,8 @@ type Msg = Record<string, unknown>;
 
 /** Greedy tokens of the single-node path: the chain's longer continuation must equal them. */
 async function singleNode(): Promise<number[]> {
-  const args = ["run", "-A", "--quiet", join(root, "main.ts"), "generate", "--model", values.model];
+  const args = ["run", "-A", "--quiet", join(root, "main.ts"), "generate", "--model", model];
+  args.push("--weights", values.weights, "--wire", values.wire);
   args.push("--tokens", prompt.join(","), "--max-tokens", `${maxTokens}`, "--temperature", "0", "--json");
   const out = await new Deno.Command(deno, { args, stdout: "piped", stderr: "null" }).output();
   if (!out.success) throw new Error(`single-node generate failed (exit ${out.code})`);
@@ -127,9 +170,10 @@ let code = 0;
 try {
   const leader = await spawn(0, [
     join(root, "scripts/bench/pipeline_wan_leader.ts"),
-    ...["--listen", addrs[0], "--model", values.model, "--nodes", `${n}`, "--tokens", prompt.join(",")],
+    ...["--listen", addrs[0], "--model", model, "--nodes", `${n}`, "--tokens", prompt.join(",")],
     ...["--experts", values.experts],
-    ...["--weights", values.weights],
+    ...["--weights", values.weights, "--wire", values.wire],
+    ...(randomLayers !== undefined ? ["--one-stage-each"] : []),
   ]);
   const inbox: Msg[] = [];
   collect(leader.stdout, (l) => inbox.push(JSON.parse(l)));
@@ -174,11 +218,33 @@ try {
     return i;
   });
   log(`chain ready after ${((performance.now() - t0) / 1000).toFixed(1)} s; stage k runs on node [${order}]`);
-  const generate = async (tokens: number) => {
-    await writer.write(new TextEncoder().encode(JSON.stringify({ maxTokens: tokens }) + "\n"));
-    return (await next("result", 120_000)).result as Run["results"][number];
+  const generate = async (
+    tokens: number,
+    o: { tokens?: number[]; speculate?: { draft: string; noise: number; k: number } } = {},
+  ) => {
+    await writer.write(new TextEncoder().encode(JSON.stringify({ maxTokens: tokens, ...o }) + "\n"));
+    return (await next("result", 300_000)).result as SpecRun["results"][number];
   };
   runs.push(...delays.map((d) => ({ delayMs: d, hops: order.length, results: [] })));
+  const specRuns: SpecRun[] = [];
+  const specOf = (delayMs: number, name: string, plain: string) => {
+    let r = specRuns.find((x) => x.delayMs === delayMs && x.name === name);
+    if (!r) specRuns.push(r = { delayMs, hops: order.length, name, plain, results: [] });
+    return r;
+  };
+  const requests = [
+    ...(drafters.some((d) => d.draft === "ngram")
+      ? [{ name: "plain, repetitive prompt", plain: "", tokens: repetitive, speculate: undefined }]
+      : []),
+    ...drafters.map((d) => ({
+      name: d.draft === "ngram" ? `${d.name}, repetitive prompt` : d.name,
+      plain: d.draft === "ngram" ? "plain, repetitive prompt" : "plain",
+      tokens: d.draft === "ngram" ? repetitive : prompt,
+      speculate: { draft: d.draft, noise: d.noise, k: speculateK! },
+    })),
+  ];
+  // Warm-up on the perfect links: every request's GPU programs (verification steps compute k + 1 tokens).
+  for (const q of requests) await generate(12, { tokens: q.tokens, speculate: q.speculate });
   for (let round = 0; round < rounds; round++) {
     for (const run of runs) {
       // Hop k joins stage k and k+1; the last hop is the token's way back to stage 0.
@@ -198,6 +264,12 @@ try {
       const r = await generate(maxTokens);
       run.results.push(r);
       log(`round ${round + 1}, ${run.delayMs} ms one-way per hop: ${r.tokS.toFixed(2)} tok/s`);
+      if (requests.length) specOf(run.delayMs, "plain", "plain").results.push(r);
+      for (const q of requests) {
+        const s = await generate(maxTokens, { tokens: q.tokens, speculate: q.speculate });
+        specOf(run.delayMs, q.name, q.plain || q.name).results.push(s);
+        log(`round ${round + 1}, ${run.delayMs} ms, ${q.name}: ${s.tokS.toFixed(2)} tok/s`);
+      }
     }
   }
   await writer.write(new TextEncoder().encode(JSON.stringify({ quit: true }) + "\n"));
@@ -209,12 +281,20 @@ try {
     )
       .reduce((acc, r) => acc + r.up.delivered + r.down.delivered, 0);
   log(`relay datagrams delivered: ${count(true)} on the stage hops, ${count(false)} between other pairs`);
-  const expected = reference.tokens.slice(reference.prompt_length);
+  const expected = reference?.tokens.slice(reference.prompt_length) ?? single;
   const report = runsTable(runs, { single, expected });
   console.log(report.markdown);
   if (!report.correct) code = 1;
+  if (specRuns.length) {
+    const spec = specTable(specRuns);
+    console.log("\n" + spec.markdown);
+    if (!spec.correct) code = 1;
+  }
   if (values.json) {
-    await Deno.writeTextFile(values.json, JSON.stringify({ date: new Date().toISOString(), runs, single }));
+    await Deno.writeTextFile(
+      values.json,
+      JSON.stringify({ date: new Date().toISOString(), runs, single, speculative: specRuns }),
+    );
   }
 } catch (e) {
   console.error(stderrTail.join("\n"));

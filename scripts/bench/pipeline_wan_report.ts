@@ -29,6 +29,18 @@ export interface Result {
   predictedMs?: number;
   /** Its per-stage compute (with fixed costs) and hop ms. */
   predictedStages?: { computeMs: number; hopMs: number }[];
+  /** Speculative decoding: passes through the chain that decided tokens (the prefill's included). */
+  trips?: number;
+  /** Speculative decoding: drafts kept over drafts judged. */
+  acceptance?: number | null;
+}
+
+/** Speculative decoding's requests at one delay (pipeline_wan.ts --speculate), plain ones included. */
+export interface SpecRun extends Run {
+  /** "plain", "plain, repetitive prompt", or the drafter's. */
+  name: string;
+  /** The plain run of the same prompt, which its tokens and tok/s are compared with. */
+  plain: string;
 }
 
 /** The measured requests at one delay. */
@@ -136,4 +148,51 @@ export function predictionTable(runs: Run[]): string | undefined {
     );
   }
   return lines.join("\n");
+}
+
+/** Tokens-weighted tok/s of requests (decode tokens over decode time, as `pooled`). */
+function meanTokS(results: Result[]): number {
+  const tokens = sum(results.map((r) => r.tokens.length - 1));
+  const ms = sum(results.map((r) => (r.tokens.length - 1) * 1000 / r.tokS));
+  return ms > 0 ? tokens * 1000 / ms : 0;
+}
+
+/**
+ * The speculative decoding table: each run next to plain decoding of the same prompt at the same delay, and
+ * the plain bound 1000 / (hops x delay) (one token per trip, compute free). Correct when every request's
+ * tokens equal its plain run's (greedy: speculation must not change them).
+ */
+export function specTable(runs: SpecRun[]): { markdown: string; correct: boolean } {
+  const lines = [
+    "| one-way delay per hop, ms | run | tok/s (each request) | tok/s | x plain | plain bound tok/s | " +
+    "trips | tokens/trip | acceptance | tokens = plain |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+  ];
+  let correct = true;
+  for (const run of runs) {
+    const plain = runs.find((r) => r.delayMs === run.delayMs && r.name === run.plain);
+    const want = plain?.results[0]?.tokens;
+    const ok = want !== undefined &&
+      run.results.every((r) => r.tokens.length === want.length && matches(r.tokens, want));
+    correct &&= ok;
+    const tokS = meanTokS(run.results);
+    const bound = run.delayMs > 0 ? f(1000 / (run.hops * run.delayMs)) : "-";
+    const spec = run.results.every((r) => r.trips !== undefined);
+    const trips = spec ? sum(run.results.map((r) => r.trips!)) / run.results.length : undefined;
+    const judged = run.results.map((r) => r.acceptance).filter((a): a is number => typeof a === "number");
+    lines.push(
+      `| ${run.delayMs} | ${run.name} | ${run.results.map((r) => f(r.tokS, 2)).join(", ")} | ${
+        f(tokS, 2)
+      } | ` +
+        `${plain ? f(tokS / meanTokS(plain.results), 2) : "-"} | ${bound} | ` +
+        `${trips === undefined ? "" : f(trips)} | ` +
+        `${
+          trips === undefined
+            ? "1"
+            : f(sum(run.results.map((r) => r.tokens.length)) / run.results.length / trips, 2)
+        } | ` +
+        `${judged.length ? f(sum(judged) / judged.length, 2) : ""} | ${ok ? "yes" : "NO"} |`,
+    );
+  }
+  return { markdown: lines.join("\n"), correct };
 }

@@ -36,6 +36,38 @@ export const LLAMA_3_2_1B = {
   torch_dtype: "bfloat16",
 };
 
+/**
+ * A llama-micro-shaped config (hidden 64, 4 heads, a 512-token vocabulary) with `layers` layers and f32
+ * weights: the speculative decoding benchmarks' chain model, one layer per stage.
+ */
+export function llamaMicroShaped(layers: number): Record<string, unknown> {
+  return {
+    architectures: ["LlamaForCausalLM"],
+    model_type: "llama",
+    vocab_size: 512,
+    hidden_size: 64,
+    intermediate_size: 160,
+    num_hidden_layers: layers,
+    num_attention_heads: 4,
+    num_key_value_heads: 4,
+    hidden_act: "silu",
+    max_position_embeddings: 4096,
+    rms_norm_eps: 1e-6,
+    rope_theta: 10000.0,
+    tie_word_embeddings: false,
+    bos_token_id: 1,
+    eos_token_id: 2,
+    torch_dtype: "float32",
+  };
+}
+
+/** The llamaMicroShaped(layers) checkpoint in $TMPDIR (written the first time); returns its folder. */
+export async function llamaMicroShapedCheckpoint(layers: number): Promise<string> {
+  const dir = join(Deno.env.get("TMPDIR") ?? "/tmp", `swactor-spec-bench-${layers}`);
+  await ensureRandomCheckpoint(dir, llamaMicroShaped(layers));
+  return dir;
+}
+
 /** Writes config.json + model.safetensors into `dir` unless they are there already. */
 export async function ensureRandomCheckpoint(
   dir: string,

@@ -13,7 +13,6 @@
 // probability 0.2 and 0.4 (~0.8 and ~0.6), and n-gram lookup on a repetitive prompt. Each row is printed
 // next to the plain bound (1000 / (stages x delay) tok/s: one token per trip) and the cost model's
 // prediction (planner/speculative.ts) from the measured plain trip time and the measured acceptance.
-import { join } from "node:path";
 import { parseFlags } from "../../cli/command.ts";
 import { SystemClock } from "../../node/clock.ts";
 import { MemoryNetwork } from "../../node/transport/memory.ts";
@@ -32,7 +31,7 @@ import {
   NoisyDrafter,
 } from "../../models/speculative.ts";
 import { predictSpeculative } from "../../planner/speculative.ts";
-import { ensureRandomCheckpoint } from "./random_checkpoint.ts";
+import { llamaMicroShapedCheckpoint } from "./random_checkpoint.ts";
 
 const { values } = parseFlags(Deno.args, {
   stages: { type: "string", default: "5" },
@@ -46,25 +45,7 @@ const MAX = Number(values["max-tokens"]);
 const K = Number(values.k);
 const delays = values.delays!.split(",").map(Number);
 
-const dir = join(Deno.env.get("TMPDIR") ?? "/tmp", `swactor-spec-bench-${STAGES}`);
-await ensureRandomCheckpoint(dir, {
-  architectures: ["LlamaForCausalLM"],
-  model_type: "llama",
-  vocab_size: 512,
-  hidden_size: 64,
-  intermediate_size: 160,
-  num_hidden_layers: STAGES,
-  num_attention_heads: 4,
-  num_key_value_heads: 4,
-  hidden_act: "silu",
-  max_position_embeddings: 4096,
-  rms_norm_eps: 1e-6,
-  rope_theta: 10000.0,
-  tie_word_embeddings: false,
-  bos_token_id: 1,
-  eos_token_id: 2,
-  torch_dtype: "float32",
-});
+const dir = await llamaMicroShapedCheckpoint(STAGES);
 const gpu = await getGpu();
 const whole = await loadEngine(dir, { gpu, weights: "f32" });
 const V = whole.model.vocab;

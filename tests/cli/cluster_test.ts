@@ -286,6 +286,50 @@ Deno.test({
   }
 });
 
+Deno.test({
+  ...needs(
+    "generate --cluster chain5_25ms.swl --emulate-wan --draft DIR --draft-noise: the leader drafts, same tokens",
+    {
+      "root and network namespaces (ip netns)": ROOT,
+      "a WebGPU adapter": hasGpu,
+    },
+  ),
+  sanitizeOps: false,
+  sanitizeResources: false,
+}, async () => {
+  const dir = fixtureDir("llama-micro")!;
+  const chain = new URL("../../planner/examples/chain5_25ms.swl", import.meta.url).pathname;
+  const run = (extra: string[]) =>
+    runCli([
+      ...["generate", "--model", dir, "--tokens", "1,17,99,230,5,1,17,99", "--max-tokens", "12"],
+      ...[
+        "--temperature",
+        "0",
+        "--json",
+        "--weights",
+        "f32",
+        "--wire",
+        "f32",
+        "--cluster",
+        chain,
+        "--emulate-wan",
+      ],
+      ...extra,
+    ]);
+  const plain = await run([]);
+  assert.equal(plain.code, 0, plain.stderr);
+  // --draft-noise reaches the leader's drafter (the request only names the drafter): acceptance below 1.
+  const spec = await run(["--draft", dir, "--speculate", "4", "--draft-noise", "0.5"]);
+  assert.equal(spec.code, 0, spec.stderr);
+  const p = JSON.parse(plain.stdout), s = JSON.parse(spec.stdout);
+  assert.deepEqual(s.tokens, p.tokens);
+  assert.ok(s.trips < s.tokens.length, `${s.trips} trips for ${s.tokens.length} tokens`);
+  assert.ok(s.acceptance < 1, `acceptance ${s.acceptance} with noise 0.5`);
+  const mtp = await runCli(["up", "--cluster", chain, "--model", dir, "--draft", "mtp"]);
+  assert.equal(mtp.code, 2);
+  assert.match(mtp.stderr, /one node only/);
+});
+
 Deno.test("--emulate-wan without root or on another OS: a UsageError saying so (exit 2)", async () => {
   await assert.rejects(checkNamespaces({ os: "linux", uid: 1000 }), UsageError, "--emulate-wan needs root");
   await assert.rejects(checkNamespaces({ os: "darwin", uid: 0 }), UsageError, "Linux network namespaces");

@@ -6,6 +6,7 @@ import {
   READBACK_FLOOR_MS,
   type Result,
   runsTable,
+  specTable,
   WIRE_FLOOR_MS,
 } from "../../../scripts/bench/pipeline_wan_report.ts";
 
@@ -80,4 +81,29 @@ Deno.test("prediction table: predicted and measured ms/token per delay, their ra
     expected: [1, 2],
   }).markdown;
   assert.doesNotMatch(plain, /predicted ms\/token/);
+});
+
+Deno.test("speculative table: each run against plain decoding of its prompt at its delay; tokens must match", () => {
+  const plain = {
+    delayMs: 25,
+    hops: 5,
+    name: "plain",
+    plain: "plain",
+    results: [result([1, 2, 3, 4, 5], 7, 26)],
+  };
+  const spec = (tokens: number[]) => ({
+    delayMs: 25,
+    hops: 5,
+    name: "target as draft",
+    plain: "plain",
+    results: [{ ...result(tokens, 28, 26), trips: 2, acceptance: 1 }],
+  });
+  const ok = specTable([plain, spec([1, 2, 3, 4, 5])]);
+  assert.ok(ok.correct);
+  const row = ok.markdown.split("\n").find((l) => l.includes("target as draft"))!;
+  // 4x plain; bound 1000 / (5 x 25) = 8 tok/s; 5 tokens in 2 trips.
+  assert.equal(row, "| 25 | target as draft | 28.00 | 28.00 | 4.00 | 8.0 | 2.0 | 2.50 | 1.00 | yes |");
+  const bad = specTable([plain, spec([1, 2, 3, 9, 5])]);
+  assert.ok(!bad.correct);
+  assert.match(bad.markdown, /\| NO \|$/m);
 });
