@@ -82,7 +82,11 @@ Deno.test("nodes: 3 nodes on the in-memory network plan, load and serve a chain 
     assert.deepEqual(a.model, { dir, weights: "f32" });
     assert.deepEqual(a.plan.stages.map((s) => s.node), ["n0", "n1", "n2"], "the leader first, then by id");
     const chain = await c.pipelines[0].waitReady({ timeoutMs: 20_000 });
-    assert.deepEqual(chain, { version: a.version, nodes: ["n0", "n1", "n2"] });
+    assert.deepEqual(
+      chain,
+      { version: a.version, nodes: ["n0", "n1", "n2"], wire: "f16" },
+      "the chain's wire: f16 by default",
+    );
     c.pipelines.forEach((p, i) =>
       assert.deepEqual(p.local, { planVersion: a.version, index: i, state: "ready" }, `node n${i}`)
     );
