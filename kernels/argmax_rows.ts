@@ -13,13 +13,18 @@ import {
 } from "./gpu.ts";
 
 const WG = 256;
-const CHUNK = WG * 16;
+/** Logits per workgroup of the first (partial argmax) pass. */
+export const ARGMAX_CHUNK = WG * 16;
+const CHUNK = ARGMAX_CHUNK;
 
 const BETTER =
   `fn better(av: f32, ai: u32, bv: f32, bi: u32) -> bool { return bv > av || (bv == av && bi < ai); }`;
 
+// Pass 1 (also sample.ts's): each workgroup reduces CHUNK logits of row row0 + wg.y to (max, lowest index
+// of the max), so the argmax of a 128k vocabulary is spread over ~32 workgroups a row instead of one (one
+// workgroup took ~95 us on the H200).
 const PARTIAL = `
-struct P { V: u32, groups: u32 }
+struct P { V: u32, groups: u32, row0: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> partial: array<vec2<u32>>;
@@ -35,7 +40,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   var bv = -3.4e38;
   var bi = 0xffffffffu;
   for (var i = start + tid; i < end; i += ${WG}u) {
-    let v = logits[row * p.V + i];
+    let v = logits[(p.row0 + row) * p.V + i];
     if (better(bv, bi, v, i)) { bv = v; bi = i; }
   }
   rv[tid] = bv;
@@ -96,17 +101,30 @@ export function argmaxRowsCalls(
   if (!(Number.isInteger(d.T) && d.T >= 1)) throw new RangeError(`argmax rows: T must be >= 1, got ${d.T}`);
   const groups = ceilDiv(d.vocab, CHUNK);
   const partial = storageBuffer(gpu, groups * d.T * 8, "argmax rows partials");
+  const first = argmaxPartialCall(gpu, { logits: bufs.logits, partial }, {
+    vocab: d.vocab,
+    T: d.T,
+    label: "argmax",
+  });
   const params = uniformBuffer(gpu, [d.vocab, groups]);
-  const first = kernelCall(
-    gpu,
-    pipeline(gpu, PARTIAL),
-    [params, bufs.logits, partial],
-    [groups, d.T],
-    "argmax",
-  );
   const second = kernelCall(gpu, pipeline(gpu, FINAL), [params, partial, bufs.out], [d.T], "argmax");
   second.owned = [partial];
   return [first, second];
+}
+
+/**
+ * The first pass alone: the (max, index) of every ARGMAX_CHUNK logits of rows row0 .. row0 + T - 1 into
+ * `partial` ([T, ceil(vocab / ARGMAX_CHUNK)] vec2<u32>), for a second pass to finish (argmaxRowsCalls',
+ * or sample.ts's sampler).
+ */
+export function argmaxPartialCall(
+  gpu: Gpu,
+  bufs: { logits: GPUBuffer; partial: GPUBuffer },
+  d: { vocab: number; T: number; row0?: number; label: string },
+): KernelCall {
+  const groups = ceilDiv(d.vocab, CHUNK);
+  const params = uniformBuffer(gpu, [d.vocab, groups, d.row0 ?? 0]);
+  return kernelCall(gpu, pipeline(gpu, PARTIAL), [params, bufs.logits, bufs.partial], [groups, d.T], d.label);
 }
 
 /** Reference: argmax of each row (lowest index on ties). */

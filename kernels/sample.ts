@@ -14,44 +14,9 @@ import {
   uniformBuffer,
 } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
+import { ARGMAX_CHUNK, argmaxPartialCall } from "./argmax_rows.ts";
 
 const WG = 256;
-/** Logits per workgroup of the first (partial argmax) pass. */
-const CHUNK = WG * 16;
-
-// Pass 1: each workgroup reduces CHUNK logits to (max, lowest index of the max), so the argmax of a
-// 128k vocabulary is spread over ~32 workgroups instead of one (one workgroup took ~95 us on the H200).
-const PARTIAL = `
-struct P { V: u32, row: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> partial: array<vec2<u32>>;
-var<workgroup> rv: array<f32, ${WG}>;
-var<workgroup> ri: array<u32, ${WG}>;
-@compute @workgroup_size(${WG})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let tid = lid.x;
-  let start = wg.x * ${CHUNK}u;
-  let end = min(p.V, start + ${CHUNK}u);
-  var bv = -3.4e38;
-  var bi = 0xffffffffu;
-  for (var i = start + tid; i < end; i += ${WG}u) {
-    let v = logits[p.row * p.V + i];
-    if (v > bv) { bv = v; bi = i; }
-  }
-  rv[tid] = bv;
-  ri[tid] = bi;
-  workgroupBarrier();
-  for (var s = ${WG / 2}u; s > 0u; s >>= 1u) {
-    if (tid < s) {
-      let ov = rv[tid + s];
-      let oi = ri[tid + s];
-      if (ov > rv[tid] || (ov == rv[tid] && oi < ri[tid])) { rv[tid] = ov; ri[tid] = oi; }
-    }
-    workgroupBarrier();
-  }
-  if (tid == 0u) { partial[wg.x] = vec2<u32>(bitcast<u32>(rv[0]), ri[0]); }
-}`;
 
 const SOURCE = `${STEP_WGSL}
 struct P { V: u32, row: u32, temperature: f32, top_p: f32, seed: u32, groups: u32 }
@@ -181,20 +146,18 @@ export function sampleCalls(
 ): KernelCall[] {
   if (!(d.topP > 0 && d.topP <= 1)) throw new RangeError(`top-p must be in (0, 1], got ${d.topP}`);
   if (!(d.temperature >= 0)) throw new RangeError(`temperature must be >= 0, got ${d.temperature}`);
-  const groups = ceilDiv(d.vocab, CHUNK);
+  const groups = ceilDiv(d.vocab, ARGMAX_CHUNK);
   const partial = storageBuffer(gpu, groups * 8, "argmax partials");
-  const pp = uniformBuffer(gpu, [d.vocab, d.row ?? 0]);
   const params = uniformBuffer(gpu, [d.vocab, d.row ?? 0, d.temperature, d.topP, d.seed >>> 0, groups], [
     2,
     3,
   ]);
-  const first = kernelCall(
-    gpu,
-    pipeline(gpu, PARTIAL),
-    [pp, bufs.logits, partial],
-    [groups],
-    "argmax_partial",
-  );
+  const first = argmaxPartialCall(gpu, { logits: bufs.logits, partial }, {
+    vocab: d.vocab,
+    T: 1,
+    row0: d.row ?? 0,
+    label: "argmax_partial",
+  });
   const second = kernelCall(gpu, pipeline(gpu, SOURCE), [
     params,
     bufs.step,
