@@ -237,14 +237,15 @@ export class PipelineNode {
       timeoutMs: Math.max(1000, deadline - performance.now()),
       pollMs: 100,
     });
-    // Name what was lost: the first node of the old chain that membership says is gone.
-    const stage = (loss.nodes ?? []).findIndex((n) => {
-      const st = this.#host.membership.member(n)?.state;
-      return st === "dead" || st === "left";
-    });
+    // Name what was lost: the first node of the old chain that membership here says is gone, else the first
+    // the new chain dropped that is not alive here (the leader saw it die before this node did).
+    const old = loss.nodes ?? [];
+    const state = (n: string) => this.#host.membership.member(n)?.state;
+    let stage = old.findIndex((n) => state(n) === "dead" || state(n) === "left");
+    if (stage < 0) stage = old.findIndex((n) => !chain.nodes.includes(n) && state(n) !== "alive");
     if (stage < 0) return { chain };
-    const node = loss.nodes![stage];
-    const reason = this.#host.membership.member(node)?.state === "left" ? "left" : "died";
+    const node = old[stage];
+    const reason = state(node) === "left" ? "left" : "died";
     return {
       chain,
       lost: { stage, node, reason: loss.gone ? loss.reason : `${reason} (${loss.reason} first)` },
