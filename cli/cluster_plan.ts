@@ -2,8 +2,9 @@
 // the pure part: what each node of the file declares (its memory budget, how much slower than the fastest it
 // is, its region), the links between them, and the lab's regional plan (layers pipelined across the regions
 // in the file's order, each MoE layer's routed experts spread over the nodes of its stage's region).
-import { type Cluster, linkBetween, type NodeSpec } from "../planner/cluster.ts";
+import { type Cluster, linkBetween } from "../planner/cluster.ts";
 import {
+  assemblePlan,
   compileHfConfig,
   type DTypeBytes,
   evaluateAssignment,
@@ -12,8 +13,6 @@ import {
   parseCluster,
   PlacementError,
   type Plan,
-  PLAN_FORMAT_VERSION,
-  predictionOf,
 } from "../planner/mod.ts";
 import { apportion } from "../planner/expert_placement.ts";
 import { moeOf } from "../planner/model_graph.ts";
@@ -218,7 +217,8 @@ export function planRegional(
     }
   }
   const e = evaluateAssignment(model, cluster, { stages, experts }, { context, dtype });
-  return renamePlan(toLabPlan(model, cluster, stages, experts, e, { context, dtype, t0 }), name);
+  const search = { exact: true, evaluated: 1, ms: performance.now() - t0 };
+  return renamePlan(assemblePlan(model, cluster, { stages, experts }, e, { context, dtype, search }), name);
 }
 
 /** `count` split in proportion to `room`, none above its room (callers checked the sum fits). */
@@ -237,74 +237,6 @@ function capped(count: number, room: number[]): number[] {
     over -= add;
   }
   return share;
-}
-
-function toLabPlan(
-  model: ModelGraph,
-  cluster: Cluster,
-  stages: { node: string; start: number; end: number }[],
-  experts: Map<number, Map<string, number[]>>,
-  e: ReturnType<typeof evaluateAssignment>,
-  meta: { context: number; dtype: DTypeBytes; t0: number },
-): Plan {
-  const hostExperts = new Map<string, Record<string, number[]>>();
-  const planStages = stages.map((s, i) => {
-    const own: Record<string, number[]> = {};
-    for (let l = s.start; l < s.end; l++) {
-      const hosts = experts.get(l);
-      if (!hosts) continue;
-      own[String(l)] = hosts.get(s.node) ?? [];
-      for (const [node, list] of hosts) {
-        if (node === s.node) continue;
-        const rec = hostExperts.get(node) ?? {};
-        rec[String(l)] = list;
-        hostExperts.set(node, rec);
-      }
-    }
-    return {
-      index: i,
-      node: s.node,
-      layers: [s.start, s.end] as [number, number],
-      embeds: i === 0,
-      head: i === stages.length - 1,
-      experts: own,
-    };
-  });
-  const stageNodes = new Set(stages.map((s) => s.node));
-  return {
-    version: PLAN_FORMAT_VERSION,
-    model: {
-      name: model.name,
-      family: model.family,
-      layers: model.layers.length,
-      hidden: model.hidden,
-      vocab: model.vocab,
-      dtypeBytes: { ...meta.dtype },
-    },
-    cluster: cluster.name,
-    context: meta.context,
-    objective: "latency",
-    expertMode: experts.size > 0 ? "spread" : "local",
-    stages: planStages,
-    expertHosts: [...hostExperts].map(([node, experts]) => ({ node, experts })),
-    nodes: cluster.nodes.map((n: NodeSpec) => {
-      const m = e.nodes.get(n.id);
-      const weights = m?.weights ?? 0, kv = m?.kv ?? 0, used = weights + kv + n.reserveBytes;
-      return {
-        id: n.id,
-        role: stageNodes.has(n.id) ? "stage" : m && m.experts > 0 ? "experts" : "idle",
-        memory: { capacity: n.memBytes, reserve: n.reserveBytes, weights, kv, used, free: n.memBytes - used },
-        expertLoad: m?.expertLoad ?? 0,
-      };
-    }),
-    predicted: {
-      ...predictionOf(e),
-      layerFanoutMs: Object.fromEntries(
-        e.stages.flatMap((s) => [...s.fanoutByLayer].map(([l, f]) => [String(l), f * 1e3])),
-      ),
-    },
-    search: { exact: true, evaluated: 1, ms: performance.now() - meta.t0 },
-  };
 }
 
 /** The Plan with every node named by `name` (the file's names -> the members' ids). */

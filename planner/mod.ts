@@ -1,6 +1,6 @@
 // The planner: from a model graph and a cluster to a Plan (what runs where, and its predicted latency).
 // Pure: no network, no GPU. See docs/PLANNER.md (design, language) and docs/PLAN_FORMAT.md (the Plan JSON).
-export { type PlanOptions, planPipeline, predictionOf } from "./plan_pipeline.ts";
+export { assemblePlan, type PlanOptions, planPipeline, predictionOf } from "./plan_pipeline.ts";
 export { PlacementError } from "./errors.ts";
 export { compileHfConfig, type CompileOptions } from "./hf_config.ts";
 export {

@@ -147,15 +147,34 @@ function toPlan(
   model: ModelGraph,
   cluster: Cluster,
   c: Candidate,
-  e: ReturnType<typeof evaluateAssignment>,
+  e: Evaluation,
   meta: { context: number; dtype: DTypeBytes; ms: number; evals: number },
 ): Plan {
-  const stageNodes = new Set(c.assignment.stages.map((s) => s.node));
+  return assemblePlan(model, cluster, c.assignment, e, {
+    context: meta.context,
+    dtype: meta.dtype,
+    search: { exact: c.exact, evaluated: meta.evals, ms: meta.ms },
+  });
+}
+
+/**
+ * The Plan for an assignment and its evaluation: the one place a Plan object is put together (the planner's
+ * search and the lab's regional plan, cli/cluster_plan.ts, both end here). Every MoE layer of a stage lists
+ * the experts it holds ([] if none); experts on other nodes become `expertHosts`.
+ */
+export function assemblePlan(
+  model: ModelGraph,
+  cluster: Cluster,
+  assignment: Assignment,
+  e: Evaluation,
+  meta: { context: number; dtype: DTypeBytes; search: Plan["search"] },
+): Plan {
+  const stageNodes = new Set(assignment.stages.map((s) => s.node));
   const hostExperts = new Map<string, Record<string, number[]>>();
-  const stages = c.assignment.stages.map((s, i) => {
+  const stages = assignment.stages.map((s, i) => {
     const own: Record<string, number[]> = {};
     for (let l = s.start; l < s.end; l++) {
-      const hosts = c.assignment.experts?.get(l);
+      const hosts = assignment.experts?.get(l);
       if (!hosts) continue;
       own[String(l)] = hosts.get(s.node) ?? []; // every MoE layer of the stage is listed, [] if none is here
       for (const [node, list] of hosts) {
@@ -171,8 +190,8 @@ function toPlan(
       node: s.node,
       layers: [s.start, s.end] as [number, number],
       embeds: i === 0,
-      head: i === c.assignment.stages.length - 1,
-      ...(c.assignment.experts ? { experts: own } : {}),
+      head: i === assignment.stages.length - 1,
+      ...(assignment.experts ? { experts: own } : {}),
     };
   });
   const nodes: PlanNode[] = cluster.nodes.map((n) => {
@@ -210,7 +229,7 @@ function toPlan(
         e.stages.flatMap((s) => [...s.fanoutByLayer].map(([l, f]) => [String(l), f * 1e3])),
       ),
     },
-    search: { exact: c.exact, evaluated: meta.evals, ms: meta.ms },
+    search: meta.search,
   };
 }
 
