@@ -34,6 +34,12 @@ export interface KernelTuning {
    */
   prefillOverlap?: boolean;
   /**
+   * The engine's prefill submits a new request's first chunk a few layers at a time as its program is built,
+   * so the GPU starts while the host builds the rest (default true; false: one submit after the whole
+   * build). Read per prefill.
+   */
+  prefillEarlySubmit?: boolean;
+  /**
    * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where M x N makes a wave of its
    * tiles, else `gemmSmall` (defaults 128x128k8r22 and 64x64k16r11). Their f16 / wh flags apply only to
    * weights they suit. Read when a GEMM call is built (each request's programs).
