@@ -2,8 +2,9 @@
 // checkpoint stores it ([out, in]) in any of the engine's formats (f32, f16, q8, q4; kernels/quant.ts).
 // Register-blocked tiles, the classic SIMT SGEMM layout:
 //   - a workgroup computes a BM x BN tile of y; each thread a (4 RM) x (4 RN) block of it, held in
-//     RM * 4 * RN vec4<f32> registers, so each k step is 2 (RM + RN) vec4 reads of workgroup memory for
-//     16 RM RN FMAs;
+//     RM * 4 * RN vec4<f32> registers, so each k step is RM + RN vec4 reads of workgroup memory for
+//     16 RM RN FMAs (GemmTile's ci lays the slices out so those reads need no bounds clamp each; its wh
+//     stages W as f16; docs/KERNELS.md has the arithmetic of each);
 //   - each step stages a BK-wide slice of x (BM rows) and of W (BN rows) in workgroup memory, k-major
 //     (xs[k][m], ws[k][n]) so a thread's fragments are vec4 reads; f16 / q8 / q4 weights are decoded to
 //     f32 as they are staged;
