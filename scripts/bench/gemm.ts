@@ -83,6 +83,9 @@ const GRID: GemmTile[] = [
   "64x64k16r11",
   "128x128k8r22c", // constant-index fragment reads
   "64x64k16r11c",
+  "128x128k16r22c",
+  "128x128k32r22c",
+  "64x64k32r11c",
   "128x128k16r22dc",
   "64x64k16r11dc",
   "128x128k8r22w", // W staged as f16, f32 math
@@ -97,6 +100,7 @@ const GRID: GemmTile[] = [
   "256x128k8r42c",
   "128x256k16r24wc",
   "64x128k16r22c", // 8 x 8 a thread in 128 threads: more tiles where M x N is small
+  "64x128k8r22c",
   "128x64k16r22c",
   "64x128k16r22wc",
   "64x64k16r22c", // 64 threads
