@@ -2,8 +2,9 @@
 // checkpoint stores it ([out, in]) in any of the engine's formats (f32, f16, q8, q4; kernels/quant.ts).
 // Register-blocked tiles, the classic SIMT SGEMM layout:
 //   - a workgroup computes a BM x BN tile of y; each thread a (4 RM) x (4 RN) block of it, held in
-//     RM * 4 * RN vec4<f32> registers, so each k step is 2 (RM + RN) vec4 reads of workgroup memory for
-//     16 RM RN FMAs;
+//     RM * 4 * RN vec4<f32> registers, so each k step is RM + RN vec4 reads of workgroup memory for
+//     16 RM RN FMAs (GemmTile's ci lays the slices out so those reads need no bounds clamp each; its wh
+//     stages W as f16; docs/KERNELS.md has the arithmetic of each);
 //   - each step stages a BK-wide slice of x (BM rows) and of W (BN rows) in workgroup memory, k-major
 //     (xs[k][m], ws[k][n]) so a thread's fragments are vec4 reads; f16 / q8 / q4 weights are decoded to
 //     f32 as they are staged;
@@ -21,6 +22,7 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
+  type KernelTuning,
   memoSource,
   pipeline,
   storageBuffer,
@@ -48,6 +50,41 @@ export interface GemmTile {
   f16?: boolean;
   /** Two staging buffers (one barrier a slice instead of two). Default false. */
   db?: boolean;
+  /**
+   * Stage W in workgroup memory as f16 and multiply in f32 (each b fragment converted as it is read): half
+   * the W bytes of workgroup memory and of its reads, f32 sums. Exact for f16 weights and for q4 (a 4-bit
+   * code times a bf16 scale has at most 11 significant bits) while the values are in f16's normal range;
+   * needs shader-f16; not for f32 or q8 weights (they would round). Default false.
+   */
+  wh?: boolean;
+  /**
+   * Constant-index fragment reads: stage x as xs[buffer][ty][k rm + i] and W as ws[buffer][tx][k rn + j]
+   * (the thread's grid position outermost), so every fragment read of the unrolled k loop has a constant
+   * inner index. WGSL bounds-checks each dynamic array index (wgpu's Restrict policy: a min() per index),
+   * which in the k-major layout (xs[k][i TY + ty]) is one clamp and address add per fragment read; here the
+   * clamp of ty (tx) is one per thread and each read is a register base plus an immediate offset. Default
+   * false.
+   */
+  ci?: boolean;
+}
+
+/** A tile's short name, as the benchmarks print it and take it: 128x128k8r22, then h (f16), d (db), w (wh). */
+export function gemmTileTag(t: GemmTile): string {
+  return `${t.bm}x${t.bn}k${t.bk}r${t.rm}${t.rn}${t.f16 ? "h" : ""}${t.db ? "d" : ""}${t.wh ? "w" : ""}${
+    t.ci ? "c" : ""
+  }`;
+}
+
+/** The tile a tag names (gemmTileTag's form; rm and rn one digit each). */
+export function parseGemmTile(tag: string): GemmTile {
+  const m = /^(\d+)x(\d+)k(\d+)r(\d)(\d)(h?)(d?)(w?)(c?)$/.exec(tag);
+  if (!m) throw new TypeError(`GEMM tile tag "${tag}": want e.g. 128x128k8r22 (+ h, d, w, c flags in order)`);
+  const t: GemmTile = { bm: +m[1], bn: +m[2], bk: +m[3], rm: +m[4], rn: +m[5] };
+  if (m[6]) t.f16 = true;
+  if (m[7]) t.db = true;
+  if (m[8]) t.wh = true;
+  if (m[9]) t.ci = true;
+  return t;
 }
 
 export type GemmTransform = "none" | "silu_mul";
@@ -101,7 +138,16 @@ export function checkGemmTile(t: GemmTile, maxStorage = 49152): void {
 }
 
 function tileBytes(t: GemmTile): number {
-  return (t.bm + t.bn + 8) * t.bk * (t.f16 ? 2 : 4) * (t.db ? 2 : 1);
+  const { x, w } = stagedVec4s(t);
+  return (x * (t.f16 ? 8 : 16) + w * (t.f16 || t.wh ? 8 : 16)) * (t.db ? 2 : 1);
+}
+
+/** vec4s of one staging buffer of x and of W, padding included (one vec4 a k row, or a thread row with ci). */
+function stagedVec4s(t: GemmTile): { x: number; w: number } {
+  if (t.ci) {
+    return { x: (t.bm / (4 * t.rm)) * (t.bk * t.rm + 1), w: (t.bn / (4 * t.rn)) * (t.bk * t.rn + 1) };
+  }
+  return { x: t.bk * (t.bm / 4 + 1), w: t.bk * (t.bn / 4 + 1) };
 }
 
 /** Workgroups the H200 runs at once, about (132 SMs x 2): below it, smaller tiles fill the GPU better. */
@@ -112,9 +158,10 @@ const WAVE = 264;
  * outputs a thread when that makes a wave of workgroups, else 64 x 64 with 4 x 4 a thread (256 threads:
  * enough warps per SM when the tiles are few), which split K then fills further.
  */
-export function gemmDefaultTile(T: number, N: number): GemmTile {
-  if (ceilDiv(T, 128) * ceilDiv(N, 128) >= WAVE) return { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 };
-  return { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 };
+export function gemmDefaultTile(T: number, N: number, tuning: KernelTuning = {}): GemmTile {
+  const large = tuning.gemmLarge ?? { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 };
+  if (ceilDiv(T, large.bm) * ceilDiv(N, large.bn) >= WAVE) return large;
+  return tuning.gemmSmall ?? { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 };
 }
 
 /**
@@ -124,6 +171,11 @@ export function gemmDefaultTile(T: number, N: number): GemmTile {
  */
 export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
   return gpu.hasF16 && wt !== "f32" && Deno.env.get("SWACTOR_GEMM_MATH") === "f16";
+}
+
+/** Whether W may be staged as f16 with f32 math (the `wh` tile flag): exact for f16 and q4 weights. */
+export function gemmWhFits(gpu: Gpu, wt: WeightType | QuantType): boolean {
+  return gpu.hasF16 && (wt === "f16" || wt === "q4");
 }
 
 /** How one slice's vec4 of weights is fetched (raw, kept in registers) and decoded (when staged). */
@@ -199,8 +251,10 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
   const { bm, bn, bk, rm, rn } = t;
   const h = t.f16 === true;
   const db = t.db === true;
+  const ci = t.ci === true;
   const nb = db ? 2 : 1;
-  const S = h ? "f16" : "f32"; // staged and multiplied as
+  const S = h ? "f16" : "f32"; // x staged and multiplied as
+  const SW_T = h || t.wh ? "f16" : "f32"; // W staged as
   const TX = bn / (4 * rn), TY = bm / (4 * rm);
   const TH = TX * TY;
   const KQ = bk / 4; // vec4s of k per row of a slice
@@ -246,9 +300,16 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
       let m = u / ${KQ}u;
       let kb = 4u * (u % ${KQ}u);
       let v = xr${i};
+      ${
+      ci
+        ? `let m4 = m / 4u;
       for (var c = 0u; c < 4u; c++) { xs[${
-      db ? `sb * ${bk * SA}u + ` : ""
-    }(kb + c) * ${SA}u + m / 4u][m % 4u] = ${S}(v[c]); }
+          db ? "sb" : "0u"
+        }][m4 % ${TY}u][(kb + c) * ${rm}u + m4 / ${TY}u][m % 4u] = ${S}(v[c]); }`
+        : `for (var c = 0u; c < 4u; c++) { xs[${
+          db ? `sb * ${bk * SA}u + ` : ""
+        }(kb + c) * ${SA}u + m / 4u][m % 4u] = ${S}(v[c]); }`
+    }
     }`);
   }
   for (let i = 0; i < LW; i++) {
@@ -258,17 +319,31 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
       let kb = 4u * (u % ${KQ}u);
       let r = wr${i};
       let v = select(vec4<f32>(0.0), ${w.decode}, wok${i});
+      ${
+      ci
+        ? `let n4 = n / 4u;
       for (var c = 0u; c < 4u; c++) { ws[${
-      db ? `sb * ${bk * SW}u + ` : ""
-    }(kb + c) * ${SW}u + n / 4u][n % 4u] = ${S}(v[c]); }
+          db ? "sb" : "0u"
+        }][n4 % ${TX}u][(kb + c) * ${rn}u + n4 / ${TX}u][n % 4u] = ${SW_T}(v[c]); }`
+        : `for (var c = 0u; c < 4u; c++) { ws[${
+          db ? `sb * ${bk * SW}u + ` : ""
+        }(kb + c) * ${SW}u + n / 4u][n % 4u] = ${SW_T}(v[c]); }`
+    }
     }`);
   }
   const fma: string[] = [];
   for (let i = 0; i < rm; i++) {
-    fma.push(`let a${i} = xs[${db ? `rb * ${bk * SA}u + ` : ""}kr * ${SA}u + ${i * TY}u + ty];`);
+    fma.push(
+      ci
+        ? `let a${i} = xs[${db ? "rb" : "0u"}][ty][kr * ${rm}u + ${i}u];`
+        : `let a${i} = xs[${db ? `rb * ${bk * SA}u + ` : ""}kr * ${SA}u + ${i * TY}u + ty];`,
+    );
   }
   for (let j = 0; j < rn; j++) {
-    fma.push(`let b${j} = ws[${db ? `rb * ${bk * SW}u + ` : ""}kr * ${SW}u + ${j * TX}u + tx];`);
+    const b = ci
+      ? `ws[${db ? "rb" : "0u"}][tx][kr * ${rn}u + ${j}u]`
+      : `ws[${db ? `rb * ${bk * SW}u + ` : ""}kr * ${SW}u + ${j * TX}u + tx]`;
+    fma.push(`let b${j} = ${SW_T === S ? b : `vec4<${S}>(${b})`};`);
   }
   for (let i = 0; i < rm; i++) {
     for (let r = 0; r < 4; r++) {
@@ -339,14 +414,19 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
     rb = 1u - rb;
     if (!more) { break; }
   }`;
-  L(`${h ? "enable f16;" : ""}
+  L(`${h || t.wh ? "enable f16;" : ""}
 struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32, kc: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> W: ${w.decl};
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-var<workgroup> xs: array<vec4<${S}>, ${nb * bk * SA}>;
-var<workgroup> ws: array<vec4<${S}>, ${nb * bk * SW}>;
+${
+    ci
+      ? `var<workgroup> xs: array<array<array<vec4<${S}>, ${bk * rm + 1}>, ${TY}>, ${nb}>;
+var<workgroup> ws: array<array<array<vec4<${SW_T}>, ${bk * rn + 1}>, ${TX}>, ${nb}>;`
+      : `var<workgroup> xs: array<vec4<${S}>, ${nb * bk * SA}>;
+var<workgroup> ws: array<vec4<${SW_T}>, ${nb * bk * SW}>;`
+  }
 ${isQuant(wt) ? QUANT_WGSL : ""}
 fn store(m: u32, n: u32, ybase: u32, v: vec4<f32>) {
   if (m >= p.T) { return; }
@@ -399,9 +479,22 @@ export function gemmCalls(
   if (!(Number.isInteger(d.T) && d.T >= 1 && Number.isInteger(d.N) && d.N >= 1)) {
     throw new RangeError(`GEMM of T = ${d.T} rows and N = ${d.N} columns`);
   }
-  const tile = d.tile ?? { ...gemmDefaultTile(d.T, d.N), f16: gemmF16Math(gpu, wt) };
+  const def = gemmDefaultTile(d.T, d.N, gpu.tuning);
+  // A tuned default's f16 / wh flags apply where they keep the default exact enough (as SWACTOR_GEMM_MATH).
+  const tile = d.tile ?? {
+    ...def,
+    f16: gemmF16Math(gpu, wt) || (def.f16 === true && gpu.hasF16 && wt !== "f32"),
+    wh: def.wh === true && gemmWhFits(gpu, wt),
+  };
   checkGemmTile(tile, gpu.maxWorkgroupStorage);
-  if (tile.f16 && !gpu.hasF16) throw new RangeError(`f16 GEMM tiles need shader-f16 (${gpu.adapterName})`);
+  if ((tile.f16 || tile.wh) && !gpu.hasF16) {
+    throw new RangeError(`f16 GEMM tiles need shader-f16 (${gpu.adapterName})`);
+  }
+  if (tile.wh && !tile.f16 && !gemmWhFits(gpu, wt)) {
+    throw new RangeError(
+      `GEMM tiles staging W as f16 (wh) take f16 or q4 weights, not ${wt}: it would round`,
+    );
+  }
   const splits = d.splitK ?? gemmDefaultSplit(d.T, d.N, d.K, tile);
   if (!(Number.isInteger(splits) && splits >= 1)) {
     throw new RangeError(`splitK must be an integer >= 1, got ${splits}`);

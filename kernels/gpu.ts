@@ -1,6 +1,7 @@
 // The WebGPU device, and the few buffer and pipeline utilities every kernel uses.
 // Effects live here: requesting the adapter, creating buffers, reading back.
 import { checkEarlyRead, readStaging, takeStaging } from "./readback.ts";
+import type { GemmTile } from "./gemm.ts";
 
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
@@ -32,6 +33,19 @@ export interface KernelTuning {
    * true; false: encodes it after the wait and the yield, the first way; models/engine.ts). Read per prefill.
    */
   prefillOverlap?: boolean;
+  /**
+   * The engine's prefill submits a new request's first chunk a few layers at a time as its program is built,
+   * so the GPU starts while the host builds the rest (default true; false: one submit after the whole
+   * build). Read per prefill.
+   */
+  prefillEarlySubmit?: boolean;
+  /**
+   * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where M x N makes a wave of its
+   * tiles, else `gemmSmall` (defaults 128x128k8r22 and 64x64k16r11). Their f16 / wh flags apply only to
+   * weights they suit. Read when a GEMM call is built (each request's programs).
+   */
+  gemmLarge?: GemmTile;
+  gemmSmall?: GemmTile;
 }
 
 export interface Gpu {

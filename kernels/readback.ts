@@ -119,13 +119,22 @@ async function selfCheck(gpu: Gpu): Promise<boolean> {
   }
 }
 
-/** Makes sure `count` primed staging buffers of at least `bytes` are free (priming them together: ~11 ms). */
+/**
+ * Makes sure `count` primed staging buffers of at least `bytes` are free. Where fewer are, it primes enough
+ * for 2 count (together: ~11 ms, the cost of one): the last request's buffers come back to the pool ~10 ms
+ * after their reads, so a request that starts sooner than that found one short and primed again, and a
+ * prime waits for the GPU's queued work (a whole prefill) and 10 ms more.
+ */
 export async function reserveStaging(gpu: Gpu, bytes: number, count: number): Promise<void> {
   if (!(await checkEarlyRead(gpu)) || bytes > MAX_POOLED) return;
   const size = sizeClass(bytes);
   const free = poolOf(gpu).free.get(size) ?? [];
+  const short = free.length < count;
   const made = await Promise.all(
-    Array.from({ length: Math.max(0, count - free.length) }, () => primed(gpu, size)),
+    Array.from(
+      { length: short ? Math.max(count, Math.min(2 * count, keep(size))) - free.length : 0 },
+      () => primed(gpu, size),
+    ),
   );
   for (const b of made) release(gpu, b);
 }

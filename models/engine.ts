@@ -125,6 +125,18 @@ export function submit(gpu: Gpu, calls: readonly KernelCall[]): void {
   gpu.device.queue.submit([enc.finish()]);
 }
 
+/**
+ * Where a prefill's host time goes, summed over this process's prefills (the prefill benchmark prints the
+ * differences over its timed runs): `prefills`; `preSubmitMs`, from a prefill's start to the return of its
+ * first submit (host work the GPU waits for: the first chunk's program build, its encode, the submit);
+ * `encodeMs`, building and encoding every chunk (most of it overlaps the GPU); `submits` and `submitMs` (in queue.submit); `afterMs`, from the
+ * last chunk's submit to the first token read (the GPU's last chunk, the readback: generate only).
+ */
+export const prefillStats = { prefills: 0, preSubmitMs: 0, encodeMs: 0, submits: 0, submitMs: 0, afterMs: 0 };
+
+/** Layers of a fresh first-chunk program built between early submits (gpu.tuning.prefillEarlySubmit). */
+const EARLY_LAYERS = 4;
+
 /** Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work. */
 const yieldToEventLoop = () => new Promise<void>((r) => setTimeout(r, 0));
 
@@ -410,6 +422,7 @@ export class Engine implements StageBackend {
       if (!(await this.#prefill(seq, prompt, "sample", signal))) {
         return this.#result([], "aborted", P, t0, t0, t0, seq);
       }
+      const submitted = performance.now();
       await reserved;
       // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit.
       const decode = [...seq.program(1, "sample"), advanceCall(gpu, seq.step)];
@@ -460,7 +473,10 @@ export class Engine implements StageBackend {
         }
         const ids = await pending.shift()!;
         const now = performance.now();
-        if (out.length === 0) firstAt = now;
+        if (out.length === 0) {
+          firstAt = now;
+          prefillStats.afterMs += now - submitted;
+        }
         lastAt = now;
         const bad = ids.find((id) => id >= vocab);
         if (bad !== undefined) throw new NonFiniteLogitsError(bad, vocab);
@@ -521,37 +537,73 @@ export class Engine implements StageBackend {
   ): Promise<boolean> {
     const gpu = this.gpu;
     const P = prompt.length;
-    const encode = (pos0: number): GPUCommandBuffer => {
-      const T = Math.min(seq.maxChunk, P - pos0);
+    const start = performance.now();
+    prefillStats.prefills++;
+    const commands = (calls: readonly KernelCall[]): GPUCommandBuffer => {
       const enc = gpu.device.createCommandEncoder();
       const pass = enc.beginComputePass();
-      encodeCalls(pass, seq.program(T, pos0 + T >= P ? last : "hidden"));
+      encodeCalls(pass, calls);
       pass.end();
       return enc.finish();
+    };
+    let first = true;
+    let submitMs = 0;
+    const submitNow = (cmd: GPUCommandBuffer) => {
+      const t = performance.now();
+      gpu.device.queue.submit([cmd]);
+      const now = performance.now();
+      submitMs += now - t;
+      prefillStats.submits++;
+      if (first) prefillStats.preSubmitMs += now - start;
+      first = false;
+    };
+    const output = (pos0: number, T: number) => (pos0 + T >= P ? last : "hidden");
+    const encode = (pos0: number): GPUCommandBuffer => {
+      const t = performance.now();
+      const T = Math.min(seq.maxChunk, P - pos0);
+      const cmd = commands(seq.program(T, output(pos0, T)));
+      prefillStats.encodeMs += performance.now() - t;
+      return cmd;
     };
     const overlap = gpu.tuning.prefillOverlap ?? true;
     writeBytes(gpu, seq.tokens, 0, Uint32Array.from(prompt));
     if (signal.aborted) return false;
-    let next = encode(0);
-    for (let pos0 = 0; pos0 < P; pos0 += seq.maxChunk) {
+    // The first chunk: where its program is built fresh (a new request's), its first layers are submitted
+    // as they are built, so the GPU starts while the host builds the rest (gpu.tuning.prefillEarlySubmit).
+    const T0 = Math.min(seq.maxChunk, P);
+    writeStep(gpu, seq.step, { pos0: 0, T: T0, tokOut: P });
+    let done = 0, layers = 0;
+    const t = performance.now();
+    const early = gpu.tuning.prefillEarlySubmit ?? true;
+    const calls0 = seq.program(T0, output(0, T0), {
+      onLayer: (calls) => {
+        if (!early || ++layers % EARLY_LAYERS !== 0) return;
+        submitNow(commands(calls.slice(done)));
+        done = calls.length;
+      },
+    });
+    submitNow(commands(calls0.slice(done)));
+    prefillStats.encodeMs += performance.now() - t - submitMs;
+    for (let pos0 = T0; pos0 < P; pos0 += seq.maxChunk) {
       const T = Math.min(seq.maxChunk, P - pos0);
-      // The step record is written in queue order: after the previous chunk's commands, before this one's.
-      writeStep(gpu, seq.step, { pos0, T, tokOut: P });
-      gpu.device.queue.submit([next]);
-      if (pos0 + T >= P) break;
+      let next: GPUCommandBuffer;
       if (overlap) {
-        next = encode(pos0 + T);
-        await yieldToEventLoop(); // this chunk runs meanwhile
+        next = encode(pos0);
+        await yieldToEventLoop(); // the previous chunk runs meanwhile
         if (signal.aborted) return false; // released: its buffers are gone (the chunk in flight still finishes)
-        await readBack(gpu, seq.tokens, 4); // the chunk is done (a bounded wait: nothing else is queued)
+        await readBack(gpu, seq.tokens, 4); // it is done (a bounded wait: nothing else is queued)
       } else {
         await readBack(gpu, seq.tokens, 4);
         await yieldToEventLoop();
         if (signal.aborted) return false;
-        next = encode(pos0 + T);
+        next = encode(pos0);
       }
       if (signal.aborted) return false;
+      // The step record is written in queue order: after the previous chunk's commands, before this one's.
+      writeStep(gpu, seq.step, { pos0, T, tokOut: P });
+      submitNow(next);
     }
+    prefillStats.submitMs += submitMs;
     return true;
   }
 

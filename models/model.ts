@@ -392,6 +392,12 @@ export interface StepOptions {
   embed?: boolean;
   /** An MTP module's chained step: read the hidden input from row `hiddenRow` of its own `x` (T = 1). */
   hiddenRow?: number;
+  /**
+   * Called, while a program is first built, after each layer with the calls so far (its one segment's; not
+   * called where the step is split or the program is cached): the prefill submits the first layers while
+   * the rest are built.
+   */
+  onLayer?: (calls: readonly KernelCall[]) => void;
 }
 
 /** Part of a step: its kernel calls, and the MoE layer whose remote experts run after it (if any). */
@@ -581,6 +587,7 @@ export class Sequence {
         calls = [biasAddCall(gpu, { b: this.expertSum!, y: x }, { N: T * H, T: 1 })];
         segments.push({ calls });
       }
+      if (segments.length === 1) opts.onLayer?.(calls);
     });
     if (output !== "hidden") {
       const { finalNorm, lmHead } = m;

@@ -1,11 +1,13 @@
 // Prefill GEMM microbenchmark (kernels/gemm.ts) at the prompt's shapes (Llama 3.2 1B): TFLOP/s of
 // y[M, N] = x[M, K] @ W[N, K]^T for M = 512 (one chunk; --m for others) over the layer's (K, N),
-// for a grid of tiles (f16) and, at the default tile, every weight format; against the FP32 FMA ceiling
-// the caller gives (--ceiling, TFLOP/s). Timed with GPU timestamps over back-to-back dispatches after a
-// warm-up. --probe first prints what the adapter offers (features, limits, WGSL language features) and
-// whether a cooperative-matrix feature can be requested. One JSON line per case.
-//   deno run -A scripts/bench/gemm.ts [--probe] [--quick] [--ceiling 67] [--weights f16] [--tiles all|default]
-//     [--m 512,2048]
+// for a grid of tiles and tile flags (GemmTile: f16 math, db, wh, ci; tags as gemmTileTag writes them) for
+// every weight format asked, against the FP32 FMA ceiling the caller gives (--ceiling, TFLOP/s). Timed with
+// GPU timestamps over back-to-back dispatches after a warm-up. --probe first prints what the adapter offers
+// (features, limits, WGSL language features) and whether a cooperative-matrix feature can be requested.
+// One JSON line per case, then one `best` line per (weights, shape): the fastest case and the default's.
+// --tiles: all (the grid below), default (the defaults only) or a comma list of tags (e.g. 128x128k8r22c).
+//   deno run -A scripts/bench/gemm.ts [--probe] [--quick] [--ceiling 67] [--weights f16,q4]
+//     [--tiles all|default|TAG,...] [--m 512,2048]
 import { parseArgs } from "node:util";
 import {
   checkGemmTile,
@@ -13,7 +15,10 @@ import {
   gemmDefaultSplit,
   gemmDefaultTile,
   type GemmTile,
+  gemmTileTag as tag,
+  gemmWhFits,
   getGpu,
+  parseGemmTile,
   quantBytes,
   storageBuffer,
 } from "../../kernels/mod.ts";
@@ -71,19 +76,39 @@ const shapes = values.quick
   : values.m!.split(",").map(Number).flatMap((M) =>
     [[2048, 3072], [2048, 2048], [2048, 16384], [8192, 2048]].map(([K, N]) => ({ M, K, N }))
   );
+// Per k step a thread reads rm + rn vec4s of workgroup memory (wh: the rn W vec4s are 8 bytes) for 16 rm rn
+// FMAs; ci drops the bounds clamp and address add of each read; docs/KERNELS.md has the arithmetic.
 const GRID: GemmTile[] = [
-  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 },
-  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, db: true },
-  { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2, db: true },
-  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, db: true },
-  { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4 },
-  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 },
-  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, f16: true },
-  { bm: 128, bn: 128, bk: 16, rm: 2, rn: 2, f16: true },
-  { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4, f16: true },
-  { bm: 128, bn: 128, bk: 32, rm: 2, rn: 2, f16: true },
-  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, f16: true },
-];
+  "128x128k8r22", // the defaults
+  "64x64k16r11",
+  "128x128k8r22c", // constant-index fragment reads
+  "64x64k16r11c",
+  "128x128k16r22c",
+  "128x128k32r22c",
+  "64x64k32r11c",
+  "128x128k16r22dc",
+  "64x64k16r11dc",
+  "128x128k8r22w", // W staged as f16, f32 math
+  "128x128k8r22wc",
+  "64x64k16r11wc",
+  "128x128k8r22d",
+  "128x128k16r22d",
+  "64x64k16r11d",
+  "128x256k16r24", // 8 x 16 a thread: 6 reads for 128 FMAs
+  "128x256k16r24c",
+  "128x256k8r24c",
+  "256x128k8r42c",
+  "128x256k16r24wc",
+  "64x128k16r22c", // 8 x 8 a thread in 128 threads: more tiles where M x N is small
+  "64x128k8r22c",
+  "128x64k16r22c",
+  "64x128k16r22wc",
+  "64x64k16r22c", // 64 threads
+  "128x128k16r22h", // f16 multiplies (rounds: SWACTOR_GEMM_MATH=f16 only)
+  "128x256k16r24h",
+  "128x128k16r22hc",
+  "64x64k16r11hc",
+].map(parseGemmTile);
 
 function bytes(N: number, K: number, wt: string): number {
   if (wt === "f32") return N * K * 4;
@@ -91,18 +116,22 @@ function bytes(N: number, K: number, wt: string): number {
   return quantBytes(N, K, wt as "q8" | "q4");
 }
 
-const tag = (t: GemmTile) => `${t.bm}x${t.bn}k${t.bk}r${t.rm}${t.rn}${t.f16 ? "h" : ""}${t.db ? "d" : ""}`;
+const listed = values.tiles === "all" || values.tiles === "default"
+  ? undefined
+  : values.tiles!.split(",").map(parseGemmTile);
 for (const wt of values.weights!.split(",")) {
   if (wt === "f16" && !gpu.hasF16) continue;
   for (const { M, K, N } of shapes) {
     const x = storageBuffer(gpu, M * K * 4, "x");
     const w = storageBuffer(gpu, bytes(N, K, wt), "w");
     const y = storageBuffer(gpu, M * N * 4, "y");
-    const def = gemmDefaultTile(M, N);
-    const tiles = values.tiles === "all" && wt === "f16"
-      ? [def, ...GRID.filter((t) => tag(t) !== tag(def))]
-      : [def];
+    const def = gemmDefaultTile(M, N, gpu.tuning);
+    const grid = listed ?? (values.tiles === "all" ? GRID : []);
+    const tiles = [def, ...grid.filter((t) => tag(t) !== tag(def))];
+    const cases: { tile: string; split: number; tflops: number; default: boolean }[] = [];
     for (const tile of tiles) {
+      if ((tile.f16 || tile.wh) && !gpu.hasF16) continue;
+      if (tile.wh && !tile.f16 && !gemmWhFits(gpu, wt as "f16")) continue; // it would round these weights
       try {
         checkGemmTile(tile, gpu.maxWorkgroupStorage);
       } catch {
@@ -122,6 +151,7 @@ for (const wt of values.weights!.split(",")) {
         const repeat = Math.max(3, Math.min(200, Math.round(25 / Math.max(est, 0.01))));
         const ms = await gpuMs(gpu, calls, repeat);
         const tflops = flop / (ms / 1e3) / 1e12;
+        cases.push({ tile: tag(tile), split: splitK, tflops, default: isDef && splitK === auto });
         console.log(JSON.stringify({
           wt,
           M,
@@ -136,6 +166,22 @@ for (const wt of values.weights!.split(",")) {
         }));
       }
     }
+    const best = cases.reduce((a, b) => (b.tflops > a.tflops ? b : a));
+    const d = cases.find((c) => c.default)!;
+    console.log(JSON.stringify({
+      best: true,
+      wt,
+      M,
+      K,
+      N,
+      tile: best.tile,
+      split: best.split,
+      tflops: +best.tflops.toFixed(2),
+      defaultTile: d.tile,
+      defaultSplit: d.split,
+      defaultTflops: +d.tflops.toFixed(2),
+      gain: +(best.tflops / d.tflops).toFixed(3),
+    }));
     for (const b of [x, w, y]) b.destroy();
   }
 }

@@ -10,18 +10,26 @@
 // One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
 //     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
+//     [--gemm default,LARGE/SMALL,...] [--early on,off]
 // --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; --flash: the prefill flash
 // attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
-// prefill chunk while one runs (gpu.tuning.prefillOverlap, models/engine.ts). Every combination is run; with
+// prefill chunk while one runs (gpu.tuning.prefillOverlap, models/engine.ts); --gemm: the GEMM's two default
+// tiles (gpu.tuning.gemmLarge / gemmSmall, kernels/gemm.ts), each entry `default` or two tile tags as
+// scripts/bench/gemm.ts prints them, e.g. 128x128k8r22c/64x64k16r11c; --early: a new request's first chunk
+// is submitted a few layers at a time as its program is built (gpu.tuning.prefillEarlySubmit). Each line's
+// `host` is the engine's prefillStats (models/engine.ts) averaged over the timed runs: preSubmitMs (host
+// work before the GPU starts), encodeMs (building and encoding all chunks, mostly overlapping the GPU),
+// submits and submitMs (inside queue.submit), afterMs (last submit to first token: the GPU's last chunk plus the readback). Every combination
+// is run; with
 // more than one, each line after the first also has the teacher-forced logits error of a 256-token prompt
 // against the first (worst row's max |error| / max |logit|, the fixtures' measure).
 // --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { type FlashVariant, getGpu, readbackStats, writeStep } from "../../kernels/mod.ts";
+import { type FlashVariant, getGpu, parseGemmTile, readbackStats, writeStep } from "../../kernels/mod.ts";
 import { gpuMsPerCall } from "../../kernels/timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
-import { Engine, wholeModel } from "../../models/engine.ts";
+import { Engine, prefillStats, wholeModel } from "../../models/engine.ts";
 import { parseModelConfig } from "../../models/family.ts";
 import { Model, type WeightsOption } from "../../models/model.ts";
 import { writeSafetensors } from "../../models/safetensors.ts";
@@ -42,6 +50,8 @@ const { values } = parseArgs({
     math: { type: "string", default: "f32" },
     flash: { type: "string", default: "blocked" },
     overlap: { type: "string", default: "on" },
+    gemm: { type: "string", default: "default" },
+    early: { type: "string", default: "on" },
   },
 });
 
@@ -107,19 +117,42 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
   let baseline: Float32Array | undefined;
   const combos = values.math!.split(",").flatMap((math) =>
     values.flash!.split(",").flatMap((flash) =>
-      values.overlap!.split(",").map((overlap) => ({ math, flash: flash as FlashVariant, overlap }))
+      values.overlap!.split(",").flatMap((overlap) =>
+        values.gemm!.split(",").flatMap((gemm) =>
+          values.early!.split(",").map((early) => ({
+            math,
+            flash: flash as FlashVariant,
+            overlap,
+            gemm,
+            early,
+          }))
+        )
+      )
     )
   );
-  for (const { math, flash, overlap } of combos) {
+  for (const { math, flash, overlap, gemm, early } of combos) {
     if (flash !== "blocked" && flash !== "lanes") {
       throw new TypeError(`--flash takes blocked or lanes, got ${flash}`);
     }
     if (overlap !== "on" && overlap !== "off") {
       throw new TypeError(`--overlap takes on or off, got ${overlap}`);
     }
+    if (early !== "on" && early !== "off") throw new TypeError(`--early takes on or off, got ${early}`);
+    gpu.tuning.prefillEarlySubmit = early === "on"; // read by each prefill
     Deno.env.set("SWACTOR_GEMM_MATH", math);
     gpu.tuning.flash = flash; // read as each request's programs are built
     gpu.tuning.prefillOverlap = overlap === "on"; // read by each prefill
+    if (gemm === "default") {
+      delete gpu.tuning.gemmLarge;
+      delete gpu.tuning.gemmSmall;
+    } else {
+      const [large, small, extra] = gemm.split("/");
+      if (!small || extra !== undefined) {
+        throw new TypeError(`--gemm takes default or LARGE/SMALL, got ${gemm}`);
+      }
+      gpu.tuning.gemmLarge = parseGemmTile(large); // read as each request's programs are built
+      gpu.tuning.gemmSmall = parseGemmTile(small);
+    }
     let logitsErr: number | undefined;
     if (combos.length > 1) {
       const logits = await engine.logits(probe);
@@ -132,17 +165,20 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       const ttft: number[] = [];
       // Reads that waited for Deno's map promise and staging buffers primed in the timed runs (~10 ms each).
       let awaited = 0, primed = 0;
+      const host = { prefills: 0, preSubmitMs: 0, encodeMs: 0, submits: 0, submitMs: 0, afterMs: 0 };
       let chunk = 0;
       for (let r = 0; r <= runs; r++) { // run 0 compiles the pipelines
         const id = `bench-${P}-${r}`;
         chunk = engine.open(id, { maxSeq: P + 1, sampling, maxChunk }).chunk;
         try {
           const [a0, p0] = [readbackStats.awaited, readbackStats.primed];
+          const h0 = { ...prefillStats };
           const res = await engine.generate(id, prompt, { maxTokens: 1, eos: [] });
           if (r > 0) {
             ttft.push(res.firstTokenMs);
             awaited += readbackStats.awaited - a0;
             primed += readbackStats.primed - p0;
+            for (const k of Object.keys(host) as (keyof typeof host)[]) host[k] += prefillStats[k] - h0[k];
           }
         } finally {
           engine.release(id);
@@ -156,6 +192,8 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         math,
         flash,
         overlap,
+        gemm,
+        early,
         ...(logitsErr === undefined ? {} : { logitsErr: +logitsErr.toExponential(2) }),
         prompt: P,
         chunk,
@@ -164,6 +202,13 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         runsMs: ttft.map((t) => +t.toFixed(1)),
         awaitedReads: awaited,
         primedStaging: primed,
+        host: {
+          preSubmitMs: +(host.preSubmitMs / runs).toFixed(2),
+          encodeMs: +(host.encodeMs / runs).toFixed(2),
+          submits: host.submits / runs,
+          submitMs: +(host.submitMs / runs).toFixed(2),
+          afterMs: +(host.afterMs / runs).toFixed(2),
+        },
       };
       if (values.kernels && gpu.hasTimestamps) {
         const { byKernel, buildMs } = await kernelTimes(model, P, chunk);

@@ -12,7 +12,9 @@
 #             one-token step, decode at 128 / 2048 / 8192 of context (A/B: without multi-token GEMV and
 #             flash-decoding splits), then transformers on the same checkpoint (the yardstick)
 #   prefill   time to first token of 512- and 2048-token prompts (f16, q4; GEMM math f32 and f16), the GEMM
-#             microbenchmark at M = 512 against the FP32 FMA ceiling
+#             microbenchmark at M = 512 against the FP32 FMA ceiling (default tiles)
+#   gemm      (not in the default list) the GEMM tile sweep at M = 512 (f16, q4: every tile flag and thread
+#             tile, a `best` line per shape), then the prefill with the ci tiles and early submit A/B'd
 #   moe       Qwen3-30B-A3B and DeepSeek-V2-Lite shapes at full depth (random weights made on the GPU), f16
 #             and q4, then transformers on the same shapes
 # With BEFORE=DIR (another checkout), `decode` also alternates DIR's code and this one's on one checkpoint.
@@ -76,7 +78,14 @@ part_prefill() {
   deno run -A scripts/bench/prefill.ts --dir /tmp/llama1b --weights f16,q4 --prompts 512,2048 --runs 3 \
     --kernels --math f32,f16 2>&1 | grep -E "^\{|rror"
   log "GEMM at M = 512"
+  deno run -A scripts/bench/gemm.ts --ceiling 67 --weights f16,q4 --tiles default 2>&1 | grep -E "^\{|rror"
+}
+
+part_gemm() {
   deno run -A scripts/bench/gemm.ts --ceiling 67 --weights f16,q4 2>&1 | grep -E "^\{|rror"
+  log "prefill: default tiles and ci tiles, early submit on and off"
+  deno run -A scripts/bench/prefill.ts --dir /tmp/llama1b --weights f16,q4 --prompts 512,2048 --runs 3 \
+    --gemm default,128x128k8r22c/64x64k16r11c --early on,off 2>&1 | grep -E "^\{|rror"
 }
 
 part_moe() {
@@ -87,7 +96,7 @@ part_moe() {
   HF_CACHES=dynamic python3 scripts/bench/hf_moe.py deepseek-v2-lite 27 --random 2>&1 | grep -E "^\{|Error" | tail -3
 }
 
-declare -A limit=([fixtures]=230 [chain]=150 [tests]=120 [decode]=200 [prefill]=150 [moe]=280)
+declare -A limit=([fixtures]=230 [chain]=150 [tests]=120 [decode]=200 [prefill]=150 [gemm]=420 [moe]=280)
 for p in "${parts[@]}"; do
   log "== $p"
   export -f make_fixtures part_$p log; export fx t0

@@ -3,7 +3,16 @@
 // of any tile, K not a multiple of the slice (bk = 16), T = 1, every tile the defaults pick and a few more.
 // Tolerance: the only difference is f32 accumulation order over K terms with |x|, |w| <= 2: atol 1e-4 +
 // rtol 1e-4 holds with a wide margin at K <= 1056 (a wrong index misses it by orders of magnitude).
-import { gemmCall, gemmFits, gemmRef, type GemmTile, runCalls, uploadBuffer } from "../../kernels/mod.ts";
+import {
+  gemmCall,
+  gemmCalls,
+  gemmFits,
+  gemmRef,
+  type GemmTile,
+  gemmWhFits,
+  runCalls,
+  uploadBuffer,
+} from "../../kernels/mod.ts";
 import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
@@ -18,6 +27,9 @@ const TILES: (GemmTile | undefined)[] = [
   { bm: 32, bn: 64, bk: 32, rm: 1, rn: 2 },
   { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, db: true },
   { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, db: true },
+  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, ci: true },
+  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, ci: true, db: true },
+  { bm: 64, bn: 128, bk: 16, rm: 2, rn: 4, ci: true },
 ];
 
 Deno.test(
@@ -39,8 +51,10 @@ Deno.test(
           const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
           const y0 = randoms(T * N, c + 7);
           const y = upload(g, y0);
-          await runCalls(g, [
-            gemmCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y }, {
+          // Split K (partial sums in scratch, a reduce adds them and the residual) on every fourth case.
+          await runCalls(
+            g,
+            gemmCalls(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y }, {
               K,
               N,
               T,
@@ -49,21 +63,72 @@ Deno.test(
               weights: wt,
               transform,
               tile,
+              splitK: c % 4 === 1 ? 2 : 1,
             }),
-          ]);
+          );
           const want = gemmRef(x, w.deq, { K, N, T, accumulate, xRow0, transform }, y0);
           assertClose(
             await readF32(g, y, T * N),
             want,
             1e-4,
             1e-4,
-            `${wt} ${transform} T${T} K${K} N${N} tile ${JSON.stringify(tile)}`,
+            `${wt} ${transform} T${T} K${K} N${N} tile ${JSON.stringify(tile)} split ${c % 4 === 1 ? 2 : 1}`,
           );
         }
       }
     }
   },
 );
+
+// W staged as f16 with f32 math (wh): exact for f16 and q4 weights, so the same 1e-4 as f32 staging.
+const WH_TILES: GemmTile[] = [
+  { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, wh: true },
+  { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, wh: true, db: true },
+  { bm: 64, bn: 64, bk: 32, rm: 2, rn: 2, wh: true, ci: true },
+  { bm: 128, bn: 64, bk: 16, rm: 2, rn: 1, wh: true, ci: true, db: true },
+];
+
+Deno.test({
+  name: `GEMM staging W as f16 (wh) matches the reference for f16 and q4 weights${
+    gpu?.hasF16 ? "" : " [ignored: no shader-f16]"
+  }`,
+  ignore: ignore || !gpu?.hasF16,
+}, async () => {
+  const g = gpu!;
+  let c = 200;
+  for (const [T, K, N] of [[37, 96, 77], [130, 64, 129], [65, 1056, 33]]) {
+    for (const wt of ["f16", "q4"] as const) {
+      if (!gemmFits(K, wt) || !gemmWhFits(g, wt)) continue;
+      const transform = c % 2 === 0 ? "silu_mul" as const : "none" as const;
+      const tile = WH_TILES[c++ % WH_TILES.length];
+      const accumulate = c % 3 === 0;
+      const width = transform === "silu_mul" ? 2 * K : K;
+      const x = randoms(T * width, c, 2);
+      const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
+      const y0 = randoms(T * N, c + 7);
+      const y = upload(g, y0);
+      await runCalls(g, [
+        gemmCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y }, {
+          K,
+          N,
+          T,
+          accumulate,
+          weights: wt,
+          transform,
+          tile,
+        }),
+      ]);
+      const want = gemmRef(x, w.deq, { K, N, T, accumulate, transform }, y0);
+      assertClose(
+        await readF32(g, y, T * N),
+        want,
+        1e-4,
+        1e-4,
+        `wh ${wt} T${T} K${K} N${N} ${JSON.stringify(tile)}`,
+      );
+    }
+  }
+});
 
 // f16 multiplies: x and the weights rounded to f16, each slice's bk = 16 products summed in f16. Bound
 // per element: (2 + bk) 2^-11 sum_k |x w| (the roundings and a bk-term f16 sum) + f32's share; a wrong
@@ -139,4 +204,10 @@ Deno.test({ name: "GEMM rejects shapes and tiles it cannot take", ignore }, () =
   bad({ K: 48, N: 4, T: 2, weights: "q4" }, /K % 32 == 0/);
   bad({ K: 8, N: 4, T: 2, weights: "f32", tile: { bm: 64, bn: 64, bk: 6, rm: 2, rn: 2 } }, /bk % 4/);
   bad({ K: 8, N: 4, T: 2, weights: "f32", tile: { bm: 256, bn: 256, bk: 16, rm: 2, rn: 2 } }, /threads/);
+  if (g.hasF16) {
+    bad(
+      { K: 64, N: 4, T: 2, weights: "q8", tile: { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, wh: true } },
+      /not q8/,
+    );
+  }
 });

@@ -8,7 +8,15 @@ import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
 import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
-import { Engine, generate, loadEngine, NonFiniteLogitsError, wholeModel } from "../../models/engine.ts";
+import {
+  Engine,
+  generate,
+  loadEngine,
+  NonFiniteLogitsError,
+  prefillStats,
+  wholeModel,
+} from "../../models/engine.ts";
+import { llamaMicroShapedCheckpoint } from "../../scripts/bench/random_checkpoint.ts";
 import { Model } from "../../models/model.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
 
@@ -157,6 +165,41 @@ for (const overlap of [true, false]) {
     },
   );
 }
+
+Deno.test(
+  onGpu("a new request's first chunk submitted layers at a time gives the one-submit tokens"),
+  async () => {
+    const g = gpu!;
+    const ckpt = await Checkpoint.open(await llamaMicroShapedCheckpoint(9));
+    const engine = new Engine(wholeModel(9), await Model.load(g, ckpt, { weights: "f32" }));
+    try {
+      const prompt = Array.from({ length: 70 }, (_, i) => (i * 37 + 5) % 500);
+      const run = async (early: boolean, maxChunk: number) => {
+        g.tuning.prefillEarlySubmit = early;
+        const s0 = prefillStats.submits;
+        engine.open("e", { maxSeq: 80, sampling: greedy, maxChunk });
+        try {
+          const r = await engine.generate("e", prompt, { maxTokens: 4, eos: [] });
+          return { tokens: r.tokens, submits: prefillStats.submits - s0 };
+        } finally {
+          engine.release("e");
+        }
+      };
+      for (const maxChunk of [128, 32]) {
+        const chunks = Math.ceil(prompt.length / maxChunk);
+        const one = await run(false, maxChunk);
+        const early = await run(true, maxChunk);
+        assert.equal(one.submits, chunks);
+        // 9 layers: after layers 4 and 8, then the rest (layer 9 and the head).
+        assert.equal(early.submits, chunks + 2);
+        assert.deepEqual(early.tokens, one.tokens);
+      }
+    } finally {
+      delete g.tuning.prefillEarlySubmit;
+      engine.close();
+    }
+  },
+);
 
 async function longPrefill(): Promise<void> {
   const dir = fixtureDir("llama-micro")!;
