@@ -1,6 +1,6 @@
 // The subgroup GEMV (kernels/gemv_sg.ts) against the CPU reference, for every weight type and input
 // transform and a spread of tunings (rows per warp, unroll, workgroup size, persistent grid, weight
-// loads issued before the prologue). On lavapipe the subgroup is 8 lanes, on NVIDIA 32: shapes are
+// loads issued before the prologue, RMSNorm's 1 / rms applied to the sums). On lavapipe the subgroup is 8 lanes, on NVIDIA 32: shapes are
 // chosen from the adapter's size so each type has 1..4 units per lane. Skips, saying so, without a GPU or without subgroups.
 import {
   gemvFusedCall,
@@ -37,6 +37,10 @@ Deno.test(
       { rows: 2, unroll: 2, wg: 4 * S, groups: 0, prefetch: true },
       { rows: 3, unroll: 1, wg: 2 * S, groups: 2, dp4: true, prefetch: true },
       { rows: 4, unroll: 1, wg: S, groups: 3, prefetch: true },
+      { rows: 2, unroll: 2, wg: 4 * S, groups: 0, deferNorm: true },
+      { rows: 3, unroll: 1, wg: 2 * S, groups: 2, dp4: true, deferNorm: true },
+      { rows: 1, unroll: 4, wg: 8 * S, groups: 0, prefetch: true, deferNorm: true },
+      { rows: 2, unroll: 2, wg: 2 * S, groups: 1, dp4: true, prefetch: true, deferNorm: true },
     ];
     let k = 0;
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {
