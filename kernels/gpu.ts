@@ -33,6 +33,8 @@ export interface KernelTuning {
   pairGateUp?: boolean;
   /** One-row GEMVs with RMSNorm scale their sums by 1 / rms instead of staging normalised x (SgTuning `deferNorm`). */
   deferNorm?: boolean;
+  /** Logits per workgroup of the argmax / sampler's first pass (argmax_rows.ts; default 1024). */
+  argmaxChunk?: number;
   /** The prefill flash attention: "blocked" (the default) or "lanes" (the first version; flash_attention.ts). */
   flash?: "blocked" | "lanes";
   /**

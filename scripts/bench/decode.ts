@@ -5,11 +5,12 @@
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N] [--prefetch on|off]
-//     [--pair on|off] [--defer-norm on|off]
-// The last seven force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
+//     [--pair on|off] [--defer-norm on|off] [--argmax-chunk N]
+// The last eight force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
 // the multi-token GEMV and --context without flash-decoding splits, and the decode under every combination
-// of pairGateUp, prefetch and deferNorm (one "swactor-decode-ab" line each, with its GPU ms by kernel and
-// dispatches a token), in the same process.
+// of pairGateUp, prefetch and deferNorm, then with the sampler's first pass at 4096 logits a workgroup
+// (the old chunk; one "swactor-decode-ab" line each, with its GPU ms by kernel and dispatches a token), in
+// the same process.
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
@@ -59,6 +60,7 @@ const { values } = parseArgs({
     prefetch: { type: "string" },
     pair: { type: "string" },
     "defer-norm": { type: "string" },
+    "argmax-chunk": { type: "string" },
   },
 });
 const shapes: Record<string, Record<string, unknown>> = {
@@ -175,6 +177,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
         }
       }
     }
+    await withTuning({ argmaxChunk: 4096 }, () => decodeAb(engine, model, prompt, weights));
   }
   engine.close();
 }
@@ -199,6 +202,7 @@ function tuningFlags(): KernelTuning {
   const pair = onOff("pair", values.pair), deferNorm = onOff("defer-norm", values["defer-norm"]);
   if (pair !== undefined) t.pairGateUp = pair;
   if (deferNorm !== undefined) t.deferNorm = deferNorm;
+  if (values["argmax-chunk"] !== undefined) t.argmaxChunk = Number(values["argmax-chunk"]);
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;
   if (values.splits !== undefined) {
