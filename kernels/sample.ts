@@ -4,14 +4,7 @@
 // Otherwise: p_i ∝ exp((l_i - max) / T); top-p keeps the smallest set of most likely tokens whose mass
 // reaches top_p (found by bisection on a probability threshold, no sort); then inverse-CDF sampling in
 // index order with a uniform number hashed from (seed, tok_out), so a seed gives a reproducible sequence.
-import {
-  type Gpu,
-  type KernelCall,
-  kernelCall,
-  pipeline,
-  storageBuffer,
-  uniformBuffer,
-} from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 import { argmaxGroups, argmaxPartialCall } from "./argmax_rows.ts";
 
