@@ -100,6 +100,55 @@ Deno.test(
   },
 );
 
+Deno.test(
+  { name: "subgroup GEMV with RMSNorm's 1 / rms deferred to the sums, every weight type", ignore },
+  async () => {
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    let k = 0;
+    for (const wt of ["f32", "f16", "q8", "q4"] as const) {
+      const K = PER_UNIT[wt] * S * 2;
+      for (const dp4 of wt === "f32" || wt === "f16" || !g.hasDp4 ? [false] : [false, true]) {
+        for (const prefetch of [false, true]) {
+          const tuning: SgTuning = {
+            rows: 2,
+            unroll: 2,
+            wg: 2 * S,
+            groups: 0,
+            dp4,
+            prefetch,
+            deferNorm: true,
+          };
+          const [T, N] = [2, 13];
+          const x = randoms((T + 1) * K, 50 + k, 2);
+          const w = packedWeights(wt, randoms(N * K, 60 + k++, 0.5), N, K);
+          const nw = randoms(K, K + 3);
+          const y = upload(g, new Float32Array(T * N));
+          await runCalls(g, [
+            gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: upload(g, nw) }, {
+              K,
+              N,
+              T,
+              xRow0: 1,
+              weights: wt,
+              normWeights: "f32",
+              transform: "rmsnorm",
+              eps: 1e-5,
+              tuning,
+            }),
+          ]);
+          const input = rmsnormRef(x.slice(K, (T + 1) * K), nw, K, 1e-5);
+          const want = matmulRef(input, w.deq, { K, N, T, weights: "f32" });
+          const got = await readF32(g, y, T * N);
+          const what = `deferNorm ${wt} ${JSON.stringify(tuning)}`;
+          if (dp4) checkDp4(got, want, input, w.deq, { T, N, K }, what);
+          else assertClose(got, want, 1e-4, 1e-4, what);
+        }
+      }
+    }
+  },
+);
+
 Deno.test({ name: "subgroup GEMV rejects a tuning that does not divide the row", ignore }, () => {
   const g = gpu!;
   const S = g.subgroupSize!;
