@@ -1,7 +1,7 @@
 // Greedy choice of every row of a logits block at once: out[t] = argmax_v logits[t, v] for t < T (lowest
 // index on ties, like torch.argmax and sample.ts's sampler). What speculative verification reads back: k
-// token ids instead of k x vocab logits. Two passes: workgroups of (chunk, row) reduce CHUNK logits each
-// to (max, index), then one workgroup per row finishes.
+// token ids instead of k x vocab logits. Two passes: workgroups of (chunk, row) reduce a chunk of logits
+// each to (max, index), then one workgroup per row finishes.
 import {
   ceilDiv,
   type Gpu,
@@ -13,17 +13,32 @@ import {
 } from "./gpu.ts";
 
 const WG = 256;
-/** Logits per workgroup of the first (partial argmax) pass. */
-export const ARGMAX_CHUNK = WG * 16;
-const CHUNK = ARGMAX_CHUNK;
+
+/**
+ * Logits per workgroup of the first (partial argmax) pass: gpu.tuning.argmaxChunk, default 1024 (4 a
+ * thread: a 128k vocabulary is 126 workgroups, about one per H200 SM; 4096, the first choice, left 32
+ * workgroups each thread of which waited on 16 loads in a row).
+ */
+export function argmaxChunk(gpu: Gpu): number {
+  const c = gpu.tuning.argmaxChunk ?? WG * 4;
+  if (!(Number.isInteger(c) && c >= WG && c % WG === 0)) {
+    throw new RangeError(`argmaxChunk must be a positive multiple of ${WG}, got ${c}`);
+  }
+  return c;
+}
+
+/** Workgroups (partials) a row of `vocab` logits has in the first pass. */
+export function argmaxGroups(gpu: Gpu, vocab: number): number {
+  return ceilDiv(vocab, argmaxChunk(gpu));
+}
 
 const BETTER =
   `fn better(av: f32, ai: u32, bv: f32, bi: u32) -> bool { return bv > av || (bv == av && bi < ai); }`;
 
 // Pass 1 (also sample.ts's): each workgroup reduces CHUNK logits of row row0 + wg.y to (max, lowest index
-// of the max), so the argmax of a 128k vocabulary is spread over ~32 workgroups a row instead of one (one
+// of the max), so the argmax of a 128k vocabulary is spread over many workgroups a row instead of one (one
 // workgroup took ~95 us on the H200).
-const PARTIAL = `
+const partialSource = (CHUNK: number) => `
 struct P { V: u32, groups: u32, row0: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
@@ -99,7 +114,7 @@ export function argmaxRowsCalls(
   d: { vocab: number; T: number },
 ): KernelCall[] {
   if (!(Number.isInteger(d.T) && d.T >= 1)) throw new RangeError(`argmax rows: T must be >= 1, got ${d.T}`);
-  const groups = ceilDiv(d.vocab, CHUNK);
+  const groups = argmaxGroups(gpu, d.vocab);
   const partial = storageBuffer(gpu, groups * d.T * 8, "argmax rows partials");
   const first = argmaxPartialCall(gpu, { logits: bufs.logits, partial }, {
     vocab: d.vocab,
@@ -113,8 +128,8 @@ export function argmaxRowsCalls(
 }
 
 /**
- * The first pass alone: the (max, index) of every ARGMAX_CHUNK logits of rows row0 .. row0 + T - 1 into
- * `partial` ([T, ceil(vocab / ARGMAX_CHUNK)] vec2<u32>), for a second pass to finish (argmaxRowsCalls',
+ * The first pass alone: the (max, index) of every argmaxChunk logits of rows row0 .. row0 + T - 1 into
+ * `partial` ([T, argmaxGroups] vec2<u32>), for a second pass to finish (argmaxRowsCalls',
  * or sample.ts's sampler).
  */
 export function argmaxPartialCall(
@@ -122,9 +137,13 @@ export function argmaxPartialCall(
   bufs: { logits: GPUBuffer; partial: GPUBuffer },
   d: { vocab: number; T: number; row0?: number; label: string },
 ): KernelCall {
-  const groups = ceilDiv(d.vocab, CHUNK);
+  const chunk = argmaxChunk(gpu);
+  const groups = ceilDiv(d.vocab, chunk);
   const params = uniformBuffer(gpu, [d.vocab, groups, d.row0 ?? 0]);
-  return kernelCall(gpu, pipeline(gpu, PARTIAL), [params, bufs.logits, bufs.partial], [groups, d.T], d.label);
+  return kernelCall(gpu, pipeline(gpu, partialSource(chunk)), [params, bufs.logits, bufs.partial], [
+    groups,
+    d.T,
+  ], d.label);
 }
 
 /** Reference: argmax of each row (lowest index on ties). */

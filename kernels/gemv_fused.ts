@@ -158,11 +158,50 @@ export interface GemvFusedDims {
    * it fits; this tunes it. `false` forces the one-row kernels (a grid row per token; benchmarks).
    */
   multi?: MultiTuning | false;
+  /**
+   * The MLP's paired gate/up: `w` is [gate; up] (2N rows of K) and y[t, n] = silu(gate_n . f(x)) *
+   * (up_n . f(x)), N wide, written (not accumulated). Only the subgroup kernels (gemv_sg.ts, gemv_multi.ts)
+   * pair: check gemvPairFits first.
+   */
+  pairs?: boolean;
+}
+
+type GemvPath = "multi" | "sg" | "team";
+
+/** Which kernel gemvFusedCall runs for a shape without an explicit tuning (gpu.tuning's switches applied). */
+function gemvPath(
+  gpu: Gpu,
+  K: number,
+  T: number,
+  wt: WeightType | QuantType,
+  multi?: MultiTuning | false,
+): GemvPath {
+  // By default not for q4: on the H200 the multi-token kernel read q4 at 50-160 GB/s at T = 8, and a k-step
+  // with one grid row per token (int8 activations) cost a third of it (docs/BENCHMARKS.md). q8 keeps it: its
+  // f32 activations keep the fixtures' greedy tokens where int8 ones flip near-ties in short prompts' steps.
+  // `multi` or gpu.tuning.multi: true forces it.
+  const multiOn = multi !== undefined ? multi !== false : gpu.tuning.multi ?? wt !== "q4";
+  if (multiOn && multiFits(gpu, K, T, wt)) return "multi";
+  if (gpu.tuning.gemv !== "team" && sgFits(gpu, K, wt)) return "sg";
+  return "team";
+}
+
+/**
+ * Whether the decode MLP pairs gate and up in one GEMV for T rows of K (gpu.tuning.pairGateUp, default on,
+ * and a subgroup kernel serves the shape; else the gate/up GEMV writes [T, 2N] and down reads silu_mul).
+ */
+export function gemvPairFits(gpu: Gpu, K: number, T: number, wt: WeightType | QuantType): boolean {
+  return gpu.tuning.pairGateUp !== false && gemvFusedFits(K) && gemvPath(gpu, K, T, wt) !== "team";
 }
 
 /** A default tuning with gpu.tuning's prefetch choice applied (undefined: the default's own). */
 function withPrefetch<T extends { prefetch?: boolean }>(t: T, prefetch: boolean | undefined): T {
   return prefetch === undefined ? t : { ...t, prefetch };
+}
+
+/** A default subgroup tuning with gpu.tuning's deferNorm choice applied (undefined: the default's own). */
+function withDeferNorm(t: SgTuning, deferNorm: boolean | undefined): SgTuning {
+  return deferNorm === undefined ? t : { ...t, deferNorm };
 }
 
 function isSgTuning(t: GemvTuning | SgTuning | undefined): t is SgTuning {
@@ -185,41 +224,52 @@ export function gemvFusedCall(
   const nwt = d.normWeights ?? (isQuant(wt) ? "f32" : wt);
   const f = d.transform ?? "none";
   if (f === "rmsnorm" && !bufs.normWeight) throw new TypeError("rmsnorm transform needs normWeight");
-  const soff = isQuant(wt) ? quantScaleWord(d.N, d.K, wt) : 0;
+  const pairs = d.pairs === true;
+  if (pairs && d.accumulate) {
+    throw new RangeError("a paired gate/up GEMV writes its output; it cannot accumulate");
+  }
+  // The matrix's rows: paired, the gate and the up halves.
+  const soff = isQuant(wt) ? quantScaleWord(pairs ? 2 * d.N : d.N, d.K, wt) : 0;
   const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, d.xRow0 ?? 0, d.eps ?? 0, soff], [
     5,
   ]);
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
-  // By default not for q4: on the H200 the multi-token kernel read q4 at 50-160 GB/s at T = 8, and a k-step
-  // with one grid row per token (int8 activations) cost a third of it (docs/BENCHMARKS.md). q8 keeps it: its
-  // f32 activations keep the fixtures' greedy tokens where int8 ones flip near-ties in short prompts' steps.
-  // `multi` or gpu.tuning.multi: true forces it.
-  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi ?? wt !== "q4";
-  if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
-    const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt), gpu.tuning.prefetch);
-    checkMultiTuning(t, S!);
-    const KT = multiTileK(gpu, d.K, d.T, wt, t);
-    const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT });
-    return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], `gemv_${f}`);
+  const label = pairs ? `gemv_${f}_pairs` : `gemv_${f}`;
+  const teamTuning = d.tuning !== undefined && !isSgTuning(d.tuning) ? d.tuning : undefined;
+  const path = isSgTuning(d.tuning) ? "sg" : teamTuning ? "team" : gemvPath(gpu, d.K, d.T, wt, d.multi);
+  if (path === "multi") {
+    const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt, pairs), gpu.tuning.prefetch);
+    checkMultiTuning(t, S!, pairs);
+    // Paired, a warp holds loads of twice its rows (the tile's register budget).
+    const KT = multiTileK(gpu, d.K, d.T, wt, pairs ? { ...t, rows: 2 * t.rows } : t);
+    const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT, pairs });
+    return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], label);
   }
-  const sgOn = gpu.tuning.gemv !== "team";
-  if (isSgTuning(d.tuning) || (d.tuning === undefined && sgOn && sgFits(gpu, d.K, wt))) {
+  if (path === "sg") {
     if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
-    const t = isSgTuning(d.tuning) ? d.tuning : withPrefetch(
-      sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false),
-      gpu.tuning.prefetch,
+    const t = isSgTuning(d.tuning) ? d.tuning : withDeferNorm(
+      withPrefetch(
+        sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false, pairs),
+        gpu.tuning.prefetch,
+      ),
+      gpu.tuning.deferNorm,
     );
-    checkSgTuning(t, d.K, wt, S);
+    checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
-    const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S);
-    return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], `gemv_${f}`);
+    const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S, pairs);
+    return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], label);
+  }
+  if (pairs) {
+    throw new RangeError(
+      `no paired gate/up GEMV for K = ${d.K} (${wt}) on ${gpu.adapterName}: check gemvPairFits`,
+    );
   }
   // A quantised row is fewer 16-byte loads: tune it as the f16 row of as many loads (untuned on the H200).
-  const tune = d.tuning ?? defaultTuning(isQuant(wt) ? (d.K * 8) / quantUnit(wt) : d.K, d.N);
+  const tune = teamTuning ?? defaultTuning(isQuant(wt) ? (d.K * 8) / quantUnit(wt) : d.K, d.N);
   const rowsPerGroup = (THREADS / tune.team) * tune.rows;
   const code = isQuant(wt) ? gemvQuantSource(wt, f, tune, nwt) : source(wt, f, tune, nwt);
   return kernelCall(gpu, pipeline(gpu, code), buffers, [

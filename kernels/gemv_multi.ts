@@ -14,10 +14,12 @@
 //     Instead the tile holds x * normWeight and each staging warp sums x^2 of its tokens as it goes:
 //     sum_k W (x inv nw) = inv * sum_k W (x nw), so inv scales the finished sums;
 //   - the R * T sums of a warp are reduced with subgroupAdd and written by lanes spread over the warp.
+// Paired (`pairs`, the MLP's gate/up; gemv_sg.ts's comment): W is [gate; up] of 2N rows, a warp's R rows are
+// R (gate n, up N + n) pairs, and it writes y[t, n] = silu(gate) * (up) for each of its T tokens.
 // K, N, T are compiled in. Tile: the largest multiple of S units a lane whose staging fits the budget.
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { normWeightVec4, QUANT_DECODE_WGSL, siluMulVec4 } from "./wgsl.ts";
+import { normWeightVec4, QUANT_DECODE_WGSL, siluMul, siluMulVec4 } from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 /** The most rows (tokens) the multi-token GEMV takes; more is a prefill chunk (the tiled GEMM's). */
@@ -82,7 +84,13 @@ export function multiDefaultTuning(
   N: number,
   T: number,
   _wt: WeightType | QuantType,
+  pairs = false,
 ): MultiTuning {
+  // Paired: the [gate; up] matrix's 2N rows decide, and a pair is two rows.
+  if (pairs) {
+    const t = multiDefaultTuning(K, 2 * N, T, _wt);
+    return { ...t, rows: Math.max(1, t.rows >> 1) };
+  }
   // Accumulators are R * T registers a lane: fewer rows as T grows; more rows per workgroup for tall
   // matrices so fewer workgroups stage the same x.
   // H200, f16, T = 8: 4 rows a warp with 256 threads beat 2 on qkv, gate_up and the head (536 / 1157 /
@@ -91,8 +99,8 @@ export function multiDefaultTuning(
   return { rows, wg: T <= 8 || N < 65536 ? 256 : 1024 };
 }
 
-export function checkMultiTuning(t: MultiTuning, S: number): void {
-  const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= 8 && Number.isInteger(t.wg) &&
+export function checkMultiTuning(t: MultiTuning, S: number, pairs = false): void {
+  const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= (pairs ? 4 : 8) && Number.isInteger(t.wg) &&
     t.wg >= S && t.wg % S === 0 && t.wg <= 1024;
   if (!ok) throw new RangeError(`bad multi-token GEMV tuning ${JSON.stringify(t)} (S = ${S})`);
 }
@@ -105,10 +113,12 @@ export function gemvMultiSource(
   f: InputTransform,
   t: MultiTuning,
   nwt: WeightType,
-  d: { K: number; N: number; T: number; S: number; KT: number },
+  d: { K: number; N: number; T: number; S: number; KT: number; pairs?: boolean },
 ): string {
   const { K, N, T, S, KT } = d;
   const { rows: R, wg: WG } = t;
+  // Rows of weights a warp reads: R, or paired R gate rows then their R up rows.
+  const RR = d.pairs ? 2 * R : R;
   const WARPS = WG / S;
   const UW = unitWeights(wt);
   const XV = UW / 4; // x vec4s per unit
@@ -170,12 +180,12 @@ export function gemvMultiSource(
   };
   const wLoad = (r: number) => `let w${r} = W[rb${r} + u0 + j];`;
   const body: string[] = [
-    ...range(R).map(wLoad),
-    ...range(R).flatMap((r) => decode(r)),
+    ...range(RR).map(wLoad),
+    ...range(RR).flatMap((r) => decode(r)),
   ];
   for (let tk = 0; tk < T; tk++) {
     for (let i = 0; i < XV; i++) body.push(`let x${tk}_${i} = xs[${tk * KT4 + i * NU}u + j];`);
-    for (let r = 0; r < R; r++) {
+    for (let r = 0; r < RR; r++) {
       const sum = range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ");
       body.push(`a${r}_${tk} += ${sum};`);
     }
@@ -187,11 +197,11 @@ export function gemvMultiSource(
   const preUse: string[] = [];
   for (let u = 0; u < UPL; u++) {
     preLoads.push(`let j${u} = ${u}u * S + lane;`, `let c${u} = min(j${u}, nu - 1u);`);
-    for (let r = 0; r < R; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
-    const inner: string[] = range(R).flatMap((r) => decode(r, `w${u}_${r}`, `u0 + j${u}`));
+    for (let r = 0; r < RR; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
+    const inner: string[] = range(RR).flatMap((r) => decode(r, `w${u}_${r}`, `u0 + j${u}`));
     for (let tk = 0; tk < T; tk++) {
       for (let i = 0; i < XV; i++) inner.push(`let x${tk}_${i} = xs[${tk * KT4 + i * NU}u + j${u}];`);
-      for (let r = 0; r < R; r++) {
+      for (let r = 0; r < RR; r++) {
         inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
       }
     }
@@ -199,10 +209,10 @@ export function gemvMultiSource(
         ${inner.join("\n        ")}
       }`);
   }
-  const rowsDecl = range(R).map((r) =>
-    `let row${r} = min(n0 + ${r}u, N - 1u);\n  let rb${r} = row${r} * UNITS;`
+  const rowsDecl = range(RR).map((r) =>
+    `let row${r} = ${r < R ? "" : "N + "}min(n0 + ${r % R}u, N - 1u);\n  let rb${r} = row${r} * UNITS;`
   );
-  const accDecl = range(R).flatMap((r) => range(T).map((tk) => `var a${r}_${tk} = 0.0;`));
+  const accDecl = range(RR).flatMap((r) => range(T).map((tk) => `var a${r}_${tk} = 0.0;`));
   const ssDecl = f === "rmsnorm" ? range(TPW).map((i) => `var ss${i} = 0.0;`) : [];
   const invStore = f !== "rmsnorm" ? "" : range(TPW).map((i) => {
     const tok = `warp + ${i * WARPS}u`;
@@ -210,7 +220,7 @@ export function gemvMultiSource(
   if (lane == 0u && ${tok} < T) { inv[${tok}] = inverseSqrt(sq${i} / f32(K) + p.eps); }`;
   }).join("\n  ");
   const stores: string[] = [];
-  for (let r = 0; r < R; r++) {
+  for (let r = 0; r < RR; r++) {
     for (let tk = 0; tk < T; tk++) {
       const sc = f === "rmsnorm" ? ` * inv[${tk}]` : "";
       stores.push(`let s${r}_${tk} = subgroupAdd(a${r}_${tk})${sc};`);
@@ -220,7 +230,11 @@ export function gemvMultiSource(
     for (let tk = 0; tk < T; tk++) {
       stores.push(`if (lane == ${(r * T + tk) % S}u && n0 + ${r}u < N) {
     let o = ${tk}u * N + n0 + ${r}u;
-    y[o] = select(0.0, y[o], p.acc != 0u) + s${r}_${tk};
+    ${
+        d.pairs
+          ? `y[o] = ${siluMul(`s${r}_${tk}`, `s${r + R}_${tk}`)};`
+          : `y[o] = select(0.0, y[o], p.acc != 0u) + s${r}_${tk};`
+      }
   }`);
     }
   }

@@ -13,9 +13,13 @@
 // Weights: f16 (8 halves per unit, unpacked with unpack2x16float), f32 (4 per unit), q8 (16 per unit,
 // bf16 scale per 32), q4 (32 per unit = one group; codes are q + 8, so sum (c - 8) x = dot(c, x) - 8
 // sum(x), the unit's sum of x computed once per workgroup).
+// Paired (`pairs`, the MLP's gate/up): W is [gate; up], 2N rows of K, and a warp's R row pairs are gate rows
+// n and up rows N + n, loaded side by side (2R rows of loads in flight); the warp writes
+// y[t, n] = silu(gate_n . f(x)) * (up_n . f(x)) (N wide), so the down GEMV stages that I-wide row as it is
+// instead of reading the 2I-wide gate/up row and computing I sigmoids in every workgroup.
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { dp4Dot, int8BlocksWgsl, normWeightVec4, QUANT_DECODE_WGSL, siluMulVec4 } from "./wgsl.ts";
+import { dp4Dot, int8BlocksWgsl, normWeightVec4, QUANT_DECODE_WGSL, siluMul, siluMulVec4 } from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 export interface SgTuning {
@@ -39,6 +43,12 @@ export interface SgTuning {
    * prologue (RMSNorm, int8 quantisation, barriers) instead of following it. Default false.
    */
   prefetch?: boolean;
+  /**
+   * RMSNorm: stage x * normWeight in the same pass that sums x^2 (one read of x and one barrier fewer
+   * before the first product) and scale the finished sums by 1 / rms, as gemv_multi.ts does. With dp4 the
+   * int8 copy is made from x * normWeight (a row's common factor leaves the codes unchanged). Default false.
+   */
+  deferNorm?: boolean;
 }
 
 /** Weights per 16-byte unit. */
@@ -73,7 +83,13 @@ export function sgDefaultTuning(
   wt: WeightType | QuantType,
   S: number,
   dp4 = false,
+  pairs = false,
 ): SgTuning {
+  // Paired: the rows of the [gate; up] matrix (2N) decide, and a pair is two rows.
+  if (pairs) {
+    const t = sgDefaultTuning(K, 2 * N, wt, S, dp4);
+    return { ...t, rows: Math.max(1, t.rows >> 1) };
+  }
   const perLane = K / unitWeights(wt) / S;
   const groups = N >= 65536 ? 512 : 0;
   let rows: number, unroll: number;
@@ -98,9 +114,15 @@ function largestDivisorAtMost(n: number, m: number): number {
   return 1;
 }
 
-export function checkSgTuning(t: SgTuning, K: number, wt: WeightType | QuantType, S: number): void {
+export function checkSgTuning(
+  t: SgTuning,
+  K: number,
+  wt: WeightType | QuantType,
+  S: number,
+  pairs = false,
+): void {
   const perLane = K / unitWeights(wt) / S;
-  const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= 8 &&
+  const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= (pairs ? 4 : 8) &&
     Number.isInteger(t.unroll) && t.unroll >= 1 && perLane % t.unroll === 0 &&
     Number.isInteger(t.wg) && t.wg >= S && t.wg % S === 0 && t.wg <= 1024 &&
     Number.isInteger(t.groups) && t.groups >= 0;
@@ -109,7 +131,7 @@ export function checkSgTuning(t: SgTuning, K: number, wt: WeightType | QuantType
   }
 }
 
-/** WGSL of the subgroup GEMV for one shape (K, N are baked in). */
+/** WGSL of the subgroup GEMV for one shape (K, N are baked in; paired: N pairs, the matrix 2N rows). */
 export function gemvSgSource(
   wt: WeightType | QuantType,
   f: InputTransform,
@@ -118,25 +140,48 @@ export function gemvSgSource(
   K: number,
   N: number,
   S: number,
+  pairs = false,
 ): string {
   const UW = unitWeights(wt);
   const XV = UW / 4; // x vec4s per unit
   const UNITS = K / UW;
   const ITER = UNITS / S;
   const { rows: R, unroll: U, wg: WG } = t;
+  // Rows of loads a warp has at a time: R, or paired R gate rows then their R up rows.
+  const RR = pairs ? 2 * R : R;
   const K4 = K / 4;
   const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
   const dp4 = isQuant(wt) && t.dp4 === true;
+  const defer = f === "rmsnorm" && t.deferNorm === true;
+  // 1 / rms from the warps' partial sums of squares in red (after a barrier).
+  const invOf = `
+  var tot = 0.0;
+  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+  let inv = inverseSqrt(tot / f32(K) + p.eps);`;
   // The transformed input row, staged in workgroup memory (f32 in xs; with dp4 only its int8 copy, made
   // straight from x: one pass and one barrier fewer, and no xs).
   let stage: string;
   const xin = (k: string): string =>
     f === "rmsnorm"
-      ? `x[xrow + ${k}] * inv * ${normWeightVec4(nwt, k)}`
+      ? `x[xrow + ${k}]${defer ? "" : " * inv"} * ${normWeightVec4(nwt, k)}`
       : f === "silu_mul"
       ? siluMulVec4(`x[xrow + ${k}]`, `x[xrow + K4 + ${k}]`)
       : `x[xrow + ${k}]`;
-  if (dp4) {
+  if (defer) {
+    // The sum of squares alone (dp4: the int8 copy's loop reads x again, with no barrier between), or with
+    // the staging of x * normWeight.
+    stage = `
+  var ss = 0.0;
+  for (var k = tid; k < K4; k += WG) {
+    let v = x[xrow + k];
+    ss += dot(v, v);${
+      dp4 ? "" : `
+    xs[xi(k)] = v * ${normWeightVec4(nwt, "k")};`
+    }
+  }
+  ss = subgroupAdd(ss);
+  if (lane == 0u) { red[warp] = ss; }`;
+  } else if (dp4) {
     stage = f !== "rmsnorm" ? "" : `
   var ss = 0.0;
   for (var k = tid; k < K4; k += WG) { let v = x[xrow + k]; ss += dot(v, v); }
@@ -172,6 +217,7 @@ export function gemvSgSource(
   if (dp4) {
     stage += int8BlocksWgsl(wt as QuantType, xin, "K / 32u", "WG", "UNITS") + "\n  workgroupBarrier();";
   }
+  if (defer) stage += invOf;
   const needXsum = !dp4 && wt === "q4";
   if (needXsum) {
     stage += `
@@ -219,7 +265,7 @@ export function gemvSgSource(
   const body: string[] = [];
   for (let u = 0; u < U; u++) body.push(`let j${u} = (it + ${u}u) * S + lane;`);
   for (let u = 0; u < U; u++) {
-    for (let r = 0; r < R; r++) body.push(`let w${u}_${r} = W[rb${r} + j${u}];`);
+    for (let r = 0; r < RR; r++) body.push(`let w${u}_${r} = W[rb${r} + j${u}];`);
   }
   for (let u = 0; u < U; u++) {
     if (dp4 && wt === "q4") {
@@ -235,12 +281,15 @@ export function gemvSgSource(
     if (needXsum) body.push(`let xsum${u} = xsum[j${u}];`);
   }
   for (let u = 0; u < U; u++) {
-    for (let r = 0; r < R; r++) body.push(`a${r} += ${unitDot(`w${u}_${r}`, u, `row${r}`)};`);
+    for (let r = 0; r < RR; r++) body.push(`a${r} += ${unitDot(`w${u}_${r}`, u, `row${r}`)};`);
   }
+  // Row r of the block (clamped; up rows N further), from its first row `n0`.
+  const rowOf = (r: number, n0: string) =>
+    r < R ? `min(${n0} + ${r}u, N - 1u)` : `N + min(${n0} + ${r - R}u, N - 1u)`;
   const rowsDecl: string[] = [];
-  for (let r = 0; r < R; r++) {
+  for (let r = 0; r < RR; r++) {
     rowsDecl.push(
-      `let row${r} = min(n0 + ${r}u, N - 1u);`,
+      `let row${r} = ${rowOf(r, "n0")};`,
       `let rb${r} = row${r} * UNITS;`,
       `var a${r} = 0.0;`,
     );
@@ -253,19 +302,19 @@ export function gemvSgSource(
   });
   if (t.prefetch) {
     pre.push("let pn0 = min(blk0, nblk - 1u) * R;");
-    for (let r = 0; r < R; r++) pre.push(`let prb${r} = min(pn0 + ${r}u, N - 1u) * UNITS;`);
+    for (let r = 0; r < RR; r++) pre.push(`let prb${r} = (${rowOf(r, "pn0")}) * UNITS;`);
     for (let u = 0; u < U; u++) {
-      for (let r = 0; r < R; r++) pre.push(`let pw${u}_${r} = W[prb${r} + ${u}u * S + lane];`);
+      for (let r = 0; r < RR; r++) pre.push(`let pw${u}_${r} = W[prb${r} + ${u}u * S + lane];`);
     }
   }
   const stores: string[] = [];
-  for (let r = 0; r < R; r++) {
-    stores.push(`let s${r} = subgroupAdd(a${r});`);
+  for (let r = 0; r < RR; r++) {
+    stores.push(`let s${r} = subgroupAdd(a${r})${defer ? " * inv" : ""};`);
   }
   for (let r = 0; r < R; r++) {
     stores.push(`if (lane == ${r}u && n0 + ${r}u < N) {
       let o = t * N + n0 + ${r}u;
-      y[o] = select(0.0, y[o], p.acc != 0u) + s${r};
+      ${pairs ? `y[o] = ${siluMul(`s${r}`, `s${r + R}`)};` : `y[o] = select(0.0, y[o], p.acc != 0u) + s${r};`}
     }`);
   }
   const quantFns = !isQuant(wt) ? "" : `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}`;

@@ -26,6 +26,16 @@ export interface KernelTuning {
   attentionSplits?: number;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`). */
   prefetch?: boolean;
+  /**
+   * The decode MLP's gate/up GEMV pairs gate row n with up row n in one warp and writes silu(gate) * up
+   * (I wide), so down stages it as it is (default true where a subgroup GEMV serves the shape; false: it
+   * writes [gate | up] and down computes silu_mul as it stages; gemv_sg.ts, models/blocks/mlp.ts).
+   */
+  pairGateUp?: boolean;
+  /** One-row GEMVs with RMSNorm scale their sums by 1 / rms instead of staging normalised x (SgTuning `deferNorm`). */
+  deferNorm?: boolean;
+  /** Logits per workgroup of the argmax / sampler's first pass (argmax_rows.ts; default 1024). */
+  argmaxChunk?: number;
   /** The prefill flash attention: "blocked" (the default) or "lanes" (the first version; flash_attention.ts). */
   flash?: "blocked" | "lanes";
   /**

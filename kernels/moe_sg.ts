@@ -14,7 +14,7 @@
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, routerWgsl, routerWgslFast } from "./moe_router.ts";
-import { dp4Dot, int8BlocksWgsl } from "./wgsl.ts";
+import { dp4Dot, int8BlocksWgsl, siluMul } from "./wgsl.ts";
 
 type Storage = WeightType | QuantType;
 
@@ -304,7 +304,7 @@ function source(d: MoeSgDims, S: number, R: number): string {
       `let sg${r} = subgroupAdd(ag${r});
     let su${r} = subgroupAdd(au${r});
     if (lane == 0u && n0 + ${r}u < SL * N && b${r} != 0xffffffffu) {
-      act[t * SL * N + n0 + ${r}u] = sg${r} / (1.0 + exp(-sg${r})) * su${r};
+      act[t * SL * N + n0 + ${r}u] = ${siluMul(`sg${r}`, `su${r}`)};
     }`
     ).join("\n    ");
   }

@@ -4,17 +4,9 @@
 // Otherwise: p_i ∝ exp((l_i - max) / T); top-p keeps the smallest set of most likely tokens whose mass
 // reaches top_p (found by bisection on a probability threshold, no sort); then inverse-CDF sampling in
 // index order with a uniform number hashed from (seed, tok_out), so a seed gives a reproducible sequence.
-import {
-  ceilDiv,
-  type Gpu,
-  type KernelCall,
-  kernelCall,
-  pipeline,
-  storageBuffer,
-  uniformBuffer,
-} from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
-import { ARGMAX_CHUNK, argmaxPartialCall } from "./argmax_rows.ts";
+import { argmaxGroups, argmaxPartialCall } from "./argmax_rows.ts";
 
 const WG = 256;
 
@@ -146,7 +138,7 @@ export function sampleCalls(
 ): KernelCall[] {
   if (!(d.topP > 0 && d.topP <= 1)) throw new RangeError(`top-p must be in (0, 1], got ${d.topP}`);
   if (!(d.temperature >= 0)) throw new RangeError(`temperature must be >= 0, got ${d.temperature}`);
-  const groups = ceilDiv(d.vocab, ARGMAX_CHUNK);
+  const groups = argmaxGroups(gpu, d.vocab);
   const partial = storageBuffer(gpu, groups * 8, "argmax partials");
   const params = uniformBuffer(gpu, [d.vocab, d.row ?? 0, d.temperature, d.topP, d.seed >>> 0, groups], [
     2,

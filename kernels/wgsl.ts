@@ -134,6 +134,14 @@ export function siluMulVec4(g: string, u: string): string {
 }
 
 /**
+ * SiLU(g) * u for f32 expressions g (evaluated once: pass a name) and u: the paired gate/up GEMVs' output
+ * (gemv_sg.ts, gemv_multi.ts, moe_sg.ts), the same formula as siluMulVec4.
+ */
+export function siluMul(g: string, u: string): string {
+  return `${g} / (1.0 + exp(-${g})) * ${u}`;
+}
+
+/**
  * The 16x16 tiled matmul (y[t, n] (+)= sum_k x[t, k] W[n, k], any shape): x and W tiles staged in
  * workgroup memory, clamped reads past the edges counted as zero. `wAt(e)` reads weight e = n * K + k as
  * f32 (the tile loader's one difference between storage formats); `params` declares struct P with at

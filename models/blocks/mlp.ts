@@ -2,10 +2,14 @@
 //   xn  = rmsnorm(x) * post_attention_layernorm     [H]
 //   gu  = xn @ [gate_proj; up_proj]^T               [2 I]
 //   x  += (silu(gate) * up) @ down_proj^T           [H]
+// Decode steps (fused, T <= 16) pair gate and up in one GEMV that writes a = silu(gate) * up [I] where a
+// subgroup kernel serves it (gpu.tuning.pairGateUp), else write gu and fold silu_mul into down's staging;
+// prefill writes gu and the GEMM reads silu_mul as it stages.
 import {
   gemmCalls,
   gemmFits,
   gemvFusedCall,
+  gemvPairFits,
   type KernelCall,
   prefillLinearCalls,
   rmsnormCall,
@@ -50,6 +54,22 @@ export function mlpProgram(
   const { gu, a } = bufs.scratch;
   const { T, hidden: H } = d;
   const I = f.intermediate;
+  // Paired (gemv_sg.ts): the gate/up GEMV writes silu(gate) * up into `a` [T, I] and down reads it as it is.
+  if (d.fused && gemvPairFits(gpu, H, T, wt(w.gateUp))) {
+    return [
+      gemvFusedCall(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm }, {
+        K: H,
+        N: I,
+        T,
+        weights: wt(w.gateUp),
+        normWeights: normType,
+        transform: "rmsnorm",
+        eps,
+        pairs: true,
+      }),
+      gemvFusedCall(gpu, { x: a, w: w.down, y: x }, { K: I, N: H, T, accumulate: true, weights: wt(w.down) }),
+    ];
+  }
   if (d.fused) {
     return [
       gemvFusedCall(gpu, { x, w: w.gateUp, y: gu, normWeight: w.norm }, {

@@ -5,8 +5,12 @@
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N] [--prefetch on|off]
-// The last five force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
-// the multi-token GEMV and --context without flash-decoding splits, in the same process.
+//     [--pair on|off] [--defer-norm on|off] [--argmax-chunk N]
+// The last eight force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
+// the multi-token GEMV and --context without flash-decoding splits, and the decode under every combination
+// of pairGateUp, prefetch and deferNorm, then with the sampler's first pass at 4096 logits a workgroup
+// (the old chunk; one "swactor-decode-ab" line each, with its GPU ms by kernel and dispatches a token), in
+// the same process.
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
@@ -54,6 +58,9 @@ const { values } = parseArgs({
     multi: { type: "string" },
     splits: { type: "string" },
     prefetch: { type: "string" },
+    pair: { type: "string" },
+    "defer-norm": { type: "string" },
+    "argmax-chunk": { type: "string" },
   },
 });
 const shapes: Record<string, Record<string, unknown>> = {
@@ -130,14 +137,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
   const cpuStepMs = (performance.now() - c0) / 50;
   await gpu.device.queue.onSubmittedWorkDone();
   // GPU ms per token by kernel kind, each dispatch timed in place in the step sequence, summed by label.
-  const byKernel: Record<string, number> = {};
-  if (gpu.hasTimestamps) {
-    const per = await gpuMsPerCall(gpu, decode, Math.max(1, Math.floor(2048 / decode.length / 2)));
-    decode.forEach((call, i) => {
-      const k = call.label ?? "?";
-      byKernel[k] = Number(((byKernel[k] ?? 0) + per[i]).toFixed(4));
-    });
-  }
+  const byKernel = gpu.hasTimestamps ? await msByKernel(decode) : {};
   seq.destroy();
   console.log(JSON.stringify({
     bench: "swactor-decode",
@@ -165,10 +165,19 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
   }));
   if (values.ab) {
-    // The same decode with the GEMVs' prefetch flipped (each generate builds its programs anew).
-    for (const prefetch of [true, false]) {
-      await withTuning({ prefetch }, () => decodeAb(engine, model, prompt, weights));
+    // The same decode with the MLP's gate/up pairing and the GEMVs' prologue variants flipped (each
+    // generate builds its programs anew).
+    for (const pairGateUp of [true, false]) {
+      for (const prefetch of [false, true]) {
+        for (const deferNorm of [false, true]) {
+          await withTuning(
+            { pairGateUp, prefetch, deferNorm },
+            () => decodeAb(engine, model, prompt, weights),
+          );
+        }
+      }
     }
+    await withTuning({ argmaxChunk: 4096 }, () => decodeAb(engine, model, prompt, weights));
   }
   engine.close();
 }
@@ -190,6 +199,10 @@ function tuningFlags(): KernelTuning {
   const dp4 = onOff("dp4", values.dp4), multi = onOff("multi", values.multi);
   const prefetch = onOff("prefetch", values.prefetch);
   if (prefetch !== undefined) t.prefetch = prefetch;
+  const pair = onOff("pair", values.pair), deferNorm = onOff("defer-norm", values["defer-norm"]);
+  if (pair !== undefined) t.pairGateUp = pair;
+  if (deferNorm !== undefined) t.deferNorm = deferNorm;
+  if (values["argmax-chunk"] !== undefined) t.argmaxChunk = Number(values["argmax-chunk"]);
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;
   if (values.splits !== undefined) {
@@ -211,7 +224,9 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
   const seq = model.newSequence({ maxSeq: P + N, sampling: greedy });
   const mid = P + Math.floor(N / 2);
   writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-  const ms = gpu.hasTimestamps ? await stepMs(seq.program(1, "sample")) : NaN;
+  const program = seq.program(1, "sample");
+  const ms = gpu.hasTimestamps ? await stepMs(program) : NaN;
+  const byKernel = gpu.hasTimestamps ? await msByKernel(program) : {};
   seq.destroy();
   console.log(JSON.stringify({
     bench: "swactor-decode-ab",
@@ -219,7 +234,20 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
     tuning: gpu.tuning,
     decode_tok_s: Number(best.toFixed(1)),
     gpu_ms_per_token: Number(ms.toFixed(3)),
+    dispatches_per_token: program.length,
+    gpu_ms_by_kernel: byKernel,
   }));
+}
+
+/** GPU ms of a step's dispatches by kernel label, each timed in place in the step sequence, summed. */
+async function msByKernel(calls: KernelCall[]): Promise<Record<string, number>> {
+  const byKernel: Record<string, number> = {};
+  const per = await gpuMsPerCall(gpu, calls, Math.max(1, Math.floor(2048 / calls.length / 2)));
+  calls.forEach((call, i) => {
+    const k = call.label ?? "?";
+    byKernel[k] = Number(((byKernel[k] ?? 0) + per[i]).toFixed(4));
+  });
+  return byKernel;
 }
 
 /** Runs f with gpu.tuning overridden by t (programs built inside see it). */

@@ -7,7 +7,14 @@
 // bits a weight), so their GB/s compare with f16's directly. One JSON line per case.
 // --k 2,4,8,16: also the multi-token GEMV (gemv_multi.ts) at T rows, its default tuning (and with --sweep
 // a grid), as "k<T>_..." entries. --persistent: the sweep's grid is persistent workgroups instead: GB/s of the weights read once for all T rows.
-//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep] [--weights f16,q8,q4] [--k 2,4,8,16] [--cases qkv,head]
+// The one-row kernel's prologue variants at its default tuning: sg_default, _pf (first weight loads before
+// staging x), _dn (RMSNorm's 1 / rms applied to the sums: deferNorm), _pf_dn. Cases gate_up_pairs and
+// down_plain are the paired MLP's (gpu.tuning.pairGateUp): one GEMV computing silu(gate) * up over the
+// [gate; up] matrix (GB/s of both halves), and down reading that I-wide row as it is; compare them with
+// gate_up and down (the unpaired MLP: gate_up writes [gate | up], down computes silu_mul as it stages).
+// --prologue: the sweep's tunings each also with prefetch and deferNorm (p / n in their names).
+//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--weights f16,q8,q4] [--k 2,4,8,16]
+//     [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head]
 import { parseArgs } from "node:util";
 import {
   defaultTuning,
@@ -36,6 +43,7 @@ const { values } = parseArgs({
     cases: { type: "string" },
     "no-single": { type: "boolean", default: false },
     persistent: { type: "boolean", default: false },
+    prologue: { type: "boolean", default: false },
   },
 });
 const gpu = await getGpu();
@@ -46,16 +54,28 @@ interface Case {
   N: number;
   K: number;
   f: InputTransform;
+  /** N (gate, up) row pairs of a [gate; up] matrix of 2N rows, writing silu(gate) * up. */
+  pairs?: boolean;
 }
 // The decode step's GEMVs (and 8192 x 2048, one of issue 6's shapes, with no transform).
-const allCases: Case[] = quick ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }] : [
-  { name: "o", N: 2048, K: 2048, f: "none" },
-  { name: "qkv", N: 3072, K: 2048, f: "rmsnorm" },
-  { name: "down", N: 2048, K: 8192, f: "silu_mul" },
-  { name: "8192x2048", N: 8192, K: 2048, f: "none" },
-  { name: "gate_up", N: 16384, K: 2048, f: "rmsnorm" },
-  { name: "head", N: 128256, K: 2048, f: "rmsnorm" },
-];
+const allCases: Case[] = quick
+  ? [{ name: "tiny", N: 64, K: 256, f: "rmsnorm" }, {
+    name: "tiny_pairs",
+    N: 32,
+    K: 256,
+    f: "rmsnorm",
+    pairs: true,
+  }]
+  : [
+    { name: "o", N: 2048, K: 2048, f: "none" },
+    { name: "qkv", N: 3072, K: 2048, f: "rmsnorm" },
+    { name: "down", N: 2048, K: 8192, f: "silu_mul" },
+    { name: "8192x2048", N: 8192, K: 2048, f: "none" },
+    { name: "gate_up", N: 16384, K: 2048, f: "rmsnorm" },
+    { name: "gate_up_pairs", N: 8192, K: 2048, f: "rmsnorm", pairs: true },
+    { name: "down_plain", N: 2048, K: 8192, f: "none" },
+    { name: "head", N: 128256, K: 2048, f: "rmsnorm" },
+  ];
 const cases = allCases.filter((c) => !values.cases || values.cases.split(",").includes(c.name));
 const kList = values.k ? values.k.split(",").map(Number) : [];
 const maxT = Math.max(1, ...kList);
@@ -117,15 +137,29 @@ function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
 }
 
 const name = (t: SgTuning) =>
-  `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.dp4 ? "d" : ""}${t.prefetch ? "p" : ""}`;
+  `sg_r${t.rows}u${t.unroll}w${t.wg}g${t.groups}${t.dp4 ? "d" : ""}${t.prefetch ? "p" : ""}${
+    t.deferNorm ? "n" : ""
+  }`;
+
+/** --prologue: each swept tuning also with prefetch, deferNorm (RMSNorm cases) and both. */
+function withPrologues(ts: SgTuning[], f: InputTransform): SgTuning[] {
+  if (!values.prologue) return ts;
+  const pro = f === "rmsnorm"
+    ? [{}, { prefetch: true }, { deferNorm: true }, { prefetch: true, deferNorm: true }]
+    : [{}, { prefetch: true }];
+  return ts.flatMap((t) => pro.map((p) => ({ ...t, ...p })));
+}
 
 for (const wt of values.weights!.split(",") as Wt[]) {
   if (wt === "f16" && !gpu.hasF16) continue;
   for (const c of cases) {
     const { N, K, f } = c;
-    const bytes = bytesOf(N, K, wt);
+    const pairs = c.pairs === true;
+    // The matrix's rows (paired: gate and up).
+    const MR = pairs ? 2 * N : N;
+    const bytes = bytesOf(MR, K, wt);
     // Buffers sized for f16 hold the quantised layouts too; their bytes decode to finite weights.
-    const alloc = N * K * 2;
+    const alloc = MR * K * 2;
     const copies = quick ? 1 : Math.max(1, Math.min(16, Math.ceil(256e6 / alloc)));
     const ws = Array.from({ length: copies }, () => storageBuffer(gpu, alloc));
     for (const w of ws) {
@@ -149,6 +183,7 @@ for (const wt of values.weights!.split(",") as Wt[]) {
         transform: f,
         eps: 1e-5,
         tuning,
+        pairs,
       });
     const rows: Record<string, number> = {};
     const variants: [string, KernelCall[]][] = [];
@@ -157,10 +192,11 @@ for (const wt of values.weights!.split(",") as Wt[]) {
     const time = (label: string, make: (w: GPUBuffer) => KernelCall) => variants.push([label, ws.map(make)]);
     // The H200 idles at 345 MHz and ramps up under load: ~0.4 s of this shape's work first.
     if (!quick) {
-      const warm = ws.map((w) => call(w, { team: 64, rows: 1 }));
+      // (Paired: the default kernel; the team kernel does not pair.)
+      const warm = ws.map((w) => call(w, pairs ? undefined : { team: 64, rows: 1 }));
       for (let spent = 0; spent < 400;) spent += (await gpuMs(gpu, warm, 20)) * 20;
     }
-    if (!values["no-single"]) time("team", (w) => call(w, defaultTuning(K, N)));
+    if (!values["no-single"] && !pairs) time("team", (w) => call(w, defaultTuning(K, N)));
     const S = gpu.subgroupSize;
     for (const T of kList) {
       const multi = (w: GPUBuffer, t?: MultiTuning) =>
@@ -172,21 +208,33 @@ for (const wt of values.weights!.split(",") as Wt[]) {
           transform: f,
           eps: 1e-5,
           multi: t,
+          pairs,
         });
       time(`k${T}_default`, (w) => multi(w));
-      time(`k${T}_default_nopf`, (w) => multi(w, { ...multiDefaultTuning(K, N, T, wt), prefetch: false }));
+      time(
+        `k${T}_default_nopf`,
+        (w) => multi(w, { ...multiDefaultTuning(K, N, T, wt, pairs), prefetch: false }),
+      );
       if (values.sweep) {
         for (const rows of [1, 2, 4, 8]) {
-          if (rows * T > 64) continue;
+          if (rows * T > 64 || (pairs && rows > 4)) continue;
           for (const wg of [256, 1024]) time(`k${T}_r${rows}w${wg}`, (w) => multi(w, { rows, wg }));
         }
       }
     }
     if (S && sgFits(gpu, K, wt) && !values["no-single"]) {
-      const def = sgDefaultTuning(K, N, wt, S, gpu.hasDp4);
+      const def = sgDefaultTuning(K, N, wt, S, gpu.hasDp4, pairs);
       time("sg_default", (w) => call(w, def));
       time("sg_default_pf", (w) => call(w, { ...def, prefetch: true }));
-      if (values.sweep) { for (const t of sweepTunings(K, wt, S)) time(name(t), (w) => call(w, t)); }
+      if (f === "rmsnorm") {
+        time("sg_default_dn", (w) => call(w, { ...def, deferNorm: true }));
+        time("sg_default_pf_dn", (w) => call(w, { ...def, prefetch: true, deferNorm: true }));
+      }
+      if (values.sweep) {
+        // Paired: rows are pairs (at most 4).
+        const ts = withPrologues(sweepTunings(K, wt, S).filter((t) => !pairs || t.rows <= 4), f);
+        for (const t of ts) time(name(t), (w) => call(w, t));
+      }
     }
     for (let pass = 0; pass < 2; pass++) {
       for (const [label, calls] of variants) {
@@ -205,6 +253,7 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       N,
       K,
       transform: f,
+      pairs,
       copies,
       gb_s: rows,
       best: best[0],

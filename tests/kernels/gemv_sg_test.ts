@@ -1,6 +1,6 @@
 // The subgroup GEMV (kernels/gemv_sg.ts) against the CPU reference, for every weight type and input
 // transform and a spread of tunings (rows per warp, unroll, workgroup size, persistent grid, weight
-// loads issued before the prologue). On lavapipe the subgroup is 8 lanes, on NVIDIA 32: shapes are
+// loads issued before the prologue, RMSNorm's 1 / rms applied to the sums). On lavapipe the subgroup is 8 lanes, on NVIDIA 32: shapes are
 // chosen from the adapter's size so each type has 1..4 units per lane. Skips, saying so, without a GPU or without subgroups.
 import {
   gemvFusedCall,
@@ -37,6 +37,10 @@ Deno.test(
       { rows: 2, unroll: 2, wg: 4 * S, groups: 0, prefetch: true },
       { rows: 3, unroll: 1, wg: 2 * S, groups: 2, dp4: true, prefetch: true },
       { rows: 4, unroll: 1, wg: S, groups: 3, prefetch: true },
+      { rows: 2, unroll: 2, wg: 4 * S, groups: 0, deferNorm: true },
+      { rows: 3, unroll: 1, wg: 2 * S, groups: 2, dp4: true, deferNorm: true },
+      { rows: 1, unroll: 4, wg: 8 * S, groups: 0, prefetch: true, deferNorm: true },
+      { rows: 2, unroll: 2, wg: 2 * S, groups: 1, dp4: true, prefetch: true, deferNorm: true },
     ];
     let k = 0;
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {
@@ -90,6 +94,55 @@ Deno.test(
               `sg gemv ${wt} ${transform} T${T} K${K} N${N} nw ${normWeights} ${JSON.stringify(tuning)}`,
             );
           }
+        }
+      }
+    }
+  },
+);
+
+Deno.test(
+  { name: "subgroup GEMV with RMSNorm's 1 / rms deferred to the sums, every weight type", ignore },
+  async () => {
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    let k = 0;
+    for (const wt of ["f32", "f16", "q8", "q4"] as const) {
+      const K = PER_UNIT[wt] * S * 2;
+      for (const dp4 of wt === "f32" || wt === "f16" || !g.hasDp4 ? [false] : [false, true]) {
+        for (const prefetch of [false, true]) {
+          const tuning: SgTuning = {
+            rows: 2,
+            unroll: 2,
+            wg: 2 * S,
+            groups: 0,
+            dp4,
+            prefetch,
+            deferNorm: true,
+          };
+          const [T, N] = [2, 13];
+          const x = randoms((T + 1) * K, 50 + k, 2);
+          const w = packedWeights(wt, randoms(N * K, 60 + k++, 0.5), N, K);
+          const nw = randoms(K, K + 3);
+          const y = upload(g, new Float32Array(T * N));
+          await runCalls(g, [
+            gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: upload(g, nw) }, {
+              K,
+              N,
+              T,
+              xRow0: 1,
+              weights: wt,
+              normWeights: "f32",
+              transform: "rmsnorm",
+              eps: 1e-5,
+              tuning,
+            }),
+          ]);
+          const input = rmsnormRef(x.slice(K, (T + 1) * K), nw, K, 1e-5);
+          const want = matmulRef(input, w.deq, { K, N, T, weights: "f32" });
+          const got = await readF32(g, y, T * N);
+          const what = `deferNorm ${wt} ${JSON.stringify(tuning)}`;
+          if (dp4) checkDp4(got, want, input, w.deq, { T, N, K }, what);
+          else assertClose(got, want, 1e-4, 1e-4, what);
         }
       }
     }

@@ -19,6 +19,7 @@ import {
 import { llamaMicroShapedCheckpoint } from "../../scripts/bench/random_checkpoint.ts";
 import { Model } from "../../models/model.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
+import { FIXTURE_TOLERANCE, readF32, worstRowError } from "../../scripts/check_fixture.ts";
 
 const gpu = await getGpu().catch((e) => {
   if (e instanceof NoGpuError) return null;
@@ -114,6 +115,60 @@ for (const name of ["qwen2-tiny", "qwen3-tiny", "llama-micro"]) {
       engine.close();
     }
   });
+}
+
+// Decode steps (one token, the fused GEMVs) teacher-forced on the reference tokens: every row's logits
+// within 1e-4 of transformers' (f32), with the MLP's gate/up paired in one GEMV (gpu.tuning.pairGateUp,
+// the default) and not; and the same greedy tokens when steps of 2..16 rows verify them (the multi-token
+// GEMV, paired too).
+for (const name of ["llama-micro", "llama3-tiny", "qwen2-tiny", "qwen3-tiny"]) {
+  for (const pairGateUp of [true, false]) {
+    const fx = fixtureDir(name, { needs: "model.safetensors" });
+    const what = `${name}: decode-step logits match the reference (pairGateUp ${pairGateUp})`;
+    Deno.test(needs(what, { "a WebGPU adapter": gpu, [`the ${name} fixture`]: fx }), async () => {
+      const dir = fx!;
+      const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+      const tokens: number[] = ref.tokens;
+      const want = await readF32(join(dir, "reference.safetensors"), "logits");
+      const V = want.shape[1];
+      gpu!.tuning.pairGateUp = pairGateUp;
+      const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+      try {
+        engine.open("d", { maxSeq: tokens.length, sampling: greedy });
+        const got = new Float32Array(tokens.length * V);
+        for (let pos = 0; pos < tokens.length; pos++) {
+          const r = await engine.run("d", {
+            pos0: pos,
+            T: 1,
+            tokens: Uint32Array.of(tokens[pos]),
+            output: "logits",
+          });
+          got.set(r.logits!, pos * V);
+        }
+        const err = worstRowError(got, want.data, V);
+        assert.ok(err <= FIXTURE_TOLERANCE.f32, `worst row's relative error ${err}`);
+        engine.release("d");
+        // Steps of k rows (verify) give the reference's greedy continuation.
+        const P = ref.prompt_length;
+        for (const k of [2, 5, 16]) {
+          const n = Math.min(k, tokens.length - P);
+          engine.open("v", { maxSeq: tokens.length, sampling: greedy });
+          await engine.run("v", {
+            pos0: 0,
+            T: P - 1,
+            tokens: Uint32Array.from(tokens.slice(0, P - 1)),
+            output: "hidden",
+          });
+          const ids = await engine.verify("v", P - 1, tokens.slice(P - 1, P - 1 + n));
+          assert.deepEqual([...ids], tokens.slice(P, P + n), `k = ${n}`);
+          engine.release("v");
+        }
+      } finally {
+        engine.close();
+        delete gpu!.tuning.pairGateUp;
+      }
+    });
+  }
 }
 
 Deno.test(
