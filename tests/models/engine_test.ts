@@ -240,3 +240,57 @@ Deno.test(
     }
   },
 );
+
+// The f16 KV cache (the default with f16 / q8 / q4 weights where the adapter has shader-f16): the same f16
+// weights decode the same greedy tokens with either cache type, through prefill (rope_kv, then flash
+// attention over the cache) and decode steps (the fused decode attention), and the cache costs half the
+// bytes. f32 weights keep f32.
+// (llama3-tiny is in ../shared/fixtures when present: tests/fixtures.ts.)
+for (const name of ["llama-micro", "qwen3-tiny", "llama3-tiny"]) {
+  Deno.test(
+    needs(`${name}: an f16 KV cache gives the f32 cache's greedy tokens at half the bytes`, {
+      "a WebGPU adapter with shader-f16": gpu?.hasF16 ? gpu : null,
+      [`the ${name} fixture`]: fixtureDir(name),
+    }),
+    async () => {
+      const g = gpu!;
+      const dir = fixtureDir(name)!;
+      const { prompt } = await reference(dir);
+      const saved = g.tuning;
+      const run = async (kv: "f16" | "f32" | undefined, weights: "f16" | "f32") => {
+        g.tuning = { ...saved, kv };
+        try {
+          const engine = await loadEngine(dir, { gpu: g, weights });
+          try {
+            let kvBytes = 0;
+            const r = await generate(engine, prompt, {
+              maxTokens: 24,
+              sampling: greedy,
+              maxBatch: 4,
+              onTokens: () => kvBytes = Math.max(kvBytes, engine.stats().kvBytes),
+            });
+            return {
+              tokens: r.tokens,
+              kvType: engine.weights.kvType,
+              kvBytes,
+              perToken: engine.weights.kvBytesPerToken(),
+            };
+          } finally {
+            engine.close();
+          }
+        } finally {
+          g.tuning = saved;
+        }
+      };
+      const f16 = await run(undefined, "f16");
+      const f32 = await run("f32", "f16");
+      assert.equal(f16.kvType, "f16", "f16 weights default to an f16 cache");
+      assert.equal(f32.kvType, "f32");
+      assert.deepEqual(f16.tokens, f32.tokens);
+      assert.equal(f16.perToken * 2, f32.perToken);
+      assert.equal(f16.kvBytes * 2, f32.kvBytes);
+      assert.ok(f16.kvBytes > 0);
+      assert.equal((await run(undefined, "f32")).kvType, "f32", "f32 weights keep an f32 cache");
+    },
+  );
+}
