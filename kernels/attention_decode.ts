@@ -14,7 +14,8 @@
 //     so there is no cross-workgroup dependence;
 //   - keys 0..pos-1 from the cache in chunks of S, chunk c to subgroup c % WARPS, online softmax per
 //     subgroup (subgroupMax / subgroupAdd for the chunk's max and sum, no barrier). Key and value rows
-//     are read coalesced as vec4 (vec2 when head_dim % 4 != 0): a row is HDV vectors, read by a group of
+//     are read coalesced as vec4 (vec2 when head_dim % 4 != 0), of f32 or, with an f16 cache (d.kv), of
+//     f16 widened to f32 as read (8-byte loads, the same lanes): a row is HDV vectors, read by a group of
 //     HDV lanes (S / HDV rows per load) or, for HDV > S, by all S lanes. Scores: each lane holds partial
 //     dot products of its q slots with the S / (groups) keys of its group, and a butterfly of
 //     shuffle-xors leaves every lane the full score of one key (shapes whose HDV leaves lanes idle, e.g.

@@ -10,7 +10,7 @@
 // Tiles: hd <= 64: BQ = 64, L = 16, KPL = 2 (BKV = 32); hd <= 128: BQ = 32, L = 32, KPL = 1 (BKV = 32),
 // both 256 threads and at most 40 KB of workgroup memory (docs/KERNELS.md). hd must be a multiple of 4.
 // q comes from the fused qkv activations (after RoPE), K and V from the layer's cache [nKV, maxSeq, hd]
-// where rope_kv put this step's rows; out is [T, heads * hd]. attentionRef (attention.ts) is the reference.
+// (f32, or f16 widened as staged: d.kv) where rope_kv put this step's rows; out is [T, heads * hd]. attentionRef (attention.ts) is the reference.
 import {
   ceilDiv,
   type Gpu,

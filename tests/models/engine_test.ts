@@ -9,7 +9,7 @@ import { needs } from "../support/needs.ts";
 import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Engine, generate, loadEngine, NonFiniteLogitsError, wholeModel } from "../../models/engine.ts";
-import { Model } from "../../models/model.ts";
+import { kvCacheType, Model } from "../../models/model.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
 
 const gpu = await getGpu().catch((e) => {
@@ -294,3 +294,27 @@ for (const name of ["llama-micro", "qwen3-tiny", "llama3-tiny"]) {
     },
   );
 }
+
+Deno.test(
+  onGpu("kvCacheType: gpu.tuning.kv, else SWACTOR_KV, else by the weights; a bad value is an error"),
+  () => {
+    const g = { ...gpu!, tuning: {} };
+    const saved = Deno.env.get("SWACTOR_KV");
+    try {
+      Deno.env.delete("SWACTOR_KV");
+      assert.equal(kvCacheType(g, "f32"), "f32");
+      for (const w of ["f16", "q8", "q4"] as const) assert.equal(kvCacheType(g, w), g.hasF16 ? "f16" : "f32");
+      assert.equal(kvCacheType({ ...g, hasF16: false }, "q4"), "f32");
+      Deno.env.set("SWACTOR_KV", "f32");
+      assert.equal(kvCacheType(g, "q4"), "f32");
+      if (g.hasF16) assert.equal(kvCacheType({ ...g, tuning: { kv: "f16" } }, "f32"), "f16", "tuning first");
+      Deno.env.set("SWACTOR_KV", "bf16");
+      assert.throws(() => kvCacheType(g, "q4"), TypeError);
+      Deno.env.set("SWACTOR_KV", "f16");
+      assert.throws(() => kvCacheType({ ...g, hasF16: false }, "q4"), /shader-f16/);
+    } finally {
+      if (saved === undefined) Deno.env.delete("SWACTOR_KV");
+      else Deno.env.set("SWACTOR_KV", saved);
+    }
+  },
+);
