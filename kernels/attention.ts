@@ -1,27 +1,39 @@
 // Causal attention of T new queries over the KV cache, grouped-query heads, online softmax in chunks of
 // 64 keys (one workgroup per (head, token)). q comes from the fused qkv activations; out is [T, heads*hd].
-import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import {
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  type KvType,
+  kvWgsl,
+  pipeline,
+  uniformBuffer,
+} from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
 /** The largest head_dim this kernel supports (each of 64 threads keeps up to 4 output dims). */
 export const MAX_HEAD_DIM = 256;
 
-function source(vec4: boolean): string {
+function source(vec4: boolean, kv: KvType): string {
+  const w = kvWgsl(kv);
   // Scores: each thread dots q with one key; with head_dim % 4 == 0 it reads the key as vec4s.
   const dot = vec4
     ? `let kb = (cache0 + s) * (p.hd / 4u);
       for (var d = 0u; d < p.hd / 4u; d++) {
-        dotv += dot(vec4<f32>(qs[4u * d], qs[4u * d + 1u], qs[4u * d + 2u], qs[4u * d + 3u]), kc4[kb + d]);
+        dotv += dot(vec4<f32>(qs[4u * d], qs[4u * d + 1u], qs[4u * d + 2u], qs[4u * d + 3u]), ${
+      w.read(4, "kc4[kb + d]")
+    });
       }`
     : `let kb = (cache0 + s) * p.hd;
-      for (var d = 0u; d < p.hd; d++) { dotv += qs[d] * kc[kb + d]; }`;
-  return `${STEP_WGSL}
+      for (var d = 0u; d < p.hd; d++) { dotv += qs[d] * ${w.read(1, "kc[kb + d]")}; }`;
+  const v = (i: string) => w.read(1, `vc[${i}]`);
+  return `${w.enable}${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
-@group(0) @binding(3) var<storage, read> ${vec4 ? "kc4: array<vec4<f32>>" : "kc: array<f32>"};
-@group(0) @binding(4) var<storage, read> vc: array<f32>;
+@group(0) @binding(3) var<storage, read> ${vec4 ? `kc4: array<${w.vec(4)}>` : `kc: array<${w.vec(1)}>`};
+@group(0) @binding(4) var<storage, read> vc: array<${w.vec(1)}>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 var<workgroup> qs: array<f32, ${MAX_HEAD_DIM}>;
 var<workgroup> ps: array<f32, 64>;
@@ -81,9 +93,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         for (; jj + 4u <= count; jj += 4u) {
           let r = (cache0 + base + jj) * p.hd + d;
           a += vec4<f32>(ps[jj], ps[jj + 1u], ps[jj + 2u], ps[jj + 3u]) *
-            vec4<f32>(vc[r], vc[r + p.hd], vc[r + 2u * p.hd], vc[r + 3u * p.hd]);
+            vec4<f32>(${v("r")}, ${v("r + p.hd")}, ${v("r + 2u * p.hd")}, ${v("r + 3u * p.hd")});
         }
-        for (; jj < count; jj++) { a.x += ps[jj] * vc[(cache0 + base + jj) * p.hd + d]; }
+        for (; jj < count; jj++) { a.x += ps[jj] * ${v("(cache0 + base + jj) * p.hd + d")}; }
         acc[i] = acc[i] * corr + (a.x + a.y) + (a.z + a.w);
       }
     }
@@ -104,6 +116,8 @@ export interface AttentionDims {
   maxSeq: number;
   /** Tokens dispatched (the step's T must not exceed it). */
   T: number;
+  /** The caches' element type (default f32). */
+  kv?: KvType;
 }
 
 export function attentionCall(
@@ -116,7 +130,7 @@ export function attentionCall(
     throw new RangeError(`heads (${d.heads}) must be a multiple of kv heads (${d.kvHeads})`);
   }
   const params = uniformBuffer(gpu, [d.heads, d.kvHeads, d.headDim, d.maxSeq, 1 / Math.sqrt(d.headDim)], [4]);
-  return kernelCall(gpu, pipeline(gpu, source(d.headDim % 4 === 0)), [
+  return kernelCall(gpu, pipeline(gpu, source(d.headDim % 4 === 0, d.kv ?? "f32")), [
     params,
     bufs.step,
     bufs.qkv,

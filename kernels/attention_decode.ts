@@ -14,7 +14,8 @@
 //     so there is no cross-workgroup dependence;
 //   - keys 0..pos-1 from the cache in chunks of S, chunk c to subgroup c % WARPS, online softmax per
 //     subgroup (subgroupMax / subgroupAdd for the chunk's max and sum, no barrier). Key and value rows
-//     are read coalesced as vec4 (vec2 when head_dim % 4 != 0): a row is HDV vectors, read by a group of
+//     are read coalesced as vec4 (vec2 when head_dim % 4 != 0), of f32 or, with an f16 cache (d.kv), of
+//     f16 widened to f32 as read (8-byte loads, the same lanes): a row is HDV vectors, read by a group of
 //     HDV lanes (S / HDV rows per load) or, for HDV > S, by all S lanes. Scores: each lane holds partial
 //     dot products of its q slots with the S / (groups) keys of its group, and a butterfly of
 //     shuffle-xors leaves every lane the full score of one key (shapes whose HDV leaves lanes idle, e.g.
@@ -31,7 +32,7 @@
 // 1000 / 4000 keys: hd 64: 3.7 / 4.2 / 5.5 / 9.7 / 23 against 11.5 / 18 / 48 / 204 / 793 for
 // rope + attention; hd 128: 19 / 22 / 21 / 13 / 36 against 69 / 129 / 319 / 394 / 1482.
 import type { Gpu, KernelCall } from "./gpu.ts";
-import { kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
+import { kernelCall, type KvType, kvWgsl, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
 /** The largest head_dim the decode kernel supports. */
@@ -76,6 +77,12 @@ export interface AttentionDecodeDims {
    * cache and to the step's earlier tokens. The step's T may be fewer (tokens past it do nothing).
    */
   T?: number;
+  /**
+   * The caches' element type (default f32). f16: rows are read as vec4<f16> (8 bytes) and widened, the
+   * step's own k and v are rounded to f16 as soon as they are rotated (so this step attends to them as
+   * later steps, and prefill, read them back from the cache).
+   */
+  kv?: KvType;
 }
 
 /** The most tokens one decode-attention dispatch takes (a multi-token step: speculative verification). */
@@ -111,7 +118,7 @@ export function attentionDecodeDefaultTuning(gpu: Gpu, headDim: number): Attenti
 
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
 export function attentionDecodeSource(
-  d: { heads: number; kvHeads: number; headDim: number; T?: number; normEps?: number },
+  d: { heads: number; kvHeads: number; headDim: number; T?: number; normEps?: number; kv?: KvType },
   S: number,
   t: AttentionDecodeTuning,
 ): string {
@@ -123,6 +130,9 @@ export function attentionDecodeSource(
   const HD = d.headDim;
   const VW = HD % 4 === 0 ? 4 : 2; // every vector below is VW floats: key, value and output slots
   const vt = `vec${VW}<f32>`;
+  const w = kvWgsl(d.kv);
+  const rd = (e: string) => w.read(VW, e); // a cache vector, as f32
+  const rn = (e: string) => w.round(1, e); // a new key / value element, rounded as the cache stores it
   const HDV = HD / VW;
   // Rows are read coalesced: with HDV <= S ("grouped"), KG groups of HDV lanes read KG rows at a time
   // (group g = lane / HDV, slot sl = lane % HDV; lanes past KG * HDV idle), else each lane reads NSLOT
@@ -164,7 +174,7 @@ export function attentionDecodeSource(
     score.push(...range(IT).map((it) => `var x${it} = 0.0;`));
     score.push(...blocks(pairs.length, (x) => {
       const [it, i] = pairs[x];
-      return `let k${it}_${i} = kc[${rowOf(keyOf(it))} + ${slot(i)}];`;
+      return `let k${it}_${i} = ${rd(`kc[${rowOf(keyOf(it))} + ${slot(i)}]`)};`;
     }, (x) => {
       const [it, i] = pairs[x];
       return [`x${it} += dot(q${i}, k${it}_${i});`];
@@ -186,7 +196,9 @@ export function attentionDecodeSource(
     score.push(`let sc = select(-3.0e38, ${vals[0]} * p.scale, base + ${kl} < nc);`);
   } else {
     score.push(`let kb = ${rowOf("lane")};`, `var dv = ${vt}(0.0);`);
-    score.push(...blocks(HDV, (e) => `let k${e} = kc[kb + ${e}u];`, (e) => [`dv += qs[${e}u] * k${e};`]));
+    score.push(
+      ...blocks(HDV, (e) => `let k${e} = ${rd(`kc[kb + ${e}u]`)};`, (e) => [`dv += qs[${e}u] * k${e};`]),
+    );
     score.push(`let sc = select(-3.0e38, dot(dv, ${vt}(1.0)) * p.scale, base + lane < nc);`);
   }
   // Values: the weight of step it's key, from the lane that scored it.
@@ -201,7 +213,7 @@ export function attentionDecodeSource(
   const vLoad = (x: number) => {
     const [it, i] = pairs[x];
     const kk = grouped && !butterfly ? `min(${keyOf(it)}, ${S - 1}u)` : keyOf(it);
-    return `let v${it}_${i} = vc[${rowOf(kk)} + ${slot(i)}];`;
+    return `let v${it}_${i} = ${rd(`vc[${rowOf(kk)} + ${slot(i)}]`)};`;
   };
   const vUse = (x: number) => {
     const [it, i] = pairs[x];
@@ -225,14 +237,14 @@ export function attentionDecodeSource(
       store.push((i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`);
     }
   }
-  return `${STEP_WGSL}
+  return `${w.enable}${STEP_WGSL}
 struct P { max_seq: u32, scale: f32, eps: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read> qkv: array<f32>;
-@group(0) @binding(4) var<storage, read_write> kc: array<${vt}>;
-@group(0) @binding(5) var<storage, read_write> vc: array<${vt}>;
+@group(0) @binding(4) var<storage, read_write> kc: array<${w.vec(VW)}>;
+@group(0) @binding(5) var<storage, read_write> vc: array<${w.vec(VW)}>;
 ${
     SP > 1
       ? "@group(0) @binding(6) var<storage, read_write> part: array<vec2<f32>>;"
@@ -281,14 +293,16 @@ fn new_score(j: u32, pos0: u32, kvh: u32) -> f32 {
     let c = cs[(pos0 + j) * HALF + i];
     let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
     let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
-    s += qs[i / VW][i % VW] * (k0 * c.x - k1 * c.y) + qs[(i + HALF) / VW][(i + HALF) % VW] * (k1 * c.x + k0 * c.y);
+    s += qs[i / VW][i % VW] * ${rn("k0 * c.x - k1 * c.y")} + qs[(i + HALF) / VW][(i + HALF) % VW] * ${
+      rn("k1 * c.x + k0 * c.y")
+    };
   }
   return s;
 }
 // Value slot e of new key j.
 fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
   let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
-  return ${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")});
+  return ${w.round(VW, `${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")})`)};
 }`
   }
 @compute @workgroup_size(${warps * S})
@@ -340,10 +354,10 @@ fn main(
     let v1 = qkv[vb + i + HALF];
     qs[i / VW][i % VW] = q0 * c.x - q1 * c.y;
     qs[(i + HALF) / VW][(i + HALF) % VW] = q1 * c.x + q0 * c.y;
-    ks[i / VW][i % VW] = k0 * c.x - k1 * c.y;
-    ks[(i + HALF) / VW][(i + HALF) % VW] = k1 * c.x + k0 * c.y;
-    vs[i / VW][i % VW] = v0;
-    vs[(i + HALF) / VW][(i + HALF) % VW] = v1;
+    ks[i / VW][i % VW] = ${rn("k0 * c.x - k1 * c.y")};
+    ks[(i + HALF) / VW][(i + HALF) % VW] = ${rn("k1 * c.x + k0 * c.y")};
+    vs[i / VW][i % VW] = ${rn("v0")};
+    vs[(i + HALF) / VW][(i + HALF) % VW] = ${rn("v1")};
   }
   let n = workgroupUniformLoad(&keys);
   if (n == 0u) { return; }
@@ -354,8 +368,8 @@ fn main(
   if (h % GROUP == 0u && split == 0u) {
     let cb = (kv0 + pos) * HDV;
     for (var e = tid; e < HDV; e += WG) {
-      kc[cb + e] = ks[e];
-      vc[cb + e] = vs[e];
+      kc[cb + e] = ${w.store(VW, "ks[e]")};
+      vc[cb + e] = ${w.store(VW, "vs[e]")};
     }
   }
   ${grouped ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}

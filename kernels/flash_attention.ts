@@ -10,12 +10,14 @@
 // Tiles: hd <= 64: BQ = 64, L = 16, KPL = 2 (BKV = 32); hd <= 128: BQ = 32, L = 32, KPL = 1 (BKV = 32),
 // both 256 threads and at most 40 KB of workgroup memory (docs/KERNELS.md). hd must be a multiple of 4.
 // q comes from the fused qkv activations (after RoPE), K and V from the layer's cache [nKV, maxSeq, hd]
-// where rope_kv put this step's rows; out is [T, heads * hd]. attentionRef (attention.ts) is the reference.
+// (f32, or f16 widened as staged: d.kv) where rope_kv put this step's rows; out is [T, heads * hd]. attentionRef (attention.ts) is the reference.
 import {
   ceilDiv,
   type Gpu,
   type KernelCall,
   kernelCall,
+  type KvType,
+  kvWgsl,
   memoSource,
   pipeline,
   uniformBuffer,
@@ -43,7 +45,8 @@ export function flashTile(hd: number): FlashTile {
 }
 
 /** The WGSL for one head size and tile; `sg`: row reductions by subgroup operations (32-lane subgroups). */
-export function flashSource(hd: number, t: FlashTile, sg: boolean): string {
+export function flashSource(hd: number, t: FlashTile, sg: boolean, kv: KvType = "f32"): string {
+  const w = kvWgsl(kv);
   const { bq: BQ, lanes: L, kpl: KPL } = t;
   const QG = BQ / 4; // query groups (4 queries each)
   const TH = QG * L;
@@ -69,13 +72,13 @@ fn lane_sum(v: f32) -> f32 {
   const lines: string[] = [];
   const L_ = (s: string) => lines.push(s);
   L_(`
-${STEP_WGSL}
+${w.enable}${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, max_seq: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> kc: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> vc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> kc: array<${w.vec(4)}>;
+@group(0) @binding(4) var<storage, read> vc: array<${w.vec(4)}>;
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
 const H4 = ${H4}u;
 var<workgroup> qs: array<vec4<f32>, ${hd * QG}>;
@@ -134,7 +137,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       let j = u / H4;
       let d4 = u % H4;
       let key = kb + j;
-      let v = select(vec4<f32>(0.0), kc[(cache0 + min(key, nkeys - 1u)) * H4 + d4], key < nkeys);
+      let v = select(vec4<f32>(0.0), ${
+    w.read(4, "kc[(cache0 + min(key, nkeys - 1u)) * H4 + d4]")
+  }, key < nkeys);
       for (var c = 0u; c < 4u; c++) {
         let e = (4u * d4 + c) * ${BKV}u + j;
         kv[e / 4u][e % 4u] = v[c];
@@ -181,7 +186,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     // V tile, row-major: kv[j * H4 + d4].
     for (var u = tid; u < ${BKV}u * H4; u += ${TH}u) {
       let key = kb + u / H4;
-      kv[u] = select(vec4<f32>(0.0), vc[(cache0 + min(key, nkeys - 1u)) * H4 + u % H4], key < nkeys);
+      kv[u] = select(vec4<f32>(0.0), ${
+    w.read(4, "vc[(cache0 + min(key, nkeys - 1u)) * H4 + u % H4]")
+  }, key < nkeys);
     }
     workgroupBarrier();
     let jn = min(${BKV}u, nkeys - kb);
@@ -293,7 +300,8 @@ export function flashBlockTile(
  * row-major: 4 x 4 DV FMAs for 1 + DV reads a key). Q is staged once, scaled by log2(e) / sqrt(hd), so the
  * softmax uses exp2. Workgroups run the longest query blocks first (causal: the last block has the most keys).
  */
-export function flashBlockedSource(hd: number, t: FlashBlockTile, sg: boolean): string {
+export function flashBlockedSource(hd: number, t: FlashBlockTile, sg: boolean, kv: KvType = "f32"): string {
+  const w = kvWgsl(kv);
   const { bq: BQ, bkv: BKV } = t;
   if (BQ % 4 !== 0 || BKV % 4 !== 0) {
     throw new RangeError(`flash tile ${BQ} x ${BKV}: both must be multiples of 4`);
@@ -342,9 +350,9 @@ export function flashBlockedSource(hd: number, t: FlashBlockTile, sg: boolean): 
       const [j, d4] = kv === "k" ? [`u % ${BKV}u`, `u / ${BKV}u`] : [`u / H4`, `u % H4`];
       return inTile(
         n,
-        `{ let u = tid + ${
-          n * TH
-        }u; let key = ${kb} + ${j}; ${r}[${n}] = select(vec4<f32>(0.0), ${kv}c[(cache0 + min(key, nkeys - 1u)) * H4 + ${d4}], key < nkeys); }`,
+        `{ let u = tid + ${n * TH}u; let key = ${kb} + ${j}; ${r}[${n}] = select(vec4<f32>(0.0), ${
+          w.read(4, `${kv}c[(cache0 + min(key, nkeys - 1u)) * H4 + ${d4}]`)
+        }, key < nkeys); }`,
       );
     }).join("\n    ");
   const stores = (buf: string, r: string, kv: "k" | "v") =>
@@ -360,13 +368,13 @@ export function flashBlockedSource(hd: number, t: FlashBlockTile, sg: boolean): 
       )).join("\n    ");
   const lines: string[] = [];
   const L_ = (s: string) => lines.push(s);
-  L_(`${STEP_WGSL}
+  L_(`${w.enable}${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, max_seq: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> kc: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> vc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> kc: array<${w.vec(4)}>;
+@group(0) @binding(4) var<storage, read> vc: array<${w.vec(4)}>;
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
 const H4 = ${H4}u;
 // qs[d * QG + g]: the 4 queries of group g at dim d; kt[d * KG + c]: keys 4c..4c+3 of the tile at dim d;
@@ -541,7 +549,7 @@ export function flashAttentionCall(
     }
     return kernelCall(
       gpu,
-      pipeline(gpu, flashBlockedSources(d.headDim, tile, sg)),
+      pipeline(gpu, flashBlockedSources(d.headDim, tile, sg, d.kv ?? "f32")),
       buffers,
       [d.heads, ceilDiv(d.T, tile.bq)],
       "flash_attention",
@@ -552,7 +560,7 @@ export function flashAttentionCall(
   if (sg && gpu.subgroupSize !== 32) throw new RangeError("subgroup flash attention needs 32-lane subgroups");
   return kernelCall(
     gpu,
-    pipeline(gpu, flashSources(d.headDim, tile, sg)),
+    pipeline(gpu, flashSources(d.headDim, tile, sg, d.kv ?? "f32")),
     buffers,
     [ceilDiv(d.T, tile.bq), d.heads],
     "flash_attention",

@@ -7,6 +7,42 @@ import type { GemmTile } from "./gemm.ts";
 export type WeightType = "f32" | "f16";
 
 /**
+ * Element type of the GQA KV cache (models/blocks/gqa.ts): "f16" halves the bytes the decode attention reads
+ * (values are rounded to f16 when written, widened to f32 when read; arithmetic stays f32).
+ */
+export type KvType = "f32" | "f16";
+
+/** Bytes of one KV-cache element. */
+export function kvElementBytes(kv: KvType): number {
+  return kv === "f16" ? 2 : 4;
+}
+
+/**
+ * WGSL for a KV cache of `kv` elements: the preamble, the storage type of a vector of n (1: scalar), an f32
+ * expression of n read from it, an f32 expression of n converted for storing (f16: clamped to f16's finite
+ * range, then rounded to nearest), and an f32 expression of n rounded as storing and reading it would.
+ */
+export function kvWgsl(kv: KvType | undefined): {
+  enable: string;
+  vec: (n: number) => string;
+  read: (n: number, e: string) => string;
+  store: (n: number, e: string) => string;
+  round: (n: number, e: string) => string;
+} {
+  const h = kv === "f16";
+  const t = (n: number, s: string) => n === 1 ? s : `vec${n}<${s}>`;
+  const store = (n: number, e: string) =>
+    h ? `${t(n, "f16")}(clamp(${e}, ${t(n, "f32")}(-65504.0), ${t(n, "f32")}(65504.0)))` : `(${e})`;
+  return {
+    enable: h ? "enable f16;\n" : "",
+    vec: (n) => t(n, h ? "f16" : "f32"),
+    read: (n, e) => h ? `${t(n, "f32")}(${e})` : `(${e})`,
+    store,
+    round: (n, e) => h ? `${t(n, "f32")}(${store(n, e)})` : `(${e})`,
+  };
+}
+
+/**
  * Kernel choices a caller may force (benchmarks, A/B runs), read when kernel calls are built: set them on
  * `gpu.tuning` before building a model's programs (a sequence caches its programs). Each field left out
  * means the default for this adapter. (These replace the SWACTOR_GEMV / SWACTOR_DP4 environment switches.)
@@ -56,6 +92,11 @@ export interface KernelTuning {
    */
   gemmLarge?: GemmTile;
   gemmSmall?: GemmTile;
+  /**
+   * The GQA KV cache's element type, read when a model is loaded (Model.load; default: f16 where the adapter
+   * has shader-f16 and the weights are not f32, else f32; env SWACTOR_KV sets it too).
+   */
+  kv?: KvType;
 }
 
 export interface Gpu {

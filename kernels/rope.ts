@@ -2,17 +2,31 @@
 // activations, writing rotated k and plain v into the layer's KV cache at their positions.
 // cos/sin come from a table built on the CPU (ropeTable), so every scaling rule (none, llama3, yarn) lives in
 // one place in plain TypeScript and the angles match transformers' f32 computation exactly.
-import { ceilDiv, type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import {
+  ceilDiv,
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  type KvType,
+  kvWgsl,
+  memoSource,
+  pipeline,
+  uniformBuffer,
+} from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 
-const SOURCE = `${STEP_WGSL}
+/** The kernel for a cache of `kv` elements (an f16 cache rounds each value as it is written). */
+const source = memoSource((kv: KvType) => {
+  const w = kvWgsl(kv);
+  const st = (e: string) => w.store(1, e);
+  return `${w.enable}${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> qkv: array<f32>;
-@group(0) @binding(4) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(5) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(4) var<storage, read_write> kc: array<${w.vec(1)}>;
+@group(0) @binding(5) var<storage, read_write> vc: array<${w.vec(1)}>;
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   let i = g.x;
@@ -37,11 +51,12 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   let a0 = qkv[kb + i];
   let a1 = qkv[kb + i + half];
   let cb = (kvh * p.max_seq + pos) * p.hd;
-  kc[cb + i] = a0 * c.x - a1 * c.y;
-  kc[cb + i + half] = a1 * c.x + a0 * c.y;
-  vc[cb + i] = qkv[vb + i];
-  vc[cb + i + half] = qkv[vb + i + half];
+  kc[cb + i] = ${st("a0 * c.x - a1 * c.y")};
+  kc[cb + i + half] = ${st("a1 * c.x + a0 * c.y")};
+  vc[cb + i] = ${st("qkv[vb + i]")};
+  vc[cb + i + half] = ${st("qkv[vb + i + half]")};
 }`;
+});
 
 /** llama3 scaling (transformers' `_compute_llama3_parameters`). */
 export interface RopeScaling {
@@ -187,6 +202,8 @@ export interface RopeDims {
   maxSeq: number;
   /** Tokens dispatched (the step's T must not exceed it). */
   T: number;
+  /** The caches' element type (default f32). */
+  kv?: KvType;
 }
 
 export function ropeKvCall(
@@ -196,7 +213,7 @@ export function ropeKvCall(
 ): KernelCall {
   if (d.headDim % 2 !== 0) throw new RangeError(`head_dim must be even for RoPE, got ${d.headDim}`);
   const params = uniformBuffer(gpu, [d.heads, d.kvHeads, d.headDim, d.maxSeq]);
-  return kernelCall(gpu, pipeline(gpu, SOURCE), [
+  return kernelCall(gpu, pipeline(gpu, source(d.kv ?? "f32")), [
     params,
     bufs.step,
     bufs.table,

@@ -25,6 +25,7 @@ import {
   type Gpu,
   isQuant,
   type KernelCall,
+  type KvType,
   prefillLinearCalls,
   quantFits,
   type QuantType,
@@ -123,6 +124,23 @@ export function defaultWeights(gpu: Gpu): WeightType {
   return gpu.hasF16 ? "f16" : "f32";
 }
 
+/**
+ * The GQA KV cache's element type for weights `wt`, chosen once per Model.load: `gpu.tuning.kv`, else env
+ * SWACTOR_KV (f16 | f32), else f16 where the adapter has shader-f16 and the weights are not f32 (f16, q8,
+ * q4: half the bytes the decode attention reads), else f32 (f32 weights stay exact to the fixtures).
+ */
+export function kvCacheType(gpu: Gpu, wt: WeightsOption): KvType {
+  const env = Deno.env.get("SWACTOR_KV") || undefined;
+  if (env !== undefined && env !== "f16" && env !== "f32") {
+    throw new TypeError(`SWACTOR_KV must be f16 or f32, got "${env}"`);
+  }
+  const kv = gpu.tuning.kv ?? env ?? (gpu.hasF16 && wt !== "f32" ? "f16" : "f32");
+  if (kv === "f16" && !gpu.hasF16) {
+    throw new RequestError(`an f16 KV cache needs shader-f16, which ${gpu.adapterName} lacks`);
+  }
+  return kv;
+}
+
 interface LayerWeights {
   attention: AttentionWeights;
   ffn: FfnWeights;
@@ -151,6 +169,8 @@ export class Model {
     readonly weightType: WeightsOption,
     /** Storage of the norm weights. */
     readonly normType: WeightType,
+    /** Element type of the GQA KV cache its sequences allocate (kvCacheType). */
+    readonly kvType: KvType,
     private readonly types: Map<GPUBuffer, WeightsOption>,
     readonly embedTable: GPUBuffer | null,
     readonly layers: LayerWeights[],
@@ -177,6 +197,7 @@ export class Model {
     return {
       gpu: this.gpu,
       normType: this.normType,
+      kv: this.kvType,
       typeOf: (b) => this.typeOf(b),
       eps: this.config.rmsNormEps,
       upload: () => {
@@ -250,6 +271,7 @@ export class Model {
     let done = 0;
     const types = new Map<GPUBuffer, WeightsOption>();
     const normType: WeightType = isQuant(wt) ? "f32" : wt;
+    const kvType = kvCacheType(gpu, wt);
     const floatType: WeightType = gpu.hasF16 ? "f16" : "f32";
     const uploader = new WeightUploader(gpu, ckpt, { on: opts.convert });
     const read: TensorReader = async (names, K, vector = "norm") => {
@@ -270,6 +292,7 @@ export class Model {
     const ctx: BlockContext = {
       gpu,
       normType,
+      kv: kvType,
       typeOf: (b) => types.get(b)!,
       eps: c.rmsNormEps,
       upload: (data, as, label) => {
@@ -335,6 +358,7 @@ export class Model {
       part,
       wt,
       normType,
+      kvType,
       types,
       embedTable,
       lw,
@@ -358,7 +382,7 @@ export class Model {
   kvBytesPerToken(): number {
     let n = 0;
     for (let i = this.part.layers[0]; i < this.part.layers[1]; i++) {
-      n += kvBytesPerToken(this.config.layer(i).attention);
+      n += kvBytesPerToken(this.config.layer(i).attention, this.kvType);
     }
     return n;
   }

@@ -1,7 +1,7 @@
 // What a block needs from the model while loading and while building a step's program: the GPU, how to
 // read tensors onto it, and each weight buffer's storage. Blocks (attention, feed-forward) implement
 // `load` and `program`; models/model.ts composes them into layers. One file per block kind.
-import type { Gpu, QuantType, WeightType } from "../../kernels/mod.ts";
+import type { Gpu, KvType, QuantType, WeightType } from "../../kernels/mod.ts";
 
 /**
  * Reads tensors by name, concatenated row-wise, onto the GPU. `K` (a row length) marks a matrix, stored
@@ -17,6 +17,8 @@ export interface BlockContext {
   /** How a weight buffer is stored (a quantised model keeps some matrices in floats). */
   typeOf(buf: GPUBuffer): WeightType | QuantType;
   eps: number;
+  /** Element type of the GQA KV cache (the model's kvType; MLA's latent cache is f32 regardless). */
+  kv: KvType;
   /** Uploads weights computed at load (e.g. a matrix cut into per-head blocks) as `as`, counted with the model's. */
   upload(data: Float32Array, as: WeightType, label: string): GPUBuffer;
 }

@@ -5,7 +5,8 @@
 //   q, k = rope(q, k, pos); kcache[pos], vcache[pos] = k, v
 //   att  = softmax(q k^T / sqrt(hd)) v  (causal, GQA)           [nH * hd]
 //   x   += att @ o_proj^T (+ o bias)                            [H]
-// KV cache per layer: K and V [nKV, maxSeq, hd] f32.
+// KV cache per layer: K and V [nKV, maxSeq, hd] of ctx.kv elements (f16 by default with f16 / q8 / q4
+// weights, f32 with f32 weights: Model.kvType), written rounded to it, read back widened to f32.
 import {
   attentionCall,
   attentionDecodeCalls,
@@ -17,6 +18,7 @@ import {
   gemvFusedCall,
   headNormCall,
   type KernelCall,
+  kvElementBytes,
   prefillLinearCalls,
   rmsnormCall,
   ropeKvCall,
@@ -86,7 +88,7 @@ export function gqaCache(
   a: GqaAttention,
   maxSeq: number,
 ): { buffers: GPUBuffer[]; bytes: number } {
-  const bytes = a.kvHeads * maxSeq * a.headDim * 4;
+  const bytes = a.kvHeads * maxSeq * a.headDim * kvElementBytes(ctx.kv);
   return {
     buffers: [storageBuffer(ctx.gpu, bytes, "k"), storageBuffer(ctx.gpu, bytes, "v")],
     bytes: 2 * bytes,
@@ -108,7 +110,7 @@ export function gqaProgram(
   const { qkv, att } = bufs.scratch;
   const { qkv: qkvDim, att: attDim } = gqaWidths(a);
   const { T, hidden: H } = d;
-  const dims = { heads: a.heads, kvHeads: a.kvHeads, headDim: a.headDim, maxSeq: bufs.maxSeq, T };
+  const dims = { heads: a.heads, kvHeads: a.kvHeads, headDim: a.headDim, maxSeq: bufs.maxSeq, T, kv: ctx.kv };
   const calls: KernelCall[] = d.fused
     ? [
       gemvFusedCall(gpu, { x, w: w.qkv, y: qkv, normWeight: w.norm }, {

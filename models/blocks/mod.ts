@@ -1,6 +1,6 @@
 // The blocks a layer is made of, dispatched on their kind: each kind's file says how it loads, what
 // scratch and KV cache it needs, and the kernels it runs. models/model.ts composes layers from these.
-import type { KernelCall, MoeScratch } from "../../kernels/mod.ts";
+import { type KernelCall, kvElementBytes, type KvType, type MoeScratch } from "../../kernels/mod.ts";
 import type { AttentionSpec, FfnSpec } from "../config.ts";
 import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
 import { gqaBuffers, gqaCache, gqaProgram, type GqaWeights, gqaWidths, loadGqa } from "./gqa.ts";
@@ -55,9 +55,11 @@ export function attentionCache(
   return a.kind === "gqa" ? gqaCache(ctx, a, maxSeq) : mlaCache(ctx, a, maxSeq);
 }
 
-/** KV-cache bytes per token per layer. */
-export function kvBytesPerToken(a: AttentionSpec): number {
-  return a.kind === "gqa" ? 2 * a.kvHeads * a.headDim * 4 : (a.kvLoraRank + a.qkRopeHeadDim) * 4;
+/** KV-cache bytes per token per layer, GQA's K and V being `kv` elements (MLA's latent cache is f32). */
+export function kvBytesPerToken(a: AttentionSpec, kv: KvType): number {
+  return a.kind === "gqa"
+    ? 2 * a.kvHeads * a.headDim * kvElementBytes(kv)
+    : (a.kvLoraRank + a.qkRopeHeadDim) * 4;
 }
 
 /** The width RoPE rotates (its table's head dimension). */

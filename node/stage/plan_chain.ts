@@ -51,11 +51,13 @@ const RESERVE_BYTES = 64 * 2 ** 20;
 /**
  * Bytes per element the engine holds for `weights`: auto is f16 wherever the GPU has shader-f16 (every GPU we
  * run on, and the software adapter); q8 / q4 hold 1 / 0.5 bytes plus an f16 scale per group of 32. The KV
- * cache is f32 (docs/ARCHITECTURE.md).
+ * cache (models/model.ts kvCacheType): GQA's is f16 beside f16 / q8 / q4 weights and f32 beside f32 ones;
+ * MLA's latent cache is f32 always (so a `model` with MLA attention counts 4).
  */
-export function servedDtype(weights: string | undefined): Partial<DTypeBytes> {
+export function servedDtype(weights: string | undefined, model?: ModelGraph): Partial<DTypeBytes> {
   const w = weights === "f32" ? 4 : weights === "q8" ? 34 / 32 : weights === "q4" ? 18 / 32 : 2;
-  return { dense: w, experts: w, embed: w, kv: 4 };
+  const mla = model?.layers.some((l) => l.ops.some((o) => o.kind === "attention" && o.variant === "mla"));
+  return { dense: w, experts: w, embed: w, kv: weights === "f32" || mla ? 4 : 2 };
 }
 
 /**
@@ -71,7 +73,7 @@ export function chainCluster(
     width: model.hidden,
     reserveBytes: RESERVE_BYTES,
     constraints: opts.order ? { order: opts.order } : undefined,
-    quant: servedDtype(opts.weights),
+    quant: servedDtype(opts.weights, model),
   });
 }
 

@@ -1,8 +1,10 @@
 // Decode attention microbenchmark (kernels/attention_decode.ts) at Llama-3.2-1B's shape (32 q heads, 8 KV
 // heads, head_dim 64), 16 layers' caches rotated so L2 holds none of them: GPU us per layer for each
 // context and tuning (flash-decoding splits, fewest chunks a split takes, subgroups per workgroup), and
-// the KV bytes read per us. One JSON line per context.
-//   deno run -A scripts/bench/attention_decode.ts [--context 128,2048,8192] [--heads 32] [--kv 8] [--hd 64] [--quick]
+// the KV bytes read per us. One JSON line per context and cache type (--cache: the KV cache's element type,
+// f32 and f16 by default; f16 where the adapter has shader-f16).
+//   deno run -A scripts/bench/attention_decode.ts [--context 128,2048,8192] [--heads 32] [--kv 8] [--hd 64]
+//     [--cache f32,f16] [--quick]
 import { parseArgs } from "node:util";
 import {
   attentionDecodeCalls,
@@ -10,6 +12,8 @@ import {
   createStepBuffer,
   getGpu,
   type KernelCall,
+  kvElementBytes,
+  type KvType,
   ropeInvFreq,
   ropeTable,
   storageBuffer,
@@ -25,6 +29,7 @@ const { values } = parseArgs({
     heads: { type: "string", default: "32" },
     kv: { type: "string", default: "8" },
     hd: { type: "string", default: "64" },
+    cache: { type: "string", default: "f32,f16" },
     quick: { type: "boolean", default: false },
   },
 });
@@ -41,46 +46,57 @@ if (!values.quick) {
     }
   }
 }
+const cacheTypes = values.cache!.split(",").map((c) => {
+  if (c !== "f32" && c !== "f16") throw new TypeError(`--cache takes f32 and / or f16, got "${c}"`);
+  return c as KvType;
+}).filter((c) => c === "f32" || gpu.hasF16);
 for (const ctx of values.context!.split(",").map(Number)) {
-  const maxSeq = ctx + 8;
-  const step = createStepBuffer(gpu);
-  writeStep(gpu, step, { pos0: ctx, T: 1, tokOut: ctx + 1 });
-  const table = uploadBuffer(gpu, ropeTable(ropeInvFreq(headDim, 500000, null), maxSeq));
-  const qkv = uploadBuffer(gpu, new Float32Array((heads + 2 * kvHeads) * headDim).map((_, i) => Math.sin(i)));
-  const out = storageBuffer(gpu, heads * headDim * 4);
-  const bytes = kvHeads * maxSeq * headDim * 4;
-  const caches = Array.from({ length: LAYERS }, () => [storageBuffer(gpu, bytes), storageBuffer(gpu, bytes)]);
-  const d = { heads, kvHeads, headDim, maxSeq };
-  const sets: [string, KernelCall[]][] = variants.map(([name, t]) => [
-    name,
-    caches.flatMap(([kcache, vcache]) =>
-      attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out }, d, {
-        ...t,
-        ...(t.splits ? {} : {}),
-      })
-    ),
-  ]);
-  // The H200 ramps its clocks under load: ~0.5 s of this work first.
-  for (let spent = 0; spent < (values.quick ? 0 : 500);) spent += await gpuMs(gpu, sets[0][1], 20) * 20;
-  const us: Record<string, number> = {};
-  for (let pass = 0; pass < 2; pass++) {
-    for (const [name, calls] of sets) {
-      const ms = await gpuMs(gpu, calls, values.quick ? 1 : 10);
-      us[name] = Math.min(us[name] ?? Infinity, Number((ms * 1000 / LAYERS).toFixed(2)));
+  for (const cache of cacheTypes) {
+    const maxSeq = ctx + 8;
+    const step = createStepBuffer(gpu);
+    writeStep(gpu, step, { pos0: ctx, T: 1, tokOut: ctx + 1 });
+    const table = uploadBuffer(gpu, ropeTable(ropeInvFreq(headDim, 500000, null), maxSeq));
+    const qkv = uploadBuffer(
+      gpu,
+      new Float32Array((heads + 2 * kvHeads) * headDim).map((_, i) => Math.sin(i)),
+    );
+    const out = storageBuffer(gpu, heads * headDim * 4);
+    const bytes = kvHeads * maxSeq * headDim * kvElementBytes(cache);
+    const caches = Array.from(
+      { length: LAYERS },
+      () => [storageBuffer(gpu, bytes), storageBuffer(gpu, bytes)],
+    );
+    const d = { heads, kvHeads, headDim, maxSeq, kv: cache };
+    const sets: [string, KernelCall[]][] = variants.map(([name, t]) => [
+      name,
+      caches.flatMap(([kcache, vcache]) =>
+        attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out }, d, t)
+      ),
+    ]);
+    // The H200 ramps its clocks under load: ~0.5 s of this work first.
+    for (let spent = 0; spent < (values.quick ? 0 : 500);) spent += await gpuMs(gpu, sets[0][1], 20) * 20;
+    const us: Record<string, number> = {};
+    for (let pass = 0; pass < 2; pass++) {
+      for (const [name, calls] of sets) {
+        const ms = await gpuMs(gpu, calls, values.quick ? 1 : 10);
+        us[name] = Math.min(us[name] ?? Infinity, Number((ms * 1000 / LAYERS).toFixed(2)));
+      }
     }
+    const best = Object.entries(us).reduce((a, b) => (b[1] < a[1] ? b : a));
+    const kvRead = 2 * kvHeads * (ctx + 1) * headDim * kvElementBytes(cache);
+    console.log(JSON.stringify({
+      bench: "attention-decode",
+      adapter: gpu.adapterName,
+      context: ctx,
+      heads,
+      kv_heads: kvHeads,
+      head_dim: headDim,
+      cache,
+      kv_bytes_per_layer: kvRead,
+      us_per_layer: us,
+      best: best[0],
+      best_gb_s: Number((kvRead / best[1] / 1000).toFixed(0)),
+    }));
+    for (const [k, v] of caches) (k.destroy(), v.destroy());
   }
-  const best = Object.entries(us).reduce((a, b) => (b[1] < a[1] ? b : a));
-  const kvRead = 2 * kvHeads * (ctx + 1) * headDim * 4;
-  console.log(JSON.stringify({
-    bench: "attention-decode",
-    adapter: gpu.adapterName,
-    context: ctx,
-    heads,
-    kv_heads: kvHeads,
-    head_dim: headDim,
-    us_per_layer: us,
-    best: best[0],
-    best_gb_s: Number((kvRead / best[1] / 1000).toFixed(0)),
-  }));
-  for (const [k, v] of caches) (k.destroy(), v.destroy());
 }

@@ -5,12 +5,15 @@
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N] [--prefetch on|off]
-//     [--pair on|off] [--defer-norm on|off] [--argmax-chunk N]
-// The last eight force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
-// the multi-token GEMV and --context without flash-decoding splits, and the decode under every combination
-// of pairGateUp, prefetch and deferNorm, then with the sampler's first pass at 4096 logits a workgroup
-// (the old chunk; one "swactor-decode-ab" line each, with its GPU ms by kernel and dispatches a token), in
-// the same process.
+//     [--pair on|off] [--defer-norm on|off] [--argmax-chunk N] [--kv f16,f32]
+// --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
+// without the multi-token GEMV and --context without flash-decoding splits, and the decode under every
+// combination of pairGateUp, prefetch and deferNorm, then with the sampler's first pass at 4096 logits a
+// workgroup (the old chunk; one "swactor-decode-ab" line each, with its GPU ms by kernel and dispatches a
+// token), in the same process. --kv: the GQA KV cache types to sweep (gpu.tuning.kv; each weight type is
+// loaded once per KV type; default: the model's default, f16 for f16 / q8 / q4 weights where the adapter has
+// shader-f16). Every line says its KV type and KV bytes per token (all layers; a decode step at position p
+// reads p times that).
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
@@ -26,6 +29,7 @@ import {
   getGpu,
   type KernelCall,
   type KernelTuning,
+  type KvType,
   releaseCalls,
   writeStep,
 } from "../../kernels/mod.ts";
@@ -61,6 +65,7 @@ const { values } = parseArgs({
     pair: { type: "string" },
     "defer-norm": { type: "string" },
     "argmax-chunk": { type: "string" },
+    kv: { type: "string" },
   },
 });
 const shapes: Record<string, Record<string, unknown>> = {
@@ -89,97 +94,113 @@ const P = Number(values.prompt), N = Number(values.new);
 const greedy = { temperature: 0, topP: 1, seed: 0 };
 const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
 let baseline: { weights: string; logits: Float32Array } | undefined;
+const kvTypes: (KvType | undefined)[] = values.kv === undefined
+  ? [undefined]
+  : values.kv.split(",").map((k) => {
+    if (k !== "f16" && k !== "f32") throw new TypeError(`--kv takes f16 and / or f32, got "${k}"`);
+    return k;
+  });
 for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4")[]) {
-  if (weights === "f16" && !gpu.hasF16) continue;
-  const model = await Model.load(gpu, ckpt, { weights });
-  const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
-  if (values.k) {
-    await kSteps(model, weights);
-    if (values.ab) await withTuning({ multi: false }, () => kSteps(model, weights));
-  }
-  if (values.context) {
-    await contexts(engine, model, weights);
-    if (values.ab) await withTuning({ attentionSplits: 1 }, () => contexts(engine, model, weights));
-  }
-  if (values["skip-decode"]) {
-    engine.close();
-    continue;
-  }
-  const logits = await engine.logits(prompt);
-  baseline ??= { weights, logits };
-  const logitsError = worstRowError(logits, baseline.logits, ckpt.config.vocabSize);
-  const results = [];
-  for (let r = 0; r < Number(values.runs); r++) {
-    const res = await generate(engine, prompt, {
-      maxTokens: N,
-      sampling: { temperature: 0, topP: 1, seed: 0 },
-      maxBatch: Number(values.batch),
-    });
-    results.push({ firstTokenMs: res.firstTokenMs, tokS: res.tokS });
-  }
-  const best = results.reduce((a, b) => (b.tokS > a.tokS ? b : a));
-  // Where a token's time goes: GPU time of one decode step (timestamps), and CPU time to encode + submit it.
-  // At the mean decode position (P + N / 2 keys), where attention costs what it costs on average.
-  const seq = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
-  const decode = seq.program(1, "sample");
-  const mid = P + Math.floor(N / 2);
-  writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-  const gpuStepMs = gpu.hasTimestamps ? (await gpuMs(gpu, decode, 2), await gpuMs(gpu, decode, 20)) : NaN;
-  const c0 = performance.now();
-  for (let i = 0; i < 50; i++) {
+  for (const kv of kvTypes) {
+    if ((weights === "f16" || kv === "f16") && !gpu.hasF16) {
+      continue;
+    }
+    // The cache type is chosen at load (Model.kvType): one load per KV type.
+    gpu.tuning = { ...gpu.tuning, kv };
+    const model = await Model.load(gpu, ckpt, { weights });
+    const kvInfo = { kv: model.kvType, kv_bytes_per_token: model.kvBytesPerToken() };
+    const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
+    if (values.k) {
+      await kSteps(model, weights);
+      if (values.ab) await withTuning({ multi: false }, () => kSteps(model, weights));
+    }
+    if (values.context) {
+      await contexts(engine, model, weights);
+      if (values.ab) await withTuning({ attentionSplits: 1 }, () => contexts(engine, model, weights));
+    }
+    if (values["skip-decode"]) {
+      engine.close();
+      continue;
+    }
+    const logits = await engine.logits(prompt);
+    baseline ??= { weights, logits };
+    const logitsError = worstRowError(logits, baseline.logits, ckpt.config.vocabSize);
+    const results = [];
+    for (let r = 0; r < Number(values.runs); r++) {
+      const res = await generate(engine, prompt, {
+        maxTokens: N,
+        sampling: { temperature: 0, topP: 1, seed: 0 },
+        maxBatch: Number(values.batch),
+      });
+      results.push({ firstTokenMs: res.firstTokenMs, tokS: res.tokS });
+    }
+    const best = results.reduce((a, b) => (b.tokS > a.tokS ? b : a));
+    // Where a token's time goes: GPU time of one decode step (timestamps), and CPU time to encode + submit it.
+    // At the mean decode position (P + N / 2 keys), where attention costs what it costs on average.
+    const seq = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+    const decode = seq.program(1, "sample");
+    const mid = P + Math.floor(N / 2);
     writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-    const enc = gpu.device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    encodeCalls(pass, decode);
-    pass.end();
-    gpu.device.queue.submit([enc.finish()]);
-  }
-  const cpuStepMs = (performance.now() - c0) / 50;
-  await gpu.device.queue.onSubmittedWorkDone();
-  // GPU ms per token by kernel kind, each dispatch timed in place in the step sequence, summed by label.
-  const byKernel = gpu.hasTimestamps ? await msByKernel(decode) : {};
-  seq.destroy();
-  console.log(JSON.stringify({
-    bench: "swactor-decode",
-    adapter: gpu.adapterName,
-    shape,
-    weights,
-    prompt: P,
-    new_tokens: N,
-    decode_tok_s: Number(best.tokS.toFixed(1)),
-    gemv: gpu.subgroupSize && gpu.tuning.gemv !== "team" ? `subgroup (${gpu.subgroupSize} lanes)` : "team",
-    tuning: gpu.tuning,
-    wall_ms_per_token: Number((1000 / best.tokS).toFixed(3)),
-    first_token_ms: Number(best.firstTokenMs.toFixed(1)),
-    runs: results.map((r) => Number(r.tokS.toFixed(1))),
-    dispatches_per_token: decode.length,
-    gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),
-    cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
-    gpu_ms_by_kernel: byKernel,
-    weight_bytes: model.weightBytes,
-    // What a decode step reads: every weight but the routed experts, and topK / E of those (KV not counted).
-    read_bytes_per_token: readBytes(model),
-    read_gb_s: Number((readBytes(model) / gpuStepMs / 1e6).toFixed(1)),
-    layers: ckpt.config.numLayers,
-    model_type: ckpt.config.modelType,
-    [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
-  }));
-  if (values.ab) {
-    // The same decode with the MLP's gate/up pairing and the GEMVs' prologue variants flipped (each
-    // generate builds its programs anew).
-    for (const pairGateUp of [true, false]) {
-      for (const prefetch of [false, true]) {
-        for (const deferNorm of [false, true]) {
-          await withTuning(
-            { pairGateUp, prefetch, deferNorm },
-            () => decodeAb(engine, model, prompt, weights),
-          );
+    const gpuStepMs = gpu.hasTimestamps ? (await gpuMs(gpu, decode, 2), await gpuMs(gpu, decode, 20)) : NaN;
+    const c0 = performance.now();
+    for (let i = 0; i < 50; i++) {
+      writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+      const enc = gpu.device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeCalls(pass, decode);
+      pass.end();
+      gpu.device.queue.submit([enc.finish()]);
+    }
+    const cpuStepMs = (performance.now() - c0) / 50;
+    await gpu.device.queue.onSubmittedWorkDone();
+    // GPU ms per token by kernel kind, each dispatch timed in place in the step sequence, summed by label.
+    const byKernel = gpu.hasTimestamps ? await msByKernel(decode) : {};
+    seq.destroy();
+    console.log(JSON.stringify({
+      bench: "swactor-decode",
+      adapter: gpu.adapterName,
+      shape,
+      weights,
+      prompt: P,
+      new_tokens: N,
+      decode_tok_s: Number(best.tokS.toFixed(1)),
+      gemv: gpu.subgroupSize && gpu.tuning.gemv !== "team" ? `subgroup (${gpu.subgroupSize} lanes)` : "team",
+      tuning: gpu.tuning,
+      wall_ms_per_token: Number((1000 / best.tokS).toFixed(3)),
+      first_token_ms: Number(best.firstTokenMs.toFixed(1)),
+      runs: results.map((r) => Number(r.tokS.toFixed(1))),
+      dispatches_per_token: decode.length,
+      gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),
+      cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
+      gpu_ms_by_kernel: byKernel,
+      weight_bytes: model.weightBytes,
+      // What a decode step reads: every weight but the routed experts, and topK / E of those (KV not counted).
+      read_bytes_per_token: readBytes(model),
+      read_gb_s: Number((readBytes(model) / gpuStepMs / 1e6).toFixed(1)),
+      layers: ckpt.config.numLayers,
+      model_type: ckpt.config.modelType,
+      ...kvInfo,
+      // The KV cache the step at the mean position reads (beside read_bytes_per_token).
+      kv_read_bytes_per_token: model.kvBytesPerToken() * (mid + 1),
+      [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
+    }));
+    if (values.ab) {
+      // The same decode with the MLP's gate/up pairing and the GEMVs' prologue variants flipped (each
+      // generate builds its programs anew).
+      for (const pairGateUp of [true, false]) {
+        for (const prefetch of [false, true]) {
+          for (const deferNorm of [false, true]) {
+            await withTuning(
+              { pairGateUp, prefetch, deferNorm },
+              () => decodeAb(engine, model, prompt, weights),
+            );
+          }
         }
       }
+      await withTuning({ argmaxChunk: 4096 }, () => decodeAb(engine, model, prompt, weights));
     }
-    await withTuning({ argmaxChunk: 4096 }, () => decodeAb(engine, model, prompt, weights));
+    engine.close();
   }
-  engine.close();
 }
 
 function onOff(name: string, v: string | undefined): boolean | undefined {
@@ -231,6 +252,7 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
   console.log(JSON.stringify({
     bench: "swactor-decode-ab",
     weights,
+    kv: model.kvType,
     tuning: gpu.tuning,
     decode_tok_s: Number(best.toFixed(1)),
     gpu_ms_per_token: Number(ms.toFixed(3)),
@@ -296,6 +318,7 @@ async function kSteps(model: Model, weights: string): Promise<void> {
     bench: "swactor-k-step",
     adapter: gpu.adapterName,
     weights,
+    kv: model.kvType,
     position: mid,
     tuning: gpu.tuning,
     decode_step_ms: Number(one.toFixed(3)),
@@ -334,6 +357,10 @@ async function contexts(engine: Engine, model: Model, weights: string): Promise<
       gpu_ms_per_token: Number(ms.toFixed(3)),
       gpu_tok_s: Number((1000 / ms).toFixed(1)),
       attention_ms: Number(attention.toFixed(3)),
+      kv: model.kvType,
+      kv_bytes_per_token: model.kvBytesPerToken(),
+      // The cache the step's attention reads (ctx positions, all layers) over its GPU time.
+      attention_kv_gb_s: Number((model.kvBytesPerToken() * ctx / attention / 1e6).toFixed(1)),
       ...(tokS !== undefined ? { decode_tok_s: tokS } : {}),
     }));
   }

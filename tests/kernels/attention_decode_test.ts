@@ -13,11 +13,13 @@ import {
   type Gpu,
   headNormRef,
   type KernelCall,
+  type KvType,
   ropeInvFreq,
   ropeRef,
   ropeTable,
   writeStep,
 } from "../../kernels/mod.ts";
+import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { assertClose, gpuOrSkip, randoms, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
@@ -40,15 +42,33 @@ interface Case {
   tuning?: Partial<AttentionDecodeTuning>;
   /** Qwen3's q_norm / k_norm folded in (random weights; head_norm.ts's headNormRef is the reference). */
   norm?: boolean;
+  /** The caches' element type (default f32). */
+  kvType?: KvType;
+  /** The caches' capacity (default MAX_SEQ). */
+  maxSeq?: number;
 }
 
-/** Runs the call and reads the buffers back in one submit (one wait: each costs ~11 ms on lavapipe). */
+/** Rounds to f16 and back (round to nearest even), for an f16 cache; identity for f32. */
+function asKv(kv: KvType | undefined, a: Float32Array): Float32Array {
+  return kv === "f16" ? f16ToF32(f32ToF16(a)) : a;
+}
+
+/** A cache buffer holding `a` as `kv` elements. */
+function uploadKv(g: Gpu, kv: KvType | undefined, a: Float32Array): GPUBuffer {
+  return upload(g, kv === "f16" ? f32ToF16(a) : a);
+}
+
+/**
+ * Runs the call and reads the buffers back in one submit (one wait: each costs ~11 ms on lavapipe); a read
+ * marked "f16" holds n f16 values (an f16 cache), widened here.
+ */
 async function runAndRead(
   g: Gpu,
   calls: KernelCall[],
-  reads: [GPUBuffer, number][],
+  reads: [GPUBuffer, number, KvType?][],
 ): Promise<Float32Array[]> {
-  const bytes = reads.reduce((a, [, n]) => a + n * 4, 0);
+  const size = (n: number, t?: KvType) => t === "f16" ? n * 2 : n * 4;
+  const bytes = reads.reduce((a, [, n, t]) => a + size(n, t), 0);
   const staging = g.device.createBuffer({
     size: bytes,
     usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
@@ -58,17 +78,20 @@ async function runAndRead(
   encodeCalls(pass, calls);
   pass.end();
   let at = 0;
-  for (const [buf, n] of reads) {
-    enc.copyBufferToBuffer(buf, 0, staging, at, n * 4);
-    at += n * 4;
+  for (const [buf, n, t] of reads) {
+    enc.copyBufferToBuffer(buf, 0, staging, at, size(n, t));
+    at += size(n, t);
   }
   g.device.queue.submit([enc.finish()]);
   await staging.mapAsync(GPUMapMode.READ);
-  const all = new Float32Array(staging.getMappedRange().slice(0));
+  const all = staging.getMappedRange().slice(0);
   staging.unmap();
   staging.destroy();
   at = 0;
-  return reads.map(([, n]) => all.slice(at, at += n));
+  return reads.map(([, n, t]) => {
+    const b = all.slice(at, at += size(n, t));
+    return t === "f16" ? f16ToF32(new Uint16Array(b)) : new Float32Array(b);
+  });
 }
 
 /** Runs the kernel once on random data; returns what it wrote and what the references say. */
@@ -82,15 +105,16 @@ async function runCase(c: Case) {
     highFreqFactor: 4,
     originalMaxPositionEmbeddings: 8192,
   });
-  const table = ropeTable(inv, MAX_SEQ);
+  const M = c.maxSeq ?? MAX_SEQ;
+  const table = ropeTable(inv, M);
   const row = (heads + 2 * kv) * hd;
   const seed = heads * 1000 + hd * 10 + pos;
   // Larger q spreads the scores, so the running max changes from chunk to chunk.
   const qkv0 = randoms(row, seed, 2);
-  const cacheLen = kv * MAX_SEQ * hd;
-  const kc0 = randoms(cacheLen, seed + 1), vc0 = randoms(cacheLen, seed + 2);
+  const cacheLen = kv * M * hd;
+  const kc0 = asKv(c.kvType, randoms(cacheLen, seed + 1)), vc0 = asKv(c.kvType, randoms(cacheLen, seed + 2));
   const poison = new Float32Array(heads * hd).fill(-12345);
-  const kcache = upload(g, kc0), vcache = upload(g, vc0), out = upload(g, poison);
+  const kcache = uploadKv(g, c.kvType, kc0), vcache = uploadKv(g, c.kvType, vc0), out = upload(g, poison);
   const step = createStepBuffer(g);
   writeStep(g, step, { pos0: pos, T: c.T, tokOut: 0 });
   const wq = randoms(hd, seed + 3, 1), wk = randoms(hd, seed + 4, 1);
@@ -106,12 +130,14 @@ async function runCase(c: Case) {
     heads,
     kvHeads: kv,
     headDim: hd,
-    maxSeq: MAX_SEQ,
+    maxSeq: M,
+    kv: c.kvType,
     ...(c.norm ? { normEps: 1e-6 } : {}),
   }, c.tuning);
-  const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, heads * hd], [kcache, cacheLen], [
+  const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, heads * hd], [kcache, cacheLen, c.kvType], [
     vcache,
     cacheLen,
+    c.kvType,
   ]]);
   const got = { out: gotOut, kc: gotK, vc: gotV };
   for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
@@ -123,10 +149,10 @@ async function runCase(c: Case) {
   for (let h = 0; h < kv; h++) {
     const k = qkv.slice((heads + h) * hd, (heads + h + 1) * hd);
     ropeRef(k, table, pos);
-    kc.set(k, (h * MAX_SEQ + pos) * hd);
-    vc.set(qkv.subarray((heads + kv + h) * hd, (heads + kv + h + 1) * hd), (h * MAX_SEQ + pos) * hd);
+    kc.set(asKv(c.kvType, k), (h * M + pos) * hd);
+    vc.set(asKv(c.kvType, qkv.slice((heads + kv + h) * hd, (heads + kv + h + 1) * hd)), (h * M + pos) * hd);
   }
-  const want = attentionRef(q, kc, vc, { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T: 1, pos0: pos });
+  const want = attentionRef(q, kc, vc, { heads, kvHeads: kv, headDim: hd, maxSeq: M, T: 1, pos0: pos });
   return { got, want: { out: want, kc, vc }, kc0, vc0, poison };
 }
 
@@ -237,6 +263,49 @@ Deno.test(
   },
 );
 
+Deno.test(
+  {
+    name: "f16 KV cache: decode attention (unsplit, split, q/k norm, > 1024 positions) matches",
+    ignore: ignore || !gpu?.hasF16,
+  },
+  async () => {
+    // The references read the same f16-rounded cache and round the new k / v as the kernel stores them;
+    // tolerances allow a rounding step either way (WGSL does not pin f32 -> f16 rounding).
+    const cases: Case[] = [];
+    for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40], [2, 1, 6], [4, 4, 128]]) {
+      for (const tuning of [{ splits: 1 }, { splits: 3, minChunks: 1 }]) {
+        for (const pos of [0, 65, 300]) cases.push({ heads, kv, hd, pos, T: 1, tuning });
+      }
+      cases.push({ heads, kv, hd, pos: 65, T: 1, norm: true, tuning: { splits: 2, minChunks: 1 } });
+    }
+    // A cache of > 1024 positions takes the default flash-decoding splits.
+    for (const [heads, kv, hd] of [[32, 8, 64], [4, 2, 128]]) {
+      cases.push({ heads, kv, hd, pos: 1400, T: 1, maxSeq: 1536 }, {
+        heads,
+        kv,
+        hd,
+        pos: 1535,
+        T: 1,
+        maxSeq: 1536,
+      });
+    }
+    for (const c of cases) {
+      const what = `f16 h${c.heads} kv${c.kv} hd${c.hd} @${c.pos} ${JSON.stringify(c.tuning ?? {})} norm ${!!c
+        .norm}`;
+      const { got, want, kc0 } = await runCase({ ...c, kvType: "f16" });
+      assertClose(got.out, want.out, 2e-3, 2e-3, `out ${what}`);
+      assertClose(got.kc, want.kc, 1e-4, 2e-3, `k cache ${what}`);
+      assertClose(got.vc, want.vc, 1e-4, 2e-3, `v cache ${what}`);
+      // Only position pos was written.
+      const M = c.maxSeq ?? MAX_SEQ;
+      for (let h = 0; h < c.kv; h++) {
+        const at = (h * M + c.pos) * c.hd;
+        assertClose(got.kc.slice(h * M * c.hd, at), kc0.slice(h * M * c.hd, at), 0, 0, `k before ${what}`);
+      }
+    }
+  },
+);
+
 Deno.test({ name: "decode attention does nothing when the step has no tokens", ignore }, async () => {
   for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40]]) {
     const { got: one } = await runCase({ heads, kv, hd, pos: 5, T: 0, tuning: { splits: 3, minChunks: 1 } });
@@ -273,7 +342,15 @@ Deno.test(
   async () => {
     const g = gpu!;
     const inv = ropeInvFreq(64, 10000, null);
-    for (const [heads, kv, hd] of [[4, 2, 64], [3, 1, 40], [2, 1, 6]]) {
+    for (
+      const [heads, kv, hd, kvType] of [[4, 2, 64, "f32"], [3, 1, 40, "f32"], [2, 1, 6, "f32"], [
+        4,
+        2,
+        64,
+        "f16",
+      ], [2, 1, 6, "f16"]] as [number, number, number, KvType][]
+    ) {
+      if (kvType === "f16" && !g.hasF16) continue;
       const invHd = hd === 64 ? inv : ropeInvFreq(hd, 10000, null);
       const table = ropeTable(invHd, MAX_SEQ);
       const row = (heads + 2 * kv) * hd;
@@ -288,7 +365,7 @@ Deno.test(
       ) {
         // Some with Qwen3's q_norm / k_norm folded in (the other tokens' keys normalised on the fly).
         const norm = T % 2 === 1 || T === 16;
-        const what = `h${heads} kv${kv} hd${hd} T${T}/${steps} @${pos0} ${
+        const what = `${kvType} h${heads} kv${kv} hd${hd} T${T}/${steps} @${pos0} ${
           JSON.stringify(tuning)
         } norm ${norm}`;
         const seed = heads * 7 + hd + T + pos0;
@@ -296,9 +373,10 @@ Deno.test(
         const wq = randoms(hd, seed + 3, 1), wk = randoms(hd, seed + 4, 1);
         const qkv0 = norm ? headNormRef(raw, wq, wk, { heads, kvHeads: kv, headDim: hd, eps: 1e-6 }) : raw;
         const cacheLen = kv * MAX_SEQ * hd;
-        const kc0 = randoms(cacheLen, seed + 1), vc0 = randoms(cacheLen, seed + 2);
+        const kc0 = asKv(kvType, randoms(cacheLen, seed + 1)),
+          vc0 = asKv(kvType, randoms(cacheLen, seed + 2));
         const poison = new Float32Array(T * heads * hd).fill(-12345);
-        const kcache = upload(g, kc0), vcache = upload(g, vc0), out = upload(g, poison);
+        const kcache = uploadKv(g, kvType, kc0), vcache = uploadKv(g, kvType, vc0), out = upload(g, poison);
         const step = createStepBuffer(g);
         writeStep(g, step, { pos0, T: steps, tokOut: 0 });
         const calls = attentionDecodeCalls(
@@ -312,12 +390,25 @@ Deno.test(
             out,
             ...(norm ? { qNorm: upload(g, wq), kNorm: upload(g, wk) } : {}),
           },
-          { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T, ...(norm ? { normEps: 1e-6 } : {}) },
+          {
+            heads,
+            kvHeads: kv,
+            headDim: hd,
+            maxSeq: MAX_SEQ,
+            T,
+            kv: kvType,
+            ...(norm ? { normEps: 1e-6 } : {}),
+          },
           tuning,
         );
-        const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, T * heads * hd], [kcache, cacheLen], [
+        const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, T * heads * hd], [
+          kcache,
+          cacheLen,
+          kvType,
+        ], [
           vcache,
           cacheLen,
+          kvType,
         ]]);
         const q = new Float32Array(steps * heads * hd);
         const kc = kc0.slice(), vc = vc0.slice();
@@ -331,9 +422,9 @@ Deno.test(
           for (let h = 0; h < kv; h++) {
             const k = r.slice((heads + h) * hd, (heads + h + 1) * hd);
             ropeRef(k, table, pos0 + t);
-            kc.set(k, (h * MAX_SEQ + pos0 + t) * hd);
+            kc.set(asKv(kvType, k), (h * MAX_SEQ + pos0 + t) * hd);
             vc.set(
-              r.subarray((heads + kv + h) * hd, (heads + kv + h + 1) * hd),
+              asKv(kvType, r.slice((heads + kv + h) * hd, (heads + kv + h + 1) * hd)),
               (h * MAX_SEQ + pos0 + t) * hd,
             );
           }
@@ -346,7 +437,14 @@ Deno.test(
           T: steps,
           pos0,
         });
-        assertClose(gotOut.slice(0, steps * heads * hd), want, 1e-5, 1e-4, `out ${what}`);
+        const f16 = kvType === "f16";
+        assertClose(
+          gotOut.slice(0, steps * heads * hd),
+          want,
+          f16 ? 2e-3 : 1e-5,
+          f16 ? 2e-3 : 1e-4,
+          `out ${what}`,
+        );
         assertClose(
           gotOut.slice(steps * heads * hd),
           poison.slice(steps * heads * hd),
@@ -354,8 +452,14 @@ Deno.test(
           0,
           `unused ${what}`,
         );
-        assertClose(gotK, kc, norm ? 1e-5 : 1e-6, norm ? 1e-4 : 1e-5, `k cache ${what}`);
-        assertClose(gotV, vc, 0, 0, `v cache ${what}`);
+        assertClose(
+          gotK,
+          kc,
+          f16 ? 1e-4 : norm ? 1e-5 : 1e-6,
+          f16 ? 2e-3 : norm ? 1e-4 : 1e-5,
+          `k cache ${what}`,
+        );
+        assertClose(gotV, vc, f16 ? 1e-4 : 0, f16 ? 2e-3 : 0, `v cache ${what}`);
         for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
       }
     }

@@ -17,10 +17,12 @@ import {
   flashSource,
   flashTile,
   type FlashVariant,
+  type KvType,
   runCalls,
   storageBuffer,
   writeStep,
 } from "../../kernels/mod.ts";
+import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { assertClose, gpuOrSkip, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
@@ -46,7 +48,7 @@ const LONG = [
 /** Runs every case through one variant and compares it with the reference. */
 async function checkCases(
   cases: number[][],
-  opts: { variant: FlashVariant; subgroups: boolean; tile?: Partial<FlashBlockTile> },
+  opts: { variant: FlashVariant; subgroups: boolean; tile?: Partial<FlashBlockTile>; kv?: KvType },
 ): Promise<void> {
   const g = gpu!;
   let seed = 1;
@@ -55,13 +57,17 @@ async function checkCases(
     const width = (heads + 2 * kvHeads) * hd;
     const qkv = randoms(T * width, seed++);
     // The cache holds positions 0..pos0+T-1 and garbage after them.
-    const kc = randoms(kvHeads * maxSeq * hd, seed++);
-    const vc = randoms(kvHeads * maxSeq * hd, seed++);
+    // An f16 cache: the reference reads the same f16 values, widened (the kernel does only that to them).
+    const h16 = opts.kv === "f16";
+    const asKv = (a: Float32Array) => h16 ? f16ToF32(f32ToF16(a)) : a;
+    const toGpu = (a: Float32Array) => upload(g, h16 ? f32ToF16(a) : a);
+    const kc = asKv(randoms(kvHeads * maxSeq * hd, seed++));
+    const vc = asKv(randoms(kvHeads * maxSeq * hd, seed++));
     const step = createStepBuffer(g);
     writeStep(g, step, { pos0, T, tokOut: 0 });
     const out = storageBuffer(g, T * heads * hd * 4);
-    const d = { heads, kvHeads, headDim: hd, maxSeq, T };
-    const bufs = { step, qkv: upload(g, qkv), kcache: upload(g, kc), vcache: upload(g, vc), out };
+    const d = { heads, kvHeads, headDim: hd, maxSeq, T, kv: opts.kv };
+    const bufs = { step, qkv: upload(g, qkv), kcache: toGpu(kc), vcache: toGpu(vc), out };
     await runCalls(g, [flashAttentionCall(g, bufs, d, opts)]);
     const q = new Float32Array(T * heads * hd);
     for (let t = 0; t < T; t++) q.set(qkv.subarray(t * width, t * width + heads * hd), t * heads * hd);
@@ -71,7 +77,7 @@ async function checkCases(
       want,
       2e-5,
       1e-4,
-      `${opts.variant}${
+      `${opts.kv ?? "f32"} ${opts.variant}${
         opts.tile ? JSON.stringify(opts.tile) : ""
       } sg ${opts.subgroups} h${heads}/${kvHeads} ` +
         `hd${hd} pos${pos0} T${T}`,
@@ -112,6 +118,19 @@ Deno.test({ name: "flash attention (blocked) on long prompts matches the referen
   await checkCases(LONG, { variant: "blocked", subgroups: (gpu?.subgroupSize ?? 1) % 8 === 0 });
 });
 
+Deno.test({
+  name: "flash attention over an f16 KV cache (both variants) matches the reference",
+  ignore: ignore || !gpu?.hasF16,
+}, async () => {
+  const kv = "f16";
+  for (const sg of [false, ...((gpu?.subgroupSize ?? 1) % 8 === 0 ? [true] : [])]) {
+    await checkCases([...CASES, LONG[2]], { variant: "blocked", subgroups: sg, kv });
+    await checkCases(CASES.slice(0, 3), { variant: "blocked", subgroups: sg, kv, tile: { prefetch: false } });
+    await checkCases(CASES.slice(3, 5), { variant: "blocked", subgroups: sg, kv, tile: { shareKV: true } });
+  }
+  await checkCases(CASES, { variant: "lanes", subgroups: gpu?.subgroupSize === 32, kv });
+});
+
 // Regression: the subgroup variant once began with `enable subgroups;`, which naga rejects, so on the H200 the
 // pipeline was invalid and every prefill attention silently wrote nothing. Compiling it needs only an adapter
 // with the subgroups feature (lavapipe has it, with 8-lane subgroups it cannot run this variant on).
@@ -125,6 +144,12 @@ Deno.test({
       const code of [
         flashSource(hd, flashTile(hd), true),
         flashBlockedSource(hd, flashBlockTile(hd, 49152), true),
+        ...(g.hasF16
+          ? [
+            flashSource(hd, flashTile(hd), true, "f16"),
+            flashBlockedSource(hd, flashBlockTile(hd, 49152), true, "f16"),
+          ]
+          : []),
       ]
     ) {
       const module = g.device.createShaderModule({ code });

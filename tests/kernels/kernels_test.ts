@@ -7,6 +7,8 @@ import {
   embedCall,
   embedRef,
   gemvFusedCall,
+  type Gpu,
+  type KvType,
   matmulCall,
   matmulRef,
   rmsnormCall,
@@ -106,93 +108,122 @@ Deno.test(
 );
 
 Deno.test(
-  { name: "rope writes rotated q in place and rotated k / plain v into the cache", ignore },
+  { name: "rope writes rotated q in place and rotated k / plain v into the cache (f32 and f16)", ignore },
   async () => {
     const g = gpu!;
-    for (const [heads, kv, hd, T, pos0] of [[1, 1, 2, 1, 0], [4, 2, 16, 3, 5], [3, 1, 6, 2, 1]]) {
-      const maxSeq = pos0 + T + 2;
-      const inv = ropeInvFreq(hd, 500000, {
-        type: "llama3",
-        factor: 32,
-        lowFreqFactor: 1,
-        highFreqFactor: 4,
-        originalMaxPositionEmbeddings: 8192,
-      });
-      const table = ropeTable(inv, maxSeq);
-      const row = (heads + 2 * kv) * hd;
-      const qkv0 = randoms(T * row, heads * 100 + hd);
-      const qkv = upload(g, qkv0);
-      const kc = storageBuffer(g, kv * maxSeq * hd * 4), vc = storageBuffer(g, kv * maxSeq * hd * 4);
-      const step = createStepBuffer(g);
-      writeStep(g, step, { pos0, T, tokOut: 0 });
-      await runCalls(g, [
-        ropeKvCall(g, { step, table: upload(g, table), qkv, kcache: kc, vcache: vc }, {
-          heads,
-          kvHeads: kv,
-          headDim: hd,
-          maxSeq,
-          T,
-        }),
-      ]);
-      const gotQ = await readF32(g, qkv, T * row), gotK = await readF32(g, kc, kv * maxSeq * hd);
-      const gotV = await readF32(g, vc, kv * maxSeq * hd);
-      for (let t = 0; t < T; t++) {
-        for (let h = 0; h < heads; h++) {
-          const v = qkv0.slice(t * row + h * hd, t * row + (h + 1) * hd);
-          ropeRef(v, table, pos0 + t);
-          assertClose(gotQ.slice(t * row + h * hd), v, 1e-6, 1e-5, `rope q t${t} h${h}`);
-        }
-        for (let h = 0; h < kv; h++) {
-          const k = qkv0.slice(t * row + (heads + h) * hd, t * row + (heads + h + 1) * hd);
-          ropeRef(k, table, pos0 + t);
-          const at = (h * maxSeq + pos0 + t) * hd;
-          assertClose(gotK.slice(at, at + hd), k, 1e-6, 1e-5, `rope k t${t} h${h}`);
-          const v = qkv0.slice(t * row + (heads + kv + h) * hd, t * row + (heads + kv + h + 1) * hd);
-          assertClose(gotV.slice(at, at + hd), v, 0, 0, `v copy t${t} h${h}`);
-        }
+    const cases = [[1, 1, 2, 1, 0], [4, 2, 16, 3, 5], [3, 1, 6, 2, 1]];
+    for (const kvType of g.hasF16 ? ["f32", "f16"] as const : ["f32"] as const) {
+      for (const [heads, kv, hd, T, pos0] of cases) {
+        await ropeCase(g, kvType, heads, kv, hd, T, pos0);
       }
     }
   },
 );
 
+/** One ropeKvCall against ropeRef; an f16 cache holds the references rounded to f16 (a step either way). */
+async function ropeCase(
+  g: Gpu,
+  kvType: KvType,
+  heads: number,
+  kv: number,
+  hd: number,
+  T: number,
+  pos0: number,
+) {
+  const maxSeq = pos0 + T + 2;
+  const inv = ropeInvFreq(hd, 500000, {
+    type: "llama3",
+    factor: 32,
+    lowFreqFactor: 1,
+    highFreqFactor: 4,
+    originalMaxPositionEmbeddings: 8192,
+  });
+  const table = ropeTable(inv, maxSeq);
+  const row = (heads + 2 * kv) * hd;
+  const qkv0 = randoms(T * row, heads * 100 + hd);
+  const qkv = upload(g, qkv0);
+  const n = kv * maxSeq * hd;
+  const h16 = kvType === "f16";
+  const kc = storageBuffer(g, n * (h16 ? 2 : 4)), vc = storageBuffer(g, n * (h16 ? 2 : 4));
+  const step = createStepBuffer(g);
+  writeStep(g, step, { pos0, T, tokOut: 0 });
+  await runCalls(g, [
+    ropeKvCall(g, { step, table: upload(g, table), qkv, kcache: kc, vcache: vc }, {
+      heads,
+      kvHeads: kv,
+      headDim: hd,
+      maxSeq,
+      T,
+      kv: kvType,
+    }),
+  ]);
+  const readKv = async (b: GPUBuffer) =>
+    h16 ? f16ToF32(new Uint16Array((await readU32(g, b, n / 2)).buffer)) : await readF32(g, b, n);
+  const round = (a: Float32Array) => h16 ? f16ToF32(f32ToF16Bits(a)) : a;
+  const [ka, kr, va, vr] = h16 ? [1e-4, 2e-3, 1e-4, 2e-3] : [1e-6, 1e-5, 0, 0];
+  const gotQ = await readF32(g, qkv, T * row), gotK = await readKv(kc);
+  const gotV = await readKv(vc);
+  for (let t = 0; t < T; t++) {
+    for (let h = 0; h < heads; h++) {
+      const v = qkv0.slice(t * row + h * hd, t * row + (h + 1) * hd);
+      ropeRef(v, table, pos0 + t);
+      assertClose(gotQ.slice(t * row + h * hd), v, 1e-6, 1e-5, `rope q t${t} h${h}`);
+    }
+    for (let h = 0; h < kv; h++) {
+      const k = qkv0.slice(t * row + (heads + h) * hd, t * row + (heads + h + 1) * hd);
+      ropeRef(k, table, pos0 + t);
+      const at = (h * maxSeq + pos0 + t) * hd;
+      assertClose(gotK.slice(at, at + hd), round(k), ka, kr, `rope ${kvType} k t${t} h${h}`);
+      const v = qkv0.slice(t * row + (heads + kv + h) * hd, t * row + (heads + kv + h + 1) * hd);
+      assertClose(gotV.slice(at, at + hd), round(v), va, vr, `${kvType} v copy t${t} h${h}`);
+    }
+  }
+}
+
 Deno.test(
-  { name: "attention over the cache matches reference (GQA, long and short contexts)", ignore },
+  { name: "attention over the cache matches reference (GQA, long and short contexts, f32 and f16)", ignore },
   async () => {
     const g = gpu!;
-    for (
-      const [heads, kv, hd, T, pos0] of [[1, 1, 1, 1, 0], [4, 2, 16, 3, 0], [4, 1, 8, 1, 130], [
-        2,
-        2,
-        80,
-        5,
-        60,
-      ]]
-    ) {
-      const maxSeq = pos0 + T + 3;
-      const row = (heads + 2 * kv) * hd;
-      const qkv0 = randoms(T * row, hd + T, 2);
-      const kc0 = randoms(kv * maxSeq * hd, 11), vc0 = randoms(kv * maxSeq * hd, 12);
-      const out = storageBuffer(g, T * heads * hd * 4);
-      const step = createStepBuffer(g);
-      writeStep(g, step, { pos0, T, tokOut: 0 });
-      const d = { heads, kvHeads: kv, headDim: hd, maxSeq, T };
-      await runCalls(g, [
-        attentionCall(
-          g,
-          { step, qkv: upload(g, qkv0), kcache: upload(g, kc0), vcache: upload(g, vc0), out },
-          d,
-        ),
-      ]);
-      const q = new Float32Array(T * heads * hd);
-      for (let t = 0; t < T; t++) q.set(qkv0.subarray(t * row, t * row + heads * hd), t * heads * hd);
-      const want = attentionRef(q, kc0, vc0, { ...d, pos0 });
-      assertClose(
-        await readF32(g, out, T * heads * hd),
-        want,
-        1e-5,
-        1e-4,
-        `attention h${heads} kv${kv} hd${hd} T${T} @${pos0}`,
-      );
+    for (const kvType of g.hasF16 ? ["f32", "f16"] as const : ["f32"] as const) {
+      for (
+        const [heads, kv, hd, T, pos0] of [[1, 1, 1, 1, 0], [4, 2, 16, 3, 0], [4, 1, 8, 1, 130], [
+          2,
+          2,
+          80,
+          5,
+          60,
+        ]]
+      ) {
+        const maxSeq = pos0 + T + 3;
+        const row = (heads + 2 * kv) * hd;
+        const qkv0 = randoms(T * row, hd + T, 2);
+        // An f16 cache: the reference reads the same values, widened.
+        const h16 = kvType === "f16";
+        const round = (a: Float32Array) => h16 ? f16ToF32(f32ToF16Bits(a)) : a;
+        const toGpu = (a: Float32Array) => upload(g, h16 ? f32ToF16Bits(a) : a);
+        const kc0 = round(randoms(kv * maxSeq * hd, 11)), vc0 = round(randoms(kv * maxSeq * hd, 12));
+        const out = storageBuffer(g, T * heads * hd * 4);
+        const step = createStepBuffer(g);
+        writeStep(g, step, { pos0, T, tokOut: 0 });
+        const d = { heads, kvHeads: kv, headDim: hd, maxSeq, T, kv: kvType };
+        await runCalls(g, [
+          attentionCall(
+            g,
+            { step, qkv: upload(g, qkv0), kcache: toGpu(kc0), vcache: toGpu(vc0), out },
+            d,
+          ),
+        ]);
+        const q = new Float32Array(T * heads * hd);
+        for (let t = 0; t < T; t++) q.set(qkv0.subarray(t * row, t * row + heads * hd), t * heads * hd);
+        const want = attentionRef(q, kc0, vc0, { ...d, pos0 });
+        assertClose(
+          await readF32(g, out, T * heads * hd),
+          want,
+          1e-5,
+          1e-4,
+          `attention ${kvType} h${heads} kv${kv} hd${hd} T${T} @${pos0}`,
+        );
+      }
     }
   },
 );

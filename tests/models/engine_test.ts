@@ -17,7 +17,7 @@ import {
   wholeModel,
 } from "../../models/engine.ts";
 import { llamaMicroShapedCheckpoint } from "../../scripts/bench/random_checkpoint.ts";
-import { Model } from "../../models/model.ts";
+import { kvCacheType, Model } from "../../models/model.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
 import { FIXTURE_TOLERANCE, readF32, worstRowError } from "../../scripts/check_fixture.ts";
 
@@ -335,6 +335,84 @@ Deno.test(
       );
     } finally {
       await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
+
+// The f16 KV cache (the default with f16 / q8 / q4 weights where the adapter has shader-f16): the same f16
+// weights decode the same greedy tokens with either cache type, through prefill (rope_kv, then flash
+// attention over the cache) and decode steps (the fused decode attention), and the cache costs half the
+// bytes. f32 weights keep f32.
+// (llama3-tiny is in ../shared/fixtures when present: tests/fixtures.ts.)
+for (const name of ["llama-micro", "qwen3-tiny", "llama3-tiny"]) {
+  Deno.test(
+    needs(`${name}: an f16 KV cache gives the f32 cache's greedy tokens at half the bytes`, {
+      "a WebGPU adapter with shader-f16": gpu?.hasF16 ? gpu : null,
+      [`the ${name} fixture`]: fixtureDir(name),
+    }),
+    async () => {
+      const g = gpu!;
+      const dir = fixtureDir(name)!;
+      const { prompt } = await reference(dir);
+      const saved = g.tuning;
+      const run = async (kv: "f16" | "f32" | undefined, weights: "f16" | "f32") => {
+        g.tuning = { ...saved, kv };
+        try {
+          const engine = await loadEngine(dir, { gpu: g, weights });
+          try {
+            let kvBytes = 0;
+            const r = await generate(engine, prompt, {
+              maxTokens: 24,
+              sampling: greedy,
+              maxBatch: 4,
+              onTokens: () => kvBytes = Math.max(kvBytes, engine.stats().kvBytes),
+            });
+            return {
+              tokens: r.tokens,
+              kvType: engine.weights.kvType,
+              kvBytes,
+              perToken: engine.weights.kvBytesPerToken(),
+            };
+          } finally {
+            engine.close();
+          }
+        } finally {
+          g.tuning = saved;
+        }
+      };
+      const f16 = await run(undefined, "f16");
+      const f32 = await run("f32", "f16");
+      assert.equal(f16.kvType, "f16", "f16 weights default to an f16 cache");
+      assert.equal(f32.kvType, "f32");
+      assert.deepEqual(f16.tokens, f32.tokens);
+      assert.equal(f16.perToken * 2, f32.perToken);
+      assert.equal(f16.kvBytes * 2, f32.kvBytes);
+      assert.ok(f16.kvBytes > 0);
+      assert.equal((await run(undefined, "f32")).kvType, "f32", "f32 weights keep an f32 cache");
+    },
+  );
+}
+
+Deno.test(
+  onGpu("kvCacheType: gpu.tuning.kv, else SWACTOR_KV, else by the weights; a bad value is an error"),
+  () => {
+    const g = { ...gpu!, tuning: {} };
+    const saved = Deno.env.get("SWACTOR_KV");
+    try {
+      Deno.env.delete("SWACTOR_KV");
+      assert.equal(kvCacheType(g, "f32"), "f32");
+      for (const w of ["f16", "q8", "q4"] as const) assert.equal(kvCacheType(g, w), g.hasF16 ? "f16" : "f32");
+      assert.equal(kvCacheType({ ...g, hasF16: false }, "q4"), "f32");
+      Deno.env.set("SWACTOR_KV", "f32");
+      assert.equal(kvCacheType(g, "q4"), "f32");
+      if (g.hasF16) assert.equal(kvCacheType({ ...g, tuning: { kv: "f16" } }, "f32"), "f16", "tuning first");
+      Deno.env.set("SWACTOR_KV", "bf16");
+      assert.throws(() => kvCacheType(g, "q4"), TypeError);
+      Deno.env.set("SWACTOR_KV", "f16");
+      assert.throws(() => kvCacheType({ ...g, hasF16: false }, "q4"), /shader-f16/);
+    } finally {
+      if (saved === undefined) Deno.env.delete("SWACTOR_KV");
+      else Deno.env.set("SWACTOR_KV", saved);
     }
   },
 );

@@ -3,7 +3,7 @@
 // MoE experts local or spread.
 import assert from "node:assert/strict";
 import { planChain, predictChain, rolesOf, servedDtype } from "../../../node/stage/mod.ts";
-import { type LiveDescriptor, PlacementError, toRanges } from "../../../planner/mod.ts";
+import { compileHfConfig, type LiveDescriptor, PlacementError, toRanges } from "../../../planner/mod.ts";
 
 const config = (layers: number) => ({
   model_type: "llama",
@@ -126,9 +126,9 @@ const measured = (o: { gbps?: number; memory?: number; dispatchMs?: number } = {
 // 8 layers of a model big enough that bytes matter: 0.4 MB of f16 weights a layer at hidden 256.
 const big = { ...config(8), hidden_size: 256, intermediate_size: 640, vocab_size: 4096 };
 const layerBytes = (o: { context: number }) => {
-  // weights (f16) + KV cache (f32) of one layer, as the planner counts them
+  // weights (f16) + KV cache (f16 beside f16 weights) of one layer, as the planner counts them
   const h = 256, inter = 640;
-  return (4 * h * h + 3 * h * inter + 2 * h) * 2 + 2 * h * 4 * o.context;
+  return (4 * h * h + 3 * h * inter + 2 * h) * 2 + 2 * h * 2 * o.context;
 };
 
 Deno.test("planChain on measured nodes: the faster node takes more layers", () => {
@@ -176,7 +176,18 @@ Deno.test("predictChain: the plan's per-token time at a request's context, on cu
   assert.ok(Math.abs(short.stages[0].hopMs - 25) < 0.01, `${short.stages[0].hopMs}`);
   assert.ok(Math.abs(short.stages[4].hopMs - 25) < 0.01, `${short.stages[4].hopMs}`);
   assert.deepEqual(servedDtype("f32"), { dense: 4, experts: 4, embed: 4, kv: 4 });
-  assert.deepEqual(servedDtype("auto"), { dense: 2, experts: 2, embed: 2, kv: 4 });
+  // The GQA KV cache is f16 beside f16 / q8 / q4 weights; MLA's latent cache stays f32.
+  assert.deepEqual(servedDtype("auto"), { dense: 2, experts: 2, embed: 2, kv: 2 });
+  const gqa = compileHfConfig(config(4));
+  assert.equal(servedDtype("q4", gqa).kv, 2);
+  const mla = {
+    ...gqa,
+    layers: gqa.layers.map((l) => ({
+      ...l,
+      ops: l.ops.map((o) => o.kind === "attention" ? { ...o, variant: "mla" as const } : o),
+    })),
+  };
+  assert.equal(servedDtype("q4", mla).kv, 4);
 });
 
 Deno.test("predictChain: a spread Plan is predicted with its fan-out (each MoE layer's readbacks and wait)", () => {
