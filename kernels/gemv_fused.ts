@@ -192,14 +192,19 @@ export function gemvFusedCall(
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
-  // By default not for q4: on the H200 the multi-token kernel read q4 at 50-160 GB/s at T = 8, and a k-step
-  // with one grid row per token (int8 activations) cost a third of it (docs/BENCHMARKS.md). q8 keeps it: its
-  // f32 activations keep the fixtures' greedy tokens where int8 ones flip near-ties in short prompts' steps.
-  // `multi` or gpu.tuning.multi: true forces it.
-  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi ?? wt !== "q4";
+  // q4 takes it where its int8-activation variant (dp4) can run: with f32 activations the H200 read q4 at
+  // 50-160 GB/s at T = 8 (32 decoded floats a row a unit: register-bound), and a k-step with one grid row
+  // per token cost a third of it (docs/BENCHMARKS.md). q8 keeps f32 activations: they keep the fixtures'
+  // greedy tokens where int8 ones flip near-ties in short prompts' steps. gpu.tuning.multi forces it either
+  // way (and gpu.tuning.dp4 false keeps q4 off it unless multi is true).
+  const dp4 = gpu.hasDp4 && gpu.tuning.dp4 !== false && wt === "q4";
+  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi ?? (wt !== "q4" || dp4);
   if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
-    const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt), gpu.tuning.prefetch);
-    checkMultiTuning(t, S!);
+    const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt, dp4), gpu.tuning.prefetch);
+    checkMultiTuning(t, S!, wt);
+    if (t.dp4 && !gpu.hasDp4) {
+      throw new RangeError(`dp4 multi-token GEMV needs WGSL's packed_4x8_integer_dot_product`);
+    }
     const KT = multiTileK(gpu, d.K, d.T, wt, t);
     const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT });
     return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], `gemv_${f}`);
