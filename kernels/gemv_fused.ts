@@ -192,13 +192,18 @@ export function gemvFusedCall(
   const buffers = [params, bufs.x, bufs.w, bufs.y];
   if (f === "rmsnorm") buffers.push(bufs.normWeight!);
   const S = gpu.subgroupSize;
-  // q4 takes it where its int8-activation variant (dp4) can run: with f32 activations the H200 read q4 at
-  // 50-160 GB/s at T = 8 (32 decoded floats a row a unit: register-bound), and a k-step with one grid row
-  // per token cost a third of it (docs/BENCHMARKS.md). q8 keeps f32 activations: they keep the fixtures'
-  // greedy tokens where int8 ones flip near-ties in short prompts' steps. gpu.tuning.multi forces it either
-  // way (and gpu.tuning.dp4 false keeps q4 off it unless multi is true).
+  // q4 runs it with int8 activations (dp4) where WGSL has them: with f32 ones the H200 read q4 at 50-160
+  // GB/s at T = 8 (32 decoded floats a row a unit: register-bound), and a k-step with one grid row per
+  // token cost a third of it (docs/BENCHMARKS.md). By default q4 takes it only where its one-token kernel
+  // is gemv_sg.ts's dp4 one too, so a k-step's rows are a one-token step's up to the sums' order (int8
+  // against f32 activations moves a logit by ~2%: greedy tokens would depend on how a draft is cut). q8
+  // keeps f32 activations: they keep the fixtures' greedy tokens where int8 ones flip near-ties in short
+  // prompts' steps. gpu.tuning.multi forces the kernel either way; gpu.tuning.dp4 false takes dp4 away.
   const dp4 = gpu.hasDp4 && gpu.tuning.dp4 !== false && wt === "q4";
-  const multiOn = d.multi !== undefined ? d.multi !== false : gpu.tuning.multi ?? (wt !== "q4" || dp4);
+  const oneTokenDp4 = dp4 && gpu.tuning.gemv !== "team" && sgFits(gpu, d.K, wt);
+  const multiOn = d.multi !== undefined
+    ? d.multi !== false
+    : gpu.tuning.multi ?? (wt !== "q4" || oneTokenDp4);
   if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
     const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt, dp4), gpu.tuning.prefetch);
     checkMultiTuning(t, S!, wt);
