@@ -205,7 +205,16 @@ export function gemvFusedCall(
     ? d.multi !== false
     : gpu.tuning.multi ?? (wt !== "q4" || oneTokenDp4);
   if (multiOn && d.tuning === undefined && multiFits(gpu, d.K, d.T, wt)) {
-    const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt, dp4), gpu.tuning.prefetch);
+    const stage = gpu.tuning.multiStage ?? (dp4 ? "int8" : "f32");
+    const i8 = stage === "int8" && isQuant(wt) && gpu.hasDp4;
+    const t = d.multi || withPrefetch(
+      {
+        ...multiDefaultTuning(d.K, d.N, d.T, wt, i8),
+        ...(stage === "f16" ? { xh: true } : {}),
+        ...(gpu.tuning.multiPipeline ? { pipeline: true } : {}),
+      },
+      gpu.tuning.prefetch,
+    );
     checkMultiTuning(t, S!, wt);
     if (t.dp4 && !gpu.hasDp4) {
       throw new RangeError(`dp4 multi-token GEMV needs WGSL's packed_4x8_integer_dot_product`);

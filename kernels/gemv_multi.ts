@@ -14,6 +14,9 @@
 //     Instead the tile holds x * normWeight and each staging warp sums x^2 of its tokens as it goes:
 //     sum_k W (x inv nw) = inv * sum_k W (x nw), so inv scales the finished sums;
 //   - the R * T sums of a warp are reduced with subgroupAdd and written by lanes spread over the warp.
+// x is staged as f32, f16 pairs (`xh`: half the workgroup bytes a weight) or, q8 / q4, int8 blocks of 32 with
+// their scales (`dp4`: a q4 unit costs a token 40 workgroup bytes and 8 dot4I8Packed instead of 128 bytes and
+// 32 FMAs); `pipeline` loads tile i + 1's weights before tile i's products. docs/KERNELS.md says why.
 // K, N, T are compiled in. Tile: the largest multiple of S units a lane whose staging fits the budget.
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
@@ -46,6 +49,12 @@ export interface MultiTuning {
    * Not with dp4.
    */
   xh?: boolean;
+  /**
+   * Software-pipelined weights (with prefetch): tile i + 1's loads are issued before tile i's products, so
+   * loads stay in flight through the arithmetic, not only through the staging (twice the weight registers).
+   * Default false.
+   */
+  pipeline?: boolean;
 }
 
 /** How the tile of x is staged. */
@@ -286,11 +295,29 @@ export function gemvMultiSource(
   // Prefetched: UPL unit slots a lane, loads (clamped to the tile) before the stage, use after it.
   const UPL = Math.ceil(KT / UW / S);
   const pf = t.prefetch !== false;
+  const pl = pf && t.pipeline === true;
   const preLoads: string[] = [];
   const preUse: string[] = [];
+  // Pipelined: the tile's weights are vars loaded by the previous tile (tile 0's before the loop); after the
+  // stage the next tile's (the last tile reloads itself) go to n<u>_<r>, copied over once the products are done.
+  const wType = wt === "f32" ? "vec4<f32>" : "vec4<u32>";
+  const plFirst: string[] = [];
+  const plNext: string[] = [];
+  const plSwap: string[] = [];
   for (let u = 0; u < UPL; u++) {
-    preLoads.push(`let j${u} = ${u}u * S + lane;`, `let c${u} = min(j${u}, nu - 1u);`);
-    for (let r = 0; r < R; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
+    if (pl) {
+      preLoads.push(`let j${u} = ${u}u * S + lane;`);
+      plFirst.push(`let f${u} = min(${u}u * S + lane, min(${KT / UW}u, UNITS) - 1u);`);
+      plNext.push(`let c${u} = min(j${u}, nun - 1u);`);
+      for (let r = 0; r < R; r++) {
+        plFirst.push(`var w${u}_${r}: ${wType} = W[rb${r} + f${u}];`);
+        plNext.push(`let n${u}_${r} = W[rb${r} + u0n + c${u}];`);
+        plSwap.push(`w${u}_${r} = n${u}_${r};`);
+      }
+    } else {
+      preLoads.push(`let j${u} = ${u}u * S + lane;`, `let c${u} = min(j${u}, nu - 1u);`);
+      for (let r = 0; r < R; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
+    }
     preUse.push(`if (j${u} < nu) {
         ${useUnit(`j${u}`, (r) => `w${u}_${r}`).join("\n        ")}
       }`);
@@ -365,6 +392,7 @@ fn main(
   ${rowsDecl.join("\n  ")}
   ${accDecl.join("\n  ")}
   ${ssDecl.join("\n  ")}
+  ${plFirst.join("\n  ")}
   for (var tile = 0u; tile < ${TILES}u; tile++) {
     let k40 = tile * KT4;
     let u0 = tile * ${KT / UW}u;
@@ -373,10 +401,18 @@ fn main(
     ${range(TPW).map(stageOne).join("\n    ")}
     workgroupBarrier();
     ${
+    pl
+      ? `let u0n = min(tile + 1u, ${TILES - 1}u) * ${KT / UW}u;
+    let nun = min(${KT / UW}u, UNITS - u0n);
+    ${plNext.join("\n    ")}`
+      : ""
+  }
+    ${
     pf ? preUse.join("\n    ") : `for (var j = lane; j < nu; j += S) {
       ${body.join("\n      ")}
     }`
   }
+    ${plSwap.join("\n    ")}
     workgroupBarrier();
   }
   ${invStore}

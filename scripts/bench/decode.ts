@@ -4,9 +4,11 @@
 // that is f16 or f32): worst row's max |error| / max |logit|, the fixtures' measure.
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
-//     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N] [--prefetch on|off]
-// The last five force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
-// the multi-token GEMV and --context without flash-decoding splits, in the same process.
+//     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
+//     [--multi-pipeline on|off] [--splits N] [--prefetch on|off]
+// The last seven force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k without
+// the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised weights,
+// int8), each without and with pipelined weight loads (multiPipeline), and --context without flash-decoding splits, in the same process: one JSON line each.
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
@@ -52,6 +54,8 @@ const { values } = parseArgs({
     gemv: { type: "string" },
     dp4: { type: "string" },
     multi: { type: "string" },
+    "multi-stage": { type: "string" },
+    "multi-pipeline": { type: "string" },
     splits: { type: "string" },
     prefetch: { type: "string" },
   },
@@ -88,7 +92,17 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
   const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
   if (values.k) {
     await kSteps(model, weights);
-    if (values.ab) await withTuning({ multi: false }, () => kSteps(model, weights));
+    if (values.ab) {
+      await withTuning({ multi: false }, () => kSteps(model, weights));
+      const stages = weights === "q8" || weights === "q4"
+        ? ["f32", "f16", "int8"] as const
+        : ["f32", "f16"] as const;
+      for (const multiStage of stages) {
+        for (const multiPipeline of [false, true]) {
+          await withTuning({ multi: true, multiStage, multiPipeline }, () => kSteps(model, weights));
+        }
+      }
+    }
   }
   if (values.context) {
     await contexts(engine, model, weights);
@@ -192,6 +206,15 @@ function tuningFlags(): KernelTuning {
   if (prefetch !== undefined) t.prefetch = prefetch;
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;
+  const pipeline = onOff("multi-pipeline", values["multi-pipeline"]);
+  if (pipeline !== undefined) t.multiPipeline = pipeline;
+  const stage = values["multi-stage"];
+  if (stage !== undefined) {
+    if (stage !== "f32" && stage !== "f16" && stage !== "int8") {
+      throw new TypeError(`--multi-stage must be f32, f16 or int8, got "${stage}"`);
+    }
+    t.multiStage = stage;
+  }
   if (values.splits !== undefined) {
     const n = Number(values.splits);
     if (!(Number.isInteger(n) && n >= 1)) {

@@ -63,20 +63,21 @@ Deno.test(
     const tunings: MultiTuning[] = [
       { rows: 1, wg: S },
       { rows: 2, wg: 4 * S, prefetch: false },
-      { rows: 3, wg: 2 * S },
+      { rows: 3, wg: 2 * S, pipeline: true },
       { rows: 4, wg: 8 * S, prefetch: false },
       { rows: 2, wg: 2 * S },
     ];
     const dp4Tunings: MultiTuning[] = [
       { rows: 4, wg: 2 * S, dp4: true },
       { rows: 1, wg: S, dp4: true, prefetch: false },
-      { rows: 3, wg: 4 * S, dp4: true },
+      { rows: 3, wg: 4 * S, dp4: true, pipeline: true },
       { rows: 2, wg: 8 * S, dp4: true, prefetch: false },
     ];
     const xhTunings: MultiTuning[] = [
       { rows: 4, wg: 2 * S, xh: true },
       { rows: 1, wg: S, xh: true, prefetch: false },
       { rows: 8, wg: 4 * S, xh: true },
+      { rows: 2, wg: 2 * S, xh: true, pipeline: true },
     ];
     let k = 0;
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {
