@@ -176,11 +176,16 @@ function gemvPath(
   wt: WeightType | QuantType,
   multi?: MultiTuning | false,
 ): GemvPath {
-  // By default not for q4: on the H200 the multi-token kernel read q4 at 50-160 GB/s at T = 8, and a k-step
-  // with one grid row per token (int8 activations) cost a third of it (docs/BENCHMARKS.md). q8 keeps it: its
-  // f32 activations keep the fixtures' greedy tokens where int8 ones flip near-ties in short prompts' steps.
-  // `multi` or gpu.tuning.multi: true forces it.
-  const multiOn = multi !== undefined ? multi !== false : gpu.tuning.multi ?? wt !== "q4";
+  // q4 runs it with int8 activations (dp4) where WGSL has them: with f32 ones the H200 read q4 at 50-160
+  // GB/s at T = 8 (32 decoded floats a row a unit: register-bound), and a k-step with one grid row per
+  // token cost a third of it (docs/BENCHMARKS.md). By default q4 takes it only where its one-token kernel
+  // is gemv_sg.ts's dp4 one too, so a k-step's rows are a one-token step's up to the sums' order (int8
+  // against f32 activations moves a logit by ~2%: greedy tokens would depend on how a draft is cut). q8
+  // keeps f32 activations: they keep the fixtures' greedy tokens where int8 ones flip near-ties in short
+  // prompts' steps. `multi` or gpu.tuning.multi forces the kernel either way; gpu.tuning.dp4 false takes
+  // dp4 away.
+  const oneTokenDp4 = multiDp4(gpu, wt) && gpu.tuning.gemv !== "team" && sgFits(gpu, K, wt);
+  const multiOn = multi !== undefined ? multi !== false : gpu.tuning.multi ?? (wt !== "q4" || oneTokenDp4);
   if (multiOn && multiFits(gpu, K, T, wt)) return "multi";
   if (gpu.tuning.gemv !== "team" && sgFits(gpu, K, wt)) return "sg";
   return "team";
@@ -192,6 +197,11 @@ function gemvPath(
  */
 export function gemvPairFits(gpu: Gpu, K: number, T: number, wt: WeightType | QuantType): boolean {
   return gpu.tuning.pairGateUp !== false && gemvFusedFits(K) && gemvPath(gpu, K, T, wt) !== "team";
+}
+
+/** Whether the multi-token GEMV stages int8 activations by default (q4 where WGSL has dp4). */
+function multiDp4(gpu: Gpu, wt: WeightType | QuantType): boolean {
+  return gpu.hasDp4 && gpu.tuning.dp4 !== false && wt === "q4";
 }
 
 /** A default tuning with gpu.tuning's prefetch choice applied (undefined: the default's own). */
@@ -240,8 +250,20 @@ export function gemvFusedCall(
   const teamTuning = d.tuning !== undefined && !isSgTuning(d.tuning) ? d.tuning : undefined;
   const path = isSgTuning(d.tuning) ? "sg" : teamTuning ? "team" : gemvPath(gpu, d.K, d.T, wt, d.multi);
   if (path === "multi") {
-    const t = d.multi || withPrefetch(multiDefaultTuning(d.K, d.N, d.T, wt, pairs), gpu.tuning.prefetch);
-    checkMultiTuning(t, S!, pairs);
+    const stage = gpu.tuning.multiStage ?? (multiDp4(gpu, wt) ? "int8" : "f32");
+    const i8 = stage === "int8" && isQuant(wt) && gpu.hasDp4;
+    const t = d.multi || withPrefetch(
+      {
+        ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
+        ...(stage === "f16" ? { xh: true } : {}),
+        ...(gpu.tuning.multiPipeline ? { pipeline: true } : {}),
+      },
+      gpu.tuning.prefetch,
+    );
+    checkMultiTuning(t, S!, wt, pairs);
+    if (t.dp4 && !gpu.hasDp4) {
+      throw new RangeError(`dp4 multi-token GEMV needs WGSL's packed_4x8_integer_dot_product`);
+    }
     // Paired, a warp holds loads of twice its rows (the tile's register budget).
     const KT = multiTileK(gpu, d.K, d.T, wt, pairs ? { ...t, rows: 2 * t.rows } : t);
     const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT, pairs });

@@ -14,12 +14,15 @@
 //     Instead the tile holds x * normWeight and each staging warp sums x^2 of its tokens as it goes:
 //     sum_k W (x inv nw) = inv * sum_k W (x nw), so inv scales the finished sums;
 //   - the R * T sums of a warp are reduced with subgroupAdd and written by lanes spread over the warp.
+// x is staged as f32, f16 pairs (`xh`: half the workgroup bytes a weight) or, q8 / q4, int8 blocks of 32 with
+// their scales (`dp4`: a q4 unit costs a token 40 workgroup bytes and 8 dot4I8Packed instead of 128 bytes and
+// 32 FMAs); `pipeline` loads tile i + 1's weights before tile i's products. docs/KERNELS.md says why.
 // Paired (`pairs`, the MLP's gate/up; gemv_sg.ts's comment): W is [gate; up] of 2N rows, a warp's R rows are
 // R (gate n, up N + n) pairs, and it writes y[t, n] = silu(gate) * (up) for each of its T tokens.
 // K, N, T are compiled in. Tile: the largest multiple of S units a lane whose staging fits the budget.
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { normWeightVec4, QUANT_DECODE_WGSL, siluMul, siluMulVec4 } from "./wgsl.ts";
+import { int8BlocksWgsl, normWeightVec4, QUANT_DECODE_WGSL, siluMul, siluMulVec4 } from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 /** The most rows (tokens) the multi-token GEMV takes; more is a prefill chunk (the tiled GEMM's). */
@@ -35,7 +38,36 @@ export interface MultiTuning {
    * tiles then hold at most 8 / rows units a lane). Default true.
    */
   prefetch?: boolean;
+  /**
+   * q8 / q4: stage x as int8 per block of 32 (scale amax / 127, gemv_sg.ts's dp4 activations) and multiply
+   * with dot4I8Packed: a q4 unit's 32 weights cost a token 40 bytes of workgroup reads (not 128) and 8
+   * packed dot products (not 32 FMAs plus the decode). Needs gpu.hasDp4. Default: q4 where the adapter has
+   * it and gpu.tuning.dp4 is not false (q8: off, its f32 activations keep the fixtures' greedy tokens).
+   */
+  dp4?: boolean;
+  /**
+   * Stage x as f16 (pairs packed in u32; products and sums stay f32): half the workgroup bytes read per
+   * weight and half the tile's footprint. Rounds x to 11 bits, so off by default (benchmarks sweep it).
+   * Not with dp4.
+   */
+  xh?: boolean;
+  /**
+   * Software-pipelined weights (with prefetch): tile i + 1's loads are issued before tile i's products, so
+   * loads stay in flight through the arithmetic, not only through the staging (twice the weight registers).
+   * Default false.
+   */
+  pipeline?: boolean;
 }
+
+/** How the tile of x is staged. */
+type Stage = "f32" | "f16" | "i8";
+
+function stageOf(wt: WeightType | QuantType, t?: MultiTuning): Stage {
+  return t?.dp4 && isQuant(wt) ? "i8" : t?.xh ? "f16" : "f32";
+}
+
+/** Workgroup bytes a staged K value costs one token. */
+const STAGE_BYTES: Record<Stage, number> = { f32: 4, f16: 2, i8: 1.25 };
 
 /** Weights per 16-byte unit. */
 function unitWeights(wt: WeightType | QuantType): number {
@@ -56,13 +88,16 @@ export function multiTileK(
   const S = gpu.subgroupSize ?? 32;
   const UW = unitWeights(wt);
   const budget = Math.min(STAGE_BUDGET, gpu.maxWorkgroupStorage - 1024);
-  let maxK = Math.floor(budget / (4 * T));
+  const st = stageOf(wt, t);
+  let maxK = Math.floor(budget / (STAGE_BYTES[st] * T));
   // Prefetched tiles: the loads of a tile live in registers (units a lane x rows <= 8).
   if (t && t.prefetch !== false) maxK = Math.min(maxK, UW * S * Math.max(1, Math.floor(8 / t.rows)));
+  // int8 tiles hold whole blocks of 32 (a q8 unit is half a block).
+  const minK = st === "i8" ? QUANT_GROUP : UW;
   let kt = UW * S;
   if (kt > maxK) {
     // Fewer units than lanes per tile: some lanes idle, but any T fits.
-    while (kt > UW && kt > maxK) kt /= 2;
+    while (kt > minK && kt > maxK) kt /= 2;
   } else {
     while (kt * 2 <= maxK && kt * 2 <= K) kt *= 2;
   }
@@ -83,14 +118,18 @@ export function multiDefaultTuning(
   K: number,
   N: number,
   T: number,
-  _wt: WeightType | QuantType,
+  wt: WeightType | QuantType,
+  dp4 = false,
   pairs = false,
 ): MultiTuning {
   // Paired: the [gate; up] matrix's 2N rows decide, and a pair is two rows.
   if (pairs) {
-    const t = multiDefaultTuning(K, 2 * N, T, _wt);
+    const t = multiDefaultTuning(K, 2 * N, T, wt, dp4);
     return { ...t, rows: Math.max(1, t.rows >> 1) };
   }
+  // q4 / q8 with int8 activations: a row's unit is 8 words and its products packed, so registers allow
+  // 4 rows a warp up to T = 16 (4 x 16 accumulators). Untuned: scripts/bench/gemv.ts --k 8 --sweep.
+  if (dp4 && isQuant(wt)) return { rows: T <= 8 ? 4 : 2, wg: 256, dp4: true };
   // Accumulators are R * T registers a lane: fewer rows as T grows; more rows per workgroup for tall
   // matrices so fewer workgroups stage the same x.
   // H200, f16, T = 8: 4 rows a warp with 256 threads beat 2 on qkv, gate_up and the head (536 / 1157 /
@@ -99,10 +138,16 @@ export function multiDefaultTuning(
   return { rows, wg: T <= 8 || N < 65536 ? 256 : 1024 };
 }
 
-export function checkMultiTuning(t: MultiTuning, S: number, pairs = false): void {
+export function checkMultiTuning(
+  t: MultiTuning,
+  S: number,
+  wt?: WeightType | QuantType,
+  pairs = false,
+): void {
   const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= (pairs ? 4 : 8) && Number.isInteger(t.wg) &&
-    t.wg >= S && t.wg % S === 0 && t.wg <= 1024;
-  if (!ok) throw new RangeError(`bad multi-token GEMV tuning ${JSON.stringify(t)} (S = ${S})`);
+    t.wg >= S && t.wg % S === 0 && t.wg <= 1024 && !(t.dp4 && t.xh) &&
+    !(t.dp4 && wt !== undefined && !isQuant(wt));
+  if (!ok) throw new RangeError(`bad multi-token GEMV tuning ${JSON.stringify(t)} (S = ${S}, ${wt})`);
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -133,31 +178,59 @@ export function gemvMultiSource(
   const NU = KT / UW;
   const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
   const xStride = f === "silu_mul" ? "2u * K4" : "K4";
-  // Staging: warp w stages token rows w + i * WARPS of the tile; with RMSNorm it sums their x^2.
-  const nwv = normWeightVec4(nwt, "g");
+  const st = stageOf(wt, t);
+  const q4 = wt === "q4";
+  // int8 staging: NB blocks of 32 a token's tile; xq holds a token's words at tok * 2NB (q8: the words of
+  // unit j at 2NB tok + j) or, q4, its even vec4s at tok * NB and odd ones at (T + tok) * NB (unit j = block
+  // j reads both at + j: consecutive across the warp); xqs its blocks' (scale, scale * sum q) at tok * NB.
+  const NB = KT / QUANT_GROUP;
+  if (st === "i8" && KT % QUANT_GROUP !== 0) throw new RangeError(`int8 tiles need KT % 32 == 0, got ${KT}`);
+  // Staging: warp w stages token rows w + i * WARPS of the tile; xin() reads and transforms a vec4 of x
+  // (zero past the row) and, with RMSNorm, adds its x^2 to ssp, which the warp adds to ss<i>.
   const stageOne = (i: number): string => {
     const tok = `(warp + ${i * WARPS}u)`;
-    let v: string;
-    if (f === "silu_mul") {
-      v = `let gt = x[xr + g];\n        let v = ${siluMulVec4("gt", "x[xr + K4 + g]")};`;
-    } else if (f === "rmsnorm") {
-      v = `let xv = x[xr + g];\n        ss${i} += dot(xv, xv);\n        let v = xv * ${nwv};`;
-    } else v = `let v = x[xr + g];`;
+    const put = st === "f16"
+      ? `xh[${tok} * KT4 + (c % ${XV}u) * ${NU}u + c / ${XV}u] = vec2<u32>(pack2x16float(o.xy), pack2x16float(o.zw));`
+      : `xs[${tok} * KT4 + (c % ${XV}u) * ${NU}u + c / ${XV}u] = o;`;
+    const loop = st === "i8"
+      ? int8BlocksWgsl(
+        wt as QuantType,
+        (k) => `xin(xr, k40 + ${k})`,
+        `${NB}u`,
+        "S",
+        q4 ? `${T * NB}u` : undefined,
+        {
+          start: "lane",
+          q: `${tok} * ${q4 ? NB : 2 * NB}u`,
+          s: `${tok} * ${NB}u`,
+        },
+      )
+      : `for (var c = lane; c < KT4; c += S) {
+        let o = xin(xr, k40 + c);
+        ${put}
+      }`;
     return `if (${tok} < T) {
       let xr = (p.x_row0 + ${tok}) * ${xStride};
-      for (var c = lane; c < KT4; c += S) {
-        let g = k40 + c;
-        var o = vec4<f32>(0.0);
-        if (g < K4) {
-        ${v}
-        o = v;
-        }
-        xs[${tok} * KT4 + (c % ${XV}u) * ${NU}u + c / ${XV}u] = o;
-      }
+      ${f === "rmsnorm" ? "ssp = 0.0;" : ""}
+      ${loop}
+      ${f === "rmsnorm" ? `ss${i} += ssp;` : ""}
     }`;
   };
+  const nwv = normWeightVec4(nwt, "g");
+  const xinBody = f === "silu_mul"
+    ? `let gt = x[xr + g];
+  return ${siluMulVec4("gt", "x[xr + K4 + g]")};`
+    : f === "rmsnorm"
+    ? `let xv = x[xr + g];
+  ssp += dot(xv, xv);
+  return xv * ${nwv};`
+    : `return x[xr + g];`;
+  const xinFn = `${f === "rmsnorm" ? "var<private> ssp: f32;\n" : ""}fn xin(xr: u32, g: u32) -> vec4<f32> {
+  if (g >= K4) { return vec4<f32>(0.0); }
+  ${xinBody}
+}`;
   // Decoding unit j of row r into XV vec4s (scaled for the quantised types), once for all T rows.
-  const decode = (r: number, w = `w${r}`, unit = "u0 + j"): string[] => {
+  const decode = (r: number, w: string, unit: string): string[] => {
     switch (wt) {
       case "f32":
         return [`let d${r}_0 = ${w};`];
@@ -178,35 +251,90 @@ export function gemvMultiSource(
         ];
     }
   };
-  const wLoad = (r: number) => `let w${r} = W[rb${r} + u0 + j];`;
-  const body: string[] = [
-    ...range(RR).map(wLoad),
-    ...range(RR).flatMap((r) => decode(r)),
-  ];
-  for (let tk = 0; tk < T; tk++) {
-    for (let i = 0; i < XV; i++) body.push(`let x${tk}_${i} = xs[${tk * KT4 + i * NU}u + j];`);
-    for (let r = 0; r < RR; r++) {
-      const sum = range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ");
-      body.push(`a${r}_${tk} += ${sum};`);
+  const dp = (a: string, b: string) =>
+    ["x", "y", "z", "w"].map((c) => `dot4I8Packed(${a}.${c}, ${b}.${c})`).join(" + ");
+  // Unit j (tile-local) of the R rows, its weights in w(r): decoded once, multiplied with all T rows.
+  const useUnit = (j: string, w: (r: number) => string): string[] => {
+    const out: string[] = [];
+    if (st === "i8") {
+      // Codes c = q + 8 (q4): sum q x = xsc (sum c xq - 8 sum xq); the nibbles split into two packed
+      // words once per row, matching the even / odd vec4s of the staged block.
+      for (let r = 0; r < RR; r++) {
+        if (q4) {
+          out.push(
+            `let s${r} = group_scale(row${r} * GPR + u0 + ${j});`,
+            `let we${r} = ${w(r)} & vec4<u32>(0x0F0F0F0Fu);`,
+            `let wo${r} = (${w(r)} >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);`,
+          );
+        } else out.push(`let s${r} = group_scale(row${r} * GPR + (u0 + ${j}) / 2u);`);
+      }
+      for (let tk = 0; tk < T; tk++) {
+        if (q4) {
+          out.push(
+            `let xe${tk} = xq[${tk * NB}u + ${j}];`,
+            `let xo${tk} = xq[${(T + tk) * NB}u + ${j}];`,
+            `let xc${tk} = xqs[${tk * NB}u + ${j}];`,
+          );
+        } else {out.push(
+            `let xw${tk} = xq[${2 * tk * NB}u + ${j}];`,
+            `let xc${tk} = xqs[${tk * NB}u + ${j} / 2u];`,
+          );}
+        for (let r = 0; r < RR; r++) {
+          out.push(
+            q4
+              ? `a${r}_${tk} += s${r} * (xc${tk}.x * f32(${dp(`we${r}`, `xe${tk}`)} + ${
+                dp(`wo${r}`, `xo${tk}`)
+              }) - 8.0 * xc${tk}.y);`
+              : `a${r}_${tk} += s${r} * xc${tk}.x * f32(${dp(w(r), `xw${tk}`)});`,
+          );
+        }
+      }
+      return out;
     }
-  }
+    for (let r = 0; r < RR; r++) out.push(...decode(r, w(r), `u0 + ${j}`));
+    for (let tk = 0; tk < T; tk++) {
+      for (let i = 0; i < XV; i++) {
+        const at = `${tk * KT4 + i * NU}u + ${j}`;
+        out.push(`let x${tk}_${i} = ${st === "f16" ? `h4(xh[${at}])` : `xs[${at}]`};`);
+      }
+      for (let r = 0; r < RR; r++) {
+        out.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
+      }
+    }
+    return out;
+  };
+  const body: string[] = [
+    ...range(RR).map((r) => `let w${r} = W[rb${r} + u0 + j];`),
+    ...useUnit("j", (r) => `w${r}`),
+  ];
   // Prefetched: UPL unit slots a lane, loads (clamped to the tile) before the stage, use after it.
   const UPL = Math.ceil(KT / UW / S);
   const pf = t.prefetch !== false;
+  const pl = pf && t.pipeline === true;
   const preLoads: string[] = [];
   const preUse: string[] = [];
+  // Pipelined: the tile's weights are vars loaded by the previous tile (tile 0's before the loop); after the
+  // stage the next tile's (the last tile reloads itself) go to n<u>_<r>, copied over once the products are done.
+  const wType = wt === "f32" ? "vec4<f32>" : "vec4<u32>";
+  const plFirst: string[] = [];
+  const plNext: string[] = [];
+  const plSwap: string[] = [];
   for (let u = 0; u < UPL; u++) {
-    preLoads.push(`let j${u} = ${u}u * S + lane;`, `let c${u} = min(j${u}, nu - 1u);`);
-    for (let r = 0; r < RR; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
-    const inner: string[] = range(RR).flatMap((r) => decode(r, `w${u}_${r}`, `u0 + j${u}`));
-    for (let tk = 0; tk < T; tk++) {
-      for (let i = 0; i < XV; i++) inner.push(`let x${tk}_${i} = xs[${tk * KT4 + i * NU}u + j${u}];`);
+    if (pl) {
+      preLoads.push(`let j${u} = ${u}u * S + lane;`);
+      plFirst.push(`let f${u} = min(${u}u * S + lane, min(${KT / UW}u, UNITS) - 1u);`);
+      plNext.push(`let c${u} = min(j${u}, nun - 1u);`);
       for (let r = 0; r < RR; r++) {
-        inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
+        plFirst.push(`var w${u}_${r}: ${wType} = W[rb${r} + f${u}];`);
+        plNext.push(`let n${u}_${r} = W[rb${r} + u0n + c${u}];`);
+        plSwap.push(`w${u}_${r} = n${u}_${r};`);
       }
+    } else {
+      preLoads.push(`let j${u} = ${u}u * S + lane;`, `let c${u} = min(j${u}, nu - 1u);`);
+      for (let r = 0; r < RR; r++) preLoads.push(`let w${u}_${r} = W[rb${r} + u0 + c${u}];`);
     }
     preUse.push(`if (j${u} < nu) {
-        ${inner.join("\n        ")}
+        ${useUnit(`j${u}`, (r) => `w${u}_${r}`).join("\n        ")}
       }`);
   }
   const rowsDecl = range(RR).map((r) =>
@@ -259,9 +387,19 @@ const UNITS = ${UNITS}u;
 const S = ${S}u;
 const WARPS = ${WARPS}u;
 const R = ${R}u;
-var<workgroup> xs: array<vec4<f32>, ${T * KT4}>;
+${
+    st === "i8"
+      ? `var<workgroup> xq: array<vec4<u32>, ${(T * KT) / 16}>;\nvar<workgroup> xqs: array<vec2<f32>, ${
+        T * NB
+      }>;`
+      : st === "f16"
+      ? `var<workgroup> xh: array<vec2<u32>, ${T * KT4}>;
+fn h4(v: vec2<u32>) -> vec4<f32> { return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)); }`
+      : `var<workgroup> xs: array<vec4<f32>, ${T * KT4}>;`
+  }
 ${f === "rmsnorm" ? `var<workgroup> inv: array<f32, ${T}>;` : ""}
 ${quantFns}
+${xinFn}
 @compute @workgroup_size(${WG})
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
@@ -273,6 +411,7 @@ fn main(
   ${rowsDecl.join("\n  ")}
   ${accDecl.join("\n  ")}
   ${ssDecl.join("\n  ")}
+  ${plFirst.join("\n  ")}
   for (var tile = 0u; tile < ${TILES}u; tile++) {
     let k40 = tile * KT4;
     let u0 = tile * ${KT / UW}u;
@@ -281,10 +420,18 @@ fn main(
     ${range(TPW).map(stageOne).join("\n    ")}
     workgroupBarrier();
     ${
+    pl
+      ? `let u0n = min(tile + 1u, ${TILES - 1}u) * ${KT / UW}u;
+    let nun = min(${KT / UW}u, UNITS - u0n);
+    ${plNext.join("\n    ")}`
+      : ""
+  }
+    ${
     pf ? preUse.join("\n    ") : `for (var j = lane; j < nu; j += S) {
       ${body.join("\n      ")}
     }`
   }
+    ${plSwap.join("\n    ")}
     workgroupBarrier();
   }
   ${invStore}

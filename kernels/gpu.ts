@@ -58,6 +58,13 @@ export interface KernelTuning {
   dp4?: boolean;
   /** Steps of 2..16 rows read each weight once for all rows (gemv_multi.ts; default: all but q4, where it fits). */
   multi?: boolean;
+  /**
+   * How the multi-token GEMV stages x (gemv_multi.ts MultiTuning dp4 / xh): "int8" (quantised weights with
+   * dot4I8Packed, where WGSL has it), "f16" or "f32". Default: int8 for q4 where dp4 is on, else f32.
+   */
+  multiStage?: "f32" | "f16" | "int8";
+  /** The multi-token GEMV loads tile i + 1's weights before tile i's products (MultiTuning `pipeline`). */
+  multiPipeline?: boolean;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`). */

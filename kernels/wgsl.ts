@@ -73,8 +73,12 @@ export function int8BlocksWgsl(
   blocks: string,
   step: string,
   split?: string,
+  at?: { start: string; q: string; s: string },
 ): string {
-  const [lo, hi] = split && wt === "q4" ? ["b", `${split} + b`] : ["2u * b", "2u * b + 1u"];
+  // `at` (gemv_multi.ts, one token's tile of several): the first block index (instead of tid) and the
+  // offsets of this row's words in xq and scales in xqs.
+  const [q, s] = at ? [`${at.q} + `, `${at.s} + `] : ["", ""];
+  const [lo, hi] = split && wt === "q4" ? [`${q}b`, `${q}${split} + b`] : [`${q}2u * b`, `${q}2u * b + 1u`];
   const order = wt === "q4"
     ? "let e = vec4<f32>(v0.x, v0.z, v1.x, v1.z); let o = vec4<f32>(v0.y, v0.w, v1.y, v1.w);"
     : "let e = v0; let o = v1;";
@@ -95,7 +99,7 @@ export function int8BlocksWgsl(
       ${put}
     }`).join("");
   return `
-  for (var b = tid; b < ${blocks}; b += ${step}) {
+  for (var b = ${at?.start ?? "tid"}; b < ${blocks}; b += ${step}) {
     ${xin.join("\n    ")}
     var m = ${Array.from({ length: 8 }, (_, i) => `abs(xb${i})`).reduce((a, c) => `max(${a}, ${c})`)};
     let amax = max(max(m.x, m.y), max(m.z, m.w));
@@ -104,7 +108,7 @@ export function int8BlocksWgsl(
     var qs = vec4<i32>(0);${quads}
     xq[${lo}] = vec4<u32>(words[0], words[1], words[2], words[3]);
     xq[${hi}] = vec4<u32>(words[4], words[5], words[6], words[7]);
-    xqs[b] = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
+    xqs[${s}b] = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
   }`;
 }
 

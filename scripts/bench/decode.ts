@@ -4,16 +4,18 @@
 // that is f16 or f32): worst row's max |error| / max |logit|, the fixtures' measure.
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
-//     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--splits N] [--prefetch on|off]
-//     [--pair on|off] [--defer-norm on|off] [--argmax-chunk N] [--kv f16,f32]
+//     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
+//     [--multi-pipeline on|off] [--splits N] [--prefetch on|off] [--pair on|off] [--defer-norm on|off]
+//     [--argmax-chunk N] [--kv f16,f32]
 // --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
-// without the multi-token GEMV and --context without flash-decoding splits, and the decode under every
-// combination of pairGateUp, prefetch and deferNorm, then with the sampler's first pass at 4096 logits a
-// workgroup (the old chunk; one "swactor-decode-ab" line each, with its GPU ms by kernel and dispatches a
-// token), in the same process. --kv: the GQA KV cache types to sweep (gpu.tuning.kv; each weight type is
-// loaded once per KV type; default: the model's default, f16 for f16 / q8 / q4 weights where the adapter has
-// shader-f16). Every line says its KV type and KV bytes per token (all layers; a decode step at position p
-// reads p times that).
+// without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
+// weights, int8), each without and with pipelined weight loads (multiPipeline), --context without
+// flash-decoding splits, and the decode under every combination of pairGateUp, prefetch and deferNorm,
+// then with the sampler's first pass at 4096 logits a workgroup (the old chunk; one "swactor-decode-ab"
+// line each, with its GPU ms by kernel and dispatches a token), in the same process. --kv: the GQA KV
+// cache types to sweep (gpu.tuning.kv; each weight type is loaded once per KV type; default: the model's
+// default, f16 for f16 / q8 / q4 weights where the adapter has shader-f16). Every line says its KV type
+// and KV bytes per token (all layers; a decode step at position p reads p times that).
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
@@ -60,6 +62,8 @@ const { values } = parseArgs({
     gemv: { type: "string" },
     dp4: { type: "string" },
     multi: { type: "string" },
+    "multi-stage": { type: "string" },
+    "multi-pipeline": { type: "string" },
     splits: { type: "string" },
     prefetch: { type: "string" },
     pair: { type: "string" },
@@ -112,7 +116,17 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
     if (values.k) {
       await kSteps(model, weights);
-      if (values.ab) await withTuning({ multi: false }, () => kSteps(model, weights));
+      if (values.ab) {
+        await withTuning({ multi: false }, () => kSteps(model, weights));
+        const stages = weights === "q8" || weights === "q4"
+          ? ["f32", "f16", "int8"] as const
+          : ["f32", "f16"] as const;
+        for (const multiStage of stages) {
+          for (const multiPipeline of [false, true]) {
+            await withTuning({ multi: true, multiStage, multiPipeline }, () => kSteps(model, weights));
+          }
+        }
+      }
     }
     if (values.context) {
       await contexts(engine, model, weights);
@@ -226,6 +240,15 @@ function tuningFlags(): KernelTuning {
   if (values["argmax-chunk"] !== undefined) t.argmaxChunk = Number(values["argmax-chunk"]);
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;
+  const pipeline = onOff("multi-pipeline", values["multi-pipeline"]);
+  if (pipeline !== undefined) t.multiPipeline = pipeline;
+  const stage = values["multi-stage"];
+  if (stage !== undefined) {
+    if (stage !== "f32" && stage !== "f16" && stage !== "int8") {
+      throw new TypeError(`--multi-stage must be f32, f16 or int8, got "${stage}"`);
+    }
+    t.multiStage = stage;
+  }
   if (values.splits !== undefined) {
     const n = Number(values.splits);
     if (!(Number.isInteger(n) && n >= 1)) {

@@ -6,7 +6,8 @@
 // scripts/bench/torch_gemv.py in the same device run. Quantised rows count their own bytes (8.5 / 4.5
 // bits a weight), so their GB/s compare with f16's directly. One JSON line per case.
 // --k 2,4,8,16: also the multi-token GEMV (gemv_multi.ts) at T rows, its default tuning (and with --sweep
-// a grid), as "k<T>_..." entries. --persistent: the sweep's grid is persistent workgroups instead: GB/s of the weights read once for all T rows.
+// a grid of rows x workgroup for each x staging: f32, "_xh" f16, "_dp4" int8 for q8/q4; each also
+// "_pl", pipelined weight loads), as "k<T>_..." entries. --persistent: the sweep's grid is persistent workgroups instead: GB/s of the weights read once for all T rows.
 // The one-row kernel's prologue variants at its default tuning: sg_default, _pf (first weight loads before
 // staging x), _dn (RMSNorm's 1 / rms applied to the sums: deferNorm), _pf_dn. Cases gate_up_pairs and
 // down_plain are the paired MLP's (gpu.tuning.pairGateUp): one GEMV computing silu(gate) * up over the
@@ -210,15 +211,24 @@ for (const wt of values.weights!.split(",") as Wt[]) {
           multi: t,
           pairs,
         });
-      time(`k${T}_default`, (w) => multi(w));
-      time(
-        `k${T}_default_nopf`,
-        (w) => multi(w, { ...multiDefaultTuning(K, N, T, wt, pairs), prefetch: false }),
-      );
+      // The default multi tuning (q4: int8 activations where WGSL has them) and, with --sweep, the grid
+      // for each x staging: f32, f16 (xh) and, quantised weights, int8 (dp4).
+      const quant = wt === "q8" || wt === "q4";
+      const dp4 = quant && gpu.hasDp4;
+      const def = multiDefaultTuning(K, N, T, wt, wt === "q4" && dp4, pairs);
+      time(`k${T}_default`, (w) => multi(w, def));
+      time(`k${T}_default_nopf`, (w) => multi(w, { ...def, prefetch: false }));
       if (values.sweep) {
-        for (const rows of [1, 2, 4, 8]) {
-          if (rows * T > 64 || (pairs && rows > 4)) continue;
-          for (const wg of [256, 1024]) time(`k${T}_r${rows}w${wg}`, (w) => multi(w, { rows, wg }));
+        const stages: [string, Partial<MultiTuning>][] = [["", {}], ["_xh", { xh: true }]];
+        if (dp4) stages.push(["_dp4", { dp4: true }]);
+        for (const [tag, st] of stages) {
+          for (const rows of [1, 2, 4, 8]) {
+            if (rows * T > 64 || (pairs && rows > 4)) continue;
+            for (const wg of [256, 1024]) {
+              time(`k${T}_r${rows}w${wg}${tag}`, (w) => multi(w, { rows, wg, ...st }));
+              time(`k${T}_r${rows}w${wg}${tag}_pl`, (w) => multi(w, { rows, wg, ...st, pipeline: true }));
+            }
+          }
         }
       }
     }

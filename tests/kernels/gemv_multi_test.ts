@@ -14,7 +14,8 @@ import {
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+import { isQuant } from "../../kernels/quant.ts";
+import { assertClose, checkDp4, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -24,6 +25,36 @@ const ignore = gpu === null || !gpu.subgroupSize;
 
 const PER_UNIT = { f32: 4, f16: 8, q8: 16, q4: 32 } as const;
 
+/**
+ * x staged as f16 (xh): each x is off by at most 2^-11 of itself (round to nearest; the test's values are
+ * normal in f16), so a row moves by at most 2^-11 sum |x w| (+ f32 rounding).
+ */
+function checkF16Input(
+  got: Float32Array,
+  want: Float32Array,
+  input: Float32Array,
+  w: Float32Array,
+  d: { T: number; N: number; K: number },
+  what: string,
+): void {
+  const { T, N, K } = d;
+  for (let r = 0; r < T; r++) {
+    for (let n = 0; n < N; n++) {
+      let mass = 0;
+      for (let i = 0; i < K; i++) mass += Math.abs(input[r * K + i] * w[n * K + i]);
+      const bound = 1e-4 + 1e-4 * Math.abs(want[r * N + n]) + mass * 2 ** -11 * 1.001;
+      const err = Math.abs(got[r * N + n] - want[r * N + n]);
+      if (!(err <= bound)) {
+        throw new Error(
+          `${what}: row ${r} col ${n}: got ${got[r * N + n]}, want ${
+            want[r * N + n]
+          } (|err| ${err} > ${bound})`,
+        );
+      }
+    }
+  }
+}
+
 Deno.test(
   { name: "multi-token GEMV matches the reference for every weight type, transform and T", ignore },
   async () => {
@@ -32,9 +63,21 @@ Deno.test(
     const tunings: MultiTuning[] = [
       { rows: 1, wg: S },
       { rows: 2, wg: 4 * S, prefetch: false },
-      { rows: 3, wg: 2 * S },
+      { rows: 3, wg: 2 * S, pipeline: true },
       { rows: 4, wg: 8 * S, prefetch: false },
       { rows: 2, wg: 2 * S },
+    ];
+    const dp4Tunings: MultiTuning[] = [
+      { rows: 4, wg: 2 * S, dp4: true },
+      { rows: 1, wg: S, dp4: true, prefetch: false },
+      { rows: 3, wg: 4 * S, dp4: true, pipeline: true },
+      { rows: 2, wg: 8 * S, dp4: true, prefetch: false },
+    ];
+    const xhTunings: MultiTuning[] = [
+      { rows: 4, wg: 2 * S, xh: true },
+      { rows: 1, wg: S, xh: true, prefetch: false },
+      { rows: 8, wg: 4 * S, xh: true },
+      { rows: 2, wg: 2 * S, xh: true, pipeline: true },
     ];
     let k = 0;
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {
@@ -48,46 +91,55 @@ Deno.test(
         for (const [T, N] of [[2, 37], [5, 8], [16, 19], [8, 3]]) {
           for (const transform of ["none", "rmsnorm", "silu_mul"] as const) {
             if (!multiFits(g, K, T, wt)) throw new Error(`multi GEMV should fit K ${K} T ${T} ${wt}`);
-            const multi = tunings[k++ % tunings.length];
-            const accumulate = k % 2 === 0;
-            const normWeights = wt === "f32" || k % 3 === 0 ? "f32" as const : "f16" as const;
-            const width = transform === "silu_mul" ? 2 * K : K;
-            const x = randoms((T + 1) * width, k, 2);
-            const w = packedWeights(wt, randoms(N * K, N + k, 0.5), N, K);
-            let nw = randoms(K, K + 3);
-            const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
-            if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
-            const y0 = randoms(T * N, 9);
-            const y = upload(g, y0);
-            await runCalls(g, [
-              gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
-                K,
-                N,
-                T,
-                accumulate,
-                xRow0: 1,
-                weights: wt,
-                normWeights,
-                transform,
-                eps: 1e-5,
-                multi,
-              }),
-            ]);
-            const rows = x.slice(width, (T + 1) * width);
-            const input = transform === "rmsnorm"
-              ? rmsnormRef(rows, nw, K, 1e-5)
-              : transform === "silu_mul"
-              ? siluMulRef(rows, K)
-              : rows;
-            const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
-            assertClose(
-              await readF32(g, y, T * N),
-              want,
-              1e-4,
-              1e-4,
-              `multi gemv ${wt} ${transform} T${T} K${K} (tile ${multiTileK(g, K, T, wt, multi)}) N${N} ` +
-                `nw ${normWeights} ${JSON.stringify(multi)}`,
-            );
+            // Each case with the rotating f32-staged tuning and one of the variants: quantised weights with
+            // int8 activations (dp4, where WGSL has it) else x staged as f16 (xh).
+            const variants = isQuant(wt) && !g.hasDp4 ? [] : isQuant(wt) ? dp4Tunings : xhTunings;
+            for (
+              const multi of [
+                tunings[k % tunings.length],
+                ...variants.slice(k % 5 % variants.length).slice(0, 1),
+              ]
+            ) {
+              k++;
+              const accumulate = k % 2 === 0;
+              const normWeights = wt === "f32" || k % 3 === 0 ? "f32" as const : "f16" as const;
+              const width = transform === "silu_mul" ? 2 * K : K;
+              const x = randoms((T + 1) * width, k, 2);
+              const w = packedWeights(wt, randoms(N * K, N + k, 0.5), N, K);
+              let nw = randoms(K, K + 3);
+              const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
+              if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
+              const y0 = randoms(T * N, 9);
+              const y = upload(g, y0);
+              await runCalls(g, [
+                gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
+                  K,
+                  N,
+                  T,
+                  accumulate,
+                  xRow0: 1,
+                  weights: wt,
+                  normWeights,
+                  transform,
+                  eps: 1e-5,
+                  multi,
+                }),
+              ]);
+              const rows = x.slice(width, (T + 1) * width);
+              const input = transform === "rmsnorm"
+                ? rmsnormRef(rows, nw, K, 1e-5)
+                : transform === "silu_mul"
+                ? siluMulRef(rows, K)
+                : rows;
+              const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
+              const what =
+                `multi gemv ${wt} ${transform} T${T} K${K} (tile ${multiTileK(g, K, T, wt, multi)}) N${N} ` +
+                `nw ${normWeights} ${JSON.stringify(multi)}`;
+              const got = await readF32(g, y, T * N);
+              if (multi.dp4) checkDp4(got, want, input, w.deq, { T, N, K }, what);
+              else if (multi.xh) checkF16Input(got, want, input, w.deq, { T, N, K }, what);
+              else assertClose(got, want, 1e-4, 1e-4, what);
+            }
           }
         }
       }

@@ -72,6 +72,48 @@ for (const name of ["llama-micro", "qwen3-tiny"]) {
   });
 }
 
+// q4 steps of 2..16 tokens take the multi-token GEMV with int8 activations (kernels/gemv_multi.ts, dp4
+// where WGSL has it) where one-token steps take gemv_sg.ts's dp4 kernel; the fixtures' rows are too short
+// for that one (llama-micro: one-token steps multiply f32 activations), so the k-steps are forced onto it
+// here and their logits checked against the one-token steps' within int8 activations' error (a layout or
+// scale fault is off by the logits' own size).
+Deno.test(
+  onGpu("llama-micro q4: forced multi-token steps of 2..16 tokens track the one-token steps"),
+  async () => {
+    const dir = fixtureDir("llama-micro")!;
+    const { prompt, cont } = await reference(dir);
+    const all = [...prompt, ...cont].slice(0, 40);
+    const rows = async (multi: boolean, ks: number[]) => {
+      gpu!.tuning = { multi };
+      const engine = await loadEngine(dir, { gpu: gpu!, weights: "q4" });
+      try {
+        engine.open("r", { maxSeq: all.length, sampling: greedy, maxChunk: 16 });
+        const out: number[] = [];
+        for (let pos = 0, i = 0; pos < all.length; i++) {
+          const k = Math.min(ks[i % ks.length], all.length - pos);
+          out.push(...(await engine.verify("r", pos, all.slice(pos, pos + k), "logits")) as Float32Array);
+          pos += k;
+        }
+        return out;
+      } finally {
+        engine.close();
+        gpu!.tuning = {};
+      }
+    };
+    const want = await rows(false, [1]);
+    const got = await rows(true, [16, 8, 2, 5, 3]);
+    assert.equal(got.length, want.length);
+    let worst = 0, scale = 0;
+    for (let i = 0; i < got.length; i++) {
+      worst = Math.max(worst, Math.abs(got[i] - want[i]));
+      scale = Math.max(scale, Math.abs(want[i]));
+    }
+    // Measured on lavapipe: 0.057 of 2.4 (dp4); 2e-6 with f32 activations.
+    const tol = gpu!.hasDp4 ? 0.1 : 1e-4;
+    assert.ok(worst <= tol * scale, `worst |logit error| ${worst} of ${scale}`);
+  },
+);
+
 Deno.test(onGpu("verify refuses a gap, too many tokens, and truncate past the end"), async () => {
   const dir = fixtureDir("llama-micro")!;
   const { prompt } = await reference(dir);
