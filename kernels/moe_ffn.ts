@@ -59,6 +59,12 @@ export interface MoeScratch {
   order: GPUBuffer;
   tiles: GPUBuffer;
   down: GPUBuffer;
+  /**
+   * The decode path's normalised input from the router GEMV (SWACTOR_MOE_XN): f32 [T, H], or its int8
+   * words in the same bytes and their (scale, scale * sum) [T, H / 32] in xnScales.
+   */
+  xn: GPUBuffer;
+  xnScales: GPUBuffer;
   /** The shared expert's gate/up output [T, 2Is] and silu_mul of it [T, Is] (absent without one). */
   sharedGu?: GPUBuffer;
   sharedAct?: GPUBuffer;
@@ -78,6 +84,8 @@ export function createMoeScratch(
     order: storageBuffer(gpu, d.T * k * 4, "moe order"),
     tiles: storageBuffer(gpu, moeMaxTiles(d.T, k, E) * 16, "moe tiles"),
     down: storageBuffer(gpu, d.T * k * d.hidden * 4, "moe down"),
+    xn: storageBuffer(gpu, d.T * d.hidden * 4, "moe normalised x"),
+    xnScales: storageBuffer(gpu, d.T * Math.ceil(d.hidden / 32) * 8, "moe normalised x scales"),
     ...(Is > 0
       ? {
         sharedGu: storageBuffer(gpu, d.T * 2 * Is * 4, "moe shared gate/up"),
@@ -208,11 +216,22 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * wherever the dense GEMVs use it: the adapter has it and gpu.tuning.dp4 is not false) and
  * SWACTOR_MOE_PREFETCH ("1": the expert GEMVs issue their first weight loads before staging their input,
  * and gate_up routes in every warp; default off: on the H200 it made the Qwen3-30B-A3B shape's q4 step 23%
- * slower at 8 layers, 0.685 against 0.558 ms, and f16's gate_up 1.8x slower at full depth; docs/BENCHMARKS.md).
+ * slower at 8 layers, 0.685 against 0.558 ms, and f16's gate_up 1.8x slower at full depth; docs/BENCHMARKS.md),
+ * SWACTOR_MOE_XN ("1": the router GEMV also writes the normalised x, int8-quantised for dp4, and gate_up
+ * stages that copy instead of normalising and quantising x in every workgroup) and SWACTOR_MOE_SCALED
+ * ("1": gate_up writes its activations times their route weights, so down stages them without waiting for
+ * its coefficient table). Both default off until timed on the H200.
  */
 function moeSwitches(
   gpu: Gpu,
-): { path: string | undefined; rows: number[]; dp4: boolean; prefetch: boolean } {
+): {
+  path: string | undefined;
+  rows: number[];
+  dp4: boolean;
+  prefetch: boolean;
+  xn: boolean;
+  scaled: boolean;
+} {
   const flag = (name: string): boolean | undefined => {
     const v = Deno.env.get(name);
     if (v !== undefined && v !== "0" && v !== "1") throw new TypeError(`${name} must be 0 or 1, got "${v}"`);
@@ -223,6 +242,8 @@ function moeSwitches(
     rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
     dp4: (flag("SWACTOR_MOE_DP4") ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
     prefetch: flag("SWACTOR_MOE_PREFETCH") ?? false,
+    xn: flag("SWACTOR_MOE_XN") ?? false,
+    scaled: flag("SWACTOR_MOE_SCALED") ?? false,
   };
 }
 
@@ -251,7 +272,7 @@ export function moeDecodeCalls(
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
-  const { path: MOE_PATH, rows: MOE_ROWS, dp4, prefetch } = moeSwitches(gpu);
+  const { path: MOE_PATH, rows: MOE_ROWS, dp4, prefetch, xn, scaled } = moeSwitches(gpu);
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
@@ -305,13 +326,29 @@ export function moeDecodeCalls(
   if (!sgDown && !moeGemvFits(I, d.weights.down)) return null;
   const folded = (gateUp.sharedSlots ?? 0) > 0;
   const norm = { normWeight: b.norm };
+  // The router GEMV's normalised x (int8 for dp4) staged as it is by gate_up.
+  const xnForm = !xn ? undefined : gateUp.dp4 ? d.weights.gateUp as QuantType : "f32";
+  if (xnForm) {
+    gateUp.rmsnorm = undefined;
+    gateUp.prenormed = true;
+  }
+  // Activations pre-weighted by gate_up for down (needs the routing in gate_up and the subgroup down).
+  if (scaled && gateUp.route && sgDown) gateUp.scaled = down.scaled = true;
   const calls = [
-    moeRouterGemvCall(gpu, { x: b.x, router: b.router, norm: b.norm, logits: s.logits }, {
+    moeRouterGemvCall(gpu, {
+      x: b.x,
+      router: b.router,
+      norm: b.norm,
+      logits: s.logits,
+      xn: s.xn,
+      xnScales: s.xnScales,
+    }, {
       K: H,
       experts: r.experts,
       T,
       eps: d.eps,
       normWeights: d.normWeights,
+      xn: xnForm,
     }),
   ];
   if (!gateUp.route) {
@@ -323,7 +360,8 @@ export function moeDecodeCalls(
     );
   }
   calls.push(moeSgCall(gpu, {
-    x: b.x,
+    x: xnForm ? s.xn : b.x,
+    xScales: s.xnScales,
     w: b.gateUp,
     out: s.gu,
     ids: s.ids,

@@ -412,72 +412,91 @@ Deno.test(
     const H = 64, E = 8, k = 4;
     // I small: both subgroup kernels; I large: k * I floats exceed workgroup memory, so down is the team kernel.
     const bigI = Math.ceil((g.maxWorkgroupStorage / 4 / k + 1) / 32) * 32;
-    for (const I of [32, bigI]) {
-      for (const shared of [0, I]) {
-        for (
-          const [wt, dp4] of [["f32", false], ["q4", false], ...(g.hasDp4 ? [["q4", true]] : [])] as [
-            "f32" | "q4",
-            boolean,
-          ][]
-        ) {
-          const routing: MoeRouting = shared
-            ? { experts: E, topK: k, scoring: "sigmoid", normTopK: true, scale: 1.5 }
-            : { experts: E, topK: k, scoring: "softmax", normTopK: true };
-          const T = 1;
-          const x = randoms(T * H, I + shared + 1);
-          const nw = randoms(H, 2, 1);
-          const router = randoms(E * H, 3, 0.3);
-          const bias = shared ? randoms(E, 4, 0.1) : undefined;
-          const gu = packedWeights(wt, randoms(E * 2 * I * H, 5, 0.1), E * 2 * I, H);
-          const dn = packedWeights(wt, randoms(E * H * I, 6, 0.1), E * H, I);
-          const sgu = shared ? packedWeights(wt, randoms(2 * shared * H, 7, 0.1), 2 * shared, H) : undefined;
-          const sdn = shared ? packedWeights(wt, randoms(H * shared, 8, 0.1), H, shared) : undefined;
-          let ss = 0;
-          for (let i = 0; i < H; i++) ss += x[i] ** 2;
-          const inv = 1 / Math.sqrt(ss / H + 1e-6);
-          const xn = x.map((v, i) => v * inv * nw[i]);
-          const dims = { hidden: H, intermediate: I, sharedIntermediate: shared, routing };
-          const ref = moeFfnRef({
-            x: xn,
-            router,
-            bias,
-            gateUp: gu.deq,
-            down: dn.deq,
-            sharedGateUp: sgu?.deq,
-            sharedDown: sdn?.deq,
-          }, dims);
-          const xb = upload(g, x);
-          Deno.env.set("SWACTOR_MOE_DP4", dp4 ? "1" : "0");
-          const calls = moeDecodeCalls(g, {
-            x: xb,
-            norm: upload(g, nw),
-            router: upload(g, router),
-            bias: bias && upload(g, bias),
-            gateUp: uploadBuffer(g, gu.bytes),
-            down: uploadBuffer(g, dn.bytes),
-            sharedGateUp: sgu && uploadBuffer(g, sgu.bytes),
-            sharedDown: sdn && uploadBuffer(g, sdn.bytes),
-            scratch: createMoeScratch(g, { ...dims, T }),
-          }, {
-            ...dims,
-            T,
-            eps: 1e-6,
-            normWeights: "f32",
-            weights: { router: "f32", gateUp: wt, down: wt, sharedGateUp: wt, sharedDown: wt },
-          });
-          Deno.env.delete("SWACTOR_MOE_DP4");
-          if (!calls) throw new Error(`I ${I}: the decode path does not apply`);
-          const downLabel = calls.at(-1)!.label;
-          // With dp4 the long down row fits (1.25 bytes a value staged, not 4).
-          if (downLabel !== (I === bigI && !dp4 ? "moe_gemv_combine" : "moe_sg_down")) {
-            throw new Error(`I ${I}: down ran as ${downLabel}`);
+    // The benchmark switches that change the decode kernels (moe_ffn.ts's moeSwitches); group-limited
+    // routing (routerWgsl, not the subgroup router) with them on.
+    const switchSets: [Record<string, string>, boolean][] = [
+      [{}, false],
+      [{ SWACTOR_MOE_XN: "1" }, false],
+      [{ SWACTOR_MOE_SCALED: "1" }, false],
+      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
+      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, true],
+      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_PREFETCH: "1" }, false],
+    ];
+    for (const [env, grouped] of switchSets) {
+      for (const I of [32, bigI]) {
+        for (const shared of [0, I]) {
+          for (
+            const [wt, dp4] of [["f32", false], ["q4", false], ...(g.hasDp4 ? [["q4", true]] : [])] as [
+              "f32" | "q4",
+              boolean,
+            ][]
+          ) {
+            const routing: MoeRouting = shared
+              ? { experts: E, topK: k, scoring: "sigmoid", normTopK: true, scale: 1.5 }
+              : { experts: E, topK: k, scoring: "softmax", normTopK: true };
+            if (grouped) Object.assign(routing, { groups: 2, topKGroups: 1 });
+            const T = 1;
+            const x = randoms(T * H, I + shared + 1);
+            const nw = randoms(H, 2, 1);
+            const router = randoms(E * H, 3, 0.3);
+            const bias = shared ? randoms(E, 4, 0.1) : undefined;
+            const gu = packedWeights(wt, randoms(E * 2 * I * H, 5, 0.1), E * 2 * I, H);
+            const dn = packedWeights(wt, randoms(E * H * I, 6, 0.1), E * H, I);
+            const sgu = shared
+              ? packedWeights(wt, randoms(2 * shared * H, 7, 0.1), 2 * shared, H)
+              : undefined;
+            const sdn = shared ? packedWeights(wt, randoms(H * shared, 8, 0.1), H, shared) : undefined;
+            let ss = 0;
+            for (let i = 0; i < H; i++) ss += x[i] ** 2;
+            const inv = 1 / Math.sqrt(ss / H + 1e-6);
+            const xn = x.map((v, i) => v * inv * nw[i]);
+            const dims = { hidden: H, intermediate: I, sharedIntermediate: shared, routing };
+            const ref = moeFfnRef({
+              x: xn,
+              router,
+              bias,
+              gateUp: gu.deq,
+              down: dn.deq,
+              sharedGateUp: sgu?.deq,
+              sharedDown: sdn?.deq,
+            }, dims);
+            const xb = upload(g, x);
+            Deno.env.set("SWACTOR_MOE_DP4", dp4 ? "1" : "0");
+            for (const [name, v] of Object.entries(env)) Deno.env.set(name, v);
+            const calls = moeDecodeCalls(g, {
+              x: xb,
+              norm: upload(g, nw),
+              router: upload(g, router),
+              bias: bias && upload(g, bias),
+              gateUp: uploadBuffer(g, gu.bytes),
+              down: uploadBuffer(g, dn.bytes),
+              sharedGateUp: sgu && uploadBuffer(g, sgu.bytes),
+              sharedDown: sdn && uploadBuffer(g, sdn.bytes),
+              scratch: createMoeScratch(g, { ...dims, T }),
+            }, {
+              ...dims,
+              T,
+              eps: 1e-6,
+              normWeights: "f32",
+              weights: { router: "f32", gateUp: wt, down: wt, sharedGateUp: wt, sharedDown: wt },
+            });
+            Deno.env.delete("SWACTOR_MOE_DP4");
+            for (const name of Object.keys(env)) Deno.env.delete(name);
+            if (!calls) throw new Error(`I ${I}: the decode path does not apply`);
+            const downLabel = calls.at(-1)!.label;
+            // With dp4 the long down row fits (1.25 bytes a value staged, not 4).
+            if (downLabel !== (I === bigI && !dp4 ? "moe_gemv_combine" : "moe_sg_down")) {
+              throw new Error(`I ${I}: down ran as ${downLabel}`);
+            }
+            await runCalls(g, calls);
+            const want = x.map((v, i) => v + ref.out[i]);
+            const what = `I${I} shared ${shared} ${wt} dp4 ${dp4} ${
+              JSON.stringify(env)
+            } grouped ${grouped}: ${calls.map((c) => c.label).join(",")}`;
+            // dp4: the block's output within 2% of its largest (int8 activations, twice quantised).
+            const tol = dp4 ? 0.02 * Math.max(...ref.out.map(Math.abs)) : 1e-4;
+            assertClose(await readF32(g, xb, H), want, tol, dp4 ? 0 : 1e-4, what);
           }
-          await runCalls(g, calls);
-          const want = x.map((v, i) => v + ref.out[i]);
-          const what = `I${I} shared ${shared} ${wt} dp4 ${dp4}: ${calls.map((c) => c.label).join(",")}`;
-          // dp4: the block's output within 2% of its largest (int8 activations, twice quantised).
-          const tol = dp4 ? 0.02 * Math.max(...ref.out.map(Math.abs)) : 1e-4;
-          assertClose(await readF32(g, xb, H), want, tol, dp4 ? 0 : 1e-4, what);
         }
       }
     }
