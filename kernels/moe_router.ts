@@ -190,6 +190,21 @@ export function routerWgslFast(
   if (r.groups !== 1) throw new RangeError("the subgroup router serves routing without expert groups");
   const E = r.experts, K = r.topK;
   const PER = Math.ceil(E / S);
+  // The chosen flags: a bit mask (registers; a dynamically indexed array may live in local memory), or
+  // past 32 a lane an array.
+  const tk = PER <= 32
+    ? {
+      decl: "var taken = 0u;",
+      init: `taken |= select(0u, 1u << i, e >= ${E}u);`,
+      free: "(taken & (1u << i)) == 0u",
+      take: `taken |= 1u << (win / ${S}u);`,
+    }
+    : {
+      decl: `var taken: array<bool, ${PER}>;`,
+      init: `taken[i] = e >= ${E}u;`,
+      free: "!taken[i]",
+      take: `taken[win / ${S}u] = true;`,
+    };
   const scale = Math.fround(r.scale);
   const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
   const warp = (row: string, lane: string) => {
@@ -226,25 +241,28 @@ export function routerWgslFast(
     let row = ${row};
     var sc: array<f32, ${PER}>;
     var ch: array<f32, ${PER}>;
-    var taken: array<bool, ${PER}>;
+    ${tk.decl}
     var pick: array<f32, ${K}>;
     ${score}
     for (var i = 0u; i < ${PER}u; i++) {
       let e = i * ${S}u + ${lane};
-      taken[i] = e >= ${E}u;
+      ${tk.init}
       ch[i] = sc[i]${bias ? " + bias[min(e, " + (E - 1) + "u)]" : ""};
     }
     for (var j = 0u; j < ${K}u; j++) {
       var bv = -3.40282347e38;
       var be = 0xffffffffu;
       for (var i = 0u; i < ${PER}u; i++) {
-        if (!taken[i] && (be == 0xffffffffu || ch[i] > bv)) { bv = ch[i]; be = i * ${S}u + ${lane}; }
+        if (${tk.free} && (be == 0xffffffffu || ch[i] > bv)) { bv = ch[i]; be = i * ${S}u + ${lane}; }
       }
       let mv = subgroupMax(select(-3.40282347e38, bv, be != 0xffffffffu));
       let win = subgroupMin(select(0xffffffffu, be, be != 0xffffffffu && bv == mv));
-      if (win % ${S}u == ${lane}) { taken[win / ${S}u] = true; }
+      if (win % ${S}u == ${lane}) { ${tk.take} }
       rt_wid[j] = win;
-      pick[j] = subgroupShuffle(sc[min(win / ${S}u, ${PER - 1}u)], win % ${S}u);
+      // The winner's score from its lane (constant indices: the arrays stay in registers).
+      var own = sc[0];
+      for (var i = 1u; i < ${PER}u; i++) { own = select(own, sc[i], win / ${S}u == i); }
+      pick[j] = subgroupShuffle(own, win % ${S}u);
       rt_wt[j] = pick[j];
     }${norm}
     for (var j = 0u; j < ${K}u; j++) { rt_wt[j] = rt_wt[j] * ${f(scale)}; }
