@@ -220,13 +220,15 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * SWACTOR_MOE_XN ("1": the router GEMV also writes the normalised x, int8-quantised for dp4, and gate_up
  * stages that copy instead of normalising and quantising x in every workgroup) and SWACTOR_MOE_SCALED
  * ("1": gate_up writes its activations times their route weights, so down stages them without waiting for
- * its coefficient table). Both default off until timed on the H200.
+ * its coefficient table). Both default off until timed on the H200. SWACTOR_MOE_GROUPS ("gate_up,down":
+ * most workgroups of each expert GEMV, their warps looping over row blocks; 0 or absent: one block a warp).
  */
 function moeSwitches(
   gpu: Gpu,
 ): {
   path: string | undefined;
   rows: number[];
+  groups: number[];
   dp4: boolean;
   prefetch: boolean;
   xn: boolean;
@@ -240,6 +242,7 @@ function moeSwitches(
   return {
     path: Deno.env.get("SWACTOR_MOE"),
     rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
+    groups: (Deno.env.get("SWACTOR_MOE_GROUPS") ?? "").split(",").map(Number),
     dp4: (flag("SWACTOR_MOE_DP4") ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
     prefetch: flag("SWACTOR_MOE_PREFETCH") ?? false,
     xn: flag("SWACTOR_MOE_XN") ?? false,
@@ -272,7 +275,7 @@ export function moeDecodeCalls(
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
-  const { path: MOE_PATH, rows: MOE_ROWS, dp4, prefetch, xn, scaled } = moeSwitches(gpu);
+  const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled } = moeSwitches(gpu);
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
@@ -284,6 +287,7 @@ export function moeDecodeCalls(
     weights: d.weights.gateUp,
     rmsnorm: { eps: d.eps, weights: d.normWeights },
     rows: MOE_ROWS[0] || undefined,
+    groups: MOE_GROUPS[0] || undefined,
     dp4: dp4 && isQuant(d.weights.gateUp),
     prefetch,
     route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined },
@@ -296,6 +300,7 @@ export function moeDecodeCalls(
     weights: d.weights.down,
     accumulate: true,
     rows: MOE_ROWS[1] || undefined,
+    groups: MOE_GROUPS[1] || undefined,
     dp4: dp4 && isQuant(d.weights.down),
     prefetch,
   };

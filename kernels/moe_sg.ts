@@ -43,6 +43,11 @@ export interface MoeSgDims {
   /** Rows (gate_up: gate/up pairs) per warp at a time. Default: 2. */
   rows?: number;
   /**
+   * Most workgroups launched, each warp then walking several row blocks (as gemv_sg.ts's `groups`): fewer
+   * prologues (routing, staging) when the grid would not be resident at once. Default 0: one block a warp.
+   */
+  groups?: number;
+  /**
    * gate_up: choose the experts here from the router's logits (moe_router.ts's routing, run by every
    * workgroup on its own: no dispatch of its own), writing ids and routeWeights from workgroup 0 for the
    * down GEMV and anyone after; `bias` is e_score_correction_bias.
@@ -563,7 +568,12 @@ export function moeSgCall(
   if (NSH > 0) buffers.push(bufs.shared!);
   if (!down && d.prenormed && isDp4(d)) buffers.push(bufs.xScales!);
   const warps = WG / S;
-  const groups = Math.ceil(Math.ceil(rowsOut / R) / warps);
+  const need = Math.ceil(Math.ceil(rowsOut / R) / warps);
+  const cap = d.groups ?? 0;
+  if (!(Number.isInteger(cap) && cap >= 0)) {
+    throw new RangeError(`groups must be an integer >= 0, got ${cap}`);
+  }
+  const groups = cap > 0 ? Math.min(need, cap) : need;
   return kernelCall(gpu, pipeline(gpu, source(d, S, R)), buffers, [groups, d.T], `moe_sg_${d.kind}`);
 }
 

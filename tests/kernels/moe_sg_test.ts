@@ -219,14 +219,19 @@ Deno.test({
   name: "moe sg gate_up with the routing fused: the router's choice, weights and activations",
   ignore,
 }, async () => {
-  const K = 64, N = 24, E = 16, T = 2;
+  const K = 64, N = 24, T = 2;
+  // 16 experts; 128 (Qwen3) and 384 (Kimi K2): the subgroup router's lanes hold several experts each (past
+  // 32 a lane, its chosen flags are an array instead of a bit mask).
   const routings: MoeRouting[] = [
-    { experts: E, topK: 4, scoring: "softmax", normTopK: true },
-    { experts: E, topK: 3, scoring: "softmax", normTopK: false },
-    { experts: E, topK: 4, scoring: "sigmoid", normTopK: true, groups: 4, topKGroups: 2, scale: 2.5 },
-    { experts: E, topK: 5, scoring: "sigmoid", normTopK: true, scale: 1.5 },
+    { experts: 16, topK: 4, scoring: "softmax", normTopK: true },
+    { experts: 16, topK: 3, scoring: "softmax", normTopK: false },
+    { experts: 16, topK: 4, scoring: "sigmoid", normTopK: true, groups: 4, topKGroups: 2, scale: 2.5 },
+    { experts: 16, topK: 5, scoring: "sigmoid", normTopK: true, scale: 1.5 },
+    { experts: 128, topK: 8, scoring: "softmax", normTopK: true },
+    { experts: 384, topK: 8, scoring: "sigmoid", normTopK: true, scale: 2.5 },
   ];
   for (const routing of routings) {
+    const E = routing.experts;
     // The last: RMSNorm fused (its sum of squares overlaps the routing) and dp4.
     // prefetch: without groups every warp routes on its own and loads before staging.
     const cases = [["f32", false], ["q4", false], ["q4", true]] as const;
@@ -236,7 +241,7 @@ Deno.test({
       // Logits well apart (a permutation of a spaced ramp): no near-ties for f32 and f64 to order differently.
       const logits = Float32Array.from(
         { length: T * E },
-        (_, i) => (((i * 7) % E) - E / 2) * 0.37 + (i >= E ? 0.11 : 0),
+        (_, i) => (((i * 7) % E) - E / 2) * 0.37 * (16 / E) + (i >= E ? 0.11 : 0),
       );
       // Token 1 of the plain softmax case is all ties: the lowest indices win, in order.
       if (routing.scoring === "softmax" && routing.normTopK) logits.fill(0.5, E, 2 * E);
@@ -421,6 +426,8 @@ Deno.test(
       [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
       [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, true],
       [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_PREFETCH: "1" }, false],
+      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_GROUPS: "1,1" }, false],
+      [{ SWACTOR_MOE_GROUPS: "1,1", SWACTOR_MOE_PREFETCH: "1" }, true],
     ];
     for (const [env, grouped] of switchSets) {
       for (const I of [32, bigI]) {
@@ -435,7 +442,8 @@ Deno.test(
               ? { experts: E, topK: k, scoring: "sigmoid", normTopK: true, scale: 1.5 }
               : { experts: E, topK: k, scoring: "softmax", normTopK: true };
             if (grouped) Object.assign(routing, { groups: 2, topKGroups: 1 });
-            const T = 1;
+            // Two tokens: each stages its own row (and its own normalised copy from the router GEMV).
+            const T = 2;
             const x = randoms(T * H, I + shared + 1);
             const nw = randoms(H, 2, 1);
             const router = randoms(E * H, 3, 0.3);
@@ -446,10 +454,13 @@ Deno.test(
               ? packedWeights(wt, randoms(2 * shared * H, 7, 0.1), 2 * shared, H)
               : undefined;
             const sdn = shared ? packedWeights(wt, randoms(H * shared, 8, 0.1), H, shared) : undefined;
-            let ss = 0;
-            for (let i = 0; i < H; i++) ss += x[i] ** 2;
-            const inv = 1 / Math.sqrt(ss / H + 1e-6);
-            const xn = x.map((v, i) => v * inv * nw[i]);
+            const xn = x.slice();
+            for (let t = 0; t < T; t++) {
+              let ss = 0;
+              for (let i = 0; i < H; i++) ss += x[t * H + i] ** 2;
+              const inv = 1 / Math.sqrt(ss / H + 1e-6);
+              for (let i = 0; i < H; i++) xn[t * H + i] = x[t * H + i] * inv * nw[i];
+            }
             const dims = { hidden: H, intermediate: I, sharedIntermediate: shared, routing };
             const ref = moeFfnRef({
               x: xn,
@@ -495,7 +506,7 @@ Deno.test(
             } grouped ${grouped}: ${calls.map((c) => c.label).join(",")}`;
             // dp4: the block's output within 2% of its largest (int8 activations, twice quantised).
             const tol = dp4 ? 0.02 * Math.max(...ref.out.map(Math.abs)) : 1e-4;
-            assertClose(await readF32(g, xb, H), want, tol, dp4 ? 0 : 1e-4, what);
+            assertClose(await readF32(g, xb, T * H), want, tol, dp4 ? 0 : 1e-4, what);
           }
         }
       }
