@@ -169,6 +169,18 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
 }
 
 /**
+ * WGSL for `a[min(i, n - 1)]` of a per-lane array `a` of n elements, by constant indices (selects) for
+ * n <= 16: an array indexed by a runtime value may be placed in local memory, constant indices keep it in
+ * registers (routerWgslFast's rt_wid / rt_wt).
+ */
+export function registerAt(a: string, i: string, n: number): string {
+  if (n > 16) return `${a}[min(${i}, ${n - 1}u)]`;
+  let r = `${a}[${n - 1}]`;
+  for (let j = n - 2; j >= 0; j--) r = `select(${r}, ${a}[${j}], ${i} == ${j}u)`;
+  return r;
+}
+
+/**
  * routerWgsl for the common case without expert groups, built for latency: one subgroup (S lanes) does
  * the whole routing in registers, each lane holding experts lane, lane + S, ...: softmax (or sigmoid) with
  * subgroupMax / subgroupAdd, then k rounds of argmax (highest choice, lowest index on ties: the rank
@@ -274,8 +286,8 @@ var<workgroup> rt_w: array<f32, ${K}>;`;
   const body = (row: string, lane = "tid") => `
   if (tid < ${S}u) {${warp(row, lane)}
     if (tid < ${K}u) {
-      rt_ids[tid] = rt_wid[tid];
-      rt_w[tid] = rt_wt[tid];
+      rt_ids[tid] = ${registerAt("rt_wid", "tid", K)};
+      rt_w[tid] = ${registerAt("rt_wt", "tid", K)};
     }
   }
   workgroupBarrier();`;

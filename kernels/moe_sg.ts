@@ -13,7 +13,7 @@
 // Slots whose expert lies outside [firstExpert, firstExpert + experts) read nothing and add nothing.
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
-import { checkRouting, type MoeRouting, routerWgsl, routerWgslFast } from "./moe_router.ts";
+import { checkRouting, type MoeRouting, registerAt, routerWgsl, routerWgslFast } from "./moe_router.ts";
 import { dp4Dot, int8BlocksWgsl } from "./wgsl.ts";
 
 type Storage = WeightType | QuantType;
@@ -171,7 +171,7 @@ function source(d: MoeSgDims, S: number, R: number): string {
   // The slot table in workgroup memory (routed slots from the ids; shared ones fixed): slot_at's
   // (base, row stride) and the slot's input coefficient (down: its route weight).
   const idOf = warpRoute
-    ? "rt_wid[min(tid, K_SLOTS - 1u)]"
+    ? registerAt("rt_wid", "tid", k)
     : rt
     ? "rt_ids[min(tid, K_SLOTS - 1u)]"
     : "ids[t * K_SLOTS + min(tid, K_SLOTS - 1u)]";
@@ -187,7 +187,7 @@ function source(d: MoeSgDims, S: number, R: number): string {
   // Slot j's base and row stride: from the table, or (prefetch) straight from the ids.
   const fromTable = { sb: (j: string) => `sb[${j}]`, sr: (j: string) => `sr[${j}]` };
   const idAt = (j: string) =>
-    warpRoute ? `rt_wid[min(${j}, K_SLOTS - 1u)]` : `ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)]`;
+    warpRoute ? registerAt("rt_wid", j, k) : `ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)]`;
   const fromIds = {
     sb: (j: string) => `slot_at(${idAt(j)}, ${j}).x`,
     sr: (j: string) => `slot_at(${idAt(j)}, ${j}).y`,
@@ -318,7 +318,9 @@ function source(d: MoeSgDims, S: number, R: number): string {
     const scale = (j: string) =>
       !d.scaled
         ? ""
-        : ` * select(${warpRoute ? "rt_wt" : "rt_w"}[min(${j}, K_SLOTS - 1u)], 1.0, ${j} >= K_SLOTS)`;
+        : ` * select(${
+          warpRoute ? registerAt("rt_wt", j, k) : `rt_w[min(${j}, K_SLOTS - 1u)]`
+        }, 1.0, ${j} >= K_SLOTS)`;
     // Pairs P = n0 + r: slot j = P / N, row n = P % N.
     rowsDecl = (tab) =>
       rows.map((r) =>
@@ -364,8 +366,8 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const nblk = `let nblk = (${down ? "N" : "SL * N"} + R - 1u) / R;\n  let blk0 = wg.x * WARPS + warp;`;
   const route = !warpRoute ? "" : `${fast!.warp(`t * ${routing!.experts}u`, "sg_lane")}
   if (wg.x == 0u && warp == 0u && lane < K_SLOTS) {
-    ids[t * K_SLOTS + lane] = rt_wid[lane];
-    rw[t * K_SLOTS + lane] = rt_wt[lane];
+    ids[t * K_SLOTS + lane] = ${registerAt("rt_wid", "lane", k)};
+    rw[t * K_SLOTS + lane] = ${registerAt("rt_wt", "lane", k)};
   }`;
   const body = prefetch
     ? `${route}
