@@ -218,10 +218,12 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * and gate_up routes in every warp; default off: on the H200 it made the Qwen3-30B-A3B shape's q4 step 23%
  * slower at 8 layers, 0.685 against 0.558 ms, and f16's gate_up 1.8x slower at full depth; docs/BENCHMARKS.md),
  * SWACTOR_MOE_XN ("1": the router GEMV also writes the normalised x, int8-quantised for dp4, and gate_up
- * stages that copy instead of normalising and quantising x in every workgroup) and SWACTOR_MOE_SCALED
- * ("1": gate_up writes its activations times their route weights, so down stages them without waiting for
- * its coefficient table). Both default off until timed on the H200. SWACTOR_MOE_GROUPS ("gate_up,down":
- * most workgroups of each expert GEMV, their warps looping over row blocks; 0 or absent: one block a warp).
+ * stages that copy instead of normalising and quantising x in every workgroup), SWACTOR_MOE_SCALED ("1":
+ * gate_up writes its activations times their route weights, so down stages them without waiting for its
+ * coefficient table), SWACTOR_MOE_RANK ("1": gate_up's routing ranks the experts a thread each instead of
+ * the first warp's k rounds of subgroup reductions), all three off until timed on the H200, and
+ * SWACTOR_MOE_GROUPS ("gate_up,down": most workgroups of each expert GEMV, their warps looping over row
+ * blocks; 0 or absent: one block a warp).
  */
 function moeSwitches(
   gpu: Gpu,
@@ -233,6 +235,7 @@ function moeSwitches(
   prefetch: boolean;
   xn: boolean;
   scaled: boolean;
+  rank: boolean;
 } {
   const flag = (name: string): boolean | undefined => {
     const v = Deno.env.get(name);
@@ -247,6 +250,7 @@ function moeSwitches(
     prefetch: flag("SWACTOR_MOE_PREFETCH") ?? false,
     xn: flag("SWACTOR_MOE_XN") ?? false,
     scaled: flag("SWACTOR_MOE_SCALED") ?? false,
+    rank: flag("SWACTOR_MOE_RANK") ?? false,
   };
 }
 
@@ -275,7 +279,9 @@ export function moeDecodeCalls(
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
-  const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled } = moeSwitches(gpu);
+  const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled, rank } = moeSwitches(
+    gpu,
+  );
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
@@ -290,7 +296,7 @@ export function moeDecodeCalls(
     groups: MOE_GROUPS[0] || undefined,
     dp4: dp4 && isQuant(d.weights.gateUp),
     prefetch,
-    route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined },
+    route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined, rank },
   };
   const down: MoeSgDims = {
     kind: "down",

@@ -71,11 +71,15 @@ export function checkRouting(r: MoeRouting): Required<MoeRouting> {
  * The routing as WGSL a kernel of WG = 256 threads can embed: `decls` (workgroup arrays and a reduction
  * helper, names prefixed `rt_`) and `body(row)`, statements run by every thread (tid = its local index) that
  * read `logits[row + e]` (and `bias[e]` with `bias`) and leave the choice in workgroup memory: rt_ids[j]
- * (u32) and rt_w[j] (f32, final weights), slot 0 the best, after a barrier.
+ * (u32) and rt_w[j] (f32, final weights), slot 0 the best, after a barrier. With `warp` (the subgroup
+ * size S) the scores are taken by the first subgroup with subgroupMax / subgroupAdd (no barrier tree) and
+ * the ranking stays as it is, a thread an expert: one barrier and a pass over the E choices in workgroup
+ * memory where routerWgslFast does k dependent rounds of two subgroup reductions.
  */
 export function routerWgsl(
   r: Required<MoeRouting>,
   bias: boolean,
+  warp?: number,
 ): { decls: string; body: (row: string) => string } {
   const E = r.experts;
   const G = r.groups;
@@ -84,7 +88,25 @@ export function routerWgsl(
   const K = r.topK;
   const scale = Math.fround(r.scale);
   const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
-  const score = (row: string) =>
+  // Softmax by the first subgroup (sigmoid needs no reduction: every thread scores its experts); its lanes
+  // hold experts lane, lane + S, ... and also write the choices.
+  const byWarp = warp !== undefined && r.scoring === "softmax";
+  const score = (row: string) => byWarp ? warpScore(row, warp!) : treeScore(row);
+  const warpScore = (row: string, S: number) => `
+  if (tid < ${S}u) {
+    var m = -3.4e38;
+    for (var e = tid; e < ${E}u; e += ${S}u) { m = max(m, logits[${row} + e]); }
+    m = subgroupMax(m);
+    var s = 0.0;
+    for (var e = tid; e < ${E}u; e += ${S}u) { let v = exp(logits[${row} + e] - m); rt_score[e] = v; s += v; }
+    s = subgroupAdd(s);
+    for (var e = tid; e < ${E}u; e += ${S}u) {
+      let v = rt_score[e] / s;
+      rt_score[e] = v;
+      rt_choice[e] = v${bias ? " + bias[e]" : ""};
+    }
+  }`;
+  const treeScore = (row: string) =>
     r.scoring === "softmax"
       ? `
   var rt_m = -3.4e38;
@@ -144,8 +166,10 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
   return r;
 }`;
   const body = (row: string) => `
-  ${score(row)}
-  for (var e = tid; e < ${E}u; e += 256u) { rt_choice[e] = rt_score[e]${bias ? " + bias[e]" : ""}; }
+  ${score(row)}${
+    byWarp ? "" : `
+  for (var e = tid; e < ${E}u; e += 256u) { rt_choice[e] = rt_score[e]${bias ? " + bias[e]" : ""}; }`
+  }
   workgroupBarrier();
   ${groups}
   // Rank = how many experts beat this one (larger c, or equal c and a lower index): a total order, so

@@ -50,9 +50,12 @@ export interface MoeSgDims {
   /**
    * gate_up: choose the experts here from the router's logits (moe_router.ts's routing, run by every
    * workgroup on its own: no dispatch of its own), writing ids and routeWeights from workgroup 0 for the
-   * down GEMV and anyone after; `bias` is e_score_correction_bias.
+   * down GEMV and anyone after; `bias` is e_score_correction_bias. Without expert groups the first warp
+   * routes in registers (routerWgslFast), unless `rank`: then routerWgsl with the softmax by the first warp
+   * and the top-k by ranking, a thread an expert (k dependent rounds of subgroup reductions against one
+   * pass over the choices in workgroup memory). Default rank false.
    */
-  route?: { routing: MoeRouting; bias: boolean };
+  route?: { routing: MoeRouting; bias: boolean; rank?: boolean };
   /**
    * q8 / q4: multiply int8 activations with dot4I8Packed (gemv_sg.ts's dp4: the staged input quantised
    * per block of 32, wgsl.ts's int8BlocksWgsl) instead of converting every weight to f32. Needs WGSL's
@@ -161,8 +164,10 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const WIDTH = down ? SL * d.K : d.K; // staged floats
   const VU = down ? SL * UNITS : UNITS; // units of a (virtual) row
   const routing = d.route && checkRouting(d.route.routing);
-  const fast = routing && routing.groups === 1 ? routerWgslFast(routing, d.route!.bias, S) : undefined;
-  const rt = !routing ? undefined : fast ?? routerWgsl(routing, d.route!.bias);
+  const fast = routing && routing.groups === 1 && !d.route!.rank
+    ? routerWgslFast(routing, d.route!.bias, S)
+    : undefined;
+  const rt = !routing ? undefined : fast ?? routerWgsl(routing, d.route!.bias, d.route!.rank ? S : undefined);
   // Issue the first pass's weight loads before staging: the slots read from the ids in memory, or, when
   // this kernel routes without expert groups, every warp routes on its own (the choice in its registers,
   // no barrier) and loads at once.

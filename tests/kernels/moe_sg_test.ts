@@ -235,7 +235,9 @@ Deno.test({
     // The last: RMSNorm fused (its sum of squares overlaps the routing) and dp4.
     // prefetch: without groups every warp routes on its own and loads before staging.
     const cases = [["f32", false], ["q4", false], ["q4", true]] as const;
-    for (const [[wt, norm], prefetch] of cases.flatMap((c) => [false, true].map((p) => [c, p] as const))) {
+    // rank: routerWgsl's ranking (the softmax by the first warp) instead of the subgroup router.
+    const modes = [[false, false], [true, false], [false, true]] as const;
+    for (const [[wt, norm], [prefetch, rank]] of cases.flatMap((c) => modes.map((m) => [c, m] as const))) {
       const dp4 = norm && gpu!.hasDp4;
       const k = routing.topK;
       // Logits well apart (a permutation of a spaced ramp): no near-ties for f32 and f64 to order differently.
@@ -278,7 +280,7 @@ Deno.test({
         topK: k,
         experts: E,
         weights: wt,
-        route: { routing, bias: !!bias },
+        route: { routing, bias: !!bias, rank },
         dp4,
         prefetch,
         ...(norm ? { rmsnorm: { eps: 1e-6, weights: "f32" as const } } : {}),
@@ -298,7 +300,8 @@ Deno.test({
           norm: upload(gpu!, nw),
         }, d),
       ]);
-      const what = `${routing.scoring} k${k} ${wt} norm ${norm} dp4 ${dp4} prefetch ${prefetch}`;
+      const what =
+        `${routing.scoring} E${E} k${k} ${wt} norm ${norm} dp4 ${dp4} prefetch ${prefetch} rank ${rank}`;
       const gotIds = new Uint32Array(await readBack(gpu!, ids, T * k * 4));
       if (gotIds.join() !== want.ids.join()) throw new Error(`${what}: ids ${gotIds} != ${want.ids}`);
       assertClose(await readF32(gpu!, rw, T * k), want.weights, 1e-6, 1e-5, `${what}: weights`);
@@ -428,6 +431,7 @@ Deno.test(
       [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_PREFETCH: "1" }, false],
       [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_GROUPS: "1,1" }, false],
       [{ SWACTOR_MOE_GROUPS: "1,1", SWACTOR_MOE_PREFETCH: "1" }, true],
+      [{ SWACTOR_MOE_RANK: "1", SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
     ];
     for (const [env, grouped] of switchSets) {
       for (const I of [32, bigI]) {
