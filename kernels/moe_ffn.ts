@@ -214,8 +214,8 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * SWACTOR_MOE_ROWS ("gate_up,down": rows per warp of the subgroup expert GEMVs) and SWACTOR_MOE_DP4 ("0":
  * the quantised expert GEMVs convert weights to f32 instead of multiplying int8 activations; else dp4
  * wherever the dense GEMVs use it: the adapter has it and gpu.tuning.dp4 is not false) and
- * SWACTOR_MOE_PREFETCH ("1": the expert GEMVs issue their first weight loads before staging their input,
- * and gate_up routes in every warp; default off: on the H200 it made the Qwen3-30B-A3B shape's q4 step 23%
+ * SWACTOR_MOE_PREFETCH ("1", or "gate_up,down" such as "0,1": the expert GEMVs issue their first weight
+ * loads before staging their input, and gate_up routes in every warp; default off: on the H200 it made the Qwen3-30B-A3B shape's q4 step 23%
  * slower at 8 layers, 0.685 against 0.558 ms, and f16's gate_up 1.8x slower at full depth; docs/BENCHMARKS.md),
  * SWACTOR_MOE_XN ("1": the router GEMV also writes the normalised x, int8-quantised for dp4, and gate_up
  * stages that copy instead of normalising and quantising x in every workgroup), SWACTOR_MOE_SCALED ("1":
@@ -232,7 +232,7 @@ function moeSwitches(
   rows: number[];
   groups: number[];
   dp4: boolean;
-  prefetch: boolean;
+  prefetch: [boolean, boolean];
   xn: boolean;
   scaled: boolean;
   rank: boolean;
@@ -242,12 +242,21 @@ function moeSwitches(
     if (v !== undefined && v !== "0" && v !== "1") throw new TypeError(`${name} must be 0 or 1, got "${v}"`);
     return v === undefined ? undefined : v === "1";
   };
+  // "0" / "1" for both expert GEMVs, or "gate_up,down" (e.g. "0,1").
+  const perKernel = (name: string): [boolean, boolean] => {
+    const v = Deno.env.get(name) ?? "0";
+    const parts = v.split(",");
+    if (parts.length > 2 || parts.some((x) => x !== "0" && x !== "1")) {
+      throw new TypeError(`${name} must be 0, 1 or "gate_up,down" of those, got "${v}"`);
+    }
+    return [parts[0] === "1", (parts[1] ?? parts[0]) === "1"];
+  };
   return {
     path: Deno.env.get("SWACTOR_MOE"),
     rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
     groups: (Deno.env.get("SWACTOR_MOE_GROUPS") ?? "").split(",").map(Number),
     dp4: (flag("SWACTOR_MOE_DP4") ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
-    prefetch: flag("SWACTOR_MOE_PREFETCH") ?? false,
+    prefetch: perKernel("SWACTOR_MOE_PREFETCH"),
     xn: flag("SWACTOR_MOE_XN") ?? false,
     scaled: flag("SWACTOR_MOE_SCALED") ?? false,
     rank: flag("SWACTOR_MOE_RANK") ?? false,
@@ -295,7 +304,7 @@ export function moeDecodeCalls(
     rows: MOE_ROWS[0] || undefined,
     groups: MOE_GROUPS[0] || undefined,
     dp4: dp4 && isQuant(d.weights.gateUp),
-    prefetch,
+    prefetch: prefetch[0],
     route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined, rank },
   };
   const down: MoeSgDims = {
@@ -308,7 +317,7 @@ export function moeDecodeCalls(
     rows: MOE_ROWS[1] || undefined,
     groups: MOE_GROUPS[1] || undefined,
     dp4: dp4 && isQuant(d.weights.down),
-    prefetch,
+    prefetch: prefetch[1],
   };
   const sgt = d.weights.sharedGateUp, sdt = d.weights.sharedDown;
   if (Is > 0) {

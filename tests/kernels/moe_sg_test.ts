@@ -432,6 +432,7 @@ Deno.test(
       [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_GROUPS: "1,1" }, false],
       [{ SWACTOR_MOE_GROUPS: "1,1", SWACTOR_MOE_PREFETCH: "1" }, true],
       [{ SWACTOR_MOE_RANK: "1", SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
+      [{ SWACTOR_MOE_PREFETCH: "0,1", SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
     ];
     for (const [env, grouped] of switchSets) {
       for (const I of [32, bigI]) {
