@@ -200,9 +200,9 @@ export function gemvMultiSource(
         "S",
         q4 ? `${T * NB}u` : undefined,
         {
-          start: "lane",
-          q: `${tok} * ${q4 ? NB : 2 * NB}u`,
-          s: `${tok} * ${NB}u`,
+          first: "lane",
+          q: (i) => `xq[${tok} * ${q4 ? NB : 2 * NB}u + ${i}]`,
+          s: (b) => `xqs[${tok} * ${NB}u + ${b}]`,
         },
       )
       : `for (var c = lane; c < KT4; c += S) {

@@ -59,6 +59,12 @@ export interface MoeScratch {
   order: GPUBuffer;
   tiles: GPUBuffer;
   down: GPUBuffer;
+  /**
+   * The decode path's normalised input from the router GEMV (SWACTOR_MOE_XN): f32 [T, H], or its int8
+   * words in the same bytes and their (scale, scale * sum) [T, H / 32] in xnScales.
+   */
+  xn: GPUBuffer;
+  xnScales: GPUBuffer;
   /** The shared expert's gate/up output [T, 2Is] and silu_mul of it [T, Is] (absent without one). */
   sharedGu?: GPUBuffer;
   sharedAct?: GPUBuffer;
@@ -78,6 +84,8 @@ export function createMoeScratch(
     order: storageBuffer(gpu, d.T * k * 4, "moe order"),
     tiles: storageBuffer(gpu, moeMaxTiles(d.T, k, E) * 16, "moe tiles"),
     down: storageBuffer(gpu, d.T * k * d.hidden * 4, "moe down"),
+    xn: storageBuffer(gpu, d.T * d.hidden * 4, "moe normalised x"),
+    xnScales: storageBuffer(gpu, d.T * Math.ceil(d.hidden / 32) * 8, "moe normalised x scales"),
     ...(Is > 0
       ? {
         sharedGu: storageBuffer(gpu, d.T * 2 * Is * 4, "moe shared gate/up"),
@@ -206,23 +214,52 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * SWACTOR_MOE_ROWS ("gate_up,down": rows per warp of the subgroup expert GEMVs) and SWACTOR_MOE_DP4 ("0":
  * the quantised expert GEMVs convert weights to f32 instead of multiplying int8 activations; else dp4
  * wherever the dense GEMVs use it: the adapter has it and gpu.tuning.dp4 is not false) and
- * SWACTOR_MOE_PREFETCH ("1": the expert GEMVs issue their first weight loads before staging their input,
- * and gate_up routes in every warp; default off: on the H200 it made the Qwen3-30B-A3B shape's q4 step 23%
- * slower at 8 layers, 0.685 against 0.558 ms, and f16's gate_up 1.8x slower at full depth; docs/BENCHMARKS.md).
+ * SWACTOR_MOE_PREFETCH ("1", or "gate_up,down" such as "0,1": the expert GEMVs issue their first weight
+ * loads before staging their input, and gate_up routes in every warp; default off: on the H200 it made the Qwen3-30B-A3B shape's q4 step 23%
+ * slower at 8 layers, 0.685 against 0.558 ms, and f16's gate_up 1.8x slower at full depth; docs/BENCHMARKS.md),
+ * SWACTOR_MOE_XN ("1": the router GEMV also writes the normalised x, int8-quantised for dp4, and gate_up
+ * stages that copy instead of normalising and quantising x in every workgroup), SWACTOR_MOE_SCALED ("1":
+ * gate_up writes its activations times their route weights, so down stages them without waiting for its
+ * coefficient table), SWACTOR_MOE_RANK ("1": gate_up's routing ranks the experts a thread each instead of
+ * the first warp's k rounds of subgroup reductions), all three off until timed on the H200, and
+ * SWACTOR_MOE_GROUPS ("gate_up,down": most workgroups of each expert GEMV, their warps looping over row
+ * blocks; 0 or absent: one block a warp).
  */
 function moeSwitches(
   gpu: Gpu,
-): { path: string | undefined; rows: number[]; dp4: boolean; prefetch: boolean } {
+): {
+  path: string | undefined;
+  rows: number[];
+  groups: number[];
+  dp4: boolean;
+  prefetch: [boolean, boolean];
+  xn: boolean;
+  scaled: boolean;
+  rank: boolean;
+} {
   const flag = (name: string): boolean | undefined => {
     const v = Deno.env.get(name);
     if (v !== undefined && v !== "0" && v !== "1") throw new TypeError(`${name} must be 0 or 1, got "${v}"`);
     return v === undefined ? undefined : v === "1";
   };
+  // "0" / "1" for both expert GEMVs, or "gate_up,down" (e.g. "0,1").
+  const perKernel = (name: string): [boolean, boolean] => {
+    const v = Deno.env.get(name) ?? "0";
+    const parts = v.split(",");
+    if (parts.length > 2 || parts.some((x) => x !== "0" && x !== "1")) {
+      throw new TypeError(`${name} must be 0, 1 or "gate_up,down" of those, got "${v}"`);
+    }
+    return [parts[0] === "1", (parts[1] ?? parts[0]) === "1"];
+  };
   return {
     path: Deno.env.get("SWACTOR_MOE"),
     rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
+    groups: (Deno.env.get("SWACTOR_MOE_GROUPS") ?? "").split(",").map(Number),
     dp4: (flag("SWACTOR_MOE_DP4") ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
-    prefetch: flag("SWACTOR_MOE_PREFETCH") ?? false,
+    prefetch: perKernel("SWACTOR_MOE_PREFETCH"),
+    xn: flag("SWACTOR_MOE_XN") ?? false,
+    scaled: flag("SWACTOR_MOE_SCALED") ?? false,
+    rank: flag("SWACTOR_MOE_RANK") ?? false,
   };
 }
 
@@ -251,7 +288,9 @@ export function moeDecodeCalls(
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
-  const { path: MOE_PATH, rows: MOE_ROWS, dp4, prefetch } = moeSwitches(gpu);
+  const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled, rank } = moeSwitches(
+    gpu,
+  );
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
@@ -263,9 +302,10 @@ export function moeDecodeCalls(
     weights: d.weights.gateUp,
     rmsnorm: { eps: d.eps, weights: d.normWeights },
     rows: MOE_ROWS[0] || undefined,
+    groups: MOE_GROUPS[0] || undefined,
     dp4: dp4 && isQuant(d.weights.gateUp),
-    prefetch,
-    route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined },
+    prefetch: prefetch[0],
+    route: MOE_PATH === "router" ? undefined : { routing: r, bias: b.bias !== undefined, rank },
   };
   const down: MoeSgDims = {
     kind: "down",
@@ -275,8 +315,9 @@ export function moeDecodeCalls(
     weights: d.weights.down,
     accumulate: true,
     rows: MOE_ROWS[1] || undefined,
+    groups: MOE_GROUPS[1] || undefined,
     dp4: dp4 && isQuant(d.weights.down),
-    prefetch,
+    prefetch: prefetch[1],
   };
   const sgt = d.weights.sharedGateUp, sdt = d.weights.sharedDown;
   if (Is > 0) {
@@ -305,13 +346,29 @@ export function moeDecodeCalls(
   if (!sgDown && !moeGemvFits(I, d.weights.down)) return null;
   const folded = (gateUp.sharedSlots ?? 0) > 0;
   const norm = { normWeight: b.norm };
+  // The router GEMV's normalised x (int8 for dp4) staged as it is by gate_up.
+  const xnForm = !xn ? undefined : gateUp.dp4 ? d.weights.gateUp as QuantType : "f32";
+  if (xnForm) {
+    gateUp.rmsnorm = undefined;
+    gateUp.prenormed = true;
+  }
+  // Activations pre-weighted by gate_up for down (needs the routing in gate_up and the subgroup down).
+  if (scaled && gateUp.route && sgDown) gateUp.scaled = down.scaled = true;
   const calls = [
-    moeRouterGemvCall(gpu, { x: b.x, router: b.router, norm: b.norm, logits: s.logits }, {
+    moeRouterGemvCall(gpu, {
+      x: b.x,
+      router: b.router,
+      norm: b.norm,
+      logits: s.logits,
+      xn: s.xn,
+      xnScales: s.xnScales,
+    }, {
       K: H,
       experts: r.experts,
       T,
       eps: d.eps,
       normWeights: d.normWeights,
+      xn: xnForm,
     }),
   ];
   if (!gateUp.route) {
@@ -323,7 +380,8 @@ export function moeDecodeCalls(
     );
   }
   calls.push(moeSgCall(gpu, {
-    x: b.x,
+    x: xnForm ? s.xn : b.x,
+    xScales: s.xnScales,
     w: b.gateUp,
     out: s.gu,
     ids: s.ids,

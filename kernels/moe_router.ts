@@ -71,11 +71,15 @@ export function checkRouting(r: MoeRouting): Required<MoeRouting> {
  * The routing as WGSL a kernel of WG = 256 threads can embed: `decls` (workgroup arrays and a reduction
  * helper, names prefixed `rt_`) and `body(row)`, statements run by every thread (tid = its local index) that
  * read `logits[row + e]` (and `bias[e]` with `bias`) and leave the choice in workgroup memory: rt_ids[j]
- * (u32) and rt_w[j] (f32, final weights), slot 0 the best, after a barrier.
+ * (u32) and rt_w[j] (f32, final weights), slot 0 the best, after a barrier. With `warp` (the subgroup
+ * size S) the scores are taken by the first subgroup with subgroupMax / subgroupAdd (no barrier tree) and
+ * the ranking stays as it is, a thread an expert: one barrier and a pass over the E choices in workgroup
+ * memory where routerWgslFast does k dependent rounds of two subgroup reductions.
  */
 export function routerWgsl(
   r: Required<MoeRouting>,
   bias: boolean,
+  warp?: number,
 ): { decls: string; body: (row: string) => string } {
   const E = r.experts;
   const G = r.groups;
@@ -84,7 +88,25 @@ export function routerWgsl(
   const K = r.topK;
   const scale = Math.fround(r.scale);
   const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
-  const score = (row: string) =>
+  // Softmax by the first subgroup (sigmoid needs no reduction: every thread scores its experts); its lanes
+  // hold experts lane, lane + S, ... and also write the choices.
+  const byWarp = warp !== undefined && r.scoring === "softmax";
+  const score = (row: string) => byWarp ? warpScore(row, warp!) : treeScore(row);
+  const warpScore = (row: string, S: number) => `
+  if (tid < ${S}u) {
+    var m = -3.4e38;
+    for (var e = tid; e < ${E}u; e += ${S}u) { m = max(m, logits[${row} + e]); }
+    m = subgroupMax(m);
+    var s = 0.0;
+    for (var e = tid; e < ${E}u; e += ${S}u) { let v = exp(logits[${row} + e] - m); rt_score[e] = v; s += v; }
+    s = subgroupAdd(s);
+    for (var e = tid; e < ${E}u; e += ${S}u) {
+      let v = rt_score[e] / s;
+      rt_score[e] = v;
+      rt_choice[e] = v${bias ? " + bias[e]" : ""};
+    }
+  }`;
+  const treeScore = (row: string) =>
     r.scoring === "softmax"
       ? `
   var rt_m = -3.4e38;
@@ -144,8 +166,10 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
   return r;
 }`;
   const body = (row: string) => `
-  ${score(row)}
-  for (var e = tid; e < ${E}u; e += 256u) { rt_choice[e] = rt_score[e]${bias ? " + bias[e]" : ""}; }
+  ${score(row)}${
+    byWarp ? "" : `
+  for (var e = tid; e < ${E}u; e += 256u) { rt_choice[e] = rt_score[e]${bias ? " + bias[e]" : ""}; }`
+  }
   workgroupBarrier();
   ${groups}
   // Rank = how many experts beat this one (larger c, or equal c and a lower index): a total order, so
@@ -166,6 +190,18 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
   }
   workgroupBarrier();`;
   return { decls, body };
+}
+
+/**
+ * WGSL for `a[min(i, n - 1)]` of a per-lane array `a` of n elements, by constant indices (selects) for
+ * n <= 16: an array indexed by a runtime value may be placed in local memory, constant indices keep it in
+ * registers (routerWgslFast's rt_wid / rt_wt).
+ */
+export function registerAt(a: string, i: string, n: number): string {
+  if (n > 16) return `${a}[min(${i}, ${n - 1}u)]`;
+  let r = `${a}[${n - 1}]`;
+  for (let j = n - 2; j >= 0; j--) r = `select(${r}, ${a}[${j}], ${i} == ${j}u)`;
+  return r;
 }
 
 /**
@@ -190,6 +226,21 @@ export function routerWgslFast(
   if (r.groups !== 1) throw new RangeError("the subgroup router serves routing without expert groups");
   const E = r.experts, K = r.topK;
   const PER = Math.ceil(E / S);
+  // The chosen flags: a bit mask (registers; a dynamically indexed array may live in local memory), or
+  // past 32 a lane an array.
+  const tk = PER <= 32
+    ? {
+      decl: "var taken = 0u;",
+      init: `taken |= select(0u, 1u << i, e >= ${E}u);`,
+      free: "(taken & (1u << i)) == 0u",
+      take: `taken |= 1u << (win / ${S}u);`,
+    }
+    : {
+      decl: `var taken: array<bool, ${PER}>;`,
+      init: `taken[i] = e >= ${E}u;`,
+      free: "!taken[i]",
+      take: `taken[win / ${S}u] = true;`,
+    };
   const scale = Math.fround(r.scale);
   const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
   const warp = (row: string, lane: string) => {
@@ -226,25 +277,28 @@ export function routerWgslFast(
     let row = ${row};
     var sc: array<f32, ${PER}>;
     var ch: array<f32, ${PER}>;
-    var taken: array<bool, ${PER}>;
+    ${tk.decl}
     var pick: array<f32, ${K}>;
     ${score}
     for (var i = 0u; i < ${PER}u; i++) {
       let e = i * ${S}u + ${lane};
-      taken[i] = e >= ${E}u;
+      ${tk.init}
       ch[i] = sc[i]${bias ? " + bias[min(e, " + (E - 1) + "u)]" : ""};
     }
     for (var j = 0u; j < ${K}u; j++) {
       var bv = -3.40282347e38;
       var be = 0xffffffffu;
       for (var i = 0u; i < ${PER}u; i++) {
-        if (!taken[i] && (be == 0xffffffffu || ch[i] > bv)) { bv = ch[i]; be = i * ${S}u + ${lane}; }
+        if (${tk.free} && (be == 0xffffffffu || ch[i] > bv)) { bv = ch[i]; be = i * ${S}u + ${lane}; }
       }
       let mv = subgroupMax(select(-3.40282347e38, bv, be != 0xffffffffu));
       let win = subgroupMin(select(0xffffffffu, be, be != 0xffffffffu && bv == mv));
-      if (win % ${S}u == ${lane}) { taken[win / ${S}u] = true; }
+      if (win % ${S}u == ${lane}) { ${tk.take} }
       rt_wid[j] = win;
-      pick[j] = subgroupShuffle(sc[min(win / ${S}u, ${PER - 1}u)], win % ${S}u);
+      // The winner's score from its lane (constant indices: the arrays stay in registers).
+      var own = sc[0];
+      for (var i = 1u; i < ${PER}u; i++) { own = select(own, sc[i], win / ${S}u == i); }
+      pick[j] = subgroupShuffle(own, win % ${S}u);
       rt_wt[j] = pick[j];
     }${norm}
     for (var j = 0u; j < ${K}u; j++) { rt_wt[j] = rt_wt[j] * ${f(scale)}; }
@@ -256,8 +310,8 @@ var<workgroup> rt_w: array<f32, ${K}>;`;
   const body = (row: string, lane = "tid") => `
   if (tid < ${S}u) {${warp(row, lane)}
     if (tid < ${K}u) {
-      rt_ids[tid] = rt_wid[tid];
-      rt_w[tid] = rt_wt[tid];
+      rt_ids[tid] = ${registerAt("rt_wid", "tid", K)};
+      rt_w[tid] = ${registerAt("rt_wt", "tid", K)};
     }
   }
   workgroupBarrier();`;

@@ -13,7 +13,7 @@
 // Slots whose expert lies outside [firstExpert, firstExpert + experts) read nothing and add nothing.
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
-import { checkRouting, type MoeRouting, routerWgsl, routerWgslFast } from "./moe_router.ts";
+import { checkRouting, type MoeRouting, registerAt, routerWgsl, routerWgslFast } from "./moe_router.ts";
 import { dp4Dot, int8BlocksWgsl, siluMul } from "./wgsl.ts";
 
 type Storage = WeightType | QuantType;
@@ -43,11 +43,19 @@ export interface MoeSgDims {
   /** Rows (gate_up: gate/up pairs) per warp at a time. Default: 2. */
   rows?: number;
   /**
+   * Most workgroups launched, each warp then walking several row blocks (as gemv_sg.ts's `groups`): fewer
+   * prologues (routing, staging) when the grid would not be resident at once. Default 0: one block a warp.
+   */
+  groups?: number;
+  /**
    * gate_up: choose the experts here from the router's logits (moe_router.ts's routing, run by every
    * workgroup on its own: no dispatch of its own), writing ids and routeWeights from workgroup 0 for the
-   * down GEMV and anyone after; `bias` is e_score_correction_bias.
+   * down GEMV and anyone after; `bias` is e_score_correction_bias. Without expert groups the first warp
+   * routes in registers (routerWgslFast), unless `rank`: then routerWgsl with the softmax by the first warp
+   * and the top-k by ranking, a thread an expert (k dependent rounds of subgroup reductions against one
+   * pass over the choices in workgroup memory). Default rank false.
    */
-  route?: { routing: MoeRouting; bias: boolean };
+  route?: { routing: MoeRouting; bias: boolean; rank?: boolean };
   /**
    * q8 / q4: multiply int8 activations with dot4I8Packed (gemv_sg.ts's dp4: the staged input quantised
    * per block of 32, wgsl.ts's int8BlocksWgsl) instead of converting every weight to f32. Needs WGSL's
@@ -66,6 +74,20 @@ export interface MoeSgDims {
    * gate_up's act and down's input are then [T, topK + sharedSlots, I]. Default 0.
    */
   sharedSlots?: number;
+  /**
+   * gate_up: x is already normalised, written by the router GEMV (moeRouterGemvCall's `xn`): f32 [T, K], or
+   * with dp4 its int8 copy in the staged layout ([T, K / 16] vec4<u32>, scales [T, K / 32] vec2<f32> bound
+   * as `xScales`), so staging is a plain copy (no sum of squares, no quantisation) and, with `route`, the
+   * routing's barrier is the only one before the weights stream (the slots read from the routing's ids).
+   * Not with `rmsnorm`. Default false.
+   */
+  prenormed?: boolean;
+  /**
+   * gate_up (with `route`): write each slot's activations times its route weight; down: its input is so
+   * (the shared slots' weight is 1), so staging needs no coefficient table first (one barrier, not two).
+   * Default false.
+   */
+  scaled?: boolean;
 }
 
 /** Whether the kernel runs dp4 (quantised weights and the option). */
@@ -142,8 +164,10 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const WIDTH = down ? SL * d.K : d.K; // staged floats
   const VU = down ? SL * UNITS : UNITS; // units of a (virtual) row
   const routing = d.route && checkRouting(d.route.routing);
-  const fast = routing && routing.groups === 1 ? routerWgslFast(routing, d.route!.bias, S) : undefined;
-  const rt = !routing ? undefined : fast ?? routerWgsl(routing, d.route!.bias);
+  const fast = routing && routing.groups === 1 && !d.route!.rank
+    ? routerWgslFast(routing, d.route!.bias, S)
+    : undefined;
+  const rt = !routing ? undefined : fast ?? routerWgsl(routing, d.route!.bias, d.route!.rank ? S : undefined);
   // Issue the first pass's weight loads before staging: the slots read from the ids in memory, or, when
   // this kernel routes without expert groups, every warp routes on its own (the choice in its registers,
   // no barrier) and loads at once.
@@ -152,7 +176,7 @@ function source(d: MoeSgDims, S: number, R: number): string {
   // The slot table in workgroup memory (routed slots from the ids; shared ones fixed): slot_at's
   // (base, row stride) and the slot's input coefficient (down: its route weight).
   const idOf = warpRoute
-    ? "rt_wid[min(tid, K_SLOTS - 1u)]"
+    ? registerAt("rt_wid", "tid", k)
     : rt
     ? "rt_ids[min(tid, K_SLOTS - 1u)]"
     : "ids[t * K_SLOTS + min(tid, K_SLOTS - 1u)]";
@@ -168,11 +192,17 @@ function source(d: MoeSgDims, S: number, R: number): string {
   // Slot j's base and row stride: from the table, or (prefetch) straight from the ids.
   const fromTable = { sb: (j: string) => `sb[${j}]`, sr: (j: string) => `sr[${j}]` };
   const idAt = (j: string) =>
-    warpRoute ? `rt_wid[min(${j}, K_SLOTS - 1u)]` : `ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)]`;
+    warpRoute ? registerAt("rt_wid", j, k) : `ids[t * K_SLOTS + min(${j}, K_SLOTS - 1u)]`;
   const fromIds = {
     sb: (j: string) => `slot_at(${idAt(j)}, ${j}).x`,
     sr: (j: string) => `slot_at(${idAt(j)}, ${j}).y`,
   };
+  // Prenormed with the routing here: no table (its barrier would be a second one), the slots from rt_ids.
+  const fromRt = {
+    sb: (j: string) => `slot_at(rt_ids[min(${j}, K_SLOTS - 1u)], ${j}).x`,
+    sr: (j: string) => `slot_at(rt_ids[min(${j}, K_SLOTS - 1u)], ${j}).y`,
+  };
+  const slots = !down && d.prenormed && rt && !warpRoute ? fromRt : fromTable;
   // The staged input: vec4 i of it (down: the slots' activations times their route weights; gate_up: x or
   // rmsnorm(x) * norm), f32 in xs, or with dp4 its int8 copy.
   let stage: string;
@@ -180,8 +210,24 @@ function source(d: MoeSgDims, S: number, R: number): string {
     dp4 ? int8BlocksWgsl(wt as QuantType, vin, `${width} / 32u`, "WG", "VU") : `
   for (var i = tid; i < ${width} / 4u; i += WG) { xs[xi(i)] = ${vin("i")}; }`;
   if (down) {
-    stage = `${table}
+    stage = d.scaled ? `${table}${put((i) => `x[t * (WIDTH / 4u) + ${i}]`, "WIDTH")}` : `${table}
   workgroupBarrier();${put((i) => `x[t * (WIDTH / 4u) + ${i}] * coef[(${i}) / (K / 4u)]`, "WIDTH")}`;
+    stage += "\n  workgroupBarrier();";
+  } else if (d.prenormed) {
+    // A plain copy of the router's normalised x; its loads overlap the routing's.
+    stage = dp4
+      ? `
+  for (var i = tid; i < K / 16u; i += WG) { xq[i] = x[t * (K / 16u) + i]; }
+  for (var i = tid; i < K / 32u; i += WG) { xqs[i] = xsc[t * (K / 32u) + i]; }`
+      : `
+  for (var i = tid; i < K / 4u; i += WG) { xs[xi(i)] = x[t * (K / 4u) + i]; }`;
+    if (rt && !warpRoute) {
+      stage += rt.body(`t * ${d.route!.routing.experts}u`, "sg_lane") + `
+  if (wg.x == 0u && tid < K_SLOTS) {
+    ids[t * K_SLOTS + tid] = rt_ids[tid];
+    rw[t * K_SLOTS + tid] = rt_w[tid];
+  }`;
+    } else stage += table + "\n  workgroupBarrier();";
   } else {
     // The sum of squares of x first: the routing's barriers publish it (its loads overlap the routing).
     stage = d.rmsnorm
@@ -208,9 +254,8 @@ function source(d: MoeSgDims, S: number, R: number): string {
   for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
   let inv = inverseSqrt(tot / f32(K) + p.eps);${put((i) => `x[t * (K / 4u) + ${i}] * inv * ${nwv(i)}`, "K")}`;
     } else stage += put((i) => `x[t * (K / 4u) + ${i}]`, "K");
-    stage += table;
+    stage += table + "\n  workgroupBarrier();";
   }
-  stage += "\n  workgroupBarrier();";
   if (wt === "q4" && !dp4) {
     stage += `
   for (var j = tid; j < VU; j += WG) {
@@ -274,6 +319,13 @@ function source(d: MoeSgDims, S: number, R: number): string {
     }`
     ).join("\n    ");
   } else {
+    // scaled: times slot j's route weight (the shared slots': 1).
+    const scale = (j: string) =>
+      !d.scaled
+        ? ""
+        : ` * select(${
+          warpRoute ? registerAt("rt_wt", j, k) : `rt_w[min(${j}, K_SLOTS - 1u)]`
+        }, 1.0, ${j} >= K_SLOTS)`;
     // Pairs P = n0 + r: slot j = P / N, row n = P % N.
     rowsDecl = (tab) =>
       rows.map((r) =>
@@ -304,7 +356,7 @@ function source(d: MoeSgDims, S: number, R: number): string {
       `let sg${r} = subgroupAdd(ag${r});
     let su${r} = subgroupAdd(au${r});
     if (lane == 0u && n0 + ${r}u < SL * N && b${r} != 0xffffffffu) {
-      act[t * SL * N + n0 + ${r}u] = ${siluMul(`sg${r}`, `su${r}`)};
+      act[t * SL * N + n0 + ${r}u] = ${siluMul(`sg${r}`, `su${r}`)}${scale(`j${r}`)};
     }`
     ).join("\n    ");
   }
@@ -319,8 +371,8 @@ function source(d: MoeSgDims, S: number, R: number): string {
   const nblk = `let nblk = (${down ? "N" : "SL * N"} + R - 1u) / R;\n  let blk0 = wg.x * WARPS + warp;`;
   const route = !warpRoute ? "" : `${fast!.warp(`t * ${routing!.experts}u`, "sg_lane")}
   if (wg.x == 0u && warp == 0u && lane < K_SLOTS) {
-    ids[t * K_SLOTS + lane] = rt_wid[lane];
-    rw[t * K_SLOTS + lane] = rt_wt[lane];
+    ids[t * K_SLOTS + lane] = ${registerAt("rt_wid", "lane", k)};
+    rw[t * K_SLOTS + lane] = ${registerAt("rt_wt", "lane", k)};
   }`;
   const body = prefetch
     ? `${route}
@@ -346,7 +398,7 @@ function source(d: MoeSgDims, S: number, R: number): string {
   ${nblk}
   for (var blk = blk0; blk < nblk; blk += ng.x * WARPS) {
     let n0 = blk * R;
-    ${rowsDecl(fromTable)}
+    ${rowsDecl(slots)}
     ${loop("lane")}
     ${stores}
   }`;
@@ -361,6 +413,7 @@ function source(d: MoeSgDims, S: number, R: number): string {
     if (d.route!.bias) more.push("var<storage, read> bias: array<f32>");
   }
   if (NSH > 0) more.push("var<storage, read> WS: array<vec4<u32>>");
+  if (!down && d.prenormed && dp4) more.push("var<storage, read> xsc: array<vec2<f32>>");
   const extra = more.map((b, i) => `@group(0) @binding(${4 + i}) ${b};`).join("\n") + (rt ? rt.decls : "");
   const gscale = (buf: string, off: string) => `
   let sw = ${buf}[${off} / 4u + g / 8u][(g / 2u) % 4u];
@@ -403,7 +456,7 @@ fn q4v(w: u32, sh: u32) -> vec4<f32> {
   return `
 struct P { eps: f32, soff: u32, e0: u32, ne: u32, acc: u32, soff2: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> x: array<${!down && d.prenormed && dp4 ? "vec4<u32>" : "vec4<f32>"}>;
 @group(0) @binding(2) var<storage, read> W: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> ${down ? "y" : "act"}: array<f32>;
 ${extra}
@@ -468,6 +521,7 @@ export function moeSgCall(
     logits?: GPUBuffer;
     bias?: GPUBuffer;
     shared?: GPUBuffer;
+    xScales?: GPUBuffer;
   },
   d: MoeSgDims,
 ): KernelCall {
@@ -481,6 +535,11 @@ export function moeSgCall(
   if (d.dp4 && isQuant(d.weights) && !gpu.hasDp4) {
     throw new RangeError("the dp4 expert GEMV needs WGSL's packed_4x8_integer_dot_product");
   }
+  if (d.prenormed && (down || d.rmsnorm)) {
+    throw new TypeError("prenormed is gate_up's, without rmsnorm (the router GEMV normalised x)");
+  }
+  if (d.prenormed && isDp4(d) && !bufs.xScales) throw new TypeError("prenormed dp4 needs xScales");
+  if (d.scaled && !down && !d.route) throw new TypeError("scaled gate_up needs route (its route weights)");
   const R = d.rows ?? 2;
   const NSH = d.sharedSlots ?? 0;
   if (!(Number.isInteger(NSH) && NSH >= 0)) throw new RangeError(`sharedSlots must be >= 0, got ${NSH}`);
@@ -514,8 +573,14 @@ export function moeSgCall(
     if (d.route.bias) buffers.push(bufs.bias!);
   }
   if (NSH > 0) buffers.push(bufs.shared!);
+  if (!down && d.prenormed && isDp4(d)) buffers.push(bufs.xScales!);
   const warps = WG / S;
-  const groups = Math.ceil(Math.ceil(rowsOut / R) / warps);
+  const need = Math.ceil(Math.ceil(rowsOut / R) / warps);
+  const cap = d.groups ?? 0;
+  if (!(Number.isInteger(cap) && cap >= 0)) {
+    throw new RangeError(`groups must be an integer >= 0, got ${cap}`);
+  }
+  const groups = cap > 0 ? Math.min(need, cap) : need;
   return kernelCall(gpu, pipeline(gpu, source(d, S, R)), buffers, [groups, d.T], `moe_sg_${d.kind}`);
 }
 
@@ -525,20 +590,52 @@ export function moeSgCall(
  * at once (one memory round trip), then one reduction of the sum of squares and the dot product together:
  *   logits[t, e] = rsqrt(mean(x[t]^2) + eps) * sum_k router[e, k] * x[t, k] * norm[k]
  * (the same value as rmsnorm then the GEMV, up to f32 summation order). Router f32 [E, K], K % 4 == 0.
+ * With `xn`, every workgroup also writes its share of the normalised x[t] * rsqrt(...) * norm, for the
+ * gate_up GEMV to stage as it is (MoeSgDims.prenormed): "f32" [T, K] into `xn`, or "q8" / "q4" the int8
+ * copy the dp4 GEMV stages (wgsl.ts's int8BlocksWgsl, q4 split: [T, K / 16] vec4<u32> words into `xn`,
+ * [T, K / 32] vec2<f32> (scale, scale * sum q) into `xnScales`), so the expert workgroups skip the
+ * RMSNorm reduction and the quantisation. Workgroup e writes vec4s (f32) or blocks e, e + E, ...
  */
 export function moeRouterGemvCall(
   gpu: Gpu,
-  bufs: { x: GPUBuffer; router: GPUBuffer; norm: GPUBuffer; logits: GPUBuffer },
-  d: { K: number; experts: number; T: number; eps: number; normWeights: WeightType },
+  bufs: {
+    x: GPUBuffer;
+    router: GPUBuffer;
+    norm: GPUBuffer;
+    logits: GPUBuffer;
+    xn?: GPUBuffer;
+    xnScales?: GPUBuffer;
+  },
+  d: { K: number; experts: number; T: number; eps: number; normWeights: WeightType; xn?: "f32" | QuantType },
 ): KernelCall {
   const S = gpu.subgroupSize;
   if (!S || d.K % 4 !== 0) {
     throw new RangeError(`the router GEMV needs subgroups and K % 4 == 0, got K = ${d.K}`);
   }
+  const q = d.xn === "q4" || d.xn === "q8" ? d.xn : undefined;
+  if (d.xn && (!bufs.xn || (q && !bufs.xnScales))) throw new TypeError(`xn "${d.xn}" needs its buffers`);
+  if (q && d.K % QUANT_GROUP !== 0) throw new RangeError(`the int8 xn needs K % 32 == 0, got K = ${d.K}`);
   const K4 = d.K / 4;
-  const nwv = d.normWeights === "f16"
-    ? "vec4<f32>(unpack2x16float(nw[i].x), unpack2x16float(nw[i].y))"
-    : "nw[i]";
+  const nwAt = (i: string) =>
+    d.normWeights === "f16"
+      ? `vec4<f32>(unpack2x16float(nw[${i}].x), unpack2x16float(nw[${i}].y))`
+      : `nw[${i}]`;
+  const nwv = nwAt("i");
+  const xnv = (i: string) => `x[t * K4 + ${i}] * inv * ${nwAt(i)}`;
+  const xnOut = !d.xn
+    ? ""
+    : q
+    ? int8BlocksWgsl(q, xnv, `${d.K / 32}u`, `E * ${WG}u`, q === "q4" ? `${d.K / 32}u` : undefined, {
+      first: "e + E * tid",
+      q: (i) => `xn[t * ${d.K / 16}u + ${i}]`,
+      s: (b) => `xns[t * ${d.K / 32}u + ${b}]`,
+    })
+    : `
+  for (var i = e + E * tid; i < K4; i += E * ${WG}u) { xn[t * K4 + i] = ${xnv("i")}; }`;
+  const xnDecl = !d.xn ? "" : q
+    ? `@group(0) @binding(5) var<storage, read_write> xn: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> xns: array<vec2<f32>>;`
+    : "@group(0) @binding(5) var<storage, read_write> xn: array<vec4<f32>>;";
   const code = `
 struct P { eps: f32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -549,6 +646,7 @@ struct P { eps: f32 }
 const K4 = ${K4}u;
 const E = ${d.experts}u;
 const WARPS = ${WG / S}u;
+${xnDecl}
 var<workgroup> red: array<vec2<f32>, ${WG / S}>;
 @compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -564,17 +662,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let r = subgroupAdd(vec2<f32>(ss, dt));
   if (tid % ${S}u == 0u) { red[tid / ${S}u] = r; }
   workgroupBarrier();
-  if (tid == 0u) {
-    var tot = vec2<f32>(0.0);
-    for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
-    logits[t * E + e] = inverseSqrt(tot.x / f32(${d.K}) + p.eps) * tot.y;
-  }
+  var tot = vec2<f32>(0.0);
+  for (var w = 0u; w < WARPS; w++) { tot += red[w]; }
+  let inv = inverseSqrt(tot.x / f32(${d.K}) + p.eps);
+  if (tid == 0u) { logits[t * E + e] = inv * tot.y; }${xnOut}
 }`;
   const params = uniformBuffer(gpu, [d.eps], [0]);
+  const xnBufs = !d.xn ? [] : q ? [bufs.xn!, bufs.xnScales!] : [bufs.xn!];
   return kernelCall(
     gpu,
     pipeline(gpu, code),
-    [params, bufs.x, bufs.router, bufs.logits, bufs.norm],
+    [params, bufs.x, bufs.router, bufs.logits, bufs.norm, ...xnBufs],
     [d.experts, d.T],
     "moe_router_gemv",
   );

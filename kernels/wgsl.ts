@@ -65,7 +65,10 @@ fn q4v(w: u32, sh: u32) -> vec4<f32> {
  * `vin(k)` is vec4 k of the (transformed) input, k an expression of the block b; the blocks are shared out
  * from `tid` in steps of `step`. The caller adds the barrier. `split` (q4): the two vec4s of block b go to
  * xq[b] and xq[split + b] instead (split = the number of blocks), so a warp whose lanes read one block each
- * reads consecutive vec4s (interleaved, they stride 32 bytes: 2-way bank conflicts).
+ * reads consecutive vec4s (interleaved, they stride 32 bytes: 2-way bank conflicts). `out` writes
+ * elsewhere: the first block (default `tid`) and the word / scale element for an index (default xq[i],
+ * xqs[b]), e.g. a storage buffer's row (moe_sg.ts's router GEMV writes the copy once for every workgroup)
+ * or one token's rows of a tile holding several (gemv_multi.ts).
  */
 export function int8BlocksWgsl(
   wt: QuantType,
@@ -73,12 +76,11 @@ export function int8BlocksWgsl(
   blocks: string,
   step: string,
   split?: string,
-  at?: { start: string; q: string; s: string },
+  out: { first?: string; q?: (i: string) => string; s?: (b: string) => string } = {},
 ): string {
-  // `at` (gemv_multi.ts, one token's tile of several): the first block index (instead of tid) and the
-  // offsets of this row's words in xq and scales in xqs.
-  const [q, s] = at ? [`${at.q} + `, `${at.s} + `] : ["", ""];
-  const [lo, hi] = split && wt === "q4" ? [`${q}b`, `${q}${split} + b`] : [`${q}2u * b`, `${q}2u * b + 1u`];
+  const q = out.q ?? ((i: string) => `xq[${i}]`);
+  const s = out.s ?? ((b: string) => `xqs[${b}]`);
+  const [lo, hi] = split && wt === "q4" ? ["b", `${split} + b`] : ["2u * b", "2u * b + 1u"];
   const order = wt === "q4"
     ? "let e = vec4<f32>(v0.x, v0.z, v1.x, v1.z); let o = vec4<f32>(v0.y, v0.w, v1.y, v1.w);"
     : "let e = v0; let o = v1;";
@@ -99,16 +101,16 @@ export function int8BlocksWgsl(
       ${put}
     }`).join("");
   return `
-  for (var b = ${at?.start ?? "tid"}; b < ${blocks}; b += ${step}) {
+  for (var b = ${out.first ?? "tid"}; b < ${blocks}; b += ${step}) {
     ${xin.join("\n    ")}
     var m = ${Array.from({ length: 8 }, (_, i) => `abs(xb${i})`).reduce((a, c) => `max(${a}, ${c})`)};
     let amax = max(max(m.x, m.y), max(m.z, m.w));
     let sc = select(amax / 127.0, 1.0, amax == 0.0);
     var words: array<u32, 8>;
     var qs = vec4<i32>(0);${quads}
-    xq[${lo}] = vec4<u32>(words[0], words[1], words[2], words[3]);
-    xq[${hi}] = vec4<u32>(words[4], words[5], words[6], words[7]);
-    xqs[${s}b] = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
+    ${q(lo)} = vec4<u32>(words[0], words[1], words[2], words[3]);
+    ${q(hi)} = vec4<u32>(words[4], words[5], words[6], words[7]);
+    ${s("b")} = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
   }`;
 }
 

@@ -11,10 +11,10 @@
 // --set vocab_size=4096,num_experts=16,n_routed_experts=16).
 // transformers on the same shapes: scripts/bench/hf_moe.py.
 // --sweep "VAR=a;b;c" also times the decode step (GPU ms, timestamps) for each value of the environment
-// switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MOE_DP4, SWACTOR_MOE_PREFETCH, SWACTOR_HEAD_NORM, SWACTOR_MLA_TUNING,
-// SWACTOR_MOE: read when a program is built) on the loaded
-// model: `sweep_gpu_ms` in the JSON line. --sweep may be given several times: each switch is swept on its
-// own, the others as the environment sets them.
+// switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MOE_GROUPS, SWACTOR_MOE_DP4, SWACTOR_MOE_PREFETCH, SWACTOR_MOE_XN,
+// SWACTOR_MOE_SCALED, SWACTOR_MOE_RANK, SWACTOR_HEAD_NORM, SWACTOR_MLA_TUNING, SWACTOR_MOE: read when a
+// program is built) on the loaded model: `sweep_gpu_ms` in the JSON line. --sweep may be given several
+// times: each switch is swept on its own, the others as the environment sets them.
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
@@ -275,9 +275,13 @@ for (const shape of values.shape!.split(",")) {
       weights,
       moe_path: Deno.env.get("SWACTOR_MOE") ?? "sg",
       moe_rows: Deno.env.get("SWACTOR_MOE_ROWS") ?? "default",
+      moe_groups: Deno.env.get("SWACTOR_MOE_GROUPS") ?? "default",
       mla_tuning: Deno.env.get("SWACTOR_MLA_TUNING") ?? "default",
       moe_dp4: Deno.env.get("SWACTOR_MOE_DP4") ?? "default",
       moe_prefetch: Deno.env.get("SWACTOR_MOE_PREFETCH") ?? "default",
+      moe_xn: Deno.env.get("SWACTOR_MOE_XN") ?? "default",
+      moe_scaled: Deno.env.get("SWACTOR_MOE_SCALED") ?? "default",
+      moe_rank: Deno.env.get("SWACTOR_MOE_RANK") ?? "default",
       head_norm: Deno.env.get("SWACTOR_HEAD_NORM") ?? "fused",
       load_s: Number(loadS.toFixed(1)),
       decode_tok_s: Number(best.toFixed(1)),

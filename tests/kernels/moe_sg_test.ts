@@ -219,24 +219,31 @@ Deno.test({
   name: "moe sg gate_up with the routing fused: the router's choice, weights and activations",
   ignore,
 }, async () => {
-  const K = 64, N = 24, E = 16, T = 2;
+  const K = 64, N = 24, T = 2;
+  // 16 experts; 128 (Qwen3) and 384 (Kimi K2): the subgroup router's lanes hold several experts each (past
+  // 32 a lane, its chosen flags are an array instead of a bit mask).
   const routings: MoeRouting[] = [
-    { experts: E, topK: 4, scoring: "softmax", normTopK: true },
-    { experts: E, topK: 3, scoring: "softmax", normTopK: false },
-    { experts: E, topK: 4, scoring: "sigmoid", normTopK: true, groups: 4, topKGroups: 2, scale: 2.5 },
-    { experts: E, topK: 5, scoring: "sigmoid", normTopK: true, scale: 1.5 },
+    { experts: 16, topK: 4, scoring: "softmax", normTopK: true },
+    { experts: 16, topK: 3, scoring: "softmax", normTopK: false },
+    { experts: 16, topK: 4, scoring: "sigmoid", normTopK: true, groups: 4, topKGroups: 2, scale: 2.5 },
+    { experts: 16, topK: 5, scoring: "sigmoid", normTopK: true, scale: 1.5 },
+    { experts: 128, topK: 8, scoring: "softmax", normTopK: true },
+    { experts: 384, topK: 8, scoring: "sigmoid", normTopK: true, scale: 2.5 },
   ];
   for (const routing of routings) {
+    const E = routing.experts;
     // The last: RMSNorm fused (its sum of squares overlaps the routing) and dp4.
     // prefetch: without groups every warp routes on its own and loads before staging.
     const cases = [["f32", false], ["q4", false], ["q4", true]] as const;
-    for (const [[wt, norm], prefetch] of cases.flatMap((c) => [false, true].map((p) => [c, p] as const))) {
+    // rank: routerWgsl's ranking (the softmax by the first warp) instead of the subgroup router.
+    const modes = [[false, false], [true, false], [false, true]] as const;
+    for (const [[wt, norm], [prefetch, rank]] of cases.flatMap((c) => modes.map((m) => [c, m] as const))) {
       const dp4 = norm && gpu!.hasDp4;
       const k = routing.topK;
       // Logits well apart (a permutation of a spaced ramp): no near-ties for f32 and f64 to order differently.
       const logits = Float32Array.from(
         { length: T * E },
-        (_, i) => (((i * 7) % E) - E / 2) * 0.37 + (i >= E ? 0.11 : 0),
+        (_, i) => (((i * 7) % E) - E / 2) * 0.37 * (16 / E) + (i >= E ? 0.11 : 0),
       );
       // Token 1 of the plain softmax case is all ties: the lowest indices win, in order.
       if (routing.scoring === "softmax" && routing.normTopK) logits.fill(0.5, E, 2 * E);
@@ -273,7 +280,7 @@ Deno.test({
         topK: k,
         experts: E,
         weights: wt,
-        route: { routing, bias: !!bias },
+        route: { routing, bias: !!bias, rank },
         dp4,
         prefetch,
         ...(norm ? { rmsnorm: { eps: 1e-6, weights: "f32" as const } } : {}),
@@ -293,7 +300,8 @@ Deno.test({
           norm: upload(gpu!, nw),
         }, d),
       ]);
-      const what = `${routing.scoring} k${k} ${wt} norm ${norm} dp4 ${dp4} prefetch ${prefetch}`;
+      const what =
+        `${routing.scoring} E${E} k${k} ${wt} norm ${norm} dp4 ${dp4} prefetch ${prefetch} rank ${rank}`;
       const gotIds = new Uint32Array(await readBack(gpu!, ids, T * k * 4));
       if (gotIds.join() !== want.ids.join()) throw new Error(`${what}: ids ${gotIds} != ${want.ids}`);
       assertClose(await readF32(gpu!, rw, T * k), want.weights, 1e-6, 1e-5, `${what}: weights`);
@@ -412,72 +420,99 @@ Deno.test(
     const H = 64, E = 8, k = 4;
     // I small: both subgroup kernels; I large: k * I floats exceed workgroup memory, so down is the team kernel.
     const bigI = Math.ceil((g.maxWorkgroupStorage / 4 / k + 1) / 32) * 32;
-    for (const I of [32, bigI]) {
-      for (const shared of [0, I]) {
-        for (
-          const [wt, dp4] of [["f32", false], ["q4", false], ...(g.hasDp4 ? [["q4", true]] : [])] as [
-            "f32" | "q4",
-            boolean,
-          ][]
-        ) {
-          const routing: MoeRouting = shared
-            ? { experts: E, topK: k, scoring: "sigmoid", normTopK: true, scale: 1.5 }
-            : { experts: E, topK: k, scoring: "softmax", normTopK: true };
-          const T = 1;
-          const x = randoms(T * H, I + shared + 1);
-          const nw = randoms(H, 2, 1);
-          const router = randoms(E * H, 3, 0.3);
-          const bias = shared ? randoms(E, 4, 0.1) : undefined;
-          const gu = packedWeights(wt, randoms(E * 2 * I * H, 5, 0.1), E * 2 * I, H);
-          const dn = packedWeights(wt, randoms(E * H * I, 6, 0.1), E * H, I);
-          const sgu = shared ? packedWeights(wt, randoms(2 * shared * H, 7, 0.1), 2 * shared, H) : undefined;
-          const sdn = shared ? packedWeights(wt, randoms(H * shared, 8, 0.1), H, shared) : undefined;
-          let ss = 0;
-          for (let i = 0; i < H; i++) ss += x[i] ** 2;
-          const inv = 1 / Math.sqrt(ss / H + 1e-6);
-          const xn = x.map((v, i) => v * inv * nw[i]);
-          const dims = { hidden: H, intermediate: I, sharedIntermediate: shared, routing };
-          const ref = moeFfnRef({
-            x: xn,
-            router,
-            bias,
-            gateUp: gu.deq,
-            down: dn.deq,
-            sharedGateUp: sgu?.deq,
-            sharedDown: sdn?.deq,
-          }, dims);
-          const xb = upload(g, x);
-          Deno.env.set("SWACTOR_MOE_DP4", dp4 ? "1" : "0");
-          const calls = moeDecodeCalls(g, {
-            x: xb,
-            norm: upload(g, nw),
-            router: upload(g, router),
-            bias: bias && upload(g, bias),
-            gateUp: uploadBuffer(g, gu.bytes),
-            down: uploadBuffer(g, dn.bytes),
-            sharedGateUp: sgu && uploadBuffer(g, sgu.bytes),
-            sharedDown: sdn && uploadBuffer(g, sdn.bytes),
-            scratch: createMoeScratch(g, { ...dims, T }),
-          }, {
-            ...dims,
-            T,
-            eps: 1e-6,
-            normWeights: "f32",
-            weights: { router: "f32", gateUp: wt, down: wt, sharedGateUp: wt, sharedDown: wt },
-          });
-          Deno.env.delete("SWACTOR_MOE_DP4");
-          if (!calls) throw new Error(`I ${I}: the decode path does not apply`);
-          const downLabel = calls.at(-1)!.label;
-          // With dp4 the long down row fits (1.25 bytes a value staged, not 4).
-          if (downLabel !== (I === bigI && !dp4 ? "moe_gemv_combine" : "moe_sg_down")) {
-            throw new Error(`I ${I}: down ran as ${downLabel}`);
+    // The benchmark switches that change the decode kernels (moe_ffn.ts's moeSwitches); group-limited
+    // routing (routerWgsl, not the subgroup router) with them on.
+    const switchSets: [Record<string, string>, boolean][] = [
+      [{}, false],
+      [{ SWACTOR_MOE_XN: "1" }, false],
+      [{ SWACTOR_MOE_SCALED: "1" }, false],
+      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
+      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, true],
+      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_PREFETCH: "1" }, false],
+      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_GROUPS: "1,1" }, false],
+      [{ SWACTOR_MOE_GROUPS: "1,1", SWACTOR_MOE_PREFETCH: "1" }, true],
+      [{ SWACTOR_MOE_RANK: "1", SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
+      [{ SWACTOR_MOE_PREFETCH: "0,1", SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
+    ];
+    for (const [env, grouped] of switchSets) {
+      for (const I of [32, bigI]) {
+        for (const shared of [0, I]) {
+          for (
+            const [wt, dp4] of [["f32", false], ["q4", false], ...(g.hasDp4 ? [["q4", true]] : [])] as [
+              "f32" | "q4",
+              boolean,
+            ][]
+          ) {
+            const routing: MoeRouting = shared
+              ? { experts: E, topK: k, scoring: "sigmoid", normTopK: true, scale: 1.5 }
+              : { experts: E, topK: k, scoring: "softmax", normTopK: true };
+            if (grouped) Object.assign(routing, { groups: 2, topKGroups: 1 });
+            // Two tokens: each stages its own row (and its own normalised copy from the router GEMV).
+            const T = 2;
+            const x = randoms(T * H, I + shared + 1);
+            const nw = randoms(H, 2, 1);
+            const router = randoms(E * H, 3, 0.3);
+            const bias = shared ? randoms(E, 4, 0.1) : undefined;
+            const gu = packedWeights(wt, randoms(E * 2 * I * H, 5, 0.1), E * 2 * I, H);
+            const dn = packedWeights(wt, randoms(E * H * I, 6, 0.1), E * H, I);
+            const sgu = shared
+              ? packedWeights(wt, randoms(2 * shared * H, 7, 0.1), 2 * shared, H)
+              : undefined;
+            const sdn = shared ? packedWeights(wt, randoms(H * shared, 8, 0.1), H, shared) : undefined;
+            const xn = x.slice();
+            for (let t = 0; t < T; t++) {
+              let ss = 0;
+              for (let i = 0; i < H; i++) ss += x[t * H + i] ** 2;
+              const inv = 1 / Math.sqrt(ss / H + 1e-6);
+              for (let i = 0; i < H; i++) xn[t * H + i] = x[t * H + i] * inv * nw[i];
+            }
+            const dims = { hidden: H, intermediate: I, sharedIntermediate: shared, routing };
+            const ref = moeFfnRef({
+              x: xn,
+              router,
+              bias,
+              gateUp: gu.deq,
+              down: dn.deq,
+              sharedGateUp: sgu?.deq,
+              sharedDown: sdn?.deq,
+            }, dims);
+            const xb = upload(g, x);
+            Deno.env.set("SWACTOR_MOE_DP4", dp4 ? "1" : "0");
+            for (const [name, v] of Object.entries(env)) Deno.env.set(name, v);
+            const calls = moeDecodeCalls(g, {
+              x: xb,
+              norm: upload(g, nw),
+              router: upload(g, router),
+              bias: bias && upload(g, bias),
+              gateUp: uploadBuffer(g, gu.bytes),
+              down: uploadBuffer(g, dn.bytes),
+              sharedGateUp: sgu && uploadBuffer(g, sgu.bytes),
+              sharedDown: sdn && uploadBuffer(g, sdn.bytes),
+              scratch: createMoeScratch(g, { ...dims, T }),
+            }, {
+              ...dims,
+              T,
+              eps: 1e-6,
+              normWeights: "f32",
+              weights: { router: "f32", gateUp: wt, down: wt, sharedGateUp: wt, sharedDown: wt },
+            });
+            Deno.env.delete("SWACTOR_MOE_DP4");
+            for (const name of Object.keys(env)) Deno.env.delete(name);
+            if (!calls) throw new Error(`I ${I}: the decode path does not apply`);
+            const downLabel = calls.at(-1)!.label;
+            // With dp4 the long down row fits (1.25 bytes a value staged, not 4).
+            if (downLabel !== (I === bigI && !dp4 ? "moe_gemv_combine" : "moe_sg_down")) {
+              throw new Error(`I ${I}: down ran as ${downLabel}`);
+            }
+            await runCalls(g, calls);
+            const want = x.map((v, i) => v + ref.out[i]);
+            const what = `I${I} shared ${shared} ${wt} dp4 ${dp4} ${
+              JSON.stringify(env)
+            } grouped ${grouped}: ${calls.map((c) => c.label).join(",")}`;
+            // dp4: the block's output within 2% of its largest (int8 activations, twice quantised).
+            const tol = dp4 ? 0.02 * Math.max(...ref.out.map(Math.abs)) : 1e-4;
+            assertClose(await readF32(g, xb, T * H), want, tol, dp4 ? 0 : 1e-4, what);
           }
-          await runCalls(g, calls);
-          const want = x.map((v, i) => v + ref.out[i]);
-          const what = `I${I} shared ${shared} ${wt} dp4 ${dp4}: ${calls.map((c) => c.label).join(",")}`;
-          // dp4: the block's output within 2% of its largest (int8 activations, twice quantised).
-          const tol = dp4 ? 0.02 * Math.max(...ref.out.map(Math.abs)) : 1e-4;
-          assertClose(await readF32(g, xb, H), want, tol, dp4 ? 0 : 1e-4, what);
         }
       }
     }
