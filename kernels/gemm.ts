@@ -159,9 +159,9 @@ const WAVE = 264;
  * enough warps per SM when the tiles are few), which split K then fills further.
  */
 export function gemmDefaultTile(T: number, N: number, tuning: KernelTuning = {}): GemmTile {
-  const large = tuning.gemmLarge ?? { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2 };
+  const large = tuning.gemmLarge ?? { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4, ci: true };
   if (ceilDiv(T, large.bm) * ceilDiv(N, large.bn) >= WAVE) return large;
-  return tuning.gemmSmall ?? { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 };
+  return tuning.gemmSmall ?? { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, ci: true };
 }
 
 /**

@@ -176,16 +176,12 @@ function gemvPath(
   wt: WeightType | QuantType,
   multi?: MultiTuning | false,
 ): GemvPath {
-  // q4 runs it with int8 activations (dp4) where WGSL has them: with f32 ones the H200 read q4 at 50-160
-  // GB/s at T = 8 (32 decoded floats a row a unit: register-bound), and a k-step with one grid row per
-  // token cost a third of it (docs/BENCHMARKS.md). By default q4 takes it only where its one-token kernel
-  // is gemv_sg.ts's dp4 one too, so a k-step's rows are a one-token step's up to the sums' order (int8
-  // against f32 activations moves a logit by ~2%: greedy tokens would depend on how a draft is cut). q8
-  // keeps f32 activations: they keep the fixtures' greedy tokens where int8 ones flip near-ties in short
-  // prompts' steps. `multi` or gpu.tuning.multi forces the kernel either way; gpu.tuning.dp4 false takes
-  // dp4 away.
-  const oneTokenDp4 = multiDp4(gpu, wt) && gpu.tuning.gemv !== "team" && sgFits(gpu, K, wt);
-  const multiOn = multi !== undefined ? multi !== false : gpu.tuning.multi ?? (wt !== "q4" || oneTokenDp4);
+  // Not by default for q4: on the H200 (2026-12-01) a k = 8 step with one grid row per token cost 3.31x a
+  // one-token step, against 4.01x with the multi-token kernel's int8 activations and 5.3x with f32 ones
+  // (docs/BENCHMARKS.md). When forced (`multi` or gpu.tuning.multi), q4 stages int8 activations where WGSL
+  // has dp4 (multiDp4). q8 keeps f32 activations: they keep the fixtures' greedy tokens where int8 ones flip
+  // near-ties in short prompts' steps.
+  const multiOn = multi !== undefined ? multi !== false : gpu.tuning.multi ?? wt !== "q4";
   if (multiOn && multiFits(gpu, K, T, wt)) return "multi";
   if (gpu.tuning.gemv !== "team" && sgFits(gpu, K, wt)) return "sg";
   return "team";
@@ -276,9 +272,9 @@ export function gemvFusedCall(
     const t = isSgTuning(d.tuning) ? d.tuning : withDeferNorm(
       withPrefetch(
         sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false, pairs),
-        gpu.tuning.prefetch,
+        gpu.tuning.prefetch ?? true,
       ),
-      gpu.tuning.deferNorm,
+      gpu.tuning.deferNorm ?? true,
     );
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);

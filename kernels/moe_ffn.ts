@@ -210,20 +210,24 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
 }
 
 /**
- * Benchmark switches, read when a program is built (so one process can sweep them): SWACTOR_MOE (path),
- * SWACTOR_MOE_ROWS ("gate_up,down": rows per warp of the subgroup expert GEMVs) and SWACTOR_MOE_DP4 ("0":
- * the quantised expert GEMVs convert weights to f32 instead of multiplying int8 activations; else dp4
- * wherever the dense GEMVs use it: the adapter has it and gpu.tuning.dp4 is not false) and
- * SWACTOR_MOE_PREFETCH ("1", or "gate_up,down" such as "0,1": the expert GEMVs issue their first weight
- * loads before staging their input, and gate_up routes in every warp; default off: on the H200 it made the Qwen3-30B-A3B shape's q4 step 23%
- * slower at 8 layers, 0.685 against 0.558 ms, and f16's gate_up 1.8x slower at full depth; docs/BENCHMARKS.md),
- * SWACTOR_MOE_XN ("1": the router GEMV also writes the normalised x, int8-quantised for dp4, and gate_up
- * stages that copy instead of normalising and quantising x in every workgroup), SWACTOR_MOE_SCALED ("1":
- * gate_up writes its activations times their route weights, so down stages them without waiting for its
- * coefficient table), SWACTOR_MOE_RANK ("1": gate_up's routing ranks the experts a thread each instead of
- * the first warp's k rounds of subgroup reductions), all three off until timed on the H200, and
- * SWACTOR_MOE_GROUPS ("gate_up,down": most workgroups of each expert GEMV, their warps looping over row
- * blocks; 0 or absent: one block a warp).
+ * Benchmark switches, read when a program is built (so one process can sweep them), with the defaults the
+ * H200 sweep of 2026-12-01 chose (Qwen3-30B-A3B shape, q4, 8 layers, GPU ms a step; docs/BENCHMARKS.md):
+ * - SWACTOR_MOE: the path ("team", "router"; default the subgroup kernels with routing fused into gate_up).
+ * - SWACTOR_MOE_ROWS "gate_up,down": rows per warp of the expert GEMVs; default "2,1" (0.549 against 0.570
+ *   for "2,2" and 0.596 for "4,2").
+ * - SWACTOR_MOE_DP4 "0": the quantised expert GEMVs convert weights to f32 instead of multiplying int8
+ *   activations; default dp4 wherever the dense GEMVs use it (the adapter has it, gpu.tuning.dp4 not false).
+ * - SWACTOR_MOE_PREFETCH "0", "1" or "gate_up,down": the expert GEMVs issue their first weight loads before
+ *   staging their input (gate_up then routes in every warp); default "0,1", down only (0.554 against 0.571
+ *   for "0"; "1" in both, 2.2 ms, and an earlier lease's 0.685 against 0.558 rule out gate_up).
+ * - SWACTOR_MOE_XN "0"/"1": the router GEMV also writes the normalised x (int8-quantised for dp4) and gate_up
+ *   stages that copy instead of normalising and quantising x in every workgroup; default on (0.570 / 0.585).
+ * - SWACTOR_MOE_SCALED: gate_up writes its activations times their route weights, so down stages them
+ *   without waiting for its coefficient table; default on (what down's early loads build on).
+ * - SWACTOR_MOE_RANK: gate_up's routing ranks the experts a thread each instead of the first warp's k rounds
+ *   of subgroup reductions; default on (0.576 / 0.591).
+ * - SWACTOR_MOE_GROUPS "gate_up,down": most workgroups of each expert GEMV, their warps looping over row
+ *   blocks; 0 or absent: one block a warp.
  */
 function moeSwitches(
   gpu: Gpu,
@@ -244,7 +248,7 @@ function moeSwitches(
   };
   // "0" / "1" for both expert GEMVs, or "gate_up,down" (e.g. "0,1").
   const perKernel = (name: string): [boolean, boolean] => {
-    const v = Deno.env.get(name) ?? "0";
+    const v = Deno.env.get(name) ?? "0,1";
     const parts = v.split(",");
     if (parts.length > 2 || parts.some((x) => x !== "0" && x !== "1")) {
       throw new TypeError(`${name} must be 0, 1 or "gate_up,down" of those, got "${v}"`);
@@ -253,13 +257,13 @@ function moeSwitches(
   };
   return {
     path: Deno.env.get("SWACTOR_MOE"),
-    rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "").split(",").map(Number),
+    rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "2,1").split(",").map(Number),
     groups: (Deno.env.get("SWACTOR_MOE_GROUPS") ?? "").split(",").map(Number),
     dp4: (flag("SWACTOR_MOE_DP4") ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
     prefetch: perKernel("SWACTOR_MOE_PREFETCH"),
-    xn: flag("SWACTOR_MOE_XN") ?? false,
-    scaled: flag("SWACTOR_MOE_SCALED") ?? false,
-    rank: flag("SWACTOR_MOE_RANK") ?? false,
+    xn: flag("SWACTOR_MOE_XN") ?? true,
+    scaled: flag("SWACTOR_MOE_SCALED") ?? true,
+    rank: flag("SWACTOR_MOE_RANK") ?? true,
   };
 }
 
