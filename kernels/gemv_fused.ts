@@ -17,7 +17,15 @@ import {
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
-import { checkSgTuning, gemvSgSource, sgDefaultTuning, sgFits, sgGroups, type SgTuning } from "./gemv_sg.ts";
+import {
+  checkSgTuning,
+  gemvSgSource,
+  sgDefaultTuning,
+  sgDirectTuning,
+  sgFits,
+  sgGroups,
+  type SgTuning,
+} from "./gemv_sg.ts";
 import {
   checkMultiTuning,
   gemvMultiSource,
@@ -273,7 +281,10 @@ export function gemvFusedCall(
     if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
-    const t = isSgTuning(d.tuning) ? d.tuning : withDeferNorm(
+    // gpu.tuning.direct: f32 / f16 rows with no transform or RMSNorm read x in place (SgTuning `direct`);
+    // silu_mul and paired gate/up keep the staged kernel.
+    const direct = gpu.tuning.direct === true && (wt === "f32" || wt === "f16") && f !== "silu_mul" && !pairs;
+    const t = isSgTuning(d.tuning) ? d.tuning : direct ? sgDirectTuning(d.K, d.N, wt, S) : withDeferNorm(
       withPrefetch(
         sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false, pairs),
         gpu.tuning.prefetch,
