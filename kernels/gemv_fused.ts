@@ -19,6 +19,7 @@ import {
 } from "./gpu.ts";
 import {
   checkSgTuning,
+  DIRECT_MAX_N,
   gemvSgSource,
   sgDefaultTuning,
   sgDirectTuning,
@@ -281,9 +282,10 @@ export function gemvFusedCall(
     if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
-    // gpu.tuning.direct: f32 / f16 rows with no transform or RMSNorm read x in place (SgTuning `direct`);
-    // silu_mul and paired gate/up keep the staged kernel.
-    const direct = gpu.tuning.direct === true && (wt === "f32" || wt === "f16") && f !== "silu_mul" && !pairs;
+    // gpu.tuning.direct: f32 / f16 matrices of fewer than DIRECT_MAX_N rows with no transform or RMSNorm
+    // read x in place (SgTuning `direct`); silu_mul, paired gate/up and the tall ones keep the staged kernel.
+    const direct = gpu.tuning.direct === true && (wt === "f32" || wt === "f16") && f !== "silu_mul" &&
+      !pairs && d.N < DIRECT_MAX_N;
     const t = isSgTuning(d.tuning) ? d.tuning : direct ? sgDirectTuning(d.K, d.N, wt, S) : withDeferNorm(
       withPrefetch(
         sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false, pairs),

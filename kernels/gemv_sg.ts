@@ -120,6 +120,13 @@ export function sgDefaultTuning(
 }
 
 /**
+ * gpu.tuning.direct serves matrices of fewer rows than this (o, qkv, down: their staged grids are a
+ * workgroup or so an SM); the tall ones (gate/up, the LM head) already stream at ~3.3 TB/s staged, and
+ * scripts/bench/gemv.ts times their direct_default to say whether to lift it.
+ */
+export const DIRECT_MAX_N = 16384;
+
+/**
  * Direct mode's tuning (SgTuning `direct`): enough warps for the H200's ~8K resident ones on the small-N
  * decode matrices (o, qkv: 1 row, 4-way split; down: 2 rows, U = 4, 8-way split), one row block a warp
  * group. Untuned: scripts/bench/gemv.ts --direct ranks the grid on the H200.
