@@ -296,7 +296,9 @@ export function gemvFusedCall(
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S, pairs);
-    return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], label);
+    // Direct mode's own label, so a decode profile times it apart from the staged GEMVs (the LM head).
+    const sgLabel = t.direct ? `${label}_direct` : label;
+    return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], sgLabel);
   }
   if (pairs) {
     throw new RangeError(
