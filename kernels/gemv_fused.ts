@@ -17,7 +17,16 @@ import {
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
-import { checkSgTuning, gemvSgSource, sgDefaultTuning, sgFits, sgGroups, type SgTuning } from "./gemv_sg.ts";
+import {
+  checkSgTuning,
+  DIRECT_MAX_N,
+  gemvSgSource,
+  sgDefaultTuning,
+  sgDirectTuning,
+  sgFits,
+  sgGroups,
+  type SgTuning,
+} from "./gemv_sg.ts";
 import {
   checkMultiTuning,
   gemvMultiSource,
@@ -269,7 +278,11 @@ export function gemvFusedCall(
     if (!S || !sgFits(gpu, d.K, wt)) {
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
-    const t = isSgTuning(d.tuning) ? d.tuning : withDeferNorm(
+    // gpu.tuning.direct: f32 / f16 matrices of fewer than DIRECT_MAX_N rows with no transform or RMSNorm
+    // read x in place (SgTuning `direct`); silu_mul, paired gate/up and the tall ones keep the staged kernel.
+    const direct = gpu.tuning.direct === true && (wt === "f32" || wt === "f16") && f !== "silu_mul" &&
+      !pairs && d.N < DIRECT_MAX_N;
+    const t = isSgTuning(d.tuning) ? d.tuning : direct ? sgDirectTuning(d.K, d.N, wt, S) : withDeferNorm(
       withPrefetch(
         sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false, pairs),
         gpu.tuning.prefetch ?? true,
@@ -279,7 +292,9 @@ export function gemvFusedCall(
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S, pairs);
-    return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], label);
+    // Direct mode's own label, so a decode profile times it apart from the staged GEMVs (the LM head).
+    const sgLabel = t.direct ? `${label}_direct` : label;
+    return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], sgLabel);
   }
   if (pairs) {
     throw new RangeError(

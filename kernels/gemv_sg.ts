@@ -49,6 +49,16 @@ export interface SgTuning {
    * int8 copy is made from x * normWeight (a row's common factor leaves the codes unchanged). Default false.
    */
   deferNorm?: boolean;
+  /**
+   * Direct mode (f32 / f16 weights, transforms none and rmsnorm, not paired): x is read straight from its
+   * storage buffer (it stays in L1 / L2) instead of staged in workgroup memory, so there is no barrier
+   * before the first weight load, and each row block's K is split over `splitK` warps; the warps' partial
+   * sums (and RMSNorm's sum of x^2, always deferred) meet in workgroup memory behind one barrier at the end.
+   * `groups` must be 0 (one row block per warp group); prefetch and deferNorm do not apply.
+   */
+  direct?: boolean;
+  /** Direct mode: warps per row block (a divisor of wg / S), warp s summing chunks s, s + splitK, ... */
+  splitK?: number;
 }
 
 /** Weights per 16-byte unit. */
@@ -109,6 +119,29 @@ export function sgDefaultTuning(
   return { rows, unroll: largestDivisorAtMost(perLane, unroll), wg: 256, groups, dp4: dp4 && isQuant(wt) };
 }
 
+/**
+ * gpu.tuning.direct serves matrices of fewer rows than this (o, qkv, down: their staged grids are a
+ * workgroup or so an SM); the tall ones (gate/up, the LM head) already stream at ~3.3 TB/s staged, and
+ * scripts/bench/gemv.ts times their direct_default to say whether to lift it.
+ */
+export const DIRECT_MAX_N = 16384;
+
+/**
+ * Direct mode's tuning (SgTuning `direct`): enough warps for the H200's ~8K resident ones on the small-N
+ * decode matrices (o, qkv: 1 row, 4-way split; down: 2 rows, U = 4, 8-way split), one row block a warp
+ * group. Untuned: scripts/bench/gemv.ts --direct ranks the grid on the H200.
+ */
+export function sgDirectTuning(K: number, N: number, wt: WeightType | QuantType, S: number): SgTuning {
+  const perLane = K / unitWeights(wt) / S;
+  const rows = K >= 8192 || N >= 16384 ? 2 : 1;
+  const unroll = largestDivisorAtMost(perLane, K >= 8192 ? 4 : 2);
+  const chunks = perLane / unroll;
+  // Warps wanted: ~8192 (N / rows row blocks, splitK warps each), a power of two <= 8 and <= chunks.
+  let splitK = 1;
+  while (splitK < 8 && 2 * splitK <= chunks && (N / rows) * splitK < 8192) splitK *= 2;
+  return { rows, unroll, wg: Math.max(8, splitK) * S, groups: 0, direct: true, splitK };
+}
+
 function largestDivisorAtMost(n: number, m: number): number {
   for (let d = Math.min(n, m); d > 1; d--) if (n % d === 0) return d;
   return 1;
@@ -129,6 +162,21 @@ export function checkSgTuning(
   if (!ok) {
     throw new RangeError(`bad subgroup GEMV tuning ${JSON.stringify(t)} for K = ${K} (${wt}, S = ${S})`);
   }
+  if (t.direct) {
+    const sk = t.splitK ?? 1;
+    const why = wt !== "f32" && wt !== "f16"
+      ? `${wt} weights (f32 and f16 only; quantised rows keep the staged int8 path)`
+      : pairs
+      ? "a paired gate/up GEMV (pairs stay on the staged kernel)"
+      : !Number.isInteger(sk) || sk < 1 || (t.wg / S) % sk !== 0
+      ? `splitK ${sk} (a divisor of the ${t.wg / S} warps of a workgroup)`
+      : t.groups !== 0
+      ? `groups ${t.groups} (direct mode launches one row block per warp group: groups 0)`
+      : t.dp4
+      ? "dp4 (quantised weights only)"
+      : "";
+    if (why) throw new RangeError(`direct subgroup GEMV ${JSON.stringify(t)} cannot serve ${why}`);
+  }
 }
 
 /** WGSL of the subgroup GEMV for one shape (K, N are baked in; paired: N pairs, the matrix 2N rows). */
@@ -142,6 +190,13 @@ export function gemvSgSource(
   S: number,
   pairs = false,
 ): string {
+  if (t.direct) {
+    if (pairs) throw new RangeError("the direct subgroup GEMV does not pair gate/up rows");
+    if (f === "silu_mul") {
+      throw new RangeError("the direct subgroup GEMV has no silu_mul transform (pair gate/up instead)");
+    }
+    return gemvSgDirectSource(wt, f, t, nwt, K, N, S);
+  }
   const UW = unitWeights(wt);
   const XV = UW / 4; // x vec4s per unit
   const UNITS = K / UW;
@@ -392,8 +447,130 @@ fn main(
 }`;
 }
 
+/**
+ * Direct mode (SgTuning `direct`): a workgroup of WARPS warps is WARPS / SK row blocks of R rows; warp w
+ * sums chunks s, s + SK, s + 2SK ... (s = w % SK) of its block's rows, a chunk being U * S units (U loads
+ * per lane per row, all issued before use), reading x's vec4s from the storage buffer and, with RMSNorm,
+ * multiplying them by the norm weight and summing their squares. After the loop each warp's R sums (and its
+ * sum of squares) go to workgroup memory; one barrier; then thread (block g, row r) adds its block's SK
+ * partials and scales by 1 / rms. No barrier precedes the first weight load.
+ */
+function gemvSgDirectSource(
+  wt: WeightType | QuantType,
+  f: InputTransform,
+  t: SgTuning,
+  nwt: WeightType,
+  K: number,
+  N: number,
+  S: number,
+): string {
+  if (wt !== "f32" && wt !== "f16") throw new RangeError(`the direct subgroup GEMV has no ${wt} weights`);
+  const UW = unitWeights(wt);
+  const XV = UW / 4;
+  const UNITS = K / UW;
+  const ITER = UNITS / S;
+  const { rows: R, unroll: U, wg: WG } = t;
+  const SK = t.splitK ?? 1;
+  const WARPS = WG / S;
+  const BLOCKS = WARPS / SK;
+  const CH = ITER / U;
+  const CMAX = Math.ceil(CH / SK);
+  const norm = f === "rmsnorm";
+  const RS = R + (norm ? 1 : 0);
+  const body: string[] = [];
+  for (let u = 0; u < U; u++) body.push(`let j${u} = (c * ${U}u + ${u}u) * S + lane;`);
+  for (let u = 0; u < U; u++) {
+    for (let r = 0; r < R; r++) body.push(`let w${u}_${r} = W[rb${r} + j${u}];`);
+  }
+  for (let u = 0; u < U; u++) {
+    for (let i = 0; i < XV; i++) {
+      const k = `j${u} * ${XV}u + ${i}u`;
+      if (norm) {
+        body.push(
+          `let xr${u}_${i} = x[xrow + ${k}];`,
+          `ss += dot(xr${u}_${i}, xr${u}_${i});`,
+          `let x${u}_${i} = xr${u}_${i} * ${normWeightVec4(nwt, k)};`,
+        );
+      } else body.push(`let x${u}_${i} = x[xrow + ${k}];`);
+    }
+  }
+  for (let u = 0; u < U; u++) {
+    const w = `w${u}_`;
+    for (let r = 0; r < R; r++) {
+      body.push(
+        wt === "f32"
+          ? `a${r} += dot(${w}${r}, x${u}_0);`
+          : `a${r} += dot(vec4<f32>(unpack2x16float(${w}${r}.x), unpack2x16float(${w}${r}.y)), x${u}_0) + ` +
+            `dot(vec4<f32>(unpack2x16float(${w}${r}.z), unpack2x16float(${w}${r}.w)), x${u}_1);`,
+      );
+    }
+  }
+  const decl: string[] = [];
+  for (let r = 0; r < R; r++) decl.push(`let rb${r} = min(n0 + ${r}u, N - 1u) * UNITS;`, `var a${r} = 0.0;`);
+  const sums: string[] = [];
+  for (let r = 0; r < R; r++) {
+    sums.push(`let s${r} = subgroupAdd(a${r});`, `if (lane == 0u) { red[warp * RS + ${r}u] = s${r}; }`);
+  }
+  if (norm) sums.push("let sst = subgroupAdd(ss);", "if (lane == 0u) { red[warp * RS + R] = sst; }");
+  return `
+struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: ${wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>"};
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+${
+    norm
+      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
+      : ""
+  }
+const K = ${K}u;
+const N = ${N}u;
+const UNITS = ${UNITS}u;
+const S = ${S}u;
+const R = ${R}u;
+const SK = ${SK}u;
+const RS = ${RS}u;
+const BLOCKS = ${BLOCKS}u;
+var<workgroup> red: array<f32, ${WARPS * RS}>;
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let warp = tid / S;
+  let lane = tid % S;
+  let t = wg.y;
+  let xrow = (p.x_row0 + t) * ${K / 4}u;
+  let ks = warp % SK;
+  let n0 = (wg.x * BLOCKS + warp / SK) * R;
+  ${decl.join("\n  ")}
+  ${norm ? "var ss = 0.0;" : ""}
+  for (var i = 0u; i < ${CMAX}u; i++) {
+    let c = i * SK + ks;
+    ${CH % SK === 0 ? "{" : `if (c < ${CH}u) {`}
+      ${body.join("\n      ")}
+    }
+  }
+  ${sums.join("\n  ")}
+  workgroupBarrier();
+  if (tid < BLOCKS * R) {
+    let g = tid / R;
+    let n = (wg.x * BLOCKS + g) * R + tid % R;
+    if (n < N) {
+      var acc = 0.0;
+      ${norm ? "var tot = 0.0;" : ""}
+      for (var k = 0u; k < SK; k++) {
+        acc += red[(g * SK + k) * RS + tid % R];
+        ${norm ? "tot += red[(g * SK + k) * RS + R];" : ""}
+      }
+      ${norm ? "acc *= inverseSqrt(tot / f32(K) + p.eps);" : ""}
+      let o = t * N + n;
+      y[o] = select(0.0, y[o], p.acc != 0u) + acc;
+    }
+  }
+}`;
+}
+
 /** Workgroups to launch along x. */
 export function sgGroups(N: number, t: SgTuning, S: number): number {
+  if (t.direct) return Math.ceil(N / ((t.wg / S / (t.splitK ?? 1)) * t.rows));
   const warps = t.wg / S;
   const need = Math.ceil(Math.ceil(N / t.rows) / warps);
   return t.groups > 0 ? Math.min(need, t.groups) : need;

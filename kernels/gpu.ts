@@ -77,6 +77,12 @@ export interface KernelTuning {
   pairGateUp?: boolean;
   /** One-row GEMVs with RMSNorm scale their sums by 1 / rms instead of staging normalised x (SgTuning `deferNorm`). */
   deferNorm?: boolean;
+  /**
+   * One-row f32 / f16 GEMVs with no transform or RMSNorm read x straight from its buffer and split each
+   * row's K over several warps (SgTuning `direct`, sgDirectTuning; default false). Paired gate/up and
+   * silu_mul GEMVs keep the staged kernel.
+   */
+  direct?: boolean;
   /** Logits per workgroup of the argmax / sampler's first pass (argmax_rows.ts; default 1024). */
   argmaxChunk?: number;
   /** The prefill flash attention: "blocked" (the default) or "lanes" (the first version; flash_attention.ts). */

@@ -6,12 +6,13 @@
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
 //     [--multi-pipeline on|off] [--splits N] [--prefetch on|off] [--pair on|off] [--defer-norm on|off]
-//     [--argmax-chunk N] [--kv f16,f32]
+//     [--direct on|off] [--argmax-chunk N] [--kv f16,f32]
 // --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
 // without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
 // weights, int8), each without and with pipelined weight loads (multiPipeline), --context without
 // flash-decoding splits, and the decode under every combination of pairGateUp, prefetch and deferNorm,
-// then with the sampler's first pass at 4096 logits a workgroup (the old chunk; one "swactor-decode-ab"
+// then with gpu.tuning.direct on (the one-row f32 / f16 GEMVs read x in place, K split over warps;
+// pairGateUp, prefetch and deferNorm on, today's winners), then with the sampler's first pass at 4096 logits a workgroup (the old chunk; one "swactor-decode-ab"
 // line each, with its GPU ms by kernel and dispatches a token), in the same process. --kv: the GQA KV
 // cache types to sweep (gpu.tuning.kv; each weight type is loaded once per KV type; default: the model's
 // default, f16 for f16 / q8 / q4 weights where the adapter has shader-f16). Every line says its KV type
@@ -68,6 +69,7 @@ const { values } = parseArgs({
     prefetch: { type: "string" },
     pair: { type: "string" },
     "defer-norm": { type: "string" },
+    direct: { type: "string" },
     "argmax-chunk": { type: "string" },
     kv: { type: "string" },
   },
@@ -211,6 +213,10 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
           }
         }
       }
+      await withTuning(
+        { pairGateUp: true, prefetch: true, deferNorm: true, direct: true },
+        () => decodeAb(engine, model, prompt, weights),
+      );
       await withTuning({ argmaxChunk: 4096 }, () => decodeAb(engine, model, prompt, weights));
     }
     engine.close();
@@ -237,6 +243,8 @@ function tuningFlags(): KernelTuning {
   const pair = onOff("pair", values.pair), deferNorm = onOff("defer-norm", values["defer-norm"]);
   if (pair !== undefined) t.pairGateUp = pair;
   if (deferNorm !== undefined) t.deferNorm = deferNorm;
+  const direct = onOff("direct", values.direct);
+  if (direct !== undefined) t.direct = direct;
   if (values["argmax-chunk"] !== undefined) t.argmaxChunk = Number(values["argmax-chunk"]);
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;

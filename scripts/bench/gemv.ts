@@ -14,7 +14,11 @@
 // [gate; up] matrix (GB/s of both halves), and down reading that I-wide row as it is; compare them with
 // gate_up and down (the unpaired MLP: gate_up writes [gate | up], down computes silu_mul as it stages).
 // --prologue: the sweep's tunings each also with prefetch and deferNorm (p / n in their names).
-//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--weights f16,q8,q4] [--k 2,4,8,16]
+// Direct mode (SgTuning `direct`, gpu.tuning.direct: x read in place, K split over warps): f16 cases with
+// no transform or RMSNorm, unpaired, also time "direct_default" (sgDirectTuning), and with --direct a grid
+// of rows x splitK x workgroup x unroll ("dir_r<R>k<splitK>w<wg>u<U>"); e.g. the small-N decode matrices:
+//   deno run -A scripts/bench/gemv.ts --weights f16 --direct --cases o,qkv,down_plain,gate_up,head
+//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--direct] [--weights f16,q8,q4] [--k 2,4,8,16]
 //     [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head]
 import { parseArgs } from "node:util";
 import {
@@ -28,6 +32,7 @@ import {
   quantBytes,
   type QuantType,
   sgDefaultTuning,
+  sgDirectTuning,
   sgFits,
   type SgTuning,
   storageBuffer,
@@ -45,6 +50,7 @@ const { values } = parseArgs({
     "no-single": { type: "boolean", default: false },
     persistent: { type: "boolean", default: false },
     prologue: { type: "boolean", default: false },
+    direct: { type: "boolean", default: false },
   },
 });
 const gpu = await getGpu();
@@ -131,6 +137,23 @@ function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
         else {for (const dp4 of gpu.hasDp4 ? [false, true] : [false]) {
             out.push({ rows, unroll, wg: 256, groups, dp4 });
           }}
+      }
+    }
+  }
+  return out;
+}
+
+/** --direct: rows x splitK x workgroup x unroll, every split having at least one chunk (U x S units). */
+function directTunings(K: number, S: number): SgTuning[] {
+  const perLane = K / 8 / S;
+  const out: SgTuning[] = [];
+  for (const rows of [1, 2, 4]) {
+    for (const splitK of [1, 2, 4, 8]) {
+      for (const unroll of [1, 2, 4, 8]) {
+        if (perLane % unroll !== 0 || perLane / unroll < splitK || rows * unroll > 16) continue;
+        for (const warps of new Set([Math.max(splitK, 4), Math.max(2 * splitK, 8)])) {
+          out.push({ rows, unroll, wg: warps * S, groups: 0, direct: true, splitK });
+        }
       }
     }
   }
@@ -239,6 +262,14 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       if (f === "rmsnorm") {
         time("sg_default_dn", (w) => call(w, { ...def, deferNorm: true }));
         time("sg_default_pf_dn", (w) => call(w, { ...def, prefetch: true, deferNorm: true }));
+      }
+      if (wt === "f16" && f !== "silu_mul" && !pairs) {
+        time("direct_default", (w) => call(w, sgDirectTuning(K, N, wt, S)));
+        if (values.direct) {
+          for (const t of directTunings(K, S)) {
+            time(`dir_r${t.rows}k${t.splitK}w${t.wg}u${t.unroll}`, (w) => call(w, t));
+          }
+        }
       }
       if (values.sweep) {
         // Paired: rows are pairs (at most 4).

@@ -169,3 +169,100 @@ Deno.test({ name: "subgroup GEMV rejects a tuning that does not divide the row",
     throw new Error(`want a RangeError, got ${err}`);
   }
 });
+
+// Direct mode (SgTuning `direct`: x read in place, each row block's K split over `splitK` warps): f32 and
+// f16 weights, no transform and RMSNorm (f32 / f16 norm weights), accumulate on and off, N not a multiple
+// of the rows a workgroup owns, K whose chunks (unroll x S units) do and do not divide by splitK, and T = 1
+// and T = 3 (the grid's y).
+Deno.test({ name: "direct subgroup GEMV matches the reference", ignore }, async () => {
+  const g = gpu!;
+  const S = g.subgroupSize!;
+  const tunings: SgTuning[] = [
+    { rows: 1, unroll: 1, wg: S, groups: 0, direct: true, splitK: 1 },
+    { rows: 1, unroll: 1, wg: 4 * S, groups: 0, direct: true, splitK: 4 },
+    { rows: 2, unroll: 2, wg: 4 * S, groups: 0, direct: true, splitK: 2 },
+    { rows: 3, unroll: 1, wg: 8 * S, groups: 0, direct: true, splitK: 4 },
+    { rows: 2, unroll: 1, wg: 8 * S, groups: 0, direct: true, splitK: 8 },
+    { rows: 1, unroll: 2, wg: 2 * S, groups: 0, direct: true, splitK: 2 },
+  ];
+  let k = 0;
+  for (const wt of ["f32", "f16"] as const) {
+    // Units per lane: 3 and 6 leave chunks that splitK 2, 4 and 8 do not divide; 8 divides.
+    for (const perLane of [3, 6, 8]) {
+      const K = PER_UNIT[wt] * S * perLane;
+      for (const [T, N] of [[1, 37], [3, 5]]) {
+        for (const transform of ["none", "rmsnorm"] as const) {
+          for (const accumulate of [false, true]) {
+            const tuning = { ...tunings[k++ % tunings.length] };
+            if (perLane % tuning.unroll !== 0) tuning.unroll = 1;
+            const normWeights = k % 3 === 0 ? "f16" as const : "f32" as const;
+            const x = randoms((T + 1) * K, 70 + k, 2);
+            const w = packedWeights(wt, randoms(N * K, 80 + k, 0.5), N, K);
+            let nw = randoms(K, K + 5);
+            const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
+            if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
+            const y0 = randoms(T * N, 11);
+            const y = upload(g, y0);
+            await runCalls(g, [
+              gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
+                K,
+                N,
+                T,
+                accumulate,
+                xRow0: 1,
+                weights: wt,
+                normWeights,
+                transform,
+                eps: 1e-5,
+                tuning,
+              }),
+            ]);
+            const rows = x.slice(K, (T + 1) * K);
+            const input = transform === "rmsnorm" ? rmsnormRef(rows, nw, K, 1e-5) : rows;
+            const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
+            assertClose(
+              await readF32(g, y, T * N),
+              want,
+              1e-4,
+              1e-4,
+              `direct ${wt} ${transform} T${T} K${K} N${N} acc ${accumulate} nw ${normWeights} ${
+                JSON.stringify(tuning)
+              }`,
+            );
+          }
+        }
+      }
+    }
+  }
+});
+
+Deno.test({ name: "direct subgroup GEMV refuses what it does not serve, clearly", ignore }, () => {
+  const g = gpu!;
+  const S = g.subgroupSize!;
+  const buf = upload(g, new Float32Array(64));
+  const K = 8 * S * 2;
+  const base: SgTuning = { rows: 1, unroll: 1, wg: 2 * S, groups: 0, direct: true, splitK: 2 };
+  const cases: [string, Partial<Parameters<typeof gemvFusedCall>[2]>, RegExp][] = [
+    ["silu_mul", { transform: "silu_mul" }, /silu_mul/],
+    ["pairs", { pairs: true, transform: "rmsnorm" }, /pair/],
+    ["q8", { weights: "q8", K: 32 * S }, /q8/],
+    ["splitK 3", { tuning: { ...base, splitK: 3 } }, /splitK/],
+    ["groups", { tuning: { ...base, groups: 4 } }, /groups/],
+  ];
+  for (const [what, over, re] of cases) {
+    let err: unknown;
+    try {
+      gemvFusedCall(g, { x: buf, w: buf, y: buf, normWeight: buf }, {
+        K,
+        N: 4,
+        T: 1,
+        weights: "f16",
+        tuning: base,
+        ...over,
+      });
+    } catch (e) {
+      err = e;
+    }
+    if (!(err instanceof RangeError) || !re.test(err.message)) throw new Error(`${what}: got ${err}`);
+  }
+});

@@ -171,6 +171,44 @@ for (const name of ["llama-micro", "llama3-tiny", "qwen2-tiny", "qwen3-tiny"]) {
   }
 }
 
+// gpu.tuning.direct (the one-row f32 / f16 GEMVs read x in place, K split over warps: gemv_sg.ts) changes
+// only the sums' order: decode-step logits within 1e-4 (relative, worst row) of the default kernel's.
+for (const name of ["llama-micro", "qwen3-tiny"]) {
+  const fx = fixtureDir(name, { needs: "model.safetensors" });
+  const what = `${name}: decode-step logits with gpu.tuning.direct equal the default's`;
+  Deno.test(needs(what, { "a WebGPU adapter": gpu, [`the ${name} fixture`]: fx }), async () => {
+    const ref = JSON.parse(await Deno.readTextFile(join(fx!, "reference.json")));
+    const tokens: number[] = ref.tokens;
+    const decode = async (direct: boolean): Promise<Float32Array> => {
+      gpu!.tuning.direct = direct;
+      const engine = await loadEngine(fx!, { gpu: gpu!, weights: "f32" });
+      try {
+        engine.open("d", { maxSeq: tokens.length, sampling: greedy });
+        const rows: Float32Array[] = [];
+        for (let pos = 0; pos < tokens.length; pos++) {
+          const r = await engine.run("d", {
+            pos0: pos,
+            T: 1,
+            tokens: Uint32Array.of(tokens[pos]),
+            output: "logits",
+          });
+          rows.push(r.logits!);
+        }
+        const out = new Float32Array(rows.length * rows[0].length);
+        rows.forEach((r, i) => out.set(r, i * r.length));
+        return out;
+      } finally {
+        engine.close();
+        delete gpu!.tuning.direct;
+      }
+    };
+    const want = await decode(false);
+    const got = await decode(true);
+    const err = worstRowError(got, want, got.length / tokens.length);
+    assert.ok(err <= 1e-4, `worst row's relative error ${err}`);
+  });
+}
+
 Deno.test(
   onGpu("three parts of qwen3-tiny chained by hand give the whole model's logits"),
   async () => {
