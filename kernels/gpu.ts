@@ -79,8 +79,9 @@ export interface KernelTuning {
   deferNorm?: boolean;
   /**
    * One-row f32 / f16 GEMVs with no transform or RMSNorm read x straight from its buffer and split each
-   * row's K over several warps (SgTuning `direct`, sgDirectTuning; default false). Paired gate/up and
-   * silu_mul GEMVs keep the staged kernel.
+   * row's K over several warps (SgTuning `direct`, sgDirectTuning). Default: rows of K >= 8192 with no
+   * transform (down_proj after the paired gate/up); true / false forces it for every eligible GEMV. Paired
+   * gate/up and silu_mul GEMVs keep the staged kernel.
    */
   direct?: boolean;
   /** Logits per workgroup of the argmax / sampler's first pass (argmax_rows.ts; default 1024). */
