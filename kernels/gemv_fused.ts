@@ -279,19 +279,26 @@ export function gemvFusedCall(
       throw new RangeError(`the subgroup GEMV does not fit K = ${d.K} (${wt}) on ${gpu.adapterName}`);
     }
     // Direct mode (SgTuning `direct`: x read in place, each row's K split over warps) for f32 / f16 matrices
-    // of fewer than DIRECT_MAX_N rows with no transform or RMSNorm; silu_mul, paired gate/up and the tall ones
-    // keep the staged kernel. gpu.tuning.direct forces it on or off; by default it serves rows of K >= 8192
-    // with no transform (the paired MLP's down_proj): 2.97-3.04 TB/s against 2.42 staged on the H200 at
-    // Llama-1B's 2048 x 8192, while at K = 2048 (o, qkv) it only matched the staged kernel (2026-12-01).
-    const direct = (gpu.tuning.direct ?? (d.K >= 8192 && f === "none")) && (wt === "f32" || wt === "f16") &&
-      f !== "silu_mul" && !pairs && d.N < DIRECT_MAX_N;
-    const t = isSgTuning(d.tuning) ? d.tuning : direct ? sgDirectTuning(d.K, d.N, wt, S) : withDeferNorm(
-      withPrefetch(
-        sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false, pairs),
-        gpu.tuning.prefetch ?? true,
-      ),
-      gpu.tuning.deferNorm ?? true,
-    );
+    // of fewer than DIRECT_MAX_N rows with no transform or RMSNorm, and the paired gate/up; silu_mul and the
+    // tall ones keep the staged kernel. gpu.tuning.direct forces it on or off; by default it serves rows of
+    // K >= 8192 with no transform (the paired MLP's down_proj): 2.97-3.04 TB/s against 2.42 staged on the
+    // H200 at Llama-1B's 2048 x 8192, while at K = 2048 (o, qkv) it only matched the staged kernel
+    // (2026-12-01). The paired gate/up too unless gpu.tuning.directPairs is false.
+    const direct = (wt === "f32" || wt === "f16") && f !== "silu_mul" &&
+      (pairs
+        ? gpu.tuning.directPairs !== false
+        : (gpu.tuning.direct ?? (d.K >= 8192 && f === "none")) && d.N < DIRECT_MAX_N);
+    const t = isSgTuning(d.tuning)
+      ? d.tuning
+      : direct
+      ? sgDirectTuning(d.K, d.N, wt, S, pairs)
+      : withDeferNorm(
+        withPrefetch(
+          sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false, pairs),
+          gpu.tuning.prefetch ?? true,
+        ),
+        gpu.tuning.deferNorm ?? true,
+      );
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S, pairs);

@@ -131,8 +131,20 @@ export const DIRECT_MAX_N = 16384;
  * decode matrices (o, qkv: 1 row, 4-way split; down: 2 rows, U = 4, 8-way split), one row block a warp
  * group. Untuned: scripts/bench/gemv.ts --direct ranks the grid on the H200.
  */
-export function sgDirectTuning(K: number, N: number, wt: WeightType | QuantType, S: number): SgTuning {
+export function sgDirectTuning(
+  K: number,
+  N: number,
+  wt: WeightType | QuantType,
+  S: number,
+  pairs = false,
+): SgTuning {
   const perLane = K / unitWeights(wt) / S;
+  // Paired gate/up: N pairs of rows; a pair is two rows' loads, so as many loads a lane as 2 rows.
+  if (pairs) {
+    const unroll = largestDivisorAtMost(perLane, 2);
+    const splitK = perLane / unroll >= 2 ? 2 : 1;
+    return { rows: 2, unroll, wg: 8 * S, groups: 0, direct: true, splitK };
+  }
   const rows = K >= 8192 || N >= 16384 ? 2 : 1;
   const unroll = largestDivisorAtMost(perLane, K >= 8192 ? 4 : 2);
   const chunks = perLane / unroll;
@@ -166,8 +178,6 @@ export function checkSgTuning(
     const sk = t.splitK ?? 1;
     const why = wt !== "f32" && wt !== "f16"
       ? `${wt} weights (f32 and f16 only; quantised rows keep the staged int8 path)`
-      : pairs
-      ? "a paired gate/up GEMV (pairs stay on the staged kernel)"
       : !Number.isInteger(sk) || sk < 1 || (t.wg / S) % sk !== 0
       ? `splitK ${sk} (a divisor of the ${t.wg / S} warps of a workgroup)`
       : t.groups !== 0
@@ -191,11 +201,10 @@ export function gemvSgSource(
   pairs = false,
 ): string {
   if (t.direct) {
-    if (pairs) throw new RangeError("the direct subgroup GEMV does not pair gate/up rows");
     if (f === "silu_mul") {
       throw new RangeError("the direct subgroup GEMV has no silu_mul transform (pair gate/up instead)");
     }
-    return gemvSgDirectSource(wt, f, t, nwt, K, N, S);
+    return gemvSgDirectSource(wt, f, t, nwt, K, N, S, pairs);
   }
   const UW = unitWeights(wt);
   const XV = UW / 4; // x vec4s per unit
@@ -463,6 +472,7 @@ function gemvSgDirectSource(
   K: number,
   N: number,
   S: number,
+  pairs = false,
 ): string {
   if (wt !== "f32" && wt !== "f16") throw new RangeError(`the direct subgroup GEMV has no ${wt} weights`);
   const UW = unitWeights(wt);
@@ -476,11 +486,13 @@ function gemvSgDirectSource(
   const CH = ITER / U;
   const CMAX = Math.ceil(CH / SK);
   const norm = f === "rmsnorm";
-  const RS = R + (norm ? 1 : 0);
+  // Rows of weights a warp reads: R, or paired R gate rows (n) then their R up rows (N + n).
+  const RR = pairs ? 2 * R : R;
+  const RS = RR + (norm ? 1 : 0);
   const body: string[] = [];
   for (let u = 0; u < U; u++) body.push(`let j${u} = (c * ${U}u + ${u}u) * S + lane;`);
   for (let u = 0; u < U; u++) {
-    for (let r = 0; r < R; r++) body.push(`let w${u}_${r} = W[rb${r} + j${u}];`);
+    for (let r = 0; r < RR; r++) body.push(`let w${u}_${r} = W[rb${r} + j${u}];`);
   }
   for (let u = 0; u < U; u++) {
     for (let i = 0; i < XV; i++) {
@@ -496,7 +508,7 @@ function gemvSgDirectSource(
   }
   for (let u = 0; u < U; u++) {
     const w = `w${u}_`;
-    for (let r = 0; r < R; r++) {
+    for (let r = 0; r < RR; r++) {
       body.push(
         wt === "f32"
           ? `a${r} += dot(${w}${r}, x${u}_0);`
@@ -506,12 +518,17 @@ function gemvSgDirectSource(
     }
   }
   const decl: string[] = [];
-  for (let r = 0; r < R; r++) decl.push(`let rb${r} = min(n0 + ${r}u, N - 1u) * UNITS;`, `var a${r} = 0.0;`);
+  for (let r = 0; r < RR; r++) {
+    decl.push(
+      `let rb${r} = (${r < R ? "" : "N + "}min(n0 + ${r % R}u, N - 1u)) * UNITS;`,
+      `var a${r} = 0.0;`,
+    );
+  }
   const sums: string[] = [];
-  for (let r = 0; r < R; r++) {
+  for (let r = 0; r < RR; r++) {
     sums.push(`let s${r} = subgroupAdd(a${r});`, `if (lane == 0u) { red[warp * RS + ${r}u] = s${r}; }`);
   }
-  if (norm) sums.push("let sst = subgroupAdd(ss);", "if (lane == 0u) { red[warp * RS + R] = sst; }");
+  if (norm) sums.push("let sst = subgroupAdd(ss);", `if (lane == 0u) { red[warp * RS + ${RR}u] = sst; }`);
   return `
 struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -555,14 +572,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let n = (wg.x * BLOCKS + g) * R + tid % R;
     if (n < N) {
       var acc = 0.0;
+      ${pairs ? "var up = 0.0;" : ""}
       ${norm ? "var tot = 0.0;" : ""}
       for (var k = 0u; k < SK; k++) {
         acc += red[(g * SK + k) * RS + tid % R];
-        ${norm ? "tot += red[(g * SK + k) * RS + R];" : ""}
+        ${pairs ? "up += red[(g * SK + k) * RS + R + tid % R];" : ""}
+        ${norm ? `tot += red[(g * SK + k) * RS + ${RR}u];` : ""}
       }
-      ${norm ? "acc *= inverseSqrt(tot / f32(K) + p.eps);" : ""}
+      ${norm ? "let inv = inverseSqrt(tot / f32(K) + p.eps);" : ""}
+      ${norm ? `acc *= inv;${pairs ? " up *= inv;" : ""}` : ""}
       let o = t * N + n;
-      y[o] = select(0.0, y[o], p.acc != 0u) + acc;
+      ${pairs ? `y[o] = ${siluMul("acc", "up")};` : "y[o] = select(0.0, y[o], p.acc != 0u) + acc;"}
     }
   }
 }`;

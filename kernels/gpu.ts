@@ -84,6 +84,8 @@ export interface KernelTuning {
    * gate/up and silu_mul GEMVs keep the staged kernel.
    */
   direct?: boolean;
+  /** The f32 / f16 paired gate/up GEMV (pairGateUp) in direct mode too (default true; false: staged). */
+  directPairs?: boolean;
   /** Logits per workgroup of the argmax / sampler's first pass (argmax_rows.ts; default 1024). */
   argmaxChunk?: number;
   /** The prefill flash attention: "blocked" (the default) or "lanes" (the first version; flash_attention.ts). */

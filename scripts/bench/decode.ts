@@ -6,7 +6,7 @@
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
 //     [--multi-pipeline on|off] [--splits N] [--prefetch on|off] [--pair on|off] [--defer-norm on|off]
-//     [--direct on|off] [--argmax-chunk N] [--kv f16,f32]
+//     [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
 // --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
 // without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
 // weights, int8), each without and with pipelined weight loads (multiPipeline), --context without
@@ -70,6 +70,7 @@ const { values } = parseArgs({
     pair: { type: "string" },
     "defer-norm": { type: "string" },
     direct: { type: "string" },
+    "direct-pairs": { type: "string" },
     "argmax-chunk": { type: "string" },
     kv: { type: "string" },
   },
@@ -245,6 +246,8 @@ function tuningFlags(): KernelTuning {
   if (deferNorm !== undefined) t.deferNorm = deferNorm;
   const direct = onOff("direct", values.direct);
   if (direct !== undefined) t.direct = direct;
+  const directPairs = onOff("direct-pairs", values["direct-pairs"]);
+  if (directPairs !== undefined) t.directPairs = directPairs;
   if (values["argmax-chunk"] !== undefined) t.argmaxChunk = Number(values["argmax-chunk"]);
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;

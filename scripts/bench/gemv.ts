@@ -263,10 +263,10 @@ for (const wt of values.weights!.split(",") as Wt[]) {
         time("sg_default_dn", (w) => call(w, { ...def, deferNorm: true }));
         time("sg_default_pf_dn", (w) => call(w, { ...def, prefetch: true, deferNorm: true }));
       }
-      if (wt === "f16" && f !== "silu_mul" && !pairs) {
-        time("direct_default", (w) => call(w, sgDirectTuning(K, N, wt, S)));
+      if (wt === "f16" && f !== "silu_mul") {
+        time("direct_default", (w) => call(w, sgDirectTuning(K, N, wt, S, pairs)));
         if (values.direct) {
-          for (const t of directTunings(K, S)) {
+          for (const t of directTunings(K, S).filter((t) => !pairs || t.rows <= 4)) {
             time(`dir_r${t.rows}k${t.splitK}w${t.wg}u${t.unroll}`, (w) => call(w, t));
           }
         }

@@ -150,6 +150,37 @@ Deno.test(
 );
 
 Deno.test(
+  {
+    name: "paired gate/up GEMV in direct mode (x read in place, K split over warps) matches the reference",
+    ignore,
+  },
+  async () => {
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    const tunings: SgTuning[] = [
+      { rows: 1, unroll: 1, wg: S, groups: 0, direct: true, splitK: 1 },
+      { rows: 2, unroll: 1, wg: 4 * S, groups: 0, direct: true, splitK: 4 },
+      { rows: 3, unroll: 2, wg: 4 * S, groups: 0, direct: true, splitK: 2 },
+      { rows: 4, unroll: 1, wg: 8 * S, groups: 0, direct: true, splitK: 8 },
+    ];
+    let k = 0;
+    for (const wt of ["f32", "f16"] as const) {
+      // 3 and 6 units a lane: chunk counts the splits do and do not divide.
+      for (const lanesUnits of [3, 6]) {
+        const K = PER_UNIT[wt] * S * lanesUnits;
+        for (const [T, N] of [[1, 37], [3, 5]]) {
+          for (const transform of ["none", "rmsnorm"] as const) {
+            const tuning = { ...tunings[k++ % tunings.length] };
+            if (lanesUnits % tuning.unroll !== 0) tuning.unroll = 1;
+            await checkPairs(g, { wt, K, N, T, transform, seed: 300 + k, tuning, multi: false });
+          }
+        }
+      }
+    }
+  },
+);
+
+Deno.test(
   { name: "paired gate/up GEMV (multi-token kernel) matches silu(gate) * up for T = 2..16", ignore },
   async () => {
     const g = gpu!;

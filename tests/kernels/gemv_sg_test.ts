@@ -244,7 +244,6 @@ Deno.test({ name: "direct subgroup GEMV refuses what it does not serve, clearly"
   const base: SgTuning = { rows: 1, unroll: 1, wg: 2 * S, groups: 0, direct: true, splitK: 2 };
   const cases: [string, Partial<Parameters<typeof gemvFusedCall>[2]>, RegExp][] = [
     ["silu_mul", { transform: "silu_mul" }, /silu_mul/],
-    ["pairs", { pairs: true, transform: "rmsnorm" }, /pair/],
     ["q8", { weights: "q8", K: 32 * S }, /q8/],
     ["splitK 3", { tuning: { ...base, splitK: 3 } }, /splitK/],
     ["groups", { tuning: { ...base, groups: 4 } }, /groups/],

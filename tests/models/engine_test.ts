@@ -171,16 +171,18 @@ for (const name of ["llama-micro", "llama3-tiny", "qwen2-tiny", "qwen3-tiny"]) {
   }
 }
 
-// gpu.tuning.direct (the one-row f32 / f16 GEMVs read x in place, K split over warps: gemv_sg.ts) changes
-// only the sums' order: decode-step logits within 1e-4 (relative, worst row) of the default kernel's.
+// gpu.tuning.direct and directPairs (the one-row f32 / f16 GEMVs, the paired gate/up too, read x in place,
+// K split over warps: gemv_sg.ts) change only the sums' order: decode-step logits within 1e-4 (relative,
+// worst row) of the staged kernels'.
 for (const name of ["llama-micro", "qwen3-tiny"]) {
   const fx = fixtureDir(name, { needs: "model.safetensors" });
-  const what = `${name}: decode-step logits with gpu.tuning.direct equal the default's`;
+  const what = `${name}: decode-step logits with gpu.tuning.direct and directPairs equal the staged kernels'`;
   Deno.test(needs(what, { "a WebGPU adapter": gpu, [`the ${name} fixture`]: fx }), async () => {
     const ref = JSON.parse(await Deno.readTextFile(join(fx!, "reference.json")));
     const tokens: number[] = ref.tokens;
     const decode = async (direct: boolean): Promise<Float32Array> => {
       gpu!.tuning.direct = direct;
+      gpu!.tuning.directPairs = direct;
       const engine = await loadEngine(fx!, { gpu: gpu!, weights: "f32" });
       try {
         engine.open("d", { maxSeq: tokens.length, sampling: greedy });
@@ -200,6 +202,7 @@ for (const name of ["llama-micro", "qwen3-tiny"]) {
       } finally {
         engine.close();
         delete gpu!.tuning.direct;
+        delete gpu!.tuning.directPairs;
       }
     };
     const want = await decode(false);
