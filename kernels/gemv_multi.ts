@@ -496,8 +496,9 @@ fn main(
  * rows, a chunk being U x S units (lane l: units c U S + u S + l), every load of the chunk issued before the
  * products. A unit's weights are decoded once and multiplied with the T tokens' x vec4s, read from the
  * storage buffer (units past the row, where a chunk overhangs it, read x as zero). After the loop the warp's
- * RR x T sums (and T sums of x^2) are subgroup-added into workgroup memory; one barrier; then one thread an
- * output adds its block's SK partials, scales by 1 / rms and writes (paired: silu(gate) * up).
+ * RR x T sums (and T sums of x^2) are reduced over its lanes (a halving butterfly) into workgroup memory;
+ * one barrier; then one thread an output adds its block's SK partials, scales by 1 / rms and writes (paired:
+ * silu(gate) * up).
  */
 function gemvMultiDirectSource(
   wt: WeightType | QuantType,
@@ -580,18 +581,46 @@ function gemvMultiDirectSource(
   );
   const acc = range(RR).flatMap((r) => range(T).map((tk) => `var a${r}_${tk} = 0.0;`));
   if (norm) acc.push(...range(T).map((tk) => `var q${tk} = 0.0;`));
+  // The warp's RS partials, reduced over its lanes by a butterfly that halves them each step (lanes with
+  // bit h keep the upper half and send the lower to lane ^ h): V - 1 + log2(S / V) shuffles for V values
+  // (RS padded to a power of two) instead of RS subgroupAdds of log2(S) each. After it lane l holds partial
+  // l VPL + j (j < VPL) where V >= S, else (every lane the whole sum) partial l / (S / V).
+  let V = 1;
+  while (V < RS) V *= 2;
+  let vals = range(V).map((i) => {
+    if (i < RR * T) return `a${Math.floor(i / T)}_${i % T}`;
+    return i < RS ? `q${i - RR * T}` : "0.0";
+  });
   const sums: string[] = [];
-  for (let r = 0; r < RR; r++) {
-    for (let tk = 0; tk < T; tk++) {
-      sums.push(`let s${r}_${tk} = subgroupAdd(a${r}_${tk});`);
-      sums.push(`if (lane == ${(r * T + tk) % S}u) { red[warp * RS + ${r * T + tk}u] = s${r}_${tk}; }`);
+  let step = 0;
+  for (let h = S / 2; h >= 1; h /= 2, step++) {
+    if (vals.length === 1) {
+      sums.push(`let y${step}_0 = ${vals[0]} + subgroupShuffleXor(${vals[0]}, ${h}u);`);
+      vals = [`y${step}_0`];
+      continue;
     }
+    sums.push(`let b${step} = (lane & ${h}u) != 0u;`);
+    const half = vals.length / 2;
+    const next: string[] = [];
+    for (let k = 0; k < half; k++) {
+      const lo = vals[k], hi = vals[k + half], y = `y${step}_${k}`;
+      sums.push(
+        `let ${y} = select(${lo}, ${hi}, b${step}) + subgroupShuffleXor(select(${hi}, ${lo}, b${step}), ${h}u);`,
+      );
+      next.push(y);
+    }
+    vals = next;
   }
-  if (norm) {
-    for (let tk = 0; tk < T; tk++) {
-      sums.push(`let sq${tk} = subgroupAdd(q${tk});`);
-      sums.push(`if (lane == ${(RR * T + tk) % S}u) { red[warp * RS + ${RR * T + tk}u] = sq${tk}; }`);
-    }
+  if (V >= S) {
+    vals.forEach((v, j) => {
+      sums.push(`if (lane * ${V / S}u + ${j}u < RS) { red[warp * RS + lane * ${V / S}u + ${j}u] = ${v}; }`);
+    });
+  } else {
+    sums.push(
+      `if (lane % ${S / V}u == 0u && lane / ${S / V}u < RS) { red[warp * RS + lane / ${S / V}u] = ${
+        vals[0]
+      }; }`,
+    );
   }
   const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
   return `
