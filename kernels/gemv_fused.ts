@@ -31,6 +31,7 @@ import {
   checkMultiTuning,
   gemvMultiSource,
   multiDefaultTuning,
+  multiDirectTuning,
   multiFits,
   multiGroups,
   multiTileK,
@@ -257,22 +258,26 @@ export function gemvFusedCall(
   if (path === "multi") {
     const stage = gpu.tuning.multiStage ?? (multiDp4(gpu, wt) ? "int8" : "f32");
     const i8 = stage === "int8" && isQuant(wt) && gpu.hasDp4;
-    const t = d.multi || withPrefetch(
+    // Direct mode (gpu.tuning.multiDirect; x read in place, K split over warps) where it serves the GEMV.
+    const direct = gpu.tuning.multiDirect === true && (wt === "f32" || wt === "f16") && f !== "silu_mul";
+    const t = d.multi || (direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs) : withPrefetch(
       {
         ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
         ...(stage === "f16" ? { xh: true } : {}),
         ...(gpu.tuning.multiPipeline ? { pipeline: true } : {}),
       },
       gpu.tuning.prefetch,
-    );
+    ));
     checkMultiTuning(t, S!, wt, pairs);
     if (t.dp4 && !gpu.hasDp4) {
       throw new RangeError(`dp4 multi-token GEMV needs WGSL's packed_4x8_integer_dot_product`);
     }
     // Paired, a warp holds loads of twice its rows (the tile's register budget).
-    const KT = multiTileK(gpu, d.K, d.T, wt, pairs ? { ...t, rows: 2 * t.rows } : t);
+    const KT = t.direct ? 0 : multiTileK(gpu, d.K, d.T, wt, pairs ? { ...t, rows: 2 * t.rows } : t);
     const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT, pairs });
-    return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], label);
+    // Direct mode's own label, so a k-step profile times it apart from the staged GEMVs.
+    const mLabel = t.direct ? `${label}_direct` : label;
+    return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], mLabel);
   }
   if (path === "sg") {
     if (!S || !sgFits(gpu, d.K, wt)) {

@@ -57,6 +57,19 @@ export interface MultiTuning {
    * Default false.
    */
   pipeline?: boolean;
+  /**
+   * Direct mode (f32 / f16 weights, transforms none and rmsnorm, paired or not; gemv_sg.ts's direct mode for
+   * T rows): no staging and no barrier before the last load. Each lane loads its 16-byte units of the warp's
+   * rows (`unroll` units a row in flight, issued before use), reads x[t]'s matching vec4s for every token
+   * straight from the storage buffer (L1 / L2; with RMSNorm times the norm weight, summing x^2 per token for
+   * the deferred 1 / rms) and keeps rows x T sums; a row block's K is split over `splitK` warps whose partial
+   * sums meet in workgroup memory behind one barrier at the end. prefetch / pipeline / xh / dp4 do not apply.
+   */
+  direct?: boolean;
+  /** Direct mode: warps per row block (a divisor of wg / S); warp s sums chunks s, s + splitK, ... */
+  splitK?: number;
+  /** Direct mode: units a lane loads per row per chunk (a chunk is unroll x S units). Default 1. */
+  unroll?: number;
 }
 
 /** How the tile of x is staged. */
@@ -148,6 +161,42 @@ export function checkMultiTuning(
     t.wg >= S && t.wg % S === 0 && t.wg <= 1024 && !(t.dp4 && t.xh) &&
     !(t.dp4 && wt !== undefined && !isQuant(wt));
   if (!ok) throw new RangeError(`bad multi-token GEMV tuning ${JSON.stringify(t)} (S = ${S}, ${wt})`);
+  if (t.direct) {
+    const sk = t.splitK ?? 1, u = t.unroll ?? 1;
+    const why = wt !== undefined && wt !== "f32" && wt !== "f16"
+      ? `${wt} weights (f32 and f16 only; quantised rows keep the staged int8 path)`
+      : !Number.isInteger(sk) || sk < 1 || (t.wg / S) % sk !== 0
+      ? `splitK ${sk} (a divisor of the ${t.wg / S} warps of a workgroup)`
+      : !Number.isInteger(u) || u < 1 || u > 8
+      ? `unroll ${u} (1..8)`
+      : t.dp4 || t.xh || t.pipeline
+      ? "dp4 / xh / pipeline (staged x only)"
+      : "";
+    if (why) throw new RangeError(`direct multi-token GEMV ${JSON.stringify(t)} cannot serve ${why}`);
+  }
+}
+
+/**
+ * Direct mode's tuning by shape (MultiTuning `direct`): R x T <= 32 sums a lane (4 rows up to T = 8, else 2;
+ * paired, half as many pairs), so L1 reads 2T / R bytes of x per byte of f16 weight; rows of K >= 8192 two
+ * units a row in flight; splitK, a power of two <= 8, until ~8K warps (the H200's resident ones) or a warp
+ * would have no chunk. Untuned: scripts/bench/gemv.ts --k 8 --sweep --direct-only ranks the grid.
+ */
+export function multiDirectTuning(
+  K: number,
+  N: number,
+  T: number,
+  wt: WeightType | QuantType,
+  S: number,
+  pairs = false,
+): MultiTuning {
+  const rows = (T <= 8 ? 4 : 2) >> (pairs ? 1 : 0);
+  const unroll = K >= 8192 ? 2 : 1;
+  const chunks = Math.ceil(K / unitWeights(wt) / (unroll * S));
+  const blocks = Math.ceil(N / rows);
+  let splitK = 1;
+  while (splitK < 8 && 2 * splitK <= chunks && blocks * splitK < 8192) splitK *= 2;
+  return { rows, wg: Math.max(8, splitK) * S, direct: true, splitK, unroll };
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -160,6 +209,7 @@ export function gemvMultiSource(
   nwt: WeightType,
   d: { K: number; N: number; T: number; S: number; KT: number; pairs?: boolean },
 ): string {
+  if (t.direct) return gemvMultiDirectSource(wt, f, t, nwt, d);
   const { K, N, T, S, KT } = d;
   const { rows: R, wg: WG } = t;
   // Rows of weights a warp reads: R, or paired R gate rows then their R up rows.
@@ -440,7 +490,202 @@ fn main(
 }`;
 }
 
+/**
+ * Direct mode (MultiTuning `direct`): a workgroup of WARPS warps is WARPS / SK row blocks of R rows (paired:
+ * R gate rows n.. and their up rows N + n..); warp w sums chunks s, s + SK, .. (s = w % SK) of its block's
+ * rows, a chunk being U x S units (lane l: units c U S + u S + l), every load of the chunk issued before the
+ * products. A unit's weights are decoded once and multiplied with the T tokens' x vec4s, read from the
+ * storage buffer (units past the row, where a chunk overhangs it, read x as zero). After the loop the warp's
+ * RR x T sums (and T sums of x^2) are reduced over its lanes (a halving butterfly) into workgroup memory;
+ * one barrier; then one thread an output adds its block's SK partials, scales by 1 / rms and writes (paired:
+ * silu(gate) * up).
+ */
+function gemvMultiDirectSource(
+  wt: WeightType | QuantType,
+  f: InputTransform,
+  t: MultiTuning,
+  nwt: WeightType,
+  d: { K: number; N: number; T: number; S: number; pairs?: boolean },
+): string {
+  if (wt !== "f32" && wt !== "f16") {
+    throw new RangeError(
+      `the direct multi-token GEMV has no ${wt} weights (quantised rows keep the staged path)`,
+    );
+  }
+  if (f === "silu_mul") {
+    throw new RangeError("the direct multi-token GEMV has no silu_mul transform (pair gate/up instead)");
+  }
+  const { K, N, T, S } = d;
+  const { rows: R, wg: WG } = t;
+  const SK = t.splitK ?? 1;
+  const U = t.unroll ?? 1;
+  const RR = d.pairs ? 2 * R : R;
+  const WARPS = WG / S;
+  const BLOCKS = WARPS / SK;
+  const UW = unitWeights(wt);
+  const XV = UW / 4;
+  const UNITS = K / UW;
+  const K4 = K / 4;
+  const CH = Math.ceil(UNITS / (U * S));
+  const CMAX = Math.ceil(CH / SK);
+  const ragged = UNITS % (U * S) !== 0;
+  const norm = f === "rmsnorm";
+  // Partials a warp leaves: RR x T sums, then T sums of x^2.
+  const RS = RR * T + (norm ? T : 0);
+  const OUT = BLOCKS * R * T;
+  const body: string[] = [];
+  for (let u = 0; u < U; u++) {
+    body.push(`let j${u} = (c * ${U}u + ${u}u) * S + lane;`);
+    if (ragged) body.push(`let ok${u} = j${u} < UNITS;`, `let jc${u} = min(j${u}, UNITS - 1u);`);
+  }
+  const jc = (u: number) => ragged ? `jc${u}` : `j${u}`;
+  for (let u = 0; u < U; u++) {
+    for (let r = 0; r < RR; r++) body.push(`let w${u}_${r} = W[rb${r} + ${jc(u)}];`);
+  }
+  for (let u = 0; u < U; u++) {
+    // Unit u's block: its rows decoded once, then each token's x.
+    const inner: string[] = [];
+    for (let r = 0; r < RR; r++) {
+      const w = `w${u}_${r}`;
+      if (wt === "f32") inner.push(`let d${r}_0 = ${w};`);
+      else {
+        inner.push(
+          `let d${r}_0 = vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y));`,
+          `let d${r}_1 = vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w));`,
+        );
+      }
+    }
+    if (norm) {
+      for (let i = 0; i < XV; i++) {
+        inner.push(`let g${i} = ${normWeightVec4(nwt, `${jc(u)} * ${XV}u + ${i}u`)};`);
+      }
+    }
+    for (let tk = 0; tk < T; tk++) {
+      for (let i = 0; i < XV; i++) {
+        const at = `x[(p.x_row0 + ${tk}u) * K4 + ${jc(u)} * ${XV}u + ${i}u]`;
+        const xv = ragged ? `select(vec4<f32>(0.0), ${at}, ok${u})` : at;
+        if (norm) {
+          inner.push(`let xr${tk}_${i} = ${xv};`, `q${tk} += dot(xr${tk}_${i}, xr${tk}_${i});`);
+          inner.push(`let x${tk}_${i} = xr${tk}_${i} * g${i};`);
+        } else inner.push(`let x${tk}_${i} = ${xv};`);
+      }
+      for (let r = 0; r < RR; r++) {
+        inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
+      }
+    }
+    body.push(`{\n        ${inner.join("\n        ")}\n      }`);
+  }
+  // Rows past N (the last block) read row N - 1 (their sums are not written).
+  const decl = range(RR).map((r) =>
+    `let rb${r} = (${r < R ? "" : "N + "}min(n0 + ${r % R}u, N - 1u)) * UNITS;`
+  );
+  const acc = range(RR).flatMap((r) => range(T).map((tk) => `var a${r}_${tk} = 0.0;`));
+  if (norm) acc.push(...range(T).map((tk) => `var q${tk} = 0.0;`));
+  // The warp's RS partials, reduced over its lanes by a butterfly that halves them each step (lanes with
+  // bit h keep the upper half and send the lower to lane ^ h): V - 1 + log2(S / V) shuffles for V values
+  // (RS padded to a power of two) instead of RS subgroupAdds of log2(S) each. After it lane l holds partial
+  // l VPL + j (j < VPL) where V >= S, else (every lane the whole sum) partial l / (S / V).
+  let V = 1;
+  while (V < RS) V *= 2;
+  let vals = range(V).map((i) => {
+    if (i < RR * T) return `a${Math.floor(i / T)}_${i % T}`;
+    return i < RS ? `q${i - RR * T}` : "0.0";
+  });
+  const sums: string[] = [];
+  let step = 0;
+  for (let h = S / 2; h >= 1; h /= 2, step++) {
+    if (vals.length === 1) {
+      sums.push(`let y${step}_0 = ${vals[0]} + subgroupShuffleXor(${vals[0]}, ${h}u);`);
+      vals = [`y${step}_0`];
+      continue;
+    }
+    sums.push(`let b${step} = (lane & ${h}u) != 0u;`);
+    const half = vals.length / 2;
+    const next: string[] = [];
+    for (let k = 0; k < half; k++) {
+      const lo = vals[k], hi = vals[k + half], y = `y${step}_${k}`;
+      sums.push(
+        `let ${y} = select(${lo}, ${hi}, b${step}) + subgroupShuffleXor(select(${hi}, ${lo}, b${step}), ${h}u);`,
+      );
+      next.push(y);
+    }
+    vals = next;
+  }
+  if (V >= S) {
+    vals.forEach((v, j) => {
+      sums.push(`if (lane * ${V / S}u + ${j}u < RS) { red[warp * RS + lane * ${V / S}u + ${j}u] = ${v}; }`);
+    });
+  } else {
+    sums.push(
+      `if (lane % ${S / V}u == 0u && lane / ${S / V}u < RS) { red[warp * RS + lane / ${S / V}u] = ${
+        vals[0]
+      }; }`,
+    );
+  }
+  const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
+  return `
+struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: ${wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>"};
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+${
+    norm
+      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
+      : ""
+  }
+const K = ${K}u;
+const N = ${N}u;
+const T = ${T}u;
+const K4 = ${K4}u;
+const UNITS = ${UNITS}u;
+const S = ${S}u;
+const R = ${R}u;
+const SK = ${SK}u;
+const RS = ${RS}u;
+const BLOCKS = ${BLOCKS}u;
+var<workgroup> red: array<f32, ${WARPS * RS}>;
+@compute @workgroup_size(${WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let warp = tid / S;
+  let lane = tid % S;
+  let ks = warp % SK;
+  let n0 = (wg.x * BLOCKS + warp / SK) * R;
+  ${decl.join("\n  ")}
+  ${acc.join("\n  ")}
+  for (var i = 0u; i < ${CMAX}u; i++) {
+    let c = i * SK + ks;
+    ${CH % SK === 0 ? "{" : `if (c < ${CH}u) {`}
+      ${body.join("\n      ")}
+    }
+  }
+  ${sums.join("\n  ")}
+  workgroupBarrier();
+  for (var e = tid; e < ${OUT}u; e += ${WG}u) {
+    let g = e / ${R * T}u;
+    let r = e / T % R;
+    let tk = e % T;
+    let n = (wg.x * BLOCKS + g) * R + r;
+    if (n < N) {
+      var a = 0.0;
+      ${d.pairs ? "var b = 0.0;" : ""}
+      ${norm ? "var q = 0.0;" : ""}
+      for (var k = 0u; k < SK; k++) {
+        a += ${part("r * T + tk")};
+        ${d.pairs ? `b += ${part("(R + r) * T + tk")};` : ""}
+        ${norm ? `q += ${part(`${RR * T}u + tk`)};` : ""}
+      }
+      ${norm ? `let inv = inverseSqrt(q / f32(K) + p.eps);\n      a *= inv;` : ""}
+      ${d.pairs && norm ? "b *= inv;" : ""}
+      let o = tk * N + n;
+      ${d.pairs ? `y[o] = ${siluMul("a", "b")};` : "y[o] = select(0.0, y[o], p.acc != 0u) + a;"}
+    }
+  }
+}`;
+}
+
 /** Workgroups to launch along x. */
 export function multiGroups(N: number, t: MultiTuning, S: number): number {
+  if (t.direct) return Math.ceil(N / ((t.wg / S / (t.splitK ?? 1)) * t.rows));
   return Math.ceil(N / ((t.wg / S) * t.rows));
 }

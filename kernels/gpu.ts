@@ -65,6 +65,12 @@ export interface KernelTuning {
   multiStage?: "f32" | "f16" | "int8";
   /** The multi-token GEMV loads tile i + 1's weights before tile i's products (MultiTuning `pipeline`). */
   multiPipeline?: boolean;
+  /**
+   * The multi-token GEMV's f32 / f16 matrices with no transform or RMSNorm (paired or not) read x straight
+   * from its buffer and split each row block's K over warps (MultiTuning `direct`, multiDirectTuning) instead
+   * of staging x in tiles. Default off; q8 / q4 and silu_mul keep the staged kernel.
+   */
+  multiDirect?: boolean;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`). */

@@ -5,11 +5,12 @@
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
-//     [--multi-pipeline on|off] [--splits N] [--prefetch on|off] [--pair on|off] [--defer-norm on|off]
-//     [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
+//     [--multi-pipeline on|off] [--multi-direct on|off] [--splits N] [--prefetch on|off] [--pair on|off]
+//     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
 // --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
 // without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
-// weights, int8), each without and with pipelined weight loads (multiPipeline), --context without
+// weights, int8), each without and with pipelined weight loads (multiPipeline), then (f32 / f16 weights) with
+// the direct multi-token GEMV (multiDirect: x read in place, K split over warps), --context without
 // flash-decoding splits, and the decode under every combination of pairGateUp, prefetch and deferNorm,
 // then with gpu.tuning.direct on (the one-row f32 / f16 GEMVs read x in place, K split over warps;
 // pairGateUp, prefetch and deferNorm on, today's winners), then with the sampler's first pass at 4096 logits a workgroup (the old chunk; one "swactor-decode-ab"
@@ -65,6 +66,7 @@ const { values } = parseArgs({
     multi: { type: "string" },
     "multi-stage": { type: "string" },
     "multi-pipeline": { type: "string" },
+    "multi-direct": { type: "string" },
     splits: { type: "string" },
     prefetch: { type: "string" },
     pair: { type: "string" },
@@ -128,6 +130,10 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
           for (const multiPipeline of [false, true]) {
             await withTuning({ multi: true, multiStage, multiPipeline }, () => kSteps(model, weights));
           }
+        }
+        // Direct mode serves f32 / f16 matrices only (q8 / q4 keep the staged kernel).
+        if (weights === "f16" || weights === "f32") {
+          await withTuning({ multi: true, multiDirect: true }, () => kSteps(model, weights));
         }
       }
     }
@@ -253,6 +259,8 @@ function tuningFlags(): KernelTuning {
   if (multi !== undefined) t.multi = multi;
   const pipeline = onOff("multi-pipeline", values["multi-pipeline"]);
   if (pipeline !== undefined) t.multiPipeline = pipeline;
+  const multiDirect = onOff("multi-direct", values["multi-direct"]);
+  if (multiDirect !== undefined) t.multiDirect = multiDirect;
   const stage = values["multi-stage"];
   if (stage !== undefined) {
     if (stage !== "f32" && stage !== "f16" && stage !== "int8") {

@@ -18,8 +18,13 @@
 // no transform or RMSNorm, unpaired, also time "direct_default" (sgDirectTuning), and with --direct a grid
 // of rows x splitK x workgroup x unroll ("dir_r<R>k<splitK>w<wg>u<U>"); e.g. the small-N decode matrices:
 //   deno run -A scripts/bench/gemv.ts --weights f16 --direct --cases o,qkv,down_plain,gate_up,head
-//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--direct] [--weights f16,q8,q4] [--k 2,4,8,16]
-//     [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head]
+// The multi-token GEMV's direct mode (MultiTuning `direct`, gpu.tuning.multiDirect): f16 cases with no
+// transform or RMSNorm (paired or not) also time "k<T>_dir_default" (multiDirectTuning) and with --sweep a
+// grid of rows x splitK x unroll at 256 threads plus each splitK at 1024 ("k<T>_dir_r<R>k<splitK>w<wg>u<U>",
+// ~40 a case); --direct-only times only these (no team, staged multi or one-row variants), e.g.
+//   deno run -A scripts/bench/gemv.ts --weights f16 --k 8 --sweep --direct-only --cases o,qkv,gate_up_pairs,down_plain,head
+//   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--direct] [--direct-only] [--weights f16,q8,q4]
+//     [--k 2,4,8,16] [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head]
 import { parseArgs } from "node:util";
 import {
   defaultTuning,
@@ -28,6 +33,7 @@ import {
   type InputTransform,
   type KernelCall,
   multiDefaultTuning,
+  multiDirectTuning,
   type MultiTuning,
   quantBytes,
   type QuantType,
@@ -51,10 +57,12 @@ const { values } = parseArgs({
     persistent: { type: "boolean", default: false },
     prologue: { type: "boolean", default: false },
     direct: { type: "boolean", default: false },
+    "direct-only": { type: "boolean", default: false },
   },
 });
 const gpu = await getGpu();
 const quick = values.quick;
+const directOnly = values["direct-only"];
 type Wt = "f16" | QuantType;
 interface Case {
   name: string;
@@ -143,6 +151,38 @@ function sweepTunings(K: number, wt: Wt, S: number): SgTuning[] {
   return out;
 }
 
+/**
+ * --k --sweep, the multi-token GEMV's direct mode: rows (R x T <= 32 sums a lane, paired rows counting
+ * twice) x splitK x unroll (RR x U <= 16 loads in flight) at 256 threads, every split having a chunk, and
+ * each splitK at 1024 threads with the default's rows and unroll.
+ */
+function multiDirectTunings(
+  K: number,
+  N: number,
+  T: number,
+  wt: Wt,
+  S: number,
+  pairs: boolean,
+): MultiTuning[] {
+  const perLane = Math.ceil(K / (wt === "f16" ? 8 : 4) / S);
+  const def = multiDirectTuning(K, N, T, wt, S, pairs);
+  const out: MultiTuning[] = [];
+  const ok = (rows: number, splitK: number, unroll: number) =>
+    (!pairs || rows <= 4) && (pairs ? 2 : 1) * rows * T <= 32 && (pairs ? 2 : 1) * rows * unroll <= 16 &&
+    Math.ceil(perLane / unroll) >= splitK;
+  for (const rows of [1, 2, 4, 8]) {
+    for (const splitK of [1, 2, 4, 8]) {
+      for (const unroll of [1, 2, 4]) {
+        if (ok(rows, splitK, unroll)) out.push({ rows, wg: 256, direct: true, splitK, unroll });
+      }
+    }
+  }
+  for (const splitK of [1, 2, 4, 8]) {
+    if (ok(def.rows, splitK, def.unroll ?? 1)) out.push({ ...def, wg: 1024, splitK });
+  }
+  return out;
+}
+
 /** --direct: rows x splitK x workgroup x unroll, every split having at least one chunk (U x S units). */
 function directTunings(K: number, S: number): SgTuning[] {
   const perLane = K / 8 / S;
@@ -220,7 +260,7 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       const warm = ws.map((w) => call(w, pairs ? undefined : { team: 64, rows: 1 }));
       for (let spent = 0; spent < 400;) spent += (await gpuMs(gpu, warm, 20)) * 20;
     }
-    if (!values["no-single"] && !pairs) time("team", (w) => call(w, defaultTuning(K, N)));
+    if (!values["no-single"] && !directOnly && !pairs) time("team", (w) => call(w, defaultTuning(K, N)));
     const S = gpu.subgroupSize;
     for (const T of kList) {
       const multi = (w: GPUBuffer, t?: MultiTuning) =>
@@ -239,6 +279,16 @@ for (const wt of values.weights!.split(",") as Wt[]) {
       const quant = wt === "q8" || wt === "q4";
       const dp4 = quant && gpu.hasDp4;
       const def = multiDefaultTuning(K, N, T, wt, wt === "q4" && dp4, pairs);
+      // Direct mode: f16 with no transform or RMSNorm.
+      if (S && wt === "f16" && f !== "silu_mul" && T >= 2) {
+        time(`k${T}_dir_default`, (w) => multi(w, multiDirectTuning(K, N, T, wt, S, pairs)));
+        if (values.sweep) {
+          for (const t of multiDirectTunings(K, N, T, wt, S, pairs)) {
+            time(`k${T}_dir_r${t.rows}k${t.splitK}w${t.wg}u${t.unroll}`, (w) => multi(w, t));
+          }
+        }
+      }
+      if (directOnly) continue;
       time(`k${T}_default`, (w) => multi(w, def));
       time(`k${T}_default_nopf`, (w) => multi(w, { ...def, prefetch: false }));
       if (values.sweep) {
@@ -255,7 +305,7 @@ for (const wt of values.weights!.split(",") as Wt[]) {
         }
       }
     }
-    if (S && sgFits(gpu, K, wt) && !values["no-single"]) {
+    if (S && sgFits(gpu, K, wt) && !values["no-single"] && !directOnly) {
       const def = sgDefaultTuning(K, N, wt, S, gpu.hasDp4, pairs);
       time("sg_default", (w) => call(w, def));
       time("sg_default_pf", (w) => call(w, { ...def, prefetch: true }));
@@ -276,6 +326,11 @@ for (const wt of values.weights!.split(",") as Wt[]) {
         const ts = withPrologues(sweepTunings(K, wt, S).filter((t) => !pairs || t.rows <= 4), f);
         for (const t of ts) time(name(t), (w) => call(w, t));
       }
+    }
+    if (variants.length === 0) {
+      // (--direct-only on weights or a transform direct mode does not serve.)
+      for (const b of [...ws, x, y, nw]) b.destroy();
+      continue;
     }
     for (let pass = 0; pass < 2; pass++) {
       for (const [label, calls] of variants) {

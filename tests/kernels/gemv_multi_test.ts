@@ -147,6 +147,118 @@ Deno.test(
   },
 );
 
+Deno.test(
+  {
+    name: "direct multi-token GEMV matches the reference: f32 / f16, none / rmsnorm / pairs, T 2..16",
+    ignore,
+  },
+  async () => {
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    const silu = (v: number) => v / (1 + Math.exp(-v));
+    // splitK dividing the chunks or not, several units in flight, a workgroup of several row blocks.
+    const tunings: MultiTuning[] = [
+      { rows: 4, wg: 4 * S, direct: true, splitK: 2 },
+      { rows: 1, wg: 3 * S, direct: true, splitK: 3, unroll: 2 },
+      { rows: 2, wg: 8 * S, direct: true, splitK: 4 },
+      { rows: 2, wg: S, direct: true, splitK: 1, unroll: 4 },
+      { rows: 3, wg: 4 * S, direct: true, splitK: 1, unroll: 2 },
+    ];
+    let k = 0;
+    for (const wt of ["f32", "f16"] as const) {
+      // K: 4 chunks of one unit a lane; 8 short of 3 S vec2s (a ragged last chunk); fewer units than lanes.
+      for (const K of [PER_UNIT[wt] * 4 * S, 8 * (3 * S - 1), 16]) {
+        for (const [T, N] of [[2, 37], [3, 5], [8, 19], [16, 7]]) {
+          for (
+            const [transform, pairs] of [["none", false], ["rmsnorm", false], ["rmsnorm", true], [
+              "none",
+              true,
+            ]] as const
+          ) {
+            k++;
+            // Every fifth case the default tuning through gpu.tuning.multiDirect.
+            const multi = k % 5 === 0 ? undefined : tunings[k % tunings.length];
+            const accumulate = !pairs && k % 2 === 0;
+            const normWeights = wt === "f32" || k % 3 === 0 ? "f32" as const : "f16" as const;
+            const MR = pairs ? 2 * N : N;
+            const x = randoms((T + 1) * K, k, 2);
+            const w = packedWeights(wt, randoms(MR * K, N + k, 0.5), MR, K);
+            let nw = randoms(K, K + 3);
+            const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
+            if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
+            const y0 = randoms(T * N, 9);
+            const y = upload(g, y0);
+            const saved = g.tuning.multiDirect;
+            g.tuning.multiDirect = true;
+            try {
+              await runCalls(g, [
+                gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
+                  K,
+                  N,
+                  T,
+                  accumulate,
+                  xRow0: 1,
+                  weights: wt,
+                  normWeights,
+                  transform,
+                  eps: 1e-5,
+                  multi,
+                  pairs,
+                }),
+              ]);
+            } finally {
+              g.tuning.multiDirect = saved;
+            }
+            const rows = x.slice(K, (T + 1) * K);
+            const input = transform === "rmsnorm" ? rmsnormRef(rows, nw, K, 1e-5) : rows;
+            const dims = { K, N, T, weights: "f32" as const };
+            let want: Float32Array;
+            if (pairs) {
+              const gate = matmulRef(input, w.deq.subarray(0, N * K), dims);
+              const up = matmulRef(input, w.deq.subarray(N * K), dims);
+              want = gate.map((v, i) => silu(v) * up[i]);
+            } else want = matmulRef(input, w.deq, { ...dims, accumulate }, y0);
+            const what = `direct multi gemv ${wt} ${transform}${pairs ? " pairs" : ""} T${T} K${K} N${N} ` +
+              `acc ${accumulate} nw ${normWeights} ${JSON.stringify(multi ?? "default")}`;
+            assertClose(await readF32(g, y, T * N), want, 1e-4, 1e-4, what);
+          }
+        }
+      }
+    }
+  },
+);
+
+Deno.test({ name: "direct multi-token GEMV refuses quantised weights and silu_mul", ignore }, () => {
+  const g = gpu!;
+  const S = g.subgroupSize!;
+  const buf = upload(g, new Float32Array(4096));
+  const multi: MultiTuning = { rows: 2, wg: 2 * S, direct: true, splitK: 2 };
+  for (
+    const [weights, transform, re] of [
+      ["q4", "none", /q4 weights/],
+      ["q8", "rmsnorm", /q8 weights/],
+      ["f16", "silu_mul", /silu_mul/],
+    ] as const
+  ) {
+    let err: unknown;
+    try {
+      gemvFusedCall(g, { x: buf, w: buf, y: buf, normWeight: buf }, {
+        K: 256,
+        N: 4,
+        T: 3,
+        weights,
+        transform,
+        multi,
+      });
+    } catch (e) {
+      err = e;
+    }
+    if (!(err instanceof RangeError) || !re.test(err.message)) {
+      throw new Error(`${weights} ${transform}: want a RangeError matching ${re}, got ${err}`);
+    }
+  }
+});
+
 Deno.test({ name: "multi-token GEMV rejects a bad tuning", ignore }, () => {
   const g = gpu!;
   const buf = upload(g, new Float32Array(64));

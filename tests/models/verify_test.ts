@@ -114,6 +114,45 @@ Deno.test(
   },
 );
 
+// The direct multi-token GEMV (gpu.tuning.multiDirect, kernels/gemv_multi.ts MultiTuning `direct`: x read in
+// place, K split over warps, RMSNorm deferred, gate/up paired) gives a k-step's logits as the staged one does.
+for (const name of ["llama-micro", "qwen3-tiny"]) {
+  Deno.test(
+    onGpu(`${name} f32: k-steps with the direct multi-token GEMV match the staged kernel's`),
+    async () => {
+      const dir = fixtureDir(name)!;
+      const { prompt, cont } = await reference(dir);
+      const all = [...prompt, ...cont].slice(0, 40);
+      const rows = async (multiDirect: boolean) => {
+        gpu!.tuning = { multi: true, multiDirect };
+        const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+        try {
+          engine.open("r", { maxSeq: all.length, sampling: greedy, maxChunk: 16 });
+          const out: number[] = [];
+          for (let pos = 0, i = 0; pos < all.length; i++) {
+            const k = Math.min([16, 8, 2, 5, 3][i % 5], all.length - pos);
+            out.push(...(await engine.verify("r", pos, all.slice(pos, pos + k), "logits")) as Float32Array);
+            pos += k;
+          }
+          return out;
+        } finally {
+          engine.close();
+          gpu!.tuning = {};
+        }
+      };
+      const want = await rows(false);
+      const got = await rows(true);
+      assert.equal(got.length, want.length);
+      let worst = 0, scale = 0;
+      for (let i = 0; i < got.length; i++) {
+        worst = Math.max(worst, Math.abs(got[i] - want[i]));
+        scale = Math.max(scale, Math.abs(want[i]));
+      }
+      assert.ok(worst <= 1e-4 * scale, `worst |logit error| ${worst} of ${scale}`);
+    },
+  );
+}
+
 Deno.test(onGpu("verify refuses a gap, too many tokens, and truncate past the end"), async () => {
   const dir = fixtureDir("llama-micro")!;
   const { prompt } = await reference(dir);
