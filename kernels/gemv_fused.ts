@@ -258,8 +258,9 @@ export function gemvFusedCall(
   if (path === "multi") {
     const stage = gpu.tuning.multiStage ?? (multiDp4(gpu, wt) ? "int8" : "f32");
     const i8 = stage === "int8" && isQuant(wt) && gpu.hasDp4;
-    // Direct mode (gpu.tuning.multiDirect; x read in place, K split over warps) where it serves the GEMV.
-    const direct = gpu.tuning.multiDirect === true && (wt === "f32" || wt === "f16") && f !== "silu_mul";
+    // Direct mode (x read in place, K split over warps) where it serves the GEMV, unless
+    // gpu.tuning.multiDirect is false.
+    const direct = gpu.tuning.multiDirect !== false && (wt === "f32" || wt === "f16") && f !== "silu_mul";
     const t = d.multi || (direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs) : withPrefetch(
       {
         ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),

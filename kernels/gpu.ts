@@ -68,7 +68,7 @@ export interface KernelTuning {
   /**
    * The multi-token GEMV's f32 / f16 matrices with no transform or RMSNorm (paired or not) read x straight
    * from its buffer and split each row block's K over warps (MultiTuning `direct`, multiDirectTuning) instead
-   * of staging x in tiles. Default off; q8 / q4 and silu_mul keep the staged kernel.
+   * of staging x in tiles. Default on (false: staged); q8 / q4 and silu_mul keep the staged kernel.
    */
   multiDirect?: boolean;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
