@@ -289,10 +289,11 @@ export function gemvFusedCall(
     // tall ones keep the staged kernel. gpu.tuning.direct forces it on or off; by default it serves rows of
     // K >= 8192 with no transform (the paired MLP's down_proj): 2.97-3.04 TB/s against 2.42 staged on the
     // H200 at Llama-1B's 2048 x 8192, while at K = 2048 (o, qkv) it only matched the staged kernel
-    // (2026-12-01). The paired gate/up too unless gpu.tuning.directPairs is false.
+    // (2026-12-01). The paired gate/up only with gpu.tuning.directPairs: in the step it took 0.415 ms a
+    // token against 0.388 staged (Llama-1B f16, 2026-12-01), so it stays off by default.
     const direct = (wt === "f32" || wt === "f16") && f !== "silu_mul" &&
       (pairs
-        ? gpu.tuning.directPairs !== false
+        ? gpu.tuning.directPairs === true
         : (gpu.tuning.direct ?? (d.K >= 8192 && f === "none")) && d.N < DIRECT_MAX_N);
     const t = isSgTuning(d.tuning)
       ? d.tuning

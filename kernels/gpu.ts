@@ -90,7 +90,10 @@ export interface KernelTuning {
    * gate/up and silu_mul GEMVs keep the staged kernel.
    */
   direct?: boolean;
-  /** The f32 / f16 paired gate/up GEMV (pairGateUp) in direct mode too (default true; false: staged). */
+  /**
+   * The f32 / f16 paired gate/up GEMV (pairGateUp) in direct mode too (default false: on the H200 it was
+   * slower than the staged pairs, 0.415 against 0.388 ms a Llama-1B f16 token).
+   */
   directPairs?: boolean;
   /** Logits per workgroup of the argmax / sampler's first pass (argmax_rows.ts; default 1024). */
   argmaxChunk?: number;
