@@ -40,17 +40,19 @@ export interface SgTuning {
   dp4?: boolean;
   /**
    * Issue the first row block's first weight loads before staging x, so their memory latency overlaps the
-   * prologue (RMSNorm, int8 quantisation, barriers) instead of following it. Default false.
+   * prologue (RMSNorm, int8 quantisation, barriers) instead of following it. False in a tuning that omits
+   * it; gemvFusedCall's default tunings turn it on (gpu.tuning.prefetch false: off).
    */
   prefetch?: boolean;
   /**
    * RMSNorm: stage x * normWeight in the same pass that sums x^2 (one read of x and one barrier fewer
    * before the first product) and scale the finished sums by 1 / rms, as gemv_multi.ts does. With dp4 the
-   * int8 copy is made from x * normWeight (a row's common factor leaves the codes unchanged). Default false.
+   * int8 copy is made from x * normWeight (a row's common factor leaves the codes unchanged). False in a
+   * tuning that omits it; gemvFusedCall's default tunings turn it on (gpu.tuning.deferNorm false: off).
    */
   deferNorm?: boolean;
   /**
-   * Direct mode (f32 / f16 weights, transforms none and rmsnorm, not paired): x is read straight from its
+   * Direct mode (f32 / f16 weights, transforms none and rmsnorm, paired or not): x is read straight from its
    * storage buffer (it stays in L1 / L2) instead of staged in workgroup memory, so there is no barrier
    * before the first weight load, and each row block's K is split over `splitK` warps; the warps' partial
    * sums (and RMSNorm's sum of x^2, always deferred) meet in workgroup memory behind one barrier at the end.

@@ -73,7 +73,7 @@ export interface KernelTuning {
   multiDirect?: boolean;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
-  /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`). */
+  /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`; default on). */
   prefetch?: boolean;
   /**
    * The decode MLP's gate/up GEMV pairs gate row n with up row n in one warp and writes silu(gate) * up
@@ -81,7 +81,10 @@ export interface KernelTuning {
    * writes [gate | up] and down computes silu_mul as it stages; gemv_sg.ts, models/blocks/mlp.ts).
    */
   pairGateUp?: boolean;
-  /** One-row GEMVs with RMSNorm scale their sums by 1 / rms instead of staging normalised x (SgTuning `deferNorm`). */
+  /**
+   * One-row GEMVs with RMSNorm scale their sums by 1 / rms instead of staging normalised x (SgTuning
+   * `deferNorm`; default on).
+   */
   deferNorm?: boolean;
   /**
    * One-row f32 / f16 GEMVs with no transform or RMSNorm read x straight from its buffer and split each
