@@ -159,7 +159,10 @@ const WAVE = 264;
  * enough warps per SM when the tiles are few), which split K then fills further.
  */
 export function gemmDefaultTile(T: number, N: number, tuning: KernelTuning = {}): GemmTile {
-  const large = tuning.gemmLarge ?? { bm: 128, bn: 256, bk: 16, rm: 2, rn: 4, ci: true };
+  // The tiles with constant-index fragment reads (ci): in the H200 prefill (2026-12-01) pp512 / pp2048
+  // 53.3 / 214.9 ms against 55.4 / 218.7 without; 128x256k16r24c, the microbenchmark's best at most shapes,
+  // was slower in the prefill itself (57.7 / 226.4).
+  const large = tuning.gemmLarge ?? { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, ci: true };
   if (ceilDiv(T, large.bm) * ceilDiv(N, large.bn) >= WAVE) return large;
   return tuning.gemmSmall ?? { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, ci: true };
 }

@@ -115,7 +115,7 @@ export interface KernelTuning {
   prefillEarlySubmit?: boolean;
   /**
    * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where M x N makes a wave of its
-   * tiles, else `gemmSmall` (defaults 128x128k8r22 and 64x64k16r11). Their f16 / wh flags apply only to
+   * tiles, else `gemmSmall` (defaults 128x128k8r22c and 64x64k16r11c). Their f16 / wh flags apply only to
    * weights they suit. Read when a GEMM call is built (each request's programs).
    */
   gemmLarge?: GemmTile;
