@@ -10,10 +10,14 @@ import { readSafetensorsHeader, readTensorBytes } from "../models/safetensors.ts
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
-export async function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+export async function cli(
+  args: string[],
+  env?: Record<string, string>,
+): Promise<{ code: number; stdout: string; stderr: string }> {
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["run", "-A", "--quiet", MAIN, ...args],
     stdin: "null",
+    env,
   }).output();
   const dec = new TextDecoder();
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };

@@ -46,6 +46,8 @@ Deno.test(
   async () => {
     const dir = fixtureDir("llama-micro", { needs: "reference.safetensors" })!;
     const all: number[] = JSON.parse(await Deno.readTextFile(join(dir, "reference.json"))).tokens;
+    // Both sides hold an f32 KV cache (quantised weights would get the f16 cache by default: models/model.ts
+    // kvCacheType), so the comparison isolates the weights' dequantisation.
     const logits = async (model: string, weights: string, tokens: string) => {
       const out = await Deno.makeTempFile({ suffix: ".safetensors" });
       try {
@@ -59,7 +61,7 @@ Deno.test(
           out,
           "--weights",
           weights,
-        ]);
+        ], { SWACTOR_KV: "f32" });
         if (r.code !== 0) throw new Error(`logits ${model} ${weights}: ${r.stderr}`);
         return await readF32(out, "logits");
       } finally {
