@@ -22,7 +22,15 @@
 // K, N, T are compiled in. Tile: the largest multiple of S units a lane whose staging fits the budget.
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { int8BlocksWgsl, normWeightVec4, QUANT_DECODE_WGSL, siluMul, siluMulVec4 } from "./wgsl.ts";
+import {
+  floatUnitWgsl,
+  gemvBindingsWgsl,
+  int8BlocksWgsl,
+  normWeightVec4,
+  QUANT_DECODE_WGSL,
+  siluMul,
+  siluMulVec4,
+} from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 /** The most rows (tokens) the multi-token GEMV takes; more is a prefill chunk (the tiled GEMM's). */
@@ -230,7 +238,6 @@ export function gemvMultiSource(
   // its unit at i * NU + j, consecutive across the warp (no bank conflicts; unit-major would stride XV vec4s,
   // 8-way for q4).
   const NU = KT / UW;
-  const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
   const xStride = f === "silu_mul" ? "2u * K4" : "K4";
   const st = stageOf(wt, t);
   const q4 = wt === "q4";
@@ -287,12 +294,8 @@ export function gemvMultiSource(
   const decode = (r: number, w: string, unit: string): string[] => {
     switch (wt) {
       case "f32":
-        return [`let d${r}_0 = ${w};`];
       case "f16":
-        return [
-          `let d${r}_0 = vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y));`,
-          `let d${r}_1 = vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w));`,
-        ];
+        return floatUnitWgsl(wt, `d${r}`, w);
       case "q8":
         return [
           `let s${r} = group_scale(row${r} * GPR + (${unit}) / 2u);`,
@@ -422,16 +425,7 @@ export function gemvMultiSource(
   }
   const quantFns = !isQuant(wt) ? "" : `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}`;
   return `
-struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> W: ${wDecl};
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-${
-    f === "rmsnorm"
-      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
-      : ""
-  }
+${gemvBindingsWgsl(wt, f === "rmsnorm", nwt)}
 const K = ${K}u;
 const N = ${N}u;
 const T = ${T}u;
@@ -550,14 +544,7 @@ function gemvMultiDirectSource(
     // Unit u's block: its rows decoded once, then each token's x.
     const inner: string[] = [];
     for (let r = 0; r < RR; r++) {
-      const w = `w${u}_${r}`;
-      if (wt === "f32") inner.push(`let d${r}_0 = ${w};`);
-      else {
-        inner.push(
-          `let d${r}_0 = vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y));`,
-          `let d${r}_1 = vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w));`,
-        );
-      }
+      inner.push(...floatUnitWgsl(wt, `d${r}`, `w${u}_${r}`));
     }
     if (norm) {
       for (let i = 0; i < XV; i++) {
@@ -628,16 +615,7 @@ function gemvMultiDirectSource(
   }
   const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
   return `
-struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> W: ${wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>"};
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-${
-    norm
-      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
-      : ""
-  }
+${gemvBindingsWgsl(wt, norm, nwt)}
 const K = ${K}u;
 const N = ${N}u;
 const T = ${T}u;

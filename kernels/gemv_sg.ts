@@ -19,7 +19,16 @@
 // instead of reading the 2I-wide gate/up row and computing I sigmoids in every workgroup.
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, WeightType } from "./gpu.ts";
-import { dp4Dot, int8BlocksWgsl, normWeightVec4, QUANT_DECODE_WGSL, siluMul, siluMulVec4 } from "./wgsl.ts";
+import {
+  dp4Dot,
+  floatUnitDot,
+  gemvBindingsWgsl,
+  int8BlocksWgsl,
+  normWeightVec4,
+  QUANT_DECODE_WGSL,
+  siluMul,
+  siluMulVec4,
+} from "./wgsl.ts";
 import { isQuant, QUANT_GROUP, type QuantType } from "./quant.ts";
 
 export interface SgTuning {
@@ -216,7 +225,6 @@ export function gemvSgSource(
   // Rows of loads a warp has at a time: R, or paired R gate rows then their R up rows.
   const RR = pairs ? 2 * R : R;
   const K4 = K / 4;
-  const wDecl = wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>";
   const dp4 = isQuant(wt) && t.dp4 === true;
   const defer = f === "rmsnorm" && t.deferNorm === true;
   // 1 / rms from the warps' partial sums of squares in red (after a barrier).
@@ -301,10 +309,8 @@ export function gemvSgSource(
     const j = `j${u}`;
     switch (wt) {
       case "f32":
-        return `dot(${w}, ${xv(u, 0)})`;
       case "f16":
-        return `dot(vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y)), ${xv(u, 0)}) + ` +
-          `dot(vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w)), ${xv(u, 1)})`;
+        return floatUnitDot(wt, w, xv(u, 0), xv(u, 1));
       case "q8": {
         if (dp4) {
           // Unit j is half j % 2 of block j / 2; its 16 values' words are xq[j] in natural order.
@@ -385,16 +391,7 @@ export function gemvSgSource(
   }
   const quantFns = !isQuant(wt) ? "" : `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}`;
   return `
-struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> W: ${wDecl};
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-${
-    f === "rmsnorm"
-      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
-      : ""
-  }
+${gemvBindingsWgsl(wt, f === "rmsnorm", nwt)}
 const K = ${K}u;
 const N = ${N}u;
 const K4 = ${K4}u;
@@ -511,12 +508,7 @@ function gemvSgDirectSource(
   for (let u = 0; u < U; u++) {
     const w = `w${u}_`;
     for (let r = 0; r < RR; r++) {
-      body.push(
-        wt === "f32"
-          ? `a${r} += dot(${w}${r}, x${u}_0);`
-          : `a${r} += dot(vec4<f32>(unpack2x16float(${w}${r}.x), unpack2x16float(${w}${r}.y)), x${u}_0) + ` +
-            `dot(vec4<f32>(unpack2x16float(${w}${r}.z), unpack2x16float(${w}${r}.w)), x${u}_1);`,
-      );
+      body.push(`a${r} += ${floatUnitDot(wt, `${w}${r}`, `x${u}_0`, `x${u}_1`)};`);
     }
   }
   const decl: string[] = [];
@@ -532,16 +524,7 @@ function gemvSgDirectSource(
   }
   if (norm) sums.push("let sst = subgroupAdd(ss);", `if (lane == 0u) { red[warp * RS + ${RR}u] = sst; }`);
   return `
-struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> W: ${wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>"};
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-${
-    norm
-      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
-      : ""
-  }
+${gemvBindingsWgsl(wt, norm, nwt)}
 const K = ${K}u;
 const N = ${N}u;
 const UNITS = ${UNITS}u;

@@ -134,6 +134,43 @@ export function normWeightVec4(nwt: WeightType, i: string): string {
   return nwt === "f16" ? `vec4<f32>(unpack2x16float(nw[${i}].x), unpack2x16float(nw[${i}].y))` : `nw[${i}]`;
 }
 
+/**
+ * The GEMV family's uniform struct and bindings (gemv_fused.ts's call layout, shared by gemv_sg.ts and
+ * gemv_multi.ts, staged and direct): params, x (vec4 rows), W (f32 vec4s, or 16-byte units as vec4<u32>), y,
+ * and with RMSNorm its weights (f32 vec4s or f16 pairs).
+ */
+export function gemvBindingsWgsl(wt: string, rmsnorm: boolean, nwt: string): string {
+  return `struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> W: ${wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>"};
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+${
+    rmsnorm
+      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
+      : ""
+  }`;
+}
+
+/**
+ * The float units of the GEMV kernels: a 16-byte weight unit `w` of f32 (one vec4) or f16 (8 halves)
+ * weights dotted with its x vec4s (x1 unused for f32), or decoded into `let` vec4<f32>s `${name}_0`,
+ * `${name}_1` (floatUnitWgsl) to be used with several inputs.
+ */
+export function floatUnitDot(wt: "f32" | "f16", w: string, x0: string, x1: string): string {
+  return wt === "f32"
+    ? `dot(${w}, ${x0})`
+    : `dot(vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y)), ${x0}) + ` +
+      `dot(vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w)), ${x1})`;
+}
+
+export function floatUnitWgsl(wt: "f32" | "f16", name: string, w: string): string[] {
+  return wt === "f32" ? [`let ${name}_0 = ${w};`] : [
+    `let ${name}_0 = vec4<f32>(unpack2x16float(${w}.x), unpack2x16float(${w}.y));`,
+    `let ${name}_1 = vec4<f32>(unpack2x16float(${w}.z), unpack2x16float(${w}.w));`,
+  ];
+}
+
 /** SiLU(g) * u for vec4 expressions g (evaluated once: pass a name) and u. */
 export function siluMulVec4(g: string, u: string): string {
   return `${g} / (vec4<f32>(1.0) + exp(-${g})) * ${u}`;
