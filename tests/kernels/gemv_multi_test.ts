@@ -10,12 +10,20 @@ import {
   type MultiTuning,
   rmsnormRef,
   runCalls,
-  siluMulRef,
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { isQuant } from "../../kernels/quant.ts";
-import { assertClose, checkDp4, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+import {
+  assertClose,
+  checkDp4,
+  gemvCase,
+  gpuOrSkip,
+  packedWeights,
+  randoms,
+  readF32,
+  upload,
+} from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -103,41 +111,13 @@ Deno.test(
               k++;
               const accumulate = k % 2 === 0;
               const normWeights = wt === "f32" || k % 3 === 0 ? "f32" as const : "f16" as const;
-              const width = transform === "silu_mul" ? 2 * K : K;
-              const x = randoms((T + 1) * width, k, 2);
-              const w = packedWeights(wt, randoms(N * K, N + k, 0.5), N, K);
-              let nw = randoms(K, K + 3);
-              const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
-              if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
-              const y0 = randoms(T * N, 9);
-              const y = upload(g, y0);
-              await runCalls(g, [
-                gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
-                  K,
-                  N,
-                  T,
-                  accumulate,
-                  xRow0: 1,
-                  weights: wt,
-                  normWeights,
-                  transform,
-                  eps: 1e-5,
-                  multi,
-                }),
-              ]);
-              const rows = x.slice(width, (T + 1) * width);
-              const input = transform === "rmsnorm"
-                ? rmsnormRef(rows, nw, K, 1e-5)
-                : transform === "silu_mul"
-                ? siluMulRef(rows, K)
-                : rows;
-              const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
+              const c = { wt, K, N, T, transform, accumulate, normWeights, seed: k };
+              const { got, want, input, deq } = await gemvCase(g, c, { multi });
               const what =
                 `multi gemv ${wt} ${transform} T${T} K${K} (tile ${multiTileK(g, K, T, wt, multi)}) N${N} ` +
                 `nw ${normWeights} ${JSON.stringify(multi)}`;
-              const got = await readF32(g, y, T * N);
-              if (multi.dp4) checkDp4(got, want, input, w.deq, { T, N, K }, what);
-              else if (multi.xh) checkF16Input(got, want, input, w.deq, { T, N, K }, what);
+              if (multi.dp4) checkDp4(got, want, input, deq, { T, N, K }, what);
+              else if (multi.xh) checkF16Input(got, want, input, deq, { T, N, K }, what);
               else assertClose(got, want, 1e-4, 1e-4, what);
             }
           }

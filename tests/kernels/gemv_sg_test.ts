@@ -8,11 +8,18 @@ import {
   rmsnormRef,
   runCalls,
   type SgTuning,
-  siluMulRef,
   uploadBuffer,
 } from "../../kernels/mod.ts";
-import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, checkDp4, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+import {
+  assertClose,
+  checkDp4,
+  gemvCase,
+  gpuOrSkip,
+  packedWeights,
+  randoms,
+  readF32,
+  upload,
+} from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -53,41 +60,14 @@ Deno.test(
             tuning.unroll = Math.min(tuning.unroll, lanesUnits);
             const accumulate = k % 2 === 0;
             const normWeights = wt === "f32" || k % 3 === 0 ? "f32" as const : "f16" as const;
-            const width = transform === "silu_mul" ? 2 * K : K;
-            const x = randoms((T + 1) * width, k, 2);
-            const w = packedWeights(wt, randoms(N * K, N + k, 0.5), N, K);
-            let nw = randoms(K, K + 3);
-            const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
-            if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
-            const y0 = randoms(T * N, 9);
-            const y = upload(g, y0);
-            await runCalls(g, [
-              gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
-                K,
-                N,
-                T,
-                accumulate,
-                xRow0: 1,
-                weights: wt,
-                normWeights,
-                transform,
-                eps: 1e-5,
-                tuning,
-              }),
-            ]);
-            const rows = x.slice(width, (T + 1) * width);
-            const input = transform === "rmsnorm"
-              ? rmsnormRef(rows, nw, K, 1e-5)
-              : transform === "silu_mul"
-              ? siluMulRef(rows, K)
-              : rows;
-            const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
+            const c = { wt, K, N, T, transform, accumulate, normWeights, seed: k };
+            const { got, want, input, deq } = await gemvCase(g, c, { tuning });
             if (tuning.dp4) {
-              checkDp4(await readF32(g, y, T * N), want, input, w.deq, { T, N, K }, JSON.stringify(tuning));
+              checkDp4(got, want, input, deq, { T, N, K }, JSON.stringify(tuning));
               continue;
             }
             assertClose(
-              await readF32(g, y, T * N),
+              got,
               want,
               1e-4,
               1e-4,
@@ -196,32 +176,10 @@ Deno.test({ name: "direct subgroup GEMV matches the reference", ignore }, async 
             const tuning = { ...tunings[k++ % tunings.length] };
             if (perLane % tuning.unroll !== 0) tuning.unroll = 1;
             const normWeights = k % 3 === 0 ? "f16" as const : "f32" as const;
-            const x = randoms((T + 1) * K, 70 + k, 2);
-            const w = packedWeights(wt, randoms(N * K, 80 + k, 0.5), N, K);
-            let nw = randoms(K, K + 5);
-            const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
-            if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
-            const y0 = randoms(T * N, 11);
-            const y = upload(g, y0);
-            await runCalls(g, [
-              gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
-                K,
-                N,
-                T,
-                accumulate,
-                xRow0: 1,
-                weights: wt,
-                normWeights,
-                transform,
-                eps: 1e-5,
-                tuning,
-              }),
-            ]);
-            const rows = x.slice(K, (T + 1) * K);
-            const input = transform === "rmsnorm" ? rmsnormRef(rows, nw, K, 1e-5) : rows;
-            const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
+            const c = { wt, K, N, T, transform, accumulate, normWeights, seed: 70 + k };
+            const { got, want } = await gemvCase(g, c, { tuning });
             assertClose(
-              await readF32(g, y, T * N),
+              got,
               want,
               1e-4,
               1e-4,

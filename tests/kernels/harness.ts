@@ -2,12 +2,17 @@
 // tolerance check |gpu - ref| <= atol + |ref| * rtol.
 import {
   dequantize,
+  gemvFusedCall,
   getGpu,
   type Gpu,
+  matmulRef,
   NoGpuError,
   quantize,
   type QuantType,
   readBack,
+  rmsnormRef,
+  runCalls,
+  siluMulRef,
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
@@ -105,4 +110,56 @@ export function packedWeights(t: "f32" | "f16" | QuantType, w: Float32Array, N: 
   if (t === "f16") return { bytes: new Uint8Array(f32ToF16(w).buffer), deq: f16ToF32(f32ToF16(w)) };
   const q = quantize(w, { N, K }, t);
   return { bytes: q, deq: dequantize(q, { N, K }, t) };
+}
+
+/**
+ * One GEMV case through gemvFusedCall (x read from row 1 of a random [T + 1, width] input, y preloaded with
+ * random values for `accumulate`) and its CPU reference: what the GEMV tests compare, whatever kernel the
+ * options pick (`tuning` / `multi`). `input` is f(x) as the reference used it, `deq` the weights.
+ */
+export async function gemvCase(
+  g: Gpu,
+  c: {
+    wt: "f32" | "f16" | QuantType;
+    K: number;
+    N: number;
+    T: number;
+    transform: "none" | "rmsnorm" | "silu_mul";
+    accumulate: boolean;
+    normWeights: "f32" | "f16";
+    seed: number;
+  },
+  opts: Partial<Parameters<typeof gemvFusedCall>[2]>,
+): Promise<{ got: Float32Array; want: Float32Array; input: Float32Array; deq: Float32Array }> {
+  const { wt, K, N, T, transform, accumulate, normWeights, seed } = c;
+  const width = transform === "silu_mul" ? 2 * K : K;
+  const x = randoms((T + 1) * width, seed, 2);
+  const w = packedWeights(wt, randoms(N * K, N + seed, 0.5), N, K);
+  let nw = randoms(K, K + 3);
+  const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
+  if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
+  const y0 = randoms(T * N, 9);
+  const y = upload(g, y0);
+  await runCalls(g, [
+    gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
+      K,
+      N,
+      T,
+      accumulate,
+      xRow0: 1,
+      weights: wt,
+      normWeights,
+      transform,
+      eps: 1e-5,
+      ...opts,
+    }),
+  ]);
+  const rows = x.slice(width, (T + 1) * width);
+  const input = transform === "rmsnorm"
+    ? rmsnormRef(rows, nw, K, 1e-5)
+    : transform === "silu_mul"
+    ? siluMulRef(rows, K)
+    : rows;
+  const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: "f32" }, y0);
+  return { got: await readF32(g, y, T * N), want, input, deq: w.deq };
 }
