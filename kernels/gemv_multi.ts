@@ -186,9 +186,9 @@ export function checkMultiTuning(
 
 /**
  * Direct mode's tuning by shape (MultiTuning `direct`): R x T <= 32 sums a lane (4 rows up to T = 8, else 2;
- * paired, half as many pairs), so L1 reads 2T / R bytes of x per byte of f16 weight; rows of K >= 8192 two
- * units a row in flight; splitK, a power of two <= 8, until ~8K warps (the H200's resident ones) or a warp
- * would have no chunk. Untuned: scripts/bench/gemv.ts --k 8 --sweep --direct-only ranks the grid.
+ * paired, half as many pairs), so L1 reads 2T / R bytes of x per byte of f16 weight; two units a row in
+ * flight (four for K >= 8192); splitK, a power of two <= 8, until ~2K-4K warps or a warp would have no
+ * chunk: the best of scripts/bench/gemv.ts --k 8 --sweep --direct-only on the H200 (numbers below).
  */
 export function multiDirectTuning(
   K: number,
