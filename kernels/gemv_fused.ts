@@ -261,7 +261,7 @@ export function gemvFusedCall(
     // Direct mode (x read in place, K split over warps) where it serves the GEMV, unless
     // gpu.tuning.multiDirect is false.
     const direct = gpu.tuning.multiDirect !== false && (wt === "f32" || wt === "f16") && f !== "silu_mul";
-    const t = d.multi || (direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs) : withPrefetch(
+    const t = d.multi || (direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning) : withPrefetch(
       {
         ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
         ...(stage === "f16" ? { xh: true } : {}),

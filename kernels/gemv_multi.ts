@@ -197,17 +197,19 @@ export function multiDirectTuning(
   wt: WeightType | QuantType,
   S: number,
   pairs = false,
+  force: { multiUnroll?: number; multiRows?: number; multiWarps?: number } = {},
 ): MultiTuning {
   // H200, f16, k = 8 (gemv.ts --k 8 --sweep --direct-only, 2026-12-01): 4 rows a warp with 2-4 units a row in
   // flight and ~2K-3K warps beat the first rule (1 unit, ~8K warps): o 1,206 against 945 GB/s (4 rows, splitK
   // 4, 2 units), qkv 1,104-1,129 against 894, down 2,182 against 1,835 (splitK 4, 4 units), paired gate/up
   // 1,958 against 1,769 (2 pairs, splitK 1).
-  const rows = (T <= 8 ? 4 : 2) >> (pairs ? 1 : 0);
-  const unroll = K >= 8192 ? 4 : 2;
+  const rows = Math.max(1, (force.multiRows ?? (T <= 8 ? 4 : 2)) >> (pairs ? 1 : 0));
+  const unroll = force.multiUnroll ?? (K >= 8192 ? 4 : 2);
   const chunks = Math.ceil(K / unitWeights(wt) / (unroll * S));
   const blocks = Math.ceil(N / rows);
   let splitK = 1;
-  while (splitK < 8 && 2 * splitK <= chunks && 2 * blocks * splitK < 4096) splitK *= 2;
+  const warps = force.multiWarps ?? 2048;
+  while (splitK < 8 && 2 * splitK <= chunks && blocks * splitK < warps) splitK *= 2;
   return { rows, wg: Math.max(8, splitK) * S, direct: true, splitK, unroll };
 }
 

@@ -71,6 +71,14 @@ export interface KernelTuning {
    * of staging x in tiles. Default on (false: staged); q8 / q4 and silu_mul keep the staged kernel.
    */
   multiDirect?: boolean;
+  /**
+   * The direct multi-token GEMV's units of a row in flight and its row cap (multiDirectTuning's `unroll`,
+   * `rows`), forced for every shape: for A/B runs (scripts/bench/decode.ts --multi-unroll / --multi-rows).
+   */
+  multiUnroll?: number;
+  multiRows?: number;
+  /** The direct multi-token GEMV's splitK grows while row blocks x splitK stay under this (default 2048). */
+  multiWarps?: number;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`; default on). */

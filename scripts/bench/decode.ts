@@ -5,7 +5,8 @@
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
-//     [--multi-pipeline on|off] [--multi-direct on|off] [--splits N] [--prefetch on|off] [--pair on|off]
+//     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
+//     [--tunings '[{"multiUnroll":1}, ...]'] [--splits N] [--prefetch on|off] [--pair on|off]
 //     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
 // --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
 // without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
@@ -67,6 +68,9 @@ const { values } = parseArgs({
     "multi-stage": { type: "string" },
     "multi-pipeline": { type: "string" },
     "multi-direct": { type: "string" },
+    "multi-unroll": { type: "string" },
+    "multi-rows": { type: "string" },
+    tunings: { type: "string" },
     splits: { type: "string" },
     prefetch: { type: "string" },
     pair: { type: "string" },
@@ -121,6 +125,10 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
     if (values.k) {
       await kSteps(model, weights);
+      // --tunings: the k-steps again under each of a JSON list of gpu.tuning overrides, in this process.
+      for (const t of values.tunings ? JSON.parse(values.tunings) as KernelTuning[] : []) {
+        await withTuning(t, () => kSteps(model, weights));
+      }
       if (values.ab) {
         await withTuning({ multi: false }, () => kSteps(model, weights));
         const stages = weights === "q8" || weights === "q4"
@@ -261,6 +269,8 @@ function tuningFlags(): KernelTuning {
   if (pipeline !== undefined) t.multiPipeline = pipeline;
   const multiDirect = onOff("multi-direct", values["multi-direct"]);
   if (multiDirect !== undefined) t.multiDirect = multiDirect;
+  if (values["multi-unroll"] !== undefined) t.multiUnroll = Number(values["multi-unroll"]);
+  if (values["multi-rows"] !== undefined) t.multiRows = Number(values["multi-rows"]);
   const stage = values["multi-stage"];
   if (stage !== undefined) {
     if (stage !== "f32" && stage !== "f16" && stage !== "int8") {
@@ -348,10 +358,13 @@ async function kSteps(model: Model, weights: string): Promise<void> {
   }
   const one = await stepMs(seq.program(1, "sample"));
   const rows: Record<string, number> = {};
+  const byKernel: Record<string, Record<string, number>> = {};
   for (const k of ks) {
     const tail = argmaxRowsCalls(gpu, { logits: seq.logits!, out }, { vocab: ckpt.config.vocabSize, T: k });
     writeStep(gpu, seq.step, { pos0: mid, T: k, tokOut: mid + k });
-    rows[k] = Number((await stepMs([...seq.program(k, "logits"), ...tail])).toFixed(3));
+    const program = [...seq.program(k, "logits"), ...tail];
+    rows[k] = Number((await stepMs(program)).toFixed(3));
+    byKernel[k] = await msByKernel(program);
     releaseCalls(tail);
   }
   seq.destroy();
@@ -368,6 +381,8 @@ async function kSteps(model: Model, weights: string): Promise<void> {
     ratio_vs_decode: Object.fromEntries(
       Object.entries(rows).map(([k, ms]) => [k, Number((ms / one).toFixed(2))]),
     ),
+    // Each dispatch timed in place (a few us of timestamp overhead each), summed by kernel label.
+    k_ms_by_kernel: byKernel,
   }));
 }
 
