@@ -79,6 +79,11 @@ export interface KernelTuning {
   multiRows?: number;
   /** The direct multi-token GEMV's splitK grows while row blocks x splitK stay under this (default 2048). */
   multiWarps?: number;
+  /**
+   * The direct multi-token GEMV walks this many row blocks a warp with x held in registers (MultiTuning
+   * `loops`; splitK then covers a row's chunks, one a warp). Default: multiDirectTuning's choice.
+   */
+  multiLoops?: number;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`; default on). */

@@ -5,7 +5,7 @@
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
-//     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
+//     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N] [--multi-loops N]
 //     [--tunings '[{"multiUnroll":1}, ...]'] [--splits N] [--prefetch on|off] [--pair on|off]
 //     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
 // --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
@@ -70,6 +70,7 @@ const { values } = parseArgs({
     "multi-direct": { type: "string" },
     "multi-unroll": { type: "string" },
     "multi-rows": { type: "string" },
+    "multi-loops": { type: "string" },
     tunings: { type: "string" },
     splits: { type: "string" },
     prefetch: { type: "string" },
@@ -271,6 +272,7 @@ function tuningFlags(): KernelTuning {
   if (multiDirect !== undefined) t.multiDirect = multiDirect;
   if (values["multi-unroll"] !== undefined) t.multiUnroll = Number(values["multi-unroll"]);
   if (values["multi-rows"] !== undefined) t.multiRows = Number(values["multi-rows"]);
+  if (values["multi-loops"] !== undefined) t.multiLoops = Number(values["multi-loops"]);
   const stage = values["multi-stage"];
   if (stage !== undefined) {
     if (stage !== "f32" && stage !== "f16" && stage !== "int8") {
