@@ -306,6 +306,45 @@ Deno.test(
   },
 );
 
+Deno.test(
+  { name: "grouped decode attention (one workgroup per kv head) matches the references", ignore },
+  async () => {
+    // Groups 1, 2, 3, 4, 6, 8 and 16; head_dim 64, 128, 256, 40 and the vec2 6 and 12; split or not, warps
+    // from 1 up, f16 cache, q/k norm. Each case's k / v cache rows and output against the references.
+    const cases: Case[] = [];
+    const shapes = [[32, 8, 64], [3, 1, 40], [4, 4, 128], [1, 1, 2], [2, 1, 6], [6, 2, 12], [2, 1, 256], [
+      16,
+      2,
+      128,
+    ], [6, 1, 64], [16, 1, 64], [8, 1, 256]];
+    for (const [heads, kv, hd] of shapes) {
+      for (const pos of [0, 1, 64, 65, 300]) {
+        cases.push({ heads, kv, hd, pos, T: 1, tuning: { grouped: true } });
+      }
+      cases.push({ heads, kv, hd, pos: 300, T: 1, tuning: { grouped: true, splits: 3, minChunks: 1 } });
+      cases.push({ heads, kv, hd, pos: 65, T: 1, norm: true, tuning: { grouped: true, warps: 1 } });
+      cases.push({ heads, kv, hd, pos: 319, T: 1, norm: true, tuning: { grouped: true, splits: 5, minChunks: 1 } });
+      if (gpu?.hasF16) {
+        cases.push({ heads, kv, hd, pos: 300, T: 1, kvType: "f16", tuning: { grouped: true } });
+        cases.push({ heads, kv, hd, pos: 65, T: 1, kvType: "f16", tuning: { grouped: true, splits: 2, minChunks: 1 } });
+      }
+    }
+    for (const [heads, kv, hd] of [[32, 8, 64], [4, 1, 128]]) {
+      cases.push({ heads, kv, hd, pos: 1400, T: 1, maxSeq: 1536, tuning: { grouped: true } });
+      cases.push({ heads, kv, hd, pos: 300, T: 1, tuning: { grouped: true, warps: 3, unroll: 3 } });
+    }
+    for (const c of cases) {
+      const what = `grouped h${c.heads} kv${c.kv} hd${c.hd} @${c.pos} ${JSON.stringify(c.tuning)} norm ${!!c
+        .norm} ${c.kvType ?? "f32"}`;
+      const { got, want } = await runCase(c);
+      const f16 = c.kvType === "f16";
+      assertClose(got.out, want.out, f16 ? 2e-3 : 1e-5, f16 ? 2e-3 : 1e-4, `out ${what}`);
+      assertClose(got.kc, want.kc, f16 ? 1e-4 : 1e-5, f16 ? 2e-3 : 1e-4, `k cache ${what}`);
+      assertClose(got.vc, want.vc, f16 ? 1e-4 : 0, f16 ? 2e-3 : 0, `v cache ${what}`);
+    }
+  },
+);
+
 Deno.test({ name: "decode attention does nothing when the step has no tokens", ignore }, async () => {
   for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40]]) {
     const { got: one } = await runCase({ heads, kv, hd, pos: 5, T: 0, tuning: { splits: 3, minChunks: 1 } });
