@@ -477,13 +477,16 @@ fn main(
  * per head, the norm partials and the step's new-key scores (T > 1) per head.
  */
 function groupedSharedBytes(hd: number, group: number, warps: number, T: number): number {
-  return (group + 2) * hd * 4 + warps * group * (hd + 2) * 4 + (group + 1) * warps * 4 + group * (T + 1) * 4 + 16;
+  return (group + 2) * hd * 4 + warps * group * (hd + 2) * 4 + (group + 1) * warps * 4 + group * (T + 1) * 4 +
+    16;
 }
 
 /** Subgroups a grouped workgroup gets by default (fewest 1; 0 where even one does not fit). */
 function groupedWarps(gpu: Gpu, d: AttentionDecodeDims, want: number): number {
   let warps = want;
-  while (warps > 0 && groupedSharedBytes(d.headDim, d.heads / d.kvHeads, warps, d.T ?? 1) > gpu.maxWorkgroupStorage) {
+  while (
+    warps > 0 && groupedSharedBytes(d.headDim, d.heads / d.kvHeads, warps, d.T ?? 1) > gpu.maxWorkgroupStorage
+  ) {
     warps--;
   }
   return warps;
@@ -584,7 +587,10 @@ function attentionDecodeGroupedSource(
   for (const h of hs) {
     if (packed) {
       const sum = range(KG).map((gg) => `subgroupShuffle(acc${h}_0, sl + ${gg * HDV}u)`).join(" + ");
-      store.push(`let t${h} = ${sum};`, `if (lane < HDV) { accs[(warp * GROUP + ${h}u) * HDV + sl] = t${h}; }`);
+      store.push(
+        `let t${h} = ${sum};`,
+        `if (lane < HDV) { accs[(warp * GROUP + ${h}u) * HDV + sl] = t${h}; }`,
+      );
     } else {
       for (let i = 0; i < NSLOT; i++) {
         const st = `accs[(warp * GROUP + ${h}u) * HDV + lane + ${i * S}u] = acc${h}_${i};`;
@@ -592,10 +598,14 @@ function attentionDecodeGroupedSource(
       }
     }
   }
-  store.push(`if (lane == 0u) {`, ...hs.flatMap((h) => [
-    `  ms[warp * GROUP + ${h}u] = m${h};`,
-    `  ls[warp * GROUP + ${h}u] = l${h};`,
-  ]), `}`);
+  store.push(
+    `if (lane == 0u) {`,
+    ...hs.flatMap((h) => [
+      `  ms[warp * GROUP + ${h}u] = m${h};`,
+      `  ls[warp * GROUP + ${h}u] = l${h};`,
+    ]),
+    `}`,
+  );
   // q element o (head-major) of workgroup memory.
   const qAt = (o: string) => `qs[(${o}) / VW][(${o}) % VW]`;
   return `${w.enable}${STEP_WGSL}
@@ -665,7 +675,9 @@ fn new_score(j: u32, pos0: u32, kvh: u32, hh: u32) -> f32 {
     let c = cs[(pos0 + j) * HALF + i];
     let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
     let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
-    s += ${qAt("qo + i")} * ${rn("k0 * c.x - k1 * c.y")} + ${qAt("qo + i + HALF")} * ${rn("k1 * c.x + k0 * c.y")};
+    s += ${qAt("qo + i")} * ${rn("k0 * c.x - k1 * c.y")} + ${qAt("qo + i + HALF")} * ${
+    rn("k1 * c.x + k0 * c.y")
+  };
   }
   return s;
 }
@@ -928,8 +940,8 @@ export function attentionDecodeCalls(
     Number.isInteger(t.warps) && t.warps >= 1 &&
     t.warps * S <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
     (grouped
-      ? groupedSharedBytes(d.headDim, d.heads / d.kvHeads, t.warps, T)
-      : sharedBytes(d.headDim, t.warps)) <= gpu.maxWorkgroupStorage &&
+        ? groupedSharedBytes(d.headDim, d.heads / d.kvHeads, t.warps, T)
+        : sharedBytes(d.headDim, t.warps)) <= gpu.maxWorkgroupStorage &&
     Number.isInteger(t.unroll) && t.unroll >= 1 && t.unroll <= 64;
   if (!ok) {
     throw new RangeError(`bad decode attention tuning ${JSON.stringify(t)} (S = ${S}, hd ${d.headDim})`);
