@@ -4,6 +4,8 @@
 // for positions below pos0 only and the step's tokens 0..t from qkv (k rotated on the fly), since those
 // positions are written by other workgroups of the same dispatch. Long caches: flash-decoding splits
 // (docs/KERNELS.md), the keys of a head shared by several workgroups and a combine dispatch.
+// GQA-grouped variant (AttentionDecodeTuning.grouped, gpu.tuning.attentionGrouped; default off): one
+// workgroup per kv head for all its q heads, each K / V row read once (attentionDecodeGroupedSource).
 //
 // One workgroup per q head h (kv head h / group), WG threads = WARPS subgroups of S lanes:
 //   - prologue: (with qNorm / kNorm: Qwen3's RMSNorm of the q head and of the k head first, folded in
