@@ -78,14 +78,6 @@ export interface MultiTuning {
   splitK?: number;
   /** Direct mode: units a lane loads per row per chunk (a chunk is unroll x S units). Default 1. */
   unroll?: number;
-  /**
-   * Direct mode: row blocks a warp walks one after another (default 1). Where a warp's share of K is a single
-   * chunk (splitK >= the chunks of a row), its x[t] vec4s (with RMSNorm, normalised but for 1 / rms) are
-   * read once into registers before the walk, so each further row block costs only its weights: x is read
-   * from L1 / L2 once per `loops` row blocks instead of once per block (T x 32 bytes per 16-byte f16 unit).
-   * Two barriers a row block (the partials' exchange in workgroup memory is reused).
-   */
-  loops?: number;
 }
 
 /** How the tile of x is staged. */
@@ -185,8 +177,6 @@ export function checkMultiTuning(
       ? `splitK ${sk} (a divisor of the ${t.wg / S} warps of a workgroup)`
       : !Number.isInteger(u) || u < 1 || u > 8
       ? `unroll ${u} (1..8)`
-      : t.loops !== undefined && (!Number.isInteger(t.loops) || t.loops < 1 || t.loops > 64)
-      ? `loops ${t.loops} (1..64)`
       : t.dp4 || t.xh || t.pipeline
       ? "dp4 / xh / pipeline (staged x only)"
       : "";
@@ -207,7 +197,7 @@ export function multiDirectTuning(
   wt: WeightType | QuantType,
   S: number,
   pairs = false,
-  force: { multiUnroll?: number; multiRows?: number; multiWarps?: number; multiLoops?: number } = {},
+  force: { multiUnroll?: number; multiRows?: number; multiWarps?: number } = {},
 ): MultiTuning {
   // H200, f16, k = 8 (gemv.ts --k 8 --sweep --direct-only, 2026-12-01): 4 rows a warp with 2-4 units a row in
   // flight and ~2K-3K warps beat the first rule (1 unit, ~8K warps): o 1,206 against 945 GB/s (4 rows, splitK
@@ -218,12 +208,6 @@ export function multiDirectTuning(
   const chunks = Math.ceil(K / unitWeights(wt) / (unroll * S));
   const blocks = Math.ceil(N / rows);
   let splitK = 1;
-  if (force.multiLoops !== undefined) {
-    // One chunk a warp (x hoisted into registers), as many warps as a row has chunks, up to 32.
-    let sk = 1;
-    while (sk < chunks && sk < 32) sk *= 2;
-    return { rows, wg: Math.max(8, sk) * S, direct: true, splitK: sk, unroll, loops: force.multiLoops };
-  }
   const warps = force.multiWarps ?? 2048;
   while (splitK < 8 && 2 * splitK <= chunks && blocks * splitK < warps) splitK *= 2;
   return { rows, wg: Math.max(8, splitK) * S, direct: true, splitK, unroll };
@@ -549,57 +533,37 @@ function gemvMultiDirectSource(
   // Partials a warp leaves: RR x T sums, then T sums of x^2.
   const RS = RR * T + (norm ? T : 0);
   const OUT = BLOCKS * R * T;
-  const L = t.loops ?? 1;
-  // Hoisted: each warp has at most one chunk (c = ks), so its x vec4s are loaded into registers once,
-  // before the walk over its `loops` row blocks. Units past the row (ragged, or a warp with no chunk)
-  // read x as zero and a clamped weight unit.
-  const hoist = CMAX === 1;
-  const guard = ragged || CH % SK !== 0;
   const body: string[] = [];
-  const pre: string[] = [];
   for (let u = 0; u < U; u++) {
-    const into = hoist ? pre : body;
-    into.push(`let j${u} = (c * ${U}u + ${u}u) * S + lane;`);
-    if (hoist ? guard : ragged) {
-      into.push(`let ok${u} = j${u} < UNITS;`, `let jc${u} = min(j${u}, UNITS - 1u);`);
-    }
+    body.push(`let j${u} = (c * ${U}u + ${u}u) * S + lane;`);
+    if (ragged) body.push(`let ok${u} = j${u} < UNITS;`, `let jc${u} = min(j${u}, UNITS - 1u);`);
   }
-  const jc = (u: number) => (hoist ? guard : ragged) ? `jc${u}` : `j${u}`;
+  const jc = (u: number) => ragged ? `jc${u}` : `j${u}`;
   for (let u = 0; u < U; u++) {
     for (let r = 0; r < RR; r++) body.push(`let w${u}_${r} = W[rb${r} + ${jc(u)}];`);
   }
-  // x[t]'s vec4 i of unit u as the products take it (times the norm weight with RMSNorm, summing x^2).
-  const xLoads = (u: number, into: string[], name: (tk: number, i: number) => string) => {
-    if (norm) {
-      for (let i = 0; i < XV; i++) {
-        into.push(`let g${u}_${i} = ${normWeightVec4(nwt, `${jc(u)} * ${XV}u + ${i}u`)};`);
-      }
-    }
-    for (let tk = 0; tk < T; tk++) {
-      for (let i = 0; i < XV; i++) {
-        const at = `x[(p.x_row0 + ${tk}u) * K4 + ${jc(u)} * ${XV}u + ${i}u]`;
-        const xv = (hoist ? guard : ragged) ? `select(vec4<f32>(0.0), ${at}, ok${u})` : at;
-        const xr = `xr${u}_${tk}_${i}`;
-        if (norm) {
-          into.push(`let ${xr} = ${xv};`, `q${tk} += dot(${xr}, ${xr});`);
-          into.push(`let ${name(tk, i)} = ${xr} * g${u}_${i};`);
-        } else into.push(`let ${name(tk, i)} = ${xv};`);
-      }
-    }
-  };
   for (let u = 0; u < U; u++) {
     // Unit u's block: its rows decoded once, then each token's x.
     const inner: string[] = [];
     for (let r = 0; r < RR; r++) {
       inner.push(...floatUnitWgsl(wt, `d${r}`, `w${u}_${r}`));
     }
-    const xn = hoist
-      ? (tk: number, i: number) => `x${u}_${tk}_${i}`
-      : (tk: number, i: number) => `x${tk}_${i}`;
-    xLoads(u, hoist ? pre : inner, xn);
+    if (norm) {
+      for (let i = 0; i < XV; i++) {
+        inner.push(`let g${i} = ${normWeightVec4(nwt, `${jc(u)} * ${XV}u + ${i}u`)};`);
+      }
+    }
     for (let tk = 0; tk < T; tk++) {
+      for (let i = 0; i < XV; i++) {
+        const at = `x[(p.x_row0 + ${tk}u) * K4 + ${jc(u)} * ${XV}u + ${i}u]`;
+        const xv = ragged ? `select(vec4<f32>(0.0), ${at}, ok${u})` : at;
+        if (norm) {
+          inner.push(`let xr${tk}_${i} = ${xv};`, `q${tk} += dot(xr${tk}_${i}, xr${tk}_${i});`);
+          inner.push(`let x${tk}_${i} = xr${tk}_${i} * g${i};`);
+        } else inner.push(`let x${tk}_${i} = ${xv};`);
+      }
       for (let r = 0; r < RR; r++) {
-        inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, ${xn(tk, i)})`).join(" + ")};`);
+        inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
       }
     }
     body.push(`{\n        ${inner.join("\n        ")}\n      }`);
@@ -609,9 +573,7 @@ function gemvMultiDirectSource(
     `let rb${r} = (${r < R ? "" : "N + "}min(n0 + ${r % R}u, N - 1u)) * UNITS;`
   );
   const acc = range(RR).flatMap((r) => range(T).map((tk) => `var a${r}_${tk} = 0.0;`));
-  // x^2 sums: once before the walk where x is hoisted, else per row block with the products.
-  const qAcc = norm ? range(T).map((tk) => `var q${tk} = 0.0;`) : [];
-  if (!hoist) acc.push(...qAcc);
+  if (norm) acc.push(...range(T).map((tk) => `var q${tk} = 0.0;`));
   // The warp's RS partials, reduced over its lanes by a butterfly that halves them each step (lanes with
   // bit h keep the upper half and send the lower to lane ^ h): V - 1 + log2(S / V) shuffles for V values
   // (RS padded to a power of two) instead of RS subgroupAdds of log2(S) each. After it lane l holds partial
@@ -672,21 +634,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let warp = tid / S;
   let lane = tid % S;
   let ks = warp % SK;
-  ${hoist ? `let c = ks;\n  ${[...qAcc, ...pre].join("\n  ")}` : ""}
-  for (var l = 0u; l < ${L}u; l++) {
-  let blk = wg.x * ${L}u + l;
-  let n0 = (blk * BLOCKS + warp / SK) * R;
+  let n0 = (wg.x * BLOCKS + warp / SK) * R;
   ${decl.join("\n  ")}
   ${acc.join("\n  ")}
-  ${
-    hoist
-      ? `${CH % SK === 0 ? "{" : `if (c < ${CH}u) {`}\n    ${body.join("\n    ")}\n  }`
-      : `for (var i = 0u; i < ${CMAX}u; i++) {
+  for (var i = 0u; i < ${CMAX}u; i++) {
     let c = i * SK + ks;
     ${CH % SK === 0 ? "{" : `if (c < ${CH}u) {`}
       ${body.join("\n      ")}
     }
-  }`
   }
   ${sums.join("\n  ")}
   workgroupBarrier();
@@ -694,7 +649,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let g = e / ${R * T}u;
     let r = e / T % R;
     let tk = e % T;
-    let n = (blk * BLOCKS + g) * R + r;
+    let n = (wg.x * BLOCKS + g) * R + r;
     if (n < N) {
       var a = 0.0;
       ${d.pairs ? "var b = 0.0;" : ""}
@@ -710,13 +665,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       ${d.pairs ? `y[o] = ${siluMul("a", "b")};` : "y[o] = select(0.0, y[o], p.acc != 0u) + a;"}
     }
   }
-  ${L > 1 ? "workgroupBarrier(); // red is rewritten by the next row block" : ""}
-  }
 }`;
 }
 
 /** Workgroups to launch along x. */
 export function multiGroups(N: number, t: MultiTuning, S: number): number {
-  if (t.direct) return Math.ceil(N / ((t.wg / S / (t.splitK ?? 1)) * t.rows * (t.loops ?? 1)));
+  if (t.direct) return Math.ceil(N / ((t.wg / S / (t.splitK ?? 1)) * t.rows));
   return Math.ceil(N / ((t.wg / S) * t.rows));
 }

@@ -79,20 +79,8 @@ export interface KernelTuning {
   multiRows?: number;
   /** The direct multi-token GEMV's splitK grows while row blocks x splitK stay under this (default 2048). */
   multiWarps?: number;
-  /**
-   * The direct multi-token GEMV walks this many row blocks a warp with x held in registers (MultiTuning
-   * `loops`; splitK then covers a row's chunks, one a warp). Default: multiDirectTuning's choice.
-   */
-  multiLoops?: number;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
-  /**
-   * The decode attention runs one workgroup per KV head serving all its q heads, each K / V row read once
-   * for the group (attention_decode.ts, attentionDecodeGroupedSource; its default splits are
-   * attentionDecodeGroupedSplits) instead of one per q head. Default off; env SWACTOR_ATTN_GROUPED=1 / 0
-   * sets it too where this is left out (read when the call is built).
-   */
-  attentionGrouped?: boolean;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`; default on). */
   prefetch?: boolean;
   /**

@@ -1,8 +1,7 @@
 // Decode attention microbenchmark (kernels/attention_decode.ts) at Llama-3.2-1B's shape (32 q heads, 8 KV
 // heads, head_dim 64), 16 layers' caches rotated so L2 holds none of them: GPU us per layer for each
 // context and tuning (flash-decoding splits, fewest chunks a split takes, subgroups per workgroup), and
-// the KV bytes read per us; the per-head kernel against the grouped one (one workgroup per kv head:
-// grouped-one, grouped, g-s<splits>m1w<warps>). One JSON line per context and cache type (--cache: the KV cache's element type,
+// the KV bytes read per us. One JSON line per context and cache type (--cache: the KV cache's element type,
 // f32 and f16 by default; f16 where the adapter has shader-f16).
 //   deno run -A scripts/bench/attention_decode.ts [--context 128,2048,8192] [--heads 32] [--kv 8] [--hd 64]
 //     [--cache f32,f16] [--quick]
@@ -37,24 +36,12 @@ const { values } = parseArgs({
 const gpu = await getGpu();
 const heads = Number(values.heads), kvHeads = Number(values.kv), headDim = Number(values.hd);
 const LAYERS = values.quick ? 2 : 16;
-// The per-head kernel (grouped: false) against the grouped one (one workgroup per kv head; its own
-// default splits, attentionDecodeGroupedSplits).
-const variants: [string, Partial<AttentionDecodeTuning>][] = [
-  ["one", { splits: 1, grouped: false }],
-  ["default", { grouped: false }],
-  ["grouped-one", { splits: 1, grouped: true }],
-  ["grouped", { grouped: true }],
-];
+const variants: [string, Partial<AttentionDecodeTuning>][] = [["one", { splits: 1 }], ["default", {}]];
 if (!values.quick) {
-  for (const splits of [8, 16, 32, 64]) {
-    for (const warps of [1, 2, 4, 8]) {
-      variants.push([`g-s${splits}m1w${warps}`, { splits, minChunks: 1, warps, grouped: true }]);
-    }
-  }
   for (const splits of [4, 8, 16, 32]) {
     for (const minChunks of [1, 4]) {
       for (const warps of [4, 16]) {
-        variants.push([`s${splits}m${minChunks}w${warps}`, { splits, minChunks, warps, grouped: false }]);
+        variants.push([`s${splits}m${minChunks}w${warps}`, { splits, minChunks, warps }]);
       }
     }
   }
@@ -80,20 +67,12 @@ for (const ctx of values.context!.split(",").map(Number)) {
       () => [storageBuffer(gpu, bytes), storageBuffer(gpu, bytes)],
     );
     const d = { heads, kvHeads, headDim, maxSeq, kv: cache };
-    // A tuning this shape's workgroup memory cannot hold (RangeError) is left out of the line.
-    const sets: [string, KernelCall[]][] = variants.flatMap(([name, t]): [string, KernelCall[]][] => {
-      try {
-        return [[
-          name,
-          caches.flatMap(([kcache, vcache]) =>
-            attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out }, d, t)
-          ),
-        ]];
-      } catch (e) {
-        if (e instanceof RangeError) return [];
-        throw e;
-      }
-    });
+    const sets: [string, KernelCall[]][] = variants.map(([name, t]) => [
+      name,
+      caches.flatMap(([kcache, vcache]) =>
+        attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out }, d, t)
+      ),
+    ]);
     // The H200 ramps its clocks under load: ~0.5 s of this work first.
     for (let spent = 0; spent < (values.quick ? 0 : 500);) spent += await gpuMs(gpu, sets[0][1], 20) * 20;
     const us: Record<string, number> = {};

@@ -5,12 +5,10 @@
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
-//     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N] [--multi-loops N]
+//     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
 //     [--tunings '[{"multiUnroll":1}, ...]'] [--splits N] [--prefetch on|off] [--pair on|off]
 //     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
-//     [--attn-grouped on|off]
-// --gemv .. --argmax-chunk, --attn-grouped (gpu.tuning.attentionGrouped: the decode attention's one
-// workgroup per kv head) force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
+// --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
 // without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
 // weights, int8), each without and with pipelined weight loads (multiPipeline), then (f32 / f16 weights) with
 // the direct multi-token GEMV (multiDirect: x read in place, K split over warps), --context without
@@ -72,7 +70,6 @@ const { values } = parseArgs({
     "multi-direct": { type: "string" },
     "multi-unroll": { type: "string" },
     "multi-rows": { type: "string" },
-    "multi-loops": { type: "string" },
     tunings: { type: "string" },
     splits: { type: "string" },
     prefetch: { type: "string" },
@@ -80,7 +77,6 @@ const { values } = parseArgs({
     "defer-norm": { type: "string" },
     direct: { type: "string" },
     "direct-pairs": { type: "string" },
-    "attn-grouped": { type: "string" },
     "argmax-chunk": { type: "string" },
     kv: { type: "string" },
   },
@@ -266,8 +262,6 @@ function tuningFlags(): KernelTuning {
   if (direct !== undefined) t.direct = direct;
   const directPairs = onOff("direct-pairs", values["direct-pairs"]);
   if (directPairs !== undefined) t.directPairs = directPairs;
-  const grouped = onOff("attn-grouped", values["attn-grouped"]);
-  if (grouped !== undefined) t.attentionGrouped = grouped;
   if (values["argmax-chunk"] !== undefined) t.argmaxChunk = Number(values["argmax-chunk"]);
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;
@@ -277,7 +271,6 @@ function tuningFlags(): KernelTuning {
   if (multiDirect !== undefined) t.multiDirect = multiDirect;
   if (values["multi-unroll"] !== undefined) t.multiUnroll = Number(values["multi-unroll"]);
   if (values["multi-rows"] !== undefined) t.multiRows = Number(values["multi-rows"]);
-  if (values["multi-loops"] !== undefined) t.multiLoops = Number(values["multi-loops"]);
   const stage = values["multi-stage"];
   if (stage !== undefined) {
     if (stage !== "f32" && stage !== "f16" && stage !== "int8") {

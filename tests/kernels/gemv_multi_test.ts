@@ -136,20 +136,13 @@ Deno.test(
     const g = gpu!;
     const S = g.subgroupSize!;
     const silu = (v: number) => v / (1 + Math.exp(-v));
-    // splitK dividing the chunks or not, several units in flight, a workgroup of several row blocks, row
-    // blocks walked in turn.
+    // splitK dividing the chunks or not, several units in flight, a workgroup of several row blocks.
     const tunings: MultiTuning[] = [
       { rows: 4, wg: 4 * S, direct: true, splitK: 2 },
       { rows: 1, wg: 3 * S, direct: true, splitK: 3, unroll: 2 },
       { rows: 2, wg: 8 * S, direct: true, splitK: 4 },
       { rows: 2, wg: S, direct: true, splitK: 1, unroll: 4 },
       { rows: 3, wg: 4 * S, direct: true, splitK: 1, unroll: 2 },
-      // Row blocks walked by a warp: x hoisted into registers (one chunk a warp; splitK past the chunks:
-      // warps with none), and a warp of several chunks (x reread per block).
-      { rows: 2, wg: 4 * S, direct: true, splitK: 4, loops: 3 },
-      { rows: 1, wg: 8 * S, direct: true, splitK: 8, loops: 2 },
-      { rows: 3, wg: 2 * S, direct: true, splitK: 2, unroll: 2, loops: 2 },
-      { rows: 2, wg: 2 * S, direct: true, splitK: 1, loops: 4 },
     ];
     let k = 0;
     for (const wt of ["f32", "f16"] as const) {
@@ -175,10 +168,8 @@ Deno.test(
             if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
             const y0 = randoms(T * N, 9);
             const y = upload(g, y0);
-            const saved = g.tuning.multiDirect, savedLoops = g.tuning.multiLoops;
+            const saved = g.tuning.multiDirect;
             g.tuning.multiDirect = true;
-            // Half the default cases with the row-block walk forced through gpu.tuning.multiLoops.
-            if (multi === undefined && k % 10 === 0) g.tuning.multiLoops = 2;
             try {
               await runCalls(g, [
                 gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
@@ -197,7 +188,6 @@ Deno.test(
               ]);
             } finally {
               g.tuning.multiDirect = saved;
-              g.tuning.multiLoops = savedLoops;
             }
             const rows = x.slice(K, (T + 1) * K);
             const input = transform === "rmsnorm" ? rmsnormRef(rows, nw, K, 1e-5) : rows;
@@ -209,9 +199,7 @@ Deno.test(
               want = gate.map((v, i) => silu(v) * up[i]);
             } else want = matmulRef(input, w.deq, { ...dims, accumulate }, y0);
             const what = `direct multi gemv ${wt} ${transform}${pairs ? " pairs" : ""} T${T} K${K} N${N} ` +
-              `acc ${accumulate} nw ${normWeights} ${
-                JSON.stringify(multi ?? `default${k % 10 === 0 ? " loops" : ""}`)
-              }`;
+              `acc ${accumulate} nw ${normWeights} ${JSON.stringify(multi ?? "default")}`;
             assertClose(await readF32(g, y, T * N), want, 1e-4, 1e-4, what);
           }
         }
