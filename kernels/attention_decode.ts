@@ -546,6 +546,7 @@ export function attentionDecodeCalls(
     ...base,
     splits,
     ...(splits > 1 ? { warps: Math.min(base.warps, 4) } : {}),
+    ...(gpu.tuning.attentionWarps !== undefined ? { warps: gpu.tuning.attentionWarps } : {}),
     ...tuning,
   };
   const sp = t.splits ?? 1;

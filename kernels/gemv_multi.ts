@@ -186,9 +186,10 @@ export function checkMultiTuning(
 
 /**
  * Direct mode's tuning by shape (MultiTuning `direct`): R x T <= 32 sums a lane (4 rows up to T = 8, else 2;
- * paired, half as many pairs), so L1 reads 2T / R bytes of x per byte of f16 weight; two units a row in
- * flight (four for K >= 8192); splitK, a power of two <= 8, until ~2K-4K warps or a warp would have no
- * chunk: the best of scripts/bench/gemv.ts --k 8 --sweep --direct-only on the H200 (numbers below).
+ * paired, half as many pairs), so L1 reads 2T / R bytes of x per byte of f16 weight; one unit a row in
+ * flight; splitK, a power of two <= 8, until ~2K-4K warps or a warp would have no chunk. Chosen by the whole
+ * k-step on the H200 (scripts/bench/decode.ts --k --tunings; numbers below), not by the GEMV sweep alone.
+ * gpu.tuning's multiUnroll / multiRows / multiWarps force each (A/B runs).
  */
 export function multiDirectTuning(
   K: number,
@@ -199,12 +200,12 @@ export function multiDirectTuning(
   pairs = false,
   force: { multiUnroll?: number; multiRows?: number; multiWarps?: number } = {},
 ): MultiTuning {
-  // H200, f16, k = 8 (gemv.ts --k 8 --sweep --direct-only, 2026-12-01): 4 rows a warp with 2-4 units a row in
-  // flight and ~2K-3K warps beat the first rule (1 unit, ~8K warps): o 1,206 against 945 GB/s (4 rows, splitK
-  // 4, 2 units), qkv 1,104-1,129 against 894, down 2,182 against 1,835 (splitK 4, 4 units), paired gate/up
-  // 1,958 against 1,769 (2 pairs, splitK 1).
+  // H200, f16, Llama-1B k = 8 step over a token's (2026-12-01, three leases): one unit in flight 1.65-1.66x,
+  // against 2.75-4.55x with the GEMV sweep's 2 (4 at K >= 8192; each GEMV alone had measured 11-28% faster
+  // that way: o 1,206 against 945 GB/s, down 2,182 against 1,835); ~2K warps 1.65x against 1.77x at ~8K; 2
+  // rows 2.2x, 8 rows 4.5x.
   const rows = Math.max(1, (force.multiRows ?? (T <= 8 ? 4 : 2)) >> (pairs ? 1 : 0));
-  const unroll = force.multiUnroll ?? (K >= 8192 ? 4 : 2);
+  const unroll = force.multiUnroll ?? 1;
   const chunks = Math.ceil(K / unitWeights(wt) / (unroll * S));
   const blocks = Math.ceil(N / rows);
   let splitK = 1;

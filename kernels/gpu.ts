@@ -81,6 +81,8 @@ export interface KernelTuning {
   multiWarps?: number;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
+  /** Subgroups per workgroup of the decode attention (default: attentionDecodeDefaultTuning's, 4 when split). */
+  attentionWarps?: number;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`; default on). */
   prefetch?: boolean;
   /**

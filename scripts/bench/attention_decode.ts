@@ -38,6 +38,8 @@ const heads = Number(values.heads), kvHeads = Number(values.kv), headDim = Numbe
 const LAYERS = values.quick ? 2 : 16;
 const variants: [string, Partial<AttentionDecodeTuning>][] = [["one", { splits: 1 }], ["default", {}]];
 if (!values.quick) {
+  // One workgroup a head with fewer subgroups (short contexts leave most of 16 idle).
+  for (const warps of [2, 4, 8]) variants.push([`s1w${warps}`, { splits: 1, warps }]);
   for (const splits of [4, 8, 16, 32]) {
     for (const minChunks of [1, 4]) {
       for (const warps of [4, 16]) {

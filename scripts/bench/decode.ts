@@ -6,7 +6,7 @@
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
 //     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
-//     [--tunings '[{"multiUnroll":1}, ...]'] [--splits N] [--prefetch on|off] [--pair on|off]
+//     [--tunings '[{"multiUnroll":1}, ...]'] (each a gpu.tuning override: the k-steps, contexts and decode rerun)
 //     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
 // --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
 // without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
@@ -123,12 +123,11 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     const model = await Model.load(gpu, ckpt, { weights });
     const kvInfo = { kv: model.kvType, kv_bytes_per_token: model.kvBytesPerToken() };
     const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
+    // --tunings: the k-steps, contexts and decode again under each of a JSON list of gpu.tuning overrides.
+    const tunings = values.tunings ? JSON.parse(values.tunings) as KernelTuning[] : [];
     if (values.k) {
       await kSteps(model, weights);
-      // --tunings: the k-steps again under each of a JSON list of gpu.tuning overrides, in this process.
-      for (const t of values.tunings ? JSON.parse(values.tunings) as KernelTuning[] : []) {
-        await withTuning(t, () => kSteps(model, weights));
-      }
+      for (const t of tunings) await withTuning(t, () => kSteps(model, weights));
       if (values.ab) {
         await withTuning({ multi: false }, () => kSteps(model, weights));
         const stages = weights === "q8" || weights === "q4"
@@ -147,6 +146,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     }
     if (values.context) {
       await contexts(engine, model, weights);
+      for (const t of tunings) await withTuning(t, () => contexts(engine, model, weights));
       if (values.ab) await withTuning({ attentionSplits: 1 }, () => contexts(engine, model, weights));
     }
     if (values["skip-decode"]) {
@@ -215,6 +215,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
       kv_read_bytes_per_token: model.kvBytesPerToken() * (mid + 1),
       [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
     }));
+    for (const t of tunings) await withTuning(t, () => decodeAb(engine, model, prompt, weights));
     if (values.ab) {
       // The same decode with the MLP's gate/up pairing and the GEMVs' prologue variants flipped (each
       // generate builds its programs anew).
