@@ -38,8 +38,12 @@ import { STEP_WGSL } from "./step.ts";
 /** The largest head_dim the decode kernel supports. */
 export const DECODE_MAX_HEAD_DIM = 256;
 
-/** Threads per workgroup asked for by default. */
-const WG_WANTED = 512;
+/**
+ * Threads per workgroup asked for by default. H200 (2026-12-01, one workgroup a head, us a layer at 128 /
+ * 2048 keys): 8 subgroups 4.54 / 24.4 (hd 64) and 6.04 / 44.2 (hd 128) against 16's 4.60 / 43.8 and 7.58 /
+ * 81.8; Llama-1B f16 decode 1,084 against 1,076-1,080 tok/s, q4 1,467 against 1,450-1,452.
+ */
+const WG_WANTED = 256;
 
 /** The kernel's shape (see attentionDecodeDefaultTuning). */
 export interface AttentionDecodeTuning {
@@ -102,7 +106,7 @@ function sharedBytes(hd: number, warps: number): number {
 }
 
 /**
- * The default tuning, from an H200 sweep (hd 64 and 128, 32 / 8 heads, 30..4000 keys): WG_WANTED threads
+ * The default tuning, from H200 sweeps (hd 64 and 128, 32 / 8 heads, 30..8192 keys): WG_WANTED threads
  * (fewer where workgroup memory or the device's limit is short), value prefetch and the butterfly on,
  * the whole chunk's loads in one block when they are at most 16 a lane, else blocks of 8.
  */
@@ -500,10 +504,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }`;
 }
 
-/** Flash-decoding splits by default: enough workgroups to fill a large GPU, for caches of > 1024 keys. */
-export function attentionDecodeSplits(heads: number, maxSeq: number): number {
+/**
+ * Flash-decoding splits by default: enough workgroups to fill a large GPU, for caches of > 1024 keys; twice
+ * as many for head_dim <= 64 past 4096 (H200, 32 heads of 64 at 8192 keys: 32 splits 15.6 us a layer against
+ * 16's 18.8, Llama-1B f16 step 1.107 against 1.152-1.155 ms; head_dim 128 keeps 16: 28.5 against 30.3).
+ */
+export function attentionDecodeSplits(heads: number, maxSeq: number, headDim = 64): number {
   if (maxSeq <= 1024) return 1;
-  return Math.max(1, Math.min(32, Math.ceil(512 / heads)));
+  const wide = maxSeq > 4096 && headDim <= 64 ? 2 : 1;
+  return Math.max(1, Math.min(32, Math.ceil(512 / heads) * wide));
 }
 
 /**
@@ -538,7 +547,7 @@ export function attentionDecodeCalls(
       `attention decode kernel does not fit heads ${d.heads}, kv heads ${d.kvHeads}, head_dim ${d.headDim}`,
     );
   }
-  const splits = gpu.tuning.attentionSplits ?? attentionDecodeSplits(d.heads, d.maxSeq);
+  const splits = gpu.tuning.attentionSplits ?? attentionDecodeSplits(d.heads, d.maxSeq, d.headDim);
   const base = attentionDecodeDefaultTuning(gpu, d.headDim);
   // Split, a workgroup's share of the keys is short: 4 subgroups a workgroup (H200, hd 64, 16 splits:
   // 9.9 us a layer at 2048 keys and 18.9 at 8192, against 20.8 and 30.9 with 16; scripts/bench/attention_decode.ts).

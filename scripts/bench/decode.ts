@@ -360,14 +360,23 @@ async function kSteps(model: Model, weights: string): Promise<void> {
   const one = await stepMs(seq.program(1, "sample"));
   const rows: Record<string, number> = {};
   const byKernel: Record<string, Record<string, number>> = {};
-  for (const k of ks) {
-    const tail = argmaxRowsCalls(gpu, { logits: seq.logits!, out }, { vocab: ckpt.config.vocabSize, T: k });
-    writeStep(gpu, seq.step, { pos0: mid, T: k, tokOut: mid + k });
-    const program = [...seq.program(k, "logits"), ...tail];
-    rows[k] = Number((await stepMs(program)).toFixed(3));
-    byKernel[k] = await msByKernel(program);
-    releaseCalls(tail);
+  // Two rounds over the ks, the faster of each kept: a first pass in a process sometimes timed k = 8 at
+  // 2-3x its later runs on the H200 (2026-12-01).
+  for (let round = 0; round < 2; round++) {
+    for (const k of ks) {
+      const tail = argmaxRowsCalls(gpu, { logits: seq.logits!, out }, { vocab: ckpt.config.vocabSize, T: k });
+      writeStep(gpu, seq.step, { pos0: mid, T: k, tokOut: mid + k });
+      const program = [...seq.program(k, "logits"), ...tail];
+      const ms = Number((await stepMs(program)).toFixed(3));
+      if (!(ms >= rows[k])) {
+        rows[k] = ms;
+        byKernel[k] = await msByKernel(program);
+      }
+      releaseCalls(tail);
+    }
   }
+  writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+  const oneAgain = await stepMs(seq.program(1, "sample"));
   seq.destroy();
   out.destroy();
   console.log(JSON.stringify({
@@ -377,10 +386,10 @@ async function kSteps(model: Model, weights: string): Promise<void> {
     kv: model.kvType,
     position: mid,
     tuning: gpu.tuning,
-    decode_step_ms: Number(one.toFixed(3)),
+    decode_step_ms: Number(Math.min(one, oneAgain).toFixed(3)),
     k_step_ms: rows,
     ratio_vs_decode: Object.fromEntries(
-      Object.entries(rows).map(([k, ms]) => [k, Number((ms / one).toFixed(2))]),
+      Object.entries(rows).map(([k, ms]) => [k, Number((ms / Math.min(one, oneAgain)).toFixed(2))]),
     ),
     // Each dispatch timed in place (a few us of timestamp overhead each), summed by kernel label.
     k_ms_by_kernel: byKernel,
