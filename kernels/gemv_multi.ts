@@ -200,10 +200,9 @@ export function multiDirectTuning(
   pairs = false,
   force: { multiUnroll?: number; multiRows?: number; multiWarps?: number } = {},
 ): MultiTuning {
-  // H200, f16, Llama-1B k = 8 step over a token's (2026-12-01, three leases): one unit in flight 1.65-1.66x,
-  // against 2.75-4.55x with the GEMV sweep's 2 (4 at K >= 8192; each GEMV alone had measured 11-28% faster
-  // that way: o 1,206 against 945 GB/s, down 2,182 against 1,835); ~2K warps 1.65x against 1.77x at ~8K; 2
-  // rows 2.2x, 8 rows 4.5x.
+  // H200, f16, Llama-1B k = 8 step over a token's (2026-12-01, the faster of two rounds): one unit in flight
+  // 1.65x, two (four at K >= 8192, the GEMV sweep's best alone) 1.67x; ~2K warps 1.65x against 1.77x at ~8K;
+  // 2 rows 2.2x, 8 rows 4.5x. (Single first-pass timings of 2.75-4.55x were the benchmark's, not the tuning's.)
   const rows = Math.max(1, (force.multiRows ?? (T <= 8 ? 4 : 2)) >> (pairs ? 1 : 0));
   const unroll = force.multiUnroll ?? 1;
   const chunks = Math.ceil(K / unitWeights(wt) / (unroll * S));
