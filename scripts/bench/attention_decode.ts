@@ -41,7 +41,8 @@ const heads = Number(values.heads), kvHeads = Number(values.kv), headDim = Numbe
 const LAYERS = values.quick ? 2 : 16;
 // The per-head kernel (grouped: false) against the grouped one (one workgroup per kv head; its own
 // default splits, attentionDecodeGroupedSplits): g-b<n> q heads a pass over the keys (groupBatch),
-// g-w<n> subgroups a workgroup, g-s<n> splits, g-u8 8 loads a block.
+// g-w<n> subgroups a workgroup, g-s<n> splits, g-m1 a split's fewest chunks 1 (default 4), g-u8 8 loads
+// a block.
 const variants: [string, Partial<AttentionDecodeTuning>][] = [
   ["one", { splits: 1, grouped: false }],
   ["default", { grouped: false }],
@@ -52,7 +53,7 @@ if (!values.quick) {
   for (const groupBatch of [1, 2, 8]) variants.push([`g-b${groupBatch}`, { groupBatch, grouped: true }]);
   for (const warps of [2, 8]) variants.push([`g-w${warps}`, { warps, grouped: true }]);
   for (const splits of [16, 32]) variants.push([`g-s${splits}`, { splits, grouped: true }]);
-  variants.push(["g-u8", { unroll: 8, grouped: true }]);
+  variants.push(["g-m1", { minChunks: 1, grouped: true }], ["g-u8", { unroll: 8, grouped: true }]);
 }
 if (!values.quick && !values.ab) {
   // One workgroup a head with fewer subgroups (short contexts leave most of 16 idle).
