@@ -4,6 +4,9 @@
 // for positions below pos0 only and the step's tokens 0..t from qkv (k rotated on the fly), since those
 // positions are written by other workgroups of the same dispatch. Long caches: flash-decoding splits
 // (docs/KERNELS.md), the keys of a head shared by several workgroups and a combine dispatch.
+// GQA-grouped variant (AttentionDecodeTuning.grouped, gpu.tuning.attentionGrouped; default off pending the
+// H200 A/B): one workgroup per kv head for all its q heads, each K / V row read once, coalesced, and scored
+// against every q head of the group (attentionDecodeGroupedSource).
 //
 // One workgroup per q head h (kv head h / group), WG threads = WARPS subgroups of S lanes:
 //   - prologue: (with qNorm / kNorm: Qwen3's RMSNorm of the q head and of the k head first, folded in
@@ -61,6 +64,19 @@ export interface AttentionDecodeTuning {
   splits?: number;
   /** Fewest key chunks a split takes (default 4). */
   minChunks?: number;
+  /**
+   * One workgroup per KV head serving all its q heads (attentionDecodeGroupedSource: each K / V row read
+   * once for the group) instead of one per q head. Default: gpu.tuning.attentionGrouped, else env
+   * SWACTOR_ATTN_GROUPED=1, else off. Falls back to the per-head kernel where the group's workgroup memory
+   * does not fit.
+   */
+  grouped?: boolean;
+  /**
+   * Grouped kernel: q heads scored per pass over the keys (registers grow with it; a group larger than
+   * this takes several passes). Default 4 / (vector slots a lane holds of a row), the largest divisor of
+   * the group at most that.
+   */
+  groupBatch?: number;
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
@@ -469,6 +485,444 @@ fn main(
 }`;
 }
 
+/**
+ * Workgroup memory of the grouped kernel: q of the group's heads, k, v, each subgroup's (m, l, acc[hd])
+ * per head, the norm partials and the step's new-key scores (T > 1) per head.
+ */
+function groupedSharedBytes(hd: number, group: number, warps: number, T: number): number {
+  return (group + 2) * hd * 4 + warps * group * (hd + 2) * 4 + (group + 1) * warps * 4 + group * (T + 1) * 4 +
+    16;
+}
+
+/** Subgroups a grouped workgroup gets by default (fewest 1; 0 where even one does not fit). */
+function groupedWarps(gpu: Gpu, d: AttentionDecodeDims, want: number): number {
+  let warps = want;
+  while (
+    warps > 0 && groupedSharedBytes(d.headDim, d.heads / d.kvHeads, warps, d.T ?? 1) > gpu.maxWorkgroupStorage
+  ) {
+    warps--;
+  }
+  return warps;
+}
+
+/**
+ * q heads a pass of the grouped kernel scores: the largest divisor of the group at most `want` (default
+ * 4 / NSLOT, at least 1: about the registers of the per-head kernel's loads in flight again).
+ */
+function groupBatchOf(group: number, nslot: number, want?: number): number {
+  const cap = Math.max(1, want ?? Math.floor(4 / nslot));
+  let gb = Math.min(group, cap);
+  while (group % gb !== 0) gb--;
+  return gb;
+}
+
+// GQA-grouped decode attention (AttentionDecodeTuning.grouped): ONE workgroup per KV head (x split x
+// token) serving its GROUP = heads / kvHeads q heads, so each K and V row is read from memory once for the
+// group instead of once per q head (Llama-3.2-1B: 4 workgroups re-read every row; Qwen3-30B-A3B: 8).
+//   - prologue: (q/k RMSNorm: one subgroupAdd per head and one barrier) RoPE of the group's q heads, scaled
+//     by 1 / sqrt(hd), into workgroup memory, and of the kv head's k with v (rounded as the cache stores
+//     them); split 0 writes k and v into the caches at pos (as the per-head kernel's first q head does);
+//   - keys: chunks of S to subgroup c % WARPS, read as the per-head kernel reads them: coalesced vec4 (vec2)
+//     rows, KG rows of HDV lanes a load (or every lane NSLOT slots of a row), f16 widened. Each lane holds
+//     its q slots of GB heads (registers) and takes GB partial dot products per loaded key vector; a
+//     butterfly of shuffle-xors per head (walked depth first, so about log2(IT) + 1 partials a head are
+//     live, not IT) leaves every lane one key's score for each of the GB heads; online softmax per
+//     (subgroup, q head) with subgroupMax / subgroupAdd. So each K row is read once a pass and used GB
+//     times. Shapes whose rows leave lanes idle (HDV not dividing S, e.g. head_dim 40 at S = 32) score
+//     lane per key instead (lane l reads key l's whole row: uncoalesced, as the per-head kernel does there);
+//   - values: each V vector read once a pass and weighted into GB accumulators, each head's key weight
+//     taken by subgroupShuffle from the lane that scored it;
+//   - passes: GB = groupBatch heads (default the largest divisor of the group at most 4 / NSLOT) a pass
+//     over the split's keys; a larger group takes G / GB passes, the later ones re-reading the rows (from
+//     L2, mostly) rather than holding G heads' registers (Qwen3-30B-A3B: G 8, hd 128: 2 passes of 4);
+//   - end: one barrier, then each thread combines one (head, slot) over the subgroups and the step's own
+//     keys and writes out[h * hd ..] or, split, the partial in the layout attentionCombineSource reads.
+export function attentionDecodeGroupedSource(
+  d: { heads: number; kvHeads: number; headDim: number; T?: number; normEps?: number; kv?: KvType },
+  S: number,
+  t: AttentionDecodeTuning,
+): string {
+  const norm = d.normEps !== undefined;
+  const { warps, unroll: UB } = t;
+  const SP = t.splits ?? 1;
+  const TT = d.T ?? 1;
+  const MINC = t.minChunks ?? 4;
+  const HD = d.headDim;
+  const G = d.heads / d.kvHeads;
+  const VW = HD % 4 === 0 ? 4 : 2;
+  const vt = `vec${VW}<f32>`;
+  const w = kvWgsl(d.kv);
+  const rd = (e: string) => w.read(VW, e);
+  const rn = (e: string) => w.round(1, e);
+  const HDV = HD / VW;
+  // Value rows as in attentionDecodeSource: KG rows of HDV lanes a load ("packed"), else NSLOT slots a lane.
+  const packed = HDV <= S;
+  const KG = packed ? Math.floor(S / HDV) : 1;
+  const NSLOT = Math.ceil(HDV / S);
+  const IT = Math.ceil(S / KG);
+  const slot = (i: number) => packed ? "sl" : `min(lane + ${i * S}u, ${HDV - 1}u)`;
+  // Coalesced scores ("butterfly", as attentionDecodeSource) where a row's HDV lanes tile the subgroup or
+  // a row spans it; else lane per key (lane l reads key l's whole row: uncoalesced, kept for odd shapes).
+  const butterfly = (t.butterfly ?? true) && (!packed || KG * HDV === S);
+  // Heads per pass over the keys: each pass holds GB heads' q slots, partial scores and accumulators in
+  // registers, so a large group takes several passes (the later ones re-read rows, mostly from L2).
+  const GB = butterfly ? groupBatchOf(G, NSLOT, t.groupBatch) : G;
+  const NB = G / GB;
+  const keyOf = (it: number) =>
+    packed ? (butterfly ? `${it * KG}u + g` : `min(${it * KG}u + g, ${S - 1}u)`) : `${it}u`;
+  // Lanes whose key falls outside the chunk (idle lanes of a packed row, the last step) weigh 0.
+  const needMask = !butterfly && packed && (KG * HDV < S || IT * KG > S);
+  const rowOf = (k: string) => `(kv0 + min(base + ${k}, nc - 1u)) * HDV`;
+  const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
+    const out: string[] = [];
+    for (let b = 0; b < n; b += UB) {
+      const xs = range(Math.min(UB, n - b)).map((i) => b + i);
+      out.push(...xs.map(load), ...xs.flatMap(use));
+    }
+    return out;
+  };
+  const hs = range(GB);
+  const score: string[] = [];
+  const qDecl: string[] = [];
+  let scoreOf = (h: number) => `s${h}`;
+  let keyLane = "lane";
+  if (butterfly) {
+    // This lane's q slots of every head of the pass (a clamped duplicate slot, non-packed, counts zero).
+    for (const h of hs) {
+      for (let i = 0; i < NSLOT; i++) {
+        const q = `qs[(h0 + ${h}u) * HDV + ${slot(i)}]`;
+        qDecl.push(
+          `let q${h}_${i} = ${
+            !packed && (i + 1) * S > HDV ? `select(${vt}(0.0), ${q}, lane + ${i * S}u < HDV)` : q
+          };`,
+        );
+      }
+    }
+    // The butterfly as a tree walked depth first: node (m, k) = combine over lane bit m of nodes (2m, k)
+    // and (2m, k + m), leaves (IT, k) the partial dots with step k's key. Walking it depth first keeps
+    // about log2(IT) + 1 partials a head live instead of IT, which is what lets GB heads share the pass.
+    const node = (h: number, m: number, k: number) => m === IT ? `x${h}_${k}` : `y${h}_${m}_${k}`;
+    const ev: [number, number][] = []; // (m, k) in post-order; m === IT a leaf
+    const kPairs: [number, number][] = []; // key loads (step, slot) in leaf order
+    const walk = (m: number, k: number) => {
+      if (m < IT) (walk(2 * m, k), walk(2 * m, k + m));
+      else kPairs.push(...range(NSLOT).map((i): [number, number] => [k, i]));
+      ev.push([m, k]);
+    };
+    walk(1, 0);
+    for (let m = 1; m < IT; m *= 2) score.push(`let b${m} = (lane & ${m}u) != 0u;`);
+    let issued = 0;
+    let leaves = 0;
+    for (const [m, k] of ev) {
+      if (m === IT) {
+        // Blocks of UB key loads, each issued before any of its vectors is used.
+        for (const need = ++leaves * NSLOT; issued < need;) {
+          for (const [it, i] of kPairs.slice(issued, issued + UB)) {
+            score.push(`let k${it}_${i} = ${rd(`kc[${rowOf(keyOf(it))} + ${slot(i)}]`)};`);
+          }
+          issued = Math.min(issued + UB, kPairs.length);
+        }
+        for (const h of hs) {
+          const dots = range(NSLOT).map((i) => `dot(q${h}_${i}, k${k}_${i})`).join(" + ");
+          score.push(`let ${node(h, m, k)} = ${dots};`);
+        }
+      } else {
+        for (const h of hs) {
+          const lo = node(h, 2 * m, k), hi = node(h, 2 * m, k + m);
+          score.push(
+            `let ${
+              node(h, m, k)
+            } = select(${lo}, ${hi}, b${m}) + subgroupShuffleXor(select(${hi}, ${lo}, b${m}), ${m}u);`,
+          );
+        }
+      }
+    }
+    // Lane (g, j) holds the score of key j * KG + g.
+    scoreOf = (h) => node(h, 1, 0);
+    keyLane = packed ? `sl * ${KG}u + g` : "lane";
+  } else {
+    score.push(
+      `let kb = ${rowOf("lane")};`,
+      ...hs.map((h) => `var s${h} = 0.0;`),
+      ...blocks(
+        HDV,
+        (e) => `let k${e} = ${rd(`kc[kb + ${e}u]`)};`,
+        (e) => hs.map((h) => `s${h} += dot(qs[${h * HDV + e}u], k${e});`),
+      ),
+    );
+  }
+  const softmax = hs.flatMap((h) => [
+    `let sc${h} = select(-3.0e38, ${scoreOf(h)}, base + ${keyLane} < nc);`,
+    `let mn${h} = max(m${h}, subgroupMax(sc${h}));`,
+    `let cr${h} = exp(m${h} - mn${h});`,
+    `let pr${h} = exp(sc${h} - mn${h});`,
+    `l${h} = l${h} * cr${h} + subgroupAdd(pr${h});`,
+    `m${h} = mn${h};`,
+    ...range(NSLOT).map((i) => `acc${h}_${i} *= cr${h};`),
+  ]);
+  const pairs = range(IT * NSLOT).map((x) => [Math.floor(x / NSLOT), x % NSLOT]);
+  // The weight of step it's key for head h, from the lane that scored it.
+  const pOf = (it: number, h: number): string => {
+    if (butterfly) return `subgroupShuffle(pr${h}, ${packed ? `g * ${IT}u + ${it}u` : `${it}u`})`;
+    const sh = `subgroupShuffle(pr${h}, ${keyOf(it)})`;
+    return needMask ? `select(0.0, ${sh}, ${it * KG}u + g < ${S}u && g < ${KG}u)` : sh;
+  };
+  const vLoad = (x: number) => {
+    const [it, i] = pairs[x];
+    return `let v${it}_${i} = ${rd(`vc[${rowOf(keyOf(it))} + ${slot(i)}]`)};`;
+  };
+  const vUse = (x: number) => {
+    const [it, i] = pairs[x];
+    return [
+      ...(i === 0 ? hs.map((h) => `let p${h}_${it} = ${pOf(it, h)};`) : []),
+      ...hs.map((h) => `acc${h}_${i} += p${h}_${it} * v${it}_${i};`),
+    ];
+  };
+  const first = Math.min(UB, pairs.length);
+  const vPrefetch = range(first).map(vLoad);
+  const values = [
+    ...range(first).flatMap(vUse),
+    ...blocks(pairs.length - first, (x) => vLoad(x + first), (x) => vUse(x + first)),
+  ];
+  const store: string[] = [];
+  for (const h of hs) {
+    const at = `(warp * GROUP + h0 + ${h}u) * HDV`;
+    if (packed) {
+      const sum = range(KG).map((gg) => `subgroupShuffle(acc${h}_0, sl + ${gg * HDV}u)`).join(" + ");
+      store.push(`let t${h} = ${sum};`, `if (lane < HDV) { accs[${at} + sl] = t${h}; }`);
+    } else {
+      for (let i = 0; i < NSLOT; i++) {
+        const st = `accs[${at} + lane + ${i * S}u] = acc${h}_${i};`;
+        store.push((i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`);
+      }
+    }
+  }
+  store.push(
+    `if (lane == 0u) {`,
+    ...hs.flatMap((h) => [
+      `  ms[warp * GROUP + h0 + ${h}u] = m${h};`,
+      `  ls[warp * GROUP + h0 + ${h}u] = l${h};`,
+    ]),
+    `}`,
+  );
+  // q element o (head-major) of workgroup memory.
+  const qAt = (o: string) => `qs[(${o}) / VW][(${o}) % VW]`;
+  return `${w.enable}${STEP_WGSL}
+struct P { max_seq: u32, scale: f32, eps: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> step: Step;
+@group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read> qkv: array<f32>;
+@group(0) @binding(4) var<storage, read_write> kc: array<${w.vec(VW)}>;
+@group(0) @binding(5) var<storage, read_write> vc: array<${w.vec(VW)}>;
+${
+    SP > 1
+      ? "@group(0) @binding(6) var<storage, read_write> part: array<vec2<f32>>;"
+      : `@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;`
+  }
+${
+    norm
+      ? `@group(0) @binding(7) var<storage, read> wq: array<f32>;
+@group(0) @binding(8) var<storage, read> wk: array<f32>;`
+      : ""
+  }
+const HD = ${HD}u;
+const HALF = ${HD / 2}u;
+const HDV = ${HDV}u;
+const VW = ${VW}u;
+const GROUP = ${G}u;
+const NH = ${d.heads}u;
+const NKV = ${d.kvHeads}u;
+const S = ${S}u;
+const WARPS = ${warps}u;
+const WG = ${warps * S}u;
+const TT = ${TT}u;
+const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
+var<workgroup> qs: array<${vt}, ${G * HDV}>;
+var<workgroup> ks: array<${vt}, ${HDV}>;
+var<workgroup> vs: array<${vt}, ${HDV}>;
+var<workgroup> accs: array<${vt}, ${warps * G * HDV}>;
+var<workgroup> ms: array<f32, ${warps * G}>;
+var<workgroup> ls: array<f32, ${warps * G}>;
+var<workgroup> keys: u32;
+// Scores of the step's own keys (tokens 0..tok) per q head: sn[h * TT + j].
+var<workgroup> sn: array<f32, ${G * TT}>;
+${
+    norm
+      ? `// Sums of squares per subgroup: the GROUP q heads, then k.
+var<workgroup> nred: array<f32, ${(G + 1) * warps}>;
+fn inv_rms(hh: u32) -> f32 {
+  var t = 0.0;
+  for (var w = 0u; w < WARPS; w++) { t += nred[hh * WARPS + w]; }
+  return inverseSqrt(t / f32(HD) + p.eps);
+}`
+      : ""
+  }
+// Score of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against q head hh.
+fn new_score(j: u32, pos0: u32, kvh: u32, hh: u32) -> f32 {
+  var s = 0.0;
+  let kb = j * ROW + (NH + kvh) * HD;${
+    norm
+      ? `
+  var ss = 0.0;
+  for (var i = 0u; i < HD; i++) { let v = qkv[kb + i]; ss += v * v; }
+  let ik = inverseSqrt(ss / f32(HD) + p.eps);`
+      : ""
+  }
+  let qo = hh * HD;
+  for (var i = 0u; i < HALF; i++) {
+    let c = cs[(pos0 + j) * HALF + i];
+    let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
+    let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
+    s += ${qAt("qo + i")} * ${rn("k0 * c.x - k1 * c.y")} + ${qAt("qo + i + HALF")} * ${
+    rn("k1 * c.x + k0 * c.y")
+  };
+  }
+  return s;
+}
+// Value slot e of new key j.
+fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
+  let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
+  return ${w.round(VW, `${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")})`)};
+}
+@compute @workgroup_size(${warps * S})
+fn main(
+  @builtin(workgroup_id) wg: vec3<u32>,
+  @builtin(local_invocation_index) tid: u32,
+  @builtin(subgroup_invocation_id) lane: u32,
+) {
+  let kvh = wg.x;
+  let split = wg.y;
+  let tok = wg.z;
+  let warp = tid / S;
+  let pos = step.pos0 + tok;
+  if (tid == 0u) { keys = select(0u, pos + 1u, step.T > tok); }
+  let rb = tok * ROW;
+  let qb = rb + kvh * GROUP * HD; // the group's q heads are contiguous
+  let kb = rb + (NH + kvh) * HD;
+  let vb = rb + (NH + NKV + kvh) * HD;${
+    norm
+      ? `
+  // RMSNorm of the group's q heads and the k head (q_norm / k_norm), before RoPE.
+  for (var hh = 0u; hh <= GROUP; hh++) {
+    let b = select(qb + hh * HD, kb, hh == GROUP);
+    var ss = 0.0;
+    for (var i = tid; i < HD; i += WG) { let a = qkv[b + i]; ss += a * a; }
+    let r = subgroupAdd(ss);
+    if (lane == 0u) { nred[hh * WARPS + warp] = r; }
+  }
+  workgroupBarrier();`
+      : ""
+  }
+  for (var x = tid; x < GROUP * HALF; x += WG) {
+    let hh = x / HALF;
+    let i = x % HALF;
+    let c = cs[pos * HALF + i];
+    let b = qb + hh * HD;${norm ? "\n    let iq = inv_rms(hh);" : ""}
+    let q0 = qkv[b + i]${norm ? " * iq * wq[i]" : ""};
+    let q1 = qkv[b + i + HALF]${norm ? " * iq * wq[i + HALF]" : ""};
+    let o = hh * HD + i;
+    ${qAt("o")} = (q0 * c.x - q1 * c.y) * p.scale;
+    ${qAt("o + HALF")} = (q1 * c.x + q0 * c.y) * p.scale;
+  }${norm ? "\n  let ik = inv_rms(GROUP);" : ""}
+  for (var i = tid; i < HALF; i += WG) {
+    let c = cs[pos * HALF + i];
+    let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
+    let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
+    ks[i / VW][i % VW] = ${rn("k0 * c.x - k1 * c.y")};
+    ks[(i + HALF) / VW][(i + HALF) % VW] = ${rn("k1 * c.x + k0 * c.y")};
+    vs[i / VW][i % VW] = ${rn("qkv[vb + i]")};
+    vs[(i + HALF) / VW][(i + HALF) % VW] = ${rn("qkv[vb + i + HALF]")};
+  }
+  let n = workgroupUniformLoad(&keys);
+  if (n == 0u) { return; }
+  let nc = n - 1u - tok;
+  let kv0 = kvh * p.max_seq;
+  if (split == 0u) {
+    let cb = (kv0 + pos) * HDV;
+    for (var e = tid; e < HDV; e += WG) {
+      kc[cb + e] = ${w.store(VW, "ks[e]")};
+      vc[cb + e] = ${w.store(VW, "vs[e]")};
+    }
+  }
+  ${packed ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}
+  let nch_all = (nc + S - 1u) / S;
+  let per = max((nch_all + ${SP - 1}u) / ${SP}u, ${SP > 1 ? MINC : 1}u);
+  let c_lo = min(split * per, nch_all);
+  let nch = min(nch_all - c_lo, per);
+  let rounds = (nch + WARPS - 1u) / WARPS;
+  // Passes over this split's keys, GB q heads (h0 ..) each.
+  for (var hb = 0u; hb < ${NB}u; hb++) {
+    let h0 = hb * ${GB}u;
+    ${qDecl.join("\n    ")}
+    ${hs.map((h) => `var m${h} = -3.0e38;\n    var l${h} = 0.0;`).join("\n    ")}
+    ${hs.flatMap((h) => range(NSLOT).map((i) => `var acc${h}_${i} = ${vt}(0.0);`)).join("\n    ")}
+    for (var r = 0u; r < rounds; r++) {
+      let c = r * WARPS + warp;
+      if (c < nch) {
+        let base = (c_lo + c) * S;
+        // Keys past the last are read clamped to it, score -3e38 and weigh 0.
+        ${vPrefetch.join("\n        ")}
+        ${score.join("\n        ")}
+        ${softmax.join("\n        ")}
+        ${values.join("\n        ")}
+      }
+    }
+    ${store.join("\n    ")}
+  }
+  // The step's own keys: the current one (ks) and, T > 1, the step's earlier tokens (from qkv).
+  if (warp == WARPS - 1u) {
+    for (var x = lane; x < GROUP * (tok + 1u); x += S) {
+      let hh = x / (tok + 1u);
+      let j = x % (tok + 1u);
+      if (j == tok) {
+        var s = 0.0;
+        for (var e = 0u; e < HDV; e++) { s += dot(qs[hh * HDV + e], ks[e]); }
+        sn[hh * TT + j] = s;
+      } else {
+        sn[hh * TT + j] = new_score(j, pos - tok, kvh, hh);
+      }
+    }
+  }
+  workgroupBarrier();
+  let act = min(nch, WARPS);
+  let own = split == 0u; // the step's own keys belong to split 0
+  for (var x = tid; x < GROUP * HDV; x += WG) {
+    let hh = x / HDV;
+    let e = x % HDV;
+    var mx = -3.0e38;
+    if (own) { for (var j = 0u; j <= tok; j++) { mx = max(mx, sn[hh * TT + j]); } }
+    for (var w = 0u; w < act; w++) { mx = max(mx, ms[w * GROUP + hh]); }
+    var lsum = 0.0;
+    var a = ${vt}(0.0);
+    if (own) {
+      for (var j = 0u; j < tok; j++) {
+        let ej = exp(sn[hh * TT + j] - mx);
+        lsum += ej;
+        a += ej * new_value(j, e, kvh);
+      }
+      let et = exp(sn[hh * TT + tok] - mx);
+      lsum += et;
+      a += et * vs[e];
+    }
+    for (var w = 0u; w < act; w++) {
+      let wt = exp(ms[w * GROUP + hh] - mx);
+      lsum += ls[w * GROUP + hh] * wt;
+      a += accs[(w * GROUP + hh) * HDV + e] * wt;
+    }
+    let hq = kvh * GROUP + hh;
+    ${
+    SP > 1
+      ? `// Partial of split (hq, split), as the per-head kernel writes it.
+    let pb = ((tok * NH + hq) * ${SP}u + split) * (HDV * VW / 2u + 1u);
+    if (e == 0u) { part[pb] = vec2<f32>(mx, lsum); }
+    ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
+      : "out[(tok * NH + hq) * HDV + e] = a / lsum;"
+  }
+  }
+}`;
+}
+
 /** WGSL of the flash-decoding combine: one workgroup per head merges its splits' partials into out. */
 export function attentionCombineSource(d: { heads: number; headDim: number }, splits: number): string {
   const NH = d.heads;
@@ -516,6 +970,29 @@ export function attentionDecodeSplits(heads: number, maxSeq: number, headDim = 6
 }
 
 /**
+ * Flash-decoding splits of the grouped kernel: it runs kvHeads workgroups per split (not heads), so it takes
+ * more splits for the same fill: enough that kvHeads x splits is about two workgroups per SM of a
+ * 132-SM GPU (264 / kvHeads, at most 64), for caches of > 1024 keys.
+ */
+export function attentionDecodeGroupedSplits(kvHeads: number, maxSeq: number): number {
+  if (maxSeq <= 1024) return 1;
+  return Math.max(1, Math.min(64, Math.ceil(264 / kvHeads)));
+}
+
+/**
+ * Whether the grouped kernel is asked for: the call's tuning, else gpu.tuning.attentionGrouped, else env
+ * SWACTOR_ATTN_GROUPED (1 / 0; read when the call is built), else off.
+ */
+function groupedSwitch(gpu: Gpu, tuning?: Partial<AttentionDecodeTuning>): boolean {
+  if (tuning?.grouped !== undefined) return tuning.grouped;
+  if (gpu.tuning.attentionGrouped !== undefined) return gpu.tuning.attentionGrouped;
+  const v = Deno.env.get("SWACTOR_ATTN_GROUPED");
+  if (v === undefined || v === "") return false;
+  if (v !== "1" && v !== "0") throw new TypeError(`SWACTOR_ATTN_GROUPED must be 1 or 0, got "${v}"`);
+  return v === "1";
+}
+
+/**
  * Attention for a decode step of ONE token (step.T must be 1; with step.T == 0 it does nothing): RoPE on
  * this token's q and k (from row 0 of the fused qkv activations), rotated k and v written into the caches
  * at step.pos0, and causal GQA attention over positions 0..pos0 into out [heads * hd]. Replaces
@@ -547,14 +1024,21 @@ export function attentionDecodeCalls(
       `attention decode kernel does not fit heads ${d.heads}, kv heads ${d.kvHeads}, head_dim ${d.headDim}`,
     );
   }
-  const splits = gpu.tuning.attentionSplits ?? attentionDecodeSplits(d.heads, d.maxSeq, d.headDim);
   const base = attentionDecodeDefaultTuning(gpu, d.headDim);
+  // Grouped: one workgroup per kv head, where its workgroup memory fits at least one subgroup.
+  const gWarps = groupedWarps(gpu, d, base.warps);
+  const grouped = groupedSwitch(gpu, tuning) && gWarps > 0;
+  const splits = gpu.tuning.attentionSplits ??
+    (grouped
+      ? attentionDecodeGroupedSplits(d.kvHeads, d.maxSeq)
+      : attentionDecodeSplits(d.heads, d.maxSeq, d.headDim));
   // Split, a workgroup's share of the keys is short: 4 subgroups a workgroup (H200, hd 64, 16 splits:
   // 9.9 us a layer at 2048 keys and 18.9 at 8192, against 20.8 and 30.9 with 16; scripts/bench/attention_decode.ts).
   const t = {
     ...base,
+    ...(grouped ? { warps: gWarps } : {}),
     splits,
-    ...(splits > 1 ? { warps: Math.min(base.warps, 4) } : {}),
+    ...(splits > 1 ? { warps: Math.min(grouped ? gWarps : base.warps, 4) } : {}),
     ...(gpu.tuning.attentionWarps !== undefined ? { warps: gpu.tuning.attentionWarps } : {}),
     ...tuning,
   };
@@ -567,8 +1051,11 @@ export function attentionDecodeCalls(
     (t.minChunks === undefined || (Number.isInteger(t.minChunks) && t.minChunks >= 1)) &&
     Number.isInteger(t.warps) && t.warps >= 1 &&
     t.warps * S <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
-    sharedBytes(d.headDim, t.warps) <= gpu.maxWorkgroupStorage &&
-    Number.isInteger(t.unroll) && t.unroll >= 1 && t.unroll <= 64;
+    (grouped
+        ? groupedSharedBytes(d.headDim, d.heads / d.kvHeads, t.warps, T)
+        : sharedBytes(d.headDim, t.warps)) <= gpu.maxWorkgroupStorage &&
+    Number.isInteger(t.unroll) && t.unroll >= 1 && t.unroll <= 64 &&
+    (t.groupBatch === undefined || (Number.isInteger(t.groupBatch) && t.groupBatch >= 1));
   if (!ok) {
     throw new RangeError(`bad decode attention tuning ${JSON.stringify(t)} (S = ${S}, hd ${d.headDim})`);
   }
@@ -577,9 +1064,10 @@ export function attentionDecodeCalls(
   const params = uniformBuffer(gpu, [d.maxSeq, 1 / Math.sqrt(d.headDim), d.normEps ?? 0], [1, 2]);
   const bound = [params, bufs.step, bufs.table, bufs.qkv, bufs.kcache, bufs.vcache, bufs.out];
   const normBufs = norm ? [bufs.qNorm!, bufs.kNorm!] : [];
-  const src = attentionDecodeSource(d, S, t);
+  const src = grouped ? attentionDecodeGroupedSource(d, S, t) : attentionDecodeSource(d, S, t);
+  const wgs = grouped ? d.kvHeads : d.heads; // workgroups per split and token
   if (sp === 1) {
-    return [kernelCall(gpu, pipeline(gpu, src), [...bound, ...normBufs], [d.heads, 1, T], "attention")];
+    return [kernelCall(gpu, pipeline(gpu, src), [...bound, ...normBufs], [wgs, 1, T], "attention")];
   }
   const part = storageBuffer(gpu, T * d.heads * sp * (d.headDim / 2 + 1) * 8, "attention partials");
   // With splits, binding 6 is the partials (the combine writes out).
@@ -587,7 +1075,7 @@ export function attentionDecodeCalls(
     gpu,
     pipeline(gpu, src),
     [...bound.slice(0, 6), part, ...normBufs],
-    [d.heads, sp, T],
+    [wgs, sp, T],
     "attention",
   );
   const combine = kernelCall(

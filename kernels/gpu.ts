@@ -83,6 +83,13 @@ export interface KernelTuning {
   attentionSplits?: number;
   /** Subgroups per workgroup of the decode attention (default: attentionDecodeDefaultTuning's, 4 when split). */
   attentionWarps?: number;
+  /**
+   * The decode attention runs one workgroup per KV head serving all its q heads, each K / V row read once
+   * for the group (attention_decode.ts, attentionDecodeGroupedSource; its default splits are
+   * attentionDecodeGroupedSplits) instead of one per q head. Default off; env SWACTOR_ATTN_GROUPED=1 / 0
+   * sets it too where this is left out (read when the call is built).
+   */
+  attentionGrouped?: boolean;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`; default on). */
   prefetch?: boolean;
   /**

@@ -1,10 +1,12 @@
 // Decode attention microbenchmark (kernels/attention_decode.ts) at Llama-3.2-1B's shape (32 q heads, 8 KV
 // heads, head_dim 64), 16 layers' caches rotated so L2 holds none of them: GPU us per layer for each
 // context and tuning (flash-decoding splits, fewest chunks a split takes, subgroups per workgroup), and
-// the KV bytes read per us. One JSON line per context and cache type (--cache: the KV cache's element type,
-// f32 and f16 by default; f16 where the adapter has shader-f16).
+// the KV bytes read per us; the per-head kernel against the grouped one (one workgroup per kv head, rows
+// read once for the group: grouped-one, grouped, g-b / g-w / g-s / g-u variants). One JSON line per context
+// and cache type (--cache: the KV cache's element type, f32 and f16 by default; f16 where the adapter has
+// shader-f16). --ab: only the per-head defaults against the grouped variants (no per-head split sweep).
 //   deno run -A scripts/bench/attention_decode.ts [--context 128,2048,8192] [--heads 32] [--kv 8] [--hd 64]
-//     [--cache f32,f16] [--quick]
+//     [--cache f32,f16] [--quick] [--ab]
 import { parseArgs } from "node:util";
 import {
   attentionDecodeCalls,
@@ -31,19 +33,35 @@ const { values } = parseArgs({
     hd: { type: "string", default: "64" },
     cache: { type: "string", default: "f32,f16" },
     quick: { type: "boolean", default: false },
+    ab: { type: "boolean", default: false },
   },
 });
 const gpu = await getGpu();
 const heads = Number(values.heads), kvHeads = Number(values.kv), headDim = Number(values.hd);
 const LAYERS = values.quick ? 2 : 16;
-const variants: [string, Partial<AttentionDecodeTuning>][] = [["one", { splits: 1 }], ["default", {}]];
+// The per-head kernel (grouped: false) against the grouped one (one workgroup per kv head; its own
+// default splits, attentionDecodeGroupedSplits): g-b<n> q heads a pass over the keys (groupBatch),
+// g-w<n> subgroups a workgroup, g-s<n> splits, g-m1 a split's fewest chunks 1 (default 4), g-u8 8 loads
+// a block.
+const variants: [string, Partial<AttentionDecodeTuning>][] = [
+  ["one", { splits: 1, grouped: false }],
+  ["default", { grouped: false }],
+  ["grouped-one", { splits: 1, grouped: true }],
+  ["grouped", { grouped: true }],
+];
 if (!values.quick) {
+  for (const groupBatch of [1, 2, 8]) variants.push([`g-b${groupBatch}`, { groupBatch, grouped: true }]);
+  for (const warps of [2, 8]) variants.push([`g-w${warps}`, { warps, grouped: true }]);
+  for (const splits of [16, 32]) variants.push([`g-s${splits}`, { splits, grouped: true }]);
+  variants.push(["g-m1", { minChunks: 1, grouped: true }], ["g-u8", { unroll: 8, grouped: true }]);
+}
+if (!values.quick && !values.ab) {
   // One workgroup a head with fewer subgroups (short contexts leave most of 16 idle).
-  for (const warps of [2, 4, 8]) variants.push([`s1w${warps}`, { splits: 1, warps }]);
+  for (const warps of [2, 4, 8]) variants.push([`s1w${warps}`, { splits: 1, warps, grouped: false }]);
   for (const splits of [4, 8, 16, 32]) {
     for (const minChunks of [1, 4]) {
       for (const warps of [4, 16]) {
-        variants.push([`s${splits}m${minChunks}w${warps}`, { splits, minChunks, warps }]);
+        variants.push([`s${splits}m${minChunks}w${warps}`, { splits, minChunks, warps, grouped: false }]);
       }
     }
   }
@@ -69,12 +87,20 @@ for (const ctx of values.context!.split(",").map(Number)) {
       () => [storageBuffer(gpu, bytes), storageBuffer(gpu, bytes)],
     );
     const d = { heads, kvHeads, headDim, maxSeq, kv: cache };
-    const sets: [string, KernelCall[]][] = variants.map(([name, t]) => [
-      name,
-      caches.flatMap(([kcache, vcache]) =>
-        attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out }, d, t)
-      ),
-    ]);
+    // A tuning this shape's workgroup memory cannot hold (RangeError) is left out of the line.
+    const sets: [string, KernelCall[]][] = variants.flatMap(([name, t]): [string, KernelCall[]][] => {
+      try {
+        return [[
+          name,
+          caches.flatMap(([kcache, vcache]) =>
+            attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out }, d, t)
+          ),
+        ]];
+      } catch (e) {
+        if (e instanceof RangeError) return [];
+        throw e;
+      }
+    });
     // The H200 ramps its clocks under load: ~0.5 s of this work first.
     for (let spent = 0; spent < (values.quick ? 0 : 500);) spent += await gpuMs(gpu, sets[0][1], 20) * 20;
     const us: Record<string, number> = {};

@@ -8,7 +8,9 @@
 //     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
 //     [--tunings '[{"multiUnroll":1}, ...]'] (each a gpu.tuning override: the k-steps, contexts and decode rerun)
 //     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
-// --gemv .. --argmax-chunk force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
+//     [--attn-grouped on|off]
+// --gemv .. --argmax-chunk, --attn-grouped (gpu.tuning.attentionGrouped: the decode attention's one
+// workgroup per kv head) force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
 // without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
 // weights, int8), each without and with pipelined weight loads (multiPipeline), then (f32 / f16 weights) with
 // the direct multi-token GEMV (multiDirect: x read in place, K split over warps), --context without
@@ -77,6 +79,7 @@ const { values } = parseArgs({
     "defer-norm": { type: "string" },
     direct: { type: "string" },
     "direct-pairs": { type: "string" },
+    "attn-grouped": { type: "string" },
     "argmax-chunk": { type: "string" },
     kv: { type: "string" },
   },
@@ -263,6 +266,8 @@ function tuningFlags(): KernelTuning {
   if (direct !== undefined) t.direct = direct;
   const directPairs = onOff("direct-pairs", values["direct-pairs"]);
   if (directPairs !== undefined) t.directPairs = directPairs;
+  const grouped = onOff("attn-grouped", values["attn-grouped"]);
+  if (grouped !== undefined) t.attentionGrouped = grouped;
   if (values["argmax-chunk"] !== undefined) t.argmaxChunk = Number(values["argmax-chunk"]);
   if (dp4 !== undefined) t.dp4 = dp4;
   if (multi !== undefined) t.multi = multi;

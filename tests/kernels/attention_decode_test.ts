@@ -306,11 +306,77 @@ Deno.test(
   },
 );
 
+Deno.test(
+  { name: "grouped decode attention (one workgroup per kv head) matches the references", ignore },
+  async () => {
+    // Groups 1, 2, 3, 4, 8 and 16; head_dim 64, 128, 256, 40, 16, 32 (rows of 4 and 8 lanes: the coalesced
+    // scores' packed rows, as head_dim 64 / 128 at 32 lanes) and the vec2 2, 6 and 12; split or not, warps
+    // from 1 up, f16 cache, q/k norm. Each case's k / v caches and output against the references. Few
+    // shaders a shape: lavapipe compiles each for seconds on a cold shader cache.
+    const cases: Case[] = [];
+    const shapes = [
+      [32, 8, 64],
+      [3, 1, 40],
+      [4, 4, 128],
+      [1, 1, 2],
+      [2, 1, 6],
+      [6, 2, 12],
+      [2, 1, 256],
+      [
+        8,
+        1,
+        128,
+      ],
+      [16, 1, 64],
+      [8, 2, 16],
+      [4, 1, 32],
+    ];
+    for (const [heads, kv, hd] of shapes) {
+      for (const pos of [0, 1, 65, 300]) cases.push({ heads, kv, hd, pos, T: 1, tuning: { grouped: true } });
+      const split = { grouped: true, splits: 5, minChunks: 1 };
+      cases.push({ heads, kv, hd, pos: 319, T: 1, norm: true, tuning: split });
+      cases.push({ heads, kv, hd, pos: 300, T: 1, norm: true, tuning: split });
+      if (gpu?.hasF16) {
+        cases.push({ heads, kv, hd, pos: 300, T: 1, kvType: "f16", tuning: { grouped: true } });
+      }
+    }
+    // Heads per pass over the keys: the whole group in one, or 3 passes of 2 (group 6).
+    for (const [heads, kv, hd, groupBatch] of [[32, 8, 64, 4], [8, 2, 16, 4], [6, 1, 32, 2]]) {
+      cases.push({ heads, kv, hd, pos: 300, T: 1, tuning: { grouped: true, groupBatch } });
+    }
+    for (const [heads, kv, hd] of [[32, 8, 64], [4, 1, 128]]) {
+      cases.push({ heads, kv, hd, pos: 1400, T: 1, maxSeq: 1536, tuning: { grouped: true } });
+      cases.push({
+        heads,
+        kv,
+        hd,
+        pos: 300,
+        T: 1,
+        norm: true,
+        tuning: { grouped: true, warps: 1, unroll: 3 },
+      });
+    }
+    for (const c of cases) {
+      const what = `grouped h${c.heads} kv${c.kv} hd${c.hd} @${c.pos} ${JSON.stringify(c.tuning)} norm ${!!c
+        .norm} ${c.kvType ?? "f32"}`;
+      const { got, want } = await runCase(c);
+      const f16 = c.kvType === "f16";
+      assertClose(got.out, want.out, f16 ? 2e-3 : 1e-5, f16 ? 2e-3 : 1e-4, `out ${what}`);
+      assertClose(got.kc, want.kc, f16 ? 1e-4 : 1e-5, f16 ? 2e-3 : 1e-4, `k cache ${what}`);
+      assertClose(got.vc, want.vc, f16 ? 1e-4 : 0, f16 ? 2e-3 : 0, `v cache ${what}`);
+    }
+  },
+);
+
 Deno.test({ name: "decode attention does nothing when the step has no tokens", ignore }, async () => {
   for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40]]) {
     const { got: one } = await runCase({ heads, kv, hd, pos: 5, T: 0, tuning: { splits: 3, minChunks: 1 } });
+    const { got: gr } = await runCase({ heads, kv, hd, pos: 5, T: 0, tuning: { grouped: true } });
     const { got, kc0, vc0, poison } = await runCase({ heads, kv, hd, pos: 5, T: 0 });
     assertClose(one.out, poison, 0, 0, `split out h${heads} hd${hd}`);
+    assertClose(gr.out, poison, 0, 0, `grouped out h${heads} hd${hd}`);
+    assertClose(gr.kc, kc0, 0, 0, `grouped k cache h${heads} hd${hd}`);
+    assertClose(gr.vc, vc0, 0, 0, `grouped v cache h${heads} hd${hd}`);
     assertClose(got.out, poison, 0, 0, `out h${heads} hd${hd}`);
     assertClose(got.kc, kc0, 0, 0, `k cache h${heads} hd${hd}`);
     assertClose(got.vc, vc0, 0, 0, `v cache h${heads} hd${hd}`);
@@ -343,12 +409,20 @@ Deno.test(
     const g = gpu!;
     const inv = ropeInvFreq(64, 10000, null);
     for (
-      const [heads, kv, hd, kvType] of [[4, 2, 64, "f32"], [3, 1, 40, "f32"], [2, 1, 6, "f32"], [
-        4,
-        2,
-        64,
-        "f16",
-      ], [2, 1, 6, "f16"]] as [number, number, number, KvType][]
+      const [heads, kv, hd, kvType] of [
+        [4, 2, 64, "f32"],
+        [3, 1, 40, "f32"],
+        [2, 1, 6, "f32"],
+        [
+          4,
+          2,
+          64,
+          "f16",
+        ],
+        [2, 1, 6, "f16"],
+        [4, 1, 128, "f32"],
+        [6, 2, 12, "f32"],
+      ] as [number, number, number, KvType][]
     ) {
       if (kvType === "f16" && !g.hasF16) continue;
       const invHd = hd === 64 ? inv : ropeInvFreq(hd, 10000, null);
@@ -363,104 +437,113 @@ Deno.test(
           [8, 3, 100, { splits: 4, minChunks: 1 }], // 8 dispatched, the step has 3: tokens 3.. write nothing
         ] as [number, number, number, Partial<AttentionDecodeTuning>][]
       ) {
-        // Some with Qwen3's q_norm / k_norm folded in (the other tokens' keys normalised on the fly).
-        const norm = T % 2 === 1 || T === 16;
-        const what = `${kvType} h${heads} kv${kv} hd${hd} T${T}/${steps} @${pos0} ${
-          JSON.stringify(tuning)
-        } norm ${norm}`;
-        const seed = heads * 7 + hd + T + pos0;
-        const raw = randoms(T * row, seed, 2);
-        const wq = randoms(hd, seed + 3, 1), wk = randoms(hd, seed + 4, 1);
-        const qkv0 = norm ? headNormRef(raw, wq, wk, { heads, kvHeads: kv, headDim: hd, eps: 1e-6 }) : raw;
-        const cacheLen = kv * MAX_SEQ * hd;
-        const kc0 = asKv(kvType, randoms(cacheLen, seed + 1)),
-          vc0 = asKv(kvType, randoms(cacheLen, seed + 2));
-        const poison = new Float32Array(T * heads * hd).fill(-12345);
-        const kcache = uploadKv(g, kvType, kc0), vcache = uploadKv(g, kvType, vc0), out = upload(g, poison);
-        const step = createStepBuffer(g);
-        writeStep(g, step, { pos0, T: steps, tokOut: 0 });
-        const calls = attentionDecodeCalls(
-          g,
-          {
-            step,
-            table: upload(g, table),
-            qkv: upload(g, raw),
+        // Each step shape per-head and grouped (one workgroup per kv head; the new shapes grouped only, to
+        // keep lavapipe's cold shader compiles few).
+        const modes = hd === 128 || hd === 12
+          ? [true]
+          : kvType === "f16" || hd === 6
+          ? [false, true]
+          : [false];
+        for (const grouped of modes) {
+          // Some with Qwen3's q_norm / k_norm folded in (the other tokens' keys normalised on the fly).
+          const norm = T % 2 === 1 || T === 16;
+          const what = `${kvType} h${heads} kv${kv} hd${hd} T${T}/${steps} @${pos0} ${
+            JSON.stringify(tuning)
+          } norm ${norm} grouped ${grouped}`;
+          const seed = heads * 7 + hd + T + pos0;
+          const raw = randoms(T * row, seed, 2);
+          const wq = randoms(hd, seed + 3, 1), wk = randoms(hd, seed + 4, 1);
+          const qkv0 = norm ? headNormRef(raw, wq, wk, { heads, kvHeads: kv, headDim: hd, eps: 1e-6 }) : raw;
+          const cacheLen = kv * MAX_SEQ * hd;
+          const kc0 = asKv(kvType, randoms(cacheLen, seed + 1)),
+            vc0 = asKv(kvType, randoms(cacheLen, seed + 2));
+          const poison = new Float32Array(T * heads * hd).fill(-12345);
+          const kcache = uploadKv(g, kvType, kc0), vcache = uploadKv(g, kvType, vc0), out = upload(g, poison);
+          const step = createStepBuffer(g);
+          writeStep(g, step, { pos0, T: steps, tokOut: 0 });
+          const calls = attentionDecodeCalls(
+            g,
+            {
+              step,
+              table: upload(g, table),
+              qkv: upload(g, raw),
+              kcache,
+              vcache,
+              out,
+              ...(norm ? { qNorm: upload(g, wq), kNorm: upload(g, wk) } : {}),
+            },
+            {
+              heads,
+              kvHeads: kv,
+              headDim: hd,
+              maxSeq: MAX_SEQ,
+              T,
+              kv: kvType,
+              ...(norm ? { normEps: 1e-6 } : {}),
+            },
+            { ...tuning, grouped },
+          );
+          const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, T * heads * hd], [
             kcache,
+            cacheLen,
+            kvType,
+          ], [
             vcache,
-            out,
-            ...(norm ? { qNorm: upload(g, wq), kNorm: upload(g, wk) } : {}),
-          },
-          {
+            cacheLen,
+            kvType,
+          ]]);
+          const q = new Float32Array(steps * heads * hd);
+          const kc = kc0.slice(), vc = vc0.slice();
+          for (let t = 0; t < steps; t++) {
+            const r = qkv0.subarray(t * row, (t + 1) * row);
+            for (let h = 0; h < heads; h++) {
+              const qh = r.slice(h * hd, (h + 1) * hd);
+              ropeRef(qh, table, pos0 + t);
+              q.set(qh, (t * heads + h) * hd);
+            }
+            for (let h = 0; h < kv; h++) {
+              const k = r.slice((heads + h) * hd, (heads + h + 1) * hd);
+              ropeRef(k, table, pos0 + t);
+              kc.set(asKv(kvType, k), (h * MAX_SEQ + pos0 + t) * hd);
+              vc.set(
+                asKv(kvType, r.slice((heads + kv + h) * hd, (heads + kv + h + 1) * hd)),
+                (h * MAX_SEQ + pos0 + t) * hd,
+              );
+            }
+          }
+          const want = attentionRef(q, kc, vc, {
             heads,
             kvHeads: kv,
             headDim: hd,
             maxSeq: MAX_SEQ,
-            T,
-            kv: kvType,
-            ...(norm ? { normEps: 1e-6 } : {}),
-          },
-          tuning,
-        );
-        const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, T * heads * hd], [
-          kcache,
-          cacheLen,
-          kvType,
-        ], [
-          vcache,
-          cacheLen,
-          kvType,
-        ]]);
-        const q = new Float32Array(steps * heads * hd);
-        const kc = kc0.slice(), vc = vc0.slice();
-        for (let t = 0; t < steps; t++) {
-          const r = qkv0.subarray(t * row, (t + 1) * row);
-          for (let h = 0; h < heads; h++) {
-            const qh = r.slice(h * hd, (h + 1) * hd);
-            ropeRef(qh, table, pos0 + t);
-            q.set(qh, (t * heads + h) * hd);
-          }
-          for (let h = 0; h < kv; h++) {
-            const k = r.slice((heads + h) * hd, (heads + h + 1) * hd);
-            ropeRef(k, table, pos0 + t);
-            kc.set(asKv(kvType, k), (h * MAX_SEQ + pos0 + t) * hd);
-            vc.set(
-              asKv(kvType, r.slice((heads + kv + h) * hd, (heads + kv + h + 1) * hd)),
-              (h * MAX_SEQ + pos0 + t) * hd,
-            );
-          }
+            T: steps,
+            pos0,
+          });
+          const f16 = kvType === "f16";
+          assertClose(
+            gotOut.slice(0, steps * heads * hd),
+            want,
+            f16 ? 2e-3 : 1e-5,
+            f16 ? 2e-3 : 1e-4,
+            `out ${what}`,
+          );
+          assertClose(
+            gotOut.slice(steps * heads * hd),
+            poison.slice(steps * heads * hd),
+            0,
+            0,
+            `unused ${what}`,
+          );
+          assertClose(
+            gotK,
+            kc,
+            f16 ? 1e-4 : norm ? 1e-5 : 1e-6,
+            f16 ? 2e-3 : norm ? 1e-4 : 1e-5,
+            `k cache ${what}`,
+          );
+          assertClose(gotV, vc, f16 ? 1e-4 : 0, f16 ? 2e-3 : 0, `v cache ${what}`);
+          for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
         }
-        const want = attentionRef(q, kc, vc, {
-          heads,
-          kvHeads: kv,
-          headDim: hd,
-          maxSeq: MAX_SEQ,
-          T: steps,
-          pos0,
-        });
-        const f16 = kvType === "f16";
-        assertClose(
-          gotOut.slice(0, steps * heads * hd),
-          want,
-          f16 ? 2e-3 : 1e-5,
-          f16 ? 2e-3 : 1e-4,
-          `out ${what}`,
-        );
-        assertClose(
-          gotOut.slice(steps * heads * hd),
-          poison.slice(steps * heads * hd),
-          0,
-          0,
-          `unused ${what}`,
-        );
-        assertClose(
-          gotK,
-          kc,
-          f16 ? 1e-4 : norm ? 1e-5 : 1e-6,
-          f16 ? 2e-3 : norm ? 1e-4 : 1e-5,
-          `k cache ${what}`,
-        );
-        assertClose(gotV, vc, f16 ? 1e-4 : 0, f16 ? 2e-3 : 0, `v cache ${what}`);
-        for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
       }
     }
   },
