@@ -4,8 +4,8 @@
 // for positions below pos0 only and the step's tokens 0..t from qkv (k rotated on the fly), since those
 // positions are written by other workgroups of the same dispatch. Long caches: flash-decoding splits
 // (docs/KERNELS.md), the keys of a head shared by several workgroups and a combine dispatch.
-// GQA-grouped variant (AttentionDecodeTuning.grouped, gpu.tuning.attentionGrouped; default off pending the
-// H200 A/B): one workgroup per kv head for all its q heads, each K / V row read once, coalesced, and scored
+// GQA-grouped variant (AttentionDecodeTuning.grouped, gpu.tuning.attentionGrouped; by default only where it
+// measured faster on the H200, attentionGroupedDefault): one workgroup per kv head for all its q heads, each K / V row read once, coalesced, and scored
 // against every q head of the group (attentionDecodeGroupedSource).
 //
 // One workgroup per q head h (kv head h / group), WG threads = WARPS subgroups of S lanes:
@@ -67,7 +67,7 @@ export interface AttentionDecodeTuning {
   /**
    * One workgroup per KV head serving all its q heads (attentionDecodeGroupedSource: each K / V row read
    * once for the group) instead of one per q head. Default: gpu.tuning.attentionGrouped, else env
-   * SWACTOR_ATTN_GROUPED=1, else off. Falls back to the per-head kernel where the group's workgroup memory
+   * SWACTOR_ATTN_GROUPED=1 / 0, else attentionGroupedDefault (head_dim >= 128, groups >= 4, > 4096 positions). Falls back to the per-head kernel where the group's workgroup memory
    * does not fit.
    */
   grouped?: boolean;
@@ -980,14 +980,25 @@ export function attentionDecodeGroupedSplits(kvHeads: number, maxSeq: number): n
 }
 
 /**
- * Whether the grouped kernel is asked for: the call's tuning, else gpu.tuning.attentionGrouped, else env
- * SWACTOR_ATTN_GROUPED (1 / 0; read when the call is built), else off.
+ * Where the grouped kernel serves by default: head_dim >= 128, groups of >= 4 q heads and caches of more than
+ * 4096 positions. H200 (2026-12-01, us a layer, per-head against grouped): hd 128 / 8-head groups 28.3 against
+ * 22.0 at 8192 keys, but 12.5 against 18-20 at 2048 and 5.8 against 11.6 at 128; hd 64 / 4-head groups never
+ * faster (4.5 / 9.7 / 15.3 against 5.6 / 10.2 / 15.9); Qwen3-30B-A3B q4 at a short context 0.593 against 0.740
+ * ms a step (8 layers).
  */
-function groupedSwitch(gpu: Gpu, tuning?: Partial<AttentionDecodeTuning>): boolean {
+export function attentionGroupedDefault(d: AttentionDecodeDims): boolean {
+  return d.headDim >= 128 && d.heads / d.kvHeads >= 4 && d.maxSeq > 4096;
+}
+
+/**
+ * Whether the grouped kernel is asked for: the call's tuning, else gpu.tuning.attentionGrouped, else env
+ * SWACTOR_ATTN_GROUPED (1 / 0; read when the call is built), else attentionGroupedDefault.
+ */
+function groupedSwitch(gpu: Gpu, d: AttentionDecodeDims, tuning?: Partial<AttentionDecodeTuning>): boolean {
   if (tuning?.grouped !== undefined) return tuning.grouped;
   if (gpu.tuning.attentionGrouped !== undefined) return gpu.tuning.attentionGrouped;
   const v = Deno.env.get("SWACTOR_ATTN_GROUPED");
-  if (v === undefined || v === "") return false;
+  if (v === undefined || v === "") return attentionGroupedDefault(d);
   if (v !== "1" && v !== "0") throw new TypeError(`SWACTOR_ATTN_GROUPED must be 1 or 0, got "${v}"`);
   return v === "1";
 }
@@ -1027,7 +1038,7 @@ export function attentionDecodeCalls(
   const base = attentionDecodeDefaultTuning(gpu, d.headDim);
   // Grouped: one workgroup per kv head, where its workgroup memory fits at least one subgroup.
   const gWarps = groupedWarps(gpu, d, base.warps);
-  const grouped = groupedSwitch(gpu, tuning) && gWarps > 0;
+  const grouped = groupedSwitch(gpu, d, tuning) && gWarps > 0;
   const splits = gpu.tuning.attentionSplits ??
     (grouped
       ? attentionDecodeGroupedSplits(d.kvHeads, d.maxSeq)

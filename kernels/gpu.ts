@@ -86,8 +86,9 @@ export interface KernelTuning {
   /**
    * The decode attention runs one workgroup per KV head serving all its q heads, each K / V row read once
    * for the group (attention_decode.ts, attentionDecodeGroupedSource; its default splits are
-   * attentionDecodeGroupedSplits) instead of one per q head. Default off; env SWACTOR_ATTN_GROUPED=1 / 0
-   * sets it too where this is left out (read when the call is built).
+   * attentionDecodeGroupedSplits) instead of one per q head. Default: attentionGroupedDefault (head_dim >= 128,
+   * groups >= 4, > 4096 positions: where the H200 measured it faster); env SWACTOR_ATTN_GROUPED=1 / 0 sets
+   * it too where this is left out (read when the call is built).
    */
   attentionGrouped?: boolean;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`; default on). */
