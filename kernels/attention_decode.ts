@@ -136,6 +136,46 @@ export function attentionDecodeDefaultTuning(gpu: Gpu, headDim: number): Attenti
   return { warps, unroll: loadsPerChunk <= 16 ? 16 : 8, butterfly: true };
 }
 
+/**
+ * WGSL of a multi-token step's own keys, shared by both decode kernels: new_score (key j of the step, read from
+ * qkv, q/k-normed with `norm` (wk, p.eps), RoPE'd at pos0 + j and rounded as the cache stores it, dotted with
+ * q from qs, grouped: of q head hh, at qs[hh * HD ..]) and new_value (its value slot e).
+ */
+function newKeyWgsl(norm: boolean, VW: number, w: ReturnType<typeof kvWgsl>, grouped: boolean): string {
+  const vt = `vec${VW}<f32>`;
+  const rn = (e: string) => w.round(1, e);
+  const qAt = (o: string) => `qs[(${o}) / VW][(${o}) % VW]`;
+  const qo = grouped ? "qo + " : "";
+  return `// Score of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against q${
+    grouped ? " head hh" : ""
+  }.
+fn new_score(j: u32, pos0: u32, kvh: u32${grouped ? ", hh: u32" : ""}) -> f32 {
+  var s = 0.0;
+  let kb = j * ROW + (NH + kvh) * HD;${
+    norm
+      ? `
+  var ss = 0.0;
+  for (var i = 0u; i < HD; i++) { let v = qkv[kb + i]; ss += v * v; }
+  let ik = inverseSqrt(ss / f32(HD) + p.eps);`
+      : ""
+  }${grouped ? "\n  let qo = hh * HD;" : ""}
+  for (var i = 0u; i < HALF; i++) {
+    let c = cs[(pos0 + j) * HALF + i];
+    let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
+    let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
+    s += ${qAt(`${qo}i`)} * ${rn("k0 * c.x - k1 * c.y")} + ${qAt(`${qo}i + HALF`)} * ${
+    rn("k1 * c.x + k0 * c.y")
+  };
+  }
+  return s;
+}
+// Value slot e of new key j.
+fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
+  let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
+  return ${w.round(VW, `${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")})`)};
+}`;
+}
+
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
 export function attentionDecodeSource(
   d: { heads: number; kvHeads: number; headDim: number; T?: number; normEps?: number; kv?: KvType },
@@ -298,32 +338,7 @@ var<workgroup> s_cur: f32;
 ${
     TT === 1 ? "" : `const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
 var<workgroup> sn: array<f32, ${TT}>;
-// Score of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against q.
-fn new_score(j: u32, pos0: u32, kvh: u32) -> f32 {
-  var s = 0.0;
-  let kb = j * ROW + (NH + kvh) * HD;${
-      norm
-        ? `
-  var ss = 0.0;
-  for (var i = 0u; i < HD; i++) { let v = qkv[kb + i]; ss += v * v; }
-  let ik = inverseSqrt(ss / f32(HD) + p.eps);`
-        : ""
-    }
-  for (var i = 0u; i < HALF; i++) {
-    let c = cs[(pos0 + j) * HALF + i];
-    let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
-    let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
-    s += qs[i / VW][i % VW] * ${rn("k0 * c.x - k1 * c.y")} + qs[(i + HALF) / VW][(i + HALF) % VW] * ${
-      rn("k1 * c.x + k0 * c.y")
-    };
-  }
-  return s;
-}
-// Value slot e of new key j.
-fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
-  let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
-  return ${w.round(VW, `${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")})`)};
-}`
+${newKeyWgsl(norm, VW, w, false)}`
   }
 @compute @workgroup_size(${warps * S})
 fn main(
@@ -758,33 +773,7 @@ fn inv_rms(hh: u32) -> f32 {
 }`
       : ""
   }
-// Score of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against q head hh.
-fn new_score(j: u32, pos0: u32, kvh: u32, hh: u32) -> f32 {
-  var s = 0.0;
-  let kb = j * ROW + (NH + kvh) * HD;${
-    norm
-      ? `
-  var ss = 0.0;
-  for (var i = 0u; i < HD; i++) { let v = qkv[kb + i]; ss += v * v; }
-  let ik = inverseSqrt(ss / f32(HD) + p.eps);`
-      : ""
-  }
-  let qo = hh * HD;
-  for (var i = 0u; i < HALF; i++) {
-    let c = cs[(pos0 + j) * HALF + i];
-    let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
-    let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
-    s += ${qAt("qo + i")} * ${rn("k0 * c.x - k1 * c.y")} + ${qAt("qo + i + HALF")} * ${
-    rn("k1 * c.x + k0 * c.y")
-  };
-  }
-  return s;
-}
-// Value slot e of new key j.
-fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
-  let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
-  return ${w.round(VW, `${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")})`)};
-}
+${newKeyWgsl(norm, VW, w, true)}
 @compute @workgroup_size(${warps * S})
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
