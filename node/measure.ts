@@ -42,6 +42,11 @@ export interface MeasureOptions {
    * $TMPDIR/swactor-measure.lock, /tmp when TMPDIR is unset); "" measures without waiting for a turn.
    */
   lockPath?: string;
+  /**
+   * The clock the probes' deadlines are read from (default performance.now). Only deadlines: GPU time is
+   * always timed with the real clock. Tests pass a frozen or a racing one to show the probes end either way.
+   */
+  clock?: () => number;
 }
 
 const MiB = 2 ** 20;
@@ -52,6 +57,8 @@ const STREAM_BYTES = { software: 48 * MiB, gpu: 256 * MiB };
 const CACHE_SIZES = [8 * MiB, 16 * MiB, 32 * MiB, 64 * MiB];
 /** A working set still counts as cached while it reads at this fraction of the smallest one's rate. */
 const CACHED_FRACTION = 0.75;
+/** Timed pieces of a bandwidth probe: at least MIN_PIECES, then more until its deadline or MAX_PIECES. */
+const MIN_PIECES = 2, MAX_PIECES = 16;
 /** GPU work per piece, ms: the event loop is blocked at most this long at a time. */
 const PIECE_MS = 20;
 /**
@@ -82,21 +89,25 @@ export async function measureNode(gpu: Gpu, opts: MeasureOptions = {}): Promise<
   }
   const budget = opts.budgetMs ?? (gpu.isSoftware ? 1500 : 2000);
   const lockPath = opts.lockPath ?? `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-measure.lock`;
+  const clock = opts.clock ?? (() => performance.now());
   return await inTurn(lockPath, async () => {
     const t0 = performance.now();
-    const memory = await probeMemory(gpu, cap, t0 + budget * 0.1);
+    const memory = await probeMemory(gpu, cap, clock() + budget * 0.1, clock);
     const wt = gpu.hasF16 ? "f16" : "f32";
     const stream = gpu.isSoftware ? STREAM_BYTES.software : STREAM_BYTES.gpu;
     const each = (budget * 0.7) / (2 * widths.length + CACHE_SIZES.length - 1);
     const readGbps: [number, number][] = [], cachedGbps: [number, number][] = [];
     for (const k of [...widths].sort((a, b) => a - b)) {
-      readGbps.push([k, round(await probeBandwidth(gpu, k, wt, each, { bytes: stream / 4, copies: 4 }), 3)]);
+      readGbps.push([
+        k,
+        round(await probeBandwidth(gpu, k, wt, each, clock, { bytes: stream / 4, copies: 4 }), 3),
+      ]);
       cachedGbps.push([
         k,
-        round(await probeBandwidth(gpu, k, wt, each, { bytes: CACHE_SIZES[0], copies: 1 }), 3),
+        round(await probeBandwidth(gpu, k, wt, each, clock, { bytes: CACHE_SIZES[0], copies: 1 }), 3),
       ]);
     }
-    const cacheBytes = await probeCacheSize(gpu, wt, each, readGbps, cachedGbps);
+    const cacheBytes = await probeCacheSize(gpu, wt, each, clock, readGbps, cachedGbps);
     const steps = await probeSteps(gpu);
     return {
       at: Date.now(),
@@ -147,6 +158,7 @@ async function probeMemory(
   gpu: Gpu,
   cap: number,
   deadline: number,
+  clock: () => number,
 ): Promise<{ bytes: number; bound: NodeMeasurement["memoryBound"] }> {
   const dev = gpu.device;
   const host = gpu.isSoftware ? Deno.systemMemoryInfo().available : Infinity;
@@ -162,7 +174,7 @@ async function probeMemory(
         bound = cap > 0 && cap <= host ? "cap" : "host";
         break;
       }
-      if (performance.now() > deadline) {
+      if (clock() > deadline) {
         bound = "time";
         break;
       }
@@ -181,6 +193,7 @@ async function probeMemory(
       }
       held.push(b);
       total += rounded;
+      await sleep(0); // error scopes resolve as microtasks: without this, timers wait for the whole probe
     }
   } finally {
     for (const b of held) b.destroy();
@@ -196,6 +209,7 @@ async function probeCacheSize(
   gpu: Gpu,
   wt: "f16" | "f32",
   budgetMs: number,
+  clock: () => number,
   stream: [number, number][],
   cached: [number, number][],
 ): Promise<number> {
@@ -207,7 +221,9 @@ async function probeCacheSize(
   if (fast < 1.25 * stream[i][1]) return 0;
   let size = CACHE_SIZES[0];
   for (const s of CACHE_SIZES.slice(1)) {
-    if (await probeBandwidth(gpu, k, wt, budgetMs, { bytes: s, copies: 1 }) < CACHED_FRACTION * fast) break;
+    if (await probeBandwidth(gpu, k, wt, budgetMs, clock, { bytes: s, copies: 1 }) < CACHED_FRACTION * fast) {
+      break;
+    }
     size = s;
   }
   return size;
@@ -223,6 +239,7 @@ async function probeBandwidth(
   k: number,
   wt: "f16" | "f32",
   budgetMs: number,
+  clock: () => number,
   shape: { bytes: number; copies: number },
 ): Promise<number> {
   const bpw = wt === "f16" ? 2 : 4;
@@ -248,11 +265,12 @@ async function probeBandwidth(
   );
   const bytes = n * k * bpw * copies;
   try {
-    await timeCalls(gpu, calls, 1, y); // compiles the pipeline and first-touches the weights
+    await clearInPieces(gpu, weights);
+    await timeCalls(gpu, calls, 1, y); // compiles the pipeline
     const rates: number[] = [];
     let reps = 1;
-    const end = performance.now() + budgetMs;
-    while ((performance.now() < end && rates.length < 16) || rates.length < 2) {
+    const end = clock() + budgetMs;
+    while ((clock() < end && rates.length < MAX_PIECES) || rates.length < MIN_PIECES) {
       const ms = await timeCalls(gpu, calls, reps, y);
       rates.push((bytes * reps) / (ms * 1e6));
       if (ms < PIECE_MS / 2 && reps < 1024) reps *= 2;
@@ -266,6 +284,23 @@ async function probeBandwidth(
   } finally {
     releaseCalls(calls);
     for (const b of [x, norm, y, ...weights]) b.destroy();
+  }
+}
+
+/**
+ * Zeroes `buffers` a piece at a time, yielding between pieces. A buffer's first use makes wgpu zero it, all at
+ * once and in the submit: 64 MiB on a software adapter held the event loop for ~300 ms.
+ */
+async function clearInPieces(gpu: Gpu, buffers: GPUBuffer[]): Promise<void> {
+  const piece = 8 * MiB;
+  for (const b of buffers) {
+    for (let at = 0; at < b.size; at += piece) {
+      const enc = gpu.device.createCommandEncoder();
+      enc.clearBuffer(b, at, Math.min(piece, b.size - at));
+      gpu.device.queue.submit([enc.finish()]);
+      await gpu.device.queue.onSubmittedWorkDone();
+      await sleep(0);
+    }
   }
 }
 

@@ -133,8 +133,21 @@ for (const signal of ["SIGTERM", "SIGHUP"] as const) {
     ),
     ...proc,
   }, async () => {
+    // Greedy: a sampled run may reach end-of-sequence before the signal does (it did, after 5 tokens).
     const gen = spawnCli(
-      ["generate", "--model", micro!, "--tokens", "1,2,3", "--local", "3", "--max-tokens", "4000"],
+      [
+        "generate",
+        "--model",
+        micro!,
+        "--tokens",
+        "1,2,3",
+        "--local",
+        "3",
+        "--max-tokens",
+        "4000",
+        "--temperature",
+        "0",
+      ],
       { env: await env() },
     );
     let workers: number[] = [];

@@ -19,9 +19,9 @@ Deno.test({
     const cap = 96 * 2 ** 20;
     const t0 = performance.now();
     const m = await measureNode(gpu, { memoryCap: cap, lockPath, budgetMs: 600 });
-    const took = performance.now() - t0;
-    // The budget is a target, not a hard limit (a piece in flight finishes); three times it is a failure.
-    assert.ok(took < 1800, `took ${took} ms for a 600 ms budget`);
+    // How long it took depends on the machine (pipelines compile inside it): logged, not asserted. That the
+    // probes end by their deadlines is the next test's, with clocks it controls.
+    console.log(`measureNode with a 600 ms budget took ${(performance.now() - t0).toFixed(0)} ms`);
     assert.equal(m.memoryBytes, cap);
     assert.equal(m.memoryCapBytes, cap);
     assert.equal(m.memoryBound, "cap");
@@ -31,12 +31,56 @@ Deno.test({
     for (const [, gbps] of m.cachedGbps) assert.ok(gbps > 0.01 && gbps < 100_000, `${gbps} GB/s`);
     // The cache probe's working sets are 8..64 MiB; 0 means no cache effect was seen.
     assert.ok([0, 8, 16, 32, 64].includes(m.cacheBytes / 2 ** 20), `cache ${m.cacheBytes}`);
-    assert.ok(m.readbackMs > 0 && m.readbackMs < 50, `readback ${m.readbackMs} ms`);
-    assert.ok(m.dispatchMs >= 0 && m.dispatchMs < 5, `dispatch ${m.dispatchMs} ms`);
-    assert.ok(m.encodeLayerMs > 0 && m.encodeLayerMs < 5, `encode ${m.encodeLayerMs} ms`);
+    // Plausible ranges: they catch a unit slip (seconds for ms, us for ms), not a slow or busy machine.
+    assert.ok(m.readbackMs > 0 && m.readbackMs < 500, `readback ${m.readbackMs} ms`);
+    assert.ok(m.dispatchMs >= 0 && m.dispatchMs < 50, `dispatch ${m.dispatchMs} ms`);
+    assert.ok(m.encodeLayerMs > 0 && m.encodeLayerMs < 50, `encode ${m.encodeLayerMs} ms`);
     assert.equal(m.timestamps, gpu.hasTimestamps);
     assert.ok(Math.abs(m.at - Date.now()) < 60_000);
     assert.deepEqual(validateMeasurement(JSON.parse(JSON.stringify(m))), m);
+  },
+});
+
+Deno.test({
+  ...needs(
+    "measureNode: the probes end by the clock: at their minimum past every deadline, at a piece cap when it stands still",
+    {
+      "a WebGPU adapter": hasGpu,
+    },
+  ),
+  async fn() {
+    const gpu = await getGpu();
+    const cap = 32 * 2 ** 20;
+    // One width: two bandwidth probes and at most three cache-size probes.
+    const probes = 2 + 3;
+    let reads = 0;
+    const racing = () => ++reads * 3_600_000; // every read an hour after the last
+    const late = await measureNode(gpu, {
+      memoryCap: cap,
+      lockPath,
+      budgetMs: 600,
+      widths: [64],
+      clock: racing,
+    });
+    assert.equal(late.memoryBound, "time");
+    assert.equal(late.memoryBytes, 0);
+    for (const [, gbps] of [...late.readGbps, ...late.cachedGbps]) assert.ok(gbps > 0, `${gbps} GB/s`);
+    // The memory probe's deadline and one check, then per probe its deadline and three checks (two pieces).
+    assert.ok(reads <= 2 + 4 * probes, `${reads} clock reads past every deadline`);
+
+    reads = 0;
+    const frozen = () => (reads++, 0);
+    const stuck = await measureNode(gpu, {
+      memoryCap: cap,
+      lockPath,
+      budgetMs: 600,
+      widths: [64],
+      clock: frozen,
+    });
+    assert.equal(stuck.memoryBound, "cap");
+    for (const [, gbps] of [...stuck.readGbps, ...stuck.cachedGbps]) assert.ok(gbps > 0, `${gbps} GB/s`);
+    // Per probe its deadline and 17 checks (16 pieces, the cap), and the memory probe's reads until the cap.
+    assert.ok(reads > 2 * 17 && reads <= 8 + 18 * probes, `${reads} clock reads with the clock frozen`);
   },
 });
 
@@ -46,7 +90,7 @@ Deno.test({
   }),
   async fn() {
     const gpu = await getGpu();
-    await measureNode(gpu, { lockPath, budgetMs: 200, widths: [64] }); // pipelines compiled
+    await measureNode(gpu, { lockPath, budgetMs: 200 }); // every pipeline the next one uses compiled
     let last = performance.now(), worst = 0;
     const timer = setInterval(() => {
       const now = performance.now();
