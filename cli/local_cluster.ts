@@ -7,7 +7,8 @@ import { presets } from "../node/membership/mod.ts";
 import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
-import { spawnWorker, stopWorkers } from "./workers.ts";
+import { writeSharedMeasurement } from "../node/descriptor.ts";
+import { MEASUREMENT_FROM_ENV, spawnWorker, stopWorkers } from "./workers.ts";
 
 export interface LocalCluster {
   node: SwactorNode;
@@ -37,6 +38,10 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
   const secret = newSecret();
   const node = await startNode({ secret, membership: presets.lan, measure: true });
   const pipeline = attachPipeline(node);
+  // The workers run on this GPU too: they take this node's measurement rather than make N - 1 more, in turn.
+  const shareDir = await Deno.makeTempDir({ prefix: "swactor-local-" });
+  const shared = `${shareDir}/measurement.json`;
+  node.measured.then((m) => writeSharedMeasurement(shared, m)).catch(() => {/* workers measure after all */});
   const children: Deno.ChildProcess[] = [];
   const stderrTail: string[] = [];
   const workerIds = new Map<string, number>();
@@ -48,11 +53,12 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
     await pipeline.close().catch(() => {});
     await node.leave().catch(() => {});
     await stopWorkers(children);
+    await Deno.remove(shareDir, { recursive: true }).catch(() => {});
   };
   try {
     const ticket = encodeTicket({ secret, leader: node.transport.self });
     for (let i = 1; i < n; i++) {
-      const child = spawnWorker(ticket);
+      const child = spawnWorker(ticket, { env: { [MEASUREMENT_FROM_ENV]: shared } });
       children.push(child);
       collect(child.stderr, (line) => {
         const id = /^id: (\S+)$/.exec(line);

@@ -10,6 +10,7 @@ import { BindError } from "../node/transport/errors.ts";
 import { addressFlag, UsageError } from "./command.ts";
 import { dialTableFromEnv } from "./dial_table.ts";
 import { onStopSignal } from "./signals.ts";
+import { MEASUREMENT_FROM_ENV } from "./workers.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
 import type { SpeculationSource } from "../node/stage/speculative.ts";
 import type { KvBudget } from "../node/api/kv_budget.ts";
@@ -98,7 +99,8 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
       dialOverrides,
       memoryCap: opts.memoryCap,
       name: opts.name,
-      measure: true,
+      // `--local N`'s workers share its leader's GPU: they take its measurement instead of making their own.
+      measure: Deno.env.get(MEASUREMENT_FROM_ENV) ? { adoptFrom: Deno.env.get(MEASUREMENT_FROM_ENV) } : true,
     });
   } catch (e) {
     if (e instanceof BindError) throw new UsageError(`--listen: ${e.message}`);

@@ -9,14 +9,20 @@ const MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
 
 /** How long a worker gets to leave after SIGTERM before it is killed. */
 export const WORKER_GRACE_MS = 5000;
+/**
+ * The file a `--local` worker takes its leader's measurement from (selfMeasure's `adoptFrom`): set by the
+ * leader in its workers' environment, not meant for users.
+ */
+export const MEASUREMENT_FROM_ENV = "SWACTOR_MEASUREMENT_FROM";
 
 /** Starts a worker that joins with `ticket`; `args` are more `join` flags. Its stdout is discarded. */
 export function spawnWorker(
   ticket: string,
-  opts: { args?: string[]; stderr?: "inherit" | "piped" } = {},
+  opts: { args?: string[]; stderr?: "inherit" | "piped"; env?: Record<string, string> } = {},
 ): Deno.ChildProcess {
   const child = new Deno.Command(Deno.execPath(), {
     args: ["run", "-A", "--quiet", MAIN, "join", "-", "--exit-with-stdin", ...(opts.args ?? [])],
+    env: opts.env,
     stdin: "piped",
     stdout: "null",
     stderr: opts.stderr ?? "piped",

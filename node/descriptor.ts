@@ -6,6 +6,7 @@ import { getGpu } from "../kernels/gpu.ts";
 import type { LiveDescriptor } from "../planner/live.ts";
 import type { Links } from "./links.ts";
 import { measureNode, type MeasureOptions } from "./measure.ts";
+import { validateMeasurement } from "./membership/messages.ts";
 import type { Member, Membership, NodeDescriptor, NodeMeasurement } from "./membership/mod.ts";
 
 export const SWACTOR_VERSION = "0.1.0";
@@ -48,19 +49,41 @@ export async function describeNode(addrs: string[], opts: DescribeOptions = {}):
   return d;
 }
 
+export interface SelfMeasureOptions extends MeasureOptions {
+  /** Progress lines (default: stderr). */
+  log?: (msg: string) => void;
+  /**
+   * A file another process on this machine writes its measurement to (`writeSharedMeasurement`): wait for it
+   * and publish that instead of measuring the same GPU again. `--local N` gives it to its workers. Measures
+   * after all when the file says there is none, is not a measurement, was made under another memory cap, or
+   * has not come after `adoptWaitMs` (default 30 s).
+   */
+  adoptFrom?: string;
+  adoptWaitMs?: number;
+}
+
 /**
- * Measures this node (node/measure.ts) and publishes the result in its descriptor (a new incarnation that
- * membership gossips). Resolves with the measurement, or undefined when there is no GPU or it failed (the
- * descriptor then stops saying `measuring`, so no planner waits for it). Never throws.
+ * Measures this node (node/measure.ts), or adopts a measurement of the same GPU (`adoptFrom`), and publishes
+ * the result in its descriptor (a new incarnation that membership gossips). Resolves with the measurement, or
+ * undefined when there is no GPU or it failed (the descriptor then stops saying `measuring`, so no planner
+ * waits for it). Never throws.
  */
 export async function selfMeasure(
   membership: Membership,
-  opts: MeasureOptions & { log?: (msg: string) => void } = {},
+  opts: SelfMeasureOptions = {},
 ): Promise<NodeMeasurement | undefined> {
   const log = opts.log ?? ((m: string) => console.error(`swactor: ${m}`));
   let measured: NodeMeasurement | undefined;
+  if (opts.adoptFrom) {
+    const cap = opts.memoryCap ?? 0;
+    const shared = await readSharedMeasurement(opts.adoptFrom, opts.adoptWaitMs ?? 30_000);
+    if (shared && shared.memoryCapBytes === cap) {
+      measured = shared;
+      log(`adopted the measurement of this machine's GPU from ${opts.adoptFrom}`);
+    }
+  }
   try {
-    measured = await measureNode(await getGpu(), opts);
+    measured ??= await measureNode(await getGpu(), opts);
   } catch (e) {
     log(`self-measurement failed, planners will use defaults for this node: ${(e as Error).message}`);
   }
@@ -135,5 +158,29 @@ async function probeAdapter(timeoutMs: number): Promise<{ name: string; bytes: n
     return undefined;
   } finally {
     clearTimeout(timer);
+  }
+}
+
+/**
+ * Writes a measurement (or that there is none) for `selfMeasure({ adoptFrom })` of other processes on this
+ * machine: to a temporary name first, then renamed, so a reader never sees half a file.
+ */
+export async function writeSharedMeasurement(path: string, m: NodeMeasurement | undefined): Promise<void> {
+  const tmp = `${path}.${Deno.pid}.tmp`;
+  await Deno.writeTextFile(tmp, JSON.stringify({ measured: m ?? null }));
+  await Deno.rename(tmp, path);
+}
+
+/** The measurement at `path` once it is there; undefined when it says none, is not one, or `waitMs` passed. */
+async function readSharedMeasurement(path: string, waitMs: number): Promise<NodeMeasurement | undefined> {
+  const until = Date.now() + waitMs;
+  for (;;) {
+    try {
+      const v = JSON.parse(await Deno.readTextFile(path));
+      return validateMeasurement(v?.measured);
+    } catch (e) {
+      if (!(e instanceof Deno.errors.NotFound) || Date.now() >= until) return undefined;
+    }
+    await new Promise((r) => setTimeout(r, 50));
   }
 }

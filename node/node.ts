@@ -4,9 +4,14 @@
 // and forwards lifecycle.
 // The transport is iroh unless the caller passes one (the in-memory network, for in-process tests).
 import { ActorSystem } from "./actors/mod.ts";
-import { describeNode, type DescribeOptions, gpuAllowed, selfMeasure } from "./descriptor.ts";
+import {
+  describeNode,
+  type DescribeOptions,
+  gpuAllowed,
+  selfMeasure,
+  type SelfMeasureOptions,
+} from "./descriptor.ts";
 import { Links } from "./links.ts";
-import type { MeasureOptions } from "./measure.ts";
 import { lan, Membership, type MembershipConfig, type NodeMeasurement } from "./membership/mod.ts";
 import { isMembershipPacket } from "./membership/mod.ts";
 import { Registry } from "./registry/mod.ts";
@@ -23,7 +28,7 @@ interface CommonNodeOptions extends Omit<DescribeOptions, "measuring"> {
    * Measure the node once it is up, in the background (default false): its usable memory within
    * `memoryCap`, bandwidth and per-step costs go into its descriptor. Skipped without a GPU.
    */
-  measure?: boolean | Omit<MeasureOptions, "memoryCap">;
+  measure?: boolean | Omit<SelfMeasureOptions, "memoryCap" | "log">;
 }
 
 /** A node on iroh (the default): its endpoint is made from these. */

@@ -5,6 +5,8 @@ import assert from "node:assert/strict";
 import { getGpu } from "../../kernels/gpu.ts";
 import { measureNode } from "../../node/measure.ts";
 import { validateDescriptor, validateMeasurement } from "../../node/membership/messages.ts";
+import type { Membership, NodeMeasurement } from "../../node/membership/mod.ts";
+import { selfMeasure, writeSharedMeasurement } from "../../node/descriptor.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
 
 const hasGpu = await gpuAvailable();
@@ -174,4 +176,87 @@ Deno.test("descriptor: a measurement is validated on the way in; unknown or bad 
     assert.equal(validateDescriptor({ ...base, measured: bad }), undefined, JSON.stringify(bad));
   }
   assert.deepEqual(validateDescriptor({ ...base, measuring: "yes" }), base);
+});
+
+/** A membership of one alive member, recording what the node publishes: all selfMeasure touches. */
+function oneMember() {
+  const published: Record<string, unknown>[] = [];
+  const membership = {
+    id: "me",
+    member: () => ({ state: "alive", meta: { name: "me", measuring: true } }),
+    setMetadata: (meta: Record<string, unknown>) => published.push(meta),
+  } as unknown as Membership;
+  return { membership, published };
+}
+
+const sample: NodeMeasurement = {
+  at: 1_700_000_000_000,
+  memoryBytes: 2 ** 30,
+  memoryCapBytes: 0,
+  memoryBound: "time",
+  readGbps: [[64, 1.5], [4096, 3]],
+  cachedGbps: [[64, 2.5], [4096, 6]],
+  cacheBytes: 16 * 2 ** 20,
+  readWeights: "f16",
+  timestamps: false,
+  dispatchMs: 0.05,
+  readbackMs: 0.2,
+  encodeLayerMs: 0.004,
+  tookMs: 900,
+};
+
+Deno.test("selfMeasure adoptFrom: waits for the leader's file and publishes that measurement (no GPU touched)", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "swactor-adopt" });
+  try {
+    const { membership, published } = oneMember();
+    const logs: string[] = [];
+    const file = `${dir}/measurement.json`;
+    setTimeout(() => writeSharedMeasurement(file, sample), 150); // the leader finishes later
+    const got = await selfMeasure(membership, { adoptFrom: file, log: (m) => logs.push(m) });
+    assert.deepEqual(got, sample);
+    assert.deepEqual(published, [{ name: "me", gpuMemoryBytes: sample.memoryBytes, measured: sample }]);
+    assert.match(logs.join("\n"), /adopted the measurement/);
+    assert.deepEqual(
+      [...Deno.readDirSync(dir)].map((e) => e.name),
+      ["measurement.json"],
+      "no temporary left",
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test({
+  ...needs("selfMeasure adoptFrom: none, garbage, another cap or too long a wait: it measures itself", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  async fn() {
+    const dir = await Deno.makeTempDir({ prefix: "swactor-adopt" });
+    const quick = { lockPath, budgetMs: 100, widths: [64] };
+    try {
+      const cases: [string, (file: string) => Promise<void>][] = [
+        ["the leader had none", (f) => writeSharedMeasurement(f, undefined)],
+        ["garbage", (f) => Deno.writeTextFile(f, "{not json")],
+        ["not a measurement", (f) => Deno.writeTextFile(f, JSON.stringify({ measured: { at: -1 } }))],
+        ["another memory cap", (f) => writeSharedMeasurement(f, { ...sample, memoryCapBytes: 2 ** 30 })],
+        ["never written", async () => {}],
+      ];
+      for (const [why, write] of cases) {
+        const file = `${dir}/${why.replaceAll(" ", "-")}.json`;
+        await write(file);
+        const { membership } = oneMember();
+        const logs: string[] = [];
+        const got = await selfMeasure(membership, {
+          ...quick,
+          adoptFrom: file,
+          adoptWaitMs: 200,
+          log: (m) => logs.push(m),
+        });
+        assert.ok(got && got.at !== sample.at && got.tookMs > 0, why);
+        assert.doesNotMatch(logs.join("\n"), /adopted/, why);
+      }
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
 });
