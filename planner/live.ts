@@ -46,6 +46,8 @@ export interface LiveDescriptor {
   dispatch_ms: number | null;
   readback_ms: number | null;
   encode_layer_ms?: number | null;
+  /** The float type its GEMVs read: "f32" where the GPU lacks shader-f16 (its KV cache is f32 too). */
+  read_weights?: "f16" | "f32" | null;
   /** Round trips this member measured to others, by node id. */
   links: Record<string, LiveLink>;
 }

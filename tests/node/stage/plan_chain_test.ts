@@ -188,6 +188,20 @@ Deno.test("predictChain: the plan's per-token time at a request's context, on cu
     })),
   };
   assert.equal(servedDtype("q4", mla).kv, 4);
+  // A member without shader-f16 holds auto weights and the KV cache in f32: the Plan counts 4 bytes for all.
+  const noF16 = [{ id: "a", descriptor: { ...members[0].descriptor!, read_weights: "f32" as const } }];
+  assert.deepEqual(servedDtype("auto", gqa, noF16), { dense: 4, experts: 4, embed: 4, kv: 4 });
+  assert.deepEqual(servedDtype("q4", gqa, noF16), {
+    dense: 18 / 32,
+    experts: 18 / 32,
+    embed: 18 / 32,
+    kv: 4,
+  });
+  assert.deepEqual(
+    servedDtype("q4", gqa, members),
+    servedDtype("q4", gqa),
+    "members that read f16: as before",
+  );
 });
 
 Deno.test("predictChain: a spread Plan is predicted with its fan-out (each MoE layer's readbacks and wait)", () => {
