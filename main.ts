@@ -3,6 +3,7 @@
 // (0 success, 1 runtime failure, 2 bad usage or bad input).
 import { type Command, printable, UsageError } from "./cli/command.ts";
 import { commands } from "./cli/mod.ts";
+import { ensureRuntimeDir } from "./cli/runtime_dir.ts";
 import { CheckpointError, RequestError } from "./models/errors.ts";
 
 const VERSION = "0.1.0";
@@ -64,5 +65,6 @@ function isLikelyBug(e: unknown): boolean {
 }
 
 if (import.meta.main) {
+  ensureRuntimeDir();
   Deno.exit(await main(Deno.args));
 }
