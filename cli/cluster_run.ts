@@ -11,7 +11,6 @@
 // leader's control API. close() stops the nodes, the relays and the namespaces; namespaces left by an earlier
 // run that died are deleted at start.
 import { basename, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
 import type { ApiTarget } from "../node/api/mod.ts";
 import { DIAL_TABLE_ENV } from "./dial_table.ts";
 import { collect } from "./local_cluster.ts";
@@ -23,9 +22,9 @@ import type { WireDtype } from "../node/stage/mod.ts";
 import { createNetns, type NetnsSet } from "../scripts/wan/netns.ts";
 import { startTopology, type Topology } from "../scripts/wan/topology.ts";
 import { stopWorkers } from "./workers.ts";
+import { selfCommand } from "./self.ts";
 import { draftName, type SpeculateFlags } from "./speculate_flags.ts";
 
-const MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
 /** Name prefix of the lab's namespaces: `swlab-{pid}s{set}-{node}`. */
 export const LAB_NETNS_PREFIX = "swlab";
 
@@ -179,7 +178,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
         env[DIAL_TABLE_ENV] = table;
         env.SWACTOR_TLS = "off"; // the relays carry UDP: the data stays on iroh, through them
       }
-      const argv = [Deno.execPath(), "run", "-A", "--quiet", MAIN, ...args];
+      const argv = selfCommand(args);
       const [cmd, ...rest] = net ? net.command(i, argv) : argv;
       const child = new Deno.Command(cmd, {
         args: rest,

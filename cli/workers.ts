@@ -3,9 +3,7 @@
 // command line (any local user reads those in `ps` or /proc/PID/cmdline, and the ticket holds the cluster
 // secret), and the parent keeps that pipe open for as long as it lives. However the parent ends, SIGKILL
 // included, the kernel closes the pipe; the worker sees end of file and leaves (cli/node_process.ts).
-import { fileURLToPath } from "node:url";
-
-const MAIN = fileURLToPath(new URL("../main.ts", import.meta.url));
+import { selfCommand } from "./self.ts";
 
 /** How long a worker gets to leave after SIGTERM before it is killed. */
 export const WORKER_GRACE_MS = 5000;
@@ -20,8 +18,9 @@ export function spawnWorker(
   ticket: string,
   opts: { args?: string[]; stderr?: "inherit" | "piped"; env?: Record<string, string> } = {},
 ): Deno.ChildProcess {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", "--quiet", MAIN, "join", "-", "--exit-with-stdin", ...(opts.args ?? [])],
+  const [program, ...args] = selfCommand(["join", "-", "--exit-with-stdin", ...(opts.args ?? [])]);
+  const child = new Deno.Command(program, {
+    args,
     env: opts.env,
     stdin: "piped",
     stdout: "null",
