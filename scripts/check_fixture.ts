@@ -6,6 +6,7 @@
 // tie); the logits must be within the tolerance (defaults: FIXTURE_TOLERANCE).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { scriptArgs } from "./args.ts";
 import { readSafetensorsHeader, readTensorBytes } from "../models/safetensors.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
@@ -140,16 +141,17 @@ function firstDiff(r: FixtureCheck): number {
 }
 
 if (import.meta.main) {
-  const { values, positionals } = parseArgs({
-    args: Deno.args,
-    options: {
-      weights: { type: "string", default: "f32" },
-      tolerance: { type: "string" },
-      local: { type: "string" },
-      experts: { type: "string" },
-    },
-    allowPositionals: true,
-  });
+  const { values, positionals } = scriptArgs(import.meta.url, (args) =>
+    parseArgs({
+      args,
+      options: {
+        weights: { type: "string", default: "f32" },
+        tolerance: { type: "string" },
+        local: { type: "string" },
+        experts: { type: "string" },
+      },
+      allowPositionals: true,
+    }));
   const weights = values.weights as FixtureWeights;
   if (!(weights in FIXTURE_TOLERANCE)) throw new TypeError(`--weights must be f32, f16, q8 or q4`);
   const tolerance = Number(values.tolerance ?? FIXTURE_TOLERANCE[weights]);

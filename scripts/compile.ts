@@ -3,11 +3,13 @@
 // denort binary of the same version (not the full `deno`: that yields a binary that acts as plain deno).
 //   deno task compile [--output PATH]
 import { parseArgs } from "node:util";
+import { scriptArgs } from "./args.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: { output: { type: "string", default: "dist/swactor" } },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: { output: { type: "string", default: "dist/swactor" } },
+  }));
 const args = ["compile", "-A", "--frozen", "--include", "kernels", "--output", values.output!, "main.ts"];
 const denort = Deno.env.get("DENORT_BIN");
 console.error(`compile: deno ${args.join(" ")}${denort ? ` (DENORT_BIN=${denort})` : ""}`);

@@ -6,6 +6,7 @@
 //   deno run -A scripts/quant_error.ts DIR... [--schemes q8,q4,q4_sym7,q4_1]
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { scriptArgs } from "./args.ts";
 import { dequantize, QUANT_GROUP, quantize } from "../kernels/quant.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
 import { tensorShapes } from "../models/tensors.ts";
@@ -66,11 +67,12 @@ export async function fakeQuantCopy(dir: string, schemeName: string): Promise<st
 }
 
 if (import.meta.main) {
-  const { values, positionals } = parseArgs({
-    args: Deno.args,
-    options: { schemes: { type: "string", default: Object.keys(SCHEMES).join(",") } },
-    allowPositionals: true,
-  });
+  const { values, positionals } = scriptArgs(import.meta.url, (args) =>
+    parseArgs({
+      args,
+      options: { schemes: { type: "string", default: Object.keys(SCHEMES).join(",") } },
+      allowPositionals: true,
+    }));
   for (const dir of positionals) {
     for (const name of values.schemes!.split(",")) {
       const copy = await fakeQuantCopy(dir, name);

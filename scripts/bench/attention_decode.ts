@@ -8,6 +8,7 @@
 //   deno run -A scripts/bench/attention_decode.ts [--context 128,2048,8192] [--heads 32] [--kv 8] [--hd 64]
 //     [--cache f32,f16] [--quick] [--ab]
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import {
   attentionDecodeCalls,
   type AttentionDecodeTuning,
@@ -24,18 +25,19 @@ import {
 } from "../../kernels/mod.ts";
 import { gpuMs } from "../../kernels/timer.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    context: { type: "string", default: "128,2048,8192" },
-    heads: { type: "string", default: "32" },
-    kv: { type: "string", default: "8" },
-    hd: { type: "string", default: "64" },
-    cache: { type: "string", default: "f32,f16" },
-    quick: { type: "boolean", default: false },
-    ab: { type: "boolean", default: false },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      context: { type: "string", default: "128,2048,8192" },
+      heads: { type: "string", default: "32" },
+      kv: { type: "string", default: "8" },
+      hd: { type: "string", default: "64" },
+      cache: { type: "string", default: "f32,f16" },
+      quick: { type: "boolean", default: false },
+      ab: { type: "boolean", default: false },
+    },
+  }));
 const gpu = await getGpu();
 const heads = Number(values.heads), kvHeads = Number(values.kv), headDim = Number(values.hd);
 const LAYERS = values.quick ? 2 : 16;

@@ -6,6 +6,7 @@
 //   deno run -A scripts/bench/attention_prefill.ts [--prompts 512,2048] [--chunk 512] [--heads 32] [--kv 8]
 //     [--hd 64] [--layers 16] [--repeat 5] [--quick]
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import {
   createStepBuffer,
   flashAttentionCall,
@@ -19,19 +20,20 @@ import {
 } from "../../kernels/mod.ts";
 import { gpuMs } from "../../kernels/timer.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    prompts: { type: "string", default: "512,2048" },
-    chunk: { type: "string", default: "512" },
-    heads: { type: "string", default: "32" },
-    kv: { type: "string", default: "8" },
-    hd: { type: "string", default: "64" },
-    layers: { type: "string", default: "16" },
-    repeat: { type: "string", default: "5" },
-    quick: { type: "boolean", default: false },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      prompts: { type: "string", default: "512,2048" },
+      chunk: { type: "string", default: "512" },
+      heads: { type: "string", default: "32" },
+      kv: { type: "string", default: "8" },
+      hd: { type: "string", default: "64" },
+      layers: { type: "string", default: "16" },
+      repeat: { type: "string", default: "5" },
+      quick: { type: "boolean", default: false },
+    },
+  }));
 const gpu = await getGpu();
 const heads = Number(values.heads), kvHeads = Number(values.kv), headDim = Number(values.hd);
 const chunk = Number(values.chunk), layers = Number(values.layers), repeat = Number(values.repeat);

@@ -30,6 +30,7 @@
 // so the ratio comes from one run. On a software adapter the default shape is the demo model (a 1B model
 // would take minutes a token there); `deno task bench` is then a smoke test (tests/scripts/bench/).
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import {
   argmaxRowsCalls,
   encodeCalls,
@@ -49,41 +50,42 @@ import { Model } from "../../models/model.ts";
 import { worstRowError } from "../check_fixture.ts";
 import { ensureRandomCheckpoint, LLAMA_3_2_1B } from "./random_checkpoint.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    dir: { type: "string" },
-    shape: { type: "string" },
-    weights: { type: "string", default: "f16,f32" },
-    prompt: { type: "string", default: "32" },
-    new: { type: "string", default: "128" },
-    runs: { type: "string", default: "3" },
-    batch: { type: "string", default: "16" },
-    k: { type: "string" },
-    context: { type: "string" },
-    "context-run": { type: "boolean", default: false },
-    "skip-decode": { type: "boolean", default: false },
-    ab: { type: "boolean", default: false },
-    gemv: { type: "string" },
-    dp4: { type: "string" },
-    multi: { type: "string" },
-    "multi-stage": { type: "string" },
-    "multi-pipeline": { type: "string" },
-    "multi-direct": { type: "string" },
-    "multi-unroll": { type: "string" },
-    "multi-rows": { type: "string" },
-    tunings: { type: "string" },
-    splits: { type: "string" },
-    prefetch: { type: "string" },
-    pair: { type: "string" },
-    "defer-norm": { type: "string" },
-    direct: { type: "string" },
-    "direct-pairs": { type: "string" },
-    "attn-grouped": { type: "string" },
-    "argmax-chunk": { type: "string" },
-    kv: { type: "string" },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      dir: { type: "string" },
+      shape: { type: "string" },
+      weights: { type: "string", default: "f16,f32" },
+      prompt: { type: "string", default: "32" },
+      new: { type: "string", default: "128" },
+      runs: { type: "string", default: "3" },
+      batch: { type: "string", default: "16" },
+      k: { type: "string" },
+      context: { type: "string" },
+      "context-run": { type: "boolean", default: false },
+      "skip-decode": { type: "boolean", default: false },
+      ab: { type: "boolean", default: false },
+      gemv: { type: "string" },
+      dp4: { type: "string" },
+      multi: { type: "string" },
+      "multi-stage": { type: "string" },
+      "multi-pipeline": { type: "string" },
+      "multi-direct": { type: "string" },
+      "multi-unroll": { type: "string" },
+      "multi-rows": { type: "string" },
+      tunings: { type: "string" },
+      splits: { type: "string" },
+      prefetch: { type: "string" },
+      pair: { type: "string" },
+      "defer-norm": { type: "string" },
+      direct: { type: "string" },
+      "direct-pairs": { type: "string" },
+      "attn-grouped": { type: "string" },
+      "argmax-chunk": { type: "string" },
+      kv: { type: "string" },
+    },
+  }));
 const shapes: Record<string, Record<string, unknown>> = {
   "llama-3.2-1b": LLAMA_3_2_1B,
   demo: DEMO_CONFIG_JSON,

@@ -6,20 +6,22 @@
 //   deno run -A scripts/bench/engine_paths.ts [--model DIR] [--stages 5] [--max-tokens 64] [--rounds 3]
 //     [--weights auto] [--swactor path/to/main.ts]   (another checkout's main.ts: "before" numbers)
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import { fileURLToPath } from "node:url";
 import { ensureDemoModel } from "../../models/demo.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    model: { type: "string" },
-    stages: { type: "string", default: "5" },
-    "max-tokens": { type: "string", default: "64" },
-    rounds: { type: "string", default: "3" },
-    weights: { type: "string", default: "auto" },
-    swactor: { type: "string", default: fileURLToPath(new URL("../../main.ts", import.meta.url)) },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      model: { type: "string" },
+      stages: { type: "string", default: "5" },
+      "max-tokens": { type: "string", default: "64" },
+      rounds: { type: "string", default: "3" },
+      weights: { type: "string", default: "auto" },
+      swactor: { type: "string", default: fileURLToPath(new URL("../../main.ts", import.meta.url)) },
+    },
+  }));
 const model = values.model ?? await ensureDemoModel();
 const maxTokens = values["max-tokens"]!;
 const prompt = Array.from({ length: 16 }, (_, i) => (i * 7919 + 13) % 1000).join(",");

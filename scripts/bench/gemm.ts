@@ -9,6 +9,7 @@
 //   deno run -A scripts/bench/gemm.ts [--probe] [--quick] [--ceiling 67] [--weights f16,q4]
 //     [--tiles all|default|TAG,...] [--m 512,2048]
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import {
   checkGemmTile,
   gemmCalls,
@@ -24,17 +25,18 @@ import {
 } from "../../kernels/mod.ts";
 import { gpuMs } from "../../kernels/timer.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    probe: { type: "boolean", default: false },
-    quick: { type: "boolean", default: false },
-    ceiling: { type: "string", default: "67" },
-    weights: { type: "string", default: "f16,q8,q4" },
-    tiles: { type: "string", default: "all" },
-    m: { type: "string", default: "512" },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      probe: { type: "boolean", default: false },
+      quick: { type: "boolean", default: false },
+      ceiling: { type: "string", default: "67" },
+      weights: { type: "string", default: "f16,q8,q4" },
+      tiles: { type: "string", default: "all" },
+      m: { type: "string", default: "512" },
+    },
+  }));
 
 if (values.probe) {
   const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });

@@ -26,6 +26,7 @@
 //   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--direct] [--direct-only] [--weights f16,q8,q4]
 //     [--k 2,4,8,16] [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head]
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import {
   defaultTuning,
   gemvFusedCall,
@@ -45,21 +46,22 @@ import {
 } from "../../kernels/mod.ts";
 import { gpuMs } from "../../kernels/timer.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    quick: { type: "boolean", default: false },
-    sweep: { type: "boolean", default: false },
-    weights: { type: "string", default: "f16,q8,q4" },
-    k: { type: "string" },
-    cases: { type: "string" },
-    "no-single": { type: "boolean", default: false },
-    persistent: { type: "boolean", default: false },
-    prologue: { type: "boolean", default: false },
-    direct: { type: "boolean", default: false },
-    "direct-only": { type: "boolean", default: false },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      quick: { type: "boolean", default: false },
+      sweep: { type: "boolean", default: false },
+      weights: { type: "string", default: "f16,q8,q4" },
+      k: { type: "string" },
+      cases: { type: "string" },
+      "no-single": { type: "boolean", default: false },
+      persistent: { type: "boolean", default: false },
+      prologue: { type: "boolean", default: false },
+      direct: { type: "boolean", default: false },
+      "direct-only": { type: "boolean", default: false },
+    },
+  }));
 const gpu = await getGpu();
 const quick = values.quick;
 const directOnly = values["direct-only"];

@@ -5,6 +5,7 @@
 // weights, at several cache lengths, with the default tuning and each of its knobs moved. One JSON line per row.
 //   deno run -A scripts/bench/mla.ts [--heads 16,64,128] [--keys 128,1024,4096] [--repeat 50]
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import {
   createStepBuffer,
   getGpu,
@@ -23,10 +24,11 @@ import {
 } from "../../kernels/mod.ts";
 import { gpuMsPerCall } from "../../kernels/timer.ts";
 
-const { values: args } = parseArgs({
-  args: Deno.args,
-  options: { heads: { type: "string" }, keys: { type: "string" }, repeat: { type: "string" } },
-});
+const { values: args } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: { heads: { type: "string" }, keys: { type: "string" }, repeat: { type: "string" } },
+  }));
 const list = (s: string | undefined, d: number[]) => (s ? s.split(",").map(Number) : d);
 const HEADS = list(args.heads, [16, 64, 128]);
 const KEYS = list(args.keys, [128, 1024, 4096]);

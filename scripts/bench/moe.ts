@@ -18,6 +18,7 @@
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import {
   encodeCalls,
   getGpu,
@@ -101,21 +102,22 @@ export const MOE_SHAPES: Record<string, Record<string, unknown>> = {
 /** The H200's device-to-device copy bandwidth (FACTS.md). */
 const COPY_BW = 4.2e12;
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    shape: { type: "string", default: "qwen3-30b-a3b,deepseek-v2-lite" },
-    layers: { type: "string" },
-    weights: { type: "string", default: "f16,q4" },
-    prompt: { type: "string", default: "32" },
-    new: { type: "string", default: "128" },
-    runs: { type: "string", default: "2" },
-    set: { type: "string" },
-    load: { type: "string" },
-    convert: { type: "string", default: "gpu,cpu" },
-    sweep: { type: "string", multiple: true },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      shape: { type: "string", default: "qwen3-30b-a3b,deepseek-v2-lite" },
+      layers: { type: "string" },
+      weights: { type: "string", default: "f16,q4" },
+      prompt: { type: "string", default: "32" },
+      new: { type: "string", default: "128" },
+      runs: { type: "string", default: "2" },
+      set: { type: "string" },
+      load: { type: "string" },
+      convert: { type: "string", default: "gpu,cpu" },
+      sweep: { type: "string", multiple: true },
+    },
+  }));
 
 /** GPU µs per dispatch of an empty kernel, dispatched `n` times in one pass (the floor under every kernel). */
 async function dispatchUs(gpu: Gpu, n = 2000): Promise<number> {

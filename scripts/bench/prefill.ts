@@ -26,6 +26,7 @@
 // --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import { type FlashVariant, getGpu, parseGemmTile, readbackStats, writeStep } from "../../kernels/mod.ts";
 import { gpuMsPerCall } from "../../kernels/timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
@@ -37,23 +38,24 @@ import { tensorShapes } from "../../models/tensors.ts";
 import { LLAMA_3_2_1B } from "./random_checkpoint.ts";
 import { worstRowError } from "../check_fixture.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    dir: { type: "string", default: `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-bench-prefill-llama1b` },
-    weights: { type: "string", default: "f16" },
-    prompts: { type: "string", default: "512,2048" },
-    runs: { type: "string", default: "3" },
-    chunk: { type: "string" },
-    kernels: { type: "boolean", default: false },
-    tiny: { type: "boolean", default: false },
-    math: { type: "string", default: "f32" },
-    flash: { type: "string", default: "blocked" },
-    overlap: { type: "string", default: "on" },
-    gemm: { type: "string", default: "default" },
-    early: { type: "string", default: "on" },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      dir: { type: "string", default: `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-bench-prefill-llama1b` },
+      weights: { type: "string", default: "f16" },
+      prompts: { type: "string", default: "512,2048" },
+      runs: { type: "string", default: "3" },
+      chunk: { type: "string" },
+      kernels: { type: "boolean", default: false },
+      tiny: { type: "boolean", default: false },
+      math: { type: "string", default: "f32" },
+      flash: { type: "string", default: "blocked" },
+      overlap: { type: "string", default: "on" },
+      gemm: { type: "string", default: "default" },
+      early: { type: "string", default: "on" },
+    },
+  }));
 
 /** Writes a Llama-3.2-1B-shaped checkpoint of bf16 weights ~U(-0.03, 0.03), norms 1, unless one is there. */
 const CONFIG = values.tiny

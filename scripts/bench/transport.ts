@@ -12,20 +12,22 @@
 //        [--json]     (--json: one JSON line per path and size, as in docs/WIRE.md; otherwise a table)
 // The peer is this script run with --peer (it reads its setup from stdin, so the secret is not in argv).
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import { createIrohTransport, type IrohTransport } from "../../node/transport/iroh.ts";
 import type { PeerAddr } from "../../node/transport/transport.ts";
 import { bytesToHex, hexToBytes, newSecret } from "../../node/ticket.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    seconds: { type: "string", default: "2" },
-    sizes: { type: "string", default: `64,${4 << 10},${16 << 10},${256 << 10},${4 << 20}` },
-    paths: { type: "string", default: "tls,iroh,tcp" },
-    json: { type: "boolean", default: false },
-    peer: { type: "boolean", default: false },
-  },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseArgs({
+    args,
+    options: {
+      seconds: { type: "string", default: "2" },
+      sizes: { type: "string", default: `64,${4 << 10},${16 << 10},${256 << 10},${4 << 20}` },
+      paths: { type: "string", default: "tls,iroh,tcp" },
+      json: { type: "boolean", default: false },
+      peer: { type: "boolean", default: false },
+    },
+  }));
 
 type Path = "tls" | "iroh" | "tcp";
 const PING = 1, BULK = 2, END = 3, ACK = 4;

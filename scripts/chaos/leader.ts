@@ -6,6 +6,7 @@
 //
 //   deno run -A scripts/chaos/leader.ts --model DIR [--peers 5] [--max-tokens 200] [--runs 1] [--json out.json]
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import { resolve } from "node:path";
 import { generate, MAIN, PROMPT, solo } from "./run.ts";
 
@@ -152,16 +153,17 @@ async function oneRun(model: string, peers: number, maxTokens: number, want: num
 }
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      peers: { type: "string", default: "5" },
-      "max-tokens": { type: "string", default: "200" },
-      runs: { type: "string", default: "1" },
-      json: { type: "string" },
-    },
-  });
+  const { values } = scriptArgs(import.meta.url, (args) =>
+    parseArgs({
+      args,
+      options: {
+        model: { type: "string" },
+        peers: { type: "string", default: "5" },
+        "max-tokens": { type: "string", default: "200" },
+        runs: { type: "string", default: "1" },
+        json: { type: "string" },
+      },
+    }));
   if (!values.model) {
     console.error("usage: deno run -A scripts/chaos/leader.ts --model DIR [--peers 5] [--runs 1]");
     Deno.exit(2);

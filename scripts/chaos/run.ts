@@ -18,6 +18,7 @@
 // --temperature T > 0 samples (top-p 0.9, sampling seed 7): the resumed request must draw what the
 // uninterrupted one drew, since each position's draw comes from (seed, position).
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import { resolve } from "node:path";
 import { join } from "node:path";
 import { readGenerateLines } from "../../node/api/mod.ts";
@@ -355,21 +356,22 @@ if (import.meta.main) {
 }
 
 async function main() {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      runs: { type: "string", default: "20" },
-      faults: { type: "string", default: "kill,stop" },
-      "partition-s": { type: "string", default: "15" },
-      peers: { type: "string", default: "5" },
-      "max-tokens": { type: "string", default: "200" },
-      "stop-s": { type: "string", default: "15" },
-      seed: { type: "string", default: "1" },
-      temperature: { type: "string", default: "0" },
-      json: { type: "string" },
-    },
-  });
+  const { values } = scriptArgs(import.meta.url, (args) =>
+    parseArgs({
+      args,
+      options: {
+        model: { type: "string" },
+        runs: { type: "string", default: "20" },
+        faults: { type: "string", default: "kill,stop" },
+        "partition-s": { type: "string", default: "15" },
+        peers: { type: "string", default: "5" },
+        "max-tokens": { type: "string", default: "200" },
+        "stop-s": { type: "string", default: "15" },
+        seed: { type: "string", default: "1" },
+        temperature: { type: "string", default: "0" },
+        json: { type: "string" },
+      },
+    }));
   if (!values.model) {
     console.error(
       "usage: deno run -A scripts/chaos/run.ts --model DIR [--runs N] [--faults kill,stop,partition] ...",

@@ -15,6 +15,7 @@
 // striped = a worst case no planner makes: expert e of layer l on node (l + e) mod N, so every host holds
 // ~720 single ids (no ranges to merge).
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import { lan, type MembershipConfig } from "../../node/membership/mod.ts";
 import { decodePacket } from "../../node/membership/messages.ts";
 import { encodeEntries } from "../../node/registry/entry.ts";
@@ -270,17 +271,18 @@ export function expertRegistrySim(
 }
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      nodes: { type: "string", default: "32" },
-      layout: { type: "string", default: "spread" },
-      seeds: { type: "string", default: "3" },
-      registration: { type: "string", default: "sets" },
-      loss: { type: "string", default: "0" },
-      json: { type: "string" },
-    },
-  });
+  const { values } = scriptArgs(import.meta.url, (args) =>
+    parseArgs({
+      args,
+      options: {
+        nodes: { type: "string", default: "32" },
+        layout: { type: "string", default: "spread" },
+        seeds: { type: "string", default: "3" },
+        registration: { type: "string", default: "sets" },
+        loss: { type: "string", default: "0" },
+        json: { type: "string" },
+      },
+    }));
   const layouts = values.layout === "all" ? ["spread", "compact", "striped"] : [values.layout];
   const results: ExpertRegistryResult[] = [];
   const losses = values.loss.split(",").map(Number);

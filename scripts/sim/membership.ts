@@ -3,6 +3,7 @@
 //
 //   deno run -A scripts/sim/membership.ts [--n 50] [--seeds 5] [--long-min 30] [--json out.json]
 import { parseArgs } from "node:util";
+import { scriptArgs } from "../args.ts";
 import { lan, type MembershipConfig, membershipConfig } from "../../node/membership/mod.ts";
 import { SimCluster, type SimNode } from "../../tests/support/sim_cluster.ts";
 
@@ -164,15 +165,16 @@ export function registry(n: number, config: MembershipConfig, seed: number) {
 }
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      n: { type: "string", default: "50" },
-      seeds: { type: "string", default: "5" },
-      "long-min": { type: "string", default: "30" },
-      json: { type: "string" },
-    },
-  });
+  const { values } = scriptArgs(import.meta.url, (args) =>
+    parseArgs({
+      args,
+      options: {
+        n: { type: "string", default: "50" },
+        seeds: { type: "string", default: "5" },
+        "long-min": { type: "string", default: "30" },
+        json: { type: "string" },
+      },
+    }));
   const n = Number(values.n), seeds = Number(values.seeds), minutes = Number(values["long-min"]);
   const noLifeguard = membershipConfig({ lifeguard: false, awarenessMaxMultiplier: 1 }, lan);
   const out: Record<string, unknown> = { n, seeds, config: "lan" };

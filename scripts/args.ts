@@ -1,0 +1,34 @@
+// The scripts' command lines: node:util's parseArgs with what a reader rerunning a benchmark expects: `--help`
+// (or -h) prints the script's header comment, its one description and usage, and exits 0; a bad option or
+// value prints one line naming it and exits 2, instead of a stack trace.
+//   const { values } = scriptArgs(import.meta.url, (args) => parseArgs({ args, options: { ... } }));
+import { fileURLToPath } from "node:url";
+import { basename } from "node:path";
+
+/** Parses `args` (default Deno.args) with `parse`, answering --help and bad options for the script at `url`. */
+export function scriptArgs<R>(url: string, parse: (args: string[]) => R, args: string[] = Deno.args): R {
+  const path = fileURLToPath(url);
+  if (args.includes("--help") || args.includes("-h")) {
+    console.log(headerComment(path));
+    Deno.exit(0);
+  }
+  try {
+    return parse(args);
+  } catch (e) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code !== "string" || !code.startsWith("ERR_PARSE_ARGS")) throw e;
+    console.error(`${basename(path)}: ${(e as Error).message} (--help for the usage)`);
+    Deno.exit(2);
+  }
+}
+
+/** The comment lines a file starts with, without their `//`. */
+export function headerComment(path: string): string {
+  const lines: string[] = [];
+  for (const line of Deno.readTextFileSync(path).split("\n")) {
+    if (line.startsWith("#!")) continue;
+    if (!line.startsWith("//")) break;
+    lines.push(line.replace(/^\/\/ ?/, ""));
+  }
+  return lines.join("\n").trim();
+}
