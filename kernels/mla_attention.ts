@@ -69,9 +69,15 @@ export function mlaAttentionDefaultTuning(gpu: Gpu, d: MlaDims): MlaAttentionTun
   return { headsPerGroup: G, splits, unroll: 8 };
 }
 
-/** Whether the subgroup kernel serves these dims here. */
+/**
+ * Whether the subgroup kernel serves these dims here: vec4 rows, and every warp scores a whole number of a
+ * chunk's keys (a chunk holds WG / lanesPerKey keys, >= 16; subgroups of 4 make 32 warps, too many).
+ */
 function sgFits(gpu: Gpu, d: MlaDims): boolean {
-  return gpu.subgroupSize !== null && d.kvLoraRank % 4 === 0 && d.qkRopeHeadDim % 4 === 0;
+  const SG = gpu.subgroupSize;
+  if (SG === null || d.kvLoraRank % 4 !== 0 || d.qkRopeHeadDim % 4 !== 0 || SG > WG) return false;
+  const keysPerChunk = WG / lanesPerKey((d.kvLoraRank + d.qkRopeHeadDim) / 4);
+  return keysPerChunk % (WG / SG) === 0;
 }
 
 /**

@@ -307,11 +307,12 @@ export function routerWgslFast(
   const decls = `
 var<workgroup> rt_ids: array<u32, ${K}>;
 var<workgroup> rt_w: array<f32, ${K}>;`;
+  // Every lane holds all K choices; lanes j, j + S, ... publish them (K may exceed S: subgroups of 4, top-8).
   const body = (row: string, lane = "tid") => `
   if (tid < ${S}u) {${warp(row, lane)}
-    if (tid < ${K}u) {
-      rt_ids[tid] = ${registerAt("rt_wid", "tid", K)};
-      rt_w[tid] = ${registerAt("rt_wt", "tid", K)};
+    for (var j = tid; j < ${K}u; j += ${S}u) {
+      rt_ids[j] = ${registerAt("rt_wid", "j", K)};
+      rt_w[j] = ${registerAt("rt_wt", "j", K)};
     }
   }
   workgroupBarrier();`;

@@ -370,9 +370,11 @@ function source(d: MoeSgDims, S: number, R: number): string {
   // addresses from the ids) and is finished after it; the rest as usual.
   const nblk = `let nblk = (${down ? "N" : "SL * N"} + R - 1u) / R;\n  let blk0 = wg.x * WARPS + warp;`;
   const route = !warpRoute ? "" : `${fast!.warp(`t * ${routing!.experts}u`, "sg_lane")}
-  if (wg.x == 0u && warp == 0u && lane < K_SLOTS) {
-    ids[t * K_SLOTS + lane] = ${registerAt("rt_wid", "lane", k)};
-    rw[t * K_SLOTS + lane] = ${registerAt("rt_wt", "lane", k)};
+  if (wg.x == 0u && warp == 0u) {
+    for (var j = lane; j < K_SLOTS; j += ${S}u) { // K_SLOTS may exceed the subgroup (4 lanes, top-8)
+      ids[t * K_SLOTS + j] = ${registerAt("rt_wid", "j", k)};
+      rw[t * K_SLOTS + j] = ${registerAt("rt_wt", "j", k)};
+    }
   }`;
   const body = prefetch
     ? `${route}
