@@ -177,6 +177,48 @@ fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
 }
 
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
+/**
+ * What both decode attention kernels (per head and GQA-grouped) start with: the bindings (partials with
+ * splits, else the output; q / k norm weights with `norm`) and the shape constants.
+ */
+function headerWgsl(
+  d: Pick<AttentionDecodeDims, "heads" | "kvHeads" | "headDim" | "kv">,
+  o: { VW: number; S: number; warps: number; SP: number; norm: boolean },
+): string {
+  const w = kvWgsl(d.kv);
+  const HD = d.headDim;
+  const vt = `vec${o.VW}<f32>`;
+  return `${w.enable}${STEP_WGSL}
+struct P { max_seq: u32, scale: f32, eps: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> step: Step;
+@group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read> qkv: array<f32>;
+@group(0) @binding(4) var<storage, read_write> kc: array<${w.vec(o.VW)}>;
+@group(0) @binding(5) var<storage, read_write> vc: array<${w.vec(o.VW)}>;
+${
+    o.SP > 1
+      ? "@group(0) @binding(6) var<storage, read_write> part: array<vec2<f32>>;"
+      : `@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;`
+  }${
+    o.norm
+      ? `
+@group(0) @binding(7) var<storage, read> wq: array<f32>;
+@group(0) @binding(8) var<storage, read> wk: array<f32>;`
+      : ""
+  }
+const HD = ${HD}u;
+const HALF = ${HD / 2}u;
+const HDV = ${HD / o.VW}u;
+const VW = ${o.VW}u;
+const GROUP = ${d.heads / d.kvHeads}u;
+const NH = ${d.heads}u;
+const NKV = ${d.kvHeads}u;
+const S = ${o.S}u;
+const WARPS = ${o.warps}u;
+const WG = ${o.warps * o.S}u;`;
+}
+
 export function attentionDecodeSource(
   d: { heads: number; kvHeads: number; headDim: number; T?: number; normEps?: number; kv?: KvType },
   S: number,
@@ -297,36 +339,12 @@ export function attentionDecodeSource(
       store.push((i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`);
     }
   }
-  return `${w.enable}${STEP_WGSL}
-struct P { max_seq: u32, scale: f32, eps: f32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> step: Step;
-@group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
-@group(0) @binding(3) var<storage, read> qkv: array<f32>;
-@group(0) @binding(4) var<storage, read_write> kc: array<${w.vec(VW)}>;
-@group(0) @binding(5) var<storage, read_write> vc: array<${w.vec(VW)}>;
-${
-    SP > 1
-      ? "@group(0) @binding(6) var<storage, read_write> part: array<vec2<f32>>;"
-      : `@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;`
-  }
-${
+  return `${headerWgsl(d, { VW, S, warps, SP, norm })}${
     norm
-      ? `@group(0) @binding(7) var<storage, read> wq: array<f32>;
-@group(0) @binding(8) var<storage, read> wk: array<f32>;
+      ? `
 var<workgroup> nred: array<vec2<f32>, ${warps}>;`
       : ""
   }
-const HD = ${HD}u;
-const HALF = ${HD / 2}u;
-const HDV = ${HDV}u;
-const VW = ${VW}u;
-const GROUP = ${d.heads / d.kvHeads}u;
-const NH = ${d.heads}u;
-const NKV = ${d.kvHeads}u;
-const S = ${S}u;
-const WARPS = ${warps}u;
-const WG = ${warps * S}u;
 var<workgroup> qs: array<${vt}, ${HDV}>;
 var<workgroup> ks: array<${vt}, ${HDV}>;
 var<workgroup> vs: array<${vt}, ${HDV}>;
@@ -722,35 +740,7 @@ export function attentionDecodeGroupedSource(
   );
   // q element o (head-major) of workgroup memory.
   const qAt = (o: string) => `qs[(${o}) / VW][(${o}) % VW]`;
-  return `${w.enable}${STEP_WGSL}
-struct P { max_seq: u32, scale: f32, eps: f32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> step: Step;
-@group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
-@group(0) @binding(3) var<storage, read> qkv: array<f32>;
-@group(0) @binding(4) var<storage, read_write> kc: array<${w.vec(VW)}>;
-@group(0) @binding(5) var<storage, read_write> vc: array<${w.vec(VW)}>;
-${
-    SP > 1
-      ? "@group(0) @binding(6) var<storage, read_write> part: array<vec2<f32>>;"
-      : `@group(0) @binding(6) var<storage, read_write> out: array<${vt}>;`
-  }
-${
-    norm
-      ? `@group(0) @binding(7) var<storage, read> wq: array<f32>;
-@group(0) @binding(8) var<storage, read> wk: array<f32>;`
-      : ""
-  }
-const HD = ${HD}u;
-const HALF = ${HD / 2}u;
-const HDV = ${HDV}u;
-const VW = ${VW}u;
-const GROUP = ${G}u;
-const NH = ${d.heads}u;
-const NKV = ${d.kvHeads}u;
-const S = ${S}u;
-const WARPS = ${warps}u;
-const WG = ${warps * S}u;
+  return `${headerWgsl(d, { VW, S, warps, SP, norm })}
 const TT = ${TT}u;
 const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
 var<workgroup> qs: array<${vt}, ${G * HDV}>;
