@@ -1030,6 +1030,7 @@ export function attentionDecodeCalls(
     splits,
     ...(splits > 1 ? { warps: Math.min(grouped ? gWarps : base.warps, 4) } : {}),
     ...(gpu.tuning.attentionWarps !== undefined ? { warps: gpu.tuning.attentionWarps } : {}),
+    ...(gpu.tuning.attentionUnroll !== undefined ? { unroll: gpu.tuning.attentionUnroll } : {}),
     ...tuning,
   };
   const sp = t.splits ?? 1;

@@ -83,6 +83,8 @@ export interface KernelTuning {
   attentionSplits?: number;
   /** Subgroups per workgroup of the decode attention (default: attentionDecodeDefaultTuning's, 4 when split). */
   attentionWarps?: number;
+  /** Loads a lane of the decode attention issues before using any (AttentionDecodeTuning.unroll; for A/B runs). */
+  attentionUnroll?: number;
   /**
    * The decode attention runs one workgroup per KV head serving all its q heads, each K / V row read once
    * for the group (attention_decode.ts, attentionDecodeGroupedSource; its default splits are

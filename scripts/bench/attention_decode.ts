@@ -51,6 +51,14 @@ const variants: [string, Partial<AttentionDecodeTuning>][] = [
   ["grouped-one", { splits: 1, grouped: true }],
   ["grouped", { grouped: true }],
 ];
+// Loads a lane issues before using any (default 16 where a chunk's loads are at most 16 a lane, else 8):
+// u<n> unsplit (one workgroup a head) and s-u<n> with the default splits.
+for (const unroll of [8, 16, 32]) {
+  variants.push([`u${unroll}`, { splits: 1, unroll, grouped: false }], [`s-u${unroll}`, {
+    unroll,
+    grouped: false,
+  }]);
+}
 if (!values.quick) {
   for (const groupBatch of [1, 2, 8]) variants.push([`g-b${groupBatch}`, { groupBatch, grouped: true }]);
   for (const warps of [2, 8]) variants.push([`g-w${warps}`, { warps, grouped: true }]);

@@ -14,7 +14,9 @@
 // switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MOE_GROUPS, SWACTOR_MOE_DP4, SWACTOR_MOE_PREFETCH, SWACTOR_MOE_XN,
 // SWACTOR_MOE_SCALED, SWACTOR_MOE_RANK, SWACTOR_HEAD_NORM, SWACTOR_MLA_TUNING, SWACTOR_MOE: read when a
 // program is built) on the loaded model: `sweep_gpu_ms` in the JSON line. --sweep may be given several
-// times: each switch is swept on its own, the others as the environment sets them.
+// times: each switch is swept on its own, the others as the environment sets them. --tunings '[{...}, ...]'
+// likewise times the step under each gpu.tuning override (kernels/gpu.ts KernelTuning, e.g.
+// {"attentionUnroll":32}; list one twice to see the drift of a process's later timings): `tunings_gpu_ms`.
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
@@ -24,6 +26,7 @@ import {
   getGpu,
   type Gpu,
   kernelCall,
+  type KernelTuning,
   pipeline,
   storageBuffer,
   writeStep,
@@ -116,6 +119,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       load: { type: "string" },
       convert: { type: "string", default: "gpu,cpu" },
       sweep: { type: "string", multiple: true },
+      tunings: { type: "string" },
     },
   }));
 
@@ -259,6 +263,22 @@ for (const shape of values.shape!.split(",")) {
       if (before === undefined) Deno.env.delete(name);
       else Deno.env.set(name, before);
     }
+    // The same under each gpu.tuning override (read when the program is built).
+    const tunings: Record<string, number> = {};
+    for (const [i, t] of (gpu.hasTimestamps && values.tunings ? tuningList(values.tunings) : []).entries()) {
+      const saved = gpu.tuning;
+      gpu.tuning = { ...saved, ...t };
+      try {
+        const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+        const prog = s2.program(1, "sample");
+        writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+        await gpuMs(gpu, prog, 2);
+        tunings[`${i} ${JSON.stringify(t)}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));
+        s2.destroy();
+      } finally {
+        gpu.tuning = saved;
+      }
+    }
     // Weights read, plus the KV cache up to the timed position (every layer reads all its rows).
     const read = readBytes(model) + model.kvBytesPerToken() * (mid + 1);
     const best = Math.max(...runs);
@@ -302,6 +322,7 @@ for (const shape of values.shape!.split(",")) {
       full_depth_read_bytes: Math.round(perLayer(read, headBytes)),
       head_and_embed_ms: Number(headMs.toFixed(4)),
       sweep_gpu_ms: sweep,
+      ...(values.tunings ? { tunings_gpu_ms: tunings } : {}),
       gpu_ms_by_kernel: byKernel,
     }));
     engine.close();
@@ -328,4 +349,20 @@ function readBytes(model: Model): number {
     bytes -= stacks * (1 - f.routing.topK / f.routing.experts);
   });
   return Math.round(bytes);
+}
+
+/** --tunings: a JSON list of gpu.tuning overrides. */
+function tuningList(json: string): KernelTuning[] {
+  let list: unknown;
+  try {
+    list = JSON.parse(json);
+  } catch (e) {
+    console.error(`moe.ts: --tunings is not JSON: ${(e as Error).message}`);
+    Deno.exit(2);
+  }
+  if (!Array.isArray(list) || list.some((t) => typeof t !== "object" || t === null || Array.isArray(t))) {
+    console.error(`moe.ts: --tunings must be a JSON list of objects, got ${json}`);
+    Deno.exit(2);
+  }
+  return list as KernelTuning[];
 }
