@@ -124,16 +124,24 @@ function sharedBytes(hd: number, warps: number): number {
 /**
  * The default tuning, from H200 sweeps (hd 64 and 128, 32 / 8 heads, 30..8192 keys): WG_WANTED threads
  * (fewer where workgroup memory or the device's limit is short), value prefetch and the butterfly on,
- * the whole chunk's loads in one block when they are at most 16 a lane, else blocks of 8.
+ * the whole chunk's loads in one block when they are at most 32 a lane (the grouped kernel, which holds
+ * several heads' partials: 16), else blocks of 8. hd 128 (32 loads a lane) at 32 q / 4 kv heads, us a layer
+ * with blocks of 8 / 16 / 32: 5.84 / 4.94 / 4.65 at 128 keys, split 12.33 / 11.48 / 10.11 at 2048; the
+ * Qwen3-30B-A3B q4 step 2.66 -> 2.55 ms (2026-12-01, docs/BENCHMARKS.md).
  */
-export function attentionDecodeDefaultTuning(gpu: Gpu, headDim: number): AttentionDecodeTuning {
+export function attentionDecodeDefaultTuning(
+  gpu: Gpu,
+  headDim: number,
+  grouped = false,
+): AttentionDecodeTuning {
   const S = gpu.subgroupSize ?? 32;
   const maxThreads = Math.min(WG_WANTED, gpu.device.limits.maxComputeInvocationsPerWorkgroup);
   let warps = Math.max(1, Math.floor(maxThreads / S));
   while (warps > 1 && sharedBytes(headDim, warps) > gpu.maxWorkgroupStorage) warps--;
   const HDV = headDim / (headDim % 4 === 0 ? 4 : 2);
   const loadsPerChunk = HDV <= S ? Math.ceil(S / Math.floor(S / HDV)) : S * Math.ceil(HDV / S);
-  return { warps, unroll: loadsPerChunk <= 16 ? 16 : 8, butterfly: true };
+  const whole = grouped ? 16 : 32;
+  return { warps, unroll: loadsPerChunk <= whole ? whole : 8, butterfly: true };
 }
 
 /**
@@ -1026,7 +1034,7 @@ export function attentionDecodeCalls(
   // 9.9 us a layer at 2048 keys and 18.9 at 8192, against 20.8 and 30.9 with 16; scripts/bench/attention_decode.ts).
   const t = {
     ...base,
-    ...(grouped ? { warps: gWarps } : {}),
+    ...(grouped ? { warps: gWarps, unroll: attentionDecodeDefaultTuning(gpu, d.headDim, true).unroll } : {}),
     splits,
     ...(splits > 1 ? { warps: Math.min(grouped ? gWarps : base.warps, 4) } : {}),
     ...(gpu.tuning.attentionWarps !== undefined ? { warps: gpu.tuning.attentionWarps } : {}),
