@@ -163,6 +163,7 @@ async function dependentUs(gpu: Gpu, n = 2000): Promise<number> {
   return (ms / 2) * 1000;
 }
 
+const tuningOverrides = values.tunings ? tuningList(values.tunings) : [];
 const gpu = await getGpu();
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
@@ -265,7 +266,7 @@ for (const shape of values.shape!.split(",")) {
     }
     // The same under each gpu.tuning override (read when the program is built).
     const tunings: Record<string, number> = {};
-    for (const [i, t] of (gpu.hasTimestamps && values.tunings ? tuningList(values.tunings) : []).entries()) {
+    for (const [i, t] of (gpu.hasTimestamps ? tuningOverrides : []).entries()) {
       const saved = gpu.tuning;
       gpu.tuning = { ...saved, ...t };
       try {

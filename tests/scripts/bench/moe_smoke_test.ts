@@ -1,0 +1,74 @@
+// The MoE benchmark (scripts/bench/moe.ts) runs on the software adapter too, at a shrunken Qwen3-MoE shape:
+// one JSON line with its timings and, with --tunings, a GPU time per gpu.tuning override; a --tunings that
+// is not a JSON list of objects is one line and exit 2.
+import assert from "node:assert/strict";
+import { fileURLToPath } from "node:url";
+import { gpuAvailable, needs } from "../../support/needs.ts";
+
+const hasGpu = await gpuAvailable();
+const script = fileURLToPath(new URL("../../../scripts/bench/moe.ts", import.meta.url));
+const SMALL = "vocab_size=512,hidden_size=128,num_attention_heads=4,num_key_value_heads=2,head_dim=32," +
+  "num_experts=8,num_experts_per_tok=2,moe_intermediate_size=64";
+
+async function moe(...args: string[]) {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      "--quiet",
+      script,
+      "--shape",
+      "qwen3-30b-a3b",
+      "--layers",
+      "1",
+      "--set",
+      SMALL,
+      ...args,
+    ],
+    stdin: "null",
+  }).output();
+  const text = (b: Uint8Array) => new TextDecoder().decode(b);
+  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}
+
+Deno.test(
+  needs("moe benchmark: one JSON line, and a GPU time per --tunings override", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  async () => {
+    const r = await moe(
+      "--weights",
+      "f32",
+      "--runs",
+      "1",
+      "--prompt",
+      "4",
+      "--new",
+      "4",
+      "--tunings",
+      '[{},{"attentionUnroll":4}]',
+    );
+    assert.equal(r.code, 0, r.stderr);
+    const lines = r.stdout.trim().split("\n").map((l) => JSON.parse(l));
+    assert.equal(lines.length, 1);
+    const m = lines[0];
+    assert.equal(m.bench, "swactor-moe-decode");
+    assert.ok(m.decode_tok_s > 0 && m.dispatches_per_token > 0, JSON.stringify(m));
+    if (m.gpu_ms_per_token > 0) {
+      // Timestamps: each override timed on its own program.
+      assert.deepEqual(Object.keys(m.tunings_gpu_ms), ["0 {}", '1 {"attentionUnroll":4}']);
+      for (const v of Object.values(m.tunings_gpu_ms)) assert.ok((v as number) > 0);
+    } else {
+      console.log("no timestamp queries on this adapter: the --tunings timings are not checked");
+    }
+  },
+);
+
+Deno.test("moe benchmark: a --tunings that is not a list of objects is one line naming it, exit 2", async () => {
+  for (const bad of ["{", '{"attentionUnroll":4}', "[1]"]) {
+    const r = await moe("--tunings", bad);
+    assert.equal(r.code, 2, `${bad}: ${r.stderr}`);
+    assert.match(r.stderr, /^moe\.ts: --tunings /);
+    assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
+  }
+});
