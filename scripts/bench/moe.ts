@@ -17,6 +17,9 @@
 // times: each switch is swept on its own, the others as the environment sets them. --tunings '[{...}, ...]'
 // likewise times the step under each gpu.tuning override (kernels/gpu.ts KernelTuning, e.g.
 // {"attentionUnroll":32}; list one twice to see the drift of a process's later timings): `tunings_gpu_ms`.
+// --marginal: GPU ms each kernel (label) adds to the step, timed as the step without its dispatches:
+// `marginal_ms_by_kernel`. `gpu_ms_by_kernel` times each dispatch in a pass of its own, which adds about a
+// dependent dispatch's cost to each (its sum is ~1.4x the step); the marginal figures sum to about the step.
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
@@ -120,6 +123,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       convert: { type: "string", default: "gpu,cpu" },
       sweep: { type: "string", multiple: true },
       tunings: { type: "string" },
+      marginal: { type: "boolean", default: false },
     },
   }));
 
@@ -245,6 +249,20 @@ for (const shape of values.shape!.split(",")) {
       });
       for (const k in byKernel) byKernel[k] = Number(byKernel[k].toFixed(4));
     }
+    // --marginal: what each kernel adds to the whole step, the step timed without its dispatches (the rest
+    // read what they find; their work does not depend on the values), alternating with the whole step.
+    const marginal: Record<string, number> = {};
+    if (gpu.hasTimestamps && values.marginal) {
+      for (const label of new Set(decode.map((c) => c.label ?? "?"))) {
+        const without = decode.filter((c) => (c.label ?? "?") !== label);
+        let whole = 0, less = 0;
+        for (let r = 0; r < 3; r++) {
+          whole += await gpuMs(gpu, decode, 5);
+          less += await gpuMs(gpu, without, 5);
+        }
+        marginal[label] = Number(((whole - less) / 3).toFixed(4));
+      }
+    }
     seq.destroy();
     // Variants of the step on the same weights: GPU ms per token each.
     const sweep: Record<string, number> = {};
@@ -324,6 +342,7 @@ for (const shape of values.shape!.split(",")) {
       head_and_embed_ms: Number(headMs.toFixed(4)),
       sweep_gpu_ms: sweep,
       ...(values.tunings ? { tunings_gpu_ms: tunings } : {}),
+      ...(values.marginal ? { marginal_ms_by_kernel: marginal } : {}),
       gpu_ms_by_kernel: byKernel,
     }));
     engine.close();

@@ -1,6 +1,6 @@
 // The MoE benchmark (scripts/bench/moe.ts) runs on the software adapter too, at a shrunken Qwen3-MoE shape:
-// one JSON line with its timings and, with --tunings, a GPU time per gpu.tuning override; a --tunings that
-// is not a JSON list of objects is one line and exit 2.
+// one JSON line with its timings, with --tunings a GPU time per gpu.tuning override and with --marginal each
+// kernel's share of the step; a --tunings that is not a JSON list of objects is one line and exit 2.
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { gpuAvailable, needs } from "../../support/needs.ts";
@@ -47,6 +47,7 @@ Deno.test(
       "4",
       "--tunings",
       '[{},{"attentionUnroll":4}]',
+      "--marginal",
     );
     assert.equal(r.code, 0, r.stderr);
     const lines = r.stdout.trim().split("\n").map((l) => JSON.parse(l));
@@ -58,6 +59,8 @@ Deno.test(
       // Timestamps: each override timed on its own program.
       assert.deepEqual(Object.keys(m.tunings_gpu_ms), ["0 {}", '1 {"attentionUnroll":4}']);
       for (const v of Object.values(m.tunings_gpu_ms)) assert.ok((v as number) > 0);
+      // Every kernel's share of the step, under the same labels as the per-dispatch timings.
+      assert.deepEqual(Object.keys(m.marginal_ms_by_kernel).sort(), Object.keys(m.gpu_ms_by_kernel).sort());
     } else {
       console.log("no timestamp queries on this adapter: the --tunings timings are not checked");
     }
