@@ -248,6 +248,13 @@ export const NOT_SENT = 0xffffffff;
 /** How long a host whose call failed is passed over while another replica of its experts is live, ms. */
 export const HOST_DOWN_MS = 10_000;
 
+/**
+ * How long a call to an expert host may go unanswered before its experts are also sent to another live
+ * replica (ms; at least 8x that host's recent calls). A host killed without a word is only known dead when
+ * membership says so, which a loaded machine can take tens of seconds to do; the hedge moves on sooner.
+ */
+export const HEDGE_MS = 2_000;
+
 /** An expert host's call failed; the message names the host and the layer. */
 export class ExpertHostError extends Error {
   constructor(readonly node: string, readonly layer: number, cause: unknown) {
@@ -280,6 +287,8 @@ export function createFanout(o: {
   cost?: (node: string) => number;
   /** Milliseconds now (default performance.now), for how long a failed host is passed over. */
   now?: () => number;
+  /** The least wait before a call is hedged to another replica (default HEDGE_MS). */
+  hedgeMs?: number;
 }): ExpertFanout {
   const placement = expertPlacement(o.plan);
   const now = o.now ?? (() => performance.now());
@@ -297,7 +306,7 @@ export function createFanout(o: {
   const usable = (node: string) =>
     (node === o.self ? o.local !== undefined : true) && (o.alive?.(node) ?? true);
   /** The host for expert `e` of `layer`, not one of `failed`; undefined when no replica is left. */
-  const pick = (layer: number, e: number, failed: Set<string>): string | undefined => {
+  const pick = (layer: number, e: number, failed: Set<string>, keep = true): string | undefined => {
     const kept = route.get(layer)?.get(e);
     if (kept && !failed.has(kept) && usable(kept)) return kept;
     const all = (hostsOf.get(layer)?.get(e) ?? []).filter((h) => !failed.has(h) && usable(h));
@@ -307,10 +316,14 @@ export function createFanout(o: {
     if (from.length === 0) return undefined;
     const best = from.includes(o.self) ? o.self : from.map((h, i) => ({ h, i, c: o.cost?.(h) ?? 0 }))
       .sort((a, b) => a.c - b.c || a.i - b.i)[0].h;
+    if (!keep) return best;
     if (!route.has(layer)) route.set(layer, new Map());
     route.get(layer)!.set(e, best);
     return best;
   };
+  /** node -> its calls' recent duration (a moving average, ms), for when to hedge. */
+  const latency = new Map<string, number>();
+  const hedgeAfter = (node: string) => Math.max(o.hedgeMs ?? HEDGE_MS, 8 * (latency.get(node) ?? 0));
   return async (layer, input) => {
     const experts = hostsOf.get(layer);
     if (!experts) throw new Error(`the Plan places no experts of layer ${layer}`);
@@ -324,84 +337,141 @@ export function createFanout(o: {
     if (rec && layerRec) rec.set(layer, layerRec);
     if (layerRec) { for (const e of input.ids) layerRec.picks.set(e, (layerRec.picks.get(e) ?? 0) + 1); }
     const start = performance.now();
-    const failed = new Set<string>();
-    const parts: Float32Array[] = [];
-    let todo = [...new Set(input.ids)];
-    let lastError: unknown;
-    while (todo.length) {
-      const dest = new Map<string, Set<number>>();
-      for (const e of todo) {
-        const h = pick(layer, e, failed);
-        if (h === undefined) {
-          if (!experts.has(e)) throw new Error(`the Plan places no host for expert ${e} of layer ${layer}`);
-          throw lastError ?? new Error(`no live host holds expert ${e} of layer ${layer}`);
+
+    /** One message to `node` for experts `mine`: its reply (this node's own experts computed here). */
+    const callOne = async (node: string, mine: Set<number>): Promise<Float32Array> => {
+      const part: ExpertInput = {
+        ...input,
+        ids: input.ids.map((e) => mine.has(e) ? e : NOT_SENT),
+      };
+      const t0 = performance.now();
+      let y: Float32Array;
+      let bytes = 0, hostMs: number;
+      if (node === o.self) {
+        y = await o.local!.compute(layer, part);
+        hostMs = performance.now() - t0;
+      } else {
+        const body = encodeExpertRequest(layer, part);
+        let reply: Uint8Array;
+        try {
+          reply = await o.call(expertHostName(node), body, node);
+        } catch (e) {
+          throw new ExpertHostError(node, layer, e);
         }
-        if (!dest.has(h)) dest.set(h, new Set());
-        dest.get(h)!.add(e);
+        bytes = body.length + reply.length;
+        if (reply.length !== (input.T * hidden + 1) * 4) {
+          throw new ExpertHostError(
+            node,
+            layer,
+            new Error(`replied ${reply.length} bytes; expected ${(input.T * hidden + 1) * 4}`),
+          );
+        }
+        const all = new Float32Array(reply.slice().buffer);
+        y = all.subarray(0, input.T * hidden);
+        hostMs = all[input.T * hidden];
+        const ms = performance.now() - t0;
+        latency.set(node, 0.8 * (latency.get(node) ?? ms) + 0.2 * ms);
       }
-      const results = await Promise.allSettled([...dest].map(async ([node, mine]) => {
-        const part: ExpertInput = {
-          ...input,
-          ids: input.ids.map((e) => mine.has(e) ? e : NOT_SENT),
+      if (layerRec) {
+        const r = layerRec.nodes.get(node) ??
+          {
+            bytes: 0,
+            ms: 0,
+            hostMs: 0,
+            calls: 0,
+            experts: new Set<number>(),
+            at: performance.timeOrigin + t0,
+          };
+        r.calls++;
+        r.bytes += bytes;
+        r.ms += performance.now() - t0;
+        r.hostMs += hostMs;
+        for (const e of mine) r.experts.add(e);
+        layerRec.nodes.set(node, r);
+      }
+      return y;
+    };
+
+    /**
+     * callOne to another host, hedged: if it has not answered after hedgeAfter(node) (a host that died
+     * without a word, before membership says so, or one that stalls) or it fails, `mine` is also sent to
+     * other live replicas (runAll without this host); the first complete answer wins, the other is dropped
+     * (each sums the same experts). Without another replica it waits for this call, as before.
+     */
+    const callHedged = (node: string, mine: Set<number>, failed: Set<string>): Promise<Float32Array[]> => {
+      if (node === o.self) return callOne(node, mine).then((y) => [y]);
+      return new Promise((resolve, reject) => {
+        let settled = false, running = 1, hedged = false;
+        const win = (parts: Float32Array[]) => {
+          if (settled) return;
+          settled = true;
+          clearTimeout(timer);
+          resolve(parts);
         };
-        const t0 = performance.now();
-        let y: Float32Array;
-        let bytes = 0, hostMs: number;
-        if (node === o.self) {
-          y = await o.local!.compute(layer, part);
-          hostMs = performance.now() - t0;
-        } else {
-          const body = encodeExpertRequest(layer, part);
-          let reply: Uint8Array;
-          try {
-            reply = await o.call(expertHostName(node), body, node);
-          } catch (e) {
-            throw new ExpertHostError(node, layer, e);
+        const lose = (e: unknown) => {
+          running--;
+          if (running > 0 || settled) return;
+          settled = true;
+          clearTimeout(timer);
+          reject(e);
+        };
+        const hedge = () => {
+          if (hedged || settled) return;
+          const without = new Set([...failed, node]);
+          if (![...mine].every((e) => pick(layer, e, without, false) !== undefined)) return;
+          hedged = true;
+          running++;
+          runAll([...mine], without).then(win, lose);
+        };
+        const timer = setTimeout(hedge, hedgeAfter(node));
+        callOne(node, mine).then((y) => win([y]), (e) => {
+          if (e instanceof ExpertHostError) {
+            down.set(node, now() + HOST_DOWN_MS);
+            for (const x of mine) if (route.get(layer)?.get(x) === node) route.get(layer)!.delete(x);
+            hedge();
           }
-          bytes = body.length + reply.length;
-          if (reply.length !== (input.T * hidden + 1) * 4) {
-            throw new ExpertHostError(
-              node,
-              layer,
-              new Error(`replied ${reply.length} bytes; expected ${(input.T * hidden + 1) * 4}`),
-            );
-          }
-          const all = new Float32Array(reply.slice().buffer);
-          y = all.subarray(0, input.T * hidden);
-          hostMs = all[input.T * hidden];
-        }
-        if (layerRec) {
-          const r = layerRec.nodes.get(node) ??
-            {
-              bytes: 0,
-              ms: 0,
-              hostMs: 0,
-              calls: 0,
-              experts: new Set<number>(),
-              at: performance.timeOrigin + t0,
-            };
-          r.calls++;
-          r.bytes += bytes;
-          r.ms += performance.now() - t0;
-          r.hostMs += hostMs;
-          for (const e of mine) r.experts.add(e);
-          layerRec.nodes.set(node, r);
-        }
-        return y;
-      }));
-      todo = [];
-      [...dest].forEach(([node, mine], i) => {
-        const r = results[i];
-        if (r.status === "fulfilled") return void parts.push(r.value);
-        // Only a host's failure moves its experts; a failure of this node's own compute is the step's.
-        if (!(r.reason instanceof ExpertHostError)) throw r.reason;
-        lastError = r.reason;
-        failed.add(node);
-        down.set(node, now() + HOST_DOWN_MS);
-        for (const e of mine) route.get(layer)?.delete(e);
-        todo.push(...mine);
+          lose(e);
+        });
       });
-    }
+    };
+
+    /** Experts `ids` of this layer on hosts not in `exclude`, a failed host's experts moved to a replica. */
+    const runAll = async (ids: number[], exclude: Set<string>): Promise<Float32Array[]> => {
+      const failed = new Set(exclude);
+      const parts: Float32Array[] = [];
+      let todo = ids;
+      let lastError: unknown;
+      while (todo.length) {
+        const dest = new Map<string, Set<number>>();
+        for (const e of todo) {
+          const h = pick(layer, e, failed);
+          if (h === undefined) {
+            if (!experts.has(e)) throw new Error(`the Plan places no host for expert ${e} of layer ${layer}`);
+            throw lastError ?? new Error(`no live host holds expert ${e} of layer ${layer}`);
+          }
+          if (!dest.has(h)) dest.set(h, new Set());
+          dest.get(h)!.add(e);
+        }
+        const results = await Promise.allSettled(
+          [...dest].map(([node, mine]) => callHedged(node, mine, failed)),
+        );
+        todo = [];
+        [...dest].forEach(([node, mine], i) => {
+          const r = results[i];
+          if (r.status === "fulfilled") return void parts.push(...r.value);
+          // Only a host's failure moves its experts; a failure of this node's own compute is the step's.
+          if (!(r.reason instanceof ExpertHostError)) throw r.reason;
+          lastError = r.reason;
+          failed.add(node);
+          down.set(node, now() + HOST_DOWN_MS);
+          for (const e of mine) route.get(layer)?.delete(e);
+          todo.push(...mine);
+        });
+      }
+      return parts;
+    };
+
+    const parts = await runAll([...new Set(input.ids)], new Set());
     const replied = performance.now();
     const sum = new Float32Array(input.xn.length);
     for (const p of parts) for (let i = 0; i < sum.length; i++) sum[i] += p[i];

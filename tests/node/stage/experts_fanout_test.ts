@@ -194,3 +194,62 @@ Deno.test("fan-out with replicas: a host membership says is gone is not called; 
   });
   assert.ok(calls.every((c) => c.node !== "a"), "a (gone) was not called");
 });
+
+Deno.test("fan-out with replicas: a host that does not answer is hedged to a replica; without one the step waits", async () => {
+  // "a" is the cheaper copy of experts 2-3 and hangs until released; b holds 2-5.
+  let release = () => {};
+  const hung = new Promise<void>((r) => release = r);
+  const { calls, call: answer } = replicaHosts(new Set());
+  const call = async (name: string, body: Uint8Array, node: string) => {
+    if (node === "a") {
+      calls.push({ node, ids: [...decodeExpertRequest(body, H).input.ids].filter((e) => e !== NOT_SENT) });
+      await hung;
+      throw new Error("a never answered");
+    }
+    return await answer(name, body, node);
+  };
+  const fanout = createFanout({
+    plan: replicated,
+    self: "stage",
+    local: host([0, 1], 0),
+    call,
+    record: new Map(),
+    cost: (n) => (n === "a" ? 1 : 2),
+    hedgeMs: 30,
+  });
+  const t0 = performance.now();
+  // a never answers in this step (it is released at the end): only the hedge can finish it.
+  let guard: ReturnType<typeof setTimeout> | undefined;
+  const y = await Promise.race([
+    fanout(1, step()),
+    new Promise<never>((_, no) =>
+      guard = setTimeout(() => no(new Error("a's experts were not hedged")), 10_000)
+    ),
+  ]);
+  clearTimeout(guard);
+  assert.deepEqual([...y], Array(H).fill(27), "the same sum: b ran expert 2 after a's hedge delay");
+  assert.ok(performance.now() - t0 >= 30, "not before the hedge delay");
+  assert.deepEqual(calls.map((c) => `${c.node}:${c.ids}`).sort(), ["a:2", "b:2", "b:4"]);
+  // The next steps go to b (the route moved with the hedge), with nothing left waiting on a.
+  calls.length = 0;
+  await fanout(1, step());
+  assert.deepEqual(calls.map((c) => `${c.node}:${c.ids}`), ["b:2,4"]);
+  release();
+
+  // b alone holds 4 and 5: a b that is slow is waited for, not hedged (no copy to hedge to).
+  const slow = createFanout({
+    plan: replicated,
+    self: "stage",
+    local: host([0, 1], 0),
+    call: async (name, body, node) => {
+      await new Promise((r) => setTimeout(r, 80));
+      return await answer(name, body, node);
+    },
+    record: new Map(),
+    alive: (n) => n !== "a",
+    hedgeMs: 10,
+  });
+  calls.length = 0;
+  assert.deepEqual([...await slow(1, step())], Array(H).fill(27));
+  assert.deepEqual(calls.map((c) => `${c.node}:${c.ids}`), ["b:2,4"], "one call to b, waited for");
+});
