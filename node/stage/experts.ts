@@ -425,9 +425,9 @@ export function createFanout(o: {
         };
         const timer = setTimeout(hedge, hedgeAfter(node));
         callOne(node, mine).then((y) => win([y]), (e) => {
+          // Passed over for later steps too; the hedge's picks (or runAll's, without one) move the route.
           if (e instanceof ExpertHostError) {
             down.set(node, now() + HOST_DOWN_MS);
-            for (const x of mine) if (route.get(layer)?.get(x) === node) route.get(layer)!.delete(x);
             hedge();
           }
           lose(e);
