@@ -24,7 +24,9 @@
 // ~40 a case); --direct-only times only these (no team, staged multi or one-row variants), e.g.
 //   deno run -A scripts/bench/gemv.ts --weights f16 --k 8 --sweep --direct-only --cases o,qkv,gate_up_pairs,down_plain,head
 //   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--direct] [--direct-only] [--weights f16,q8,q4]
-//     [--k 2,4,8,16] [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head]
+//     [--k 2,4,8,16] [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head] [--copies N]
+// --copies: how many weight copies the dispatches rotate over (default: enough for 256 MB; 1 keeps a matrix
+// that fits the 50 MB L2 there, the time a GEMV would take if its weights had been prefetched).
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
@@ -60,6 +62,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       prologue: { type: "boolean", default: false },
       direct: { type: "boolean", default: false },
       "direct-only": { type: "boolean", default: false },
+      copies: { type: "string" },
     },
   }));
 const gpu = await getGpu();
@@ -226,7 +229,11 @@ for (const wt of values.weights!.split(",") as Wt[]) {
     const bytes = bytesOf(MR, K, wt);
     // Buffers sized for f16 hold the quantised layouts too; their bytes decode to finite weights.
     const alloc = MR * K * 2;
-    const copies = quick ? 1 : Math.max(1, Math.min(16, Math.ceil(256e6 / alloc)));
+    const copies = values.copies
+      ? Number(values.copies)
+      : quick
+      ? 1
+      : Math.max(1, Math.min(16, Math.ceil(256e6 / alloc)));
     const ws = Array.from({ length: copies }, () => storageBuffer(gpu, alloc));
     for (const w of ws) {
       // Random-ish contents: zeros can run faster than real data (device METHOD.md).
