@@ -186,11 +186,12 @@ function gemvPath(
   wt: WeightType | QuantType,
   multi?: MultiTuning | false,
 ): GemvPath {
-  // Not by default for q4: on the H200 (2026-12-01) a k = 8 step with one grid row per token cost 3.31x a
-  // one-token step, against 4.01x with the multi-token kernel's int8 activations and 5.3x with f32 ones
-  // (docs/BENCHMARKS.md). When forced (`multi` or gpu.tuning.multi), q4 stages int8 activations where WGSL
-  // has dp4 (multiDp4). q8 keeps f32 activations: they keep the fixtures' greedy tokens where int8 ones flip
-  // near-ties in short prompts' steps.
+  // Not by default for q4: on the H200 (2026-12-01) a k = 8 step with one grid row per token cost 3.24-3.31x
+  // a one-token step, against 4.01x with the staged multi-token kernel's int8 activations, 4.86x in direct
+  // mode and 5.3x staged with f32 activations (docs/BENCHMARKS.md: a q4 unit's 32 decodes and conversions
+  // to f32 bound those kernels). When forced (`multi` or gpu.tuning.multi), q4 stages int8 activations where
+  // WGSL has dp4 (multiDp4). q8 keeps f32 activations: they keep the fixtures' greedy tokens where int8 ones
+  // flip near-ties in short prompts' steps.
   const multiOn = multi !== undefined ? multi !== false : gpu.tuning.multi ?? wt !== "q4";
   if (multiOn && multiFits(gpu, K, T, wt)) return "multi";
   if (gpu.tuning.gemv !== "team" && sgFits(gpu, K, wt)) return "sg";
@@ -203,6 +204,17 @@ function gemvPath(
  */
 export function gemvPairFits(gpu: Gpu, K: number, T: number, wt: WeightType | QuantType): boolean {
   return gpu.tuning.pairGateUp !== false && gemvFusedFits(K) && gemvPath(gpu, K, T, wt) !== "team";
+}
+
+/**
+ * Whether a multi-token GEMV runs in direct mode (x read in place, K split over warps): f32, f16 and q8
+ * weights with no transform or RMSNorm, unless gpu.tuning.multiDirect is false; q4 only when it is true
+ * (H200, Llama-1B k = 8 step over the one-token step, 2026-12-01: q8 2.34x direct against 4.94x staged,
+ * q4 4.86x direct against 4.01x staged with int8 activations); silu_mul always stages x.
+ */
+function multiDirectServes(gpu: Gpu, f: InputTransform, wt: WeightType | QuantType): boolean {
+  if (f === "silu_mul") return false;
+  return wt === "q4" ? gpu.tuning.multiDirect === true : gpu.tuning.multiDirect !== false;
 }
 
 /** Whether the multi-token GEMV stages int8 activations by default (q4 where WGSL has dp4). */
@@ -260,7 +272,7 @@ export function gemvFusedCall(
     const i8 = stage === "int8" && isQuant(wt) && gpu.hasDp4;
     // Direct mode (x read in place, K split over warps) where it serves the GEMV, unless
     // gpu.tuning.multiDirect is false.
-    const direct = gpu.tuning.multiDirect !== false && (wt === "f32" || wt === "f16") && f !== "silu_mul";
+    const direct = multiDirectServes(gpu, f, wt);
     const t = d.multi || (direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning) : withPrefetch(
       {
         ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),

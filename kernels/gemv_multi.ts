@@ -66,12 +66,13 @@ export interface MultiTuning {
    */
   pipeline?: boolean;
   /**
-   * Direct mode (f32 / f16 weights, transforms none and rmsnorm, paired or not; gemv_sg.ts's direct mode for
+   * Direct mode (any weight type, transforms none and rmsnorm, paired or not; gemv_sg.ts's direct mode for
    * T rows): no staging and no barrier before the last load. Each lane loads its 16-byte units of the warp's
    * rows (`unroll` units a row in flight, issued before use), reads x[t]'s matching vec4s for every token
    * straight from the storage buffer (L1 / L2; with RMSNorm times the norm weight, summing x^2 per token for
    * the deferred 1 / rms) and keeps rows x T sums; a row block's K is split over `splitK` warps whose partial
-   * sums meet in workgroup memory behind one barrier at the end. prefetch / pipeline / xh / dp4 do not apply.
+   * sums meet in workgroup memory behind one barrier at the end. prefetch / pipeline / xh / dp4 do not apply:
+   * q8 / q4 units are decoded to f32 (as the staged f32 path) and multiplied with f32 x.
    */
   direct?: boolean;
   /** Direct mode: warps per row block (a divisor of wg / S); warp s sums chunks s, s + splitK, ... */
@@ -171,9 +172,7 @@ export function checkMultiTuning(
   if (!ok) throw new RangeError(`bad multi-token GEMV tuning ${JSON.stringify(t)} (S = ${S}, ${wt})`);
   if (t.direct) {
     const sk = t.splitK ?? 1, u = t.unroll ?? 1;
-    const why = wt !== undefined && wt !== "f32" && wt !== "f16"
-      ? `${wt} weights (f32 and f16 only; quantised rows keep the staged int8 path)`
-      : !Number.isInteger(sk) || sk < 1 || (t.wg / S) % sk !== 0
+    const why = !Number.isInteger(sk) || sk < 1 || (t.wg / S) % sk !== 0
       ? `splitK ${sk} (a divisor of the ${t.wg / S} warps of a workgroup)`
       : !Number.isInteger(u) || u < 1 || u > 8
       ? `unroll ${u} (1..8)`
@@ -491,6 +490,50 @@ fn main(
 }
 
 /**
+ * Direct mode's products for quantised unit u (index `j`, clamped) of the RR rows, vec4 by vec4: the
+ * rows' vec4 i decoded (codes times the group scale, as the staged path), then each token's x vec4 i read
+ * (with RMSNorm: its x^2 summed, times the norm weight) and dotted with them. A q4 unit is 8 vec4s of x a
+ * token, so decoding it whole for every row first (as the float units are) would hold RR x 32 weights in
+ * registers; this order holds RR x 4.
+ */
+function quantUnitBody(
+  wt: QuantType,
+  u: number,
+  j: string,
+  d: { RR: number; T: number; XV: number; norm: boolean; ragged: boolean; nwt: WeightType },
+): string {
+  const { RR, T, XV, norm, ragged, nwt } = d;
+  const out: string[] = [];
+  // A q4 unit is one group of 32; a q8 unit half of one (rb is row * UNITS, and UNITS is even for q8).
+  for (let r = 0; r < RR; r++) {
+    out.push(`let s${r} = group_scale(${wt === "q4" ? `rb${r} + ${j}` : `(rb${r} + ${j}) / 2u`});`);
+  }
+  for (let i = 0; i < XV; i++) {
+    for (let r = 0; r < RR; r++) {
+      out.push(
+        wt === "q4"
+          ? `let d${r}_${i} = (q4v(w${u}_${r}[${i >> 1}], ${16 * (i & 1)}u) - 8.0) * s${r};`
+          : `let d${r}_${i} = q8v(w${u}_${r}[${i}]) * s${r};`,
+      );
+    }
+    if (norm) out.push(`let g${i} = ${normWeightVec4(nwt, `${j} * ${XV}u + ${i}u`)};`);
+    for (let tk = 0; tk < T; tk++) {
+      const at = `x[(p.x_row0 + ${tk}u) * K4 + ${j} * ${XV}u + ${i}u]`;
+      const xv = ragged ? `select(vec4<f32>(0.0), ${at}, ok${u})` : at;
+      if (norm) {
+        out.push(
+          `let xr${tk}_${i} = ${xv};`,
+          `q${tk} += dot(xr${tk}_${i}, xr${tk}_${i});`,
+          `let x${tk}_${i} = xr${tk}_${i} * g${i};`,
+        );
+      } else out.push(`let x${tk}_${i} = ${xv};`);
+      for (let r = 0; r < RR; r++) out.push(`a${r}_${tk} += dot(d${r}_${i}, x${tk}_${i});`);
+    }
+  }
+  return out.join("\n        ");
+}
+
+/**
  * Direct mode (MultiTuning `direct`): a workgroup of WARPS warps is WARPS / SK row blocks of R rows (paired:
  * R gate rows n.. and their up rows N + n..); warp w sums chunks s, s + SK, .. (s = w % SK) of its block's
  * rows, a chunk being U x S units (lane l: units c U S + u S + l), every load of the chunk issued before the
@@ -507,11 +550,6 @@ function gemvMultiDirectSource(
   nwt: WeightType,
   d: { K: number; N: number; T: number; S: number; pairs?: boolean },
 ): string {
-  if (wt !== "f32" && wt !== "f16") {
-    throw new RangeError(
-      `the direct multi-token GEMV has no ${wt} weights (quantised rows keep the staged path)`,
-    );
-  }
   if (f === "silu_mul") {
     throw new RangeError("the direct multi-token GEMV has no silu_mul transform (pair gate/up instead)");
   }
@@ -543,6 +581,10 @@ function gemvMultiDirectSource(
     for (let r = 0; r < RR; r++) body.push(`let w${u}_${r} = W[rb${r} + ${jc(u)}];`);
   }
   for (let u = 0; u < U; u++) {
+    if (isQuant(wt)) {
+      body.push(`{\n        ${quantUnitBody(wt, u, jc(u), { RR, T, XV, norm, ragged, nwt })}\n      }`);
+      continue;
+    }
     // Unit u's block: its rows decoded once, then each token's x.
     const inner: string[] = [];
     for (let r = 0; r < RR; r++) {
@@ -618,6 +660,7 @@ function gemvMultiDirectSource(
   const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
   return `
 ${gemvBindingsWgsl(wt, norm, nwt)}
+${isQuant(wt) ? `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}` : ""}
 const K = ${K}u;
 const N = ${N}u;
 const T = ${T}u;

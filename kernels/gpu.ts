@@ -66,9 +66,10 @@ export interface KernelTuning {
   /** The multi-token GEMV loads tile i + 1's weights before tile i's products (MultiTuning `pipeline`). */
   multiPipeline?: boolean;
   /**
-   * The multi-token GEMV's f32 / f16 matrices with no transform or RMSNorm (paired or not) read x straight
-   * from its buffer and split each row block's K over warps (MultiTuning `direct`, multiDirectTuning) instead
-   * of staging x in tiles. Default on (false: staged); q8 / q4 and silu_mul keep the staged kernel.
+   * The multi-token GEMV's matrices with no transform or RMSNorm (paired or not) read x straight from its
+   * buffer and split each row block's K over warps (MultiTuning `direct`, multiDirectTuning) instead of
+   * staging x in tiles. Default on for f32 / f16 / q8 (false: staged); q4 only when true (with `multi`, as
+   * q4 takes one grid row per token by default); silu_mul stages x.
    */
   multiDirect?: boolean;
   /**

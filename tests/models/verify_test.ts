@@ -72,20 +72,29 @@ for (const name of ["llama-micro", "qwen3-tiny"]) {
   });
 }
 
-// q4 steps of 2..16 tokens take the multi-token GEMV with int8 activations (kernels/gemv_multi.ts, dp4
-// where WGSL has it) where one-token steps take gemv_sg.ts's dp4 kernel; the fixtures' rows are too short
-// for that one (llama-micro: one-token steps multiply f32 activations), so the k-steps are forced onto it
-// here and their logits checked against the one-token steps' within int8 activations' error (a layout or
-// scale fault is off by the logits' own size).
-Deno.test(
-  onGpu("llama-micro q4: forced multi-token steps of 2..16 tokens track the one-token steps"),
-  async () => {
+// Quantised steps of 2..16 tokens through the multi-token GEMV against the one-token steps (gemv_sg.ts;
+// the fixtures' rows are too short for its dp4 kernel: llama-micro's one-token steps multiply f32
+// activations). q8 by default (direct mode, f32 activations); q4, whose k-steps take one grid row per token
+// by default, forced onto the staged kernel's int8 activations (dp4 where WGSL has it) and onto the direct
+// mode. Each k-step's logits are checked within its activations' error (a layout or scale fault is off by the
+// logits' own size).
+const quantSteps = [
+  { weights: "q8", tuning: {}, what: "multi-token steps of 2..16 tokens (direct, the default)" },
+  { weights: "q4", tuning: { multi: true }, what: "forced multi-token steps of 2..16 tokens" },
+  {
+    weights: "q4",
+    tuning: { multi: true, multiDirect: true },
+    what: "forced direct multi-token steps of 2..16 tokens",
+  },
+] as const;
+for (const { weights, tuning, what } of quantSteps) {
+  Deno.test(onGpu(`llama-micro ${weights}: ${what} track the one-token steps`), async () => {
     const dir = fixtureDir("llama-micro")!;
     const { prompt, cont } = await reference(dir);
     const all = [...prompt, ...cont].slice(0, 40);
     const rows = async (multi: boolean, ks: number[]) => {
-      gpu!.tuning = { multi };
-      const engine = await loadEngine(dir, { gpu: gpu!, weights: "q4" });
+      gpu!.tuning = multi ? { ...tuning } : { multi: false };
+      const engine = await loadEngine(dir, { gpu: gpu!, weights });
       try {
         engine.open("r", { maxSeq: all.length, sampling: greedy, maxChunk: 16 });
         const out: number[] = [];
@@ -108,11 +117,12 @@ Deno.test(
       worst = Math.max(worst, Math.abs(got[i] - want[i]));
       scale = Math.max(scale, Math.abs(want[i]));
     }
-    // Measured on lavapipe: 0.057 of 2.4 (dp4); 2e-6 with f32 activations.
-    const tol = gpu!.hasDp4 ? 0.1 : 1e-4;
+    // Measured on lavapipe: 0.057 of 2.4 with int8 activations (staged q4, dp4); 2e-6 with f32 ones.
+    const int8 = weights === "q4" && !("multiDirect" in tuning) && gpu!.hasDp4;
+    const tol = int8 ? 0.1 : 1e-4;
     assert.ok(worst <= tol * scale, `worst |logit error| ${worst} of ${scale}`);
-  },
-);
+  });
+}
 
 // The direct multi-token GEMV (gpu.tuning.multiDirect, kernels/gemv_multi.ts MultiTuning `direct`: x read in
 // place, K split over warps, RMSNorm deferred, gate/up paired) gives a k-step's logits as the staged one does.
