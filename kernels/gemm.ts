@@ -31,6 +31,7 @@ import {
 } from "./gpu.ts";
 import { matmulCall } from "./matmul.ts";
 import { isQuant, QUANT_GROUP, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
+import { QUANT_CODES_WGSL } from "./wgsl.ts";
 
 export interface GemmTile {
   /** Rows (tokens) of y per workgroup. */
@@ -214,7 +215,7 @@ function weightCode(wt: WeightType | QuantType): { decl: string; raw: string; lo
         load: `vec4<u32>(W[e / 8u], W[p.soff + e / ${
           2 * QUANT_GROUP
         }u], (e / ${QUANT_GROUP}u) & 1u, 4u * (e % 8u))`,
-        decode: `(q4v(r.x, r.w) - vec4<f32>(8.0)) * bf16_at(r.y, r.z)`,
+        decode: `q4s(r.x, r.w) * bf16_at(r.y, r.z)`,
       };
   }
 }
@@ -223,13 +224,7 @@ const QUANT_WGSL = `
 fn bf16_at(w: u32, hi: u32) -> f32 {
   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, hi == 1u));
 }
-fn q8v(w: u32) -> vec4<f32> {
-  let s = bitcast<i32>(w);
-  return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
-}
-fn q4v(w: u32, sh: u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
-}`;
+${QUANT_CODES_WGSL}`;
 
 /**
  * Where thread tid sits in the TX x TY grid of thread blocks. Where the grid allows, a warp (32 lanes) is an

@@ -305,7 +305,7 @@ export function gemvMultiSource(
       case "q4":
         return [
           `let s${r} = group_scale(row${r} * GPR + ${unit});`,
-          ...range(8).map((i) => `let d${r}_${i} = (q4v(${w}[${i >> 1}], ${16 * (i & 1)}u) - 8.0) * s${r};`),
+          ...range(8).map((i) => `let d${r}_${i} = q4s(${w}[${i >> 1}], ${16 * (i & 1)}u) * s${r};`),
         ];
     }
   };
@@ -512,7 +512,7 @@ function quantUnitBody(
     for (let r = 0; r < RR; r++) {
       out.push(
         wt === "q4"
-          ? `let d${r}_${i} = (q4v(w${u}_${r}[${i >> 1}], ${16 * (i & 1)}u) - 8.0) * s${r};`
+          ? `let d${r}_${i} = q4s(w${u}_${r}[${i >> 1}], ${16 * (i & 1)}u) * s${r};`
           : `let d${r}_${i} = q8v(w${u}_${r}[${i}]) * s${r};`,
       );
     }

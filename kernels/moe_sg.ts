@@ -14,7 +14,7 @@
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, registerAt, routerWgsl, routerWgslFast } from "./moe_router.ts";
-import { dp4Dot, int8BlocksWgsl, siluMul } from "./wgsl.ts";
+import { dp4Dot, int8BlocksWgsl, QUANT_CODES_WGSL, siluMul } from "./wgsl.ts";
 
 type Storage = WeightType | QuantType;
 
@@ -446,13 +446,7 @@ ${
   if (sh) {${NSH > 0 ? gscale("WS", "p.soff2") : "return 0.0;"}
   }${gscale("W", "p.soff")}
 }
-fn q8v(w: u32) -> vec4<f32> {
-  let s = bitcast<i32>(w);
-  return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
-}
-fn q4v(w: u32, sh: u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
-}`
+${QUANT_CODES_WGSL}`
       : ""
   }`;
   return `

@@ -39,22 +39,35 @@ export const RMS_PROLOGUE = `
   workgroupBarrier();`;
 
 /**
- * WGSL shared by the quantised GEMVs (gemv_sg.ts, gemv_multi.ts, matmul_quant.ts, moe_gemv.ts), which both bind the matrix as
- * `W: array<vec4<u32>>` and its scales' word offset as `p.soff`: decoding 4 weights of a word, and group g's
- * bf16 scale.
+ * Quantised codes as f32, one definition for every kernel that converts them one by one (the GEMVs without
+ * dp4, the multi-token GEMV, the tiled GEMM's staging, the MoE kernels): q8v(w) the 4 signed bytes of a
+ * word, q4v(w, sh) 4 of its nibbles from bit sh (codes 0..15), q4s(w, sh) the same less 8 (the signed value).
+ * (An exact conversion without I2F, the code OR'd into the mantissa of 2^23 and 2^23 subtracted, changed no
+ * k-step on the H200, 2026-12-01: the conversions are not what bounds those kernels.)
  */
-export const QUANT_DECODE_WGSL = `
-fn group_scale(g: u32) -> f32 {
-  let sw = W[p.soff / 4u + g / 8u][(g / 2u) % 4u];
-  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));
-}
+export const QUANT_CODES_WGSL = `
 fn q8v(w: u32) -> vec4<f32> {
   let s = bitcast<i32>(w);
   return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
 }
 fn q4v(w: u32, sh: u32) -> vec4<f32> {
   return vec4<f32>((vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u));
+}
+fn q4s(w: u32, sh: u32) -> vec4<f32> {
+  return q4v(w, sh) - vec4<f32>(8.0);
 }`;
+
+/**
+ * WGSL shared by the quantised GEMVs (gemv_sg.ts, gemv_multi.ts, matmul_quant.ts, moe_gemv.ts), which both bind the matrix as
+ * `W: array<vec4<u32>>` and its scales' word offset as `p.soff`: decoding 4 weights of a word
+ * (QUANT_CODES_WGSL), and group g's bf16 scale.
+ */
+export const QUANT_DECODE_WGSL = `
+fn group_scale(g: u32) -> f32 {
+  let sw = W[p.soff / 4u + g / 8u][(g / 2u) % 4u];
+  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));
+}
+${QUANT_CODES_WGSL}`;
 
 /**
  * The int8 copy of an input row that the dp4 GEMVs (gemv_sg.ts, moe_sg.ts) multiply with dot4I8Packed, as
