@@ -29,6 +29,7 @@ import {
 } from "./gemv_sg.ts";
 import {
   checkMultiTuning,
+  gemvInt8InputCall,
   gemvMultiSource,
   multiDefaultTuning,
   multiDirectTuning,
@@ -241,9 +242,60 @@ export function gemvFusedFits(K: number): boolean {
   return K % 8 === 0;
 }
 
-export function gemvFusedCall(
+/**
+ * The GEMV of a block (the decode and k-step programs' linear layers): gemvFusedCall's one dispatch, or,
+ * where the int8 direct multi-token GEMV serves (multiInt8Serves), the pass making the int8 copy of f(x)'s
+ * T rows and then that GEMV.
+ */
+export function gemvFusedCalls(
   gpu: Gpu,
   bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer; normWeight?: GPUBuffer },
+  d: GemvFusedDims,
+): KernelCall[] {
+  if (!multiInt8Serves(gpu, d)) return [gemvFusedCall(gpu, bufs, d)];
+  const wt = d.weights as QuantType;
+  const f = d.transform ?? "none";
+  const input = gemvInt8InputCall(gpu, bufs, {
+    K: d.K,
+    T: d.T,
+    wt,
+    transform: f,
+    normWeights: d.normWeights ?? "f32",
+    xRow0: d.xRow0,
+    eps: d.eps,
+  });
+  const multi = {
+    ...multiDirectTuning(d.K, d.N, d.T, wt, gpu.subgroupSize!, d.pairs, gpu.tuning),
+    dp4: true,
+  };
+  return [
+    input.call,
+    gemvFusedCall(gpu, { ...bufs, xq: { q: input.xq, s: input.xqs } }, { ...d, multi }),
+  ];
+}
+
+/**
+ * Whether gemvFusedCalls takes the int8 direct multi-token GEMV: gpu.tuning.multiInt8 (off by default: not
+ * yet timed on the H200), q8 / q4 weights, 2..16 rows where the multi-token GEMV fits, WGSL's dp4, and no
+ * kernel forced by the call.
+ */
+function multiInt8Serves(gpu: Gpu, d: GemvFusedDims): boolean {
+  return gpu.tuning.multiInt8 === true && isQuant(d.weights) && gpu.hasDp4 &&
+    gpu.subgroupSize !== undefined &&
+    gpu.tuning.gemv !== "team" && d.T >= 2 && d.multi === undefined && d.tuning === undefined &&
+    gemvFusedFits(d.K) && multiFits(gpu, d.K, d.T, d.weights);
+}
+
+export function gemvFusedCall(
+  gpu: Gpu,
+  bufs: {
+    x: GPUBuffer;
+    w: GPUBuffer;
+    y: GPUBuffer;
+    normWeight?: GPUBuffer;
+    /** The int8 copy of f(x) (gemvInt8InputCall), for a `multi` tuning with direct and dp4. */
+    xq?: { q: GPUBuffer; s: GPUBuffer };
+  },
   d: GemvFusedDims,
 ): KernelCall {
   if (!gemvFusedFits(d.K)) throw new RangeError(`fused GEMV needs K % 8 == 0, got K = ${d.K}`);
@@ -284,6 +336,20 @@ export function gemvFusedCall(
     checkMultiTuning(t, S!, wt, pairs);
     if (t.dp4 && !gpu.hasDp4) {
       throw new RangeError(`dp4 multi-token GEMV needs WGSL's packed_4x8_integer_dot_product`);
+    }
+    if (t.direct && t.dp4) {
+      // The int8 direct mode reads the copy of f(x) that gemvFusedCalls' first pass made.
+      if (!bufs.xq) {
+        throw new TypeError("the int8 direct multi-token GEMV needs the int8 copy of x (gemvFusedCalls)");
+      }
+      const code = gemvMultiSource(wt, "none", t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT: 0, pairs });
+      return kernelCall(
+        gpu,
+        pipeline(gpu, code),
+        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s],
+        [multiGroups(d.N, t, S!)],
+        `${label}_direct_i8`,
+      );
     }
     // Paired, a warp holds loads of twice its rows (the tile's register budget).
     const KT = t.direct ? 0 : multiTileK(gpu, d.K, d.T, wt, pairs ? { ...t, rows: 2 * t.rows } : t);

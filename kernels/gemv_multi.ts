@@ -21,7 +21,8 @@
 // R (gate n, up N + n) pairs, and it writes y[t, n] = silu(gate) * (up) for each of its T tokens.
 // K, N, T are compiled in. Tile: the largest multiple of S units a lane whose staging fits the budget.
 import type { InputTransform } from "./gemv_fused.ts";
-import type { Gpu, WeightType } from "./gpu.ts";
+import type { Gpu, KernelCall, WeightType } from "./gpu.ts";
+import { kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import {
   floatUnitWgsl,
   gemvBindingsWgsl,
@@ -176,8 +177,8 @@ export function checkMultiTuning(
       ? `splitK ${sk} (a divisor of the ${t.wg / S} warps of a workgroup)`
       : !Number.isInteger(u) || u < 1 || u > 8
       ? `unroll ${u} (1..8)`
-      : t.dp4 || t.xh || t.pipeline
-      ? "dp4 / xh / pipeline (staged x only)"
+      : t.xh || t.pipeline
+      ? "xh / pipeline (staged x only)"
       : "";
     if (why) throw new RangeError(`direct multi-token GEMV ${JSON.stringify(t)} cannot serve ${why}`);
   }
@@ -490,6 +491,70 @@ fn main(
 }
 
 /**
+ * The int8 direct mode's bindings: gemvBindingsWgsl's, with x replaced by the int8 copy of the k input rows
+ * (gemvInt8InputCall: `xq` words, `xqs` each block's (scale, scale * sum q)) and no norm weight (the copy
+ * was made from the transformed input).
+ */
+function int8BindingsWgsl(): string {
+  return `struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> W: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> xqs: array<vec2<f32>>;`;
+}
+
+/**
+ * The int8 direct mode's products for unit u (index `j`, clamped) of the RR rows: each row's words split
+ * into the nibbles dp4Dot pairs with the even / odd int8 vec4s (q4) once, then for each token its block's
+ * int8 words and (scale, scale * sum q) read from the copy (token t's at t * 2NB: q4 even vec4s then odd
+ * ones, q8 a unit's vec4 at its index; scales at t * NB) and dot4I8Packed: a q4 unit is scale * (xs.x * dot
+ * - 8 xs.y), a q8 unit scale * xs.x * dot (int8BlocksWgsl's convention). Units past the row (`ok` false)
+ * take a zero block scale, so they add nothing.
+ */
+function int8UnitBody(
+  wt: QuantType,
+  u: number,
+  j: string,
+  d: { RR: number; T: number; NB: number; ragged: boolean },
+): string {
+  const { RR, T, NB, ragged } = d;
+  const out: string[] = [];
+  const q4 = wt === "q4";
+  for (let r = 0; r < RR; r++) {
+    out.push(`let s${r} = group_scale(${q4 ? `rb${r} + ${j}` : `(rb${r} + ${j}) / 2u`});`);
+    if (q4) {
+      out.push(
+        `let we${r} = w${u}_${r} & vec4<u32>(0x0F0F0F0Fu);`,
+        `let wo${r} = (w${u}_${r} >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);`,
+      );
+    }
+  }
+  const dp = (a: string, b: string) =>
+    ["x", "y", "z", "w"].map((c) => `dot4I8Packed(${a}.${c}, ${b}.${c})`).join(" + ");
+  for (let tk = 0; tk < T; tk++) {
+    const sc = `xqs[${tk * NB}u + ${q4 ? j : `${j} / 2u`}]`;
+    out.push(`let xc${tk} = ${ragged ? `select(vec2<f32>(0.0), ${sc}, ok${u})` : sc};`);
+    if (q4) {
+      out.push(
+        `let xe${tk} = xq[${2 * tk * NB}u + ${j}];`,
+        `let xo${tk} = xq[${(2 * tk + 1) * NB}u + ${j}];`,
+      );
+    } else out.push(`let xw${tk} = xq[${2 * tk * NB}u + ${j}];`);
+    for (let r = 0; r < RR; r++) {
+      out.push(
+        q4
+          ? `a${r}_${tk} += s${r} * (xc${tk}.x * f32(${dp(`we${r}`, `xe${tk}`)} + ${
+            dp(`wo${r}`, `xo${tk}`)
+          }) - 8.0 * xc${tk}.y);`
+          : `a${r}_${tk} += s${r} * xc${tk}.x * f32(${dp(`w${u}_${r}`, `xw${tk}`)});`,
+      );
+    }
+  }
+  return out.join("\n        ");
+}
+
+/**
  * Direct mode's products for quantised unit u (index `j`, clamped) of the RR rows, vec4 by vec4: the
  * rows' vec4 i decoded (codes times the group scale, as the staged path), then each token's x vec4 i read
  * (with RMSNorm: its x^2 summed, times the norm weight) and dotted with them. A q4 unit is 8 vec4s of x a
@@ -550,6 +615,12 @@ function gemvMultiDirectSource(
   nwt: WeightType,
   d: { K: number; N: number; T: number; S: number; pairs?: boolean },
 ): string {
+  const i8 = t.dp4 === true;
+  if (i8 && (!isQuant(wt) || f !== "none")) {
+    throw new RangeError(
+      `the int8 direct multi-token GEMV takes q8 / q4 weights and x already transformed (${wt}, ${f})`,
+    );
+  }
   if (f === "silu_mul") {
     throw new RangeError("the direct multi-token GEMV has no silu_mul transform (pair gate/up instead)");
   }
@@ -581,6 +652,14 @@ function gemvMultiDirectSource(
     for (let r = 0; r < RR; r++) body.push(`let w${u}_${r} = W[rb${r} + ${jc(u)}];`);
   }
   for (let u = 0; u < U; u++) {
+    if (i8) {
+      body.push(
+        `{\n        ${
+          int8UnitBody(wt as QuantType, u, jc(u), { RR, T, NB: K / QUANT_GROUP, ragged })
+        }\n      }`,
+      );
+      continue;
+    }
     if (isQuant(wt)) {
       body.push(`{\n        ${quantUnitBody(wt, u, jc(u), { RR, T, XV, norm, ragged, nwt })}\n      }`);
       continue;
@@ -659,7 +738,7 @@ function gemvMultiDirectSource(
   }
   const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
   return `
-${gemvBindingsWgsl(wt, norm, nwt)}
+${i8 ? int8BindingsWgsl() : gemvBindingsWgsl(wt, norm, nwt)}
 ${isQuant(wt) ? `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}` : ""}
 const K = ${K}u;
 const N = ${N}u;
@@ -715,4 +794,98 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 export function multiGroups(N: number, t: MultiTuning, S: number): number {
   if (t.direct) return Math.ceil(N / ((t.wg / S / (t.splitK ?? 1)) * t.rows));
   return Math.ceil(N / ((t.wg / S) * t.rows));
+}
+
+/** Threads of the int8 input pass's workgroup (one workgroup a token row). */
+const INT8_WG = 256;
+
+/**
+ * WGSL of the int8 input pass: workgroup t makes token row t's int8 copy (int8BlocksWgsl: blocks of 32, scale
+ * amax / 127, (scale, scale * sum q); q4 even vec4s of a row's blocks then its odd ones) of f(x) for the int8
+ * direct multi-token GEMV. RMSNorm's 1 / rms is taken first (a workgroup reduction of x^2) and applied with
+ * the norm weight before quantising; silu_mul reads [gate | up] rows.
+ */
+function int8InputSource(wt: QuantType, f: InputTransform, nwt: WeightType, K: number): string {
+  const K4 = K / 4;
+  const NB = K / QUANT_GROUP;
+  const norm = f === "rmsnorm";
+  const vin = (k: string) =>
+    f === "silu_mul"
+      ? `silu_mul_at(xr, ${k})`
+      : norm
+      ? `x[xr + ${k}] * ${normWeightVec4(nwt, k)} * inv`
+      : `x[xr + ${k}]`;
+  const blocks = int8BlocksWgsl(wt, vin, `${NB}u`, `${INT8_WG}u`, wt === "q4" ? `${NB}u` : undefined, {
+    first: "tid",
+    q: (i) => `xq[t * ${2 * NB}u + ${i}]`,
+    s: (b) => `xqs[t * ${NB}u + ${b}]`,
+  });
+  return `struct P { K: u32, T: u32, x_row0: u32, eps: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> xq: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> xqs: array<vec2<f32>>;
+${
+    norm
+      ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;
+var<workgroup> red: array<f32, ${INT8_WG}>;`
+      : ""
+  }
+${
+    f === "silu_mul"
+      ? `fn silu_mul_at(xr: u32, k: u32) -> vec4<f32> { return ${
+        siluMulVec4("x[xr + k]", `x[xr + ${K4}u + k]`)
+      }; }`
+      : ""
+  }
+@compute @workgroup_size(${INT8_WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  let t = wg.x;
+  let xr = (p.x_row0 + t) * ${f === "silu_mul" ? 2 * K4 : K4}u;
+  ${
+    norm
+      ? `var ss = 0.0;
+  for (var k = tid; k < ${K4}u; k += ${INT8_WG}u) { let v = x[xr + k]; ss += dot(v, v); }
+  red[tid] = ss;
+  for (var h = ${INT8_WG / 2}u; h > 0u; h >>= 1u) {
+    workgroupBarrier();
+    if (tid < h) { red[tid] += red[tid + h]; }
+  }
+  workgroupBarrier();
+  let inv = inverseSqrt(red[0] / f32(p.K) + p.eps);`
+      : ""
+  }
+  ${blocks}
+}`;
+}
+
+/**
+ * The int8 input pass of the int8 direct multi-token GEMV (MultiTuning direct + dp4): one dispatch making the
+ * int8 copy of f(x)'s T rows once, instead of every workgroup staging it (the staged kernel's cost). Returns
+ * the call (it owns the copy's two buffers) and the buffers, to be bound by the GEMV (gemv_fused.ts).
+ */
+export function gemvInt8InputCall(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; normWeight?: GPUBuffer },
+  d: {
+    K: number;
+    T: number;
+    wt: QuantType;
+    transform: InputTransform;
+    normWeights: WeightType;
+    xRow0?: number;
+    eps?: number;
+  },
+): { call: KernelCall; xq: GPUBuffer; xqs: GPUBuffer } {
+  const { K, T, wt, transform: f } = d;
+  if (K % QUANT_GROUP !== 0) throw new RangeError(`int8 rows need K % ${QUANT_GROUP} == 0, got ${K}`);
+  if (f === "rmsnorm" && !bufs.normWeight) throw new TypeError("rmsnorm transform needs normWeight");
+  const xq = storageBuffer(gpu, T * K, "gemv int8 x");
+  const xqs = storageBuffer(gpu, (T * K) / QUANT_GROUP * 8, "gemv int8 x scales");
+  const params = uniformBuffer(gpu, [K, T, d.xRow0 ?? 0, d.eps ?? 0], [3]);
+  const buffers = [params, bufs.x, xq, xqs, ...(f === "rmsnorm" ? [bufs.normWeight!] : [])];
+  const code = int8InputSource(wt, f, d.normWeights, K);
+  const call = kernelCall(gpu, pipeline(gpu, code), buffers, [T], "gemv_int8_x");
+  call.owned = [xq, xqs];
+  return { call, xq, xqs };
 }

@@ -73,6 +73,12 @@ export interface KernelTuning {
    */
   multiDirect?: boolean;
   /**
+   * q8 / q4 k-steps (gemv_fused.ts gemvFusedCalls): one pass makes the int8 copy of the k input rows, then
+   * the direct multi-token GEMV multiplies it with dot4I8Packed (MultiTuning direct + dp4). Off by default
+   * until timed on the H200.
+   */
+  multiInt8?: boolean;
+  /**
    * The direct multi-token GEMV's units of a row in flight and its row cap (multiDirectTuning's `unroll`,
    * `rows`), forced for every shape: for A/B runs (scripts/bench/decode.ts --multi-unroll / --multi-rows).
    */

@@ -7,7 +7,7 @@
 //   y[t] += shared_down @ silu_mul(shared_gate_up @ xn[t])         (deepseek_v3 / kimi_k2 shared experts)
 // Expert stacks are [E, 2I, H] (gate rows then up rows per expert) and [E, H, I]; the shared expert is an
 // ordinary MLP with intermediate n_shared_experts * moe_intermediate_size.
-import { gemvFusedCall, gemvFusedFits, type GemvTuning } from "./gemv_fused.ts";
+import { gemvFusedCalls, gemvFusedFits, type GemvTuning } from "./gemv_fused.ts";
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
 import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
@@ -198,7 +198,9 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
     calls.push(matmulCall(gpu, { x: b.x, w: sharedGateUp, y: gu }, { K: H, N: 2 * Is, T, weights: gt }));
     const down = { K: Is, N: H, T, accumulate: true, weights: dt };
     if (T <= GEMV_MAX_T && gemvFusedFits(Is) && (!isQuant(dt) || quantFits(Is))) {
-      calls.push(gemvFusedCall(gpu, { x: gu, w: sharedDown, y: b.y }, { ...down, transform: "silu_mul" }));
+      calls.push(
+        ...gemvFusedCalls(gpu, { x: gu, w: sharedDown, y: b.y }, { ...down, transform: "silu_mul" }),
+      );
     } else {
       calls.push(
         siluMulCall(gpu, { gu, a: s.sharedAct }, { intermediate: Is, T }),
@@ -397,7 +399,7 @@ export function moeDecodeCalls(
   }, gateUp));
   if (Is > 0 && !folded) {
     calls.push(
-      gemvFusedCall(gpu, { x: b.x, w: b.sharedGateUp!, y: s.sharedGu!, ...norm }, {
+      ...gemvFusedCalls(gpu, { x: b.x, w: b.sharedGateUp!, y: s.sharedGu!, ...norm }, {
         K: H,
         N: 2 * Is,
         T,
@@ -406,7 +408,7 @@ export function moeDecodeCalls(
         transform: "rmsnorm",
         eps: d.eps,
       }),
-      gemvFusedCall(gpu, { x: s.sharedGu!, w: b.sharedDown!, y: b.x }, {
+      ...gemvFusedCalls(gpu, { x: s.sharedGu!, w: b.sharedDown!, y: b.x }, {
         K: Is,
         N: H,
         T,

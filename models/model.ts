@@ -20,7 +20,7 @@ import {
   createStepBuffer,
   embedCall,
   GEMV_MULTI_MAX_T,
-  gemvFusedCall,
+  gemvFusedCalls,
   gemvFusedFits,
   type Gpu,
   isQuant,
@@ -620,7 +620,7 @@ export class Sequence {
       const srcRow0 = output === "logits" ? 0 : T - 1;
       const eps = c.rmsNormEps;
       if (gemvFusedFits(H) && rows <= GEMV_MULTI_MAX_T) {
-        calls.push(gemvFusedCall(gpu, { x, w: lmHead, y: this.logits, normWeight: finalNorm }, {
+        calls.push(...gemvFusedCalls(gpu, { x, w: lmHead, y: this.logits, normWeight: finalNorm }, {
           K: H,
           N: V,
           T: rows,

@@ -15,7 +15,7 @@ import {
   DECODE_MAX_T,
   flashAttentionCall,
   flashAttentionFits,
-  gemvFusedCall,
+  gemvFusedCalls,
   headNormCall,
   type KernelCall,
   kvElementBytes,
@@ -112,17 +112,15 @@ export function gqaProgram(
   const { T, hidden: H } = d;
   const dims = { heads: a.heads, kvHeads: a.kvHeads, headDim: a.headDim, maxSeq: bufs.maxSeq, T, kv: ctx.kv };
   const calls: KernelCall[] = d.fused
-    ? [
-      gemvFusedCall(gpu, { x, w: w.qkv, y: qkv, normWeight: w.norm }, {
-        K: H,
-        N: qkvDim,
-        T,
-        weights: wt(w.qkv),
-        normWeights: normType,
-        transform: "rmsnorm",
-        eps,
-      }),
-    ]
+    ? gemvFusedCalls(gpu, { x, w: w.qkv, y: qkv, normWeight: w.norm }, {
+      K: H,
+      N: qkvDim,
+      T,
+      weights: wt(w.qkv),
+      normWeights: normType,
+      transform: "rmsnorm",
+      eps,
+    })
     : [
       rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
       ...prefillLinearCalls(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
@@ -156,7 +154,7 @@ export function gqaProgram(
   const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
   calls.push(
     ...(d.fused
-      ? [gemvFusedCall(gpu, { x: att, w: w.o, y: x }, o)]
+      ? gemvFusedCalls(gpu, { x: att, w: w.o, y: x }, o)
       : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, o)),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));

@@ -3,7 +3,7 @@
 // rmsnorm into `normed` and the tiled matmul. Every block builds its projections through here.
 import {
   GEMV_MULTI_MAX_T,
-  gemvFusedCall,
+  gemvFusedCalls,
   gemvFusedFits,
   type KernelCall,
   prefillLinearCalls,
@@ -31,10 +31,10 @@ export function linear(
   const dims = { K: d.K, N: d.N, T: d.T, accumulate: d.accumulate, weights };
   // M <= 16 -> the GEMV family (one row, or 2..16 rows sharing each weight read: kernels/gemv_multi.ts).
   if (d.T <= GEMV_MULTI_MAX_T && gemvFusedFits(d.K)) {
-    return [gemvFusedCall(gpu, { x: b.x, w: b.w, y: b.y, normWeight: b.norm }, {
+    return gemvFusedCalls(gpu, { x: b.x, w: b.w, y: b.y, normWeight: b.norm }, {
       ...dims,
       ...(b.norm ? { transform: "rmsnorm" as const, normWeights: normType, eps } : {}),
-    })];
+    });
   }
   if (!b.norm) return prefillLinearCalls(gpu, { x: b.x, w: b.w, y: b.y }, dims);
   if (!b.normed) throw new TypeError("a normed linear layer off the fused path needs `normed` scratch");

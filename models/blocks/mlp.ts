@@ -8,7 +8,7 @@
 import {
   gemmCalls,
   gemmFits,
-  gemvFusedCall,
+  gemvFusedCalls,
   gemvPairFits,
   type KernelCall,
   prefillLinearCalls,
@@ -57,7 +57,7 @@ export function mlpProgram(
   // Paired (gemv_sg.ts): the gate/up GEMV writes silu(gate) * up into `a` [T, I] and down reads it as it is.
   if (d.fused && gemvPairFits(gpu, H, T, wt(w.gateUp))) {
     return [
-      gemvFusedCall(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm }, {
+      ...gemvFusedCalls(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm }, {
         K: H,
         N: I,
         T,
@@ -67,12 +67,18 @@ export function mlpProgram(
         eps,
         pairs: true,
       }),
-      gemvFusedCall(gpu, { x: a, w: w.down, y: x }, { K: I, N: H, T, accumulate: true, weights: wt(w.down) }),
+      ...gemvFusedCalls(gpu, { x: a, w: w.down, y: x }, {
+        K: I,
+        N: H,
+        T,
+        accumulate: true,
+        weights: wt(w.down),
+      }),
     ];
   }
   if (d.fused) {
     return [
-      gemvFusedCall(gpu, { x, w: w.gateUp, y: gu, normWeight: w.norm }, {
+      ...gemvFusedCalls(gpu, { x, w: w.gateUp, y: gu, normWeight: w.norm }, {
         K: H,
         N: 2 * I,
         T,
@@ -81,7 +87,7 @@ export function mlpProgram(
         transform: "rmsnorm",
         eps,
       }),
-      gemvFusedCall(gpu, { x: gu, w: w.down, y: x }, {
+      ...gemvFusedCalls(gpu, { x: gu, w: w.down, y: x }, {
         K: I,
         N: H,
         T,

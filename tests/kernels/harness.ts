@@ -2,7 +2,7 @@
 // tolerance check |gpu - ref| <= atol + |ref| * rtol.
 import {
   dequantize,
-  gemvFusedCall,
+  gemvFusedCalls,
   getGpu,
   type Gpu,
   matmulRef,
@@ -113,9 +113,9 @@ export function packedWeights(t: "f32" | "f16" | QuantType, w: Float32Array, N: 
 }
 
 /**
- * One GEMV case through gemvFusedCall (x read from row 1 of a random [T + 1, width] input, y preloaded with
+ * One GEMV case through gemvFusedCalls (x read from row 1 of a random [T + 1, width] input, y preloaded with
  * random values for `accumulate`) and its CPU reference: what the GEMV tests compare, whatever kernel the
- * options pick (`tuning` / `multi`). `input` is f(x) as the reference used it, `deq` the weights.
+ * options and gpu.tuning pick (`tuning` / `multi`, multiInt8). `input` is f(x) as the reference used it, `deq` the weights.
  */
 export async function gemvCase(
   g: Gpu,
@@ -129,7 +129,7 @@ export async function gemvCase(
     normWeights: "f32" | "f16";
     seed: number;
   },
-  opts: Partial<Parameters<typeof gemvFusedCall>[2]>,
+  opts: Partial<Parameters<typeof gemvFusedCalls>[2]>,
 ): Promise<{ got: Float32Array; want: Float32Array; input: Float32Array; deq: Float32Array }> {
   const { wt, K, N, T, transform, accumulate, normWeights, seed } = c;
   const width = transform === "silu_mul" ? 2 * K : K;
@@ -140,8 +140,9 @@ export async function gemvCase(
   if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
   const y0 = randoms(T * N, 9);
   const y = upload(g, y0);
-  await runCalls(g, [
-    gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
+  await runCalls(
+    g,
+    gemvFusedCalls(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
       K,
       N,
       T,
@@ -153,7 +154,7 @@ export async function gemvCase(
       eps: 1e-5,
       ...opts,
     }),
-  ]);
+  );
   const rows = x.slice(width, (T + 1) * width);
   const input = transform === "rmsnorm"
     ? rmsnormRef(rows, nw, K, 1e-5)

@@ -76,7 +76,8 @@ for (const name of ["llama-micro", "qwen3-tiny"]) {
 // the fixtures' rows are too short for its dp4 kernel: llama-micro's one-token steps multiply f32
 // activations). q8 by default (direct mode, f32 activations); q4, whose k-steps take one grid row per token
 // by default, forced onto the staged kernel's int8 activations (dp4 where WGSL has it) and onto the direct
-// mode. Each k-step's logits are checked within its activations' error (a layout or scale fault is off by the
+// mode; both with the int8 direct mode (gpu.tuning.multiInt8: one pass quantises the k rows, dp4 GEMVs).
+// Each k-step's logits are checked within its activations' error (a layout or scale fault is off by the
 // logits' own size).
 const quantSteps = [
   { weights: "q8", tuning: {}, what: "multi-token steps of 2..16 tokens (direct, the default)" },
@@ -86,6 +87,8 @@ const quantSteps = [
     tuning: { multi: true, multiDirect: true },
     what: "forced direct multi-token steps of 2..16 tokens",
   },
+  { weights: "q4", tuning: { multiInt8: true }, what: "int8 direct multi-token steps of 2..16 tokens" },
+  { weights: "q8", tuning: { multiInt8: true }, what: "int8 direct multi-token steps of 2..16 tokens" },
 ] as const;
 for (const { weights, tuning, what } of quantSteps) {
   Deno.test(onGpu(`llama-micro ${weights}: ${what} track the one-token steps`), async () => {
@@ -118,7 +121,7 @@ for (const { weights, tuning, what } of quantSteps) {
       scale = Math.max(scale, Math.abs(want[i]));
     }
     // Measured on lavapipe: 0.057 of 2.4 with int8 activations (staged q4, dp4); 2e-6 with f32 ones.
-    const int8 = weights === "q4" && !("multiDirect" in tuning) && gpu!.hasDp4;
+    const int8 = gpu!.hasDp4 && ("multiInt8" in tuning || (weights === "q4" && !("multiDirect" in tuning)));
     const tol = int8 ? 0.1 : 1e-4;
     assert.ok(worst <= tol * scale, `worst |logit error| ${worst} of ${scale}`);
   });
