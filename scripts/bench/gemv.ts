@@ -24,9 +24,11 @@
 // ~40 a case); --direct-only times only these (no team, staged multi or one-row variants), e.g.
 //   deno run -A scripts/bench/gemv.ts --weights f16 --k 8 --sweep --direct-only --cases o,qkv,gate_up_pairs,down_plain,head
 //   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--direct] [--direct-only] [--weights f16,q8,q4]
-//     [--k 2,4,8,16] [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head] [--copies N]
+//     [--k 2,4,8,16] [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head] [--copies N] [--only A,B]
 // --copies: how many weight copies the dispatches rotate over (default: enough for 256 MB; 1 keeps a matrix
-// that fits the 50 MB L2 there, the time a GEMV would take if its weights had been prefetched).
+// that fits the 50 MB L2 there, the time a GEMV would take if its weights had been prefetched). --only: just
+// the variants of these names (e.g. --sweep --direct-only --k 8 --cases head --only
+// k8_dir_default,k8_dir_r4k2w256u2: a full sweep of the head compiles ~40 kernels and outran a 280 s limit).
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
@@ -63,6 +65,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       direct: { type: "boolean", default: false },
       "direct-only": { type: "boolean", default: false },
       copies: { type: "string" },
+      only: { type: "string" },
     },
   }));
 const gpu = await getGpu();
@@ -262,7 +265,12 @@ for (const wt of values.weights!.split(",") as Wt[]) {
     const variants: [string, KernelCall[]][] = [];
     // Each variant is timed in two passes over all of them (the best kept), so none is measured only
     // while the clocks ramp or after an idle gap.
-    const time = (label: string, make: (w: GPUBuffer) => KernelCall) => variants.push([label, ws.map(make)]);
+    // --only: time just the named variants (each builds its pipeline, which is most of a sweep's time at the
+    // LM head's shape).
+    const only = values.only?.split(",");
+    const time = (label: string, make: (w: GPUBuffer) => KernelCall) => {
+      if (!only || only.includes(label)) variants.push([label, ws.map(make)]);
+    };
     // The H200 idles at 345 MHz and ramps up under load: ~0.4 s of this shape's work first.
     if (!quick) {
       // (Paired: the default kernel; the team kernel does not pair.)
