@@ -5,6 +5,7 @@
 // decode program with pairing on and off giving the same x. Skips, saying so, without a GPU or subgroups.
 import {
   gemvFusedCall,
+  gemvFusedCalls,
   gemvPairFits,
   matmulRef,
   type MultiTuning,
@@ -15,7 +16,7 @@ import {
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+import { assertClose, dp4Bounds, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -25,26 +26,6 @@ const ignore = gpu === null || !gpu.subgroupSize;
 
 const PER_UNIT = { f32: 4, f16: 8, q8: 16, q4: 32 } as const;
 const silu = (g: number) => g / (1 + Math.exp(-g));
-
-/** |error| bound of each output of a dp4 (int8 activation) GEMV (harness.ts checkDp4's), [T, N]. */
-function dp4Bound(input: Float32Array, w: Float32Array, T: number, N: number, K: number): Float32Array {
-  const out = new Float32Array(T * N);
-  for (let r = 0; r < T; r++) {
-    for (let n = 0; n < N; n++) {
-      let bound = 0;
-      for (let b = 0; b < K / 32; b++) {
-        let amax = 0, wsum = 0;
-        for (let i = b * 32; i < b * 32 + 32; i++) {
-          amax = Math.max(amax, Math.abs(input[r * K + i]));
-          wsum += Math.abs(w[n * K + i]);
-        }
-        bound += (amax / 127 / 2) * wsum * 1.001;
-      }
-      out[r * N + n] = bound;
-    }
-  }
-  return out;
-}
 
 async function checkPairs(
   g: NonNullable<typeof gpu>,
@@ -57,6 +38,8 @@ async function checkPairs(
     seed: number;
     tuning?: SgTuning;
     multi?: MultiTuning | false;
+    /** gpu.tuning.multiInt8 for the run (the int8 direct multi-token GEMV and its input pass). */
+    int8?: boolean;
   },
 ): Promise<void> {
   const { wt, K, N, T, transform, seed } = o;
@@ -68,21 +51,28 @@ async function checkPairs(
   const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
   if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
   const y = upload(g, randoms(T * N, 9));
-  await runCalls(g, [
-    gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
-      K,
-      N,
-      T,
-      xRow0: 1,
-      weights: wt,
-      normWeights,
-      transform,
-      eps: 1e-5,
-      tuning: o.tuning,
-      multi: o.multi,
-      pairs: true,
-    }),
-  ]);
+  const saved = { ...g.tuning };
+  if (o.int8) g.tuning.multiInt8 = true;
+  try {
+    await runCalls(
+      g,
+      gemvFusedCalls(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
+        K,
+        N,
+        T,
+        xRow0: 1,
+        weights: wt,
+        normWeights,
+        transform,
+        eps: 1e-5,
+        tuning: o.tuning,
+        multi: o.multi,
+        pairs: true,
+      }),
+    );
+  } finally {
+    g.tuning = saved;
+  }
   const rows = x.slice(width, (T + 1) * width);
   const input = transform === "rmsnorm"
     ? rmsnormRef(rows, nw, K, 1e-5)
@@ -95,12 +85,12 @@ async function checkPairs(
   const want = gate.map((v, i) => silu(v) * up[i]);
   const got = await readF32(g, y, T * N);
   const what = `pairs ${wt} ${transform} T${T} K${K} N${N} nw ${normWeights} ${
-    JSON.stringify(o.tuning ?? o.multi ?? "default")
+    JSON.stringify(o.tuning ?? o.multi ?? (o.int8 ? "int8" : "default"))
   }`;
-  if (o.tuning?.dp4) {
+  if (o.tuning?.dp4 || o.int8) {
     // silu' lies in (-0.1, 1.1): an error eg in gate and eu in up move the product by at most this.
-    const eg = dp4Bound(input, w.deq.subarray(0, N * K), T, N, K);
-    const eu = dp4Bound(input, w.deq.subarray(N * K), T, N, K);
+    const eg = dp4Bounds(input, w.deq.subarray(0, N * K), T, N, K);
+    const eu = dp4Bounds(input, w.deq.subarray(N * K), T, N, K);
     for (let i = 0; i < T * N; i++) {
       const bound = 1e-4 + 1e-4 * Math.abs(want[i]) + 1.1 * eg[i] * (Math.abs(up[i]) + eu[i]) +
         Math.abs(silu(gate[i])) * eu[i] + 1.1 * eg[i] * eu[i];
@@ -263,3 +253,26 @@ Deno.test({ name: "paired gate/up GEMV refuses to accumulate and the team kernel
     g.tuning = saved;
   }
 });
+
+Deno.test(
+  {
+    name:
+      "paired gate/up GEMV in the int8 direct multi-token mode (gpu.tuning.multiInt8): q8 / q4, T = 2..16",
+    ignore: ignore || !gpu?.hasDp4,
+  },
+  async () => {
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    let k = 0;
+    for (const wt of ["q8", "q4"] as const) {
+      // A group short of 3 S units (a ragged last chunk for q4), and one group.
+      for (const K of [32 * (3 * S - 1), 32]) {
+        for (const [T, N] of [[2, 37], [16, 5]]) {
+          for (const transform of ["none", "rmsnorm", "silu_mul"] as const) {
+            await checkPairs(g, { wt, K, N, T, transform, seed: 600 + k++, int8: true });
+          }
+        }
+      }
+    }
+  },
+);

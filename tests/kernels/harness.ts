@@ -67,6 +67,32 @@ export function assertClose(
   }
 }
 
+/** |error| bound of each output [T, N] of a dp4 (int8 activation) GEMV: checkDp4's, for other checks. */
+export function dp4Bounds(
+  input: Float32Array,
+  w: Float32Array,
+  T: number,
+  N: number,
+  K: number,
+): Float32Array {
+  const out = new Float32Array(T * N);
+  for (let r = 0; r < T; r++) {
+    for (let n = 0; n < N; n++) {
+      let bound = 0;
+      for (let b = 0; b < K / 32; b++) {
+        let amax = 0, wsum = 0;
+        for (let i = b * 32; i < b * 32 + 32; i++) {
+          amax = Math.max(amax, Math.abs(input[r * K + i]));
+          wsum += Math.abs(w[n * K + i]);
+        }
+        bound += (amax / 127 / 2) * wsum * 1.001;
+      }
+      out[r * N + n] = bound;
+    }
+  }
+  return out;
+}
+
 /**
  * int8 activations: each x is off by at most half its block's step (amax / 127 / 2), so a row's error is
  * at most the sum over its blocks of step / 2 * sum |w| in the block (+ f32 rounding). A wrong layout or
@@ -81,17 +107,10 @@ export function checkDp4(
   what: string,
 ): void {
   const { T, N, K } = d;
+  const bounds = dp4Bounds(input, w, T, N, K);
   for (let r = 0; r < T; r++) {
     for (let n = 0; n < N; n++) {
-      let bound = 1e-4 + 1e-4 * Math.abs(want[r * N + n]);
-      for (let b = 0; b < K / 32; b++) {
-        let amax = 0, wsum = 0;
-        for (let i = b * 32; i < b * 32 + 32; i++) {
-          amax = Math.max(amax, Math.abs(input[r * K + i]));
-          wsum += Math.abs(w[n * K + i]);
-        }
-        bound += (amax / 127 / 2) * wsum * 1.001;
-      }
+      const bound = 1e-4 + 1e-4 * Math.abs(want[r * N + n]) + bounds[r * N + n];
       const err = Math.abs(got[r * N + n] - want[r * N + n]);
       if (!(err <= bound)) {
         throw new Error(
