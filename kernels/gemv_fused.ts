@@ -189,8 +189,7 @@ function gemvPath(
 ): GemvPath {
   // Not by default for q4: on the H200 (2026-12-01) a k = 8 step with one grid row per token cost 3.24-3.31x
   // a one-token step, against 4.01x with the staged multi-token kernel's int8 activations, 4.86x in direct
-  // mode and 5.3x staged with f32 activations (docs/BENCHMARKS.md: a q4 unit's 32 decodes and conversions
-  // to f32 bound those kernels). When forced (`multi` or gpu.tuning.multi), q4 stages int8 activations where
+  // mode and 5.3x staged with f32 activations (docs/BENCHMARKS.md). When forced (`multi` or gpu.tuning.multi), q4 stages int8 activations where
   // WGSL has dp4 (multiDp4). q8 keeps f32 activations: they keep the fixtures' greedy tokens where int8 ones
   // flip near-ties in short prompts' steps.
   const multiOn = multi !== undefined ? multi !== false : gpu.tuning.multi ?? wt !== "q4";

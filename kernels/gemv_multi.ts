@@ -24,6 +24,7 @@ import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, KernelCall, WeightType } from "./gpu.ts";
 import { kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import {
+  dp4Dot,
   floatUnitWgsl,
   gemvBindingsWgsl,
   int8BlocksWgsl,
@@ -491,17 +492,11 @@ fn main(
 }
 
 /**
- * The int8 direct mode's bindings: gemvBindingsWgsl's, with x replaced by the int8 copy of the k input rows
- * (gemvInt8InputCall: `xq` words, `xqs` each block's (scale, scale * sum q)) and no norm weight (the copy
- * was made from the transformed input).
+ * `let s<r> = ` the group scale of unit `j` of row r in direct mode (rb<r> = row * UNITS): a q4 unit is one
+ * group of 32, a q8 unit half of one (UNITS is even for q8, so (rb + j) / 2 is the row's group j / 2).
  */
-function int8BindingsWgsl(): string {
-  return `struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> xq: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> W: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> xqs: array<vec2<f32>>;`;
+function unitScale(wt: QuantType, r: number, j: string): string {
+  return `let s${r} = group_scale(${wt === "q4" ? `rb${r} + ${j}` : `(rb${r} + ${j}) / 2u`});`;
 }
 
 /**
@@ -522,7 +517,7 @@ function int8UnitBody(
   const out: string[] = [];
   const q4 = wt === "q4";
   for (let r = 0; r < RR; r++) {
-    out.push(`let s${r} = group_scale(${q4 ? `rb${r} + ${j}` : `(rb${r} + ${j}) / 2u`});`);
+    out.push(unitScale(wt, r, j));
     if (q4) {
       out.push(
         `let we${r} = w${u}_${r} & vec4<u32>(0x0F0F0F0Fu);`,
@@ -530,8 +525,8 @@ function int8UnitBody(
       );
     }
   }
-  const dp = (a: string, b: string) =>
-    ["x", "y", "z", "w"].map((c) => `dot4I8Packed(${a}.${c}, ${b}.${c})`).join(" + ");
+  // The nibbles split once a row above, so each token's products are dp4Dot's plain (q8) form.
+  const dp = (a: string, b: string) => dp4Dot("q8", a, b);
   for (let tk = 0; tk < T; tk++) {
     const sc = `xqs[${tk * NB}u + ${q4 ? j : `${j} / 2u`}]`;
     out.push(`let xc${tk} = ${ragged ? `select(vec2<f32>(0.0), ${sc}, ok${u})` : sc};`);
@@ -569,10 +564,7 @@ function quantUnitBody(
 ): string {
   const { RR, T, XV, norm, ragged, nwt } = d;
   const out: string[] = [];
-  // A q4 unit is one group of 32; a q8 unit half of one (rb is row * UNITS, and UNITS is even for q8).
-  for (let r = 0; r < RR; r++) {
-    out.push(`let s${r} = group_scale(${wt === "q4" ? `rb${r} + ${j}` : `(rb${r} + ${j}) / 2u`});`);
-  }
+  for (let r = 0; r < RR; r++) out.push(unitScale(wt, r, j));
   for (let i = 0; i < XV; i++) {
     for (let r = 0; r < RR; r++) {
       out.push(
@@ -738,7 +730,7 @@ function gemvMultiDirectSource(
   }
   const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
   return `
-${i8 ? int8BindingsWgsl() : gemvBindingsWgsl(wt, norm, nwt)}
+${gemvBindingsWgsl(wt, norm, nwt, i8)}
 ${isQuant(wt) ? `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}` : ""}
 const K = ${K}u;
 const N = ${N}u;

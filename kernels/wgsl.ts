@@ -150,16 +150,23 @@ export function normWeightVec4(nwt: WeightType, i: string): string {
 /**
  * The GEMV family's uniform struct and bindings (gemv_fused.ts's call layout, shared by gemv_sg.ts and
  * gemv_multi.ts, staged and direct): params, x (vec4 rows), W (f32 vec4s, or 16-byte units as vec4<u32>), y,
- * and with RMSNorm its weights (f32 vec4s or f16 pairs).
+ * and with RMSNorm its weights (f32 vec4s or f16 pairs). `int8` (the int8 direct multi-token GEMV): x is the
+ * int8 copy of the transformed rows instead, `xq` words at binding 1 and `xqs` block scales at binding 4.
  */
-export function gemvBindingsWgsl(wt: string, rmsnorm: boolean, nwt: string): string {
+export function gemvBindingsWgsl(wt: string, rmsnorm: boolean, nwt: string, int8 = false): string {
   return `struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, eps: f32, soff: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+${
+    int8
+      ? "@group(0) @binding(1) var<storage, read> xq: array<vec4<u32>>;"
+      : "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;"
+  }
 @group(0) @binding(2) var<storage, read> W: ${wt === "f32" ? "array<vec4<f32>>" : "array<vec4<u32>>"};
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 ${
-    rmsnorm
+    int8
+      ? "@group(0) @binding(4) var<storage, read> xqs: array<vec2<f32>>;"
+      : rmsnorm
       ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;`
       : ""
   }`;
