@@ -16,7 +16,16 @@ import {
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, dp4Bounds, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+import {
+  assertClose,
+  dp4Bounds,
+  dp4Simulated,
+  gpuOrSkip,
+  packedWeights,
+  randoms,
+  readF32,
+  upload,
+} from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -96,6 +105,21 @@ async function checkPairs(
         Math.abs(silu(gate[i])) * eu[i] + 1.1 * eg[i] * eu[i];
       if (!(Math.abs(got[i] - want[i]) <= bound)) {
         throw new Error(`dp4 ${what}: output ${i}: got ${got[i]}, want ${want[i]} (bound ${bound})`);
+      }
+    }
+    // Tighter: silu(gate) * up of the int8 products themselves (harness dp4Simulated), within their f32
+    // rounding and one code off by one, carried through the product as above.
+    const sg = dp4Simulated(input, w.deq.subarray(0, N * K), T, N, K);
+    const su = dp4Simulated(input, w.deq.subarray(N * K), T, N, K);
+    for (let i = 0; i < T * N; i++) {
+      const g8 = gate[i] + sg.shift[i], u8 = up[i] + su.shift[i];
+      const tg = sg.tol[i] + 1e-4 * Math.abs(g8), tu = su.tol[i] + 1e-4 * Math.abs(u8);
+      const int8 = silu(g8) * u8;
+      const bound = 1e-5 + 1.1 * tg * (Math.abs(u8) + tu) + Math.abs(silu(g8)) * tu;
+      if (!(Math.abs(got[i] - int8) <= bound)) {
+        throw new Error(
+          `dp4 ${what}: output ${i}: got ${got[i]}, the int8 product is ${int8} (bound ${bound})`,
+        );
       }
     }
     return;

@@ -94,9 +94,56 @@ export function dp4Bounds(
 }
 
 /**
+ * How far a dp4 GEMV's outputs sit from the exact products, in f64: each block of 32 inputs quantised as
+ * int8BlocksWgsl does (scale amax / 127, q = round(x / scale), ties to even as WGSL's round), times the
+ * weights, less the products of the inputs themselves (`shift`, added to the exact reference, which may hold
+ * an accumulated output); and each output's tolerance:
+ * f32 rounding (1e-4 of the sum of |terms|) plus one code off by one in its row (the GPU's transformed x can
+ * sit a rounding away from a tie the reference rounds the other way).
+ */
+export function dp4Simulated(
+  input: Float32Array,
+  w: Float32Array,
+  T: number,
+  N: number,
+  K: number,
+): { shift: Float64Array; tol: Float64Array } {
+  const xq = new Float64Array(T * K), step = new Float64Array(T * K);
+  for (let r = 0; r < T; r++) {
+    for (let b = 0; b < K / 32; b++) {
+      const o = r * K + b * 32;
+      let amax = 0;
+      for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(input[o + i]));
+      const sc = amax === 0 ? 1 : Math.fround(amax / 127);
+      for (let i = 0; i < 32; i++) {
+        const v = input[o + i] / sc, f = Math.floor(v);
+        xq[o + i] = sc * (v - f === 0.5 ? (f % 2 === 0 ? f : f + 1) : Math.round(v));
+        step[o + i] = sc;
+      }
+    }
+  }
+  const shift = new Float64Array(T * N), tol = new Float64Array(T * N);
+  for (let r = 0; r < T; r++) {
+    for (let n = 0; n < N; n++) {
+      let sum = 0, mag = 0, flip = 0;
+      for (let k = 0; k < K; k++) {
+        const t = xq[r * K + k] * w[n * K + k];
+        sum += t - input[r * K + k] * w[n * K + k];
+        mag += Math.abs(t);
+        flip = Math.max(flip, step[r * K + k] * Math.abs(w[n * K + k]));
+      }
+      shift[r * N + n] = sum;
+      tol[r * N + n] = 1e-5 + 1e-4 * mag + 1.001 * flip;
+    }
+  }
+  return { shift, tol };
+}
+
+/**
  * int8 activations: each x is off by at most half its block's step (amax / 127 / 2), so a row's error is
  * at most the sum over its blocks of step / 2 * sum |w| in the block (+ f32 rounding). A wrong layout or
- * scale misses this bound by orders of magnitude.
+ * scale misses this bound by orders of magnitude. Then, tighter, the output must be the int8 product
+ * itself (dp4Simulated): a scale off in one block, which the bound above can hide, is caught there.
  */
 export function checkDp4(
   got: Float32Array,
@@ -119,6 +166,18 @@ export function checkDp4(
           } (|err| ${err} > ${bound})`,
         );
       }
+    }
+  }
+  const sim = dp4Simulated(input, w, T, N, K);
+  for (let i = 0; i < T * N; i++) {
+    const int8 = want[i] + sim.shift[i];
+    const err = Math.abs(got[i] - int8);
+    if (!(err <= 1e-4 * Math.abs(want[i]) + sim.tol[i])) {
+      throw new Error(
+        `dp4 ${what} K${K}: output ${i}: got ${got[i]}, the int8 product is ${int8} (|err| ${err} > ${
+          sim.tol[i]
+        })`,
+      );
     }
   }
 }

@@ -71,8 +71,10 @@ Deno.test(
             ? siluMulRef(rows, K)
             : rows;
           const want = matmulRef(input, w.deq, { K, N, T, accumulate, weights: t }, y0);
-          if (tuning === undefined && t !== "f16" && g.hasDp4 && sgFits(g, K, t)) {
-            // The default there is the int8-activation kernel (gemv_sg_test.ts has its bound).
+          if (tuning === undefined && t !== "f16" && g.hasDp4 && sgFits(g, K, t) && (T === 1 || t === "q4")) {
+            // The default there is the int8-activation subgroup kernel (gemv_sg_test.ts has its bound); q8
+            // rows of 2..16 take the multi-token GEMV with f32 activations through gemvFusedCall (its int8
+            // mode is gemvFusedCalls', gemv_multi_test.ts).
             checkDp4(
               await readF32(g, y, T * N),
               want,
