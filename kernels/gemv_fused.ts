@@ -274,14 +274,24 @@ export function gemvFusedCalls(
 }
 
 /**
- * Whether gemvFusedCalls takes the int8 direct multi-token GEMV: gpu.tuning.multiInt8 (off by default: not
- * yet timed on the H200), q8 / q4 weights, 2..16 rows where the multi-token GEMV fits, WGSL's dp4, and no
- * kernel forced by the call.
+ * Whether gemvFusedCalls takes the int8 direct multi-token GEMV: q8 / q4 weights, 2..16 rows where the
+ * multi-token GEMV fits, WGSL's dp4, and no kernel forced by the call. gpu.tuning.multiInt8 true / false
+ * forces it on / off; by default it serves q4 at every k and q8 from k = 4 (H200, Llama-1B k-step over the
+ * one-token step, 2026-12-01 seventh session: q4 k = 2 / 4 / 8 / 16 1.20 / 1.38 / 1.68 / 2.46x against one
+ * grid row per token's 1.31 / 2.04 / 3.24 / 5.76x; q8 1.20 / 1.24 / 1.43 / 2.02x against the f32 direct
+ * mode's 1.12 / 1.59 / 2.34 / 6.92x), where the one-token step's GEMV also multiplies int8 activations
+ * (gemv_sg.ts with dp4: the k-step then rounds x as the one-token step does, and the fixtures' short rows
+ * keep f32 activations, whose greedy tokens int8 ones can flip at near-ties), unless another multi-token
+ * kernel is forced (gpu.tuning.multi, multiDirect or multiStage set: the A/B runs' and tests' ways of
+ * asking for the older paths).
  */
 function multiInt8Serves(gpu: Gpu, d: GemvFusedDims): boolean {
-  return gpu.tuning.multiInt8 === true && isQuant(d.weights) && gpu.hasDp4 &&
-    gpu.subgroupSize !== undefined &&
-    gpu.tuning.gemv !== "team" && d.T >= 2 && d.multi === undefined && d.tuning === undefined &&
+  const t = gpu.tuning;
+  const on = t.multiInt8 ??
+    (t.multi === undefined && t.multiDirect === undefined && t.multiStage === undefined &&
+      t.dp4 !== false && sgFits(gpu, d.K, d.weights) && (d.weights === "q4" || d.T >= 4));
+  return on && isQuant(d.weights) && gpu.hasDp4 && gpu.subgroupSize !== undefined &&
+    t.gemv !== "team" && d.T >= 2 && d.multi === undefined && d.tuning === undefined &&
     gemvFusedFits(d.K) && multiFits(gpu, d.K, d.T, d.weights);
 }
 

@@ -788,31 +788,49 @@ export function multiGroups(N: number, t: MultiTuning, S: number): number {
   return Math.ceil(N / ((t.wg / S) * t.rows));
 }
 
-/** Threads of the int8 input pass's workgroup (one workgroup a token row). */
-const INT8_WG = 256;
-
 /**
  * WGSL of the int8 input pass: workgroup t makes token row t's int8 copy (int8BlocksWgsl: blocks of 32, scale
  * amax / 127, (scale, scale * sum q); q4 even vec4s of a row's blocks then its odd ones) of f(x) for the int8
- * direct multi-token GEMV. RMSNorm's 1 / rms is taken first (a workgroup reduction of x^2) and applied with
- * the norm weight before quantising; silu_mul reads [gate | up] rows.
+ * direct multi-token GEMV, a thread a block (WG threads: the blocks rounded up to whole subgroups, at most
+ * 256). RMSNorm: each thread reads its block into registers and sums its squares, one subgroupAdd and one
+ * barrier give 1 / rms, and the block is quantised from the registers times the norm weight; rows of more
+ * than 256 blocks read x twice (the sum of squares first). silu_mul reads [gate | up] rows.
  */
-function int8InputSource(wt: QuantType, f: InputTransform, nwt: WeightType, K: number): string {
+function int8InputSource(
+  wt: QuantType,
+  f: InputTransform,
+  nwt: WeightType,
+  K: number,
+  S: number,
+): { code: string; wg: number } {
   const K4 = K / 4;
   const NB = K / QUANT_GROUP;
+  const WG = Math.min(256, Math.ceil(NB / S) * S);
+  const WARPS = WG / S;
   const norm = f === "rmsnorm";
-  const vin = (k: string) =>
+  // RMSNorm with a block a thread: the block is read once, into r0..r7.
+  const held = norm && NB <= WG;
+  const vin = (k: string, i: number) =>
     f === "silu_mul"
       ? `silu_mul_at(xr, ${k})`
       : norm
-      ? `x[xr + ${k}] * ${normWeightVec4(nwt, k)} * inv`
+      ? `${held ? `r${i}` : `x[xr + ${k}]`} * ${normWeightVec4(nwt, k)} * inv`
       : `x[xr + ${k}]`;
-  const blocks = int8BlocksWgsl(wt, vin, `${NB}u`, `${INT8_WG}u`, wt === "q4" ? `${NB}u` : undefined, {
+  const blocks = int8BlocksWgsl(wt, vin, `${NB}u`, `${WG}u`, wt === "q4" ? `${NB}u` : undefined, {
     first: "tid",
     q: (i) => `xq[t * ${2 * NB}u + ${i}]`,
     s: (b) => `xqs[t * ${NB}u + ${b}]`,
   });
-  return `struct P { K: u32, T: u32, x_row0: u32, eps: f32 }
+  const r8 = Array.from({ length: 8 }, (_, i) => i);
+  const sumSquares = held
+    ? `${r8.map((i) => `var r${i} = vec4<f32>(0.0);`).join(" ")}
+  if (tid < ${NB}u) {
+    ${r8.map((i) => `r${i} = x[xr + 8u * tid + ${i}u];`).join("\n    ")}
+  }
+  let ss = ${r8.map((i) => `dot(r${i}, r${i})`).join(" + ")};`
+    : `var ss = 0.0;
+  for (var k = tid; k < ${K4}u; k += ${WG}u) { let v = x[xr + k]; ss += dot(v, v); }`;
+  const code = `struct P { K: u32, T: u32, x_row0: u32, eps: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> xq: array<vec4<u32>>;
@@ -820,7 +838,7 @@ function int8InputSource(wt: QuantType, f: InputTransform, nwt: WeightType, K: n
 ${
     norm
       ? `@group(0) @binding(4) var<storage, read> nw: array<${nwt === "f16" ? "vec2<u32>" : "vec4<f32>"}>;
-var<workgroup> red: array<f32, ${INT8_WG}>;`
+var<workgroup> red: array<f32, ${WARPS}>;`
       : ""
   }
 ${
@@ -830,25 +848,24 @@ ${
       }; }`
       : ""
   }
-@compute @workgroup_size(${INT8_WG})
+@compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   let t = wg.x;
   let xr = (p.x_row0 + t) * ${f === "silu_mul" ? 2 * K4 : K4}u;
   ${
     norm
-      ? `var ss = 0.0;
-  for (var k = tid; k < ${K4}u; k += ${INT8_WG}u) { let v = x[xr + k]; ss += dot(v, v); }
-  red[tid] = ss;
-  for (var h = ${INT8_WG / 2}u; h > 0u; h >>= 1u) {
-    workgroupBarrier();
-    if (tid < h) { red[tid] += red[tid + h]; }
-  }
+      ? `${sumSquares}
+  let sw = subgroupAdd(ss);
+  if (tid % ${S}u == 0u) { red[tid / ${S}u] = sw; }
   workgroupBarrier();
-  let inv = inverseSqrt(red[0] / f32(p.K) + p.eps);`
+  var tot = 0.0;
+  for (var w = 0u; w < ${WARPS}u; w++) { tot += red[w]; }
+  let inv = inverseSqrt(tot / f32(p.K) + p.eps);`
       : ""
   }
   ${blocks}
 }`;
+  return { code, wg: WG };
 }
 
 /**
@@ -876,7 +893,8 @@ export function gemvInt8InputCall(
   const xqs = storageBuffer(gpu, (T * K) / QUANT_GROUP * 8, "gemv int8 x scales");
   const params = uniformBuffer(gpu, [K, T, d.xRow0 ?? 0, d.eps ?? 0], [3]);
   const buffers = [params, bufs.x, xq, xqs, ...(f === "rmsnorm" ? [bufs.normWeight!] : [])];
-  const code = int8InputSource(wt, f, d.normWeights, K);
+  if (!gpu.subgroupSize) throw new RangeError("the int8 input pass needs subgroups of a fixed size");
+  const { code } = int8InputSource(wt, f, d.normWeights, K, gpu.subgroupSize);
   const call = kernelCall(gpu, pipeline(gpu, code), buffers, [T], "gemv_int8_x");
   call.owned = [xq, xqs];
   return { call, xq, xqs };

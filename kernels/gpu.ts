@@ -74,8 +74,9 @@ export interface KernelTuning {
   multiDirect?: boolean;
   /**
    * q8 / q4 k-steps (gemv_fused.ts gemvFusedCalls): one pass makes the int8 copy of the k input rows, then
-   * the direct multi-token GEMV multiplies it with dot4I8Packed (MultiTuning direct + dp4). Off by default
-   * until timed on the H200.
+   * the direct multi-token GEMV multiplies it with dot4I8Packed (MultiTuning direct + dp4). Default: q4 at
+   * every k, q8 from k = 4, unless multi / multiDirect / multiStage force another kernel (gemv_fused.ts
+   * multiInt8Serves says why).
    */
   multiInt8?: boolean;
   /**

@@ -75,7 +75,8 @@ ${QUANT_CODES_WGSL}`;
  * xq[2b + 1] (workgroup `array<vec4<u32>>`) and xqs[b] = (scale, scale * sum of the block's q). q4 puts the
  * even values of each 8 in the first vec4 and the odd ones in the second, matching the nibbles that
  * (w & 0x0F0F0F0F) and ((w >> 4) & 0x0F0F0F0F) pick out of a weight word (dp4Dot); q8 keeps their order.
- * `vin(k)` is vec4 k of the (transformed) input, k an expression of the block b; the blocks are shared out
+ * `vin(k, i)` is vec4 k of the (transformed) input, k an expression of the block b and i (0..7) the vec4's
+ * place in its block (for inputs a caller already holds in registers); the blocks are shared out
  * from `tid` in steps of `step`. The caller adds the barrier. `split` (q4): the two vec4s of block b go to
  * xq[b] and xq[split + b] instead (split = the number of blocks), so a warp whose lanes read one block each
  * reads consecutive vec4s (interleaved, they stride 32 bytes: 2-way bank conflicts). `out` writes
@@ -85,7 +86,7 @@ ${QUANT_CODES_WGSL}`;
  */
 export function int8BlocksWgsl(
   wt: QuantType,
-  vin: (k: string) => string,
+  vin: (k: string, i: number) => string,
   blocks: string,
   step: string,
   split?: string,
@@ -101,7 +102,7 @@ export function int8BlocksWgsl(
     ? "words[k] = pack4xI8Clamp(qe); words[4u + k] = pack4xI8Clamp(qo);"
     : "words[2u * k] = pack4xI8Clamp(qe); words[2u * k + 1u] = pack4xI8Clamp(qo);";
   // The block's 8 vec4s of the input, read and transformed once, kept in registers.
-  const xin = Array.from({ length: 8 }, (_, i) => `let xb${i} = ${vin(`8u * b + ${i}u`)};`);
+  const xin = Array.from({ length: 8 }, (_, i) => `let xb${i} = ${vin(`8u * b + ${i}u`, i)};`);
   const quads = Array.from({ length: 4 }, (_, k) => `
     {
       let k = ${k}u;

@@ -278,9 +278,10 @@ Deno.test(
     const S = g.subgroupSize!;
     let k = 0;
     for (const wt of ["q8", "q4"] as const) {
-      // One group; a group short of 3 S units (q4: a ragged last chunk); 4 chunks of one unit a lane.
-      for (const K of [32, 32 * (3 * S - 1), PER_UNIT[wt] * 4 * S]) {
-        const TNs = K > 32 ? [[2, 37], [8, 19]] : [[3, 5], [16, 7]];
+      // One group; a group short of 3 S units (q4: a ragged last chunk); 4 chunks of one unit a lane; more
+      // blocks than the input pass has threads (RMSNorm reads x twice there).
+      for (const K of [32, 32 * (3 * S - 1), PER_UNIT[wt] * 4 * S, 32 * 260]) {
+        const TNs = K > 8192 ? [[3, 5]] : K > 32 ? [[2, 37], [8, 19]] : [[3, 5], [16, 7]];
         for (const [T, N] of TNs) {
           for (const transform of ["none", "rmsnorm", "silu_mul"] as const) {
             k++;
