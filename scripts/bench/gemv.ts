@@ -24,7 +24,8 @@
 // ~40 a case); --direct-only times only these (no team, staged multi or one-row variants), e.g.
 //   deno run -A scripts/bench/gemv.ts --weights f16 --k 8 --sweep --direct-only --cases o,qkv,gate_up_pairs,down_plain,head
 //   deno run -A scripts/bench/gemv.ts [--quick] [--sweep [--prologue]] [--direct] [--direct-only] [--weights f16,q8,q4]
-//     [--k 2,4,8,16] [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head] [--copies N] [--only A,B]
+//     [--k 2,4,8,16] [--cases qkv,gate_up,gate_up_pairs,down,down_plain,head,qkv_plain,head_plain] [--copies N]
+//     [--only A,B]
 // --copies: how many weight copies the dispatches rotate over (default: enough for 256 MB; 1 keeps a matrix
 // that fits the 50 MB L2 there, the time a GEMV would take if its weights had been prefetched). --only: just
 // the variants of these names (e.g. --sweep --direct-only --k 8 --cases head --only
@@ -98,6 +99,9 @@ const allCases: Case[] = quick
     { name: "gate_up_pairs", N: 8192, K: 2048, f: "rmsnorm", pairs: true },
     { name: "down_plain", N: 2048, K: 8192, f: "none" },
     { name: "head", N: 128256, K: 2048, f: "rmsnorm" },
+    // The RMSNorm cases without it: what the norm costs the kernel (x normalised by a pass before it).
+    { name: "qkv_plain", N: 3072, K: 2048, f: "none" },
+    { name: "head_plain", N: 128256, K: 2048, f: "none" },
   ];
 const cases = allCases.filter((c) => !values.cases || values.cases.split(",").includes(c.name));
 const kList = values.k ? values.k.split(",").map(Number) : [];
