@@ -37,6 +37,8 @@
 import type { Gpu, KernelCall } from "./gpu.ts";
 import { kernelCall, type KvType, kvWgsl, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
+import type { QuantType } from "./quant.ts";
+import { int8CopyBindingsWgsl, int8CopyTailWgsl } from "./wgsl.ts";
 
 /** The largest head_dim the decode kernel supports. */
 export const DECODE_MAX_HEAD_DIM = 256;
@@ -191,7 +193,7 @@ fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
  */
 function headerWgsl(
   d: Pick<AttentionDecodeDims, "heads" | "kvHeads" | "headDim" | "kv">,
-  o: { VW: number; S: number; warps: number; SP: number; norm: boolean },
+  o: { VW: number; S: number; warps: number; SP: number; norm: boolean; copyOut?: QuantType },
 ): string {
   const w = kvWgsl(d.kv);
   const HD = d.headDim;
@@ -214,7 +216,7 @@ ${
 @group(0) @binding(7) var<storage, read> wq: array<f32>;
 @group(0) @binding(8) var<storage, read> wk: array<f32>;`
       : ""
-  }
+  }${o.SP === 1 && o.copyOut ? `\n${int8CopyBindingsWgsl(o.norm ? 9 : 7)}` : ""}
 const HD = ${HD}u;
 const HALF = ${HD / 2}u;
 const HDV = ${HD / o.VW}u;
@@ -228,7 +230,15 @@ const WG = ${o.warps * o.S}u;`;
 }
 
 export function attentionDecodeSource(
-  d: { heads: number; kvHeads: number; headDim: number; T?: number; normEps?: number; kv?: KvType },
+  d: {
+    heads: number;
+    kvHeads: number;
+    headDim: number;
+    T?: number;
+    normEps?: number;
+    kv?: KvType;
+    copyOut?: QuantType;
+  },
   S: number,
   t: AttentionDecodeTuning,
 ): string {
@@ -347,7 +357,7 @@ export function attentionDecodeSource(
       store.push((i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`);
     }
   }
-  return `${headerWgsl(d, { VW, S, warps, SP, norm })}${
+  return `${headerWgsl(d, { VW, S, warps, SP, norm, copyOut: d.copyOut })}${
     norm
       ? `
 var<workgroup> nred: array<vec2<f32>, ${warps}>;`
@@ -522,6 +532,15 @@ fn main(
     ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
       : "out[(tok * NH + h) * HDV + e] = a / lsum;"
   }
+  }${
+    SP === 1 && d.copyOut
+      ? copyTail(d.copyOut, d, {
+        heads: 1,
+        h0: "h",
+        vec4At: (k) => `out[(tok * NH + h) * HDV + ${k}]`,
+        WG: "WG",
+      })
+      : ""
   }
 }`;
 }
@@ -579,7 +598,15 @@ function groupBatchOf(group: number, nslot: number, want?: number): number {
 //   - end: one barrier, then each thread combines one (head, slot) over the subgroups and the step's own
 //     keys and writes out[h * hd ..] or, split, the partial in the layout attentionCombineSource reads.
 export function attentionDecodeGroupedSource(
-  d: { heads: number; kvHeads: number; headDim: number; T?: number; normEps?: number; kv?: KvType },
+  d: {
+    heads: number;
+    kvHeads: number;
+    headDim: number;
+    T?: number;
+    normEps?: number;
+    kv?: KvType;
+    copyOut?: QuantType;
+  },
   S: number,
   t: AttentionDecodeTuning,
 ): string {
@@ -748,7 +775,7 @@ export function attentionDecodeGroupedSource(
   );
   // q element o (head-major) of workgroup memory.
   const qAt = (o: string) => `qs[(${o}) / VW][(${o}) % VW]`;
-  return `${headerWgsl(d, { VW, S, warps, SP, norm })}
+  return `${headerWgsl(d, { VW, S, warps, SP, norm, copyOut: d.copyOut })}
 const TT = ${TT}u;
 const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
 var<workgroup> qs: array<${vt}, ${G * HDV}>;
@@ -906,12 +933,24 @@ fn main(
     ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
       : "out[(tok * NH + hq) * HDV + e] = a / lsum;"
   }
+  }${
+    SP === 1 && d.copyOut
+      ? copyTail(d.copyOut, d, {
+        heads: G,
+        h0: "kvh * GROUP",
+        vec4At: (k) => `out[(tok * NH + kvh * GROUP) * HDV + ${k}]`,
+        WG: "WG",
+      })
+      : ""
   }
 }`;
 }
 
 /** WGSL of the flash-decoding combine: one workgroup per head merges its splits' partials into out. */
-export function attentionCombineSource(d: { heads: number; headDim: number }, splits: number): string {
+export function attentionCombineSource(
+  d: { heads: number; headDim: number; copyOut?: QuantType },
+  splits: number,
+): string {
   const NH = d.heads;
   const HD = d.headDim;
   const P2 = HD / 2; // vec2 slots of a partial's output
@@ -926,7 +965,9 @@ export function attentionCombineSource(d: { heads: number; headDim: number }, sp
   return `${STEP_WGSL}
 @group(0) @binding(0) var<storage, read> step: Step;
 @group(0) @binding(1) var<storage, read> part: array<vec2<f32>>;
-@group(0) @binding(2) var<storage, read_write> out: array<vec2<f32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<vec2<f32>>;${
+    d.copyOut ? `\n${int8CopyBindingsWgsl(3)}` : ""
+  }
 const PW = ${P2 + 1}u;
 @compute @workgroup_size(${Math.min(256, Math.max(32, P2))})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -941,8 +982,48 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   for (var e = tid; e < ${P2}u; e += ${Math.min(256, Math.max(32, P2))}u) {
     ${vs.join("\n    ")}
     out[(tok * ${NH}u + h) * ${P2}u + e] = (${a}) / l;
+  }${
+    d.copyOut
+      ? copyTail(d.copyOut, d, {
+        heads: 1,
+        h0: "h",
+        vec4At: (k) =>
+          `vec4<f32>(out[(tok * ${NH}u + h) * ${P2}u + 2u * (${k})], out[(tok * ${NH}u + h) * ${P2}u + 2u * (${k}) + 1u])`,
+        WG: `${Math.min(256, Math.max(32, P2))}u`,
+      })
+      : ""
   }
 }`;
+}
+
+/**
+ * The end of a kernel that wrote whole heads of the attention output: a storageBarrier, then the int8 copy
+ * of those heads (`heads` of them from head `h0`, contiguous, of token `tok`) for the o_proj GEMV after it
+ * (gemv_fused.ts int8CopyFor: its input pass is then not needed). head_dim % 32 == 0 (attentionCopyOutFits).
+ */
+function copyTail(
+  wt: QuantType,
+  d: { heads: number; headDim: number },
+  o: { heads: number; h0: string; vec4At: (k: string) => string; WG: string },
+): string {
+  const HB = d.headDim / 32;
+  return `
+  storageBarrier();${
+    int8CopyTailWgsl(wt, {
+      K: d.heads * d.headDim,
+      row0: "tok",
+      rows: "1u",
+      blocks: `${o.heads * HB}u`,
+      gb0: `(${o.h0}) * ${HB}u`,
+      vec4At: (i) => o.vec4At(`8u * cb + ${i}u`),
+      WG: o.WG,
+    })
+  }`;
+}
+
+/** Whether the decode attention can write the int8 copy of its output (attentionDecodeCalls' copyOut). */
+export function attentionCopyOutFits(d: { headDim: number }): boolean {
+  return d.headDim % 32 === 0;
 }
 
 /**
@@ -1011,6 +1092,12 @@ export function attentionDecodeCalls(
     /** With d.normEps: the q_norm and k_norm weights (f32 [head_dim]). */
     qNorm?: GPUBuffer;
     kNorm?: GPUBuffer;
+    /**
+     * Also write the int8 copy of `out` for the o_proj GEMV's int8 direct mode (gemv_fused.ts int8CopyFor;
+     * check attentionCopyOutFits): the kernel that writes `out` (the attention, or with splits the combine)
+     * quantises its heads' blocks after writing them.
+     */
+    copyOut?: { q: GPUBuffer; s: GPUBuffer; weights: QuantType };
   },
   d: AttentionDecodeDims,
   tuning?: Partial<AttentionDecodeTuning>,
@@ -1063,10 +1150,18 @@ export function attentionDecodeCalls(
   const params = uniformBuffer(gpu, [d.maxSeq, 1 / Math.sqrt(d.headDim), d.normEps ?? 0], [1, 2]);
   const bound = [params, bufs.step, bufs.table, bufs.qkv, bufs.kcache, bufs.vcache, bufs.out];
   const normBufs = norm ? [bufs.qNorm!, bufs.kNorm!] : [];
-  const src = grouped ? attentionDecodeGroupedSource(d, S, t) : attentionDecodeSource(d, S, t);
+  const copy = bufs.copyOut;
+  if (copy && !attentionCopyOutFits(d)) {
+    throw new RangeError(`no int8 copy of the attention output at head_dim ${d.headDim} (a multiple of 32)`);
+  }
+  const dc = { ...d, copyOut: copy?.weights };
+  const src = grouped ? attentionDecodeGroupedSource(dc, S, t) : attentionDecodeSource(dc, S, t);
   const wgs = grouped ? d.kvHeads : d.heads; // workgroups per split and token
+  const copyBufs = copy ? [copy.q, copy.s] : [];
   if (sp === 1) {
-    return [kernelCall(gpu, pipeline(gpu, src), [...bound, ...normBufs], [wgs, 1, T], "attention")];
+    return [
+      kernelCall(gpu, pipeline(gpu, src), [...bound, ...normBufs, ...copyBufs], [wgs, 1, T], "attention"),
+    ];
   }
   const part = storageBuffer(gpu, T * d.heads * sp * (d.headDim / 2 + 1) * 8, "attention partials");
   // With splits, binding 6 is the partials (the combine writes out).
@@ -1079,8 +1174,8 @@ export function attentionDecodeCalls(
   );
   const combine = kernelCall(
     gpu,
-    pipeline(gpu, attentionCombineSource(d, sp)),
-    [bufs.step, part, bufs.out],
+    pipeline(gpu, attentionCombineSource(dc, sp)),
+    [bufs.step, part, bufs.out, ...copyBufs],
     [d.heads, T],
     "attention",
   );

@@ -14,6 +14,7 @@ import {
   type KernelCall,
   kernelCall,
   pipeline,
+  storageBuffer,
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
@@ -42,7 +43,7 @@ import { gemvQuantSource, quantUnit } from "./matmul_quant.ts";
 import { RMS_PROLOGUE, siluMulVec4, TEAM_REDUCE_STORE } from "./wgsl.ts";
 
 export { TEAM_REDUCE_STORE };
-import { isQuant, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
+import { isQuant, QUANT_GROUP, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 
 export type InputTransform = "none" | "rmsnorm" | "silu_mul";
 
@@ -241,20 +242,39 @@ export function gemvFusedFits(K: number): boolean {
   return K % 8 === 0;
 }
 
+/** The int8 copy of a GEMV's T input rows (int8BlocksWgsl's layout): the words and the blocks' scales. */
+export interface Int8Copy {
+  q: GPUBuffer;
+  s: GPUBuffer;
+}
+
 /**
  * The GEMV of a block (the decode and k-step programs' linear layers): gemvFusedCall's one dispatch, or,
  * where the int8 direct multi-token GEMV serves (multiInt8Serves), the pass making the int8 copy of f(x)'s
- * T rows and then that GEMV.
+ * T rows and then that GEMV. `copyIn`: that copy was made by the kernel before (int8CopyFor; then no pass).
+ * `copyOut`: this GEMV also writes the int8 copy of its output for the GEMV after it (int8CopyOutFits).
  */
 export function gemvFusedCalls(
   gpu: Gpu,
-  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer; normWeight?: GPUBuffer },
+  bufs: {
+    x: GPUBuffer;
+    w: GPUBuffer;
+    y: GPUBuffer;
+    normWeight?: GPUBuffer;
+    copyIn?: Int8Copy;
+    copyOut?: Int8Copy & { weights: QuantType };
+  },
   d: GemvFusedDims,
 ): KernelCall[] {
-  if (!multiInt8Serves(gpu, d)) return [gemvFusedCall(gpu, bufs, d)];
+  if (!multiInt8Serves(gpu, d)) {
+    if (bufs.copyIn || bufs.copyOut) {
+      throw new RangeError("an int8 copy of x needs the int8 direct multi-token GEMV");
+    }
+    return [gemvFusedCall(gpu, bufs, d)];
+  }
   const wt = d.weights as QuantType;
   const f = d.transform ?? "none";
-  const input = gemvInt8InputCall(gpu, bufs, {
+  const input = bufs.copyIn ? undefined : gemvInt8InputCall(gpu, bufs, {
     K: d.K,
     T: d.T,
     wt,
@@ -263,14 +283,56 @@ export function gemvFusedCalls(
     xRow0: d.xRow0,
     eps: d.eps,
   });
-  const multi = {
-    ...multiDirectTuning(d.K, d.N, d.T, wt, gpu.subgroupSize!, d.pairs, gpu.tuning),
-    dp4: true,
+  const multi = int8Tuning(gpu, d, bufs.copyOut !== undefined);
+  if (!multi) throw new RangeError("no int8 copy of the output for this shape: check int8CopyOutFits");
+  const xq = bufs.copyIn ?? { q: input!.xq, s: input!.xqs };
+  const gemv = gemvFusedCall(gpu, { ...bufs, xq }, { ...d, multi, copyOut: bufs.copyOut?.weights });
+  // A copy made for this GEMV by the kernel before it is released with this GEMV's call.
+  if (bufs.copyIn) gemv.owned = [bufs.copyIn.q, bufs.copyIn.s];
+  return input ? [input.call, gemv] : [gemv];
+}
+
+/**
+ * The int8 direct mode's tuning; with `copyOut` a workgroup's rows made whole blocks of 32 (more warps:
+ * the copy's blocks are quantised by the workgroup that wrote them), or undefined where that needs more
+ * threads than a workgroup has.
+ */
+function int8Tuning(gpu: Gpu, d: GemvFusedDims, copyOut: boolean): MultiTuning | undefined {
+  const S = gpu.subgroupSize!;
+  const t = { ...multiDirectTuning(d.K, d.N, d.T, d.weights, S, d.pairs, gpu.tuning), dp4: true };
+  if (!copyOut) return t;
+  if (d.N % 32 !== 0 || 32 % t.rows !== 0) return undefined;
+  const per = 32 / t.rows; // row blocks (warp groups of splitK) a workgroup needs, or a multiple
+  const max = gpu.device.limits.maxComputeInvocationsPerWorkgroup;
+  // splitK halved where the wider workgroup would not fit.
+  for (let sk = t.splitK ?? 1; sk >= 1; sk /= 2) {
+    const wg = Math.ceil(t.wg / S / (t.splitK ?? 1) / per) * per * sk * S;
+    if (wg <= max) return { ...t, splitK: sk, wg };
+  }
+  return undefined;
+}
+
+/**
+ * The int8 copy of x a GEMV (the consumer, dims `d`) reads, for the kernel before it to write (the
+ * attention, a paired gate/up GEMV: int8CopyOutFits): buffers of T rows of K, or undefined where the
+ * consumer does not take the int8 direct mode (it then makes its own copy or none) or
+ * gpu.tuning.multiInt8Copies is false. The consumer's call (gemvFusedCalls with `copyIn`) owns them.
+ */
+export function int8CopyFor(gpu: Gpu, d: GemvFusedDims): (Int8Copy & { weights: QuantType }) | undefined {
+  if (
+    gpu.tuning.multiInt8Copies === false || !multiInt8Serves(gpu, d) || (d.xRow0 ?? 0) !== 0 ||
+    (d.transform ?? "none") !== "none"
+  ) return undefined;
+  return {
+    q: storageBuffer(gpu, d.T * d.K, "int8 copy of x"),
+    s: storageBuffer(gpu, (d.T * d.K) / QUANT_GROUP * 8, "int8 copy of x, scales"),
+    weights: d.weights as QuantType,
   };
-  return [
-    input.call,
-    gemvFusedCall(gpu, { ...bufs, xq: { q: input.xq, s: input.xqs } }, { ...d, multi }),
-  ];
+}
+
+/** Whether a GEMV (the producer, dims `d`) can write the int8 copy of its output (gemvFusedCalls' copyOut). */
+export function int8CopyOutFits(gpu: Gpu, d: GemvFusedDims): boolean {
+  return multiInt8Serves(gpu, d) && int8Tuning(gpu, d, true) !== undefined;
 }
 
 /**
@@ -303,9 +365,11 @@ export function gemvFusedCall(
     y: GPUBuffer;
     normWeight?: GPUBuffer;
     /** The int8 copy of f(x) (gemvInt8InputCall), for a `multi` tuning with direct and dp4. */
-    xq?: { q: GPUBuffer; s: GPUBuffer };
+    xq?: Int8Copy;
+    /** With d.copyOut: the int8 copy of y to write (int8CopyFor). */
+    copyOut?: Int8Copy;
   },
-  d: GemvFusedDims,
+  d: GemvFusedDims & { copyOut?: QuantType },
 ): KernelCall {
   if (!gemvFusedFits(d.K)) throw new RangeError(`fused GEMV needs K % 8 == 0, got K = ${d.K}`);
   const wt = d.weights;
@@ -351,11 +415,21 @@ export function gemvFusedCall(
       if (!bufs.xq) {
         throw new TypeError("the int8 direct multi-token GEMV needs the int8 copy of x (gemvFusedCalls)");
       }
-      const code = gemvMultiSource(wt, "none", t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT: 0, pairs });
+      if (d.copyOut && !bufs.copyOut) throw new TypeError("copyOut needs the copy's buffers (int8CopyFor)");
+      const code = gemvMultiSource(wt, "none", t, nwt, {
+        K: d.K,
+        N: d.N,
+        T: d.T,
+        S: S!,
+        KT: 0,
+        pairs,
+        copyOut: d.copyOut,
+      });
+      const out = d.copyOut ? [bufs.copyOut!.q, bufs.copyOut!.s] : [];
       return kernelCall(
         gpu,
         pipeline(gpu, code),
-        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s],
+        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s, ...out],
         [multiGroups(d.N, t, S!)],
         `${label}_direct_i8`,
       );

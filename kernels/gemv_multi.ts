@@ -28,6 +28,8 @@ import {
   floatUnitWgsl,
   gemvBindingsWgsl,
   int8BlocksWgsl,
+  int8CopyBindingsWgsl,
+  int8CopyTailWgsl,
   normWeightVec4,
   QUANT_DECODE_WGSL,
   siluMul,
@@ -222,9 +224,10 @@ export function gemvMultiSource(
   f: InputTransform,
   t: MultiTuning,
   nwt: WeightType,
-  d: { K: number; N: number; T: number; S: number; KT: number; pairs?: boolean },
+  d: { K: number; N: number; T: number; S: number; KT: number; pairs?: boolean; copyOut?: QuantType },
 ): string {
   if (t.direct) return gemvMultiDirectSource(wt, f, t, nwt, d);
+  if (d.copyOut) throw new RangeError("only the direct multi-token GEMV writes an int8 copy of its output");
   const { K, N, T, S, KT } = d;
   const { rows: R, wg: WG } = t;
   // Rows of weights a warp reads: R, or paired R gate rows then their R up rows.
@@ -605,7 +608,7 @@ function gemvMultiDirectSource(
   f: InputTransform,
   t: MultiTuning,
   nwt: WeightType,
-  d: { K: number; N: number; T: number; S: number; pairs?: boolean },
+  d: { K: number; N: number; T: number; S: number; pairs?: boolean; copyOut?: QuantType },
 ): string {
   const i8 = t.dp4 === true;
   if (i8 && (!isQuant(wt) || f !== "none")) {
@@ -729,8 +732,37 @@ function gemvMultiDirectSource(
     );
   }
   const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
+  // copyOut: the workgroup's BLOCKS x R rows (whole blocks of 32) of each token, quantised for the next GEMV.
+  const CB = (BLOCKS * R) / 32;
+  if (d.copyOut && (!Number.isInteger(CB) || N % 32 !== 0)) {
+    throw new RangeError(
+      `an int8 copy of the output needs whole blocks of 32 rows a workgroup (${BLOCKS} x ${R} rows, N ${N})`,
+    );
+  }
+  const copyTail = d.copyOut
+    ? `
+  storageBarrier();
+  let nw0 = wg.x * ${BLOCKS * R}u;
+  let cbw = min(${CB}u, (N - min(nw0, N)) / 32u);${
+      int8CopyTailWgsl(d.copyOut, {
+        K: N,
+        row0: "0u",
+        rows: "T",
+        blocks: "cbw",
+        gb0: "nw0 / 32u",
+        vec4At: (i) => `yv(cr * N + nw0 + 32u * cb + ${4 * i}u)`,
+        WG: `${WG}u`,
+      })
+    }`
+    : "";
   return `
-${gemvBindingsWgsl(wt, norm, nwt, i8)}
+${gemvBindingsWgsl(wt, norm, nwt, i8)}${
+    d.copyOut
+      ? `
+${int8CopyBindingsWgsl(5)}
+fn yv(o: u32) -> vec4<f32> { return vec4<f32>(y[o], y[o + 1u], y[o + 2u], y[o + 3u]); }`
+      : ""
+  }
 ${isQuant(wt) ? `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}` : ""}
 const K = ${K}u;
 const N = ${N}u;
@@ -778,7 +810,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       let o = tk * N + n;
       ${d.pairs ? `y[o] = ${siluMul("a", "b")};` : "y[o] = select(0.0, y[o], p.acc != 0u) + a;"}
     }
-  }
+  }${copyTail}
 }`;
 }
 

@@ -80,6 +80,12 @@ export interface KernelTuning {
    */
   multiInt8?: boolean;
   /**
+   * In that mode the kernel before o_proj (the decode attention) and before down (the paired gate/up GEMV)
+   * write the int8 copy of its input themselves, so those two GEMVs need no input pass (gemv_fused.ts
+   * int8CopyFor). Default on; false: every int8 GEMV makes its own copy (A/B runs).
+   */
+  multiInt8Copies?: boolean;
+  /**
    * The direct multi-token GEMV's units of a row in flight and its row cap (multiDirectTuning's `unroll`,
    * `rows`), forced for every shape: for A/B runs (scripts/bench/decode.ts --multi-unroll / --multi-rows).
    */

@@ -90,7 +90,16 @@ export function int8BlocksWgsl(
   blocks: string,
   step: string,
   split?: string,
-  out: { first?: string; q?: (i: string) => string; s?: (b: string) => string } = {},
+  out: {
+    first?: string;
+    q?: (i: string) => string;
+    s?: (b: string) => string;
+    /** WGSL at the top of the loop body (names the caller's own indices of block b). */
+    prelude?: string;
+    /** The block's two vec4<u32> of words (0: the first, q4's even values) and its scale pair, instead of q / s. */
+    words?: (half: 0 | 1) => string;
+    scale?: string;
+  } = {},
 ): string {
   const q = out.q ?? ((i: string) => `xq[${i}]`);
   const s = out.s ?? ((b: string) => `xqs[${b}]`);
@@ -115,17 +124,61 @@ export function int8BlocksWgsl(
       ${put}
     }`).join("");
   return `
-  for (var b = ${out.first ?? "tid"}; b < ${blocks}; b += ${step}) {
+  for (var b = ${out.first ?? "tid"}; b < ${blocks}; b += ${step}) {${
+    out.prelude ? `\n    ${out.prelude}` : ""
+  }
     ${xin.join("\n    ")}
     var m = ${Array.from({ length: 8 }, (_, i) => `abs(xb${i})`).reduce((a, c) => `max(${a}, ${c})`)};
     let amax = max(max(m.x, m.y), max(m.z, m.w));
     let sc = select(amax / 127.0, 1.0, amax == 0.0);
     var words: array<u32, 8>;
     var qs = vec4<i32>(0);${quads}
-    ${q(lo)} = vec4<u32>(words[0], words[1], words[2], words[3]);
-    ${q(hi)} = vec4<u32>(words[4], words[5], words[6], words[7]);
-    ${s("b")} = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
+    ${out.words ? out.words(0) : q(lo)} = vec4<u32>(words[0], words[1], words[2], words[3]);
+    ${out.words ? out.words(1) : q(hi)} = vec4<u32>(words[4], words[5], words[6], words[7]);
+    ${out.scale ?? s("b")} = vec2<f32>(sc, sc * f32(qs.x + qs.y + qs.z + qs.w));
   }`;
+}
+
+/**
+ * The int8 copy of its output that a producer kernel makes for the int8 direct multi-token GEMV reading it
+ * next (instead of that GEMV's input pass, gemv_multi.ts gemvInt8InputCall: one dependent dispatch less): its
+ * two storage bindings, `oq` (the words) and `oqs` (each block's (scale, scale x sum q)), from binding
+ * `first`.
+ */
+export function int8CopyBindingsWgsl(first: number): string {
+  return `@group(0) @binding(${first}) var<storage, read_write> oq: array<vec4<u32>>;
+@group(0) @binding(${first + 1}) var<storage, read_write> oqs: array<vec2<f32>>;`;
+}
+
+/**
+ * WGSL quantising, into the copy's layout (int8BlocksWgsl's, for a consumer of K inputs a row), blocks of 32
+ * f32 values this workgroup wrote to storage: `blocks` blocks from block `gb0` of each of `rows` rows from
+ * row `row0`, all rows x blocks shared out over the workgroup's `WG` threads from `tid` (block `cb` of row
+ * row0 + `cr` a thread),
+ * vec4 i of a block at `vec4At(i)` (an expression of cr, cb). The caller puts a storageBarrier() before it,
+ * so the writes are visible to the other threads of the workgroup.
+ */
+export function int8CopyTailWgsl(
+  wt: QuantType,
+  d: {
+    K: number;
+    row0: string;
+    rows: string;
+    blocks: string;
+    gb0: string;
+    vec4At: (i: number) => string;
+    WG: string;
+  },
+): string {
+  const NB = d.K / 32;
+  // The block's words: q4 [row][even vec4s of its NB blocks | odd ones], q8 [row][block][2].
+  const at = `(${d.row0} + cr) * ${2 * NB}u + ${wt === "q4" ? "cg" : "2u * cg"}`;
+  return int8BlocksWgsl(wt, (_k, i) => d.vec4At(i), `(${d.rows}) * (${d.blocks})`, d.WG, undefined, {
+    first: "tid",
+    prelude: `let cr = b / (${d.blocks});\n    let cb = b % (${d.blocks});\n    let cg = ${d.gb0} + cb;`,
+    words: (half) => `oq[${at}${half === 0 ? "" : wt === "q4" ? ` + ${NB}u` : " + 1u"}]`,
+    scale: `oqs[(${d.row0} + cr) * ${NB}u + cg]`,
+  });
 }
 
 /**

@@ -9,6 +9,7 @@
 // weights, f32 with f32 weights: Model.kvType), written rounded to it, read back widened to f32.
 import {
   attentionCall,
+  attentionCopyOutFits,
   attentionDecodeCalls,
   attentionDecodeFits,
   biasAddCall,
@@ -17,6 +18,7 @@ import {
   flashAttentionFits,
   gemvFusedCalls,
   headNormCall,
+  int8CopyFor,
   type KernelCall,
   kvElementBytes,
   prefillLinearCalls,
@@ -133,15 +135,18 @@ export function gqaProgram(
   const foldNorm = qkNorm !== undefined && decode && headNormSwitch() === "fused";
   if (qkNorm && !foldNorm) calls.push(headNormCall(gpu, { qkv, ...qkNorm }, { ...dims, eps }));
   const [kcache, vcache] = cache;
+  const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
+  // k-steps in the int8 direct mode: the attention writes o_proj's int8 input itself (no input pass).
+  const copy = decode && d.fused && attentionCopyOutFits(a) ? int8CopyFor(gpu, o) : undefined;
   if (decode) {
     calls.push(
       ...(foldNorm
         ? attentionDecodeCalls(
           gpu,
-          { step, table, qkv, kcache, vcache, out: att, qNorm: qkNorm.wq, kNorm: qkNorm.wk },
+          { step, table, qkv, kcache, vcache, out: att, qNorm: qkNorm.wq, kNorm: qkNorm.wk, copyOut: copy },
           { ...dims, normEps: eps },
         )
-        : attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out: att }, dims)),
+        : attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out: att, copyOut: copy }, dims)),
     );
   } else {
     // Flash attention (tiles of queries and keys) where the head size fits it, else one query a workgroup.
@@ -151,10 +156,9 @@ export function gqaProgram(
       attend(gpu, { step, qkv, kcache, vcache, out: att }, dims),
     );
   }
-  const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
   calls.push(
     ...(d.fused
-      ? gemvFusedCalls(gpu, { x: att, w: w.o, y: x }, o)
+      ? gemvFusedCalls(gpu, { x: att, w: w.o, y: x, copyIn: copy }, o)
       : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, o)),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));

@@ -10,6 +10,8 @@ import {
   gemmFits,
   gemvFusedCalls,
   gemvPairFits,
+  int8CopyFor,
+  int8CopyOutFits,
   type KernelCall,
   prefillLinearCalls,
   rmsnormCall,
@@ -56,24 +58,22 @@ export function mlpProgram(
   const I = f.intermediate;
   // Paired (gemv_sg.ts): the gate/up GEMV writes silu(gate) * up into `a` [T, I] and down reads it as it is.
   if (d.fused && gemvPairFits(gpu, H, T, wt(w.gateUp))) {
+    const gateUp = {
+      K: H,
+      N: I,
+      T,
+      weights: wt(w.gateUp),
+      normWeights: normType,
+      transform: "rmsnorm" as const,
+      eps,
+      pairs: true,
+    };
+    const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down) };
+    // k-steps in the int8 direct mode: gate/up writes down's int8 input itself (no input pass for down).
+    const copy = int8CopyOutFits(gpu, gateUp) ? int8CopyFor(gpu, down) : undefined;
     return [
-      ...gemvFusedCalls(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm }, {
-        K: H,
-        N: I,
-        T,
-        weights: wt(w.gateUp),
-        normWeights: normType,
-        transform: "rmsnorm",
-        eps,
-        pairs: true,
-      }),
-      ...gemvFusedCalls(gpu, { x: a, w: w.down, y: x }, {
-        K: I,
-        N: H,
-        T,
-        accumulate: true,
-        weights: wt(w.down),
-      }),
+      ...gemvFusedCalls(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm, copyOut: copy }, gateUp),
+      ...gemvFusedCalls(gpu, { x: a, w: w.down, y: x, copyIn: copy }, down),
     ];
   }
   if (d.fused) {

@@ -10,6 +10,7 @@ import {
   attentionRef,
   createStepBuffer,
   encodeCalls,
+  gemvInt8InputCall,
   type Gpu,
   headNormRef,
   type KernelCall,
@@ -543,6 +544,77 @@ Deno.test(
           );
           assertClose(gotV, vc, f16 ? 1e-4 : 0, f16 ? 2e-3 : 0, `v cache ${what}`);
           for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
+        }
+      }
+    }
+  },
+);
+
+Deno.test(
+  {
+    name: "decode attention writes the int8 copy of its output (copyOut) the o_proj input pass would make",
+    ignore: ignore || !gpu?.hasDp4,
+  },
+  async () => {
+    // Per-head and grouped kernels, with and without splits (then the combine writes it), 1 and 3 tokens:
+    // the copy must be the input pass's (gemvInt8InputCall on `out`), bit for bit.
+    const g = gpu!;
+    let k = 0;
+    for (const [heads, kv, hd] of [[4, 2, 64], [8, 2, 128], [2, 1, 32]]) {
+      for (
+        const tuning of [{ splits: 1 }, { splits: 3 }, { grouped: true, splits: 1 }, {
+          grouped: true,
+          splits: 2,
+        }]
+      ) {
+        for (const T of [1, 3]) {
+          const wt = (["q8", "q4"] as const)[k++ % 2];
+          const M = 96, pos = 70;
+          const K = heads * hd;
+          const row = (heads + 2 * kv) * hd;
+          const step = createStepBuffer(g);
+          writeStep(g, step, { pos0: pos, T, tokOut: 0 });
+          const table = ropeTable(ropeInvFreq(hd, 10000, null), M);
+          const out = upload(g, new Float32Array(T * K));
+          const copy = {
+            q: upload(g, new Uint32Array(T * K / 4)),
+            s: upload(g, new Float32Array(T * K / 16)),
+            weights: wt,
+          };
+          const calls = attentionDecodeCalls(
+            g,
+            {
+              step,
+              table: upload(g, table),
+              qkv: upload(g, randoms(T * row, k, 2)),
+              kcache: upload(g, randoms(kv * M * hd, k + 1)),
+              vcache: upload(g, randoms(kv * M * hd, k + 2)),
+              out,
+              copyOut: copy,
+            },
+            { heads, kvHeads: kv, headDim: hd, maxSeq: M, T },
+            tuning,
+          );
+          const pass = gemvInt8InputCall(g, { x: out }, { K, T, wt, transform: "none", normWeights: "f32" });
+          await runAndRead(g, [...calls, pass.call], []);
+          const what = `copyOut ${wt} heads ${heads}/${kv} hd ${hd} T${T} ${JSON.stringify(tuning)}`;
+          const [o] = await runAndRead(g, [], [[out, T * K]]);
+          if (!o.every(Number.isFinite) || o.every((v) => v === 0)) {
+            throw new Error(`${what}: out is not finite and nonzero`);
+          }
+          for (
+            const [got, want, n] of [[copy.q, pass.xq, (T * K) / 4], [
+              copy.s,
+              pass.xqs,
+              (T * K) / 16,
+            ]] as const
+          ) {
+            const [a, b] = (await runAndRead(g, [], [[got, n], [want, n]])).map((f) =>
+              new Uint32Array(f.buffer)
+            );
+            const i = a.findIndex((v, j) => v !== b[j]);
+            if (i >= 0) throw new Error(`${what}: word ${i} of ${n}: ${a[i]} against the pass's ${b[i]}`);
+          }
         }
       }
     }

@@ -4,6 +4,10 @@
 // a GPU or without subgroups (the kernel needs them).
 import {
   gemvFusedCall,
+  gemvFusedCalls,
+  gemvInt8InputCall,
+  int8CopyFor,
+  int8CopyOutFits,
   matmulRef,
   multiFits,
   multiTileK,
@@ -22,6 +26,7 @@ import {
   packedWeights,
   randoms,
   readF32,
+  readU32,
   upload,
 } from "./harness.ts";
 
@@ -298,6 +303,107 @@ Deno.test(
             } finally {
               g.tuning = saved;
             }
+          }
+        }
+      }
+    }
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "int8 direct multi-token GEMV writes the int8 copy of its output (copyOut) the input pass would make",
+    ignore: ignore || !gpu?.hasDp4,
+  },
+  async () => {
+    // The producer's tail quantises what its workgroup wrote; the pass (gemvInt8InputCall) quantises y as
+    // it is in memory: the same values, so the same words and scales, bit for bit. Then a consumer reading
+    // the copy (copyIn, no pass) matches the int8 product of y.
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    let k = 0;
+    for (const wt of ["q8", "q4"] as const) {
+      for (const pairs of [true, false]) {
+        // N: one block of rows; several workgroups with a ragged last one.
+        for (const [T, K, N] of [[2, PER_UNIT[wt] * S, 32], [8, 32 * (2 * S - 1), 32 * 37], [16, 64, 96]]) {
+          k++;
+          const saved = { ...g.tuning };
+          g.tuning.multiInt8 = true;
+          try {
+            const d = {
+              K,
+              N,
+              T,
+              weights: wt,
+              transform: "rmsnorm" as const,
+              normWeights: "f32" as const,
+              eps: 1e-5,
+              pairs,
+            };
+            const consumer = { K: N, N: 24, T, weights: wt, accumulate: k % 2 === 0 };
+            if (!int8CopyOutFits(g, d)) throw new Error(`no copyOut for ${JSON.stringify(d)} at S = ${S}`);
+            const copy = int8CopyFor(g, consumer)!;
+            const x = upload(g, randoms(T * K, k, 2));
+            const rows = (pairs ? 2 : 1) * N;
+            const w = uploadBuffer(g, packedWeights(wt, randoms(rows * K, k + 1, 0.5), rows, K).bytes);
+            const y = upload(g, new Float32Array(T * N));
+            const nw = upload(g, randoms(K, k + 2));
+            await runCalls(g, gemvFusedCalls(g, { x, w, y, normWeight: nw, copyOut: copy }, d));
+            const pass = gemvInt8InputCall(g, { x: y }, {
+              K: N,
+              T,
+              wt,
+              transform: "none",
+              normWeights: "f32",
+            });
+            await runCalls(g, [pass.call]);
+            const what = `copyOut ${wt} pairs ${pairs} T${T} K${K} N${N}`;
+            for (
+              const [got, want, n] of [[copy.q, pass.xq, (T * N) / 4], [
+                copy.s,
+                pass.xqs,
+                (T * N) / 16,
+              ]] as const
+            ) {
+              const a = await readU32(g, got, n), b = await readU32(g, want, n);
+              const i = a.findIndex((v, j) => v !== b[j]);
+              if (i >= 0) throw new Error(`${what}: word ${i} of ${n}: ${a[i]} against the pass's ${b[i]}`);
+            }
+            // The consumer on the copy, without a pass.
+            const cw = packedWeights(wt, randoms(consumer.N * N, k + 3, 0.5), consumer.N, N);
+            const y0 = randoms(T * consumer.N, k + 4);
+            const cy = upload(g, y0);
+            const calls = gemvFusedCalls(
+              g,
+              { x: y, w: uploadBuffer(g, cw.bytes), y: cy, copyIn: copy },
+              consumer,
+            );
+            if (calls.length !== 1) {
+              throw new Error(`${what}: the consumer made ${calls.length} calls, not 1`);
+            }
+            await runCalls(g, calls);
+            const input = await readF32(g, y, T * N);
+            if (!input.every((v) => Number.isFinite(v)) || input.every((v) => v === 0)) {
+              throw new Error(`${what}: the producer's output is not a finite, nonzero row`);
+            }
+            const want = matmulRef(input, cw.deq, {
+              K: N,
+              N: consumer.N,
+              T,
+              accumulate: consumer.accumulate,
+              weights: "f32",
+            }, y0);
+            checkDp4(
+              await readF32(g, cy, T * consumer.N),
+              want,
+              input,
+              cw.deq,
+              { T, N: consumer.N, K: N },
+              what,
+            );
+          } finally {
+            g.tuning = saved;
           }
         }
       }
