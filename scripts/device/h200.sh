@@ -11,7 +11,7 @@
 #   decode    Llama-3.2-1B shape, random weights: decode tok/s f16 / q8 / q4, the k-token step against the
 #             one-token step, decode at 128 / 2048 / 8192 of context (A/B: without multi-token GEMV and
 #             flash-decoding splits), q8 / q4 k-steps with and without the int8 direct multi-token
-#             GEMV, then transformers on the same checkpoint (the yardstick)
+#             GEMV and its copies made by the kernels before, then transformers on the same checkpoint
 #   prefill   time to first token of 512- and 2048-token prompts (f16, q4; GEMM math f32 and f16), the GEMM
 #             microbenchmark at M = 512 against the FP32 FMA ceiling (default tiles)
 #   gemm      (not in the default list) the GEMM tile sweep at M = 512 (f16, q4: every tile flag and thread
@@ -67,9 +67,9 @@ part_decode() {
   log "k-token steps and context lengths"
   deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q4 --k 1,2,4,8,16 \
     --context 128,2048,8192 --skip-decode --ab 2>&1 | grep -E "^\{|rror"
-  log "quantised k-steps: the default against the int8 direct multi-token GEMV (gpu.tuning.multiInt8)"
+  log "quantised k-steps: the default (int8 direct multi-token GEMV) against it off, and without the copies"
   deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights q8,q4 --k 1,2,4,8,16 --skip-decode \
-    --tunings '[{},{"multiInt8":true},{},{"multiInt8":true}]' 2>&1 | grep -E "^\{|rror"
+    --tunings '[{},{"multiInt8":false},{"multiInt8Copies":false},{}]' 2>&1 | grep -E "^\{|rror"
   if [ -n "${BEFORE:-}" ]; then
     for round in 1 2; do
       (cd "$BEFORE" && deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q4 2>/dev/null |
