@@ -229,16 +229,22 @@ const WARPS = ${o.warps}u;
 const WG = ${o.warps * o.S}u;`;
 }
 
+/** What the decode attention's WGSL is built for (the per-head and the grouped kernel). */
+interface AttentionSourceDims {
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  /** Tokens dispatched (grid z); the step's T may be fewer. */
+  T?: number;
+  /** q_norm / k_norm folded in, with this epsilon. */
+  normEps?: number;
+  kv?: KvType;
+  /** Also write the int8 copy of the output in this weight type's layout (copyTail). */
+  copyOut?: QuantType;
+}
+
 export function attentionDecodeSource(
-  d: {
-    heads: number;
-    kvHeads: number;
-    headDim: number;
-    T?: number;
-    normEps?: number;
-    kv?: KvType;
-    copyOut?: QuantType;
-  },
+  d: AttentionSourceDims,
   S: number,
   t: AttentionDecodeTuning,
 ): string {
@@ -598,15 +604,7 @@ function groupBatchOf(group: number, nslot: number, want?: number): number {
 //   - end: one barrier, then each thread combines one (head, slot) over the subgroups and the step's own
 //     keys and writes out[h * hd ..] or, split, the partial in the layout attentionCombineSource reads.
 export function attentionDecodeGroupedSource(
-  d: {
-    heads: number;
-    kvHeads: number;
-    headDim: number;
-    T?: number;
-    normEps?: number;
-    kv?: KvType;
-    copyOut?: QuantType;
-  },
+  d: AttentionSourceDims,
   S: number,
   t: AttentionDecodeTuning,
 ): string {

@@ -21,7 +21,7 @@ import {
   writeStep,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, gpuOrSkip, randoms, upload } from "./harness.ts";
+import { assertClose, assertSameInt8Copy, gpuOrSkip, randoms, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -602,19 +602,7 @@ Deno.test(
           if (!o.every(Number.isFinite) || o.every((v) => v === 0)) {
             throw new Error(`${what}: out is not finite and nonzero`);
           }
-          for (
-            const [got, want, n] of [[copy.q, pass.xq, (T * K) / 4], [
-              copy.s,
-              pass.xqs,
-              (T * K) / 16,
-            ]] as const
-          ) {
-            const [a, b] = (await runAndRead(g, [], [[got, n], [want, n]])).map((f) =>
-              new Uint32Array(f.buffer)
-            );
-            const i = a.findIndex((v, j) => v !== b[j]);
-            if (i >= 0) throw new Error(`${what}: word ${i} of ${n}: ${a[i]} against the pass's ${b[i]}`);
-          }
+          await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * K, what);
         }
       }
     }

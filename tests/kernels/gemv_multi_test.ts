@@ -20,13 +20,13 @@ import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { isQuant } from "../../kernels/quant.ts";
 import {
   assertClose,
+  assertSameInt8Copy,
   checkDp4,
   gemvCase,
   gpuOrSkip,
   packedWeights,
   randoms,
   readF32,
-  readU32,
   upload,
 } from "./harness.ts";
 
@@ -359,17 +359,7 @@ Deno.test(
             });
             await runCalls(g, [pass.call]);
             const what = `copyOut ${wt} pairs ${pairs} T${T} K${K} N${N}`;
-            for (
-              const [got, want, n] of [[copy.q, pass.xq, (T * N) / 4], [
-                copy.s,
-                pass.xqs,
-                (T * N) / 16,
-              ]] as const
-            ) {
-              const a = await readU32(g, got, n), b = await readU32(g, want, n);
-              const i = a.findIndex((v, j) => v !== b[j]);
-              if (i >= 0) throw new Error(`${what}: word ${i} of ${n}: ${a[i]} against the pass's ${b[i]}`);
-            }
+            await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * N, what);
             // The consumer on the copy, without a pass.
             const cw = packedWeights(wt, randoms(consumer.N * N, k + 3, 0.5), consumer.N, N);
             const y0 = randoms(T * consumer.N, k + 4);

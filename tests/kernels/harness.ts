@@ -47,6 +47,24 @@ export async function readU32(gpu: Gpu, buf: GPUBuffer, n: number): Promise<Uint
   return new Uint32Array(await readBack(gpu, buf, n * 4));
 }
 
+/**
+ * Throws unless two int8 copies of T rows of K (the words and the blocks' scale pairs: an input pass's and
+ * one a producer kernel wrote) are equal bit for bit.
+ */
+export async function assertSameInt8Copy(
+  gpu: Gpu,
+  got: { q: GPUBuffer; s: GPUBuffer },
+  want: { q: GPUBuffer; s: GPUBuffer },
+  n: number,
+  what: string,
+): Promise<void> {
+  for (const [a, b, words] of [[got.q, want.q, n / 4], [got.s, want.s, n / 16]] as const) {
+    const x = await readU32(gpu, a, words), y = await readU32(gpu, b, words);
+    const i = x.findIndex((v, j) => v !== y[j]);
+    if (i >= 0) throw new Error(`${what}: word ${i} of ${words}: ${x[i]} against ${y[i]}`);
+  }
+}
+
 /** Throws naming the first element where |got - want| > atol + |want| * rtol (or NaN). */
 export function assertClose(
   got: Float32Array,
