@@ -367,6 +367,7 @@ async function kSteps(model: Model, weights: string): Promise<void> {
   const one = await stepMs(seq.program(1, "sample"));
   const rows: Record<string, number> = {};
   const byKernel: Record<string, Record<string, number>> = {};
+  const dispatches: Record<string, number> = {};
   // Two rounds over the ks, the faster of each kept: a first pass in a process sometimes timed k = 8 at
   // 2-3x its later runs on the H200 (2026-12-01).
   for (let round = 0; round < 2; round++) {
@@ -374,6 +375,7 @@ async function kSteps(model: Model, weights: string): Promise<void> {
       const tail = argmaxRowsCalls(gpu, { logits: seq.logits!, out }, { vocab: ckpt.config.vocabSize, T: k });
       writeStep(gpu, seq.step, { pos0: mid, T: k, tokOut: mid + k });
       const program = [...seq.program(k, "logits"), ...tail];
+      dispatches[k] = program.length;
       const ms = Number((await stepMs(program)).toFixed(3));
       if (!(ms >= rows[k])) {
         rows[k] = ms;
@@ -398,6 +400,8 @@ async function kSteps(model: Model, weights: string): Promise<void> {
     ratio_vs_decode: Object.fromEntries(
       Object.entries(rows).map(([k, ms]) => [k, Number((ms / Math.min(one, oneAgain)).toFixed(2))]),
     ),
+    // Dispatches of each k-step (the argmax's included).
+    k_dispatches: dispatches,
     // Each dispatch timed in place (a few us of timestamp overhead each), summed by kernel label.
     k_ms_by_kernel: byKernel,
   }));

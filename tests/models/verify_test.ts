@@ -145,20 +145,21 @@ for (const { weights, tuning, what } of quantSteps) {
 
 // The demo model (head_dim 32, intermediate 384: whole blocks of 32) in the int8 direct mode: there the
 // attention and the paired gate/up write the int8 input of o_proj and down themselves (no input pass), which
-// llama-micro's head_dim 16 does not reach for the attention.
-for (const weights of ["q4", "q8"] as const) {
-  Deno.test(
-    onGpu(
-      `demo model ${weights}: int8 direct k-steps, inputs quantised by the kernels before, track the one-token steps`,
-    ),
-    async () => {
-      const dir = await ensureDemoModel();
-      const all = Array.from({ length: 40 }, (_, i) => 1000 + ((i * 7919) % 5000));
-      const { worst, scale } = await kStepError(dir, all, weights, { multiInt8: true });
-      assert.ok(worst <= 0.1 * scale, `worst |logit error| ${worst} of ${scale}`);
-    },
-  );
-}
+// llama-micro's head_dim 16 does not reach for the attention. q4 only: the copies' q8 layout is checked bit
+// for bit by the kernel tests. `multi` pairs gate/up where the one-row kernel does not fit the row (the
+// software adapter's 8-lane subgroups at hidden 128), so both copies are made (33 dispatches a demo k-step
+// against 41 without them: scripts/bench/decode.ts --k prints k_dispatches).
+Deno.test(
+  onGpu(
+    "demo model q4: int8 direct k-steps, inputs quantised by the kernels before, track the one-token steps",
+  ),
+  async () => {
+    const dir = await ensureDemoModel();
+    const all = Array.from({ length: 40 }, (_, i) => 1000 + ((i * 7919) % 5000));
+    const { worst, scale } = await kStepError(dir, all, "q4", { multiInt8: true, multi: true });
+    assert.ok(worst <= 0.1 * scale, `worst |logit error| ${worst} of ${scale}`);
+  },
+);
 
 // The direct multi-token GEMV (gpu.tuning.multiDirect, kernels/gemv_multi.ts MultiTuning `direct`: x read in
 // place, K split over warps, RMSNorm deferred, gate/up paired) gives a k-step's logits as the staged one does.
