@@ -242,6 +242,14 @@ export function gemvFusedFits(K: number): boolean {
   return K % 8 === 0;
 }
 
+/** A GEMV's buffers: input rows, matrix, output rows and (transform "rmsnorm") the norm weights. */
+export interface GemvBuffers {
+  x: GPUBuffer;
+  w: GPUBuffer;
+  y: GPUBuffer;
+  normWeight?: GPUBuffer;
+}
+
 /** The int8 copy of a GEMV's T input rows (int8BlocksWgsl's layout): the words and the blocks' scales. */
 export interface Int8Copy {
   q: GPUBuffer;
@@ -256,14 +264,7 @@ export interface Int8Copy {
  */
 export function gemvFusedCalls(
   gpu: Gpu,
-  bufs: {
-    x: GPUBuffer;
-    w: GPUBuffer;
-    y: GPUBuffer;
-    normWeight?: GPUBuffer;
-    copyIn?: Int8Copy;
-    copyOut?: Int8Copy & { weights: QuantType };
-  },
+  bufs: GemvBuffers & { copyIn?: Int8Copy; copyOut?: Int8Copy & { weights: QuantType } },
   d: GemvFusedDims,
 ): KernelCall[] {
   if (!multiInt8Serves(gpu, d)) {
@@ -359,11 +360,7 @@ function multiInt8Serves(gpu: Gpu, d: GemvFusedDims): boolean {
 
 export function gemvFusedCall(
   gpu: Gpu,
-  bufs: {
-    x: GPUBuffer;
-    w: GPUBuffer;
-    y: GPUBuffer;
-    normWeight?: GPUBuffer;
+  bufs: GemvBuffers & {
     /** The int8 copy of f(x) (gemvInt8InputCall), for a `multi` tuning with direct and dp4. */
     xq?: Int8Copy;
     /** With d.copyOut: the int8 copy of y to write (int8CopyFor). */

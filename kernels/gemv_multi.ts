@@ -834,7 +834,7 @@ function int8InputSource(
   nwt: WeightType,
   K: number,
   S: number,
-): { code: string; wg: number } {
+): string {
   const K4 = K / 4;
   const NB = K / QUANT_GROUP;
   const WG = Math.min(256, Math.ceil(NB / S) * S);
@@ -897,7 +897,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   }
   ${blocks}
 }`;
-  return { code, wg: WG };
+  return code;
 }
 
 /**
@@ -926,7 +926,7 @@ export function gemvInt8InputCall(
   const params = uniformBuffer(gpu, [K, T, d.xRow0 ?? 0, d.eps ?? 0], [3]);
   const buffers = [params, bufs.x, xq, xqs, ...(f === "rmsnorm" ? [bufs.normWeight!] : [])];
   if (!gpu.subgroupSize) throw new RangeError("the int8 input pass needs subgroups of a fixed size");
-  const { code } = int8InputSource(wt, f, d.normWeights, K, gpu.subgroupSize);
+  const code = int8InputSource(wt, f, d.normWeights, K, gpu.subgroupSize);
   const call = kernelCall(gpu, pipeline(gpu, code), buffers, [T], "gemv_int8_x");
   call.owned = [xq, xqs];
   return { call, xq, xqs };
