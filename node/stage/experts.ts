@@ -255,6 +255,13 @@ export const HOST_DOWN_MS = 10_000;
  */
 export const HEDGE_MS = 2_000;
 
+/**
+ * The longest a call waits before it is hedged, however slow the host's recent calls were (ms): well under
+ * the client's stall timeout (30 s), which would otherwise end the request while a layer waits on a host
+ * that died (a loaded machine's calls can take seconds, and 8x that would be the wait).
+ */
+export const HEDGE_MAX_MS = 5_000;
+
 /** An expert host's call failed; the message names the host and the layer. */
 export class ExpertHostError extends Error {
   constructor(readonly node: string, readonly layer: number, cause: unknown) {
@@ -287,7 +294,7 @@ export function createFanout(o: {
   cost?: (node: string) => number;
   /** Milliseconds now (default performance.now), for how long a failed host is passed over. */
   now?: () => number;
-  /** The least wait before a call is hedged to another replica (default HEDGE_MS). */
+  /** The least wait before a call is hedged to another replica (default HEDGE_MS; at most HEDGE_MAX_MS unless more). */
   hedgeMs?: number;
 }): ExpertFanout {
   const placement = expertPlacement(o.plan);
@@ -301,14 +308,14 @@ export function createFanout(o: {
   }
   /** layer -> expert -> the host that runs it (until that host fails). */
   const route = new Map<number, Map<number, string>>();
-  /** node -> until when it is passed over (its last call failed). */
+  /** node -> until when it is passed over (its last call failed, or a replica answered for it first). */
   const down = new Map<string, number>();
   const usable = (node: string) =>
     (node === o.self ? o.local !== undefined : true) && (o.alive?.(node) ?? true);
   /** The host for expert `e` of `layer`, not one of `failed`; undefined when no replica is left. */
   const pick = (layer: number, e: number, failed: Set<string>, keep = true): string | undefined => {
     const kept = route.get(layer)?.get(e);
-    if (kept && !failed.has(kept) && usable(kept)) return kept;
+    if (kept && !failed.has(kept) && usable(kept) && (down.get(kept) ?? 0) <= now()) return kept;
     const all = (hostsOf.get(layer)?.get(e) ?? []).filter((h) => !failed.has(h) && usable(h));
     const t = now();
     const up = all.filter((h) => (down.get(h) ?? 0) <= t);
@@ -323,7 +330,10 @@ export function createFanout(o: {
   };
   /** node -> its calls' recent duration (a moving average, ms), for when to hedge. */
   const latency = new Map<string, number>();
-  const hedgeAfter = (node: string) => Math.max(o.hedgeMs ?? HEDGE_MS, 8 * (latency.get(node) ?? 0));
+  const hedgeAfter = (node: string) => {
+    const least = o.hedgeMs ?? HEDGE_MS;
+    return Math.max(least, Math.min(8 * (latency.get(node) ?? 0), HEDGE_MAX_MS));
+  };
   return async (layer, input) => {
     const experts = hostsOf.get(layer);
     if (!experts) throw new Error(`the Plan places no experts of layer ${layer}`);
@@ -421,7 +431,13 @@ export function createFanout(o: {
           if (![...mine].every((e) => pick(layer, e, without, false) !== undefined)) return;
           hedged = true;
           running++;
-          runAll([...mine], without).then(win, lose);
+          runAll([...mine], without).then((parts) => {
+            // A replica answered while this host had not: it is passed over for later steps and the other
+            // layers' routes too (a host killed without a word would otherwise hold each layer for
+            // hedgeAfter, one after another, until membership says it is dead).
+            if (!settled) down.set(node, now() + HOST_DOWN_MS);
+            win(parts);
+          }, lose);
         };
         const timer = setTimeout(hedge, hedgeAfter(node));
         callOne(node, mine).then((y) => win([y]), (e) => {

@@ -20,10 +20,10 @@ import {
 const H = 4;
 
 /** A host that holds `ids` and answers sum_j w[t, j] * (expert id + 1) for the chosen ids it holds. */
-function host(ids: number[], delayMs: number): ExpertService {
+function host(ids: number[], delayMs: number, layers = [1]): ExpertService {
   return {
     hidden: H,
-    held: () => new Map([[1, ids]]),
+    held: () => new Map(layers.map((l) => [l, ids])),
     async compute(_layer: number, input: ExpertInput) {
       await new Promise((r) => setTimeout(r, delayMs));
       const k = input.ids.length / input.T;
@@ -252,4 +252,49 @@ Deno.test("fan-out with replicas: a host that does not answer is hedged to a rep
   calls.length = 0;
   assert.deepEqual([...await slow(1, step())], Array(H).fill(27));
   assert.deepEqual(calls.map((c) => `${c.node}:${c.ids}`), ["b:2,4"], "one call to b, waited for");
+});
+
+Deno.test("fan-out with replicas: a host outrun by its hedge is passed over in the other layers too", async () => {
+  // Two MoE layers, a (cheaper) and b both holding 2-3 of each; a hangs (killed without a word, membership
+  // not yet saying so). Layer 1 waits the hedge delay once; layer 2, and the next step, go to b at once.
+  const plan = {
+    expertMode: "spread",
+    stages: [{ node: "stage", layers: [1, 3] as [number, number], experts: { "1": [0, 1], "2": [0, 1] } }],
+    expertHosts: [
+      { node: "a", experts: { "1": [2, 3], "2": [2, 3] } },
+      { node: "b", experts: { "1": [2, 3, 4, 5], "2": [2, 3, 4, 5] } },
+    ],
+  };
+  const b = expertHostBehavior(host([2, 3, 4, 5], 0, [1, 2]), H, () => {});
+  let release = () => {};
+  const hung = new Promise<void>((r) => release = r);
+  const calls: string[] = [];
+  const fanout = createFanout({
+    plan,
+    self: "stage",
+    local: host([0, 1], 0, [1, 2]),
+    call: async (_name, body, node) => {
+      const sent = decodeExpertRequest(body, H);
+      calls.push(`${sent.layer}:${node}:${[...sent.input.ids].filter((e) => e !== NOT_SENT)}`);
+      if (node === "a") {
+        await hung;
+        throw new Error("a never answered");
+      }
+      return await b.receive(body, {} as ActorContext) as Uint8Array;
+    },
+    record: new Map(),
+    cost: (n) => (n === "a" ? 1 : 2),
+    hedgeMs: 200,
+  });
+  try {
+    assert.deepEqual([...await fanout(1, step())], Array(H).fill(27));
+    assert.deepEqual([...await fanout(2, step())], Array(H).fill(27));
+    // Layer 2 sent nothing to a (before, it waited on a for the hedge delay again, then hedged).
+    assert.deepEqual(calls.sort(), ["1:a:2", "1:b:2", "1:b:4", "2:b:2,4"]);
+    calls.length = 0;
+    await fanout(1, step());
+    assert.deepEqual(calls, ["1:b:2,4"], "the next step: b only");
+  } finally {
+    release();
+  }
 });
