@@ -118,9 +118,9 @@ export function attentionDecodeFits(gpu: Gpu, d: AttentionDecodeDims): boolean {
     gpu.subgroupSize <= gpu.device.limits.maxComputeInvocationsPerWorkgroup;
 }
 
-/** Workgroup memory of the kernel: q, k, v of the head, and each subgroup's (m, l, acc[hd]). */
+/** Workgroup memory of the kernel: q, k, v of the head (and its output, with copyOut), each subgroup's (m, l, acc[hd]). */
 function sharedBytes(hd: number, warps: number): number {
-  return 3 * hd * 4 + warps * (hd + 2) * 4 + 16;
+  return 4 * hd * 4 + warps * (hd + 2) * 4 + 16;
 }
 
 /**
@@ -184,6 +184,23 @@ fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
   let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
   return ${w.round(VW, `${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")})`)};
 }`;
+}
+
+/**
+ * WGSL adding the step's earlier tokens (j < tok, their scores at `snAt(j)`) into lsum and a, in order: unrolled
+ * over every j the dispatch can have, so that all their value loads (from qkv, in L2) are issued before any is
+ * used (a loop over j < tok waited one L2 round trip per token); a j >= tok adds exact zeros.
+ */
+function earlierValuesWgsl(TT: number, snAt: (j: number) => string): string {
+  const js = range(TT - 1);
+  return [
+    ...js.map((j) => `let nv${j} = new_value(${j}u, e, kvh);`),
+    ...js.map((j) => `let ne${j} = select(0.0, exp(${snAt(j)} - mx), ${j}u < tok);`),
+    ...js.map((j) =>
+      `lsum += ne${j};
+      a += ne${j} * nv${j};`
+    ),
+  ].join("\n      ");
 }
 
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
@@ -372,7 +389,9 @@ var<workgroup> nred: array<vec2<f32>, ${warps}>;`
 var<workgroup> qs: array<${vt}, ${HDV}>;
 var<workgroup> ks: array<${vt}, ${HDV}>;
 var<workgroup> vs: array<${vt}, ${HDV}>;
-var<workgroup> accs: array<${vt}, ${warps * HDV}>;
+var<workgroup> accs: array<${vt}, ${warps * HDV}>;${
+    SP === 1 && d.copyOut ? `\nvar<workgroup> os: array<${vt}, ${HDV}>;` : ""
+  }
 var<workgroup> ms: array<f32, ${warps}>;
 var<workgroup> ls: array<f32, ${warps}>;
 var<workgroup> keys: u32;
@@ -515,11 +534,7 @@ fn main(
       : `var lsum = 0.0;
     var a = ${vt}(0.0);
     if (own) {
-      for (var j = 0u; j < tok; j++) {
-        let ej = exp(sn[j] - mx);
-        lsum += ej;
-        a += ej * new_value(j, e, kvh);
-      }
+      ${earlierValuesWgsl(TT, (j) => `sn[${j}]`)}
       let et = exp(sn[tok] - mx);
       lsum += et;
       a += et * vs[e];
@@ -536,14 +551,15 @@ fn main(
     let pb = ((tok * NH + h) * ${SP}u + split) * (HDV * VW / 2u + 1u);
     if (e == 0u) { part[pb] = vec2<f32>(mx, lsum); }
     ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
-      : "out[(tok * NH + h) * HDV + e] = a / lsum;"
+      : `let o = a / lsum;
+    out[(tok * NH + h) * HDV + e] = o;${d.copyOut ? "\n    os[e] = o;" : ""}`
   }
   }${
     SP === 1 && d.copyOut
       ? copyTail(d.copyOut, d, {
         heads: 1,
         h0: "h",
-        vec4At: (k) => `out[(tok * NH + h) * HDV + ${k}]`,
+        vec4At: (k) => `os[${k}]`,
         WG: "WG",
       })
       : ""
@@ -552,11 +568,12 @@ fn main(
 }
 
 /**
- * Workgroup memory of the grouped kernel: q of the group's heads, k, v, each subgroup's (m, l, acc[hd])
- * per head, the norm partials and the step's new-key scores (T > 1) per head.
+ * Workgroup memory of the grouped kernel: q of the group's heads, k, v, the heads' output (with copyOut), each
+ * subgroup's (m, l, acc[hd]) per head, the norm partials and the step's new-key scores (T > 1) per head.
  */
 function groupedSharedBytes(hd: number, group: number, warps: number, T: number): number {
-  return (group + 2) * hd * 4 + warps * group * (hd + 2) * 4 + (group + 1) * warps * 4 + group * (T + 1) * 4 +
+  return (2 * group + 2) * hd * 4 + warps * group * (hd + 2) * 4 + (group + 1) * warps * 4 +
+    group * (T + 1) * 4 +
     16;
 }
 
@@ -779,7 +796,9 @@ const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
 var<workgroup> qs: array<${vt}, ${G * HDV}>;
 var<workgroup> ks: array<${vt}, ${HDV}>;
 var<workgroup> vs: array<${vt}, ${HDV}>;
-var<workgroup> accs: array<${vt}, ${warps * G * HDV}>;
+var<workgroup> accs: array<${vt}, ${warps * G * HDV}>;${
+    SP === 1 && d.copyOut ? `\nvar<workgroup> os: array<${vt}, ${G * HDV}>;` : ""
+  }
 var<workgroup> ms: array<f32, ${warps * G}>;
 var<workgroup> ls: array<f32, ${warps * G}>;
 var<workgroup> keys: u32;
@@ -908,11 +927,7 @@ fn main(
     var lsum = 0.0;
     var a = ${vt}(0.0);
     if (own) {
-      for (var j = 0u; j < tok; j++) {
-        let ej = exp(sn[hh * TT + j] - mx);
-        lsum += ej;
-        a += ej * new_value(j, e, kvh);
-      }
+      ${earlierValuesWgsl(TT, (j) => `sn[hh * TT + ${j}]`)}
       let et = exp(sn[hh * TT + tok] - mx);
       lsum += et;
       a += et * vs[e];
@@ -929,14 +944,15 @@ fn main(
     let pb = ((tok * NH + hq) * ${SP}u + split) * (HDV * VW / 2u + 1u);
     if (e == 0u) { part[pb] = vec2<f32>(mx, lsum); }
     ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
-      : "out[(tok * NH + hq) * HDV + e] = a / lsum;"
+      : `let o = a / lsum;
+    out[(tok * NH + hq) * HDV + e] = o;${d.copyOut ? "\n    os[hh * HDV + e] = o;" : ""}`
   }
   }${
     SP === 1 && d.copyOut
       ? copyTail(d.copyOut, d, {
         heads: G,
         h0: "kvh * GROUP",
-        vec4At: (k) => `out[(tok * NH + kvh * GROUP) * HDV + ${k}]`,
+        vec4At: (k) => `os[${k}]`,
         WG: "WG",
       })
       : ""
@@ -964,7 +980,7 @@ export function attentionCombineSource(
 @group(0) @binding(0) var<storage, read> step: Step;
 @group(0) @binding(1) var<storage, read> part: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec2<f32>>;${
-    d.copyOut ? `\n${int8CopyBindingsWgsl(3)}` : ""
+    d.copyOut ? `\n${int8CopyBindingsWgsl(3)}\nvar<workgroup> os: array<vec2<f32>, ${P2}>;` : ""
   }
 const PW = ${P2 + 1}u;
 @compute @workgroup_size(${Math.min(256, Math.max(32, P2))})
@@ -979,14 +995,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let l = ${l};
   for (var e = tid; e < ${P2}u; e += ${Math.min(256, Math.max(32, P2))}u) {
     ${vs.join("\n    ")}
-    out[(tok * ${NH}u + h) * ${P2}u + e] = (${a}) / l;
+    let o = (${a}) / l;
+    out[(tok * ${NH}u + h) * ${P2}u + e] = o;${d.copyOut ? "\n    os[e] = o;" : ""}
   }${
     d.copyOut
       ? copyTail(d.copyOut, d, {
         heads: 1,
         h0: "h",
-        vec4At: (k) =>
-          `vec4<f32>(out[(tok * ${NH}u + h) * ${P2}u + 2u * (${k})], out[(tok * ${NH}u + h) * ${P2}u + 2u * (${k}) + 1u])`,
+        vec4At: (k) => `vec4<f32>(os[2u * (${k})], os[2u * (${k}) + 1u])`,
         WG: `${Math.min(256, Math.max(32, P2))}u`,
       })
       : ""
@@ -995,9 +1011,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 
 /**
- * The end of a kernel that wrote whole heads of the attention output: a storageBarrier, then the int8 copy
- * of those heads (`heads` of them from head `h0`, contiguous, of token `tok`) for the o_proj GEMV after it
- * (gemv_fused.ts int8CopyFor: its input pass is then not needed). head_dim % 32 == 0 (attentionCopyOutFits).
+ * The end of a kernel that wrote whole heads of the attention output, keeping them in workgroup memory too
+ * (`os`, read by `vec4At`): a workgroup barrier, then the int8 copy of those heads (`heads` of them from head
+ * `h0`, contiguous, of token `tok`) for the o_proj GEMV after it (gemv_fused.ts int8CopyFor: its input pass
+ * is then not needed). head_dim % 32 == 0 (attentionCopyOutFits).
  */
 function copyTail(
   wt: QuantType,
@@ -1006,7 +1023,7 @@ function copyTail(
 ): string {
   const HB = d.headDim / 32;
   return `
-  storageBarrier();${
+  workgroupBarrier();${
     int8CopyTailWgsl(wt, {
       K: d.heads * d.headDim,
       row0: "tok",

@@ -739,10 +739,13 @@ function gemvMultiDirectSource(
       `an int8 copy of the output needs whole blocks of 32 rows a workgroup (${BLOCKS} x ${R} rows, N ${N})`,
     );
   }
+  // The values are also kept in workgroup memory (ys: [T][BLOCKS R]), so the copy needs a workgroup barrier,
+  // not a device-scope storageBarrier and a second read of y from L2.
+  const WR = BLOCKS * R;
   const copyTail = d.copyOut
     ? `
-  storageBarrier();
-  let nw0 = wg.x * ${BLOCKS * R}u;
+  workgroupBarrier();
+  let nw0 = wg.x * ${WR}u;
   let cbw = min(${CB}u, (N - min(nw0, N)) / 32u);${
       int8CopyTailWgsl(d.copyOut, {
         K: N,
@@ -750,7 +753,7 @@ function gemvMultiDirectSource(
         rows: "T",
         blocks: "cbw",
         gb0: "nw0 / 32u",
-        vec4At: (i) => `yv(cr * N + nw0 + 32u * cb + ${4 * i}u)`,
+        vec4At: (i) => `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u)`,
         WG: `${WG}u`,
       })
     }`
@@ -760,7 +763,8 @@ ${gemvBindingsWgsl(wt, norm, nwt, i8)}${
     d.copyOut
       ? `
 ${int8CopyBindingsWgsl(5)}
-fn yv(o: u32) -> vec4<f32> { return vec4<f32>(y[o], y[o + 1u], y[o + 2u], y[o + 3u]); }`
+var<workgroup> ys: array<f32, ${T * WR}>;
+fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys[o + 3u]); }`
       : ""
   }
 ${isQuant(wt) ? `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}` : ""}
@@ -808,7 +812,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       ${norm ? `let inv = inverseSqrt(q / f32(K) + p.eps);\n      a *= inv;` : ""}
       ${d.pairs && norm ? "b *= inv;" : ""}
       let o = tk * N + n;
-      ${d.pairs ? `y[o] = ${siluMul("a", "b")};` : "y[o] = select(0.0, y[o], p.acc != 0u) + a;"}
+      let v = ${d.pairs ? siluMul("a", "b") : "select(0.0, y[o], p.acc != 0u) + a"};
+      y[o] = v;${
+    d.copyOut
+      ? `
+      ys[tk * ${WR}u + g * R + r] = v;`
+      : ""
+  }
     }
   }${copyTail}
 }`;
