@@ -5,8 +5,9 @@
 // read once for the group: grouped-one, grouped, g-b / g-w / g-s / g-u variants). One JSON line per context
 // and cache type (--cache: the KV cache's element type, f32 and f16 by default; f16 where the adapter has
 // shader-f16). --ab: only the per-head defaults against the grouped variants (no per-head split sweep).
+// --variants '{"name": {tuning}, ...}': only "default" and these (AttentionDecodeTuning fields), for A/B runs.
 //   deno run -A scripts/bench/attention_decode.ts [--context 128,2048,8192] [--heads 32] [--kv 8] [--hd 64]
-//     [--cache f32,f16] [--quick] [--ab]
+//     [--cache f32,f16] [--quick] [--ab] [--variants JSON]
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
@@ -36,6 +37,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       cache: { type: "string", default: "f32,f16" },
       quick: { type: "boolean", default: false },
       ab: { type: "boolean", default: false },
+      variants: { type: "string" },
     },
   }));
 const gpu = await getGpu();
@@ -75,6 +77,13 @@ if (!values.quick && !values.ab) {
       }
     }
   }
+}
+if (values.variants) {
+  const given = JSON.parse(values.variants) as Record<string, Partial<AttentionDecodeTuning>>;
+  if (typeof given !== "object" || given === null || Array.isArray(given)) {
+    throw new TypeError(`--variants takes a JSON object of named tunings, got ${values.variants}`);
+  }
+  variants.splice(0, variants.length, ["default", { grouped: false }], ...Object.entries(given));
 }
 const cacheTypes = values.cache!.split(",").map((c) => {
   if (c !== "f32" && c !== "f16") throw new TypeError(`--cache takes f32 and / or f16, got "${c}"`);
