@@ -254,6 +254,12 @@ export interface GemvBuffers {
 export interface Int8Copy {
   q: GPUBuffer;
   s: GPUBuffer;
+  /**
+   * For a consumer with RMSNorm: each block of 32's sum of squares of the unnormalised rows ([T, K / 32]
+   * f32). The copy then holds x * norm weight, and the consumer scales its sums by 1 / rms from these (the
+   * row's common factor leaves the codes unchanged; the block scales carry it).
+   */
+  ssq?: GPUBuffer;
 }
 
 /**
@@ -264,7 +270,7 @@ export interface Int8Copy {
  */
 export function gemvFusedCalls(
   gpu: Gpu,
-  bufs: GemvBuffers & { copyIn?: Int8Copy; copyOut?: Int8Copy & { weights: QuantType } },
+  bufs: GemvBuffers & { copyIn?: Int8Copy; copyOut?: Int8CopyOut },
   d: GemvFusedDims,
 ): KernelCall[] {
   if (!multiInt8Serves(gpu, d)) {
@@ -289,7 +295,7 @@ export function gemvFusedCalls(
   const xq = bufs.copyIn ?? { q: input!.xq, s: input!.xqs };
   const gemv = gemvFusedCall(gpu, { ...bufs, xq }, { ...d, multi, copyOut: bufs.copyOut?.weights });
   // A copy made for this GEMV by the kernel before it is released with this GEMV's call.
-  if (bufs.copyIn) gemv.owned = [bufs.copyIn.q, bufs.copyIn.s];
+  if (bufs.copyIn) gemv.owned = [bufs.copyIn.q, bufs.copyIn.s, ...(bufs.copyIn.ssq ? [bufs.copyIn.ssq] : [])];
   return input ? [input.call, gemv] : [gemv];
 }
 
@@ -319,22 +325,48 @@ function int8Tuning(gpu: Gpu, d: GemvFusedDims, copyOut: boolean): MultiTuning |
  * consumer does not take the int8 direct mode (it then makes its own copy or none) or
  * gpu.tuning.multiInt8Copies is false. The consumer's call (gemvFusedCalls with `copyIn`) owns them.
  */
-export function int8CopyFor(gpu: Gpu, d: GemvFusedDims): (Int8Copy & { weights: QuantType }) | undefined {
+export function int8CopyFor(gpu: Gpu, d: GemvFusedDims, normWeight?: GPUBuffer): Int8CopyOut | undefined {
+  const f = d.transform ?? "none";
   if (
     gpu.tuning.multiInt8Copies === false || !multiInt8Serves(gpu, d) || (d.xRow0 ?? 0) !== 0 ||
-    (d.transform ?? "none") !== "none"
+    !(f === "none" || (f === "rmsnorm" && normWeight && gpu.tuning.multiInt8NormCopies !== false))
   ) return undefined;
   return {
     q: storageBuffer(gpu, d.T * d.K, "int8 copy of x"),
     s: storageBuffer(gpu, (d.T * d.K) / QUANT_GROUP * 8, "int8 copy of x, scales"),
     weights: d.weights as QuantType,
+    ...(f === "rmsnorm"
+      ? {
+        ssq: storageBuffer(gpu, (d.T * d.K) / QUANT_GROUP * 4, "int8 copy of x, sums of squares"),
+        norm: { w: normWeight!, type: d.normWeights ?? "f32" },
+      }
+      : {}),
   };
 }
 
-/** Whether a GEMV (the producer, dims `d`) can write the int8 copy of its output (gemvFusedCalls' copyOut). */
-export function int8CopyOutFits(gpu: Gpu, d: GemvFusedDims): boolean {
-  return multiInt8Serves(gpu, d) && int8Tuning(gpu, d, true) !== undefined;
+/**
+ * The int8 copy a producer writes for its consumer (int8CopyFor): in the consumer's weight layout, and for
+ * an RMSNorm consumer with its norm weights (the producer multiplies by them and writes `ssq`).
+ */
+export type Int8CopyOut = Int8Copy & { weights: QuantType; norm?: { w: GPUBuffer; type: WeightType } };
+
+/**
+ * Whether a GEMV (the producer, dims `d`) can write the int8 copy of its output (gemvFusedCalls' copyOut).
+ * `maxThreads`: only where its workgroups, widened to whole blocks of 32 rows, have at most this many threads.
+ */
+export function int8CopyOutFits(gpu: Gpu, d: GemvFusedDims, maxThreads = Infinity): boolean {
+  const t = multiInt8Serves(gpu, d) ? int8Tuning(gpu, d, true) : undefined;
+  return t !== undefined && t.wg <= maxThreads;
 }
+
+/**
+ * The widest producer workgroup for which an RMSNorm consumer's input copy pays (int8CopyOutFits' maxThreads;
+ * models/blocks/gqa.ts, o_proj for gate/up). H200, Llama-1B k-steps over a one-token step
+ * (2026-12-01, eighth session), copies against gate/up's input pass: q4 (o_proj's workgroups widened
+ * to 512 threads) 0.98 / 1.16 / 1.47x against 1.02 / 1.22 / 1.53x at k = 2 / 4 / 8; with 1,024 threads slower:
+ * q4 k = 16 2.57 against 2.44x, q8 k = 8 1.37 against 1.30x.
+ */
+export const INT8_NORM_COPY_MAX_THREADS = 512;
 
 /**
  * Whether gemvFusedCalls takes the int8 direct multi-token GEMV: q8 / q4 weights, 2..16 rows where the
@@ -363,8 +395,11 @@ export function gemvFusedCall(
   bufs: GemvBuffers & {
     /** The int8 copy of f(x) (gemvInt8InputCall), for a `multi` tuning with direct and dp4. */
     xq?: Int8Copy;
-    /** With d.copyOut: the int8 copy of y to write (int8CopyFor). */
-    copyOut?: Int8Copy;
+    /**
+     * With d.copyOut: the int8 copy of y to write (int8CopyFor); with `norm`, of y times those weights, and
+     * each block's sum of squares of y.
+     */
+    copyOut?: Int8CopyOut;
   },
   d: GemvFusedDims & { copyOut?: QuantType },
 ): KernelCall {
@@ -413,6 +448,15 @@ export function gemvFusedCall(
         throw new TypeError("the int8 direct multi-token GEMV needs the int8 copy of x (gemvFusedCalls)");
       }
       if (d.copyOut && !bufs.copyOut) throw new TypeError("copyOut needs the copy's buffers (int8CopyFor)");
+      const copyNorm = d.copyOut ? bufs.copyOut?.norm : undefined;
+      if (copyNorm && !bufs.copyOut?.ssq) {
+        throw new TypeError("a copy with norm weights needs its sums of squares");
+      }
+      // A copy of x * nw with its block sums of squares: this GEMV applies 1 / rms (its RMSNorm) itself.
+      const rmsIn = bufs.xq.ssq !== undefined;
+      if (rmsIn && f !== "rmsnorm") {
+        throw new RangeError("a copy with sums of squares is for an RMSNorm GEMV");
+      }
       const code = gemvMultiSource(wt, "none", t, nwt, {
         K: d.K,
         N: d.N,
@@ -421,12 +465,16 @@ export function gemvFusedCall(
         KT: 0,
         pairs,
         copyOut: d.copyOut,
+        copyNorm: copyNorm?.type,
+        rmsIn,
       });
-      const out = d.copyOut ? [bufs.copyOut!.q, bufs.copyOut!.s] : [];
+      const out = d.copyOut
+        ? [bufs.copyOut!.q, bufs.copyOut!.s, ...(copyNorm ? [copyNorm.w, bufs.copyOut!.ssq!] : [])]
+        : [];
       return kernelCall(
         gpu,
         pipeline(gpu, code),
-        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s, ...out],
+        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s, ...out, ...(rmsIn ? [bufs.xq.ssq!] : [])],
         [multiGroups(d.N, t, S!)],
         `${label}_direct_i8`,
       );

@@ -224,7 +224,17 @@ export function gemvMultiSource(
   f: InputTransform,
   t: MultiTuning,
   nwt: WeightType,
-  d: { K: number; N: number; T: number; S: number; KT: number; pairs?: boolean; copyOut?: QuantType },
+  d: {
+    K: number;
+    N: number;
+    T: number;
+    S: number;
+    KT: number;
+    pairs?: boolean;
+    copyOut?: QuantType;
+    copyNorm?: WeightType;
+    rmsIn?: boolean;
+  },
 ): string {
   if (t.direct) return gemvMultiDirectSource(wt, f, t, nwt, d);
   if (d.copyOut) throw new RangeError("only the direct multi-token GEMV writes an int8 copy of its output");
@@ -608,9 +618,21 @@ function gemvMultiDirectSource(
   f: InputTransform,
   t: MultiTuning,
   nwt: WeightType,
-  d: { K: number; N: number; T: number; S: number; pairs?: boolean; copyOut?: QuantType },
+  d: {
+    K: number;
+    N: number;
+    T: number;
+    S: number;
+    pairs?: boolean;
+    copyOut?: QuantType;
+    copyNorm?: WeightType;
+    rmsIn?: boolean;
+  },
 ): string {
   const i8 = t.dp4 === true;
+  if ((d.copyNorm && !d.copyOut) || (d.rmsIn && !i8)) {
+    throw new RangeError("copyNorm needs copyOut, rmsIn the int8 direct mode");
+  }
   if (i8 && (!isQuant(wt) || f !== "none")) {
     throw new RangeError(
       `the int8 direct multi-token GEMV takes q8 / q4 weights and x already transformed (${wt}, ${f})`,
@@ -753,18 +775,65 @@ function gemvMultiDirectSource(
         rows: "T",
         blocks: "cbw",
         gb0: "nw0 / 32u",
-        vec4At: (i) => `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u)`,
+        vec4At: (i) =>
+          d.copyNorm
+            ? `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u) * ${
+              normWeightVec4(d.copyNorm, `(nw0 + 32u * cb) / 4u + ${i}u`).replaceAll("nw[", "onw[")
+            }`
+            : `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u)`,
         WG: `${WG}u`,
+        // copyNorm: the block's sum of squares of y (before the norm weight), for the consumer's 1 / rms.
+        prelude: d.copyNorm
+          ? `var ss = 0.0;
+    for (var i = 0u; i < 8u; i++) { let v = ysv(cr * ${WR}u + 32u * cb + 4u * i); ss += dot(v, v); }
+    ossq[cr * ${N / 32}u + nw0 / 32u + cb] = ss;`
+          : undefined,
       })
     }`
     : "";
+  // rmsIn: x's copy is of x * nw, unscaled; each warp loads the block sums of squares of its tokens (warp,
+  // warp + WARPS, ..) as it starts, and after its weights, adds them into 1 / rms in inv_s for the outputs.
+  const TPW = Math.ceil(T / WARPS);
+  const PL = Math.ceil(K / 32 / S); // partials a lane adds, per token
+  const rmsLoads = d.rmsIn
+    ? range(TPW).flatMap((j) =>
+      range(PL).map((i) => {
+        const at = `min(warp + ${j * WARPS}u, T - 1u) * ${K / 32}u + lane + ${i * S}u`;
+        return `let pq${j}_${i} = select(0.0, issq[min(${at}, ${(T * K) / 32 - 1}u)], lane + ${i * S}u < ${
+          K / 32
+        }u);`;
+      })
+    )
+    : [];
+  const rmsSums = d.rmsIn
+    ? range(TPW).map((j) =>
+      `{
+    let ssum = subgroupAdd(${range(PL).map((i) => `pq${j}_${i}`).join(" + ")});
+    if (lane == 0u && warp + ${j * WARPS}u < T) { inv_s[warp + ${
+        j * WARPS
+      }u] = inverseSqrt(ssum / f32(K) + p.eps); }
+  }`
+    )
+    : [];
   return `
 ${gemvBindingsWgsl(wt, norm, nwt, i8)}${
     d.copyOut
       ? `
 ${int8CopyBindingsWgsl(5)}
 var<workgroup> ys: array<f32, ${T * WR}>;
-fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys[o + 3u]); }`
+fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys[o + 3u]); }${
+        d.copyNorm
+          ? `
+@group(0) @binding(7) var<storage, read> onw: array<${d.copyNorm === "f16" ? "vec2<u32>" : "vec4<f32>"}>;
+@group(0) @binding(8) var<storage, read_write> ossq: array<f32>;`
+          : ""
+      }`
+      : ""
+  }${
+    d.rmsIn
+      ? `
+@group(0) @binding(${d.copyOut ? (d.copyNorm ? 9 : 7) : 5}) var<storage, read> issq: array<f32>;
+var<workgroup> inv_s: array<f32, ${T}>;`
       : ""
   }
 ${isQuant(wt) ? `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}` : ""}
@@ -787,6 +856,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let n0 = (wg.x * BLOCKS + warp / SK) * R;
   ${decl.join("\n  ")}
   ${acc.join("\n  ")}
+  ${rmsLoads.join("\n  ")}
   for (var i = 0u; i < ${CMAX}u; i++) {
     let c = i * SK + ks;
     ${CH % SK === 0 ? "{" : `if (c < ${CH}u) {`}
@@ -794,6 +864,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     }
   }
   ${sums.join("\n  ")}
+  ${rmsSums.join("\n  ")}
   workgroupBarrier();
   for (var e = tid; e < ${OUT}u; e += ${WG}u) {
     let g = e / ${R * T}u;
@@ -810,7 +881,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         ${norm ? `q += ${part(`${RR * T}u + tk`)};` : ""}
       }
       ${norm ? `let inv = inverseSqrt(q / f32(K) + p.eps);\n      a *= inv;` : ""}
-      ${d.pairs && norm ? "b *= inv;" : ""}
+      ${d.rmsIn ? "let inv = inv_s[tk];\n      a *= inv;" : ""}
+      ${d.pairs && (norm || d.rmsIn) ? "b *= inv;" : ""}
       let o = tk * N + n;
       let v = ${d.pairs ? siluMul("a", "b") : "select(0.0, y[o], p.acc != 0u) + a"};
       y[o] = v;${

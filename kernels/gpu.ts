@@ -86,6 +86,12 @@ export interface KernelTuning {
    */
   multiInt8Copies?: boolean;
   /**
+   * With the copies, also the RMSNorm GEMVs' inputs from the kernel before (o_proj writes gate/up's int8
+   * input times the norm weight and each block's sum of squares; the consumer applies 1 / rms). Default on;
+   * false: those keep their input pass (A/B runs).
+   */
+  multiInt8NormCopies?: boolean;
+  /**
    * The direct multi-token GEMV's units of a row in flight and its row cap (multiDirectTuning's `unroll`,
    * `rows`), forced for every shape: for A/B runs (scripts/bench/decode.ts --multi-unroll / --multi-rows).
    */

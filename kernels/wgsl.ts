@@ -168,6 +168,8 @@ export function int8CopyTailWgsl(
     gb0: string;
     vec4At: (i: number) => string;
     WG: string;
+    /** WGSL run first for each block (after cr, cb and cg are named). */
+    prelude?: string;
   },
 ): string {
   const NB = d.K / 32;
@@ -175,7 +177,9 @@ export function int8CopyTailWgsl(
   const at = `(${d.row0} + cr) * ${2 * NB}u + ${wt === "q4" ? "cg" : "2u * cg"}`;
   return int8BlocksWgsl(wt, (_k, i) => d.vec4At(i), `(${d.rows}) * (${d.blocks})`, d.WG, undefined, {
     first: "tid",
-    prelude: `let cr = b / (${d.blocks});\n    let cb = b % (${d.blocks});\n    let cg = ${d.gb0} + cb;`,
+    prelude: `let cr = b / (${d.blocks});\n    let cb = b % (${d.blocks});\n    let cg = ${d.gb0} + cb;${
+      d.prelude ? `\n    ${d.prelude}` : ""
+    }`,
     words: (half) => `oq[${at}${half === 0 ? "" : wt === "q4" ? ` + ${NB}u` : " + 1u"}]`,
     scale: `oqs[(${d.row0} + cr) * ${NB}u + cg]`,
   });

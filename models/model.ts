@@ -50,6 +50,7 @@ import {
   ffnProgram,
   type FfnWeights,
   kvBytesPerToken,
+  layerLink,
   loadAttention,
   loadFfn,
   ropeDim,
@@ -601,9 +602,11 @@ export class Sequence {
       if (spec.ffn.kind === "mlp") ks.push(spec.ffn.intermediate);
       const fused = T <= GEMV_MULTI_MAX_T && ks.every(gemvFusedFits);
       const d = { hidden: H, T, fused };
+      // What the attention hands the FFN within the layer (int8 k-steps: o_proj writes the FFN's input copy).
+      const link = layerLink(ctx, spec.ffn, l.ffn, d);
       calls.push(
-        ...attentionProgram(ctx, spec.attention, l.attention, this.caches[i], bufs, d),
-        ...ffnProgram(ctx, spec.ffn, l.ffn, bufs, d),
+        ...attentionProgram(ctx, spec.attention, l.attention, this.caches[i], bufs, { ...d, link }),
+        ...ffnProgram(ctx, spec.ffn, l.ffn, bufs, { ...d, link }),
       );
       const layer = m.part.layers[0] + i;
       if (m.part.remoteExperts?.has(layer)) {

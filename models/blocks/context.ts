@@ -1,7 +1,7 @@
 // What a block needs from the model while loading and while building a step's program: the GPU, how to
 // read tensors onto it, and each weight buffer's storage. Blocks (attention, feed-forward) implement
 // `load` and `program`; models/model.ts composes them into layers. One file per block kind.
-import type { Gpu, KvType, QuantType, WeightType } from "../../kernels/mod.ts";
+import type { GemvFusedDims, Gpu, Int8CopyOut, KvType, QuantType, WeightType } from "../../kernels/mod.ts";
 
 /**
  * Reads tensors by name, concatenated row-wise, onto the GPU. `K` (a row length) marks a matrix, stored
@@ -31,4 +31,15 @@ export interface StepBuffers {
   x: GPUBuffer;
   /** Scratch for a normalised copy of x [T, hidden]. */
   xn: GPUBuffer;
+}
+
+/**
+ * What a layer's attention block hands its FFN block in one step's program: the FFN's first GEMV (its dims
+ * and RMSNorm weights, where it takes the int8 direct mode's copy), and the copy of its input the attention's
+ * o_proj wrote (gemv_fused.ts int8CopyFor with the norm: no input pass for the FFN). Left unset where either
+ * side cannot.
+ */
+export interface LayerLink {
+  ffnInput?: { dims: GemvFusedDims; norm: GPUBuffer };
+  copy?: Int8CopyOut;
 }

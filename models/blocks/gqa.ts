@@ -18,7 +18,9 @@ import {
   flashAttentionFits,
   gemvFusedCalls,
   headNormCall,
+  INT8_NORM_COPY_MAX_THREADS,
   int8CopyFor,
+  int8CopyOutFits,
   type KernelCall,
   kvElementBytes,
   prefillLinearCalls,
@@ -27,7 +29,7 @@ import {
   storageBuffer,
 } from "../../kernels/mod.ts";
 import type { GqaAttention } from "../config.ts";
-import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+import type { BlockContext, LayerLink, StepBuffers, TensorReader } from "./context.ts";
 
 export interface GqaWeights {
   norm: GPUBuffer;
@@ -104,7 +106,7 @@ export function gqaProgram(
   w: GqaWeights,
   cache: GPUBuffer[],
   bufs: StepBuffers & { scratch: Record<string, GPUBuffer>; rope: GPUBuffer; maxSeq: number },
-  d: { hidden: number; T: number; fused: boolean },
+  d: { hidden: number; T: number; fused: boolean; link?: LayerLink },
 ): KernelCall[] {
   const { gpu, normType, eps } = ctx;
   const wt = (b: GPUBuffer) => ctx.typeOf(b);
@@ -156,9 +158,16 @@ export function gqaProgram(
       attend(gpu, { step, qkv, kcache, vcache, out: att }, dims),
     );
   }
+  // k-steps in the int8 direct mode: o_proj also writes the FFN's int8 input (x times its norm weights, and
+  // each block's sum of squares for its 1 / rms), so the FFN's first GEMV needs no input pass, where o_proj's
+  // widened workgroups stay small enough for that to pay. Not with an o_proj bias (added after the GEMV).
+  const next = d.link?.ffnInput && d.fused && !w.oBias && int8CopyOutFits(gpu, o, INT8_NORM_COPY_MAX_THREADS)
+    ? int8CopyFor(gpu, d.link.ffnInput.dims, d.link.ffnInput.norm)
+    : undefined;
+  if (next && d.link) d.link.copy = next;
   calls.push(
     ...(d.fused
-      ? gemvFusedCalls(gpu, { x: att, w: w.o, y: x, copyIn: copy }, o)
+      ? gemvFusedCalls(gpu, { x: att, w: w.o, y: x, copyIn: copy, copyOut: next }, o)
       : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, o)),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));

@@ -9,6 +9,7 @@ import {
   gemmCalls,
   gemmFits,
   gemvFusedCalls,
+  type GemvFusedDims,
   gemvPairFits,
   int8CopyFor,
   int8CopyOutFits,
@@ -18,7 +19,7 @@ import {
   siluMulCall,
 } from "../../kernels/mod.ts";
 import type { DenseMlp } from "../config.ts";
-import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+import type { BlockContext, LayerLink, StepBuffers, TensorReader } from "./context.ts";
 
 export interface MlpWeights {
   norm: GPUBuffer;
@@ -43,12 +44,36 @@ export async function loadMlp(
   };
 }
 
+/**
+ * The paired gate/up GEMV of a decode-sized step (gemv_sg.ts: it writes silu(gate) * up [T, I]), or undefined
+ * where it does not serve (prefill, or no subgroup kernel for the shape).
+ */
+export function mlpGateUpDims(
+  ctx: BlockContext,
+  f: DenseMlp,
+  w: MlpWeights,
+  d: { hidden: number; T: number; fused: boolean },
+): GemvFusedDims | undefined {
+  const wt = ctx.typeOf(w.gateUp);
+  if (!d.fused || !gemvPairFits(ctx.gpu, d.hidden, d.T, wt)) return undefined;
+  return {
+    K: d.hidden,
+    N: f.intermediate,
+    T: d.T,
+    weights: wt,
+    normWeights: ctx.normType,
+    transform: "rmsnorm",
+    eps: ctx.eps,
+    pairs: true,
+  };
+}
+
 export function mlpProgram(
   ctx: BlockContext,
   f: DenseMlp,
   w: MlpWeights,
   bufs: StepBuffers & { scratch: Record<string, GPUBuffer> },
-  d: { hidden: number; T: number; fused: boolean },
+  d: { hidden: number; T: number; fused: boolean; link?: LayerLink },
 ): KernelCall[] {
   const { gpu, normType, eps } = ctx;
   const wt = (b: GPUBuffer) => ctx.typeOf(b);
@@ -57,22 +82,15 @@ export function mlpProgram(
   const { T, hidden: H } = d;
   const I = f.intermediate;
   // Paired (gemv_sg.ts): the gate/up GEMV writes silu(gate) * up into `a` [T, I] and down reads it as it is.
-  if (d.fused && gemvPairFits(gpu, H, T, wt(w.gateUp))) {
-    const gateUp = {
-      K: H,
-      N: I,
-      T,
-      weights: wt(w.gateUp),
-      normWeights: normType,
-      transform: "rmsnorm" as const,
-      eps,
-      pairs: true,
-    };
+  const gateUp = mlpGateUpDims(ctx, f, w, d);
+  if (gateUp) {
     const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down) };
-    // k-steps in the int8 direct mode: gate/up writes down's int8 input itself (no input pass for down).
+    // k-steps in the int8 direct mode: gate/up writes down's int8 input itself (no input pass for down), and
+    // reads its own from the attention's o_proj where that wrote it (d.link).
     const copy = int8CopyOutFits(gpu, gateUp) ? int8CopyFor(gpu, down) : undefined;
+    const copyIn = d.link?.copy;
     return [
-      ...gemvFusedCalls(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm, copyOut: copy }, gateUp),
+      ...gemvFusedCalls(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm, copyIn, copyOut: copy }, gateUp),
       ...gemvFusedCalls(gpu, { x: a, w: w.down, y: x, copyIn: copy }, down),
     ];
   }

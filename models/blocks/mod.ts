@@ -2,10 +2,10 @@
 // scratch and KV cache it needs, and the kernels it runs. models/model.ts composes layers from these.
 import { type KernelCall, kvElementBytes, type KvType, type MoeScratch } from "../../kernels/mod.ts";
 import type { AttentionSpec, FfnSpec } from "../config.ts";
-import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+import type { BlockContext, LayerLink, StepBuffers, TensorReader } from "./context.ts";
 import { gqaBuffers, gqaCache, gqaProgram, type GqaWeights, gqaWidths, loadGqa } from "./gqa.ts";
 import { loadMla, mlaBuffers, mlaCache, mlaProgram, mlaScratch, type MlaWeights } from "./mla.ts";
-import { loadMlp, mlpBuffers, mlpProgram, type MlpWeights, mlpWidths } from "./mlp.ts";
+import { loadMlp, mlpBuffers, mlpGateUpDims, mlpProgram, type MlpWeights, mlpWidths } from "./mlp.ts";
 import { loadMoe, moeBuffers, moeProgram, type MoeWeights } from "./moe.ts";
 
 export type AttentionWeights = { kind: "gqa"; w: GqaWeights } | { kind: "mla"; w: MlaWeights };
@@ -80,11 +80,26 @@ export function attentionProgram(
   w: AttentionWeights,
   cache: GPUBuffer[],
   bufs: ProgramBuffers,
-  d: { hidden: number; T: number; fused: boolean },
+  d: { hidden: number; T: number; fused: boolean; link?: LayerLink },
 ): KernelCall[] {
   if (a.kind === "gqa" && w.kind === "gqa") return gqaProgram(ctx, a, w.w, cache, bufs, d);
   if (a.kind === "mla" && w.kind === "mla") return mlaProgram(ctx, a, w.w, cache, bufs, d);
   throw new Error(`attention weights of kind ${w.kind} for a ${a.kind} layer`);
+}
+
+/**
+ * The layer's link for one step's program (context.ts LayerLink): the FFN's first GEMV where the attention
+ * may write its input (the dense MLP's paired gate/up), else nothing to hand over.
+ */
+export function layerLink(
+  ctx: BlockContext,
+  f: FfnSpec,
+  w: FfnWeights,
+  d: { hidden: number; T: number; fused: boolean },
+): LayerLink {
+  if (f.kind !== "mlp" || w.kind !== "mlp") return {};
+  const dims = mlpGateUpDims(ctx, f, w.w, d);
+  return dims ? { ffnInput: { dims, norm: w.w.norm } } : {};
 }
 
 export function ffnProgram(
@@ -92,7 +107,7 @@ export function ffnProgram(
   f: FfnSpec,
   w: FfnWeights,
   bufs: ProgramBuffers,
-  d: { hidden: number; T: number; fused: boolean },
+  d: { hidden: number; T: number; fused: boolean; link?: LayerLink },
 ): KernelCall[] {
   if (f.kind === "mlp" && w.kind === "mlp") return mlpProgram(ctx, f, w.w, bufs, d);
   if (f.kind === "moe" && w.kind === "moe") {

@@ -400,3 +400,95 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  {
+    name:
+      "an RMSNorm GEMV's int8 input from the GEMV before it: x * norm weight, and 1 / rms from block sums",
+    ignore: ignore || !gpu?.hasDp4,
+  },
+  async () => {
+    // The producer (o_proj-like: accumulates into the residual) quantises h * nw for its consumer (gate/up-
+    // like: RMSNorm, paired or not) and writes each block's sum of squares of h. The copy must be the input
+    // pass's on h * nw bit for bit, the sums h's; the consumer on it (no pass) must match the consumer with
+    // its own input pass up to the codes' rounding. Norm weights random, f32 and f16.
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    let k = 100;
+    for (const wt of ["q8", "q4"] as const) {
+      for (
+        const [T, K, N, pairs, nwt] of [[4, 64, 32 * 5, true, "f32"], [
+          8,
+          32 * S,
+          32 * 9,
+          false,
+          "f16",
+        ]] as const
+      ) {
+        if (nwt === "f16" && !g.hasF16) continue;
+        k++;
+        const saved = { ...g.tuning };
+        g.tuning.multiInt8 = true;
+        try {
+          const producer = { K, N, T, weights: wt, accumulate: true };
+          const consumer = {
+            K: N,
+            N: 48,
+            T,
+            weights: wt,
+            transform: "rmsnorm" as const,
+            normWeights: nwt,
+            eps: 1e-5,
+            pairs,
+          };
+          const what = `norm copy ${wt} T${T} K${K} N${N} pairs ${pairs} ${nwt}`;
+          if (!int8CopyOutFits(g, producer)) throw new Error(`${what}: no copyOut`);
+          const nw32 = randoms(N, k + 5);
+          const nw = upload(g, nwt === "f16" ? f32ToF16(nw32) : nw32);
+          const nwv = nwt === "f16" ? f16ToF32(f32ToF16(nw32)) : nw32;
+          const copy = int8CopyFor(g, consumer, nw)!;
+          if (!copy?.ssq || !copy.norm) throw new Error(`${what}: int8CopyFor gave no norm copy`);
+          const y0 = randoms(T * N, k + 6);
+          const h = upload(g, y0);
+          const w = uploadBuffer(g, packedWeights(wt, randoms(N * K, k + 1, 0.5), N, K).bytes);
+          await runCalls(
+            g,
+            gemvFusedCalls(g, { x: upload(g, randoms(T * K, k, 2)), w, y: h, copyOut: copy }, producer),
+          );
+          const hv = await readF32(g, h, T * N);
+          const u = new Float32Array(T * N).map((_, i) => hv[i] * nwv[i % N]);
+          const pass = gemvInt8InputCall(g, { x: upload(g, u) }, {
+            K: N,
+            T,
+            wt,
+            transform: "none",
+            normWeights: "f32",
+          });
+          await runCalls(g, [pass.call]);
+          await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * N, what);
+          const ssq = await readF32(g, copy.ssq, (T * N) / 32);
+          const ssqWant = new Float32Array((T * N) / 32).map((_, b) =>
+            hv.slice(32 * b, 32 * b + 32).reduce((s, v) => s + v * v, 0)
+          );
+          assertClose(ssq, ssqWant, 1e-6, 1e-5, `${what}: block sums of squares`);
+          // The consumer on the copy, and with its own pass.
+          const rows = (pairs ? 2 : 1) * consumer.N;
+          const cw = uploadBuffer(g, packedWeights(wt, randoms(rows * N, k + 3, 0.5), rows, N).bytes);
+          const run = async (copyIn?: typeof copy) => {
+            const cy = upload(g, new Float32Array(T * consumer.N));
+            const calls = gemvFusedCalls(g, { x: h, w: cw, y: cy, normWeight: nw, copyIn }, consumer);
+            if (calls.length !== (copyIn ? 1 : 2)) throw new Error(`${what}: ${calls.length} calls`);
+            await runCalls(g, calls);
+            return await readF32(g, cy, T * consumer.N);
+          };
+          const want = await run();
+          const got = await run(copy);
+          const scale = want.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+          assertClose(got, want, 0.02 * scale, 0, `${what}: the consumer on the copy`);
+        } finally {
+          g.tuning = saved;
+        }
+      }
+    }
+  },
+);

@@ -100,9 +100,11 @@ async function kStepError(
   all: number[],
   weights: "q8" | "q4",
   tuning: Record<string, unknown>,
+  /** The rows to compare with (default: one-token steps without the multi-token GEMV). */
+  base: { tuning: Record<string, unknown>; ks: number[] } = { tuning: { multi: false }, ks: [1] },
 ): Promise<{ worst: number; scale: number }> {
-  const rows = async (multi: boolean, ks: number[]) => {
-    gpu!.tuning = multi ? { ...tuning } : { multi: false };
+  const rows = async (t: Record<string, unknown>, ks: number[]) => {
+    gpu!.tuning = { ...t };
     const engine = await loadEngine(dir, { gpu: gpu!, weights });
     try {
       engine.open("r", { maxSeq: all.length, sampling: greedy, maxChunk: 16 });
@@ -120,8 +122,8 @@ async function kStepError(
       gpu!.tuning = {};
     }
   };
-  const want = await rows(false, [1]);
-  const got = await rows(true, [16, 8, 2, 5, 3]);
+  const want = await rows(base.tuning, base.ks);
+  const got = await rows(tuning, [16, 8, 2, 5, 3]);
   assert.equal(got.length, want.length);
   let worst = 0, scale = 0;
   for (let i = 0; i < got.length; i++) {
@@ -158,6 +160,14 @@ Deno.test(
     const all = Array.from({ length: 40 }, (_, i) => 1000 + ((i * 7919) % 5000));
     const { worst, scale } = await kStepError(dir, all, "q4", { multiInt8: true, multi: true });
     assert.ok(worst <= 0.1 * scale, `worst |logit error| ${worst} of ${scale}`);
+    // gate/up's input from o_proj (x times the norm weight, 1 / rms from its block sums of squares) against
+    // gate/up's own input pass, the same k-steps: only the codes' rounding may differ.
+    const norm = await kStepError(dir, all, "q4", { multiInt8: true, multi: true }, {
+      tuning: { multiInt8: true, multi: true, multiInt8NormCopies: false },
+      ks: [16, 8, 2, 5, 3],
+    });
+    console.log(`norm copies against the input pass: worst ${norm.worst} of ${norm.scale}`);
+    assert.ok(norm.worst <= 0.01 * norm.scale, `worst |logit error| ${norm.worst} of ${norm.scale}`);
   },
 );
 
