@@ -11,7 +11,8 @@
 #   decode    Llama-3.2-1B shape, random weights: decode tok/s f16 / q8 / q4, the k-token step against the
 #             one-token step, decode at 128 / 2048 / 8192 of context (A/B: without multi-token GEMV and
 #             flash-decoding splits), q8 / q4 k-steps with and without the int8 direct multi-token
-#             GEMV and its copies made by the kernels before, then transformers on the same checkpoint
+#             GEMV and its copies made by the kernels before (and gate/up's from o_proj), then transformers
+#             on the same checkpoint
 #   prefill   time to first token of 512- and 2048-token prompts (f16, q4; GEMM math f32 and f16), the GEMM
 #             microbenchmark at M = 512 against the FP32 FMA ceiling (default tiles)
 #   gemm      (not in the default list) the GEMM tile sweep at M = 512 (f16, q4: every tile flag and thread
@@ -69,7 +70,8 @@ part_decode() {
     --context 128,2048,8192 --skip-decode --ab 2>&1 | grep -E "^\{|rror"
   log "quantised k-steps: the default (int8 direct multi-token GEMV) against it off, and without the copies"
   deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights q8,q4 --k 1,2,4,8,16 --skip-decode \
-    --tunings '[{},{"multiInt8":false},{"multiInt8Copies":false},{}]' 2>&1 | grep -E "^\{|rror"
+    --tunings '[{},{"multiInt8":false},{"multiInt8Copies":false},{"multiInt8NormCopies":false},{}]' 2>&1 |
+    grep -E "^\{|rror"
   if [ -n "${BEFORE:-}" ]; then
     for round in 1 2; do
       (cd "$BEFORE" && deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights f16,q4 2>/dev/null |
