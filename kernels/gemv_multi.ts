@@ -612,6 +612,10 @@ function quantUnitBody(
  * RR x T sums (and T sums of x^2) are reduced over its lanes (a halving butterfly) into workgroup memory;
  * one barrier; then one thread an output adds its block's SK partials, scales by 1 / rms and writes (paired:
  * silu(gate) * up).
+ * The int8 mode (dp4) reads x's int8 copy instead. `copyOut`: the workgroup (whole blocks of 32 rows) also
+ * quantises what it wrote into the next GEMV's copy, from workgroup memory; with `copyNorm` of y times that
+ * GEMV's norm weights (binding `onw`), writing each block's sum of squares of y too (`ossq`). `rmsIn`: x's
+ * copy is such a copy, and the sums are scaled by 1 / rms from its block sums (`issq`).
  */
 function gemvMultiDirectSource(
   wt: WeightType | QuantType,
