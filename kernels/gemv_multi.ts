@@ -782,7 +782,7 @@ function gemvMultiDirectSource(
         vec4At: (i) =>
           d.copyNorm
             ? `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u) * ${
-              normWeightVec4(d.copyNorm, `(nw0 + 32u * cb) / 4u + ${i}u`).replaceAll("nw[", "onw[")
+              normWeightVec4(d.copyNorm, `(nw0 + 32u * cb) / 4u + ${i}u`, "onw")
             }`
             : `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u)`,
         WG: `${WG}u`,

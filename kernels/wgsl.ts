@@ -200,9 +200,11 @@ export function dp4Dot(wt: QuantType, w: string, x: string | [string, string]): 
   ).join(" + ");
 }
 
-/** The 4 norm weights at vec4 index `i` of `nw` (bound as vec2<u32> for f16, vec4<f32> for f32). */
-export function normWeightVec4(nwt: WeightType, i: string): string {
-  return nwt === "f16" ? `vec4<f32>(unpack2x16float(nw[${i}].x), unpack2x16float(nw[${i}].y))` : `nw[${i}]`;
+/** The 4 norm weights at vec4 index `i` of `nw` (bound as vec2<u32> for f16, vec4<f32> for f32), or of `name`. */
+export function normWeightVec4(nwt: WeightType, i: string, name = "nw"): string {
+  return nwt === "f16"
+    ? `vec4<f32>(unpack2x16float(${name}[${i}].x), unpack2x16float(${name}[${i}].y))`
+    : `${name}[${i}]`;
 }
 
 /**
