@@ -263,25 +263,58 @@ export interface Int8Copy {
 }
 
 /**
+ * The f32 copy of an RMSNorm GEMV's input that the GEMV before it wrote (floatCopyFor; the f32 direct
+ * multi-token GEMV's counterpart of Int8Copy with `ssq`): x times the consumer's norm weights ([T, K] f32),
+ * and `parts` partial sums of squares of x a row ([T, parts] f32, one per producer workgroup), from which
+ * the consumer takes 1 / rms. The consumer reads it as its x with no transform: no norm weight and no x^2
+ * in its inner loop, which every row block otherwise repeats.
+ */
+export interface FloatCopy {
+  x: GPUBuffer;
+  ssq: GPUBuffer;
+  parts: number;
+}
+
+/** A FloatCopy with the norm weights its producer multiplies by. */
+export type FloatCopyOut = FloatCopy & { norm: { w: GPUBuffer; type: WeightType } };
+
+/** The copy of a GEMV's input made by the kernel before it: int8 (the int8 direct mode) or f32. */
+export type InputCopy = Int8Copy | FloatCopy;
+export type InputCopyOut = Int8CopyOut | FloatCopyOut;
+
+export function isFloatCopy(c: InputCopy): c is FloatCopy {
+  return "x" in c;
+}
+
+/**
  * The GEMV of a block (the decode and k-step programs' linear layers): gemvFusedCall's one dispatch, or,
  * where the int8 direct multi-token GEMV serves (multiInt8Serves), the pass making the int8 copy of f(x)'s
  * T rows and then that GEMV. `copyIn`: that copy was made by the kernel before (int8CopyFor; then no pass).
  * `copyOut`: this GEMV also writes the int8 copy of its output for the GEMV after it (int8CopyOutFits).
+ * Either may be an f32 copy instead (FloatCopy, normCopyFor), for the f32 direct multi-token GEMV.
  */
 export function gemvFusedCalls(
   gpu: Gpu,
-  bufs: GemvBuffers & { copyIn?: Int8Copy; copyOut?: Int8CopyOut },
+  bufs: GemvBuffers & { copyIn?: InputCopy; copyOut?: InputCopyOut },
   d: GemvFusedDims,
 ): KernelCall[] {
+  const { copyIn, copyOut } = bufs;
   if (!multiInt8Serves(gpu, d)) {
-    if (bufs.copyIn || bufs.copyOut) {
+    if ((copyIn && !isFloatCopy(copyIn)) || (copyOut && !isFloatCopy(copyOut))) {
       throw new RangeError("an int8 copy of x needs the int8 direct multi-token GEMV");
     }
-    return [gemvFusedCall(gpu, bufs, d)];
+    const call = gemvFusedCall(gpu, { ...bufs, copyIn, copyOut }, d);
+    // A copy made for this GEMV by the kernel before it is released with this GEMV's call.
+    if (copyIn) call.owned = [copyIn.x, copyIn.ssq];
+    return [call];
   }
+  if ((copyIn && isFloatCopy(copyIn)) || (copyOut && isFloatCopy(copyOut))) {
+    throw new RangeError("an f32 copy of x needs the f32 direct multi-token GEMV");
+  }
+  const i8In = copyIn as Int8Copy | undefined, i8Out = copyOut as Int8CopyOut | undefined;
   const wt = d.weights as QuantType;
   const f = d.transform ?? "none";
-  const input = bufs.copyIn ? undefined : gemvInt8InputCall(gpu, bufs, {
+  const input = copyIn ? undefined : gemvInt8InputCall(gpu, bufs, {
     K: d.K,
     T: d.T,
     wt,
@@ -290,12 +323,16 @@ export function gemvFusedCalls(
     xRow0: d.xRow0,
     eps: d.eps,
   });
-  const multi = int8Tuning(gpu, d, bufs.copyOut !== undefined);
+  const multi = int8Tuning(gpu, d, i8Out !== undefined);
   if (!multi) throw new RangeError("no int8 copy of the output for this shape: check int8CopyOutFits");
-  const xq = bufs.copyIn ?? { q: input!.xq, s: input!.xqs };
-  const gemv = gemvFusedCall(gpu, { ...bufs, xq }, { ...d, multi, copyOut: bufs.copyOut?.weights });
+  const xq = i8In ?? { q: input!.xq, s: input!.xqs };
+  const gemv = gemvFusedCall(gpu, { ...bufs, copyIn: undefined, copyOut: i8Out, xq }, {
+    ...d,
+    multi,
+    copyOut: i8Out?.weights,
+  });
   // A copy made for this GEMV by the kernel before it is released with this GEMV's call.
-  if (bufs.copyIn) gemv.owned = [bufs.copyIn.q, bufs.copyIn.s, ...(bufs.copyIn.ssq ? [bufs.copyIn.ssq] : [])];
+  if (i8In) gemv.owned = [i8In.q, i8In.s, ...(i8In.ssq ? [i8In.ssq] : [])];
   return input ? [input.call, gemv] : [gemv];
 }
 
@@ -342,6 +379,80 @@ export function int8CopyFor(gpu: Gpu, d: GemvFusedDims, normWeight?: GPUBuffer):
       }
       : {}),
   };
+}
+
+/**
+ * The f32 direct multi-token GEMV's tuning where gemvFusedCall takes that kernel for `d` (f32 / f16 weights,
+ * q8 below T = 4: gemvPath, multiDirectServes) with none forced by the call, else undefined.
+ */
+function floatDirectTuning(gpu: Gpu, d: GemvFusedDims): MultiTuning | undefined {
+  const f = d.transform ?? "none";
+  if (
+    d.multi !== undefined || d.tuning !== undefined || !gemvFusedFits(d.K) || multiInt8Serves(gpu, d) ||
+    gemvPath(gpu, d.K, d.T, d.weights) !== "multi" || !multiDirectServes(gpu, f, d.weights)
+  ) return undefined;
+  const stage = gpu.tuning.multiStage ?? (multiDp4(gpu, d.weights) ? "int8" : "f32");
+  if (stage === "int8" && isQuant(d.weights) && gpu.hasDp4) return undefined;
+  return multiDirectTuning(d.K, d.N, d.T, d.weights, gpu.subgroupSize!, d.pairs === true, gpu.tuning);
+}
+
+/**
+ * The fewest rows for which f32 copies pay. H200, Llama-1B f16 k-steps over a one-token step (2026-12-02):
+ * k = 2 / 4 / 8 / 16 1.08 / 1.14 / 1.53 / 4.07-4.25x with them against 1.05 / 1.24-1.25 / 1.63-1.65 /
+ * 4.21-4.27x without.
+ */
+export const FLOAT_NORM_COPY_MIN_T = 4;
+
+/**
+ * The f32 copy of an RMSNorm GEMV's input (`consumer`) for the GEMV before it (`producer`, whose output
+ * rows are that input) to write, where both take the f32 direct multi-token GEMV and
+ * gpu.tuning.multiFloatNormCopies is not false; else undefined. The consumer's call (gemvFusedCalls with
+ * `copyIn`) owns the buffers.
+ */
+export function floatCopyFor(
+  gpu: Gpu,
+  producer: GemvFusedDims,
+  consumer: GemvFusedDims,
+  normWeight: GPUBuffer,
+): FloatCopyOut | undefined {
+  if (
+    gpu.tuning.multiFloatNormCopies === false || consumer.T < FLOAT_NORM_COPY_MIN_T ||
+    (consumer.transform ?? "none") !== "rmsnorm" ||
+    (consumer.xRow0 ?? 0) !== 0 || (producer.xRow0 ?? 0) !== 0 || producer.pairs === true ||
+    (producer.transform ?? "none") === "silu_mul" || producer.T !== consumer.T || producer.N !== consumer.K
+  ) return undefined;
+  const t = floatDirectTuning(gpu, producer);
+  if (!t || !floatDirectTuning(gpu, consumer)) return undefined;
+  const parts = multiGroups(producer.N, t, gpu.subgroupSize!);
+  const { T, K } = consumer;
+  return {
+    x: storageBuffer(gpu, T * K * 4, "f32 copy of x"),
+    ssq: storageBuffer(gpu, T * parts * 4, "f32 copy of x, sums of squares"),
+    parts,
+    norm: {
+      w: normWeight,
+      type: consumer.normWeights ?? (isQuant(consumer.weights) ? "f32" : consumer.weights),
+    },
+  };
+}
+
+/**
+ * The copy of an RMSNorm GEMV's input (`consumer`, norm weights `normWeight`) for the GEMV before it
+ * (`producer`) to write: int8 where both take the int8 direct mode and the producer's widened workgroups
+ * stay within INT8_NORM_COPY_MAX_THREADS (int8CopyFor), else f32 where both take the f32 direct mode
+ * (floatCopyFor), else undefined (the consumer normalises x itself).
+ */
+export function normCopyFor(
+  gpu: Gpu,
+  producer: GemvFusedDims,
+  consumer: GemvFusedDims,
+  normWeight: GPUBuffer,
+): InputCopyOut | undefined {
+  if (int8CopyOutFits(gpu, producer, INT8_NORM_COPY_MAX_THREADS)) {
+    const c = int8CopyFor(gpu, consumer, normWeight);
+    if (c) return c;
+  }
+  return floatCopyFor(gpu, producer, consumer, normWeight);
 }
 
 /**
@@ -397,9 +508,11 @@ export function gemvFusedCall(
     xq?: Int8Copy;
     /**
      * With d.copyOut: the int8 copy of y to write (int8CopyFor); with `norm`, of y times those weights, and
-     * each block's sum of squares of y.
+     * each block's sum of squares of y. Or, in the f32 direct multi-token mode, the f32 copy (floatCopyFor).
      */
-    copyOut?: Int8CopyOut;
+    copyOut?: InputCopyOut;
+    /** The f32 direct multi-token mode: x's copy made by the GEMV before (x and normWeight then unused). */
+    copyIn?: FloatCopy;
   },
   d: GemvFusedDims & { copyOut?: QuantType },
 ): KernelCall {
@@ -447,9 +560,12 @@ export function gemvFusedCall(
       if (!bufs.xq) {
         throw new TypeError("the int8 direct multi-token GEMV needs the int8 copy of x (gemvFusedCalls)");
       }
-      if (d.copyOut && !bufs.copyOut) throw new TypeError("copyOut needs the copy's buffers (int8CopyFor)");
-      const copyNorm = d.copyOut ? bufs.copyOut?.norm : undefined;
-      if (copyNorm && !bufs.copyOut?.ssq) {
+      const out8 = bufs.copyOut as Int8CopyOut | undefined;
+      if (d.copyOut && (!out8 || isFloatCopy(out8))) {
+        throw new TypeError("copyOut needs the int8 copy's buffers (int8CopyFor)");
+      }
+      const copyNorm = d.copyOut ? out8?.norm : undefined;
+      if (copyNorm && !out8?.ssq) {
         throw new TypeError("a copy with norm weights needs its sums of squares");
       }
       // A copy of x * nw with its block sums of squares: this GEMV applies 1 / rms (its RMSNorm) itself.
@@ -468,9 +584,7 @@ export function gemvFusedCall(
         copyNorm: copyNorm?.type,
         rmsIn,
       });
-      const out = d.copyOut
-        ? [bufs.copyOut!.q, bufs.copyOut!.s, ...(copyNorm ? [copyNorm.w, bufs.copyOut!.ssq!] : [])]
-        : [];
+      const out = d.copyOut ? [out8!.q, out8!.s, ...(copyNorm ? [copyNorm.w, out8!.ssq!] : [])] : [];
       return kernelCall(
         gpu,
         pipeline(gpu, code),
@@ -481,9 +595,39 @@ export function gemvFusedCall(
     }
     // Paired, a warp holds loads of twice its rows (the tile's register budget).
     const KT = t.direct ? 0 : multiTileK(gpu, d.K, d.T, wt, pairs ? { ...t, rows: 2 * t.rows } : t);
-    const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT, pairs });
     // Direct mode's own label, so a k-step profile times it apart from the staged GEMVs.
     const mLabel = t.direct ? `${label}_direct` : label;
+    // f32 copies (floatCopyFor): this GEMV reads its input's copy (its RMSNorm then only 1 / rms) and / or
+    // writes the next GEMV's.
+    const fIn = bufs.copyIn, fOut = bufs.copyOut && isFloatCopy(bufs.copyOut) ? bufs.copyOut : undefined;
+    if (fIn || bufs.copyOut) {
+      if (!t.direct || t.dp4 || (bufs.copyOut && !fOut) || (fIn && f !== "rmsnorm")) {
+        throw new RangeError("f32 copies are the f32 direct multi-token GEMV's, their consumer's an RMSNorm");
+      }
+      const code = gemvMultiSource(wt, fIn ? "none" : f, t, nwt, {
+        K: d.K,
+        N: d.N,
+        T: d.T,
+        S: S!,
+        KT,
+        pairs,
+        copyOut: fOut ? "f32" : undefined,
+        copyNorm: fOut?.norm.type,
+        rmsIn: fIn !== undefined,
+        rmsParts: fIn?.parts,
+      });
+      const bound = [
+        params,
+        fIn ? fIn.x : bufs.x,
+        bufs.w,
+        bufs.y,
+        ...(f === "rmsnorm" && !fIn ? [bufs.normWeight!] : []),
+        ...(fOut ? [fOut.x, fOut.norm.w, fOut.ssq] : []),
+        ...(fIn ? [fIn.ssq] : []),
+      ];
+      return kernelCall(gpu, pipeline(gpu, code), bound, [multiGroups(d.N, t, S!)], mLabel);
+    }
+    const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT, pairs });
     return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], mLabel);
   }
   if (path === "sg") {

@@ -30,6 +30,7 @@ import {
   int8BlocksWgsl,
   int8CopyBindingsWgsl,
   int8CopyTailWgsl,
+  normWeightAt,
   normWeightVec4,
   QUANT_DECODE_WGSL,
   siluMul,
@@ -231,13 +232,14 @@ export function gemvMultiSource(
     S: number;
     KT: number;
     pairs?: boolean;
-    copyOut?: QuantType;
+    copyOut?: QuantType | "f32";
     copyNorm?: WeightType;
     rmsIn?: boolean;
+    rmsParts?: number;
   },
 ): string {
   if (t.direct) return gemvMultiDirectSource(wt, f, t, nwt, d);
-  if (d.copyOut) throw new RangeError("only the direct multi-token GEMV writes an int8 copy of its output");
+  if (d.copyOut) throw new RangeError("only the direct multi-token GEMV writes a copy of its output");
   const { K, N, T, S, KT } = d;
   const { rows: R, wg: WG } = t;
   // Rows of weights a warp reads: R, or paired R gate rows then their R up rows.
@@ -616,6 +618,12 @@ function quantUnitBody(
  * quantises what it wrote into the next GEMV's copy, from workgroup memory; with `copyNorm` of y times that
  * GEMV's norm weights (binding `onw`), writing each block's sum of squares of y too (`ossq`). `rmsIn`: x's
  * copy is such a copy, and the sums are scaled by 1 / rms from its block sums (`issq`).
+ * `copyOut` "f32" (f32 / f16 / q8 weights in the f32 direct mode, for an RMSNorm consumer: `copyNorm` is
+ * required): each output thread also writes y times the consumer's norm weight to `xc` ([T, N] f32, the
+ * consumer's x), and the workgroup its rows' sum of squares of y for each token (`ossq` [T, groups]: one
+ * partial a workgroup, from workgroup memory after one barrier). A consumer with `rmsIn` and `rmsParts`
+ * (that many partials a token; the int8 copies' default is K / 32) reads such a copy as its x with no
+ * transform, and scales its sums by 1 / rms from the partials.
  */
 function gemvMultiDirectSource(
   wt: WeightType | QuantType,
@@ -628,14 +636,21 @@ function gemvMultiDirectSource(
     T: number;
     S: number;
     pairs?: boolean;
-    copyOut?: QuantType;
+    copyOut?: QuantType | "f32";
     copyNorm?: WeightType;
     rmsIn?: boolean;
+    rmsParts?: number;
   },
 ): string {
   const i8 = t.dp4 === true;
-  if ((d.copyNorm && !d.copyOut) || (d.rmsIn && !i8)) {
-    throw new RangeError("copyNorm needs copyOut, rmsIn the int8 direct mode");
+  const fcopy = d.copyOut === "f32";
+  if ((d.copyNorm && !d.copyOut) || (fcopy && (i8 || !d.copyNorm)) || (d.copyOut && !fcopy && !i8)) {
+    throw new RangeError(
+      "copyNorm needs copyOut; an f32 copy is the f32 direct mode's, with copyNorm; an int8 copy the int8 mode's",
+    );
+  }
+  if (d.rmsIn && f !== "none") {
+    throw new RangeError("rmsIn reads a copy already multiplied by the norm weights");
   }
   if (i8 && (!isQuant(wt) || f !== "none")) {
     throw new RangeError(
@@ -760,7 +775,7 @@ function gemvMultiDirectSource(
   const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
   // copyOut: the workgroup's BLOCKS x R rows (whole blocks of 32) of each token, quantised for the next GEMV.
   const CB = (BLOCKS * R) / 32;
-  if (d.copyOut && (!Number.isInteger(CB) || N % 32 !== 0)) {
+  if (d.copyOut && !fcopy && (!Number.isInteger(CB) || N % 32 !== 0)) {
     throw new RangeError(
       `an int8 copy of the output needs whole blocks of 32 rows a workgroup (${BLOCKS} x ${R} rows, N ${N})`,
     );
@@ -768,12 +783,21 @@ function gemvMultiDirectSource(
   // The values are also kept in workgroup memory (ys: [T][BLOCKS R]), so the copy needs a workgroup barrier,
   // not a device-scope storageBarrier and a second read of y from L2.
   const WR = BLOCKS * R;
-  const copyTail = d.copyOut
+  // f32 copy: the workgroup's rows' sums of squares, a token a thread (rows past N were not written).
+  const fcopyTail = `
+  workgroupBarrier();
+  let nr = min(${WR}u, N - min(wg.x * ${WR}u, N));
+  for (var tk = tid; tk < T; tk += ${WG}u) {
+    var ss = 0.0;
+    for (var i = 0u; i < nr; i++) { let v = ys[tk * ${WR}u + i]; ss += v * v; }
+    ossq[tk * ${Math.ceil(N / WR)}u + wg.x] = ss;
+  }`;
+  const copyTail = fcopy ? fcopyTail : d.copyOut
     ? `
   workgroupBarrier();
   let nw0 = wg.x * ${WR}u;
   let cbw = min(${CB}u, (N - min(nw0, N)) / 32u);${
-      int8CopyTailWgsl(d.copyOut, {
+      int8CopyTailWgsl(d.copyOut as QuantType, {
         K: N,
         row0: "0u",
         rows: "T",
@@ -797,15 +821,21 @@ function gemvMultiDirectSource(
     : "";
   // rmsIn: x's copy is of x * nw, unscaled; each warp loads the block sums of squares of its tokens (warp,
   // warp + WARPS, ..) as it starts, and after its weights, adds them into 1 / rms in inv_s for the outputs.
+  // An f32 copy's sums of squares: loaded as the warps start up to T = 8, above it after the main loop,
+  // before the butterfly whose shuffles hide their latency (at the start they would live in registers
+  // through the loop). H200, Llama-1B f16 k-steps (2026-12-02): k = 4 1.079 ms early against 1.13 late,
+  // k = 8 1.446-1.453 against 1.446-1.449, k = 16 4.03 against 3.87.
+  const lateLoads = d.rmsIn && !i8 && T > 8;
+  // Bindings after gemvBindingsWgsl's (binding 4 is the norm weights' or the int8 scales', where bound).
+  const b0 = norm || i8 ? 5 : 4;
   const TPW = Math.ceil(T / WARPS);
-  const PL = Math.ceil(K / 32 / S); // partials a lane adds, per token
+  const P = d.rmsParts ?? K / 32; // partials a token
+  const PL = Math.ceil(P / S); // partials a lane adds, per token
   const rmsLoads = d.rmsIn
     ? range(TPW).flatMap((j) =>
       range(PL).map((i) => {
-        const at = `min(warp + ${j * WARPS}u, T - 1u) * ${K / 32}u + lane + ${i * S}u`;
-        return `let pq${j}_${i} = select(0.0, issq[min(${at}, ${(T * K) / 32 - 1}u)], lane + ${i * S}u < ${
-          K / 32
-        }u);`;
+        const at = `min(warp + ${j * WARPS}u, T - 1u) * ${P}u + lane + ${i * S}u`;
+        return `let pq${j}_${i} = select(0.0, issq[min(${at}, ${T * P - 1}u)], lane + ${i * S}u < ${P}u);`;
       })
     )
     : [];
@@ -821,7 +851,15 @@ function gemvMultiDirectSource(
     : [];
   return `
 ${gemvBindingsWgsl(wt, norm, nwt, i8)}${
-    d.copyOut
+    fcopy
+      ? `
+@group(0) @binding(${b0}) var<storage, read_write> xc: array<f32>;
+@group(0) @binding(${b0 + 1}) var<storage, read> onw: array<${
+        d.copyNorm === "f16" ? "vec2<u32>" : "vec4<f32>"
+      }>;
+@group(0) @binding(${b0 + 2}) var<storage, read_write> ossq: array<f32>;
+var<workgroup> ys: array<f32, ${T * WR}>;`
+      : d.copyOut
       ? `
 ${int8CopyBindingsWgsl(5)}
 var<workgroup> ys: array<f32, ${T * WR}>;
@@ -836,7 +874,9 @@ fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys
   }${
     d.rmsIn
       ? `
-@group(0) @binding(${d.copyOut ? (d.copyNorm ? 9 : 7) : 5}) var<storage, read> issq: array<f32>;
+@group(0) @binding(${
+        d.copyOut ? (fcopy ? b0 + 3 : d.copyNorm ? 9 : 7) : b0
+      }) var<storage, read> issq: array<f32>;
 var<workgroup> inv_s: array<f32, ${T}>;`
       : ""
   }
@@ -860,12 +900,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let n0 = (wg.x * BLOCKS + warp / SK) * R;
   ${decl.join("\n  ")}
   ${acc.join("\n  ")}
-  ${rmsLoads.join("\n  ")}
+  ${lateLoads ? "" : rmsLoads.join("\n  ")}
   for (var i = 0u; i < ${CMAX}u; i++) {
     let c = i * SK + ks;
     ${CH % SK === 0 ? "{" : `if (c < ${CH}u) {`}
       ${body.join("\n      ")}
     }
+  }
+  ${lateLoads ? rmsLoads.join("\n  ") : ""}${
+    fcopy
+      ? `
+  let onw0 = ${
+        normWeightAt(d.copyNorm!, `min((wg.x * BLOCKS + tid / ${R * T}u) * R + tid / T % R, N - 1u)`, "onw")
+      };`
+      : ""
   }
   ${sums.join("\n  ")}
   ${rmsSums.join("\n  ")}
@@ -890,6 +938,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       let o = tk * N + n;
       let v = ${d.pairs ? siluMul("a", "b") : "select(0.0, y[o], p.acc != 0u) + a"};
       y[o] = v;${
+    fcopy
+      ? `
+      var onv = onw0;
+      if (e != tid) { onv = ${normWeightAt(d.copyNorm!, "n", "onw")}; }
+      xc[o] = v * onv;`
+      : ""
+  }${
     d.copyOut
       ? `
       ys[tk * ${WR}u + g * R + r] = v;`

@@ -92,6 +92,13 @@ export interface KernelTuning {
    */
   multiInt8NormCopies?: boolean;
   /**
+   * f32 / f16 k-steps in the f32 direct multi-token mode: the GEMV before each RMSNorm GEMV (o_proj before
+   * gate/up, down before the next layer's qkv or the LM head) writes its input times the norm weights and
+   * the sums of squares (gemv_fused.ts floatCopyFor), so the RMSNorm GEMV's inner loop reads x as it is.
+   * Default on; false: each normalises x itself (A/B runs).
+   */
+  multiFloatNormCopies?: boolean;
+  /**
    * The direct multi-token GEMV's units of a row in flight and its row cap (multiDirectTuning's `unroll`,
    * `rows`), forced for every shape: for A/B runs (scripts/bench/decode.ts --multi-unroll / --multi-rows).
    */

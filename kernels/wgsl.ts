@@ -207,6 +207,13 @@ export function normWeightVec4(nwt: WeightType, i: string, name = "nw"): string 
     : `${name}[${i}]`;
 }
 
+/** Norm weight `n` (a scalar index) from the same bindings as normWeightVec4. */
+export function normWeightAt(nwt: WeightType, n: string, name = "nw"): string {
+  return nwt === "f16"
+    ? `unpack2x16float(${name}[(${n}) / 4u][((${n}) / 2u) % 2u])[(${n}) % 2u]`
+    : `${name}[(${n}) / 4u][(${n}) % 4u]`;
+}
+
 /**
  * The GEMV family's uniform struct and bindings (gemv_fused.ts's call layout, shared by gemv_sg.ts and
  * gemv_multi.ts, staged and direct): params, x (vec4 rows), W (f32 vec4s, or 16-byte units as vec4<u32>), y,

@@ -23,6 +23,7 @@ import {
   gemvFusedCalls,
   gemvFusedFits,
   type Gpu,
+  type InputCopy,
   isQuant,
   type KernelCall,
   type KvType,
@@ -44,6 +45,7 @@ import type { BlockContext, TensorReader } from "./blocks/context.ts";
 import {
   attentionBuffers,
   attentionCache,
+  attentionInput,
   attentionProgram,
   type AttentionWeights,
   ffnBuffers,
@@ -592,23 +594,55 @@ export class Sequence {
       rope: this.ropeTable,
       maxSeq: this.maxSeq,
     };
-    m.layers.forEach((l, i) => {
+    // Steps of up to 16 tokens use the fused GEMVs (the norm folded in; 2..16 rows share each weight read,
+    // kernels/gemv_multi.ts); prefill chunks and odd shapes the plain kernels.
+    // (GQA and the dense MLP decide for the whole block; MLA and MoE per projection, blocks/linear.ts.)
+    const layerDims = (i: number) => {
       const spec = c.layer(m.part.layers[0] + i);
-      // Steps of up to 16 tokens use the fused GEMVs (the norm folded in; 2..16 rows share each weight read,
-      // kernels/gemv_multi.ts); prefill chunks and odd shapes the plain kernels.
-      // (GQA and the dense MLP decide for the whole block; MLA and MoE per projection, blocks/linear.ts.)
       const ks = [H];
       if (spec.attention.kind === "gqa") ks.push(spec.attention.heads * spec.attention.headDim);
       if (spec.ffn.kind === "mlp") ks.push(spec.ffn.intermediate);
-      const fused = T <= GEMV_MULTI_MAX_T && ks.every(gemvFusedFits);
-      const d = { hidden: H, T, fused };
-      // What the attention hands the FFN within the layer (int8 k-steps: o_proj writes the FFN's input copy).
+      return { spec, d: { hidden: H, T, fused: T <= GEMV_MULTI_MAX_T && ks.every(gemvFusedFits) } };
+    };
+    // The LM head's fused GEMV (RMSNorm folded in), where it serves.
+    const rows = output === "logits" ? T : 1;
+    const srcRow0 = output === "logits" ? 0 : T - 1;
+    const head =
+      output !== "hidden" && m.finalNorm && m.lmHead && gemvFusedFits(H) && rows <= GEMV_MULTI_MAX_T
+        ? {
+          dims: {
+            K: H,
+            N: V,
+            T: rows,
+            xRow0: srcRow0,
+            weights: wt(m.lmHead),
+            normWeights: normType,
+            transform: "rmsnorm" as const,
+            eps: c.rmsNormEps,
+          },
+          norm: m.finalNorm,
+        }
+        : undefined;
+    // The copy of the next RMSNorm GEMV's input that the layer before wrote (blocks/context.ts LayerLink).
+    let input: InputCopy | undefined;
+    m.layers.forEach((l, i) => {
+      const { spec, d } = layerDims(i);
+      const layer = m.part.layers[0] + i;
+      // What the blocks hand each other: within the layer o_proj writes the FFN's input copy; across layers
+      // the FFN's last GEMV writes the next layer's qkv's or the head's (k-steps; where both sides can).
       const link = layerLink(ctx, spec.ffn, l.ffn, d);
+      link.input = input;
+      if (!m.part.remoteExperts?.has(layer)) {
+        if (i + 1 < m.layers.length) {
+          const next = layerDims(i + 1);
+          link.after = attentionInput(ctx, next.spec.attention, m.layers[i + 1].attention, next.d);
+        } else link.after = head;
+      }
       calls.push(
         ...attentionProgram(ctx, spec.attention, l.attention, this.caches[i], bufs, { ...d, link }),
         ...ffnProgram(ctx, spec.ffn, l.ffn, bufs, { ...d, link }),
       );
-      const layer = m.part.layers[0] + i;
+      input = link.afterCopy;
       if (m.part.remoteExperts?.has(layer)) {
         segments.at(-1)!.split = layer;
         calls = [biasAddCall(gpu, { b: this.expertSum!, y: x }, { N: T * H, T: 1 })];
@@ -619,20 +653,15 @@ export class Sequence {
     if (output !== "hidden") {
       const { finalNorm, lmHead } = m;
       if (!finalNorm || !lmHead || !this.logits) throw new Error("this stage has no head");
-      const rows = output === "logits" ? T : 1;
-      const srcRow0 = output === "logits" ? 0 : T - 1;
       const eps = c.rmsNormEps;
-      if (gemvFusedFits(H) && rows <= GEMV_MULTI_MAX_T) {
-        calls.push(...gemvFusedCalls(gpu, { x, w: lmHead, y: this.logits, normWeight: finalNorm }, {
-          K: H,
-          N: V,
-          T: rows,
-          xRow0: srcRow0,
-          weights: wt(lmHead),
-          normWeights: normType,
-          transform: "rmsnorm",
-          eps,
-        }));
+      if (head) {
+        calls.push(
+          ...gemvFusedCalls(
+            gpu,
+            { x, w: lmHead, y: this.logits, normWeight: finalNorm, copyIn: input },
+            head.dims,
+          ),
+        );
       } else {
         calls.push(
           rmsnormCall(gpu, { x, w: finalNorm, y: xn }, { hidden: H, rows, eps, srcRow0, weights: normType }),

@@ -1,7 +1,15 @@
 // What a block needs from the model while loading and while building a step's program: the GPU, how to
 // read tensors onto it, and each weight buffer's storage. Blocks (attention, feed-forward) implement
 // `load` and `program`; models/model.ts composes them into layers. One file per block kind.
-import type { GemvFusedDims, Gpu, Int8CopyOut, KvType, QuantType, WeightType } from "../../kernels/mod.ts";
+import type {
+  GemvFusedDims,
+  Gpu,
+  InputCopy,
+  InputCopyOut,
+  KvType,
+  QuantType,
+  WeightType,
+} from "../../kernels/mod.ts";
 
 /**
  * Reads tensors by name, concatenated row-wise, onto the GPU. `K` (a row length) marks a matrix, stored
@@ -34,12 +42,22 @@ export interface StepBuffers {
 }
 
 /**
- * What a layer's attention block hands its FFN block in one step's program: the FFN's first GEMV (its dims
- * and RMSNorm weights, where it takes the int8 direct mode's copy), and the copy of its input the attention's
- * o_proj wrote (gemv_fused.ts int8CopyFor with the norm: no input pass for the FFN). Left unset where either
- * side cannot.
+ * What the GEMVs of one step's program hand each other across block boundaries: an RMSNorm GEMV's input
+ * copy, written by the GEMV before it (gemv_fused.ts normCopyFor: int8, or f32 in the f32 direct mode), so
+ * the RMSNorm GEMV needs no input pass or no norm in its inner loop. Within a layer the attention's o_proj
+ * writes the FFN's first GEMV's (`ffnInput`, `copy`); across layers the FFN's last GEMV writes the next
+ * layer's qkv's or the LM head's (`after`, `afterCopy`), which arrives as the next layer's `input`. Each is
+ * left unset where either side cannot.
  */
 export interface LayerLink {
+  /** The FFN's first GEMV (dense MLP: the paired gate/up), its dims and norm weights. */
   ffnInput?: { dims: GemvFusedDims; norm: GPUBuffer };
-  copy?: Int8CopyOut;
+  /** The copy of the FFN's input that o_proj wrote. */
+  copy?: InputCopyOut;
+  /** The RMSNorm GEMV after this layer's FFN: the next layer's qkv or the LM head. */
+  after?: { dims: GemvFusedDims; norm: GPUBuffer };
+  /** The copy of `after`'s input that the FFN's last GEMV wrote. */
+  afterCopy?: InputCopyOut;
+  /** The copy of this layer's attention input (its qkv's), written by the layer before. */
+  input?: InputCopy;
 }

@@ -17,12 +17,12 @@ import {
   flashAttentionCall,
   flashAttentionFits,
   gemvFusedCalls,
+  type GemvFusedDims,
   headNormCall,
-  INT8_NORM_COPY_MAX_THREADS,
   int8CopyFor,
-  int8CopyOutFits,
   type KernelCall,
   kvElementBytes,
+  normCopyFor,
   prefillLinearCalls,
   rmsnormCall,
   ropeKvCall,
@@ -99,6 +99,24 @@ export function gqaCache(
   };
 }
 
+/** The fused qkv GEMV of a step of T tokens (input_layernorm folded in): also what the layer before links to. */
+export function gqaQkvDims(
+  ctx: BlockContext,
+  a: GqaAttention,
+  w: GqaWeights,
+  d: { hidden: number; T: number },
+): GemvFusedDims {
+  return {
+    K: d.hidden,
+    N: gqaWidths(a).qkv,
+    T: d.T,
+    weights: ctx.typeOf(w.qkv),
+    normWeights: ctx.normType,
+    transform: "rmsnorm",
+    eps: ctx.eps,
+  };
+}
+
 /** The block's kernel calls for a step of T tokens. `fused`: decode-sized GEMVs with the norm folded in. */
 export function gqaProgram(
   ctx: BlockContext,
@@ -116,15 +134,11 @@ export function gqaProgram(
   const { T, hidden: H } = d;
   const dims = { heads: a.heads, kvHeads: a.kvHeads, headDim: a.headDim, maxSeq: bufs.maxSeq, T, kv: ctx.kv };
   const calls: KernelCall[] = d.fused
-    ? gemvFusedCalls(gpu, { x, w: w.qkv, y: qkv, normWeight: w.norm }, {
-      K: H,
-      N: qkvDim,
-      T,
-      weights: wt(w.qkv),
-      normWeights: normType,
-      transform: "rmsnorm",
-      eps,
-    })
+    ? gemvFusedCalls(
+      gpu,
+      { x, w: w.qkv, y: qkv, normWeight: w.norm, copyIn: d.link?.input },
+      gqaQkvDims(ctx, a, w, d),
+    )
     : [
       rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
       ...prefillLinearCalls(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
@@ -158,11 +172,12 @@ export function gqaProgram(
       attend(gpu, { step, qkv, kcache, vcache, out: att }, dims),
     );
   }
-  // k-steps in the int8 direct mode: o_proj also writes the FFN's int8 input (x times its norm weights, and
-  // each block's sum of squares for its 1 / rms), so the FFN's first GEMV needs no input pass, where o_proj's
-  // widened workgroups stay small enough for that to pay. Not with an o_proj bias (added after the GEMV).
-  const next = d.link?.ffnInput && d.fused && !w.oBias && int8CopyOutFits(gpu, o, INT8_NORM_COPY_MAX_THREADS)
-    ? int8CopyFor(gpu, d.link.ffnInput.dims, d.link.ffnInput.norm)
+  // k-steps: o_proj also writes the FFN's input times its norm weights and the sums of squares for its
+  // 1 / rms (normCopyFor: int8 where o_proj's widened workgroups stay small enough for that to pay, f32 in
+  // the f32 direct mode), so the FFN's first GEMV needs no input pass or no norm in its inner loop. Not with
+  // an o_proj bias (added after the GEMV).
+  const next = d.link?.ffnInput && d.fused && !w.oBias
+    ? normCopyFor(gpu, o, d.link.ffnInput.dims, d.link.ffnInput.norm)
     : undefined;
   if (next && d.link) d.link.copy = next;
   calls.push(

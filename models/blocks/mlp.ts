@@ -6,6 +6,7 @@
 // subgroup kernel serves it (gpu.tuning.pairGateUp), else write gu and fold silu_mul into down's staging;
 // prefill writes gu and the GEMM reads silu_mul as it stages.
 import {
+  floatCopyFor,
   gemmCalls,
   gemmFits,
   gemvFusedCalls,
@@ -89,9 +90,14 @@ export function mlpProgram(
     // reads its own from the attention's o_proj where that wrote it (d.link).
     const copy = int8CopyOutFits(gpu, gateUp) ? int8CopyFor(gpu, down) : undefined;
     const copyIn = d.link?.copy;
+    // f32 k-steps: down writes the input of the RMSNorm GEMV after the layer (the next layer's qkv or the LM
+    // head; floatCopyFor). (An int8 one would need down's workgroups widened to 1,024 threads at its splitK,
+    // the size at which o_proj's copy lost; not measured.)
+    const after = d.link?.after ? floatCopyFor(gpu, down, d.link.after.dims, d.link.after.norm) : undefined;
+    if (after && d.link) d.link.afterCopy = after;
     return [
       ...gemvFusedCalls(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm, copyIn, copyOut: copy }, gateUp),
-      ...gemvFusedCalls(gpu, { x: a, w: w.down, y: x, copyIn: copy }, down),
+      ...gemvFusedCalls(gpu, { x: a, w: w.down, y: x, copyIn: copy, copyOut: after }, down),
     ];
   }
   if (d.fused) {

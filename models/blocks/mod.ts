@@ -1,9 +1,15 @@
 // The blocks a layer is made of, dispatched on their kind: each kind's file says how it loads, what
 // scratch and KV cache it needs, and the kernels it runs. models/model.ts composes layers from these.
-import { type KernelCall, kvElementBytes, type KvType, type MoeScratch } from "../../kernels/mod.ts";
+import {
+  type GemvFusedDims,
+  type KernelCall,
+  kvElementBytes,
+  type KvType,
+  type MoeScratch,
+} from "../../kernels/mod.ts";
 import type { AttentionSpec, FfnSpec } from "../config.ts";
 import type { BlockContext, LayerLink, StepBuffers, TensorReader } from "./context.ts";
-import { gqaBuffers, gqaCache, gqaProgram, type GqaWeights, gqaWidths, loadGqa } from "./gqa.ts";
+import { gqaBuffers, gqaCache, gqaProgram, gqaQkvDims, type GqaWeights, gqaWidths, loadGqa } from "./gqa.ts";
 import { loadMla, mlaBuffers, mlaCache, mlaProgram, mlaScratch, type MlaWeights } from "./mla.ts";
 import { loadMlp, mlpBuffers, mlpGateUpDims, mlpProgram, type MlpWeights, mlpWidths } from "./mlp.ts";
 import { loadMoe, moeBuffers, moeProgram, type MoeWeights } from "./moe.ts";
@@ -100,6 +106,20 @@ export function layerLink(
   if (f.kind !== "mlp" || w.kind !== "mlp") return {};
   const dims = mlpGateUpDims(ctx, f, w.w, d);
   return dims ? { ffnInput: { dims, norm: w.w.norm } } : {};
+}
+
+/**
+ * The attention block's first GEMV where the layer before may write its input (LayerLink `after`: GQA's
+ * fused qkv, with input_layernorm), else undefined (MLA, or a step of unfused GEMVs).
+ */
+export function attentionInput(
+  ctx: BlockContext,
+  a: AttentionSpec,
+  w: AttentionWeights,
+  d: { hidden: number; T: number; fused: boolean },
+): { dims: GemvFusedDims; norm: GPUBuffer } | undefined {
+  if (!d.fused || a.kind !== "gqa" || w.kind !== "gqa") return undefined;
+  return { dims: gqaQkvDims(ctx, a, w.w, d), norm: w.w.norm };
 }
 
 export function ffnProgram(

@@ -2,7 +2,10 @@
 // transform, T from 2 to 16, awkward shapes (rows not a multiple of a workgroup's, K not a multiple of the
 // tile nor of a lane's units, an x row offset, accumulate) and several tunings. Skips, saying so, without
 // a GPU or without subgroups (the kernel needs them).
+import assert from "node:assert/strict";
 import {
+  FLOAT_NORM_COPY_MIN_T,
+  floatCopyFor,
   gemvFusedCall,
   gemvFusedCalls,
   gemvInt8InputCall,
@@ -490,5 +493,96 @@ Deno.test(
         }
       }
     }
+  },
+);
+
+Deno.test(
+  {
+    name: "an RMSNorm GEMV's f32 input from the GEMV before it: x * norm weight, 1 / rms from workgroup sums",
+    ignore,
+  },
+  async () => {
+    // The producer (o_proj- or down-like, f32 direct mode: accumulates into the residual) writes h * nw for
+    // its consumer (qkv-, gate/up- or head-like: RMSNorm, paired or not) and one sum of squares of h a
+    // workgroup and token. The copy must be h * nw to f32 rounding, the sums h's; the consumer on it must
+    // match the consumer normalising h itself to f32 rounding. Odd row counts (a producer's last workgroup
+    // part-full, a consumer's last row block too), random norm weights, f32 and f16.
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    let k = 300;
+    const cases = [
+      // [weights, T, K, N (producer rows = consumer K), consumer N, pairs, norm weights]
+      // (T = 16: the sums of squares loaded after the main loop; q8 in the f32 direct mode when forced)
+      ["f16", 8, 8 * S, 8 * 37, 45, true, "f16"],
+      ["f16", 16, 16 * S, 8 * 40, 70, false, "f32"],
+      ["f32", 5, 4 * S + 8, 4 * 30, 33, false, "f32"],
+      ["q8", 4, 16 * S, 32 * 6, 17, true, "f32"],
+    ] as const;
+    for (const [wt, T, K, N, CN, pairs, nwt] of cases) {
+      g.tuning = wt === "q8" ? { multiInt8: false } : {};
+      if (!g.hasF16 && (wt as string) + nwt !== "f32f32" && (wt as string) + nwt !== "q8f32") continue;
+      k++;
+      const what = `f32 norm copy ${wt} T${T} K${K} N${N} -> ${CN} pairs ${pairs} ${nwt}`;
+      const producer = { K, N, T, weights: wt, accumulate: true };
+      const consumer = {
+        K: N,
+        N: CN,
+        T,
+        weights: wt,
+        transform: "rmsnorm" as const,
+        normWeights: nwt,
+        eps: 1e-5,
+        pairs,
+      };
+      const nw32 = randoms(N, k + 5);
+      const nw = upload(g, nwt === "f16" ? f32ToF16(nw32) : nw32);
+      const nwv = nwt === "f16" ? f16ToF32(f32ToF16(nw32)) : nw32;
+      const copy = floatCopyFor(g, producer, consumer, nw);
+      if (!copy) throw new Error(`${what}: floatCopyFor gave no copy`);
+      const h = upload(g, randoms(T * N, k + 6));
+      const w = uploadBuffer(g, packedWeights(wt, randoms(N * K, k + 1, 0.5), N, K).bytes);
+      const prod = gemvFusedCalls(
+        g,
+        { x: upload(g, randoms(T * K, k, 2)), w, y: h, copyOut: copy },
+        producer,
+      );
+      if (prod.length !== 1 || !prod[0].label?.endsWith("_direct")) {
+        throw new Error(`${what}: the producer is not the f32 direct mode (${prod.map((c) => c.label)})`);
+      }
+      await runCalls(g, prod);
+      const hv = await readF32(g, h, T * N);
+      const want = new Float32Array(T * N).map((_, i) => hv[i] * nwv[i % N]);
+      assertClose(await readF32(g, copy.x, T * N), want, 1e-6, 1e-6, `${what}: the copy`);
+      // One partial a producer workgroup (each the sum over a run of its rows): a token's add up to its row's.
+      const parts = await readF32(g, copy.ssq, T * copy.parts);
+      const sums = new Float32Array(T).map((_, t) =>
+        parts.slice(t * copy.parts, (t + 1) * copy.parts).reduce((s, v) => s + v, 0)
+      );
+      const ssqWant = new Float32Array(T).map((_, t) =>
+        hv.slice(t * N, (t + 1) * N).reduce((s, v) => s + v * v, 0)
+      );
+      assertClose(sums, ssqWant, 1e-6, 1e-5, `${what}: sums of squares`);
+      if (copy.parts < 2) throw new Error(`${what}: ${copy.parts} partial a token (the case wants several)`);
+      const rows = (pairs ? 2 : 1) * CN;
+      const cw = uploadBuffer(g, packedWeights(wt, randoms(rows * N, k + 3, 0.5), rows, N).bytes);
+      const run = async (copyIn?: typeof copy) => {
+        const cy = upload(g, new Float32Array(T * CN));
+        const calls = gemvFusedCalls(g, { x: h, w: cw, y: cy, normWeight: nw, copyIn }, consumer);
+        await runCalls(g, calls);
+        return await readF32(g, cy, T * CN);
+      };
+      const own = await run();
+      const got = await run(copy);
+      const scale = own.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+      assertClose(got, own, 1e-5 * scale, 1e-5, `${what}: the consumer on the copy`);
+    }
+    g.tuning = {};
+    const d = { K: 8 * S, N: 64, T: FLOAT_NORM_COPY_MIN_T - 1, weights: "f32" as const };
+    const c = { ...d, K: 64, transform: "rmsnorm" as const };
+    assert.equal(
+      floatCopyFor(g, d, c, upload(g, randoms(64, 1))),
+      undefined,
+      "no f32 copy below its fewest rows",
+    );
   },
 );

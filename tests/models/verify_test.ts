@@ -98,7 +98,7 @@ const quantSteps = [
 async function kStepError(
   dir: string,
   all: number[],
-  weights: "q8" | "q4",
+  weights: "f32" | "f16" | "q8" | "q4",
   tuning: Record<string, unknown>,
   /** The rows to compare with (default: one-token steps without the multi-token GEMV). */
   base: { tuning: Record<string, unknown>; ks: number[] } = { tuning: { multi: false }, ks: [1] },
@@ -170,6 +170,50 @@ Deno.test(
     assert.ok(norm.worst <= 0.01 * norm.scale, `worst |logit error| ${norm.worst} of ${norm.scale}`);
   },
 );
+
+// f32 / f16 k-steps: the GEMV before each RMSNorm GEMV (o_proj before gate/up, down before the next layer's
+// qkv and before the LM head) writes that GEMV's input times its norm weights and the sums of squares
+// (gemv_fused.ts floatCopyFor), so its inner loop reads x as it is. Same logits to f32 rounding as each
+// RMSNorm GEMV normalising x itself; and the program holds two copies a layer (none with the switch off).
+for (const weights of ["f32", "f16"] as const) {
+  Deno.test(
+    onGpu(
+      `demo model ${weights}: k-steps with f32 norm copies from the GEMVs before match the norm in place`,
+    ),
+    async () => {
+      if (weights === "f16" && !gpu!.hasF16) {
+        console.log("skipped: f16 weights (this adapter has no shader-f16)");
+        return;
+      }
+      const dir = await ensureDemoModel();
+      const all = Array.from({ length: 40 }, (_, i) => 1000 + ((i * 7919) % 5000));
+      const copies = async (multiFloatNormCopies: boolean) => {
+        gpu!.tuning = { multiFloatNormCopies };
+        const engine = await loadEngine(dir, { gpu: gpu!, weights });
+        const seq = engine.weights.newSequence({ maxSeq: 32, sampling: greedy, maxChunk: 16 });
+        try {
+          return seq.program(8, "logits").flatMap((c) => c.owned ?? []).filter((b) =>
+            b.label === "f32 copy of x"
+          )
+            .length;
+        } finally {
+          seq.destroy();
+          engine.close();
+          gpu!.tuning = {};
+        }
+      };
+      const layers = JSON.parse(await Deno.readTextFile(join(dir, "config.json"))).num_hidden_layers;
+      assert.equal(await copies(true), 2 * layers, "copies in a k = 8 step's program");
+      assert.equal(await copies(false), 0, "copies with multiFloatNormCopies false");
+      const { worst, scale } = await kStepError(dir, all, weights, {}, {
+        tuning: { multiFloatNormCopies: false },
+        ks: [16, 8, 2, 5, 3],
+      });
+      console.log(`f32 norm copies against the norm in place (${weights}): worst ${worst} of ${scale}`);
+      assert.ok(worst <= 1e-4 * scale, `worst |logit error| ${worst} of ${scale}`);
+    },
+  );
+}
 
 // The direct multi-token GEMV (gpu.tuning.multiDirect, kernels/gemv_multi.ts MultiTuning `direct`: x read in
 // place, K split over warps, RMSNorm deferred, gate/up paired) gives a k-step's logits as the staged one does.
