@@ -830,19 +830,27 @@ function gemvMultiDirectSource(
   const b0 = norm || i8 ? 5 : 4;
   const TPW = Math.ceil(T / WARPS);
   const P = d.rmsParts ?? K / 32; // partials a token
-  const PL = Math.ceil(P / S); // partials a lane adds, per token
+  // An f32 copy's partials are loaded as vec4s (H200, Llama-1B f16 k = 8 step: 1.429-1.432 ms against
+  // 1.448-1.450 with scalar loads, 2026-12-02); the int8 copies' (K / 32 a token) as they were measured.
+  const v4 = d.rmsIn === true && !i8 && P % 4 === 0;
+  const PV = v4 ? P / 4 : P;
+  const PL = Math.ceil(PV / S); // partials a lane adds, per token
   const rmsLoads = d.rmsIn
     ? range(TPW).flatMap((j) =>
       range(PL).map((i) => {
-        const at = `min(warp + ${j * WARPS}u, T - 1u) * ${P}u + lane + ${i * S}u`;
-        return `let pq${j}_${i} = select(0.0, issq[min(${at}, ${T * P - 1}u)], lane + ${i * S}u < ${P}u);`;
+        const at = `min(warp + ${j * WARPS}u, T - 1u) * ${PV}u + lane + ${i * S}u`;
+        return `let pq${j}_${i} = select(${v4 ? "vec4<f32>(0.0)" : "0.0"}, issq[min(${at}, ${
+          T * PV - 1
+        }u)], lane + ${i * S}u < ${PV}u);`;
       })
     )
     : [];
   const rmsSums = d.rmsIn
     ? range(TPW).map((j) =>
       `{
-    let ssum = subgroupAdd(${range(PL).map((i) => `pq${j}_${i}`).join(" + ")});
+    let ssum = subgroupAdd(${v4 ? "dot(" : ""}${range(PL).map((i) => `pq${j}_${i}`).join(" + ")}${
+        v4 ? ", vec4<f32>(1.0))" : ""
+      });
     if (lane == 0u && warp + ${j * WARPS}u < T) { inv_s[warp + ${
         j * WARPS
       }u] = inverseSqrt(ssum / f32(K) + p.eps); }
@@ -876,7 +884,7 @@ fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys
       ? `
 @group(0) @binding(${
         d.copyOut ? (fcopy ? b0 + 3 : d.copyNorm ? 9 : 7) : b0
-      }) var<storage, read> issq: array<f32>;
+      }) var<storage, read> issq: array<${v4 ? "vec4<f32>" : "f32"}>;
 var<workgroup> inv_s: array<f32, ${T}>;`
       : ""
   }
@@ -933,7 +941,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         ${norm ? `q += ${part(`${RR * T}u + tk`)};` : ""}
       }
       ${norm ? `let inv = inverseSqrt(q / f32(K) + p.eps);\n      a *= inv;` : ""}
-      ${d.rmsIn ? "let inv = inv_s[tk];\n      a *= inv;" : ""}
+      ${d.rmsIn ? `let inv = inv_s[tk];\n      a *= inv;` : ""}
       ${d.pairs && (norm || d.rmsIn) ? "b *= inv;" : ""}
       let o = tk * N + n;
       let v = ${d.pairs ? siluMul("a", "b") : "select(0.0, y[o], p.acc != 0u) + a"};
