@@ -137,9 +137,16 @@ for (const { weights, tuning, what } of quantSteps) {
   Deno.test(onGpu(`llama-micro ${weights}: ${what} track the one-token steps`), async () => {
     const dir = fixtureDir("llama-micro")!;
     const { prompt, cont } = await reference(dir);
-    const { worst, scale } = await kStepError(dir, [...prompt, ...cont].slice(0, 40), weights, tuning);
-    // Measured on lavapipe: 0.057 of 2.4 with int8 activations (staged q4, dp4); 2e-6 with f32 ones.
+    // Measured on lavapipe: 0.057 of 2.4 with int8 activations (staged q4, dp4); 2e-6 with f32 ones. With
+    // f32 activations both sides keep an f32 KV cache: in an f16 one the two GEMVs' last-bit differences
+    // round some K / V values a half-ulp apart (2^-11), which moved the logits by 3.7e-4 and 4.6e-4 of their
+    // scale at 32 lanes (H200, 2026-12-02) and 2.8e-5 at 8, past what this check is for.
     const int8 = gpu!.hasDp4 && ("multiInt8" in tuning || (weights === "q4" && !("multiDirect" in tuning)));
+    const kv = int8 ? {} : { kv: "f32" };
+    const { worst, scale } = await kStepError(dir, [...prompt, ...cont].slice(0, 40), weights, {
+      ...tuning,
+      ...kv,
+    }, { tuning: { multi: false, ...kv }, ks: [1] });
     const tol = int8 ? 0.1 : 1e-4;
     assert.ok(worst <= tol * scale, `worst |logit error| ${worst} of ${scale}`);
   });
