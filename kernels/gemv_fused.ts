@@ -383,7 +383,7 @@ export function int8CopyFor(gpu: Gpu, d: GemvFusedDims, normWeight?: GPUBuffer):
 
 /**
  * The f32 direct multi-token GEMV's tuning where gemvFusedCall takes that kernel for `d` (f32 / f16 weights,
- * q8 below T = 4: gemvPath, multiDirectServes) with none forced by the call, else undefined.
+ * q8 below T = 4, q4 when forced: gemvPath, multiDirectServes) with none forced by the call, else undefined.
  */
 function floatDirectTuning(gpu: Gpu, d: GemvFusedDims): MultiTuning | undefined {
   const f = d.transform ?? "none";
@@ -391,8 +391,6 @@ function floatDirectTuning(gpu: Gpu, d: GemvFusedDims): MultiTuning | undefined 
     d.multi !== undefined || d.tuning !== undefined || !gemvFusedFits(d.K) || multiInt8Serves(gpu, d) ||
     gemvPath(gpu, d.K, d.T, d.weights) !== "multi" || !multiDirectServes(gpu, f, d.weights)
   ) return undefined;
-  const stage = gpu.tuning.multiStage ?? (multiDp4(gpu, d.weights) ? "int8" : "f32");
-  if (stage === "int8" && isQuant(d.weights) && gpu.hasDp4) return undefined;
   return multiDirectTuning(d.K, d.N, d.T, d.weights, gpu.subgroupSize!, d.pairs === true, gpu.tuning);
 }
 
