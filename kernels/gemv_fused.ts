@@ -303,9 +303,10 @@ export function gemvFusedCalls(
     if ((copyIn && !isFloatCopy(copyIn)) || (copyOut && !isFloatCopy(copyOut))) {
       throw new RangeError("an int8 copy of x needs the int8 direct multi-token GEMV");
     }
-    const call = gemvFusedCall(gpu, { ...bufs, copyIn, copyOut }, d);
+    const fIn = copyIn as FloatCopy | undefined;
+    const call = gemvFusedCall(gpu, { ...bufs, copyIn: fIn }, d);
     // A copy made for this GEMV by the kernel before it is released with this GEMV's call.
-    if (copyIn) call.owned = [copyIn.x, copyIn.ssq];
+    if (fIn) call.owned = [fIn.x, fIn.ssq];
     return [call];
   }
   if ((copyIn && isFloatCopy(copyIn)) || (copyOut && isFloatCopy(copyOut))) {
@@ -598,23 +599,25 @@ export function gemvFusedCall(
     // f32 copies (floatCopyFor): this GEMV reads its input's copy (its RMSNorm then only 1 / rms) and / or
     // writes the next GEMV's.
     const fIn = bufs.copyIn, fOut = bufs.copyOut && isFloatCopy(bufs.copyOut) ? bufs.copyOut : undefined;
-    if (fIn || bufs.copyOut) {
-      if (!t.direct || t.dp4 || (bufs.copyOut && !fOut) || (fIn && f !== "rmsnorm")) {
-        throw new RangeError("f32 copies are the f32 direct multi-token GEMV's, their consumer's an RMSNorm");
-      }
-      const code = gemvMultiSource(wt, fIn ? "none" : f, t, nwt, {
-        K: d.K,
-        N: d.N,
-        T: d.T,
-        S: S!,
-        KT,
-        pairs,
-        copyOut: fOut ? "f32" : undefined,
-        copyNorm: fOut?.norm.type,
-        rmsIn: fIn !== undefined,
-        rmsParts: fIn?.parts,
-      });
-      const bound = [
+    if (
+      (fIn || bufs.copyOut) && (!t.direct || t.dp4 || (bufs.copyOut && !fOut) || (fIn && f !== "rmsnorm"))
+    ) {
+      throw new RangeError("f32 copies are the f32 direct multi-token GEMV's, their consumer's an RMSNorm");
+    }
+    const code = gemvMultiSource(wt, fIn ? "none" : f, t, nwt, {
+      K: d.K,
+      N: d.N,
+      T: d.T,
+      S: S!,
+      KT,
+      pairs,
+      copyOut: fOut ? "f32" : undefined,
+      copyNorm: fOut?.norm.type,
+      rmsIn: fIn !== undefined,
+      rmsParts: fIn?.parts,
+    });
+    const bound = fIn || fOut
+      ? [
         params,
         fIn ? fIn.x : bufs.x,
         bufs.w,
@@ -622,11 +625,9 @@ export function gemvFusedCall(
         ...(f === "rmsnorm" && !fIn ? [bufs.normWeight!] : []),
         ...(fOut ? [fOut.x, fOut.norm.w, fOut.ssq] : []),
         ...(fIn ? [fIn.ssq] : []),
-      ];
-      return kernelCall(gpu, pipeline(gpu, code), bound, [multiGroups(d.N, t, S!)], mLabel);
-    }
-    const code = gemvMultiSource(wt, f, t, nwt, { K: d.K, N: d.N, T: d.T, S: S!, KT, pairs });
-    return kernelCall(gpu, pipeline(gpu, code), buffers, [multiGroups(d.N, t, S!)], mLabel);
+      ]
+      : buffers;
+    return kernelCall(gpu, pipeline(gpu, code), bound, [multiGroups(d.N, t, S!)], mLabel);
   }
   if (path === "sg") {
     if (!S || !sgFits(gpu, d.K, wt)) {
