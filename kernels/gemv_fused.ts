@@ -228,9 +228,13 @@ function withPrefetch<T extends { prefetch?: boolean }>(t: T, prefetch: boolean 
   return prefetch === undefined ? t : { ...t, prefetch };
 }
 
-/** A default subgroup tuning with gpu.tuning's deferNorm choice applied (undefined: the default's own). */
-function withDeferNorm(t: SgTuning, deferNorm: boolean | undefined): SgTuning {
-  return deferNorm === undefined ? t : { ...t, deferNorm };
+/** A default subgroup tuning with gpu.tuning's deferNorm and earlyX choices applied (undefined: the default's own). */
+function withDeferNorm(t: SgTuning, deferNorm: boolean | undefined, earlyX: boolean | undefined): SgTuning {
+  return {
+    ...t,
+    ...(deferNorm === undefined ? {} : { deferNorm }),
+    ...(earlyX === undefined ? {} : { earlyX }),
+  };
 }
 
 function isSgTuning(t: GemvTuning | SgTuning | undefined): t is SgTuning {
@@ -654,6 +658,7 @@ export function gemvFusedCall(
           gpu.tuning.prefetch ?? true,
         ),
         gpu.tuning.deferNorm ?? true,
+        gpu.tuning.earlyX ?? true,
       );
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);

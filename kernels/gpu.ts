@@ -134,6 +134,11 @@ export interface KernelTuning {
    */
   deferNorm?: boolean;
   /**
+   * One-row subgroup GEMVs load x and their norm weights before their first weight loads (SgTuning
+   * `earlyX`; default on).
+   */
+  earlyX?: boolean;
+  /**
    * One-row f32 / f16 GEMVs with no transform or RMSNorm read x straight from its buffer and split each
    * row's K over several warps (SgTuning `direct`, sgDirectTuning). Default: rows of K >= 8192 with no
    * transform (down_proj after the paired gate/up); true / false forces it for every eligible GEMV. Paired

@@ -202,9 +202,12 @@ export function dp4Dot(wt: QuantType, w: string, x: string | [string, string]): 
 
 /** The 4 norm weights at vec4 index `i` of `nw` (bound as vec2<u32> for f16, vec4<f32> for f32), or of `name`. */
 export function normWeightVec4(nwt: WeightType, i: string, name = "nw"): string {
-  return nwt === "f16"
-    ? `vec4<f32>(unpack2x16float(${name}[${i}].x), unpack2x16float(${name}[${i}].y))`
-    : `${name}[${i}]`;
+  return normWeightOf(nwt, `${name}[${i}]`);
+}
+
+/** A norm-weight vec4 as f32 from its raw element `raw` (nw[i] loaded earlier, as normWeightVec4's bindings). */
+export function normWeightOf(nwt: WeightType, raw: string): string {
+  return nwt === "f16" ? `vec4<f32>(unpack2x16float(${raw}.x), unpack2x16float(${raw}.y))` : raw;
 }
 
 /** Norm weight `n` (a scalar index) from the same bindings as normWeightVec4. */

@@ -1,6 +1,6 @@
 // The subgroup GEMV (kernels/gemv_sg.ts) against the CPU reference, for every weight type and input
 // transform and a spread of tunings (rows per warp, unroll, workgroup size, persistent grid, weight
-// loads issued before the prologue, RMSNorm's 1 / rms applied to the sums). On lavapipe the subgroup is 8 lanes, on NVIDIA 32: shapes are
+// loads issued before the prologue, RMSNorm's 1 / rms applied to the sums, x loaded before the weights). On lavapipe the subgroup is 8 lanes, on NVIDIA 32: shapes are
 // chosen from the adapter's size so each type has 1..4 units per lane. Skips, saying so, without a GPU or without subgroups.
 import {
   gemvFusedCall,
@@ -48,6 +48,10 @@ Deno.test(
       { rows: 3, unroll: 1, wg: 2 * S, groups: 2, dp4: true, deferNorm: true },
       { rows: 1, unroll: 4, wg: 8 * S, groups: 0, prefetch: true, deferNorm: true },
       { rows: 2, unroll: 2, wg: 2 * S, groups: 1, dp4: true, prefetch: true, deferNorm: true },
+      { rows: 2, unroll: 1, wg: 4 * S, groups: 0, prefetch: true, deferNorm: true, earlyX: true },
+      { rows: 1, unroll: 2, wg: 2 * S, groups: 2, prefetch: true, deferNorm: true, earlyX: true },
+      { rows: 3, unroll: 2, wg: 8 * S, groups: 0, deferNorm: true, earlyX: true },
+      { rows: 2, unroll: 1, wg: S, groups: 1, deferNorm: true, earlyX: true },
     ];
     let k = 0;
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {
@@ -89,7 +93,7 @@ Deno.test(
     for (const wt of ["f32", "f16", "q8", "q4"] as const) {
       const K = PER_UNIT[wt] * S * 2;
       for (const dp4 of wt === "f32" || wt === "f16" || !g.hasDp4 ? [false] : [false, true]) {
-        for (const prefetch of [false, true]) {
+        for (const [prefetch, earlyX] of [[false, false], [true, false], [true, true], [false, true]]) {
           const tuning: SgTuning = {
             rows: 2,
             unroll: 2,
@@ -98,6 +102,7 @@ Deno.test(
             dp4,
             prefetch,
             deferNorm: true,
+            earlyX,
           };
           const [T, N] = [2, 13];
           const x = randoms((T + 1) * K, 50 + k, 2);
