@@ -223,6 +223,14 @@ function multiDp4(gpu: Gpu, wt: WeightType | QuantType): boolean {
   return gpu.hasDp4 && gpu.tuning.dp4 !== false && wt === "q4";
 }
 
+/**
+ * The key of a one-row subgroup GEMV's shape in gpu.tuning.sgTunings: weights, transform, "pairs" for the
+ * paired gate/up, and N x K (N: rows, pairs for the paired one), e.g. "f16 rmsnorm pairs 8192x2048".
+ */
+export function sgTuningKey(wt: string, f: InputTransform, N: number, K: number, pairs = false): string {
+  return `${wt} ${f}${pairs ? " pairs" : ""} ${N}x${K}`;
+}
+
 /** A default tuning with gpu.tuning's prefetch choice applied (undefined: the default's own). */
 function withPrefetch<T extends { prefetch?: boolean }>(t: T, prefetch: boolean | undefined): T {
   return prefetch === undefined ? t : { ...t, prefetch };
@@ -648,7 +656,7 @@ export function gemvFusedCall(
       (pairs
         ? gpu.tuning.directPairs === true
         : (gpu.tuning.direct ?? (d.K >= 8192 && f === "none")) && d.N < DIRECT_MAX_N);
-    const t = isSgTuning(d.tuning)
+    const t0 = isSgTuning(d.tuning)
       ? d.tuning
       : direct
       ? sgDirectTuning(d.K, d.N, wt, S, pairs)
@@ -660,6 +668,11 @@ export function gemvFusedCall(
         gpu.tuning.deferNorm ?? true,
         gpu.tuning.earlyX ?? true,
       );
+    // gpu.tuning.sgTunings: fields replaced for one shape (A/B runs in the model: sgTuningKey).
+    const over = isSgTuning(d.tuning)
+      ? undefined
+      : gpu.tuning.sgTunings?.[sgTuningKey(wt, f, d.N, d.K, pairs)];
+    const t = over ? { ...t0, ...over } : t0;
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S, pairs);

@@ -2,6 +2,7 @@
 // Effects live here: requesting the adapter, creating buffers, reading back.
 import { checkEarlyRead, readStaging, takeStaging } from "./readback.ts";
 import type { GemmTile } from "./gemm.ts";
+import type { SgTuning } from "./gemv_sg.ts";
 
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
@@ -138,6 +139,12 @@ export interface KernelTuning {
    * `earlyX`; default on).
    */
   earlyX?: boolean;
+  /**
+   * One-row subgroup GEMVs: SgTuning fields replaced for one shape, by gemv_fused.ts sgTuningKey (e.g.
+   * {"f16 rmsnorm pairs 8192x2048": {"rows": 1, "unroll": 4}}), for tuning in the model
+   * (scripts/bench/decode.ts --tunings).
+   */
+  sgTunings?: Record<string, Partial<SgTuning>>;
   /**
    * One-row f32 / f16 GEMVs with no transform or RMSNorm read x straight from its buffer and split each
    * row's K over several warps (SgTuning `direct`, sgDirectTuning). Default: rows of K >= 8192 with no

@@ -8,6 +8,7 @@ import {
   rmsnormRef,
   runCalls,
   type SgTuning,
+  sgTuningKey,
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import {
@@ -133,6 +134,36 @@ Deno.test(
     }
   },
 );
+
+Deno.test({ name: "subgroup GEMV: gpu.tuning.sgTunings replaces one shape's tuning", ignore }, async () => {
+  const g = gpu!;
+  const S = g.subgroupSize!;
+  const K = PER_UNIT.f16 * S * 2;
+  const c = { wt: "f16" as const, K, N: 19, T: 1, transform: "rmsnorm" as const, accumulate: false };
+  const saved = g.tuning;
+  try {
+    // A valid override computes the same product; an invalid one reaches checkSgTuning (so it was applied);
+    // another shape's key leaves this one alone.
+    g.tuning = {
+      ...saved,
+      sgTunings: { [sgTuningKey("f16", "rmsnorm", 19, K)]: { rows: 3, unroll: 1, wg: 2 * S } },
+    };
+    const { got, want } = await gemvCase(g, { ...c, normWeights: "f32", seed: 5 }, {});
+    assertClose(got, want, 1e-4, 1e-4, "sgTunings override");
+    g.tuning = { ...saved, sgTunings: { [sgTuningKey("f16", "rmsnorm", 19, K)]: { rows: 0 } } };
+    let err: unknown;
+    try {
+      await gemvCase(g, { ...c, normWeights: "f32", seed: 6 }, {});
+    } catch (e) {
+      err = e;
+    }
+    if (!(err instanceof RangeError)) throw new Error(`an invalid override was not applied: ${err}`);
+    g.tuning = { ...saved, sgTunings: { [sgTuningKey("f16", "rmsnorm", 20, K)]: { rows: 0 } } };
+    await gemvCase(g, { ...c, normWeights: "f32", seed: 7 }, {});
+  } finally {
+    g.tuning = saved;
+  }
+});
 
 Deno.test({ name: "subgroup GEMV rejects a tuning that does not divide the row", ignore }, () => {
   const g = gpu!;
