@@ -224,11 +224,19 @@ function multiDp4(gpu: Gpu, wt: WeightType | QuantType): boolean {
 }
 
 /**
- * The key of a one-row subgroup GEMV's shape in gpu.tuning.sgTunings: weights, transform, "pairs" for the
- * paired gate/up, and N x K (N: rows, pairs for the paired one), e.g. "f16 rmsnorm pairs 8192x2048".
+ * The key of a GEMV's shape in gpu.tuning.gemvTunings: weights, transform, "pairs" for the paired gate/up,
+ * N x K (N: rows, pairs for the paired one), and for the multi-token kernel " T" and its tokens, e.g.
+ * "f16 rmsnorm pairs 8192x2048" (the one-row subgroup kernel, any T) or "f16 none 2048x8192 T8".
  */
-export function sgTuningKey(wt: string, f: InputTransform, N: number, K: number, pairs = false): string {
-  return `${wt} ${f}${pairs ? " pairs" : ""} ${N}x${K}`;
+export function gemvTuningKey(
+  wt: string,
+  f: InputTransform,
+  N: number,
+  K: number,
+  pairs = false,
+  multiT?: number,
+): string {
+  return `${wt} ${f}${pairs ? " pairs" : ""} ${N}x${K}${multiT === undefined ? "" : ` T${multiT}`}`;
 }
 
 /** A default tuning with gpu.tuning's prefetch choice applied (undefined: the default's own). */
@@ -554,14 +562,18 @@ export function gemvFusedCall(
     // Direct mode (x read in place, K split over warps) where it serves the GEMV, unless
     // gpu.tuning.multiDirect is false.
     const direct = multiDirectServes(gpu, f, wt);
-    const t = d.multi || (direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning) : withPrefetch(
-      {
-        ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
-        ...(stage === "f16" ? { xh: true } : {}),
-        ...(gpu.tuning.multiPipeline ? { pipeline: true } : {}),
-      },
-      gpu.tuning.prefetch,
-    ));
+    const t0 = d.multi ||
+      (direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning) : withPrefetch(
+        {
+          ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
+          ...(stage === "f16" ? { xh: true } : {}),
+          ...(gpu.tuning.multiPipeline ? { pipeline: true } : {}),
+        },
+        gpu.tuning.prefetch,
+      ));
+    // gpu.tuning.gemvTunings: fields replaced for one shape (A/B runs in the model: gemvTuningKey).
+    const over = d.multi ? undefined : gpu.tuning.gemvTunings?.[gemvTuningKey(wt, f, d.N, d.K, pairs, d.T)];
+    const t = over ? { ...t0, ...over } as MultiTuning : t0;
     checkMultiTuning(t, S!, wt, pairs);
     if (t.dp4 && !gpu.hasDp4) {
       throw new RangeError(`dp4 multi-token GEMV needs WGSL's packed_4x8_integer_dot_product`);
@@ -668,11 +680,11 @@ export function gemvFusedCall(
         gpu.tuning.deferNorm ?? true,
         gpu.tuning.earlyX ?? true,
       );
-    // gpu.tuning.sgTunings: fields replaced for one shape (A/B runs in the model: sgTuningKey).
+    // gpu.tuning.gemvTunings: fields replaced for one shape (A/B runs in the model: gemvTuningKey).
     const over = isSgTuning(d.tuning)
       ? undefined
-      : gpu.tuning.sgTunings?.[sgTuningKey(wt, f, d.N, d.K, pairs)];
-    const t = over ? { ...t0, ...over } : t0;
+      : gpu.tuning.gemvTunings?.[gemvTuningKey(wt, f, d.N, d.K, pairs)];
+    const t = over ? { ...t0, ...over } as SgTuning : t0;
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S, pairs);

@@ -3,6 +3,7 @@
 import { checkEarlyRead, readStaging, takeStaging } from "./readback.ts";
 import type { GemmTile } from "./gemm.ts";
 import type { SgTuning } from "./gemv_sg.ts";
+import type { MultiTuning } from "./gemv_multi.ts";
 
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
@@ -140,11 +141,12 @@ export interface KernelTuning {
    */
   earlyX?: boolean;
   /**
-   * One-row subgroup GEMVs: SgTuning fields replaced for one shape, by gemv_fused.ts sgTuningKey (e.g.
-   * {"f16 rmsnorm pairs 8192x2048": {"rows": 1, "unroll": 4}}), for tuning in the model
+   * GEMV tunings replaced for one shape, by gemv_fused.ts gemvTuningKey (the one-row subgroup kernel's
+   * SgTuning fields, e.g. {"f16 rmsnorm pairs 8192x2048": {"rows": 1, "unroll": 4}}, or the multi-token
+   * kernel's MultiTuning fields at T tokens, "f16 none 2048x8192 T8"), for tuning in the model
    * (scripts/bench/decode.ts --tunings).
    */
-  sgTunings?: Record<string, Partial<SgTuning>>;
+  gemvTunings?: Record<string, Partial<SgTuning> | Partial<MultiTuning>>;
   /**
    * One-row f32 / f16 GEMVs with no transform or RMSNorm read x straight from its buffer and split each
    * row's K over several warps (SgTuning `direct`, sgDirectTuning). Default: rows of K >= 8192 with no

@@ -9,6 +9,7 @@ import {
   gemvFusedCall,
   gemvFusedCalls,
   gemvInt8InputCall,
+  gemvTuningKey,
   int8CopyFor,
   int8CopyOutFits,
   matmulRef,
@@ -586,3 +587,28 @@ Deno.test(
     );
   },
 );
+
+Deno.test({
+  name: "multi-token GEMV: gpu.tuning.gemvTunings replaces one shape's tuning at T tokens",
+  ignore,
+}, async () => {
+  const g = gpu!;
+  const S = g.subgroupSize!;
+  const K = 8 * S * 4;
+  const c = { wt: "f16" as const, K, N: 19, T: 8, transform: "rmsnorm" as const, accumulate: false };
+  const saved = g.tuning;
+  const key = (N: number, T: number) => gemvTuningKey("f16", "rmsnorm", N, K, false, T);
+  try {
+    // A valid override computes the same product; an invalid one reaches checkMultiTuning (so it was
+    // applied); another T's key leaves this one alone.
+    g.tuning = { ...saved, gemvTunings: { [key(19, 8)]: { rows: 3 } } };
+    const { got, want } = await gemvCase(g, { ...c, normWeights: "f32", seed: 5 }, {});
+    assertClose(got, want, 1e-4, 1e-4, "gemvTunings override at T = 8");
+    g.tuning = { ...saved, gemvTunings: { [key(19, 8)]: { rows: 0 } } };
+    await assert.rejects(() => gemvCase(g, { ...c, normWeights: "f32", seed: 6 }, {}), RangeError);
+    g.tuning = { ...saved, gemvTunings: { [key(19, 4)]: { rows: 0 } } };
+    await gemvCase(g, { ...c, normWeights: "f32", seed: 7 }, {});
+  } finally {
+    g.tuning = saved;
+  }
+});

@@ -4,11 +4,11 @@
 // chosen from the adapter's size so each type has 1..4 units per lane. Skips, saying so, without a GPU or without subgroups.
 import {
   gemvFusedCall,
+  gemvTuningKey,
   matmulRef,
   rmsnormRef,
   runCalls,
   type SgTuning,
-  sgTuningKey,
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import {
@@ -135,7 +135,7 @@ Deno.test(
   },
 );
 
-Deno.test({ name: "subgroup GEMV: gpu.tuning.sgTunings replaces one shape's tuning", ignore }, async () => {
+Deno.test({ name: "subgroup GEMV: gpu.tuning.gemvTunings replaces one shape's tuning", ignore }, async () => {
   const g = gpu!;
   const S = g.subgroupSize!;
   const K = PER_UNIT.f16 * S * 2;
@@ -146,11 +146,11 @@ Deno.test({ name: "subgroup GEMV: gpu.tuning.sgTunings replaces one shape's tuni
     // another shape's key leaves this one alone.
     g.tuning = {
       ...saved,
-      sgTunings: { [sgTuningKey("f16", "rmsnorm", 19, K)]: { rows: 3, unroll: 1, wg: 2 * S } },
+      gemvTunings: { [gemvTuningKey("f16", "rmsnorm", 19, K)]: { rows: 3, unroll: 1, wg: 2 * S } },
     };
     const { got, want } = await gemvCase(g, { ...c, normWeights: "f32", seed: 5 }, {});
-    assertClose(got, want, 1e-4, 1e-4, "sgTunings override");
-    g.tuning = { ...saved, sgTunings: { [sgTuningKey("f16", "rmsnorm", 19, K)]: { rows: 0 } } };
+    assertClose(got, want, 1e-4, 1e-4, "gemvTunings override");
+    g.tuning = { ...saved, gemvTunings: { [gemvTuningKey("f16", "rmsnorm", 19, K)]: { rows: 0 } } };
     let err: unknown;
     try {
       await gemvCase(g, { ...c, normWeights: "f32", seed: 6 }, {});
@@ -158,7 +158,7 @@ Deno.test({ name: "subgroup GEMV: gpu.tuning.sgTunings replaces one shape's tuni
       err = e;
     }
     if (!(err instanceof RangeError)) throw new Error(`an invalid override was not applied: ${err}`);
-    g.tuning = { ...saved, sgTunings: { [sgTuningKey("f16", "rmsnorm", 20, K)]: { rows: 0 } } };
+    g.tuning = { ...saved, gemvTunings: { [gemvTuningKey("f16", "rmsnorm", 20, K)]: { rows: 0 } } };
     await gemvCase(g, { ...c, normWeights: "f32", seed: 7 }, {});
   } finally {
     g.tuning = saved;
