@@ -364,7 +364,14 @@ export function gemvFusedCalls(
  */
 function int8Tuning(gpu: Gpu, d: GemvFusedDims, copyOut: boolean): MultiTuning | undefined {
   const S = gpu.subgroupSize!;
-  const t = { ...multiDirectTuning(d.K, d.N, d.T, d.weights, S, d.pairs, gpu.tuning), dp4: true };
+  const f = d.transform ?? "none";
+  const base = multiDirectTuning(d.K, d.N, d.T, d.weights, S, d.pairs, gpu.tuning);
+  // RMSNorm GEMVs (qkv, the LM head) from 8 tokens: 2 rows a warp, not 4 (H200, Llama-1B q4 k = 8 step,
+  // 2026-12-02, each timed in the step alone: qkv 1.005-1.008 -> 0.991 ms, the LM head -> 0.997; o_proj
+  // and down were no faster with 2, the paired gate/up slower with 1 pair).
+  const rows = f === "rmsnorm" && !d.pairs && d.T >= 8 && gpu.tuning.multiRows === undefined ? 2 : base.rows;
+  const over = gpu.tuning.gemvTunings?.[gemvTuningKey(d.weights, f, d.N, d.K, d.pairs, d.T)];
+  const t = { ...base, rows, ...over, dp4: true };
   if (!copyOut) return t;
   if (d.N % 32 !== 0 || 32 % t.rows !== 0) return undefined;
   const per = 32 / t.rows; // row blocks (warp groups of splitK) a workgroup needs, or a multiple

@@ -608,6 +608,31 @@ Deno.test({
     await assert.rejects(() => gemvCase(g, { ...c, normWeights: "f32", seed: 6 }, {}), RangeError);
     g.tuning = { ...saved, gemvTunings: { [key(19, 4)]: { rows: 0 } } };
     await gemvCase(g, { ...c, normWeights: "f32", seed: 7 }, {});
+    // The int8 direct mode (q4, gemvFusedCalls) takes it too.
+    if (g.hasDp4) {
+      const K4 = 32 * S * 2;
+      const q = { wt: "q4" as const, K: K4, N: 32, T: 8, transform: "rmsnorm" as const, accumulate: false };
+      g.tuning = {
+        ...saved,
+        multiInt8: true,
+        gemvTunings: { [gemvTuningKey("q4", "rmsnorm", 32, K4, false, 8)]: { rows: 0 } },
+      };
+      await assert.rejects(() => gemvCase(g, { ...q, normWeights: "f32", seed: 8 }, {}), RangeError);
+      g.tuning = {
+        ...saved,
+        multiInt8: true,
+        gemvTunings: { [gemvTuningKey("q4", "rmsnorm", 32, K4, false, 8)]: { rows: 2 } },
+      };
+      const r = await gemvCase(g, { ...q, normWeights: "f32", seed: 9 }, {});
+      checkDp4(
+        r.got,
+        r.want,
+        r.input,
+        r.deq,
+        { T: 8, N: 32, K: K4 },
+        "gemvTunings override, int8 direct mode",
+      );
+    }
   } finally {
     g.tuning = saved;
   }
