@@ -239,13 +239,19 @@ export function gemvTuningKey(
   return `${wt} ${f}${pairs ? " pairs" : ""} ${N}x${K}${multiT === undefined ? "" : ` T${multiT}`}`;
 }
 
+/** A default tuning `t` with gpu.tuning.gemvTunings' fields for `key` (gemvTuningKey) applied, if any. */
+function withShapeTuning<T extends SgTuning | MultiTuning>(gpu: Gpu, t: T, key: string): T {
+  const over = gpu.tuning.gemvTunings?.[key];
+  return over ? { ...t, ...over } as T : t;
+}
+
 /** A default tuning with gpu.tuning's prefetch choice applied (undefined: the default's own). */
 function withPrefetch<T extends { prefetch?: boolean }>(t: T, prefetch: boolean | undefined): T {
   return prefetch === undefined ? t : { ...t, prefetch };
 }
 
 /** A default subgroup tuning with gpu.tuning's deferNorm and earlyX choices applied (undefined: the default's own). */
-function withDeferNorm(t: SgTuning, deferNorm: boolean | undefined, earlyX: boolean | undefined): SgTuning {
+function withPrologue(t: SgTuning, deferNorm: boolean | undefined, earlyX: boolean | undefined): SgTuning {
   return {
     ...t,
     ...(deferNorm === undefined ? {} : { deferNorm }),
@@ -370,8 +376,8 @@ function int8Tuning(gpu: Gpu, d: GemvFusedDims, copyOut: boolean): MultiTuning |
   // 2026-12-02, each timed in the step alone: qkv 1.005-1.008 -> 0.991 ms, the LM head -> 0.997; o_proj
   // and down were no faster with 2, the paired gate/up slower with 1 pair).
   const rows = f === "rmsnorm" && !d.pairs && d.T >= 8 && gpu.tuning.multiRows === undefined ? 2 : base.rows;
-  const over = gpu.tuning.gemvTunings?.[gemvTuningKey(d.weights, f, d.N, d.K, d.pairs, d.T)];
-  const t = { ...base, rows, ...over, dp4: true };
+  const key = gemvTuningKey(d.weights, f, d.N, d.K, d.pairs, d.T);
+  const t = { ...withShapeTuning(gpu, { ...base, rows }, key), dp4: true };
   if (!copyOut) return t;
   if (d.N % 32 !== 0 || 32 % t.rows !== 0) return undefined;
   const per = 32 / t.rows; // row blocks (warp groups of splitK) a workgroup needs, or a multiple
@@ -569,18 +575,18 @@ export function gemvFusedCall(
     // Direct mode (x read in place, K split over warps) where it serves the GEMV, unless
     // gpu.tuning.multiDirect is false.
     const direct = multiDirectServes(gpu, f, wt);
-    const t0 = d.multi ||
-      (direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning) : withPrefetch(
+    const t = d.multi || withShapeTuning(
+      gpu,
+      direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning) : withPrefetch(
         {
           ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
           ...(stage === "f16" ? { xh: true } : {}),
           ...(gpu.tuning.multiPipeline ? { pipeline: true } : {}),
         },
         gpu.tuning.prefetch,
-      ));
-    // gpu.tuning.gemvTunings: fields replaced for one shape (A/B runs in the model: gemvTuningKey).
-    const over = d.multi ? undefined : gpu.tuning.gemvTunings?.[gemvTuningKey(wt, f, d.N, d.K, pairs, d.T)];
-    const t = over ? { ...t0, ...over } as MultiTuning : t0;
+      ),
+      gemvTuningKey(wt, f, d.N, d.K, pairs, d.T),
+    );
     checkMultiTuning(t, S!, wt, pairs);
     if (t.dp4 && !gpu.hasDp4) {
       throw new RangeError(`dp4 multi-token GEMV needs WGSL's packed_4x8_integer_dot_product`);
@@ -675,23 +681,18 @@ export function gemvFusedCall(
       (pairs
         ? gpu.tuning.directPairs === true
         : (gpu.tuning.direct ?? (d.K >= 8192 && f === "none")) && d.N < DIRECT_MAX_N);
-    const t0 = isSgTuning(d.tuning)
-      ? d.tuning
-      : direct
-      ? sgDirectTuning(d.K, d.N, wt, S, pairs)
-      : withDeferNorm(
+    const t = isSgTuning(d.tuning) ? d.tuning : withShapeTuning(
+      gpu,
+      direct ? sgDirectTuning(d.K, d.N, wt, S, pairs) : withPrologue(
         withPrefetch(
           sgDefaultTuning(d.K, d.N, wt, S, gpu.hasDp4 && gpu.tuning.dp4 !== false, pairs),
           gpu.tuning.prefetch ?? true,
         ),
         gpu.tuning.deferNorm ?? true,
         gpu.tuning.earlyX ?? true,
-      );
-    // gpu.tuning.gemvTunings: fields replaced for one shape (A/B runs in the model: gemvTuningKey).
-    const over = isSgTuning(d.tuning)
-      ? undefined
-      : gpu.tuning.gemvTunings?.[gemvTuningKey(wt, f, d.N, d.K, pairs)];
-    const t = over ? { ...t0, ...over } as SgTuning : t0;
+      ),
+      gemvTuningKey(wt, f, d.N, d.K, pairs),
+    );
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
     const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S, pairs);

@@ -256,13 +256,31 @@ export function gemvSgSource(
   // The transformed input row, staged in workgroup memory (f32 in xs; with dp4 only its int8 copy, made
   // straight from x: one pass and one barrier fewer, and no xs).
   let stage: string;
+  // earlyX: x (and its norm weights) loaded into registers ahead of the weights' first loads (`early`,
+  // placed before the prefetch), the stage then made from those registers.
+  const NI = Math.ceil(K4 / WG);
+  const earlyX = t.earlyX === true && !dp4 && (f === "none" || defer) && NI <= 8;
+  const early: string[] = [];
   const xin = (k: string): string =>
     f === "rmsnorm"
       ? `x[xrow + ${k}]${defer ? "" : " * inv"} * ${normWeightVec4(nwt, k)}`
       : f === "silu_mul"
       ? siluMulVec4(`x[xrow + ${k}]`, `x[xrow + K4 + ${k}]`)
       : `x[xrow + ${k}]`;
-  if (defer) {
+  if (earlyX) {
+    const rms = f === "rmsnorm";
+    const parts: string[] = rms ? ["var ss = 0.0;"] : [];
+    for (let i = 0; i < NI; i++) {
+      early.push(`let ek${i} = tid + ${i * WG}u;`, `let ex${i} = x[xrow + min(ek${i}, K4 - 1u)];`);
+      if (rms) early.push(`let en${i} = nw[min(ek${i}, K4 - 1u)];`);
+      const put = rms
+        ? `ss += dot(ex${i}, ex${i}); xs[xi(ek${i})] = ex${i} * ${normWeightOf(nwt, `en${i}`)};`
+        : `xs[xi(ek${i})] = ex${i};`;
+      parts.push((i + 1) * WG <= K4 ? `{ ${put} }` : `if (ek${i} < K4) { ${put} }`);
+    }
+    if (rms) parts.push("ss = subgroupAdd(ss);", "if (lane == 0u) { red[warp] = ss; }");
+    stage = "\n  " + parts.join("\n  ");
+  } else if (defer) {
     // The sum of squares alone (dp4: the int8 copy's loop reads x again, with no barrier between), or with
     // the staging of x * normWeight.
     stage = `
@@ -311,25 +329,6 @@ export function gemvSgSource(
   if (!dp4) stage += "\n  workgroupBarrier();";
   if (dp4) {
     stage += int8BlocksWgsl(wt as QuantType, xin, "K / 32u", "WG", "UNITS") + "\n  workgroupBarrier();";
-  }
-  // earlyX: x (and its norm weights) loaded into registers ahead of the weights' first loads (`early`),
-  // the stage then made from those registers.
-  const NI = Math.ceil(K4 / WG);
-  const earlyX = t.earlyX === true && !dp4 && (f === "none" || defer) && NI <= 8;
-  const early: string[] = [];
-  if (earlyX) {
-    const rms = f === "rmsnorm";
-    const parts: string[] = [rms ? "var ss = 0.0;" : ""];
-    for (let i = 0; i < NI; i++) {
-      early.push(`let ek${i} = tid + ${i * WG}u;`, `let ex${i} = x[xrow + min(ek${i}, K4 - 1u)];`);
-      if (rms) early.push(`let en${i} = nw[min(ek${i}, K4 - 1u)];`);
-      const put = rms
-        ? `ss += dot(ex${i}, ex${i}); xs[xi(ek${i})] = ex${i} * ${normWeightOf(nwt, `en${i}`)};`
-        : `xs[xi(ek${i})] = ex${i};`;
-      parts.push((i + 1) * WG <= K4 ? `{ ${put} }` : `if (ek${i} < K4) { ${put} }`);
-    }
-    if (rms) parts.push("ss = subgroupAdd(ss);", "if (lane == 0u) { red[warp] = ss; }");
-    stage = "\n  " + parts.filter((l) => l !== "").join("\n  ") + "\n  workgroupBarrier();";
   }
   if (defer) stage += invOf;
   const needXsum = !dp4 && wt === "q4";
