@@ -67,24 +67,37 @@ export interface GemmTile {
    * false.
    */
   ci?: boolean;
+  /**
+   * Vector stores: each thread's loads of a slice are whole groups of 4 rows at one k quad (4 rows x 4 k),
+   * transposed in registers and stored as 4 vec4s (k-major, one vec4 a k) instead of 16 scalars at dynamic
+   * vec4 components. Needs bm / 4 and bn / 4 multiples of 8, bk / 4 a multiple of 4 and the slice's vec4
+   * loads a multiple of 4 per thread (e.g. 128x128k32r22, 64x64k64r11). Default false.
+   */
+  v?: boolean;
 }
 
-/** A tile's short name, as the benchmarks print it and take it: 128x128k8r22, then h (f16), d (db), w (wh). */
+/**
+ * A tile's short name, as the benchmarks print it and take it: 128x128k8r22, then h (f16), d (db), w (wh),
+ * c (ci), v (vector stores).
+ */
 export function gemmTileTag(t: GemmTile): string {
   return `${t.bm}x${t.bn}k${t.bk}r${t.rm}${t.rn}${t.f16 ? "h" : ""}${t.db ? "d" : ""}${t.wh ? "w" : ""}${
     t.ci ? "c" : ""
-  }`;
+  }${t.v ? "v" : ""}`;
 }
 
 /** The tile a tag names (gemmTileTag's form; rm and rn one digit each). */
 export function parseGemmTile(tag: string): GemmTile {
-  const m = /^(\d+)x(\d+)k(\d+)r(\d)(\d)(h?)(d?)(w?)(c?)$/.exec(tag);
-  if (!m) throw new TypeError(`GEMM tile tag "${tag}": want e.g. 128x128k8r22 (+ h, d, w, c flags in order)`);
+  const m = /^(\d+)x(\d+)k(\d+)r(\d)(\d)(h?)(d?)(w?)(c?)(v?)$/.exec(tag);
+  if (!m) {
+    throw new TypeError(`GEMM tile tag "${tag}": want e.g. 128x128k8r22 (+ h, d, w, c, v flags in order)`);
+  }
   const t: GemmTile = { bm: +m[1], bn: +m[2], bk: +m[3], rm: +m[4], rn: +m[5] };
   if (m[6]) t.f16 = true;
   if (m[7]) t.db = true;
   if (m[8]) t.wh = true;
   if (m[9]) t.ci = true;
+  if (m[10]) t.v = true;
   return t;
 }
 
@@ -133,9 +146,24 @@ export function checkGemmTile(t: GemmTile, maxStorage = 49152): void {
       `GEMM tile ${JSON.stringify(t)}: a slice's vec4 loads must split evenly over ${th} threads`,
     );
   }
+  if (t.v && !vectorStoresFit(t)) {
+    throw new RangeError(
+      `GEMM tile ${
+        JSON.stringify(t)
+      }: vector stores need bm / 4 and bn / 4 multiples of 8, bk / 4 a multiple ` +
+        `of 4 and a multiple of 4 vec4 loads a thread a slice`,
+    );
+  }
   if (tileBytes(t) > maxStorage) {
     throw new RangeError(`GEMM tile ${JSON.stringify(t)} needs ${tileBytes(t)} bytes of workgroup memory`);
   }
+}
+
+/** Whether a tile's slices split into whole 4-row groups a thread (the `v` flag's condition). */
+export function vectorStoresFit(t: GemmTile): boolean {
+  const th = gemmThreads(t), kq = t.bk / 4;
+  return (t.bm / 4) % 8 === 0 && (t.bn / 4) % 8 === 0 && kq % 4 === 0 &&
+    ((t.bm * kq) / th) % 4 === 0 && ((t.bn * kq) / th) % 4 === 0;
 }
 
 function tileBytes(t: GemmTile): number {
@@ -151,21 +179,38 @@ function stagedVec4s(t: GemmTile): { x: number; w: number } {
   return { x: t.bk * (t.bm / 4 + 1), w: t.bk * (t.bn / 4 + 1) };
 }
 
-/** Workgroups the H200 runs at once, about (132 SMs x 2): below it, smaller tiles fill the GPU better. */
-const WAVE = 264;
+/**
+ * Workgroups that make a wave on the H200 (132 SMs x 2, rounded down to a power of two: 256 tiles, e.g. a
+ * 2048 x 2048 output in 128 x 128 tiles, count as one): below it, smaller tiles or split K fill the GPU
+ * better. gpu.tuning.gemmWave replaces it (A/B runs).
+ */
+const WAVE = 256;
+
+/** The default large tile: 8 x 8 a thread, k slices of 32, vector stores (KERNELS.md has the H200 sweep). */
+const LARGE: GemmTile = { bm: 128, bn: 128, bk: 32, rm: 2, rn: 2, ci: true, v: true };
+/** The default small tile: 4 x 4 a thread in 256 threads. */
+const SMALL: GemmTile = { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, ci: true };
+/** Where a device's workgroup memory is short of a default tile's (lavapipe's 32 KiB): the tile before. */
+const LARGE_FALLBACK: GemmTile = { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, ci: true };
 
 /**
- * The tile for a shape, from scripts/bench/gemm.ts on the H200 (docs/KERNELS.md): 128 x 128 with 8 x 8
- * outputs a thread when that makes a wave of workgroups, else 64 x 64 with 4 x 4 a thread (256 threads:
- * enough warps per SM when the tiles are few), which split K then fills further.
+ * The tile for a shape, from scripts/bench/gemm.ts and the prefill on the H200 (docs/KERNELS.md): the large
+ * tile where its workgroups (tiles x its default split K) make a wave, else the small one, which split K
+ * then fills further. A default that needs more workgroup memory than the device has falls back.
  */
-export function gemmDefaultTile(T: number, N: number, tuning: KernelTuning = {}): GemmTile {
-  // The tiles with constant-index fragment reads (ci): in the H200 prefill (2026-12-01) pp512 / pp2048
-  // 53.3 / 214.9 ms against 55.4 / 218.7 without; 128x256k16r24c, the microbenchmark's best at most shapes,
-  // was slower in the prefill itself (57.7 / 226.4).
-  const large = tuning.gemmLarge ?? { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, ci: true };
-  if (ceilDiv(T, large.bm) * ceilDiv(N, large.bn) >= WAVE) return large;
-  return tuning.gemmSmall ?? { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, ci: true };
+export function gemmDefaultTile(
+  T: number,
+  N: number,
+  K: number,
+  tuning: KernelTuning = {},
+  maxStorage = 49152,
+): GemmTile {
+  const wave = tuning.gemmWave ?? WAVE;
+  let large = tuning.gemmLarge ?? LARGE;
+  if (tuning.gemmLarge === undefined && tileBytes(large) > maxStorage) large = LARGE_FALLBACK;
+  const tiles = ceilDiv(T, large.bm) * ceilDiv(N, large.bn);
+  if (tiles * gemmDefaultSplit(T, N, K, large, wave) >= wave) return large;
+  return tuning.gemmSmall ?? SMALL;
 }
 
 /**
@@ -183,21 +228,23 @@ export function gemmWhFits(gpu: Gpu, wt: WeightType | QuantType): boolean {
 }
 
 /** How one slice's vec4 of weights is fetched (raw, kept in registers) and decoded (when staged). */
-function weightCode(wt: WeightType | QuantType): { decl: string; raw: string; load: string; decode: string } {
+function weightCode(
+  wt: WeightType | QuantType,
+): { decl: string; raw: string; load: string; decode: (r: string) => string } {
   switch (wt) {
     case "f32":
       return {
         decl: "array<vec4<f32>>",
         raw: "vec4<f32>",
         load: "W[e / 4u]",
-        decode: "r",
+        decode: (r) => r,
       };
     case "f16":
       return {
         decl: "array<vec2<u32>>",
         raw: "vec2<u32>",
         load: "W[e / 4u]",
-        decode: "vec4<f32>(unpack2x16float(r.x), unpack2x16float(r.y))",
+        decode: (r) => `vec4<f32>(unpack2x16float(${r}.x), unpack2x16float(${r}.y))`,
       };
     case "q8":
       // r.x: four int8 codes; r.y: the word holding the group's bf16 scale; r.z: which half.
@@ -205,7 +252,7 @@ function weightCode(wt: WeightType | QuantType): { decl: string; raw: string; lo
         decl: "array<u32>",
         raw: "vec3<u32>",
         load: `vec3<u32>(W[e / 4u], W[p.soff + e / ${2 * QUANT_GROUP}u], (e / ${QUANT_GROUP}u) & 1u)`,
-        decode: `q8v(r.x) * bf16_at(r.y, r.z)`,
+        decode: (r) => `q8v(${r}.x) * bf16_at(${r}.y, ${r}.z)`,
       };
     case "q4":
       // r.x: the word of 8 codes; its half (e % 8 is 0 or 4) is picked when decoding.
@@ -215,7 +262,7 @@ function weightCode(wt: WeightType | QuantType): { decl: string; raw: string; lo
         load: `vec4<u32>(W[e / 8u], W[p.soff + e / ${
           2 * QUANT_GROUP
         }u], (e / ${QUANT_GROUP}u) & 1u, 4u * (e % 8u))`,
-        decode: `q4s(r.x, r.w) * bf16_at(r.y, r.z)`,
+        decode: (r) => `q4s(${r}.x, ${r}.w) * bf16_at(${r}.y, ${r}.z)`,
       };
   }
 }
@@ -241,6 +288,8 @@ function threadPlace(TX: number, TY: number): string {
   let ty = (warp / ${WX}u) * 4u + lane / 8u;`;
 }
 
+const range4 = [0, 1, 2, 3];
+
 /** The WGSL of one GEMM variant. */
 /** gemmSource, generated once per (weights, transform, tile). */
 const gemmSources = memoSource(gemmSource);
@@ -250,6 +299,7 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
   const h = t.f16 === true;
   const db = t.db === true;
   const ci = t.ci === true;
+  const vs = t.v === true;
   const nb = db ? 2 : 1;
   const S = h ? "f16" : "f32"; // x staged and multiplied as
   const SW_T = h || t.wh ? "f16" : "f32"; // W staged as
@@ -263,12 +313,25 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
   const SA = bm / 4 + 1, SW = bn / 4 + 1;
   const lines: string[] = [];
   const L = (s: string) => lines.push(s);
+  // Which row (m of x, n of W) and k quad a thread's i-th vec4 load of a slice reads. Plain: vec4 u = tid +
+  // i TH of the slice, KQ a row. Vector stores (v): loads 4g..4g+3 are rows 4q..4q+3 of group G = tid + g TH
+  // at k quad kq, a warp's lanes 8 row groups x 4 quads (each row's 64 bytes contiguous; the 8 lanes of a
+  // quarter warp store 8 row groups at one k, in distinct banks).
+  const group = (g: number) =>
+    `let G = tid + ${g * TH}u;
+      let q = G % 8u + 8u * (G / ${8 * KQ}u);
+      let kb = 4u * ((G / 8u) % ${KQ}u);`;
+  const place = (i: number, row: string) =>
+    vs
+      ? `${group(i >> 2)}
+      let ${row} = 4u * q + ${i & 3}u;
+      let k = k0 + kb;`
+      : `let ${row} = (tid + ${i * TH}u) / ${KQ}u;
+      let k = k0 + 4u * ((tid + ${i * TH}u) % ${KQ}u);`;
   // x load: row m (clamped), k vec4 kq; values past T or K read as 0.
   const xLoad = (i: number) => {
-    const u = `(tid + ${i * TH}u)`;
     return `{
-      let m = ${u} / ${KQ}u;
-      let k = k0 + 4u * (${u} % ${KQ}u);
+      ${place(i, "m")}
       let ok = m0 + m < p.T && k < p.K;
       let row = p.x_row0 + min(m0 + m, p.T - 1u);
       let kk = min(k, p.K - 4u) / 4u;
@@ -282,52 +345,54 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
     }`;
   };
   const wLoad = (i: number) => {
-    const u = `(tid + ${i * TH}u)`;
     return `{
-      let n = ${u} / ${KQ}u;
-      let k = k0 + 4u * (${u} % ${KQ}u);
+      ${place(i, "n")}
       wok${i} = n0 + n < p.N && k < p.K;
       let e = min(n0 + n, p.N - 1u) * p.K + min(k, p.K - 4u);
       wr${i} = ${w.load};
     }`;
   };
   const stores: string[] = [];
-  for (let i = 0; i < LA; i++) {
-    stores.push(`{
+  const xAt = (k: string, q: string) =>
+    ci
+      ? `xs[${db ? "sb" : "0u"}][(${q}) % ${TY}u][(${k}) * ${rm}u + (${q}) / ${TY}u]`
+      : `xs[${db ? `sb * ${bk * SA}u + ` : ""}(${k}) * ${SA}u + ${q}]`;
+  const wAt = (k: string, q: string) =>
+    ci
+      ? `ws[${db ? "sb" : "0u"}][(${q}) % ${TX}u][(${k}) * ${rn}u + (${q}) / ${TX}u]`
+      : `ws[${db ? `sb * ${bk * SW}u + ` : ""}(${k}) * ${SW}u + ${q}]`;
+  const decoded = (i: number) => `select(vec4<f32>(0.0), ${w.decode(`wr${i}`)}, wok${i})`;
+  const vec = (T: string, e: string) => (T === "f32" ? e : `vec4<${T}>(${e})`);
+  if (vs) {
+    // Each group of 4 rows x 4 k: transposed in registers, one vec4 store a k.
+    const groupStores = (n: number, at: typeof xAt, T: string, value: (i: number) => string) => {
+      for (let g = 0; g < n / 4; g++) {
+        const v = range4.map((r) => `let v${r} = ${value(4 * g + r)};`).join("\n      ");
+        const st = range4.map((c) =>
+          `${at(`kb + ${c}u`, "q")} = ${vec(T, `vec4<f32>(v0[${c}], v1[${c}], v2[${c}], v3[${c}])`)};`
+        ).join("\n      ");
+        stores.push(`{\n      ${group(g)}\n      ${v}\n      ${st}\n    }`);
+      }
+    };
+    groupStores(LA, xAt, S, (i) => `xr${i}`);
+    groupStores(LW, wAt, SW_T, decoded);
+  } else {
+    // One vec4 of 4 k for one row: 4 scalar stores, one a k row, the component indices written out.
+    const rowStores = (n: number, row: string, at: typeof xAt, T: string, value: (i: number) => string) => {
+      for (let i = 0; i < n; i++) {
+        const st = range4.map((c) => `${at(`kb + ${c}u`, `${row} / 4u`)}[${row} % 4u] = ${T}(v[${c}]);`)
+          .join("\n      ");
+        stores.push(`{
       let u = tid + ${i * TH}u;
-      let m = u / ${KQ}u;
+      let ${row} = u / ${KQ}u;
       let kb = 4u * (u % ${KQ}u);
-      let v = xr${i};
-      ${
-      ci
-        ? `let m4 = m / 4u;
-      for (var c = 0u; c < 4u; c++) { xs[${
-          db ? "sb" : "0u"
-        }][m4 % ${TY}u][(kb + c) * ${rm}u + m4 / ${TY}u][m % 4u] = ${S}(v[c]); }`
-        : `for (var c = 0u; c < 4u; c++) { xs[${
-          db ? `sb * ${bk * SA}u + ` : ""
-        }(kb + c) * ${SA}u + m / 4u][m % 4u] = ${S}(v[c]); }`
-    }
+      let v = ${value(i)};
+      ${st}
     }`);
-  }
-  for (let i = 0; i < LW; i++) {
-    stores.push(`{
-      let u = tid + ${i * TH}u;
-      let n = u / ${KQ}u;
-      let kb = 4u * (u % ${KQ}u);
-      let r = wr${i};
-      let v = select(vec4<f32>(0.0), ${w.decode}, wok${i});
-      ${
-      ci
-        ? `let n4 = n / 4u;
-      for (var c = 0u; c < 4u; c++) { ws[${
-          db ? "sb" : "0u"
-        }][n4 % ${TX}u][(kb + c) * ${rn}u + n4 / ${TX}u][n % 4u] = ${SW_T}(v[c]); }`
-        : `for (var c = 0u; c < 4u; c++) { ws[${
-          db ? `sb * ${bk * SW}u + ` : ""
-        }(kb + c) * ${SW}u + n / 4u][n % 4u] = ${SW_T}(v[c]); }`
-    }
-    }`);
+      }
+    };
+    rowStores(LA, "m", xAt, S, (i) => `xr${i}`);
+    rowStores(LW, "n", wAt, SW_T, decoded);
   }
   const fma: string[] = [];
   for (let i = 0; i < rm; i++) {
@@ -477,7 +542,7 @@ export function gemmCalls(
   if (!(Number.isInteger(d.T) && d.T >= 1 && Number.isInteger(d.N) && d.N >= 1)) {
     throw new RangeError(`GEMM of T = ${d.T} rows and N = ${d.N} columns`);
   }
-  const def = gemmDefaultTile(d.T, d.N, gpu.tuning);
+  const def = gemmDefaultTile(d.T, d.N, d.K, gpu.tuning, gpu.maxWorkgroupStorage);
   // A tuned default's f16 / wh flags apply where they keep the default exact enough (as SWACTOR_GEMM_MATH).
   const tile = d.tile ?? {
     ...def,
@@ -493,7 +558,7 @@ export function gemmCalls(
       `GEMM tiles staging W as f16 (wh) take f16 or q4 weights, not ${wt}: it would round`,
     );
   }
-  const splits = d.splitK ?? gemmDefaultSplit(d.T, d.N, d.K, tile);
+  const splits = d.splitK ?? gemmDefaultSplit(d.T, d.N, d.K, tile, gpu.tuning.gemmWave);
   if (!(Number.isInteger(splits) && splits >= 1)) {
     throw new RangeError(`splitK must be an integer >= 1, got ${splits}`);
   }
@@ -535,10 +600,10 @@ export function gemmCall(
  * Split K where the tiles are under a wave and K is long: splits (a power of two) until they make a wave,
  * each split keeping >= 1024 of K.
  */
-export function gemmDefaultSplit(T: number, N: number, K: number, tile: GemmTile): number {
+export function gemmDefaultSplit(T: number, N: number, K: number, tile: GemmTile, wave = WAVE): number {
   const tiles = ceilDiv(T, tile.bm) * ceilDiv(N, tile.bn);
   let s = 1;
-  while (tiles * s < WAVE && K / (2 * s) >= 1024 && s < 8) s *= 2;
+  while (tiles * s < wave && K / (2 * s) >= 1024 && s < 8) s *= 2;
   return s;
 }
 

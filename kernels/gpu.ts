@@ -175,12 +175,14 @@ export interface KernelTuning {
    */
   prefillEarlySubmit?: boolean;
   /**
-   * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where M x N makes a wave of its
-   * tiles, else `gemmSmall` (defaults 128x128k8r22c and 64x64k16r11c). Their f16 / wh flags apply only to
-   * weights they suit. Read when a GEMM call is built (each request's programs).
+   * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where its tiles times its split K
+   * make a wave (`gemmWave` workgroups, default 256), else `gemmSmall` (defaults 128x128k32r22cv and
+   * 64x64k16r11c); the wave also bounds the default split K. Their f16 / wh flags apply only to weights they
+   * suit. Read when a GEMM call is built (each request's programs).
    */
   gemmLarge?: GemmTile;
   gemmSmall?: GemmTile;
+  gemmWave?: number;
   /**
    * The GQA KV cache's element type, read when a model is loaded (Model.load; default: f16 where the adapter
    * has shader-f16 and the weights are not f32, else f32; env SWACTOR_KV sets it too).

@@ -10,12 +10,13 @@
 // One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
 //     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
-//     [--gemm default,LARGE/SMALL,...] [--early on,off]
+//     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off]
 // --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; --flash: the prefill flash
 // attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
 // prefill chunk while one runs (gpu.tuning.prefillOverlap, models/engine.ts); --gemm: the GEMM's two default
 // tiles (gpu.tuning.gemmLarge / gemmSmall, kernels/gemm.ts), each entry `default` or two tile tags as
-// scripts/bench/gemm.ts prints them, e.g. 128x128k8r22c/64x64k16r11c; --early: a new request's first chunk
+// scripts/bench/gemm.ts prints them, e.g. 128x128k8r22c/64x64k16r11c, and optionally the workgroups from which
+// the large tile serves (gpu.tuning.gemmWave, e.g. 128x128k8r22c/64x64k16r11c/264); --early: a new request's first chunk
 // is submitted a few layers at a time as its program is built (gpu.tuning.prefillEarlySubmit). Each line's
 // `host` is the engine's prefillStats (models/engine.ts) averaged over the timed runs: preSubmitMs (host
 // work before the GPU starts), encodeMs (building and encoding all chunks, mostly overlapping the GPU),
@@ -144,16 +145,17 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
     Deno.env.set("SWACTOR_GEMM_MATH", math);
     gpu.tuning.flash = flash; // read as each request's programs are built
     gpu.tuning.prefillOverlap = overlap === "on"; // read by each prefill
-    if (gemm === "default") {
-      delete gpu.tuning.gemmLarge;
-      delete gpu.tuning.gemmSmall;
-    } else {
-      const [large, small, extra] = gemm.split("/");
-      if (!small || extra !== undefined) {
-        throw new TypeError(`--gemm takes default or LARGE/SMALL, got ${gemm}`);
+    delete gpu.tuning.gemmLarge;
+    delete gpu.tuning.gemmSmall;
+    delete gpu.tuning.gemmWave;
+    if (gemm !== "default") {
+      const [large, small, wave, extra] = gemm.split("/");
+      if (!small || extra !== undefined || (wave !== undefined && !(Number(wave) >= 1))) {
+        throw new TypeError(`--gemm takes default or LARGE/SMALL[/WAVE], got ${gemm}`);
       }
       gpu.tuning.gemmLarge = parseGemmTile(large); // read as each request's programs are built
       gpu.tuning.gemmSmall = parseGemmTile(small);
+      if (wave !== undefined) gpu.tuning.gemmWave = Number(wave);
     }
     let logitsErr: number | undefined;
     if (combos.length > 1) {

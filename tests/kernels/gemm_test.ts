@@ -30,6 +30,10 @@ const TILES: (GemmTile | undefined)[] = [
   { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, ci: true },
   { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, ci: true, db: true },
   { bm: 64, bn: 128, bk: 16, rm: 2, rn: 4, ci: true },
+  // Vector stores (v): 4-row groups a thread, transposed in registers (fit lavapipe's 32 KiB).
+  { bm: 64, bn: 128, bk: 32, rm: 2, rn: 2, ci: true, v: true },
+  { bm: 64, bn: 64, bk: 16, rm: 2, rn: 2, v: true, db: true },
+  { bm: 64, bn: 64, bk: 32, rm: 2, rn: 2, ci: true, v: true },
 ];
 
 Deno.test(
@@ -86,6 +90,7 @@ const WH_TILES: GemmTile[] = [
   { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1, wh: true, db: true },
   { bm: 64, bn: 64, bk: 32, rm: 2, rn: 2, wh: true, ci: true },
   { bm: 128, bn: 64, bk: 16, rm: 2, rn: 1, wh: true, ci: true, db: true },
+  { bm: 128, bn: 128, bk: 32, rm: 2, rn: 2, wh: true, ci: true, v: true },
 ];
 
 Deno.test({
