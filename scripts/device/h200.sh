@@ -16,7 +16,8 @@
 #   prefill   time to first token of 512- and 2048-token prompts (f16, q4; GEMM math f32 and f16), the GEMM
 #             microbenchmark at M = 512 against the FP32 FMA ceiling (default tiles)
 #   gemm      (not in the default list) the GEMM tile sweep at M = 512 (f16, q4: every tile flag and thread
-#             tile, a `best` line per shape), then the prefill with the ci tiles and early submit A/B'd
+#             tile, a `best` line per shape), the large tile with parts of its k loop left out
+#             (gemm_parts.ts), then the prefill with the tiles before and early submit A/B'd
 #   moe       Qwen3-30B-A3B and DeepSeek-V2-Lite shapes at full depth (random weights made on the GPU), f16
 #             and q4, then transformers on the same shapes
 # With BEFORE=DIR (another checkout), `decode` also alternates DIR's code and this one's on one checkpoint.
@@ -92,9 +93,11 @@ part_prefill() {
 
 part_gemm() {
   deno run -A scripts/bench/gemm.ts --ceiling 67 --weights f16,q4 2>&1 | grep -E "^\{|rror"
-  log "prefill: default tiles and ci tiles, early submit on and off"
+  log "where the large tile's time goes"
+  deno run -A scripts/bench/gemm_parts.ts --weights f16 2>&1 | grep -E "^\{|rror"
+  log "prefill: default tiles, the tiles before (with their wave), early submit on and off"
   deno run -A scripts/bench/prefill.ts --dir /tmp/llama1b --weights f16,q4 --prompts 512,2048 --runs 3 \
-    --gemm default,128x128k8r22c/64x64k16r11c --early on,off 2>&1 | grep -E "^\{|rror"
+    --gemm default,128x128k8r22c/64x64k16r11c/264 --early on,off 2>&1 | grep -E "^\{|rror"
 }
 
 part_moe() {
