@@ -25,6 +25,9 @@ import {
 import type { AttentionDims } from "./attention.ts";
 import { STEP_WGSL } from "./step.ts";
 
+/** The 4 components of a vec4, for writing a transposing store out (constant indices: docs/KERNELS.md, GEMM). */
+const range4 = [0, 1, 2, 3];
+
 export interface FlashTile {
   /** Queries per workgroup (a multiple of 4). */
   bq: number;
@@ -122,7 +125,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let d4 = u % H4;
     let t = min(q0 + r, T - 1u);
     let v = select(vec4<f32>(0.0), qkv[t * row4 + h * H4 + d4], q0 + r < T);
-    for (var c = 0u; c < 4u; c++) { qs[(4u * d4 + c) * ${QG}u + r / 4u][r % 4u] = v[c]; }
+    ${range4.map((c) => `qs[(4u * d4 + ${c}u) * ${QG}u + r / 4u][r % 4u] = v[${c}];`).join(" ")}
   }
   var m = vec4<f32>(-3.0e38);
   var l = vec4<f32>(0.0);
@@ -140,10 +143,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       let v = select(vec4<f32>(0.0), ${
     w.read(4, "kc[(cache0 + min(key, nkeys - 1u)) * H4 + d4]")
   }, key < nkeys);
-      for (var c = 0u; c < 4u; c++) {
-        let e = (4u * d4 + c) * ${BKV}u + j;
-        kv[e / 4u][e % 4u] = v[c];
-      }
+      ${
+    range4.map((c) =>
+      `kv[((4u * d4 + ${c}u) * ${BKV}u + j) / 4u][((4u * d4 + ${c}u) * ${BKV}u + j) % 4u] = v[${c}];`
+    ).join("\n      ")
+  }
     }
     workgroupBarrier();
     ${Array.from({ length: KPL }, (_, c) => `var s${c} = vec4<f32>(0.0);`).join("\n    ")}
@@ -407,7 +411,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let r = u % ${BQ}u;
     let d4 = u / ${BQ}u;
     let v = select(vec4<f32>(0.0), qkv[min(q0 + r, T - 1u) * row4 + h * H4 + d4], q0 + r < T) * qscale;
-    for (var c = 0u; c < 4u; c++) { qs[(4u * d4 + c) * ${QG}u + r / 4u][r % 4u] = v[c]; }
+    ${range4.map((c) => `qs[(4u * d4 + ${c}u) * ${QG}u + r / 4u][r % 4u] = v[${c}];`).join(" ")}
   }
   var m = vec4<f32>(-3.0e38);
   var l = vec4<f32>(0.0);
