@@ -7,7 +7,9 @@
 //     stages W as f16; docs/KERNELS.md has the arithmetic of each);
 //   - each step stages a BK-wide slice of x (BM rows) and of W (BN rows) in workgroup memory, k-major
 //     (xs[k][m], ws[k][n]) so a thread's fragments are vec4 reads; f16 / q8 / q4 weights are decoded to
-//     f32 as they are staged;
+//     f32 as they are staged. The transposing stores are written out with constant component indices (as a
+//     WGSL loop over a vec4's components they cost the H200 40% of the kernel), or with GemmTile's `v` are
+//     4 x 4 blocks transposed in registers and stored as vec4s;
 //   - the next slice's global loads are issued before the current slice is multiplied (register
 //     prefetch), and decoded only when stored, so their latency hides behind the FMAs.
 // A thread's rows are m = 4 (i TY + ty) + 0..3 (i < RM) and its columns n = 4 (j TX + tx) + 0..3, strided
@@ -69,8 +71,8 @@ export interface GemmTile {
   ci?: boolean;
   /**
    * Vector stores: each thread's loads of a slice are whole groups of 4 rows at one k quad (4 rows x 4 k),
-   * transposed in registers and stored as 4 vec4s (k-major, one vec4 a k) instead of 16 scalars at dynamic
-   * vec4 components. Needs bm / 4 and bn / 4 multiples of 8, bk / 4 a multiple of 4 and the slice's vec4
+   * transposed in registers and stored as 4 vec4s (k-major, one vec4 a k) instead of 16 scalars into
+   * components of 4 k rows' vec4s. Needs bm / 4 and bn / 4 multiples of 8, bk / 4 a multiple of 4 and the slice's vec4
    * loads a multiple of 4 per thread (e.g. 128x128k32r22, 64x64k64r11). Default false.
    */
   v?: boolean;
@@ -290,10 +292,10 @@ function threadPlace(TX: number, TY: number): string {
 
 const range4 = [0, 1, 2, 3];
 
-/** The WGSL of one GEMM variant. */
 /** gemmSource, generated once per (weights, transform, tile). */
 const gemmSources = memoSource(gemmSource);
 
+/** The WGSL of one GEMM variant. */
 export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: GemmTile): string {
   const { bm, bn, bk, rm, rn } = t;
   const h = t.f16 === true;
