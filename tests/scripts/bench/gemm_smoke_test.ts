@@ -31,7 +31,8 @@ Deno.test(
       "64x64k16r22cv",
     ]);
     assert.equal(lines.filter((l) => l.best).length, 1);
-    for (const l of lines.filter((l) => !l.best)) assert.ok((l.tflops as number) > 0, JSON.stringify(l));
+    // A time for each case (its TFLOP/s round to 0 on a software adapter).
+    for (const l of lines.filter((l) => !l.best)) assert.ok((l.us as number) > 0, JSON.stringify(l));
   },
 );
 
