@@ -24,7 +24,6 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
-  type KernelTuning,
   memoSource,
   pipeline,
   storageBuffer,
@@ -118,7 +117,7 @@ export interface GemmDims {
   xRow0?: number;
   weights: WeightType | QuantType;
   transform?: GemmTransform;
-  /** Tile shape; default gemmDefaultTile(T, N). */
+  /** Tile shape; default gemmDefaultTile(gpu, T, N, K). */
   tile?: GemmTile;
   /** Workgroups along K, their sums added by a second dispatch; default gemmDefaultSplit. */
   splitK?: number;
@@ -200,16 +199,11 @@ const LARGE_FALLBACK: GemmTile = { bm: 128, bn: 128, bk: 8, rm: 2, rn: 2, ci: tr
  * tile where its workgroups (tiles x its default split K) make a wave, else the small one, which split K
  * then fills further. A default that needs more workgroup memory than the device has falls back.
  */
-export function gemmDefaultTile(
-  T: number,
-  N: number,
-  K: number,
-  tuning: KernelTuning = {},
-  maxStorage = 49152,
-): GemmTile {
+export function gemmDefaultTile(gpu: Gpu, T: number, N: number, K: number): GemmTile {
+  const { tuning } = gpu;
   const wave = tuning.gemmWave ?? WAVE;
   let large = tuning.gemmLarge ?? LARGE;
-  if (tuning.gemmLarge === undefined && tileBytes(large) > maxStorage) large = LARGE_FALLBACK;
+  if (tuning.gemmLarge === undefined && tileBytes(large) > gpu.maxWorkgroupStorage) large = LARGE_FALLBACK;
   const tiles = ceilDiv(T, large.bm) * ceilDiv(N, large.bn);
   if (tiles * gemmDefaultSplit(T, N, K, large, wave) >= wave) return large;
   return tuning.gemmSmall ?? SMALL;
@@ -544,7 +538,7 @@ export function gemmCalls(
   if (!(Number.isInteger(d.T) && d.T >= 1 && Number.isInteger(d.N) && d.N >= 1)) {
     throw new RangeError(`GEMM of T = ${d.T} rows and N = ${d.N} columns`);
   }
-  const def = gemmDefaultTile(d.T, d.N, d.K, gpu.tuning, gpu.maxWorkgroupStorage);
+  const def = gemmDefaultTile(gpu, d.T, d.N, d.K);
   // A tuned default's f16 / wh flags apply where they keep the default exact enough (as SWACTOR_GEMM_MATH).
   const tile = d.tile ?? {
     ...def,

@@ -48,6 +48,27 @@ export async function gpuMs(gpu: Gpu, calls: readonly KernelCall[], repeat: numb
 }
 
 /**
+ * GPU ms per pass of `calls` as a microbenchmark takes it (scripts/bench/gemm.ts, gemm_parts.ts): compiled and
+ * estimated, repeated so one timing lasts about `targetMs`, ~`warmMs` of such timings first (the H200 idles at
+ * 345 MHz and lowers its clocks while the host is busy; no warm-up on a software adapter), then the best of
+ * three.
+ */
+export async function settledGpuMs(
+  gpu: Gpu,
+  calls: readonly KernelCall[],
+  targetMs = 25,
+  warmMs = 300,
+): Promise<number> {
+  await gpuMs(gpu, calls, 3); // compiles
+  const est = await gpuMs(gpu, calls, 3);
+  const repeat = Math.max(3, Math.min(200, Math.round(targetMs / Math.max(est, 0.01))));
+  for (let spent = 0; spent < warmMs && !gpu.isSoftware;) spent += await gpuMs(gpu, calls, repeat) * repeat;
+  let best = Infinity;
+  for (let i = 0; i < 3; i++) best = Math.min(best, await gpuMs(gpu, calls, repeat));
+  return best;
+}
+
+/**
  * GPU ms of each call inside the real sequence: `calls` run `repeat` times in order, each dispatch in its
  * own pass between two timestamps, so every call sees the caches and clocks the sequence leaves it (a
  * call timed alone and repeated would find its weights in L2). Returns the mean ms of each call.

@@ -23,7 +23,7 @@ import {
   parseGemmTile,
   storageBuffer,
 } from "../../kernels/mod.ts";
-import { gpuMs } from "../../kernels/timer.ts";
+import { settledGpuMs } from "../../kernels/timer.ts";
 import { randomF32, randomWeightBytes } from "./random_data.ts";
 
 const { values } = scriptArgs(import.meta.url, (args) =>
@@ -131,7 +131,7 @@ for (const wt of values.weights!.split(",")) {
     const w = storageBuffer(gpu, wb.length, "w");
     gpu.device.queue.writeBuffer(w, 0, wb);
     const y = storageBuffer(gpu, M * N * 4, "y");
-    const def = gemmDefaultTile(M, N, K, gpu.tuning, gpu.maxWorkgroupStorage);
+    const def = gemmDefaultTile(gpu, M, N, K);
     const grid = listed ?? (values.tiles === "all" ? GRID : []);
     const tiles = [def, ...grid.filter((t) => tag(t) !== tag(def))];
     const cases: { tile: string; split: number; tflops: number; default: boolean }[] = [];
@@ -152,16 +152,8 @@ for (const wt of values.weights!.split(",")) {
       for (const splitK of splits) {
         const calls = gemmCalls(gpu, { x, w, y }, { K, N, T: M, weights: wt as "f16", tile, splitK });
         const flop = 2 * M * N * K;
-        await gpuMs(gpu, calls, 3); // compile + warm-up
-        const est = await gpuMs(gpu, calls, 3);
-        const repeat = Math.max(3, Math.min(200, Math.round(25 / Math.max(est, 0.01))));
-        // The H200 drops its clocks while the host fills a shape's buffers (it idles at 345 MHz): ~0.3 s of
-        // this case first, then the best of three timings.
-        for (let spent = 0; spent < 300 && !gpu.isSoftware;) {
-          spent += await gpuMs(gpu, calls, repeat) * repeat;
-        }
-        let ms = Infinity;
-        for (let i = 0; i < 3; i++) ms = Math.min(ms, await gpuMs(gpu, calls, repeat));
+        // Warmed up (the H200 lowers its clocks while the host fills a shape's buffers), the best of three.
+        const ms = await settledGpuMs(gpu, calls);
         const tflops = flop / (ms / 1e3) / 1e12;
         cases.push({ tile: tag(tile), split: splitK, tflops, default: isDef && splitK === auto });
         console.log(JSON.stringify({

@@ -26,7 +26,7 @@ import {
   storageBuffer,
   uniformBuffer,
 } from "../../kernels/mod.ts";
-import { gpuMs } from "../../kernels/timer.ts";
+import { settledGpuMs } from "../../kernels/timer.ts";
 import { randomF32, randomWeightBytes } from "./random_data.ts";
 
 const { values } = scriptArgs(import.meta.url, (args) =>
@@ -147,13 +147,7 @@ const flop = 2 * M * N * K;
 const rows: string[] = [];
 for (const [name, code] of Object.entries(variants)) {
   const call = kernelCall(gpu, pipeline(gpu, code), [params, x, w, y], [N / tile.bn, M / tile.bm, 1], name);
-  await gpuMs(gpu, [call], 3);
-  const est = await gpuMs(gpu, [call], 3);
-  const repeat = Math.max(3, Math.min(200, Math.round(50 / Math.max(est, 0.01))));
-  // ~0.3 s of the variant first (the H200 lowers its clocks while the host is busy), then the best of three.
-  for (let spent = 0; spent < 300 && !gpu.isSoftware;) spent += await gpuMs(gpu, [call], repeat) * repeat;
-  let best = Infinity;
-  for (let i = 0; i < 3; i++) best = Math.min(best, await gpuMs(gpu, [call], repeat));
+  const best = await settledGpuMs(gpu, [call], 50);
   const tflops = flop / (best / 1e3) / 1e12;
   console.log(JSON.stringify({
     bench: "swactor-gemm-parts",
