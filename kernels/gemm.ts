@@ -116,6 +116,18 @@ export interface GemmDims {
   /** First row of x to read. Default 0. */
   xRow0?: number;
   weights: WeightType | QuantType;
+  /**
+   * x is stored as f16 (rows of K halves, 4 a vec2<u32>): half the bytes and load registers of f32 rows;
+   * staged and multiplied as the tile says. Default false (f32 rows).
+   */
+  xHalf?: boolean;
+  /** Write y as f16 (rows of N halves; needs shader-f16): the input of a GEMM reading xHalf. Default false. */
+  yHalf?: boolean;
+  /**
+   * false: the default tiles multiply in f32 even where gemmF16Math would have them multiply in f16 (a model
+   * whose MoE routing turns f16's roundings into other experts: BlockContext.gemmF16). Default true.
+   */
+  f16Math?: boolean;
   transform?: GemmTransform;
   /** Tile shape; default gemmDefaultTile(gpu, T, N, K). */
   tile?: GemmTile;
@@ -210,12 +222,27 @@ export function gemmDefaultTile(gpu: Gpu, T: number, N: number, K: number): Gemm
 }
 
 /**
- * Whether the default tiles multiply in f16: with SWACTOR_GEMM_MATH=f16 (read when a call is built, so a
- * benchmark can compare both in one process) for f16 / q8 / q4 weights on an adapter with shader-f16;
- * f32 weights (the exact path) always multiply in f32.
+ * Whether the default tiles multiply in f16 (x and the decoded weights rounded to f16 as they are staged,
+ * each slice's products summed in f16, then in f32: docs/KERNELS.md "Arithmetic"): the default for f16 / q8 /
+ * q4 weights on an adapter with shader-f16 (H200 prefill +8%; those weights round at least as much);
+ * f32 weights (the exact path) always multiply in f32. SWACTOR_GEMM_MATH=f32 keeps f32 multiplies for every
+ * weight type (read when a call is built, so a benchmark can compare both in one process).
  */
 export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
-  return gpu.hasF16 && wt !== "f32" && Deno.env.get("SWACTOR_GEMM_MATH") === "f16";
+  const env = Deno.env.get("SWACTOR_GEMM_MATH") ?? "";
+  if (env !== "" && env !== "f16" && env !== "f32") {
+    throw new TypeError(`SWACTOR_GEMM_MATH must be f16 or f32, got "${env}"`);
+  }
+  return gpu.hasF16 && wt !== "f32" && env !== "f32";
+}
+
+/**
+ * Whether a prefill GEMM of this K and weight type reads its input as f16 (GemmDims.xHalf), so the kernel
+ * before it (the RMSNorm) writes f16: where it multiplies in f16, which rounds x to f16 as it stages it
+ * anyway, so the f16 input costs no accuracy and halves x's loads (H200: the GEMM +6-11%).
+ */
+export function gemmHalfInput(gpu: Gpu, K: number, wt: WeightType | QuantType, f16Math = true): boolean {
+  return f16Math && gemmFits(K, wt) && gemmF16Math(gpu, wt);
 }
 
 /** Whether W may be staged as f16 with f32 math (the `wh` tile flag): exact for f16 and q4 weights. */
@@ -290,7 +317,13 @@ const range4 = [0, 1, 2, 3];
 const gemmSources = memoSource(gemmSource);
 
 /** The WGSL of one GEMM variant. */
-export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: GemmTile): string {
+export function gemmSource(
+  wt: WeightType | QuantType,
+  f: GemmTransform,
+  t: GemmTile,
+  xh = false,
+  yh = false,
+): string {
   const { bm, bn, bk, rm, rn } = t;
   const h = t.f16 === true;
   const db = t.db === true;
@@ -305,6 +338,10 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
   const LA = (bm * KQ) / TH; // x vec4 loads per thread per slice
   const LW = (bn * KQ) / TH; // W vec4 loads per thread per slice
   const w = weightCode(wt);
+  // x as stored: vec4<f32>, or (xh) 4 halves in a vec2<u32>, held raw until staged (silu_mul: decoded at once).
+  const xVec = (e: string) => (xh ? `vec4<f32>(unpack2x16float(${e}.x), unpack2x16float(${e}.y))` : e);
+  const XR = xh && f !== "silu_mul" ? "vec2<u32>" : "vec4<f32>";
+  const xValue = (i: number) => (XR === "vec4<f32>" ? `xr${i}` : xVec(`xr${i}`));
   // Padding of the k-major slices by one vec4 per k row spreads the transposed stores over the banks.
   const SA = bm / 4 + 1, SW = bn / 4 + 1;
   const lines: string[] = [];
@@ -333,10 +370,10 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
       let kk = min(k, p.K - 4u) / 4u;
       ${
       f === "silu_mul"
-        ? `let g = x[row * p.ldx + kk];
-      let up = x[row * p.ldx + p.K / 4u + kk];
+        ? `let g = ${xVec("x[row * p.ldx + kk]")};
+      let up = ${xVec("x[row * p.ldx + p.K / 4u + kk]")};
       xr${i} = select(vec4<f32>(0.0), g / (vec4<f32>(1.0) + exp(-g)) * up, ok);`
-        : `xr${i} = select(vec4<f32>(0.0), x[row * p.ldx + kk], ok);`
+        : `xr${i} = select(${XR}(${xh ? "0u" : "0.0"}), x[row * p.ldx + kk], ok);`
     }
     }`;
   };
@@ -370,7 +407,7 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
         stores.push(`{\n      ${group(g)}\n      ${v}\n      ${st}\n    }`);
       }
     };
-    groupStores(LA, xAt, S, (i) => `xr${i}`);
+    groupStores(LA, xAt, S, xValue);
     groupStores(LW, wAt, SW_T, decoded);
   } else {
     // One vec4 of 4 k for one row: 4 scalar stores, one a k row, the component indices written out.
@@ -387,7 +424,7 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
     }`);
       }
     };
-    rowStores(LA, "m", xAt, S, (i) => `xr${i}`);
+    rowStores(LA, "m", xAt, S, xValue);
     rowStores(LW, "n", wAt, SW_T, decoded);
   }
   const fma: string[] = [];
@@ -473,12 +510,12 @@ export function gemmSource(wt: WeightType | QuantType, f: GemmTransform, t: Gemm
     rb = 1u - rb;
     if (!more) { break; }
   }`;
-  L(`${h || t.wh ? "enable f16;" : ""}
+  L(`${h || t.wh || yh ? "enable f16;" : ""}
 struct P { K: u32, N: u32, T: u32, acc: u32, x_row0: u32, soff: u32, ldx: u32, kc: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> x: array<${xh ? "vec2<u32>" : "vec4<f32>"}>;
 @group(0) @binding(2) var<storage, read> W: ${w.decl};
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<${yh ? "f16" : "f32"}>;
 ${
     ci
       ? `var<workgroup> xs: array<array<array<vec4<${S}>, ${bk * rm + 1}>, ${TY}>, ${nb}>;
@@ -493,8 +530,8 @@ fn store(m: u32, n: u32, ybase: u32, v: vec4<f32>) {
     if (n + c < p.N) {
       let o = ybase + m * p.N + n + c;
       var prev = 0.0;
-      if (p.acc != 0u) { prev = y[o]; }
-      y[o] = prev + v[c];
+      if (p.acc != 0u) { prev = f32(y[o]); }
+      y[o] = ${yh ? "f16" : ""}(prev + v[c]);
     }
   }
 }
@@ -504,7 +541,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let n0 = wg.x * ${bn}u;
   let m0 = wg.y * ${bm}u;
   ${accDecl.join("\n  ")}
-  ${Array.from({ length: LA }, (_, i) => `var xr${i}: vec4<f32>;`).join("\n  ")}
+  ${Array.from({ length: LA }, (_, i) => `var xr${i}: ${XR};`).join("\n  ")}
   ${Array.from({ length: LW }, (_, i) => `var wr${i}: ${w.raw};\n  var wok${i}: bool;`).join("\n  ")}
   // Split K: workgroup z sums k in [z kc, (z + 1) kc) into its own slice of y (a reduce adds them).
   var k0 = wg.z * p.kc;
@@ -542,7 +579,7 @@ export function gemmCalls(
   // A tuned default's f16 / wh flags apply where they keep the default exact enough (as SWACTOR_GEMM_MATH).
   const tile = d.tile ?? {
     ...def,
-    f16: gemmF16Math(gpu, wt) || (def.f16 === true && gpu.hasF16 && wt !== "f32"),
+    f16: d.f16Math !== false && (gemmF16Math(gpu, wt) || (def.f16 === true && gpu.hasF16 && wt !== "f32")),
     wh: def.wh === true && gemmWhFits(gpu, wt),
   };
   checkGemmTile(tile, gpu.maxWorkgroupStorage);
@@ -563,10 +600,17 @@ export function gemmCalls(
   const soff = isQuant(wt) ? quantScaleWord(d.N, d.K, wt) : 0;
   const ldx = (f === "silu_mul" ? 2 * d.K : d.K) / 4;
   const split = splits > 1;
+  const yh = d.yHalf === true;
+  if (yh && !gpu.hasF16) throw new RangeError(`an f16 GEMM output needs shader-f16 (${gpu.adapterName})`);
   const acc = d.accumulate && !split ? 1 : 0;
   const params = uniformBuffer(gpu, [d.K, d.N, d.T, acc, d.xRow0 ?? 0, soff, ldx, kc]);
   const out = split ? splitScratch(gpu, splits * d.T * d.N * 4) : bufs.y;
-  const gemm = kernelCall(gpu, pipeline(gpu, gemmSources(wt, f, tile)), [params, bufs.x, bufs.w, out], [
+  const gemm = kernelCall(gpu, pipeline(gpu, gemmSources(wt, f, tile, d.xHalf === true, yh && !split)), [
+    params,
+    bufs.x,
+    bufs.w,
+    out,
+  ], [
     ceilDiv(d.N, tile.bn),
     ceilDiv(d.T, tile.bm),
     ceilDiv(d.K, kc),
@@ -576,7 +620,7 @@ export function gemmCalls(
   const rp = uniformBuffer(gpu, [n, ceilDiv(d.K, kc), d.accumulate ? 1 : 0]);
   return [
     gemm,
-    kernelCall(gpu, pipeline(gpu, REDUCE), [rp, out, bufs.y], [
+    kernelCall(gpu, pipeline(gpu, reduceSource(yh)), [rp, out, bufs.y], [
       Math.min(ceilDiv(n, 256), 65535),
       ceilDiv(n, 256 * 65535),
     ], "gemm_reduce"),
@@ -603,19 +647,22 @@ export function gemmDefaultSplit(T: number, N: number, K: number, tile: GemmTile
   return s;
 }
 
-const REDUCE = `
+/** The split-K reduce: y (+)= the splits' partial sums, y f32 or (yh) f16. */
+function reduceSource(yh: boolean): string {
+  return `${yh ? "enable f16;" : ""}
 struct P { n: u32, splits: u32, acc: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> part: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<${yh ? "f16" : "f32"}>;
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   let i = g.y * 65535u * 256u + g.x;
   if (i >= p.n) { return; }
-  var s = select(0.0, y[i], p.acc != 0u);
+  var s = select(0.0, f32(y[i]), p.acc != 0u);
   for (var z = 0u; z < p.splits; z++) { s += part[z * p.n + i]; }
-  y[i] = s;
+  y[i] = ${yh ? "f16" : ""}(s);
 }`;
+}
 
 /**
  * The split-K partial sums' scratch, one per device, grown as needed and shared by every call: dispatches
@@ -670,5 +717,11 @@ export function prefillLinearCalls(
   bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
   d: Omit<GemmDims, "tile" | "splitK">,
 ): KernelCall[] {
-  return gemmFits(d.K, d.weights) ? gemmCalls(gpu, bufs, d) : [matmulCall(gpu, bufs, d)];
+  if (gemmFits(d.K, d.weights)) return gemmCalls(gpu, bufs, d);
+  if (d.xHalf || d.yHalf) {
+    throw new RangeError(
+      `f16 inputs and outputs take the GEMM, which does not take K = ${d.K} (${d.weights})`,
+    );
+  }
+  return [matmulCall(gpu, bufs, d)];
 }

@@ -1,5 +1,6 @@
 // RMSNorm as Llama computes it (in f32): y = x / sqrt(mean(x^2) + eps) * w, one workgroup per row.
-// `srcRow0` lets the head normalise only the last row of a prefill chunk.
+// `srcRow0` lets the head normalise only the last row of a prefill chunk; `half` writes y as f16 (the
+// input of a prefill GEMM that multiplies in f16: kernels/gemm.ts gemmHalfInput).
 import {
   type Gpu,
   type KernelCall,
@@ -10,14 +11,14 @@ import {
   weightType,
 } from "./gpu.ts";
 
-function source(wt: WeightType): string {
+function source(wt: WeightType, half: boolean): string {
   const w = weightType(wt);
-  return `${w.enable}
+  return `${half || wt === "f16" ? "enable f16;" : ""}
 struct P { H: u32, eps: f32, src_row0: u32, rows: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<${w.type}>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<${half ? "f16" : "f32"}>;
 var<workgroup> red: array<f32, 256>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -33,16 +34,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     workgroupBarrier();
   }
   let inv = inverseSqrt(red[0] / f32(p.H) + p.eps);
-  for (var i = tid; i < p.H; i += 256u) { y[r * p.H + i] = x[src + i] * inv * f32(w[i]); }
+  for (var i = tid; i < p.H; i += 256u) { y[r * p.H + i] = ${
+    half ? "f16" : ""
+  }(x[src + i] * inv * f32(w[i])); }
 }`;
 }
 
 export function rmsnormCall(
   gpu: Gpu,
   bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
-  dims: { hidden: number; rows: number; eps: number; srcRow0?: number; weights: WeightType },
+  dims: { hidden: number; rows: number; eps: number; srcRow0?: number; weights: WeightType; half?: boolean },
 ): KernelCall {
-  const pipe = pipeline(gpu, source(dims.weights));
+  if (dims.half && !gpu.hasF16) {
+    throw new RangeError(`an f16 RMSNorm output needs shader-f16 (${gpu.adapterName})`);
+  }
+  const pipe = pipeline(gpu, source(dims.weights, dims.half === true));
   const params = uniformBuffer(gpu, [dims.hidden, dims.eps, dims.srcRow0 ?? 0, dims.rows], [1]);
   return kernelCall(gpu, pipe, [params, bufs.x, bufs.w, bufs.y], [dims.rows], "rmsnorm");
 }

@@ -8,7 +8,8 @@
 // One JSON line per case, then one `best` line per (weights, shape): the fastest case and the default's.
 // --tiles: all (the grid below), default (the defaults only) or a comma list of tags (e.g. 128x128k8r22c).
 //   deno run -A scripts/bench/gemm.ts [--probe] [--quick] [--ceiling 67] [--weights f16,q4]
-//     [--tiles all|default|TAG,...] [--m 512,2048]
+//     [--tiles all|default|TAG,...] [--m 512,2048] [--x f32,f16]
+// --x: how x is stored (f16: GemmDims.xHalf, 4 halves a vec2<u32>), a case each.
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
@@ -36,6 +37,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       weights: { type: "string", default: "f16,q8,q4" },
       tiles: { type: "string", default: "all" },
       m: { type: "string", default: "512" },
+      x: { type: "string", default: "f32" },
     },
   }));
 
@@ -118,6 +120,9 @@ const GRID: GemmTile[] = [
   "64x64k16r11hc",
 ].map(parseGemmTile);
 
+const xTypes = values.x!.split(",");
+for (const t of xTypes) if (t !== "f32" && t !== "f16") throw new TypeError(`--x takes f32 or f16, got ${t}`);
+if (xTypes.includes("f16") && !gpu.hasF16) throw new TypeError("--x f16 needs shader-f16");
 const listed = values.tiles === "all" || values.tiles === "default"
   ? undefined
   : values.tiles!.split(",").map(parseGemmTile);
@@ -125,8 +130,11 @@ for (const wt of values.weights!.split(",")) {
   if (wt === "f16" && !gpu.hasF16) continue;
   for (const { M, K, N } of shapes) {
     // Random operands: on zero buffers some tiles ran 3x slower (scripts/bench/random_data.ts).
-    const x = storageBuffer(gpu, M * K * 4, "x");
-    gpu.device.queue.writeBuffer(x, 0, randomF32(M * K));
+    const xs = new Map(xTypes.map((t) => {
+      const b = storageBuffer(gpu, M * K * 4, `x ${t}`);
+      gpu.device.queue.writeBuffer(b, 0, t === "f16" ? randomWeightBytes("f16", M, K) : randomF32(M * K));
+      return [t, b];
+    }));
     const wb = randomWeightBytes(wt as "f16", N, K);
     const w = storageBuffer(gpu, wb.length, "w");
     gpu.device.queue.writeBuffer(w, 0, wb);
@@ -134,40 +142,53 @@ for (const wt of values.weights!.split(",")) {
     const def = gemmDefaultTile(gpu, M, N, K);
     const grid = listed ?? (values.tiles === "all" ? GRID : []);
     const tiles = [def, ...grid.filter((t) => tag(t) !== tag(def))];
-    const cases: { tile: string; split: number; tflops: number; default: boolean }[] = [];
-    for (const tile of tiles) {
-      if ((tile.f16 || tile.wh) && !gpu.hasF16) continue;
-      if (tile.wh && !tile.f16 && !gemmWhFits(gpu, wt as "f16")) continue; // it would round these weights
-      try {
-        checkGemmTile(tile, gpu.maxWorkgroupStorage);
-      } catch {
-        continue;
-      }
-      // Split K: the default, and no split (for the default tile also 2 and 4) where the default splits.
-      const auto = gemmDefaultSplit(M, N, K, tile, gpu.tuning.gemmWave);
-      const isDef = tag(tile) === tag(def);
-      const splits = [
-        ...new Set([auto, ...(auto > 1 || isDef ? [1] : []), ...(isDef && wt === "f16" ? [2, 4] : [])]),
-      ];
-      for (const splitK of splits) {
-        const calls = gemmCalls(gpu, { x, w, y }, { K, N, T: M, weights: wt as "f16", tile, splitK });
-        const flop = 2 * M * N * K;
-        // Warmed up (the H200 lowers its clocks while the host fills a shape's buffers), the best of three.
-        const ms = await settledGpuMs(gpu, calls);
-        const tflops = flop / (ms / 1e3) / 1e12;
-        cases.push({ tile: tag(tile), split: splitK, tflops, default: isDef && splitK === auto });
-        console.log(JSON.stringify({
-          wt,
-          M,
-          K,
-          N,
-          tile: tag(tile),
-          split: splitK,
-          default: isDef && splitK === auto,
-          us: +(ms * 1e3).toFixed(1),
-          tflops: +tflops.toFixed(2),
-          ofCeiling: +(tflops / ceiling).toFixed(3),
-        }));
+    const cases: { tile: string; x: string; split: number; tflops: number; default: boolean }[] = [];
+    for (const [xType, x] of xs) {
+      for (const tile of tiles) {
+        if ((tile.f16 || tile.wh) && !gpu.hasF16) continue;
+        if (tile.wh && !tile.f16 && !gemmWhFits(gpu, wt as "f16")) continue; // it would round these weights
+        try {
+          checkGemmTile(tile, gpu.maxWorkgroupStorage);
+        } catch {
+          continue;
+        }
+        // Split K: the default, and no split (for the default tile also 2 and 4) where the default splits.
+        const auto = gemmDefaultSplit(M, N, K, tile, gpu.tuning.gemmWave);
+        const isDef = tag(tile) === tag(def);
+        const splits = [
+          ...new Set([auto, ...(auto > 1 || isDef ? [1] : []), ...(isDef && wt === "f16" ? [2, 4] : [])]),
+        ];
+        for (const splitK of splits) {
+          const xHalf = xType === "f16";
+          const calls = gemmCalls(gpu, { x, w, y }, {
+            K,
+            N,
+            T: M,
+            weights: wt as "f16",
+            tile,
+            splitK,
+            xHalf,
+          });
+          const flop = 2 * M * N * K;
+          // Warmed up (the H200 lowers its clocks while the host fills a shape's buffers), the best of three.
+          const ms = await settledGpuMs(gpu, calls);
+          const tflops = flop / (ms / 1e3) / 1e12;
+          const isDefault = isDef && splitK === auto && xType === xTypes[0];
+          cases.push({ tile: tag(tile), x: xType, split: splitK, tflops, default: isDefault });
+          console.log(JSON.stringify({
+            wt,
+            x: xType,
+            M,
+            K,
+            N,
+            tile: tag(tile),
+            split: splitK,
+            default: isDefault,
+            us: +(ms * 1e3).toFixed(1),
+            tflops: +tflops.toFixed(2),
+            ofCeiling: +(tflops / ceiling).toFixed(3),
+          }));
+        }
       }
     }
     const best = cases.reduce((a, b) => (b.tflops > a.tflops ? b : a));
@@ -179,6 +200,7 @@ for (const wt of values.weights!.split(",")) {
       K,
       N,
       tile: best.tile,
+      x: best.x,
       split: best.split,
       tflops: +best.tflops.toFixed(2),
       defaultTile: d.tile,
@@ -186,6 +208,6 @@ for (const wt of values.weights!.split(",")) {
       defaultTflops: +d.tflops.toFixed(2),
       gain: +(best.tflops / d.tflops).toFixed(3),
     }));
-    for (const b of [x, w, y]) b.destroy();
+    for (const b of [...xs.values(), w, y]) b.destroy();
   }
 }

@@ -6,13 +6,16 @@
 import {
   gemmCall,
   gemmCalls,
+  gemmDefaultTile,
   gemmFits,
   gemmRef,
   type GemmTile,
   gemmWhFits,
+  readBack,
   runCalls,
   uploadBuffer,
 } from "../../kernels/mod.ts";
+import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
@@ -47,7 +50,9 @@ Deno.test(
       for (const wt of ["f32", "f16", "q8", "q4"] as const) {
         if (!gemmFits(K, wt)) continue;
         for (const transform of ["none", "silu_mul"] as const) {
-          const tile = TILES[c++ % TILES.length];
+          // The default tile, multiplying in f32 (the default for f16 / q8 / q4 weights multiplies in f16,
+          // checked against its bound below).
+          const tile = TILES[c++ % TILES.length] ?? gemmDefaultTile(g, T, N, K);
           const accumulate = c % 2 === 0;
           const xRow0 = c % 3 === 0 ? 1 : 0;
           const width = transform === "silu_mul" ? 2 * K : K;
@@ -135,7 +140,64 @@ Deno.test({
   }
 });
 
-// f16 multiplies: x and the weights rounded to f16, each slice's bk = 16 products summed in f16. Bound
+// x stored as f16 (xHalf): the same sums over x rounded to f16, so the same 1e-4, on plain, vector-store and
+// double-buffered tiles, both transforms, split K and a first row; every other case also writes y as f16
+// (yHalf: the f32 result rounded, within one f16 step).
+Deno.test({
+  name: `GEMM reading x and writing y as f16 (xHalf, yHalf) matches the reference${
+    gpu?.hasF16 ? "" : " [ignored: no shader-f16]"
+  }`,
+  ignore: ignore || !gpu?.hasF16,
+}, async () => {
+  const g = gpu!;
+  const tiles = [undefined, TILES[8], TILES[6], TILES[11], TILES[13]];
+  let c = 300;
+  for (const [T, K, N] of [[1, 64, 5], [37, 100, 77], [65, 1056, 33]]) {
+    for (const wt of ["f32", "f16", "q4"] as const) {
+      if (!gemmFits(K, wt)) continue;
+      for (const transform of c % 2 === 0 ? ["none", "silu_mul"] as const : ["none"] as const) {
+        const tile = tiles[c++ % tiles.length] ?? gemmDefaultTile(g, T, N, K);
+        const xRow0 = c % 3 === 0 ? 1 : 0;
+        const width = transform === "silu_mul" ? 2 * K : K;
+        const xh = f32ToF16(randoms((T + xRow0) * width, c, 2));
+        const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
+        const yHalf = c % 2 === 1;
+        const y = upload(g, new Float32Array(T * N));
+        const splitK = c % 4 === 1 ? 2 : 1;
+        await runCalls(
+          g,
+          gemmCalls(g, { x: upload(g, xh), w: uploadBuffer(g, w.bytes), y }, {
+            K,
+            N,
+            T,
+            xRow0,
+            xHalf: true,
+            yHalf,
+            weights: wt,
+            transform,
+            tile,
+            splitK,
+          }),
+        );
+        const want = gemmRef(f16ToF32(xh), w.deq, { K, N, T, xRow0, transform });
+        const got = yHalf
+          ? f16ToF32(new Uint16Array(await readBack(g, y, Math.ceil(T * N / 2) * 4), 0, T * N))
+          : await readF32(g, y, T * N);
+        assertClose(
+          got,
+          yHalf ? want.map((v) => f16ToF32(f32ToF16(new Float32Array([v])))[0]) : want,
+          1e-4,
+          yHalf ? 2 ** -10 : 1e-4,
+          `xHalf${yHalf ? " yHalf" : ""} ${wt} ${transform} T${T} K${K} N${N} ${
+            JSON.stringify(tile)
+          } split ${splitK}`,
+        );
+      }
+    }
+  }
+});
+
+// f16 multiplies: x and the weights rounded to f16, each slice's bk products summed in f16. Bound
 // per element: (2 + bk) 2^-11 sum_k |x w| (the roundings and a bk-term f16 sum) + f32's share; a wrong
 // index or a lost slice is off by about sum |x w| / sqrt(K), far above it.
 Deno.test({
@@ -150,7 +212,9 @@ Deno.test({
     for (const wt of ["f16", "q8", "q4", "f32"] as const) {
       if (!gemmFits(K, wt)) continue;
       const transform = c % 2 === 0 ? "silu_mul" as const : "none" as const;
-      const tile: GemmTile = { ...TILES[1 + (c % 3)]!, f16: true };
+      // Every fourth case the default tile, which multiplies in f16 for these weights (f32: exact).
+      const tile: GemmTile | undefined = c % 4 === 0 ? undefined : { ...TILES[1 + (c % 3)]!, f16: true };
+      const bk = (tile ?? gemmDefaultTile(g, T, N, K)).bk;
       c++;
       const width = transform === "silu_mul" ? 2 * K : K;
       const x = randoms(T * width, c, 2);
@@ -180,7 +244,7 @@ Deno.test({
           let sum = 0;
           for (let k = 0; k < K; k++) sum += absIn[t * K + k] * Math.abs(w.deq[n * K + k]);
           const err = Math.abs(got[t * N + n] - want[t * N + n]);
-          const bound = 1e-4 + 18 * 2 ** -11 * sum;
+          const bound = 1e-4 + (2 + bk) * 2 ** -11 * sum;
           if (!(err <= bound)) {
             throw new Error(
               `f16 ${wt} ${transform} T${T} K${K} N${N} at (${t}, ${n}): |err| ${err} > ${bound}`,

@@ -26,6 +26,7 @@ import {
   writeStep,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 as f32ToF16Bits } from "../../models/dtype.ts";
+import { readBack } from "../../kernels/mod.ts";
 import { assertClose, gpuOrSkip, randoms, readF32, readU32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
@@ -72,6 +73,35 @@ Deno.test({ name: "rmsnorm matches reference (f32 and f16 weights)", ignore }, a
     }
   }
 });
+
+Deno.test({
+  name: `rmsnorm writes f16 (half) as the f32 result rounded${g16()}`,
+  ignore: ignore || !gpu?.hasF16,
+}, async () => {
+  const g = gpu!;
+  for (const [rows, H] of [[3, 4], [2, 260], [1, 2048]]) {
+    const x = randoms(rows * H, H, 3);
+    const w = randoms(H, H + 1);
+    const y = storageBuffer(g, Math.ceil((rows * H) / 2) * 4);
+    await runCalls(g, [
+      rmsnormCall(g, { x: upload(g, x), w: upload(g, w), y }, {
+        hidden: H,
+        rows,
+        eps: 1e-5,
+        weights: "f32",
+        half: true,
+      }),
+    ]);
+    const got = f16ToF32(new Uint16Array(await readBack(g, y, rows * H * 2)));
+    const want = rmsnormRef(x, w, H, 1e-5).map(f16Round);
+    // One f16 step of either rounding (the GPU's f32 sum differs from the f64 reference in the last bits).
+    assertClose(got, want, 1e-6, 2 ** -10, `rmsnorm half ${rows}x${H}`);
+  }
+});
+
+function g16(): string {
+  return gpu?.hasF16 ? "" : " [ignored: no shader-f16]";
+}
 
 function f16Round(v: number): number {
   return f16ToF32(f32ToF16Bits(new Float32Array([v])))[0];
