@@ -175,6 +175,11 @@ export interface KernelTuning {
    */
   prefillEarlySubmit?: boolean;
   /**
+   * Layers built before that first early submit (default 1; later submits come every 4 layers): fewer start
+   * the GPU sooner for one more submit. Read per prefill.
+   */
+  prefillEarlyFirst?: number;
+  /**
    * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where its tiles times its split K
    * make a wave (`gemmWave` workgroups, default 256), else `gemmSmall` (defaults 128x128k32r22cv and
    * 64x64k16r11c); the wave also bounds the default split K. Their f16 / wh flags apply only to weights they

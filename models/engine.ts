@@ -136,6 +136,12 @@ export const prefillStats = { prefills: 0, preSubmitMs: 0, encodeMs: 0, submits:
 
 /** Layers of a fresh first-chunk program built between early submits (gpu.tuning.prefillEarlySubmit). */
 const EARLY_LAYERS = 4;
+/**
+ * Layers built before the first early submit (gpu.tuning.prefillEarlyFirst): H200, pp512, the GPU starts
+ * 1.1-1.6 ms after the prefill's start instead of 3.1-3.9 (f32 math: 12.7k -> 13.2-13.5k tok/s;
+ * docs/BENCHMARKS.md).
+ */
+const EARLY_FIRST = 1;
 
 /** Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work. */
 const yieldToEventLoop = () => new Promise<void>((r) => setTimeout(r, 0));
@@ -182,11 +188,14 @@ export class Engine implements StageBackend {
     return this.weights.gpu;
   }
 
-  open(id: string, opts: { maxSeq: number; sampling: Sampling; maxChunk?: number }): { chunk: number } {
+  open(
+    id: string,
+    opts: { maxSeq: number; sampling: Sampling; maxChunk?: number; prefillChunk?: number },
+  ): { chunk: number; prefillChunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     const seq = this.weights.newSequence(opts);
     this.#open.set(id, { seq, abort: new AbortController(), length: 0 });
-    return { chunk: seq.maxChunk };
+    return { chunk: seq.maxChunk, prefillChunk: seq.prefillChunk };
   }
 
   #get(id: string): Open {
@@ -532,7 +541,7 @@ export class Engine implements StageBackend {
   async #prefill(
     seq: Sequence,
     prompt: readonly number[],
-    last: "sample" | "logits" | "hidden",
+    last: "sample" | "hidden",
     signal: AbortSignal,
   ): Promise<boolean> {
     const gpu = this.gpu;
@@ -560,7 +569,7 @@ export class Engine implements StageBackend {
     const output = (pos0: number, T: number) => (pos0 + T >= P ? last : "hidden");
     const encode = (pos0: number): GPUCommandBuffer => {
       const t = performance.now();
-      const T = Math.min(seq.maxChunk, P - pos0);
+      const T = Math.min(seq.prefillChunk, P - pos0);
       const cmd = commands(seq.program(T, output(pos0, T)));
       prefillStats.encodeMs += performance.now() - t;
       return cmd;
@@ -570,22 +579,23 @@ export class Engine implements StageBackend {
     if (signal.aborted) return false;
     // The first chunk: where its program is built fresh (a new request's), its first layers are submitted
     // as they are built, so the GPU starts while the host builds the rest (gpu.tuning.prefillEarlySubmit).
-    const T0 = Math.min(seq.maxChunk, P);
+    const T0 = Math.min(seq.prefillChunk, P);
     writeStep(gpu, seq.step, { pos0: 0, T: T0, tokOut: P });
     let done = 0, layers = 0;
     const t = performance.now();
     const early = gpu.tuning.prefillEarlySubmit ?? true;
+    const firstLayers = gpu.tuning.prefillEarlyFirst ?? EARLY_FIRST;
     const calls0 = seq.program(T0, output(0, T0), {
       onLayer: (calls) => {
-        if (!early || ++layers % EARLY_LAYERS !== 0) return;
+        if (!early || ++layers < firstLayers || (layers - firstLayers) % EARLY_LAYERS !== 0) return;
         submitNow(commands(calls.slice(done)));
         done = calls.length;
       },
     });
     submitNow(commands(calls0.slice(done)));
     prefillStats.encodeMs += performance.now() - t - submitMs;
-    for (let pos0 = T0; pos0 < P; pos0 += seq.maxChunk) {
-      const T = Math.min(seq.maxChunk, P - pos0);
+    for (let pos0 = T0; pos0 < P; pos0 += seq.prefillChunk) {
+      const T = Math.min(seq.prefillChunk, P - pos0);
       let next: GPUCommandBuffer;
       if (overlap) {
         next = encode(pos0);

@@ -201,6 +201,7 @@ export class Model {
       gpu: this.gpu,
       normType: this.normType,
       kv: this.kvType,
+      gemmF16: gemmF16For(this.config),
       typeOf: (b) => this.typeOf(b),
       eps: this.config.rmsNormEps,
       upload: () => {
@@ -296,6 +297,7 @@ export class Model {
       gpu,
       normType,
       kv: kvType,
+      gemmF16: gemmF16For(c),
       typeOf: (b) => types.get(b)!,
       eps: c.rmsNormEps,
       upload: (data, as, label) => {
@@ -406,6 +408,11 @@ export interface SequenceOptions {
   sampling: SamplingOptions;
   /** Most tokens a step. Default: 32 on a software adapter, else 512 (bounded by the binding size). */
   maxChunk?: number;
+  /**
+   * Most tokens a chunk of the engine's own prefill of a whole prompt (Engine.generate; a pipeline stage's
+   * steps keep maxChunk). Default: maxChunk where that is given, else prefillChunkFor (>= maxChunk).
+   */
+  prefillChunk?: number;
   /** An MTP module's sequence: the target's hidden state [T, H] it reads (the target sequence's `x`). */
   hidden?: GPUBuffer;
 }
@@ -433,11 +440,43 @@ export interface Segment {
   split?: number;
 }
 
+/** BlockContext.gemmF16: f16 prefill GEMMs unless some layer of the model (any part's) routes to experts. */
+export function gemmF16For(c: ModelConfig): boolean {
+  for (let i = 0; i < c.numLayers; i++) if (c.layer(i).ffn.kind === "moe") return false;
+  return true;
+}
+
+/**
+ * Parameters x tokens of one prefill chunk at most (2 FLOP each): a chunk of a 1B model takes 2048 tokens,
+ * of a 3B 1024, of an 8B the step's 512, so no chunk holds the GPU (and Deno's thread, which waits on it:
+ * docs/DENO_WEBGPU.md) longer than an 8B model's 512-token chunk did.
+ */
+const PREFILL_CHUNK_WORK = 4e12;
+/** The prefill chunk's cap: the H200's GEMM tiles gain little past 2048 rows (docs/BENCHMARKS.md). */
+const PREFILL_CHUNK_MAX = 2048;
+
+/**
+ * Default tokens a chunk of the engine's own prefill: longer chunks than a step's make the prefill GEMMs'
+ * tiles fuller and need fewer submits (H200, Llama-3.2-1B, 2048-token prompt: 12.6k tok/s in chunks of 512,
+ * 13.8k in one of 2048). Bounded by PREFILL_CHUNK_WORK over the part's parameters (its weight bytes over
+ * their storage's bytes a weight), in multiples of 256; a step's chunk on a software adapter and on parts
+ * with MoE layers (their scratch grows with top-k rows a token).
+ */
+export function prefillChunkFor(model: Model, moe: boolean, maxChunk: number): number {
+  if (model.gpu.isSoftware || moe) return maxChunk;
+  const perWeight = { f32: 4, f16: 2, q8: 34 / 32, q4: 18 / 32 }[model.weightType];
+  const params = model.weightBytes / perWeight;
+  const tokens = Math.floor(PREFILL_CHUNK_WORK / params / 256) * 256;
+  return Math.max(maxChunk, Math.min(PREFILL_CHUNK_MAX, tokens));
+}
+
 /** One request's state on one part: KV cache, activations, the token buffer, and cached programs. */
 export class Sequence {
   readonly maxSeq: number;
-  /** Largest number of tokens per prefill step. */
+  /** Largest number of tokens per step (and rows of `logits`). */
   readonly maxChunk: number;
+  /** Largest number of tokens per chunk of the engine's own prefill (>= maxChunk; rows of the activations). */
+  readonly prefillChunk: number;
   /** Token ids by position (the sampler writes position p + 1's token while computing position p). */
   readonly tokens: GPUBuffer;
   /** The step uniform (pos0, T, tok_out). */
@@ -495,7 +534,16 @@ export class Sequence {
     // GEMM (kernels/gemm.ts) enough tiles to fill the SMs (a 512-token chunk of a 1B model is ~30 ms).
     const chunk = opts.maxChunk ?? (gpu.isSoftware ? 32 : 512);
     this.maxChunk = Math.max(1, Math.min(chunk, opts.maxSeq, Math.floor(maxBinding / rowBytes)));
-    const C = this.maxChunk;
+    const actBytes = Math.max(H, moeRow, ...Object.values(widths)) * 4;
+    this.prefillChunk = Math.max(
+      this.maxChunk,
+      Math.min(
+        opts.prefillChunk ?? (opts.maxChunk ?? prefillChunkFor(model, moe !== undefined, this.maxChunk)),
+        opts.maxSeq,
+        Math.floor(maxBinding / actBytes),
+      ),
+    );
+    const C = this.prefillChunk;
     const buf = (bytes: number, label: string) => {
       const b = storageBuffer(gpu, bytes, label);
       this.buffers.push(b);
@@ -512,7 +560,7 @@ export class Sequence {
       this.hn = buf(C * H * 4, "mtp hidden");
     }
     for (const [name, w] of Object.entries(widths)) this.scratch[name] = buf(C * w * 4, name);
-    this.logits = model.hasHead ? buf(C * V * 4, "logits") : null;
+    this.logits = model.hasHead ? buf(this.maxChunk * V * 4, "logits") : null;
     if (moe) {
       this.moe = moeScratch(model.context, moe, H, C);
       if (model.part.remoteExperts?.size) this.#expertSum = buf(C * H * 4, "expert sum");
@@ -558,9 +606,10 @@ export class Sequence {
    */
   segments(T: number, output: ProgramOutput, opts: StepOptions = {}): Segment[] {
     if (this.destroyed) throw new Error("sequence was released");
-    if (!(T >= 1 && T <= this.maxChunk)) {
-      throw new RangeError(`step of ${T} tokens; at most ${this.maxChunk}`);
-    }
+    // The engine's prefill chunks may be longer than a step: their rows fit the activations, and they end
+    // in the hidden state or one sampled row, never in logits for every row.
+    const most = output === "logits" ? this.maxChunk : this.prefillChunk;
+    if (!(T >= 1 && T <= most)) throw new RangeError(`step of ${T} tokens; at most ${most}`);
     const embed = opts.embed ?? this.model.hasEmbed;
     const key = `${T}/${output}/${embed}/${opts.hiddenRow}`;
     const cached = this.programs.get(key);
@@ -670,6 +719,7 @@ export class Sequence {
             N: V,
             T: rows,
             weights: wt(lmHead),
+            f16Math: m.context.gemmF16,
           }),
         );
       }
@@ -695,7 +745,13 @@ export class Sequence {
     const { x, xn, hn, step, tokens } = this;
     const src = hiddenRow === undefined ? this.opts.hidden! : x;
     const linear = (from: GPUBuffer, weight: GPUBuffer, y: GPUBuffer) =>
-      prefillLinearCalls(gpu, { x: from, w: weight, y }, { K: H, N: H, T, weights: m.typeOf(weight) });
+      prefillLinearCalls(gpu, { x: from, w: weight, y }, {
+        K: H,
+        N: H,
+        T,
+        weights: m.typeOf(weight),
+        f16Math: m.context.gemmF16,
+      });
     return [
       rmsnormCall(gpu, { x: src, w: w.hnorm, y: hn! }, {
         hidden: H,

@@ -27,6 +27,12 @@ export interface BlockContext {
   eps: number;
   /** Element type of the GQA KV cache (the model's kvType; MLA's latent cache is f32 regardless). */
   kv: KvType;
+  /**
+   * Whether the prefill GEMMs may multiply in f16 (kernels/gemm.ts gemmF16Math decides where they do): not
+   * for models with MoE layers, whose top-k routing turns f16's roundings into other experts (H200:
+   * mixtral-tiny's f16-weights logits error 3.0e-3 -> 9.2e-2). Blocks pass it as GemmDims.f16Math.
+   */
+  gemmF16: boolean;
   /** Uploads weights computed at load (e.g. a matrix cut into per-head blocks) as `as`, counted with the model's. */
   upload(data: Float32Array, as: WeightType, label: string): GPUBuffer;
 }

@@ -24,12 +24,12 @@ import {
   kvElementBytes,
   normCopyFor,
   prefillLinearCalls,
-  rmsnormCall,
   ropeKvCall,
   storageBuffer,
 } from "../../kernels/mod.ts";
 import type { GqaAttention } from "../config.ts";
 import type { BlockContext, LayerLink, StepBuffers, TensorReader } from "./context.ts";
+import { normedPrefillCalls } from "./linear.ts";
 
 export interface GqaWeights {
   norm: GPUBuffer;
@@ -126,7 +126,7 @@ export function gqaProgram(
   bufs: StepBuffers & { scratch: Record<string, GPUBuffer>; rope: GPUBuffer; maxSeq: number },
   d: { hidden: number; T: number; fused: boolean; link?: LayerLink },
 ): KernelCall[] {
-  const { gpu, normType, eps } = ctx;
+  const { gpu, eps } = ctx;
   const wt = (b: GPUBuffer) => ctx.typeOf(b);
   const { step, x, xn, rope: table } = bufs;
   const { qkv, att } = bufs.scratch;
@@ -140,8 +140,12 @@ export function gqaProgram(
       gqaQkvDims(ctx, a, w, d),
     )
     : [
-      rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
-      ...prefillLinearCalls(gpu, { x: xn, w: w.qkv, y: qkv }, { K: H, N: qkvDim, T, weights: wt(w.qkv) }),
+      ...normedPrefillCalls(ctx, { x, norm: w.norm, normed: xn, w: w.qkv, y: qkv }, {
+        K: H,
+        N: qkvDim,
+        T,
+        eps,
+      }),
     ];
   if (w.qkvBias) calls.push(biasAddCall(gpu, { b: w.qkvBias, y: qkv }, { N: qkvDim, T }));
   // Up to 16 tokens: (q/k head norms,) RoPE, the KV write and attention in one dispatch (subgroups;
@@ -183,7 +187,7 @@ export function gqaProgram(
   calls.push(
     ...(d.fused
       ? gemvFusedCalls(gpu, { x: att, w: w.o, y: x, copyIn: copy, copyOut: next }, o)
-      : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, o)),
+      : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, { ...o, f16Math: ctx.gemmF16 })),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));
   return calls;

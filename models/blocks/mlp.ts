@@ -9,6 +9,7 @@ import {
   floatCopyFor,
   gemmCalls,
   gemmFits,
+  gemmHalfInput,
   gemvFusedCalls,
   type GemvFusedDims,
   gemvPairFits,
@@ -16,11 +17,11 @@ import {
   int8CopyOutFits,
   type KernelCall,
   prefillLinearCalls,
-  rmsnormCall,
   siluMulCall,
 } from "../../kernels/mod.ts";
 import type { DenseMlp } from "../config.ts";
 import type { BlockContext, LayerLink, StepBuffers, TensorReader } from "./context.ts";
+import { normedPrefillCalls } from "./linear.ts";
 
 export interface MlpWeights {
   norm: GPUBuffer;
@@ -121,13 +122,20 @@ export function mlpProgram(
       }),
     ];
   }
-  const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down) };
+  const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down), f16Math: ctx.gemmF16 };
+  // gate/up written as f16 where down multiplies in f16 (it would round them as it stages them).
+  const guHalf = gemmHalfInput(gpu, I, down.weights, ctx.gemmF16) && gemmFits(H, wt(w.gateUp));
   return [
-    rmsnormCall(gpu, { x, w: w.norm, y: xn }, { hidden: H, rows: T, eps, weights: normType }),
-    ...prefillLinearCalls(gpu, { x: xn, w: w.gateUp, y: gu }, { K: H, N: 2 * I, T, weights: wt(w.gateUp) }),
+    ...normedPrefillCalls(ctx, { x, norm: w.norm, normed: xn, w: w.gateUp, y: gu }, {
+      K: H,
+      N: 2 * I,
+      T,
+      eps,
+      yHalf: guHalf,
+    }),
     // The GEMM reads silu(gate) * up as it stages its input; other shapes take the separate kernel.
     ...(gemmFits(I, down.weights)
-      ? gemmCalls(gpu, { x: gu, w: w.down, y: x }, { ...down, transform: "silu_mul" as const })
+      ? gemmCalls(gpu, { x: gu, w: w.down, y: x }, { ...down, transform: "silu_mul" as const, xHalf: guHalf })
       : [
         siluMulCall(gpu, { gu, a }, { intermediate: I, T }),
         ...prefillLinearCalls(gpu, { x: a, w: w.down, y: x }, down),

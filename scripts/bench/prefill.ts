@@ -10,14 +10,16 @@
 // One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
 //     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
-//     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off]
-// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts) per run; --flash: the prefill flash
+//     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N]
+// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts; f16, the default, as the engine: f32 for
+// f32 weights and MoE models) per run; --flash: the prefill flash
 // attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
 // prefill chunk while one runs (gpu.tuning.prefillOverlap, models/engine.ts); --gemm: the GEMM's two default
 // tiles (gpu.tuning.gemmLarge / gemmSmall, kernels/gemm.ts), each entry `default` or two tile tags as
 // scripts/bench/gemm.ts prints them, e.g. 128x128k8r22c/64x64k16r11c, and optionally the workgroups from which
 // the large tile serves (gpu.tuning.gemmWave, e.g. 128x128k8r22c/64x64k16r11c/264); --early: a new request's first chunk
-// is submitted a few layers at a time as its program is built (gpu.tuning.prefillEarlySubmit). Each line's
+// is submitted a few layers at a time as its program is built (gpu.tuning.prefillEarlySubmit; a number N: the
+// first submit after N layers, gpu.tuning.prefillEarlyFirst); --chunk: tokens a chunk of the prefill (SequenceOptions.prefillChunk), a list. Each line's
 // `host` is the engine's prefillStats (models/engine.ts) averaged over the timed runs: preSubmitMs (host
 // work before the GPU starts), encodeMs (building and encoding all chunks, mostly overlapping the GPU),
 // submits and submitMs (inside queue.submit), afterMs (last submit to first token: the GPU's last chunk plus the readback). Every combination
@@ -50,7 +52,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       chunk: { type: "string" },
       kernels: { type: "boolean", default: false },
       tiny: { type: "boolean", default: false },
-      math: { type: "string", default: "f32" },
+      math: { type: "string", default: "f16" },
       flash: { type: "string", default: "blocked" },
       overlap: { type: "string", default: "on" },
       gemm: { type: "string", default: "default" },
@@ -118,6 +120,12 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
     (_, i) => (i * 104729 + 7) % ckpt.config.vocabSize,
   );
   let baseline: Float32Array | undefined;
+  const chunks = values.chunk ? values.chunk.split(",").map(Number) : [undefined];
+  for (const c of chunks) {
+    if (c !== undefined && !(Number.isInteger(c) && c >= 1)) {
+      throw new TypeError(`--chunk takes tokens a chunk (comma-separated), got ${values.chunk}`);
+    }
+  }
   const combos = values.math!.split(",").flatMap((math) =>
     values.flash!.split(",").flatMap((flash) =>
       values.overlap!.split(",").flatMap((overlap) =>
@@ -140,8 +148,13 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
     if (overlap !== "on" && overlap !== "off") {
       throw new TypeError(`--overlap takes on or off, got ${overlap}`);
     }
-    if (early !== "on" && early !== "off") throw new TypeError(`--early takes on or off, got ${early}`);
-    gpu.tuning.prefillEarlySubmit = early === "on"; // read by each prefill
+    const earlyFirst = Number(early);
+    if (early !== "on" && early !== "off" && !(Number.isInteger(earlyFirst) && earlyFirst >= 1)) {
+      throw new TypeError(`--early takes on, off or the layers before the first submit, got ${early}`);
+    }
+    gpu.tuning.prefillEarlySubmit = early !== "off"; // read by each prefill
+    if (early === "on" || early === "off") delete gpu.tuning.prefillEarlyFirst;
+    else gpu.tuning.prefillEarlyFirst = earlyFirst;
     Deno.env.set("SWACTOR_GEMM_MATH", math);
     gpu.tuning.flash = flash; // read as each request's programs are built
     gpu.tuning.prefillOverlap = overlap === "on"; // read by each prefill
@@ -163,9 +176,8 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       if (baseline) logitsErr = worstRowError(logits, baseline, ckpt.config.vocabSize);
       else baseline = logits;
     }
-    for (const P of prompts) {
+    for (const [P, prefillChunk] of prompts.flatMap((P) => chunks.map((c) => [P, c] as const))) {
       const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
-      const maxChunk = values.chunk ? Number(values.chunk) : undefined;
       const ttft: number[] = [];
       // Reads that waited for Deno's map promise and staging buffers primed in the timed runs (~10 ms each).
       let awaited = 0, primed = 0;
@@ -173,7 +185,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       let chunk = 0;
       for (let r = 0; r <= runs; r++) { // run 0 compiles the pipelines
         const id = `bench-${P}-${r}`;
-        chunk = engine.open(id, { maxSeq: P + 1, sampling, maxChunk }).chunk;
+        chunk = engine.open(id, { maxSeq: P + 1, sampling, prefillChunk }).prefillChunk;
         try {
           const [a0, p0] = [readbackStats.awaited, readbackStats.primed];
           const h0 = { ...prefillStats };
@@ -234,7 +246,7 @@ async function kernelTimes(
   P: number,
   chunk: number,
 ): Promise<{ byKernel: Record<string, number>; buildMs: number }> {
-  const seq = model.newSequence({ maxSeq: P + 1, sampling, maxChunk: chunk });
+  const seq = model.newSequence({ maxSeq: P + 1, sampling, prefillChunk: chunk });
   try {
     const byLabel: Record<string, number> = {};
     let total = 0, buildMs = 0;
