@@ -175,10 +175,10 @@ export interface KernelTuning {
    */
   prefillEarlySubmit?: boolean;
   /**
-   * Layers built before that first early submit (default 1; later submits come every 4 layers): fewer start
-   * the GPU sooner for one more submit. Read per prefill.
+   * After how many built layers those early submits happen (default 1, 2, 4, 8, ...: models/engine.ts). Read
+   * per prefill.
    */
-  prefillEarlyFirst?: number;
+  prefillEarlyLayers?: number[];
   /**
    * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where its tiles times its split K
    * make a wave (`gemmWave` workgroups, default 256), else `gemmSmall` (defaults 128x128k32r22cv and

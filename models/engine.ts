@@ -134,14 +134,20 @@ export function submit(gpu: Gpu, calls: readonly KernelCall[]): void {
  */
 export const prefillStats = { prefills: 0, preSubmitMs: 0, encodeMs: 0, submits: 0, submitMs: 0, afterMs: 0 };
 
-/** Layers of a fresh first-chunk program built between early submits (gpu.tuning.prefillEarlySubmit). */
-const EARLY_LAYERS = 4;
 /**
- * Layers built before the first early submit (gpu.tuning.prefillEarlyFirst): H200, pp512, the GPU starts
- * 1.1-1.6 ms after the prefill's start instead of 3.1-3.9 (f32 math: 12.7k -> 13.2-13.5k tok/s;
- * docs/BENCHMARKS.md).
+ * After how many layers of a fresh first-chunk program its calls so far are submitted (gpu.tuning
+ * prefillEarlySubmit): 1, 2, 4, 8, ... (gpu.tuning.prefillEarlyLayers replaces them). The GPU starts after one
+ * layer's build (H200, pp512: 1.1-1.6 ms into the prefill instead of 3.1-3.9 after four; 12.7k -> 13.2-13.5k
+ * tok/s with f32 multiplies, docs/BENCHMARKS.md), and each submit holds as many layers as were submitted
+ * before it: a layer's GPU time is about twice its build on the H200 (1.9 against 0.7-0.8 ms at 512 tokens),
+ * so the GPU is not left waiting for the next batch as it was with a submit every 4 layers after the first.
  */
-const EARLY_FIRST = 1;
+function earlyLayers(tuned: readonly number[] | undefined): Set<number> {
+  if (tuned) return new Set(tuned);
+  const marks = new Set<number>();
+  for (let n = 1; n <= 1 << 20; n *= 2) marks.add(n);
+  return marks;
+}
 
 /** Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work. */
 const yieldToEventLoop = () => new Promise<void>((r) => setTimeout(r, 0));
@@ -584,10 +590,10 @@ export class Engine implements StageBackend {
     let done = 0, layers = 0;
     const t = performance.now();
     const early = gpu.tuning.prefillEarlySubmit ?? true;
-    const firstLayers = gpu.tuning.prefillEarlyFirst ?? EARLY_FIRST;
+    const marks = earlyLayers(gpu.tuning.prefillEarlyLayers);
     const calls0 = seq.program(T0, output(0, T0), {
       onLayer: (calls) => {
-        if (!early || ++layers < firstLayers || (layers - firstLayers) % EARLY_LAYERS !== 0) return;
+        if (!early || !marks.has(++layers)) return;
         submitNow(commands(calls.slice(done)));
         done = calls.length;
       },

@@ -10,7 +10,7 @@
 // One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
 //     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
-//     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N]
+//     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N/N/...]
 // --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts; f16, the default, as the engine: f32 for
 // f32 weights and MoE models) per run; --flash: the prefill flash
 // attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
@@ -19,7 +19,7 @@
 // scripts/bench/gemm.ts prints them, e.g. 128x128k8r22c/64x64k16r11c, and optionally the workgroups from which
 // the large tile serves (gpu.tuning.gemmWave, e.g. 128x128k8r22c/64x64k16r11c/264); --early: a new request's first chunk
 // is submitted a few layers at a time as its program is built (gpu.tuning.prefillEarlySubmit; a number N: the
-// first submit after N layers, gpu.tuning.prefillEarlyFirst); --chunk: tokens a chunk of the prefill (SequenceOptions.prefillChunk), a list. Each line's
+// submits after the layers listed, e.g. 1/5/9/13, gpu.tuning.prefillEarlyLayers); --chunk: tokens a chunk of the prefill (SequenceOptions.prefillChunk), a list. Each line's
 // `host` is the engine's prefillStats (models/engine.ts) averaged over the timed runs: preSubmitMs (host
 // work before the GPU starts), encodeMs (building and encoding all chunks, mostly overlapping the GPU),
 // submits and submitMs (inside queue.submit), afterMs (last submit to first token: the GPU's last chunk plus the readback). Every combination
@@ -148,13 +148,15 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
     if (overlap !== "on" && overlap !== "off") {
       throw new TypeError(`--overlap takes on or off, got ${overlap}`);
     }
-    const earlyFirst = Number(early);
-    if (early !== "on" && early !== "off" && !(Number.isInteger(earlyFirst) && earlyFirst >= 1)) {
-      throw new TypeError(`--early takes on, off or the layers before the first submit, got ${early}`);
+    const marks = early.split("/").map(Number);
+    if (early !== "on" && early !== "off" && !marks.every((n) => Number.isInteger(n) && n >= 1)) {
+      throw new TypeError(
+        `--early takes on, off or the layers after which to submit (e.g. 1/5/9), got ${early}`,
+      );
     }
     gpu.tuning.prefillEarlySubmit = early !== "off"; // read by each prefill
-    if (early === "on" || early === "off") delete gpu.tuning.prefillEarlyFirst;
-    else gpu.tuning.prefillEarlyFirst = earlyFirst;
+    if (early === "on" || early === "off") delete gpu.tuning.prefillEarlyLayers;
+    else gpu.tuning.prefillEarlyLayers = marks;
     Deno.env.set("SWACTOR_GEMM_MATH", math);
     gpu.tuning.flash = flash; // read as each request's programs are built
     gpu.tuning.prefillOverlap = overlap === "on"; // read by each prefill

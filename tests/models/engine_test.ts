@@ -270,9 +270,9 @@ Deno.test(
     const engine = new Engine(wholeModel(9), await Model.load(g, ckpt, { weights: "f32" }));
     try {
       const prompt = Array.from({ length: 70 }, (_, i) => (i * 37 + 5) % 500);
-      const run = async (early: boolean, maxChunk: number, first?: number) => {
+      const run = async (early: boolean, maxChunk: number, marks?: number[]) => {
         g.tuning.prefillEarlySubmit = early;
-        g.tuning.prefillEarlyFirst = first;
+        g.tuning.prefillEarlyLayers = marks;
         const s0 = prefillStats.submits;
         engine.open("e", { maxSeq: 80, sampling: greedy, maxChunk });
         try {
@@ -286,18 +286,18 @@ Deno.test(
         const chunks = Math.ceil(prompt.length / maxChunk);
         const one = await run(false, maxChunk);
         const early = await run(true, maxChunk);
-        const early4 = await run(true, maxChunk, 4);
+        const early4 = await run(true, maxChunk, [4, 8]);
         assert.equal(one.submits, chunks);
-        // 9 layers, the first submit after layer 1 (the default), then every 4 layers: after layers 1, 5 and
-        // 9, then the rest (the head); from layer 4: after layers 4 and 8, then the rest (layer 9, the head).
-        assert.equal(early.submits, chunks + 3);
+        // 9 layers: after layers 1, 2, 4 and 8 (the default), then the rest (layer 9 and the head); after 4 and 8
+        // only, then the rest.
+        assert.equal(early.submits, chunks + 4);
         assert.equal(early4.submits, chunks + 2);
         assert.deepEqual(early.tokens, one.tokens);
         assert.deepEqual(early4.tokens, one.tokens);
       }
     } finally {
       delete g.tuning.prefillEarlySubmit;
-      delete g.tuning.prefillEarlyFirst;
+      delete g.tuning.prefillEarlyLayers;
       engine.close();
     }
   },
