@@ -47,7 +47,8 @@ Deno.test(
     const dir = fixtureDir("llama-micro", { needs: "reference.safetensors" })!;
     const all: number[] = JSON.parse(await Deno.readTextFile(join(dir, "reference.json"))).tokens;
     // Both sides hold an f32 KV cache (quantised weights would get the f16 cache by default: models/model.ts
-    // kvCacheType), so the comparison isolates the weights' dequantisation.
+    // kvCacheType) and multiply in f32 (the prefill GEMM multiplies q8 / q4 in f16 by default:
+    // kernels/gemm.ts gemmF16Math), so the comparison isolates the weights' dequantisation.
     const logits = async (model: string, weights: string, tokens: string) => {
       const out = await Deno.makeTempFile({ suffix: ".safetensors" });
       try {
@@ -61,7 +62,7 @@ Deno.test(
           out,
           "--weights",
           weights,
-        ], { SWACTOR_KV: "f32" });
+        ], { SWACTOR_KV: "f32", SWACTOR_GEMM_MATH: "f32" });
         if (r.code !== 0) throw new Error(`logits ${model} ${weights}: ${r.stderr}`);
         return await readF32(out, "logits");
       } finally {
