@@ -1,0 +1,32 @@
+// The engine's own prefill chunk (models/model.ts prefillChunkFor) and where the prefill GEMMs may multiply
+// in f16 (gemmF16For): pure rules, checked without a GPU.
+import assert from "node:assert/strict";
+import { fixtureDir } from "../fixtures.ts";
+import { readModelConfig } from "../../models/family.ts";
+import { gemmF16For, type Model, prefillChunkFor } from "../../models/model.ts";
+
+/** What prefillChunkFor reads of a model: its adapter, its weights' storage and their bytes. */
+const model = (weightType: string, weightBytes: number, isSoftware = false) =>
+  ({ gpu: { isSoftware }, weightType, weightBytes }) as unknown as Model;
+
+Deno.test("prefill chunk: 2048 for a 1B model, 1024 for a 3B, the step's 512 for an 8B", () => {
+  assert.equal(prefillChunkFor(model("f16", 2.47e9), false, 512), 2048); // Llama-3.2-1B
+  assert.equal(prefillChunkFor(model("q4", 0.695e9), false, 512), 2048); // the same at 4 bits
+  assert.equal(prefillChunkFor(model("f16", 6.4e9), false, 512), 1024); // 3.2B parameters
+  assert.equal(prefillChunkFor(model("q8", 3.4e9), false, 512), 1024); // 3.2B at 8 bits
+  assert.equal(prefillChunkFor(model("f16", 16e9), false, 512), 512); // 8B: never below the step's chunk
+  assert.equal(prefillChunkFor(model("f32", 0.2e9), false, 512), 2048); // tiny: the cap
+});
+
+Deno.test("prefill chunk: MoE parts and software adapters keep the step's chunk", () => {
+  assert.equal(prefillChunkFor(model("f16", 2.47e9), true, 512), 512);
+  assert.equal(prefillChunkFor(model("f16", 2.47e9, true), false, 32), 32);
+});
+
+Deno.test("f16 prefill GEMMs for dense models, not for models with MoE layers", async () => {
+  assert.equal(gemmF16For(await readModelConfig(fixtureDir("llama-micro")!)), true);
+  assert.equal(gemmF16For(await readModelConfig(fixtureDir("qwen3-tiny")!)), true);
+  assert.equal(gemmF16For(await readModelConfig(fixtureDir("mixtral-tiny")!)), false);
+  // Kimi K2: its first layer is dense, the rest route to experts.
+  assert.equal(gemmF16For(await readModelConfig(fixtureDir("kimi-k2-tiny")!)), false);
+});
