@@ -339,7 +339,7 @@ export function gemmSource(
   const LW = (bn * KQ) / TH; // W vec4 loads per thread per slice
   const w = weightCode(wt);
   // x as stored: vec4<f32>, or (xh) 4 halves in a vec2<u32>, held raw until staged (silu_mul: decoded at once).
-  const xVec = (e: string) => (xh ? `vec4<f32>(unpack2x16float(${e}.x), unpack2x16float(${e}.y))` : e);
+  const xVec = (e: string) => (xh ? weightCode("f16").decode(e) : e);
   const XR = xh && f !== "silu_mul" ? "vec2<u32>" : "vec4<f32>";
   const xValue = (i: number) => (XR === "vec4<f32>" ? `xr${i}` : xVec(`xr${i}`));
   // Padding of the k-major slices by one vec4 per k row spreads the transposed stores over the banks.

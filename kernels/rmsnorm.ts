@@ -13,7 +13,7 @@ import {
 
 function source(wt: WeightType, half: boolean): string {
   const w = weightType(wt);
-  return `${half || wt === "f16" ? "enable f16;" : ""}
+  return `${w.enable || (half ? "enable f16;" : "")}
 struct P { H: u32, eps: f32, src_row0: u32, rows: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

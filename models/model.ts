@@ -187,6 +187,12 @@ export class Model {
     private readonly borrowed: ReadonlySet<GPUBuffer> = new Set(),
   ) {}
 
+  #gemmF16: boolean | undefined;
+  /** BlockContext.gemmF16 of this model (whether its prefill GEMMs may multiply in f16). */
+  get gemmF16(): boolean {
+    return this.#gemmF16 ??= gemmF16For(this.config);
+  }
+
   get hasEmbed(): boolean {
     return this.part.embed;
   }
@@ -201,7 +207,7 @@ export class Model {
       gpu: this.gpu,
       normType: this.normType,
       kv: this.kvType,
-      gemmF16: gemmF16For(this.config),
+      gemmF16: this.gemmF16,
       typeOf: (b) => this.typeOf(b),
       eps: this.config.rmsNormEps,
       upload: () => {
@@ -719,7 +725,7 @@ export class Sequence {
             N: V,
             T: rows,
             weights: wt(lmHead),
-            f16Math: m.context.gemmF16,
+            f16Math: m.gemmF16,
           }),
         );
       }
@@ -750,7 +756,7 @@ export class Sequence {
         N: H,
         T,
         weights: m.typeOf(weight),
-        f16Math: m.context.gemmF16,
+        f16Math: m.gemmF16,
       });
     return [
       rmsnormCall(gpu, { x: src, w: w.hnorm, y: hn! }, {
