@@ -304,8 +304,16 @@ export function flashBlockTile(
  * row-major: 4 x 4 DV FMAs for 1 + DV reads a key). Q is staged once, scaled by log2(e) / sqrt(hd), so the
  * softmax uses exp2. Workgroups run the longest query blocks first (causal: the last block has the most keys).
  */
-export function flashBlockedSource(hd: number, t: FlashBlockTile, sg: boolean, kv: KvType = "f32"): string {
+export function flashBlockedSource(
+  hd: number,
+  t: FlashBlockTile,
+  sg: boolean,
+  kv: KvType = "f32",
+  half = false,
+): string {
   const w = kvWgsl(kv);
+  // `half`: out as f16 (the o_proj GEMM's f16 input, GemmDims.xHalf), rounded once at the store.
+  const enable = w.enable || (half ? "enable f16;\n" : "");
   const { bq: BQ, bkv: BKV } = t;
   if (BQ % 4 !== 0 || BKV % 4 !== 0) {
     throw new RangeError(`flash tile ${BQ} x ${BKV}: both must be multiples of 4`);
@@ -372,14 +380,14 @@ export function flashBlockedSource(hd: number, t: FlashBlockTile, sg: boolean, k
       )).join("\n    ");
   const lines: string[] = [];
   const L_ = (s: string) => lines.push(s);
-  L_(`${w.enable}${STEP_WGSL}
+  L_(`${enable}${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, max_seq: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> kc: array<${w.vec(4)}>;
 @group(0) @binding(4) var<storage, read> vc: array<${w.vec(4)}>;
-@group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> out: array<vec4<${half ? "f16" : "f32"}>>;
 const H4 = ${H4}u;
 // qs[d * QG + g]: the 4 queries of group g at dim d; kt[d * KG + c]: keys 4c..4c+3 of the tile at dim d;
 // vt[j * H4 + d4]: value row j; ps[j * PS + g]: p of key j for the 4 queries of group g.
@@ -497,7 +505,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
       `if (q0 + 4u * qg + ${i}u < T) {
     ${
         Array.from({ length: DV }, (_, dv) =>
-          guard(dv, `out[base + ${i}u * p.n_heads * H4 + ${dv * KG}u] = ${o(dv, i)} * inv[${i}];`)).join(
+          guard(
+            dv,
+            `out[base + ${i}u * p.n_heads * H4 + ${dv * KG}u] = ${half ? "vec4<f16>" : ""}(${
+              o(dv, i)
+            } * inv[${i}]);`,
+          )).join(
             "\n    ",
           )
       }
@@ -509,6 +522,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 }
 
 const flashBlockedSources = memoSource(flashBlockedSource);
+
+/**
+ * Whether the prefill attention writes its output as f16 for an o_proj GEMM reading it so (GemmDims.xHalf):
+ * the blocked variant where that GEMM multiplies in f16 (gemmHalfInput), unless gpu.tuning.flashHalf is
+ * false. Its tiles round x to f16 as they stage it, so the f16 store adds no rounding.
+ */
+export function flashHalfOut(gpu: Gpu, headDim: number, oHalf: boolean): boolean {
+  return oHalf && gpu.tuning.flashHalf !== false && flashAttentionFits(headDim) &&
+    (gpu.tuning.flash ?? "blocked") === "blocked" && gpu.hasF16;
+}
 const flashSources = memoSource(flashSource);
 
 /** The flash variants: "blocked" (register-blocked 4 x 4 scores a thread, the default) and "lanes" (the first). */
@@ -525,7 +548,13 @@ export function flashAttentionCall(
   gpu: Gpu,
   bufs: { step: GPUBuffer; qkv: GPUBuffer; kcache: GPUBuffer; vcache: GPUBuffer; out: GPUBuffer },
   d: AttentionDims,
-  opts: { subgroups?: boolean; variant?: FlashVariant; tile?: Partial<FlashBlockTile> } = {},
+  opts: {
+    subgroups?: boolean;
+    variant?: FlashVariant;
+    tile?: Partial<FlashBlockTile>;
+    /** Write out as f16 (the blocked variant; needs shader-f16): o_proj's GEMM then reads it so. */
+    half?: boolean;
+  } = {},
 ): KernelCall {
   if (!flashAttentionFits(d.headDim)) {
     throw new RangeError(`flash attention needs head_dim % 4 == 0 and <= 128, got ${d.headDim}`);
@@ -534,6 +563,9 @@ export function flashAttentionCall(
     throw new RangeError(`heads (${d.heads}) must be a multiple of kv heads (${d.kvHeads})`);
   }
   const variant = opts.variant ?? gpu.tuning.flash ?? "blocked";
+  if (opts.half && (variant !== "blocked" || !gpu.hasF16)) {
+    throw new RangeError(`an f16 flash output needs the blocked variant and shader-f16 (${gpu.adapterName})`);
+  }
   const params = uniformBuffer(gpu, [d.heads, d.kvHeads, d.maxSeq, 1 / Math.sqrt(d.headDim)], [3]);
   const buffers = [params, bufs.step, bufs.qkv, bufs.kcache, bufs.vcache, bufs.out];
   if (variant === "blocked") {
@@ -553,7 +585,7 @@ export function flashAttentionCall(
     }
     return kernelCall(
       gpu,
-      pipeline(gpu, flashBlockedSources(d.headDim, tile, sg, d.kv ?? "f32")),
+      pipeline(gpu, flashBlockedSources(d.headDim, tile, sg, d.kv ?? "f32", opts.half === true)),
       buffers,
       [d.heads, ceilDiv(d.T, tile.bq)],
       "flash_attention",

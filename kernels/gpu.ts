@@ -164,6 +164,11 @@ export interface KernelTuning {
   /** The prefill flash attention: "blocked" (the default) or "lanes" (the first version; flash_attention.ts). */
   flash?: "blocked" | "lanes";
   /**
+   * The prefill's flash attention writes f16 for the o_proj GEMM to read as f16 where that GEMM multiplies
+   * in f16 (flash_attention.ts flashHalfOut). Default on; false: f32 (A/B runs).
+   */
+  flashHalf?: boolean;
+  /**
    * The engine's prefill encodes the next chunk while one runs and submits it as the wait returns (default
    * true; false: encodes it after the wait and the yield, the first way; models/engine.ts). Read per prefill.
    */

@@ -16,6 +16,8 @@ import {
   DECODE_MAX_T,
   flashAttentionCall,
   flashAttentionFits,
+  flashHalfOut,
+  gemmHalfInput,
   gemvFusedCalls,
   type GemvFusedDims,
   headNormCall,
@@ -156,6 +158,9 @@ export function gqaProgram(
   if (qkNorm && !foldNorm) calls.push(headNormCall(gpu, { qkv, ...qkNorm }, { ...dims, eps }));
   const [kcache, vcache] = cache;
   const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
+  // Prefill: the flash attention writes o_proj's input as f16 where its GEMM reads f16 (flashHalfOut).
+  const oHalf = !decode && !d.fused &&
+    flashHalfOut(gpu, a.headDim, gemmHalfInput(gpu, attDim, o.weights, ctx.gemmF16));
   // k-steps in the int8 direct mode: the attention writes o_proj's int8 input itself (no input pass).
   const copy = decode && d.fused && attentionCopyOutFits(a) ? int8CopyFor(gpu, o) : undefined;
   if (decode) {
@@ -170,10 +175,12 @@ export function gqaProgram(
     );
   } else {
     // Flash attention (tiles of queries and keys) where the head size fits it, else one query a workgroup.
-    const attend = flashAttentionFits(a.headDim) ? flashAttentionCall : attentionCall;
+    const ab = { step, qkv, kcache, vcache, out: att };
     calls.push(
       ropeKvCall(gpu, { step, table, qkv, kcache, vcache }, dims),
-      attend(gpu, { step, qkv, kcache, vcache, out: att }, dims),
+      flashAttentionFits(a.headDim)
+        ? flashAttentionCall(gpu, ab, dims, { half: oHalf })
+        : attentionCall(gpu, ab, dims),
     );
   }
   // k-steps: o_proj also writes the FFN's input times its norm weights and the sums of squares for its
@@ -187,7 +194,7 @@ export function gqaProgram(
   calls.push(
     ...(d.fused
       ? gemvFusedCalls(gpu, { x: att, w: w.o, y: x, copyIn: copy, copyOut: next }, o)
-      : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, { ...o, f16Math: ctx.gemmF16 })),
+      : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, { ...o, f16Math: ctx.gemmF16, xHalf: oHalf })),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));
   return calls;

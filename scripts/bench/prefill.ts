@@ -10,7 +10,7 @@
 // One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
 //     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
-//     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N/N/...]
+//     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N/N/...] [--tunings '[{}, {"flashHalf":false}]']
 // --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts; f16, the default, as the engine: f32 for
 // f32 weights and MoE models) per run; --flash: the prefill flash
 // attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
@@ -19,7 +19,8 @@
 // scripts/bench/gemm.ts prints them, e.g. 128x128k8r22c/64x64k16r11c, and optionally the workgroups from which
 // the large tile serves (gpu.tuning.gemmWave, e.g. 128x128k8r22c/64x64k16r11c/264); --early: a new request's first chunk
 // is submitted a few layers at a time as its program is built (gpu.tuning.prefillEarlySubmit; a number N: the
-// submits after the layers listed, e.g. 1/5/9/13, gpu.tuning.prefillEarlyLayers); --chunk: tokens a chunk of the prefill (SequenceOptions.prefillChunk), a list. Each line's
+// submits after the layers listed, e.g. 1/5/9/13, gpu.tuning.prefillEarlyLayers); --tunings: a JSON list of
+// gpu.tuning overrides (kernels/gpu.ts), each a combination of its own (the line's `tuning`); --chunk: tokens a chunk of the prefill (SequenceOptions.prefillChunk), a list. Each line's
 // `host` is the engine's prefillStats (models/engine.ts) averaged over the timed runs: preSubmitMs (host
 // work before the GPU starts), encodeMs (building and encoding all chunks, mostly overlapping the GPU),
 // submits and submitMs (inside queue.submit), afterMs (last submit to first token: the GPU's last chunk plus the readback). Every combination
@@ -30,7 +31,14 @@
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
-import { type FlashVariant, getGpu, parseGemmTile, readbackStats, writeStep } from "../../kernels/mod.ts";
+import {
+  type FlashVariant,
+  getGpu,
+  type KernelTuning,
+  parseGemmTile,
+  readbackStats,
+  writeStep,
+} from "../../kernels/mod.ts";
 import { gpuMsPerCall } from "../../kernels/timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Engine, prefillStats, wholeModel } from "../../models/engine.ts";
@@ -57,6 +65,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       overlap: { type: "string", default: "on" },
       gemm: { type: "string", default: "default" },
       early: { type: "string", default: "on" },
+      tunings: { type: "string" },
     },
   }));
 
@@ -126,22 +135,31 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       throw new TypeError(`--chunk takes tokens a chunk (comma-separated), got ${values.chunk}`);
     }
   }
-  const combos = values.math!.split(",").flatMap((math) =>
-    values.flash!.split(",").flatMap((flash) =>
-      values.overlap!.split(",").flatMap((overlap) =>
-        values.gemm!.split(",").flatMap((gemm) =>
-          values.early!.split(",").map((early) => ({
-            math,
-            flash: flash as FlashVariant,
-            overlap,
-            gemm,
-            early,
-          }))
+  const tunings = values.tunings ? JSON.parse(values.tunings) as KernelTuning[] : [{}];
+  if (!Array.isArray(tunings)) {
+    throw new TypeError(`--tunings takes a JSON list of objects, got ${values.tunings}`);
+  }
+  const combos = tunings.flatMap((tuning) =>
+    values.math!.split(",").flatMap((math) =>
+      values.flash!.split(",").flatMap((flash) =>
+        values.overlap!.split(",").flatMap((overlap) =>
+          values.gemm!.split(",").flatMap((gemm) =>
+            values.early!.split(",").map((early) => ({
+              tuning,
+              math,
+              flash: flash as FlashVariant,
+              overlap,
+              gemm,
+              early,
+            }))
+          )
         )
       )
     )
   );
-  for (const { math, flash, overlap, gemm, early } of combos) {
+  const base = { ...gpu.tuning };
+  for (const { tuning, math, flash, overlap, gemm, early } of combos) {
+    gpu.tuning = { ...base, ...tuning }; // read as each request's programs are built
     if (flash !== "blocked" && flash !== "lanes") {
       throw new TypeError(`--flash takes blocked or lanes, got ${flash}`);
     }
@@ -207,6 +225,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       const line: Record<string, unknown> = {
         adapter: gpu.adapterName,
         weights,
+        ...(values.tunings ? { tuning } : {}),
         math,
         flash,
         overlap,

@@ -48,7 +48,14 @@ const LONG = [
 /** Runs every case through one variant and compares it with the reference. */
 async function checkCases(
   cases: number[][],
-  opts: { variant: FlashVariant; subgroups: boolean; tile?: Partial<FlashBlockTile>; kv?: KvType },
+  opts: {
+    variant: FlashVariant;
+    subgroups: boolean;
+    tile?: Partial<FlashBlockTile>;
+    kv?: KvType;
+    /** The output as f16: compared with the reference rounded to f16, within half an f16 ulp more. */
+    half?: boolean;
+  },
 ): Promise<void> {
   const g = gpu!;
   let seed = 1;
@@ -72,12 +79,16 @@ async function checkCases(
     const q = new Float32Array(T * heads * hd);
     for (let t = 0; t < T; t++) q.set(qkv.subarray(t * width, t * width + heads * hd), t * heads * hd);
     const want = attentionRef(q, kc, vc, { ...d, pos0 });
+    const n = T * heads * hd;
+    const got = opts.half
+      ? f16ToF32(new Uint16Array((await readF32(g, out, Math.ceil(n / 2))).buffer).slice(0, n))
+      : await readF32(g, out, n);
     assertClose(
-      await readF32(g, out, T * heads * hd),
-      want,
+      got,
+      opts.half ? f16ToF32(f32ToF16(want)) : want,
       2e-5,
-      1e-4,
-      `${opts.kv ?? "f32"} ${opts.variant}${
+      opts.half ? 1e-3 : 1e-4,
+      `${opts.kv ?? "f32"}${opts.half ? " f16 out" : ""} ${opts.variant}${
         opts.tile ? JSON.stringify(opts.tile) : ""
       } sg ${opts.subgroups} h${heads}/${kvHeads} ` +
         `hd${hd} pos${pos0} T${T}`,
@@ -129,6 +140,16 @@ Deno.test({
     await checkCases(CASES.slice(3, 5), { variant: "blocked", subgroups: sg, kv, tile: { shareKV: true } });
   }
   await checkCases(CASES, { variant: "lanes", subgroups: gpu?.subgroupSize === 32, kv });
+});
+
+// The prefill's o_proj input as f16 (flashHalfOut): the same attention, rounded once as it is stored.
+Deno.test({
+  name: "flash attention (blocked) with an f16 output matches the reference rounded to f16",
+  ignore: ignore || !gpu?.hasF16,
+}, async () => {
+  const subgroups = (gpu?.subgroupSize ?? 1) % 8 === 0;
+  await checkCases(CASES.slice(0, 4), { variant: "blocked", subgroups, half: true });
+  await checkCases(CASES.slice(4, 6), { variant: "blocked", subgroups, kv: "f16", half: true });
 });
 
 // Regression: the subgroup variant once began with `enable subgroups;`, which naga rejects, so on the H200 the
