@@ -176,6 +176,12 @@ export interface GemvFusedDims {
    * pair: check gemvPairFits first.
    */
   pairs?: boolean;
+  /**
+   * A one-token step (T = 1) of q4 weights may take the int8 direct multi-token GEMV (multiInt8Serves),
+   * whose inputs the kernels before write as int8 copies: set by blocks whose GEMVs hand each other those
+   * copies all the way round a layer (BlockContext.int8One: models without MoE layers).
+   */
+  int8One?: boolean;
 }
 
 type GemvPath = "multi" | "sg" | "team";
@@ -194,7 +200,7 @@ function gemvPath(
   // WGSL has dp4 (multiDp4). q8 keeps f32 activations: they keep the fixtures' greedy tokens where int8 ones
   // flip near-ties in short prompts' steps.
   const multiOn = multi !== undefined ? multi !== false : gpu.tuning.multi ?? wt !== "q4";
-  if (multiOn && multiFits(gpu, K, T, wt)) return "multi";
+  if (multiOn && (T >= 2 || multi) && multiFits(gpu, K, T, wt)) return "multi";
   if (gpu.tuning.gemv !== "team" && sgFits(gpu, K, wt)) return "sg";
   return "team";
 }
@@ -471,7 +477,7 @@ export function floatCopyFor(
 /**
  * The copy of an RMSNorm GEMV's input (`consumer`, norm weights `normWeight`) for the GEMV before it
  * (`producer`) to write: int8 where both take the int8 direct mode and the producer's widened workgroups
- * stay within INT8_NORM_COPY_MAX_THREADS (int8CopyFor), else f32 where both take the f32 direct mode
+ * stay within int8NormCopyMaxThreads (int8CopyFor), else f32 where both take the f32 direct mode
  * (floatCopyFor), else undefined (the consumer normalises x itself).
  */
 export function normCopyFor(
@@ -480,7 +486,7 @@ export function normCopyFor(
   consumer: GemvFusedDims,
   normWeight: GPUBuffer,
 ): InputCopyOut | undefined {
-  if (int8CopyOutFits(gpu, producer, INT8_NORM_COPY_MAX_THREADS)) {
+  if (int8CopyOutFits(gpu, producer, int8NormCopyMaxThreads(gpu, producer.T))) {
     const c = int8CopyFor(gpu, consumer, normWeight);
     if (c) return c;
   }
@@ -512,8 +518,18 @@ export function int8CopyOutFits(gpu: Gpu, d: GemvFusedDims, maxThreads = Infinit
 export const INT8_NORM_COPY_MAX_THREADS = 512;
 
 /**
- * Whether gemvFusedCalls takes the int8 direct multi-token GEMV: q8 / q4 weights, 2..16 rows where the
- * multi-token GEMV fits, WGSL's dp4, and no kernel forced by the call. gpu.tuning.multiInt8 true / false
+ * The widest producer workgroup for an RMSNorm consumer's int8 copy at T rows: INT8_NORM_COPY_MAX_THREADS,
+ * or 1,024 for one-token steps, where down (widened to 1,024 threads) writing the next layer's qkv input is
+ * what lets the one-token int8 chain pay (oneTokenInt8); at k = 8 the same copy lost (H200, Llama-1B q4 k = 8
+ * step 0.983-0.986 -> 1.156-1.158 ms). gpu.tuning.multiInt8NormCopyThreads overrides both.
+ */
+function int8NormCopyMaxThreads(gpu: Gpu, T: number): number {
+  return gpu.tuning.multiInt8NormCopyThreads ?? (T === 1 ? 1024 : INT8_NORM_COPY_MAX_THREADS);
+}
+
+/**
+ * Whether gemvFusedCalls takes the int8 direct multi-token GEMV: q8 / q4 weights, 2..16 rows (or one row,
+ * oneTokenInt8) where the multi-token GEMV fits, WGSL's dp4, and no kernel forced by the call. gpu.tuning.multiInt8 true / false
  * forces it on / off; by default it serves q4 at every k and q8 from k = 4 (H200, Llama-1B k-step over the
  * one-token step, 2026-12-01 seventh session: q4 k = 2 / 4 / 8 / 16 1.20 / 1.38 / 1.68 / 2.46x against one
  * grid row per token's 1.31 / 2.04 / 3.24 / 5.76x; q8 1.20 / 1.24 / 1.43 / 2.02x against the f32 direct
@@ -529,8 +545,22 @@ function multiInt8Serves(gpu: Gpu, d: GemvFusedDims): boolean {
     (t.multi === undefined && t.multiDirect === undefined && t.multiStage === undefined &&
       t.dp4 !== false && sgFits(gpu, d.K, d.weights) && (d.weights === "q4" || d.T >= 4));
   return on && isQuant(d.weights) && gpu.hasDp4 && gpu.subgroupSize !== undefined &&
-    t.gemv !== "team" && d.T >= 2 && d.multi === undefined && d.tuning === undefined &&
+    t.gemv !== "team" && (d.T >= 2 || oneTokenInt8(gpu, d)) && d.multi === undefined &&
+    d.tuning === undefined &&
     gemvFusedFits(d.K) && multiFits(gpu, d.K, d.T, d.weights);
+}
+
+/**
+ * Whether a one-token GEMV takes the int8 direct mode: q4 weights in blocks that chain int8 copies
+ * (GemvFusedDims.int8One), unless gpu.tuning.multiInt8One says otherwise (true: every quantised one-token
+ * GEMV where the mode fits; false: none). With the copies, every such GEMV of a layer reads an input the
+ * kernel before quantised (the attention for o_proj, o_proj for gate/up, gate/up for down, down for the
+ * next layer's qkv or the LM head), so no workgroup quantises x itself: H200, Llama-1B q4 step 0.675-0.679
+ * -> 0.644-0.646 ms, decode 1,468-1,478 -> 1,537-1,563 tok/s (2026-12-02, thirteenth session). Without
+ * down's copy (each qkv making its own input) it was 0.680 against 0.676-0.678: no gain.
+ */
+function oneTokenInt8(gpu: Gpu, d: GemvFusedDims): boolean {
+  return gpu.tuning.multiInt8One ?? (d.int8One === true && d.weights === "q4");
 }
 
 export function gemvFusedCall(

@@ -132,9 +132,12 @@ export function multiTileK(
   return Math.min(kt, Math.ceil(K / UW) * UW);
 }
 
-/** Whether the multi-token GEMV serves this shape on this GPU (else the team kernel, a grid row per token). */
+/**
+ * Whether the multi-token GEMV serves this shape on this GPU (else the team kernel, a grid row per token).
+ * It serves one token too; gemv_fused.ts decides when a one-token step takes it.
+ */
 export function multiFits(gpu: Gpu, K: number, T: number, wt: WeightType | QuantType): boolean {
-  if (!gpu.subgroupSize || T < 2 || T > GEMV_MULTI_MAX_T) return false;
+  if (!gpu.subgroupSize || T < 1 || T > GEMV_MULTI_MAX_T) return false;
   if (K % unitWeights(wt) !== 0 || K % 8 !== 0) return false;
   if (isQuant(wt) && K % QUANT_GROUP !== 0) return false;
   return multiTileK(gpu, K, T, wt) * 4 * T + 256 <= gpu.maxWorkgroupStorage;

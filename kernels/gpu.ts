@@ -82,6 +82,12 @@ export interface KernelTuning {
    */
   multiInt8?: boolean;
   /**
+   * One-token steps take that int8 direct mode too (with the copies below) instead of gemv_sg.ts's one-row
+   * kernel quantising x in every workgroup: by default q4 weights in models without MoE layers
+   * (gemv_fused.ts oneTokenInt8); true: every quantised one-token GEMV where it fits; false: none.
+   */
+  multiInt8One?: boolean;
+  /**
    * In that mode the kernel before o_proj (the decode attention) and before down (the paired gate/up GEMV)
    * write the int8 copy of its input themselves, so those two GEMVs need no input pass (gemv_fused.ts
    * int8CopyFor). Default on; false: every int8 GEMV makes its own copy (A/B runs).
@@ -93,6 +99,11 @@ export interface KernelTuning {
    * false: those keep their input pass (A/B runs).
    */
   multiInt8NormCopies?: boolean;
+  /**
+   * The widest producer workgroup (threads) that writes an RMSNorm GEMV's int8 input (gemv_fused.ts
+   * int8NormCopyMaxThreads: by default 1,024 in one-token steps, 512 in k-steps; A/B runs).
+   */
+  multiInt8NormCopyThreads?: number;
   /**
    * f32 / f16 k-steps in the f32 direct multi-token mode: the GEMV before each RMSNorm GEMV (o_proj before
    * gate/up, down before the next layer's qkv or the LM head) writes its input times the norm weights and

@@ -190,6 +190,7 @@ export class Model {
   #gemmF16: boolean | undefined;
   /** BlockContext.gemmF16 of this model (whether its prefill GEMMs may multiply in f16). */
   get gemmF16(): boolean {
+    // (Also BlockContext.int8One: both hold for models without MoE layers.)
     return this.#gemmF16 ??= gemmF16For(this.config);
   }
 
@@ -208,6 +209,7 @@ export class Model {
       normType: this.normType,
       kv: this.kvType,
       gemmF16: this.gemmF16,
+      int8One: this.gemmF16,
       typeOf: (b) => this.typeOf(b),
       eps: this.config.rmsNormEps,
       upload: () => {
@@ -304,6 +306,7 @@ export class Model {
       normType,
       kv: kvType,
       gemmF16: gemmF16For(c),
+      int8One: gemmF16For(c),
       typeOf: (b) => types.get(b)!,
       eps: c.rmsNormEps,
       upload: (data, as, label) => {
@@ -674,6 +677,7 @@ export class Sequence {
             normWeights: normType,
             transform: "rmsnorm" as const,
             eps: c.rmsNormEps,
+            int8One: ctx.int8One,
           },
           norm: m.finalNorm,
         }

@@ -33,6 +33,12 @@ export interface BlockContext {
    * mixtral-tiny's f16-weights logits error 3.0e-3 -> 9.2e-2). Blocks pass it as GemmDims.f16Math.
    */
   gemmF16: boolean;
+  /**
+   * Whether one-token q4 GEMVs take the int8 direct mode, each reading the int8 copy of its input that the
+   * kernel before wrote (GemvFusedDims.int8One): the dense blocks chain those copies round a layer; not for
+   * models with MoE layers, whose expert kernels neither read nor write them.
+   */
+  int8One: boolean;
   /** Uploads weights computed at load (e.g. a matrix cut into per-head blocks) as `as`, counted with the model's. */
   upload(data: Float32Array, as: WeightType, label: string): GPUBuffer;
 }

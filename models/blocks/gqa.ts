@@ -116,6 +116,7 @@ export function gqaQkvDims(
     normWeights: ctx.normType,
     transform: "rmsnorm",
     eps: ctx.eps,
+    int8One: ctx.int8One,
   };
 }
 
@@ -157,11 +158,12 @@ export function gqaProgram(
   const foldNorm = qkNorm !== undefined && decode && headNormSwitch() === "fused";
   if (qkNorm && !foldNorm) calls.push(headNormCall(gpu, { qkv, ...qkNorm }, { ...dims, eps }));
   const [kcache, vcache] = cache;
-  const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o) };
+  const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o), int8One: ctx.int8One };
   // Prefill: the flash attention writes o_proj's input as f16 where its GEMM reads f16 (flashHalfOut).
   const oHalf = !decode && !d.fused &&
     flashHalfOut(gpu, a.headDim, gemmHalfInput(gpu, attDim, o.weights, ctx.gemmF16));
-  // k-steps in the int8 direct mode: the attention writes o_proj's int8 input itself (no input pass).
+  // The int8 direct mode (k-steps; dense models' one-token q4 steps): the attention writes o_proj's int8
+  // input itself (no input pass).
   const copy = decode && d.fused && attentionCopyOutFits(a) ? int8CopyFor(gpu, o) : undefined;
   if (decode) {
     calls.push(

@@ -6,7 +6,6 @@
 // subgroup kernel serves it (gpu.tuning.pairGateUp), else write gu and fold silu_mul into down's staging;
 // prefill writes gu and the GEMM reads silu_mul as it stages.
 import {
-  floatCopyFor,
   gemmCalls,
   gemmFits,
   gemmHalfInput,
@@ -16,6 +15,7 @@ import {
   int8CopyFor,
   int8CopyOutFits,
   type KernelCall,
+  normCopyFor,
   prefillLinearCalls,
   siluMulCall,
 } from "../../kernels/mod.ts";
@@ -67,6 +67,7 @@ export function mlpGateUpDims(
     transform: "rmsnorm",
     eps: ctx.eps,
     pairs: true,
+    int8One: ctx.int8One,
   };
 }
 
@@ -86,15 +87,15 @@ export function mlpProgram(
   // Paired (gemv_sg.ts): the gate/up GEMV writes silu(gate) * up into `a` [T, I] and down reads it as it is.
   const gateUp = mlpGateUpDims(ctx, f, w, d);
   if (gateUp) {
-    const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down) };
+    const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down), int8One: ctx.int8One };
     // k-steps in the int8 direct mode: gate/up writes down's int8 input itself (no input pass for down), and
     // reads its own from the attention's o_proj where that wrote it (d.link).
     const copy = int8CopyOutFits(gpu, gateUp) ? int8CopyFor(gpu, down) : undefined;
     const copyIn = d.link?.copy;
-    // f32 k-steps: down writes the input of the RMSNorm GEMV after the layer (the next layer's qkv or the LM
-    // head; floatCopyFor). (An int8 one would need down's workgroups widened to 1,024 threads at its splitK,
-    // the size at which o_proj's copy lost; not measured.)
-    const after = d.link?.after ? floatCopyFor(gpu, down, d.link.after.dims, d.link.after.norm) : undefined;
+    // down writes the input of the RMSNorm GEMV after the layer (the next layer's qkv or the LM head;
+    // normCopyFor): f32 in f32 k-steps; int8 only where down's workgroups, widened to whole blocks of 32 rows,
+    // stay within gpu.tuning.multiInt8NormCopyThreads (by default they do not: 1,024 threads at its splitK).
+    const after = d.link?.after ? normCopyFor(gpu, down, d.link.after.dims, d.link.after.norm) : undefined;
     if (after && d.link) d.link.afterCopy = after;
     return [
       ...gemvFusedCalls(gpu, { x, w: w.gateUp, y: a, normWeight: w.norm, copyIn, copyOut: copy }, gateUp),

@@ -7,7 +7,8 @@ import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
 import { argmaxRowsRef, getGpu, NoGpuError } from "../../kernels/mod.ts";
 import { loadEngine } from "../../models/engine.ts";
-import { ensureDemoModel } from "../../models/demo.ts";
+import { DEMO_CONFIG_JSON, ensureDemoModel } from "../../models/demo.ts";
+import { ensureRandomCheckpoint } from "../../scripts/bench/random_checkpoint.ts";
 import { RequestError } from "../../models/errors.ts";
 
 const gpu = await getGpu().catch((e) => {
@@ -102,6 +103,7 @@ async function kStepError(
   tuning: Record<string, unknown>,
   /** The rows to compare with (default: one-token steps without the multi-token GEMV). */
   base: { tuning: Record<string, unknown>; ks: number[] } = { tuning: { multi: false }, ks: [1] },
+  ks: number[] = [16, 8, 2, 5, 3],
 ): Promise<{ worst: number; scale: number }> {
   const rows = async (t: Record<string, unknown>, ks: number[]) => {
     gpu!.tuning = { ...t };
@@ -123,7 +125,7 @@ async function kStepError(
     }
   };
   const want = await rows(base.tuning, base.ks);
-  const got = await rows(tuning, [16, 8, 2, 5, 3]);
+  const got = await rows(tuning, ks);
   assert.equal(got.length, want.length);
   let worst = 0, scale = 0;
   for (let i = 0; i < got.length; i++) {
@@ -175,6 +177,54 @@ Deno.test(
     });
     console.log(`norm copies against the input pass: worst ${norm.worst} of ${norm.scale}`);
     assert.ok(norm.worst <= 0.01 * norm.scale, `worst |logit error| ${norm.worst} of ${norm.scale}`);
+  },
+);
+
+// One-token q4 steps in the int8 direct mode (gemv_fused.ts oneTokenInt8, the default for dense models where
+// the mode fits): each GEMV reads the int8 copy of its input that the kernel before wrote, down included (the
+// next layer's qkv's and the LM head's, with its block sums of squares). A model wide enough for that here
+// (hidden 256: whole q4 units of 32 weights for every lane of 8-lane subgroups; at 32 lanes it says it skipped), against the one-row kernel quantising x
+// itself (multiInt8One false): the same int8 codes up to rounding, so the logits agree far inside q4's noise.
+Deno.test(
+  onGpu("q4 one-token steps chain int8 copies from GEMV to GEMV and track the one-row kernel"),
+  async () => {
+    const dir = join(Deno.env.get("TMPDIR") ?? "/tmp", "swactor-test-int8-one-v2");
+    await ensureRandomCheckpoint(dir, {
+      ...DEMO_CONFIG_JSON,
+      vocab_size: 2048,
+      hidden_size: 256,
+      intermediate_size: 512,
+      num_hidden_layers: 2,
+      num_attention_heads: 8,
+    });
+    const labels = async (tuning: Record<string, unknown>) => {
+      gpu!.tuning = { ...tuning };
+      const engine = await loadEngine(dir, { gpu: gpu!, weights: "q4" });
+      const seq = engine.weights.newSequence({ maxSeq: 32, sampling: greedy, maxChunk: 16 });
+      try {
+        return seq.program(1, "logits").map((c) => c.label);
+      } finally {
+        seq.destroy();
+        engine.close();
+        gpu!.tuning = {};
+      }
+    };
+    const chain = await labels({});
+    if (!chain.includes("gemv_rmsnorm_pairs_direct_i8")) {
+      console.log(`skipped: the int8 direct mode does not serve this model here (${gpu!.adapterName})`);
+      return;
+    }
+    // Only the first qkv makes its own int8 input; every other GEMV reads the copy the kernel before wrote.
+    assert.equal(chain.filter((l) => l === "gemv_int8_x").length, 1, chain.join(" "));
+    assert.ok(!(await labels({ multiInt8One: false })).some((l) => l?.endsWith("_i8")));
+    const all = Array.from({ length: 24 }, (_, i) => 100 + ((i * 7919) % 1900));
+    const { worst, scale } = await kStepError(dir, all, "q4", {}, {
+      tuning: { multiInt8One: false },
+      ks: [1],
+    }, [1]);
+    console.log(`one-token int8 chain against the one-row kernel: worst ${worst} of ${scale}`);
+    assert.ok(worst > 0, "the same logits to the bit: did the one-token steps take the int8 direct mode?");
+    assert.ok(worst <= 0.05 * scale, `worst |logit error| ${worst} of ${scale}`);
   },
 );
 
