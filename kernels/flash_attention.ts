@@ -525,12 +525,12 @@ const flashBlockedSources = memoSource(flashBlockedSource);
 
 /**
  * Whether the prefill attention writes its output as f16 for an o_proj GEMM reading it so (GemmDims.xHalf):
- * the blocked variant where that GEMM multiplies in f16 (gemmHalfInput), unless gpu.tuning.flashHalf is
- * false. Its tiles round x to f16 as they stage it, so the f16 store adds no rounding.
+ * the blocked variant where that GEMM multiplies in f16 (`oHalf`: gemmHalfInput, which needs shader-f16),
+ * unless gpu.tuning.flashHalf is false. Its tiles round x to f16 as they stage it, so the f16 store adds no rounding.
  */
 export function flashHalfOut(gpu: Gpu, headDim: number, oHalf: boolean): boolean {
   return oHalf && gpu.tuning.flashHalf !== false && flashAttentionFits(headDim) &&
-    (gpu.tuning.flash ?? "blocked") === "blocked" && gpu.hasF16;
+    (gpu.tuning.flash ?? "blocked") === "blocked";
 }
 const flashSources = memoSource(flashSource);
 

@@ -529,8 +529,8 @@ function int8NormCopyMaxThreads(gpu: Gpu, T: number): number {
 
 /**
  * Whether gemvFusedCalls takes the int8 direct multi-token GEMV: q8 / q4 weights, 2..16 rows (or one row,
- * oneTokenInt8) where the multi-token GEMV fits, WGSL's dp4, and no kernel forced by the call. gpu.tuning.multiInt8 true / false
- * forces it on / off; by default it serves q4 at every k and q8 from k = 4 (H200, Llama-1B k-step over the
+ * oneTokenInt8) where the multi-token GEMV fits, WGSL's dp4, and no kernel forced by the call.
+ * gpu.tuning.multiInt8 true / false forces it on / off; by default it serves q4 at every k and q8 from k = 4 (H200, Llama-1B k-step over the
  * one-token step, 2026-12-01 seventh session: q4 k = 2 / 4 / 8 / 16 1.20 / 1.38 / 1.68 / 2.46x against one
  * grid row per token's 1.31 / 2.04 / 3.24 / 5.76x; q8 1.20 / 1.24 / 1.43 / 2.02x against the f32 direct
  * mode's 1.12 / 1.59 / 2.34 / 6.92x), where the one-token step's GEMV also multiplies int8 activations

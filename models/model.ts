@@ -187,11 +187,10 @@ export class Model {
     private readonly borrowed: ReadonlySet<GPUBuffer> = new Set(),
   ) {}
 
-  #gemmF16: boolean | undefined;
-  /** BlockContext.gemmF16 of this model (whether its prefill GEMMs may multiply in f16). */
-  get gemmF16(): boolean {
-    // (Also BlockContext.int8One: both hold for models without MoE layers.)
-    return this.#gemmF16 ??= gemmF16For(this.config);
+  #dense: boolean | undefined;
+  /** Whether no layer of this model routes to experts (denseFor): its BlockContext's gemmF16 and int8One. */
+  get dense(): boolean {
+    return this.#dense ??= denseFor(this.config);
   }
 
   get hasEmbed(): boolean {
@@ -208,8 +207,8 @@ export class Model {
       gpu: this.gpu,
       normType: this.normType,
       kv: this.kvType,
-      gemmF16: this.gemmF16,
-      int8One: this.gemmF16,
+      gemmF16: this.dense,
+      int8One: this.dense,
       typeOf: (b) => this.typeOf(b),
       eps: this.config.rmsNormEps,
       upload: () => {
@@ -301,12 +300,13 @@ export class Model {
       return data;
     };
     let gpuBytes = 0;
+    const dense = denseFor(c);
     const ctx: BlockContext = {
       gpu,
       normType,
       kv: kvType,
-      gemmF16: gemmF16For(c),
-      int8One: gemmF16For(c),
+      gemmF16: dense,
+      int8One: dense,
       typeOf: (b) => types.get(b)!,
       eps: c.rmsNormEps,
       upload: (data, as, label) => {
@@ -449,8 +449,11 @@ export interface Segment {
   split?: number;
 }
 
-/** BlockContext.gemmF16: f16 prefill GEMMs unless some layer of the model (any part's) routes to experts. */
-export function gemmF16For(c: ModelConfig): boolean {
+/**
+ * Whether no layer of the model (any part's) routes to experts. Such a model's BlockContext has gemmF16 (its
+ * prefill GEMMs may multiply in f16) and int8One (its one-token q4 GEMVs chain int8 copies).
+ */
+export function denseFor(c: ModelConfig): boolean {
   for (let i = 0; i < c.numLayers; i++) if (c.layer(i).ffn.kind === "moe") return false;
   return true;
 }
@@ -729,7 +732,7 @@ export class Sequence {
             N: V,
             T: rows,
             weights: wt(lmHead),
-            f16Math: m.gemmF16,
+            f16Math: m.dense,
           }),
         );
       }
@@ -760,7 +763,7 @@ export class Sequence {
         N: H,
         T,
         weights: m.typeOf(weight),
-        f16Math: m.gemmF16,
+        f16Math: m.dense,
       });
     return [
       rmsnormCall(gpu, { x: src, w: w.hnorm, y: hn! }, {

@@ -93,8 +93,8 @@ export function mlpProgram(
     const copy = int8CopyOutFits(gpu, gateUp) ? int8CopyFor(gpu, down) : undefined;
     const copyIn = d.link?.copy;
     // down writes the input of the RMSNorm GEMV after the layer (the next layer's qkv or the LM head;
-    // normCopyFor): f32 in f32 k-steps; int8 only where down's workgroups, widened to whole blocks of 32 rows,
-    // stay within gpu.tuning.multiInt8NormCopyThreads (by default they do not: 1,024 threads at its splitK).
+    // normCopyFor): f32 in f32 k-steps; int8 where down's workgroups, widened to whole blocks of 32 rows, stay
+    // within int8NormCopyMaxThreads (one-token steps; at 32 lanes not k-steps, which would need 1,024 threads).
     const after = d.link?.after ? normCopyFor(gpu, down, d.link.after.dims, d.link.after.norm) : undefined;
     if (after && d.link) d.link.afterCopy = after;
     return [

@@ -1,9 +1,9 @@
 // The engine's own prefill chunk (models/model.ts prefillChunkFor) and where the prefill GEMMs may multiply
-// in f16 (gemmF16For): pure rules, checked without a GPU.
+// in f16 (denseFor): pure rules, checked without a GPU.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { readModelConfig } from "../../models/family.ts";
-import { gemmF16For, type Model, prefillChunkFor } from "../../models/model.ts";
+import { denseFor, type Model, prefillChunkFor } from "../../models/model.ts";
 
 /** What prefillChunkFor reads of a model: its adapter, its weights' storage and their bytes. */
 const model = (weightType: string, weightBytes: number, isSoftware = false) =>
@@ -24,9 +24,9 @@ Deno.test("prefill chunk: MoE parts and software adapters keep the step's chunk"
 });
 
 Deno.test("f16 prefill GEMMs for dense models, not for models with MoE layers", async () => {
-  assert.equal(gemmF16For(await readModelConfig(fixtureDir("llama-micro")!)), true);
-  assert.equal(gemmF16For(await readModelConfig(fixtureDir("qwen3-tiny")!)), true);
-  assert.equal(gemmF16For(await readModelConfig(fixtureDir("mixtral-tiny")!)), false);
+  assert.equal(denseFor(await readModelConfig(fixtureDir("llama-micro")!)), true);
+  assert.equal(denseFor(await readModelConfig(fixtureDir("qwen3-tiny")!)), true);
+  assert.equal(denseFor(await readModelConfig(fixtureDir("mixtral-tiny")!)), false);
   // Kimi K2: its first layer is dense, the rest route to experts.
-  assert.equal(gemmF16For(await readModelConfig(fixtureDir("kimi-k2-tiny")!)), false);
+  assert.equal(denseFor(await readModelConfig(fixtureDir("kimi-k2-tiny")!)), false);
 });
