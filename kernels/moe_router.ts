@@ -88,6 +88,9 @@ export function routerWgsl(
   const K = r.topK;
   const scale = Math.fround(r.scale);
   const f = (v: number) => (Number.isInteger(v) ? `${v}.0` : `${v}`);
+  // The choices (selection scores) in workgroup memory: a vec4 view where E % 4 == 0; `ch(i)` is choice i.
+  const V = E % 4 === 0;
+  const ch = (i: string) => V ? `rt_choice[(${i}) / 4u][(${i}) % 4u]` : `rt_choice[${i}]`;
   // Softmax by the first subgroup (sigmoid needs no reduction: every thread scores its experts); its lanes
   // hold experts lane, lane + S, ... and also write the choices.
   const byWarp = warp !== undefined && r.scoring === "softmax";
@@ -103,7 +106,7 @@ export function routerWgsl(
     for (var e = tid; e < ${E}u; e += ${S}u) {
       let v = rt_score[e] / s;
       rt_score[e] = v;
-      rt_choice[e] = v${bias ? " + bias[e]" : ""};
+      ${ch("e")} = v${bias ? " + bias[e]" : ""};
     }
   }`;
   const treeScore = (row: string) =>
@@ -124,7 +127,7 @@ export function routerWgsl(
     var a = -3.4e38;
     var b = -3.4e38;
     for (var e = tid * ${GS}u; e < tid * ${GS}u + ${GS}u; e++) {
-      let v = rt_choice[e];
+      let v = ${ch("e")};
       if (v > a) { b = a; a = v; } else if (v > b) { b = v; }
     }
     rt_gscore[tid] = a + b;
@@ -139,7 +142,7 @@ export function routerWgsl(
   workgroupBarrier();
   // -inf in transformers; the lowest finite f32 orders the same (kept scores are finite) and WGSL has no
   // infinite constants.
-  for (var e = tid; e < ${E}u; e += 256u) { if (rt_keep[e / ${GS}u] == 0u) { rt_choice[e] = -3.40282347e38; } }
+  for (var e = tid; e < ${E}u; e += 256u) { if (rt_keep[e / ${GS}u] == 0u) { ${ch("e")} = -3.40282347e38; } }
   workgroupBarrier();`;
   const norm = !r.normTopK ? "" : `
     var sum = 0.0;
@@ -147,7 +150,7 @@ export function routerWgsl(
     w = w / (sum + ${r.scoring === "sigmoid" ? "1e-20" : "0.0"});`;
   const decls = `
 var<workgroup> rt_score: array<f32, ${E}>;
-var<workgroup> rt_choice: array<f32, ${E}>;
+var<workgroup> rt_choice: array<${V ? `vec4<f32>, ${E / 4}` : `f32, ${E}`}>;
 var<workgroup> rt_red: array<f32, 256>;
 var<workgroup> rt_gscore: array<f32, ${G}>;
 var<workgroup> rt_keep: array<u32, ${G}>;
@@ -165,24 +168,60 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
   workgroupBarrier();
   return r;
 }`;
+  // The ranking. An expert's rank is the count of experts beating it, read from workgroup memory: four a
+  // load (a vec4 view where E % 4 == 0), several loads issued before any is used, and with subgroups P
+  // threads an expert, each counting 1 / P of the experts, their counts summed by subgroupShuffleXor (P a
+  // power of 2 dividing the subgroup, E * P filling whole subgroups of the 256 threads).
+  let P = 1;
+  while (
+    V && warp !== undefined && 2 * P <= Math.min(8, warp) && E * 2 * P <= 256 && (E / (2 * P)) % 4 === 0 &&
+    (E * 2 * P) % warp === 0
+  ) P *= 2;
+  const W = V ? E / 4 / P : E; // loads (vec4 or scalar) a thread
+  const UN = [8, 4, 2, 1].find((u) => W % u === 0)!;
+  const beat = (u: number) =>
+    V
+      ? `
+      let m${u} = mb + ${u}u;
+      let o${u} = rt_choice[m${u}];
+      let b${u} = (o${u} > vec4<f32>(v)) | ((o${u} == vec4<f32>(v)) & (vec4<u32>(4u * m${u}) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(e)));
+      rank += dot(select(vec4<u32>(0u), vec4<u32>(1u), b${u}), vec4<u32>(1u));`
+      : `
+      let o${u} = rt_choice[mb + ${u}u];
+      rank += u32(o${u} > v || (o${u} == v && mb + ${u}u < e));`;
+  const count = (first: string) => `
+    let v = ${ch("e")};
+    var rank = 0u;
+    for (var i = 0u; i < ${W}u; i += ${UN}u) {
+      let mb = ${first} + i;${Array.from({ length: UN }, (_, u) => beat(u)).join("")}
+    }`;
+  const take = `
+    if (rank < ${K}u) {
+      rt_ids[rank] = e;
+      rt_pick[rank] = rt_score[e];
+    }`;
+  const ranking = P > 1
+    ? `
+  if (tid < ${E * P}u) {
+    let e = tid / ${P}u;${count(`(tid % ${P}u) * ${W}u`)}${
+      Array.from({ length: Math.log2(P) }, (_, i) => `
+    rank += subgroupShuffleXor(rank, ${1 << i}u);`).join("")
+    }
+    if (tid % ${P}u == 0u) {${take}
+    }
+  }`
+    : `
+  for (var e = tid; e < ${E}u; e += 256u) {${count("0u")}${take}
+  }`;
   const body = (row: string) => `
   ${score(row)}${
     byWarp ? "" : `
-  for (var e = tid; e < ${E}u; e += 256u) { rt_choice[e] = rt_score[e]${bias ? " + bias[e]" : ""}; }`
+  for (var e = tid; e < ${E}u; e += 256u) { ${ch("e")} = rt_score[e]${bias ? " + bias[e]" : ""}; }`
   }
   workgroupBarrier();
   ${groups}
   // Rank = how many experts beat this one (larger c, or equal c and a lower index): a total order, so
-  // ranks 0..K-1 are each written once.
-  for (var e = tid; e < ${E}u; e += 256u) {
-    let v = rt_choice[e];
-    var rank = 0u;
-    for (var j = 0u; j < ${E}u; j++) { let o = rt_choice[j]; rank += u32(o > v || (o == v && j < e)); }
-    if (rank < ${K}u) {
-      rt_ids[rank] = e;
-      rt_pick[rank] = rt_score[e];
-    }
-  }
+  // ranks 0..K-1 are each written once.${ranking}
   workgroupBarrier();
   if (tid < ${K}u) {
     var w = rt_pick[tid];${norm}
