@@ -12,7 +12,8 @@
 //                / (sum + 1e-20) if norm_topk_prob, times routed_scaling_factor
 // Ties (torch.topk leaves them unspecified) go to the lowest index, for experts and for groups. Output
 // slots are in descending order of the selection score. One workgroup per token: each thread ranks its
-// experts by counting the experts that beat them (one barrier, no sort), which for E <= 1024 is cheap.
+// experts by counting the experts that beat them (one barrier, no sort; reads of four choices at a time,
+// several in flight, since every gate_up workgroup of a decode step routes before its first weight load).
 import { type Gpu, type KernelCall, kernelCall, pipeline } from "./gpu.ts";
 
 export interface MoeRouting {
@@ -73,8 +74,10 @@ export function checkRouting(r: MoeRouting): Required<MoeRouting> {
  * read `logits[row + e]` (and `bias[e]` with `bias`) and leave the choice in workgroup memory: rt_ids[j]
  * (u32) and rt_w[j] (f32, final weights), slot 0 the best, after a barrier. With `warp` (the subgroup
  * size S) the scores are taken by the first subgroup with subgroupMax / subgroupAdd (no barrier tree) and
- * the ranking stays as it is, a thread an expert: one barrier and a pass over the E choices in workgroup
- * memory where routerWgslFast does k dependent rounds of two subgroup reductions.
+ * the ranking is shared by P threads an expert (their counts summed with subgroupShuffleXor, so like the
+ * kernels around it this takes subgroup s to be threads s S .. s S + S - 1 in lane order): one barrier and a
+ * pass over the E choices in workgroup memory where routerWgslFast does k dependent rounds of two subgroup
+ * reductions.
  */
 export function routerWgsl(
   r: Required<MoeRouting>,
