@@ -356,7 +356,12 @@ export function gemvFusedCalls(
     xRow0: d.xRow0,
     eps: d.eps,
   });
-  const multi = int8Tuning(gpu, d, i8Out !== undefined);
+  const multi = int8Tuning(
+    gpu,
+    d,
+    i8Out !== undefined,
+    i8Out?.norm ? int8NormCopyMaxThreads(gpu, d.T) : Infinity,
+  );
   if (!multi) throw new RangeError("no int8 copy of the output for this shape: check int8CopyOutFits");
   const xq = i8In ?? { q: input!.xq, s: input!.xqs };
   const gemv = gemvFusedCall(gpu, { ...bufs, copyIn: undefined, copyOut: i8Out, xq }, {
@@ -365,7 +370,7 @@ export function gemvFusedCalls(
     copyOut: i8Out?.weights,
   });
   // A copy made for this GEMV by the kernel before it is released with this GEMV's call.
-  if (i8In) gemv.owned = [i8In.q, i8In.s, ...(i8In.ssq ? [i8In.ssq] : [])];
+  if (i8In) gemv.owned = [...(gemv.owned ?? []), i8In.q, i8In.s, ...(i8In.ssq ? [i8In.ssq] : [])];
   return input ? [input.call, gemv] : [gemv];
 }
 
@@ -374,7 +379,12 @@ export function gemvFusedCalls(
  * the copy's blocks are quantised by the workgroup that wrote them), or undefined where that needs more
  * threads than a workgroup has.
  */
-function int8Tuning(gpu: Gpu, d: GemvFusedDims, copyOut: boolean): MultiTuning | undefined {
+function int8Tuning(
+  gpu: Gpu,
+  d: GemvFusedDims,
+  copyOut: boolean,
+  maxThreads = Infinity,
+): MultiTuning | undefined {
   const S = gpu.subgroupSize!;
   const f = d.transform ?? "none";
   const base = multiDirectTuning(d.K, d.N, d.T, d.weights, S, d.pairs, gpu.tuning);
@@ -383,18 +393,37 @@ function int8Tuning(gpu: Gpu, d: GemvFusedDims, copyOut: boolean): MultiTuning |
   // and down were no faster with 2, the paired gate/up slower with 1 pair).
   const rows = f === "rmsnorm" && !d.pairs && d.T >= 8 && gpu.tuning.multiRows === undefined ? 2 : base.rows;
   const key = gemvTuningKey(d.weights, f, d.N, d.K, d.pairs, d.T);
-  const t = { ...withShapeTuning(gpu, { ...base, rows }, key), dp4: true };
+  const { arrive: asked, ...t } = { ...withShapeTuning(gpu, { ...base, rows }, key), dp4: true };
   if (!copyOut) return t;
   if (d.N % 32 !== 0 || 32 % t.rows !== 0) return undefined;
+  // The last workgroup of each block of 32 rows quantising it (MultiTuning `arrive`), where a workgroup's
+  // rows divide 32: by default up to INT8_COPY_ARRIVE_MAX_T rows, where whole-block workgroups would be
+  // wider than maxThreads; gpu.tuning.multiInt8CopyArrive true / false (or the shape's gemvTunings
+  // `arrive`): wherever it serves / never.
+  const rowsWg = (t.wg / S / (t.splitK ?? 1)) * t.rows;
+  const force = asked ?? gpu.tuning.multiInt8CopyArrive;
+  const arrive = force !== false && 32 % rowsWg === 0 && (force === true || d.T <= INT8_COPY_ARRIVE_MAX_T)
+    ? { ...t, arrive: true }
+    : undefined;
+  if (force === true && arrive) return arrive;
   const per = 32 / t.rows; // row blocks (warp groups of splitK) a workgroup needs, or a multiple
   const max = gpu.device.limits.maxComputeInvocationsPerWorkgroup;
   // splitK halved where the wider workgroup would not fit.
   for (let sk = t.splitK ?? 1; sk >= 1; sk /= 2) {
     const wg = Math.ceil(t.wg / S / (t.splitK ?? 1) / per) * per * sk * S;
-    if (wg <= max) return { ...t, splitK: sk, wg };
+    if (wg <= max) return wg <= maxThreads ? { ...t, splitK: sk, wg } : arrive;
   }
-  return undefined;
+  return arrive;
 }
+
+/**
+ * The most rows for which copies made by the last workgroup of a block (MultiTuning `arrive`) are taken by
+ * default. H200, Llama-1B k-steps, GPU ms (2026-12-02, fifteenth session; down then writing qkv's input, and
+ * at k = 16 o_proj gate/up's): q4 k = 2 / 4 / 8 / 16 0.654 / 0.788 / 0.967-0.974 / 1.758-1.761 against
+ * 0.666-0.667 / 0.790-0.791 / 0.984-0.985 / 1.648-1.649 without; q8 k = 4 / 8 0.921 / 1.084-1.091 against
+ * 0.926-0.928 / 1.108-1.109, k = 16 the same.
+ */
+export const INT8_COPY_ARRIVE_MAX_T = 8;
 
 /**
  * The int8 copy of x a GEMV (the consumer, dims `d`) reads, for the kernel before it to write (the
@@ -504,8 +533,7 @@ export type Int8CopyOut = Int8Copy & { weights: QuantType; norm?: { w: GPUBuffer
  * `maxThreads`: only where its workgroups, widened to whole blocks of 32 rows, have at most this many threads.
  */
 export function int8CopyOutFits(gpu: Gpu, d: GemvFusedDims, maxThreads = Infinity): boolean {
-  const t = multiInt8Serves(gpu, d) ? int8Tuning(gpu, d, true) : undefined;
-  return t !== undefined && t.wg <= maxThreads;
+  return multiInt8Serves(gpu, d) && int8Tuning(gpu, d, true, maxThreads) !== undefined;
 }
 
 /**
@@ -651,13 +679,23 @@ export function gemvFusedCall(
         rmsIn,
       });
       const out = d.copyOut ? [out8!.q, out8!.s, ...(copyNorm ? [copyNorm.w, out8!.ssq!] : [])] : [];
-      return kernelCall(
+      // arrive: the outputs' scratch and the blocks' counters (zeroed at creation; each dispatch's last
+      // workgroup of a block zeroes its counter again).
+      const scratch = t.arrive
+        ? [
+          storageBuffer(gpu, d.T * d.N * 4, "int8 copy of y, scratch"),
+          storageBuffer(gpu, (d.N / 32) * 4, "int8 copy of y, block counters"),
+        ]
+        : [];
+      const call = kernelCall(
         gpu,
         pipeline(gpu, code),
-        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s, ...out, ...(rmsIn ? [bufs.xq.ssq!] : [])],
+        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s, ...out, ...(rmsIn ? [bufs.xq.ssq!] : []), ...scratch],
         [multiGroups(d.N, t, S!)],
         `${label}_direct_i8`,
       );
+      if (scratch.length) call.owned = scratch;
+      return call;
     }
     // Paired, a warp holds loads of twice its rows (the tile's register budget).
     const KT = t.direct ? 0 : multiTileK(gpu, d.K, d.T, wt, pairs ? { ...t, rows: 2 * t.rows } : t);

@@ -84,6 +84,13 @@ export interface MultiTuning {
   splitK?: number;
   /** Direct mode: units a lane loads per row per chunk (a chunk is unroll x S units). Default 1. */
   unroll?: number;
+  /**
+   * Direct int8 mode with an int8 copy of the output whose blocks of 32 rows span several workgroups (their
+   * rows a divisor of 32): each workgroup also stores its outputs in a scratch buffer with atomic stores and
+   * counts itself in its block's counter; the last to arrive quantises the block (gemvMultiDirectSource).
+   * Without it a copy needs workgroups widened to whole blocks.
+   */
+  arrive?: boolean;
 }
 
 /** How the tile of x is staged. */
@@ -776,9 +783,16 @@ function gemvMultiDirectSource(
     );
   }
   const part = (at: string) => `red[(g * SK + k) * RS + ${at}]`;
-  // copyOut: the workgroup's BLOCKS x R rows (whole blocks of 32) of each token, quantised for the next GEMV.
+  // copyOut: the workgroup's BLOCKS x R rows (whole blocks of 32) of each token, quantised for the next GEMV;
+  // or (t.arrive) its rows a divisor of 32, and the block quantised by the last of its workgroups to finish.
   const CB = (BLOCKS * R) / 32;
-  if (d.copyOut && !fcopy && (!Number.isInteger(CB) || N % 32 !== 0)) {
+  const arrive = t.arrive === true;
+  if (arrive && (!d.copyOut || fcopy || 32 % (BLOCKS * R) !== 0 || N % 32 !== 0)) {
+    throw new RangeError(
+      `arrive is for an int8 copy of the output from workgroups of a divisor of 32 rows (${BLOCKS} x ${R}, N ${N})`,
+    );
+  }
+  if (d.copyOut && !fcopy && !arrive && (!Number.isInteger(CB) || N % 32 !== 0)) {
     throw new RangeError(
       `an int8 copy of the output needs whole blocks of 32 rows a workgroup (${BLOCKS} x ${R} rows, N ${N})`,
     );
@@ -795,7 +809,42 @@ function gemvMultiDirectSource(
     for (var i = 0u; i < nr; i++) { let v = ys[tk * ${WR}u + i]; ss += v * v; }
     ossq[tk * ${Math.ceil(N / WR)}u + wg.x] = ss;
   }`;
-  const copyTail = fcopy ? fcopyTail : d.copyOut
+  // arrive: PER workgroups make a block of 32 rows. Each stores its outputs in ya (atomics: the last one
+  // reads them from L2, never from a stale L1 line), then one device-scope barrier (release) before thread 0
+  // counts the workgroup in; the last of the block (it resets the counter for the next dispatch) takes an
+  // acquire barrier and quantises the block's T rows, a token a thread (with copyNorm each block's sum of
+  // squares too, as below).
+  const PER = 32 / (BLOCKS * R);
+  const arriveTail = !arrive ? "" : `
+  storageBarrier();
+  if (tid == 0u) {
+    let blk = wg.x / ${PER}u;
+    let last = atomicAdd(&cnt[blk], 1u) == ${PER - 1}u;
+    if (last) { atomicStore(&cnt[blk], 0u); }
+    arrived = select(0u, 1u, last);
+  }
+  if (workgroupUniformLoad(&arrived) != 0u) {
+    storageBarrier();
+    let nw0 = wg.x / ${PER}u * 32u;${
+    int8CopyTailWgsl(d.copyOut as QuantType, {
+      K: N,
+      row0: "0u",
+      rows: "T",
+      blocks: "1u",
+      gb0: "nw0 / 32u",
+      vec4At: (i) =>
+        d.copyNorm ? `xa${i} * ${normWeightVec4(d.copyNorm, `nw0 / 4u + ${i}u`, "onw")}` : `xa${i}`,
+      WG: `${WG}u`,
+      prelude: `${range(8).map((i) => `let xa${i} = yav(cr * N + nw0 + ${4 * i}u);`).join("\n    ")}${
+        d.copyNorm
+          ? `
+    ossq[cr * ${N / 32}u + nw0 / 32u] = ${range(8).map((i) => `dot(xa${i}, xa${i})`).join(" + ")};`
+          : ""
+      }`,
+    })
+  }
+  }`;
+  const copyTail = fcopy ? fcopyTail : arrive ? arriveTail : d.copyOut
     ? `
   workgroupBarrier();
   let nw0 = wg.x * ${WR}u;
@@ -829,8 +878,11 @@ function gemvMultiDirectSource(
   // through the loop). H200, Llama-1B f16 k-steps (2026-12-02): k = 4 1.079 ms early against 1.13 late,
   // k = 8 1.446-1.453 against 1.446-1.449, k = 16 4.03 against 3.87.
   const lateLoads = d.rmsIn && !i8 && T > 8;
-  // Bindings after gemvBindingsWgsl's (binding 4 is the norm weights' or the int8 scales', where bound).
+  // Bindings after gemvBindingsWgsl's (binding 4 is the norm weights' or the int8 scales', where bound):
+  // the copy's, then x's sums of squares (rmsIn), then arrive's scratch and counters.
   const b0 = norm || i8 ? 5 : 4;
+  const rmsBinding = d.copyOut ? (fcopy ? b0 + 3 : d.copyNorm ? 9 : 7) : b0;
+  const arriveBinding = d.rmsIn ? rmsBinding + 1 : d.copyNorm ? 9 : 7;
   const TPW = Math.ceil(T / WARPS);
   const P = d.rmsParts ?? K / 32; // partials a token
   // An f32 copy's partials are loaded as vec4s (H200, Llama-1B f16 k = 8 step: 1.429-1.432 ms against
@@ -872,9 +924,21 @@ ${gemvBindingsWgsl(wt, norm, nwt, i8)}${
 var<workgroup> ys: array<f32, ${T * WR}>;`
       : d.copyOut
       ? `
-${int8CopyBindingsWgsl(5)}
+${int8CopyBindingsWgsl(5)}${
+        arrive
+          ? `
+@group(0) @binding(${arriveBinding}) var<storage, read_write> ya: array<atomic<u32>>;
+@group(0) @binding(${arriveBinding + 1}) var<storage, read_write> cnt: array<atomic<u32>>;
+var<workgroup> arrived: u32;
+fn yav(o: u32) -> vec4<f32> {
+  return bitcast<vec4<f32>>(
+    vec4<u32>(atomicLoad(&ya[o]), atomicLoad(&ya[o + 1u]), atomicLoad(&ya[o + 2u]), atomicLoad(&ya[o + 3u])),
+  );
+}`
+          : `
 var<workgroup> ys: array<f32, ${T * WR}>;
-fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys[o + 3u]); }${
+fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys[o + 3u]); }`
+      }${
         d.copyNorm
           ? `
 @group(0) @binding(7) var<storage, read> onw: array<${d.copyNorm === "f16" ? "vec2<u32>" : "vec4<f32>"}>;
@@ -885,9 +949,7 @@ fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys
   }${
     d.rmsIn
       ? `
-@group(0) @binding(${
-        d.copyOut ? (fcopy ? b0 + 3 : d.copyNorm ? 9 : 7) : b0
-      }) var<storage, read> issq: array<${v4 ? "vec4<f32>" : "f32"}>;
+@group(0) @binding(${rmsBinding}) var<storage, read> issq: array<${v4 ? "vec4<f32>" : "f32"}>;
 var<workgroup> inv_s: array<f32, ${T}>;`
       : ""
   }
@@ -957,7 +1019,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       : ""
   }${
     d.copyOut
-      ? `
+      ? arrive
+        ? `
+      atomicStore(&ya[o], bitcast<u32>(v));`
+        : `
       ys[tk * ${WR}u + g * R + r] = v;`
       : ""
   }

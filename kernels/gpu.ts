@@ -105,6 +105,12 @@ export interface KernelTuning {
    */
   multiInt8NormCopyThreads?: number;
   /**
+   * Int8 copies of a GEMV's output made by the last workgroup of each block of 32 rows (MultiTuning
+   * `arrive`) instead of workgroups widened to whole blocks: by default where those would be wider than the
+   * copy's thread limit (multiInt8NormCopyThreads'); true: wherever it serves; false: never (A/B runs).
+   */
+  multiInt8CopyArrive?: boolean;
+  /**
    * f32 / f16 k-steps in the f32 direct multi-token mode: the GEMV before each RMSNorm GEMV (o_proj before
    * gate/up, down before the next layer's qkv or the LM head) writes its input times the norm weights and
    * the sums of squares (gemv_fused.ts floatCopyFor), so the RMSNorm GEMV's inner loop reads x as it is.

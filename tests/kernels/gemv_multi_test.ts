@@ -42,6 +42,14 @@ const ignore = gpu === null || !gpu.subgroupSize;
 
 const PER_UNIT = { f32: 4, f16: 8, q8: 16, q4: 32 } as const;
 
+/** The producer's GEMV (the last call) takes the arrive mode (it owns the scratch) exactly when asked to. */
+function assertArrive(calls: { owned?: GPUBuffer[] }[], arrive: boolean, what: string): void {
+  const has = calls.at(-1)!.owned?.some((b) => b.label.includes("scratch")) === true;
+  if (has !== arrive) {
+    throw new Error(`${what}: the producer ${has ? "took" : "did not take"} the arrive mode`);
+  }
+}
+
 /**
  * x staged as f16 (xh): each x is off by at most 2^-11 of itself (round to nearest; the test's values are
  * normal in f16), so a row moves by at most 2^-11 sum |x w| (+ f32 rounding).
@@ -324,80 +332,88 @@ Deno.test(
     // The producer's tail quantises what its workgroup wrote; the pass (gemvInt8InputCall) quantises y as
     // it is in memory: the same values, so the same words and scales, bit for bit. Then a consumer reading
     // the copy (copyIn, no pass) matches the int8 product of y.
+    // Arrive (the last workgroup of a block of 32 rows quantises it): the same copy, and again after a
+    // second dispatch (its counters reset).
     const g = gpu!;
     const S = g.subgroupSize!;
     let k = 0;
-    for (const wt of ["q8", "q4"] as const) {
-      for (const pairs of [true, false]) {
-        // N: one block of rows; several workgroups with a ragged last one.
-        for (const [T, K, N] of [[2, PER_UNIT[wt] * S, 32], [8, 32 * (2 * S - 1), 32 * 37], [16, 64, 96]]) {
-          k++;
-          const saved = { ...g.tuning };
-          g.tuning.multiInt8 = true;
-          try {
-            const d = {
-              K,
-              N,
-              T,
-              weights: wt,
-              transform: "rmsnorm" as const,
-              normWeights: "f32" as const,
-              eps: 1e-5,
-              pairs,
-            };
-            const consumer = { K: N, N: 24, T, weights: wt, accumulate: k % 2 === 0 };
-            if (!int8CopyOutFits(g, d)) throw new Error(`no copyOut for ${JSON.stringify(d)} at S = ${S}`);
-            const copy = int8CopyFor(g, consumer)!;
-            const x = upload(g, randoms(T * K, k, 2));
-            const rows = (pairs ? 2 : 1) * N;
-            const w = uploadBuffer(g, packedWeights(wt, randoms(rows * K, k + 1, 0.5), rows, K).bytes);
-            const y = upload(g, new Float32Array(T * N));
-            const nw = upload(g, randoms(K, k + 2));
-            await runCalls(g, gemvFusedCalls(g, { x, w, y, normWeight: nw, copyOut: copy }, d));
-            const pass = gemvInt8InputCall(g, { x: y }, {
-              K: N,
-              T,
-              wt,
-              transform: "none",
-              normWeights: "f32",
-            });
-            await runCalls(g, [pass.call]);
-            const what = `copyOut ${wt} pairs ${pairs} T${T} K${K} N${N}`;
-            await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * N, what);
-            // The consumer on the copy, without a pass.
-            const cw = packedWeights(wt, randoms(consumer.N * N, k + 3, 0.5), consumer.N, N);
-            const y0 = randoms(T * consumer.N, k + 4);
-            const cy = upload(g, y0);
-            const calls = gemvFusedCalls(
-              g,
-              { x: y, w: uploadBuffer(g, cw.bytes), y: cy, copyIn: copy },
-              consumer,
-            );
-            if (calls.length !== 1) {
-              throw new Error(`${what}: the consumer made ${calls.length} calls, not 1`);
+    for (const arrive of [false, true]) {
+      for (const wt of ["q8", "q4"] as const) {
+        for (const pairs of [true, false]) {
+          // N: one block of rows; several workgroups with a ragged last one.
+          for (const [T, K, N] of [[2, PER_UNIT[wt] * S, 32], [8, 32 * (2 * S - 1), 32 * 37], [16, 64, 96]]) {
+            k++;
+            const saved = { ...g.tuning };
+            g.tuning.multiInt8 = true;
+            if (arrive) g.tuning.multiInt8CopyArrive = true;
+            try {
+              const d = {
+                K,
+                N,
+                T,
+                weights: wt,
+                transform: "rmsnorm" as const,
+                normWeights: "f32" as const,
+                eps: 1e-5,
+                pairs,
+              };
+              const consumer = { K: N, N: 24, T, weights: wt, accumulate: k % 2 === 0 };
+              if (!int8CopyOutFits(g, d)) throw new Error(`no copyOut for ${JSON.stringify(d)} at S = ${S}`);
+              const copy = int8CopyFor(g, consumer)!;
+              const x = upload(g, randoms(T * K, k, 2));
+              const rows = (pairs ? 2 : 1) * N;
+              const w = uploadBuffer(g, packedWeights(wt, randoms(rows * K, k + 1, 0.5), rows, K).bytes);
+              const y = upload(g, new Float32Array(T * N));
+              const nw = upload(g, randoms(K, k + 2));
+              const what = `copyOut ${wt} pairs ${pairs} T${T} K${K} N${N} arrive ${arrive}`;
+              const producer = gemvFusedCalls(g, { x, w, y, normWeight: nw, copyOut: copy }, d);
+              assertArrive(producer, arrive, what);
+              await runCalls(g, producer);
+              if (arrive) await runCalls(g, producer);
+              const pass = gemvInt8InputCall(g, { x: y }, {
+                K: N,
+                T,
+                wt,
+                transform: "none",
+                normWeights: "f32",
+              });
+              await runCalls(g, [pass.call]);
+              await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * N, what);
+              // The consumer on the copy, without a pass.
+              const cw = packedWeights(wt, randoms(consumer.N * N, k + 3, 0.5), consumer.N, N);
+              const y0 = randoms(T * consumer.N, k + 4);
+              const cy = upload(g, y0);
+              const calls = gemvFusedCalls(
+                g,
+                { x: y, w: uploadBuffer(g, cw.bytes), y: cy, copyIn: copy },
+                consumer,
+              );
+              if (calls.length !== 1) {
+                throw new Error(`${what}: the consumer made ${calls.length} calls, not 1`);
+              }
+              await runCalls(g, calls);
+              const input = await readF32(g, y, T * N);
+              if (!input.every((v) => Number.isFinite(v)) || input.every((v) => v === 0)) {
+                throw new Error(`${what}: the producer's output is not a finite, nonzero row`);
+              }
+              const want = matmulRef(input, cw.deq, {
+                K: N,
+                N: consumer.N,
+                T,
+                accumulate: consumer.accumulate,
+                weights: "f32",
+              }, y0);
+              checkDp4(
+                await readF32(g, cy, T * consumer.N),
+                want,
+                input,
+                cw.deq,
+                { T, N: consumer.N, K: N },
+                what,
+              );
+            } finally {
+              g.tuning = saved;
             }
-            await runCalls(g, calls);
-            const input = await readF32(g, y, T * N);
-            if (!input.every((v) => Number.isFinite(v)) || input.every((v) => v === 0)) {
-              throw new Error(`${what}: the producer's output is not a finite, nonzero row`);
-            }
-            const want = matmulRef(input, cw.deq, {
-              K: N,
-              N: consumer.N,
-              T,
-              accumulate: consumer.accumulate,
-              weights: "f32",
-            }, y0);
-            checkDp4(
-              await readF32(g, cy, T * consumer.N),
-              want,
-              input,
-              cw.deq,
-              { T, N: consumer.N, K: N },
-              what,
-            );
-          } finally {
-            g.tuning = saved;
           }
         }
       }
@@ -419,78 +435,86 @@ Deno.test(
     const g = gpu!;
     const S = g.subgroupSize!;
     let k = 100;
-    for (const wt of ["q8", "q4"] as const) {
-      for (
-        const [T, K, N, pairs, nwt] of [[4, 64, 32 * 5, true, "f32"], [
-          8,
-          32 * S,
-          32 * 9,
-          false,
-          "f16",
-        ]] as const
-      ) {
-        if (nwt === "f16" && !g.hasF16) continue;
-        k++;
-        const saved = { ...g.tuning };
-        g.tuning.multiInt8 = true;
-        try {
-          const producer = { K, N, T, weights: wt, accumulate: true };
-          const consumer = {
-            K: N,
-            N: 48,
-            T,
-            weights: wt,
-            transform: "rmsnorm" as const,
-            normWeights: nwt,
-            eps: 1e-5,
-            pairs,
-          };
-          const what = `norm copy ${wt} T${T} K${K} N${N} pairs ${pairs} ${nwt}`;
-          if (!int8CopyOutFits(g, producer)) throw new Error(`${what}: no copyOut`);
-          const nw32 = randoms(N, k + 5);
-          const nw = upload(g, nwt === "f16" ? f32ToF16(nw32) : nw32);
-          const nwv = nwt === "f16" ? f16ToF32(f32ToF16(nw32)) : nw32;
-          const copy = int8CopyFor(g, consumer, nw)!;
-          if (!copy?.ssq || !copy.norm) throw new Error(`${what}: int8CopyFor gave no norm copy`);
-          const y0 = randoms(T * N, k + 6);
-          const h = upload(g, y0);
-          const w = uploadBuffer(g, packedWeights(wt, randoms(N * K, k + 1, 0.5), N, K).bytes);
-          await runCalls(
-            g,
-            gemvFusedCalls(g, { x: upload(g, randoms(T * K, k, 2)), w, y: h, copyOut: copy }, producer),
-          );
-          const hv = await readF32(g, h, T * N);
-          const u = new Float32Array(T * N).map((_, i) => hv[i] * nwv[i % N]);
-          const pass = gemvInt8InputCall(g, { x: upload(g, u) }, {
-            K: N,
-            T,
-            wt,
-            transform: "none",
-            normWeights: "f32",
-          });
-          await runCalls(g, [pass.call]);
-          await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * N, what);
-          const ssq = await readF32(g, copy.ssq, (T * N) / 32);
-          const ssqWant = new Float32Array((T * N) / 32).map((_, b) =>
-            hv.slice(32 * b, 32 * b + 32).reduce((s, v) => s + v * v, 0)
-          );
-          assertClose(ssq, ssqWant, 1e-6, 1e-5, `${what}: block sums of squares`);
-          // The consumer on the copy, and with its own pass.
-          const rows = (pairs ? 2 : 1) * consumer.N;
-          const cw = uploadBuffer(g, packedWeights(wt, randoms(rows * N, k + 3, 0.5), rows, N).bytes);
-          const run = async (copyIn?: typeof copy) => {
-            const cy = upload(g, new Float32Array(T * consumer.N));
-            const calls = gemvFusedCalls(g, { x: h, w: cw, y: cy, normWeight: nw, copyIn }, consumer);
-            if (calls.length !== (copyIn ? 1 : 2)) throw new Error(`${what}: ${calls.length} calls`);
+    for (const arrive of [false, true]) {
+      for (const wt of ["q8", "q4"] as const) {
+        for (
+          const [T, K, N, pairs, nwt] of [[4, 64, 32 * 5, true, "f32"], [
+            8,
+            32 * S,
+            32 * 9,
+            false,
+            "f16",
+          ]] as const
+        ) {
+          if (nwt === "f16" && !g.hasF16) continue;
+          k++;
+          const saved = { ...g.tuning };
+          g.tuning.multiInt8 = true;
+          if (arrive) g.tuning.multiInt8CopyArrive = true;
+          try {
+            const producer = { K, N, T, weights: wt, accumulate: true };
+            const consumer = {
+              K: N,
+              N: 48,
+              T,
+              weights: wt,
+              transform: "rmsnorm" as const,
+              normWeights: nwt,
+              eps: 1e-5,
+              pairs,
+            };
+            const what = `norm copy ${wt} T${T} K${K} N${N} pairs ${pairs} ${nwt} arrive ${arrive}`;
+            if (!int8CopyOutFits(g, producer)) throw new Error(`${what}: no copyOut`);
+            const nw32 = randoms(N, k + 5);
+            const nw = upload(g, nwt === "f16" ? f32ToF16(nw32) : nw32);
+            const nwv = nwt === "f16" ? f16ToF32(f32ToF16(nw32)) : nw32;
+            const copy = int8CopyFor(g, consumer, nw)!;
+            if (!copy?.ssq || !copy.norm) throw new Error(`${what}: int8CopyFor gave no norm copy`);
+            const y0 = randoms(T * N, k + 6);
+            const h = upload(g, y0);
+            const w = uploadBuffer(g, packedWeights(wt, randoms(N * K, k + 1, 0.5), N, K).bytes);
+            const calls = gemvFusedCalls(
+              g,
+              { x: upload(g, randoms(T * K, k, 2)), w, y: h, copyOut: copy },
+              producer,
+            );
+            assertArrive(calls, arrive, what);
+            // Accumulating, a second dispatch moves h: the copy must be of h as it ends.
             await runCalls(g, calls);
-            return await readF32(g, cy, T * consumer.N);
-          };
-          const want = await run();
-          const got = await run(copy);
-          const scale = want.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
-          assertClose(got, want, 0.02 * scale, 0, `${what}: the consumer on the copy`);
-        } finally {
-          g.tuning = saved;
+            if (arrive) await runCalls(g, calls);
+            const hv = await readF32(g, h, T * N);
+            const u = new Float32Array(T * N).map((_, i) => hv[i] * nwv[i % N]);
+            const pass = gemvInt8InputCall(g, { x: upload(g, u) }, {
+              K: N,
+              T,
+              wt,
+              transform: "none",
+              normWeights: "f32",
+            });
+            await runCalls(g, [pass.call]);
+            await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * N, what);
+            const ssq = await readF32(g, copy.ssq, (T * N) / 32);
+            const ssqWant = new Float32Array((T * N) / 32).map((_, b) =>
+              hv.slice(32 * b, 32 * b + 32).reduce((s, v) => s + v * v, 0)
+            );
+            assertClose(ssq, ssqWant, 1e-6, 1e-5, `${what}: block sums of squares`);
+            // The consumer on the copy, and with its own pass.
+            const rows = (pairs ? 2 : 1) * consumer.N;
+            const cw = uploadBuffer(g, packedWeights(wt, randoms(rows * N, k + 3, 0.5), rows, N).bytes);
+            const run = async (copyIn?: typeof copy) => {
+              const cy = upload(g, new Float32Array(T * consumer.N));
+              const calls = gemvFusedCalls(g, { x: h, w: cw, y: cy, normWeight: nw, copyIn }, consumer);
+              if (calls.length !== (copyIn ? 1 : 2)) throw new Error(`${what}: ${calls.length} calls`);
+              await runCalls(g, calls);
+              return await readF32(g, cy, T * consumer.N);
+            };
+            const want = await run();
+            const got = await run(copy);
+            const scale = want.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+            assertClose(got, want, 0.02 * scale, 0, `${what}: the consumer on the copy`);
+          } finally {
+            g.tuning = saved;
+          }
         }
       }
     }
