@@ -1042,14 +1042,22 @@ export function attentionCopyOutFits(d: { headDim: number }): boolean {
 }
 
 /**
- * Flash-decoding splits by default: enough workgroups to fill a large GPU, for caches of > 1024 keys; twice
- * as many for head_dim <= 64 past 4096 (H200, 32 heads of 64 at 8192 keys: 32 splits 15.6 us a layer against
- * 16's 18.8, Llama-1B f16 step 1.107 against 1.152-1.155 ms; head_dim 128 keeps 16: 28.5 against 30.3).
+ * Flash-decoding splits by default: enough workgroups to fill a large GPU, for caches of > 1024 keys.
  */
-export function attentionDecodeSplits(heads: number, maxSeq: number, headDim = 64): number {
+export function attentionDecodeSplits(heads: number, maxSeq: number): number {
   if (maxSeq <= 1024) return 1;
-  const wide = maxSeq > 4096 && headDim <= 64 ? 2 : 1;
-  return Math.max(1, Math.min(32, Math.ceil(512 / heads) * wide));
+  return Math.max(1, Math.min(32, Math.ceil(512 / heads)));
+}
+
+/**
+ * Subgroups a split workgroup of the per-head kernel gets by default: 4, or 8 for head_dim <= 64 past 4096
+ * positions, where a split's keys are many. H200, Llama-1B q4 step at 8192 keys (2026-12-02, fifteenth
+ * session; 32 heads of 64, 16 splits): 8 subgroups 0.801 ms against 0.812-0.818 with 32 splits of 4 (the
+ * default before; 16 splits of 4 were slower still: 18.8 against 15.6 us a layer), 16 subgroups 0.869, 16
+ * splits of 8 0.814; at 2048 keys 8 subgroups 0.711-0.712 against 0.709-0.712.
+ */
+export function attentionDecodeSplitWarps(maxSeq: number, headDim: number): number {
+  return maxSeq > 4096 && headDim <= 64 ? 8 : 4;
 }
 
 /**
@@ -1129,16 +1137,16 @@ export function attentionDecodeCalls(
   const gWarps = groupedWarps(gpu, d, base.warps);
   const grouped = groupedSwitch(gpu, d, tuning) && gWarps > 0;
   const splits = gpu.tuning.attentionSplits ??
-    (grouped
-      ? attentionDecodeGroupedSplits(d.kvHeads, d.maxSeq)
-      : attentionDecodeSplits(d.heads, d.maxSeq, d.headDim));
+    (grouped ? attentionDecodeGroupedSplits(d.kvHeads, d.maxSeq) : attentionDecodeSplits(d.heads, d.maxSeq));
   // Split, a workgroup's share of the keys is short: 4 subgroups a workgroup (H200, hd 64, 16 splits:
-  // 9.9 us a layer at 2048 keys and 18.9 at 8192, against 20.8 and 30.9 with 16; scripts/bench/attention_decode.ts).
+  // 9.9 us a layer at 2048 keys and 18.9 at 8192, against 20.8 and 30.9 with 16; scripts/bench/attention_decode.ts),
+  // 8 for long caches of small heads (attentionDecodeSplitWarps).
+  const splitWarps = grouped ? 4 : attentionDecodeSplitWarps(d.maxSeq, d.headDim);
   const t = {
     ...base,
     ...(grouped ? { warps: gWarps, unroll: attentionDecodeDefaultTuning(gpu, d.headDim, true).unroll } : {}),
     splits,
-    ...(splits > 1 ? { warps: Math.min(grouped ? gWarps : base.warps, 4) } : {}),
+    ...(splits > 1 ? { warps: Math.min(grouped ? gWarps : base.warps, splitWarps) } : {}),
     ...(gpu.tuning.attentionWarps !== undefined ? { warps: gpu.tuning.attentionWarps } : {}),
     ...(gpu.tuning.attentionUnroll !== undefined ? { unroll: gpu.tuning.attentionUnroll } : {}),
     ...tuning,
