@@ -42,6 +42,19 @@ const ignore = gpu === null || !gpu.subgroupSize;
 
 const PER_UNIT = { f32: 4, f16: 8, q8: 16, q4: 32 } as const;
 
+/** A producer's int8 copy is, bit for bit, what the input pass (gemvInt8InputCall) makes of x's T rows of K. */
+async function assertCopyIsPass(
+  g: NonNullable<typeof gpu>,
+  copy: { q: GPUBuffer; s: GPUBuffer },
+  x: GPUBuffer,
+  d: { K: number; T: number; wt: "q8" | "q4" },
+  what: string,
+): Promise<void> {
+  const pass = gemvInt8InputCall(g, { x }, { ...d, transform: "none", normWeights: "f32" });
+  await runCalls(g, [pass.call]);
+  await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, d.T * d.K, what);
+}
+
 /** The producer's GEMV (the last call) takes the arrive mode (it owns the scratch) exactly when asked to. */
 function assertArrive(calls: { owned?: GPUBuffer[] }[], arrive: boolean, what: string): void {
   const has = calls.at(-1)!.owned?.some((b) => b.label.includes("scratch")) === true;
@@ -370,15 +383,7 @@ Deno.test(
               assertArrive(producer, arrive, what);
               await runCalls(g, producer);
               if (arrive) await runCalls(g, producer);
-              const pass = gemvInt8InputCall(g, { x: y }, {
-                K: N,
-                T,
-                wt,
-                transform: "none",
-                normWeights: "f32",
-              });
-              await runCalls(g, [pass.call]);
-              await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * N, what);
+              await assertCopyIsPass(g, copy, y, { K: N, T, wt }, what);
               // The consumer on the copy, without a pass.
               const cw = packedWeights(wt, randoms(consumer.N * N, k + 3, 0.5), consumer.N, N);
               const y0 = randoms(T * consumer.N, k + 4);
@@ -484,15 +489,7 @@ Deno.test(
             if (arrive) await runCalls(g, calls);
             const hv = await readF32(g, h, T * N);
             const u = new Float32Array(T * N).map((_, i) => hv[i] * nwv[i % N]);
-            const pass = gemvInt8InputCall(g, { x: upload(g, u) }, {
-              K: N,
-              T,
-              wt,
-              transform: "none",
-              normWeights: "f32",
-            });
-            await runCalls(g, [pass.call]);
-            await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, T * N, what);
+            await assertCopyIsPass(g, copy, upload(g, u), { K: N, T, wt }, what);
             const ssq = await readF32(g, copy.ssq, (T * N) / 32);
             const ssqWant = new Float32Array((T * N) / 32).map((_, b) =>
               hv.slice(32 * b, 32 * b + 32).reduce((s, v) => s + v * v, 0)
