@@ -376,8 +376,8 @@ export function gemvFusedCalls(
 
 /**
  * The int8 direct mode's tuning; with `copyOut` a workgroup's rows made whole blocks of 32 (more warps:
- * the copy's blocks are quantised by the workgroup that wrote them), or undefined where that needs more
- * threads than a workgroup has.
+ * the copy's blocks are quantised by the workgroup that wrote them) where that stays within `maxThreads`,
+ * else the copy made by the last workgroup of each block (`arrive`, where that serves), else undefined.
  */
 function int8Tuning(
   gpu: Gpu,
