@@ -13,9 +13,11 @@
 // Prints one JSON line a case: GPU ms of the whole chain, us a GEMV, whether the persistent outputs equal the
 // dispatch-per-GEMV run's bit for bit, and the dispatch run's relative error against the chain on the CPU
 // (f64, activations unquantised; meaningful for a few layers: the random chain's values collapse by 16).
-// Findings (H200, 2026-12-03, docs/BENCHMARKS.md): plain 7.6 -> 5.7 us a GEMV but wrong; atomic correct but
-// 12.8 us persistent against 14.2 a dispatch (and 7.6 with plain loads a dispatch): not a lever here.
-//   deno run -A scripts/bench/gridsync.ts [--layers 16] [--groups 132,264] [--wg 256,512] [--prefetch 0,1]
+// --groups: workgroups of the grid, all of which must be resident at once (the H200 has 132 SMs; a run at 264
+// of 512 threads there hit its timeout, likely spinning to the bound). Findings (H200, 2026-12-03,
+// docs/BENCHMARKS.md): plain 7.6 -> 5.7 us a GEMV but wrong; atomic correct but 12.8 us persistent against
+// 14.2 a dispatch (and 7.6 with plain loads a dispatch): not a lever here.
+//   deno run -A scripts/bench/gridsync.ts [--layers 16] [--groups 132] [--wg 256,512] [--prefetch 0,1]
 //     [--act plain|atomic] [--check-only] (the outputs, not the times; tests/scripts/bench/)
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
@@ -37,7 +39,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
     args,
     options: {
       layers: { type: "string", default: "16" },
-      groups: { type: "string", default: "132,264" },
+      groups: { type: "string", default: "132" },
       wg: { type: "string", default: "256,512" },
       prefetch: { type: "string", default: "0,1" },
       act: { type: "string", default: "plain" },
