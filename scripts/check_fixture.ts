@@ -31,15 +31,26 @@ export async function readF32(path: string, name: string): Promise<{ data: Float
   return { data: new Float32Array((await readTensorBytes(info)).slice().buffer), shape: info.shape };
 }
 
+/** Row r's max |got - want| and max |want| (V values a row). */
+function rowError(
+  got: Float32Array,
+  want: Float32Array,
+  V: number,
+  r: number,
+): { err: number; scale: number } {
+  let scale = 0, err = 0;
+  for (let i = r * V; i < (r + 1) * V; i++) {
+    scale = Math.max(scale, Math.abs(want[i]));
+    err = Math.max(err, Math.abs(got[i] - want[i]));
+  }
+  return { err, scale };
+}
+
 /** max over rows of max |got - want| / max |want| (the fixtures' README measure). */
 export function worstRowError(got: Float32Array, want: Float32Array, V: number): number {
   let worst = 0;
   for (let r = 0; r < want.length / V; r++) {
-    let scale = 0, err = 0;
-    for (let i = r * V; i < (r + 1) * V; i++) {
-      scale = Math.max(scale, Math.abs(want[i]));
-      err = Math.max(err, Math.abs(got[i] - want[i]));
-    }
+    const { err, scale } = rowError(got, want, V, r);
     worst = Math.max(worst, err / scale);
   }
   return worst;
@@ -140,11 +151,8 @@ export async function checkFixture(
     if (at >= 0 && at < expected.length) {
       // Row r's logits predict token r + 1; the step `at` token is ref.tokens[prompt + at].
       const r = prompt.length + at - 1;
-      const row = (a: Float32Array) => a.subarray(r * V, (r + 1) * V);
-      const w = row(want.data), g = row(got.data);
-      const scale = w.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
-      const err = w.reduce((m, v, i) => Math.max(m, Math.abs(g[i] - v)), 0);
-      const margin = w[expected[at]] - w[generated[at]];
+      const { err, scale } = rowError(got.data, want.data, V, r);
+      const margin = want.data[r * V + expected[at]] - want.data[r * V + generated[at]];
       flip = { at, margin, marginRel: margin / scale, rowErrorRel: err / scale };
     }
     return {

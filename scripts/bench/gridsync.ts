@@ -22,17 +22,19 @@
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
+  encodeCalls,
   getGpu,
   type KernelCall,
   kernelCall,
   pipeline,
+  readBack,
   storageBuffer,
   uniformBuffer,
+  uploadBuffer,
 } from "../../kernels/mod.ts";
 import { settledGpuMs } from "../../kernels/timer.ts";
 import { dequantize, quantBytes, quantize } from "../../kernels/quant.ts";
 import { int8BlocksWgsl } from "../../kernels/wgsl.ts";
-import { readBack, uploadBuffer } from "../../kernels/gpu.ts";
 
 const { values } = scriptArgs(import.meta.url, (args) =>
   parseArgs({
@@ -273,11 +275,7 @@ async function runOnce(calls: KernelCall[]): Promise<{ out: Float32Array; flag: 
   gpu.device.queue.writeBuffer(bar, 0, new Uint32Array(4));
   const enc = gpu.device.createCommandEncoder();
   const pass = enc.beginComputePass();
-  for (const c of calls) {
-    pass.setPipeline(c.pipeline);
-    pass.setBindGroup(0, c.bindGroup);
-    pass.dispatchWorkgroups(...c.workgroups);
-  }
+  encodeCalls(pass, calls);
   pass.end();
   gpu.device.queue.submit([enc.finish()]);
   const out = new Float32Array(await readBack(gpu, act, 2 * HALF * 4));
