@@ -5,7 +5,9 @@
 # variables. Deno runs every test file in one process, so a variable one file sets is seen by a file
 # running beside it (and by the processes that file starts).
 set -euo pipefail
-cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+# The deno that runs the task is not on PATH inside it: deno_env.sh finds (or installs) the pinned one.
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/deno_env.sh"
+cd "$swactor_root"
 SERIAL=(
   tests/cli/dial_table_test.ts
   tests/cli/main_test.ts
@@ -15,5 +17,5 @@ SERIAL=(
   tests/models/engine_test.ts
 )
 export DENO_JOBS="${DENO_JOBS:-2}"
-deno test -A --parallel --ignore="$(IFS=,; echo "${SERIAL[*]}")" tests/
-deno test -A "${SERIAL[@]}"
+"$DENO" test -A --parallel --ignore="$(IFS=,; echo "${SERIAL[*]}")" tests/
+"$DENO" test -A "${SERIAL[@]}"
