@@ -3,7 +3,8 @@
 # two at a time (`--parallel`, DENO_JOBS, default 2: what CI's two cores were measured with, 2026-12-03:
 # 8m47s and 9m27s against 15m30s one at a time), then, one at a time, the files that set environment
 # variables. Deno runs every test file in one process, so a variable one file sets is seen by a file
-# running beside it (and by the processes that file starts).
+# running beside it (and by the processes that file starts). With arguments, `deno test -A` of just those
+# (`deno task test tests/kernels/`).
 set -euo pipefail
 # The deno that runs the task is not on PATH inside it: deno_env.sh finds (or installs) the pinned one.
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/deno_env.sh"
@@ -16,6 +17,7 @@ SERIAL=(
   tests/models/demo_test.ts
   tests/models/engine_test.ts
 )
+if [ $# -gt 0 ]; then exec "$DENO" test -A "$@"; fi
 export DENO_JOBS="${DENO_JOBS:-2}"
 "$DENO" test -A --parallel --ignore="$(IFS=,; echo "${SERIAL[*]}")" tests/
 "$DENO" test -A "${SERIAL[@]}"
