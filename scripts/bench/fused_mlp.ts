@@ -43,7 +43,7 @@ import {
 } from "../../kernels/mod.ts";
 import { settledGpuMs } from "../../kernels/timer.ts";
 import { dequantize, quantBytes, quantize } from "../../kernels/quant.ts";
-import { int8BlocksWgsl } from "../../kernels/wgsl.ts";
+import { dp4Dot, int8BlocksWgsl } from "../../kernels/wgsl.ts";
 
 const { values } = scriptArgs(import.meta.url, (args) =>
   parseArgs({
@@ -76,6 +76,12 @@ const S = gpu.subgroupSize ?? 32;
 const NBH = H / 32, NBI = I / 32;
 const EPS = 1e-5;
 
+/** A q4 unit's value: its bf16 scale (from word `sw`, group `g`) times (xs.x dp4Dot - 8 xs.y), as gemv_sg.ts. */
+function q4Unit(w: string, sw: string, g: string, x: [string, string], xs: string): string {
+  const scale = `bitcast<f32>(select(${sw} << 16u, ${sw} & 0xffff0000u, ((${g}) & 1u) == 1u))`;
+  return `${scale} * (${xs}.x * f32(${dp4Dot("q4", w, x)}) - 8.0 * ${xs}.y)`;
+}
+
 /** The norm, int8 staging of x and this workgroup's C rows of h (f32, in hv), shared by both ways. */
 function front(T: number, C: number, fused: boolean): [string, string] {
   const WARPS = T / S, PW = C / WARPS, UPR = NBH / S;
@@ -105,18 +111,10 @@ function front(T: number, C: number, fused: boolean): [string, string] {
       const r = 2 * pr + half;
       dots.push(`var a${r} = 0.0;`);
       for (let c = 0; c < UPR; c++) {
-        const d = ["x", "y", "z", "w"].map((q) =>
-          `dot4I8Packed(w${r}_${c}.${q} & 0x0F0F0F0Fu, xq[lane + ${
-            S * c
-          }u].${q}) + dot4I8Packed((w${r}_${c}.${q} >> 4u) & 0x0F0F0F0Fu, xq[${NBH}u + lane + ${
-            S * c
-          }u].${q})`
-        ).join(" + ");
+        const u = `lane + ${S * c}u`;
+        const x: [string, string] = [`xq[${u}]`, `xq[${NBH}u + ${u}]`];
         dots.push(
-          `{ let sc = bitcast<f32>(select(sw${r}_${c} << 16u, sw${r}_${c} & 0xffff0000u, ((row${r} * ${NBH}u + lane + ${
-            S * c
-          }u) & 1u) == 1u));`,
-          `  let xs = xqs[lane + ${S * c}u]; a${r} += sc * (xs.x * f32(${d}) - 8.0 * xs.y); }`,
+          `a${r} += ${q4Unit(`w${r}_${c}`, `sw${r}_${c}`, `row${r} * ${NBH}u + ${u}`, x, `xqs[${u}]`)};`,
         );
       }
       dots.push(`let s${r} = subgroupAdd(a${r});`);
@@ -193,15 +191,8 @@ function fusedSource(T: number, C: number, rowMajor: boolean): string {
   for (let i = 0; i < RT; i++) {
     dots.push(`var e${i} = 0.0;`);
     for (let b = 0; b < CB; b++) {
-      const d = ["x", "y", "z", "w"].map((q) =>
-        `dot4I8Packed(d${i}_${b}.${q} & 0x0F0F0F0Fu, hq[${b}u].${q}) + dot4I8Packed((d${i}_${b}.${q} >> 4u) & 0x0F0F0F0Fu, hq[${
-          CB + b
-        }u].${q})`
-      ).join(" + ");
-      dots.push(
-        `{ let sc = bitcast<f32>(select(ds${i}_${b} << 16u, ds${i}_${b} & 0xffff0000u, ((rr${i} + ${b}u) & 1u) == 1u));`,
-        `  e${i} += sc * (hqs[${b}u].x * f32(${d}) - 8.0 * hqs[${b}u].y); }`,
-      );
+      const x: [string, string] = [`hq[${b}u]`, `hq[${CB + b}u]`];
+      dots.push(`e${i} += ${q4Unit(`d${i}_${b}`, `ds${i}_${b}`, `rr${i} + ${b}u`, x, `hqs[${b}u]`)};`);
     }
     dots.push(
       values.variant === "noatomic"
@@ -281,15 +272,8 @@ function downSource(T: number): string {
     l.push(`let xe${c} = hq[${u}]; let xo${c} = hq[${NBI}u + ${u}]; let xs${c} = hqs[${u}];`);
   }
   for (let c = 0; c < UPR; c++) {
-    const d = ["x", "y", "z", "w"].map((q) =>
-      `dot4I8Packed(w${c}.${q} & 0x0F0F0F0Fu, xe${c}.${q}) + dot4I8Packed((w${c}.${q} >> 4u) & 0x0F0F0F0Fu, xo${c}.${q})`
-    ).join(" + ");
-    l.push(
-      `{ let sc = bitcast<f32>(select(sw${c} << 16u, sw${c} & 0xffff0000u, ((n * ${NBI}u + lane + ${
-        S * c
-      }u) & 1u) == 1u));`,
-      `  a += sc * (xs${c}.x * f32(${d}) - 8.0 * xs${c}.y); }`,
-    );
+    const g = `n * ${NBI}u + lane + ${S * c}u`;
+    l.push(`a += ${q4Unit(`w${c}`, `sw${c}`, g, [`xe${c}`, `xo${c}`], `xs${c}`)};`);
   }
   l.push(
     `let s = subgroupAdd(a);`,

@@ -34,7 +34,7 @@ import {
 } from "../../kernels/mod.ts";
 import { settledGpuMs } from "../../kernels/timer.ts";
 import { dequantize, quantBytes, quantize } from "../../kernels/quant.ts";
-import { int8BlocksWgsl } from "../../kernels/wgsl.ts";
+import { dp4Dot, int8BlocksWgsl } from "../../kernels/wgsl.ts";
 
 const { values } = scriptArgs(import.meta.url, (args) =>
   parseArgs({
@@ -119,9 +119,7 @@ function source(WG: number, S: number, prefetch: boolean, plain: boolean): strin
       }
       for (let c = 0; c < UPR; c++) {
         for (let r = 0; r < RR; r++) {
-          const d = ["x", "y", "z", "w"].map((q) =>
-            `dot4I8Packed(w${r}_${c}.${q} & 0x0F0F0F0Fu, xe${c}.${q}) + dot4I8Packed((w${r}_${c}.${q} >> 4u) & 0x0F0F0F0Fu, xo${c}.${q})`
-          ).join(" + ");
+          const d = dp4Dot("q4", `w${r}_${c}`, [`xe${c}`, `xo${c}`]);
           l.push(
             `{ let g = row${r} * ${NB}u + u${c}; let sw = W${ki}[sb + g / 8u][(g / 2u) % 4u];`,
             `  let sc = bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));`,
