@@ -3,28 +3,34 @@
 // fixed-point atomics) each agree with the CPU chain to the int8 activations' error, and with each other
 // closer than that.
 import assert from "node:assert/strict";
-import { fileURLToPath } from "node:url";
 import { gpuAvailable, needs } from "../../support/needs.ts";
+import { runScript } from "../../support/run_script.ts";
 
 const hasGpu = await gpuAvailable();
-const SCRIPT = fileURLToPath(new URL("../../../scripts/bench/fused_mlp.ts", import.meta.url));
 
 Deno.test(
   needs("fused MLP benchmark: one dispatch a block agrees with the engine's kernels and the CPU", {
     "a WebGPU adapter": hasGpu,
   }),
   async () => {
-    const args = ["run", "-A", "--quiet", SCRIPT, "--layers", "2", "--hidden", "256", "--inter", "1024"];
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: [...args, "--wg", "256", "--rows", "64", "--check-only"],
-      stdin: "null",
-    }).output();
-    const stderr = new TextDecoder().decode(out.stderr);
-    assert.equal(out.code, 0, stderr);
-    const lines = new TextDecoder().decode(out.stdout).split("\n").filter((l) => l.startsWith("{"))
-      .map((l) => JSON.parse(l));
-    assert.equal(lines.length, 1, stderr);
-    const [l] = lines;
+    const r = await runScript("bench/fused_mlp.ts", [
+      ...[
+        "--layers",
+        "2",
+        "--hidden",
+        "256",
+        "--inter",
+        "1024",
+        "--wg",
+        "256",
+        "--rows",
+        "64",
+        "--check-only",
+      ],
+    ]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.json.length, 1, r.stderr);
+    const l = r.json[0] as Record<string, number>;
     assert.equal(l.rows, 64);
     for (const k of ["rel_err_engine", "rel_err_two", "rel_err_fused"]) {
       assert.ok(l[k] > 0 && l[k] < 0.03, `${k}: ${JSON.stringify(l)}`);
@@ -35,10 +41,7 @@ Deno.test(
 );
 
 Deno.test("fused MLP benchmark: a bad option exits 2 naming it", async () => {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", "--quiet", SCRIPT, "--variant", "sideways", "--check-only"],
-    stdin: "null",
-  }).output();
-  assert.equal(out.code, 2);
-  assert.match(new TextDecoder().decode(out.stderr), /--variant/);
+  const r = await runScript("bench/fused_mlp.ts", ["--variant", "sideways", "--check-only"]);
+  assert.equal(r.code, 2);
+  assert.match(r.stderr, /--variant/);
 });

@@ -2,30 +2,19 @@
 // line per case and a `best` line, and scripts/bench/gemm_parts.ts still finds the k loop it cuts in the
 // generated GEMM (it throws when kernels/gemm.ts's layout changes) and prints a line per variant.
 import assert from "node:assert/strict";
-import { fileURLToPath } from "node:url";
 import { gpuAvailable, needs } from "../../support/needs.ts";
+import { runScript } from "../../support/run_script.ts";
 
 const hasGpu = await gpuAvailable();
 
-async function run(script: string, ...args: string[]) {
-  const path = fileURLToPath(new URL(`../../../scripts/bench/${script}`, import.meta.url));
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", "--quiet", path, ...args],
-    stdin: "null",
-  }).output();
-  const text = (b: Uint8Array) => new TextDecoder().decode(b);
-  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
-}
-
-const json = (stdout: string) =>
-  stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as Record<string, unknown>);
+const run = (script: string, ...args: string[]) => runScript(`bench/${script}`, args);
 
 Deno.test(
   needs("gemm benchmark: a line per tile and a best line", { "a WebGPU adapter": hasGpu }),
   async () => {
     const r = await run("gemm.ts", "--quick", "--weights", "q4", "--tiles", "64x64k16r22cv");
     assert.equal(r.code, 0, r.stderr);
-    const lines = json(r.stdout);
+    const lines = r.json;
     assert.deepEqual(lines.filter((l) => !l.best).map((l) => l.tile).sort(), [
       "64x64k16r11c",
       "64x64k16r22cv",
@@ -49,7 +38,7 @@ Deno.test(
       "64x64k16r22cv",
     );
     assert.equal(r.code, 0, r.stderr);
-    const variants = json(r.stdout).map((l) => l.variant);
+    const variants = r.json.map((l) => l.variant);
     for (const v of ["whole", "no-fetch", "fma-only", "x-fetch-only", "w-fetch-only", "fetch-unused"]) {
       assert.ok(variants.includes(v), `${v} missing from ${variants}`);
     }

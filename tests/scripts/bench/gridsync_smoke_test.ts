@@ -4,11 +4,10 @@
 // the run of a dispatch a GEMV bit for bit (atomic activations: the plain ones differ only in their loads and
 // stores, and each variant is ~15 s of lavapipe's first-dispatch compile).
 import assert from "node:assert/strict";
-import { fileURLToPath } from "node:url";
 import { gpuAvailable, needs } from "../../support/needs.ts";
+import { runScript } from "../../support/run_script.ts";
 
 const hasGpu = await gpuAvailable();
-const SCRIPT = fileURLToPath(new URL("../../../scripts/bench/gridsync.ts", import.meta.url));
 
 Deno.test(
   needs("gridsync benchmark: the persistent chain equals a dispatch a GEMV and the CPU", {
@@ -16,17 +15,19 @@ Deno.test(
   }),
   async () => {
     const act = "atomic";
-    const args = ["run", "-A", "--quiet", SCRIPT, "--layers", "1", "--groups", "1", "--wg", "64"];
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: [...args, "--prefetch", "1", "--act", act, "--check-only"],
-      stdin: "null",
-    }).output();
-    const stderr = new TextDecoder().decode(out.stderr);
-    assert.equal(out.code, 0, stderr);
-    const lines = new TextDecoder().decode(out.stdout).split("\n").filter((l) => l.startsWith("{"))
-      .map((l) => JSON.parse(l));
-    assert.equal(lines.length, 1, stderr);
-    const [l] = lines;
+    const r = await runScript("bench/gridsync.ts", [
+      ...["--layers", "1", "--groups", "1", "--wg", "64", "--prefetch", "1", "--act", act, "--check-only"],
+    ]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.json.length, 1, r.stderr);
+    const l = r.json[0] as {
+      gemvs: number;
+      act: string;
+      same_bits: boolean;
+      spin_gave_up: boolean;
+      rel_err_vs_cpu: number;
+      ref_rms: number;
+    };
     assert.equal(l.gemvs, 4);
     assert.equal(l.act, act);
     assert.equal(l.same_bits, true, JSON.stringify(l));

@@ -2,34 +2,15 @@
 // one JSON line with its timings, with --tunings a GPU time per gpu.tuning override and with --marginal each
 // kernel's share of the step; a --tunings that is not a JSON list of objects is one line and exit 2.
 import assert from "node:assert/strict";
-import { fileURLToPath } from "node:url";
 import { gpuAvailable, needs } from "../../support/needs.ts";
+import { runScript } from "../../support/run_script.ts";
 
 const hasGpu = await gpuAvailable();
-const script = fileURLToPath(new URL("../../../scripts/bench/moe.ts", import.meta.url));
 const SMALL = "vocab_size=512,hidden_size=128,num_attention_heads=4,num_key_value_heads=2,head_dim=32," +
   "num_experts=8,num_experts_per_tok=2,moe_intermediate_size=64";
 
-async function moe(...args: string[]) {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "-A",
-      "--quiet",
-      script,
-      "--shape",
-      "qwen3-30b-a3b",
-      "--layers",
-      "1",
-      "--set",
-      SMALL,
-      ...args,
-    ],
-    stdin: "null",
-  }).output();
-  const text = (b: Uint8Array) => new TextDecoder().decode(b);
-  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
-}
+const moe = (...args: string[]) =>
+  runScript("bench/moe.ts", ["--shape", "qwen3-30b-a3b", "--layers", "1", "--set", SMALL, ...args]);
 
 Deno.test(
   needs("moe benchmark: one JSON line, and a GPU time per --tunings override", {
