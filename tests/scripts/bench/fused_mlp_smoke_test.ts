@@ -13,21 +13,10 @@ Deno.test(
     "a WebGPU adapter": hasGpu,
   }),
   async () => {
-    const r = await runScript("bench/fused_mlp.ts", [
-      ...[
-        "--layers",
-        "2",
-        "--hidden",
-        "256",
-        "--inter",
-        "1024",
-        "--wg",
-        "256",
-        "--rows",
-        "64",
-        "--check-only",
-      ],
-    ]);
+    const r = await runScript(
+      "bench/fused_mlp.ts",
+      "--layers 2 --hidden 256 --inter 1024 --wg 256 --rows 64 --check-only".split(" "),
+    );
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.json.length, 1, r.stderr);
     const l = r.json[0] as Record<string, number>;

@@ -15,9 +15,10 @@ Deno.test(
   }),
   async () => {
     const act = "atomic";
-    const r = await runScript("bench/gridsync.ts", [
-      ...["--layers", "1", "--groups", "1", "--wg", "64", "--prefetch", "1", "--act", act, "--check-only"],
-    ]);
+    const r = await runScript(
+      "bench/gridsync.ts",
+      `--layers 1 --groups 1 --wg 64 --prefetch 1 --act ${act} --check-only`.split(" "),
+    );
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.json.length, 1, r.stderr);
     const l = r.json[0] as {
