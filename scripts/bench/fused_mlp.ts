@@ -74,6 +74,12 @@ if (!["late", "early", "noatomic"].includes(values.variant!) || !["packed", "row
 const gpu = await getGpu();
 const S = gpu.subgroupSize ?? 32;
 const NBH = H / 32, NBI = I / 32;
+if (NBH % S !== 0 || NBI % S !== 0) {
+  console.error(
+    `fused_mlp.ts: --hidden and --inter must be multiples of ${32 * S} (32 x this GPU's ${S} lanes)`,
+  );
+  Deno.exit(2);
+}
 const EPS = 1e-5;
 
 /** A q4 unit's value: its bf16 scale (from word `sw`, group `g`) times (xs.x dp4Dot - 8 xs.y), as gemv_sg.ts. */
