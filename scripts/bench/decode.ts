@@ -8,7 +8,7 @@
 //     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
 //     [--tunings '[{"multiUnroll":1}, ...]'] (each a gpu.tuning override: the k-steps, contexts and decode rerun)
 //     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
-//     [--attn-grouped on|off]
+//     [--attn-grouped on|off] [--marginal]
 // --gemv .. --argmax-chunk, --attn-grouped (gpu.tuning.attentionGrouped: the decode attention's one
 // workgroup per kv head) force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
 // without the multi-token GEMV and with each of its x stagings (multiStage: f32, f16 and, quantised
@@ -25,7 +25,12 @@
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
 // the measured decode tok/s of a real N-token prompt (its prefill takes a while). --skip-decode: only
-// those two (no 3-run generate).
+// those two (no 3-run generate). --marginal (with --k): what each kind of dispatch adds to the decode step
+// ("decode") and to each k-step, the step timed without it (the rest read what they find; their work does
+// not depend on the values), grouped by label, grid and largest buffer ("gemv_none_direct_i8@64 2.3MB":
+// o_proj and down share a label and a grid): `k_marginal_ms`. They sum to ~5% over the step, and a small
+// dispatch's figure overstates what leaving it out of the program saves (H200, 2026-12-03: the input pass,
+// the sampler's two dispatches and the embedding at 5-15 us each, where fusing them away saved nothing).
 // On the GPU machine scripts/device/h200.sh runs it next to transformers (scripts/bench/hf_decode.py)
 // so the ratio comes from one run. On a software adapter the default shape is the demo model (a 1B model
 // would take minutes a token there); `deno task bench` is then a smoke test (tests/scripts/bench/).
@@ -84,6 +89,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       "attn-grouped": { type: "string" },
       "argmax-chunk": { type: "string" },
       kv: { type: "string" },
+      marginal: { type: "boolean", default: false },
     },
   }));
 const shapes: Record<string, Record<string, unknown>> = {
@@ -332,6 +338,31 @@ async function msByKernel(calls: KernelCall[]): Promise<Record<string, number>> 
   return byKernel;
 }
 
+/**
+ * GPU ms each kind of dispatch (label and grid) adds to a step: the step without those dispatches, timed
+ * alternating with the whole step, three rounds of five.
+ */
+async function marginalMs(calls: KernelCall[]): Promise<Record<string, number>> {
+  // The largest buffer bound (the weights, for a GEMV) tells o_proj from down.
+  const key = (c: KernelCall) =>
+    `${c.label ?? "?"}@${c.workgroups.join("x").replace(/(x1)+$/, "")} ${
+      (Math.max(...c.buffers.map((b) => b.size)) / 2 ** 20).toFixed(1)
+    }MB`;
+  const out: Record<string, number> = {};
+  for (const kind of new Set(calls.map(key))) {
+    const without = calls.filter((c) => key(c) !== kind);
+    // A software adapter (a smoke test) times one round of one.
+    const rounds = gpu.isSoftware ? 1 : 3, reps = gpu.isSoftware ? 1 : 5;
+    let whole = 0, less = 0;
+    for (let r = 0; r < rounds; r++) {
+      whole += await gpuMs(gpu, calls, reps);
+      less += await gpuMs(gpu, without, reps);
+    }
+    out[`${kind} x${calls.length - without.length}`] = Number(((whole - less) / rounds).toFixed(4));
+  }
+  return out;
+}
+
 /** Runs f with gpu.tuning overridden by t (programs built inside see it). */
 async function withTuning(t: KernelTuning, f: () => Promise<void>): Promise<void> {
   const saved = gpu.tuning;
@@ -384,6 +415,17 @@ async function kSteps(model: Model, weights: string): Promise<void> {
       releaseCalls(tail);
     }
   }
+  const marginal: Record<string, Record<string, number>> = {};
+  if (values.marginal) {
+    writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+    marginal.decode = await marginalMs(seq.program(1, "sample"));
+  }
+  for (const k of values.marginal ? ks : []) {
+    const tail = argmaxRowsCalls(gpu, { logits: seq.logits!, out }, { vocab: ckpt.config.vocabSize, T: k });
+    writeStep(gpu, seq.step, { pos0: mid, T: k, tokOut: mid + k });
+    marginal[k] = await marginalMs([...seq.program(k, "logits"), ...tail]);
+    releaseCalls(tail);
+  }
   writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
   const oneAgain = await stepMs(seq.program(1, "sample"));
   seq.destroy();
@@ -404,6 +446,7 @@ async function kSteps(model: Model, weights: string): Promise<void> {
     k_dispatches: dispatches,
     // Each dispatch timed in place (a few us of timestamp overhead each), summed by kernel label.
     k_ms_by_kernel: byKernel,
+    ...(values.marginal ? { k_marginal_ms: marginal } : {}),
   }));
 }
 

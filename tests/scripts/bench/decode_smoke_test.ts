@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { gpuAvailable, needs } from "../../support/needs.ts";
+import { runScript } from "../../support/run_script.ts";
 
 const hasGpu = await gpuAvailable();
 
@@ -39,6 +40,33 @@ Deno.test(
       assert.equal(r.bench, "swactor-decode");
       assert.equal(r.weights, "f32");
       assert.ok(r.decode_tok_s > 0 && r.first_token_ms > 0 && r.dispatches_per_token > 0);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
+
+Deno.test(
+  needs("decode benchmark: --k --marginal gives each kind of dispatch's share of each step", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  async () => {
+    const dir = await Deno.makeTempDir();
+    try {
+      const r = await runScript("bench/decode.ts", [
+        ..."--shape demo --weights f32 --k 2 --skip-decode --marginal --prompt 4 --new 4 --dir".split(" "),
+        dir,
+      ]);
+      assert.equal(r.code, 0, r.stderr);
+      assert.equal(r.json.length, 1, r.stdout);
+      const m = r.json[0].k_marginal_ms as Record<string, Record<string, number>>;
+      for (const step of ["decode", "2"]) {
+        const kinds = Object.keys(m[step] ?? {});
+        // embed, per layer qkv / attention / o_proj / gate-up / down, the head, the argmax or sampler
+        assert.ok(kinds.length >= 6, `${step}: ${kinds.join(", ")}`);
+        assert.ok(kinds.some((k) => k.startsWith("attention@")), kinds.join(", "));
+        assert.ok(Object.values(m[step]).every(Number.isFinite), JSON.stringify(m[step]));
+      }
     } finally {
       await Deno.remove(dir, { recursive: true });
     }
