@@ -327,16 +327,11 @@ export function isFloatCopy(c: InputCopy): c is FloatCopy {
  */
 export function gemvFusedCalls(
   gpu: Gpu,
-  bufs: GemvBuffers & {
-    copyIn?: InputCopy;
-    copyOut?: InputCopyOut;
-    argmax?: { step: GPUBuffer; tokens: GPUBuffer };
-  },
+  bufs: GemvBuffers & { copyIn?: InputCopy; copyOut?: InputCopyOut },
   d: GemvFusedDims,
 ): KernelCall[] {
   const { copyIn, copyOut } = bufs;
   if (!multiInt8Serves(gpu, d)) {
-    if (bufs.argmax) throw new RangeError("argmax: the one-token LM head in the int8 direct mode's");
     if ((copyIn && !isFloatCopy(copyIn)) || (copyOut && !isFloatCopy(copyOut))) {
       throw new RangeError("an int8 copy of x needs the int8 direct multi-token GEMV");
     }
@@ -584,15 +579,6 @@ function multiInt8Serves(gpu: Gpu, d: GemvFusedDims): boolean {
 }
 
 /**
- * Whether gemvFusedCalls can fold the argmax of its outputs into the GEMV (bufs.argmax): a one-token,
- * unpaired GEMV in the int8 direct mode (the LM head of a q4 model whose blocks chain int8 copies), unless
- * gpu.tuning.headArgmax is false.
- */
-export function gemvArgmaxFits(gpu: Gpu, d: GemvFusedDims): boolean {
-  return gpu.tuning.headArgmax !== false && d.T === 1 && d.pairs !== true && multiInt8Serves(gpu, d);
-}
-
-/**
  * Whether a one-token GEMV takes the int8 direct mode: q4 weights in blocks that chain int8 copies
  * (GemvFusedDims.int8One), unless gpu.tuning.multiInt8One says otherwise (true: every quantised one-token
  * GEMV where the mode fits; false: none). With the copies, every such GEMV of a layer reads an input the
@@ -617,11 +603,6 @@ export function gemvFusedCall(
     copyOut?: InputCopyOut;
     /** The f32 direct multi-token mode: x's copy made by the GEMV before (x and normWeight then unused). */
     copyIn?: FloatCopy;
-    /**
-     * The one-token LM head under greedy sampling (gemvArgmaxFits): the GEMV also writes the argmax of its
-     * outputs into tokens[step.tok_out], as sample.ts would (gemv_multi.ts's argmax tail).
-     */
-    argmax?: { step: GPUBuffer; tokens: GPUBuffer };
   },
   d: GemvFusedDims & { copyOut?: QuantType },
 ): KernelCall {
@@ -686,10 +667,6 @@ export function gemvFusedCall(
       if (rmsIn && f !== "rmsnorm") {
         throw new RangeError("a copy with sums of squares is for an RMSNorm GEMV");
       }
-      const am = bufs.argmax;
-      if (am && (d.T !== 1 || pairs || d.copyOut)) {
-        throw new RangeError("argmax: the one-token LM head's (T = 1, unpaired, no copy of the output)");
-      }
       const code = gemvMultiSource(wt, "none", t, nwt, {
         K: d.K,
         N: d.N,
@@ -700,7 +677,6 @@ export function gemvFusedCall(
         copyOut: d.copyOut,
         copyNorm: copyNorm?.type,
         rmsIn,
-        argmax: am !== undefined,
       });
       const out = d.copyOut ? [out8!.q, out8!.s, ...(copyNorm ? [copyNorm.w, out8!.ssq!] : [])] : [];
       // arrive: the outputs' scratch and the blocks' counters (zeroed at creation; each dispatch's last
@@ -711,30 +687,14 @@ export function gemvFusedCall(
           storageBuffer(gpu, (d.N / 32) * 4, "int8 copy of y, block counters"),
         ]
         : [];
-      // argmax: each workgroup's (max, index) and the workgroups' counter (zeroed at creation; the last
-      // workgroup zeroes it again).
-      const groups = multiGroups(d.N, t, S!);
-      const amScratch = am
-        ? [storageBuffer(gpu, groups * 8, "argmax partials"), storageBuffer(gpu, 4, "argmax counter")]
-        : [];
       const call = kernelCall(
         gpu,
         pipeline(gpu, code),
-        [
-          params,
-          bufs.xq.q,
-          bufs.w,
-          bufs.y,
-          bufs.xq.s,
-          ...out,
-          ...(rmsIn ? [bufs.xq.ssq!] : []),
-          ...(am ? [am.step, am.tokens, ...amScratch] : []),
-          ...scratch,
-        ],
-        [groups],
+        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s, ...out, ...(rmsIn ? [bufs.xq.ssq!] : []), ...scratch],
+        [multiGroups(d.N, t, S!)],
         `${label}_direct_i8`,
       );
-      if (scratch.length || amScratch.length) call.owned = [...scratch, ...amScratch];
+      if (scratch.length) call.owned = scratch;
       return call;
     }
     // Paired, a warp holds loads of twice its rows (the tile's register budget).

@@ -22,7 +22,6 @@
 // K, N, T are compiled in. Tile: the largest multiple of S units a lane whose staging fits the budget.
 import type { InputTransform } from "./gemv_fused.ts";
 import type { Gpu, KernelCall, WeightType } from "./gpu.ts";
-import { STEP_WGSL } from "./step.ts";
 import { kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import {
   dp4Dot,
@@ -247,12 +246,9 @@ export function gemvMultiSource(
     copyNorm?: WeightType;
     rmsIn?: boolean;
     rmsParts?: number;
-    /** The direct int8 mode's argmax tail (gemvMultiDirectSource): the one-token LM head's greedy token. */
-    argmax?: boolean;
   },
 ): string {
   if (t.direct) return gemvMultiDirectSource(wt, f, t, nwt, d);
-  if (d.argmax) throw new RangeError("only the direct multi-token GEMV folds in the argmax");
   if (d.copyOut) throw new RangeError("only the direct multi-token GEMV writes a copy of its output");
   const { K, N, T, S, KT } = d;
   const { rows: R, wg: WG } = t;
@@ -654,13 +650,9 @@ function gemvMultiDirectSource(
     copyNorm?: WeightType;
     rmsIn?: boolean;
     rmsParts?: number;
-    argmax?: boolean;
   },
 ): string {
   const i8 = t.dp4 === true;
-  if (d.argmax && (d.T !== 1 || d.copyOut || d.pairs || t.arrive)) {
-    throw new RangeError("argmax is the one-token LM head's: T = 1, no copy of the output, not paired");
-  }
   const fcopy = d.copyOut === "f32";
   if ((d.copyNorm && !d.copyOut) || (fcopy && (i8 || !d.copyNorm)) || (d.copyOut && !fcopy && !i8)) {
     throw new RangeError(
@@ -879,65 +871,6 @@ function gemvMultiDirectSource(
       })
     }`
     : "";
-  // argmax (the one-token LM head under greedy sampling, instead of sample.ts's two dispatches): each
-  // workgroup reduces its rows' logits to (max, lowest index of the max) with subgroup operations (every
-  // warp the same, so they stay in uniform control flow; warp 0 stores) into `pa` with atomic stores, then a
-  // device-scope barrier (release) and a count; the last workgroup (it resets the count for the next
-  // dispatch) takes an acquire barrier, reduces the partials the same way and writes the token at
-  // step.tok_out, as sample.ts does (lowest index on ties, like torch.argmax).
-  const G = Math.ceil(N / WR);
-  const argmaxTail = !d.argmax ? "" : `
-  workgroupBarrier();
-  {
-    var bv = -3.4e38;
-    var bi = 0xffffffffu;
-    for (var i = lane; i < ${WR}u; i += S) {
-      let v = amv[i];
-      if (v > bv) { bv = v; bi = wg.x * ${WR}u + i; }
-    }
-    let m = subgroupMax(bv);
-    let mi = subgroupMin(select(0xffffffffu, bi, bv == m));
-    if (tid == 0u) {
-      atomicStore(&pa[2u * wg.x], bitcast<u32>(m));
-      atomicStore(&pa[2u * wg.x + 1u], mi);
-    }
-  }
-  storageBarrier();
-  if (tid == 0u) {
-    let last = atomicAdd(&am_cnt[0], 1u) == ${G - 1}u;
-    if (last) { atomicStore(&am_cnt[0], 0u); }
-    am_last = select(0u, 1u, last);
-  }
-  if (workgroupUniformLoad(&am_last) != 0u) {
-    storageBarrier();
-    // Every partial's loads issued before the first compare (a loop would wait out an L2 round trip an
-    // iteration); past the last partial a thread reads the last one again.
-    ${
-    range(Math.ceil(G / WG)).map((j) =>
-      `let pv${j} = atomicLoad(&pa[2u * min(tid + ${j * WG}u, ${G - 1}u)]);
-    let pi${j} = atomicLoad(&pa[2u * min(tid + ${j * WG}u, ${G - 1}u) + 1u]);`
-    ).join("\n    ")
-  }
-    var bv = bitcast<f32>(pv0);
-    var bi = pi0;
-    ${
-    range(Math.ceil(G / WG)).slice(1).map((j) =>
-      `if (bitcast<f32>(pv${j}) > bv || (bitcast<f32>(pv${j}) == bv && pi${j} < bi)) { bv = bitcast<f32>(pv${j}); bi = pi${j}; }`
-    ).join("\n    ")
-  }
-    let m = subgroupMax(bv);
-    let mi = subgroupMin(select(0xffffffffu, bi, bv == m));
-    if (lane == 0u) { amw[warp] = m; ami[warp] = mi; }
-    workgroupBarrier();
-    if (tid == 0u) {
-      var v = amw[0];
-      var i = ami[0];
-      for (var w = 1u; w < ${WARPS}u; w++) {
-        if (amw[w] > v || (amw[w] == v && ami[w] < i)) { v = amw[w]; i = ami[w]; }
-      }
-      am_tokens[am_step.tok_out] = i;
-    }
-  }`;
   // rmsIn: x's copy is of x * nw, unscaled; each warp loads the block sums of squares of its tokens (warp,
   // warp + WARPS, ..) as it starts, and after its weights, adds them into 1 / rms in inv_s for the outputs.
   // An f32 copy's sums of squares: loaded as the warps start up to T = 8, above it after the main loop,
@@ -949,7 +882,6 @@ function gemvMultiDirectSource(
   // the copy's, then x's sums of squares (rmsIn), then arrive's scratch and counters.
   const b0 = norm || i8 ? 5 : 4;
   const rmsBinding = d.copyOut ? (fcopy ? b0 + 3 : d.copyNorm ? 9 : 7) : b0;
-  const amBinding = d.rmsIn ? rmsBinding + 1 : b0;
   const arriveBinding = d.rmsIn ? rmsBinding + 1 : d.copyNorm ? 9 : 7;
   const TPW = Math.ceil(T / WARPS);
   const P = d.rmsParts ?? K / 32; // partials a token
@@ -1020,19 +952,6 @@ fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys
 @group(0) @binding(${rmsBinding}) var<storage, read> issq: array<${v4 ? "vec4<f32>" : "f32"}>;
 var<workgroup> inv_s: array<f32, ${T}>;`
       : ""
-  }${
-    d.argmax
-      ? `
-${STEP_WGSL}
-@group(0) @binding(${amBinding}) var<storage, read> am_step: Step;
-@group(0) @binding(${amBinding + 1}) var<storage, read_write> am_tokens: array<u32>;
-@group(0) @binding(${amBinding + 2}) var<storage, read_write> pa: array<atomic<u32>>;
-@group(0) @binding(${amBinding + 3}) var<storage, read_write> am_cnt: array<atomic<u32>>;
-var<workgroup> amv: array<f32, ${WR}>;
-var<workgroup> amw: array<f32, ${WARPS}>;
-var<workgroup> ami: array<u32, ${WARPS}>;
-var<workgroup> am_last: u32;`
-      : ""
   }
 ${isQuant(wt) ? `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}` : ""}
 const K = ${K}u;
@@ -1070,12 +989,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       : ""
   }
   ${sums.join("\n  ")}
-  ${rmsSums.join("\n  ")}${
-    d.argmax
-      ? `
-  for (var e = tid; e < ${OUT}u; e += ${WG}u) { amv[e] = -3.4e38; }`
-      : ""
-  }
+  ${rmsSums.join("\n  ")}
   workgroupBarrier();
   for (var e = tid; e < ${OUT}u; e += ${WG}u) {
     let g = e / ${R * T}u;
@@ -1096,7 +1010,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       ${d.pairs && (norm || d.rmsIn) ? "b *= inv;" : ""}
       let o = tk * N + n;
       let v = ${d.pairs ? siluMul("a", "b") : "select(0.0, y[o], p.acc != 0u) + a"};
-      y[o] = v;${d.argmax ? "\n      amv[e] = v;" : ""}${
+      y[o] = v;${
     fcopy
       ? `
       var onv = onw0;
@@ -1113,7 +1027,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       : ""
   }
     }
-  }${copyTail}${argmaxTail}
+  }${copyTail}
 }`;
 }
 

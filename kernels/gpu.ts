@@ -111,16 +111,6 @@ export interface KernelTuning {
    */
   multiInt8CopyArrive?: boolean;
   /**
-   * The embedding writes the first layer's qkv input copy where that GEMV takes the int8 direct mode
-   * (kernels/embed.ts), instead of the GEMV's own input pass; false: the input pass (A/B runs).
-   */
-  embedCopy?: boolean;
-  /**
-   * The one-token LM head in the int8 direct mode writes the greedy token itself (gemv_fused.ts
-   * gemvArgmaxFits) instead of sample.ts's two dispatches; false: those (A/B runs).
-   */
-  headArgmax?: boolean;
-  /**
    * f32 / f16 k-steps in the f32 direct multi-token mode: the GEMV before each RMSNorm GEMV (o_proj before
    * gate/up, down before the next layer's qkv or the LM head) writes its input times the norm weights and
    * the sums of squares (gemv_fused.ts floatCopyFor), so the RMSNorm GEMV's inner loop reads x as it is.

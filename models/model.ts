@@ -20,12 +20,10 @@ import {
   createStepBuffer,
   embedCall,
   GEMV_MULTI_MAX_T,
-  gemvArgmaxFits,
   gemvFusedCalls,
   gemvFusedFits,
   type Gpu,
   type InputCopy,
-  int8CopyFor,
   isQuant,
   type KernelCall,
   type KvType,
@@ -638,6 +636,16 @@ export class Sequence {
     const H = c.hiddenSize, V = c.vocabSize;
     calls = [];
     segments.push({ calls });
+    if (m.mtp) calls.push(...this.#mtpInput(T, opts.hiddenRow));
+    else if (embed) {
+      if (!m.embedTable) throw new Error("this stage has no embedding");
+      calls.push(embedCall(gpu, { step, tokens, table: m.embedTable, x }, {
+        hidden: H,
+        vocab: V,
+        T,
+        weights: wt(m.embedTable),
+      }));
+    }
     const bufs = {
       step,
       x,
@@ -677,25 +685,8 @@ export class Sequence {
           norm: m.finalNorm,
         }
         : undefined;
-    // The copy of the next RMSNorm GEMV's input that the layer before wrote (blocks/context.ts LayerLink);
-    // the first layer's, where its qkv takes the int8 direct mode, written by the embedding.
+    // The copy of the next RMSNorm GEMV's input that the layer before wrote (blocks/context.ts LayerLink).
     let input: InputCopy | undefined;
-    if (m.mtp) calls.push(...this.#mtpInput(T, opts.hiddenRow));
-    else if (embed) {
-      if (!m.embedTable) throw new Error("this stage has no embedding");
-      const first = m.layers.length > 0 ? layerDims(0) : undefined;
-      const qkv = first && attentionInput(ctx, first.spec.attention, m.layers[0].attention, first.d);
-      const copyOut = qkv && gpu.tuning.embedCopy !== false
-        ? int8CopyFor(gpu, qkv.dims, qkv.norm)
-        : undefined;
-      input = copyOut;
-      calls.push(embedCall(gpu, { step, tokens, table: m.embedTable, x, copyOut }, {
-        hidden: H,
-        vocab: V,
-        T,
-        weights: wt(m.embedTable),
-      }));
-    }
     m.layers.forEach((l, i) => {
       const { spec, d } = layerDims(i);
       const layer = m.part.layers[0] + i;
@@ -725,14 +716,11 @@ export class Sequence {
       const { finalNorm, lmHead } = m;
       if (!finalNorm || !lmHead || !this.logits) throw new Error("this stage has no head");
       const eps = c.rmsNormEps;
-      // Greedy one-token steps whose head takes the int8 direct mode: the head writes the token itself.
-      const greedy = output === "sample" && !(this.opts.sampling.temperature > 0);
-      const argmax = head && greedy && gemvArgmaxFits(gpu, head.dims) ? { step, tokens } : undefined;
       if (head) {
         calls.push(
           ...gemvFusedCalls(
             gpu,
-            { x, w: lmHead, y: this.logits, normWeight: finalNorm, copyIn: input, argmax },
+            { x, w: lmHead, y: this.logits, normWeight: finalNorm, copyIn: input },
             head.dims,
           ),
         );
@@ -748,7 +736,7 @@ export class Sequence {
           }),
         );
       }
-      if (output === "sample" && !argmax) {
+      if (output === "sample") {
         calls.push(
           ...sampleCalls(gpu, { step, logits: this.logits, tokens }, { vocab: V, ...this.opts.sampling }),
         );

@@ -4,10 +4,8 @@
 // a GPU or without subgroups (the kernel needs them).
 import assert from "node:assert/strict";
 import {
-  createStepBuffer,
   FLOAT_NORM_COPY_MIN_T,
   floatCopyFor,
-  gemvArgmaxFits,
   gemvFusedCall,
   gemvFusedCalls,
   gemvInt8InputCall,
@@ -21,7 +19,6 @@ import {
   rmsnormRef,
   runCalls,
   uploadBuffer,
-  writeStep,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { isQuant } from "../../kernels/quant.ts";
@@ -34,7 +31,6 @@ import {
   packedWeights,
   randoms,
   readF32,
-  readU32,
   upload,
 } from "./harness.ts";
 
@@ -662,63 +658,3 @@ Deno.test({
     g.tuning = saved;
   }
 });
-
-// The one-token LM head in the int8 direct mode under greedy sampling (gemvFusedCalls' `argmax`): the GEMV
-// writes the argmax of its outputs at tokens[step.tok_out] (workgroups' partials, then the last workgroup),
-// the lowest index on ties as torch.argmax; rows not a multiple of a workgroup's; twice in a row (the count
-// resets itself).
-Deno.test(
-  { name: "q4 one-token head in the int8 direct mode writes the greedy token itself", ignore },
-  async () => {
-    const g = gpu!;
-    const S = g.subgroupSize!;
-    const K = 32 * S;
-    const saved = { ...g.tuning };
-    g.tuning.multiInt8 = true;
-    try {
-      for (const [N, tie] of [[300, false], [1000, false], [1000, true]] as const) {
-        const d = {
-          K,
-          N,
-          T: 1,
-          weights: "q4" as const,
-          transform: "rmsnorm" as const,
-          normWeights: "f32" as const,
-          eps: 1e-5,
-          int8One: true,
-        };
-        const what = `head argmax N ${N}${tie ? " (every row the same)" : ""}`;
-        assert.ok(gemvArgmaxFits(g, d), `${what}: the int8 direct mode does not serve`);
-        const row = randoms(K, N + 1, 0.5);
-        const w32 = tie ? new Float32Array(N * K).map((_, i) => row[i % K]) : randoms(N * K, N + 2, 0.5);
-        const w = uploadBuffer(g, packedWeights("q4", w32, N, K).bytes);
-        const y = upload(g, new Float32Array(N));
-        const step = createStepBuffer(g);
-        const tokens = upload(g, new Uint32Array(8).fill(7777));
-        writeStep(g, step, { pos0: 0, T: 1, tokOut: 3 });
-        const calls = gemvFusedCalls(
-          g,
-          {
-            x: upload(g, randoms(K, N + 3, 2)),
-            w,
-            y,
-            normWeight: upload(g, randoms(K, N + 4)),
-            argmax: { step, tokens },
-          },
-          d,
-        );
-        for (let round = 0; round < 2; round++) {
-          await runCalls(g, calls);
-          const logits = await readF32(g, y, N);
-          let best = 0;
-          for (let i = 1; i < N; i++) if (logits[i] > logits[best]) best = i;
-          const got = await readU32(g, tokens, 8);
-          assert.equal(got[3], tie ? 0 : best, `${what}, round ${round}`);
-          assert.equal(got[2], 7777, `${what}: wrote elsewhere`);
-        }
-      }
-    } finally {
-      g.tuning = saved;
-    }
-  },
-);

@@ -7,7 +7,6 @@ import {
   embedCall,
   embedRef,
   gemvFusedCall,
-  gemvInt8InputCall,
   type Gpu,
   type KvType,
   matmulCall,
@@ -26,7 +25,6 @@ import {
   storageBuffer,
   writeStep,
 } from "../../kernels/mod.ts";
-import assert from "node:assert/strict";
 import { f16ToF32, f32ToF16 as f32ToF16Bits } from "../../models/dtype.ts";
 import { readBack } from "../../kernels/mod.ts";
 import { assertClose, gpuOrSkip, randoms, readF32, readU32, upload } from "./harness.ts";
@@ -52,81 +50,6 @@ Deno.test({ name: "embed gathers rows by token id at step positions", ignore }, 
     assertClose(await readF32(g, x, 4 * H), embedRef(table, toks.slice(5, 9), H), 0, 0, `embed ${V}x${H}`);
   }
 });
-
-// With copyOut the embedding also writes the first qkv GEMV's int8 input (x times the norm weights in int8
-// blocks, each block's sum of squares of x): the same codes as that GEMV's own input pass (which quantises x
-// times the norm weights times 1 / rms), its block scales times 1 / rms equal to the pass's, in either
-// layout, and x as the plain gather writes it.
-Deno.test(
-  { name: "embed writes the first GEMV's int8 input copy as its input pass would", ignore },
-  async () => {
-    const g = gpu!;
-    for (const copyType of ["q4", "q8"] as const) {
-      const V = 11, H = 96, T = 3, NB = H / 32;
-      const table = randoms(V * H, V + 2, 3);
-      const nwv = randoms(H, H + 3);
-      const nw = upload(g, nwv);
-      const toks = Uint32Array.from({ length: T + 2 }, (_, i) => (i * 4 + 1) % V);
-      const step = createStepBuffer(g);
-      const x = storageBuffer(g, T * H * 4);
-      const copy = {
-        q: storageBuffer(g, T * H),
-        s: storageBuffer(g, T * NB * 8),
-        ssq: storageBuffer(g, T * NB * 4),
-        weights: copyType,
-        norm: { w: nw, type: "f32" as const },
-      };
-      const call = embedCall(
-        g,
-        { step, tokens: upload(g, toks), table: upload(g, table), x, copyOut: copy },
-        {
-          hidden: H,
-          vocab: V,
-          T,
-          weights: "f32",
-        },
-      );
-      const pass = gemvInt8InputCall(g, { x, normWeight: nw }, {
-        K: H,
-        T,
-        wt: copyType,
-        transform: "rmsnorm",
-        normWeights: "f32",
-        eps: 1e-5,
-      });
-      writeStep(g, step, { pos0: 2, T, tokOut: 0 });
-      await runCalls(g, [call, pass.call]);
-      const xs = embedRef(table, toks.slice(2, 2 + T), H);
-      assertClose(await readF32(g, x, T * H), xs, 0, 0, `embed x (${copyType})`);
-      const codes = new Int8Array(await readBack(g, copy.q, T * H));
-      const want = new Int8Array(await readBack(g, pass.xq, T * H));
-      assert.deepEqual(Array.from(codes), Array.from(want), `codes (${copyType})`);
-      const ssq = await readF32(g, copy.ssq, T * NB);
-      const sc = await readF32(g, copy.s, 2 * T * NB), wantSc = await readF32(g, pass.xqs, 2 * T * NB);
-      for (let t = 0; t < T; t++) {
-        let tot = 0;
-        for (let b = 0; b < NB; b++) {
-          let s2 = 0;
-          for (let i = 0; i < 32; i++) s2 += xs[t * H + 32 * b + i] ** 2;
-          assert.ok(
-            Math.abs(ssq[t * NB + b] - s2) <= 1e-5 * s2,
-            `block ${b} sum of squares ${ssq[t * NB + b]} vs ${s2}`,
-          );
-          tot += s2;
-        }
-        const inv = 1 / Math.sqrt(tot / H + 1e-5);
-        const scaled = sc.slice(2 * t * NB, 2 * (t + 1) * NB).map((v) => v * inv);
-        assertClose(
-          scaled,
-          wantSc.slice(2 * t * NB, 2 * (t + 1) * NB),
-          1e-6,
-          1e-5,
-          `scales (${copyType}, row ${t})`,
-        );
-      }
-    }
-  },
-);
 
 Deno.test({ name: "rmsnorm matches reference (f32 and f16 weights)", ignore }, async () => {
   const g = gpu!;
