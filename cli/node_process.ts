@@ -36,6 +36,8 @@ export interface NodeProcessOptions {
   memoryCap?: number;
   /** The node's name in its descriptor (`--name`; default: the host name). */
   name?: string;
+  /** Offer no GPU (as SWACTOR_NO_GPU=1 does, without setting it for the whole process). */
+  noGpu?: boolean;
   plan?: unknown;
   /** The node's pipeline, once attached (served by the control API). */
   pipeline?: () => PipelineNode | undefined;
@@ -99,6 +101,7 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
       dialOverrides,
       memoryCap: opts.memoryCap,
       name: opts.name,
+      noGpu: opts.noGpu,
       // `--local N`'s workers share its leader's GPU: they take its measurement instead of making their own.
       measure: Deno.env.get(MEASUREMENT_FROM_ENV) ? { adoptFrom: Deno.env.get(MEASUREMENT_FROM_ENV) } : true,
     });

@@ -12,7 +12,6 @@ cd "$swactor_root"
 SERIAL=(
   tests/cli/dial_table_test.ts
   tests/cli/main_test.ts
-  tests/cli/node_process_test.ts
   tests/kernels/moe_sg_test.ts
   tests/models/demo_test.ts
   tests/models/engine_test.ts

@@ -4,7 +4,6 @@ import assert from "node:assert/strict";
 import { runNodeProcess } from "../../cli/node_process.ts";
 import { newSecret } from "../../node/ticket.ts";
 
-Deno.env.set("SWACTOR_NO_GPU", "1");
 const never = () => new Promise<void>(() => {});
 const after = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 const quiet = { sanitizeOps: false, sanitizeResources: false };
@@ -17,6 +16,7 @@ Deno.test(
     const code = await Promise.race([
       runNodeProcess({
         secret: newSecret(),
+        noGpu: true,
         membership: "test",
         parentGone: after(300),
         ready: (_node, _api, signal) => {
@@ -39,6 +39,7 @@ Deno.test(
     const code = await Promise.race([
       runNodeProcess({
         secret: newSecret(),
+        noGpu: true,
         membership: "test",
         parentGone: after(100),
         ready: async () => {},
