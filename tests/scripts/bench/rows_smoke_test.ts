@@ -12,7 +12,11 @@ Deno.test(
     "a WebGPU adapter": hasGpu,
   }),
   async () => {
+    // Two weight copies: each copy's GEMV reads its own input pass's copy (a first version read one never
+    // written and compared against zeros).
     const r = await runScript("bench/rows.ts", [
+      "--copies",
+      "2",
       "--t",
       "1,3,8",
       "--variants",
