@@ -2,8 +2,10 @@
 # The test files (`deno task test`; `deno task ok` and scripts/test.sh run it after fmt, lint and check):
 # two at a time (`--parallel`, DENO_JOBS, default 2: what CI's two cores were measured with, 2026-12-03:
 # 8m47s and 9m27s against 15m30s one at a time), then, one at a time, the files that set environment
-# variables. Deno runs every test file in one process, so a variable one file sets is seen by a file
-# running beside it (and by the processes that file starts). With arguments, `deno test -A` of just those
+# variables (Deno runs every test file in one process, so a variable one file sets is seen by a file
+# running beside it, and by the processes that file starts), and serve_test.ts, whose two-node `up --model`
+# must measure both nodes within the planner's wait: beside pipeline_test.ts's and speculative_test.ts's node
+# processes on two cores it once planned one stage (2026-12-03). With arguments, `deno test -A` of just those
 # (`deno task test tests/kernels/`).
 set -euo pipefail
 # The deno that runs the task is not on PATH inside it: deno_env.sh finds (or installs) the pinned one.
@@ -12,6 +14,7 @@ cd "$swactor_root"
 SERIAL=(
   tests/cli/dial_table_test.ts
   tests/cli/main_test.ts
+  tests/cli/serve_test.ts
   tests/kernels/moe_sg_test.ts
   tests/models/demo_test.ts
   tests/models/engine_test.ts
