@@ -48,6 +48,31 @@ export async function gpuMs(gpu: Gpu, calls: readonly KernelCall[], repeat: numb
 }
 
 /**
+ * What each kind of dispatch adds to a step (`kind` names a call's kind): the step timed without that
+ * kind's calls, alternating with the whole step, `rounds` rounds of `repeat` each (the rest read what they
+ * find; their work does not depend on the values). Returns each kind's mean GPU ms and its number of calls.
+ */
+export async function marginalMs(
+  gpu: Gpu,
+  calls: readonly KernelCall[],
+  kind: (c: KernelCall) => string,
+  rounds = 3,
+  repeat = 5,
+): Promise<Map<string, { ms: number; calls: number }>> {
+  const out = new Map<string, { ms: number; calls: number }>();
+  for (const k of new Set(calls.map(kind))) {
+    const without = calls.filter((c) => kind(c) !== k);
+    let whole = 0, less = 0;
+    for (let r = 0; r < rounds; r++) {
+      whole += await gpuMs(gpu, calls, repeat);
+      less += await gpuMs(gpu, without, repeat);
+    }
+    out.set(k, { ms: (whole - less) / rounds, calls: calls.length - without.length });
+  }
+  return out;
+}
+
+/**
  * GPU ms per pass of `calls` as a microbenchmark takes it (scripts/bench/gemm.ts, gemm_parts.ts): compiled and
  * estimated, repeated so one timing lasts about `targetMs`, ~`warmMs` of such timings first (the H200 idles at
  * 345 MHz and lowers its clocks while the host is busy; no warm-up on a software adapter), then the best of

@@ -46,7 +46,7 @@ import {
   releaseCalls,
   writeStep,
 } from "../../kernels/mod.ts";
-import { gpuMs, gpuMsPerCall } from "../../kernels/timer.ts";
+import { gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { storageBuffer } from "../../kernels/gpu.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { DEMO_CONFIG_JSON } from "../../models/demo.ts";
@@ -338,29 +338,16 @@ async function msByKernel(calls: KernelCall[]): Promise<Record<string, number>> 
   return byKernel;
 }
 
-/**
- * GPU ms each kind of dispatch (label and grid) adds to a step: the step without those dispatches, timed
- * alternating with the whole step, three rounds of five.
- */
-async function marginalMs(calls: KernelCall[]): Promise<Record<string, number>> {
+/** What each kind of dispatch (label, grid, largest buffer) adds to a step, GPU ms (timer.ts marginalMs). */
+async function stepMarginalMs(calls: KernelCall[]): Promise<Record<string, number>> {
   // The largest buffer bound (the weights, for a GEMV) tells o_proj from down.
   const key = (c: KernelCall) =>
     `${c.label ?? "?"}@${c.workgroups.join("x").replace(/(x1)+$/, "")} ${
       (Math.max(...c.buffers.map((b) => b.size)) / 2 ** 20).toFixed(1)
     }MB`;
-  const out: Record<string, number> = {};
-  for (const kind of new Set(calls.map(key))) {
-    const without = calls.filter((c) => key(c) !== kind);
-    // A software adapter (a smoke test) times one round of one.
-    const rounds = gpu.isSoftware ? 1 : 3, reps = gpu.isSoftware ? 1 : 5;
-    let whole = 0, less = 0;
-    for (let r = 0; r < rounds; r++) {
-      whole += await gpuMs(gpu, calls, reps);
-      less += await gpuMs(gpu, without, reps);
-    }
-    out[`${kind} x${calls.length - without.length}`] = Number(((whole - less) / rounds).toFixed(4));
-  }
-  return out;
+  // A software adapter (a smoke test) times one round of one.
+  const m = await marginalMs(gpu, calls, key, gpu.isSoftware ? 1 : 3, gpu.isSoftware ? 1 : 5);
+  return Object.fromEntries([...m].map(([k, v]) => [`${k} x${v.calls}`, Number(v.ms.toFixed(4))]));
 }
 
 /** Runs f with gpu.tuning overridden by t (programs built inside see it). */
@@ -418,12 +405,12 @@ async function kSteps(model: Model, weights: string): Promise<void> {
   const marginal: Record<string, Record<string, number>> = {};
   if (values.marginal) {
     writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-    marginal.decode = await marginalMs(seq.program(1, "sample"));
+    marginal.decode = await stepMarginalMs(seq.program(1, "sample"));
   }
   for (const k of values.marginal ? ks : []) {
     const tail = argmaxRowsCalls(gpu, { logits: seq.logits!, out }, { vocab: ckpt.config.vocabSize, T: k });
     writeStep(gpu, seq.step, { pos0: mid, T: k, tokOut: mid + k });
-    marginal[k] = await marginalMs([...seq.program(k, "logits"), ...tail]);
+    marginal[k] = await stepMarginalMs([...seq.program(k, "logits"), ...tail]);
     releaseCalls(tail);
   }
   writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });

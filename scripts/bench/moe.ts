@@ -34,7 +34,7 @@ import {
   storageBuffer,
   writeStep,
 } from "../../kernels/mod.ts";
-import { gpuMs, gpuMsPerCall } from "../../kernels/timer.ts";
+import { gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
 import { Model, type WeightsOption } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
@@ -253,14 +253,8 @@ for (const shape of values.shape!.split(",")) {
     // read what they find; their work does not depend on the values), alternating with the whole step.
     const marginal: Record<string, number> = {};
     if (gpu.hasTimestamps && values.marginal) {
-      for (const label of new Set(decode.map((c) => c.label ?? "?"))) {
-        const without = decode.filter((c) => (c.label ?? "?") !== label);
-        let whole = 0, less = 0;
-        for (let r = 0; r < 3; r++) {
-          whole += await gpuMs(gpu, decode, 5);
-          less += await gpuMs(gpu, without, 5);
-        }
-        marginal[label] = Number(((whole - less) / 3).toFixed(4));
+      for (const [label, m] of await marginalMs(gpu, decode, (c) => c.label ?? "?")) {
+        marginal[label] = Number(m.ms.toFixed(4));
       }
     }
     seq.destroy();

@@ -27,7 +27,7 @@ import {
   uniformBuffer,
 } from "../../kernels/mod.ts";
 import { gpuMs } from "../../kernels/timer.ts";
-import { dp4Dot } from "../../kernels/wgsl.ts";
+import { dp4Dot, QUANT_DECODE_WGSL } from "../../kernels/wgsl.ts";
 import { readBack } from "../../kernels/gpu.ts";
 
 /** Rows a group of the interleaved layout (a warp's lanes). */
@@ -243,14 +243,13 @@ function gemvRowsSource(d: RowsDims): string {
   }
   const STEPS = UNITS / (SK * U);
   const G = Math.ceil(N / ROWS_GROUP);
-  const soff = quantScaleWord(G * ROWS_GROUP, K, "q4");
   const dp = (a: string, b: string) => dp4Dot("q8", a, b);
   // Unit (step i, u) of this warp: j = (i U + u) SK + ks.
   const unitAt = (i: string, u: number) => `((${i} * ${U}u + ${u}u) * ${SK}u + ks)`;
   const load = (v: string, i: string) =>
     range(U).flatMap((u) => [
       `${v}w${u} = W[(gb + ${unitAt(i, u)}) * 32u + lane];`,
-      `${v}s${u} = scale_at((gb + ${unitAt(i, u)}) * 32u + lane);`,
+      `${v}s${u} = group_scale((gb + ${unitAt(i, u)}) * 32u + lane);`,
     ]);
   const products = range(U).flatMap((u) => {
     const j = `j${u}`;
@@ -293,10 +292,7 @@ function gemvRowsSource(d: RowsDims): string {
 ${d.rmsIn ? `@group(0) @binding(5) var<storage, read> issq: array<${v4 ? "vec4<f32>" : "f32"}>;` : ""}
 const K = ${K}u;
 const N = ${N}u;
-fn scale_at(g: u32) -> f32 {
-  let sw = W[${soff / 4}u + g / 8u][(g / 2u) % 4u];
-  return bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u));
-}
+${QUANT_DECODE_WGSL}
 ${SK > 1 ? `var<workgroup> red: array<f32, ${WARPS * T * S}>;` : ""}
 @compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -348,7 +344,9 @@ function gemvRowsCall(
   d: RowsDims & { eps?: number },
 ): KernelCall {
   if ((bufs.issq !== undefined) !== (d.rmsIn === true)) throw new TypeError("rmsIn needs issq, and only it");
-  const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, 0, d.eps ?? 0, 0], [5]);
+  // The scales follow the values of every row group (interleavedQ4Bytes): their first word is p.soff.
+  const soff = quantScaleWord(Math.ceil(d.N / ROWS_GROUP) * ROWS_GROUP, d.K, "q4");
+  const params = uniformBuffer(gpu, [d.K, d.N, d.T, d.accumulate ? 1 : 0, 0, d.eps ?? 0, soff], [5]);
   const buffers = [params, bufs.xq, bufs.w, bufs.y, bufs.xqs, ...(bufs.issq ? [bufs.issq] : [])];
   return kernelCall(gpu, pipeline(gpu, gemvRowsSource(d)), buffers, [rowsGroups(d)], "gemv_rows");
 }
