@@ -4,6 +4,7 @@
 // a GPU or without subgroups (the kernel needs them).
 import assert from "node:assert/strict";
 import {
+  F16_MATH_RUN,
   FLOAT_NORM_COPY_MIN_T,
   floatCopyFor,
   gemvFusedCall,
@@ -244,6 +245,195 @@ Deno.test(
         }
       }
     }
+  },
+);
+
+/**
+ * f16 math (MultiTuning f16Math): x rounded to f16 and runs of at most F16_MATH_RUN products a half summed in
+ * f16, so a row moves by at most (2 + F16_MATH_RUN) 2^-11 sum |x w| (+ f32 rounding).
+ */
+function checkF16Math(
+  got: Float32Array,
+  want: Float32Array,
+  input: Float32Array,
+  w: Float32Array,
+  d: { T: number; N: number; K: number },
+  what: string,
+): void {
+  const { T, N, K } = d;
+  for (let r = 0; r < T; r++) {
+    for (let n = 0; n < N; n++) {
+      let mass = 0;
+      for (let i = 0; i < K; i++) mass += Math.abs(input[r * K + i] * w[n * K + i]);
+      const bound = 1e-4 + 1e-4 * Math.abs(want[r * N + n]) + mass * (2 + F16_MATH_RUN) * 2 ** -11;
+      const err = Math.abs(got[r * N + n] - want[r * N + n]);
+      if (!(err <= bound)) {
+        throw new Error(
+          `${what}: row ${r} col ${n}: got ${got[r * N + n]}, want ${
+            want[r * N + n]
+          } (|err| ${err} > ${bound})`,
+        );
+      }
+    }
+  }
+}
+
+Deno.test(
+  {
+    name: "direct multi-token GEMV in f16 math: within its bound, every transform, runs flushed into f32",
+    ignore: ignore || !gpu?.hasF16,
+  },
+  async () => {
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    const silu = (v: number) => v / (1 + Math.exp(-v));
+    const tunings: MultiTuning[] = [
+      { rows: 4, wg: 4 * S, direct: true, splitK: 2, f16Math: true },
+      { rows: 1, wg: 3 * S, direct: true, splitK: 3, unroll: 2, f16Math: true },
+      { rows: 2, wg: S, direct: true, splitK: 1, unroll: 4, f16Math: true },
+      { rows: 3, wg: 2 * S, direct: true, splitK: 1, f16Math: true },
+    ];
+    let k = 0;
+    // K: 4 chunks of one unit a lane; a ragged last chunk; a short row; 20 chunks (flushed inside the loop).
+    for (const K of [8 * 4 * S, 8 * (3 * S - 1), 16, 8 * 20 * S]) {
+      for (
+        const [transform, pairs] of [["none", false], ["rmsnorm", false], ["rmsnorm", true], [
+          "none",
+          true,
+        ]] as const
+      ) {
+        {
+          k++;
+          // T and N rotate with the case (the software adapter's compile time).
+          const [T, N] = ([[2, 37], [8, 19], [16, 7], [3, 5]] as const)[(k + Math.floor(k / 4)) % 4];
+          const multi = tunings[k % tunings.length];
+          const accumulate = !pairs && k % 2 === 0;
+          const normWeights = k % 3 === 0 ? "f32" as const : "f16" as const;
+          const MR = pairs ? 2 * N : N;
+          const x = randoms((T + 1) * K, k, 2);
+          const w = packedWeights("f16", randoms(MR * K, N + k, 0.5), MR, K);
+          let nw = randoms(K, K + 3);
+          const nbuf = normWeights === "f16" ? upload(g, f32ToF16(nw)) : upload(g, nw);
+          if (normWeights === "f16") nw = f16ToF32(f32ToF16(nw));
+          const y0 = randoms(T * N, 9);
+          const y = upload(g, y0);
+          await runCalls(g, [
+            gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, normWeight: nbuf }, {
+              K,
+              N,
+              T,
+              accumulate,
+              xRow0: 1,
+              weights: "f16",
+              normWeights,
+              transform,
+              eps: 1e-5,
+              multi,
+              pairs,
+            }),
+          ]);
+          const rows = x.slice(K, (T + 1) * K);
+          const input = transform === "rmsnorm" ? rmsnormRef(rows, nw, K, 1e-5) : rows;
+          const dims = { K, N, T, weights: "f32" as const };
+          const what = `f16-math multi gemv ${transform}${pairs ? " pairs" : ""} T${T} K${K} N${N} ` +
+            `acc ${accumulate} nw ${normWeights} ${JSON.stringify(multi)}`;
+          const got = await readF32(g, y, T * N);
+          if (pairs) {
+            // Each half's sum within its bound e; silu's slope is at most 1.1, so silu(g) u moves by at
+            // most 1.1 e_g (|u| + e_u) + |silu(g)| e_u.
+            const gate = matmulRef(input, w.deq.subarray(0, N * K), dims);
+            const up = matmulRef(input, w.deq.subarray(N * K), dims);
+            const bound = (m: Float32Array, r: number, n: number) => {
+              let mass = 0;
+              for (let i = 0; i < K; i++) mass += Math.abs(input[r * K + i] * m[n * K + i]);
+              return 1e-4 + mass * (2 + F16_MATH_RUN) * 2 ** -11;
+            };
+            for (let r = 0; r < T; r++) {
+              for (let n = 0; n < N; n++) {
+                const i = r * N + n;
+                const eg = bound(w.deq.subarray(0, N * K), r, n), eu = bound(w.deq.subarray(N * K), r, n);
+                const want = silu(gate[i]) * up[i];
+                const lim = 1e-4 + 1.1 * eg * (Math.abs(up[i]) + eu) + Math.abs(silu(gate[i])) * eu;
+                if (!(Math.abs(got[i] - want) <= lim)) {
+                  throw new Error(`${what}: row ${r} col ${n}: got ${got[i]}, want ${want} (bound ${lim})`);
+                }
+              }
+            }
+          } else {
+            const want = matmulRef(input, w.deq, { ...dims, accumulate }, y0);
+            const base = accumulate ? want.map((v, i) => v - y0[i]) : want;
+            checkF16Math(got.map((v, i) => v - (accumulate ? y0[i] : 0)), base, input, w.deq, dims, what);
+          }
+        }
+      }
+    }
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "direct multi-token GEMV in f16 math: long rows flush their f16 runs (no overflow), default by dims",
+    ignore: ignore || !gpu?.hasF16,
+  },
+  async () => {
+    const g = gpu!;
+    const S = g.subgroupSize!;
+    // Every product 16 x 16 = 256, exact in f16; with splitK 1 a lane's share of a row is 80 units, 320
+    // products a half: unflushed, a half's run would reach 81,920 and overflow f16's 65,504 to inf; flushed
+    // every F16_MATH_RUN products it stays exact.
+    const K = 8 * 80 * S, N = 3, T = 2;
+    const x = new Float32Array(T * K).fill(16);
+    const w = packedWeights("f16", new Float32Array(N * K).fill(16), N, K);
+    for (
+      const [multi, f16Math] of [
+        [{ rows: 1, wg: S, direct: true, splitK: 1, f16Math: true }, undefined],
+        [undefined, true],
+      ] as const
+    ) {
+      const y = upload(g, new Float32Array(T * N));
+      const saved = { multi: g.tuning.multi, multiDirect: g.tuning.multiDirect };
+      g.tuning.multiDirect = true;
+      try {
+        const call = gemvFusedCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y }, {
+          K,
+          N,
+          T,
+          weights: "f16",
+          ...(multi ? { multi } : {}),
+          ...(f16Math ? { f16Math } : {}),
+        });
+        await runCalls(g, [call]);
+      } finally {
+        Object.assign(g.tuning, saved);
+      }
+      const got = await readF32(g, y, T * N);
+      for (const v of got) {
+        if (v !== 256 * K) {
+          throw new Error(`${JSON.stringify(multi ?? "by dims")}: got ${v}, want ${256 * K}`);
+        }
+      }
+    }
+    // By dims: f16 math rounds x to f16, the f32 direct mode does not. x = 1 + 2^-12 (1 in f16) times w = 1.
+    const K2 = 8 * 4 * S;
+    const x2 = new Float32Array(T * K2).fill(1 + 2 ** -12);
+    const w2 = packedWeights("f16", new Float32Array(N * K2).fill(1), N, K2);
+    const sums: number[] = [];
+    for (const f16Math of [false, true]) {
+      const y = upload(g, new Float32Array(T * N));
+      await runCalls(g, [
+        gemvFusedCall(g, { x: upload(g, x2), w: uploadBuffer(g, w2.bytes), y }, {
+          K: K2,
+          N,
+          T,
+          weights: "f16",
+          f16Math,
+        }),
+      ]);
+      sums.push((await readF32(g, y, 1))[0]);
+    }
+    assert.equal(sums[0], K2 * (1 + 2 ** -12), "f32 math keeps x");
+    assert.equal(sums[1], K2, "f16 math rounds x to f16 (taken where the dims allow it)");
   },
 );
 
