@@ -182,12 +182,6 @@ export interface GemvFusedDims {
    * copies all the way round a layer (BlockContext.int8One: models without MoE layers).
    */
   int8One?: boolean;
-  /**
-   * Whether a multi-token step's f16 GEMV may multiply in f16 (MultiTuning `f16Math`, where the direct mode
-   * serves and the adapter has shader-f16): set by blocks as their prefill GEMMs' f16 math
-   * (BlockContext.gemmF16: models without MoE layers). gpu.tuning.multiF16Math forces it either way.
-   */
-  f16Math?: boolean;
 }
 
 type GemvPath = "multi" | "sg" | "team";
@@ -228,16 +222,6 @@ export function gemvPairFits(gpu: Gpu, K: number, T: number, wt: WeightType | Qu
 function multiDirectServes(gpu: Gpu, f: InputTransform, wt: WeightType | QuantType): boolean {
   if (f === "silu_mul") return false;
   return wt === "q4" ? gpu.tuning.multiDirect === true : gpu.tuning.multiDirect !== false;
-}
-
-/**
- * Whether a direct multi-token GEMV of f16 weights multiplies in f16 (MultiTuning `f16Math`): k-steps of
- * blocks that allow it (GemvFusedDims.f16Math) on an adapter with shader-f16, unless gpu.tuning.multiF16Math
- * says otherwise. The k-step's GEMVs are bound by their f32 FMAs from k = 4 or so (H200, Llama-1B f16: a k = 8
- * step reads the 2.5 GB at 1.7 TB/s, a one-token step at 2.7), and HFMA2 does two an instruction.
- */
-function multiF16Math(gpu: Gpu, d: GemvFusedDims): boolean {
-  return gpu.hasF16 && d.weights === "f16" && d.T >= 2 && (gpu.tuning.multiF16Math ?? d.f16Math === true);
 }
 
 /** Whether the multi-token GEMV stages int8 activations by default (q4 where WGSL has dp4). */
@@ -649,19 +633,16 @@ export function gemvFusedCall(
     // Direct mode (x read in place, K split over warps) where it serves the GEMV, unless
     // gpu.tuning.multiDirect is false.
     const direct = multiDirectServes(gpu, f, wt);
-    const hm = direct && multiF16Math(gpu, d);
     const t = d.multi || withShapeTuning(
       gpu,
-      direct
-        ? { ...multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning), ...(hm ? { f16Math: true } : {}) }
-        : withPrefetch(
-          {
-            ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
-            ...(stage === "f16" ? { xh: true } : {}),
-            ...(gpu.tuning.multiPipeline ? { pipeline: true } : {}),
-          },
-          gpu.tuning.prefetch,
-        ),
+      direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning) : withPrefetch(
+        {
+          ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
+          ...(stage === "f16" ? { xh: true } : {}),
+          ...(gpu.tuning.multiPipeline ? { pipeline: true } : {}),
+        },
+        gpu.tuning.prefetch,
+      ),
       gemvTuningKey(wt, f, d.N, d.K, pairs, d.T),
     );
     checkMultiTuning(t, S!, wt, pairs);

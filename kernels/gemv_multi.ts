@@ -91,18 +91,7 @@ export interface MultiTuning {
    * Without it a copy needs workgroups widened to whole blocks.
    */
   arrive?: boolean;
-  /**
-   * Direct mode, f16 weights (needs shader-f16): multiply in f16. x is rounded to f16 as it is read, each
-   * (row, token) sum runs in a vec2<f16> (HFMA2: two multiply-adds an instruction, the weights used as
-   * stored) for at most F16_MATH_RUN products a half, then is added into its f32 sum. Bounds each output's
-   * error by (2 + F16_MATH_RUN) 2^-11 sum |x w|, as the prefill GEMM's f16 math (docs/KERNELS.md
-   * "Arithmetic"). Default false; gemvFusedCall takes it for dense models' k-steps (GemvFusedDims.f16Math).
-   */
-  f16Math?: boolean;
 }
-
-/** Products a half of a direct f16-math accumulator sums in f16 before they are added in f32. */
-export const F16_MATH_RUN = 32;
 
 /** How the tile of x is staged. */
 type Stage = "f32" | "f16" | "i8";
@@ -195,9 +184,7 @@ export function checkMultiTuning(
   const ok = Number.isInteger(t.rows) && t.rows >= 1 && t.rows <= (pairs ? 4 : 8) && Number.isInteger(t.wg) &&
     t.wg >= S && t.wg % S === 0 && t.wg <= 1024 && !(t.dp4 && t.xh) &&
     !(t.dp4 && wt !== undefined && !isQuant(wt));
-  if (!ok || (t.f16Math && !t.direct)) {
-    throw new RangeError(`bad multi-token GEMV tuning ${JSON.stringify(t)} (S = ${S}, ${wt})`);
-  }
+  if (!ok) throw new RangeError(`bad multi-token GEMV tuning ${JSON.stringify(t)} (S = ${S}, ${wt})`);
   if (t.direct) {
     const sk = t.splitK ?? 1, u = t.unroll ?? 1;
     const why = !Number.isInteger(sk) || sk < 1 || (t.wg / S) % sk !== 0
@@ -206,8 +193,6 @@ export function checkMultiTuning(
       ? `unroll ${u} (1..8)`
       : t.xh || t.pipeline
       ? "xh / pipeline (staged x only)"
-      : t.f16Math && (t.dp4 || (wt !== undefined && wt !== "f16"))
-      ? "f16Math (f16 weights only)"
       : "";
     if (why) throw new RangeError(`direct multi-token GEMV ${JSON.stringify(t)} cannot serve ${why}`);
   }
@@ -668,8 +653,6 @@ function gemvMultiDirectSource(
   },
 ): string {
   const i8 = t.dp4 === true;
-  const hm = t.f16Math === true;
-  if (hm && (wt !== "f16" || i8)) throw new RangeError(`f16Math is for f16 weights (${wt})`);
   const fcopy = d.copyOut === "f32";
   if ((d.copyNorm && !d.copyOut) || (fcopy && (i8 || !d.copyNorm)) || (d.copyOut && !fcopy && !i8)) {
     throw new RangeError(
@@ -730,9 +713,7 @@ function gemvMultiDirectSource(
     // Unit u's block: its rows decoded once, then each token's x.
     const inner: string[] = [];
     for (let r = 0; r < RR; r++) {
-      if (hm) {
-        inner.push(`let d${r}_0 = w${u}_${r}[0];`, `let d${r}_1 = w${u}_${r}[1];`);
-      } else inner.push(...floatUnitWgsl(wt, `d${r}`, `w${u}_${r}`));
+      inner.push(...floatUnitWgsl(wt, `d${r}`, `w${u}_${r}`));
     }
     if (norm) {
       for (let i = 0; i < XV; i++) {
@@ -748,20 +729,6 @@ function gemvMultiDirectSource(
           inner.push(`let x${tk}_${i} = xr${tk}_${i} * g${i};`);
         } else inner.push(`let x${tk}_${i} = ${xv};`);
       }
-      if (hm) {
-        // Two multiply-adds an HFMA2; the run's sums stay in f16 until the flush (F16_MATH_RUN).
-        for (let i = 0; i < XV; i++) inner.push(`let xh${tk}_${i} = vec4<f16>(x${tk}_${i});`);
-        for (let r = 0; r < RR; r++) {
-          const h = `h${r}_${tk}`;
-          for (let i = 0; i < XV; i++) {
-            inner.push(
-              `${h} = fma(d${r}_${i}.xy, xh${tk}_${i}.xy, ${h});`,
-              `${h} = fma(d${r}_${i}.zw, xh${tk}_${i}.zw, ${h});`,
-            );
-          }
-        }
-        continue;
-      }
       for (let r = 0; r < RR; r++) {
         inner.push(`a${r}_${tk} += ${range(XV).map((i) => `dot(d${r}_${i}, x${tk}_${i})`).join(" + ")};`);
       }
@@ -773,18 +740,6 @@ function gemvMultiDirectSource(
     `let rb${r} = (${r < R ? "" : "N + "}min(n0 + ${r % R}u, N - 1u)) * UNITS;`
   );
   const acc = range(RR).flatMap((r) => range(T).map((tk) => `var a${r}_${tk} = 0.0;`));
-  if (hm) acc.push(...range(RR).flatMap((r) => range(T).map((tk) => `var h${r}_${tk} = vec2<f16>(0.0);`)));
-  // f16 math: a chunk adds 4 U products to each half of an accumulator; flushed into the f32 sums every FL
-  // chunks (and after the loop), so a run is at most F16_MATH_RUN products.
-  const FL = Math.max(1, Math.floor(F16_MATH_RUN / (4 * U)));
-  const flush = hm
-    ? range(RR).flatMap((r) =>
-      range(T).map((tk) => {
-        const h = `h${r}_${tk}`;
-        return `a${r}_${tk} += f32(${h}.x) + f32(${h}.y); ${h} = vec2<f16>(0.0);`;
-      })
-    ).join("\n      ")
-    : "";
   if (norm) acc.push(...range(T).map((tk) => `var q${tk} = 0.0;`));
   // The warp's RS partials, reduced over its lanes by a butterfly that halves them each step (lanes with
   // bit h keep the upper half and send the lower to lane ^ h): V - 1 + log2(S / V) shuffles for V values
@@ -957,12 +912,8 @@ function gemvMultiDirectSource(
   }`
     )
     : [];
-  // f16 math reads a unit as two vec4<f16> columns (naga has no bitcast from vec2<u32> to vec4<f16>).
-  const bindings = gemvBindingsWgsl(wt, norm, nwt, i8);
-  const wDecl = "var<storage, read> W: array<vec4<u32>>;";
-  if (hm && !bindings.includes(wDecl)) throw new Error("gemvBindingsWgsl's W declaration changed");
-  return `${hm ? "enable f16;\n" : ""}
-${hm ? bindings.replace(wDecl, "var<storage, read> W: array<mat2x4<f16>>;") : bindings}${
+  return `
+${gemvBindingsWgsl(wt, norm, nwt, i8)}${
     fcopy
       ? `
 @group(0) @binding(${b0}) var<storage, read_write> xc: array<f32>;
@@ -1027,15 +978,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let c = i * SK + ks;
     ${CH % SK === 0 ? "{" : `if (c < ${CH}u) {`}
       ${body.join("\n      ")}
-    }${
-    hm && CMAX > FL
-      ? `
-    if (i % ${FL}u == ${FL - 1}u) {
-      ${flush}
-    }`
-      : ""
+    }
   }
-  }${hm ? `\n  {\n      ${flush}\n  }` : ""}
   ${lateLoads ? rmsLoads.join("\n  ") : ""}${
     fcopy
       ? `

@@ -118,11 +118,6 @@ export interface KernelTuning {
    */
   multiFloatNormCopies?: boolean;
   /**
-   * f16 k-steps' direct multi-token GEMVs multiply in f16 (MultiTuning `f16Math`): true / false forces it for
-   * every such GEMV; default: where the block allows it (GemvFusedDims.f16Math, models without MoE layers).
-   */
-  multiF16Math?: boolean;
-  /**
    * The direct multi-token GEMV's units of a row in flight and its row cap (multiDirectTuning's `unroll`,
    * `rows`), forced for every shape: for A/B runs (scripts/bench/decode.ts --multi-unroll / --multi-rows).
    */

@@ -681,7 +681,6 @@ export class Sequence {
             transform: "rmsnorm" as const,
             eps: c.rmsNormEps,
             int8One: ctx.int8One,
-            f16Math: ctx.gemmF16,
           },
           norm: m.finalNorm,
         }

@@ -117,7 +117,6 @@ export function gqaQkvDims(
     transform: "rmsnorm",
     eps: ctx.eps,
     int8One: ctx.int8One,
-    f16Math: ctx.gemmF16,
   };
 }
 
@@ -159,15 +158,7 @@ export function gqaProgram(
   const foldNorm = qkNorm !== undefined && decode && headNormSwitch() === "fused";
   if (qkNorm && !foldNorm) calls.push(headNormCall(gpu, { qkv, ...qkNorm }, { ...dims, eps }));
   const [kcache, vcache] = cache;
-  const o = {
-    K: attDim,
-    N: H,
-    T,
-    accumulate: true,
-    weights: wt(w.o),
-    int8One: ctx.int8One,
-    f16Math: ctx.gemmF16,
-  };
+  const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o), int8One: ctx.int8One };
   // Prefill: the flash attention writes o_proj's input as f16 where its GEMM reads f16 (flashHalfOut).
   const oHalf = !decode && !d.fused &&
     flashHalfOut(gpu, a.headDim, gemmHalfInput(gpu, attDim, o.weights, ctx.gemmF16));
@@ -205,7 +196,7 @@ export function gqaProgram(
   calls.push(
     ...(d.fused
       ? gemvFusedCalls(gpu, { x: att, w: w.o, y: x, copyIn: copy, copyOut: next }, o)
-      : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, { ...o, xHalf: oHalf })),
+      : prefillLinearCalls(gpu, { x: att, w: w.o, y: x }, { ...o, f16Math: ctx.gemmF16, xHalf: oHalf })),
   );
   if (w.oBias) calls.push(biasAddCall(gpu, { b: w.oBias, y: x }, { N: H, T }));
   return calls;

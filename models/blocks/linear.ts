@@ -34,7 +34,7 @@ export function linear(
   // M <= 16 -> the GEMV family (one row, or 2..16 rows sharing each weight read: kernels/gemv_multi.ts).
   if (d.T <= GEMV_MULTI_MAX_T && gemvFusedFits(d.K)) {
     return gemvFusedCalls(gpu, { x: b.x, w: b.w, y: b.y, normWeight: b.norm }, {
-      ...gemm,
+      ...dims,
       ...(b.norm ? { transform: "rmsnorm" as const, normWeights: normType, eps } : {}),
     });
   }

@@ -68,7 +68,6 @@ export function mlpGateUpDims(
     eps: ctx.eps,
     pairs: true,
     int8One: ctx.int8One,
-    f16Math: ctx.gemmF16,
   };
 }
 
@@ -88,15 +87,7 @@ export function mlpProgram(
   // Paired (gemv_sg.ts): the gate/up GEMV writes silu(gate) * up into `a` [T, I] and down reads it as it is.
   const gateUp = mlpGateUpDims(ctx, f, w, d);
   if (gateUp) {
-    const down = {
-      K: I,
-      N: H,
-      T,
-      accumulate: true,
-      weights: wt(w.down),
-      int8One: ctx.int8One,
-      f16Math: ctx.gemmF16,
-    };
+    const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down), int8One: ctx.int8One };
     // k-steps in the int8 direct mode: gate/up writes down's int8 input itself (no input pass for down), and
     // reads its own from the attention's o_proj where that wrote it (d.link).
     const copy = int8CopyOutFits(gpu, gateUp) ? int8CopyFor(gpu, down) : undefined;

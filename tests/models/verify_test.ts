@@ -17,8 +17,6 @@ const gpu = await getGpu().catch((e) => {
 });
 const onGpu = (name: string) => needs(name, { "a WebGPU adapter": gpu });
 const greedy = { temperature: 0, topP: 1, seed: 0 };
-/** f16 math's k-step logits error allowed, of the logits' scale (measured: see its test). */
-const F16_MATH_TOL = 0.01;
 
 async function reference(dir: string) {
   const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
@@ -156,31 +154,6 @@ for (const { weights, tuning, what } of quantSteps) {
   });
 }
 
-// f16 k-steps of dense models multiply in f16 (kernels/gemv_multi.ts MultiTuning f16Math: x rounded to f16,
-// runs of up to 32 products a half summed in f16): their logits track the one-token steps' (f32 math) within
-// that rounding, and with gpu.tuning.multiF16Math false to f32 rounding (so the first check is of f16 math).
-Deno.test(onGpu("llama-micro f16: k-steps in f16 math track the one-token steps"), async () => {
-  if (!gpu!.hasF16) {
-    console.log("skipped: f16 weights (this adapter has no shader-f16)");
-    return;
-  }
-  const dir = fixtureDir("llama-micro")!;
-  const { prompt, cont } = await reference(dir);
-  const all = [...prompt, ...cont].slice(0, 40);
-  const base = { tuning: { multi: false, kv: "f32" }, ks: [1] };
-  const f16 = await kStepError(dir, all, "f16", { kv: "f32" }, base);
-  const f32 = await kStepError(dir, all, "f16", { kv: "f32", multiF16Math: false }, base);
-  console.log(
-    `f16 k-steps against one-token steps: f16 math ${f16.worst}, f32 math ${f32.worst} of ${f16.scale}`,
-  );
-  assert.ok(f32.worst <= 1e-4 * f32.scale, `f32 math: worst |logit error| ${f32.worst} of ${f32.scale}`);
-  assert.ok(f16.worst > f32.worst, "f16 math rounds where f32 math does not (taken by default)");
-  assert.ok(
-    f16.worst <= F16_MATH_TOL * f16.scale,
-    `f16 math: worst |logit error| ${f16.worst} of ${f16.scale}`,
-  );
-});
-
 // The demo model (head_dim 32, intermediate 384: whole blocks of 32) in the int8 direct mode: there the
 // attention and the paired gate/up write the int8 input of o_proj and down themselves (no input pass), which
 // llama-micro's head_dim 16 does not reach for the attention. q4 only: the copies' q8 layout is checked bit
@@ -263,8 +236,7 @@ Deno.test(
 // f32 / f16 k-steps: the GEMV before each RMSNorm GEMV (o_proj before gate/up, down before the next layer's
 // qkv and before the LM head) writes that GEMV's input times its norm weights and the sums of squares
 // (gemv_fused.ts floatCopyFor), so its inner loop reads x as it is. Same logits to f32 rounding as each
-// RMSNorm GEMV normalising x itself (in f32 math); and the program holds two copies a layer (none with the
-// switch off).
+// RMSNorm GEMV normalising x itself; and the program holds two copies a layer (none with the switch off).
 for (const weights of ["f32", "f16"] as const) {
   Deno.test(
     onGpu(
@@ -295,11 +267,8 @@ for (const weights of ["f32", "f16"] as const) {
       const layers = JSON.parse(await Deno.readTextFile(join(dir, "config.json"))).num_hidden_layers;
       assert.equal(await copies(true), 2 * layers, "copies in a k = 8 step's program");
       assert.equal(await copies(false), 0, "copies with multiFloatNormCopies false");
-      // f32 math on both sides: f16 math (the f16 default) rounds the two ways' last-bit differences in x
-      // to f16 half-ulps (lavapipe: 4.8e-4 of the scale).
-      const math = { multiF16Math: false };
-      const { worst, scale } = await kStepError(dir, all, weights, math, {
-        tuning: { multiFloatNormCopies: false, ...math },
+      const { worst, scale } = await kStepError(dir, all, weights, {}, {
+        tuning: { multiFloatNormCopies: false },
         ks: [16, 8, 2, 5, 3],
       });
       console.log(`f32 norm copies against the norm in place (${weights}): worst ${worst} of ${scale}`);
