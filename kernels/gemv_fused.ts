@@ -452,7 +452,8 @@ export function int8CopyFor(gpu: Gpu, d: GemvFusedDims, normWeight?: GPUBuffer):
 
 /**
  * The f32 direct multi-token GEMV's tuning where gemvFusedCall takes that kernel for `d` (f32 / f16 weights,
- * q8 below T = 4, q4 when forced: gemvPath, multiDirectServes) with none forced by the call, else undefined.
+ * q8 below T = 4, q4 when forced: gemvPath, multiDirectServes) with none forced by the call, else undefined
+ * (also where the shape's gemvTunings turn direct mode off).
  */
 function floatDirectTuning(gpu: Gpu, d: GemvFusedDims): MultiTuning | undefined {
   const f = d.transform ?? "none";
@@ -460,7 +461,13 @@ function floatDirectTuning(gpu: Gpu, d: GemvFusedDims): MultiTuning | undefined 
     d.multi !== undefined || d.tuning !== undefined || !gemvFusedFits(d.K) || multiInt8Serves(gpu, d) ||
     gemvPath(gpu, d.K, d.T, d.weights) !== "multi" || !multiDirectServes(gpu, f, d.weights)
   ) return undefined;
-  return multiDirectTuning(d.K, d.N, d.T, d.weights, gpu.subgroupSize!, d.pairs === true, gpu.tuning);
+  // The tuning gemvFusedCall takes, the shape's gemvTunings applied (a copy's partials are its workgroups).
+  const t = withShapeTuning(
+    gpu,
+    multiDirectTuning(d.K, d.N, d.T, d.weights, gpu.subgroupSize!, d.pairs === true, gpu.tuning),
+    gemvTuningKey(d.weights, f, d.N, d.K, d.pairs === true, d.T),
+  );
+  return t.direct ? t : undefined;
 }
 
 /**

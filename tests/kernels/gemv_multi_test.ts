@@ -539,9 +539,12 @@ Deno.test(
       ["f16", 16, 16 * S, 8 * 40, 70, false, "f32"],
       ["f32", 5, 4 * S + 8, 4 * 30, 33, false, "f32"],
       ["q8", 4, 16 * S, 32 * 6, 17, true, "f32"],
+      // The producer's shape retuned through gemvTunings (a workgroup a row): the copy's partials follow it.
+      ["f32", 5, 4 * S + 8, 4 * 30, 33, false, "f32", { rows: 1, wg: S, splitK: 1 }],
     ] as const;
-    for (const [wt, T, K, N, CN, pairs, nwt] of cases) {
+    for (const [wt, T, K, N, CN, pairs, nwt, over] of cases) {
       g.tuning = wt === "q8" ? { multiInt8: false } : {};
+      if (over) g.tuning.gemvTunings = { [gemvTuningKey(wt, "none", N, K, false, T)]: over };
       if (!g.hasF16 && (wt as string) + nwt !== "f32f32" && (wt as string) + nwt !== "q8f32") continue;
       k++;
       const what = `f32 norm copy ${wt} T${T} K${K} N${N} -> ${CN} pairs ${pairs} ${nwt}`;
@@ -585,6 +588,9 @@ Deno.test(
       );
       assertClose(sums, ssqWant, 1e-6, 1e-5, `${what}: sums of squares`);
       if (copy.parts < 2) throw new Error(`${what}: ${copy.parts} partial a token (the case wants several)`);
+      if (over && copy.parts !== N) {
+        throw new Error(`${what}: ${copy.parts} partials, want the ${N} workgroups`);
+      }
       const rows = (pairs ? 2 : 1) * CN;
       const cw = uploadBuffer(g, packedWeights(wt, randoms(rows * N, k + 3, 0.5), rows, N).bytes);
       const run = async (copyIn?: typeof copy) => {
