@@ -461,13 +461,19 @@ function floatDirectTuning(gpu: Gpu, d: GemvFusedDims): MultiTuning | undefined 
     d.multi !== undefined || d.tuning !== undefined || !gemvFusedFits(d.K) || multiInt8Serves(gpu, d) ||
     gemvPath(gpu, d.K, d.T, d.weights) !== "multi" || !multiDirectServes(gpu, f, d.weights)
   ) return undefined;
-  // The tuning gemvFusedCall takes, the shape's gemvTunings applied (a copy's partials are its workgroups).
-  const t = withShapeTuning(
-    gpu,
-    multiDirectTuning(d.K, d.N, d.T, d.weights, gpu.subgroupSize!, d.pairs === true, gpu.tuning),
-    gemvTuningKey(d.weights, f, d.N, d.K, d.pairs === true, d.T),
-  );
+  // The tuning gemvFusedCall takes (a copy's partials are its workgroups).
+  const t = shapedDirectTuning(gpu, d);
   return t.direct ? t : undefined;
+}
+
+/** The direct multi-token GEMV's tuning for `d` with its shape's gemvTunings applied, as gemvFusedCall runs it. */
+function shapedDirectTuning(gpu: Gpu, d: GemvFusedDims): MultiTuning {
+  const pairs = d.pairs === true;
+  return withShapeTuning(
+    gpu,
+    multiDirectTuning(d.K, d.N, d.T, d.weights, gpu.subgroupSize!, pairs, gpu.tuning),
+    gemvTuningKey(d.weights, d.transform ?? "none", d.N, d.K, pairs, d.T),
+  );
 }
 
 /**
@@ -640,9 +646,9 @@ export function gemvFusedCall(
     // Direct mode (x read in place, K split over warps) where it serves the GEMV, unless
     // gpu.tuning.multiDirect is false.
     const direct = multiDirectServes(gpu, f, wt);
-    const t = d.multi || withShapeTuning(
+    const t = d.multi || (direct ? shapedDirectTuning(gpu, d) : withShapeTuning(
       gpu,
-      direct ? multiDirectTuning(d.K, d.N, d.T, wt, S!, pairs, gpu.tuning) : withPrefetch(
+      withPrefetch(
         {
           ...multiDefaultTuning(d.K, d.N, d.T, wt, i8, pairs),
           ...(stage === "f16" ? { xh: true } : {}),
@@ -651,7 +657,7 @@ export function gemvFusedCall(
         gpu.tuning.prefetch,
       ),
       gemvTuningKey(wt, f, d.N, d.K, pairs, d.T),
-    );
+    ));
     checkMultiTuning(t, S!, wt, pairs);
     if (t.dp4 && !gpu.hasDp4) {
       throw new RangeError(`dp4 multi-token GEMV needs WGSL's packed_4x8_integer_dot_product`);
