@@ -29,3 +29,4 @@ export * from "./gemv_multi.ts";
 export * from "./argmax_rows.ts";
 export * from "./convert.ts";
 export * from "./moe_sg.ts";
+export * from "./moe_fused.ts";

@@ -12,6 +12,7 @@ import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
 import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
 import { moeRouterGemvCall, moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
+import { moeFusedCall, type MoeFusedDims, moeFusedFits, moeFusedScratchBytes } from "./moe_fused.ts";
 import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
 import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
 import { isQuant, quantFits, type QuantType } from "./quant.ts";
@@ -65,6 +66,9 @@ export interface MoeScratch {
    */
   xn: GPUBuffer;
   xnScales: GPUBuffer;
+  /** The fused expert MLP's (moe_fused.ts) fixed-point accumulator, i32 [T, 2, H], and counts, u32 [T]; zeroed. */
+  acc: GPUBuffer;
+  count: GPUBuffer;
   /** The shared expert's gate/up output [T, 2Is] and silu_mul of it [T, Is] (absent without one). */
   sharedGu?: GPUBuffer;
   sharedAct?: GPUBuffer;
@@ -86,6 +90,8 @@ export function createMoeScratch(
     down: storageBuffer(gpu, d.T * k * d.hidden * 4, "moe down"),
     xn: storageBuffer(gpu, d.T * d.hidden * 4, "moe normalised x"),
     xnScales: storageBuffer(gpu, d.T * Math.ceil(d.hidden / 32) * 8, "moe normalised x scales"),
+    acc: storageBuffer(gpu, moeFusedScratchBytes(d.T, d.hidden).acc, "moe fused accumulator"),
+    count: storageBuffer(gpu, moeFusedScratchBytes(d.T, d.hidden).count, "moe fused counts"),
     ...(Is > 0
       ? {
         sharedGu: storageBuffer(gpu, d.T * 2 * Is * 4, "moe shared gate/up"),
@@ -228,9 +234,21 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  *   without waiting for its coefficient table; default on (what down's early loads build on).
  * - SWACTOR_MOE_RANK: gate_up's routing ranks the experts a thread each instead of the first warp's k rounds
  *   of subgroup reductions; default on (0.576 / 0.591).
+ * - SWACTOR_MOE_FUSED "0", "1", "C" or "CxW": the routed experts' gate/up and down (q8 / q4 with dp4, no
+ *   shared expert) as one dispatch (moe_fused.ts; C rows of h and W threads a workgroup); default on.
  * - SWACTOR_MOE_GROUPS "gate_up,down": most workgroups of each expert GEMV, their warps looping over row
  *   blocks; 0 or absent: one block a warp.
  */
+/** SWACTOR_MOE_FUSED: "0" off, "1" on with the defaults, "C" rows of h a workgroup, or "CxW" with W threads. */
+function fusedSwitch(): { on: boolean; rows?: number; threads?: number } {
+  const v = Deno.env.get("SWACTOR_MOE_FUSED") ?? "1";
+  const [c, w] = v.split("x").map(Number);
+  const ok = v === "0" || v === "1" ||
+    (Number.isInteger(c) && c > 0 && c % 32 === 0 && (w === undefined || (Number.isInteger(w) && w > 0)));
+  if (!ok) throw new TypeError(`SWACTOR_MOE_FUSED must be 0, 1, C or CxW (C a multiple of 32), got "${v}"`);
+  return v === "0" ? { on: false } : v === "1" ? { on: true } : { on: true, rows: c, threads: w };
+}
+
 function moeSwitches(
   gpu: Gpu,
 ): {
@@ -242,6 +260,7 @@ function moeSwitches(
   xn: boolean;
   scaled: boolean;
   rank: boolean;
+  fused: { on: boolean; rows?: number; threads?: number };
 } {
   const flag = (name: string): boolean | undefined => {
     const v = Deno.env.get(name);
@@ -266,6 +285,7 @@ function moeSwitches(
     xn: flag("SWACTOR_MOE_XN") ?? true,
     scaled: flag("SWACTOR_MOE_SCALED") ?? true,
     rank: flag("SWACTOR_MOE_RANK") ?? true,
+    fused: fusedSwitch(),
   };
 }
 
@@ -294,9 +314,8 @@ export function moeDecodeCalls(
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
-  const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled, rank } = moeSwitches(
-    gpu,
-  );
+  const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled, rank, fused } =
+    moeSwitches(gpu);
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   const experts = { T, topK: r.topK, experts: r.experts };
@@ -360,6 +379,21 @@ export function moeDecodeCalls(
   }
   // Activations pre-weighted by gate_up for down (needs the routing in gate_up and the subgroup down).
   if (scaled && gateUp.route && sgDown) gateUp.scaled = down.scaled = true;
+  // The routed experts in one dispatch (moe_fused.ts) where both stacks are int8-multiplied alike and nothing
+  // rides along.
+  const fusedDims: MoeFusedDims = {
+    hidden: H,
+    intermediate: I,
+    T,
+    routing: r,
+    weights: d.weights.gateUp as QuantType,
+    bias: b.bias !== undefined,
+    rows: fused.rows,
+    threads: fused.threads,
+  };
+  const fuse = fused.on && MOE_PATH === undefined && Is === 0 && xnForm !== undefined &&
+    gateUp.dp4 === true && down.dp4 === true && d.weights.down === d.weights.gateUp &&
+    moeFusedFits(gpu, fusedDims);
   const calls = [
     moeRouterGemvCall(gpu, {
       x: b.x,
@@ -377,6 +411,22 @@ export function moeDecodeCalls(
       xn: xnForm,
     }),
   ];
+  if (fuse) {
+    calls.push(moeFusedCall(gpu, {
+      xn: s.xn,
+      xnScales: s.xnScales,
+      gateUp: b.gateUp,
+      down: b.down,
+      logits: s.logits,
+      bias: b.bias,
+      ids: s.ids,
+      routeWeights: s.routeWeights,
+      acc: s.acc,
+      count: s.count,
+      y: b.x,
+    }, fusedDims));
+    return calls;
+  }
   if (!gateUp.route) {
     calls.push(
       moeRouterCall(gpu, { logits: s.logits, ids: s.ids, routeWeights: s.routeWeights, bias: b.bias }, {

@@ -69,7 +69,7 @@ export function checkRouting(r: MoeRouting): Required<MoeRouting> {
 }
 
 /**
- * The routing as WGSL a kernel of WG = 256 threads can embed: `decls` (workgroup arrays and a reduction
+ * The routing as WGSL a kernel of WG threads (default 256, a power of 2) can embed: `decls` (workgroup arrays and a reduction
  * helper, names prefixed `rt_`) and `body(row)`, statements run by every thread (tid = its local index) that
  * read `logits[row + e]` (and `bias[e]` with `bias`) and leave the choice in workgroup memory: rt_ids[j]
  * (u32) and rt_w[j] (f32, final weights), slot 0 the best, after a barrier. With `warp` (the subgroup
@@ -83,7 +83,11 @@ export function routerWgsl(
   r: Required<MoeRouting>,
   bias: boolean,
   warp?: number,
+  WG = 256,
 ): { decls: string; body: (row: string) => string } {
+  if (!(WG >= 32 && (WG & (WG - 1)) === 0)) {
+    throw new RangeError(`the routing's workgroup must be a power of 2 >= 32, got ${WG}`);
+  }
   const E = r.experts;
   const G = r.groups;
   const GS = E / G;
@@ -116,14 +120,14 @@ export function routerWgsl(
     r.scoring === "softmax"
       ? `
   var rt_m = -3.4e38;
-  for (var e = tid; e < ${E}u; e += 256u) { rt_m = max(rt_m, logits[${row} + e]); }
+  for (var e = tid; e < ${E}u; e += ${WG}u) { rt_m = max(rt_m, logits[${row} + e]); }
   let rt_mx = rt_reduce(tid, rt_m, true);
   var rt_s = 0.0;
-  for (var e = tid; e < ${E}u; e += 256u) { let v = exp(logits[${row} + e] - rt_mx); rt_score[e] = v; rt_s += v; }
+  for (var e = tid; e < ${E}u; e += ${WG}u) { let v = exp(logits[${row} + e] - rt_mx); rt_score[e] = v; rt_s += v; }
   let rt_tot = rt_reduce(tid, rt_s, false);
-  for (var e = tid; e < ${E}u; e += 256u) { rt_score[e] = rt_score[e] / rt_tot; }`
+  for (var e = tid; e < ${E}u; e += ${WG}u) { rt_score[e] = rt_score[e] / rt_tot; }`
       : `
-  for (var e = tid; e < ${E}u; e += 256u) { rt_score[e] = 1.0 / (1.0 + exp(-logits[${row} + e])); }`;
+  for (var e = tid; e < ${E}u; e += ${WG}u) { rt_score[e] = 1.0 / (1.0 + exp(-logits[${row} + e])); }`;
   // Group-limited selection: group g's score is the sum of its two largest c; the KG best groups stay.
   const groups = G === 1 ? "" : `
   if (tid < ${G}u) {
@@ -145,7 +149,9 @@ export function routerWgsl(
   workgroupBarrier();
   // -inf in transformers; the lowest finite f32 orders the same (kept scores are finite) and WGSL has no
   // infinite constants.
-  for (var e = tid; e < ${E}u; e += 256u) { if (rt_keep[e / ${GS}u] == 0u) { ${ch("e")} = -3.40282347e38; } }
+  for (var e = tid; e < ${E}u; e += ${WG}u) { if (rt_keep[e / ${GS}u] == 0u) { ${
+    ch("e")
+  } = -3.40282347e38; } }
   workgroupBarrier();`;
   const norm = !r.normTopK ? "" : `
     var sum = 0.0;
@@ -154,7 +160,7 @@ export function routerWgsl(
   const decls = `
 var<workgroup> rt_score: array<f32, ${E}>;
 var<workgroup> rt_choice: array<${V ? `vec4<f32>, ${E / 4}` : `f32, ${E}`}>;
-var<workgroup> rt_red: array<f32, 256>;
+var<workgroup> rt_red: array<f32, ${WG}>;
 var<workgroup> rt_gscore: array<f32, ${G}>;
 var<workgroup> rt_keep: array<u32, ${G}>;
 var<workgroup> rt_pick: array<f32, ${K}>;
@@ -163,7 +169,7 @@ var<workgroup> rt_w: array<f32, ${K}>;
 fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
   rt_red[tid] = v;
   workgroupBarrier();
-  for (var s = 128u; s > 0u; s >>= 1u) {
+  for (var s = ${WG / 2}u; s > 0u; s >>= 1u) {
     if (tid < s) { rt_red[tid] = select(rt_red[tid] + rt_red[tid + s], max(rt_red[tid], rt_red[tid + s]), is_max); }
     workgroupBarrier();
   }
@@ -174,10 +180,10 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
   // The ranking. An expert's rank is the count of experts beating it, read from workgroup memory: four a
   // load (a vec4 view where E % 4 == 0), several loads issued before any is used, and with subgroups P
   // threads an expert, each counting 1 / P of the experts, their counts summed by subgroupShuffleXor (P a
-  // power of 2 dividing the subgroup, E * P filling whole subgroups of the 256 threads).
+  // power of 2 dividing the subgroup, E * P filling whole subgroups of the WG threads).
   let P = 1;
   while (
-    V && warp !== undefined && 2 * P <= Math.min(8, warp) && E * 2 * P <= 256 && (E / (2 * P)) % 4 === 0 &&
+    V && warp !== undefined && 2 * P <= Math.min(8, warp) && E * 2 * P <= WG && (E / (2 * P)) % 4 === 0 &&
     (E * 2 * P) % warp === 0
   ) P *= 2;
   const W = V ? E / 4 / P : E; // loads (vec4 or scalar) a thread
@@ -214,12 +220,12 @@ fn rt_reduce(tid: u32, v: f32, is_max: bool) -> f32 {
     }
   }`
     : `
-  for (var e = tid; e < ${E}u; e += 256u) {${count("0u")}${take}
+  for (var e = tid; e < ${E}u; e += ${WG}u) {${count("0u")}${take}
   }`;
   const body = (row: string) => `
   ${score(row)}${
     byWarp ? "" : `
-  for (var e = tid; e < ${E}u; e += 256u) { ${ch("e")} = rt_score[e]${bias ? " + bias[e]" : ""}; }`
+  for (var e = tid; e < ${E}u; e += ${WG}u) { ${ch("e")} = rt_score[e]${bias ? " + bias[e]" : ""}; }`
   }
   workgroupBarrier();
   ${groups}

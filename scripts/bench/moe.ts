@@ -317,6 +317,7 @@ for (const shape of values.shape!.split(",")) {
       moe_xn: Deno.env.get("SWACTOR_MOE_XN") ?? "default",
       moe_scaled: Deno.env.get("SWACTOR_MOE_SCALED") ?? "default",
       moe_rank: Deno.env.get("SWACTOR_MOE_RANK") ?? "default",
+      moe_fused: Deno.env.get("SWACTOR_MOE_FUSED") ?? "default",
       head_norm: Deno.env.get("SWACTOR_HEAD_NORM") ?? "fused",
       load_s: Number(loadS.toFixed(1)),
       decode_tok_s: Number(best.toFixed(1)),

@@ -478,6 +478,8 @@ Deno.test(
             }, dims);
             const xb = upload(g, x);
             Deno.env.set("SWACTOR_MOE_DP4", dp4 ? "1" : "0");
+            // The two-dispatch kernels (moe_fused_test.ts checks the one-dispatch path against them).
+            Deno.env.set("SWACTOR_MOE_FUSED", "0");
             for (const [name, v] of Object.entries(env)) Deno.env.set(name, v);
             const calls = moeDecodeCalls(g, {
               x: xb,
@@ -497,6 +499,7 @@ Deno.test(
               weights: { router: "f32", gateUp: wt, down: wt, sharedGateUp: wt, sharedDown: wt },
             });
             Deno.env.delete("SWACTOR_MOE_DP4");
+            Deno.env.delete("SWACTOR_MOE_FUSED");
             for (const name of Object.keys(env)) Deno.env.delete(name);
             if (!calls) throw new Error(`I ${I}: the decode path does not apply`);
             const downLabel = calls.at(-1)!.label;

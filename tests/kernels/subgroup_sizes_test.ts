@@ -1,6 +1,6 @@
 // The subgroup kernels are written for any subgroup size: GPUs have 4 lanes (older Mali) to 64 (AMD), the
 // H200 32, the software adapter 8 (256-bit vectors). llvmpipe takes LP_NATIVE_VECTOR_WIDTH=128 for 4 lanes:
-// the kernel tests that lean on the size most (the MoE kernels with the routing fused, top-k past the
+// the kernel tests that lean on the size most (the MoE kernels with the routing fused, the fused expert MLP, top-k past the
 // subgroup; MLA's warps per chunk; the decode attention, grouped included) run again at 4 lanes in a child
 // process. Both bugs this found (a fifth top-5 choice never written, MLA scores of no warp) gave zeros or
 // expert 0 silently. Skipped where the adapter is not llvmpipe or does not take the width.
@@ -10,7 +10,9 @@ import { getGpu, NoGpuError } from "../../kernels/gpu.ts";
 import { needs } from "../support/needs.ts";
 
 const ROOT = fileURLToPath(new URL("../..", import.meta.url));
-const FILES = ["moe_sg_test.ts", "mla_test.ts", "attention_decode_test.ts"].map((f) => `tests/kernels/${f}`);
+const FILES = ["moe_sg_test.ts", "moe_fused_test.ts", "mla_test.ts", "attention_decode_test.ts"].map((f) =>
+  `tests/kernels/${f}`
+);
 const env = { LP_NATIVE_VECTOR_WIDTH: "128", NO_COLOR: "1" };
 
 const gpu = await getGpu().then((g) => g, (e) => {

@@ -1,0 +1,324 @@
+// A MoE block's routed experts in one decode dispatch (q8 / q4 expert stacks, int8 dp4 activations): gate/up,
+// SiLU, down and the weighted combine, with nothing handed between workgroups but integer atomics.
+//   Workgroup (s C-chunk, token t), s = wg.x / CH picking slot j and chunk c of the I rows (CH = I / C):
+//     routes token t itself from the router's logits (moe_router.ts's routing, as moe_sg's gate_up does);
+//     h[n] = w_j silu(gate_e . xn) (up_e . xn)      for its C rows n of expert e = ids[j] (xn: the router
+//                                                   GEMV's int8 copy of the normalised x, staged as it is)
+//     keeps h in workgroup memory (int8 blocks) and multiplies it by the C columns of down_e it meets:
+//     part[h'] = down_e[h', cC .. cC + C) . h      a partial sum for every output h' < H
+//   and adds `part` into a per-token accumulator in fixed point, as two integer atomicAdds an output (whole
+//   units, and the remainder in units of 2^-24 or coarser, so that every workgroup's sum fits: integer sums are exact and the same in any order, so the
+//   result is deterministic, and the range is i32's). The last workgroup of the token (a device-scope
+//   barrier and a count, as gemv_multi.ts's arrive copies) adds the accumulator into the residual y and
+//   zeroes it for the next layer.
+// Against moe_sg.ts's gate_up + down (two dispatches), the activations never leave the workgroup, down needs
+// no staging pass and no coefficient table, and one dependent dispatch goes. The down matrix is read as the
+// stacks store it ([E, H, I] row-major: C / 32 quant blocks of each row a workgroup). Shared experts keep
+// moe_sg.ts's path (moe_ffn.ts chooses).
+import { type Gpu, type KernelCall, kernelCall, pipeline } from "./gpu.ts";
+import { QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
+import { checkRouting, type MoeRouting, routerWgsl } from "./moe_router.ts";
+import { dp4Dot, int8BlocksWgsl, siluMul } from "./wgsl.ts";
+
+export interface MoeFusedDims {
+  /** Hidden size H (gate/up's K, down's N). */
+  hidden: number;
+  /** Each expert's intermediate size I. */
+  intermediate: number;
+  T: number;
+  routing: MoeRouting;
+  /** Storage of both stacks. */
+  weights: QuantType;
+  /** Experts in the stacks, and the id of the first (expert parallelism); default all from 0. */
+  experts?: number;
+  firstExpert?: number;
+  /** e_score_correction_bias bound. */
+  bias: boolean;
+  /** Rows of h a workgroup (a multiple of 32 dividing I). Default: 64 where it divides I, else 32. */
+  rows?: number;
+  /**
+   * Threads a workgroup (a power of 2, 64..1024). Default: 1024 where the device allows it, else its limit
+   * (H200, Qwen3-30B-A3B q4: 1024 threads 2.257-2.273 ms a step, 512 2.431-2.432, against 2.349-2.360 for
+   * the two dispatches; docs/BENCHMARKS.md, the twentieth session).
+   */
+  threads?: number;
+}
+
+/** Weights per 16-byte unit. */
+const unitWeights = (q: QuantType) => q === "q8" ? 16 : 32;
+
+function threadsOf(gpu: Gpu, d: MoeFusedDims): number {
+  if (d.threads !== undefined) return d.threads;
+  let wg = 1024;
+  while (wg > 64 && wg > gpu.device.limits.maxComputeInvocationsPerWorkgroup) wg /= 2;
+  return wg;
+}
+
+function rowsOf(d: MoeFusedDims): number {
+  return d.rows ?? (d.intermediate % 64 === 0 ? 64 : 32);
+}
+
+/** Workgroup bytes: the staged x, h and its int8 copy, the routing's arrays. */
+function sharedBytes(d: MoeFusedDims, WG: number): number {
+  const { experts: E, topK: k, groups } = checkRouting(d.routing);
+  const C = rowsOf(d);
+  return d.hidden + (d.hidden / 32) * 8 + C * 4 + C + (C / 32) * 8 + (2 * E + WG + 3 * k + 2 * groups) * 4 +
+    16;
+}
+
+/** Whether the fused kernel serves this shape here. */
+export function moeFusedFits(gpu: Gpu, d: MoeFusedDims): boolean {
+  const WG = threadsOf(gpu, d);
+  const C = rowsOf(d);
+  const { groups } = checkRouting(d.routing);
+  return gpu.subgroupSize !== null && gpu.hasDp4 && d.hidden % QUANT_GROUP === 0 &&
+    d.intermediate % C === 0 && C % QUANT_GROUP === 0 &&
+    WG <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
+    groups <= WG && sharedBytes(d, WG) <= gpu.maxWorkgroupStorage;
+}
+
+function source(d: MoeFusedDims, S: number, WG: number): string {
+  const q = d.weights;
+  const r = checkRouting(d.routing);
+  const E = r.experts, k = r.topK;
+  const H = d.hidden, I = d.intermediate, C = rowsOf(d);
+  const UW = unitWeights(q);
+  const VU = H / UW; // units of a gate/up row
+  const DU = I / UW; // units of a down row
+  const CU = C / UW; // units of a chunk of a down row
+  const CH = I / C;
+  const WARPS = WG / S;
+  const PW = Math.ceil(C / WARPS); // gate/up pairs a warp
+  const U = Math.max(1, Math.min(Math.ceil(VU / S), Math.floor(8 / PW))); // units a lane a pass
+  const RB = Math.max(1, Math.min(Math.ceil(H / WG), Math.floor(8 / CU))); // down rows a thread a pass
+  const rt = routerWgsl(r, d.bias, S, WG);
+  // The remainders' units: NWG of them, each at most half a unit, must sum within i32.
+  const NWG = k * CH;
+  const LO = Math.min(24, 31 - Math.ceil(Math.log2(NWG)));
+  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+  const sc = (buf: string, off: number, unit: string) => {
+    const g = q === "q4" ? unit : `(${unit}) / 2u`;
+    return `bf16at(${buf}[${off / 4}u + (${g}) / 8u][((${g}) / 2u) % 4u], ${g})`;
+  };
+  const unitDot = (w: string, s: string, x: string | [string, string], xs: string) => {
+    const dot = dp4Dot(q, w, x);
+    return q === "q4" ? `${s} * (${xs}.x * f32(${dot}) - 8.0 * ${xs}.y)` : `${s} * ${xs}.x * f32(${dot})`;
+  };
+  const guOff = quantScaleWord((d.experts ?? E) * 2 * I, H, q);
+  const dnOff = quantScaleWord((d.experts ?? E) * H, I, q);
+  // gate/up: pair p = warp + WARPS r of the chunk (gate row n = cC + p, its up row I further).
+  const pairs = range(PW);
+  const units = range(U);
+  const xin = (u: number) =>
+    q === "q4"
+      ? `let xe${u} = xq[v${u}]; let xo${u} = xq[${VU}u + v${u}]; let xb${u} = xqs[v${u}];`
+      : `let xe${u} = xq[v${u}]; let xb${u} = xqs[v${u} / 2u];`;
+  const xarg = (u: number): string | [string, string] => q === "q4" ? [`xe${u}`, `xo${u}`] : `xe${u}`;
+  const gateUp = `
+  ${
+    pairs.map((p) =>
+      `let pr${p} = min(warp + ${WARPS * p}u, ${C - 1}u);
+  let g${p} = gbase + (c * ${C}u + pr${p}) * ${VU}u;
+  var ag${p} = 0.0;
+  var au${p} = 0.0;`
+    ).join("\n  ")
+  }
+  for (var p0 = lane; p0 < ${VU}u; p0 += ${S * U}u) {
+    ${
+    units.map((u) =>
+      `let v${u} = min(p0 + ${u * S}u, ${VU - 1}u);
+    let ok${u} = p0 + ${u * S}u < ${VU}u;
+    ${xin(u)}`
+    ).join("\n    ")
+  }
+    ${
+    pairs.flatMap((p) =>
+      units.map((u) =>
+        `let wg${p}_${u} = Wgu[g${p} + v${u}];
+    let sg${p}_${u} = ${sc("Wgu", guOff, `g${p} + v${u}`)};
+    let wu${p}_${u} = Wgu[g${p} + ${I * VU}u + v${u}];
+    let su${p}_${u} = ${sc("Wgu", guOff, `g${p} + ${I * VU}u + v${u}`)};`
+      )
+    ).join("\n    ")
+  }
+    ${
+    pairs.flatMap((p) =>
+      units.map((u) =>
+        `ag${p} += select(0.0, ${unitDot(`wg${p}_${u}`, `sg${p}_${u}`, xarg(u), `xb${u}`)}, ok${u});
+    au${p} += select(0.0, ${unitDot(`wu${p}_${u}`, `su${p}_${u}`, xarg(u), `xb${u}`)}, ok${u});`
+      )
+    ).join("\n    ")
+  }
+  }
+  ${
+    pairs.map((p) =>
+      `let tg${p} = subgroupAdd(ag${p});
+  let tu${p} = subgroupAdd(au${p});
+  if (lane == 0u && warp + ${WARPS * p}u < ${C}u) {
+    hv[pr${p} / 4u][pr${p} % 4u] = select(0.0, ${siluMul(`tg${p}`, `tu${p}`)} * wt, on);
+  }`
+    ).join("\n  ")
+  }`;
+  // down: rows h = h0 + WG i of a pass, each its CU units of the chunk.
+  const rows = range(RB);
+  const cus = range(CU);
+  const hin = (cu: number): string | [string, string] =>
+    q === "q4" ? [`hq[${cu}u]`, `hq[${CU + cu}u]`] : `hq[${cu}u]`;
+  const hsc = (cu: number) => q === "q4" ? `hqs[${cu}u]` : `hqs[${cu >> 1}u]`;
+  const down = `
+  for (var h0 = tid; h0 < ${H}u; h0 += ${WG * RB}u) {
+    ${
+    rows.map((i) =>
+      `let r${i} = min(h0 + ${WG * i}u, ${H - 1}u);
+    let d${i} = dbase + r${i} * ${DU}u;`
+    ).join("\n    ")
+  }
+    ${
+    rows.flatMap((i) =>
+      cus.map((cu) =>
+        `let w${i}_${cu} = Wd[d${i} + ${cu}u];
+    let s${i}_${cu} = ${sc("Wd", dnOff, `d${i} + ${cu}u`)};`
+      )
+    ).join("\n    ")
+  }
+    ${
+    rows.map((i) =>
+      `if (on && h0 + ${WG * i}u < ${H}u) {
+      let v = ${cus.map((cu) => unitDot(`w${i}_${cu}`, `s${i}_${cu}`, hin(cu), hsc(cu))).join(" + ")};
+      let whole = i32(round(v));
+      atomicAdd(&acc[t * ${2 * H}u + r${i}], whole);
+      atomicAdd(&acc[t * ${2 * H}u + ${H}u + r${i}], i32(round((v - f32(whole)) * ${2 ** LO}.0)));
+    }`
+    ).join("\n    ")
+  }
+  }`;
+  const bias = d.bias ? `@group(0) @binding(10) var<storage, read> bias: array<f32>;` : "";
+  return `
+@group(0) @binding(0) var<storage, read> xn: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> xns: array<vec2<f32>>;
+@group(0) @binding(2) var<storage, read> Wgu: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> Wd: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> logits: array<f32>;
+@group(0) @binding(5) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(6) var<storage, read_write> rw: array<f32>;
+@group(0) @binding(7) var<storage, read_write> acc: array<atomic<i32>>;
+@group(0) @binding(8) var<storage, read_write> cnt: array<atomic<u32>>;
+@group(0) @binding(9) var<storage, read_write> y: array<f32>;
+${bias}
+var<workgroup> xq: array<vec4<u32>, ${H / 16}>;
+var<workgroup> xqs: array<vec2<f32>, ${H / 32}>;
+var<workgroup> hv: array<vec4<f32>, ${C / 4}>;
+var<workgroup> hq: array<vec4<u32>, ${C / 16}>;
+var<workgroup> hqs: array<vec2<f32>, ${C / 32}>;
+var<workgroup> arrived: u32;
+${rt.decls}
+fn bf16at(w: u32, g: u32) -> f32 { return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (g & 1u) == 1u)); }
+@compute @workgroup_size(${WG})
+fn main(
+  @builtin(workgroup_id) wgid: vec3<u32>,
+  @builtin(local_invocation_index) tid: u32,
+  @builtin(subgroup_invocation_id) sg_lane: u32,
+) {
+  let t = wgid.y;
+  let warp = tid / ${S}u;
+  let lane = tid % ${S}u;
+  for (var i = tid; i < ${H / 16}u; i += ${WG}u) { xq[i] = xn[t * ${H / 16}u + i]; }
+  for (var i = tid; i < ${H / 32}u; i += ${WG}u) { xqs[i] = xns[t * ${H / 32}u + i]; }
+  ${rt.body(`t * ${E}u`)}
+  if (wgid.x == 0u && tid < ${k}u) {
+    ids[t * ${k}u + tid] = rt_ids[tid];
+    rw[t * ${k}u + tid] = rt_w[tid];
+  }
+  let j = wgid.x / ${CH}u;
+  let c = wgid.x % ${CH}u;
+  let e = rt_ids[j];
+  let on = e >= ${d.firstExpert ?? 0}u && e - ${d.firstExpert ?? 0}u < ${d.experts ?? E}u;
+  let le = select(0u, e - ${d.firstExpert ?? 0}u, on);
+  let wt = rt_w[j];
+  let gbase = le * ${2 * I * VU}u;
+  let dbase = le * ${H * DU}u + c * ${CU}u;
+  ${gateUp}
+  workgroupBarrier();
+  ${
+    int8BlocksWgsl(q, (i) => `hv[${i}]`, `${C / 32}u`, `${WG}u`, q === "q4" ? `${CU}u` : undefined, {
+      q: (i) => `hq[${i}]`,
+      s: (b) => `hqs[${b}]`,
+    })
+  }
+  workgroupBarrier();
+  ${down}
+  storageBarrier();
+  if (tid == 0u) {
+    let last = atomicAdd(&cnt[t], 1u) == ${k * CH - 1}u;
+    if (last) { atomicStore(&cnt[t], 0u); }
+    arrived = select(0u, 1u, last);
+  }
+  if (workgroupUniformLoad(&arrived) != 0u) {
+    storageBarrier();
+    for (var h = tid; h < ${H}u; h += ${WG}u) {
+      let a = atomicLoad(&acc[t * ${2 * H}u + h]);
+      let b = atomicLoad(&acc[t * ${2 * H}u + ${H}u + h]);
+      atomicStore(&acc[t * ${2 * H}u + h], 0);
+      atomicStore(&acc[t * ${2 * H}u + ${H}u + h], 0);
+      y[t * ${H}u + h] += f32(a) + f32(b) * ${2 ** -LO};
+    }
+  }
+}`;
+}
+
+/** Bytes of the accumulator and counters a scratch needs for T tokens of hidden size H. */
+export function moeFusedScratchBytes(T: number, H: number): { acc: number; count: number } {
+  return { acc: T * 2 * H * 4, count: T * 4 };
+}
+
+/**
+ * The fused expert MLP (the file's comment). xn / xnScales: the router GEMV's int8 copy of the normalised x
+ * (moeRouterGemvCall's `xn: q`, the dp4 staged layout); logits [T, E]; ids / routeWeights [T, k] (written by
+ * workgroup 0, for readers after); acc (zeroed, [T, 2, H] i32) and count (zeroed, [T] u32), left zeroed;
+ * y [T, H] the residual, added into.
+ */
+export function moeFusedCall(
+  gpu: Gpu,
+  b: {
+    xn: GPUBuffer;
+    xnScales: GPUBuffer;
+    gateUp: GPUBuffer;
+    down: GPUBuffer;
+    logits: GPUBuffer;
+    bias?: GPUBuffer;
+    ids: GPUBuffer;
+    routeWeights: GPUBuffer;
+    acc: GPUBuffer;
+    count: GPUBuffer;
+    y: GPUBuffer;
+  },
+  d: MoeFusedDims,
+): KernelCall {
+  const S = gpu.subgroupSize;
+  const WG = threadsOf(gpu, d);
+  if (!(WG >= 64 && WG <= 1024 && (WG & (WG - 1)) === 0)) {
+    throw new RangeError(`threads must be a power of 2 from 64 to 1024, got ${WG}`);
+  }
+  const C = rowsOf(d);
+  if (!(Number.isInteger(C) && C > 0 && C % QUANT_GROUP === 0 && d.intermediate % C === 0)) {
+    throw new RangeError(
+      `rows must be a multiple of 32 dividing the intermediate ${d.intermediate}, got ${C}`,
+    );
+  }
+  if (!S || !moeFusedFits(gpu, d)) {
+    throw new RangeError(
+      `the fused expert MLP does not fit H ${d.hidden}, I ${d.intermediate} (${d.weights}, ${WG} threads) here`,
+    );
+  }
+  if (d.bias !== (b.bias !== undefined)) throw new TypeError("bias: the dims and the buffers disagree");
+  const { topK } = checkRouting(d.routing);
+  const buffers = [b.xn, b.xnScales, b.gateUp, b.down, b.logits, b.ids, b.routeWeights, b.acc, b.count, b.y];
+  if (b.bias) buffers.push(b.bias);
+  return kernelCall(
+    gpu,
+    pipeline(gpu, source(d, S, WG)),
+    buffers,
+    [topK * (d.intermediate / C), d.T],
+    "moe_fused",
+  );
+}

@@ -1,0 +1,232 @@
+// The fused decode expert MLP (kernels/moe_fused.ts): one dispatch for gate/up, SiLU, down and the weighted
+// combine, through moeDecodeCalls (the router GEMV writing its int8 normalised x first). Checked against the
+// CPU reference of the block (moeFfnRef, f64 on the very weights the GPU reads) within the int8
+// activations' error, and against the two-dispatch subgroup path (SWACTOR_MOE_FUSED=0, the same int8
+// inputs) much more tightly; awkward shapes (intermediate not a multiple of the default rows, one slot, T >
+// 1, experts beyond a partial stack, group-limited sigmoid routing with a bias); a second step on the same
+// scratch (the accumulator and counts must be left zeroed) and bit-for-bit repeatability.
+import {
+  createMoeScratch,
+  moeDecodeCalls,
+  moeFfnRef,
+  moeFusedCall,
+  moeRouterGemvCall,
+  type MoeRouting,
+  type QuantType,
+  readBack,
+  runCalls,
+  uploadBuffer,
+} from "../../kernels/mod.ts";
+import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+
+const gpu = await gpuOrSkip();
+const ignore = gpu === null || gpu.subgroupSize === null || !gpu.hasDp4;
+
+interface Case {
+  H: number;
+  I: number;
+  E: number;
+  k: number;
+  T: number;
+  wt: QuantType;
+  routing: "softmax" | "softmax-raw" | "sigmoid-groups";
+  /** SWACTOR_MOE_FUSED (default "1"). */
+  fused?: string;
+}
+
+const CASES: Case[] = [
+  { H: 128, I: 64, E: 8, k: 2, T: 1, wt: "q4", routing: "softmax" },
+  { H: 96, I: 64, E: 8, k: 2, T: 2, wt: "q4", routing: "softmax" },
+  { H: 256, I: 96, E: 16, k: 4, T: 3, wt: "q4", routing: "softmax-raw" },
+  { H: 128, I: 192, E: 8, k: 3, T: 2, wt: "q8", routing: "sigmoid-groups" },
+  { H: 384, I: 128, E: 32, k: 8, T: 1, wt: "q4", routing: "softmax", fused: "32" },
+  { H: 128, I: 192, E: 16, k: 2, T: 2, wt: "q4", routing: "softmax", fused: "64x256" },
+  { H: 256, I: 64, E: 8, k: 8, T: 1, wt: "q8", routing: "softmax-raw", fused: "32x1024" },
+  { H: 128, I: 32, E: 4, k: 1, T: 2, wt: "q8", routing: "softmax" },
+];
+
+function routingOf(c: Case): MoeRouting {
+  switch (c.routing) {
+    case "softmax":
+      return { experts: c.E, topK: c.k, scoring: "softmax", normTopK: true };
+    case "softmax-raw":
+      return { experts: c.E, topK: c.k, scoring: "softmax", normTopK: false };
+    case "sigmoid-groups":
+      return {
+        experts: c.E,
+        topK: c.k,
+        scoring: "sigmoid",
+        normTopK: true,
+        scale: 2.5,
+        groups: 4,
+        topKGroups: 2,
+      };
+  }
+}
+
+/** The block's decode calls with the fused kernel on or off; its buffers, and x's starting value. */
+function program(c: Case, fused: boolean, seed: number) {
+  const g = gpu!;
+  const { H, I, E, T, wt } = c;
+  const routing = routingOf(c);
+  const x = randoms(T * H, seed, 1);
+  const nw = randoms(H, seed + 1, 1);
+  const router = randoms(E * H, seed + 2, 0.4);
+  const bias = c.routing === "sigmoid-groups" ? randoms(E, seed + 3, 0.1) : undefined;
+  const gu = packedWeights(wt, randoms(E * 2 * I * H, seed + 4, 0.1), E * 2 * I, H);
+  const dn = packedWeights(wt, randoms(E * H * I, seed + 5, 0.1), E * H, I);
+  const dims = { hidden: H, intermediate: I, routing };
+  const xb = upload(g, x);
+  const scratch = createMoeScratch(g, { ...dims, T });
+  Deno.env.set("SWACTOR_MOE_FUSED", fused ? c.fused ?? "1" : "0");
+  let calls;
+  try {
+    calls = moeDecodeCalls(g, {
+      x: xb,
+      norm: upload(g, nw),
+      router: upload(g, router),
+      bias: bias && upload(g, bias),
+      gateUp: uploadBuffer(g, gu.bytes),
+      down: uploadBuffer(g, dn.bytes),
+      scratch,
+    }, { ...dims, T, eps: 1e-6, normWeights: "f32", weights: { router: "f32", gateUp: wt, down: wt } });
+  } finally {
+    Deno.env.delete("SWACTOR_MOE_FUSED");
+  }
+  if (!calls) throw new Error("the decode path does not apply");
+  const labels = calls.map((k) => k.label).join(",");
+  if (fused !== (labels === "moe_router_gemv,moe_fused")) throw new Error(`fused ${fused}: ran ${labels}`);
+  const xn = x.slice();
+  for (let t = 0; t < T; t++) {
+    let ss = 0;
+    for (let i = 0; i < H; i++) ss += x[t * H + i] ** 2;
+    const inv = 1 / Math.sqrt(ss / H + 1e-6);
+    for (let i = 0; i < H; i++) xn[t * H + i] = x[t * H + i] * inv * nw[i];
+  }
+  const ref = moeFfnRef({ x: xn, router, bias, gateUp: gu.deq, down: dn.deq }, dims);
+  return { calls, xb, x, ref, scratch };
+}
+
+Deno.test({
+  name: "moe fused: the expert MLP in one dispatch equals the reference and the two-dispatch path",
+  ignore,
+}, async () => {
+  const g = gpu!;
+  for (const c of CASES) {
+    const what = JSON.stringify(c);
+    const on = program(c, true, 11);
+    const off = program(c, false, 11);
+    await runCalls(g, on.calls);
+    await runCalls(g, off.calls);
+    const n = c.T * c.H;
+    const got = await readF32(g, on.xb, n);
+    const two = await readF32(g, off.xb, n);
+    const want = on.x.map((v, i) => v + on.ref.out[i]);
+    const big = Math.max(...on.ref.out.map(Math.abs));
+    // Against f64 on unquantised activations: the int8 activations' error (moe_sg_test.ts's bound).
+    assertClose(got, want, 0.02 * big, 0, `${what} against moeFfnRef`);
+    // Against the two dispatches on the same int8 inputs: only summation order differs (and with it, rarely,
+    // an int8 rounding of h).
+    assertClose(got, two, 2e-3 * big, 0, `${what} against the two-dispatch path`);
+    // The routing the fused kernel wrote for readers after it.
+    const ids = new Uint32Array(await readBack(g, on.scratch.ids, c.T * c.k * 4));
+    const idsTwo = new Uint32Array(await readBack(g, off.scratch.ids, c.T * c.k * 4));
+    if (ids.join() !== idsTwo.join() || ids.join() !== Array.from(on.ref.ids).join()) {
+      throw new Error(`${what}: ids ${ids} against ${idsTwo} / reference ${on.ref.ids}`);
+    }
+    // The accumulator and counts are left zeroed; a second step adds the same again, bit for bit.
+    const acc = new Int32Array(await readBack(g, on.scratch.acc, c.T * 2 * c.H * 4));
+    const count = new Uint32Array(await readBack(g, on.scratch.count, c.T * 4));
+    if (acc.some((v) => v !== 0) || count.some((v) => v !== 0)) {
+      throw new Error(`${what}: the accumulator or counts were not left zeroed`);
+    }
+    g.device.queue.writeBuffer(on.xb, 0, new Float32Array(on.x));
+    await runCalls(g, on.calls);
+    const again = await readF32(g, on.xb, n);
+    for (let i = 0; i < n; i++) {
+      if (Object.is(again[i], got[i]) === false) {
+        throw new Error(`${what}: the second step differs at ${i}: ${again[i]} against ${got[i]}`);
+      }
+    }
+  }
+});
+
+Deno.test(
+  { name: "moe fused: slots whose expert is not in a partial stack add nothing", ignore },
+  async () => {
+    const g = gpu!;
+    const H = 128, I = 64, E = 8, k = 4, T = 2;
+    const routing: MoeRouting = { experts: E, topK: k, scoring: "softmax", normTopK: true };
+    const x = randoms(T * H, 5, 1);
+    const nw = randoms(H, 6, 1);
+    const router = randoms(E * H, 7, 0.5);
+    const first = 2, held = 3; // the stack holds experts 2, 3, 4
+    const all = randoms(E * 2 * I * H, 8, 0.1), allDown = randoms(E * H * I, 9, 0.1);
+    const gu = packedWeights("q4", all.slice(first * 2 * I * H, (first + held) * 2 * I * H), held * 2 * I, H);
+    const dn = packedWeights("q4", allDown.slice(first * H * I, (first + held) * H * I), held * H, I);
+    const xb = upload(g, x);
+    const s = createMoeScratch(g, { hidden: H, intermediate: I, routing, T });
+    await runCalls(g, [
+      moeRouterGemvCall(g, {
+        x: xb,
+        router: upload(g, router),
+        norm: upload(g, nw),
+        logits: s.logits,
+        xn: s.xn,
+        xnScales: s.xnScales,
+      }, {
+        K: H,
+        experts: E,
+        T,
+        eps: 1e-6,
+        normWeights: "f32",
+        xn: "q4",
+      }),
+      moeFusedCall(g, {
+        xn: s.xn,
+        xnScales: s.xnScales,
+        gateUp: uploadBuffer(g, gu.bytes),
+        down: uploadBuffer(g, dn.bytes),
+        logits: s.logits,
+        ids: s.ids,
+        routeWeights: s.routeWeights,
+        acc: s.acc,
+        count: s.count,
+        y: xb,
+      }, {
+        hidden: H,
+        intermediate: I,
+        T,
+        routing,
+        weights: "q4",
+        bias: false,
+        experts: held,
+        firstExpert: first,
+      }),
+    ]);
+    // The reference: every expert outside [2, 5) zeroed (it then adds nothing), the same routing.
+    const zeroGu = new Float32Array(E * 2 * I * H), zeroDn = new Float32Array(E * H * I);
+    zeroGu.set(gu.deq, first * 2 * I * H);
+    zeroDn.set(dn.deq, first * H * I);
+    const xn = x.slice();
+    for (let t = 0; t < T; t++) {
+      let ss = 0;
+      for (let i = 0; i < H; i++) ss += x[t * H + i] ** 2;
+      const inv = 1 / Math.sqrt(ss / H + 1e-6);
+      for (let i = 0; i < H; i++) xn[t * H + i] = x[t * H + i] * inv * nw[i];
+    }
+    const ref = moeFfnRef({ x: xn, router, gateUp: zeroGu, down: zeroDn }, {
+      hidden: H,
+      intermediate: I,
+      routing,
+    });
+    const inStack = Array.from(ref.ids).filter((e) => e >= first && e < first + held).length;
+    if (inStack === 0 || inStack === ref.ids.length) {
+      throw new Error(
+        `the case must mix held and other experts: ${ref.ids}`,
+      );
+    }
+    const big = Math.max(...ref.out.map(Math.abs));
+    assertClose(await readF32(g, xb, T * H), x.map((v, i) => v + ref.out[i]), 0.02 * big, 0, "partial stack");
+  },
+);
