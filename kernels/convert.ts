@@ -289,3 +289,78 @@ export function randomBf16(count: number, r: RandomFill): Uint16Array {
   }
   return out;
 }
+
+/**
+ * A stack of M quantised matrices [N, K] (kernels/quant.ts's layout over the [M N, K] whole) with each
+ * matrix's columns regrouped into blocks of C (a multiple of 32 dividing K): the quantised layout of the
+ * [M (K / C) N, C] matrix whose row (m (K / C) + c) N + n is row n of matrix m, columns [cC, cC + C). A
+ * kernel reading C columns of every row of a matrix then reads one contiguous run (moe_fused.ts's down).
+ * Groups of 32 stay whole, so this moves groups (codes and bf16 scales) and equals quantising the permuted
+ * floats (packColumnBlocks). One thread a pair of output groups (one u32 of scales).
+ */
+export function packColumnBlocksCall(
+  gpu: Gpu,
+  bufs: { src: GPUBuffer; out: GPUBuffer },
+  d: { matrices: number; N: number; K: number; C: number; type: QuantType },
+): KernelCall {
+  const { matrices: M, N, K, C } = d;
+  if (
+    ![M, N, K, C].every((v) => Number.isInteger(v) && v >= 1) || C % QUANT_GROUP !== 0 || K % C !== 0
+  ) {
+    throw new RangeError(`column blocks of ${C} need C % ${QUANT_GROUP} == 0 dividing K = ${K}`);
+  }
+  const G = (M * N * K) / QUANT_GROUP;
+  if (G >= 2 ** 31) throw new RangeError(`a stack of ${G} groups is too large to pack`);
+  const WPG = d.type === "q8" ? QUANT_GROUP / 4 : QUANT_GROUP / 8; // u32 words of codes a group
+  const soff = quantScaleWord(M * N, K, d.type);
+  const CB = C / QUANT_GROUP, GPR = K / QUANT_GROUP, CH = K / C;
+  const code = `
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+fn source(gd: u32) -> u32 {
+  let b = gd % ${CB}u;
+  let r = gd / ${CB}u;
+  let n = r % ${N}u;
+  let mc = r / ${N}u;
+  return ((mc / ${CH}u) * ${N}u + n) * ${GPR}u + (mc % ${CH}u) * ${CB}u + b;
+}
+fn scale(g: u32) -> u32 { return (src[${soff}u + g / 2u] >> (16u * (g & 1u))) & 0xffffu; }
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let pair = gid.y * ${ROW * WG}u + gid.x;
+  if (2u * pair >= ${G}u) { return; }
+  var sc = 0u;
+  for (var h = 0u; h < 2u; h++) {
+    let gd = 2u * pair + h;
+    if (gd < ${G}u) {
+      let gs = source(gd);
+      for (var w = 0u; w < ${WPG}u; w++) { dst[gd * ${WPG}u + w] = src[gs * ${WPG}u + w]; }
+      sc |= scale(gs) << (16u * h);
+    }
+  }
+  dst[${soff}u + pair] = sc;
+}`;
+  const wgs = Math.ceil(Math.ceil(G / 2) / WG);
+  return kernelCall(
+    gpu,
+    pipeline(gpu, code),
+    [bufs.src, bufs.out],
+    [Math.min(wgs, ROW), Math.ceil(wgs / ROW)],
+    "pack_column_blocks",
+  );
+}
+
+/** CPU reference of packColumnBlocksCall on floats: M matrices [N, K] to the [M (K / C) N, C] order. */
+export function packColumnBlocks(w: Float32Array, d: { matrices: number; N: number; K: number; C: number }) {
+  const { matrices: M, N, K, C } = d;
+  const out = new Float32Array(w.length);
+  for (let m = 0; m < M; m++) {
+    for (let c = 0; c < K / C; c++) {
+      for (let n = 0; n < N; n++) {
+        const from = (m * N + n) * K + c * C;
+        out.set(w.subarray(from, from + C), ((m * (K / C) + c) * N + n) * C);
+      }
+    }
+  }
+  return out;
+}

@@ -12,7 +12,13 @@ import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
 import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
 import { moeRouterGemvCall, moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
-import { moeFusedCall, type MoeFusedDims, moeFusedFits, moeFusedScratchBytes } from "./moe_fused.ts";
+import {
+  moeFusedCall,
+  type MoeFusedDims,
+  moeFusedFits,
+  moeFusedRows,
+  moeFusedScratchBytes,
+} from "./moe_fused.ts";
 import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
 import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
 import { isQuant, quantFits, type QuantType } from "./quant.ts";
@@ -39,6 +45,11 @@ export interface MoeFfnDims {
    * of a GEMV per token and slot. Default: T > GEMV_MAX_T (prefill).
    */
   grouped?: boolean;
+  /**
+   * The down stack is stored in column blocks of this many columns (convert.ts packColumnBlocksCall; the
+   * loader does it where moeFusedPlan applies); absent: row-major [E, H, I].
+   */
+  downBlock?: number;
   /**
    * false: only the router (ids and weights left in the scratch) and the shared expert; the routed experts
    * run elsewhere (expert parallelism: models/experts.ts) and their sum is added into y later. Default true.
@@ -161,6 +172,7 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
         weights: d.weights.down,
         input: "slot",
         transform: "silu_mul",
+        columnBlock: d.downBlock,
       }),
       moeCombineCall(gpu, { src: s.down, routeWeights: s.routeWeights, y: b.y }, {
         N: H,
@@ -168,6 +180,11 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
         topK: r.topK,
         accumulate: true,
       }),
+    );
+  } else if (d.downBlock !== undefined) {
+    throw new RangeError(
+      `the down stack is packed in column blocks of ${d.downBlock} (for the fused decode kernel); steps of ` +
+        `${T} tokens here take the grouped path or the fused one`,
     );
   } else {
     calls.push(
@@ -290,6 +307,39 @@ function moeSwitches(
 }
 
 /**
+ * The fused expert kernel's shape for this block (moe_fused.ts: gate/up, SiLU, down and the combine in one
+ * dispatch, its rows of h resolved), or null where decode takes the two-dispatch path: it serves q8 / q4
+ * stacks of one storage multiplied with dp4, the router GEMV writing the int8 normalised x, no shared expert,
+ * with the default switches. The loader asks too, to pack the down stack in column blocks of its rows.
+ */
+export function moeFusedPlan(
+  gpu: Gpu,
+  d: Omit<MoeFfnDims, "T"> & { T?: number },
+  bias: boolean,
+): (MoeFusedDims & { rows: number }) | null {
+  const sw = moeSwitches(gpu);
+  const wt = d.weights.gateUp;
+  if (
+    !sw.fused.on || sw.path !== undefined || !sw.xn || !sw.dp4 || !gpu.subgroupSize || d.routed === false ||
+    (d.sharedIntermediate ?? 0) > 0 || !isQuant(wt) || d.weights.down !== wt || d.weights.router !== "f32" ||
+    d.hidden % 4 !== 0
+  ) {
+    return null;
+  }
+  const dims: MoeFusedDims = {
+    hidden: d.hidden,
+    intermediate: d.intermediate,
+    T: d.T ?? 1,
+    routing: d.routing,
+    weights: wt,
+    bias,
+    rows: sw.fused.rows,
+    threads: sw.fused.threads,
+  };
+  return moeFusedFits(gpu, dims) ? { ...dims, rows: moeFusedRows(dims) } : null;
+}
+
+/**
  * The decode path on adapters with subgroups (T <= GEMV_MAX_T): the block from the residual stream itself,
  * its RMSNorm fused into the router GEMV and the gate_up GEMV (kernels/moe_sg.ts), so no normalised copy
  * is written:
@@ -299,8 +349,9 @@ function moeSwitches(
  *   x            += sum_j w_j down_j . act_j      moe_sg down (combine fused)
  * The shared expert (deepseek_v3, kimi_k2) rides along as Is / I more slots of weight 1 when it is stored
  * like the routed experts; else it is two GEMVs more (norm fused, then down with silu_mul fused).
- * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm. Null when a shape does
- * not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
+ * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm; 2 where q8 / q4 experts with
+ * no shared expert run as one dispatch (moe_fused.ts: act = ... and x += ... together, SWACTOR_MOE_FUSED).
+ * Null when a shape does not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
  */
 export function moeDecodeCalls(
   gpu: Gpu,
@@ -314,10 +365,42 @@ export function moeDecodeCalls(
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
   // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
   // =unfolded: the shared expert's own GEMVs.
-  const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled, rank, fused } =
-    moeSwitches(gpu);
+  const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled, rank } = moeSwitches(
+    gpu,
+  );
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
+  // The routed experts in one dispatch (moe_fused.ts), after the router GEMV writes the int8 normalised x.
+  const plan = moeFusedPlan(gpu, d, b.bias !== undefined);
+  if (d.downBlock !== undefined && plan?.rows !== d.downBlock) {
+    throw new RangeError(
+      `the down stack was packed in column blocks of ${d.downBlock} at load for the fused expert kernel, ` +
+        `which this program would not run (${plan ? `${plan.rows} rows` : "the fused path is off"}): load ` +
+        "the model again with the settings it is run with",
+    );
+  }
+  if (plan) {
+    return [
+      moeRouterGemvCall(
+        gpu,
+        { x: b.x, router: b.router, norm: b.norm, logits: s.logits, xn: s.xn, xnScales: s.xnScales },
+        { K: H, experts: r.experts, T, eps: d.eps, normWeights: d.normWeights, xn: plan.weights },
+      ),
+      moeFusedCall(gpu, {
+        xn: s.xn,
+        xnScales: s.xnScales,
+        gateUp: b.gateUp,
+        down: b.down,
+        logits: s.logits,
+        bias: b.bias,
+        ids: s.ids,
+        routeWeights: s.routeWeights,
+        acc: s.acc,
+        count: s.count,
+        y: b.x,
+      }, { ...plan, T, packed: d.downBlock !== undefined }),
+    ];
+  }
   const experts = { T, topK: r.topK, experts: r.experts };
   const gateUp: MoeSgDims = {
     kind: "gate_up",
@@ -379,21 +462,6 @@ export function moeDecodeCalls(
   }
   // Activations pre-weighted by gate_up for down (needs the routing in gate_up and the subgroup down).
   if (scaled && gateUp.route && sgDown) gateUp.scaled = down.scaled = true;
-  // The routed experts in one dispatch (moe_fused.ts) where both stacks are int8-multiplied alike and nothing
-  // rides along.
-  const fusedDims: MoeFusedDims = {
-    hidden: H,
-    intermediate: I,
-    T,
-    routing: r,
-    weights: d.weights.gateUp as QuantType,
-    bias: b.bias !== undefined,
-    rows: fused.rows,
-    threads: fused.threads,
-  };
-  const fuse = fused.on && MOE_PATH === undefined && Is === 0 && xnForm !== undefined &&
-    gateUp.dp4 === true && down.dp4 === true && d.weights.down === d.weights.gateUp &&
-    moeFusedFits(gpu, fusedDims);
   const calls = [
     moeRouterGemvCall(gpu, {
       x: b.x,
@@ -411,22 +479,6 @@ export function moeDecodeCalls(
       xn: xnForm,
     }),
   ];
-  if (fuse) {
-    calls.push(moeFusedCall(gpu, {
-      xn: s.xn,
-      xnScales: s.xnScales,
-      gateUp: b.gateUp,
-      down: b.down,
-      logits: s.logits,
-      bias: b.bias,
-      ids: s.ids,
-      routeWeights: s.routeWeights,
-      acc: s.acc,
-      count: s.count,
-      y: b.x,
-    }, fusedDims));
-    return calls;
-  }
   if (!gateUp.route) {
     calls.push(
       moeRouterCall(gpu, { logits: s.logits, ids: s.ids, routeWeights: s.routeWeights, bias: b.bias }, {

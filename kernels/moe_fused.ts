@@ -12,9 +12,10 @@
 //   barrier and a count, as gemv_multi.ts's arrive copies) adds the accumulator into the residual y and
 //   zeroes it for the next layer.
 // Against moe_sg.ts's gate_up + down (two dispatches), the activations never leave the workgroup, down needs
-// no staging pass and no coefficient table, and one dependent dispatch goes. The down matrix is read as the
-// stacks store it ([E, H, I] row-major: C / 32 quant blocks of each row a workgroup). Shared experts keep
-// moe_sg.ts's path (moe_ffn.ts chooses).
+// no staging pass and no coefficient table, and one dependent dispatch goes. The down stack is read
+// row-major ([E, H, I]: C / 32 quant blocks of each row a workgroup) or, `packed`, in column blocks of C
+// (the loader's packColumnBlocksCall: a workgroup's columns of every row one contiguous run). Shared experts
+// keep moe_sg.ts's path (moe_ffn.ts chooses).
 import { type Gpu, type KernelCall, kernelCall, pipeline } from "./gpu.ts";
 import { QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, routerWgsl } from "./moe_router.ts";
@@ -34,6 +35,11 @@ export interface MoeFusedDims {
   firstExpert?: number;
   /** e_score_correction_bias bound. */
   bias: boolean;
+  /**
+   * The down stack is stored in column blocks of `rows` (convert.ts packColumnBlocksCall: each workgroup's
+   * columns of every row contiguous) instead of row-major. Default false.
+   */
+  packed?: boolean;
   /** Rows of h a workgroup (a multiple of 32 dividing I). Default: 64 where it divides I, else 32. */
   rows?: number;
   /**
@@ -54,14 +60,15 @@ function threadsOf(gpu: Gpu, d: MoeFusedDims): number {
   return wg;
 }
 
-function rowsOf(d: MoeFusedDims): number {
+/** The rows of h a workgroup: `rows`, or 64 where it divides the intermediate, else 32. */
+export function moeFusedRows(d: MoeFusedDims): number {
   return d.rows ?? (d.intermediate % 64 === 0 ? 64 : 32);
 }
 
 /** Workgroup bytes: the staged x, h and its int8 copy, the routing's arrays. */
 function sharedBytes(d: MoeFusedDims, WG: number): number {
   const { experts: E, topK: k, groups } = checkRouting(d.routing);
-  const C = rowsOf(d);
+  const C = moeFusedRows(d);
   return d.hidden + (d.hidden / 32) * 8 + C * 4 + C + (C / 32) * 8 + (2 * E + WG + 3 * k + 2 * groups) * 4 +
     16;
 }
@@ -69,7 +76,7 @@ function sharedBytes(d: MoeFusedDims, WG: number): number {
 /** Whether the fused kernel serves this shape here. */
 export function moeFusedFits(gpu: Gpu, d: MoeFusedDims): boolean {
   const WG = threadsOf(gpu, d);
-  const C = rowsOf(d);
+  const C = moeFusedRows(d);
   const { groups } = checkRouting(d.routing);
   return gpu.subgroupSize !== null && gpu.hasDp4 && d.hidden % QUANT_GROUP === 0 &&
     d.intermediate % C === 0 && C % QUANT_GROUP === 0 &&
@@ -81,7 +88,7 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
   const q = d.weights;
   const r = checkRouting(d.routing);
   const E = r.experts, k = r.topK;
-  const H = d.hidden, I = d.intermediate, C = rowsOf(d);
+  const H = d.hidden, I = d.intermediate, C = moeFusedRows(d);
   const UW = unitWeights(q);
   const VU = H / UW; // units of a gate/up row
   const DU = I / UW; // units of a down row
@@ -170,7 +177,7 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
     ${
     rows.map((i) =>
       `let r${i} = min(h0 + ${WG * i}u, ${H - 1}u);
-    let d${i} = dbase + r${i} * ${DU}u;`
+    let d${i} = dbase + r${i} * ${d.packed ? CU : DU}u;`
     ).join("\n    ")
   }
     ${
@@ -236,7 +243,7 @@ fn main(
   let le = select(0u, e - ${d.firstExpert ?? 0}u, on);
   let wt = rt_w[j];
   let gbase = le * ${2 * I * VU}u;
-  let dbase = le * ${H * DU}u + c * ${CU}u;
+  let dbase = le * ${H * DU}u + c * ${d.packed ? H * CU : CU}u;
   ${gateUp}
   workgroupBarrier();
   ${
@@ -299,7 +306,7 @@ export function moeFusedCall(
   if (!(WG >= 64 && WG <= 1024 && (WG & (WG - 1)) === 0)) {
     throw new RangeError(`threads must be a power of 2 from 64 to 1024, got ${WG}`);
   }
-  const C = rowsOf(d);
+  const C = moeFusedRows(d);
   if (!(Number.isInteger(C) && C > 0 && C % QUANT_GROUP === 0 && d.intermediate % C === 0)) {
     throw new RangeError(
       `rows must be a multiple of 32 dividing the intermediate ${d.intermediate}, got ${C}`,

@@ -121,6 +121,11 @@ export interface MoeGroupedDims {
   transform?: "none" | "silu_mul";
   /** Add into y. Default false. */
   accumulate?: boolean;
+  /**
+   * The stack is stored in column blocks of this many columns (convert.ts packColumnBlocksCall: row n of
+   * matrix e, columns [cC, cC + C), at row (e (K / C) + c) N + n of a [E (K / C) N, C] matrix). Default: none.
+   */
+  columnBlock?: number;
 }
 
 function elementWgsl(wt: WeightType | QuantType): string {
@@ -130,7 +135,16 @@ function elementWgsl(wt: WeightType | QuantType): string {
     : "fn w_at(e: u32) -> f32 { return bitcast<f32>(W[e]); }";
 }
 
-function groupedSource(wt: WeightType | QuantType, slotInput: boolean, silu: boolean): string {
+/** Element (row, k) of the stack, row = e N + n: row-major, or in column blocks of C (MoeGroupedDims). */
+function elementIndexWgsl(C: number | undefined): string {
+  return C === undefined
+    ? "fn w_index(row: u32, k: u32) -> u32 { return row * p.K + k; }"
+    : `fn w_index(row: u32, k: u32) -> u32 {
+  return (((row / p.N) * (p.K / ${C}u) + k / ${C}u) * p.N + row % p.N) * ${C}u + k % ${C}u;
+}`;
+}
+
+function groupedSource(wt: WeightType | QuantType, slotInput: boolean, silu: boolean, C?: number): string {
   // Input element k of slot `slot`'s row, transformed.
   const row = slotInput ? "slot" : "slot / p.topk";
   const xAt = silu
@@ -148,6 +162,7 @@ var<workgroup> xs: array<array<f32, 17>, 16>;
 var<workgroup> ws: array<array<f32, 17>, 16>;
 var<workgroup> tile: vec4<u32>;
 ${elementWgsl(wt)}
+${elementIndexWgsl(C)}
 fn x_at(slot: u32, k: u32) -> f32 { ${xAt} }
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -165,7 +180,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   for (var k0 = 0u; k0 < p.K; k0 += 16u) {
     let k = k0 + lid.x;
     xs[lid.y][lid.x] = select(0.0, x_at(slot, min(k, p.K - 1u)), has && k < p.K);
-    ws[lid.y][lid.x] = select(0.0, w_at((base + min(wn, p.N - 1u)) * p.K + min(k, p.K - 1u)), wn < p.N && k < p.K);
+    ws[lid.y][lid.x] = select(0.0, w_at(w_index(base + min(wn, p.N - 1u), min(k, p.K - 1u))), wn < p.N && k < p.K);
     workgroupBarrier();
     for (var j = 0u; j < 16u; j++) { acc += xs[lid.y][j] * ws[lid.x][j]; }
     workgroupBarrier();
@@ -207,7 +222,11 @@ export function moeGroupedMatmulCall(
     d.firstExpert ?? 0,
     d.experts,
   ]);
-  const code = groupedSource(wt, d.input === "slot", d.transform === "silu_mul");
+  const C = d.columnBlock;
+  if (C !== undefined && !(Number.isInteger(C) && C > 0 && C % QUANT_GROUP === 0 && d.K % C === 0)) {
+    throw new RangeError(`column blocks of ${C} need a multiple of ${QUANT_GROUP} dividing K = ${d.K}`);
+  }
+  const code = groupedSource(wt, d.input === "slot", d.transform === "silu_mul", C);
   const tiles = moeMaxTiles(d.T, d.topK, d.layerExperts ?? d.experts);
   return kernelCall(gpu, pipeline(gpu, code), [params, bufs.x, bufs.w, bufs.y, bufs.order, bufs.tiles], [
     ceilDiv(d.N, 16),

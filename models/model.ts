@@ -27,6 +27,7 @@ import {
   isQuant,
   type KernelCall,
   type KvType,
+  packColumnBlocksCall,
   prefillLinearCalls,
   quantFits,
   type QuantType,
@@ -35,6 +36,7 @@ import {
   ropeAttentionFactor,
   ropeInvFreq,
   ropeTable,
+  runCalls,
   sampleCalls,
   type SamplingOptions,
   storageBuffer,
@@ -214,6 +216,9 @@ export class Model {
       upload: () => {
         throw new Error("weights are uploaded while loading");
       },
+      packColumns: () => {
+        throw new Error("weights are packed while loading");
+      },
     };
   }
 
@@ -316,6 +321,22 @@ export class Model {
         types.set(buf, as);
         return buf;
       },
+      packColumns: async (src, d) => {
+        const as = types.get(src);
+        if (as !== "q8" && as !== "q4") {
+          throw new TypeError(`column blocks are for q8 / q4 stacks, not ${as}`);
+        }
+        const out = gpu.device.createBuffer({
+          size: src.size,
+          usage: src.usage,
+          label: `${src.label} (columns)`,
+        });
+        await runCalls(gpu, [packColumnBlocksCall(gpu, { src, out }, { ...d, type: as })]);
+        types.delete(src);
+        src.destroy();
+        types.set(out, as);
+        return out;
+      },
     };
     const H = c.hiddenSize;
     const borrowed = new Set<GPUBuffer>();
@@ -337,7 +358,7 @@ export class Model {
       const p = layerPrefix(i);
       lw.push({
         attention: await loadAttention(ctx, loaders, spec.attention, H, p),
-        ffn: await loadFfn(loaders, spec.ffn, H, p, !part.remoteExperts!.has(i)),
+        ffn: await loadFfn(ctx, loaders, spec.ffn, H, p, !part.remoteExperts!.has(i)),
       });
     }
     let mtp: MtpWeights | null = null;

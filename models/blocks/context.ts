@@ -41,6 +41,12 @@ export interface BlockContext {
   int8One: boolean;
   /** Uploads weights computed at load (e.g. a matrix cut into per-head blocks) as `as`, counted with the model's. */
   upload(data: Float32Array, as: WeightType, label: string): GPUBuffer;
+  /**
+   * Replaces a quantised stack of `matrices` [N, K] matrices, loaded row-major, by the same stack in column
+   * blocks of C (kernels/convert.ts packColumnBlocksCall), freeing the original; the new buffer keeps its
+   * storage type.
+   */
+  packColumns(buf: GPUBuffer, d: { matrices: number; N: number; K: number; C: number }): Promise<GPUBuffer>;
 }
 
 /** The step's shared buffers a block reads and writes ([maxChunk, width] f32 each). */

@@ -36,6 +36,7 @@ export async function loadAttention(
 
 /** `routed` false: a MoE layer's routed experts are held elsewhere (expert parallelism). */
 export async function loadFfn(
+  ctx: BlockContext,
   l: Loaders,
   f: FfnSpec,
   hidden: number,
@@ -44,7 +45,7 @@ export async function loadFfn(
 ): Promise<FfnWeights> {
   return f.kind === "mlp"
     ? { kind: "mlp", w: await loadMlp(l.read, f, hidden, p) }
-    : { kind: "moe", w: await loadMoe(l.read, f, hidden, p, routed) };
+    : { kind: "moe", w: await loadMoe(ctx, l.read, f, hidden, p, routed) };
 }
 
 /** Floats per token of each scratch buffer a block needs (a sequence allocates the max over its layers). */

@@ -9,6 +9,7 @@ import {
   type KernelCall,
   moeDecodeCalls,
   moeFfnCalls,
+  moeFusedPlan,
   type MoeScratch,
   rmsnormCall,
 } from "../../kernels/mod.ts";
@@ -24,6 +25,8 @@ export interface MoeWeights {
   down?: GPUBuffer;
   sharedGateUp?: GPUBuffer;
   sharedDown?: GPUBuffer;
+  /** `down` is stored in column blocks of this many columns (for the fused decode kernel); absent: row-major. */
+  downBlock?: number;
 }
 
 /** The block's tensors; with `routed` false, without the routed experts (they are held elsewhere). */
@@ -48,6 +51,7 @@ export function moeTensors(f: MoeFfn, hidden: number, p: string, routed = true):
 }
 
 export async function loadMoe(
+  ctx: BlockContext,
   read: TensorReader,
   f: MoeFfn,
   hidden: number,
@@ -65,6 +69,19 @@ export async function loadMoe(
     w.down = await read(experts.map((n) => p + n.down), f.intermediate);
   }
   if (f.names.bias) w.bias = await read([p + f.names.bias], undefined, "f32");
+  // Where decode will run the experts as one dispatch, down is stored as that kernel reads it: each
+  // workgroup's columns of every row contiguous (docs/KERNELS.md, "The routed experts in one dispatch").
+  const plan = w.gateUp && w.down && moeFusedPlan(ctx.gpu, {
+    hidden,
+    intermediate: f.intermediate,
+    sharedIntermediate: f.sharedIntermediate,
+    routing: f.routing,
+    weights: { router: "f32", gateUp: ctx.typeOf(w.gateUp), down: ctx.typeOf(w.down) },
+  }, w.bias !== undefined);
+  if (plan && w.down) {
+    w.down = await ctx.packColumns(w.down, { matrices: E, N: hidden, K: f.intermediate, C: plan.rows });
+    w.downBlock = plan.rows;
+  }
   if (f.names.shared && f.sharedIntermediate > 0) {
     const s = p + f.names.shared;
     w.sharedGateUp = await read([s + "gate_proj.weight", s + "up_proj.weight"], hidden);
@@ -109,6 +126,7 @@ export function moeProgram(
     routing: f.routing,
     routed: w.gateUp !== undefined,
     weights,
+    downBlock: w.downBlock,
   };
   // Decode with subgroups: the norm fused into the kernels that read it (no xn), SiLU and the combine fused.
   const decode = moeDecodeCalls(gpu, {
