@@ -14,7 +14,10 @@
 // switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MOE_GROUPS, SWACTOR_MOE_DP4, SWACTOR_MOE_PREFETCH, SWACTOR_MOE_XN,
 // SWACTOR_MOE_SCALED, SWACTOR_MOE_RANK, SWACTOR_HEAD_NORM, SWACTOR_MLA_TUNING, SWACTOR_MOE: read when a
 // program is built) on the loaded model: `sweep_gpu_ms` in the JSON line. --sweep may be given several
-// times: each switch is swept on its own, the others as the environment sets them. --tunings '[{...}, ...]'
+// times: each switch is swept on its own, the others as the environment sets them. SWACTOR_MOE_FUSED (and
+// the switches that turn the fused expert kernel off) are also read at load, which stores down in that
+// kernel's layout: A/B them in separate processes (a program that cannot read the layout says so).
+// --tunings '[{...}, ...]'
 // likewise times the step under each gpu.tuning override (kernels/gpu.ts KernelTuning, e.g.
 // {"attentionUnroll":32}; list one twice to see the drift of a process's later timings): `tunings_gpu_ms`.
 // --marginal: GPU ms each kernel (label) adds to the step, timed as the step without its dispatches:
