@@ -91,6 +91,7 @@ export function createMoeScratch(
 ): MoeScratch {
   const { experts: E, topK: k } = checkRouting(d.routing);
   const Is = d.sharedIntermediate ?? 0;
+  const fused = moeFusedScratchBytes(d.T, d.hidden);
   return {
     logits: storageBuffer(gpu, d.T * E * 4, "moe logits"),
     ids: storageBuffer(gpu, d.T * k * 4, "moe ids"),
@@ -101,8 +102,8 @@ export function createMoeScratch(
     down: storageBuffer(gpu, d.T * k * d.hidden * 4, "moe down"),
     xn: storageBuffer(gpu, d.T * d.hidden * 4, "moe normalised x"),
     xnScales: storageBuffer(gpu, d.T * Math.ceil(d.hidden / 32) * 8, "moe normalised x scales"),
-    acc: storageBuffer(gpu, moeFusedScratchBytes(d.T, d.hidden).acc, "moe fused accumulator"),
-    count: storageBuffer(gpu, moeFusedScratchBytes(d.T, d.hidden).count, "moe fused counts"),
+    acc: storageBuffer(gpu, fused.acc, "moe fused accumulator"),
+    count: storageBuffer(gpu, fused.count, "moe fused counts"),
     ...(Is > 0
       ? {
         sharedGu: storageBuffer(gpu, d.T * 2 * Is * 4, "moe shared gate/up"),
@@ -234,6 +235,16 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
   return calls;
 }
 
+/** SWACTOR_MOE_FUSED: "0" off, "1" on with the defaults, "C" rows of h a workgroup, or "CxW" with W threads. */
+function fusedSwitch(): { on: boolean; rows?: number; threads?: number } {
+  const v = Deno.env.get("SWACTOR_MOE_FUSED") ?? "1";
+  const [c, w] = v.split("x").map(Number);
+  const ok = v === "0" || v === "1" ||
+    (Number.isInteger(c) && c > 0 && c % 32 === 0 && (w === undefined || (Number.isInteger(w) && w > 0)));
+  if (!ok) throw new TypeError(`SWACTOR_MOE_FUSED must be 0, 1, C or CxW (C a multiple of 32), got "${v}"`);
+  return v === "0" ? { on: false } : v === "1" ? { on: true } : { on: true, rows: c, threads: w };
+}
+
 /**
  * Benchmark switches, read when a program is built (so one process can sweep them), with the defaults the
  * H200 sweep of 2026-12-01 chose (Qwen3-30B-A3B shape, q4, 8 layers, GPU ms a step; docs/BENCHMARKS.md):
@@ -256,16 +267,6 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * - SWACTOR_MOE_GROUPS "gate_up,down": most workgroups of each expert GEMV, their warps looping over row
  *   blocks; 0 or absent: one block a warp.
  */
-/** SWACTOR_MOE_FUSED: "0" off, "1" on with the defaults, "C" rows of h a workgroup, or "CxW" with W threads. */
-function fusedSwitch(): { on: boolean; rows?: number; threads?: number } {
-  const v = Deno.env.get("SWACTOR_MOE_FUSED") ?? "1";
-  const [c, w] = v.split("x").map(Number);
-  const ok = v === "0" || v === "1" ||
-    (Number.isInteger(c) && c > 0 && c % 32 === 0 && (w === undefined || (Number.isInteger(w) && w > 0)));
-  if (!ok) throw new TypeError(`SWACTOR_MOE_FUSED must be 0, 1, C or CxW (C a multiple of 32), got "${v}"`);
-  return v === "0" ? { on: false } : v === "1" ? { on: true } : { on: true, rows: c, threads: w };
-}
-
 function moeSwitches(
   gpu: Gpu,
 ): {

@@ -7,10 +7,10 @@
 //     keeps h in workgroup memory (int8 blocks) and multiplies it by the C columns of down_e it meets:
 //     part[h'] = down_e[h', cC .. cC + C) . h      a partial sum for every output h' < H
 //   and adds `part` into a per-token accumulator in fixed point, as two integer atomicAdds an output (whole
-//   units, and the remainder in units of 2^-24 or coarser, so that every workgroup's sum fits: integer sums are exact and the same in any order, so the
-//   result is deterministic, and the range is i32's). The last workgroup of the token (a device-scope
-//   barrier and a count, as gemv_multi.ts's arrive copies) adds the accumulator into the residual y and
-//   zeroes it for the next layer.
+//   units, and the remainder in units of 2^-24 or coarser, so that every workgroup's sum fits): integer sums
+//   are exact and the same in any order, so the result is deterministic, and the range is i32's. The last
+//   workgroup of the token (a device-scope barrier and a count, as gemv_multi.ts's arrive copies) adds the
+//   accumulator into the residual y and zeroes it for the next layer.
 // Against moe_sg.ts's gate_up + down (two dispatches), the activations never leave the workgroup, down needs
 // no staging pass and no coefficient table, and one dependent dispatch goes. The down stack is read
 // row-major ([E, H, I]: C / 32 quant blocks of each row a workgroup) or, `packed`, in column blocks of C

@@ -69,8 +69,8 @@ export function checkRouting(r: MoeRouting): Required<MoeRouting> {
 }
 
 /**
- * The routing as WGSL a kernel of WG threads (default 256, a power of 2) can embed: `decls` (workgroup arrays and a reduction
- * helper, names prefixed `rt_`) and `body(row)`, statements run by every thread (tid = its local index) that
+ * The routing as WGSL a kernel of WG threads (default 256, a power of 2) can embed: `decls` (workgroup
+ * arrays and a reduction helper, names prefixed `rt_`) and `body(row)`, statements run by every thread (tid = its local index) that
  * read `logits[row + e]` (and `bias[e]` with `bias`) and leave the choice in workgroup memory: rt_ids[j]
  * (u32) and rt_w[j] (f32, final weights), slot 0 the best, after a barrier. With `warp` (the subgroup
  * size S) the scores are taken by the first subgroup with subgroupMax / subgroupAdd (no barrier tree) and

@@ -17,6 +17,7 @@ import {
   packColumnBlocksCall,
   type QuantType,
   readBack,
+  rmsnormRef,
   runCalls,
   uploadBuffer,
 } from "../../kernels/mod.ts";
@@ -100,13 +101,7 @@ function program(c: Case, fused: boolean, seed: number) {
   if (!calls) throw new Error("the decode path does not apply");
   const labels = calls.map((k) => k.label).join(",");
   if (fused !== (labels === "moe_router_gemv,moe_fused")) throw new Error(`fused ${fused}: ran ${labels}`);
-  const xn = x.slice();
-  for (let t = 0; t < T; t++) {
-    let ss = 0;
-    for (let i = 0; i < H; i++) ss += x[t * H + i] ** 2;
-    const inv = 1 / Math.sqrt(ss / H + 1e-6);
-    for (let i = 0; i < H; i++) xn[t * H + i] = x[t * H + i] * inv * nw[i];
-  }
+  const xn = rmsnormRef(x, nw, H, 1e-6);
   const ref = moeFfnRef({ x: xn, router, bias, gateUp: gu.deq, down: dn.deq }, dims);
   return { calls, xb, x, ref, scratch };
 }
@@ -212,13 +207,7 @@ Deno.test(
     const zeroGu = new Float32Array(E * 2 * I * H), zeroDn = new Float32Array(E * H * I);
     zeroGu.set(gu.deq, first * 2 * I * H);
     zeroDn.set(dn.deq, first * H * I);
-    const xn = x.slice();
-    for (let t = 0; t < T; t++) {
-      let ss = 0;
-      for (let i = 0; i < H; i++) ss += x[t * H + i] ** 2;
-      const inv = 1 / Math.sqrt(ss / H + 1e-6);
-      for (let i = 0; i < H; i++) xn[t * H + i] = x[t * H + i] * inv * nw[i];
-    }
+    const xn = rmsnormRef(x, nw, H, 1e-6);
     const ref = moeFfnRef({ x: xn, router, gateUp: zeroGu, down: zeroDn }, {
       hidden: H,
       intermediate: I,
