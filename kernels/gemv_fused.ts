@@ -318,6 +318,11 @@ export function isFloatCopy(c: InputCopy): c is FloatCopy {
   return "x" in c;
 }
 
+/** Whether `c` is an int8 copy of a GEMV's input (the GEMV then takes the int8 direct mode: GemvFusedDims.int8One). */
+export function int8Arrives(c: InputCopy | undefined): boolean {
+  return c !== undefined && !isFloatCopy(c);
+}
+
 /**
  * The GEMV of a block (the decode and k-step programs' linear layers): gemvFusedCall's one dispatch, or,
  * where the int8 direct multi-token GEMV serves (multiInt8Serves), the pass making the int8 copy of f(x)'s

@@ -7,7 +7,7 @@
 //   y[t] += shared_down @ silu_mul(shared_gate_up @ xn[t])         (deepseek_v3 / kimi_k2 shared experts)
 // Expert stacks are [E, 2I, H] (gate rows then up rows per expert) and [E, H, I]; the shared expert is an
 // ordinary MLP with intermediate n_shared_experts * moe_intermediate_size.
-import { gemvFusedCalls, gemvFusedFits, type GemvTuning } from "./gemv_fused.ts";
+import { gemvFusedCalls, gemvFusedFits, type GemvTuning, type Int8CopyOut } from "./gemv_fused.ts";
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
 import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
@@ -312,11 +312,14 @@ function moeSwitches(
  * dispatch, its rows of h resolved), or null where decode takes the two-dispatch path: it serves q8 / q4
  * stacks of one storage multiplied with dp4, the router GEMV writing the int8 normalised x, no shared expert,
  * with the default switches. The loader asks too, to pack the down stack in column blocks of its rows.
+ * `copyOut`: the plan with the last workgroup also writing the next RMSNorm GEMV's int8 input copy
+ * (MoeFusedDims.copyOut), or null where that does not fit.
  */
 export function moeFusedPlan(
   gpu: Gpu,
   d: Omit<MoeFfnDims, "T"> & { T?: number },
   bias: boolean,
+  copyOut?: MoeFusedDims["copyOut"],
 ): (MoeFusedDims & { rows: number }) | null {
   const sw = moeSwitches(gpu);
   const wt = d.weights.gateUp;
@@ -336,6 +339,7 @@ export function moeFusedPlan(
     bias,
     rows: sw.fused.rows,
     threads: sw.fused.threads,
+    copyOut,
   };
   return moeFusedFits(gpu, dims) ? { ...dims, rows: moeFusedRows(dims) } : null;
 }
@@ -356,7 +360,7 @@ export function moeFusedPlan(
  */
 export function moeDecodeCalls(
   gpu: Gpu,
-  b: Omit<MoeFfnBuffers, "x" | "y"> & { x: GPUBuffer; norm: GPUBuffer },
+  b: Omit<MoeFfnBuffers, "x" | "y"> & { x: GPUBuffer; norm: GPUBuffer; copyOut?: Int8CopyOut },
   d: MoeFfnDims & { eps: number; normWeights: WeightType },
 ): KernelCall[] | null {
   const r = checkRouting(d.routing);
@@ -372,7 +376,11 @@ export function moeDecodeCalls(
   if (MOE_PATH === "team") return null;
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   // The routed experts in one dispatch (moe_fused.ts), after the router GEMV writes the int8 normalised x.
-  const plan = moeFusedPlan(gpu, d, b.bias !== undefined);
+  const copyOut = b.copyOut && { weights: b.copyOut.weights, norm: b.copyOut.norm?.type ?? "f32" };
+  const plan = moeFusedPlan(gpu, d, b.bias !== undefined, copyOut);
+  if (b.copyOut && !plan) {
+    throw new RangeError("copyOut: only the fused expert kernel writes a copy (check moeFusedPlan with it)");
+  }
   if (d.downBlock !== undefined && plan?.rows !== d.downBlock) {
     throw new RangeError(
       `the down stack was packed in column blocks of ${d.downBlock} at load for the fused expert kernel, ` +
@@ -399,6 +407,7 @@ export function moeDecodeCalls(
         acc: s.acc,
         count: s.count,
         y: b.x,
+        copy: b.copyOut,
       }, { ...plan, T, packed: d.downBlock !== undefined }),
     ];
   }

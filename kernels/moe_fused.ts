@@ -16,10 +16,18 @@
 // row-major ([E, H, I]: C / 32 quant blocks of each row a workgroup) or, `packed`, in column blocks of C
 // (the loader's packColumnBlocksCall: a workgroup's columns of every row one contiguous run). Shared experts
 // keep moe_sg.ts's path (moe_ffn.ts chooses).
-import { type Gpu, type KernelCall, kernelCall, pipeline } from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, pipeline, type WeightType } from "./gpu.ts";
 import { QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, routerWgsl } from "./moe_router.ts";
-import { dp4Dot, int8BlocksWgsl, siluMul } from "./wgsl.ts";
+import type { Int8CopyOut } from "./gemv_fused.ts";
+import {
+  dp4Dot,
+  int8BlocksWgsl,
+  int8CopyBindingsWgsl,
+  int8CopyTailWgsl,
+  normWeightVec4,
+  siluMul,
+} from "./wgsl.ts";
 
 export interface MoeFusedDims {
   /** Hidden size H (gate/up's K, down's N). */
@@ -48,6 +56,14 @@ export interface MoeFusedDims {
    * the two dispatches; docs/BENCHMARKS.md, the twentieth session).
    */
   threads?: number;
+  /**
+   * The last workgroup of a token also writes the int8 copy of the new residual row for the RMSNorm GEMV
+   * that reads it next (the next layer's qkv or the LM head; gemv_fused.ts int8CopyFor with its norm
+   * weights): that GEMV's int8 layout and its norm weights' storage. The copy holds y times the norm weights
+   * with each block's sum of squares of y, as a GEMV's own copies do (gemv_multi.ts), so the consumer needs
+   * no input pass and no staging of its own.
+   */
+  copyOut?: { weights: QuantType; norm: WeightType };
 }
 
 /** Weights per 16-byte unit. */
@@ -70,7 +86,7 @@ function sharedBytes(d: MoeFusedDims, WG: number): number {
   const { experts: E, topK: k, groups } = checkRouting(d.routing);
   const C = moeFusedRows(d);
   return d.hidden + (d.hidden / 32) * 8 + C * 4 + C + (C / 32) * 8 + (2 * E + WG + 3 * k + 2 * groups) * 4 +
-    16;
+    16 + (d.copyOut ? d.hidden * 4 : 0);
 }
 
 /** Whether the fused kernel serves this shape here. */
@@ -200,6 +216,32 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
   }
   }`;
   const bias = d.bias ? `@group(0) @binding(10) var<storage, read> bias: array<f32>;` : "";
+  // The consumer's copy of the new row (copyOut): block b of 32 quantised from yf by thread b, as
+  // gemv_multi.ts's copies are, with its sum of squares before the norm weights.
+  const copy = d.copyOut;
+  const cb0 = d.bias ? 11 : 10;
+  const copyDecls = !copy ? "" : `
+${int8CopyBindingsWgsl(cb0)}
+@group(0) @binding(${cb0 + 2}) var<storage, read> onw: array<${
+    copy.norm === "f16" ? "vec2<u32>" : "vec4<f32>"
+  }>;
+@group(0) @binding(${cb0 + 3}) var<storage, read_write> ossq: array<f32>;
+var<workgroup> yf: array<vec4<f32>, ${H / 4}>;`;
+  const copyTail = !copy ? "" : `
+    workgroupBarrier();${
+    int8CopyTailWgsl(copy.weights, {
+      K: H,
+      row0: "t",
+      rows: "1u",
+      blocks: `${H / 32}u`,
+      gb0: "0u",
+      vec4At: (i) => `yf[8u * cb + ${i}u] * ${normWeightVec4(copy.norm, `8u * cb + ${i}u`, "onw")}`,
+      WG: `${WG}u`,
+      prelude: `ossq[t * ${H / 32}u + cb] = ${
+        range(8).map((i) => `dot(yf[8u * cb + ${i}u], yf[8u * cb + ${i}u])`).join(" + ")
+      };`,
+    })
+  }`;
   return `
 @group(0) @binding(0) var<storage, read> xn: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> xns: array<vec2<f32>>;
@@ -211,7 +253,7 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
 @group(0) @binding(7) var<storage, read_write> acc: array<atomic<i32>>;
 @group(0) @binding(8) var<storage, read_write> cnt: array<atomic<u32>>;
 @group(0) @binding(9) var<storage, read_write> y: array<f32>;
-${bias}
+${bias}${copyDecls}
 var<workgroup> xq: array<vec4<u32>, ${H / 16}>;
 var<workgroup> xqs: array<vec2<f32>, ${H / 32}>;
 var<workgroup> hv: array<vec4<f32>, ${C / 4}>;
@@ -267,8 +309,9 @@ fn main(
       let b = atomicLoad(&acc[t * ${2 * H}u + ${H}u + h]);
       atomicStore(&acc[t * ${2 * H}u + h], 0);
       atomicStore(&acc[t * ${2 * H}u + ${H}u + h], 0);
-      y[t * ${H}u + h] += f32(a) + f32(b) * ${2 ** -LO};
-    }
+      let v = y[t * ${H}u + h] + f32(a) + f32(b) * ${2 ** -LO};
+      y[t * ${H}u + h] = v;${copy ? "\n      yf[h / 4u][h % 4u] = v;" : ""}
+    }${copy ? copyTail : ""}
   }
 }`;
 }
@@ -298,6 +341,8 @@ export function moeFusedCall(
     acc: GPUBuffer;
     count: GPUBuffer;
     y: GPUBuffer;
+    /** The consumer's int8 copy (d.copyOut): gemv_fused.ts int8CopyFor's buffers, with its norm weights. */
+    copy?: Int8CopyOut;
   },
   d: MoeFusedDims,
 ): KernelCall {
@@ -319,8 +364,17 @@ export function moeFusedCall(
   }
   if (d.bias !== (b.bias !== undefined)) throw new TypeError("bias: the dims and the buffers disagree");
   const { topK } = checkRouting(d.routing);
+  if ((d.copyOut !== undefined) !== (b.copy !== undefined)) {
+    throw new TypeError("copyOut: the dims and the buffers disagree");
+  }
+  if (b.copy && (!b.copy.ssq || !b.copy.norm)) {
+    throw new TypeError(
+      "copyOut is the copy of an RMSNorm GEMV's input: it needs ssq and norm (int8CopyFor)",
+    );
+  }
   const buffers = [b.xn, b.xnScales, b.gateUp, b.down, b.logits, b.ids, b.routeWeights, b.acc, b.count, b.y];
   if (b.bias) buffers.push(b.bias);
+  if (b.copy) buffers.push(b.copy.q, b.copy.s, b.copy.norm!.w, b.copy.ssq!);
   return kernelCall(
     gpu,
     pipeline(gpu, source(d, S, WG)),

@@ -24,6 +24,7 @@ import {
   gemvFusedFits,
   type Gpu,
   type InputCopy,
+  int8Arrives,
   isQuant,
   type KernelCall,
   type KvType,
@@ -719,7 +720,7 @@ export class Sequence {
         if (i + 1 < m.layers.length) {
           const next = layerDims(i + 1);
           link.after = attentionInput(ctx, next.spec.attention, m.layers[i + 1].attention, next.d);
-        } else link.after = head;
+        } else link.after = head && { ...head, dims: { ...head.dims, int8One: true } };
       }
       calls.push(
         ...attentionProgram(ctx, spec.attention, l.attention, this.caches[i], bufs, { ...d, link }),
@@ -742,7 +743,7 @@ export class Sequence {
           ...gemvFusedCalls(
             gpu,
             { x, w: lmHead, y: this.logits, normWeight: finalNorm, copyIn: input },
-            head.dims,
+            { ...head.dims, int8One: head.dims.int8One || int8Arrives(input) },
           ),
         );
       } else {

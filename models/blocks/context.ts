@@ -34,9 +34,10 @@ export interface BlockContext {
    */
   gemmF16: boolean;
   /**
-   * Whether one-token q4 GEMVs take the int8 direct mode, each reading the int8 copy of its input that the
-   * kernel before wrote (GemvFusedDims.int8One): the dense blocks chain those copies round a layer; not for
-   * models with MoE layers, whose expert kernels neither read nor write them.
+   * Whether every one-token q4 GEMV takes the int8 direct mode, each reading the int8 copy of its input that
+   * the kernel before wrote (GemvFusedDims.int8One): the dense blocks chain those copies round a layer. In
+   * models with MoE layers only the GEMVs whose copy arrives take it (o_proj after the decode attention, the
+   * next layer's qkv or the LM head after the fused expert kernel), as the MoE blocks make no other copies.
    */
   int8One: boolean;
   /** Uploads weights computed at load (e.g. a matrix cut into per-head blocks) as `as`, counted with the model's. */

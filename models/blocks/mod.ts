@@ -120,7 +120,8 @@ export function attentionInput(
   d: { hidden: number; T: number; fused: boolean },
 ): { dims: GemvFusedDims; norm: GPUBuffer } | undefined {
   if (!d.fused || a.kind !== "gqa" || w.kind !== "gqa") return undefined;
-  return { dims: gqaQkvDims(ctx, a, w.w, d), norm: w.w.norm };
+  // As the qkv GEMV will run when its int8 copy arrives (gqaQkvDims).
+  return { dims: { ...gqaQkvDims(ctx, a, w.w, d), int8One: true }, norm: w.w.norm };
 }
 
 export function ffnProgram(

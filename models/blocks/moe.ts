@@ -6,6 +6,7 @@
 // Experts are stacked per layer: gate+up [E, 2I, H] and down [E, H, I]; the router stays f32.
 import {
   createMoeScratch,
+  int8CopyFor,
   type KernelCall,
   moeDecodeCalls,
   moeFfnCalls,
@@ -14,7 +15,7 @@ import {
   rmsnormCall,
 } from "../../kernels/mod.ts";
 import type { MoeFfn } from "../config.ts";
-import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
+import type { BlockContext, LayerLink, StepBuffers, TensorReader } from "./context.ts";
 
 export interface MoeWeights {
   norm: GPUBuffer;
@@ -106,7 +107,7 @@ export function moeProgram(
   f: MoeFfn,
   w: MoeWeights,
   bufs: StepBuffers & { moe: MoeScratch },
-  d: { hidden: number; T: number },
+  d: { hidden: number; T: number; link?: LayerLink },
 ): KernelCall[] {
   const { gpu, normType, eps } = ctx;
   const wt = (b?: GPUBuffer) => b && ctx.typeOf(b);
@@ -128,6 +129,12 @@ export function moeProgram(
     weights,
     downBlock: w.downBlock,
   };
+  // The fused expert kernel writes the int8 input copy of the RMSNorm GEMV after the block (the next
+  // layer's qkv or the LM head: LayerLink `after`), where that GEMV takes the int8 direct mode and the
+  // kernel fits with the copy's workgroup row; the GEMV then reads it instead of staging x itself.
+  const after = d.link?.after;
+  const copyOut = after && moeCopyFor(ctx, after, dims, w.bias !== undefined);
+  if (copyOut && d.link) d.link.afterCopy = copyOut;
   // Decode with subgroups: the norm fused into the kernels that read it (no xn), SiLU and the combine fused.
   const decode = moeDecodeCalls(gpu, {
     x,
@@ -139,6 +146,7 @@ export function moeProgram(
     sharedGateUp: w.sharedGateUp,
     sharedDown: w.sharedDown,
     scratch: bufs.moe,
+    copyOut,
   }, { ...dims, eps, normWeights: normType });
   if (decode) return decode;
   return [
@@ -155,6 +163,20 @@ export function moeProgram(
       scratch: bufs.moe,
     }, dims),
   ];
+}
+
+/** The copy of `after`'s input the fused expert kernel can write (moeProgram), else undefined. */
+function moeCopyFor(
+  ctx: BlockContext,
+  after: NonNullable<LayerLink["after"]>,
+  dims: Parameters<typeof moeFusedPlan>[1],
+  bias: boolean,
+) {
+  const copy = int8CopyFor(ctx.gpu, after.dims, after.norm);
+  if (!copy?.norm) return undefined;
+  return moeFusedPlan(ctx.gpu, dims, bias, { weights: copy.weights, norm: copy.norm.type })
+    ? copy
+    : undefined;
 }
 
 export function moeBuffers(w: MoeWeights): GPUBuffer[] {

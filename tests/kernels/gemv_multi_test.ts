@@ -8,7 +8,6 @@ import {
   floatCopyFor,
   gemvFusedCall,
   gemvFusedCalls,
-  gemvInt8InputCall,
   gemvTuningKey,
   int8CopyFor,
   int8CopyOutFits,
@@ -24,7 +23,7 @@ import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { isQuant } from "../../kernels/quant.ts";
 import {
   assertClose,
-  assertSameInt8Copy,
+  assertCopyIsPass,
   checkDp4,
   gemvCase,
   gpuOrSkip,
@@ -41,19 +40,6 @@ if (gpu && !gpu.subgroupSize) {
 const ignore = gpu === null || !gpu.subgroupSize;
 
 const PER_UNIT = { f32: 4, f16: 8, q8: 16, q4: 32 } as const;
-
-/** A producer's int8 copy is, bit for bit, what the input pass (gemvInt8InputCall) makes of x's T rows of K. */
-async function assertCopyIsPass(
-  g: NonNullable<typeof gpu>,
-  copy: { q: GPUBuffer; s: GPUBuffer },
-  x: GPUBuffer,
-  d: { K: number; T: number; wt: "q8" | "q4" },
-  what: string,
-): Promise<void> {
-  const pass = gemvInt8InputCall(g, { x }, { ...d, transform: "none", normWeights: "f32" });
-  await runCalls(g, [pass.call]);
-  await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, d.T * d.K, what);
-}
 
 /** The producer's GEMV (the last call) takes the arrive mode (it owns the scratch) exactly when asked to. */
 function assertArrive(calls: { owned?: GPUBuffer[] }[], arrive: boolean, what: string): void {

@@ -3,6 +3,7 @@
 import {
   dequantize,
   gemvFusedCalls,
+  gemvInt8InputCall,
   getGpu,
   type Gpu,
   matmulRef,
@@ -63,6 +64,19 @@ export async function assertSameInt8Copy(
     const i = x.findIndex((v, j) => v !== y[j]);
     if (i >= 0) throw new Error(`${what}: word ${i} of ${words}: ${x[i]} against ${y[i]}`);
   }
+}
+
+/** A producer's int8 copy is, bit for bit, what the input pass (gemvInt8InputCall) makes of x's T rows of K. */
+export async function assertCopyIsPass(
+  g: Gpu,
+  copy: { q: GPUBuffer; s: GPUBuffer },
+  x: GPUBuffer,
+  d: { K: number; T: number; wt: "q8" | "q4" },
+  what: string,
+): Promise<void> {
+  const pass = gemvInt8InputCall(g, { x }, { ...d, transform: "none", normWeights: "f32" });
+  await runCalls(g, [pass.call]);
+  await assertSameInt8Copy(g, copy, { q: pass.xq, s: pass.xqs }, d.T * d.K, what);
 }
 
 /** Throws naming the first element where |got - want| > atol + |want| * rtol (or NaN). */

@@ -7,6 +7,8 @@
 // scratch (the accumulator and counts must be left zeroed) and bit-for-bit repeatability.
 import {
   createMoeScratch,
+  gemvFusedCalls,
+  int8CopyFor,
   moeDecodeCalls,
   moeFfnCalls,
   moeFfnRef,
@@ -22,7 +24,16 @@ import {
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import assert from "node:assert/strict";
-import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
+import {
+  assertClose,
+  assertCopyIsPass,
+  gpuOrSkip,
+  packedWeights,
+  randoms,
+  readF32,
+  upload,
+} from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null || gpu.subgroupSize === null || !gpu.hasDp4;
@@ -303,5 +314,97 @@ Deno.test({
     } finally {
       Deno.env.delete("SWACTOR_MOE_FUSED");
     }
+  }
+});
+
+Deno.test({
+  name:
+    "moe fused: the last workgroup writes the next RMSNorm GEMV's int8 input copy, as that GEMV's own pass makes it",
+  ignore,
+}, async () => {
+  // The consumer (qkv- or LM-head-like: RMSNorm, q4 / q8, one token or a k-step) takes the int8 direct mode
+  // for K a multiple of its units times the subgroup size (H is chosen so), and q8 from 4 tokens.
+  const g = gpu!;
+  const S = g.subgroupSize!;
+  let seed = 40;
+  for (
+    const [wt, T, nwt, k] of [["q4", 1, "f32", 2], ["q4", 3, "f16", 4], ["q8", 4, "f32", 3]] as const
+  ) {
+    if (nwt === "f16" && !g.hasF16) continue;
+    seed += 10;
+    const H = (wt === "q4" ? 32 : 16) * S * (wt === "q4" ? 1 : 2), I = 64, E = 8;
+    const routing: MoeRouting = { experts: E, topK: k, scoring: "softmax", normTopK: true };
+    const dims = { hidden: H, intermediate: I, routing };
+    const weights = { router: "f32", gateUp: wt, down: wt } as const;
+    const consumer = {
+      K: H,
+      N: 40,
+      T,
+      weights: wt,
+      transform: "rmsnorm" as const,
+      normWeights: nwt,
+      eps: 1e-5,
+      int8One: true,
+    };
+    const what = `copy ${wt} T${T} H${H} ${nwt} norm weights`;
+    const nw2 = randoms(H, seed + 9, 1);
+    const nw2b = upload(g, nwt === "f16" ? f32ToF16(nw2) : nw2);
+    const nw2v = nwt === "f16" ? f16ToF32(f32ToF16(nw2)) : nw2;
+    const copy = int8CopyFor(g, consumer, nw2b);
+    if (!copy?.ssq || !copy.norm) throw new Error(`${what}: the consumer takes no int8 norm copy`);
+    const x = randoms(T * H, seed, 1);
+    const nw = upload(g, randoms(H, seed + 1, 1));
+    const router = upload(g, randoms(E * H, seed + 2, 0.4));
+    const gu = uploadBuffer(g, packedWeights(wt, randoms(E * 2 * I * H, seed + 3, 0.1), E * 2 * I, H).bytes);
+    const dn = uploadBuffer(g, packedWeights(wt, randoms(E * H * I, seed + 4, 0.1), E * H, I).bytes);
+    const run = async (copyOut?: typeof copy) => {
+      const xb = upload(g, x);
+      const calls = moeDecodeCalls(g, {
+        x: xb,
+        norm: nw,
+        router,
+        gateUp: gu,
+        down: dn,
+        scratch: createMoeScratch(g, { ...dims, T }),
+        copyOut,
+      }, { ...dims, T, eps: 1e-6, normWeights: "f32", weights });
+      if (calls?.map((c) => c.label).join() !== "moe_router_gemv,moe_fused") {
+        throw new Error(`${what}: not the fused path`);
+      }
+      await runCalls(g, calls);
+      return { xb, y: await readF32(g, xb, T * H) };
+    };
+    const plain = await run();
+    const withCopy = await run(copy);
+    // The residual is the same bits with or without the copy.
+    for (let i = 0; i < T * H; i++) {
+      if (!Object.is(withCopy.y[i], plain.y[i])) throw new Error(`${what}: y differs at ${i}`);
+    }
+    // The copy: y times the norm weights quantised as the consumer's own pass would, and y's block sums of
+    // squares.
+    const u = withCopy.y.map((v, i) => v * nw2v[i % H]);
+    await assertCopyIsPass(g, copy, upload(g, u), { K: H, T, wt }, what);
+    const ssqWant = new Float32Array((T * H) / 32).map((_, b) =>
+      withCopy.y.slice(32 * b, 32 * b + 32).reduce((s, v) => s + v * v, 0)
+    );
+    assertClose(await readF32(g, copy.ssq, (T * H) / 32), ssqWant, 1e-6, 1e-5, `${what}: sums of squares`);
+    // The consumer on the copy matches the consumer normalising y itself.
+    const cw = uploadBuffer(
+      g,
+      packedWeights(wt, randoms(consumer.N * H, seed + 5, 0.5), consumer.N, H).bytes,
+    );
+    const consume = async (copyIn?: typeof copy) => {
+      const cy = upload(g, new Float32Array(T * consumer.N));
+      const calls = gemvFusedCalls(g, { x: withCopy.xb, w: cw, y: cy, normWeight: nw2b, copyIn }, consumer);
+      if (calls.length !== (copyIn ? 1 : 2)) {
+        throw new Error(`${what}: the consumer made ${calls.length} calls`);
+      }
+      await runCalls(g, calls);
+      return await readF32(g, cy, T * consumer.N);
+    };
+    const want = await consume();
+    const got = await consume(copy);
+    const scale = want.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+    assertClose(got, want, 1e-3 * scale, 0, `${what}: the consumer on the copy`);
   }
 });

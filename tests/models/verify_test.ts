@@ -233,6 +233,68 @@ Deno.test(
   },
 );
 
+// The same in a model with MoE layers (Qwen3-MoE, the fused expert kernel): one-token q4 steps take the
+// int8 direct mode where the kernel before writes the copy, o_proj after the decode attention and the next
+// layer's qkv and the LM head after the fused expert kernel's last workgroup (kernels/moe_fused.ts copyOut).
+// Against every GEMV staging x itself (multiInt8Copies false): the same codes, sums in another order.
+Deno.test(
+  onGpu("q4 MoE one-token steps: the fused expert kernel and the attention hand their GEMVs int8 copies"),
+  async () => {
+    const hidden = 32 * (gpu!.subgroupSize ?? 8);
+    const dir = join(Deno.env.get("TMPDIR") ?? "/tmp", `swactor-test-int8-moe-${hidden}`);
+    await ensureRandomCheckpoint(dir, {
+      architectures: ["Qwen3MoeForCausalLM"],
+      model_type: "qwen3_moe",
+      vocab_size: 2048,
+      hidden_size: hidden,
+      intermediate_size: 2 * hidden,
+      moe_intermediate_size: 64,
+      num_hidden_layers: 3,
+      num_attention_heads: 8,
+      num_key_value_heads: 4,
+      head_dim: hidden / 8,
+      num_experts: 8,
+      num_experts_per_tok: 2,
+      norm_topk_prob: true,
+      decoder_sparse_step: 1,
+      mlp_only_layers: [],
+      rms_norm_eps: 1e-6,
+      rope_theta: 1000000,
+      max_position_embeddings: 256,
+      tie_word_embeddings: false,
+    });
+    const labels = async (tuning: Record<string, unknown>) => {
+      gpu!.tuning = { ...tuning };
+      const engine = await loadEngine(dir, { gpu: gpu!, weights: "q4" });
+      const seq = engine.weights.newSequence({ maxSeq: 32, sampling: greedy, maxChunk: 16 });
+      try {
+        return seq.program(1, "logits").map((c) => c.label ?? "");
+      } finally {
+        seq.destroy();
+        engine.close();
+        gpu!.tuning = {};
+      }
+    };
+    const chain = await labels({});
+    if (!chain.includes("moe_fused") || !chain.some((l) => l.endsWith("_i8"))) {
+      console.log(`skipped: the fused expert kernel or the int8 direct mode does not serve this model here`);
+      return;
+    }
+    // o_proj in each of the 3 layers, qkv in layers 1 and 2 and the LM head read copies; no GEMV makes its
+    // own int8 input (the first qkv stages x as before).
+    assert.equal(chain.filter((l) => l.endsWith("_i8")).length, 3 + 2 + 1, chain.join(" "));
+    assert.ok(!chain.includes("gemv_int8_x"), chain.join(" "));
+    assert.ok(!(await labels({ multiInt8Copies: false })).some((l) => l.endsWith("_i8")));
+    const all = Array.from({ length: 24 }, (_, i) => 100 + ((i * 7919) % 1900));
+    const { worst, scale } = await kStepError(dir, all, "q4", {}, {
+      tuning: { multiInt8Copies: false },
+      ks: [1],
+    }, [1]);
+    console.log(`MoE one-token int8 copies against x staged in each GEMV: worst ${worst} of ${scale}`);
+    assert.ok(worst <= 0.05 * scale, `worst |logit error| ${worst} of ${scale}`);
+  },
+);
+
 // f32 / f16 k-steps: the GEMV before each RMSNorm GEMV (o_proj before gate/up, down before the next layer's
 // qkv and before the LM head) writes that GEMV's input times its norm weights and the sums of squares
 // (gemv_fused.ts floatCopyFor), so its inner loop reads x as it is. Same logits to f32 rounding as each
