@@ -310,8 +310,9 @@ function moeSwitches(
 /**
  * The fused expert kernel's shape for this block (moe_fused.ts: gate/up, SiLU, down and the combine in one
  * dispatch, its rows of h resolved), or null where decode takes the two-dispatch path: it serves q8 / q4
- * stacks of one storage multiplied with dp4, the router GEMV writing the int8 normalised x, no shared expert,
- * with the default switches. The loader asks too, to pack the down stack in column blocks of its rows.
+ * stacks of one storage multiplied with dp4 (a shared expert stored the same way, its intermediate a multiple
+ * of the routed one's: MoeFusedDims.sharedSlots), the router GEMV writing the int8 normalised x, with the
+ * default switches. The loader asks too, to pack the down stack in column blocks of its rows.
  * `copyOut`: the plan with the last workgroup also writing the next RMSNorm GEMV's int8 input copy
  * (MoeFusedDims.copyOut), or null where that does not fit.
  */
@@ -323,10 +324,14 @@ export function moeFusedPlan(
 ): (MoeFusedDims & { rows: number }) | null {
   const sw = moeSwitches(gpu);
   const wt = d.weights.gateUp;
+  // A shared expert rides along as Is / I slots where it is stored like the routed experts.
+  const Is = d.sharedIntermediate ?? 0;
+  const sharedSlots = Is / d.intermediate;
   if (
     !sw.fused.on || sw.path !== undefined || !sw.xn || !sw.dp4 || !gpu.subgroupSize || d.routed === false ||
-    (d.sharedIntermediate ?? 0) > 0 || !isQuant(wt) || d.weights.down !== wt || d.weights.router !== "f32" ||
-    d.hidden % 4 !== 0
+    !isQuant(wt) || d.weights.down !== wt || d.weights.router !== "f32" || d.hidden % 4 !== 0 ||
+    (Is > 0 &&
+      (!Number.isInteger(sharedSlots) || d.weights.sharedGateUp !== wt || d.weights.sharedDown !== wt))
   ) {
     return null;
   }
@@ -340,6 +345,7 @@ export function moeFusedPlan(
     rows: sw.fused.rows,
     threads: sw.fused.threads,
     copyOut,
+    sharedSlots,
   };
   return moeFusedFits(gpu, dims) ? { ...dims, rows: moeFusedRows(dims) } : null;
 }
@@ -354,8 +360,9 @@ export function moeFusedPlan(
  *   x            += sum_j w_j down_j . act_j      moe_sg down (combine fused)
  * The shared expert (deepseek_v3, kimi_k2) rides along as Is / I more slots of weight 1 when it is stored
  * like the routed experts; else it is two GEMVs more (norm fused, then down with silu_mul fused).
- * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm; 2 where q8 / q4 experts with
- * no shared expert run as one dispatch (moe_fused.ts: act = ... and x += ... together, SWACTOR_MOE_FUSED).
+ * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm; 2 where q8 / q4 experts (and
+ * a shared expert stored like them) run as one dispatch (moe_fused.ts: act = ... and x += ... together,
+ * SWACTOR_MOE_FUSED).
  * Null when a shape does not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
  */
 export function moeDecodeCalls(
@@ -408,6 +415,7 @@ export function moeDecodeCalls(
         count: s.count,
         y: b.x,
         copy: b.copyOut,
+        ...(plan.sharedSlots ? { sharedGateUp: b.sharedGateUp, sharedDown: b.sharedDown } : {}),
       }, { ...plan, T, packed: d.downBlock !== undefined }),
     ];
   }

@@ -14,8 +14,10 @@
 // Against moe_sg.ts's gate_up + down (two dispatches), the activations never leave the workgroup, down needs
 // no staging pass and no coefficient table, and one dependent dispatch goes. The down stack is read
 // row-major ([E, H, I]: C / 32 quant blocks of each row a workgroup) or, `packed`, in column blocks of C
-// (the loader's packColumnBlocksCall: a workgroup's columns of every row one contiguous run). Shared experts
-// keep moe_sg.ts's path (moe_ffn.ts chooses).
+// (the loader's packColumnBlocksCall: a workgroup's columns of every row one contiguous run). A shared
+// expert (deepseek_v3, kimi_k2) rides along as more slots of weight 1 (`sharedSlots`: its intermediate cut
+// into slots of I rows, read from its own row-major stacks), as moe_sg.ts folds it. With `copyOut` the last
+// workgroup also writes the int8 input copy of the RMSNorm GEMV after the block.
 import { type Gpu, type KernelCall, kernelCall, pipeline, type WeightType } from "./gpu.ts";
 import { QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, routerWgsl } from "./moe_router.ts";
@@ -64,6 +66,12 @@ export interface MoeFusedDims {
    * no input pass and no staging of its own.
    */
   copyOut?: { weights: QuantType; norm: WeightType };
+  /**
+   * The shared expert (deepseek_v3, kimi_k2) as this many more slots of weight 1: its intermediate is
+   * sharedSlots x the routed one, cut into slots of I rows, its stacks bound as sharedGateUp [2 Is, H] and
+   * sharedDown [H, Is] (row-major, in the routed stacks' storage). Default 0.
+   */
+  sharedSlots?: number;
 }
 
 /** Weights per 16-byte unit. */
@@ -115,8 +123,10 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
   const U = Math.max(1, Math.min(Math.ceil(VU / S), Math.floor(8 / PW))); // units a lane a pass
   const RB = Math.max(1, Math.min(Math.ceil(H / WG), Math.floor(8 / CU))); // down rows a thread a pass
   const rt = routerWgsl(r, d.bias, S, WG);
+  const NSH = d.sharedSlots ?? 0;
+  const SL = k + NSH; // slots: the k routed ones, then the shared expert's
   // The remainders' units: NWG of them, each at most half a unit, must sum within i32.
-  const NWG = k * CH;
+  const NWG = SL * CH;
   const LO = Math.min(24, 31 - Math.ceil(Math.log2(NWG)));
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const sc = (buf: string, off: number, unit: string) => {
@@ -129,6 +139,23 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
   };
   const guOff = quantScaleWord((d.experts ?? E) * 2 * I, H, q);
   const dnOff = quantScaleWord((d.experts ?? E) * H, I, q);
+  // A slot's weight words and scales: from the routed stacks, or with shared slots through helpers that
+  // pick the shared expert's (`sh`, the same for the whole workgroup).
+  const gu = (i: string) => NSH ? `ldgu(sh, ${i})` : `Wgu[${i}]`;
+  const guSc = (unit: string) => NSH ? `scgu(sh, ${unit})` : sc("Wgu", guOff, unit);
+  const dn = (i: string) => NSH ? `ldd(sh, ${i})` : `Wd[${i}]`;
+  const dnSc = (unit: string) => NSH ? `scd(sh, ${unit})` : sc("Wd", dnOff, unit);
+  const helpers = !NSH ? "" : `
+fn ldgu(sh: bool, i: u32) -> vec4<u32> { if (sh) { return Wsgu[i]; } return Wgu[i]; }
+fn ldd(sh: bool, i: u32) -> vec4<u32> { if (sh) { return Wsd[i]; } return Wd[i]; }
+fn scgu(sh: bool, u: u32) -> f32 {
+  if (sh) { return ${sc("Wsgu", quantScaleWord(2 * NSH * I, H, q), "u")}; }
+  return ${sc("Wgu", guOff, "u")};
+}
+fn scd(sh: bool, u: u32) -> f32 {
+  if (sh) { return ${sc("Wsd", quantScaleWord(H, NSH * I, q), "u")}; }
+  return ${sc("Wd", dnOff, "u")};
+}`;
   // gate/up: pair p = warp + WARPS r of the chunk (gate row n = cC + p, its up row I further).
   const pairs = range(PW);
   const units = range(U);
@@ -157,10 +184,10 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
     ${
     pairs.flatMap((p) =>
       units.map((u) =>
-        `let wg${p}_${u} = Wgu[g${p} + v${u}];
-    let sg${p}_${u} = ${sc("Wgu", guOff, `g${p} + v${u}`)};
-    let wu${p}_${u} = Wgu[g${p} + ${I * VU}u + v${u}];
-    let su${p}_${u} = ${sc("Wgu", guOff, `g${p} + ${I * VU}u + v${u}`)};`
+        `let wg${p}_${u} = ${gu(`g${p} + v${u}`)};
+    let sg${p}_${u} = ${guSc(`g${p} + v${u}`)};
+    let wu${p}_${u} = ${gu(`g${p} + upo + v${u}`)};
+    let su${p}_${u} = ${guSc(`g${p} + upo + v${u}`)};`
       )
     ).join("\n    ")
   }
@@ -193,14 +220,14 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
     ${
     rows.map((i) =>
       `let r${i} = min(h0 + ${WG * i}u, ${H - 1}u);
-    let d${i} = dbase + r${i} * ${d.packed ? CU : DU}u;`
+    let d${i} = dbase + r${i} * dstride;`
     ).join("\n    ")
   }
     ${
     rows.flatMap((i) =>
       cus.map((cu) =>
-        `let w${i}_${cu} = Wd[d${i} + ${cu}u];
-    let s${i}_${cu} = ${sc("Wd", dnOff, `d${i} + ${cu}u`)};`
+        `let w${i}_${cu} = ${dn(`d${i} + ${cu}u`)};
+    let s${i}_${cu} = ${dnSc(`d${i} + ${cu}u`)};`
       )
     ).join("\n    ")
   }
@@ -215,11 +242,17 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
     ).join("\n    ")
   }
   }`;
-  const bias = d.bias ? `@group(0) @binding(10) var<storage, read> bias: array<f32>;` : "";
+  // Bindings after y (9): the bias, the copy's four, the shared expert's two, each where present.
+  let nb = 10;
+  const bias = d.bias ? `@group(0) @binding(${nb++}) var<storage, read> bias: array<f32>;` : "";
   // The consumer's copy of the new row (copyOut): block b of 32 quantised from yf by thread b, as
   // gemv_multi.ts's copies are, with its sum of squares before the norm weights.
   const copy = d.copyOut;
-  const cb0 = d.bias ? 11 : 10;
+  const cb0 = nb;
+  if (copy) nb += 4;
+  const sharedDecls = !NSH ? "" : `
+@group(0) @binding(${nb}) var<storage, read> Wsgu: array<vec4<u32>>;
+@group(0) @binding(${nb + 1}) var<storage, read> Wsd: array<vec4<u32>>;`;
   const copyDecls = !copy ? "" : `
 ${int8CopyBindingsWgsl(cb0)}
 @group(0) @binding(${cb0 + 2}) var<storage, read> onw: array<${
@@ -253,7 +286,7 @@ var<workgroup> yf: array<vec4<f32>, ${H / 4}>;`;
 @group(0) @binding(7) var<storage, read_write> acc: array<atomic<i32>>;
 @group(0) @binding(8) var<storage, read_write> cnt: array<atomic<u32>>;
 @group(0) @binding(9) var<storage, read_write> y: array<f32>;
-${bias}${copyDecls}
+${bias}${copyDecls}${sharedDecls}
 var<workgroup> xq: array<vec4<u32>, ${H / 16}>;
 var<workgroup> xqs: array<vec2<f32>, ${H / 32}>;
 var<workgroup> hv: array<vec4<f32>, ${C / 4}>;
@@ -261,7 +294,7 @@ var<workgroup> hq: array<vec4<u32>, ${C / 16}>;
 var<workgroup> hqs: array<vec2<f32>, ${C / 32}>;
 var<workgroup> arrived: u32;
 ${rt.decls}
-fn bf16at(w: u32, g: u32) -> f32 { return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (g & 1u) == 1u)); }
+fn bf16at(w: u32, g: u32) -> f32 { return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (g & 1u) == 1u)); }${helpers}
 @compute @workgroup_size(${WG})
 fn main(
   @builtin(workgroup_id) wgid: vec3<u32>,
@@ -280,12 +313,25 @@ fn main(
   }
   let j = wgid.x / ${CH}u;
   let c = wgid.x % ${CH}u;
-  let e = rt_ids[j];
-  let on = e >= ${d.firstExpert ?? 0}u && e - ${d.firstExpert ?? 0}u < ${d.experts ?? E}u;
-  let le = select(0u, e - ${d.firstExpert ?? 0}u, on);
-  let wt = rt_w[j];
-  let gbase = le * ${2 * I * VU}u;
+  // Slot j < k: the routed expert e (weight rt_w[j]; nothing where the stack does not hold it). j >= k:
+  // shared slot js = j - k, rows js I .. of the shared expert, weight 1.
+  let sh = j >= ${k}u;
+  let js = j - ${k}u;
+  let e = rt_ids[min(j, ${k - 1}u)];
+  let on = sh || (e >= ${d.firstExpert ?? 0}u && e - ${d.firstExpert ?? 0}u < ${d.experts ?? E}u);
+  let le = select(0u, e - ${d.firstExpert ?? 0}u, on && !sh);
+  let wt = select(rt_w[min(j, ${k - 1}u)], 1.0, sh);
+  ${
+    NSH
+      ? `let gbase = select(le * ${2 * I * VU}u, js * ${I * VU}u, sh);
+  let upo = select(${I * VU}u, ${NSH * I * VU}u, sh);
+  let dbase = select(le * ${H * DU}u + c * ${d.packed ? H * CU : CU}u, js * ${DU}u + c * ${CU}u, sh);
+  let dstride = select(${d.packed ? CU : DU}u, ${NSH * DU}u, sh);`
+      : `let gbase = le * ${2 * I * VU}u;
+  let upo = ${I * VU}u;
   let dbase = le * ${H * DU}u + c * ${d.packed ? H * CU : CU}u;
+  let dstride = ${d.packed ? CU : DU}u;`
+  }
   ${gateUp}
   workgroupBarrier();
   ${
@@ -298,7 +344,7 @@ fn main(
   ${down}
   storageBarrier();
   if (tid == 0u) {
-    let last = atomicAdd(&cnt[t], 1u) == ${k * CH - 1}u;
+    let last = atomicAdd(&cnt[t], 1u) == ${SL * CH - 1}u;
     if (last) { atomicStore(&cnt[t], 0u); }
     arrived = select(0u, 1u, last);
   }
@@ -343,6 +389,9 @@ export function moeFusedCall(
     y: GPUBuffer;
     /** The consumer's int8 copy (d.copyOut): gemv_fused.ts int8CopyFor's buffers, with its norm weights. */
     copy?: Int8CopyOut;
+    /** The shared expert (d.sharedSlots): gate;up [2 Is, H] and down [H, Is], row-major. */
+    sharedGateUp?: GPUBuffer;
+    sharedDown?: GPUBuffer;
   },
   d: MoeFusedDims,
 ): KernelCall {
@@ -375,11 +424,17 @@ export function moeFusedCall(
   const buffers = [b.xn, b.xnScales, b.gateUp, b.down, b.logits, b.ids, b.routeWeights, b.acc, b.count, b.y];
   if (b.bias) buffers.push(b.bias);
   if (b.copy) buffers.push(b.copy.q, b.copy.s, b.copy.norm!.w, b.copy.ssq!);
+  const NSH = d.sharedSlots ?? 0;
+  if (!(Number.isInteger(NSH) && NSH >= 0)) throw new RangeError(`sharedSlots must be >= 0, got ${NSH}`);
+  if ((NSH > 0) !== (b.sharedGateUp !== undefined && b.sharedDown !== undefined)) {
+    throw new TypeError("sharedSlots: the dims and the shared expert's buffers disagree");
+  }
+  if (NSH > 0) buffers.push(b.sharedGateUp!, b.sharedDown!);
   return kernelCall(
     gpu,
     pipeline(gpu, source(d, S, WG)),
     buffers,
-    [topK * (d.intermediate / C), d.T],
+    [(topK + NSH) * (d.intermediate / C), d.T],
     "moe_fused",
   );
 }

@@ -70,23 +70,31 @@ export async function loadMoe(
     w.down = await read(experts.map((n) => p + n.down), f.intermediate);
   }
   if (f.names.bias) w.bias = await read([p + f.names.bias], undefined, "f32");
-  // Where decode will run the experts as one dispatch, down is stored as that kernel reads it: each
-  // workgroup's columns of every row contiguous (docs/KERNELS.md, "The routed experts in one dispatch").
+  if (f.names.shared && f.sharedIntermediate > 0) {
+    const s = p + f.names.shared;
+    w.sharedGateUp = await read([s + "gate_proj.weight", s + "up_proj.weight"], hidden);
+    w.sharedDown = await read([s + "down_proj.weight"], f.sharedIntermediate);
+  }
+  // Where decode will run the experts as one dispatch, the routed down stack is stored as that kernel reads
+  // it: each workgroup's columns of every row contiguous (docs/KERNELS.md, "The routed experts in one
+  // dispatch"). The shared expert's stays row-major (the prefill reads it as a plain matrix).
+  const type = (b?: GPUBuffer) => b && ctx.typeOf(b);
   const plan = w.gateUp && w.down && moeFusedPlan(ctx.gpu, {
     hidden,
     intermediate: f.intermediate,
     sharedIntermediate: f.sharedIntermediate,
     routing: f.routing,
-    weights: { router: "f32", gateUp: ctx.typeOf(w.gateUp), down: ctx.typeOf(w.down) },
+    weights: {
+      router: "f32",
+      gateUp: ctx.typeOf(w.gateUp),
+      down: ctx.typeOf(w.down),
+      sharedGateUp: type(w.sharedGateUp),
+      sharedDown: type(w.sharedDown),
+    },
   }, w.bias !== undefined);
   if (plan && w.down) {
     w.down = await ctx.packColumns(w.down, { matrices: E, N: hidden, K: f.intermediate, C: plan.rows });
     w.downBlock = plan.rows;
-  }
-  if (f.names.shared && f.sharedIntermediate > 0) {
-    const s = p + f.names.shared;
-    w.sharedGateUp = await read([s + "gate_proj.weight", s + "up_proj.weight"], hidden);
-    w.sharedDown = await read([s + "down_proj.weight"], f.sharedIntermediate);
   }
   return w;
 }

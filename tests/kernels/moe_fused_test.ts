@@ -48,6 +48,8 @@ interface Case {
   routing: "softmax" | "softmax-raw" | "sigmoid-groups";
   /** SWACTOR_MOE_FUSED (default "1"). */
   fused?: string;
+  /** A shared expert of this many times I rows (deepseek_v3 / kimi_k2), stored like the routed ones. */
+  shared?: number;
 }
 
 const CASES: Case[] = [
@@ -59,6 +61,9 @@ const CASES: Case[] = [
   { H: 128, I: 192, E: 16, k: 2, T: 2, wt: "q4", routing: "softmax", fused: "64x256" },
   { H: 256, I: 64, E: 8, k: 8, T: 1, wt: "q8", routing: "softmax-raw", fused: "32x1024" },
   { H: 128, I: 32, E: 4, k: 1, T: 2, wt: "q8", routing: "softmax" },
+  { H: 128, I: 64, E: 8, k: 2, T: 1, wt: "q4", routing: "softmax", shared: 1 },
+  { H: 256, I: 64, E: 16, k: 3, T: 2, wt: "q8", routing: "sigmoid-groups", shared: 2 },
+  { H: 96, I: 96, E: 8, k: 2, T: 3, wt: "q4", routing: "softmax-raw", shared: 2, fused: "32" },
 ];
 
 function routingOf(c: Case): MoeRouting {
@@ -91,7 +96,10 @@ function program(c: Case, fused: boolean, seed: number) {
   const bias = c.routing === "sigmoid-groups" ? randoms(E, seed + 3, 0.1) : undefined;
   const gu = packedWeights(wt, randoms(E * 2 * I * H, seed + 4, 0.1), E * 2 * I, H);
   const dn = packedWeights(wt, randoms(E * H * I, seed + 5, 0.1), E * H, I);
-  const dims = { hidden: H, intermediate: I, routing };
+  const Is = (c.shared ?? 0) * I;
+  const sgu = Is ? packedWeights(wt, randoms(2 * Is * H, seed + 6, 0.1), 2 * Is, H) : undefined;
+  const sdn = Is ? packedWeights(wt, randoms(H * Is, seed + 7, 0.1), H, Is) : undefined;
+  const dims = { hidden: H, intermediate: I, sharedIntermediate: Is, routing };
   const xb = upload(g, x);
   const scratch = createMoeScratch(g, { ...dims, T });
   Deno.env.set("SWACTOR_MOE_FUSED", fused ? c.fused ?? "1" : "0");
@@ -104,8 +112,21 @@ function program(c: Case, fused: boolean, seed: number) {
       bias: bias && upload(g, bias),
       gateUp: uploadBuffer(g, gu.bytes),
       down: uploadBuffer(g, dn.bytes),
+      sharedGateUp: sgu && uploadBuffer(g, sgu.bytes),
+      sharedDown: sdn && uploadBuffer(g, sdn.bytes),
       scratch,
-    }, { ...dims, T, eps: 1e-6, normWeights: "f32", weights: { router: "f32", gateUp: wt, down: wt } });
+    }, {
+      ...dims,
+      T,
+      eps: 1e-6,
+      normWeights: "f32",
+      weights: {
+        router: "f32",
+        gateUp: wt,
+        down: wt,
+        ...(Is ? { sharedGateUp: wt, sharedDown: wt } : {}),
+      },
+    });
   } finally {
     Deno.env.delete("SWACTOR_MOE_FUSED");
   }
@@ -113,7 +134,15 @@ function program(c: Case, fused: boolean, seed: number) {
   const labels = calls.map((k) => k.label).join(",");
   if (fused !== (labels === "moe_router_gemv,moe_fused")) throw new Error(`fused ${fused}: ran ${labels}`);
   const xn = rmsnormRef(x, nw, H, 1e-6);
-  const ref = moeFfnRef({ x: xn, router, bias, gateUp: gu.deq, down: dn.deq }, dims);
+  const ref = moeFfnRef({
+    x: xn,
+    router,
+    bias,
+    gateUp: gu.deq,
+    down: dn.deq,
+    sharedGateUp: sgu?.deq,
+    sharedDown: sdn?.deq,
+  }, dims);
   return { calls, xb, x, ref, scratch };
 }
 
