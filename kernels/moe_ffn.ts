@@ -262,8 +262,12 @@ function fusedSwitch(): { on: boolean; rows?: number; threads?: number } {
  *   without waiting for its coefficient table; default on (what down's early loads build on).
  * - SWACTOR_MOE_RANK: gate_up's routing ranks the experts a thread each instead of the first warp's k rounds
  *   of subgroup reductions; default on (0.576 / 0.591).
- * - SWACTOR_MOE_FUSED "0", "1", "C" or "CxW": the routed experts' gate/up and down (q8 / q4 with dp4, no
- *   shared expert) as one dispatch (moe_fused.ts; C rows of h and W threads a workgroup); default on.
+ * - SWACTOR_MOE_FUSED "0", "1", "C" or "CxW": the routed experts' gate/up and down (q8 / q4 with dp4) as one
+ *   dispatch (moe_fused.ts; C rows of h and W threads a workgroup); default on.
+ * - SWACTOR_MOE_FUSED_SHARED "1": blocks with a shared expert take that dispatch too, the shared expert as
+ *   more slots; default off (H200, DeepSeek-V2-Lite's shape q4, GPU ms a step: 2.117-2.120 with it at the
+ *   default 64 x 1,024, 2.020-2.044 at 64 x 512, against 2.022-2.039 for the two dispatches; twenty-first
+ *   session). Read at load too (the routed down stack's layout follows the plan).
  * - SWACTOR_MOE_GROUPS "gate_up,down": most workgroups of each expert GEMV, their warps looping over row
  *   blocks; 0 or absent: one block a warp.
  */
@@ -279,6 +283,7 @@ function moeSwitches(
   scaled: boolean;
   rank: boolean;
   fused: { on: boolean; rows?: number; threads?: number };
+  fusedShared: boolean;
 } {
   const flag = (name: string): boolean | undefined => {
     const v = Deno.env.get(name);
@@ -304,15 +309,16 @@ function moeSwitches(
     scaled: flag("SWACTOR_MOE_SCALED") ?? true,
     rank: flag("SWACTOR_MOE_RANK") ?? true,
     fused: fusedSwitch(),
+    fusedShared: flag("SWACTOR_MOE_FUSED_SHARED") ?? false,
   };
 }
 
 /**
  * The fused expert kernel's shape for this block (moe_fused.ts: gate/up, SiLU, down and the combine in one
  * dispatch, its rows of h resolved), or null where decode takes the two-dispatch path: it serves q8 / q4
- * stacks of one storage multiplied with dp4 (a shared expert stored the same way, its intermediate a multiple
- * of the routed one's: MoeFusedDims.sharedSlots), the router GEMV writing the int8 normalised x, with the
- * default switches. The loader asks too, to pack the down stack in column blocks of its rows.
+ * stacks of one storage multiplied with dp4 (with SWACTOR_MOE_FUSED_SHARED, a shared expert stored the same
+ * way, its intermediate a multiple of the routed one's: MoeFusedDims.sharedSlots), the router GEMV writing the
+ * int8 normalised x, with the default switches. The loader asks too, to pack the down stack in column blocks of its rows.
  * `copyOut`: the plan with the last workgroup also writing the next RMSNorm GEMV's int8 input copy
  * (MoeFusedDims.copyOut), or null where that does not fit.
  */
@@ -324,14 +330,16 @@ export function moeFusedPlan(
 ): (MoeFusedDims & { rows: number }) | null {
   const sw = moeSwitches(gpu);
   const wt = d.weights.gateUp;
-  // A shared expert rides along as Is / I slots where it is stored like the routed experts.
+  // A shared expert rides along as Is / I slots where it is stored like the routed experts (when asked:
+  // SWACTOR_MOE_FUSED_SHARED; not measured faster).
   const Is = d.sharedIntermediate ?? 0;
   const sharedSlots = Is / d.intermediate;
   if (
     !sw.fused.on || sw.path !== undefined || !sw.xn || !sw.dp4 || !gpu.subgroupSize || d.routed === false ||
     !isQuant(wt) || d.weights.down !== wt || d.weights.router !== "f32" || d.hidden % 4 !== 0 ||
     (Is > 0 &&
-      (!Number.isInteger(sharedSlots) || d.weights.sharedGateUp !== wt || d.weights.sharedDown !== wt))
+      (!sw.fusedShared || !Number.isInteger(sharedSlots) || d.weights.sharedGateUp !== wt ||
+        d.weights.sharedDown !== wt))
   ) {
     return null;
   }
@@ -360,9 +368,9 @@ export function moeFusedPlan(
  *   x            += sum_j w_j down_j . act_j      moe_sg down (combine fused)
  * The shared expert (deepseek_v3, kimi_k2) rides along as Is / I more slots of weight 1 when it is stored
  * like the routed experts; else it is two GEMVs more (norm fused, then down with silu_mul fused).
- * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm; 2 where q8 / q4 experts (and
- * a shared expert stored like them) run as one dispatch (moe_fused.ts: act = ... and x += ... together,
- * SWACTOR_MOE_FUSED).
+ * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm; 2 where q8 / q4 experts (a
+ * shared expert stored like them with SWACTOR_MOE_FUSED_SHARED) run as one dispatch (moe_fused.ts: act = ...
+ * and x += ... together, SWACTOR_MOE_FUSED).
  * Null when a shape does not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
  */
 export function moeDecodeCalls(

@@ -14,7 +14,8 @@
 // switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MOE_GROUPS, SWACTOR_MOE_DP4, SWACTOR_MOE_PREFETCH, SWACTOR_MOE_XN,
 // SWACTOR_MOE_SCALED, SWACTOR_MOE_RANK, SWACTOR_HEAD_NORM, SWACTOR_MLA_TUNING, SWACTOR_MOE: read when a
 // program is built) on the loaded model: `sweep_gpu_ms` in the JSON line. --sweep may be given several
-// times: each switch is swept on its own, the others as the environment sets them. SWACTOR_MOE_FUSED (and
+// times: each switch is swept on its own, the others as the environment sets them. SWACTOR_MOE_FUSED,
+// SWACTOR_MOE_FUSED_SHARED (and
 // the switches that turn the fused expert kernel off) are also read at load, which stores down in that
 // kernel's layout: A/B them in separate processes (a program that cannot read the layout says so).
 // --tunings '[{...}, ...]'
@@ -321,6 +322,7 @@ for (const shape of values.shape!.split(",")) {
       moe_scaled: Deno.env.get("SWACTOR_MOE_SCALED") ?? "default",
       moe_rank: Deno.env.get("SWACTOR_MOE_RANK") ?? "default",
       moe_fused: Deno.env.get("SWACTOR_MOE_FUSED") ?? "default",
+      moe_fused_shared: Deno.env.get("SWACTOR_MOE_FUSED_SHARED") ?? "default",
       head_norm: Deno.env.get("SWACTOR_HEAD_NORM") ?? "fused",
       load_s: Number(loadS.toFixed(1)),
       decode_tok_s: Number(best.toFixed(1)),

@@ -103,6 +103,7 @@ function program(c: Case, fused: boolean, seed: number) {
   const xb = upload(g, x);
   const scratch = createMoeScratch(g, { ...dims, T });
   Deno.env.set("SWACTOR_MOE_FUSED", fused ? c.fused ?? "1" : "0");
+  Deno.env.set("SWACTOR_MOE_FUSED_SHARED", "1");
   let calls;
   try {
     calls = moeDecodeCalls(g, {
@@ -129,6 +130,7 @@ function program(c: Case, fused: boolean, seed: number) {
     });
   } finally {
     Deno.env.delete("SWACTOR_MOE_FUSED");
+    Deno.env.delete("SWACTOR_MOE_FUSED_SHARED");
   }
   if (!calls) throw new Error("the decode path does not apply");
   const labels = calls.map((k) => k.label).join(",");
