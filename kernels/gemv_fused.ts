@@ -179,7 +179,8 @@ export interface GemvFusedDims {
   /**
    * A one-token step (T = 1) of q4 weights may take the int8 direct multi-token GEMV (multiInt8Serves),
    * whose inputs the kernels before write as int8 copies: set by blocks whose GEMVs hand each other those
-   * copies all the way round a layer (BlockContext.int8One: models without MoE layers).
+   * copies all the way round a layer (BlockContext.int8One: models without MoE layers), by gemvFusedCalls
+   * for a GEMV given such a copy, and on the dims a producer asks int8CopyFor with.
    */
   int8One?: boolean;
 }
@@ -318,24 +319,22 @@ export function isFloatCopy(c: InputCopy): c is FloatCopy {
   return "x" in c;
 }
 
-/** Whether `c` is an int8 copy of a GEMV's input (the GEMV then takes the int8 direct mode: GemvFusedDims.int8One). */
-export function int8Arrives(c: InputCopy | undefined): boolean {
-  return c !== undefined && !isFloatCopy(c);
-}
-
 /**
  * The GEMV of a block (the decode and k-step programs' linear layers): gemvFusedCall's one dispatch, or,
  * where the int8 direct multi-token GEMV serves (multiInt8Serves), the pass making the int8 copy of f(x)'s
  * T rows and then that GEMV. `copyIn`: that copy was made by the kernel before (int8CopyFor; then no pass).
  * `copyOut`: this GEMV also writes the int8 copy of its output for the GEMV after it (int8CopyOutFits).
- * Either may be an f32 copy instead (FloatCopy, normCopyFor), for the f32 direct multi-token GEMV.
+ * Either may be an f32 copy instead (FloatCopy, normCopyFor), for the f32 direct multi-token GEMV. A GEMV given
+ * an int8 copy takes the int8 direct mode at one token too (GemvFusedDims.int8One), as its producer asked
+ * int8CopyFor for it.
  */
 export function gemvFusedCalls(
   gpu: Gpu,
   bufs: GemvBuffers & { copyIn?: InputCopy; copyOut?: InputCopyOut },
-  d: GemvFusedDims,
+  dims: GemvFusedDims,
 ): KernelCall[] {
   const { copyIn, copyOut } = bufs;
+  const d = copyIn && !isFloatCopy(copyIn) ? { ...dims, int8One: true } : dims;
   if (!multiInt8Serves(gpu, d)) {
     if ((copyIn && !isFloatCopy(copyIn)) || (copyOut && !isFloatCopy(copyOut))) {
       throw new RangeError("an int8 copy of x needs the int8 direct multi-token GEMV");

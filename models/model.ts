@@ -24,7 +24,6 @@ import {
   gemvFusedFits,
   type Gpu,
   type InputCopy,
-  int8Arrives,
   isQuant,
   type KernelCall,
   type KvType,
@@ -743,7 +742,7 @@ export class Sequence {
           ...gemvFusedCalls(
             gpu,
             { x, w: lmHead, y: this.logits, normWeight: finalNorm, copyIn: input },
-            { ...head.dims, int8One: head.dims.int8One || int8Arrives(input) },
+            head.dims,
           ),
         );
       } else {

@@ -21,7 +21,6 @@ import {
   gemvFusedCalls,
   type GemvFusedDims,
   headNormCall,
-  int8Arrives,
   int8CopyFor,
   type KernelCall,
   kvElementBytes,
@@ -102,16 +101,12 @@ export function gqaCache(
   };
 }
 
-/**
- * The fused qkv GEMV of a step of T tokens (input_layernorm folded in): also what the layer before links to.
- * One-token q4 steps take the int8 direct mode in dense models (BlockContext.int8One) and wherever the layer
- * before wrote the int8 copy of their input (`link.input`).
- */
+/** The fused qkv GEMV of a step of T tokens (input_layernorm folded in): also what the layer before links to. */
 export function gqaQkvDims(
   ctx: BlockContext,
   a: GqaAttention,
   w: GqaWeights,
-  d: { hidden: number; T: number; link?: LayerLink },
+  d: { hidden: number; T: number },
 ): GemvFusedDims {
   return {
     K: d.hidden,
@@ -121,7 +116,7 @@ export function gqaQkvDims(
     normWeights: ctx.normType,
     transform: "rmsnorm",
     eps: ctx.eps,
-    int8One: ctx.int8One || int8Arrives(d.link?.input),
+    int8One: ctx.int8One,
   };
 }
 
@@ -163,15 +158,16 @@ export function gqaProgram(
   const foldNorm = qkNorm !== undefined && decode && headNormSwitch() === "fused";
   if (qkNorm && !foldNorm) calls.push(headNormCall(gpu, { qkv, ...qkNorm }, { ...dims, eps }));
   const [kcache, vcache] = cache;
-  const oDims = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o), int8One: true };
+  const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o), int8One: ctx.int8One };
   // Prefill: the flash attention writes o_proj's input as f16 where its GEMM reads f16 (flashHalfOut).
   const oHalf = !decode && !d.fused &&
-    flashHalfOut(gpu, a.headDim, gemmHalfInput(gpu, attDim, oDims.weights, ctx.gemmF16));
+    flashHalfOut(gpu, a.headDim, gemmHalfInput(gpu, attDim, o.weights, ctx.gemmF16));
   // The int8 direct mode (k-steps; one-token q4 steps): the attention writes o_proj's int8 input itself (no
-  // input pass). Models with MoE layers take it for o_proj only with that copy (H200, Qwen3-30B-A3B q4:
-  // 2.147-2.148 ms a step against 2.160-2.161, docs/BENCHMARKS.md, the twenty-first session).
-  const copy = decode && d.fused && attentionCopyOutFits(a) ? int8CopyFor(gpu, oDims) : undefined;
-  const o = { ...oDims, int8One: ctx.int8One || copy !== undefined };
+  // input pass), in models with MoE layers too, where o_proj takes that mode only for the copy (H200,
+  // Qwen3-30B-A3B q4: 2.147-2.148 ms a step against 2.160-2.161, docs/BENCHMARKS.md, twenty-first session).
+  const copy = decode && d.fused && attentionCopyOutFits(a)
+    ? int8CopyFor(gpu, { ...o, int8One: true })
+    : undefined;
   if (decode) {
     calls.push(
       ...(foldNorm

@@ -7,6 +7,7 @@
 import {
   createMoeScratch,
   int8CopyFor,
+  isQuant,
   type KernelCall,
   moeDecodeCalls,
   moeFfnCalls,
@@ -173,18 +174,24 @@ export function moeProgram(
   ];
 }
 
-/** The copy of `after`'s input the fused expert kernel can write (moeProgram), else undefined. */
+/**
+ * The copy of `after`'s input the fused expert kernel can write (moeProgram), else undefined. The plan is
+ * asked first (with the copy's layout and norm storage, as int8CopyFor would make it), so no buffers are
+ * made for a block that cannot write them.
+ */
 function moeCopyFor(
   ctx: BlockContext,
   after: NonNullable<LayerLink["after"]>,
   dims: Parameters<typeof moeFusedPlan>[1],
   bias: boolean,
 ) {
+  const wt = after.dims.weights;
+  if (!isQuant(wt) || after.dims.transform !== "rmsnorm") return undefined;
+  if (!moeFusedPlan(ctx.gpu, dims, bias, { weights: wt, norm: after.dims.normWeights ?? "f32" })) {
+    return undefined;
+  }
   const copy = int8CopyFor(ctx.gpu, after.dims, after.norm);
-  if (!copy?.norm) return undefined;
-  return moeFusedPlan(ctx.gpu, dims, bias, { weights: copy.weights, norm: copy.norm.type })
-    ? copy
-    : undefined;
+  return copy?.norm ? copy : undefined;
 }
 
 export function moeBuffers(w: MoeWeights): GPUBuffer[] {

@@ -92,6 +92,21 @@ const quantSteps = [
   { weights: "q4", tuning: { multiInt8: true }, what: "int8 direct multi-token steps of 2..16 tokens" },
   { weights: "q8", tuning: { multiInt8: true }, what: "int8 direct multi-token steps of 2..16 tokens" },
 ] as const;
+
+/** The kernel labels of a q4 model's one-token program under a gpu.tuning override. */
+async function oneTokenLabels(dir: string, tuning: Record<string, unknown>): Promise<string[]> {
+  gpu!.tuning = { ...tuning };
+  const engine = await loadEngine(dir, { gpu: gpu!, weights: "q4" });
+  const seq = engine.weights.newSequence({ maxSeq: 32, sampling: greedy, maxChunk: 16 });
+  try {
+    return seq.program(1, "logits").map((c) => c.label ?? "");
+  } finally {
+    seq.destroy();
+    engine.close();
+    gpu!.tuning = {};
+  }
+}
+
 /**
  * The worst |logit error| of k-steps of 2..16 tokens (under `tuning`) against one-token steps, over the
  * tokens `all`, and the logits' scale.
@@ -202,26 +217,14 @@ Deno.test(
       num_attention_heads: 8,
       head_dim: hidden / 8,
     });
-    const labels = async (tuning: Record<string, unknown>) => {
-      gpu!.tuning = { ...tuning };
-      const engine = await loadEngine(dir, { gpu: gpu!, weights: "q4" });
-      const seq = engine.weights.newSequence({ maxSeq: 32, sampling: greedy, maxChunk: 16 });
-      try {
-        return seq.program(1, "logits").map((c) => c.label);
-      } finally {
-        seq.destroy();
-        engine.close();
-        gpu!.tuning = {};
-      }
-    };
-    const chain = await labels({});
+    const chain = await oneTokenLabels(dir, {});
     if (!chain.includes("gemv_rmsnorm_pairs_direct_i8")) {
       console.log(`skipped: the int8 direct mode does not serve this model here (${gpu!.adapterName})`);
       return;
     }
     // Only the first qkv makes its own int8 input; every other GEMV reads the copy the kernel before wrote.
     assert.equal(chain.filter((l) => l === "gemv_int8_x").length, 1, chain.join(" "));
-    assert.ok(!(await labels({ multiInt8One: false })).some((l) => l?.endsWith("_i8")));
+    assert.ok(!(await oneTokenLabels(dir, { multiInt8One: false })).some((l) => l.endsWith("_i8")));
     const all = Array.from({ length: 24 }, (_, i) => 100 + ((i * 7919) % 1900));
     const { worst, scale } = await kStepError(dir, all, "q4", {}, {
       tuning: { multiInt8One: false },
@@ -263,19 +266,7 @@ Deno.test(
       max_position_embeddings: 256,
       tie_word_embeddings: false,
     });
-    const labels = async (tuning: Record<string, unknown>) => {
-      gpu!.tuning = { ...tuning };
-      const engine = await loadEngine(dir, { gpu: gpu!, weights: "q4" });
-      const seq = engine.weights.newSequence({ maxSeq: 32, sampling: greedy, maxChunk: 16 });
-      try {
-        return seq.program(1, "logits").map((c) => c.label ?? "");
-      } finally {
-        seq.destroy();
-        engine.close();
-        gpu!.tuning = {};
-      }
-    };
-    const chain = await labels({});
+    const chain = await oneTokenLabels(dir, {});
     if (!chain.includes("moe_fused") || !chain.some((l) => l.endsWith("_i8"))) {
       console.log(`skipped: the fused expert kernel or the int8 direct mode does not serve this model here`);
       return;
@@ -284,7 +275,7 @@ Deno.test(
     // own int8 input (the first qkv stages x as before).
     assert.equal(chain.filter((l) => l.endsWith("_i8")).length, 3 + 2 + 1, chain.join(" "));
     assert.ok(!chain.includes("gemv_int8_x"), chain.join(" "));
-    assert.ok(!(await labels({ multiInt8Copies: false })).some((l) => l.endsWith("_i8")));
+    assert.ok(!(await oneTokenLabels(dir, { multiInt8Copies: false })).some((l) => l.endsWith("_i8")));
     const all = Array.from({ length: 24 }, (_, i) => 100 + ((i * 7919) % 1900));
     const { worst, scale } = await kStepError(dir, all, "q4", {}, {
       tuning: { multiInt8Copies: false },
