@@ -2,7 +2,9 @@
 // attentionCall for steps of 1..16 tokens (longer prefill chunks keep those two). Needs subgroups.
 // Several tokens (a speculative-verification step): grid z is the token t; its workgroups read the cache
 // for positions below pos0 only and the step's tokens 0..t from qkv (k rotated on the fly), since those
-// positions are written by other workgroups of the same dispatch. Long caches: flash-decoding splits
+// positions are written by other workgroups of the same dispatch: right after the prologue's barrier, key j
+// is scored by a whole subgroup (lanes over its rotation pairs, one round of loads) and its value row kept
+// in workgroup memory for the combine (newKeyWgsl). Long caches: flash-decoding splits
 // (docs/KERNELS.md), the keys of a head shared by several workgroups and a combine dispatch.
 // GQA-grouped variant (AttentionDecodeTuning.grouped, gpu.tuning.attentionGrouped; by default only where it
 // measured faster on the H200, attentionGroupedDefault): one workgroup per kv head for all its q heads, each K / V row read once, coalesced, and scored
@@ -26,7 +28,8 @@
 //     lane accumulates its output slots, a key's weight taken from the lane that scored it by
 //     subgroupShuffle. All loads of a block (`unroll`) are issued before any is used, the first block of
 //     value loads before the scores: the chunk costs about one memory latency;
-//   - the last subgroup scores the current key (k from workgroup memory, subgroupAdd over dims);
+//   - the last subgroup scores the current key (k from workgroup memory, subgroupAdd over dims; a step of
+//     several tokens has scored its own keys 0..t before the chunks, see above);
 //   - one barrier, then each thread combines one output slot over the subgroups' (m, l, acc) and the
 //     current key, and writes out[h * hd ..].
 // Barriers stay in uniform control flow: the chunk loop's trip count is the same for every thread (a
@@ -114,13 +117,16 @@ export const DECODE_MAX_T = 16;
 export function attentionDecodeFits(gpu: Gpu, d: AttentionDecodeDims): boolean {
   return gpu.subgroupSize !== null && d.headDim >= 2 && d.headDim % 2 === 0 &&
     d.headDim <= DECODE_MAX_HEAD_DIM && d.kvHeads >= 1 && d.heads % d.kvHeads === 0 &&
-    sharedBytes(d.headDim, 1) <= gpu.maxWorkgroupStorage &&
+    sharedBytes(d.headDim, 1, d.T ?? 1) <= gpu.maxWorkgroupStorage &&
     gpu.subgroupSize <= gpu.device.limits.maxComputeInvocationsPerWorkgroup;
 }
 
-/** Workgroup memory of the kernel: q, k, v of the head (and its output, with copyOut), each subgroup's (m, l, acc[hd]). */
-function sharedBytes(hd: number, warps: number): number {
-  return 4 * hd * 4 + warps * (hd + 2) * 4 + 16;
+/**
+ * Workgroup memory of the kernel: q, k, v of the head (and its output, with copyOut), each subgroup's (m, l,
+ * acc[hd]) and, T > 1, the step's own keys' scores and values.
+ */
+function sharedBytes(hd: number, warps: number, T: number): number {
+  return 4 * hd * 4 + warps * (hd + 2) * 4 + (T > 1 ? T * (hd + 1) * 4 : 0) + 16;
 }
 
 /**
@@ -135,11 +141,12 @@ export function attentionDecodeDefaultTuning(
   gpu: Gpu,
   headDim: number,
   grouped = false,
+  T = 1,
 ): AttentionDecodeTuning {
   const S = gpu.subgroupSize ?? 32;
   const maxThreads = Math.min(WG_WANTED, gpu.device.limits.maxComputeInvocationsPerWorkgroup);
   let warps = Math.max(1, Math.floor(maxThreads / S));
-  while (warps > 1 && sharedBytes(headDim, warps) > gpu.maxWorkgroupStorage) warps--;
+  while (warps > 1 && sharedBytes(headDim, warps, T) > gpu.maxWorkgroupStorage) warps--;
   const HDV = headDim / (headDim % 4 === 0 ? 4 : 2);
   const loadsPerChunk = HDV <= S ? Math.ceil(S / Math.floor(S / HDV)) : S * Math.ceil(HDV / S);
   const whole = grouped ? 16 : 32;
@@ -147,42 +154,61 @@ export function attentionDecodeDefaultTuning(
 }
 
 /**
- * WGSL of a multi-token step's own keys, shared by both decode kernels: new_score (key j of the step, read from
+ * WGSL of a multi-token step's own keys, shared by both decode kernels: new_scores (key j of the step, read from
  * qkv, q/k-normed with `norm` (wk, p.eps), RoPE'd at pos0 + j and rounded as the cache stores it, dotted with
- * q from qs, grouped: of q head hh, at qs[hh * HD ..]) and new_value (its value slot e).
+ * each of the workgroup's NQ q heads in qs (head hh at qs[hh * HD ..]) and stored, times `scale`, at
+ * sn[hh * TT + j]) and new_value (its value slot e). new_scores is called by a whole subgroup: its lanes take
+ * the rotation pairs (i, i + HALF) of the key and one subgroupAdd a head sums them, so a key costs one round
+ * of loads, not HALF dependent ones as a lane walking the row alone did.
  */
-function newKeyWgsl(norm: boolean, VW: number, w: ReturnType<typeof kvWgsl>, grouped: boolean): string {
+function newKeyWgsl(
+  norm: boolean,
+  VW: number,
+  w: ReturnType<typeof kvWgsl>,
+  NQ: number,
+  scale: string,
+): string {
   const vt = `vec${VW}<f32>`;
   const rn = (e: string) => w.round(1, e);
   const qAt = (o: string) => `qs[(${o}) / VW][(${o}) % VW]`;
-  const qo = grouped ? "qo + " : "";
-  return `// Score of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against q${
-    grouped ? " head hh" : ""
-  }.
-fn new_score(j: u32, pos0: u32, kvh: u32${grouped ? ", hh: u32" : ""}) -> f32 {
-  var s = 0.0;
-  let kb = j * ROW + (NH + kvh) * HD;${
+  const hs = range(NQ);
+  return `// Scores of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against the q head${
+    NQ > 1 ? "s" : ""
+  } into sn; called by every lane of a subgroup.
+fn new_scores(j: u32, pos0: u32, kvh: u32, lane: u32) {
+  let kb = j * ROW + (NH + kvh) * HD;
+  let vb = j * ROW + (NH + NKV + kvh) * HD;
+  for (var i = lane; i < HD; i += S) { ${qAt("j * HD + i").replace("qs", "nv")} = ${rn("qkv[vb + i]")}; }${
     norm
       ? `
   var ss = 0.0;
-  for (var i = 0u; i < HD; i++) { let v = qkv[kb + i]; ss += v * v; }
-  let ik = inverseSqrt(ss / f32(HD) + p.eps);`
+  for (var i = lane; i < HD; i += S) { let v = qkv[kb + i]; ss += v * v; }
+  let ik = inverseSqrt(subgroupAdd(ss) / f32(HD) + p.eps);`
       : ""
-  }${grouped ? "\n  let qo = hh * HD;" : ""}
-  for (var i = 0u; i < HALF; i++) {
+  }
+  ${hs.map((h) => `var s${h} = 0.0;`).join("\n  ")}
+  for (var i = lane; i < HALF; i += S) {
     let c = cs[(pos0 + j) * HALF + i];
     let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
     let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
-    s += ${qAt(`${qo}i`)} * ${rn("k0 * c.x - k1 * c.y")} + ${qAt(`${qo}i + HALF`)} * ${
-    rn("k1 * c.x + k0 * c.y")
-  };
+    let r0 = ${rn("k0 * c.x - k1 * c.y")};
+    let r1 = ${rn("k1 * c.x + k0 * c.y")};
+    ${
+    hs.map((h) => `s${h} += ${qAt(`${h}u * HD + i`)} * r0 + ${qAt(`${h}u * HD + i + HALF`)} * r1;`).join(
+      "\n    ",
+    )
   }
-  return s;
+  }
+  ${hs.map((h) => `let t${h} = subgroupAdd(s${h});`).join("\n  ")}
+  if (lane == 0u) {
+    ${hs.map((h) => `sn[${h}u * TT + j] = t${h}${scale};`).join("\n    ")}
+  }
 }
+// The step's own values (rounded as the cache stores them), written by new_scores.
+var<workgroup> nv: array<${vt}, TT * HDV>;
 // Value slot e of new key j.
-fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
-  let b = j * ROW + (NH + NKV + kvh) * HD + e * VW;
-  return ${w.round(VW, `${vt}(${range(VW).map((c) => `qkv[b + ${c}u]`).join(", ")})`)};
+fn new_value(j: u32, e: u32) -> ${vt} {
+  return nv[j * HDV + e];
 }`;
 }
 
@@ -194,7 +220,7 @@ fn new_value(j: u32, e: u32, kvh: u32) -> ${vt} {
 function earlierValuesWgsl(TT: number, snAt: (j: number) => string): string {
   const js = range(TT - 1);
   return [
-    ...js.map((j) => `let nv${j} = new_value(${j}u, e, kvh);`),
+    ...js.map((j) => `let nv${j} = new_value(${j}u, e);`),
     ...js.map((j) => `let ne${j} = select(0.0, exp(${snAt(j)} - mx), ${j}u < tok);`),
     ...js.map((j) =>
       `lsum += ne${j};
@@ -202,6 +228,16 @@ function earlierValuesWgsl(TT: number, snAt: (j: number) => string): string {
     ),
   ].join("\n      ");
 }
+
+/**
+ * WGSL scoring a multi-token step's own keys 0..tok (split 0 only: they belong to it), right after the
+ * prologue's barrier (q is in qs): key j by subgroup WARPS - 1 - j % WARPS, the last subgroups first, since
+ * the cached keys' chunks go to the first ones. Read after the kernel's closing barrier.
+ */
+const OWN_SCORES_WGSL = `
+  if (split == 0u) {
+    for (var j = WARPS - 1u - warp; j <= tok; j += WARPS) { new_scores(j, pos - tok, kvh, lane); }
+  }`;
 
 /** WGSL for one shape (head counts, head_dim, subgroup size and workgroup shape baked in). */
 /**
@@ -397,9 +433,10 @@ var<workgroup> ls: array<f32, ${warps}>;
 var<workgroup> keys: u32;
 var<workgroup> s_cur: f32;
 ${
-    TT === 1 ? "" : `const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
-var<workgroup> sn: array<f32, ${TT}>;
-${newKeyWgsl(norm, VW, w, false)}`
+    TT === 1 ? "" : `const TT = ${TT}u;
+const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
+var<workgroup> sn: array<f32, TT>;
+${newKeyWgsl(norm, VW, w, 1, " * p.scale")}`
   }
 @compute @workgroup_size(${warps * S})
 fn main(
@@ -467,7 +504,7 @@ fn main(
       kc[cb + e] = ${w.store(VW, "ks[e]")};
       vc[cb + e] = ${w.store(VW, "vs[e]")};
     }
-  }
+  }${TT === 1 ? "" : OWN_SCORES_WGSL}
   ${grouped ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}
   ${qDecl.join("\n  ")}
   var m = -3.0e38;
@@ -508,9 +545,7 @@ fn main(
     t = subgroupAdd(t);
     if (lane == 0u) { s_cur = t * p.scale; }
   }`
-      : `if (warp == WARPS - 1u) {
-    for (var j = lane; j <= tok; j += S) { sn[j] = new_score(j, pos - tok, kvh) * p.scale; }
-  }`
+      : ""
   }
   workgroupBarrier();
   let act = min(nch, WARPS);
@@ -573,7 +608,7 @@ fn main(
  */
 function groupedSharedBytes(hd: number, group: number, warps: number, T: number): number {
   return (2 * group + 2) * hd * 4 + warps * group * (hd + 2) * 4 + (group + 1) * warps * 4 +
-    group * (T + 1) * 4 +
+    group * (T + 1) * 4 + (T > 1 ? T * hd * 4 : 0) +
     16;
 }
 
@@ -815,7 +850,7 @@ fn inv_rms(hh: u32) -> f32 {
 }`
       : ""
   }
-${newKeyWgsl(norm, VW, w, true)}
+${newKeyWgsl(norm, VW, w, G, "")}
 @compute @workgroup_size(${warps * S})
 fn main(
   @builtin(workgroup_id) wg: vec3<u32>,
@@ -875,7 +910,7 @@ fn main(
       kc[cb + e] = ${w.store(VW, "ks[e]")};
       vc[cb + e] = ${w.store(VW, "vs[e]")};
     }
-  }
+  }${TT === 1 ? "" : OWN_SCORES_WGSL}
   ${packed ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}
   let nch_all = (nc + S - 1u) / S;
   let per = max((nch_all + ${SP - 1}u) / ${SP}u, ${SP > 1 ? MINC : 1}u);
@@ -901,19 +936,17 @@ fn main(
     }
     ${store.join("\n    ")}
   }
-  // The step's own keys: the current one (ks) and, T > 1, the step's earlier tokens (from qkv).
+  ${
+    TT === 1
+      ? `// The step's own key (ks).
   if (warp == WARPS - 1u) {
-    for (var x = lane; x < GROUP * (tok + 1u); x += S) {
-      let hh = x / (tok + 1u);
-      let j = x % (tok + 1u);
-      if (j == tok) {
-        var s = 0.0;
-        for (var e = 0u; e < HDV; e++) { s += dot(qs[hh * HDV + e], ks[e]); }
-        sn[hh * TT + j] = s;
-      } else {
-        sn[hh * TT + j] = new_score(j, pos - tok, kvh, hh);
-      }
+    for (var hh = lane; hh < GROUP; hh += S) {
+      var s = 0.0;
+      for (var e = 0u; e < HDV; e++) { s += dot(qs[hh * HDV + e], ks[e]); }
+      sn[hh] = s;
     }
+  }`
+      : ""
   }
   workgroupBarrier();
   let act = min(nch, WARPS);
@@ -1132,7 +1165,7 @@ export function attentionDecodeCalls(
       `attention decode kernel does not fit heads ${d.heads}, kv heads ${d.kvHeads}, head_dim ${d.headDim}`,
     );
   }
-  const base = attentionDecodeDefaultTuning(gpu, d.headDim);
+  const base = attentionDecodeDefaultTuning(gpu, d.headDim, false, d.T ?? 1);
   // Grouped: one workgroup per kv head, where its workgroup memory fits at least one subgroup.
   const gWarps = groupedWarps(gpu, d, base.warps);
   const grouped = groupedSwitch(gpu, d, tuning) && gWarps > 0;
@@ -1162,7 +1195,7 @@ export function attentionDecodeCalls(
     t.warps * S <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
     (grouped
         ? groupedSharedBytes(d.headDim, d.heads / d.kvHeads, t.warps, T)
-        : sharedBytes(d.headDim, t.warps)) <= gpu.maxWorkgroupStorage &&
+        : sharedBytes(d.headDim, t.warps, T)) <= gpu.maxWorkgroupStorage &&
     Number.isInteger(t.unroll) && t.unroll >= 1 && t.unroll <= 64 &&
     (t.groupBatch === undefined || (Number.isInteger(t.groupBatch) && t.groupBatch >= 1));
   if (!ok) {

@@ -434,7 +434,7 @@ Deno.test(
           [2, 2, 0, {}],
           [3, 3, 64, { splits: 3, minChunks: 1 }],
           [16, 16, 300, {}],
-          [5, 5, 33, { splits: 2, minChunks: 1 }],
+          [5, 5, 33, { splits: 2, minChunks: 1, warps: 2 }], // 2 subgroups: each scores several own keys
           [8, 3, 100, { splits: 4, minChunks: 1 }], // 8 dispatched, the step has 3: tokens 3.. write nothing
         ] as [number, number, number, Partial<AttentionDecodeTuning>][]
       ) {
