@@ -21,5 +21,29 @@ SERIAL=(
 )
 if [ $# -gt 0 ]; then exec "$DENO" test -A "$@"; fi
 export DENO_JOBS="${DENO_JOBS:-2}"
-"$DENO" test -A --parallel --ignore="$(IFS=,; echo "${SERIAL[*]}")" tests/
-"$DENO" test -A "${SERIAL[@]}"
+# One pass of `deno test`. Deno once aborted after its summary had reported every test passed (CI of
+# 2026-12-03: "double free or corruption (out)" while the process exited, after the GPU tests; the same run
+# of those files passed five times more): a crash in the runtime's teardown, not a test's result. A pass
+# that dies by a signal after a summary of 0 failures runs once more, saying so; any other failure, or a
+# second abort, fails the run.
+pass() {
+  local log rc
+  log=$(mktemp)
+  for attempt in 1 2; do
+    set +e
+    "$DENO" test -A "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    [ "$rc" -eq 0 ] && break
+    if [ "$rc" -gt 128 ] && [ "$attempt" -eq 1 ] &&
+      sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -Eq '^ok \| [0-9]+ passed.* \| 0 failed'; then
+      echo "tests.sh: deno died by signal $((rc - 128)) after reporting every test passed (a crash in its teardown); running this pass once more" >&2
+      continue
+    fi
+    break
+  done
+  rm -f "$log"
+  return "$rc"
+}
+pass --parallel --ignore="$(IFS=,; echo "${SERIAL[*]}")" tests/
+pass "${SERIAL[@]}"

@@ -304,7 +304,11 @@ export class PipelineClient {
     ).finally(() => spec?.stop());
   }
 
-  /** Teacher-forced logits [T, vocab] of `tokens` on `chain`. */
+  /**
+   * Teacher-forced logits [T, vocab] of `tokens` on `chain`. A chain lost or re-planned mid-request runs the
+   * request again from the start on the chain the client's `resume` gives (as generate resumes): logits
+   * have no state to carry over, so the new attempt's rows replace the old ones.
+   */
   logits(
     chain: Chain,
     tokens: number[],
@@ -313,8 +317,17 @@ export class PipelineClient {
     const out = new Float32Array(tokens.length * opts.vocab);
     const traces: HopTrace[][] = [];
     const seen = new Set<number>();
-    return this.#request(chain, tokens, { ...opts, maxTokens: 1, mode: "logits" }, (m, _p, done) => {
-      if (m.type !== "logits" || seen.has(m.step)) return;
+    let attempt = "";
+    const resume = { generated: () => [], recoveries: [] };
+    return this.#request(chain, tokens, { ...opts, maxTokens: 1, mode: "logits" }, (m, p, done) => {
+      if (m.type !== "logits") return;
+      if (p.id !== attempt) {
+        // A new attempt (the first, or a resumed one) sends every chunk again, perhaps cut differently.
+        attempt = p.id;
+        seen.clear();
+        traces.length = 0;
+      }
+      if (seen.has(m.step)) return;
       seen.add(m.step);
       const rows = new Float32Array(m.data.slice().buffer);
       if (rows.length !== m.T * opts.vocab) {
@@ -323,7 +336,7 @@ export class PipelineClient {
       out.set(rows, m.pos0 * opts.vocab);
       traces.push(m.trace);
       if (m.done) done({ logits: out, traces });
-    });
+    }, resume);
   }
 
   /** Fails every request running through `node` (membership saw it die or leave; `reason` is "died" or "left"). */

@@ -430,6 +430,64 @@ Deno.test("recovery: a late failure of an earlier attempt does not end the attem
   }
 });
 
+Deno.test("recovery: a logits request on a re-planned chain runs again on the new one; its rows replace the old", async () => {
+  let inbox: ((body: Uint8Array) => void) | undefined;
+  const starts: { id: string; prompt: number[]; version: number | undefined }[] = [];
+  const actors = {
+    spawn: (_name: string, b: Behavior) => {
+      inbox = (body) => b.receive(body, { from: "b", receivedAt: 0 } as unknown as ActorContext);
+      return { stop: () => Promise.resolve() };
+    },
+    send: (_name: string, body: Uint8Array) => {
+      const m = decodePipe(body);
+      if (m.type === "start") starts.push({ id: m.id, prompt: [...m.prompt], version: m.open.version });
+      return Promise.resolve();
+    },
+  };
+  const vocab = 2;
+  const rows = (id: string, step: number, pos0: number, values: number[], done: boolean) =>
+    inbox!(encodePipe({
+      type: "logits",
+      id,
+      step,
+      pos0,
+      T: values.length / vocab,
+      done,
+      trace: [],
+      data: new Uint8Array(Float32Array.from(values).buffer),
+    }));
+  const withResume = new PipelineClient(actors, "node-a", {
+    resume: () => Promise.resolve({ chain: { version: 2, nodes: ["b"] } }),
+  });
+  try {
+    const got = withResume.logits({ version: 1, nodes: ["a"] }, [1, 2, 3], { vocab });
+    rows(starts[0].id, 0, 0, [1, 1, 1, 1], false); // rows 0-1 from the first chain
+    withResume.planChanged(2);
+    await new Promise((r) => setTimeout(r, 10));
+    assert.equal(starts.length, 2, "a second attempt");
+    assert.deepEqual(starts[1].prompt, [1, 2, 3], "the same tokens, nothing replayed");
+    assert.equal(starts[1].version, 2);
+    rows(starts[0].id, 1, 2, [9, 9], true); // a late chunk of the first attempt: dropped
+    rows(starts[1].id, 0, 0, [5, 6, 7, 8, 9, 10], true); // the new chain cuts the prompt differently
+    const out = await got;
+    assert.deepEqual([...out.logits], [5, 6, 7, 8, 9, 10]);
+    assert.equal(out.traces.length, 1, "the traces of the attempt that answered");
+  } finally {
+    await withResume.close();
+  }
+  // Without a way to resume, the re-plan fails the request with the reason.
+  starts.length = 0;
+  const without = new PipelineClient(actors, "node-a");
+  try {
+    const got = without.logits({ version: 1, nodes: ["a"] }, [1, 2, 3], { vocab });
+    without.planChanged(2);
+    await assert.rejects(got, /the chain was re-planned \(Plan v2\)/);
+    assert.equal(starts.length, 1);
+  } finally {
+    await without.close();
+  }
+});
+
 Deno.test("recovery: a stage stops without waiting for a send to a hung node, but after its compute", async () => {
   const backend = new FakeBackend({ index: 0, stages: 2, layers: [0, 3], embeds: true, head: false }, {
     delayMs: 30,
