@@ -5,7 +5,9 @@
 # variables (Deno runs every test file in one process, so a variable one file sets is seen by a file
 # running beside it, and by the processes that file starts), and serve_test.ts, whose two-node `up --model`
 # must measure both nodes within the planner's wait: beside pipeline_test.ts's and speculative_test.ts's node
-# processes on two cores it once planned one stage (2026-12-03). With arguments, `deno test -A` of just those
+# processes on two cores it once planned one stage (2026-12-03), and live_plan_test.ts, which compares two
+# nodes' measured speeds (a CI run beside other files measured the unthrottled node slower than the one
+# throttled 3x, 0.616 against 0.775 GB/s, 2026-12-03). With arguments, `deno test -A` of just those
 # (`deno task test tests/kernels/`).
 set -euo pipefail
 # The deno that runs the task is not on PATH inside it: deno_env.sh finds (or installs) the pinned one.
@@ -13,6 +15,7 @@ source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/deno_env.sh"
 cd "$swactor_root"
 SERIAL=(
   tests/cli/dial_table_test.ts
+  tests/cli/live_plan_test.ts
   tests/cli/main_test.ts
   tests/cli/serve_test.ts
   tests/kernels/moe_sg_test.ts
