@@ -1,6 +1,15 @@
 // GPU time of compute passes, from timestamp queries (no readback floor in the number): the benchmarks
 // (scripts/bench/) and the node's self-measurement (node/measure.ts) time kernels with it.
-import { encodeCalls, type Gpu, type KernelCall, readBack } from "./gpu.ts";
+import {
+  encodeCalls,
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  pipeline,
+  readBack,
+  storageBuffer,
+  uniformBuffer,
+} from "./gpu.ts";
 
 /**
  * Encodes `passes` compute passes, pass i holding what `fill(pass, i)` encodes between two timestamps, in one
@@ -111,4 +120,84 @@ export async function gpuMsPerCall(
   const out = new Array<number>(calls.length).fill(0);
   ms.forEach((m, i) => (out[i % calls.length] += m / repeat));
   return out;
+}
+
+/**
+ * How n tiny dispatches are ordered in a pass (dispatchCostUs):
+ * - "chain": each reads what the one before wrote (two buffers in turn), as a model step's kernels do;
+ * - "shared": each writes words of its own in one buffer that every dispatch binds read_write: no data
+ *   flows between them, but WebGPU tracks the buffer, not the words, and must order the dispatches;
+ * - "independent": each writes a buffer of its own, used once in the pass: nothing orders them.
+ */
+export type DispatchOrder = "chain" | "shared" | "independent";
+
+/**
+ * GPU µs a dispatch of `groups` workgroups of 256 threads (each thread one load and one store) when `n` of
+ * them (default 512; "shared" fewer where their words would pass 64 MiB) run in one pass ordered as `order`
+ * says: the floor under every kernel of a step. The best of five warmed-up passes, less an empty pass's time.
+ */
+export async function dispatchCostUs(
+  gpu: Gpu,
+  order: DispatchOrder,
+  opts: { groups?: number; n?: number } = {},
+): Promise<number> {
+  const { groups = 1 } = opts;
+  const words = groups * 256;
+  // The shared buffer holds every dispatch's words: at most 64 MiB (a software adapter binds 128 MiB).
+  const n = order === "shared" ? Math.min(opts.n ?? 512, Math.floor(2 ** 24 / words)) : opts.n ?? 512;
+  if (!(Number.isInteger(groups) && groups >= 1 && Number.isInteger(n) && n >= 2)) {
+    throw new RangeError(`dispatchCostUs: groups ${groups} and n ${n} must be integers >= 1 and >= 2`);
+  }
+  const buffers: GPUBuffer[] = [];
+  const buffer = (size: number) => {
+    const b = storageBuffer(gpu, size * 4, "dispatch probe");
+    buffers.push(b);
+    return b;
+  };
+  const src = (body: string, bindings: string) =>
+    `${bindings}
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) { ${body} }`;
+  let calls: KernelCall[];
+  if (order === "chain") {
+    const p = pipeline(
+      gpu,
+      src(
+        "dst[g.x] = src[g.x] + 1u;",
+        `@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;`,
+      ),
+    );
+    const a = buffer(words), b = buffer(words);
+    const ab = kernelCall(gpu, p, [a, b], [groups]), ba = kernelCall(gpu, p, [b, a], [groups]);
+    calls = Array.from({ length: n }, (_, i) => (i % 2 ? ba : ab));
+  } else {
+    // Dispatch i adds one to words [i * words, (i + 1) * words) of the shared buffer, or to its own buffer.
+    const p = pipeline(
+      gpu,
+      src(
+        "io[p.base + g.x] = io[p.base + g.x] + 1u;",
+        `struct P { base: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read_write> io: array<u32>;`,
+      ),
+    );
+    const shared = order === "shared" ? buffer(words * n) : undefined;
+    calls = Array.from({ length: n }, (_, i) => {
+      const params = uniformBuffer(gpu, [shared ? i * words : 0]);
+      buffers.push(params);
+      return kernelCall(gpu, p, [params, shared ?? buffer(words)], [groups]);
+    });
+  }
+  try {
+    await gpuMs(gpu, calls, 4); // the clocks ramp up under load
+    let best = Infinity, empty = Infinity;
+    for (let r = 0; r < 5; r++) {
+      best = Math.min(best, await gpuMs(gpu, calls, 1));
+      empty = Math.min(empty, await gpuMs(gpu, [], 1));
+    }
+    return ((best - empty) / n) * 1000;
+  } finally {
+    for (const b of buffers) b.destroy();
+  }
 }

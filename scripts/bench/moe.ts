@@ -28,17 +28,8 @@
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
-import {
-  encodeCalls,
-  getGpu,
-  type Gpu,
-  kernelCall,
-  type KernelTuning,
-  pipeline,
-  storageBuffer,
-  writeStep,
-} from "../../kernels/mod.ts";
-import { gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
+import { encodeCalls, getGpu, type KernelTuning, writeStep } from "../../kernels/mod.ts";
+import { dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
 import { Model, type WeightsOption } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
@@ -131,53 +122,14 @@ const { values } = scriptArgs(import.meta.url, (args) =>
     },
   }));
 
-/** GPU µs per dispatch of an empty kernel, dispatched `n` times in one pass (the floor under every kernel). */
-async function dispatchUs(gpu: Gpu, n = 2000): Promise<number> {
-  const buf = storageBuffer(gpu, 16, "dispatch probe");
-  const call = kernelCall(
-    gpu,
-    pipeline(
-      gpu,
-      `@group(0) @binding(0) var<storage, read_write> b: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) { if (g.x == 9999u) { b[0] = 1u; } }`,
-    ),
-    [buf],
-    [1],
-    "empty",
-  );
-  await gpuMs(gpu, [call], 10);
-  const ms = await gpuMs(gpu, [call], n);
-  buf.destroy();
-  return ms * 1000;
-}
-
-/**
- * GPU µs per dispatch in a chain where each reads what the previous wrote (ping-pong between two buffers,
- * one workgroup each): the barrier between dependent dispatches that every kernel of a decode step pays.
- */
-async function dependentUs(gpu: Gpu, n = 2000): Promise<number> {
-  const a = storageBuffer(gpu, 1024, "ping"), b = storageBuffer(gpu, 1024, "pong");
-  const pipe = pipeline(
-    gpu,
-    `@group(0) @binding(0) var<storage, read> src: array<f32>;
-@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) { dst[g.x] = src[g.x] + 1.0; }`,
-  );
-  const calls = [kernelCall(gpu, pipe, [a, b], [1], "ping"), kernelCall(gpu, pipe, [b, a], [1], "pong")];
-  await gpuMs(gpu, calls, 10);
-  const ms = await gpuMs(gpu, calls, n / 2);
-  a.destroy();
-  b.destroy();
-  return (ms / 2) * 1000;
-}
-
 const tuningOverrides = values.tunings ? tuningList(values.tunings) : [];
 const gpu = await getGpu();
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
 }
-const emptyUs = gpu.hasTimestamps ? await dispatchUs(gpu) : NaN;
-const chainUs = gpu.hasTimestamps ? await dependentUs(gpu) : NaN;
+// The floor under every kernel (kernels/timer.ts): dispatches ordered by a buffer they share, and by data.
+const emptyUs = gpu.hasTimestamps ? await dispatchCostUs(gpu, "shared", { n: 2000 }) : NaN;
+const chainUs = gpu.hasTimestamps ? await dispatchCostUs(gpu, "chain", { n: 2000 }) : NaN;
 const P = Number(values.prompt), N = Number(values.new);
 if (values.load) {
   const ckpt = await Checkpoint.open(values.load);
