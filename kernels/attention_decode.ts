@@ -153,6 +153,11 @@ export function attentionDecodeDefaultTuning(
   return { warps, unroll: loadsPerChunk <= whole ? whole : 8, butterfly: true };
 }
 
+/** WGSL for element `o` (an expression) of a workgroup array of vec<VW> rows, as `qs`, `ks`, `vs` and `nv` are. */
+function elemAt(array: string, o: string): string {
+  return `${array}[(${o}) / VW][(${o}) % VW]`;
+}
+
 /**
  * WGSL of a multi-token step's own keys, shared by both decode kernels: new_scores (key j of the step, read from
  * qkv, q/k-normed with `norm` (wk, p.eps), RoPE'd at pos0 + j and rounded as the cache stores it, dotted with
@@ -170,7 +175,7 @@ function newKeyWgsl(
 ): string {
   const vt = `vec${VW}<f32>`;
   const rn = (e: string) => w.round(1, e);
-  const qAt = (o: string) => `qs[(${o}) / VW][(${o}) % VW]`;
+  const qAt = (o: string) => elemAt("qs", o);
   const hs = range(NQ);
   return `// Scores of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against the q head${
     NQ > 1 ? "s" : ""
@@ -178,7 +183,7 @@ function newKeyWgsl(
 fn new_scores(j: u32, pos0: u32, kvh: u32, lane: u32) {
   let kb = j * ROW + (NH + kvh) * HD;
   let vb = j * ROW + (NH + NKV + kvh) * HD;
-  for (var i = lane; i < HD; i += S) { ${qAt("j * HD + i").replace("qs", "nv")} = ${rn("qkv[vb + i]")}; }${
+  for (var i = lane; i < HD; i += S) { ${elemAt("nv", "j * HD + i")} = ${rn("qkv[vb + i]")}; }${
     norm
       ? `
   var ss = 0.0;
@@ -824,7 +829,7 @@ export function attentionDecodeGroupedSource(
     `}`,
   );
   // q element o (head-major) of workgroup memory.
-  const qAt = (o: string) => `qs[(${o}) / VW][(${o}) % VW]`;
+  const qAt = (o: string) => elemAt("qs", o);
   return `${headerWgsl(d, { VW, S, warps, SP, norm, copyOut: d.copyOut })}
 const TT = ${TT}u;
 const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;

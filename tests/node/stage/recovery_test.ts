@@ -17,7 +17,7 @@ import {
   type StageLoader,
 } from "../../../node/stage/mod.ts";
 import { breaking, effectiveLeader, hasMajority, withSpares } from "../../../node/stage/recovery.ts";
-import { decodePipe, encodePipe } from "../../../node/stage/messages.ts";
+import { decodePipe, encodePipe, type PipeMessage } from "../../../node/stage/messages.ts";
 import { MemoryNetwork } from "../../../node/transport/memory.ts";
 import type { ActorContext, Behavior } from "../../../node/actors/mod.ts";
 import { nodeServices } from "../../../node/api/mod.ts";
@@ -389,32 +389,46 @@ Deno.test("recovery: without `recover` a lost stage still fails the request with
   }
 });
 
-Deno.test("recovery: a late failure of an earlier attempt does not end the attempt that replaced it", async () => {
-  let inbox: ((body: Uint8Array) => void) | undefined;
-  const starts: { id: string; prompt: number[] }[] = [];
-  let failFirst: (e: Error) => void = () => {};
+/**
+ * A fake actor system for a lone PipelineClient: `deliver` hands its behaviour a message as if from node "b";
+ * `onStart` sees each START the client sends, and its promise is that send's outcome.
+ */
+function fakeActors(onStart: (m: Extract<PipeMessage, { type: "start" }>) => Promise<void>) {
+  let behavior: Behavior | undefined;
   const actors = {
     spawn: (_name: string, b: Behavior) => {
-      inbox = (body) => b.receive(body, { from: "b", receivedAt: 0 } as unknown as ActorContext);
+      behavior = b;
       return { stop: () => Promise.resolve() };
     },
     send: (_name: string, body: Uint8Array) => {
       const m = decodePipe(body);
-      if (m.type !== "start") return Promise.resolve();
-      starts.push({ id: m.id, prompt: [...m.prompt] });
-      // The first START's send fails, but only after the request has resumed on a new chain.
-      return starts.length === 1 ? new Promise<void>((_, reject) => (failFirst = reject)) : Promise.resolve();
+      return m.type === "start" ? onStart(m) : Promise.resolve();
     },
   };
+  const deliver = (body: Uint8Array) => {
+    if (!behavior) throw new Error("the client has not spawned its actor yet");
+    behavior.receive(body, { from: "b", receivedAt: 0 } as unknown as ActorContext);
+  };
+  return { actors, deliver };
+}
+
+Deno.test("recovery: a late failure of an earlier attempt does not end the attempt that replaced it", async () => {
+  const starts: { id: string; prompt: number[] }[] = [];
+  let failFirst: (e: Error) => void = () => {};
+  const { actors, deliver } = fakeActors((m) => {
+    starts.push({ id: m.id, prompt: [...m.prompt] });
+    // The first START's send fails, but only after the request has resumed on a new chain.
+    return starts.length === 1 ? new Promise<void>((_, reject) => (failFirst = reject)) : Promise.resolve();
+  });
   const client = new PipelineClient(actors, "node-a", {
     resume: () => Promise.resolve({ chain: { version: 2, nodes: ["b"] } }),
   });
   try {
     const got = client.generate({ version: 1, nodes: ["a"] }, [1, 2, 3], { maxTokens: 2 });
     const token = (id: string, step: number, pos: number, t: number, done?: "max_tokens") =>
-      inbox!(encodePipe({ type: "token", id, step, pos, token: t, done, trace: [] }));
+      deliver(encodePipe({ type: "token", id, step, pos, token: t, done, trace: [] }));
     token(starts[0].id, 0, 3, 40);
-    inbox!(encodePipe({ type: "error", id: starts[0].id, stage: 0, message: "lost" }));
+    deliver(encodePipe({ type: "error", id: starts[0].id, stage: 0, message: "lost" }));
     await new Promise((r) => setTimeout(r, 10));
     assert.equal(starts.length, 2);
     assert.deepEqual(starts[1].prompt, [1, 2, 3, 40], "the prompt and the token so far");
@@ -431,22 +445,14 @@ Deno.test("recovery: a late failure of an earlier attempt does not end the attem
 });
 
 Deno.test("recovery: a logits request on a re-planned chain runs again on the new one; its rows replace the old", async () => {
-  let inbox: ((body: Uint8Array) => void) | undefined;
   const starts: { id: string; prompt: number[]; version: number | undefined }[] = [];
-  const actors = {
-    spawn: (_name: string, b: Behavior) => {
-      inbox = (body) => b.receive(body, { from: "b", receivedAt: 0 } as unknown as ActorContext);
-      return { stop: () => Promise.resolve() };
-    },
-    send: (_name: string, body: Uint8Array) => {
-      const m = decodePipe(body);
-      if (m.type === "start") starts.push({ id: m.id, prompt: [...m.prompt], version: m.open.version });
-      return Promise.resolve();
-    },
-  };
+  const { actors, deliver } = fakeActors((m) => {
+    starts.push({ id: m.id, prompt: [...m.prompt], version: m.open.version });
+    return Promise.resolve();
+  });
   const vocab = 2;
   const rows = (id: string, step: number, pos0: number, values: number[], done: boolean) =>
-    inbox!(encodePipe({
+    deliver(encodePipe({
       type: "logits",
       id,
       step,
