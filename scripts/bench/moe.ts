@@ -128,7 +128,7 @@ if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
 }
 // The floor under every kernel (kernels/timer.ts): dispatches ordered by a buffer they share, and by data.
-const emptyUs = gpu.hasTimestamps ? await dispatchCostUs(gpu, "shared", { n: 2000 }) : NaN;
+const sharedUs = gpu.hasTimestamps ? await dispatchCostUs(gpu, "shared", { n: 2000 }) : NaN;
 const chainUs = gpu.hasTimestamps ? await dispatchCostUs(gpu, "chain", { n: 2000 }) : NaN;
 const P = Number(values.prompt), N = Number(values.new);
 if (values.load) {
@@ -282,7 +282,7 @@ for (const shape of values.shape!.split(",")) {
       gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),
       cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
       dispatches_per_token: decode.length,
-      empty_dispatch_us: Number(emptyUs.toFixed(2)),
+      shared_dispatch_us: Number(sharedUs.toFixed(2)),
       dependent_dispatch_us: Number(chainUs.toFixed(2)),
       weight_bytes: model.weightBytes,
       read_bytes_per_token: read,
