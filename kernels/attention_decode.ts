@@ -37,11 +37,20 @@
 // H200 (32 / 8 heads, 16 layers of 4096-position caches, us per layer in one pass), at 30 / 100 / 300 /
 // 1000 / 4000 keys: hd 64: 3.7 / 4.2 / 5.5 / 9.7 / 23 against 11.5 / 18 / 48 / 204 / 793 for
 // rope + attention; hd 128: 19 / 22 / 21 / 13 / 36 against 69 / 129 / 319 / 394 / 1482.
-import type { Gpu, KernelCall } from "./gpu.ts";
+import type { Gpu, KernelCall, WeightType } from "./gpu.ts";
+import type { Int8CopyOut } from "./gemv_fused.ts";
 import { kernelCall, type KvType, kvWgsl, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 import type { QuantType } from "./quant.ts";
 import { int8CopyBindingsWgsl, int8CopyTailWgsl } from "./wgsl.ts";
+import {
+  type OProjDims,
+  oProjFits,
+  oProjRowSplits,
+  oProjScratchBytes,
+  oProjSharedBytes,
+  oProjWgsl,
+} from "./attention_oproj.ts";
 
 /** The largest head_dim the decode kernel supports. */
 export const DECODE_MAX_HEAD_DIM = 256;
@@ -299,6 +308,8 @@ interface AttentionSourceDims {
   kv?: KvType;
   /** Also write the int8 copy of the output in this weight type's layout (copyTail). */
   copyOut?: QuantType;
+  /** o_proj folded in (attention_oproj.ts), its row splits resolved; not with copyOut. */
+  oProj?: OProjDims & { rowSplits: number };
 }
 
 export function attentionDecodeSource(
@@ -421,7 +432,10 @@ export function attentionDecodeSource(
       store.push((i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`);
     }
   }
-  return `${headerWgsl(d, { VW, S, warps, SP, norm, copyOut: d.copyOut })}${
+  const op = SP === 1 && d.oProj
+    ? oProjWgsl(d.oProj, { first: norm ? 9 : 7, WG: warps * S, osAt: (k) => `os[${k}]` })
+    : undefined;
+  return `${headerWgsl(d, { VW, S, warps, SP, norm, copyOut: d.copyOut })}${op ? `\n${op.decls}` : ""}${
     norm
       ? `
 var<workgroup> nred: array<vec2<f32>, ${warps}>;`
@@ -431,7 +445,7 @@ var<workgroup> qs: array<${vt}, ${HDV}>;
 var<workgroup> ks: array<${vt}, ${HDV}>;
 var<workgroup> vs: array<${vt}, ${HDV}>;
 var<workgroup> accs: array<${vt}, ${warps * HDV}>;${
-    SP === 1 && d.copyOut ? `\nvar<workgroup> os: array<${vt}, ${HDV}>;` : ""
+    SP === 1 && (d.copyOut || op) ? `\nvar<workgroup> os: array<${vt}, ${HDV}>;` : ""
   }
 var<workgroup> ms: array<f32, ${warps}>;
 var<workgroup> ls: array<f32, ${warps}>;
@@ -449,11 +463,15 @@ fn main(
   @builtin(local_invocation_index) tid: u32,
   @builtin(subgroup_invocation_id) lane: u32,
 ) {
-  let h = wg.x;
+  ${
+    op
+      ? "let h = wg.x % NH;\n  let orow = wg.x / NH; // o_proj's row split (each computes the head's output)"
+      : "let h = wg.x;"
+  }
   let split = wg.y;
   let tok = wg.z; // this workgroup's token of the step
   let kvh = h / GROUP;
-  let warp = tid / S;
+  let warp = tid / S;${op ? `\n  ${op.prefetch}` : ""}
   // Every thread reads the step itself; the key count is made uniform by the barrier below, which also
   // publishes q, k, v. Nothing is written outside the workgroup before it.
   let pos = step.pos0 + tok;
@@ -503,7 +521,7 @@ fn main(
   // this dispatch, are read from qkv instead).
   let nc = n - 1u - tok;
   let kv0 = kvh * p.max_seq;
-  if (h % GROUP == 0u && split == 0u) {
+  if (h % GROUP == 0u && split == 0u${op ? " && orow == 0u" : ""}) {
     let cb = (kv0 + pos) * HDV;
     for (var e = tid; e < HDV; e += WG) {
       kc[cb + e] = ${w.store(VW, "ks[e]")};
@@ -592,9 +610,9 @@ fn main(
     if (e == 0u) { part[pb] = vec2<f32>(mx, lsum); }
     ${VW === 4 ? "part[pb + 1u + 2u * e] = a.xy; part[pb + 2u + 2u * e] = a.zw;" : "part[pb + 1u + e] = a;"}`
       : `let o = a / lsum;
-    out[(tok * NH + h) * HDV + e] = o;${d.copyOut ? "\n    os[e] = o;" : ""}`
+    out[(tok * NH + h) * HDV + e] = o;${d.copyOut || op ? "\n    os[e] = o;" : ""}`
   }
-  }${
+  }${op ? `\n  workgroupBarrier();${op.tail}` : ""}${
     SP === 1 && d.copyOut
       ? copyTail(d.copyOut, d, {
         heads: 1,
@@ -1000,13 +1018,17 @@ fn main(
 
 /** WGSL of the flash-decoding combine: one workgroup per head merges its splits' partials into out. */
 export function attentionCombineSource(
-  d: { heads: number; headDim: number; copyOut?: QuantType },
+  d: { heads: number; headDim: number; copyOut?: QuantType; oProj?: OProjDims & { rowSplits: number } },
   splits: number,
 ): string {
   const NH = d.heads;
   const HD = d.headDim;
   const P2 = HD / 2; // vec2 slots of a partial's output
   const SP = splits;
+  const WG = combineThreads(d);
+  const op = d.oProj
+    ? oProjWgsl(d.oProj, { first: 3, WG, osAt: (k) => `vec4<f32>(os[2u * (${k})], os[2u * (${k}) + 1u])` })
+    : undefined;
   // Every split's loads are issued before any is used (a loop would wait one L2 latency per split).
   const ml = range(SP).map((s) => `let ml${s} = part[(hs + ${s}u) * PW];`);
   const mx = range(SP).map((s) => `ml${s}.x`).reduce((a, b) => `max(${a}, ${b})`);
@@ -1018,34 +1040,41 @@ export function attentionCombineSource(
 @group(0) @binding(0) var<storage, read> step: Step;
 @group(0) @binding(1) var<storage, read> part: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec2<f32>>;${
-    d.copyOut ? `\n${int8CopyBindingsWgsl(3)}\nvar<workgroup> os: array<vec2<f32>, ${P2}>;` : ""
-  }
+    d.copyOut ? `\n${int8CopyBindingsWgsl(3)}` : ""
+  }${op ? `\n${op.decls}` : ""}${d.copyOut || op ? `\nvar<workgroup> os: array<vec2<f32>, ${P2}>;` : ""}
 const PW = ${P2 + 1}u;
-@compute @workgroup_size(${Math.min(256, Math.max(32, P2))})
+@compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-  let h = wg.x;
+  ${op ? `let h = wg.x % ${NH}u;\n  let orow = wg.x / ${NH}u;` : "let h = wg.x;"}
   let tok = wg.y;
-  if (step.T <= tok) { return; } // as the attention kernel: a token past the step's writes nothing
+  if (step.T <= tok) { return; } // as the attention kernel: a token past the step's writes nothing${
+    op ? `\n  ${op.prefetch}` : ""
+  }
   let hs = (tok * ${NH}u + h) * ${SP}u;
   ${ml.join("\n  ")}
   let mx = ${mx};
   ${w.join("\n  ")}
   let l = ${l};
-  for (var e = tid; e < ${P2}u; e += ${Math.min(256, Math.max(32, P2))}u) {
+  for (var e = tid; e < ${P2}u; e += ${WG}u) {
     ${vs.join("\n    ")}
     let o = (${a}) / l;
-    out[(tok * ${NH}u + h) * ${P2}u + e] = o;${d.copyOut ? "\n    os[e] = o;" : ""}
-  }${
+    out[(tok * ${NH}u + h) * ${P2}u + e] = o;${d.copyOut || op ? "\n    os[e] = o;" : ""}
+  }${op ? `\n  workgroupBarrier();${op.tail}` : ""}${
     d.copyOut
       ? copyTail(d.copyOut, d, {
         heads: 1,
         h0: "h",
         vec4At: (k) => `vec4<f32>(os[2u * (${k})], os[2u * (${k}) + 1u])`,
-        WG: `${Math.min(256, Math.max(32, P2))}u`,
+        WG: `${WG}u`,
       })
       : ""
   }
 }`;
+}
+
+/** The combine's threads: a head's vec2 slots, 32..256, or 256 with o_proj folded in. */
+function combineThreads(d: { headDim: number; oProj?: unknown }): number {
+  return d.oProj ? 256 : Math.min(256, Math.max(32, d.headDim / 2));
 }
 
 /**
@@ -1159,6 +1188,12 @@ export function attentionDecodeCalls(
      * quantises its heads' blocks after writing them.
      */
     copyOut?: { q: GPUBuffer; s: GPUBuffer; weights: QuantType };
+    /**
+     * o_proj folded in (attention_oproj.ts; check attentionOProjFits): `w` [N, heads * head_dim] in
+     * `weights`, its products added into the residual `y` [T, N]; with `copy`, the fold also writes the
+     * next RMSNorm GEMV's int8 input copy (gemv_fused.ts int8CopyFor, with ssq and norm). Not with copyOut.
+     */
+    oProj?: AttentionOProj;
   },
   d: AttentionDecodeDims,
   tuning?: Partial<AttentionDecodeTuning>,
@@ -1174,6 +1209,14 @@ export function attentionDecodeCalls(
   // Grouped: one workgroup per kv head, where its workgroup memory fits at least one subgroup.
   const gWarps = groupedWarps(gpu, d, base.warps);
   const grouped = groupedSwitch(gpu, d, tuning) && gWarps > 0;
+  const ob = bufs.oProj;
+  if (ob && (grouped || bufs.copyOut || !oProjFits(gpu, oProjDimsOf(ob, d)))) {
+    throw new RangeError(
+      `o_proj cannot fold into this decode attention (${
+        grouped ? "grouped kernel" : bufs.copyOut ? "copyOut asked too" : `head_dim ${d.headDim}, N ${ob.N}`
+      }): check attentionOProjFits`,
+    );
+  }
   const splits = gpu.tuning.attentionSplits ??
     (grouped ? attentionDecodeGroupedSplits(d.kvHeads, d.maxSeq) : attentionDecodeSplits(d.heads, d.maxSeq));
   // Split, a workgroup's share of the keys is short: 4 subgroups a workgroup (H200, hd 64, 16 splits:
@@ -1215,14 +1258,43 @@ export function attentionDecodeCalls(
   if (copy && !attentionCopyOutFits(d)) {
     throw new RangeError(`no int8 copy of the attention output at head_dim ${d.headDim} (a multiple of 32)`);
   }
-  const dc = { ...d, copyOut: copy?.weights };
+  // o_proj folded into the kernel that writes out (the attention, or with splits the combine).
+  const od = ob ? oProjDimsOf(ob, d) : undefined;
+  const oHost = od
+    ? { ...od, rowSplits: od.rowSplits ?? oProjRowSplits(od, sp === 1 ? t.warps * S : 256) }
+    : undefined;
+  if (
+    oHost && sp === 1 &&
+    sharedBytes(d.headDim, t.warps, T) + oProjSharedBytes(oHost, oHost.rowSplits) > gpu.maxWorkgroupStorage
+  ) {
+    throw new RangeError(`o_proj folded in: workgroup memory exceeds ${gpu.maxWorkgroupStorage} bytes`);
+  }
+  const oScratch = ob ? oProjScratchBytes(T, ob.N, oHost!.rowSplits) : undefined;
+  const oBufs = ob
+    ? [
+      ob.w,
+      storageBuffer(gpu, oScratch!.acc, "o_proj accumulator"),
+      storageBuffer(gpu, oScratch!.count, "o_proj count"),
+      ob.y,
+      ...(ob.copy ? oCopyBuffers(ob.copy) : []),
+    ]
+    : [];
+  const oOwned = ob ? [oBufs[1], oBufs[2]] : [];
+  const R = oHost?.rowSplits ?? 1;
+  const dc = { ...d, copyOut: copy?.weights, ...(sp === 1 && oHost ? { oProj: oHost } : {}) };
   const src = grouped ? attentionDecodeGroupedSource(dc, S, t) : attentionDecodeSource(dc, S, t);
   const wgs = grouped ? d.kvHeads : d.heads; // workgroups per split and token
   const copyBufs = copy ? [copy.q, copy.s] : [];
   if (sp === 1) {
-    return [
-      kernelCall(gpu, pipeline(gpu, src), [...bound, ...normBufs, ...copyBufs], [wgs, 1, T], "attention"),
-    ];
+    const call = kernelCall(
+      gpu,
+      pipeline(gpu, src),
+      [...bound, ...normBufs, ...copyBufs, ...oBufs],
+      [wgs * R, 1, T],
+      "attention",
+    );
+    if (ob) call.owned = oOwned;
+    return [call];
   }
   const part = storageBuffer(gpu, T * d.heads * sp * (d.headDim / 2 + 1) * 8, "attention partials");
   // With splits, binding 6 is the partials (the combine writes out).
@@ -1235,13 +1307,74 @@ export function attentionDecodeCalls(
   );
   const combine = kernelCall(
     gpu,
-    pipeline(gpu, attentionCombineSource(dc, sp)),
-    [bufs.step, part, bufs.out, ...copyBufs],
-    [d.heads, T],
+    pipeline(gpu, attentionCombineSource({ ...dc, ...(oHost ? { oProj: oHost } : {}) }, sp)),
+    [bufs.step, part, bufs.out, ...copyBufs, ...oBufs],
+    [d.heads * R, T],
     "attention",
   );
-  combine.owned = [part];
+  combine.owned = [part, ...oOwned];
   return [main, combine];
+}
+
+/** o_proj folded into the decode attention (attentionDecodeCalls' oProj). */
+export interface AttentionOProj {
+  w: GPUBuffer;
+  weights: WeightType | QuantType;
+  /** o_proj's output rows (the hidden size). */
+  N: number;
+  /** The residual [T, N], added into. */
+  y: GPUBuffer;
+  /** The next RMSNorm GEMV's int8 input copy (int8CopyFor, with ssq and norm), written by the fold. */
+  copy?: Int8CopyOut;
+  /** Workgroups per head (default oProjRowSplits). */
+  rowSplits?: number;
+}
+
+/** A copy's bindings in the fold's order (attention_oproj.ts): words, scales, norm weights, sums of squares. */
+function oCopyBuffers(c: Int8CopyOut): GPUBuffer[] {
+  if (!c.ssq || !c.norm) throw new TypeError("the fold writes an RMSNorm GEMV's copy: it needs ssq and norm");
+  return [c.q, c.s, c.norm.w, c.ssq];
+}
+
+function oProjDimsOf(o: AttentionOProj, d: AttentionDecodeDims): OProjDims {
+  return {
+    heads: d.heads,
+    headDim: d.headDim,
+    N: o.N,
+    weights: o.weights,
+    rowSplits: o.rowSplits,
+    ...(o.copy ? { copy: { weights: o.copy.weights, norm: o.copy.norm!.type } } : {}),
+  };
+}
+
+/**
+ * Whether o_proj (weights `wt`, N rows) can be folded into this decode attention: the per-head kernel (not
+ * the grouped one, which the dims and tuning may pick), head_dim a multiple of 32, and with `copy` N of 32.
+ */
+export function attentionOProjFits(
+  gpu: Gpu,
+  d: AttentionDecodeDims,
+  o: { weights: WeightType | QuantType; N: number; copy?: boolean },
+): boolean {
+  if (!attentionDecodeFits(gpu, d) || groupedSwitch(gpu, d)) return false;
+  const od: OProjDims = { heads: d.heads, headDim: d.headDim, N: o.N, weights: o.weights };
+  if (o.copy) od.copy = { weights: "q4", norm: "f32" };
+  const warps = attentionDecodeDefaultTuning(gpu, d.headDim, false, d.T ?? 1).warps;
+  return oProjFits(gpu, od) &&
+    sharedBytes(d.headDim, gpu.tuning.attentionWarps ?? warps, d.T ?? 1) + oProjSharedBytes(od) <=
+      gpu.maxWorkgroupStorage;
+}
+
+/**
+ * Whether blocks fold o_proj into the decode attention where it fits: gpu.tuning.attentionOProj, else env
+ * SWACTOR_ATTN_OPROJ (1 / 0, read when a program is built), else on.
+ */
+export function attentionOProjDefault(gpu: Gpu): boolean {
+  if (gpu.tuning.attentionOProj !== undefined) return gpu.tuning.attentionOProj;
+  const v = Deno.env.get("SWACTOR_ATTN_OPROJ");
+  if (v === undefined || v === "") return true;
+  if (v !== "1" && v !== "0") throw new TypeError(`SWACTOR_ATTN_OPROJ must be 1 or 0, got "${v}"`);
+  return v === "1";
 }
 
 /** attentionDecodeCalls without splits: one dispatch (tests, and callers that want exactly one call). */

@@ -127,6 +127,12 @@ export interface KernelTuning {
   multiWarps?: number;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
+  /**
+   * o_proj folded into the decode attention (kernels/attention_oproj.ts; models/blocks/gqa.ts): default
+   * attentionOProjDefault. `attentionORowSplits` forces its workgroups per head.
+   */
+  attentionOProj?: boolean;
+  attentionORowSplits?: number;
   /** Subgroups per workgroup of the decode attention (default: attentionDecodeDefaultTuning's, 4 when split). */
   attentionWarps?: number;
   /** Loads a lane of the decode attention issues before using any (AttentionDecodeTuning.unroll; for A/B runs). */

@@ -69,6 +69,11 @@ export interface StepBuffers {
  * left unset where either side cannot.
  */
 export interface LayerLink {
+  /**
+   * The FFN is a dense MLP: one-token attention may fold o_proj into its decode attention (models/blocks/gqa.ts;
+   * before MoE blocks it measured no faster).
+   */
+  denseFfn?: boolean;
   /** The FFN's first GEMV (dense MLP: the paired gate/up), its dims and norm weights. */
   ffnInput?: { dims: GemvFusedDims; norm: GPUBuffer };
   /** The copy of the FFN's input that o_proj wrote. */

@@ -12,6 +12,8 @@ import {
   attentionCopyOutFits,
   attentionDecodeCalls,
   attentionDecodeFits,
+  attentionOProjDefault,
+  attentionOProjFits,
   biasAddCall,
   DECODE_MAX_T,
   flashAttentionCall,
@@ -165,7 +167,28 @@ export function gqaProgram(
   // The int8 direct mode (k-steps; one-token q4 steps): the attention writes o_proj's int8 input itself (no
   // input pass), in models with MoE layers too, where o_proj takes that mode only for the copy (H200,
   // Qwen3-30B-A3B q4: 2.147-2.148 ms a step against 2.160-2.161, docs/BENCHMARKS.md, twenty-first session).
-  const copy = decode && d.fused && attentionCopyOutFits(a)
+  // One-token steps before a dense MLP: o_proj folded into the decode attention (kernels/attention_oproj.ts),
+  // no o_proj dispatch, the fold writing the MLP's int8 input copy where its first GEMV takes one.
+  // H200 (docs/BENCHMARKS.md, the twenty-fourth session): Llama-1B q4 step 0.643 -> 0.598 ms, f16 0.914 ->
+  // 0.890; not for k-steps (q4 k = 8: 0.935 -> 1.167, each token's workgroups reading o_proj again) nor
+  // before MoE blocks (Qwen3-30B-A3B q4 2.130 -> 2.149).
+  const foldO = decode && d.fused && T === 1 && d.link?.denseFfn === true && !w.oBias &&
+    attentionOProjDefault(gpu) &&
+    attentionOProjFits(gpu, dims, { weights: o.weights, N: H, copy: true });
+  const foldCopy = foldO && d.link?.ffnInput
+    ? int8CopyFor(gpu, d.link.ffnInput.dims, d.link.ffnInput.norm)
+    : undefined;
+  const oProj = foldO
+    ? {
+      w: w.o,
+      weights: o.weights,
+      N: H,
+      y: x,
+      copy: foldCopy,
+      ...(gpu.tuning.attentionORowSplits ? { rowSplits: gpu.tuning.attentionORowSplits } : {}),
+    }
+    : undefined;
+  const copy = decode && d.fused && !foldO && attentionCopyOutFits(a)
     ? int8CopyFor(gpu, { ...o, int8One: true })
     : undefined;
   if (decode) {
@@ -173,11 +196,29 @@ export function gqaProgram(
       ...(foldNorm
         ? attentionDecodeCalls(
           gpu,
-          { step, table, qkv, kcache, vcache, out: att, qNorm: qkNorm.wq, kNorm: qkNorm.wk, copyOut: copy },
+          {
+            step,
+            table,
+            qkv,
+            kcache,
+            vcache,
+            out: att,
+            qNorm: qkNorm.wq,
+            kNorm: qkNorm.wk,
+            copyOut: copy,
+            oProj,
+          },
           { ...dims, normEps: eps },
         )
-        : attentionDecodeCalls(gpu, { step, table, qkv, kcache, vcache, out: att, copyOut: copy }, dims)),
+        : attentionDecodeCalls(
+          gpu,
+          { step, table, qkv, kcache, vcache, out: att, copyOut: copy, oProj },
+          dims,
+        )),
     );
+    if (foldCopy && d.link) d.link.copy = foldCopy;
+    // The fold's copy buffers are owned by the FFN GEMV that reads them (gemvFusedCalls with copyIn).
+    if (oProj) return calls;
   } else {
     // Flash attention (tiles of queries and keys) where the head size fits it, else one query a workgroup.
     const ab = { step, qkv, kcache, vcache, out: att };

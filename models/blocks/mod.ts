@@ -95,8 +95,8 @@ export function attentionProgram(
 }
 
 /**
- * The layer's link for one step's program (context.ts LayerLink): the FFN's first GEMV where the attention
- * may write its input (the dense MLP's paired gate/up), else nothing to hand over.
+ * The layer's link for one step's program (context.ts LayerLink): whether the FFN is a dense MLP, and its first
+ * GEMV where the attention may write its input (the paired gate/up).
  */
 export function layerLink(
   ctx: BlockContext,
@@ -106,7 +106,7 @@ export function layerLink(
 ): LayerLink {
   if (f.kind !== "mlp" || w.kind !== "mlp") return {};
   const dims = mlpGateUpDims(ctx, f, w.w, d);
-  return dims ? { ffnInput: { dims, norm: w.w.norm } } : {};
+  return dims ? { denseFfn: true, ffnInput: { dims, norm: w.w.norm } } : { denseFfn: true };
 }
 
 /**

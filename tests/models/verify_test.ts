@@ -107,6 +107,19 @@ async function oneTokenLabels(dir: string, tuning: Record<string, unknown>): Pro
   }
 }
 
+/** A dense model just wide enough for the one-token int8 direct mode here (rows of one q4 unit a lane). */
+function int8OneConfig(hidden: number) {
+  return {
+    ...DEMO_CONFIG_JSON,
+    vocab_size: 2048,
+    hidden_size: hidden,
+    intermediate_size: 2 * hidden,
+    num_hidden_layers: 2,
+    num_attention_heads: 8,
+    head_dim: hidden / 8,
+  };
+}
+
 /**
  * The worst |logit error| of k-steps of 2..16 tokens (under `tuning`) against one-token steps, over the
  * tokens `all`, and the logits' scale.
@@ -208,15 +221,7 @@ Deno.test(
   async () => {
     const hidden = 32 * (gpu!.subgroupSize ?? 8);
     const dir = join(Deno.env.get("TMPDIR") ?? "/tmp", `swactor-test-int8-one-${hidden}`);
-    await ensureRandomCheckpoint(dir, {
-      ...DEMO_CONFIG_JSON,
-      vocab_size: 2048,
-      hidden_size: hidden,
-      intermediate_size: 2 * hidden,
-      num_hidden_layers: 2,
-      num_attention_heads: 8,
-      head_dim: hidden / 8,
-    });
+    await ensureRandomCheckpoint(dir, int8OneConfig(hidden));
     const chain = await oneTokenLabels(dir, {});
     if (!chain.includes("gemv_rmsnorm_pairs_direct_i8")) {
       console.log(`skipped: the int8 direct mode does not serve this model here (${gpu!.adapterName})`);
@@ -235,6 +240,34 @@ Deno.test(
     assert.ok(worst <= 0.05 * scale, `worst |logit error| ${worst} of ${scale}`);
   },
 );
+
+// One-token steps of dense models fold o_proj into the decode attention (kernels/attention_oproj.ts): no
+// o_proj dispatch, the heads' products summed in fixed point, the last workgroup of each row split adding them
+// into the residual and (q4) writing gate/up's int8 input. A model of head_dim 32 (lavapipe) or 128 (H200)
+// against the o_proj GEMV: f32 to f32 rounding (unsplit, and the flash-decoding combine folding it), q4
+// within the int8 copies' noise (the same codes, sums in another order).
+Deno.test(onGpu("o_proj folded into the decode attention gives the o_proj GEMV's logits"), async () => {
+  const hidden = 32 * (gpu!.subgroupSize ?? 8);
+  const dir = join(Deno.env.get("TMPDIR") ?? "/tmp", `swactor-test-int8-one-${hidden}`);
+  await ensureRandomCheckpoint(dir, int8OneConfig(hidden));
+  const on = await oneTokenLabels(dir, {}), off = await oneTokenLabels(dir, { attentionOProj: false });
+  if (on.length === off.length) {
+    console.log(`skipped: the fold does not serve this model here (${gpu!.adapterName})`);
+    return;
+  }
+  assert.equal(off.length - on.length, 2, `one o_proj dispatch fewer a layer: ${on.join(" ")}`);
+  const all = Array.from({ length: 24 }, (_, i) => 100 + ((i * 7919) % 1900));
+  for (const t of [{}, { attentionSplits: 2 }]) {
+    const f32 = await kStepError(dir, all, "f32", t, { tuning: { ...t, attentionOProj: false }, ks: [1] }, [
+      1,
+    ]);
+    console.log(`f32 ${JSON.stringify(t)}: worst ${f32.worst} of ${f32.scale}`);
+    assert.ok(f32.worst <= 1e-5 * f32.scale, `f32 ${JSON.stringify(t)}: worst ${f32.worst} of ${f32.scale}`);
+  }
+  const q4 = await kStepError(dir, all, "q4", {}, { tuning: { attentionOProj: false }, ks: [1] }, [1]);
+  console.log(`q4: worst ${q4.worst} of ${q4.scale}`);
+  assert.ok(q4.worst > 0 && q4.worst <= 0.05 * q4.scale, `q4: worst ${q4.worst} of ${q4.scale}`);
+});
 
 // The same in a model with MoE layers (Qwen3-MoE, the fused expert kernel): one-token q4 steps take the
 // int8 direct mode where the kernel before writes the copy, o_proj after the decode attention and the next
