@@ -1269,18 +1269,16 @@ export function attentionDecodeCalls(
   ) {
     throw new RangeError(`o_proj folded in: workgroup memory exceeds ${gpu.maxWorkgroupStorage} bytes`);
   }
-  const oScratch = ob ? oProjScratchBytes(T, ob.N, oHost!.rowSplits) : undefined;
-  const oBufs = ob
+  const R = oHost?.rowSplits ?? 1;
+  // The fold's accumulator and counts, left zeroed by each fold for the next: owned by the call folding.
+  const oScratch = ob ? oProjScratchBytes(T, ob.N, R) : undefined;
+  const oOwned = oScratch
     ? [
-      ob.w,
-      storageBuffer(gpu, oScratch!.acc, "o_proj accumulator"),
-      storageBuffer(gpu, oScratch!.count, "o_proj count"),
-      ob.y,
-      ...(ob.copy ? oCopyBuffers(ob.copy) : []),
+      storageBuffer(gpu, oScratch.acc, "o_proj accumulator"),
+      storageBuffer(gpu, oScratch.count, "o_proj count"),
     ]
     : [];
-  const oOwned = ob ? [oBufs[1], oBufs[2]] : [];
-  const R = oHost?.rowSplits ?? 1;
+  const oBufs = ob ? [ob.w, ...oOwned, ob.y, ...(ob.copy ? oCopyBuffers(ob.copy) : [])] : [];
   const dc = { ...d, copyOut: copy?.weights, ...(sp === 1 && oHost ? { oProj: oHost } : {}) };
   const src = grouped ? attentionDecodeGroupedSource(dc, S, t) : attentionDecodeSource(dc, S, t);
   const wgs = grouped ? d.kvHeads : d.heads; // workgroups per split and token

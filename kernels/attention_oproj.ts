@@ -88,7 +88,7 @@ export function oProjSharedBytes(d: OProjDims, R = 1): number {
 export function oProjWgsl(
   d: OProjDims,
   o: { first: number; WG: number; osAt: (k: string) => string },
-): { decls: string; prefetch: string; tail: string; bindings: number } {
+): { decls: string; prefetch: string; tail: string } {
   const { heads: NH, headDim: HD, N, weights: wt } = d;
   const K = NH * HD;
   const R = d.rowSplits ?? oProjRowSplits(d, o.WG);
@@ -227,5 +227,5 @@ export function oProjWgsl(
 }`,
     );
   }
-  return { decls: decls.join("\n"), prefetch, tail, bindings: b - o.first };
+  return { decls: decls.join("\n"), prefetch, tail };
 }

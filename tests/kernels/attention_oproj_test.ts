@@ -30,6 +30,22 @@ if (gpu && !gpu.subgroupSize) {
   console.log(`skipped: o_proj fold tests (${gpu.adapterName} has no fixed subgroup size)`);
 }
 const ignore = gpu === null || !gpu.subgroupSize;
+const MAX_SEQ = 96;
+
+/** The decode attention's inputs (random q, k, v and caches) for a step of T tokens at pos; `out` zeroed. */
+function attentionInputs(heads: number, kv: number, hd: number, T: number, pos: number, seed: number) {
+  const g = gpu!;
+  const step = createStepBuffer(g);
+  writeStep(g, step, { pos0: pos, T, tokOut: 0 });
+  return {
+    step,
+    table: upload(g, ropeTable(ropeInvFreq(hd, 10000, null), MAX_SEQ)),
+    qkv: upload(g, randoms(T * (heads + 2 * kv) * hd, seed, 2)),
+    kcache: upload(g, randoms(kv * MAX_SEQ * hd, seed + 1)),
+    vcache: upload(g, randoms(kv * MAX_SEQ * hd, seed + 2)),
+    out: upload(g, new Float32Array(T * heads * hd)),
+  };
+}
 
 Deno.test({ name: "decode attention folds o_proj into the residual (split K by head)", ignore }, async () => {
   const g = gpu!;
@@ -48,27 +64,18 @@ Deno.test({ name: "decode attention folds o_proj into the residual (split K by h
     const what = `heads ${heads}/${kv} hd ${hd} N ${N} ${wt} T${T} splits ${splits} rows ${
       rowSplits ?? "default"
     }`;
-    const d = { heads, kvHeads: kv, headDim: hd, maxSeq: 96, T };
+    const d = { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T };
     if (!attentionOProjFits(g, d, { weights: wt, N })) throw new Error(`${what}: does not fit`);
-    const K = heads * hd, pos = 70;
-    const step = createStepBuffer(g);
-    writeStep(g, step, { pos0: pos, T, tokOut: 0 });
+    const K = heads * hd;
     const w = packedWeights(wt, randoms(N * K, seed, 0.3), N, K);
     const wb = uploadBuffer(g, w.bytes);
     const y0 = randoms(T * N, seed + 1, 1);
     const y = upload(g, y0);
-    const out = upload(g, new Float32Array(T * K));
+    const inputs = attentionInputs(heads, kv, hd, T, 70, seed + 2);
+    const out = inputs.out;
     const calls = attentionDecodeCalls(
       g,
-      {
-        step,
-        table: upload(g, ropeTable(ropeInvFreq(hd, 10000, null), 96)),
-        qkv: upload(g, randoms(T * (heads + 2 * kv) * hd, seed + 2, 2)),
-        kcache: upload(g, randoms(kv * 96 * hd, seed + 3)),
-        vcache: upload(g, randoms(kv * 96 * hd, seed + 4)),
-        out,
-        oProj: { w: wb, weights: wt, N, y, ...(rowSplits ? { rowSplits } : {}) },
-      },
+      { ...inputs, oProj: { w: wb, weights: wt, N, y, ...(rowSplits ? { rowSplits } : {}) } },
       d,
       { splits },
     );
@@ -132,19 +139,12 @@ Deno.test({
     const nwv = nwt === "f16" ? f16ToF32(f32ToF16(nw)) : nw;
     const copy = int8CopyFor(g, consumer, nwb);
     if (!copy?.ssq || !copy.norm) throw new Error(`${what}: the consumer takes no norm copy`);
-    const d = { heads, kvHeads: kv, headDim: hd, maxSeq: 96, T };
-    const step = createStepBuffer(g);
-    writeStep(g, step, { pos0: 50, T, tokOut: 0 });
+    const d = { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T };
     const y = upload(g, randoms(T * N, seed + 1, 1));
     const calls = attentionDecodeCalls(
       g,
       {
-        step,
-        table: upload(g, ropeTable(ropeInvFreq(hd, 10000, null), 96)),
-        qkv: upload(g, randoms(T * (heads + 2 * kv) * hd, seed + 2, 2)),
-        kcache: upload(g, randoms(kv * 96 * hd, seed + 3)),
-        vcache: upload(g, randoms(kv * 96 * hd, seed + 4)),
-        out: upload(g, new Float32Array(T * K)),
+        ...attentionInputs(heads, kv, hd, T, 50, seed + 2),
         oProj: {
           w: uploadBuffer(g, packedWeights(wt, randoms(N * K, seed + 5, 0.3), N, K).bytes),
           weights: wt,
@@ -170,14 +170,9 @@ Deno.test({
 
 Deno.test({ name: "o_proj cannot fold into the grouped decode attention or beside copyOut", ignore }, () => {
   const g = gpu!;
-  const d = { heads: 4, kvHeads: 1, headDim: 64, maxSeq: 96 };
+  const d = { heads: 4, kvHeads: 1, headDim: 64, maxSeq: MAX_SEQ };
   const b = () => ({
-    step: createStepBuffer(g),
-    table: upload(g, new Float32Array(96 * 64)),
-    qkv: upload(g, new Float32Array(6 * 64)),
-    kcache: upload(g, new Float32Array(96 * 64)),
-    vcache: upload(g, new Float32Array(96 * 64)),
-    out: upload(g, new Float32Array(4 * 64)),
+    ...attentionInputs(4, 1, 64, 1, 10, 1),
     oProj: {
       w: upload(g, new Float32Array(64 * 256)),
       weights: "f32" as const,
@@ -185,13 +180,25 @@ Deno.test({ name: "o_proj cannot fold into the grouped decode attention or besid
       y: upload(g, new Float32Array(64)),
     },
   });
-  let threw = "";
-  try {
-    attentionDecodeCalls(g, b(), d, { grouped: true });
-  } catch (e) {
-    threw = String(e);
+  const refusal = (f: () => unknown): string => {
+    try {
+      f();
+    } catch (e) {
+      return String(e);
+    }
+    return "";
+  };
+  const grouped = refusal(() => attentionDecodeCalls(g, b(), d, { grouped: true }));
+  if (!grouped.includes("grouped")) {
+    throw new Error(`grouped kernel: expected a RangeError naming it, got "${grouped}"`);
   }
-  if (!threw.includes("grouped")) {
-    throw new Error(`grouped kernel: expected a RangeError naming it, got "${threw}"`);
+  const copyOut = {
+    q: upload(g, new Uint32Array(64)),
+    s: upload(g, new Float32Array(16)),
+    weights: "q4" as const,
+  };
+  const both = refusal(() => attentionDecodeCalls(g, { ...b(), copyOut }, d, { grouped: false }));
+  if (!both.includes("copyOut")) {
+    throw new Error(`copyOut beside the fold: expected a RangeError naming it, got "${both}"`);
   }
 });
