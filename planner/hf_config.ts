@@ -152,8 +152,9 @@ function ffnOf(cfg: Json, family: string, type: string, i: number): Op {
   }
   if (family === "deepseek_v3") {
     const n = int(cfg, "n_routed_experts", 0);
-    const freq = int(cfg, "moe_layer_freq", 1);
-    if (n > 0 && i >= int(cfg, "first_k_dense_replace", 0) && i % freq === 0) {
+    // Every layer from first_k_dense_replace on is MoE: transformers ignores moe_layer_freq, and so does the
+    // runtime (models/families/deepseek_v3.ts), so the plan must too.
+    if (n > 0 && i >= int(cfg, "first_k_dense_replace", 0)) {
       const inter = int(cfg, "moe_intermediate_size");
       const bias = cfg.topk_method === "noaux_tc" ? n : 0; // e_score_correction_bias
       const shared = int(cfg, "n_shared_experts", 0);

@@ -24,6 +24,16 @@ Deno.test("Kimi K2: about 1.03 T total and 32 B active parameters, with its exac
   assert.deepEqual(g.dtype.experts, 1, "fp8 quantization_config: 1 byte per expert weight");
 });
 
+Deno.test("DeepSeek-V3 layers: MoE from first_k_dense_replace on, moe_layer_freq ignored as transformers does", () => {
+  const g = compileHfConfig({
+    ...data("kimi-k2"),
+    num_hidden_layers: 5,
+    first_k_dense_replace: 2,
+    moe_layer_freq: 2,
+  });
+  assert.deepEqual(g.layers.map((l) => moeOf(l) !== undefined), [false, false, true, true, true]);
+});
+
 Deno.test("Llama 3.2 1B: 1.236 B parameters, tied head counted once", () => {
   const g = compileHfConfig(data("llama-3.2-1b"));
   assert.deepEqual(totalParams(g), 1_235_814_400);
