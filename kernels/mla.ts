@@ -28,7 +28,7 @@ import {
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
-import { type RopeScaling, yarnGetMscale, type YarnRopeScaling } from "./rope.ts";
+import { type LinearRopeScaling, type RopeScaling, yarnGetMscale, type YarnRopeScaling } from "./rope.ts";
 import { STEP_WGSL } from "./step.ts";
 
 /** An MLA layer's shape, named as DeepseekV3Config names it. */
@@ -70,7 +70,10 @@ export function mlaKvBytesPerToken(
  * yarnGetMscale(factor, mscale_all_dim)^2 when the rope scaling has a non-zero mscale_all_dim (transformers'
  * `yarn_apply_mscale`).
  */
-export function mlaSoftmaxScale(qkHeadDim: number, scaling: RopeScaling | YarnRopeScaling | null): number {
+export function mlaSoftmaxScale(
+  qkHeadDim: number,
+  scaling: RopeScaling | YarnRopeScaling | LinearRopeScaling | null,
+): number {
   const base = qkHeadDim ** -0.5;
   if (scaling?.type !== "yarn" || !scaling.mscaleAllDim) return base;
   const m = yarnGetMscale(scaling.factor, scaling.mscaleAllDim);

@@ -67,6 +67,12 @@ export interface RopeScaling {
   originalMaxPositionEmbeddings: number;
 }
 
+/** linear scaling (transformers' `_compute_linear_scaling_rope_parameters`): inverse frequencies / factor. */
+export interface LinearRopeScaling {
+  type: "linear";
+  factor: number;
+}
+
 /**
  * yarn scaling (transformers' `_compute_yarn_parameters`), as DeepSeek-V3 and Kimi K2 use it. The config's
  * `rope_scaling` keys, camel-cased; the optional ones default as transformers does.
@@ -90,16 +96,17 @@ export interface YarnRopeScaling {
   truncate?: boolean;
 }
 
-/** Inverse frequencies as transformers computes them (f32), with llama3 or yarn scaling applied when given. */
+/** Inverse frequencies as transformers computes them (f32), with llama3, yarn or linear scaling applied when given. */
 export function ropeInvFreq(
   headDim: number,
   theta: number,
-  scaling: RopeScaling | YarnRopeScaling | null,
+  scaling: RopeScaling | YarnRopeScaling | LinearRopeScaling | null,
 ): Float32Array {
   if (scaling?.type === "yarn") return yarnInvFreq(headDim, theta, scaling);
   const half = headDim / 2;
   const inv = new Float32Array(half);
   for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(theta, (2 * i) / headDim);
+  if (scaling?.type === "linear") { for (let i = 0; i < half; i++) inv[i] = inv[i] / scaling.factor; }
   if (scaling?.type === "llama3") {
     const { factor, lowFreqFactor: lo, highFreqFactor: hi, originalMaxPositionEmbeddings: old } = scaling;
     const lowWl = old / lo;
@@ -126,7 +133,9 @@ export function yarnGetMscale(scale: number, mscale = 1): number {
  * mscale(factor, mscale) / mscale(factor, mscaleAllDim) when both are non-zero, else mscale(factor).
  * 1 for no scaling or llama3. Pass it to ropeTable.
  */
-export function ropeAttentionFactor(scaling: RopeScaling | YarnRopeScaling | null): number {
+export function ropeAttentionFactor(
+  scaling: RopeScaling | YarnRopeScaling | LinearRopeScaling | null,
+): number {
   if (scaling?.type !== "yarn") return 1;
   const { factor, mscale, mscaleAllDim, attentionFactor } = scaling;
   if (attentionFactor !== undefined) return attentionFactor;

@@ -3,7 +3,7 @@
 // (models/families/) turns its own config.json into this shape, with transformers' defaults for the keys a
 // config leaves out, so a config means here what it means there. Nothing here knows a family by name.
 import { join } from "node:path";
-import type { MoeRouting, RopeScaling, YarnRopeScaling } from "../kernels/mod.ts";
+import type { LinearRopeScaling, MoeRouting, RopeScaling, YarnRopeScaling } from "../kernels/mod.ts";
 import { CheckpointError } from "./errors.ts";
 
 /** Grouped-query attention (Llama, Qwen2, Qwen3, Mixtral): q, k, v, o projections and a K/V cache. */
@@ -84,7 +84,7 @@ export interface LayerSpec {
 export interface RopeConfig {
   theta: number;
   /** null: plain RoPE (no `rope_scaling`, or `rope_type: "default"`). */
-  scaling: RopeScaling | YarnRopeScaling | null;
+  scaling: RopeScaling | YarnRopeScaling | LinearRopeScaling | null;
 }
 
 export interface ModelConfig {
@@ -151,6 +151,24 @@ export class ConfigReader {
     return v;
   }
 
+  /**
+   * The key transformers also reads under other names (attribute_map aliases, e.g. num_local_experts for
+   * Qwen3-MoE's num_experts, which transformers 5 writes under the former): the first of `keys` present,
+   * else undefined; several present and different is an error.
+   */
+  alias(keys: readonly string[]): string | undefined {
+    const present = keys.filter((k) => this.has(k));
+    const differ = present.find((k) => this.c[k] !== this.c[present[0]]);
+    if (differ !== undefined) {
+      throw this.fail(
+        `${present[0]} and ${differ} name the same setting but differ: ${
+          present.map((k) => `${k} = ${JSON.stringify(this.c[k])}`).join(", ")
+        }`,
+      );
+    }
+    return present[0];
+  }
+
   /** A non-negative integer, else `fallback` when absent. */
   count(key: string, fallback: number): number {
     const v = this.c[key] ?? fallback;
@@ -170,9 +188,9 @@ export class ConfigReader {
     return v;
   }
 
-  /** A boolean, else `fallback` when absent or null. */
+  /** A boolean, else `fallback` when absent; null reads as false, as transformers' `if config.key:` does. */
   bool(key: string, fallback: boolean): boolean {
-    const v = this.c[key] ?? fallback;
+    const v = this.c[key] === null ? false : this.c[key] ?? fallback;
     if (typeof v !== "boolean") throw this.fail(`${key} must be true or false, got ${JSON.stringify(v)}`);
     return v;
   }
@@ -200,7 +218,10 @@ export class ConfigReader {
     defaults: { kvHeads?: number; headDim?: number } = {},
   ): Pick<GqaAttention, "heads" | "kvHeads" | "headDim"> {
     const heads = this.int("num_attention_heads");
-    const kvHeads = this.int("num_key_value_heads", defaults.kvHeads ?? heads);
+    // null: multi-head attention (transformers sets num_key_value_heads = num_attention_heads for None).
+    const kvHeads = this.c.num_key_value_heads === null
+      ? heads
+      : this.int("num_key_value_heads", defaults.kvHeads ?? heads);
     if (heads % kvHeads !== 0) {
       throw this.fail(
         `num_attention_heads (${heads}) must be a multiple of num_key_value_heads (${kvHeads})`,
@@ -248,7 +269,7 @@ export class ConfigReader {
       }
       if (a.length > 0) archs = [...a];
     }
-    this.oneOf("hidden_act", ["silu"]);
+    this.oneOf("hidden_act", ["silu", "swish"]); // the same function in transformers' ACT2FN
     const bos = c.bos_token_id;
     const eos = c.eos_token_id;
     const dtype = c.torch_dtype ?? c.dtype ?? null;
@@ -290,17 +311,57 @@ export class ConfigReader {
     return config;
   }
 
-  /** `rope_theta` at the top level (hub configs), else inside `rope_parameters` (transformers 5). */
+  /**
+   * `rope_theta` at the top level (hub configs), inside `rope_parameters` (transformers 5) or inside
+   * `rope_scaling` (transformers 5 reads it there too); where two of them disagree, transformers' versions
+   * do not agree on which wins, so that is an error.
+   */
   ropeTheta(fallback: number): number {
-    const params = this.c.rope_parameters as Record<string, unknown> | undefined | null;
-    const v = this.c.rope_theta ?? params?.rope_theta ?? fallback;
+    const where = ["rope_theta", "rope_parameters.rope_theta", "rope_scaling.rope_theta"];
+    const inner = (k: string) => {
+      const o = this.c[k];
+      return typeof o === "object" && o !== null ? (o as Record<string, unknown>).rope_theta : undefined;
+    };
+    const found = [this.c.rope_theta, inner("rope_parameters"), inner("rope_scaling")]
+      .map((v, i) => [where[i], v] as const).filter(([, v]) => v !== undefined && v !== null);
+    if (found.some(([, v]) => v !== found[0][1])) {
+      throw this.fail(
+        `rope_theta is given twice and differently: ${
+          found.map(([k, v]) => `${k} = ${JSON.stringify(v)}`).join(", ")
+        }`,
+      );
+    }
+    const v = found[0]?.[1] ?? fallback;
     if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) {
       throw this.fail(`rope_theta must be a positive number, got ${JSON.stringify(v)}`);
     }
     return v;
   }
 
-  ropeScaling(): RopeScaling | YarnRopeScaling | null {
+  /**
+   * llama3 / yarn's `original_max_position_embeddings`: in `rope_scaling`, else at the top level, else
+   * max_position_embeddings (transformers' fallback). Both given and different is an error (transformers 4
+   * reads the first, 5 the second).
+   */
+  private originalMaxPositions(r: Record<string, unknown>): number {
+    const inner = r.original_max_position_embeddings, top = this.c.original_max_position_embeddings;
+    if (inner !== undefined && inner !== null && top !== undefined && top !== null && inner !== top) {
+      throw this.fail(
+        `original_max_position_embeddings is given twice and differently: rope_scaling has ${
+          JSON.stringify(inner)
+        }, the top level ${JSON.stringify(top)}`,
+      );
+    }
+    const v = inner ?? top ?? this.c.max_position_embeddings;
+    if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) {
+      throw this.fail(
+        `rope_scaling.original_max_position_embeddings must be a positive number, got ${JSON.stringify(v)}`,
+      );
+    }
+    return v;
+  }
+
+  ropeScaling(): RopeScaling | YarnRopeScaling | LinearRopeScaling | null {
     const v = this.c.rope_scaling ?? this.c.rope_parameters;
     if (v === undefined || v === null) return null;
     if (typeof v !== "object" || Array.isArray(v)) {
@@ -329,14 +390,7 @@ export class ConfigReader {
       if (truncate !== undefined && truncate !== null && typeof truncate !== "boolean") {
         throw this.fail(`rope_scaling.truncate must be true or false, got ${JSON.stringify(truncate)}`);
       }
-      const original = r.original_max_position_embeddings ?? this.c.original_max_position_embeddings;
-      if (typeof original !== "number" || !(original > 0)) {
-        throw this.fail(
-          `rope_scaling.original_max_position_embeddings must be a positive number, got ${
-            JSON.stringify(original)
-          }`,
-        );
-      }
+      const original = this.originalMaxPositions(r);
       return {
         type: "yarn",
         factor: pos("factor"),
@@ -349,9 +403,19 @@ export class ConfigReader {
         truncate: (truncate as boolean | undefined | null) ?? undefined,
       };
     }
+    // linear: positions divided by factor (transformers' inv_freq / factor).
+    if (type === "linear") return { type: "linear", factor: pos("factor") };
+    // dynamic NTK changes the base only past max_position_embeddings, which the engine never goes beyond
+    // (models/model.ts refuses longer contexts): within it, plain RoPE.
+    if (type === "dynamic") {
+      pos("factor");
+      return null;
+    }
     if (type !== "llama3") {
       throw this.fail(
-        `unsupported rope_scaling type ${JSON.stringify(type)}: supported: llama3, yarn, default, none`,
+        `unsupported rope_scaling type ${
+          JSON.stringify(type)
+        }: supported: llama3, yarn, linear, dynamic, default, none`,
       );
     }
     const scaling: RopeScaling = {
@@ -359,7 +423,7 @@ export class ConfigReader {
       factor: pos("factor"),
       lowFreqFactor: pos("low_freq_factor"),
       highFreqFactor: pos("high_freq_factor"),
-      originalMaxPositionEmbeddings: pos("original_max_position_embeddings"),
+      originalMaxPositionEmbeddings: this.originalMaxPositions(r),
     };
     if (scaling.highFreqFactor <= scaling.lowFreqFactor) {
       // llama3 scaling divides by (high - low): equal factors would make every band a division by zero.

@@ -33,6 +33,11 @@ function int(cfg: Json, key: string, fallback?: number): number {
   return v;
 }
 
+/** `key`, or its transformers alias where only that is written (models/config.ts ConfigReader.alias). */
+function alias(cfg: Json, key: string, other: string): string {
+  return cfg[key] === undefined || cfg[key] === null ? other : key;
+}
+
 function dtypeBytesOf(name: unknown): number {
   switch (name) {
     case "float32":
@@ -128,11 +133,11 @@ function moe(
 function ffnOf(cfg: Json, family: string, type: string, i: number): Op {
   const h = int(cfg, "hidden_size");
   if (family === "mixtral") {
-    const n = int(cfg, "num_local_experts");
+    const n = int(cfg, alias(cfg, "num_local_experts", "num_experts"));
     return moe(n, int(cfg, "num_experts_per_tok"), 3 * h * int(cfg, "intermediate_size"), n * h, 0, 0);
   }
   if (family === "qwen_moe") {
-    const n = int(cfg, "num_experts", 0);
+    const n = int(cfg, alias(cfg, "num_experts", "num_local_experts"), 0);
     const step = int(cfg, "decoder_sparse_step", 1);
     const mlpOnly = (cfg.mlp_only_layers as number[] | undefined) ?? [];
     if (n > 0 && !mlpOnly.includes(i) && (i + 1) % step === 0) {
@@ -151,7 +156,7 @@ function ffnOf(cfg: Json, family: string, type: string, i: number): Op {
     return mlp(h, int(cfg, "intermediate_size"));
   }
   if (family === "deepseek_v3") {
-    const n = int(cfg, "n_routed_experts", 0);
+    const n = int(cfg, alias(cfg, "n_routed_experts", "num_local_experts"), 0);
     // Every layer from first_k_dense_replace on is MoE: transformers ignores moe_layer_freq, and so does the
     // runtime (models/families/deepseek_v3.ts), so the plan must too.
     if (n > 0 && i >= int(cfg, "first_k_dense_replace", 0)) {

@@ -40,7 +40,7 @@ export const deepseekV3: ModelFamily = {
       interleaved: r.bool("rope_interleave", true),
       scale: mlaSoftmaxScale(qkNope + qkRope, r.ropeScaling()),
     };
-    const experts = r.count("n_routed_experts", 256);
+    const experts = r.count(r.alias(["n_routed_experts", "num_local_experts"]) ?? "n_routed_experts", 256);
     const groups = r.int("n_group", 8);
     const topKGroups = r.int("topk_group", 4);
     const firstDense = r.count("first_k_dense_replace", 3);

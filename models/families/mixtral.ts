@@ -18,7 +18,7 @@ export const mixtral: ModelFamily = {
       oBias: false,
       qkNorm: false,
     };
-    const experts = r.int("num_local_experts", 8);
+    const experts = r.int(r.alias(["num_local_experts", "num_experts"]) ?? "num_local_experts", 8);
     const ffn: MoeFfn = {
       kind: "moe",
       routing: { experts, topK: r.int("num_experts_per_tok", 2), scoring: "softmax", normTopK: true },

@@ -15,7 +15,7 @@ export const qwen3Moe: ModelFamily = {
     const r = new ConfigReader(json, source);
     r.oneOf("use_sliding_window", [false]);
     const attention = qwen3Attention(r, { kvHeads: 4 });
-    const experts = r.count("num_experts", 128);
+    const experts = r.count(r.alias(["num_experts", "num_local_experts"]) ?? "num_experts", 128);
     const step = r.int("decoder_sparse_step", 1);
     const mlpOnly = new Set(r.intList("mlp_only_layers", []));
     const dense: DenseMlp = { kind: "mlp", intermediate: r.int("intermediate_size", 6144) };

@@ -7,6 +7,7 @@ import { parseModelConfig, readModelConfig, supportedModelTypes } from "../../mo
 import { CheckpointError } from "../../models/errors.ts";
 import { tensorShapes } from "../../models/tensors.ts";
 import { fixtureDir } from "../fixtures.ts";
+import { ropeInvFreq } from "../../kernels/mod.ts";
 
 const parse = (json: unknown) => parseModelConfig(json, "cfg.json");
 /** Layer i's attention, which must be grouped-query attention. */
@@ -178,6 +179,52 @@ Deno.test("transformers defaults: kv heads = heads, untied, rope_type default is
   assert.ok(biased.qkvBias && biased.oBias);
 });
 
+Deno.test("config values as transformers reads them: nulls, aliases, swish, linear and dynamic RoPE", () => {
+  // null kv heads: multi-head attention; a null boolean reads as false (Python's `if config.x:`).
+  const mha = parse({ ...LLAMA3_TINY, num_key_value_heads: null }).layer(0).attention;
+  assert.ok(mha.kind === "gqa" && mha.kvHeads === mha.heads);
+  assert.equal(parse({ ...LLAMA3_TINY, tie_word_embeddings: null }).tieWordEmbeddings, false);
+  assert.equal(parse({ ...LLAMA3_TINY, hidden_act: "swish" }).family, "llama");
+  // linear: every inverse frequency over factor; dynamic: plain RoPE within max_position_embeddings.
+  const lin = parse({ ...LLAMA3_TINY, rope_scaling: { rope_type: "linear", factor: 4 } }).rope;
+  assert.deepEqual(lin.scaling, { type: "linear", factor: 4 });
+  const plain = ropeInvFreq(16, lin.theta, null), scaled = ropeInvFreq(16, lin.theta, lin.scaling);
+  assert.ok(scaled.every((v, i) => Math.abs(v - Math.fround(plain[i] / 4)) <= 1e-12));
+  assert.equal(parse({ ...LLAMA3_TINY, rope_scaling: { type: "dynamic", factor: 2 } }).rope.scaling, null);
+  // rope_theta where transformers 5 also looks; llama3 without original_max_position_embeddings takes
+  // max_position_embeddings, as transformers does.
+  const { rope_theta: _t, ...noTheta } = LLAMA3_TINY;
+  assert.equal(parse({ ...noTheta, rope_parameters: { rope_type: "default", rope_theta: 7 } }).rope.theta, 7);
+  assert.equal(
+    parse({ ...noTheta, rope_scaling: { ...LLAMA3_TINY.rope_scaling, rope_theta: 9 } }).rope.theta,
+    9,
+  );
+  const { original_max_position_embeddings: _o, ...noOriginal } = LLAMA3_TINY.rope_scaling;
+  const fallback = parse({ ...LLAMA3_TINY, rope_scaling: noOriginal }).rope.scaling;
+  assert.ok(fallback?.type === "llama3");
+  assert.equal(fallback.originalMaxPositionEmbeddings, LLAMA3_TINY.max_position_embeddings);
+});
+
+Deno.test("mistral: Llama's layer, 8 KV heads and head_dim by default; the sliding window (4096 unless null) caps the context", () => {
+  const base = {
+    model_type: "mistral",
+    vocab_size: 100,
+    hidden_size: 64,
+    intermediate_size: 96,
+    num_hidden_layers: 2,
+    num_attention_heads: 8,
+    max_position_embeddings: 32768,
+  };
+  const c = parse(base);
+  const a = c.layer(0).attention;
+  assert.ok(a.kind === "gqa" && a.kvHeads === 8 && a.headDim === 8 && !a.qkvBias && !a.oBias);
+  assert.equal(c.maxPositionEmbeddings, 4096, "no sliding_window key: MistralConfig's 4096");
+  assert.equal(parse({ ...base, sliding_window: null }).maxPositionEmbeddings, 32768);
+  assert.equal(parse({ ...base, sliding_window: 1000 }).maxPositionEmbeddings, 1000);
+  const hd = parse({ ...base, head_dim: 24, num_key_value_heads: 2 }).layer(0).attention;
+  assert.ok(hd.kind === "gqa" && hd.headDim === 24 && hd.kvHeads === 2);
+});
+
 Deno.test("unknown architectures are refused by model_type and by architectures", async () => {
   const dir = await Deno.makeTempDir();
   try {
@@ -228,14 +275,30 @@ Deno.test("bad configs name the field and what was expected", () => {
   fails({ ...LLAMA3_TINY, rms_norm_eps: -1 }, /rms_norm_eps must be a positive number, got -1/);
   fails({ ...LLAMA3_TINY, rope_theta: "big" }, /rope_theta must be a positive number/);
   fails(
-    { ...LLAMA3_TINY, rope_scaling: { rope_type: "dynamic", factor: 4 } },
-    /unsupported rope_scaling type "dynamic": supported: llama3, yarn, default, none/,
+    { ...LLAMA3_TINY, rope_scaling: { rope_type: "longrope", factor: 4 } },
+    /unsupported rope_scaling type "longrope": supported: llama3, yarn, linear, dynamic, default, none/,
+  );
+  fails(
+    { ...LLAMA3_TINY, rope_scaling: { rope_type: "linear" } },
+    /rope_scaling.factor must be a positive number/,
+  );
+  fails(
+    { ...LLAMA3_TINY, rope_theta: 10000, rope_parameters: { rope_type: "default", rope_theta: 500000 } },
+    /rope_theta is given twice and differently: rope_theta = 10000, rope_parameters.rope_theta = 500000/,
+  );
+  fails(
+    {
+      ...LLAMA3_TINY,
+      original_max_position_embeddings: 4096,
+      rope_scaling: { ...LLAMA3_TINY.rope_scaling, original_max_position_embeddings: 8192 },
+    },
+    /original_max_position_embeddings is given twice and differently/,
   );
   fails(
     { ...LLAMA3_TINY, rope_scaling: { rope_type: "llama3", factor: 8 } },
     /rope_scaling.low_freq_factor must be a positive number/,
   );
-  fails({ ...LLAMA3_TINY, hidden_act: "gelu" }, /unsupported hidden_act="gelu": supported: silu/);
+  fails({ ...LLAMA3_TINY, hidden_act: "gelu" }, /unsupported hidden_act="gelu": supported: silu, swish/);
   fails({ ...LLAMA3_TINY, attention_bias: "yes" }, /attention_bias must be true or false/);
   fails({ ...LLAMA3_TINY, mlp_bias: true }, /unsupported mlp_bias=true/);
   fails(
@@ -304,6 +367,14 @@ Deno.test("qwen3_moe: decoder_sparse_step and mlp_only_layers pick dense layers;
   const n = parse({ ...base, norm_topk_prob: true }).layer(0).ffn;
   assert.ok(n.kind === "moe" && n.routing.normTopK);
   assert.equal(parse({ ...base, num_experts: 0 }).layer(0).ffn.kind, "mlp");
+  // transformers 5 writes the expert count as num_local_experts (an alias of num_experts).
+  const { num_experts: e, ...noNum } = base;
+  const local = parse({ ...noNum, num_local_experts: e }).layer(0).ffn;
+  assert.ok(local.kind === "moe" && local.routing.experts === e);
+  assert.throws(
+    () => parse({ ...base, num_local_experts: e + 1 }),
+    /num_experts and num_local_experts name the same setting but differ/,
+  );
 });
 
 Deno.test("deepseek_v3 / kimi_k2: MLA, dense layers first, grouped sigmoid routing; other methods exit 2", async () => {
@@ -347,4 +418,11 @@ Deno.test("deepseek_v3 / kimi_k2: MLA, dense layers first, grouped sigmoid routi
   assert.throws(() => parse({ ...json, scoring_func: "softmax" }), /unsupported scoring_func="softmax"/);
   assert.throws(() => parse({ ...json, n_group: 3 }), /n_group \(3\) must divide n_routed_experts \(16\)/);
   assert.throws(() => parse({ ...json, attention_bias: true }), /unsupported attention_bias=true/);
+  // null reads as false, as transformers' `if config.norm_topk_prob:` / `if config.rope_interleave:` do.
+  const nulls = parse({ ...json, norm_topk_prob: null, rope_interleave: null });
+  const nf = nulls.layer(1).ffn, na = nulls.layer(0).attention;
+  assert.ok(nf.kind === "moe" && nf.routing.normTopK === false && na.kind === "mla" && !na.interleaved);
+  const { n_routed_experts: n, ...noRouted } = json;
+  const aliased = parse({ ...noRouted, num_local_experts: n }).layer(1).ffn;
+  assert.ok(aliased.kind === "moe" && aliased.routing.experts === n);
 });
