@@ -16,7 +16,8 @@ const slow = { sanitizeOps: false, sanitizeResources: false };
 
 // The shared fixtures, then variants made with transformers by scripts/fixtures/make_family_variants.py (other
 // expert counts and top-k, norm_topk_prob on and off, sparse steps and dense layers, no q low-rank, no
-// groups, rotate-half RoPE, yarn with mscale != mscale_all_dim, q/k/v/o biases).
+// groups, rotate-half RoPE, yarn with mscale != mscale_all_dim, q/k/v/o biases; Mistral with its own head_dim,
+// linear RoPE, nulls read as transformers reads them).
 const FIXTURES = ["qwen2-tiny", "qwen3-tiny", "mixtral-tiny", "kimi-k2-tiny"];
 const VARIANTS = [
   "qwen3-bias",
@@ -25,6 +26,9 @@ const VARIANTS = [
   "mixtral-e6k3",
   "deepseek-v3-plain",
   "deepseek-v3-groups",
+  "mistral-hd",
+  "llama-linear",
+  "deepseek-v3-nulls",
 ];
 
 for (const name of VARIANTS) {

@@ -188,7 +188,7 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
     });
     await expectUsageError(
       ["generate", "--model", dir, "--tokens", "1"],
-      /unsupported architecture 'gpt2' \(model_type\).*supported: llama, qwen2, qwen3/,
+      /unsupported architecture 'gpt2' \(model_type\).*supported: llama, mistral, qwen2, qwen3/,
     );
   });
   await t.step(

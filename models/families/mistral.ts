@@ -1,0 +1,36 @@
+// Mistral (MistralForCausalLM): Llama's layer without biases, 8 KV heads and head_dim from the config
+// (else hidden / heads) by default, and sliding-window attention over `sliding_window` keys (4096 when the
+// key is absent, none when it is null). As for Mixtral, the window caps the context: within it attention is
+// exact (transformers' mask keeps keys less than a window back). Defaults: transformers' MistralConfig.
+import { ConfigReader, type ModelConfig } from "../config.ts";
+import type { ModelFamily } from "../family.ts";
+
+export const mistral: ModelFamily = {
+  name: "mistral",
+  modelTypes: ["mistral"],
+  architectures: ["MistralForCausalLM"],
+  parseConfig(json: unknown, source: string): ModelConfig {
+    const r = new ConfigReader(json, source);
+    const attention = {
+      kind: "gqa" as const,
+      ...r.gqa({ kvHeads: 8 }),
+      qkvBias: false,
+      oBias: false,
+      qkNorm: false,
+    };
+    const ffn = { kind: "mlp" as const, intermediate: r.int("intermediate_size", 14336) };
+    const config = r.common(
+      "mistral",
+      this.architectures,
+      { maxPositions: 4096 * 32, rmsNormEps: 1e-6, ropeTheta: 10000, tie: false },
+      () => ({ attention, ffn }),
+    );
+    const window = r.c.sliding_window === undefined
+      ? 4096
+      : r.has("sliding_window")
+      ? r.int("sliding_window")
+      : null;
+    if (window !== null) config.maxPositionEmbeddings = Math.min(config.maxPositionEmbeddings, window);
+    return config;
+  },
+};
