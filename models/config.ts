@@ -434,6 +434,32 @@ export class ConfigReader {
     return scaling;
   }
 
+  /**
+   * Qwen2 / Qwen3 sliding windows: layer i attends over the last `sliding_window` keys where `layer_types`
+   * says "sliding_attention", or, without layer_types, where use_sliding_window is on and i >=
+   * max_window_layers (transformers' default layer_types). Any such layer caps the context at the window,
+   * within which sliding attention is exact (as Mixtral's and Mistral's windows do).
+   */
+  capSlidingWindow(config: ModelConfig): void {
+    const n = config.numLayers;
+    let sliding: boolean;
+    if (this.has("layer_types")) {
+      const t = this.c.layer_types;
+      const kinds = ["full_attention", "sliding_attention"];
+      if (!Array.isArray(t) || t.length !== n || !t.every((x) => kinds.includes(x))) {
+        throw this.fail(
+          `layer_types must list "full_attention" or "sliding_attention" for each of the ${n} layers, got ${
+            JSON.stringify(t)
+          }`,
+        );
+      }
+      sliding = t.includes("sliding_attention");
+    } else sliding = this.bool("use_sliding_window", false) && this.count("max_window_layers", 28) < n;
+    if (!sliding) return;
+    const window = this.int("sliding_window", 4096);
+    config.maxPositionEmbeddings = Math.min(config.maxPositionEmbeddings, window);
+  }
+
   /** A list of non-negative integers (e.g. mlp_only_layers), else `fallback` when absent or null. */
   intList(key: string, fallback: number[]): number[] {
     const v = this.c[key] ?? fallback;

@@ -1,5 +1,6 @@
-// Qwen2 (Qwen2ForCausalLM): Llama's layer with biases on q, k and v (always; none on o), rope theta 1e6
-// by default. Sliding-window attention (`use_sliding_window: true`) is not supported and says so.
+// Qwen2 (Qwen2ForCausalLM): Llama's layer with biases on q, k and v (always; none on o), rope theta 1e4
+// by default. A sliding window (`use_sliding_window` past `max_window_layers`, or `layer_types`) caps the
+// context at the window, within which it is exact.
 // Defaults: transformers' Qwen2Config.
 import { ConfigReader, type ModelConfig } from "../config.ts";
 import type { ModelFamily } from "../family.ts";
@@ -10,7 +11,6 @@ export const qwen2: ModelFamily = {
   architectures: ["Qwen2ForCausalLM"],
   parseConfig(json: unknown, source: string): ModelConfig {
     const r = new ConfigReader(json, source);
-    r.oneOf("use_sliding_window", [false]);
     const attention = {
       kind: "gqa" as const,
       ...r.gqa({ kvHeads: 32 }),
@@ -19,11 +19,13 @@ export const qwen2: ModelFamily = {
       qkNorm: false,
     };
     const ffn = { kind: "mlp" as const, intermediate: r.int("intermediate_size") };
-    return r.common(
+    const config = r.common(
       "qwen2",
       this.architectures,
       { maxPositions: 32768, rmsNormEps: 1e-6, ropeTheta: 10000, tie: false },
       () => ({ attention, ffn }),
     );
+    r.capSlidingWindow(config);
+    return config;
   },
 };

@@ -1,6 +1,6 @@
 // Qwen3 dense (Qwen3ForCausalLM): Llama's layer plus an RMSNorm over each head's q and k before RoPE
 // (q_norm, k_norm [head_dim]), and head_dim independent of hidden / heads (128 when the config omits it).
-// `attention_bias` puts biases on q, k, v and o. Sliding windows are not supported and say so.
+// `attention_bias` puts biases on q, k, v and o. A sliding window caps the context (ConfigReader.capSlidingWindow).
 // Defaults: transformers' Qwen3Config.
 import { type AttentionSpec, ConfigReader, type ModelConfig } from "../config.ts";
 import type { ModelFamily } from "../family.ts";
@@ -11,15 +11,16 @@ export const qwen3: ModelFamily = {
   architectures: ["Qwen3ForCausalLM"],
   parseConfig(json: unknown, source: string): ModelConfig {
     const r = new ConfigReader(json, source);
-    r.oneOf("use_sliding_window", [false]);
     const attention = qwen3Attention(r, { kvHeads: 32, headDim: 128 });
     const ffn = { kind: "mlp" as const, intermediate: r.int("intermediate_size") };
-    return r.common(
+    const config = r.common(
       "qwen3",
       this.architectures,
-      { maxPositions: 40960, rmsNormEps: 1e-6, ropeTheta: 10000, tie: false },
+      { maxPositions: 32768, rmsNormEps: 1e-6, ropeTheta: 10000, tie: false },
       () => ({ attention, ffn }),
     );
+    r.capSlidingWindow(config);
+    return config;
   },
 };
 

@@ -13,7 +13,6 @@ export const qwen3Moe: ModelFamily = {
   architectures: ["Qwen3MoeForCausalLM"],
   parseConfig(json: unknown, source: string): ModelConfig {
     const r = new ConfigReader(json, source);
-    r.oneOf("use_sliding_window", [false]);
     const attention = qwen3Attention(r, { kvHeads: 4 });
     const experts = r.count(r.alias(["num_experts", "num_local_experts"]) ?? "num_experts", 128);
     const step = r.int("decoder_sparse_step", 1);
@@ -42,11 +41,13 @@ export const qwen3Moe: ModelFamily = {
     if (moe && moe.routing.topK > experts) {
       throw r.fail(`num_experts_per_tok (${moe.routing.topK}) exceeds num_experts (${experts})`);
     }
-    return r.common(
+    const config = r.common(
       "qwen3_moe",
       this.architectures,
       { maxPositions: 32768, rmsNormEps: 1e-6, ropeTheta: 10000, tie: false },
       (i) => ({ attention, ffn: moe && !mlpOnly.has(i) && (i + 1) % step === 0 ? moe : dense }),
     );
+    r.capSlidingWindow(config);
+    return config;
   },
 };

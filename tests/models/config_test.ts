@@ -135,7 +135,19 @@ Deno.test("qwen2: q/k/v biases (none on o); qwen3: q/k norms, head_dim decoupled
   assert.equal(gqa(d).headDim, 128, "Qwen3Config's head_dim default");
   assert.equal(d.tieWordEmbeddings, false);
   assert.equal(gqa(d).oBias, true);
-  assert.throws(() => parse({ ...qwen3, use_sliding_window: true }), /unsupported use_sliding_window=true/);
+  // Sliding windows as transformers' layer_types have them: only layers from max_window_layers on slide, and
+  // any that does caps the context at the window (within it, sliding attention is full attention).
+  const layers = qwen3.num_hidden_layers, maxPos = qwen3.max_position_embeddings;
+  const windowed = { ...qwen3, use_sliding_window: true, sliding_window: 64 };
+  assert.equal(
+    parse({ ...windowed, max_window_layers: layers }).maxPositionEmbeddings,
+    maxPos,
+    "none slides",
+  );
+  assert.equal(parse({ ...windowed, max_window_layers: layers - 1 }).maxPositionEmbeddings, 64);
+  const types = Array.from({ length: layers }, (_, i) => (i === 0 ? "sliding_attention" : "full_attention"));
+  assert.equal(parse({ ...qwen3, sliding_window: 64, layer_types: types }).maxPositionEmbeddings, 64);
+  assert.throws(() => parse({ ...qwen3, layer_types: ["full_attention"] }), /layer_types must list/);
   assert.throws(
     () => parse({ ...qwen3, architectures: ["Qwen2ForCausalLM"] }),
     /unsupported architecture 'Qwen2ForCausalLM' \(architectures\).*model_type "qwen3": supported: Qwen3ForCausalLM/,
