@@ -91,13 +91,37 @@ for (const name of ["llama-micro", "llama3-tiny", "mixtral-tiny", "kimi-k2-tiny"
 }
 
 Deno.test("compileHfConfig rejects unknown families and bad fields with a message naming them", () => {
-  throwsWith(() => compileHfConfig({ model_type: "gpt2" }), TypeError, "unsupported model_type");
+  throwsWith(
+    () => compileHfConfig({ model_type: "gpt2" }),
+    TypeError,
+    "unsupported architecture 'gpt2' (model_type)",
+  );
   throwsWith(
     () => compileHfConfig({ ...data("llama-3.2-1b"), hidden_size: "big" }),
     TypeError,
     "hidden_size",
   );
   throwsWith(() => compileHfConfig([]), TypeError, "JSON object");
+});
+
+Deno.test("the graph follows the runtime's reading of the config: defaults, aliases, o_proj's bias", () => {
+  // DeepseekV3Config's defaults where the keys are absent (256 experts, 3 dense layers first, 1 shared).
+  const k2 = data("kimi-k2");
+  const { n_routed_experts: _n, first_k_dense_replace: _f, n_shared_experts: _s, ...bare } = k2;
+  const g = compileHfConfig({ ...bare, num_hidden_layers: 4 });
+  assert.deepEqual(g.layers.map((l) => moeOf(l)?.experts ?? 0), [0, 0, 0, 256]);
+  assert.deepEqual(moeOf(g.layers[3])!.shared, 1);
+  // transformers 5's name for Qwen3-MoE's expert count.
+  const q = data("qwen3-30b-a3b");
+  const { num_experts: e, ...renamed } = q;
+  assert.deepEqual(moeOf(compileHfConfig({ ...renamed, num_local_experts: e }).layers[0])!.experts, e);
+  // attention_bias: q, k, v and o biases (the o one is hidden_size elements).
+  const llama = data("llama-3.2-1b");
+  const plain = totalParams(compileHfConfig(llama));
+  const biased = totalParams(compileHfConfig({ ...llama, attention_bias: true }));
+  const { hidden_size: h, num_hidden_layers: n, num_attention_heads: heads, num_key_value_heads: kv } = llama;
+  const hd = h / heads;
+  assert.deepEqual(biased - plain, n * (heads * hd + 2 * kv * hd + h));
 });
 
 Deno.test("dtype overrides: 4-bit experts shrink only the experts", () => {
