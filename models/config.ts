@@ -455,9 +455,21 @@ export class ConfigReader {
       }
       sliding = t.includes("sliding_attention");
     } else sliding = this.bool("use_sliding_window", false) && this.count("max_window_layers", 28) < n;
-    if (!sliding) return;
-    const window = this.int("sliding_window", 4096);
-    config.maxPositionEmbeddings = Math.min(config.maxPositionEmbeddings, window);
+    if (sliding) this.capAtWindow(config, 4096);
+  }
+
+  /**
+   * Caps the context at `sliding_window` (`absent` when the key is absent; none when it is null or `absent`
+   * is null): within the window, sliding-window attention is full attention (transformers' mask keeps the
+   * keys less than a window back), so the cap keeps it exact.
+   */
+  capAtWindow(config: ModelConfig, absent: number | null): void {
+    const window = this.c.sliding_window === undefined
+      ? absent
+      : this.has("sliding_window")
+      ? this.int("sliding_window")
+      : null;
+    if (window !== null) config.maxPositionEmbeddings = Math.min(config.maxPositionEmbeddings, window);
   }
 
   /** A list of non-negative integers (e.g. mlp_only_layers), else `fallback` when absent or null. */

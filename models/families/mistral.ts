@@ -25,12 +25,7 @@ export const mistral: ModelFamily = {
       { maxPositions: 4096 * 32, rmsNormEps: 1e-6, ropeTheta: 10000, tie: false },
       () => ({ attention, ffn }),
     );
-    const window = r.c.sliding_window === undefined
-      ? 4096
-      : r.has("sliding_window")
-      ? r.int("sliding_window")
-      : null;
-    if (window !== null) config.maxPositionEmbeddings = Math.min(config.maxPositionEmbeddings, window);
+    r.capAtWindow(config, 4096);
     return config;
   },
 };

@@ -43,10 +43,7 @@ export const mixtral: ModelFamily = {
       { maxPositions: 4096 * 32, rmsNormEps: 1e-5, ropeTheta: 1e6, tie: false },
       () => ({ attention, ffn }),
     );
-    if (r.has("sliding_window")) {
-      const window = r.int("sliding_window");
-      config.maxPositionEmbeddings = Math.min(config.maxPositionEmbeddings, window);
-    }
+    r.capAtWindow(config, null); // MixtralConfig's sliding_window defaults to none
     return config;
   },
 };
