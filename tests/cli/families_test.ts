@@ -17,7 +17,8 @@ const slow = { sanitizeOps: false, sanitizeResources: false };
 // The shared fixtures, then variants made with transformers by scripts/fixtures/make_family_variants.py (other
 // expert counts and top-k, norm_topk_prob on and off, sparse steps and dense layers, no q low-rank, no
 // groups, rotate-half RoPE, yarn with mscale != mscale_all_dim, q/k/v/o biases; Mistral with its own head_dim,
-// linear RoPE, nulls read as transformers reads them).
+// linear RoPE, nulls read as transformers reads them; every layer MoE, top-1 routing, tied Mixtral, Qwen3-MoE's
+// expert count under transformers 5's num_local_experts).
 const FIXTURES = ["qwen2-tiny", "qwen3-tiny", "mixtral-tiny", "kimi-k2-tiny"];
 const VARIANTS = [
   "qwen3-bias",
@@ -29,6 +30,9 @@ const VARIANTS = [
   "mistral-hd",
   "llama-linear",
   "deepseek-v3-nulls",
+  "deepseek-v3-allmoe",
+  "mixtral-k1-tied",
+  "qwen3-moe-k1",
 ];
 
 for (const name of VARIANTS) {
