@@ -28,7 +28,7 @@ import {
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
-import { type LinearRopeScaling, type RopeScaling, yarnGetMscale, type YarnRopeScaling } from "./rope.ts";
+import { type RopeScaling, yarnGetMscale } from "./rope.ts";
 import { STEP_WGSL } from "./step.ts";
 
 /** An MLA layer's shape, named as DeepseekV3Config names it. */
@@ -72,7 +72,7 @@ export function mlaKvBytesPerToken(
  */
 export function mlaSoftmaxScale(
   qkHeadDim: number,
-  scaling: RopeScaling | YarnRopeScaling | LinearRopeScaling | null,
+  scaling: RopeScaling | null,
 ): number {
   const base = qkHeadDim ** -0.5;
   if (scaling?.type !== "yarn" || !scaling.mscaleAllDim) return base;

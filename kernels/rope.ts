@@ -59,7 +59,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 });
 
 /** llama3 scaling (transformers' `_compute_llama3_parameters`). */
-export interface RopeScaling {
+export interface Llama3RopeScaling {
   type: "llama3";
   factor: number;
   lowFreqFactor: number;
@@ -96,11 +96,14 @@ export interface YarnRopeScaling {
   truncate?: boolean;
 }
 
+/** A config's RoPE scaling, by type (null: plain RoPE). */
+export type RopeScaling = Llama3RopeScaling | YarnRopeScaling | LinearRopeScaling;
+
 /** Inverse frequencies as transformers computes them (f32), with llama3, yarn or linear scaling applied when given. */
 export function ropeInvFreq(
   headDim: number,
   theta: number,
-  scaling: RopeScaling | YarnRopeScaling | LinearRopeScaling | null,
+  scaling: RopeScaling | null,
 ): Float32Array {
   if (scaling?.type === "yarn") return yarnInvFreq(headDim, theta, scaling);
   const half = headDim / 2;
@@ -134,7 +137,7 @@ export function yarnGetMscale(scale: number, mscale = 1): number {
  * 1 for no scaling or llama3. Pass it to ropeTable.
  */
 export function ropeAttentionFactor(
-  scaling: RopeScaling | YarnRopeScaling | LinearRopeScaling | null,
+  scaling: RopeScaling | null,
 ): number {
   if (scaling?.type !== "yarn") return 1;
   const { factor, mscale, mscaleAllDim, attentionFactor } = scaling;

@@ -3,7 +3,7 @@
 // (models/families/) turns its own config.json into this shape, with transformers' defaults for the keys a
 // config leaves out, so a config means here what it means there. Nothing here knows a family by name.
 import { join } from "node:path";
-import type { LinearRopeScaling, MoeRouting, RopeScaling, YarnRopeScaling } from "../kernels/mod.ts";
+import type { Llama3RopeScaling, MoeRouting, RopeScaling } from "../kernels/mod.ts";
 import { CheckpointError } from "./errors.ts";
 
 /** Grouped-query attention (Llama, Qwen2, Qwen3, Mixtral): q, k, v, o projections and a K/V cache. */
@@ -84,7 +84,7 @@ export interface LayerSpec {
 export interface RopeConfig {
   theta: number;
   /** null: plain RoPE (no `rope_scaling`, or `rope_type: "default"`). */
-  scaling: RopeScaling | YarnRopeScaling | LinearRopeScaling | null;
+  scaling: RopeScaling | null;
 }
 
 export interface ModelConfig {
@@ -158,15 +158,29 @@ export class ConfigReader {
    */
   alias(keys: readonly string[]): string | undefined {
     const present = keys.filter((k) => this.has(k));
-    const differ = present.find((k) => this.c[k] !== this.c[present[0]]);
+    this.agree(
+      present.map((k) => [k, this.c[k]]),
+      (differ) => `${present[0]} and ${differ} name the same setting but differ`,
+    );
+    return present[0];
+  }
+
+  /**
+   * The value that `found` (where a setting was read, and what: absent or null entries ignored) gives it,
+   * or undefined; two different values are an error, `what` (given the second place) heading the list.
+   */
+  private agree(
+    found: readonly (readonly [string, unknown])[],
+    what: (differ: string) => string,
+  ): unknown {
+    const given = found.filter(([, v]) => v !== undefined && v !== null);
+    const differ = given.find(([, v]) => v !== given[0][1]);
     if (differ !== undefined) {
       throw this.fail(
-        `${present[0]} and ${differ} name the same setting but differ: ${
-          present.map((k) => `${k} = ${JSON.stringify(this.c[k])}`).join(", ")
-        }`,
+        `${what(differ[0])}: ${given.map(([k, v]) => `${k} = ${JSON.stringify(v)}`).join(", ")}`,
       );
     }
-    return present[0];
+    return given[0]?.[1];
   }
 
   /** A non-negative integer, else `fallback` when absent. */
@@ -213,10 +227,14 @@ export class ConfigReader {
     return v;
   }
 
-  /** Heads, KV heads and head_dim with their checks; `headDim` is the family's default when absent. */
+  /**
+   * The GQA attention block: heads, KV heads and head_dim with their checks (`headDim` the family's default
+   * when absent), and the family's biases and q/k norm (none unless given).
+   */
   gqa(
     defaults: { kvHeads?: number; headDim?: number } = {},
-  ): Pick<GqaAttention, "heads" | "kvHeads" | "headDim"> {
+    extra: Partial<Pick<GqaAttention, "qkvBias" | "oBias" | "qkNorm">> = {},
+  ): GqaAttention {
     const heads = this.int("num_attention_heads");
     // null: multi-head attention (transformers sets num_key_value_heads = num_attention_heads for None).
     const kvHeads = this.c.num_key_value_heads === null
@@ -238,7 +256,7 @@ export class ConfigReader {
       headDim = hidden / heads;
     }
     if (headDim % 2 !== 0) throw this.fail(`head_dim must be even for RoPE, got ${headDim}`);
-    return { heads, kvHeads, headDim };
+    return { kind: "gqa", heads, kvHeads, headDim, qkvBias: false, oBias: false, qkNorm: false, ...extra };
   }
 
   /**
@@ -317,21 +335,15 @@ export class ConfigReader {
    * do not agree on which wins, so that is an error.
    */
   ropeTheta(fallback: number): number {
-    const where = ["rope_theta", "rope_parameters.rope_theta", "rope_scaling.rope_theta"];
     const inner = (k: string) => {
       const o = this.c[k];
       return typeof o === "object" && o !== null ? (o as Record<string, unknown>).rope_theta : undefined;
     };
-    const found = [this.c.rope_theta, inner("rope_parameters"), inner("rope_scaling")]
-      .map((v, i) => [where[i], v] as const).filter(([, v]) => v !== undefined && v !== null);
-    if (found.some(([, v]) => v !== found[0][1])) {
-      throw this.fail(
-        `rope_theta is given twice and differently: ${
-          found.map(([k, v]) => `${k} = ${JSON.stringify(v)}`).join(", ")
-        }`,
-      );
-    }
-    const v = found[0]?.[1] ?? fallback;
+    const v = this.agree([
+      ["rope_theta", this.c.rope_theta],
+      ["rope_parameters.rope_theta", inner("rope_parameters")],
+      ["rope_scaling.rope_theta", inner("rope_scaling")],
+    ], () => "rope_theta is given twice and differently") ?? fallback;
     if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) {
       throw this.fail(`rope_theta must be a positive number, got ${JSON.stringify(v)}`);
     }
@@ -344,15 +356,11 @@ export class ConfigReader {
    * reads the first, 5 the second).
    */
   private originalMaxPositions(r: Record<string, unknown>): number {
-    const inner = r.original_max_position_embeddings, top = this.c.original_max_position_embeddings;
-    if (inner !== undefined && inner !== null && top !== undefined && top !== null && inner !== top) {
-      throw this.fail(
-        `original_max_position_embeddings is given twice and differently: rope_scaling has ${
-          JSON.stringify(inner)
-        }, the top level ${JSON.stringify(top)}`,
-      );
-    }
-    const v = inner ?? top ?? this.c.max_position_embeddings;
+    const v = this.agree([
+      ["rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings],
+      ["original_max_position_embeddings", this.c.original_max_position_embeddings],
+    ], () => "original_max_position_embeddings is given twice and differently") ??
+      this.c.max_position_embeddings;
     if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) {
       throw this.fail(
         `rope_scaling.original_max_position_embeddings must be a positive number, got ${JSON.stringify(v)}`,
@@ -361,7 +369,7 @@ export class ConfigReader {
     return v;
   }
 
-  ropeScaling(): RopeScaling | YarnRopeScaling | LinearRopeScaling | null {
+  ropeScaling(): RopeScaling | null {
     const v = this.c.rope_scaling ?? this.c.rope_parameters;
     if (v === undefined || v === null) return null;
     if (typeof v !== "object" || Array.isArray(v)) {
@@ -418,7 +426,7 @@ export class ConfigReader {
         }: supported: llama3, yarn, linear, dynamic, default, none`,
       );
     }
-    const scaling: RopeScaling = {
+    const scaling: Llama3RopeScaling = {
       type: "llama3",
       factor: pos("factor"),
       lowFreqFactor: pos("low_freq_factor"),

@@ -11,7 +11,7 @@ export const llama: ModelFamily = {
     const r = new ConfigReader(json, source);
     const bias = r.bool("attention_bias", false);
     if (r.bool("mlp_bias", false)) throw r.fail("unsupported mlp_bias=true: supported: false");
-    const attention = { kind: "gqa" as const, ...r.gqa(), qkvBias: bias, oBias: bias, qkNorm: false };
+    const attention = r.gqa({}, { qkvBias: bias, oBias: bias });
     const ffn = { kind: "mlp" as const, intermediate: r.int("intermediate_size") };
     return r.common(
       "llama",

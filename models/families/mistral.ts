@@ -11,13 +11,7 @@ export const mistral: ModelFamily = {
   architectures: ["MistralForCausalLM"],
   parseConfig(json: unknown, source: string): ModelConfig {
     const r = new ConfigReader(json, source);
-    const attention = {
-      kind: "gqa" as const,
-      ...r.gqa({ kvHeads: 8 }),
-      qkvBias: false,
-      oBias: false,
-      qkNorm: false,
-    };
+    const attention = r.gqa({ kvHeads: 8 });
     const ffn = { kind: "mlp" as const, intermediate: r.int("intermediate_size", 14336) };
     const config = r.common(
       "mistral",

@@ -11,13 +11,7 @@ export const mixtral: ModelFamily = {
   architectures: ["MixtralForCausalLM"],
   parseConfig(json: unknown, source: string): ModelConfig {
     const r = new ConfigReader(json, source);
-    const attention = {
-      kind: "gqa" as const,
-      ...r.gqa({ kvHeads: 8 }),
-      qkvBias: false,
-      oBias: false,
-      qkNorm: false,
-    };
+    const attention = r.gqa({ kvHeads: 8 });
     const experts = r.int(r.alias(["num_local_experts", "num_experts"]) ?? "num_local_experts", 8);
     const ffn: MoeFfn = {
       kind: "moe",

@@ -11,13 +11,7 @@ export const qwen2: ModelFamily = {
   architectures: ["Qwen2ForCausalLM"],
   parseConfig(json: unknown, source: string): ModelConfig {
     const r = new ConfigReader(json, source);
-    const attention = {
-      kind: "gqa" as const,
-      ...r.gqa({ kvHeads: 32 }),
-      qkvBias: true,
-      oBias: false,
-      qkNorm: false,
-    };
+    const attention = r.gqa({ kvHeads: 32 }, { qkvBias: true });
     const ffn = { kind: "mlp" as const, intermediate: r.int("intermediate_size") };
     const config = r.common(
       "qwen2",

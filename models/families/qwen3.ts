@@ -27,5 +27,5 @@ export const qwen3: ModelFamily = {
 /** Qwen3's attention (dense and MoE): q/k RMSNorm per head, `attention_bias` on q, k, v and o. */
 export function qwen3Attention(r: ConfigReader, defaults: Parameters<ConfigReader["gqa"]>[0]): AttentionSpec {
   const bias = r.bool("attention_bias", false);
-  return { kind: "gqa", ...r.gqa(defaults), qkvBias: bias, oBias: bias, qkNorm: true };
+  return r.gqa(defaults, { qkvBias: bias, oBias: bias, qkNorm: true });
 }
