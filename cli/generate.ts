@@ -4,6 +4,7 @@ import type { Command } from "./command.ts";
 import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
 import { generate } from "../models/engine.ts";
+import { readModelConfig } from "../models/family.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { liveState } from "../node/state_file.ts";
@@ -156,12 +157,14 @@ export const generateCommand: Command = {
       const plan = values.plan === undefined
         ? undefined
         : await readPlanFile(values.plan, { modelDir, nodes: n });
+      const experts = expertsFlag(values.experts, values.local);
+      if (experts === "spread") await checkHasExperts(modelDir);
       return await generateLocal(n, {
         ...chainOpts,
         modelDir,
         plan,
         trace: values.trace,
-        experts: expertsFlag(values.experts, values.local),
+        experts,
       });
     }
     const { state, stale } = await liveState();
@@ -310,4 +313,13 @@ export function batchTrace(
     done += b.tokens;
   }
   return { traceEvents, displayTimeUnit: "ms" };
+}
+
+/** `--experts spread` on a model without mixture-of-experts layers: say so before any node starts. */
+async function checkHasExperts(modelDir: string): Promise<void> {
+  const config = await readModelConfig(modelDir);
+  for (let i = 0; i < config.numLayers; i++) if (config.layer(i).ffn.kind === "moe") return;
+  throw new UsageError(
+    `--experts spread: ${modelDir} has no mixture-of-experts layers (every layer's MLP is dense), so there are no experts to spread; leave --experts out`,
+  );
 }

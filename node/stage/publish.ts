@@ -12,6 +12,7 @@ import { type ChainMember, planChain } from "./plan_chain.ts";
 import { type ExpertPlan, spreadExperts } from "./experts.ts";
 import { compileHfConfig } from "../../planner/mod.ts";
 import { moeOf } from "../../planner/model_graph.ts";
+import { RequestError } from "../../models/errors.ts";
 
 export interface PublishOptions {
   /** Checkpoint folder (absolute paths travel best: every node opens the same path). */
@@ -105,7 +106,11 @@ export async function publishPlan(
       const m = moeOf(l);
       if (m) experts.set(i, m.experts);
     });
-    if (experts.size === 0) throw new TypeError(`model ${opts.modelDir} has no experts to spread`);
+    if (experts.size === 0) {
+      throw new RequestError(
+        `experts spread: ${opts.modelDir} has no mixture-of-experts layers, so there are no experts to spread`,
+      );
+    }
     // planChain placed them already; a Plan given as a file is spread over the members here.
     if (opts.plan) {
       plan = spreadExperts(plan as ExpertPlan, experts, members.slice(0, opts.members).map((m) => m.id));

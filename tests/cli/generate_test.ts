@@ -192,6 +192,14 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
     );
   });
   await t.step(
+    "--experts spread on a dense model (before any node starts)",
+    () =>
+      expectUsageError(
+        ["generate", "--model", micro, "--tokens", "1", "--local", "2", "--experts", "spread"],
+        /no mixture-of-experts layers/,
+      ),
+  );
+  await t.step(
     "text prompt for a model without tokenizer",
     () => expectUsageError(["generate", "hello", "--model", micro], /--tokens/),
   );
