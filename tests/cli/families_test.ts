@@ -18,7 +18,8 @@ const slow = { sanitizeOps: false, sanitizeResources: false };
 // expert counts and top-k, norm_topk_prob on and off, sparse steps and dense layers, no q low-rank, no
 // groups, rotate-half RoPE, yarn with mscale != mscale_all_dim, q/k/v/o biases; Mistral with its own head_dim,
 // linear RoPE, nulls read as transformers reads them; every layer MoE, top-1 routing, tied Mixtral, Qwen3-MoE's
-// expert count under transformers 5's num_local_experts).
+// expert count under transformers 5's num_local_experts; yarn RoPE on Mixtral and Qwen3-MoE, from the held-out
+// sweep, scripts/fixtures/sweep_configs.py).
 const FIXTURES = ["qwen2-tiny", "qwen3-tiny", "mixtral-tiny", "kimi-k2-tiny"];
 const VARIANTS = [
   "qwen3-bias",
@@ -33,6 +34,8 @@ const VARIANTS = [
   "deepseek-v3-allmoe",
   "mixtral-k1-tied",
   "qwen3-moe-k1",
+  "mixtral-yarn",
+  "qwen3-moe-yarn",
 ];
 
 for (const name of VARIANTS) {
