@@ -499,13 +499,19 @@ export class ConfigReader {
   }
 }
 
-/** Reads a JSON file, turning a missing file or bad JSON into CheckpointError naming the path. */
-export async function readJsonFile(path: string): Promise<unknown> {
+/**
+ * Reads a JSON file, turning a missing file (undefined instead with `optional`) or bad JSON into CheckpointError
+ * naming the path.
+ */
+export async function readJsonFile(path: string, opts: { optional?: boolean } = {}): Promise<unknown> {
   let text: string;
   try {
     text = await Deno.readTextFile(path);
   } catch (e) {
-    if (e instanceof Deno.errors.NotFound) throw new CheckpointError(`${path}: file not found`);
+    if (e instanceof Deno.errors.NotFound) {
+      if (opts.optional) return undefined;
+      throw new CheckpointError(`${path}: file not found`);
+    }
     throw e;
   }
   try {

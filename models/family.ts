@@ -3,6 +3,7 @@
 // kernels each block runs (models/blocks/), the KV-cache layout and bytes per token (the attention block),
 // and the planner's bytes and FLOPs per layer (planner/hf_config.ts). The registry picks the family by
 // `model_type`, with `architectures` as a cross-check.
+import { join } from "node:path";
 import { CheckpointError } from "./errors.ts";
 import { configPath, type ModelConfig, readJsonFile } from "./config.ts";
 import { FAMILIES } from "./families/mod.ts";
@@ -45,8 +46,41 @@ export function parseModelConfig(json: unknown, source: string): ModelConfig {
   return familyOf(json, source).parseConfig(json, source);
 }
 
-/** Reads and parses `dir/config.json`; a missing or unparsable file is a CheckpointError. */
+/**
+ * Reads and parses `dir/config.json`; a missing or unparsable file is a CheckpointError. Where the folder has
+ * a `generation_config.json` naming end-of-sequence tokens, those are the model's (transformers' generate()
+ * stops at them, not at config.json's: chat checkpoints list their end-of-turn token there, e.g. Llama 3
+ * Instruct's <|eot_id|>, which its config.json lacks).
+ */
 export async function readModelConfig(dir: string): Promise<ModelConfig> {
   const path = configPath(dir);
-  return parseModelConfig(await readJsonFile(path), path);
+  const config = parseModelConfig(await readJsonFile(path), path);
+  const eos = await generationEos(dir, config.vocabSize);
+  return eos === undefined ? config : { ...config, eosTokenIds: eos };
+}
+
+/**
+ * `eos_token_id` of `dir/generation_config.json` (a token id or a list of them), or undefined where the file
+ * or the key is absent or null (config.json's then stand).
+ */
+async function generationEos(dir: string, vocab: number): Promise<number[] | undefined> {
+  const path = join(dir, "generation_config.json");
+  const json = await readJsonFile(path, { optional: true });
+  if (json === undefined) return undefined;
+  if (typeof json !== "object" || json === null || Array.isArray(json)) {
+    throw new CheckpointError(`${path}: not a JSON object`);
+  }
+  const v = (json as Record<string, unknown>).eos_token_id;
+  if (v === undefined || v === null) return undefined;
+  const ids = Array.isArray(v) ? v : [v];
+  for (const id of ids) {
+    if (typeof id !== "number" || !Number.isSafeInteger(id) || id < 0 || id >= vocab) {
+      throw new CheckpointError(
+        `${path}: eos_token_id must be a token id or a list of them below the vocabulary's ${vocab}, got ${
+          JSON.stringify(v)
+        }`,
+      );
+    }
+  }
+  return ids as number[];
 }

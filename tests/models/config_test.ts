@@ -166,6 +166,31 @@ Deno.test("llama-micro's config from disk: head_dim from hidden/heads, kv heads,
   assert.equal(c.tieWordEmbeddings, false);
 });
 
+Deno.test("generation_config.json's eos_token_id replaces config.json's (transformers' generate() stops there)", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    await Deno.copyFile(join(fixtureDir("llama-micro")!, "config.json"), join(dir, "config.json"));
+    assert.deepEqual(
+      (await readModelConfig(dir)).eosTokenIds,
+      [2],
+      "no generation_config.json: config.json's",
+    );
+    const gen = (v: unknown) => Deno.writeTextFile(join(dir, "generation_config.json"), JSON.stringify(v));
+    await gen({ bos_token_id: 1, eos_token_id: [2, 9] });
+    assert.deepEqual((await readModelConfig(dir)).eosTokenIds, [2, 9]);
+    await gen({ eos_token_id: 7 });
+    assert.deepEqual((await readModelConfig(dir)).eosTokenIds, [7]);
+    await gen({ eos_token_id: null, temperature: 0.6 });
+    assert.deepEqual((await readModelConfig(dir)).eosTokenIds, [2], "null: config.json's stand");
+    await gen({ eos_token_id: [2, 512] });
+    await assert.rejects(() => readModelConfig(dir), /generation_config.json: eos_token_id .* 512/);
+    await Deno.writeTextFile(join(dir, "generation_config.json"), "{ not json");
+    await assert.rejects(() => readModelConfig(dir), /generation_config.json: invalid JSON/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
 Deno.test("transformers defaults: kv heads = heads, untied, rope_type default is plain RoPE, v5 rope_parameters", () => {
   const { num_key_value_heads: _kv, head_dim: _hd, tie_word_embeddings: _t, ...rest } = LLAMA3_TINY;
   const c = parse({ ...rest, rope_scaling: { rope_type: "default" }, eos_token_id: null });
