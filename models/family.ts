@@ -49,8 +49,9 @@ export function parseModelConfig(json: unknown, source: string): ModelConfig {
 /**
  * Reads and parses `dir/config.json`; a missing or unparsable file is a CheckpointError. Where the folder has
  * a `generation_config.json` naming end-of-sequence tokens, those are the model's (transformers' generate()
- * stops at them, not at config.json's: chat checkpoints list their end-of-turn token there, e.g. Llama 3
- * Instruct's <|eot_id|>, which its config.json lacks).
+ * stops at them, not at config.json's: chat checkpoints list their end-of-turn token there, e.g. the first
+ * Llama 3 8B Instruct, whose config.json named only <|end_of_text|> and its generation_config.json <|eot_id|>
+ * too).
  */
 export async function readModelConfig(dir: string): Promise<ModelConfig> {
   const path = configPath(dir);
