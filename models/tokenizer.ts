@@ -1,5 +1,6 @@
 // Text <-> token ids. A model's own tokenizer.json (+ tokenizer_config.json) goes through
-// @huggingface/tokenizers; a Llama-3-vocabulary model without one (the built-in demo model) uses the
+// @huggingface/tokenizers; Kimi K2's tiktoken.model through tiktoken (models/tiktoken.ts); a
+// Llama-3-vocabulary model without either (the built-in demo model) uses the
 // Llama 3 vocabulary that llama3-tokenizer-js carries. Both give the same ids (tests check this on
 // llama3-tiny's tokenizer-cases.json). Models with neither are token-ids-only.
 import { join } from "node:path";
@@ -7,6 +8,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 import type { ModelConfig } from "./config.ts";
 import { readJsonFile } from "./config.ts";
 import { CheckpointError } from "./errors.ts";
+import { loadTiktokenTokenizer } from "./tiktoken.ts";
 
 export interface TextTokenizer {
   /**
@@ -37,12 +39,17 @@ async function exists(path: string): Promise<boolean> {
 }
 
 /**
- * The tokenizer for a model: `dir/tokenizer.json` when present, else the built-in Llama 3 tokenizer
- * when the model has the Llama 3 vocabulary (vocab_size 128256), else null (token ids only).
+ * The tokenizer for a model: `dir/tokenizer.json` when present, else Kimi's `dir/tiktoken.model`
+ * (models/tiktoken.ts), else the built-in Llama 3 tokenizer when the model has the Llama 3 vocabulary
+ * (vocab_size 128256), else null (token ids only).
  * `dir` null means "no files to look at" (the config alone decides).
  */
 export async function loadTokenizer(dir: string | null, config: ModelConfig): Promise<TextTokenizer | null> {
   if (dir !== null && await exists(join(dir, "tokenizer.json"))) return await loadHfTokenizer(dir, config);
+  if (dir !== null && await exists(join(dir, "tiktoken.model"))) {
+    const kimi = await loadTiktokenTokenizer(dir);
+    if (kimi) return kimi;
+  }
   if (config.vocabSize === LLAMA3_VOCAB_SIZE) return await loadLlama3Tokenizer();
   return null;
 }
