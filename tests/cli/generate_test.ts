@@ -5,6 +5,8 @@ import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
 import { checkFixture } from "../../scripts/check_fixture.ts";
 import { runCli } from "./run.ts";
+import { loadTokenizer } from "../../models/tokenizer.ts";
+import { readModelConfig } from "../../models/family.ts";
 
 const GPU = "a WebGPU adapter";
 const hasGpu = await gpuAvailable();
@@ -204,3 +206,65 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
     () => expectUsageError(["generate", "hello", "--model", micro], /--tokens/),
   );
 });
+
+Deno.test(
+  needs("a Kimi-shaped model with tiktoken.model: a text prompt in, its ids through the model, text out", {
+    [GPU]: hasGpu,
+  }),
+  async () => {
+    // kimi-k2-tiny's 1,024 ids as Kimi lays them out: 766 ranked tokens (the bytes, then 510 letter pairs),
+    // then 258 special tokens.
+    const src = fixtureDir("kimi-k2-tiny")!;
+    const dir = await Deno.makeTempDir();
+    try {
+      for await (const e of Deno.readDir(src)) {
+        if (e.name !== "reference.json" && e.name !== "reference.safetensors") {
+          await Deno.copyFile(join(src, e.name), join(dir, e.name));
+        }
+      }
+      const b64 = (s: string) => btoa(s);
+      const letters = "abcdefghijklmnopqrstuvwxyz ";
+      const pairs = [...letters].flatMap((a) => [...letters].map((b) => a + b)).slice(0, 510);
+      const lines = [
+        ...Array.from({ length: 256 }, (_, b) => `${b64(String.fromCharCode(b))} ${b}`),
+        ...pairs.map((p, i) => `${b64(p)} ${256 + i}`),
+      ];
+      await Deno.writeTextFile(join(dir, "tiktoken.model"), lines.join("\n"));
+      await Deno.writeTextFile(
+        join(dir, "tokenizer_config.json"),
+        JSON.stringify({
+          tokenizer_class: "TikTokenTokenizer",
+          added_tokens_decoder: { "766": { content: "[BOS]" }, "767": { content: "[EOS]" } },
+        }),
+      );
+      const prompt = "hello world, bonjour le monde";
+      const r = await runCli([
+        "generate",
+        prompt,
+        "--model",
+        dir,
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--weights",
+        "f32",
+        "--json",
+      ]);
+      if (r.code !== 0) throw new Error(r.stderr);
+      const out = JSON.parse(r.stdout) as { tokens: number[]; text: string; prompt_tokens: number };
+      // The CLI read the prompt with the tiktoken tokenizer: letter pairs merged, no BOS; text out is the
+      // tokenizer's decode of the generated ids.
+      const tok = (await loadTokenizer(dir, await readModelConfig(dir)))!;
+      const ids = tok.encode(prompt);
+      if (ids.length >= prompt.length || ids[0] === 766) throw new Error(`prompt ids ${ids}`);
+      if (out.prompt_tokens !== ids.length) {
+        throw new Error(`prompt of ${out.prompt_tokens} tokens, not ${ids.length}`);
+      }
+      if (out.tokens.length !== 6) throw new Error(`generated ${out.tokens.length} tokens`);
+      if (out.text !== tok.decode(out.tokens)) throw new Error(`text ${JSON.stringify(out.text)}`);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
