@@ -128,7 +128,7 @@ export function planRegional(
   const t0 = performance.now();
   const model = compileHfConfig(configJson, { name: opts.name });
   const context = opts.context ?? LAB_CONTEXT;
-  const dtype: DTypeBytes = { ...model.dtype, ...cluster.quant, ...servedDtype(opts.weights, model) };
+  const dtype: DTypeBytes = { ...model.dtype, ...cluster.quant, ...servedDtype(opts.weights) };
   const L = model.layers.length;
   const regions: string[] = [];
   for (const n of cluster.nodes) if (!regions.includes(n.region)) regions.push(n.region);

@@ -52,7 +52,7 @@ export class WeightBudget {
   stage(load: StageLoader): StageLoader {
     return async (role, o) => {
       const graph = await graphOf(o.model.dir);
-      const dtype = servedDtype(o.model.weights, graph);
+      const dtype = servedDtype(o.model.weights);
       const remote = new Set(o.experts?.remote ?? []);
       let n = 0;
       if (role.embeds) n += graph.embedParams * dtype.embed!;
@@ -86,7 +86,7 @@ export class WeightBudget {
   experts(load: ExpertLoader): ExpertLoader {
     return async (hold, o) => {
       const graph = await graphOf(o.model.dir);
-      const dtype = servedDtype(o.model.weights, graph);
+      const dtype = servedDtype(o.model.weights);
       let n = 0, count = 0;
       for (const [l, ids] of hold) {
         const op = graph.layers[l]?.ops.find((x) => x.kind === "moe");

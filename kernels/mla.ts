@@ -23,6 +23,8 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
+  type KvType,
+  kvWgsl,
   pipeline,
   releaseCalls,
   uniformBuffer,
@@ -52,6 +54,11 @@ export interface MlaDims {
    * projection's output whose rows also hold kv (q_lora_rank null: [q | kv] from one GEMV).
    */
   qStride?: number;
+  /**
+   * Element type of the latent cache (default f32). f16: rows are written rounded to f16 (the step's own
+   * row too, so this step attends to it as later steps read it back) and widened to f32 as they are read.
+   */
+  kv?: KvType;
 }
 
 /** Bytes per token per layer: the latent cache's [c, kRope], and expanded K and V as transformers keeps them. */
@@ -130,7 +137,8 @@ function ropeCacheSource(d: MlaDims, interleaved: boolean, normWeights: WeightTy
   const HALF = d.qkRopeHeadDim / 2;
   const pair = interleaved ? ["2u * i", "2u * i + 1u"] : ["i", `i + ${HALF}u`];
   const nw = normWeights === "f16" ? "unpack2x16float(nw[i >> 1u])[i & 1u]" : "nw[i]";
-  const src = `${STEP_WGSL}
+  const w = kvWgsl(d.kv);
+  const src = `${w.enable}${STEP_WGSL}
 struct P { kv_stride: u32, kv_off: u32, eps: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
@@ -138,7 +146,7 @@ struct P { kv_stride: u32, kv_off: u32, eps: f32 }
 @group(0) @binding(3) var<storage, read_write> q: array<f32>;
 ${kvInQ ? "" : "@group(0) @binding(4) var<storage, read> kv: array<f32>;"}
 @group(0) @binding(${kvInQ ? 4 : 5}) var<storage, read> nw: array<${normWeights === "f16" ? "u32" : "f32"}>;
-@group(0) @binding(${kvInQ ? 5 : 6}) var<storage, read_write> cache: array<f32>;
+@group(0) @binding(${kvInQ ? 5 : 6}) var<storage, read_write> cache: array<${w.vec(1)}>;
 const NH = ${d.heads}u;
 const DN = ${d.qkNopeHeadDim}u;
 const DR = ${d.qkRopeHeadDim}u;
@@ -179,13 +187,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   }
   let inv = inverseSqrt(red[0] / f32(R) + p.eps);
   let cb = pos * CW;
-  for (var i = j; i < R; i += 64u) { cache[cb + i] = kv[kb + i] * inv * f32(${nw}); }
+  for (var i = j; i < R; i += 64u) { cache[cb + i] = ${w.store(1, `kv[kb + i] * inv * f32(${nw})`)}; }
   for (var i = j; i < HALF; i += 64u) {
     let c = cs[pos * HALF + i];
     let a0 = kv[kb + R + ${pair[0]}];
     let a1 = kv[kb + R + ${pair[1]}];
-    cache[cb + R + ${pair[0]}] = a0 * c.x - a1 * c.y;
-    cache[cb + R + ${pair[1]}] = a1 * c.x + a0 * c.y;
+    cache[cb + R + ${pair[0]}] = ${w.store(1, "a0 * c.x - a1 * c.y")};
+    cache[cb + R + ${pair[1]}] = ${w.store(1, "a1 * c.x + a0 * c.y")};
   }
 }`;
   // kv read from the q binding (one buffer holds both: a binding may not be read-only and writable at once).
@@ -199,7 +207,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
  *   q      [T, heads * (dn + dr)] f32, the q projection's output; head h's [nope, rope] at h (dn + dr)
  *   kv     kv_a_proj_with_mqa's output: row t [c (R), k_rope (dr)] at t * kvStride + kvOffset (f32)
  *   kvNorm kv_a_layernorm.weight [R] (f32, or f16 with normWeights "f16")
- *   cache  [maxSeq, R + dr] f32, this layer's latent cache
+ *   cache  [maxSeq, R + dr] of d.kv (default f32), this layer's latent cache
  * Options: eps (transformers' kv_a_layernorm keeps its default 1e-6, not rms_norm_eps), interleaved
  * (config.rope_interleave; transformers' default is true), kvStride (default R + dr), kvOffset (default 0:
  * set both when kv is a slice of a wider fused output), normWeights (default "f32").
@@ -223,6 +231,7 @@ export function mlaRopeCacheCall(
   },
 ): KernelCall {
   checkDims(d, "MLA rope + cache");
+  if (d.kv === "f16" && !gpu.hasF16) throw new RangeError("MLA rope + cache: an f16 cache needs shader-f16");
   const kvStride = d.kvStride ?? d.kvLoraRank + d.qkRopeHeadDim;
   const kvOffset = d.kvOffset ?? 0;
   if (

@@ -21,6 +21,7 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
+  kvWgsl,
   pipeline,
   storageBuffer,
   uniformBuffer,
@@ -100,6 +101,8 @@ function sgAttentionSource(d: MlaDims, S: number, SG: number): string {
   const PS = RV + 1;
   const QS = d.qStride ?? NH * (DN + DR);
   const qs = range(QV), ks = range(KPW), nd = range(ND);
+  const w = kvWgsl(d.kv);
+  const kc = (i: string) => w.read(4, `kc[${i}]`);
   const out = S === 1
     ? nd.map((i) => `if (j + ${i * WG}u < RV) { ctx[(t * NH + h) * RV + j + ${i * WG}u] = acc${i} / l; }`)
       .join("\n  ")
@@ -107,13 +110,13 @@ function sgAttentionSource(d: MlaDims, S: number, SG: number): string {
       `if (j + ${i * WG}u < RV) { part[((t * ${S}u + z) * NH + h) * ${PS}u + j + ${i * WG}u] = acc${i}; }`
     ).join("\n  ") + `
   if (j == 0u) { part[((t * ${S}u + z) * NH + h) * ${PS}u + RV] = vec4<f32>(m, l, 0.0, 0.0); }`;
-  return `${STEP_WGSL}
+  return `${w.enable}${STEP_WGSL}
 struct P { scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> qlat: array<f32>;
-@group(0) @binding(4) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> kc: array<${w.vec(4)}>;
 @group(0) @binding(5) var<storage, read_write> ${S === 1 ? "ctx" : "part"}: array<vec4<f32>>;
 const NH = ${NH}u;
 const R = ${R}u;
@@ -149,7 +152,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j
     ${
     ks.map((k) =>
       `let r${k} = min(base + warp * ${KPW}u + ${k}u, n - 1u) * CWV;
-    ${qs.map((i) => `let k${k}_${i} = kc[r${k} + min(lane + ${i * SG}u, CWV - 1u)];`).join("\n    ")}`
+    ${qs.map((i) => `let k${k}_${i} = ${kc(`r${k} + min(lane + ${i * SG}u, CWV - 1u)`)};`).join("\n    ")}`
     ).join("\n    ")
   }
     ${
@@ -172,7 +175,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j
       let w = exp(ss[k] - m1);
       sum += w;
       let row = min(base + k, n - 1u) * CWV;
-      ${nd.map((i) => `acc${i} += w * kc[row + min(j + ${i * WG}u, RV - 1u)];`).join("\n      ")}
+      ${nd.map((i) => `acc${i} += w * ${kc(`row + min(j + ${i * WG}u, RV - 1u)`)};`).join("\n      ")}
     }
     l = l * corr + sum;
     m = m1;
@@ -206,6 +209,8 @@ function attentionSource(d: MlaDims, G: number, S: number, unroll: number): stri
   const gs = range(G);
   const PS = V === 4 ? RV + 1 : RV + 2; // a partial: RV slots, then (m, l) (one vec4, or two floats)
   const dot = (a: string, b: string) => (V === 4 ? `dot(${a}, ${b})` : `${a} * ${b}`);
+  const w = kvWgsl(d.kv);
+  const kc = (i: string) => w.read(V, `kc[${i}]`);
   // Loops over blocks of loads, each block's loads issued before any is used (bounded code size): UB row
   // slots in the score loop, UV rows (a power of two, so it divides KPC) in the value loop.
   const UB = Math.min(unroll, NL);
@@ -216,7 +221,7 @@ function attentionSource(d: MlaDims, G: number, S: number, unroll: number): stri
   const score = `for (var i0 = 0u; i0 < ${ceilDiv(NL, UB) * UB}u; i0 += ${UB}u) {
       ${range(UB).map((b) => `let e${b} = l + (i0 + ${b}u) * LPK;`).join("\n      ")}
       ${
-    range(UB).map((b) => `let k${b} = select(${vt}(0.0), kc[krow + min(e${b}, CWV - 1u)], e${b} < CWV);`)
+    range(UB).map((b) => `let k${b} = select(${vt}(0.0), ${kc(`krow + min(e${b}, CWV - 1u)`)}, e${b} < CWV);`)
       .join(
         "\n      ",
       )
@@ -232,7 +237,7 @@ function attentionSource(d: MlaDims, G: number, S: number, unroll: number): stri
   const values = (u: string, i: number) =>
     `for (var k0 = 0u; k0 < KPC; k0 += ${UV}u) {
         ${
-      range(UV).map((k) => `let v${k} = kc[min(base + k0 + ${k}u, n - 1u) * CWV + ${u}];`).join(
+      range(UV).map((k) => `let v${k} = ${kc(`min(base + k0 + ${k}u, n - 1u) * CWV + ${u}`)};`).join(
         "\n        ",
       )
     }
@@ -253,13 +258,13 @@ function attentionSource(d: MlaDims, G: number, S: number, unroll: number): stri
       : "part[pb] = ms[j];\n    part[pb + 1u] = ls[j];"
   }
   }`;
-  return `${STEP_WGSL}
+  return `${w.enable}${STEP_WGSL}
 struct P { scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> qlat: array<f32>;
-@group(0) @binding(4) var<storage, read> kc: array<${vt}>;
+@group(0) @binding(4) var<storage, read> kc: array<${w.vec(V)}>;
 @group(0) @binding(5) var<storage, read_write> ${S === 1 ? "ctx" : "part"}: array<${vt}>;
 const NH = ${NH}u;
 const R = ${R}u;
@@ -430,7 +435,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
  *   q       [T, heads * (qkNope + qkRope)]  the query projection's output, its rope parts already rotated
  *                                          (only the rope parts are read)
  *   qLatent [T, heads, kvLoraRank]          W_UK_h^T q_nope (mlaAbsorbCall)
- *   cache   [maxSeq, kvLoraRank + qkRope]   rows [c, rotated k_rope] (mlaRopeCacheCall)
+ *   cache   [maxSeq, kvLoraRank + qkRope]   rows [c, rotated k_rope] (mlaRopeCacheCall) of d.kv (f32 / f16)
  *   ctx     [T, heads, kvLoraRank]          output: sum_s p_s c_s per head (f32)
  * `scale` is the softmax scale (mlaSoftmaxScale). One dispatch, or two when the keys are split (then the
  * first call owns a scratch buffer; releaseCalls frees it).
@@ -441,6 +446,7 @@ export function mlaAttentionCalls(
   d: MlaDims & { scale: number; tuning?: Partial<MlaAttentionTuning> },
 ): KernelCall[] {
   checkDims(d);
+  if (d.kv === "f16" && !gpu.hasF16) throw new RangeError("MLA attention: an f16 cache needs shader-f16");
   const def = mlaAttentionDefaultTuning(gpu, d);
   // A tuning that picks head groups means the grouped kernel (unless it asks for the subgroup one).
   if (d.tuning?.headsPerGroup !== undefined && d.tuning.subgroup === undefined && def.subgroup) {

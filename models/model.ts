@@ -130,7 +130,7 @@ export function defaultWeights(gpu: Gpu): WeightType {
 }
 
 /**
- * The GQA KV cache's element type for weights `wt`, chosen once per Model.load: `gpu.tuning.kv`, else env
+ * The KV cache's element type (GQA's K and V, MLA's latent rows) for weights `wt`, chosen once per Model.load: `gpu.tuning.kv`, else env
  * SWACTOR_KV (f16 | f32), else f16 where the adapter has shader-f16 and the weights are not f32 (f16, q8,
  * q4: half the bytes the decode attention reads), else f32 (f32 weights stay exact to the fixtures).
  */

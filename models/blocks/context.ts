@@ -25,7 +25,7 @@ export interface BlockContext {
   /** How a weight buffer is stored (a quantised model keeps some matrices in floats). */
   typeOf(buf: GPUBuffer): WeightType | QuantType;
   eps: number;
-  /** Element type of the GQA KV cache (the model's kvType; MLA's latent cache is f32 regardless). */
+  /** Element type of the KV cache, GQA's K and V or MLA's latent rows (the model's kvType). */
   kv: KvType;
   /**
    * Whether the prefill GEMMs may multiply in f16 (kernels/gemm.ts gemmF16Math decides where they do): not

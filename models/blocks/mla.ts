@@ -12,6 +12,7 @@
 // transformers' q_a_layernorm and kv_a_layernorm keep RMSNorm's default eps (1e-6), not rms_norm_eps.
 import {
   type KernelCall,
+  kvElementBytes,
   mlaAttentionCalls,
   mlaAttentionSplits,
   type MlaAttentionTuning,
@@ -122,13 +123,13 @@ export async function loadMla(
   };
 }
 
-/** The latent cache [maxSeq, R + dr] f32. */
+/** The latent cache [maxSeq, R + dr] of the model's KV type (ctx.kv: f16 or f32). */
 export function mlaCache(
   ctx: BlockContext,
   a: MlaAttention,
   maxSeq: number,
 ): { buffers: GPUBuffer[]; bytes: number } {
-  const bytes = maxSeq * (a.kvLoraRank + a.qkRopeHeadDim) * 4;
+  const bytes = maxSeq * (a.kvLoraRank + a.qkRopeHeadDim) * kvElementBytes(ctx.kv);
   return { buffers: [storageBuffer(ctx.gpu, bytes, "mla cache")], bytes };
 }
 
@@ -151,6 +152,7 @@ export function mlaProgram(
     vHeadDim: a.vHeadDim,
     maxSeq: bufs.maxSeq,
     T,
+    kv: ctx.kv,
   };
   const qDim = a.heads * (a.qkNopeHeadDim + a.qkRopeHeadDim);
   const kvDim = a.kvLoraRank + a.qkRopeHeadDim;

@@ -62,11 +62,11 @@ export function attentionCache(
   return a.kind === "gqa" ? gqaCache(ctx, a, maxSeq) : mlaCache(ctx, a, maxSeq);
 }
 
-/** KV-cache bytes per token per layer, GQA's K and V being `kv` elements (MLA's latent cache is f32). */
+/** KV-cache bytes per token per layer: GQA's K and V, or MLA's latent row, of `kv` elements. */
 export function kvBytesPerToken(a: AttentionSpec, kv: KvType): number {
   return a.kind === "gqa"
     ? 2 * a.kvHeads * a.headDim * kvElementBytes(kv)
-    : (a.kvLoraRank + a.qkRopeHeadDim) * 4;
+    : (a.kvLoraRank + a.qkRopeHeadDim) * kvElementBytes(kv);
 }
 
 /** The width RoPE rotates (its table's head dimension). */

@@ -12,6 +12,7 @@ import {
   encodeCalls,
   type Gpu,
   type KernelCall,
+  type KvType,
   mlaAbsorbCall,
   mlaAbsorbRef,
   mlaAttentionCalls,
@@ -100,6 +101,49 @@ function latentRows(
     out.set(k, s * CW + d.R);
   }
   return out;
+}
+
+/** Values as an f16 cache holds them (rounded to f16, widened back). */
+const asF16 = (a: Float32Array) => f16ToF32(f32ToF16(a));
+
+/**
+ * The absorbed formulation on the CPU for tokens pos0..pos0+T-1 (p.q their rows), over latent rows read back
+ * as a cache of `kv` elements holds them: the reference for a latent cache of f16 values. `held`: the rows
+ * as the kernels wrote them (the GPU rounds its f32 row to f16, the CPU its f64 one, so a value on a
+ * rounding tie may land one f16 step apart: the written rows are checked on their own, within that step).
+ */
+function latentReference(
+  p: {
+    q: Float32Array;
+    kv: Float32Array;
+    kvNorm: Float32Array;
+    table: Float32Array;
+    eps: number;
+    scale: number;
+  },
+  kvB: Float32Array,
+  d: MlaDims,
+  o: { pos0: number; interleaved: boolean; kv: KvType; held?: Float32Array },
+): Float32Array {
+  const { heads: NH, kvLoraRank: R, qkNopeHeadDim: DN, qkRopeHeadDim: DR, T } = d;
+  const { wUK, wUV } = mlaSplitKvB(kvB, d);
+  const q = p.q.slice(0, T * NH * (DN + DR));
+  for (let t = 0; t < T; t++) {
+    for (let h = 0; h < NH; h++) {
+      const b = (t * NH + h) * (DN + DR) + DN;
+      mlaRopeRef(q.subarray(b, b + DR), p.table, { pos: o.pos0 + t, interleaved: o.interleaved });
+    }
+  }
+  const n = o.pos0 + T;
+  const rows = o.held?.slice(0, n * (R + DR)) ??
+    latentRows(p.kv, p.kvNorm, p.table, { R, DR, n, eps: p.eps, interleaved: o.interleaved });
+  const cache = o.kv === "f16" ? asF16(rows) : rows;
+  const ctx = mlaLatentAttentionRef({ q, qLatent: mlaAbsorbRef(q, wUK, d), cache }, {
+    ...d,
+    scale: p.scale,
+    pos0: o.pos0,
+  });
+  return mlaValueRef(ctx, wUV, d);
 }
 
 Deno.test("MLA reference matches transformers' DeepseekV3Attention (un-absorbed and absorbed)", () => {
@@ -371,12 +415,15 @@ async function runCase(
     fused?: boolean;
     ropeAbsorb?: boolean;
     combineValue?: boolean;
+    /** The latent cache's element type (default f32): f16 checks against latentReference on rounded rows. */
+    kv?: KvType;
   },
 ) {
   const g = gpu!;
   const maxSeq = pos0 + T + 3;
   const p = problem(s, pos0, T, maxSeq, o.interleaved, s.heads * 7919 + s.R * 31 + pos0 * 3 + T);
-  const { d } = p;
+  const kv = o.kv ?? "f32";
+  const d = { ...p.d, kv };
   const CW = s.R + s.DR;
   const kvB = o.weights === "f16" ? f16ToF32(f32ToF16(p.kvB)) : p.kvB;
   const { wUK, wUV } = mlaSplitKvB(kvB, d);
@@ -407,7 +454,7 @@ async function runCase(
     q: qBuf,
     kv: o.fused ? qBuf : upload(g, p.kv.slice(pos0 * CW)),
     kvNorm: upload(g, p.kvNorm),
-    cache: upload(g, cache0),
+    cache: upload(g, kv === "f16" ? f32ToF16(cache0) : cache0),
     wUK: w(wUK),
     wUV: w(wUV),
     qLatent: storageBuffer(g, T * s.heads * s.R * 4),
@@ -417,17 +464,17 @@ async function runCase(
   const calls = o.fused
     ? program(g, b, { ...d, qStride: QS }, { ...p, ...o, kvStride: QS, kvOffset: qRow })
     : program(g, b, d, { ...p, ...o });
-  const [out, cache] = await runAndRead(g, calls, [[b.out, T * s.heads * s.DV], [b.cache, maxSeq * CW]]);
+  const words = kv === "f16" ? Math.ceil(maxSeq * CW / 2) : maxSeq * CW;
+  const [out, cacheWords] = await runAndRead(g, calls, [[b.out, T * s.heads * s.DV], [b.cache, words]]);
   releaseCalls(calls, step);
   for (const buf of new Set(Object.values(b))) buf.destroy();
-  const want = mlaReference({ ...p, kvB }, {
-    ...d,
-    pos0,
-    eps: p.eps,
-    interleaved: o.interleaved,
-    scale: p.scale,
-  });
-  return { out, want, cache, rows, cache0, maxSeq, CW };
+  // The cache as values, and what it held before and should hold now, as its elements hold them.
+  const cache = kv === "f16" ? f16ToF32(new Uint16Array(cacheWords.buffer, 0, maxSeq * CW)) : cacheWords;
+  const want = kv === "f16"
+    ? latentReference(p, kvB, d, { pos0, interleaved: o.interleaved, kv, held: cache })
+    : mlaReference({ ...p, kvB }, { ...d, pos0, eps: p.eps, interleaved: o.interleaved, scale: p.scale });
+  const held = kv === "f16" ? asF16 : (a: Float32Array) => a;
+  return { out, want, cache, rows: held(rows), cache0: held(cache0), maxSeq, CW };
 }
 
 // [heads, R, DN, DR, DV]: kimi-k2-tiny; the smallest; odd ranks and widths (scalar paths); R not a
@@ -476,6 +523,47 @@ for (const weights of ["f32", "f16"] as const) {
     },
   );
 }
+
+Deno.test(
+  {
+    name: "MLA kernels with an f16 latent cache: rows written rounded, read widened",
+    ignore: ignore || !gpu?.hasF16,
+  },
+  async () => {
+    const tunings: Partial<MlaAttentionTuning>[] = [
+      {},
+      { headsPerGroup: 2, splits: 3 },
+      { subgroup: true, splits: 5 },
+      { subgroup: false, splits: 1 },
+    ];
+    let k = 0, ran = 0;
+    for (const s of SHAPES) {
+      for (const [pos0, T] of POSITIONS) {
+        const tuning = tunings[k++ % tunings.length];
+        if (tuning.headsPerGroup! > s.heads) continue;
+        if (tuning.subgroup && (gpu!.subgroupSize === null || s.R % 4 !== 0 || s.DR % 4 !== 0)) continue;
+        const weights = k % 3 === 0 ? "f32" : "f16";
+        const interleaved = (pos0 + T) % 2 === 1;
+        const what = `h${s.heads} R${s.R} dr${s.DR} @${pos0}+${T} ${weights} ${JSON.stringify(tuning)}`;
+        const r = await runCase(s, pos0, T, {
+          weights,
+          interleaved,
+          tuning,
+          kv: "f16",
+          ropeAbsorb: k % 2 === 0,
+          combineValue: k % 2 === 1 && T === 1 && (tuning.splits ?? 2) > 1 && s.R % 4 === 0 &&
+            s.DR % 4 === 0 &&
+            gpu!.subgroupSize !== null && pos0 > 0,
+        });
+        assertClose(r.out, r.want, 2e-5, 2e-4, `out ${what}`);
+        const rows = [pos0 * r.CW, (pos0 + T) * r.CW];
+        assertClose(r.cache.slice(...rows), r.rows.slice(...rows), 1e-6, 1e-3, `written rows ${what}`);
+        ran++;
+      }
+    }
+    if (ran < 40) throw new Error(`only ${ran} cases ran`);
+  },
+);
 
 Deno.test(
   {
@@ -565,17 +653,18 @@ Deno.test(
   { name: "MLA rope + cache write: rows at the step's positions, nothing else", ignore },
   async () => {
     for (const s of [SHAPES[0], SHAPES[2], SHAPES[4]]) {
-      for (const interleaved of [true, false]) {
+      for (const [interleaved, kv] of [[true, "f32"], [false, "f32"], [true, "f16"]] as const) {
+        if (kv === "f16" && !gpu!.hasF16) continue;
         const pos0 = 5, T = 3;
-        const r = await runCase(s, pos0, T, { weights: "f32", interleaved });
+        const r = await runCase(s, pos0, T, { weights: "f32", interleaved, kv });
         const { CW } = r;
-        const what = `h${s.heads} R${s.R} il=${interleaved}`;
+        const what = `h${s.heads} R${s.R} il=${interleaved} ${kv}`;
         assertClose(r.cache.slice(0, pos0 * CW), r.cache0.slice(0, pos0 * CW), 0, 0, `rows before ${what}`);
         assertClose(
           r.cache.slice(pos0 * CW, (pos0 + T) * CW),
           r.rows.slice(pos0 * CW, (pos0 + T) * CW),
           1e-6,
-          1e-5,
+          kv === "f16" ? 1e-3 : 1e-5,
           `written rows ${what}`,
         );
         assertClose(
@@ -639,7 +728,7 @@ Deno.test(
 );
 
 Deno.test({
-  name: "MLA decode sequence: a prefill chunk then tokens one by one, from the kernels' own cache",
+  name: "MLA decode sequence: a prefill chunk then tokens one by one, from the kernels' own cache (f32, f16)",
   ignore,
 }, async () => {
   const g = gpu!;
@@ -649,40 +738,51 @@ Deno.test({
   const p = problem(s, 0, total, maxSeq, true, 4242);
   const { heads, R, DN, DR, DV } = s;
   const { wUK, wUV } = mlaSplitKvB(p.kvB, p.d);
-  const want = mlaReference(p, { ...p.d, T: total, pos0: 0, eps: p.eps, interleaved: true, scale: p.scale });
-  const step = createStepBuffer(g);
-  const cache = storageBuffer(g, maxSeq * (R + DR) * 4);
-  const fixed = {
-    step,
-    table: upload(g, p.table),
-    kvNorm: upload(g, p.kvNorm),
-    cache,
-    wUK: upload(g, wUK),
-    wUV: upload(g, wUV),
-  };
-  for (let pos = 0; pos < total;) {
-    const T = pos === 0 ? prefill : 1;
-    const d = { ...p.d, T };
-    writeStep(g, step, { pos0: pos, T, tokOut: 0 });
-    const b = {
-      ...fixed,
-      q: upload(g, p.q.slice(pos * heads * (DN + DR), (pos + T) * heads * (DN + DR))),
-      kv: upload(g, p.kv.slice(pos * (R + DR), (pos + T) * (R + DR))),
-      qLatent: storageBuffer(g, T * heads * R * 4),
-      ctx: storageBuffer(g, T * heads * R * 4),
-      out: storageBuffer(g, T * heads * DV * 4),
+  for (const kv of ["f32", "f16"] as const) {
+    if (kv === "f16" && !g.hasF16) continue;
+    const all = { ...p.d, T: total, kv };
+    const outs: Float32Array[] = [];
+    const step = createStepBuffer(g);
+    const cache = storageBuffer(g, maxSeq * (R + DR) * (kv === "f16" ? 2 : 4));
+    const fixed = {
+      step,
+      table: upload(g, p.table),
+      kvNorm: upload(g, p.kvNorm),
+      cache,
+      wUK: upload(g, wUK),
+      wUV: upload(g, wUV),
     };
-    const calls = program(g, b, d, { ...p, weights: "f32" });
-    const [out] = await runAndRead(g, calls, [[b.out, T * heads * DV]]);
-    releaseCalls(calls, step);
-    assertClose(
-      out,
-      want.slice(pos * heads * DV, (pos + T) * heads * DV),
-      2e-5,
-      2e-4,
-      `tokens ${pos}..${pos + T - 1}`,
-    );
-    pos += T;
+    for (let pos = 0; pos < total;) {
+      const T = pos === 0 ? prefill : 1;
+      const d = { ...p.d, T, kv };
+      writeStep(g, step, { pos0: pos, T, tokOut: 0 });
+      const b = {
+        ...fixed,
+        q: upload(g, p.q.slice(pos * heads * (DN + DR), (pos + T) * heads * (DN + DR))),
+        kv: upload(g, p.kv.slice(pos * (R + DR), (pos + T) * (R + DR))),
+        qLatent: storageBuffer(g, T * heads * R * 4),
+        ctx: storageBuffer(g, T * heads * R * 4),
+        out: storageBuffer(g, T * heads * DV * 4),
+      };
+      const calls = program(g, b, d, { ...p, weights: "f32" });
+      const [out] = await runAndRead(g, calls, [[b.out, T * heads * DV]]);
+      releaseCalls(calls, step);
+      outs.push(out);
+      pos += T;
+    }
+    // f16: against the rows as the kernels wrote them (latentReference's `held`).
+    const words = kv === "f16" ? total * (R + DR) / 2 : total * (R + DR);
+    const [cacheWords] = await runAndRead(g, [], [[cache, words]]);
+    const held = kv === "f16" ? f16ToF32(new Uint16Array(cacheWords.buffer)) : cacheWords;
+    const want = kv === "f16"
+      ? latentReference(p, p.kvB, all, { pos0: 0, interleaved: true, kv, held })
+      : mlaReference(p, { ...all, pos0: 0, eps: p.eps, interleaved: true, scale: p.scale });
+    for (let pos = 0, i = 0; pos < total; i++) {
+      const T = pos === 0 ? prefill : 1;
+      const what = `${kv} cache, tokens ${pos}..${pos + T - 1}`;
+      assertClose(outs[i], want.slice(pos * heads * DV, (pos + T) * heads * DV), 2e-5, 2e-4, what);
+      pos += T;
+    }
   }
 });
 

@@ -389,9 +389,9 @@ Deno.test(
 // The f16 KV cache (the default with f16 / q8 / q4 weights where the adapter has shader-f16): the same f16
 // weights decode the same greedy tokens with either cache type, through prefill (rope_kv, then flash
 // attention over the cache) and decode steps (the fused decode attention), and the cache costs half the
-// bytes. f32 weights keep f32.
+// bytes. f32 weights keep f32. kimi-k2-tiny: MLA's latent cache the same (kernels/mla*.ts).
 // (llama3-tiny is in ../shared/fixtures when present: tests/fixtures.ts.)
-for (const name of ["llama-micro", "qwen3-tiny", "llama3-tiny"]) {
+for (const name of ["llama-micro", "qwen3-tiny", "kimi-k2-tiny", "llama3-tiny"]) {
   Deno.test(
     needs(`${name}: an f16 KV cache gives the f32 cache's greedy tokens at half the bytes`, {
       "a WebGPU adapter with shader-f16": gpu?.hasF16 ? gpu : null,

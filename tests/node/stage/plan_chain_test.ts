@@ -3,7 +3,7 @@
 // MoE experts local or spread.
 import assert from "node:assert/strict";
 import { planChain, predictChain, rolesOf, servedDtype } from "../../../node/stage/mod.ts";
-import { compileHfConfig, type LiveDescriptor, PlacementError, toRanges } from "../../../planner/mod.ts";
+import { type LiveDescriptor, PlacementError, toRanges } from "../../../planner/mod.ts";
 
 const config = (layers: number) => ({
   model_type: "llama",
@@ -176,30 +176,21 @@ Deno.test("predictChain: the plan's per-token time at a request's context, on cu
   assert.ok(Math.abs(short.stages[0].hopMs - 25) < 0.01, `${short.stages[0].hopMs}`);
   assert.ok(Math.abs(short.stages[4].hopMs - 25) < 0.01, `${short.stages[4].hopMs}`);
   assert.deepEqual(servedDtype("f32"), { dense: 4, experts: 4, embed: 4, kv: 4 });
-  // The GQA KV cache is f16 beside f16 / q8 / q4 weights; MLA's latent cache stays f32.
+  // The KV cache (GQA's K and V, MLA's latent rows) is f16 beside f16 / q8 / q4 weights.
   assert.deepEqual(servedDtype("auto"), { dense: 2, experts: 2, embed: 2, kv: 2 });
-  const gqa = compileHfConfig(config(4));
-  assert.equal(servedDtype("q4", gqa).kv, 2);
-  const mla = {
-    ...gqa,
-    layers: gqa.layers.map((l) => ({
-      ...l,
-      ops: l.ops.map((o) => o.kind === "attention" ? { ...o, variant: "mla" as const } : o),
-    })),
-  };
-  assert.equal(servedDtype("q4", mla).kv, 4);
+  assert.equal(servedDtype("q4").kv, 2);
   // A member without shader-f16 holds auto weights and the KV cache in f32: the Plan counts 4 bytes for all.
   const noF16 = [{ id: "a", descriptor: { ...members[0].descriptor!, read_weights: "f32" as const } }];
-  assert.deepEqual(servedDtype("auto", gqa, noF16), { dense: 4, experts: 4, embed: 4, kv: 4 });
-  assert.deepEqual(servedDtype("q4", gqa, noF16), {
+  assert.deepEqual(servedDtype("auto", noF16), { dense: 4, experts: 4, embed: 4, kv: 4 });
+  assert.deepEqual(servedDtype("q4", noF16), {
     dense: 18 / 32,
     experts: 18 / 32,
     embed: 18 / 32,
     kv: 4,
   });
   assert.deepEqual(
-    servedDtype("q4", gqa, members),
-    servedDtype("q4", gqa),
+    servedDtype("q4", members),
+    servedDtype("q4"),
     "members that read f16: as before",
   );
 });
