@@ -34,8 +34,11 @@ export interface LabCluster {
   nodes: LabNode[];
 }
 
-/** KV context the lab plans for by default: the lab's requests are short. */
-export const LAB_CONTEXT = 512;
+/**
+ * KV context the lab plans for by default: the lab's requests are short. (1,024 tokens of f16 KV are the
+ * bytes 512 of f32 were before MLA's latent cache went f16: planner/examples/kimi_lab.swl's sizes hold.)
+ */
+export const LAB_CONTEXT = 1024;
 
 /** Reads and checks a cluster file for `--cluster`; UsageError naming the file and what is wrong. */
 export async function readLabCluster(path: string, opts: { memoryScale?: number } = {}): Promise<LabCluster> {

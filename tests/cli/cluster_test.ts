@@ -362,5 +362,5 @@ Deno.test("plan --experts regional prints the plan generate --cluster runs; f32 
     ...["--memory-scale", "2"],
   ]);
   assert.equal(scaled.code, 0, scaled.stderr);
-  assert.match(scaled.stdout, /context 512, experts spread; cluster kimi_lab: \d stages/);
+  assert.match(scaled.stdout, /context 1024, experts spread; cluster kimi_lab: \d stages/);
 });
