@@ -56,10 +56,19 @@ function sharedBytes(d: MlaDims, G: number): number {
 /**
  * Heads per group: up to HEADS_PER_GROUP (fewer where workgroup memory is short); splits: about
  * WORKGROUPS workgroups at decode sizes, at most 64; prefill (T > 1) has T times the workgroups already.
+ * Decode (T = 1) takes the subgroup kernel where it applies, one head a workgroup, unless the model has
+ * MANY_HEADS heads or more: then every head re-reading every cache row costs more in L2 traffic than one
+ * head a workgroup buys in parallelism, and 4 heads a workgroup over 32 splits serve (H200, f16 cache, us a
+ * layer at 128 / 2,048 / 8,192 keys: 64 heads 21.4 / 80.5 / 257 one head a workgroup, 24.7 / 63.1 / 154
+ * four; 128 heads 24.4 / 136 / 497 against 26.6 / 101 / 285; 16 heads 18.3 / 57.9 / 102 against 24.2 /
+ * 48.7 / 100: docs/BENCHMARKS.md, the twenty-seventh session).
  */
 export function mlaAttentionDefaultTuning(gpu: Gpu, d: MlaDims): MlaAttentionTuning {
   let G = Math.min(HEADS_PER_GROUP, d.heads);
   while (G > 1 && sharedBytes(d, G) > gpu.maxWorkgroupStorage) G--;
+  if (d.T === 1 && d.heads >= MANY_HEADS && sharedBytes(d, MANY_HEADS_PER_GROUP) <= gpu.maxWorkgroupStorage) {
+    return { headsPerGroup: MANY_HEADS_PER_GROUP, splits: MANY_HEADS_SPLITS, unroll: 8 };
+  }
   if (d.T === 1 && sgFits(gpu, d)) {
     // One head a workgroup: enough splits for about 1024 workgroups at long contexts (idle ones exit).
     const splits = d.T === 1 ? Math.max(1, Math.min(64, Math.floor(1024 / d.heads))) : 1;
@@ -187,6 +196,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j
 
 const HEADS_PER_GROUP = 8;
 const WORKGROUPS = 256;
+/** From this many heads, decode groups MANY_HEADS_PER_GROUP heads a workgroup over MANY_HEADS_SPLITS splits. */
+const MANY_HEADS = 64;
+const MANY_HEADS_PER_GROUP = 4;
+const MANY_HEADS_SPLITS = 32;
 
 /** Lanes per key row in the score phase: about 32 loads or fewer each, at most 8 lanes. */
 function lanesPerKey(cwv: number): number {

@@ -29,16 +29,22 @@ import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
 import { linear } from "./linear.ts";
 
 /**
- * SWACTOR_MLA_TUNING=headsPerGroup,splits,unroll (any may be empty): the attention kernel's cut, for tuning
- * sweeps on a GPU (kernels/mla_attention.ts's defaults otherwise); read when a program is built.
+ * SWACTOR_MLA_TUNING=headsPerGroup,splits,unroll (any may be empty; headsPerGroup "sg": the subgroup kernel,
+ * one head a workgroup): the attention kernel's cut, for tuning sweeps on a GPU (kernels/mla_attention.ts's
+ * defaults otherwise); read when a program is built.
  */
 function attentionTuning(): Partial<MlaAttentionTuning> | undefined {
   const v = Deno.env.get("SWACTOR_MLA_TUNING");
   if (!v) return undefined;
-  const [headsPerGroup, splits, unroll] = v.split(",").map((x) => (x === "" ? undefined : Number(x)));
-  return Object.fromEntries(
-    Object.entries({ headsPerGroup, splits, unroll }).filter(([, x]) => x !== undefined),
-  ) as Partial<MlaAttentionTuning>;
+  const [heads, splits, unroll] = v.split(",").map((x) => (x === "" ? undefined : x));
+  const t: Partial<MlaAttentionTuning> = heads === "sg"
+    ? { subgroup: true, headsPerGroup: 1 }
+    : heads !== undefined
+    ? { headsPerGroup: Number(heads) }
+    : {};
+  if (splits !== undefined) t.splits = Number(splits);
+  if (unroll !== undefined) t.unroll = Number(unroll);
+  return t;
 }
 
 /** RMSNorm epsilon of q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm's default). */

@@ -6,7 +6,7 @@
 // of f32 and of f16 values (--cache; the engine's is f16 beside f16 / q8 / q4 weights). One JSON line per row.
 //   deno run -A scripts/bench/mla.ts [--heads 16,64,128] [--keys 128,1024,4096] [--cache f32,f16]
 //     [--repeat 50] [--default-only] [--tunings '[{"headsPerGroup": 8, "splits": 16, "subgroup": false}]']
-// --tunings: rows of MlaAttentionTuning fields over the default, after the default's row.
+// --tunings: rows of MlaAttentionTuning fields over the default, after the default's row (null: left out).
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
@@ -95,9 +95,10 @@ for (const heads of HEADS) {
     const def = mlaAttentionDefaultTuning(gpu, d);
     // The default, then each knob moved: more loads in flight, half the heads per group (twice the
     // workgroups), half the splits.
+    // A null field is the field left out.
     const extra = (JSON.parse(args.tunings ?? "[]") as Partial<MlaAttentionTuning>[]).map((t) => ({
       ...def,
-      ...t,
+      ...Object.fromEntries(Object.entries(t).map(([k, v]) => [k, v ?? undefined])),
     }));
     const tunings: MlaAttentionTuning[] = args["default-only"] || extra.length ? [def, ...extra] : [
       def,

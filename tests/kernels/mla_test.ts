@@ -16,6 +16,7 @@ import {
   mlaAbsorbCall,
   mlaAbsorbRef,
   mlaAttentionCalls,
+  mlaAttentionDefaultTuning,
   mlaAttentionSplits,
   type MlaAttentionTuning,
   mlaCombineValueCall,
@@ -38,6 +39,7 @@ import {
   writeStep,
   type YarnRopeScaling,
 } from "../../kernels/mod.ts";
+import assert from "node:assert/strict";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import { assertClose, gpuOrSkip, randoms, upload } from "./harness.ts";
 
@@ -644,6 +646,21 @@ Deno.test(
           const r = await runCase(s, pos0, T, { weights: "f32", interleaved: true, tuning });
           assertClose(r.out, r.want, 2e-5, 2e-4, `out ${what}`);
         }
+      }
+    }
+  },
+);
+
+Deno.test(
+  { name: "MLA decode with 64 heads or more groups 4 heads a workgroup by default: the same answer", ignore },
+  async () => {
+    for (const s of [{ heads: 64, R: 16, DN: 8, DR: 8, DV: 8 }, { heads: 66, R: 20, DN: 4, DR: 4, DV: 6 }]) {
+      const d = { heads: s.heads, kvLoraRank: s.R, qkNopeHeadDim: s.DN, qkRopeHeadDim: s.DR, vHeadDim: s.DV };
+      const def = mlaAttentionDefaultTuning(gpu!, { ...d, maxSeq: 512, T: 1 });
+      assert.deepEqual([def.headsPerGroup, def.splits, def.subgroup], [4, 32, undefined]);
+      for (const [pos0, T] of [[0, 1], [65, 1], [700, 1]] as [number, number][]) {
+        const r = await runCase(s, pos0, T, { weights: "f16", interleaved: true });
+        assertClose(r.out, r.want, 2e-5, 2e-4, `h${s.heads} R${s.R} @${pos0}+${T}`);
       }
     }
   },
