@@ -35,7 +35,7 @@ export const up: Command = {
   summary: "start a node that leads a cluster and print its ticket",
   usage: `Usage: swactor up [--peers N] [--listen HOST:PORT] [--relay n0|URL|none] [--api HOST:PORT]
                   [--membership lan|wan|local|test]
-                  [--model DIR] [--members N] [--plan FILE] [--weights f32|f16|q8|q4] [--wire f16|f32]
+                  [--model DIR] [--members N] [--plan FILE] [--weights auto|f32|f16|q8|q4] [--wire f16|f32]
                   [--memory SIZE] [--http HOST:PORT|off] [--api-key KEY] [--insecure] [--parallel N]
                   [--queue N]
        swactor up --cluster FILE --model DIR [--emulate-wan] [--memory-scale F] [--weights W] [--wire W]
@@ -59,7 +59,8 @@ ${RELAY_HELP}
                        included, the others joining with the ticket (default: --peers)
   --plan FILE          with --model: use this Plan JSON instead of planning (its stage nodes are mapped
                        onto the members in order); without --model it is only shown by \`status\`
-  --weights f32|f16|q8|q4  weights on the GPU (default f32; q8 / q4 quantised at load)
+  --weights auto|f32|f16|q8|q4  weights on the GPU (default auto: f16 where the GPU has shader-f16, else
+                       f32; q8 / q4 quantised at load)
 ${WIRE_UP_HELP}
 ${SERVING_HELP}
 ${SPECULATE_UP_HELP}
