@@ -4,8 +4,12 @@
 //   const { values } = scriptArgs(import.meta.url, (args) => parseArgs({ args, options: { ... } }));
 import { fileURLToPath } from "node:url";
 import { basename } from "node:path";
+import { UsageError } from "../cli/command.ts";
 
-/** Parses `args` (default Deno.args) with `parse`, answering --help and bad options for the script at `url`. */
+/**
+ * Parses `args` (default Deno.args) with `parse` (node:util's parseArgs, or cli/command.ts's parseFlags),
+ * answering --help and bad options for the script at `url`.
+ */
 export function scriptArgs<R>(url: string, parse: (args: string[]) => R, args: string[] = Deno.args): R {
   const path = fileURLToPath(url);
   if (args.includes("--help") || args.includes("-h")) {
@@ -16,7 +20,8 @@ export function scriptArgs<R>(url: string, parse: (args: string[]) => R, args: s
     return parse(args);
   } catch (e) {
     const code = (e as { code?: unknown }).code;
-    if (typeof code !== "string" || !code.startsWith("ERR_PARSE_ARGS")) throw e;
+    const bad = e instanceof UsageError || (typeof code === "string" && code.startsWith("ERR_PARSE_ARGS"));
+    if (!bad) throw e;
     console.error(`${basename(path)}: ${(e as Error).message} (--help for the usage)`);
     Deno.exit(2);
   }

@@ -21,6 +21,7 @@ import {
 import { moeOf } from "../planner/model_graph.ts";
 import { SPLIT_READBACKS } from "../planner/evaluate.ts";
 import { expertPlacement, type ExpertPlan } from "../node/stage/experts.ts";
+import { scriptArgs } from "./args.ts";
 
 /** Kimi K2's config.json as published (planner/examples/kimi-k2). */
 const K2 = JSON.parse(
@@ -240,7 +241,7 @@ function evaluate(model: ModelGraph, cluster: Cluster, plan: Plan) {
 const f1 = (v: number) => v.toFixed(1);
 
 if (import.meta.main) {
-  const { values } = parseFlags(Deno.args, { json: { type: "string" } });
+  const { values } = scriptArgs(import.meta.url, (args) => parseFlags(args, { json: { type: "string" } }));
   const model = compileHfConfig(K2, { dtype: DTYPE });
   const out: Record<string, unknown>[] = [];
   const rateSets = [

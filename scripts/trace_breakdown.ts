@@ -11,6 +11,7 @@
 // decode tokens with each part's share; then per stage, the mean decode compute, fan-out and outgoing hop.
 // A token's total is its stages' compute plus its hops: a batch-1 chain runs them one after another.
 import { parseFlags } from "../cli/command.ts";
+import { scriptArgs } from "./args.ts";
 
 interface Event {
   name: string;
@@ -204,9 +205,13 @@ export function breakdownMarkdown(b: ReturnType<typeof breakdown>): string {
 }
 
 if (import.meta.main) {
-  const { values, positionals } = parseFlags(Deno.args, { json: { type: "boolean" } }, {
-    allowPositionals: true,
-  });
+  const { values, positionals } = scriptArgs(
+    import.meta.url,
+    (args) =>
+      parseFlags(args, { json: { type: "boolean" } }, {
+        allowPositionals: true,
+      }),
+  );
   if (positionals.length !== 1) {
     console.error("Usage: deno run -A scripts/trace_breakdown.ts TRACE.json [--json]");
     Deno.exit(2);

@@ -4,6 +4,7 @@
 //
 //   deno run -A scripts/trace_picture.ts TRACE.json OUT.svg [--tokens A..B] [--png OUT.png] [--width PX]
 import { parseFlags } from "../cli/command.ts";
+import { scriptArgs } from "./args.ts";
 
 interface Event {
   name: string;
@@ -110,11 +111,12 @@ export function tracePicture(
 }
 
 if (import.meta.main) {
-  const { values, positionals } = parseFlags(Deno.args, {
-    tokens: { type: "string" },
-    png: { type: "string" },
-    width: { type: "string" },
-  }, { allowPositionals: true });
+  const { values, positionals } = scriptArgs(import.meta.url, (args) =>
+    parseFlags(args, {
+      tokens: { type: "string" },
+      png: { type: "string" },
+      width: { type: "string" },
+    }, { allowPositionals: true }));
   if (positionals.length !== 2) {
     console.error(
       "Usage: deno run -A scripts/trace_picture.ts TRACE.json OUT.svg [--tokens A..B] [--png OUT.png]",

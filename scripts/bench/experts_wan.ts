@@ -24,6 +24,7 @@ import { startLocalCluster } from "../../cli/local_cluster.ts";
 import { expertPlacement, type ExpertPlan } from "../../node/stage/experts.ts";
 import { expertName } from "../../node/stage/expert_names.ts";
 import { writeK2Scaled } from "../fixtures/make_k2_scaled.ts";
+import { scriptArgs } from "../args.ts";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -255,17 +256,18 @@ export function table(rows: Measured[]): string {
 }
 
 if (import.meta.main) {
-  const { values } = parseFlags(Deno.args, {
-    models: { type: "string", default: "kimi-k2-tiny,mixtral-tiny" },
-    nodes: { type: "string", default: "5" },
-    delays: { type: "string", default: "1,10,25" },
-    "max-tokens": { type: "string", default: "24" },
-    rounds: { type: "string", default: "2" },
-    settle: { type: "string", default: "10" },
-    "no-wan": { type: "boolean", default: false },
-    json: { type: "string" },
-    k2: { type: "string" },
-  });
+  const { values } = scriptArgs(import.meta.url, (args) =>
+    parseFlags(args, {
+      models: { type: "string", default: "kimi-k2-tiny,mixtral-tiny" },
+      nodes: { type: "string", default: "5" },
+      delays: { type: "string", default: "1,10,25" },
+      "max-tokens": { type: "string", default: "24" },
+      rounds: { type: "string", default: "2" },
+      settle: { type: "string", default: "10" },
+      "no-wan": { type: "boolean", default: false },
+      json: { type: "string" },
+      k2: { type: "string" },
+    }));
   const nodes = Number(values.nodes),
     maxTokens = Number(values["max-tokens"]),
     rounds = Number(values.rounds);

@@ -39,25 +39,27 @@ import { createNetns } from "../wan/netns.ts";
 import { startTopology } from "../wan/topology.ts";
 import { type Run, runsTable, type SpecRun, specTable } from "./pipeline_wan_report.ts";
 import { llamaMicroShapedCheckpoint } from "./random_checkpoint.ts";
+import { scriptArgs } from "../args.ts";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
-const { values } = parseFlags(Deno.args, {
-  model: { type: "string", default: join(root, "../shared/fixtures/llama3-tiny") },
-  nodes: { type: "string", default: "5" },
-  delays: { type: "string", default: "0,10,25" },
-  "max-tokens": { type: "string", default: "32" },
-  rounds: { type: "string", default: "3" },
-  port: { type: "string", default: "7400" },
-  json: { type: "string" },
-  experts: { type: "string", default: "local" },
-  links: { type: "string", default: "chain" },
-  weights: { type: "string", default: "f32" },
-  settle: { type: "string", default: "0" },
-  wire: { type: "string", default: "f16" },
-  speculate: { type: "string" },
-  drafters: { type: "string", default: "target,target:0.2,ngram" },
-  "random-layers": { type: "string" },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseFlags(args, {
+    model: { type: "string", default: join(root, "../shared/fixtures/llama3-tiny") },
+    nodes: { type: "string", default: "5" },
+    delays: { type: "string", default: "0,10,25" },
+    "max-tokens": { type: "string", default: "32" },
+    rounds: { type: "string", default: "3" },
+    port: { type: "string", default: "7400" },
+    json: { type: "string" },
+    experts: { type: "string", default: "local" },
+    links: { type: "string", default: "chain" },
+    weights: { type: "string", default: "f32" },
+    settle: { type: "string", default: "0" },
+    wire: { type: "string", default: "f16" },
+    speculate: { type: "string" },
+    drafters: { type: "string", default: "target,target:0.2,ngram" },
+    "random-layers": { type: "string" },
+  }));
 if (!["local", "spread"].includes(values.experts)) throw new TypeError(`--experts: local or spread`);
 if (!["chain", "all"].includes(values.links)) {
   throw new TypeError(`--links: chain (stage hops) or all (every pair)`);

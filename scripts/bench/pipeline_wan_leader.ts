@@ -26,17 +26,19 @@ import { type DrafterSource, drafterSource } from "../../cli/speculate_flags.ts"
 import { acceptanceRate } from "../../models/speculative.ts";
 import type { GenerateOutcome, SpeculateOutcome } from "../../node/stage/client.ts";
 import { encodeTicket, newSecret } from "../../node/ticket.ts";
+import { scriptArgs } from "../args.ts";
 
-const { values } = parseFlags(Deno.args, {
-  listen: { type: "string" },
-  model: { type: "string" },
-  nodes: { type: "string" },
-  tokens: { type: "string" },
-  wire: { type: "string", default: "f16" },
-  experts: { type: "string", default: "local" },
-  weights: { type: "string", default: "f32" },
-  "one-stage-each": { type: "boolean" },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseFlags(args, {
+    listen: { type: "string" },
+    model: { type: "string" },
+    nodes: { type: "string" },
+    tokens: { type: "string" },
+    wire: { type: "string", default: "f16" },
+    experts: { type: "string", default: "local" },
+    weights: { type: "string", default: "f32" },
+    "one-stage-each": { type: "boolean" },
+  }));
 if (!values.listen || !values.model || !values.nodes || !values.tokens) {
   console.error("usage: pipeline_wan_leader.ts --listen IP:PORT --model DIR --nodes N --tokens 1,2,3");
   Deno.exit(2);

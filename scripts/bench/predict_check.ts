@@ -14,19 +14,21 @@ import { fileURLToPath } from "node:url";
 import { parseFlags } from "../../cli/command.ts";
 import type { LiveDescriptor } from "../../planner/mod.ts";
 import { ensureRandomCheckpoint, LLAMA_3_2_1B } from "./random_checkpoint.ts";
+import { scriptArgs } from "../args.ts";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 const MAIN = join(root, "main.ts");
-const { values } = parseFlags(Deno.args, {
-  model: { type: "string", default: join(root, "../shared/fixtures/llama3-tiny") },
-  nodes: { type: "string", default: "5" },
-  memory: { type: "string", default: "" },
-  slowdown: { type: "string", default: "" },
-  requests: { type: "string", default: "3" },
-  "max-tokens": { type: "string", default: "32" },
-  settle: { type: "string", default: "20" },
-  "random-layers": { type: "string" },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseFlags(args, {
+    model: { type: "string", default: join(root, "../shared/fixtures/llama3-tiny") },
+    nodes: { type: "string", default: "5" },
+    memory: { type: "string", default: "" },
+    slowdown: { type: "string", default: "" },
+    requests: { type: "string", default: "3" },
+    "max-tokens": { type: "string", default: "32" },
+    settle: { type: "string", default: "20" },
+    "random-layers": { type: "string" },
+  }));
 if (values["random-layers"]) {
   const layers = Number(values["random-layers"]);
   values.model = join(Deno.env.get("TMPDIR") ?? "/tmp", `swactor-random-llama-${layers}`);

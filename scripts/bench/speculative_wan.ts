@@ -32,14 +32,16 @@ import {
 } from "../../models/speculative.ts";
 import { predictSpeculative } from "../../planner/speculative.ts";
 import { llamaMicroShapedCheckpoint } from "./random_checkpoint.ts";
+import { scriptArgs } from "../args.ts";
 
-const { values } = parseFlags(Deno.args, {
-  stages: { type: "string", default: "5" },
-  delays: { type: "string", default: "0,10,25" },
-  "max-tokens": { type: "string", default: "40" },
-  k: { type: "string", default: "4" },
-  json: { type: "string" },
-});
+const { values } = scriptArgs(import.meta.url, (args) =>
+  parseFlags(args, {
+    stages: { type: "string", default: "5" },
+    delays: { type: "string", default: "0,10,25" },
+    "max-tokens": { type: "string", default: "40" },
+    k: { type: "string", default: "4" },
+    json: { type: "string" },
+  }));
 const STAGES = Number(values.stages);
 const MAX = Number(values["max-tokens"]);
 const K = Number(values.k);

@@ -7,6 +7,7 @@
 import { Endpoint, EndpointAddr, EndpointId, presetMinimal } from "@number0/iroh";
 import type { BiStream, Connection } from "@number0/iroh";
 import { parseFlags } from "../../cli/command.ts";
+import { scriptArgs } from "../args.ts";
 
 const ALPN = Array.from(new TextEncoder().encode("swactor/wan-bench/1"));
 export const PING_BYTES = 32;
@@ -111,13 +112,14 @@ export async function dial(
 
 if (import.meta.main) {
   const [mode, ...rest] = Deno.args;
-  const { values } = parseFlags(rest, {
-    bind: { type: "string", default: "127.0.0.1:0" },
-    peer: { type: "string" },
-    addr: { type: "string" },
-    pings: { type: "string", default: "50" },
-    bytes: { type: "string", default: "0" },
-  });
+  const { values } = scriptArgs(import.meta.url, (args) =>
+    parseFlags(args, {
+      bind: { type: "string", default: "127.0.0.1:0" },
+      peer: { type: "string" },
+      addr: { type: "string" },
+      pings: { type: "string", default: "50" },
+      bytes: { type: "string", default: "0" },
+    }), rest);
   const ep = await endpoint(values.bind);
   if (mode === "serve") {
     const host = values.bind.slice(0, values.bind.lastIndexOf(":"));

@@ -14,6 +14,7 @@ import { dial, type DialResult, endpoint, PING_BYTES, serve } from "./iroh_peer.
 import { createNetns, type NetnsSet } from "./netns.ts";
 import { type RelayStats, startRelay } from "./relay.ts";
 import { summarize } from "./summary.ts";
+import { scriptArgs } from "../args.ts";
 
 const repoRoot = fromFileUrl(new URL("../../", import.meta.url));
 const peerScript = fromFileUrl(new URL("./iroh_peer.ts", import.meta.url));
@@ -121,13 +122,14 @@ const describe = (l: LinkSpec | null) =>
   ].filter(Boolean).join(", ");
 
 if (import.meta.main) {
-  const { values } = parseFlags(Deno.args, {
-    samples: { type: "string", default: "50" },
-    delays: { type: "string", default: "0,10,25" },
-    mbytes: { type: "string", default: "4" },
-    quick: { type: "boolean" },
-    loopback: { type: "boolean" },
-  });
+  const { values } = scriptArgs(import.meta.url, (args) =>
+    parseFlags(args, {
+      samples: { type: "string", default: "50" },
+      delays: { type: "string", default: "0,10,25" },
+      mbytes: { type: "string", default: "4" },
+      quick: { type: "boolean" },
+      loopback: { type: "boolean" },
+    }));
   const samples = values.quick ? 10 : Number(values.samples);
   const bytes = Math.round(Number(values.mbytes) * 1e6 / (values.quick ? 4 : 1));
   const delays = values.delays.split(",").map(Number);

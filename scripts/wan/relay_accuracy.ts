@@ -7,6 +7,7 @@ import { parseFlags } from "../../cli/command.ts";
 import { startRelay } from "./relay.ts";
 import { parseSocketAddr } from "./socket_addr.ts";
 import { summarize } from "./summary.ts";
+import { scriptArgs } from "../args.ts";
 
 async function bound(onMessage: (m: Buffer, r: dgram.RemoteInfo, s: dgram.Socket) => void) {
   const s = dgram.createSocket("udp4");
@@ -35,11 +36,12 @@ async function pingPong(addr: string, samples: number): Promise<number[]> {
 }
 
 if (import.meta.main) {
-  const { values } = parseFlags(Deno.args, {
-    samples: { type: "string", default: "200" },
-    delays: { type: "string", default: "0,10,25" },
-    "jitter-ms": { type: "string", default: "0" },
-  });
+  const { values } = scriptArgs(import.meta.url, (args) =>
+    parseFlags(args, {
+      samples: { type: "string", default: "200" },
+      delays: { type: "string", default: "0,10,25" },
+      "jitter-ms": { type: "string", default: "0" },
+    }));
   const samples = Number(values.samples);
   const echo = await bound((m, r, s) => s.send(m, r.port, r.address));
   const echoAddr = `127.0.0.1:${echo.address().port}`;
