@@ -59,6 +59,12 @@ export interface MlaDims {
    * row too, so this step attends to it as later steps read it back) and widened to f32 as they are read.
    */
   kv?: KvType;
+  /**
+   * The most keys the program's steps attend to, where its builder knows (a decode program chosen by the
+   * cache's length: mlaLengthBucket): decode with many heads keeps one head a workgroup up to SHORT_KEYS
+   * (kernels/mla_attention.ts). Unknown: cut for long caches.
+   */
+  keys?: number;
 }
 
 /** Bytes per token per layer: the latent cache's [c, kRope], and expanded K and V as transformers keeps them. */

@@ -57,8 +57,9 @@ function sharedBytes(d: MlaDims, G: number): number {
  * Heads per group: up to HEADS_PER_GROUP (fewer where workgroup memory is short); splits: about
  * WORKGROUPS workgroups at decode sizes, at most 64; prefill (T > 1) has T times the workgroups already.
  * Decode (T = 1) takes the subgroup kernel where it applies, one head a workgroup, unless the model has
- * MANY_HEADS heads or more: then every head re-reading every cache row costs more in L2 traffic than one
- * head a workgroup buys in parallelism, and 4 heads a workgroup over 32 splits serve (H200, f16 cache, us a
+ * MANY_HEADS heads or more and the steps may attend to more than MLA_SHORT_KEYS keys (mlaLengthBucket): then
+ * every head re-reading every cache row costs more in L2 traffic than one head a workgroup buys in
+ * parallelism, and 4 heads a workgroup over 32 splits serve (H200, f16 cache, us a
  * layer at 128 / 2,048 / 8,192 keys: 64 heads 21.4 / 80.5 / 257 one head a workgroup, 24.7 / 63.1 / 154
  * four; 128 heads 24.4 / 136 / 497 against 26.6 / 101 / 285; 16 heads 18.3 / 57.9 / 102 against 24.2 /
  * 48.7 / 100: docs/BENCHMARKS.md, the twenty-seventh session).
@@ -66,10 +67,13 @@ function sharedBytes(d: MlaDims, G: number): number {
 export function mlaAttentionDefaultTuning(gpu: Gpu, d: MlaDims): MlaAttentionTuning {
   let G = Math.min(HEADS_PER_GROUP, d.heads);
   while (G > 1 && sharedBytes(d, G) > gpu.maxWorkgroupStorage) G--;
-  if (d.T === 1 && d.heads >= MANY_HEADS && sharedBytes(d, MANY_HEADS_PER_GROUP) <= gpu.maxWorkgroupStorage) {
+  if (
+    d.T === 1 && mlaLengthBucket(d.heads, d.keys) === "long" &&
+    sharedBytes(d, MANY_HEADS_PER_GROUP) <= gpu.maxWorkgroupStorage
+  ) {
     return { headsPerGroup: MANY_HEADS_PER_GROUP, splits: MANY_HEADS_SPLITS, unroll: 8 };
   }
-  if (d.T === 1 && sgFits(gpu, d)) {
+  if (d.T === 1 && mlaSubgroupFits(gpu, d)) {
     // One head a workgroup: enough splits for about 1024 workgroups at long contexts (idle ones exit).
     const splits = d.T === 1 ? Math.max(1, Math.min(64, Math.floor(1024 / d.heads))) : 1;
     return { headsPerGroup: 1, splits, unroll: 8, subgroup: true };
@@ -83,7 +87,7 @@ export function mlaAttentionDefaultTuning(gpu: Gpu, d: MlaDims): MlaAttentionTun
  * Whether the subgroup kernel serves these dims here: vec4 rows, and every warp scores a whole number of a
  * chunk's keys (a chunk holds WG / lanesPerKey keys, >= 16; subgroups of 4 make 32 warps, too many).
  */
-function sgFits(gpu: Gpu, d: MlaDims): boolean {
+export function mlaSubgroupFits(gpu: Gpu, d: MlaDims): boolean {
   const SG = gpu.subgroupSize;
   if (SG === null || d.kvLoraRank % 4 !== 0 || d.qkRopeHeadDim % 4 !== 0 || SG > WG) return false;
   const keysPerChunk = WG / lanesPerKey((d.kvLoraRank + d.qkRopeHeadDim) / 4);
@@ -200,6 +204,23 @@ const WORKGROUPS = 256;
 const MANY_HEADS = 64;
 const MANY_HEADS_PER_GROUP = 4;
 const MANY_HEADS_SPLITS = 32;
+/**
+ * Up to this many keys, many heads keep one head a workgroup where the program's builder says its steps
+ * stay that short (MlaDims.keys; H200, f16 cache, 64 heads: 36 against 41.7 us at 512 keys, 51.1 against
+ * 49.3 at 1,024; 128 heads 47.4 against 56.9, 77.2 against 72.2).
+ */
+export const MLA_SHORT_KEYS = 1024;
+
+/**
+ * Which decode cut an MLA layer of `heads` heads takes for steps attending to at most `keys` keys: "short"
+ * (one head a workgroup), "long" (MANY_HEADS_PER_GROUP heads), or "any" where the length does not matter
+ * (fewer than MANY_HEADS heads: always one head a workgroup). A decode program built for a bucket serves
+ * every step in it; builders that do not know the length get "long".
+ */
+export function mlaLengthBucket(heads: number, keys: number | undefined): "short" | "long" | "any" {
+  if (heads < MANY_HEADS) return "any";
+  return keys !== undefined && keys <= MLA_SHORT_KEYS ? "short" : "long";
+}
 
 /** Lanes per key row in the score phase: about 32 loads or fewer each, at most 8 lanes. */
 function lanesPerKey(cwv: number): number {
@@ -480,7 +501,7 @@ export function mlaAttentionCalls(
     throw new RangeError(`MLA attention: splits ${S} must be 1..256`);
   }
   if (!(d.scale > 0)) throw new RangeError(`MLA attention: scale must be positive, got ${d.scale}`);
-  if (t.subgroup && !sgFits(gpu, d)) {
+  if (t.subgroup && !mlaSubgroupFits(gpu, d)) {
     throw new RangeError(`MLA attention: the subgroup kernel needs subgroups and vec4 rows (R, dr % 4 == 0)`);
   }
   const params = uniformBuffer(gpu, [d.scale], [0]);

@@ -233,8 +233,8 @@ export class Engine implements StageBackend {
       writeBytes(gpu, seq.x, 0, input.hidden);
     }
     writeStep(gpu, seq.step, { pos0, T, tokOut: pos0 + T });
-    if (this.weights.part.remoteExperts?.size) await this.#runSegments(id, seq, T, output);
-    else submit(gpu, seq.program(T, output));
+    if (this.weights.part.remoteExperts?.size) await this.#runSegments(id, seq, T, output, pos0 + T);
+    else submit(gpu, seq.program(T, output, { keys: pos0 + T }));
     if (output === "hidden") return { hidden: new Float32Array(await readBack(gpu, seq.x, T * H * 4)) };
     if (output === "sample") {
       const token = new Uint32Array(await readBack(gpu, seq.tokens, 4, (pos0 + T) * 4))[0];
@@ -329,10 +329,16 @@ export class Engine implements StageBackend {
    * back the layer's normalised input and the router's choice, have the experts run where they are held
    * (the fanout: one message per host), and write their sum where the next segment adds it in.
    */
-  async #runSegments(id: string, seq: Sequence, T: number, output: StageInput["output"]): Promise<void> {
+  async #runSegments(
+    id: string,
+    seq: Sequence,
+    T: number,
+    output: StageInput["output"],
+    keys: number,
+  ): Promise<void> {
     const gpu = this.gpu;
     const H = this.model.hidden;
-    for (const s of seq.segments(T, output)) {
+    for (const s of seq.segments(T, output, { keys })) {
       submit(gpu, s.calls);
       if (s.split === undefined) continue;
       const ffn = this.weights.config.layer(s.split).ffn;
@@ -439,13 +445,23 @@ export class Engine implements StageBackend {
       }
       const submitted = performance.now();
       await reserved;
-      // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit.
-      const decode = [...seq.program(1, "sample"), advanceCall(gpu, seq.step)];
+      // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit. The
+      // step at position p attends to p + 1 keys; its program may depend on that (StepOptions.keys: a
+      // program per length bucket, the same one for all but many-head MLA models).
+      const advance = advanceCall(gpu, seq.step);
+      const decodes = new Map<KernelCall[], KernelCall[]>();
+      const decodeAt = (pos: number) => {
+        const calls = seq.program(1, "sample", { keys: pos + 1 });
+        let step = decodes.get(calls);
+        if (!step) decodes.set(calls, step = [...calls, advance]);
+        return step;
+      };
       const encodeBatch = (from: number, steps: number): Batch => {
         const enc = gpu.device.createCommandEncoder();
         if (steps > 0) {
           const pass = enc.beginComputePass();
-          for (let i = 0; i < steps; i++) encodeCalls(pass, decode);
+          // Step i of the batch is at position P + from + i.
+          for (let i = 0; i < steps; i++) encodeCalls(pass, decodeAt(P + from + i));
           pass.end();
         }
         // Tokens [from, from + n): a batch's own steps write positions from+1 .. from+steps, and the first

@@ -27,6 +27,8 @@ import {
   isQuant,
   type KernelCall,
   type KvType,
+  MLA_SHORT_KEYS,
+  mlaLengthBucket,
   packColumnBlocksCall,
   prefillLinearCalls,
   quantFits,
@@ -462,6 +464,13 @@ export interface StepOptions {
    * the rest are built.
    */
   onLayer?: (calls: readonly KernelCall[]) => void;
+  /**
+   * The most keys the step attends to (pos0 + T), where the caller knows it: a one-token step of a model
+   * whose MLA attention has many heads then takes the program built for its cache's length
+   * (kernels/mla_attention.ts mlaLengthBucket: one head a workgroup up to MLA_SHORT_KEYS, head groups past
+   * it). Unknown: the long caches' program.
+   */
+  keys?: number;
 }
 
 /** Part of a step: its kernel calls, and the MoE layer whose remote experts run after it (if any). */
@@ -529,6 +538,8 @@ export class Sequence {
   private readonly moe: ReturnType<typeof moeScratch> | undefined;
   private readonly ropeTable: GPUBuffer;
   private readonly programs = new Map<string, Segment[]>();
+  /** The MLA heads of this part's layers when their decode cut follows the cache's length, else null. */
+  readonly #mlaHeads: number | null;
   #expertSum: GPUBuffer | undefined;
   private destroyed = false;
 
@@ -552,6 +563,8 @@ export class Sequence {
       { length: model.part.layers[1] - model.part.layers[0] },
       (_, i) => c.layer(model.part.layers[0] + i),
     );
+    const mla = specs.map((s) => s.attention).find((a) => a.kind === "mla");
+    this.#mlaHeads = mla && mlaLengthBucket(mla.heads, undefined) !== "any" ? mla.heads : null;
     const widths: Record<string, number> = {};
     for (const s of specs) {
       for (const [name, w] of Object.entries(scratchWidths(s.attention, s.ffn))) {
@@ -618,7 +631,7 @@ export class Sequence {
   }
 
   /**
-   * The kernel calls for a step of T tokens (built once per (T, output) and reused), ending as `output`
+   * The kernel calls for a step of T tokens (built once per (T, output) and reused; one-token steps of many-head MLA also per cache-length bucket, opts.keys), ending as `output`
    * says: "sample" writes the next token into `tokens`; "logits" fills `logits` for all T rows;
    * "hidden" leaves the hidden state in `x` for the next stage. A part with remote experts runs its steps
    * in segments instead (`segments`). An MTP module's step (models/mtp.ts) reads, at positions pos0.., the
@@ -644,7 +657,9 @@ export class Sequence {
     const most = output === "logits" ? this.maxChunk : this.prefillChunk;
     if (!(T >= 1 && T <= most)) throw new RangeError(`step of ${T} tokens; at most ${most}`);
     const embed = opts.embed ?? this.model.hasEmbed;
-    const key = `${T}/${output}/${embed}/${opts.hiddenRow}`;
+    // One-token steps of many-head MLA: a program per length bucket (StepOptions.keys).
+    const bucket = T === 1 && this.#mlaHeads !== null ? mlaLengthBucket(this.#mlaHeads, opts.keys) : "any";
+    const key = `${T}/${output}/${embed}/${opts.hiddenRow}/${bucket}`;
     const cached = this.programs.get(key);
     if (cached) return cached;
     const segments: Segment[] = [];
@@ -684,7 +699,15 @@ export class Sequence {
       const ks = [H];
       if (spec.attention.kind === "gqa") ks.push(spec.attention.heads * spec.attention.headDim);
       if (spec.ffn.kind === "mlp") ks.push(spec.ffn.intermediate);
-      return { spec, d: { hidden: H, T, fused: T <= GEMV_MULTI_MAX_T && ks.every(gemvFusedFits) } };
+      return {
+        spec,
+        d: {
+          hidden: H,
+          T,
+          fused: T <= GEMV_MULTI_MAX_T && ks.every(gemvFusedFits),
+          keys: bucket === "short" ? MLA_SHORT_KEYS : undefined,
+        },
+      };
     };
     // The LM head's fused GEMV (RMSNorm folded in), where it serves.
     const rows = output === "logits" ? T : 1;

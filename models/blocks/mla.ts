@@ -145,7 +145,7 @@ export function mlaProgram(
   w: MlaWeights,
   cache: GPUBuffer[],
   bufs: StepBuffers & { scratch: Record<string, GPUBuffer>; rope: GPUBuffer; maxSeq: number },
-  d: { hidden: number; T: number },
+  d: { hidden: number; T: number; keys?: number },
 ): KernelCall[] {
   const { gpu } = ctx;
   const { step, x, xn, scratch: s, rope: table } = bufs;
@@ -159,6 +159,7 @@ export function mlaProgram(
     maxSeq: bufs.maxSeq,
     T,
     kv: ctx.kv,
+    keys: d.keys,
   };
   const qDim = a.heads * (a.qkNopeHeadDim + a.qkRopeHeadDim);
   const kvDim = a.kvLoraRank + a.qkRopeHeadDim;

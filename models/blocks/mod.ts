@@ -87,7 +87,7 @@ export function attentionProgram(
   w: AttentionWeights,
   cache: GPUBuffer[],
   bufs: ProgramBuffers,
-  d: { hidden: number; T: number; fused: boolean; link?: LayerLink },
+  d: { hidden: number; T: number; fused: boolean; link?: LayerLink; keys?: number },
 ): KernelCall[] {
   if (a.kind === "gqa" && w.kind === "gqa") return gqaProgram(ctx, a, w.w, cache, bufs, d);
   if (a.kind === "mla" && w.kind === "mla") return mlaProgram(ctx, a, w.w, cache, bufs, d);

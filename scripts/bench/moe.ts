@@ -180,8 +180,9 @@ for (const shape of values.shape!.split(",")) {
       runs.push(res.tokS);
     }
     const seq = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
-    const decode = seq.program(1, "sample");
     const mid = P + Math.floor(N / 2);
+    // The step at position mid attends to mid + 1 keys (its program may depend on that: StepOptions.keys).
+    const decode = seq.program(1, "sample", { keys: mid + 1 });
     writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
     const gpuStepMs = gpu.hasTimestamps ? (await gpuMs(gpu, decode, 2), await gpuMs(gpu, decode, 10)) : NaN;
     const c0 = performance.now();
@@ -222,7 +223,7 @@ for (const shape of values.shape!.split(",")) {
       for (const v of list.split(";")) {
         Deno.env.set(name, v);
         const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
-        const prog = s2.program(1, "sample");
+        const prog = s2.program(1, "sample", { keys: mid + 1 });
         writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
         await gpuMs(gpu, prog, 2);
         sweep[`${name}=${v}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));
@@ -239,7 +240,7 @@ for (const shape of values.shape!.split(",")) {
       gpu.tuning = { ...saved, ...t };
       try {
         const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
-        const prog = s2.program(1, "sample");
+        const prog = s2.program(1, "sample", { keys: mid + 1 });
         writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
         await gpuMs(gpu, prog, 2);
         tunings[`${i} ${JSON.stringify(t)}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));

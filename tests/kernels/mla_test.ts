@@ -13,6 +13,7 @@ import {
   type Gpu,
   type KernelCall,
   type KvType,
+  MLA_SHORT_KEYS,
   mlaAbsorbCall,
   mlaAbsorbRef,
   mlaAttentionCalls,
@@ -29,6 +30,7 @@ import {
   mlaRopeRef,
   mlaSoftmaxScale,
   mlaSplitKvB,
+  mlaSubgroupFits,
   mlaValueCall,
   mlaValueRef,
   releaseCalls,
@@ -279,6 +281,17 @@ const SCALING: YarnRopeScaling = {
   mscale: 0.9,
   mscaleAllDim: 1,
 };
+
+/** The kernels' dims of a shape for steps of T tokens. */
+const dimsOf = (s: Shape, T: number): MlaDims => ({
+  heads: s.heads,
+  kvLoraRank: s.R,
+  qkNopeHeadDim: s.DN,
+  qkRopeHeadDim: s.DR,
+  vHeadDim: s.DV,
+  maxSeq: 1024,
+  T,
+});
 
 /** Random inputs for positions 0..pos0+T-1 and the reference output for tokens pos0..pos0+T-1. */
 function problem(s: Shape, pos0: number, T: number, maxSeq: number, interleaved: boolean, seed: number) {
@@ -543,7 +556,7 @@ Deno.test(
       for (const [pos0, T] of POSITIONS) {
         const tuning = tunings[k++ % tunings.length];
         if (tuning.headsPerGroup! > s.heads) continue;
-        if (tuning.subgroup && (gpu!.subgroupSize === null || s.R % 4 !== 0 || s.DR % 4 !== 0)) continue;
+        if (tuning.subgroup && !mlaSubgroupFits(gpu!, dimsOf(s, 1))) continue;
         const weights = k % 3 === 0 ? "f32" : "f16";
         const interleaved = (pos0 + T) % 2 === 1;
         const what = `h${s.heads} R${s.R} dr${s.DR} @${pos0}+${T} ${weights} ${JSON.stringify(tuning)}`;
@@ -640,7 +653,7 @@ Deno.test(
     for (const s of [SHAPES[0], SHAPES[3], SHAPES[5]]) {
       for (const tuning of tunings) {
         if (tuning.headsPerGroup! > s.heads) continue;
-        if (tuning.subgroup && (gpu!.subgroupSize === null || s.R % 4 !== 0 || s.DR % 4 !== 0)) continue;
+        if (tuning.subgroup && !mlaSubgroupFits(gpu!, dimsOf(s, 1))) continue;
         for (const [pos0, T] of [[0, 1], [200, 1], [130, 6]] as [number, number][]) {
           const what = `h${s.heads} R${s.R} @${pos0}+${T} ${JSON.stringify(tuning)}`;
           const r = await runCase(s, pos0, T, { weights: "f32", interleaved: true, tuning });
@@ -652,12 +665,20 @@ Deno.test(
 );
 
 Deno.test(
-  { name: "MLA decode with 64 heads or more groups 4 heads a workgroup by default: the same answer", ignore },
+  {
+    name: "MLA decode with 64 heads or more groups 4 heads a workgroup past MLA_SHORT_KEYS: the same answer",
+    ignore,
+  },
   async () => {
     for (const s of [{ heads: 64, R: 16, DN: 8, DR: 8, DV: 8 }, { heads: 66, R: 20, DN: 4, DR: 4, DV: 6 }]) {
       const d = { heads: s.heads, kvLoraRank: s.R, qkNopeHeadDim: s.DN, qkRopeHeadDim: s.DR, vHeadDim: s.DV };
       const def = mlaAttentionDefaultTuning(gpu!, { ...d, maxSeq: 512, T: 1 });
       assert.deepEqual([def.headsPerGroup, def.splits, def.subgroup], [4, 32, undefined]);
+      // A program whose steps stay within MLA_SHORT_KEYS keys keeps one head a workgroup where it can.
+      const short = mlaAttentionDefaultTuning(gpu!, { ...d, maxSeq: 512, T: 1, keys: MLA_SHORT_KEYS });
+      assert.equal(short.headsPerGroup === 1, mlaSubgroupFits(gpu!, { ...d, maxSeq: 512, T: 1 }));
+      const long = mlaAttentionDefaultTuning(gpu!, { ...d, maxSeq: 512, T: 1, keys: MLA_SHORT_KEYS + 1 });
+      assert.deepEqual(long, def);
       for (const [pos0, T] of [[0, 1], [65, 1], [700, 1]] as [number, number][]) {
         const r = await runCase(s, pos0, T, { weights: "f16", interleaved: true });
         assertClose(r.out, r.want, 2e-5, 2e-4, `h${s.heads} R${s.R} @${pos0}+${T}`);

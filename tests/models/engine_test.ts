@@ -6,7 +6,15 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
-import { getGpu, NoGpuError } from "../../kernels/mod.ts";
+import {
+  getGpu,
+  type KernelCall,
+  MLA_SHORT_KEYS,
+  NoGpuError,
+  readBack,
+  writeBytes,
+  writeStep,
+} from "../../kernels/mod.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import {
   Engine,
@@ -18,6 +26,8 @@ import {
 } from "../../models/engine.ts";
 import { llamaMicroShapedCheckpoint } from "../../scripts/bench/random_checkpoint.ts";
 import { kvCacheType, Model } from "../../models/model.ts";
+import { RandomWeights } from "../../models/random_weights.ts";
+import { submit } from "../../models/engine.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
 import { FIXTURE_TOLERANCE, readF32, worstRowError } from "../../scripts/check_fixture.ts";
 
@@ -460,6 +470,59 @@ Deno.test(
     } finally {
       if (saved === undefined) Deno.env.delete("SWACTOR_KV");
       else Deno.env.set("SWACTOR_KV", saved);
+    }
+  },
+);
+
+// A one-token step of a model whose MLA has many heads takes the program built for its cache's length
+// (StepOptions.keys; kernels/mla_attention.ts mlaLengthBucket): one head a workgroup up to MLA_SHORT_KEYS
+// keys, four past it and where the length is unknown. Both compute the same step; a GQA model, or MLA with
+// few heads, keeps one program.
+Deno.test(
+  onGpu("many-head MLA: a decode program per cache length, the same logits from both; one elsewhere"),
+  async () => {
+    const g = gpu!;
+    const kimi = JSON.parse(await Deno.readTextFile(join(fixtureDir("kimi-k2-tiny")!, "config.json")));
+    for (const heads of [64, 4]) {
+      const cfg = { ...kimi, num_attention_heads: heads, num_key_value_heads: heads, num_hidden_layers: 2 };
+      const model = await Model.load(g, new RandomWeights(cfg, 3), { weights: "f32" });
+      const seq = model.newSequence({ maxSeq: 16, sampling: { temperature: 0, topP: 1, seed: 0 } });
+      try {
+        const short = seq.program(1, "logits", { keys: 10 });
+        const long = seq.program(1, "logits", { keys: MLA_SHORT_KEYS + 1 });
+        assert.equal(seq.program(1, "logits"), long, "unknown length: the long caches' program");
+        assert.equal(seq.program(1, "logits", { keys: MLA_SHORT_KEYS }), short);
+        if (heads < 64) {
+          assert.equal(short, long, `${heads} heads: one program`);
+          continue;
+        }
+        assert.notEqual(short, long);
+        const labels = (calls: { label?: string }[]) => calls.map((c) => c.label).join(",");
+        assert.equal(labels(short), labels(long), "the same kernels, cut differently");
+        const attention = (calls: KernelCall[]) => calls.filter((c) => c.label === "mla_attention");
+        const [a, b] = [attention(short), attention(long)];
+        assert.equal(a.length, 2);
+        // 64 heads a workgroup each against 16 groups of 4.
+        assert.deepEqual([a[0].workgroups[0], b[0].workgroups[0]], [64, 16]);
+        // Five tokens of prefill, then the step at position 5 by each program.
+        const P = 5, V = model.config.vocabSize;
+        writeBytes(g, seq.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35]));
+        writeStep(g, seq.step, { pos0: 0, T: P, tokOut: P });
+        submit(g, seq.program(P, "hidden"));
+        const logits: Float32Array[] = [];
+        for (const calls of [short, long]) {
+          writeStep(g, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
+          submit(g, calls);
+          logits.push(new Float32Array(await readBack(g, seq.logits!, V * 4)));
+        }
+        const scale = Math.max(...logits[1].map(Math.abs));
+        const err = Math.max(...logits[0].map((v, i) => Math.abs(v - logits[1][i])));
+        assert.ok(err <= 1e-5 * scale, `logits ${err} apart (scale ${scale})`);
+        assert.ok(logits[1].every(Number.isFinite) && new Set(logits[1]).size > 100, "real logits");
+      } finally {
+        seq.destroy();
+        model.destroy();
+      }
     }
   },
 );
