@@ -98,7 +98,7 @@ export class MtpDrafter implements Drafter {
     // The module's token buffer holds, at position p, the token that follows p: its input there.
     writeBytes(gpu, seq.tokens, pos0 * 4, Uint32Array.from(next));
     writeStep(gpu, seq.step, { pos0, T: n, tokOut: pos0 + n });
-    submit(gpu, seq.program(n, "sample"));
+    submit(gpu, seq.program(n, "sample", { keys: pos0 + n }));
     this.#last = { pos: pos0 + n - 1, row: n - 1 };
     return Promise.resolve();
   }
@@ -119,8 +119,10 @@ export class MtpDrafter implements Drafter {
     if (n > 1) {
       this.#advance ??= advanceCall(gpu, seq.step);
       const calls: KernelCall[] = [];
+      // Chained step i is at position last.pos + i: it attends to last.pos + i + 1 keys.
       for (let i = 1; i < n; i++) {
-        calls.push(...seq.program(1, "sample", { hiddenRow: i === 1 ? last.row : 0 }), this.#advance);
+        const hiddenRow = i === 1 ? last.row : 0;
+        calls.push(...seq.program(1, "sample", { hiddenRow, keys: last.pos + i + 1 }), this.#advance);
       }
       writeStep(gpu, seq.step, { pos0: last.pos + 1, T: 1, tokOut: last.pos + 2 });
       submit(gpu, calls);
