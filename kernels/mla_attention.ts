@@ -476,20 +476,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
  */
 export function mlaAttentionCalls(
   gpu: Gpu,
-  bufs: { step: GPUBuffer; q: GPUBuffer; qLatent: GPUBuffer; cache: GPUBuffer; ctx: GPUBuffer },
+  bufs: {
+    step: GPUBuffer;
+    q: GPUBuffer;
+    qLatent: GPUBuffer;
+    cache: GPUBuffer;
+    ctx: GPUBuffer;
+    /** Scratch for the split partials, shared with other calls that never run at once; else owned. */
+    part?: GPUBuffer;
+  },
   d: MlaDims & { scale: number; tuning?: Partial<MlaAttentionTuning> },
 ): KernelCall[] {
   checkDims(d);
   if (d.kv === "f16" && !gpu.hasF16) throw new RangeError("MLA attention: an f16 cache needs shader-f16");
-  const def = mlaAttentionDefaultTuning(gpu, d);
-  // A tuning that picks head groups means the grouped kernel (unless it asks for the subgroup one).
-  if (d.tuning?.headsPerGroup !== undefined && d.tuning.subgroup === undefined && def.subgroup) {
-    Object.assign(def, {
-      subgroup: false,
-      splits: Math.max(1, Math.min(64, Math.floor(WORKGROUPS / ceilDiv(d.heads, d.tuning.headsPerGroup)))),
-    });
-  }
-  const t = { ...def, ...d.tuning };
+  const t = mlaAttentionTuning(gpu, d);
   const G = t.headsPerGroup, S = t.splits;
   if (!Number.isInteger(G) || G < 1 || G > d.heads || sharedBytes(d, G) > gpu.maxWorkgroupStorage) {
     throw new RangeError(
@@ -509,7 +509,6 @@ export function mlaAttentionCalls(
   const grid: [number, number, number] = [sg ? d.heads : ceilDiv(d.heads, G), d.T, S];
   const source = (splits: number) =>
     sg ? sgAttentionSource(d, splits, gpu.subgroupSize!) : attentionSource(d, G, splits, t.unroll);
-  const R = d.kvLoraRank;
   if (S === 1) {
     const call = kernelCall(
       gpu,
@@ -527,8 +526,10 @@ export function mlaAttentionCalls(
     );
     return [call];
   }
-  const partFloats = d.T * S * d.heads * (R + (R % 4 === 0 && d.qkRopeHeadDim % 4 === 0 ? 4 : 2));
-  const part = storageBuffer(gpu, partFloats * 4, "mla_part");
+  // The partials: the caller's scratch where it is large enough, else a buffer of the call's own.
+  const bytes = mlaAttentionPartBytes(gpu, d);
+  const shared = bufs.part && bufs.part.size >= bytes ? bufs.part : undefined;
+  const part = shared ?? storageBuffer(gpu, bytes, "mla_part");
   const call = kernelCall(
     gpu,
     pipeline(gpu, source(S)),
@@ -543,7 +544,7 @@ export function mlaAttentionCalls(
     grid,
     "mla_attention",
   );
-  call.owned = [part];
+  if (!shared) call.owned = [part];
   const combine = kernelCall(gpu, pipeline(gpu, combineSource(d, S)), [bufs.step, part, bufs.ctx], [
     d.heads,
     d.T,
@@ -687,7 +688,35 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   );
 }
 
+/**
+ * The tuning mlaAttentionCalls runs for these dims: the default with d.tuning's fields over it (a tuning
+ * that picks head groups means the grouped kernel, with its splits, unless it asks for the subgroup one).
+ */
+export function mlaAttentionTuning(
+  gpu: Gpu,
+  d: MlaDims & { tuning?: Partial<MlaAttentionTuning> },
+): MlaAttentionTuning {
+  const def = mlaAttentionDefaultTuning(gpu, d);
+  if (d.tuning?.headsPerGroup !== undefined && d.tuning.subgroup === undefined && def.subgroup) {
+    Object.assign(def, {
+      subgroup: false,
+      splits: Math.max(1, Math.min(64, Math.floor(WORKGROUPS / ceilDiv(d.heads, d.tuning.headsPerGroup)))),
+    });
+  }
+  return { ...def, ...d.tuning };
+}
+
 /** The splits mlaAttentionCalls will use for these dims (its second call, if any, is the combine). */
 export function mlaAttentionSplits(gpu: Gpu, d: MlaDims & { tuning?: Partial<MlaAttentionTuning> }): number {
-  return { ...mlaAttentionDefaultTuning(gpu, d), ...d.tuning }.splits;
+  return mlaAttentionTuning(gpu, d).splits;
+}
+
+/** Bytes of the split partials mlaAttentionCalls needs for these dims (0 with one split). */
+export function mlaAttentionPartBytes(
+  gpu: Gpu,
+  d: MlaDims & { tuning?: Partial<MlaAttentionTuning> },
+): number {
+  const S = mlaAttentionSplits(gpu, d);
+  const slot = d.kvLoraRank % 4 === 0 && d.qkRopeHeadDim % 4 === 0 ? 4 : 2; // (m, l) after each row
+  return S > 1 ? d.T * S * d.heads * (d.kvLoraRank + slot) * 4 : 0;
 }

@@ -50,6 +50,7 @@ import {
   attentionBuffers,
   attentionCache,
   attentionInput,
+  attentionPartBytes,
   attentionProgram,
   type AttentionWeights,
   ffnBuffers,
@@ -537,6 +538,8 @@ export class Sequence {
   private readonly scratch: Record<string, GPUBuffer> = {};
   private readonly moe: ReturnType<typeof moeScratch> | undefined;
   private readonly ropeTable: GPUBuffer;
+  /** The split MLA attention's partials, one buffer for every layer and program (blocks attentionPartBytes). */
+  private readonly mlaPart: GPUBuffer | undefined;
   private readonly programs = new Map<string, Segment[]>();
   /** The MLA heads of this part's layers when their decode cut follows the cache's length, else null. */
   readonly #mlaHeads: number | null;
@@ -612,6 +615,13 @@ export class Sequence {
       if (model.part.remoteExperts?.size) this.#expertSum = buf(C * H * 4, "expert sum");
       this.buffers.push(...moeScratchBuffers(this.moe));
     }
+    const partBytes = Math.max(
+      0,
+      ...specs.map((s) =>
+        attentionPartBytes(model.context, s.attention, { maxT: this.prefillChunk, maxSeq: this.maxSeq })
+      ),
+    );
+    this.mlaPart = partBytes > 0 ? buf(partBytes, "mla part") : undefined;
     let kvBytes = 0;
     for (const s of specs) {
       const { buffers, bytes } = attentionCache(model.context, s.attention, this.maxSeq);
@@ -690,6 +700,7 @@ export class Sequence {
       moe: this.moe,
       rope: this.ropeTable,
       maxSeq: this.maxSeq,
+      mlaPart: this.mlaPart,
     };
     // Steps of up to 16 tokens use the fused GEMVs (the norm folded in; 2..16 rows share each weight read,
     // kernels/gemv_multi.ts); prefill chunks and odd shapes the plain kernels.

@@ -13,7 +13,9 @@
 import {
   type KernelCall,
   kvElementBytes,
+  MLA_SHORT_KEYS,
   mlaAttentionCalls,
+  mlaAttentionPartBytes,
   mlaAttentionSplits,
   type MlaAttentionTuning,
   mlaCombineValueCall,
@@ -144,7 +146,13 @@ export function mlaProgram(
   a: MlaAttention,
   w: MlaWeights,
   cache: GPUBuffer[],
-  bufs: StepBuffers & { scratch: Record<string, GPUBuffer>; rope: GPUBuffer; maxSeq: number },
+  bufs: StepBuffers & {
+    scratch: Record<string, GPUBuffer>;
+    rope: GPUBuffer;
+    maxSeq: number;
+    /** The split attention's partials, shared by every MLA layer and program of a sequence (mlaPartBytes). */
+    mlaPart?: GPUBuffer;
+  },
   d: { hidden: number; T: number; keys?: number },
 ): KernelCall[] {
   const { gpu } = ctx;
@@ -199,7 +207,14 @@ export function mlaProgram(
   );
   // Attention, then (split keys) its combine and the value up-projection, fused where they can be.
   const ATTENTION_TUNING = attentionTuning();
-  const attention = mlaAttentionCalls(gpu, { step, q, qLatent: s.qLatent, cache: cache[0], ctx: s.ctx }, {
+  const attention = mlaAttentionCalls(gpu, {
+    step,
+    q,
+    qLatent: s.qLatent,
+    cache: cache[0],
+    ctx: s.ctx,
+    part: bufs.mlaPart,
+  }, {
     ...dims,
     scale: a.scale,
     tuning: ATTENTION_TUNING,
@@ -222,6 +237,41 @@ export function mlaProgram(
     ...linear(ctx, { x: s.att, w: w.o, y: x }, { K: a.heads * a.vHeadDim, N: H, T, accumulate: true }),
   );
   return calls;
+}
+
+/**
+ * The most bytes of split partials any step of up to maxT tokens of this layer asks for (every length bucket):
+ * one buffer of this size serves all the MLA layers and programs of a sequence, as their steps and layers run
+ * one after another (a program whose tuning asks for more, SWACTOR_MLA_TUNING's, takes a buffer of its own).
+ */
+export function mlaPartBytes(
+  ctx: BlockContext,
+  a: MlaAttention,
+  d: { maxT: number; maxSeq: number },
+): number {
+  let most = 0;
+  const tuning = attentionTuning();
+  // Past 256 tokens a step has one split (no partials) by default.
+  for (let T = 1; T <= Math.min(d.maxT, 256); T++) {
+    for (const keys of [MLA_SHORT_KEYS, undefined]) {
+      most = Math.max(
+        most,
+        mlaAttentionPartBytes(ctx.gpu, {
+          heads: a.heads,
+          kvLoraRank: a.kvLoraRank,
+          qkNopeHeadDim: a.qkNopeHeadDim,
+          qkRopeHeadDim: a.qkRopeHeadDim,
+          vHeadDim: a.vHeadDim,
+          maxSeq: d.maxSeq,
+          T,
+          kv: ctx.kv,
+          keys,
+          tuning,
+        }),
+      );
+    }
+  }
+  return most;
 }
 
 export function mlaBuffers(w: MlaWeights): GPUBuffer[] {

@@ -10,7 +10,15 @@ import {
 import type { AttentionSpec, FfnSpec } from "../config.ts";
 import type { BlockContext, LayerLink, StepBuffers, TensorReader } from "./context.ts";
 import { gqaBuffers, gqaCache, gqaProgram, gqaQkvDims, type GqaWeights, gqaWidths, loadGqa } from "./gqa.ts";
-import { loadMla, mlaBuffers, mlaCache, mlaProgram, mlaScratch, type MlaWeights } from "./mla.ts";
+import {
+  loadMla,
+  mlaBuffers,
+  mlaCache,
+  mlaPartBytes,
+  mlaProgram,
+  mlaScratch,
+  type MlaWeights,
+} from "./mla.ts";
 import { loadMlp, mlpBuffers, mlpGateUpDims, mlpProgram, type MlpWeights, mlpWidths } from "./mlp.ts";
 import { loadMoe, moeBuffers, moeProgram, type MoeWeights } from "./moe.ts";
 
@@ -74,11 +82,25 @@ export function ropeDim(a: AttentionSpec): number {
   return a.kind === "gqa" ? a.headDim : a.qkRopeHeadDim;
 }
 
+/**
+ * Bytes of scratch the attention's steps of up to maxT tokens share (MLA's split partials; none for GQA):
+ * a sequence holds one buffer of the most any layer asks for (ProgramBuffers.mlaPart).
+ */
+export function attentionPartBytes(
+  ctx: BlockContext,
+  a: AttentionSpec,
+  d: { maxT: number; maxSeq: number },
+): number {
+  return a.kind === "mla" ? mlaPartBytes(ctx, a, d) : 0;
+}
+
 export interface ProgramBuffers extends StepBuffers {
   scratch: Record<string, GPUBuffer>;
   moe?: MoeScratch;
   rope: GPUBuffer;
   maxSeq: number;
+  /** The split MLA attention's partials, shared by the sequence's MLA layers and programs (mlaPartBytes). */
+  mlaPart?: GPUBuffer;
 }
 
 export function attentionProgram(

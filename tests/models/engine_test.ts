@@ -479,7 +479,9 @@ Deno.test(
 // keys, four past it and where the length is unknown. Both compute the same step; a GQA model, or MLA with
 // few heads, keeps one program.
 Deno.test(
-  onGpu("many-head MLA: a decode program per cache length, the same logits from both; one elsewhere"),
+  onGpu(
+    "many-head MLA: a decode program per cache length, one partials buffer, the same logits; one elsewhere",
+  ),
   async () => {
     const g = gpu!;
     const kimi = JSON.parse(await Deno.readTextFile(join(fixtureDir("kimi-k2-tiny")!, "config.json")));
@@ -504,6 +506,9 @@ Deno.test(
         assert.equal(a.length, 2);
         // 64 heads a workgroup each against 16 groups of 4.
         assert.deepEqual([a[0].workgroups[0], b[0].workgroups[0]], [64, 16]);
+        // One buffer of split partials serves every layer and both programs (and neither owns it).
+        assert.equal(new Set([...a, ...b].map((c) => c.buffers[5])).size, 1, "one partials buffer");
+        assert.ok([...a, ...b].every((c) => !c.owned?.length));
         // Five tokens of prefill, then the step at position 5 by each program.
         const P = 5, V = model.config.vocabSize;
         writeBytes(g, seq.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35]));
