@@ -61,8 +61,8 @@ export interface MlaDims {
   kv?: KvType;
   /**
    * The most keys the program's steps attend to, where its builder knows (a decode program chosen by the
-   * cache's length: mlaLengthBucket): decode with many heads keeps one head a workgroup up to SHORT_KEYS
-   * (kernels/mla_attention.ts). Unknown: cut for long caches.
+   * cache's length: mlaLengthBucket): decode with many heads keeps one head a workgroup up to
+   * MLA_SHORT_KEYS (kernels/mla_attention.ts). Unknown: cut for long caches.
    */
   keys?: number;
 }

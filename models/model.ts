@@ -133,9 +133,10 @@ export function defaultWeights(gpu: Gpu): WeightType {
 }
 
 /**
- * The KV cache's element type (GQA's K and V, MLA's latent rows) for weights `wt`, chosen once per Model.load: `gpu.tuning.kv`, else env
- * SWACTOR_KV (f16 | f32), else f16 where the adapter has shader-f16 and the weights are not f32 (f16, q8,
- * q4: half the bytes the decode attention reads), else f32 (f32 weights stay exact to the fixtures).
+ * The KV cache's element type (GQA's K and V, MLA's latent rows) for weights `wt`, chosen once per Model.load:
+ * `gpu.tuning.kv`, else env SWACTOR_KV (f16 | f32), else f16 where the adapter has shader-f16 and the weights
+ * are not f32 (f16, q8, q4: half the bytes the decode attention reads), else f32 (f32 weights stay exact to the
+ * fixtures).
  */
 export function kvCacheType(gpu: Gpu, wt: WeightsOption): KvType {
   const env = Deno.env.get("SWACTOR_KV") || undefined;
@@ -641,12 +642,13 @@ export class Sequence {
   }
 
   /**
-   * The kernel calls for a step of T tokens (built once per (T, output) and reused; one-token steps of many-head MLA also per cache-length bucket, opts.keys), ending as `output`
-   * says: "sample" writes the next token into `tokens`; "logits" fills `logits` for all T rows;
-   * "hidden" leaves the hidden state in `x` for the next stage. A part with remote experts runs its steps
-   * in segments instead (`segments`). An MTP module's step (models/mtp.ts) reads, at positions pos0.., the
-   * tokens that follow them from `tokens` and the target's hidden states of rows 0..T-1 of `hidden`, or with
-   * `hiddenRow` (T = 1) row `hiddenRow` of its own `x` (its previous step's output: chained drafting).
+   * The kernel calls for a step of T tokens (built once per (T, output) and reused; one-token steps of
+   * many-head MLA also per cache-length bucket, opts.keys), ending as `output` says: "sample" writes the next
+   * token into `tokens`; "logits" fills `logits` for all T rows; "hidden" leaves the hidden state in `x` for
+   * the next stage. A part with remote experts runs its steps in segments instead (`segments`). An MTP module's
+   * step (models/mtp.ts) reads, at positions pos0.., the tokens that follow them from `tokens` and the target's
+   * hidden states of rows 0..T-1 of `hidden`, or with `hiddenRow` (T = 1) row `hiddenRow` of its own `x` (its
+   * previous step's output: chained drafting).
    */
   program(T: number, output: ProgramOutput, opts: StepOptions = {}): KernelCall[] {
     const segments = this.segments(T, output, opts);

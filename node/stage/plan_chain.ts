@@ -51,10 +51,11 @@ const RESERVE_BYTES = 64 * 2 ** 20;
 /**
  * Bytes per element the engine holds for `weights`: auto is f16 wherever the GPU has shader-f16 (every GPU we
  * run on, and the software adapter) and f32 elsewhere; q8 / q4 hold 1 / 0.5 bytes plus an f16 scale per group
- * of 32. The KV cache (models/model.ts kvCacheType; GQA's K and V, or MLA's latent rows) is f16 beside
- * f16 / q8 / q4 weights and f32 beside f32 ones or on a GPU without shader-f16. The Plan has one set of sizes for all nodes: when any of `members` measured its GEMVs reading
- * f32 (no shader-f16), auto weights and the KV cache count 4 bytes everywhere, over-counting the others
- * rather than under-counting it. A node told SWACTOR_KV=f32 does not say so in its descriptor: not counted.
+ * of 32. The KV cache (models/model.ts kvCacheType; GQA's K and V, or MLA's latent rows) is f16 beside f16 /
+ * q8 / q4 weights and f32 beside f32 ones or on a GPU without shader-f16. The Plan has one set of sizes for all
+ * nodes: when any of `members` measured its GEMVs reading f32 (no shader-f16), auto weights and the KV cache
+ * count 4 bytes everywhere, over-counting the others rather than under-counting it. A node told SWACTOR_KV=f32
+ * does not say so in its descriptor: not counted.
  */
 export function servedDtype(
   weights: string | undefined,
