@@ -36,7 +36,8 @@ export interface LabCluster {
 
 /**
  * KV context the lab plans for by default: the lab's requests are short. (1,024 tokens of f16 KV are the
- * bytes 512 of f32 were before MLA's latent cache went f16: planner/examples/kimi_lab.swl's sizes hold.)
+ * bytes 512 of f32 were before MLA's latent cache went f16, so that no region of planner/examples/kimi_lab.swl
+ * holds a lab model.)
  */
 export const LAB_CONTEXT = 1024;
 
