@@ -410,6 +410,69 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 }`;
 }
 
+/**
+ * Splits whose partials a thread of mergeSplitsWgsl loads at once (H200, the combine at 64 splits: 4 16.4,
+ * 8 14.0, 16 13.4 us).
+ */
+const MERGE_UNROLL = 8;
+
+/** Workgroup memory of mergeSplitsWgsl for S splits. */
+const MERGE_DECLS = (S: number) =>
+  `var<workgroup> wz: array<f32, ${S}>;\nvar<workgroup> lz: array<f32, ${S}>;\nvar<workgroup> lsum: f32;`;
+
+/**
+ * WGSL merging the first nz split partials of one (token, head) (`base`: its split 0's partial; NH, RV, nz
+ * in scope): the threads load the splits' (m, l) side by side into workgroup memory, one thread turns them
+ * into weights exp(m - max), then thread j sums latent slots j, j + WG, ... over the splits, MERGE_UNROLL
+ * splits' loads in flight at once, and `write`s each merged, normalised slot. One thread reading every (m, l) and a
+ * slot's splits one after another took 21-36 us at 32-64 splits on the H200 (a memory latency each; the
+ * whole attention at 2,048 keys was 58 us: docs/BENCHMARKS.md, the twenty-eighth session).
+ */
+function mergeSplitsWgsl(o: {
+  tid: string;
+  WG: number;
+  V: number;
+  PS: number;
+  write: (u: string, v: string) => string;
+}): string {
+  const vt = o.V === 4 ? "vec4<f32>" : "f32";
+  const at = (z: string) => `base + ${z} * NH * ${o.PS}u`;
+  const ZU = MERGE_UNROLL;
+  const zs = Array.from({ length: ZU }, (_, i) => i);
+  return `for (var z = ${o.tid}; z < nz; z += ${o.WG}u) {
+    let at = ${at("z")} + RV;
+    wz[z] = ${o.V === 4 ? "part[at].x" : "part[at]"};
+    lz[z] = ${o.V === 4 ? "part[at].y" : "part[at + 1u]"};
+  }
+  workgroupBarrier();
+  if (${o.tid} == 0u) {
+    var mx = -3.0e38;
+    for (var z = 0u; z < nz; z++) { mx = max(mx, wz[z]); }
+    var ls = 0.0;
+    for (var z = 0u; z < nz; z++) {
+      let w = exp(wz[z] - mx);
+      wz[z] = w;
+      ls += w * lz[z];
+    }
+    lsum = ls;
+  }
+  workgroupBarrier();
+  let inv = 1.0 / lsum;
+  for (var u = ${o.tid}; u < RV; u += ${o.WG}u) {
+    ${zs.map((i) => `var a${i} = ${vt}(0.0);`).join("\n    ")}
+    var z = 0u;
+    for (; z + ${ZU}u <= nz; z += ${ZU}u) {
+      let p = ${at("z")} + u;
+      ${
+    zs.map((i) => `a${i} += part[p${i ? ` + ${i}u * NH * ${o.PS}u` : ""}] * wz[z${i ? ` + ${i}u` : ""}];`)
+      .join("\n      ")
+  }
+    }
+    for (; z < nz; z++) { a0 += part[${at("z")} + u] * wz[z]; }
+    ${o.write("u", `(${zs.map((i) => `a${i}`).join(" + ")}) * inv`)}
+  }`;
+}
+
 /** Combines the S partials of each (token, head): one workgroup each. */
 function combineSource(d: MlaDims, S: number): string {
   const R = d.kvLoraRank;
@@ -425,8 +488,7 @@ function combineSource(d: MlaDims, S: number): string {
 const NH = ${d.heads}u;
 const RV = ${RV}u;
 const S = ${S}u;
-var<workgroup> wz: array<f32, ${S}>;
-var<workgroup> lsum: f32;
+${MERGE_DECLS(S)}
 var<workgroup> live: u32;
 @compute @workgroup_size(${WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -438,28 +500,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   let base = (t * S * NH + h) * ${PS}u;
   // Splits z >= the chunk count had no keys and wrote nothing.
   let nz = min(S, (step.pos0 + t + ${KPC}u) / ${KPC}u);
-  if (j == 0u) {
-    var mx = -3.0e38;
-    for (var z = 0u; z < nz; z++) {
-      let at = base + z * NH * ${PS}u + RV;
-      mx = max(mx, ${V === 4 ? "part[at].x" : "part[at]"});
-    }
-    var ls = 0.0;
-    for (var z = 0u; z < nz; z++) {
-      let at = base + z * NH * ${PS}u + RV;
-      let w = exp(${V === 4 ? "part[at].x" : "part[at]"} - mx);
-      wz[z] = w;
-      ls += w * ${V === 4 ? "part[at].y" : "part[at + 1u]"};
-    }
-    lsum = ls;
-  }
-  workgroupBarrier();
-  let inv = 1.0 / lsum;
-  for (var u = j; u < RV; u += ${WG}u) {
-    var a = ${vt}(0.0);
-    for (var z = 0u; z < nz; z++) { a += part[base + z * NH * ${PS}u + u] * wz[z]; }
-    ctx[(t * NH + h) * RV + u] = a * inv;
-  }
+  ${mergeSplitsWgsl({ tid: "j", WG, V, PS, write: (u, v) => `ctx[(t * NH + h) * RV + ${u}] = ${v};` })}
 }`;
 }
 
@@ -636,8 +677,7 @@ const RV = ${RV}u;
 const S = ${S}u;
 const DV = ${DV}u;
 var<workgroup> cx: array<vec4<f32>, ${RV}>;
-var<workgroup> wz: array<f32, ${S}>;
-var<workgroup> lsum: f32;
+${MERGE_DECLS(S)}
 var<workgroup> live: u32;
 @compute @workgroup_size(${CWG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -648,25 +688,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let base = (t * S * NH + h) * ${PS}u;
   // Splits z >= the chunk count had no keys and wrote nothing.
   let nz = min(S, (step.pos0 + t + ${KPC}u) / ${KPC}u);
-  if (tid == 0u) {
-    var mx = -3.0e38;
-    for (var z = 0u; z < nz; z++) { mx = max(mx, part[base + z * NH * ${PS}u + RV].x); }
-    var ls = 0.0;
-    for (var z = 0u; z < nz; z++) {
-      let ml = part[base + z * NH * ${PS}u + RV];
-      let w = exp(ml.x - mx);
-      wz[z] = w;
-      ls += w * ml.y;
-    }
-    lsum = ls;
-  }
-  workgroupBarrier();
-  let inv = 1.0 / lsum;
-  for (var u = tid; u < RV; u += ${CWG}u) {
-    var a = vec4<f32>(0.0);
-    for (var z = 0u; z < nz; z++) { a += part[base + z * NH * ${PS}u + u] * wz[z]; }
-    cx[u] = a * inv;
-  }
+  ${mergeSplitsWgsl({ tid: "tid", WG: CWG, V: 4, PS, write: (u, v) => `cx[${u}] = ${v};` })}
   workgroupBarrier();
   let warp = tid / ${SG}u;
   let lane = tid % ${SG}u;

@@ -1,6 +1,7 @@
 // GPU time of one MLA layer's attention kernels for a decode step (T = 1), on random data: RoPE + latent
 // cache write, absorption of q_nope, attention over the latent cache (+ the split combine), value
-// up-projection; each call timed inside the sequence (kernels/timer.ts). Shapes: DeepSeek-V2-Lite's MLA
+// up-projection; each call timed inside the sequence (kernels/timer.ts; `attention` includes the split
+// combine, also given alone as `combine`). Shapes: DeepSeek-V2-Lite's MLA
 // (16 heads), Kimi K2's (64) and DeepSeek-V3's (128), kv_lora_rank 512, nope 128, rope 64, v 128, f16
 // weights, at several cache lengths, with the default tuning and each of its knobs moved, for a latent cache
 // of f32 and of f16 values (--cache; the engine's is f16 beside f16 / q8 / q4 weights). One JSON line per row.
@@ -131,6 +132,8 @@ for (const heads of HEADS) {
             rope_cache: us(ms[0]),
             absorb: us(ms[1]),
             attention: us(ms.slice(2, -1).reduce((a, x) => a + x, 0)),
+            // Of which the split partials' combine (0 with one split).
+            combine: ms.length > 4 ? us(ms.at(-2)!) : 0,
             value: us(ms.at(-1)!),
             total: us(total),
           },
