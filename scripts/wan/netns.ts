@@ -102,8 +102,13 @@ export async function cleanupNetns(prefix = "swwan"): Promise<string[]> {
 }
 
 if (import.meta.main) {
-  if (Deno.args[0] !== "--cleanup") {
-    console.error("Usage: deno run -A scripts/wan/netns.ts --cleanup   (deletes swwan-* namespaces)");
+  const usage = "Usage: deno run -A scripts/wan/netns.ts --cleanup   (deletes swwan-* namespaces)";
+  if (Deno.args[0] === "--help" || Deno.args[0] === "-h") {
+    console.log(usage);
+    Deno.exit(0);
+  }
+  if (Deno.args.length !== 1 || Deno.args[0] !== "--cleanup") {
+    console.error(Deno.args.length ? `unknown arguments: ${Deno.args.join(" ")}\n${usage}` : usage);
     Deno.exit(2);
   }
   console.log(`deleted: ${(await cleanupNetns()).join(" ") || "none"}`);
