@@ -125,6 +125,14 @@ export interface KernelTuning {
   multiRows?: number;
   /** The direct multi-token GEMV's splitK grows while row blocks x splitK stay under this (default 2048). */
   multiWarps?: number;
+  /**
+   * One-token MLA steps over at most mlaFusedKeys(heads) keys in one dispatch a layer (kernels/mla_decode.ts)
+   * instead of rope + absorb, the attention and its combine + value. Default on where it fits; false: the
+   * three dispatches (A/B runs).
+   */
+  mlaFused?: boolean;
+  /** Its threads a workgroup (MlaDecodeOptions.threads; A/B runs). */
+  mlaFusedThreads?: number;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
   /**

@@ -28,6 +28,7 @@ import {
 } from "./gpu.ts";
 import type { MlaDims } from "./mla.ts";
 import { STEP_WGSL } from "./step.ts";
+import { mlaFusedKeys } from "./mla_decode.ts";
 
 const WG = 128;
 
@@ -212,12 +213,14 @@ const MANY_HEADS_SPLITS = 32;
 export const MLA_SHORT_KEYS = 1024;
 
 /**
- * Which decode cut an MLA layer of `heads` heads takes for steps attending to at most `keys` keys: "short"
+ * Which decode cut an MLA layer of `heads` heads takes for steps attending to at most `keys` keys: "fused"
+ * (up to mlaFusedKeys(heads): the whole attention in one dispatch where it fits, kernels/mla_decode.ts), "short"
  * (one head a workgroup), "long" (MANY_HEADS_PER_GROUP heads), or "any" where the length does not matter
  * (fewer than MANY_HEADS heads: always one head a workgroup). A decode program built for a bucket serves
- * every step in it; builders that do not know the length get "long".
+ * every step in it; builders that do not know the length get "long" (or "any").
  */
-export function mlaLengthBucket(heads: number, keys: number | undefined): "short" | "long" | "any" {
+export function mlaLengthBucket(heads: number, keys: number | undefined): "fused" | "short" | "long" | "any" {
+  if (keys !== undefined && keys <= mlaFusedKeys(heads)) return "fused";
   if (heads < MANY_HEADS) return "any";
   return keys !== undefined && keys <= MLA_SHORT_KEYS ? "short" : "long";
 }

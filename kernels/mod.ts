@@ -25,6 +25,7 @@ export * from "./moe_grouped.ts";
 export * from "./moe_ffn.ts";
 export * from "./mla.ts";
 export * from "./mla_attention.ts";
+export * from "./mla_decode.ts";
 export * from "./gemv_multi.ts";
 export * from "./argmax_rows.ts";
 export * from "./convert.ts";

@@ -447,7 +447,7 @@ export class Engine implements StageBackend {
       await reserved;
       // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit. The
       // step at position p attends to p + 1 keys; its program may depend on that (StepOptions.keys: a
-      // program per length bucket, the same one for all but many-head MLA models).
+      // program per length bucket, the same one for all but MLA models).
       const advance = advanceCall(gpu, seq.step);
       const decodes = new Map<KernelCall[], KernelCall[]>();
       const decodeAt = (pos: number) => {

@@ -28,6 +28,7 @@ import {
   type KernelCall,
   type KvType,
   MLA_SHORT_KEYS,
+  mlaFusedKeys,
   mlaLengthBucket,
   packColumnBlocksCall,
   prefillLinearCalls,
@@ -467,10 +468,10 @@ export interface StepOptions {
    */
   onLayer?: (calls: readonly KernelCall[]) => void;
   /**
-   * The most keys the step attends to (pos0 + T), where the caller knows it: a one-token step of a model
-   * whose MLA attention has many heads then takes the program built for its cache's length
-   * (kernels/mla_attention.ts mlaLengthBucket: one head a workgroup up to MLA_SHORT_KEYS, head groups past
-   * it). Unknown: the long caches' program.
+   * The most keys the step attends to (pos0 + T), where the caller knows it: a one-token step of an MLA
+   * model then takes the program built for its cache's length (kernels/mla_attention.ts mlaLengthBucket:
+   * the whole attention in one dispatch up to mlaFusedKeys; with many heads, one head a workgroup up to
+   * MLA_SHORT_KEYS, head groups past it). Unknown: the long caches' program.
    */
   keys?: number;
 }
@@ -542,7 +543,7 @@ export class Sequence {
   /** The split MLA attention's partials, one buffer for every layer and program (blocks attentionPartBytes). */
   private readonly mlaPart: GPUBuffer | undefined;
   private readonly programs = new Map<string, Segment[]>();
-  /** The MLA heads of this part's layers when their decode cut follows the cache's length, else null. */
+  /** The MLA heads of this part's layers (their decode cut follows the cache's length), else null. */
   readonly #mlaHeads: number | null;
   #expertSum: GPUBuffer | undefined;
   private destroyed = false;
@@ -568,7 +569,7 @@ export class Sequence {
       (_, i) => c.layer(model.part.layers[0] + i),
     );
     const mla = specs.map((s) => s.attention).find((a) => a.kind === "mla");
-    this.#mlaHeads = mla && mlaLengthBucket(mla.heads, undefined) !== "any" ? mla.heads : null;
+    this.#mlaHeads = mla ? mla.heads : null;
     const widths: Record<string, number> = {};
     for (const s of specs) {
       for (const [name, w] of Object.entries(scratchWidths(s.attention, s.ffn))) {
@@ -718,7 +719,11 @@ export class Sequence {
           hidden: H,
           T,
           fused: T <= GEMV_MULTI_MAX_T && ks.every(gemvFusedFits),
-          keys: bucket === "short" ? MLA_SHORT_KEYS : undefined,
+          keys: bucket === "short"
+            ? MLA_SHORT_KEYS
+            : bucket === "fused"
+            ? mlaFusedKeys(this.#mlaHeads!)
+            : undefined,
         },
       };
     };

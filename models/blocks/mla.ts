@@ -19,7 +19,9 @@ import {
   mlaAttentionSplits,
   type MlaAttentionTuning,
   mlaCombineValueCall,
+  mlaDecodeCall,
   type MlaDims,
+  mlaFusedKeys,
   mlaRopeAbsorbCall,
   mlaSplitKvB,
   mlaValueCall,
@@ -192,6 +194,36 @@ export function mlaProgram(
       }),
       ...linear(ctx, { x, w: w.kvA!, y: s.kv, norm: w.norm, normed: xn }, { K: H, N: kvDim, T }),
     );
+  }
+  // One-token steps over a short cache: the whole attention in one dispatch (kernels/mla_decode.ts).
+  const decode =
+    T === 1 && d.keys !== undefined && d.keys <= mlaFusedKeys(a.heads) && gpu.tuning.mlaFused !== false
+      ? mlaDecodeCall(gpu, {
+        step,
+        table,
+        q,
+        kv,
+        kvNorm: w.kvANorm,
+        cache: cache[0],
+        wUK: w.wUK,
+        wUV: w.wUV,
+        out: s.att,
+      }, {
+        ...dims,
+        ...kvLayout,
+        eps: LORA_NORM_EPS,
+        interleaved: a.interleaved,
+        scale: a.scale,
+        weights: w.kvType,
+        threads: gpu.tuning.mlaFusedThreads,
+      })
+      : null;
+  if (decode) {
+    calls.push(
+      decode,
+      ...linear(ctx, { x: s.att, w: w.o, y: x }, { K: a.heads * a.vHeadDim, N: H, T, accumulate: true }),
+    );
+    return calls;
   }
   calls.push(
     mlaRopeAbsorbCall(gpu, {

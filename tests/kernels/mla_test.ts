@@ -21,6 +21,8 @@ import {
   mlaAttentionSplits,
   type MlaAttentionTuning,
   mlaCombineValueCall,
+  mlaDecodeCall,
+  mlaDecodeFits,
   type MlaDims,
   mlaKvBytesPerToken,
   mlaLatentAttentionRef,
@@ -362,8 +364,14 @@ function program(
     kvOffset?: number;
     ropeAbsorb?: boolean;
     combineValue?: boolean;
+    decode?: boolean;
   },
 ): KernelCall[] {
+  if (o.decode) {
+    const call = mlaDecodeCall(g, b, { ...d, ...o, kvOffset: o.kvOffset });
+    if (!call) throw new Error("the one-dispatch decode does not apply here");
+    return [call];
+  }
   if (o.combineValue) {
     const attention = mlaAttentionCalls(g, b, { ...d, scale: o.scale, tuning: o.tuning });
     if (attention.length !== 2) throw new Error("combineValue needs split keys");
@@ -430,6 +438,8 @@ async function runCase(
     fused?: boolean;
     ropeAbsorb?: boolean;
     combineValue?: boolean;
+    /** The one-dispatch decode (mla_decode.ts). */
+    decode?: boolean;
     /** The latent cache's element type (default f32): f16 checks against latentReference on rounded rows. */
     kv?: KvType;
   },
@@ -601,6 +611,60 @@ Deno.test(
       }
     }
     if (ran < 20) throw new Error(`only ${ran} cases ran`);
+  },
+);
+
+Deno.test(
+  {
+    name: "MLA decode in one dispatch (mla_decode.ts): the reference's output and cache row, f32 / f16 cache",
+    ignore: ignore || gpu?.subgroupSize === null,
+  },
+  async () => {
+    // The shapes it serves (R, dr and dn multiples of 4), a shape with more latent vec4s than threads would
+    // leave idle parts for, and DeepSeek-V2-Lite's head at a short cache.
+    const shapes = [
+      ...SHAPES.filter((s) => s.R % 4 === 0 && s.DR % 4 === 0 && s.DN % 4 === 0),
+      { heads: 3, R: 24, DN: 16, DR: 8, DV: 12 },
+      { heads: 2, R: 512, DN: 128, DR: 64, DV: 128 },
+    ];
+    let k = 0, ran = 0;
+    for (const s of shapes) {
+      const positions = s.R >= 512 ? [0, 3, 70] : [0, 1, 63, 64, 65, 128, 299];
+      for (const pos0 of positions) {
+        const weights = k % 3 === 0 ? "f32" : "f16";
+        const kv = k % 2 === 0 ? "f32" : "f16";
+        const fused = k % 4 < 2;
+        k++;
+        if ((weights === "f16" || kv === "f16") && !gpu!.hasF16) continue;
+        const interleaved = pos0 % 2 === 0;
+        const what =
+          `h${s.heads} R${s.R} dn${s.DN} dr${s.DR} dv${s.DV} @${pos0} ${weights} kv ${kv} fused=${fused}`;
+        const r = await runCase(s, pos0, 1, { weights, interleaved, kv, fused, decode: true });
+        assertClose(r.out, r.want, 2e-5, 2e-4, `out ${what}`);
+        const { CW } = r;
+        assertClose(r.cache.slice(0, pos0 * CW), r.cache0.slice(0, pos0 * CW), 0, 0, `rows before ${what}`);
+        const row = [pos0 * CW, (pos0 + 1) * CW];
+        assertClose(
+          r.cache.slice(...row),
+          r.rows.slice(...row),
+          1e-6,
+          kv === "f16" ? 1e-3 : 1e-5,
+          `row ${what}`,
+        );
+        assertClose(
+          r.cache.slice((pos0 + 1) * CW),
+          r.cache0.slice((pos0 + 1) * CW),
+          0,
+          0,
+          `rows after ${what}`,
+        );
+        ran++;
+      }
+    }
+    if (ran < 20) throw new Error(`only ${ran} cases ran`);
+    // It serves one-token steps only, and says so by returning null.
+    assert.equal(mlaDecodeFits(gpu!, { ...dimsOf(shapes[0], 2) }), false);
+    assert.equal(mlaDecodeFits(gpu!, { ...dimsOf(SHAPES[2], 1) }), false); // dn 4, R 7: not whole vec4s
   },
 );
 

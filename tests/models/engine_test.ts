@@ -10,6 +10,8 @@ import {
   getGpu,
   type KernelCall,
   MLA_SHORT_KEYS,
+  mlaDecodeFits,
+  mlaFusedKeys,
   NoGpuError,
   readBack,
   writeBytes,
@@ -474,58 +476,91 @@ Deno.test(
   },
 );
 
-// A one-token step of a model whose MLA has many heads takes the program built for its cache's length
-// (StepOptions.keys; kernels/mla_attention.ts mlaLengthBucket): one head a workgroup up to MLA_SHORT_KEYS
-// keys, four past it and where the length is unknown. Both compute the same step; a GQA model, or MLA with
-// few heads, keeps one program.
+// A one-token step of an MLA model takes the program built for its cache's length (StepOptions.keys;
+// kernels/mla_attention.ts mlaLengthBucket): the whole attention in one dispatch up to mlaFusedKeys(heads)
+// keys (kernels/mla_decode.ts, where it fits), past it with many heads one head a workgroup up to
+// MLA_SHORT_KEYS and four past that and where the length is unknown, with few heads one program. Every
+// program computes the same step.
 Deno.test(
-  onGpu(
-    "many-head MLA: a decode program per cache length, one partials buffer, the same logits; one elsewhere",
-  ),
+  onGpu("MLA: a decode program per cache length, one partials buffer, the same logits"),
   async () => {
     const g = gpu!;
     const kimi = JSON.parse(await Deno.readTextFile(join(fixtureDir("kimi-k2-tiny")!, "config.json")));
+    const labels = (calls: { label?: string }[]) => calls.map((c) => c.label).join(",");
+    const attention = (calls: KernelCall[]) => calls.filter((c) => c.label === "mla_attention");
     for (const heads of [64, 4]) {
       const cfg = { ...kimi, num_attention_heads: heads, num_key_value_heads: heads, num_hidden_layers: 2 };
       const model = await Model.load(g, new RandomWeights(cfg, 3), { weights: "f32" });
-      const seq = model.newSequence({ maxSeq: 16, sampling: { temperature: 0, topP: 1, seed: 0 } });
+      const fits = mlaDecodeFits(g, {
+        heads,
+        kvLoraRank: cfg.kv_lora_rank,
+        qkNopeHeadDim: cfg.qk_nope_head_dim,
+        qkRopeHeadDim: cfg.qk_rope_head_dim,
+        vHeadDim: cfg.v_head_dim,
+        maxSeq: 16,
+        T: 1,
+      });
+      const saved = g.tuning;
+      const newSeq = () => model.newSequence({ maxSeq: 16, sampling: { temperature: 0, topP: 1, seed: 0 } });
+      const seq = newSeq();
+      const split = newSeq();
       try {
-        const short = seq.program(1, "logits", { keys: 10 });
+        const most = mlaFusedKeys(heads);
+        assert.equal(most, Math.min(16 * heads, MLA_SHORT_KEYS));
+        const fused = seq.program(1, "logits", { keys: 10 });
         const long = seq.program(1, "logits", { keys: MLA_SHORT_KEYS + 1 });
+        // The split path's program for short caches: the fused kernel switched off while it is built.
+        g.tuning = { ...saved, mlaFused: false };
+        const short = split.program(1, "logits", { keys: 10 });
+        g.tuning = saved;
         assert.equal(seq.program(1, "logits"), long, "unknown length: the long caches' program");
-        assert.equal(seq.program(1, "logits", { keys: MLA_SHORT_KEYS }), short);
-        if (heads < 64) {
-          assert.equal(short, long, `${heads} heads: one program`);
-          continue;
+        assert.equal(seq.program(1, "logits", { keys: most }), fused);
+        assert.equal(seq.program(1, "logits", { keys: most + 1 }), long);
+        assert.equal(labels(fused).includes("mla_decode"), fits, "the fused kernel where it fits");
+        if (fits) assert.equal(attention(fused).length, 0);
+        assert.equal(
+          labels(short),
+          labels(long),
+          `the split path's programs: the same kernels: ${labels(short)} / ${labels(long)}`,
+        );
+        if (heads >= 64) {
+          assert.notEqual(short, long);
+          const [a, b] = [attention(short), attention(long)];
+          assert.equal(a.length, 2);
+          // 64 heads a workgroup each against 16 groups of 4.
+          assert.deepEqual([a[0].workgroups[0], b[0].workgroups[0]], [64, 16]);
+          // One buffer of split partials serves every layer of a sequence's programs (and none owns it).
+          for (const x of [a, b]) {
+            assert.equal(new Set(x.map((c) => c.buffers[5])).size, 1, "one partials buffer");
+          }
+          const other = attention(seq.program(1, "logits", { keys: MLA_SHORT_KEYS + 1, embed: false }));
+          assert.equal(new Set([...b, ...other].map((c) => c.buffers[5])).size, 1, "one for the programs");
+          assert.ok([...a, ...b].every((c) => !c.owned?.length));
         }
-        assert.notEqual(short, long);
-        const labels = (calls: { label?: string }[]) => calls.map((c) => c.label).join(",");
-        assert.equal(labels(short), labels(long), "the same kernels, cut differently");
-        const attention = (calls: KernelCall[]) => calls.filter((c) => c.label === "mla_attention");
-        const [a, b] = [attention(short), attention(long)];
-        assert.equal(a.length, 2);
-        // 64 heads a workgroup each against 16 groups of 4.
-        assert.deepEqual([a[0].workgroups[0], b[0].workgroups[0]], [64, 16]);
-        // One buffer of split partials serves every layer and both programs (and neither owns it).
-        assert.equal(new Set([...a, ...b].map((c) => c.buffers[5])).size, 1, "one partials buffer");
-        assert.ok([...a, ...b].every((c) => !c.owned?.length));
-        // Five tokens of prefill, then the step at position 5 by each program.
+        // Five tokens of prefill, then the step at position 5 by each program (each sequence its own cache).
         const P = 5, V = model.config.vocabSize;
-        writeBytes(g, seq.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35]));
-        writeStep(g, seq.step, { pos0: 0, T: P, tokOut: P });
-        submit(g, seq.program(P, "hidden"));
         const logits: Float32Array[] = [];
-        for (const calls of [short, long]) {
-          writeStep(g, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
+        for (const [s, calls] of [[seq, fused], [seq, long], [split, short]] as const) {
+          writeBytes(g, s.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35]));
+          writeStep(g, s.step, { pos0: 0, T: P, tokOut: P });
+          submit(g, s.program(P, "hidden"));
+          writeStep(g, s.step, { pos0: P, T: 1, tokOut: P + 1 });
           submit(g, calls);
-          logits.push(new Float32Array(await readBack(g, seq.logits!, V * 4)));
+          logits.push(new Float32Array(await readBack(g, s.logits!, V * 4)));
         }
         const scale = Math.max(...logits[1].map(Math.abs));
-        const err = Math.max(...logits[0].map((v, i) => Math.abs(v - logits[1][i])));
-        assert.ok(err <= 1e-5 * scale, `logits ${err} apart (scale ${scale})`);
+        for (const [i, what] of [[0, "fused"], [2, "short"]] as const) {
+          const err = Math.max(...logits[i].map((v, j) => Math.abs(v - logits[1][j])));
+          assert.ok(
+            err <= 1e-5 * scale,
+            `${heads} heads, ${what}: logits ${err} from the long program's (scale ${scale})`,
+          );
+        }
         assert.ok(logits[1].every(Number.isFinite) && new Set(logits[1]).size > 100, "real logits");
       } finally {
+        g.tuning = saved;
         seq.destroy();
+        split.destroy();
         model.destroy();
       }
     }
