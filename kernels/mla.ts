@@ -61,7 +61,7 @@ export interface MlaDims {
   kv?: KvType;
   /**
    * The most keys the program's steps attend to, where its builder knows (a decode program chosen by the
-   * cache's length: mlaLengthBucket): decode with many heads keeps one head a workgroup up to
+   * cache's length: mlaLengthBucket's bound): decode with many heads keeps one head a workgroup up to
    * MLA_SHORT_KEYS (kernels/mla_attention.ts). Unknown: cut for long caches.
    */
   keys?: number;

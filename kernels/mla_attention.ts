@@ -69,7 +69,7 @@ export function mlaAttentionDefaultTuning(gpu: Gpu, d: MlaDims): MlaAttentionTun
   let G = Math.min(HEADS_PER_GROUP, d.heads);
   while (G > 1 && sharedBytes(d, G) > gpu.maxWorkgroupStorage) G--;
   if (
-    d.T === 1 && mlaLengthBucket(d.heads, d.keys) === "long" &&
+    d.T === 1 && d.heads >= MANY_HEADS && !(d.keys !== undefined && d.keys <= MLA_SHORT_KEYS) &&
     sharedBytes(d, MANY_HEADS_PER_GROUP) <= gpu.maxWorkgroupStorage
   ) {
     return { headsPerGroup: MANY_HEADS_PER_GROUP, splits: MANY_HEADS_SPLITS, unroll: 8 };
@@ -213,16 +213,19 @@ const MANY_HEADS_SPLITS = 32;
 export const MLA_SHORT_KEYS = 1024;
 
 /**
- * Which decode cut an MLA layer of `heads` heads takes for steps attending to at most `keys` keys: "fused"
- * (up to mlaFusedKeys(heads): the whole attention in one dispatch where it fits, kernels/mla_decode.ts), "short"
- * (one head a workgroup), "long" (MANY_HEADS_PER_GROUP heads), or "any" where the length does not matter
- * (fewer than MANY_HEADS heads: always one head a workgroup). A decode program built for a bucket serves
- * every step in it; builders that do not know the length get "long" (or "any").
+ * The length bucket of a one-token step of an MLA layer of `heads` heads attending to `keys` keys: the most
+ * keys of the bucket it falls in, or undefined for the unbounded one (and where the length is unknown). A
+ * decode program is built per bucket and serves every step in it, given the bound as MlaDims.keys: up to
+ * mlaFusedKeys(heads) the whole attention runs in one dispatch where it fits (kernels/mla_decode.ts); with
+ * MANY_HEADS heads or more the split path cuts one head a workgroup up to MLA_SHORT_KEYS and
+ * MANY_HEADS_PER_GROUP heads past it. The bounds nest, so each bucket's program is right for all its steps.
  */
-export function mlaLengthBucket(heads: number, keys: number | undefined): "fused" | "short" | "long" | "any" {
-  if (keys !== undefined && keys <= mlaFusedKeys(heads)) return "fused";
-  if (heads < MANY_HEADS) return "any";
-  return keys !== undefined && keys <= MLA_SHORT_KEYS ? "short" : "long";
+export function mlaLengthBucket(heads: number, keys: number | undefined): number | undefined {
+  if (keys === undefined) return undefined;
+  const bounds = [mlaFusedKeys(heads), ...(heads >= MANY_HEADS ? [MLA_SHORT_KEYS] : [])].sort((a, b) =>
+    a - b
+  );
+  return bounds.find((b) => keys <= b);
 }
 
 /** Lanes per key row in the score phase: about 32 loads or fewer each, at most 8 lanes. */

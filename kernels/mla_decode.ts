@@ -29,20 +29,19 @@ import {
 import type { MlaDims } from "./mla.ts";
 import { STEP_WGSL } from "./step.ts";
 
-/** Keys a head buys the fused kernel (mlaFusedKeys). */
-const FUSED_KEYS_PER_HEAD = 16;
-/** The most keys any one-token step takes the fused kernel for (mla_attention.ts's MLA_SHORT_KEYS). */
-export const MLA_FUSED_MAX_KEYS = 1024;
+/** The most keys any one-token step takes the fused kernel for. */
+export const MLA_FUSED_MAX_KEYS = 2048;
 
 /**
- * One-token steps of `heads` heads attending to at most this many keys take the fused kernel: 16 a head, at
- * most MLA_FUSED_MAX_KEYS. H200, DeepSeek-V2-Lite's shape q4 (docs/BENCHMARKS.md, the twenty-ninth session):
- * with 16 heads 8% faster than the split path at ~100 keys and even with it at ~290; with 64 and 128 heads
- * 13-14% faster at ~130 keys and 3.5% / 16% at ~970 (each workgroup a head, more heads fill more SMs, while
- * the split path's absorption and combine grow with them).
+ * One-token steps of `heads` heads attending to at most this many keys take the fused kernel: 12 keys a head
+ * up to 32 heads, 16 past that, at most MLA_FUSED_MAX_KEYS (16 heads 192, 32 heads 384, 64 heads 1,024, 128
+ * heads 2,048). H200, DeepSeek-V2-Lite's shape q4 (docs/BENCHMARKS.md, the twenty-ninth session): the split
+ * path catches up at ~290 keys with 16 heads, ~380 with 32, ~1,150 with 64 and ~2,500 with 128. A workgroup a
+ * head walks its keys alone, but more heads fill more SMs, while the split path's absorption and combine grow
+ * with them.
  */
 export function mlaFusedKeys(heads: number): number {
-  return Math.min(MLA_FUSED_MAX_KEYS, FUSED_KEYS_PER_HEAD * heads);
+  return Math.min(MLA_FUSED_MAX_KEYS, heads * (heads <= 32 ? 12 : 16));
 }
 
 /** The options mlaDecodeCall takes beside the dims (as mlaRopeCacheCall and mlaAttentionCalls name them). */

@@ -27,8 +27,6 @@ import {
   isQuant,
   type KernelCall,
   type KvType,
-  MLA_SHORT_KEYS,
-  mlaFusedKeys,
   mlaLengthBucket,
   packColumnBlocksCall,
   prefillLinearCalls,
@@ -644,7 +642,7 @@ export class Sequence {
 
   /**
    * The kernel calls for a step of T tokens (built once per (T, output) and reused; one-token steps of
-   * many-head MLA also per cache-length bucket, opts.keys), ending as `output` says: "sample" writes the next
+   * MLA also per cache-length bucket, opts.keys), ending as `output` says: "sample" writes the next
    * token into `tokens`; "logits" fills `logits` for all T rows; "hidden" leaves the hidden state in `x` for
    * the next stage. A part with remote experts runs its steps in segments instead (`segments`). An MTP module's
    * step (models/mtp.ts) reads, at positions pos0.., the tokens that follow them from `tokens` and the target's
@@ -670,8 +668,10 @@ export class Sequence {
     const most = output === "logits" ? this.maxChunk : this.prefillChunk;
     if (!(T >= 1 && T <= most)) throw new RangeError(`step of ${T} tokens; at most ${most}`);
     const embed = opts.embed ?? this.model.hasEmbed;
-    // One-token steps of many-head MLA: a program per length bucket (StepOptions.keys).
-    const bucket = T === 1 && this.#mlaHeads !== null ? mlaLengthBucket(this.#mlaHeads, opts.keys) : "any";
+    // One-token steps of MLA: a program per length bucket, built for its most keys (StepOptions.keys).
+    const bucket = T === 1 && this.#mlaHeads !== null
+      ? mlaLengthBucket(this.#mlaHeads, opts.keys)
+      : undefined;
     const key = `${T}/${output}/${embed}/${opts.hiddenRow}/${bucket}`;
     const cached = this.programs.get(key);
     if (cached) return cached;
@@ -719,11 +719,7 @@ export class Sequence {
           hidden: H,
           T,
           fused: T <= GEMV_MULTI_MAX_T && ks.every(gemvFusedFits),
-          keys: bucket === "short"
-            ? MLA_SHORT_KEYS
-            : bucket === "fused"
-            ? mlaFusedKeys(this.#mlaHeads!)
-            : undefined,
+          keys: bucket,
         },
       };
     };

@@ -24,8 +24,10 @@ import {
   mlaDecodeCall,
   mlaDecodeFits,
   type MlaDims,
+  mlaFusedKeys,
   mlaKvBytesPerToken,
   mlaLatentAttentionRef,
+  mlaLengthBucket,
   mlaReference,
   mlaRopeAbsorbCall,
   mlaRopeCacheCall,
@@ -667,6 +669,24 @@ Deno.test(
     assert.equal(mlaDecodeFits(gpu!, { ...dimsOf(SHAPES[2], 1) }), false); // dn 4, R 7: not whole vec4s
   },
 );
+
+Deno.test("MLA length buckets: the fused kernel's bound per head count, nested with MLA_SHORT_KEYS", () => {
+  assert.deepEqual([4, 16, 32, 64, 128, 256].map(mlaFusedKeys), [48, 192, 384, 1024, 2048, 2048]);
+  const cases: [number, number | undefined, number | undefined][] = [
+    [16, 1, 192],
+    [16, 192, 192],
+    [16, 193, undefined],
+    [16, undefined, undefined],
+    [64, 1024, 1024],
+    [64, 1025, undefined],
+    [128, 1000, 1024],
+    [128, 1500, 2048],
+    [128, 2049, undefined],
+  ];
+  for (const [heads, keys, want] of cases) {
+    assert.equal(mlaLengthBucket(heads, keys), want, `${heads} heads, ${keys}`);
+  }
+});
 
 Deno.test(
   { name: "MLA rope + cache and absorption in one dispatch: the same answer", ignore },

@@ -12,6 +12,7 @@ import {
   MLA_SHORT_KEYS,
   mlaDecodeFits,
   mlaFusedKeys,
+  mlaLengthBucket,
   NoGpuError,
   readBack,
   writeBytes,
@@ -476,11 +477,10 @@ Deno.test(
   },
 );
 
-// A one-token step of an MLA model takes the program built for its cache's length (StepOptions.keys;
+// A one-token step of an MLA model takes the program built for its cache's length bucket (StepOptions.keys;
 // kernels/mla_attention.ts mlaLengthBucket): the whole attention in one dispatch up to mlaFusedKeys(heads)
-// keys (kernels/mla_decode.ts, where it fits), past it with many heads one head a workgroup up to
-// MLA_SHORT_KEYS and four past that and where the length is unknown, with few heads one program. Every
-// program computes the same step.
+// keys (kernels/mla_decode.ts, where it fits), the split path past it and where the length is unknown (with
+// many heads one head a workgroup up to MLA_SHORT_KEYS, four past it). Every program computes the same step.
 Deno.test(
   onGpu("MLA: a decode program per cache length, one partials buffer, the same logits"),
   async () => {
@@ -506,16 +506,20 @@ Deno.test(
       const split = newSeq();
       try {
         const most = mlaFusedKeys(heads);
-        assert.equal(most, Math.min(16 * heads, MLA_SHORT_KEYS));
+        assert.equal(most, heads === 64 ? 1024 : 48);
         const fused = seq.program(1, "logits", { keys: 10 });
-        const long = seq.program(1, "logits", { keys: MLA_SHORT_KEYS + 1 });
+        const long = seq.program(1, "logits", { keys: most + 1 });
         // The split path's program for short caches: the fused kernel switched off while it is built.
         g.tuning = { ...saved, mlaFused: false };
         const short = split.program(1, "logits", { keys: 10 });
         g.tuning = saved;
         assert.equal(seq.program(1, "logits"), long, "unknown length: the long caches' program");
-        assert.equal(seq.program(1, "logits", { keys: most }), fused);
-        assert.equal(seq.program(1, "logits", { keys: most + 1 }), long);
+        // The buckets nest: with many heads the fused kernel's up to MLA_SHORT_KEYS (whose split path, where
+        // the fused kernel does not fit, cuts one head a workgroup) and past it up to `most` (four heads).
+        const upper = seq.program(1, "logits", { keys: most });
+        assert.equal(seq.program(1, "logits", { keys: MLA_SHORT_KEYS }), heads >= 64 ? fused : long);
+        assert.equal(upper === fused, mlaLengthBucket(heads, 10) === mlaLengthBucket(heads, most));
+        assert.equal(labels(upper), labels(fused));
         assert.equal(labels(fused).includes("mla_decode"), fits, "the fused kernel where it fits");
         if (fits) assert.equal(attention(fused).length, 0);
         assert.equal(
@@ -533,7 +537,7 @@ Deno.test(
           for (const x of [a, b]) {
             assert.equal(new Set(x.map((c) => c.buffers[5])).size, 1, "one partials buffer");
           }
-          const other = attention(seq.program(1, "logits", { keys: MLA_SHORT_KEYS + 1, embed: false }));
+          const other = attention(seq.program(1, "logits", { keys: most + 1, embed: false }));
           assert.equal(new Set([...b, ...other].map((c) => c.buffers[5])).size, 1, "one for the programs");
           assert.ok([...a, ...b].every((c) => !c.owned?.length));
         }
