@@ -60,6 +60,10 @@ export interface MlaDecodeOptions {
 
 /** Threads a workgroup by default, where the device allows (H200: 1,024 3-11% faster than 512). */
 const DEFAULT_THREADS = 1024;
+/** Most value rows a thread loads at once. */
+const MAX_VALUE_LOADS = 8;
+/** Most warps a workgroup by default. */
+const MAX_WARPS = 32;
 /** Keys a warp scores per chunk. */
 const KPW = 2;
 /** Most 16-byte units a thread loads at once in the absorption and the value projection. */
@@ -82,7 +86,9 @@ function shapeOf(gpu: Gpu, d: MlaDims, o: Pick<MlaDecodeOptions, "threads">): Sh
   const SG = gpu.subgroupSize;
   const R = d.kvLoraRank, DR = d.qkRopeHeadDim, DN = d.qkNopeHeadDim;
   if (SG === null || d.T !== 1 || R % 4 !== 0 || DR % 4 !== 0 || DN % 4 !== 0 || DN === 0) return null;
-  let WG = o.threads ?? DEFAULT_THREADS;
+  // At most MAX_WARPS warps: a chunk is 2 keys a warp, and narrow subgroups (4-8 lanes) would otherwise make
+  // chunks of hundreds of keys, unrolled.
+  let WG = o.threads ?? Math.min(DEFAULT_THREADS, MAX_WARPS * SG);
   const lim = gpu.device.limits;
   while (WG > SG && (WG > lim.maxComputeInvocationsPerWorkgroup || WG > lim.maxComputeWorkgroupSizeX)) {
     WG /= 2;
@@ -155,7 +161,9 @@ function source(d: MlaDims, o: MlaDecodeOptions, s: Shape): string {
     );
   const TK = tprOf(R, DNV), TV = tprOf(DV, RV);
   const passesK = Math.ceil(R / (WG / TK)), passesV = Math.ceil(DV / (WG / TV));
-  const qs = range(QV), ks = range(KPW), sl = range(Math.ceil(KPC / SG)), pk = range(KPC / PARTS);
+  const qs = range(QV), ks = range(KPW), sl = range(Math.ceil(KPC / SG));
+  // A part's keys of a chunk in groups of PU loads in flight (KPC / PARTS is a power of two).
+  const PU = Math.min(MAX_VALUE_LOADS, KPC / PARTS), pk = range(PU);
   const kc = (i: string) => w.read(4, `cache[${i}]`);
   // The current row as the cache will hold it, in workgroup memory of the cache's type: rounding through
   // f32(f16(x)) or unpack2x16float(pack2x16float(x)) in registers was folded to x by the H200's compiler,
@@ -281,13 +289,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j
     let corr = exp(m - m1);
     acc *= corr;
     if (part < ${PARTS}u) {
-      // This part's keys of the chunk: every row's load issued before any is used.
-      ${
-    pk.map((i) => `let v${i} = ${kc(`min(base + part + ${i * PARTS}u, n - 1u) * CWV + slot`)};`).join(
-      "\n      ",
+      // This part's keys of the chunk, ${PU} at a time: every row's load issued before any is used.
+      for (var g = part; g < KPC; g += ${PU * PARTS}u) {
+        ${
+    pk.map((i) => `let v${i} = ${kc(`min(base + g + ${i * PARTS}u, n - 1u) * CWV + slot`)};`).join(
+      "\n        ",
     )
   }
-      ${pk.map((i) => `acc += exp(ss[part + ${i * PARTS}u] - m1) * v${i};`).join("\n      ")}
+        ${pk.map((i) => `acc += exp(ss[g + ${i * PARTS}u] - m1) * v${i};`).join("\n        ")}
+      }
     }
     l = l * corr + sum;
     m = m1;
