@@ -206,6 +206,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   return kvInQ ? src.replaceAll("kv[", "q[") : src;
 }
 
+/** What the rope + cache write reads and writes (mlaRopeCacheCall's list); the fused decode takes them too. */
+export interface MlaRopeBuffers {
+  step: GPUBuffer;
+  table: GPUBuffer;
+  q: GPUBuffer;
+  kv: GPUBuffer;
+  kvNorm: GPUBuffer;
+  cache: GPUBuffer;
+}
+
 /**
  * For each of the step's tokens t (position pos = step.pos0 + t): rotates the rope part of every q head in
  * place, and writes the latent cache row pos = [rmsnorm(kv[t, :R]) * kvNorm, rope(kv[t, R:])].
@@ -220,14 +230,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
  */
 export function mlaRopeCacheCall(
   gpu: Gpu,
-  bufs: {
-    step: GPUBuffer;
-    table: GPUBuffer;
-    q: GPUBuffer;
-    kv: GPUBuffer;
-    kvNorm: GPUBuffer;
-    cache: GPUBuffer;
-  },
+  bufs: MlaRopeBuffers,
   d: MlaDims & {
     eps: number;
     interleaved: boolean;
@@ -274,16 +277,7 @@ export function mlaRopeCacheCall(
  */
 export function mlaRopeAbsorbCall(
   gpu: Gpu,
-  bufs: {
-    step: GPUBuffer;
-    table: GPUBuffer;
-    q: GPUBuffer;
-    kv: GPUBuffer;
-    kvNorm: GPUBuffer;
-    cache: GPUBuffer;
-    wUK: GPUBuffer;
-    qLatent: GPUBuffer;
-  },
+  bufs: MlaRopeBuffers & { wUK: GPUBuffer; qLatent: GPUBuffer },
   d: MlaDims & {
     eps: number;
     interleaved: boolean;

@@ -28,7 +28,6 @@ import {
 } from "./gpu.ts";
 import type { MlaDims } from "./mla.ts";
 import { STEP_WGSL } from "./step.ts";
-import { mlaFusedKeys } from "./mla_decode.ts";
 
 const WG = 128;
 
@@ -114,7 +113,7 @@ function sgAttentionSource(d: MlaDims, S: number, SG: number): string {
   const ND = Math.ceil(RV / WG);
   const PS = RV + 1;
   const QS = d.qStride ?? NH * (DN + DR);
-  const qs = range(QV), ks = range(KPW), nd = range(ND);
+  const qs = range(QV), nd = range(ND);
   const w = kvWgsl(d.kv);
   const kc = (i: string) => w.read(4, `kc[${i}]`);
   const out = S === 1
@@ -163,21 +162,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j
   for (var c = z; c < nch; c += ${S}u) {
     let base = c * KPC;
     // Scores of this warp's keys.
-    ${
-    ks.map((k) =>
-      `let r${k} = min(base + warp * ${KPW}u + ${k}u, n - 1u) * CWV;
-    ${qs.map((i) => `let k${k}_${i} = ${kc(`r${k} + min(lane + ${i * SG}u, CWV - 1u)`)};`).join("\n    ")}`
-    ).join("\n    ")
-  }
-    ${
-    ks.map((k) =>
-      `let d${k} = subgroupAdd(${qs.map((i) => `dot(q${i}, k${k}_${i})`).join(" + ")});
-    if (lane == 0u) {
-      let key = base + warp * ${KPW}u + ${k}u;
-      ss[warp * ${KPW}u + ${k}u] = select(-3.0e38, d${k} * p.scale, key < n);
-    }`
-    ).join("\n    ")
-  }
+    ${warpScoresWgsl({ KPW, SG, QV, kc })}
     workgroupBarrier();
     // Online softmax over the chunk, by every thread.
     var m1 = m;
@@ -212,6 +197,21 @@ const MANY_HEADS_SPLITS = 32;
  */
 export const MLA_SHORT_KEYS = 1024;
 
+/** The most keys any one-token step takes the fused decode (kernels/mla_decode.ts) for. */
+export const MLA_FUSED_MAX_KEYS = 2048;
+
+/**
+ * One-token steps of `heads` heads attending to at most this many keys take the fused decode: 12 keys a head
+ * up to 32 heads, 16 past that, at most MLA_FUSED_MAX_KEYS (16 heads 192, 32 heads 384, 64 heads 1,024, 128
+ * heads 2,048). H200, DeepSeek-V2-Lite's shape q4 (docs/BENCHMARKS.md, the twenty-ninth session): the split
+ * path catches up at ~290 keys with 16 heads, ~380 with 32, ~1,150 with 64 and ~2,500 with 128. A workgroup a
+ * head walks its keys alone, but more heads fill more SMs, while the split path's absorption and combine grow
+ * with them.
+ */
+export function mlaFusedKeys(heads: number): number {
+  return Math.min(MLA_FUSED_MAX_KEYS, heads * (heads <= 32 ? 12 : 16));
+}
+
 /**
  * The length bucket of a one-token step of an MLA layer of `heads` heads attending to `keys` keys: the most
  * keys of the bucket it falls in, or undefined for the unbounded one (and where the length is unknown). A
@@ -219,13 +219,41 @@ export const MLA_SHORT_KEYS = 1024;
  * mlaFusedKeys(heads) the whole attention runs in one dispatch where it fits (kernels/mla_decode.ts); with
  * MANY_HEADS heads or more the split path cuts one head a workgroup up to MLA_SHORT_KEYS and
  * MANY_HEADS_PER_GROUP heads past it. The bounds nest, so each bucket's program is right for all its steps.
+ * (Called for every decode step: no allocation.)
  */
 export function mlaLengthBucket(heads: number, keys: number | undefined): number | undefined {
   if (keys === undefined) return undefined;
-  const bounds = [mlaFusedKeys(heads), ...(heads >= MANY_HEADS ? [MLA_SHORT_KEYS] : [])].sort((a, b) =>
-    a - b
+  const fused = mlaFusedKeys(heads);
+  const short = heads >= MANY_HEADS ? MLA_SHORT_KEYS : fused;
+  const lo = Math.min(fused, short), hi = Math.max(fused, short);
+  return keys <= lo ? lo : keys <= hi ? hi : undefined;
+}
+
+/**
+ * WGSL scoring a warp's KPW keys of the chunk at `base` (keys base + warp * KPW + k, clamped to n - 1, and
+ * set to -3e38 past n): each lane holds query vec4s q0.. (lane, lane + SG, ...) and reads the same slots of
+ * each key row of the `kc` cache (CWV vec4s a row), issuing every load before any is used; subgroupAdd
+ * makes the score, times p.scale, which lane 0 writes to ss[warp * KPW + k]. Shared by the subgroup
+ * attention and the fused decode.
+ */
+export function warpScoresWgsl(
+  o: { KPW: number; SG: number; QV: number; kc: (i: string) => string },
+): string {
+  const qs = range(o.QV), ks = range(o.KPW);
+  const loads = ks.map((k) =>
+    `let r${k} = min(base + warp * ${o.KPW}u + ${k}u, n - 1u) * CWV;
+    ${
+      qs.map((i) => `let k${k}_${i} = ${o.kc(`r${k} + min(lane + ${i * o.SG}u, CWV - 1u)`)};`).join("\n    ")
+    }`
   );
-  return bounds.find((b) => keys <= b);
+  const scores = ks.map((k) =>
+    `let d${k} = subgroupAdd(${qs.map((i) => `dot(q${i}, k${k}_${i})`).join(" + ")});
+    if (lane == 0u) {
+      let key = base + warp * ${o.KPW}u + ${k}u;
+      ss[warp * ${o.KPW}u + ${k}u] = select(-3.0e38, d${k} * p.scale, key < n);
+    }`
+  );
+  return [...loads, ...scores].join("\n    ");
 }
 
 /** Lanes per key row in the score phase: about 32 loads or fewer each, at most 8 lanes. */

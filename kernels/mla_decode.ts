@@ -26,23 +26,9 @@ import {
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
-import type { MlaDims } from "./mla.ts";
+import type { MlaDims, MlaRopeBuffers } from "./mla.ts";
+import { warpScoresWgsl } from "./mla_attention.ts";
 import { STEP_WGSL } from "./step.ts";
-
-/** The most keys any one-token step takes the fused kernel for. */
-export const MLA_FUSED_MAX_KEYS = 2048;
-
-/**
- * One-token steps of `heads` heads attending to at most this many keys take the fused kernel: 12 keys a head
- * up to 32 heads, 16 past that, at most MLA_FUSED_MAX_KEYS (16 heads 192, 32 heads 384, 64 heads 1,024, 128
- * heads 2,048). H200, DeepSeek-V2-Lite's shape q4 (docs/BENCHMARKS.md, the twenty-ninth session): the split
- * path catches up at ~290 keys with 16 heads, ~380 with 32, ~1,150 with 64 and ~2,500 with 128. A workgroup a
- * head walks its keys alone, but more heads fill more SMs, while the split path's absorption and combine grow
- * with them.
- */
-export function mlaFusedKeys(heads: number): number {
-  return Math.min(MLA_FUSED_MAX_KEYS, heads * (heads <= 32 ? 12 : 16));
-}
 
 /** The options mlaDecodeCall takes beside the dims (as mlaRopeCacheCall and mlaAttentionCalls name them). */
 export interface MlaDecodeOptions {
@@ -79,7 +65,6 @@ interface Shape {
   WG: number;
   SG: number;
   PARTS: number;
-  shared: number;
 }
 
 function shapeOf(gpu: Gpu, d: MlaDims, o: Pick<MlaDecodeOptions, "threads">): Shape | null {
@@ -102,7 +87,7 @@ function shapeOf(gpu: Gpu, d: MlaDims, o: Pick<MlaDecodeOptions, "threads">): Sh
     4 * (2 * (R + DR) + DN + 2 * DR + WG / SG + (WG / SG) * KPW + 4) + 16 * parts * RV;
   while (PARTS > 1 && bytes(PARTS) > gpu.maxWorkgroupStorage) PARTS /= 2;
   if (bytes(PARTS) > gpu.maxWorkgroupStorage) return null;
-  return { WG, SG, PARTS, shared: bytes(PARTS) };
+  return { WG, SG, PARTS };
 }
 
 /** Whether mlaDecodeCall serves these dims here (subgroups, T = 1, R, dr and dn multiples of 4). */
@@ -161,7 +146,7 @@ function source(d: MlaDims, o: MlaDecodeOptions, s: Shape): string {
     );
   const TK = tprOf(R, DNV), TV = tprOf(DV, RV);
   const passesK = Math.ceil(R / (WG / TK)), passesV = Math.ceil(DV / (WG / TV));
-  const qs = range(QV), ks = range(KPW), sl = range(Math.ceil(KPC / SG));
+  const qs = range(QV), sl = range(Math.ceil(KPC / SG));
   // A part's keys of a chunk in groups of PU loads in flight (KPC / PARTS is a power of two).
   const PU = Math.min(MAX_VALUE_LOADS, KPC / PARTS), pk = range(PU);
   const kc = (i: string) => w.read(4, `cache[${i}]`);
@@ -169,11 +154,12 @@ function source(d: MlaDims, o: MlaDecodeOptions, s: Shape): string {
   // f32(f16(x)) or unpack2x16float(pack2x16float(x)) in registers was folded to x by the H200's compiler,
   // leaving the current key more precise than the row the later steps read.
   const vec4At = (arr: string, b: string) =>
-    `vec4<f32>(${arr}[${b}], ${arr}[${b} + 1u], ${arr}[${b} + 2u], ${arr}[${b} + 3u])`;
+    `vec4<f32>(f32(${arr}[${b}]), f32(${arr}[${b} + 1u]), f32(${arr}[${b} + 2u]), f32(${arr}[${b} + 3u]))`;
+  // The current row as the cache will hold it, in workgroup memory of the cache's type: rounding through
+  // f32(f16(x)) or unpack2x16float(pack2x16float(x)) in registers was folded to x by the H200's compiler,
+  // leaving the current key more precise than the row the later steps read.
   const curType = d.kv === "f16" ? "f16" : "f32";
-  const held = (e: string) => d.kv === "f16" ? `f16(clamp(${e}, -65504.0, 65504.0))` : `(${e})`;
-  const curAt = (b: string) =>
-    `vec4<f32>(f32(cur[${b}]), f32(cur[${b} + 1u]), f32(cur[${b} + 2u]), f32(cur[${b} + 3u]))`;
+  const held = (e: string) => w.store(1, e);
   return `${w.enable}${STEP_WGSL}
 struct P { kv_off: u32, eps: f32, scale: f32, pad: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -250,7 +236,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j
   }
   workgroupBarrier();
   if (h == 0u) {
-    for (var i = j; i < CWV; i += ${WG}u) { cache[n * CWV + i] = ${w.store(4, curAt("4u * i"))}; }
+    for (var i = j; i < CWV; i += ${WG}u) { cache[n * CWV + i] = ${w.store(4, vec4At("cur", "4u * i"))}; }
   }
   // 3. Attention: the cached keys in chunks, then this one.
   ${qs.map((i) => `let q${i} = qv(lane + ${i * SG}u);`).join("\n  ")}
@@ -262,18 +248,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j
   let nch = (n + KPC - 1u) / KPC;
   for (var c = 0u; c < nch; c++) {
     let base = c * KPC;
-    ${
-    ks.map((k) =>
-      `let r${k} = min(base + warp * ${KPW}u + ${k}u, n - 1u) * CWV;
-    ${qs.map((i) => `let k${k}_${i} = ${kc(`r${k} + min(lane + ${i * SG}u, CWV - 1u)`)};`).join("\n    ")}`
-    ).join("\n    ")
-  }
-    ${
-    ks.map((k) =>
-      `let d${k} = subgroupAdd(${qs.map((i) => `dot(q${i}, k${k}_${i})`).join(" + ")});
-    if (lane == 0u) { ss[warp * ${KPW}u + ${k}u] = select(-3.0e38, d${k} * p.scale, base + warp * ${KPW}u + ${k}u < n); }`
-    ).join("\n    ")
-  }
+    ${warpScoresWgsl({ KPW, SG, QV, kc })}
     workgroupBarrier();
     // The chunk's max and sum by every warp itself (lanes over the scores), so no thread walks them all.
     var mx = -3.0e38;
@@ -308,7 +283,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) j
     let m1 = max(m, dc);
     let corr = exp(m - m1);
     let wc = exp(dc - m1);
-    acc = acc * corr + select(vec4<f32>(0.0), wc * ${curAt("4u * slot")}, part == 0u);
+    acc = acc * corr + select(vec4<f32>(0.0), wc * ${vec4At("cur", "4u * slot")}, part == 0u);
     l = l * corr + wc;
   }
   if (part < ${PARTS}u) { accs[part * RV + slot] = acc; }
@@ -343,7 +318,7 @@ fn qv(v: u32) -> vec4<f32> {
 }
 fn cv(v: u32) -> vec4<f32> {
   if (v >= CWV) { return vec4<f32>(0.0); }
-  return ${curAt("4u * v")};
+  return ${vec4At("cur", "4u * v")};
 }`;
 }
 
@@ -355,17 +330,7 @@ fn cv(v: u32) -> vec4<f32> {
  */
 export function mlaDecodeCall(
   gpu: Gpu,
-  bufs: {
-    step: GPUBuffer;
-    table: GPUBuffer;
-    q: GPUBuffer;
-    kv: GPUBuffer;
-    kvNorm: GPUBuffer;
-    cache: GPUBuffer;
-    wUK: GPUBuffer;
-    wUV: GPUBuffer;
-    out: GPUBuffer;
-  },
+  bufs: MlaRopeBuffers & { wUK: GPUBuffer; wUV: GPUBuffer; out: GPUBuffer },
   d: MlaDims & MlaDecodeOptions,
 ): KernelCall | null {
   const s = shapeOf(gpu, d, d);

@@ -195,80 +195,62 @@ export function mlaProgram(
       ...linear(ctx, { x, w: w.kvA!, y: s.kv, norm: w.norm, normed: xn }, { K: H, N: kvDim, T }),
     );
   }
+  const rope = { step, table, q, kv, kvNorm: w.kvANorm, cache: cache[0] };
+  const ropeDims = {
+    ...dims,
+    ...kvLayout,
+    eps: LORA_NORM_EPS,
+    interleaved: a.interleaved,
+    weights: w.kvType,
+  };
   // One-token steps over a short cache: the whole attention in one dispatch (kernels/mla_decode.ts).
   const decode =
     T === 1 && d.keys !== undefined && d.keys <= mlaFusedKeys(a.heads) && gpu.tuning.mlaFused !== false
-      ? mlaDecodeCall(gpu, {
-        step,
-        table,
-        q,
-        kv,
-        kvNorm: w.kvANorm,
-        cache: cache[0],
-        wUK: w.wUK,
-        wUV: w.wUV,
-        out: s.att,
-      }, {
-        ...dims,
-        ...kvLayout,
-        eps: LORA_NORM_EPS,
-        interleaved: a.interleaved,
+      ? mlaDecodeCall(gpu, { ...rope, wUK: w.wUK, wUV: w.wUV, out: s.att }, {
+        ...ropeDims,
         scale: a.scale,
-        weights: w.kvType,
         threads: gpu.tuning.mlaFusedThreads,
       })
       : null;
-  if (decode) {
-    calls.push(
-      decode,
-      ...linear(ctx, { x: s.att, w: w.o, y: x }, { K: a.heads * a.vHeadDim, N: H, T, accumulate: true }),
-    );
-    return calls;
-  }
-  calls.push(
-    mlaRopeAbsorbCall(gpu, {
-      step,
-      table,
-      q,
-      kv,
-      kvNorm: w.kvANorm,
-      cache: cache[0],
-      wUK: w.wUK,
-      qLatent: s.qLatent,
-    }, { ...dims, ...kvLayout, eps: LORA_NORM_EPS, interleaved: a.interleaved, weights: w.kvType }),
-  );
-  // Attention, then (split keys) its combine and the value up-projection, fused where they can be.
-  const ATTENTION_TUNING = attentionTuning();
-  const attention = mlaAttentionCalls(gpu, {
-    step,
-    q,
-    qLatent: s.qLatent,
-    cache: cache[0],
-    ctx: s.ctx,
-    part: bufs.mlaPart,
-  }, {
-    ...dims,
-    scale: a.scale,
-    tuning: ATTENTION_TUNING,
-  });
-  const fused = attention.length === 2
-    ? mlaCombineValueCall(gpu, { step, part: attention[1].buffers[1], wUV: w.wUV, out: s.att }, {
-      ...dims,
-      splits: mlaAttentionSplits(gpu, { ...dims, tuning: ATTENTION_TUNING }),
-      weights: w.kvType,
-    })
-    : null;
-  if (fused) calls.push(attention[0], fused);
-  else {
-    calls.push(
-      ...attention,
-      mlaValueCall(gpu, { ctx: s.ctx, wUV: w.wUV, out: s.att }, { ...dims, weights: w.kvType }),
-    );
-  }
+  if (decode) calls.push(decode);
+  else calls.push(...splitAttention());
   calls.push(
     ...linear(ctx, { x: s.att, w: w.o, y: x }, { K: a.heads * a.vHeadDim, N: H, T, accumulate: true }),
   );
   return calls;
+
+  /** Rope + absorb, the attention, then (split keys) its combine and the value projection, fused where they can. */
+  function splitAttention(): KernelCall[] {
+    const out = [mlaRopeAbsorbCall(gpu, { ...rope, wUK: w.wUK, qLatent: s.qLatent }, ropeDims)];
+    const ATTENTION_TUNING = attentionTuning();
+    const attention = mlaAttentionCalls(gpu, {
+      step,
+      q,
+      qLatent: s.qLatent,
+      cache: cache[0],
+      ctx: s.ctx,
+      part: bufs.mlaPart,
+    }, {
+      ...dims,
+      scale: a.scale,
+      tuning: ATTENTION_TUNING,
+    });
+    const fused = attention.length === 2
+      ? mlaCombineValueCall(gpu, { step, part: attention[1].buffers[1], wUV: w.wUV, out: s.att }, {
+        ...dims,
+        splits: mlaAttentionSplits(gpu, { ...dims, tuning: ATTENTION_TUNING }),
+        weights: w.kvType,
+      })
+      : null;
+    if (fused) out.push(attention[0], fused);
+    else {
+      out.push(
+        ...attention,
+        mlaValueCall(gpu, { ctx: s.ctx, wUV: w.wUV, out: s.att }, { ...dims, weights: w.kvType }),
+      );
+    }
+    return out;
+  }
 }
 
 /**

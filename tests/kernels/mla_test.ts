@@ -370,7 +370,7 @@ function program(
   },
 ): KernelCall[] {
   if (o.decode) {
-    const call = mlaDecodeCall(g, b, { ...d, ...o, kvOffset: o.kvOffset });
+    const call = mlaDecodeCall(g, b, { ...d, ...o });
     if (!call) throw new Error("the one-dispatch decode does not apply here");
     return [call];
   }
