@@ -543,7 +543,23 @@ export function normCopyFor(
  * The int8 copy a producer writes for its consumer (int8CopyFor): in the consumer's weight layout, and for
  * an RMSNorm consumer with its norm weights (the producer multiplies by them and writes `ssq`).
  */
-export type Int8CopyOut = Int8Copy & { weights: QuantType; norm?: { w: GPUBuffer; type: WeightType } };
+export type Int8CopyOut = Int8Copy & {
+  weights: QuantType;
+  norm?: { w: GPUBuffer; type: WeightType };
+  /**
+   * With `norm`, for a MoE block's fused expert kernel (moe_fused.ts `input: "copy"`): the producer also
+   * writes its router's partial logits, block by block of 32 rows (gemv_multi.ts routerPartsWgsl): `w` the
+   * router (f32 [experts, K]), `parts` [T, K / 32, experts] f32.
+   */
+  router?: RouterParts;
+};
+
+/** A MoE router's partial logits that the GEMV before the block writes (Int8CopyOut.router). */
+export interface RouterParts {
+  w: GPUBuffer;
+  experts: number;
+  parts: GPUBuffer;
+}
 
 /**
  * Whether a GEMV (the producer, dims `d`) can write the int8 copy of its output (gemvFusedCalls' copyOut).
@@ -551,6 +567,17 @@ export type Int8CopyOut = Int8Copy & { weights: QuantType; norm?: { w: GPUBuffer
  */
 export function int8CopyOutFits(gpu: Gpu, d: GemvFusedDims, maxThreads = Infinity): boolean {
   return multiInt8Serves(gpu, d) && int8Tuning(gpu, d, true, maxThreads) !== undefined;
+}
+
+/**
+ * Whether a GEMV (the producer, dims `d`) can write the int8 copy of its output for an RMSNorm consumer
+ * (with the norm weights and the blocks' sums of squares), within the widths where that pays; with `arrive`
+ * false, only by workgroups of whole blocks (not the last workgroup of each block, MultiTuning `arrive`).
+ */
+export function int8NormCopyOutFits(gpu: Gpu, d: GemvFusedDims, o: { arrive?: boolean } = {}): boolean {
+  if (!multiInt8Serves(gpu, d)) return false;
+  const t = int8Tuning(gpu, d, true, int8NormCopyMaxThreads(gpu, d.T));
+  return t !== undefined && (o.arrive !== false || !t.arrive);
 }
 
 /**
@@ -684,6 +711,8 @@ export function gemvFusedCall(
       if (rmsIn && f !== "rmsnorm") {
         throw new RangeError("a copy with sums of squares is for an RMSNorm GEMV");
       }
+      const router = d.copyOut ? out8?.router : undefined;
+      if (router && !copyNorm) throw new TypeError("router partials need the copy's norm weights");
       const code = gemvMultiSource(wt, "none", t, nwt, {
         K: d.K,
         N: d.N,
@@ -694,6 +723,7 @@ export function gemvFusedCall(
         copyOut: d.copyOut,
         copyNorm: copyNorm?.type,
         rmsIn,
+        router: router?.experts,
       });
       const out = d.copyOut ? [out8!.q, out8!.s, ...(copyNorm ? [copyNorm.w, out8!.ssq!] : [])] : [];
       // arrive: the outputs' scratch and the blocks' counters (zeroed at creation; each dispatch's last
@@ -707,7 +737,17 @@ export function gemvFusedCall(
       const call = kernelCall(
         gpu,
         pipeline(gpu, code),
-        [params, bufs.xq.q, bufs.w, bufs.y, bufs.xq.s, ...out, ...(rmsIn ? [bufs.xq.ssq!] : []), ...scratch],
+        [
+          params,
+          bufs.xq.q,
+          bufs.w,
+          bufs.y,
+          bufs.xq.s,
+          ...out,
+          ...(rmsIn ? [bufs.xq.ssq!] : []),
+          ...scratch,
+          ...(router ? [router.w, router.parts] : []),
+        ],
         [multiGroups(d.N, t, S!)],
         `${label}_direct_i8`,
       );

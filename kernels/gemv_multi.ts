@@ -246,9 +246,11 @@ export function gemvMultiSource(
     copyNorm?: WeightType;
     rmsIn?: boolean;
     rmsParts?: number;
+    router?: number;
   },
 ): string {
   if (t.direct) return gemvMultiDirectSource(wt, f, t, nwt, d);
+  if (d.router) throw new RangeError("only the int8 direct multi-token GEMV writes router partials");
   if (d.copyOut) throw new RangeError("only the direct multi-token GEMV writes a copy of its output");
   const { K, N, T, S, KT } = d;
   const { rows: R, wg: WG } = t;
@@ -650,6 +652,7 @@ function gemvMultiDirectSource(
     copyNorm?: WeightType;
     rmsIn?: boolean;
     rmsParts?: number;
+    router?: number;
   },
 ): string {
   const i8 = t.dp4 === true;
@@ -815,6 +818,23 @@ function gemvMultiDirectSource(
   // acquire barrier and quantises the block's T rows, a token a thread (with copyNorm each block's sum of
   // squares too, as below).
   const PER = 32 / (BLOCKS * R);
+  // router: the MoE router's partial logits of the copy's blocks (routerPartsWgsl), for the fused expert
+  // kernel after this GEMV (moe_fused.ts `input: "copy"`).
+  if (d.router && (fcopy || !d.copyOut || !d.copyNorm || N % 32 !== 0)) {
+    throw new RangeError("router partials come with an int8 copy of the output with its norm weights");
+  }
+  const router = d.router
+    ? {
+      E: d.router,
+      T,
+      CB: arrive ? 1 : CB,
+      S,
+      WG,
+      N,
+      n0: arrive ? `wg.x / ${PER}u * 32u` : `wg.x * ${WR}u`,
+      norm: d.copyNorm!,
+    }
+    : undefined;
   const arriveTail = !arrive ? "" : `
   storageBarrier();
   if (tid == 0u) {
@@ -842,6 +862,13 @@ function gemvMultiDirectSource(
           : ""
       }`,
     })
+  }${
+    router
+      ? routerPartsWgsl(router).tail({
+        blocks: "1u",
+        val4: (cr, _cb, k) => `yav(${cr} * N + nw0 + 4u * ${k})`,
+      })
+      : ""
   }
   }`;
   const copyTail = fcopy ? fcopyTail : arrive ? arriveTail : d.copyOut
@@ -869,6 +896,13 @@ function gemvMultiDirectSource(
     ossq[cr * ${N / 32}u + nw0 / 32u + cb] = ss;`
           : undefined,
       })
+    }${
+      router
+        ? routerPartsWgsl(router).tail({
+          blocks: "cbw",
+          val4: (cr, cb, k) => `ysv(${cr} * ${WR}u + 32u * ${cb} + 4u * ${k})`,
+        })
+        : ""
     }`
     : "";
   // rmsIn: x's copy is of x * nw, unscaled; each warp loads the block sums of squares of its tokens (warp,
@@ -883,6 +917,7 @@ function gemvMultiDirectSource(
   const b0 = norm || i8 ? 5 : 4;
   const rmsBinding = d.copyOut ? (fcopy ? b0 + 3 : d.copyNorm ? 9 : 7) : b0;
   const arriveBinding = d.rmsIn ? rmsBinding + 1 : d.copyNorm ? 9 : 7;
+  const routerBinding = arrive ? arriveBinding + 2 : d.rmsIn ? rmsBinding + 1 : 9;
   const TPW = Math.ceil(T / WARPS);
   const P = d.rmsParts ?? K / 32; // partials a token
   // An f32 copy's partials are loaded as vec4s (H200, Llama-1B f16 k = 8 step: 1.429-1.432 ms against
@@ -952,6 +987,12 @@ fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys
 @group(0) @binding(${rmsBinding}) var<storage, read> issq: array<${v4 ? "vec4<f32>" : "f32"}>;
 var<workgroup> inv_s: array<f32, ${T}>;`
       : ""
+  }${
+    router
+      ? `
+@group(0) @binding(${routerBinding}) var<storage, read> rw: array<vec4<f32>>;
+@group(0) @binding(${routerBinding + 1}) var<storage, read_write> rparts: array<f32>;`
+      : ""
   }
 ${isQuant(wt) ? `const GPR = ${K / QUANT_GROUP}u;\n${QUANT_DECODE_WGSL}` : ""}
 const K = ${K}u;
@@ -972,7 +1013,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let ks = warp % SK;
   let n0 = (wg.x * BLOCKS + warp / SK) * R;
   ${decl.join("\n  ")}
-  ${acc.join("\n  ")}
+  ${acc.join("\n  ")}${router ? routerPartsWgsl(router).prefetch : ""}
   ${lateLoads ? "" : rmsLoads.join("\n  ")}
   for (var i = 0u; i < ${CMAX}u; i++) {
     let c = i * SK + ks;
@@ -1029,6 +1070,84 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     }
   }${copyTail}
 }`;
+}
+
+/**
+ * WGSL of a MoE router's partial logits over the blocks of 32 rows of y a workgroup has just written (the
+ * int8 copy's tail, gemv_multi.ts with `router`; the fused expert kernel sums them, moe_fused.ts):
+ *   rparts[(t NB + b) E + e] = sum_{i < 32} router[e, 32 b + i] nw[32 b + i] y[t, 32 b + i]   (NB = N / 32)
+ * the router's logits before 1 / rms, for each token t, block b and expert e. G = min(8, S) adjacent lanes
+ * take a (token, block, expert), each VG = 8 / G vec4s of its 32 values, summed by shuffles. The router's
+ * vec4s (f32 [E, N], bound as `rw`) are loaded when the kernel starts where a thread needs at most 4 (one
+ * token: 1 a thread of 1,024), so their latency is not the tail's; else in the tail. `n0`: the first row of
+ * the workgroup's blocks (an expression of wg.x); CB blocks of 32 a workgroup.
+ */
+function routerPartsWgsl(
+  r: {
+    E: number;
+    T: number;
+    CB: number;
+    S: number;
+    WG: number;
+    N: number;
+    n0: string;
+    norm: WeightType;
+  },
+): {
+  prefetch: string;
+  tail: (o: { blocks: string; val4: (cr: string, cb: string, k: string) => string }) => string;
+} {
+  const { E, T, CB, S, WG, N } = r;
+  const G = Math.min(8, S);
+  const VG = 8 / G;
+  const TOT = T * CB * E;
+  const ITER = Math.ceil((TOT * G) / WG);
+  const pre = ITER * VG <= 4;
+  const at = (it: string) => `
+    let rt = ${it} * ${WG}u + tid;
+    let rk = min(rt / ${G}u, ${TOT - 1}u);
+    let rv = (rn0 + 32u * (rk / ${E}u % ${CB}u)) / 4u + (rt % ${G}u) * ${VG}u;
+    let rq = (rk % ${E}u) * ${N / 4}u + rv;`;
+  const load = (v: number) => `rw[min(rq + ${v}u, ${(E * N) / 4 - 1}u)]`;
+  const nload = (v: number) => normWeightVec4(r.norm, `min(rv + ${v}u, ${N / 4 - 1}u)`, "onw");
+  // The router's and the norm weights' vec4s of a thread's tasks, loaded as the kernel starts.
+  const prefetch = `
+  let rn0 = ${r.n0};${
+    pre
+      ? range(ITER).map((it) => `
+  var rwp${it}: array<vec4<f32>, ${VG}>;
+  var rnp${it}: array<vec4<f32>, ${VG}>;
+  {${at(`${it}u`)}
+    ${range(VG).map((v) => `rwp${it}[${v}] = ${load(v)}; rnp${it}[${v}] = ${nload(v)};`).join(" ")}
+  }`).join("")
+      : ""
+  }`;
+  const tail = (o: { blocks: string; val4: (cr: string, cb: string, k: string) => string }) => {
+    const one = (it: string, w: (v: number) => string, nw: (v: number) => string) => `
+  {${at(it)}
+    let re = rk % ${E}u;
+    let rb = rk / ${E}u % ${CB}u;
+    let rc = rk / ${E * CB}u;
+    let rp = rt % ${G}u;
+    var rs = 0.0;
+    ${
+      range(VG).map((v) => `rs += dot(${w(v)}, ${o.val4("rc", "rb", `(rp * ${VG}u + ${v}u)`)} * ${nw(v)});`)
+        .join("\n    ")
+    }
+    ${range(Math.log2(G)).map((i) => `rs += subgroupShuffleXor(rs, ${G >> (i + 1)}u);`).join("\n    ")}
+    if (rp == 0u && rt / ${G}u < ${TOT}u && rb < ${o.blocks}) {
+      rparts[(rc * ${N / 32}u + rn0 / 32u + rb) * ${E}u + re] = rs;
+    }
+  }`;
+    // Every lane runs every round (the shuffles need the whole subgroup); lanes past the tasks take the last
+    // one's indices and write nothing.
+    return pre
+      ? range(ITER).map((it) => one(`${it}u`, (v) => `rwp${it}[${v}]`, (v) => `rnp${it}[${v}]`)).join("")
+      : `
+  for (var ri = 0u; ri < ${ITER}u; ri++) {${one("ri", load, nload)}
+  }`;
+  };
+  return { prefetch, tail };
 }
 
 /** Workgroups to launch along x. */

@@ -133,6 +133,12 @@ export interface KernelTuning {
   mlaFused?: boolean;
   /** Its threads a workgroup (MlaDecodeOptions.threads; A/B runs). */
   mlaFusedThreads?: number;
+  /**
+   * A fused MoE block's input (the int8 copy and the router's partial logits) written by the o_proj GEMV
+   * before it, so no router GEMV runs (kernels/moe_ffn.ts moeInputFor). Default on where it fits; false: the
+   * router GEMV (A/B runs).
+   */
+  moeCopyIn?: boolean;
   /** Flash-decoding splits per head for the decode attention (1: off; default: attentionDecodeSplits). */
   attentionSplits?: number;
   /**

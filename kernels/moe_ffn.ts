@@ -7,7 +7,14 @@
 //   y[t] += shared_down @ silu_mul(shared_gate_up @ xn[t])         (deepseek_v3 / kimi_k2 shared experts)
 // Expert stacks are [E, 2I, H] (gate rows then up rows per expert) and [E, H, I]; the shared expert is an
 // ordinary MLP with intermediate n_shared_experts * moe_intermediate_size.
-import { gemvFusedCalls, gemvFusedFits, type GemvTuning, type Int8CopyOut } from "./gemv_fused.ts";
+import {
+  gemvFusedCalls,
+  type GemvFusedDims,
+  gemvFusedFits,
+  type GemvTuning,
+  type Int8CopyOut,
+  int8NormCopyOutFits,
+} from "./gemv_fused.ts";
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
 import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
 import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
@@ -327,6 +334,7 @@ export function moeFusedPlan(
   d: Omit<MoeFfnDims, "T"> & { T?: number },
   bias: boolean,
   copyOut?: MoeFusedDims["copyOut"],
+  input?: MoeFusedDims["input"],
 ): (MoeFusedDims & { rows: number }) | null {
   const sw = moeSwitches(gpu);
   const wt = d.weights.gateUp;
@@ -354,8 +362,76 @@ export function moeFusedPlan(
     threads: sw.fused.threads,
     copyOut,
     sharedSlots,
+    input,
   };
   return moeFusedFits(gpu, dims) ? { ...dims, rows: moeFusedRows(dims) } : null;
+}
+
+/** What the GEMV before a fused MoE block needs to write the block's input (moeInputCopy). */
+export interface MoeInput {
+  hidden: number;
+  experts: number;
+  /** The expert stacks' storage (the copy's int8 layout). */
+  weights: QuantType;
+  /** post_attention_layernorm's weights and their storage. */
+  norm: GPUBuffer;
+  normWeights: WeightType;
+  /** The router, f32 [experts, hidden]. */
+  router: GPUBuffer;
+}
+
+/**
+ * The block's MoeInput where decode of T tokens runs it as the fused expert kernel reading its input from
+ * the GEMV before it (moe_fused.ts input "copy": no router GEMV), else undefined. The plan is asked with a
+ * copy out too, as moeDecodeCalls may make it (the layer after is not known yet), and
+ * gpu.tuning.moeCopyIn false turns it off (A/B runs).
+ */
+export function moeInputFor(
+  gpu: Gpu,
+  d: Omit<MoeFfnDims, "T"> & { T: number; normWeights: WeightType },
+  b: { norm: GPUBuffer; router: GPUBuffer; bias: boolean },
+): MoeInput | undefined {
+  const wt = d.weights.gateUp;
+  if (
+    gpu.tuning.moeCopyIn === false || !gpu.subgroupSize || d.T > GEMV_MAX_T || !isQuant(wt) ||
+    d.hidden % 32 !== 0 ||
+    !moeFusedPlan(gpu, d, b.bias, { weights: wt, norm: d.normWeights }, "copy")
+  ) return undefined;
+  return {
+    hidden: d.hidden,
+    experts: checkRouting(d.routing).experts,
+    weights: wt,
+    norm: b.norm,
+    normWeights: d.normWeights,
+    router: b.router,
+  };
+}
+
+/**
+ * The int8 copy of a fused MoE block's input with its router's partial logits (gemv_fused.ts Int8CopyOut
+ * with `router`), for `producer` (the GEMV before the block, adding into the residual) to write, or
+ * undefined where it cannot. Only by workgroups of whole blocks of 32 rows unless
+ * gpu.tuning.multiInt8CopyArrive is true: copies by the last workgroup of a block (`arrive`) were slower
+ * than the router GEMV (H200, Qwen3-30B-A3B q4 one-token step: 2.159 / 2.245 ms against 2.132 / 2.117, the
+ * widened workgroups' 2.087 / 2.089; docs/BENCHMARKS.md, the thirtieth session). The block's fused call
+ * owns the buffers (moeDecodeCalls with copyIn).
+ */
+export function moeInputCopy(gpu: Gpu, producer: GemvFusedDims, m: MoeInput): Int8CopyOut | undefined {
+  const arrive = gpu.tuning.multiInt8CopyArrive === true;
+  if (producer.N !== m.hidden || !int8NormCopyOutFits(gpu, producer, { arrive })) return undefined;
+  const T = producer.T, H = m.hidden, NB = H / 32;
+  return {
+    q: storageBuffer(gpu, T * H, "MoE input, int8 copy"),
+    s: storageBuffer(gpu, T * NB * 8, "MoE input, int8 copy, scales"),
+    ssq: storageBuffer(gpu, T * NB * 4, "MoE input, int8 copy, sums of squares"),
+    weights: m.weights,
+    norm: { w: m.norm, type: m.normWeights },
+    router: {
+      w: m.router,
+      experts: m.experts,
+      parts: storageBuffer(gpu, T * NB * m.experts * 4, "MoE router partials"),
+    },
+  };
 }
 
 /**
@@ -375,7 +451,13 @@ export function moeFusedPlan(
  */
 export function moeDecodeCalls(
   gpu: Gpu,
-  b: Omit<MoeFfnBuffers, "x" | "y"> & { x: GPUBuffer; norm: GPUBuffer; copyOut?: Int8CopyOut },
+  b: Omit<MoeFfnBuffers, "x" | "y"> & {
+    x: GPUBuffer;
+    norm: GPUBuffer;
+    copyOut?: Int8CopyOut;
+    /** The block's input as the GEMV before wrote it (moeInputCopy): the fused kernel, no router GEMV. */
+    copyIn?: Int8CopyOut;
+  },
   d: MoeFfnDims & { eps: number; normWeights: WeightType },
 ): KernelCall[] | null {
   const r = checkRouting(d.routing);
@@ -392,9 +474,16 @@ export function moeDecodeCalls(
   if (H % 4 !== 0 || d.weights.router !== "f32") return null;
   // The routed experts in one dispatch (moe_fused.ts), after the router GEMV writes the int8 normalised x.
   const copyOut = b.copyOut && { weights: b.copyOut.weights, norm: b.copyOut.norm?.type ?? "f32" };
-  const plan = moeFusedPlan(gpu, d, b.bias !== undefined, copyOut);
+  const copyIn = b.copyIn;
+  if (copyIn && (!copyIn.router || !copyIn.ssq)) {
+    throw new TypeError("copyIn: the block's input copy needs its sums of squares and router partials");
+  }
+  const plan = moeFusedPlan(gpu, d, b.bias !== undefined, copyOut, copyIn ? "copy" : undefined);
   if (b.copyOut && !plan) {
     throw new RangeError("copyOut: only the fused expert kernel writes a copy (check moeFusedPlan with it)");
+  }
+  if (copyIn && (!plan || copyIn.weights !== plan.weights)) {
+    throw new RangeError("copyIn: only the fused expert kernel reads the block's input copy (moeInputFor)");
   }
   if (d.downBlock !== undefined && plan?.rows !== d.downBlock) {
     throw new RangeError(
@@ -402,6 +491,27 @@ export function moeDecodeCalls(
         `which this program would not run (${plan ? `${plan.rows} rows` : "the fused path is off"}): load ` +
         "the model again with the settings it is run with",
     );
+  }
+  if (plan && copyIn) {
+    const call = moeFusedCall(gpu, {
+      xn: copyIn.q,
+      xnScales: copyIn.s,
+      xssq: copyIn.ssq,
+      gateUp: b.gateUp,
+      down: b.down,
+      logits: copyIn.router!.parts,
+      bias: b.bias,
+      ids: s.ids,
+      routeWeights: s.routeWeights,
+      acc: s.acc,
+      count: s.count,
+      y: b.x,
+      copy: b.copyOut,
+      ...(plan.sharedSlots ? { sharedGateUp: b.sharedGateUp, sharedDown: b.sharedDown } : {}),
+    }, { ...plan, T, packed: d.downBlock !== undefined, eps: d.eps });
+    // The copy the GEMV before wrote for this block is released with this call.
+    call.owned = [...(call.owned ?? []), copyIn.q, copyIn.s, copyIn.ssq!, copyIn.router!.parts];
+    return [call];
   }
   if (plan) {
     return [

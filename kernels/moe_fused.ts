@@ -72,6 +72,17 @@ export interface MoeFusedDims {
    * sharedDown [H, Is] (row-major, in the routed stacks' storage). Default 0.
    */
   sharedSlots?: number;
+  /**
+   * "copy": the block's input is the int8 copy that the GEMV before it wrote (o_proj: gemv_fused.ts
+   * Int8CopyOut with the block's norm weights and `router`): x times the norm weights in blocks of 32 with
+   * each block's sum of squares (`xssq`), and the router's partial logits before 1 / rms block by block
+   * ([T, H / 32, E], bound as `logits`). Each workgroup sums the partials and the squares itself (1 / rms
+   * with `eps`), so no router GEMV runs before it. Default "router": the router GEMV's normalised int8 copy
+   * and logits.
+   */
+  input?: "router" | "copy";
+  /** The block's RMSNorm epsilon (input "copy"). */
+  eps?: number;
 }
 
 /** Weights per 16-byte unit. */
@@ -94,7 +105,12 @@ function sharedBytes(d: MoeFusedDims, WG: number): number {
   const { experts: E, topK: k, groups } = checkRouting(d.routing);
   const C = moeFusedRows(d);
   return d.hidden + (d.hidden / 32) * 8 + C * 4 + C + (C / 32) * 8 + (2 * E + WG + 3 * k + 2 * groups) * 4 +
-    16 + (d.copyOut ? d.hidden * 4 : 0);
+    16 + (d.copyOut ? d.hidden * 4 : 0) + (d.input === "copy" ? (copyGroups(E, WG) + 1) * E * 4 : 0);
+}
+
+/** Groups of threads summing an expert's partial logits (input "copy"): as many as fit in the workgroup. */
+function copyGroups(E: number, WG: number): number {
+  return Math.max(1, Math.floor(WG / E));
 }
 
 /** Whether the fused kernel serves this shape here. */
@@ -123,6 +139,11 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
   const U = Math.max(1, Math.min(Math.ceil(VU / S), Math.floor(8 / PW))); // units a lane a pass
   const RB = Math.max(1, Math.min(Math.ceil(H / WG), Math.floor(8 / CU))); // down rows a thread a pass
   const rt = routerWgsl(r, d.bias, S, WG);
+  const fromCopy = d.input === "copy";
+  const e0 = d.eps ?? 0;
+  const eps = Number.isInteger(e0) ? `${e0}.0` : `${e0}`;
+  const NB = H / 32;
+  const NG = copyGroups(E, WG);
   const NSH = d.sharedSlots ?? 0;
   const SL = k + NSH; // slots: the k routed ones, then the shared expert's
   // The remainders' units: NWG of them, each at most half a unit, must sum within i32.
@@ -202,8 +223,8 @@ fn scd(sh: bool, u: u32) -> f32 {
   }
   ${
     pairs.map((p) =>
-      `let tg${p} = subgroupAdd(ag${p});
-  let tu${p} = subgroupAdd(au${p});
+      `let tg${p} = subgroupAdd(ag${p})${fromCopy ? " * xinv" : ""};
+  let tu${p} = subgroupAdd(au${p})${fromCopy ? " * xinv" : ""};
   if (lane == 0u && warp + ${WARPS * p}u < ${C}u) {
     hv[pr${p} / 4u][pr${p} % 4u] = select(0.0, ${siluMul(`tg${p}`, `tu${p}`)} * wt, on);
   }`
@@ -253,6 +274,36 @@ fn scd(sh: bool, u: u32) -> f32 {
   const sharedDecls = !NSH ? "" : `
 @group(0) @binding(${nb}) var<storage, read> Wsgu: array<vec4<u32>>;
 @group(0) @binding(${nb + 1}) var<storage, read> Wsd: array<vec4<u32>>;`;
+  if (NSH) nb += 2;
+  // input "copy": the router's partial logits (binding 4) summed over the H / 32 blocks, NG groups of
+  // threads an expert, and 1 / rms from the blocks' sums of squares by warp 0; then the routing reads
+  // them from workgroup memory.
+  const copyInDecls = !fromCopy ? "" : `
+@group(0) @binding(${nb}) var<storage, read> xssq: array<f32>;
+var<workgroup> lgp: array<f32, ${NG * E}>;
+var<workgroup> logits: array<f32, ${E}>;
+var<workgroup> inv_x: f32;`;
+  const copyInLogits = !fromCopy ? "" : `
+  for (var i = tid; i < ${NG * E}u; i += ${WG}u) {
+    let e = i % ${E}u;
+    var s = 0.0;
+    for (var b = i / ${E}u; b < ${NB}u; b += ${NG}u) { s += parts[(t * ${NB}u + b) * ${E}u + e]; }
+    lgp[i] = s;
+  }
+  if (warp == 0u) {
+    var q = 0.0;
+    for (var b = lane; b < ${NB}u; b += ${S}u) { q += xssq[t * ${NB}u + b]; }
+    q = subgroupAdd(q);
+    if (lane == 0u) { inv_x = inverseSqrt(q / ${H}.0 + ${eps}); }
+  }
+  workgroupBarrier();
+  for (var e = tid; e < ${E}u; e += ${WG}u) {
+    var s = 0.0;
+    for (var g = 0u; g < ${NG}u; g++) { s += lgp[g * ${E}u + e]; }
+    logits[e] = s * inv_x;
+  }
+  workgroupBarrier();
+  let xinv = inv_x;`;
   const copyDecls = !copy ? "" : `
 ${int8CopyBindingsWgsl(cb0)}
 @group(0) @binding(${cb0 + 2}) var<storage, read> onw: array<${
@@ -280,13 +331,13 @@ var<workgroup> yf: array<vec4<f32>, ${H / 4}>;`;
 @group(0) @binding(1) var<storage, read> xns: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read> Wgu: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> Wd: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> logits: array<f32>;
+@group(0) @binding(4) var<storage, read> ${fromCopy ? "parts" : "logits"}: array<f32>;
 @group(0) @binding(5) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(6) var<storage, read_write> rw: array<f32>;
 @group(0) @binding(7) var<storage, read_write> acc: array<atomic<i32>>;
 @group(0) @binding(8) var<storage, read_write> cnt: array<atomic<u32>>;
 @group(0) @binding(9) var<storage, read_write> y: array<f32>;
-${bias}${copyDecls}${sharedDecls}
+${bias}${copyDecls}${sharedDecls}${copyInDecls}
 var<workgroup> xq: array<vec4<u32>, ${H / 16}>;
 var<workgroup> xqs: array<vec2<f32>, ${H / 32}>;
 var<workgroup> hv: array<vec4<f32>, ${C / 4}>;
@@ -306,7 +357,8 @@ fn main(
   let lane = tid % ${S}u;
   for (var i = tid; i < ${H / 16}u; i += ${WG}u) { xq[i] = xn[t * ${H / 16}u + i]; }
   for (var i = tid; i < ${H / 32}u; i += ${WG}u) { xqs[i] = xns[t * ${H / 32}u + i]; }
-  ${rt.body(`t * ${E}u`)}
+  ${copyInLogits}
+  ${rt.body(fromCopy ? "0u" : `t * ${E}u`)}
   if (wgid.x == 0u && tid < ${k}u) {
     ids[t * ${k}u + tid] = rt_ids[tid];
     rw[t * ${k}u + tid] = rt_w[tid];
@@ -392,6 +444,8 @@ export function moeFusedCall(
     /** The shared expert (d.sharedSlots): gate;up [2 Is, H] and down [H, Is], row-major. */
     sharedGateUp?: GPUBuffer;
     sharedDown?: GPUBuffer;
+    /** input "copy": the copy's block sums of squares (xn / xnScales its words and scales, logits the partials). */
+    xssq?: GPUBuffer;
   },
   d: MoeFusedDims,
 ): KernelCall {
@@ -430,6 +484,10 @@ export function moeFusedCall(
     throw new TypeError("sharedSlots: the dims and the shared expert's buffers disagree");
   }
   if (NSH > 0) buffers.push(b.sharedGateUp!, b.sharedDown!);
+  if ((d.input === "copy") !== (b.xssq !== undefined)) {
+    throw new TypeError('input "copy": the dims and the copy\'s sums of squares (xssq) disagree');
+  }
+  if (b.xssq) buffers.push(b.xssq);
   return kernelCall(
     gpu,
     pipeline(gpu, source(d, S, WG)),

@@ -7,6 +7,7 @@ import type {
   InputCopy,
   InputCopyOut,
   KvType,
+  MoeInput,
   QuantType,
   WeightType,
 } from "../../kernels/mod.ts";
@@ -76,6 +77,11 @@ export interface LayerLink {
   denseFfn?: boolean;
   /** The FFN's first GEMV (dense MLP: the paired gate/up), its dims and norm weights. */
   ffnInput?: { dims: GemvFusedDims; norm: GPUBuffer };
+  /**
+   * The FFN is a MoE block whose fused expert kernel reads its input from o_proj (kernels/moe_ffn.ts
+   * moeInputFor): o_proj writes it, with the router's partial logits, where it can (moeInputCopy).
+   */
+  moeInput?: MoeInput;
   /** The copy of the FFN's input that o_proj wrote. */
   copy?: InputCopyOut;
   /** The RMSNorm GEMV after this layer's FFN: the next layer's qkv or the LM head. */

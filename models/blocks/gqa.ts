@@ -26,6 +26,7 @@ import {
   int8CopyFor,
   type KernelCall,
   kvElementBytes,
+  moeInputCopy,
   normCopyFor,
   prefillLinearCalls,
   ropeKvCall,
@@ -233,9 +234,15 @@ export function gqaProgram(
   // 1 / rms (normCopyFor: int8 where o_proj's widened workgroups stay small enough for that to pay, f32 in
   // the f32 direct mode), so the FFN's first GEMV needs no input pass or no norm in its inner loop. Not with
   // an o_proj bias (added after the GEMV).
-  const next = d.link?.ffnInput && d.fused && !w.oBias
-    ? normCopyFor(gpu, o, d.link.ffnInput.dims, d.link.ffnInput.norm)
+  // Before a fused MoE block: o_proj writes the block's int8 input and its router's partial logits
+  // (kernels/moe_ffn.ts moeInputCopy), so no router GEMV runs.
+  const moeIn = d.link?.moeInput && d.fused && !w.oBias
+    ? moeInputCopy(gpu, { ...o, int8One: o.int8One || copy !== undefined }, d.link.moeInput)
     : undefined;
+  const next = moeIn ??
+    (d.link?.ffnInput && d.fused && !w.oBias
+      ? normCopyFor(gpu, o, d.link.ffnInput.dims, d.link.ffnInput.norm)
+      : undefined);
   if (next && d.link) d.link.copy = next;
   calls.push(
     ...(d.fused

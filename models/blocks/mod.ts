@@ -20,7 +20,7 @@ import {
   type MlaWeights,
 } from "./mla.ts";
 import { loadMlp, mlpBuffers, mlpGateUpDims, mlpProgram, type MlpWeights, mlpWidths } from "./mlp.ts";
-import { loadMoe, moeBuffers, moeProgram, type MoeWeights } from "./moe.ts";
+import { loadMoe, moeBuffers, moeLinkInput, moeProgram, type MoeWeights } from "./moe.ts";
 
 export type AttentionWeights = { kind: "gqa"; w: GqaWeights } | { kind: "mla"; w: MlaWeights };
 export type FfnWeights = { kind: "mlp"; w: MlpWeights } | { kind: "moe"; w: MoeWeights };
@@ -126,6 +126,10 @@ export function layerLink(
   w: FfnWeights,
   d: { hidden: number; T: number; fused: boolean },
 ): LayerLink {
+  if (f.kind === "moe" && w.kind === "moe") {
+    const moeInput = d.fused ? moeLinkInput(ctx, f, w.w, d) : undefined;
+    return moeInput ? { moeInput } : {};
+  }
   if (f.kind !== "mlp" || w.kind !== "mlp") return {};
   const dims = mlpGateUpDims(ctx, f, w.w, d);
   return dims ? { denseFfn: true, ffnInput: { dims, norm: w.w.norm } } : { denseFfn: true };

@@ -7,11 +7,14 @@
 import {
   createMoeScratch,
   int8CopyFor,
+  type Int8CopyOut,
   isQuant,
   type KernelCall,
   moeDecodeCalls,
   moeFfnCalls,
   moeFusedPlan,
+  type MoeInput,
+  moeInputFor,
   type MoeScratch,
   rmsnormCall,
 } from "../../kernels/mod.ts";
@@ -100,6 +103,35 @@ export async function loadMoe(
   return w;
 }
 
+/**
+ * Where one step's program runs this block's experts as the fused kernel reading its input from the GEMV
+ * before it (o_proj, models/blocks/gqa.ts): what that GEMV needs (LayerLink `moeInput`), else undefined.
+ */
+export function moeLinkInput(
+  ctx: BlockContext,
+  f: MoeFfn,
+  w: MoeWeights,
+  d: { hidden: number; T: number },
+): MoeInput | undefined {
+  if (!w.gateUp || !w.down) return undefined;
+  const wt = (b?: GPUBuffer) => b && ctx.typeOf(b);
+  return moeInputFor(ctx.gpu, {
+    hidden: d.hidden,
+    intermediate: f.intermediate,
+    sharedIntermediate: f.sharedIntermediate,
+    T: d.T,
+    routing: f.routing,
+    weights: {
+      router: "f32",
+      gateUp: ctx.typeOf(w.gateUp),
+      down: ctx.typeOf(w.down),
+      sharedGateUp: wt(w.sharedGateUp),
+      sharedDown: wt(w.sharedDown),
+    },
+    normWeights: ctx.normType,
+  }, { norm: w.norm, router: w.router, bias: w.bias !== undefined });
+}
+
 /** Scratch for T tokens of MoE layers of this shape (one serves every such layer of a sequence). */
 export function moeScratch(ctx: BlockContext, f: MoeFfn, hidden: number, T: number): MoeScratch {
   return createMoeScratch(ctx.gpu, {
@@ -156,6 +188,7 @@ export function moeProgram(
     sharedDown: w.sharedDown,
     scratch: bufs.moe,
     copyOut,
+    copyIn: moeCopyIn(d.link),
   }, { ...dims, eps, normWeights: normType });
   if (decode) return decode;
   return [
@@ -192,6 +225,12 @@ function moeCopyFor(
   }
   const copy = int8CopyFor(ctx.gpu, after.dims, after.norm);
   return copy?.norm ? copy : undefined;
+}
+
+/** The block's input copy that o_proj wrote for it (LayerLink `moeInput`), if it did. */
+function moeCopyIn(link?: LayerLink): Int8CopyOut | undefined {
+  const c = link?.moeInput && link.copy;
+  return c && "router" in c && c.router ? c : undefined;
 }
 
 export function moeBuffers(w: MoeWeights): GPUBuffer[] {

@@ -14,6 +14,8 @@ import {
   moeFfnRef,
   moeFusedCall,
   moeFusedPlan,
+  moeInputCopy,
+  moeInputFor,
   moeRouterGemvCall,
   type MoeRouting,
   packColumnBlocksCall,
@@ -439,3 +441,112 @@ Deno.test({
     assertClose(got, want, 1e-3 * scale, 0, `${what}: the consumer on the copy`);
   }
 });
+
+Deno.test({
+  name:
+    "moe fused: o_proj writes the block's int8 input and its router's partial logits (no router GEMV), as the router GEMV's path computes it",
+  ignore,
+}, async () => {
+  // The producer (an o_proj-like GEMV adding into the residual) in both ways it writes a copy: workgroups
+  // widened to whole blocks of 32 rows, and the last workgroup of a block (arrive); one token and k-steps;
+  // q4 and q8; experts not a multiple of the lanes that share one (E = 12), and many experts (E = 72).
+  const g = gpu!;
+  const S = g.subgroupSize!;
+  const saved = g.tuning;
+  let seed = 90;
+  for (
+    const [wt, T, arrive, nwt, E, k] of [
+      ["q4", 1, false, "f32", 12, 3],
+      ["q4", 1, true, "f16", 72, 8],
+      ["q4", 3, true, "f32", 12, 2],
+      ["q4", 2, false, "f32", 72, 4],
+      ["q8", 4, false, "f32", 12, 3],
+      ["q8", 4, true, "f32", 8, 2],
+    ] as const
+  ) {
+    if (nwt === "f16" && !g.hasF16) continue;
+    seed += 10;
+    const what = `${wt} T${T} ${arrive ? "arrive" : "widened"} ${nwt} norm weights E${E} k${k}`;
+    const unit = wt === "q4" ? 32 : 16;
+    const H = 64 * Math.max(1, unit * S / 64), KA = 2 * unit * S, I = 64;
+    const routing: MoeRouting = { experts: E, topK: k, scoring: "softmax", normTopK: true };
+    const dims = { hidden: H, intermediate: I, routing };
+    const weights = { router: "f32", gateUp: wt, down: wt } as const;
+    const producer = { K: KA, N: H, T, weights: wt, accumulate: true, int8One: true };
+    const nwv = randoms(H, seed + 1, 1);
+    const norm = upload(g, nwt === "f16" ? f32ToF16(nwv) : nwv);
+    const nw = nwt === "f16" ? f16ToF32(f32ToF16(nwv)) : nwv;
+    const routerF = randoms(E * H, seed + 2, 0.4);
+    const router = upload(g, routerF);
+    const att = upload(g, randoms(T * KA, seed + 3, 1));
+    const ow = uploadBuffer(g, packedWeights(wt, randoms(H * KA, seed + 4, 0.2), H, KA).bytes);
+    const gu = uploadBuffer(g, packedWeights(wt, randoms(E * 2 * I * H, seed + 5, 0.1), E * 2 * I, H).bytes);
+    const dn = uploadBuffer(g, packedWeights(wt, randoms(E * H * I, seed + 6, 0.1), E * H, I).bytes);
+    const x0 = randoms(T * H, seed + 7, 1);
+    const run = async (viaCopy: boolean) => {
+      g.tuning = { ...saved, multiInt8CopyArrive: arrive };
+      try {
+        const m = viaCopy
+          ? moeInputFor(g, { ...dims, T, weights, normWeights: nwt }, { norm, router, bias: false })
+          : undefined;
+        if (viaCopy && !m) throw new Error(`${what}: the block takes no input copy`);
+        const copy = m && moeInputCopy(g, producer, m);
+        if (viaCopy && !copy) throw new Error(`${what}: the producer cannot write the block's input`);
+        const xb = upload(g, x0);
+        const scratch = createMoeScratch(g, { ...dims, T });
+        const oCalls = gemvFusedCalls(g, { x: att, w: ow, y: xb, copyOut: copy }, producer);
+        const moe = moeDecodeCalls(g, { x: xb, norm, router, gateUp: gu, down: dn, scratch, copyIn: copy }, {
+          ...dims,
+          T,
+          eps: 1e-6,
+          normWeights: nwt,
+          weights,
+        });
+        const labels = [...oCalls, ...moe!].map((c) => c.label).join();
+        if (labels.includes("moe_router_gemv") === viaCopy || !labels.includes("moe_fused")) {
+          throw new Error(`${what}: ${viaCopy ? "the copy's" : "the router GEMV's"} path ran ${labels}`);
+        }
+        if (copy) {
+          // The producer alone, to read the residual and the partials it wrote.
+          await runCalls(g, oCalls);
+          const y = await readF32(g, xb, T * H);
+          const parts = await readF32(g, copy.router!.parts, (T * H / 32) * E);
+          const want = matmulRows(rmsnormRef(y, nw, H, 1e-6), routerF, H, E);
+          const ssq = await readF32(g, copy.ssq!, (T * H) / 32);
+          const got = new Float32Array(T * E).map((_, i) => {
+            const t = Math.floor(i / E), e = i % E;
+            let s = 0, q = 0;
+            for (let b = 0; b < H / 32; b++) s += parts[(t * (H / 32) + b) * E + e];
+            for (let b = 0; b < H / 32; b++) q += ssq[t * (H / 32) + b];
+            return s / Math.sqrt(q / H + 1e-6);
+          });
+          assertClose(got, want, 1e-5, 1e-4, `${what}: the router logits from the partials`);
+          g.device.queue.writeBuffer(xb, 0, new Float32Array(x0));
+        }
+        await runCalls(g, [...oCalls, ...moe!]);
+        const ids = new Uint32Array(await readBack(g, scratch.ids, T * k * 4));
+        return { y: await readF32(g, xb, T * H), ids };
+      } finally {
+        g.tuning = saved;
+      }
+    };
+    const viaCopy = await run(true);
+    const viaRouter = await run(false);
+    if (viaCopy.ids.join() !== viaRouter.ids.join()) {
+      throw new Error(`${what}: ids ${viaCopy.ids} against the router GEMV's ${viaRouter.ids}`);
+    }
+    const big = Math.max(...viaRouter.y.map((v, i) => Math.abs(v - x0[i])));
+    assertClose(viaCopy.y, viaRouter.y, 2e-3 * big, 0, `${what}: the block's output`);
+  }
+});
+
+/** x [T, K] times W [N, K]^T, in f64. */
+function matmulRows(x: Float32Array, w: Float32Array, K: number, N: number): Float32Array {
+  const T = x.length / K;
+  return new Float32Array(T * N).map((_, i) => {
+    const t = Math.floor(i / N), n = i % N;
+    let s = 0;
+    for (let j = 0; j < K; j++) s += x[t * K + j] * w[n * K + j];
+    return s;
+  });
+}

@@ -570,3 +570,63 @@ Deno.test(
     }
   },
 );
+
+// Before a MoE block whose experts run as the fused kernel, o_proj writes the block's int8 input and the
+// router's partial logits (kernels/moe_ffn.ts moeInputCopy), so no router GEMV runs: a Qwen3-MoE model with q4
+// weights computes the same logits either way, for one token and k-steps.
+Deno.test(
+  onGpu("MoE: o_proj writes the fused expert kernel's input, no router GEMV, the same logits"),
+  async () => {
+    const g = gpu!;
+    const base = JSON.parse(await Deno.readTextFile(join(fixtureDir("qwen3-moe-norm")!, "config.json")));
+    const cfg = {
+      ...base,
+      // o_proj's K (heads x head_dim) a multiple of 32 lanes' q4 units, so it takes the int8 direct mode.
+      hidden_size: 256,
+      num_attention_heads: 8,
+      num_key_value_heads: 2,
+      head_dim: 128,
+      moe_intermediate_size: 64,
+      num_experts: 16,
+      num_experts_per_tok: 4,
+      num_hidden_layers: 3,
+      decoder_sparse_step: 1,
+      mlp_only_layers: [],
+    };
+    const model = await Model.load(g, new RandomWeights(cfg, 3), { weights: "q4" });
+    const saved = g.tuning;
+    const V = model.config.vocabSize, P = 5;
+    try {
+      for (const T of [1, 3]) {
+        const logits: Float32Array[] = [];
+        for (const moeCopyIn of [true, false]) {
+          g.tuning = { ...saved, moeCopyIn };
+          const seq = model.newSequence({ maxSeq: 32, sampling: greedy });
+          try {
+            const calls = seq.program(T, "logits");
+            g.tuning = saved;
+            const labels = calls.map((c) => c.label).join();
+            const routers = calls.filter((c) => c.label === "moe_router_gemv").length;
+            assert.equal(routers, moeCopyIn ? 0 : 3, `T ${T}, moeCopyIn ${moeCopyIn}: ${labels}`);
+            assert.equal(calls.filter((c) => c.label === "moe_fused").length, 3, labels);
+            writeBytes(g, seq.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35, 8, 9]));
+            writeStep(g, seq.step, { pos0: 0, T: P, tokOut: P });
+            submit(g, seq.program(P, "hidden"));
+            writeStep(g, seq.step, { pos0: P, T, tokOut: P + T });
+            submit(g, calls);
+            logits.push(new Float32Array(await readBack(g, seq.logits!, T * V * 4)));
+          } finally {
+            seq.destroy();
+          }
+        }
+        const scale = Math.max(...logits[1].map(Math.abs));
+        const err = Math.max(...logits[0].map((v, j) => Math.abs(v - logits[1][j])));
+        assert.ok(err <= 1e-4 * scale, `T ${T}: logits ${err} from the router GEMV's (scale ${scale})`);
+        assert.ok(logits[1].every(Number.isFinite) && new Set(logits[1]).size > 100, "real logits");
+      }
+    } finally {
+      g.tuning = saved;
+      model.destroy();
+    }
+  },
+);
