@@ -492,14 +492,16 @@ export function moeDecodeCalls(
         "the model again with the settings it is run with",
     );
   }
-  if (plan && copyIn) {
-    const call = moeFusedCall(gpu, {
-      xn: copyIn.q,
-      xnScales: copyIn.s,
-      xssq: copyIn.ssq,
+  if (plan) {
+    // The block's input: the copy the GEMV before wrote (its router's partial logits and sums of squares),
+    // or the router GEMV's normalised int8 x and logits.
+    const input = copyIn
+      ? { xn: copyIn.q, xnScales: copyIn.s, xssq: copyIn.ssq, logits: copyIn.router!.parts }
+      : { xn: s.xn, xnScales: s.xnScales, logits: s.logits };
+    const fused = moeFusedCall(gpu, {
+      ...input,
       gateUp: b.gateUp,
       down: b.down,
-      logits: copyIn.router!.parts,
       bias: b.bias,
       ids: s.ids,
       routeWeights: s.routeWeights,
@@ -508,33 +510,19 @@ export function moeDecodeCalls(
       y: b.x,
       copy: b.copyOut,
       ...(plan.sharedSlots ? { sharedGateUp: b.sharedGateUp, sharedDown: b.sharedDown } : {}),
-    }, { ...plan, T, packed: d.downBlock !== undefined, eps: d.eps });
-    // The copy the GEMV before wrote for this block is released with this call.
-    call.owned = [...(call.owned ?? []), copyIn.q, copyIn.s, copyIn.ssq!, copyIn.router!.parts];
-    return [call];
-  }
-  if (plan) {
+    }, { ...plan, T, packed: d.downBlock !== undefined, ...(copyIn ? { eps: d.eps } : {}) });
+    if (copyIn) {
+      // The copy the GEMV before wrote for this block is released with this call.
+      fused.owned = [...(fused.owned ?? []), copyIn.q, copyIn.s, copyIn.ssq!, copyIn.router!.parts];
+      return [fused];
+    }
     return [
       moeRouterGemvCall(
         gpu,
         { x: b.x, router: b.router, norm: b.norm, logits: s.logits, xn: s.xn, xnScales: s.xnScales },
         { K: H, experts: r.experts, T, eps: d.eps, normWeights: d.normWeights, xn: plan.weights },
       ),
-      moeFusedCall(gpu, {
-        xn: s.xn,
-        xnScales: s.xnScales,
-        gateUp: b.gateUp,
-        down: b.down,
-        logits: s.logits,
-        bias: b.bias,
-        ids: s.ids,
-        routeWeights: s.routeWeights,
-        acc: s.acc,
-        count: s.count,
-        y: b.x,
-        copy: b.copyOut,
-        ...(plan.sharedSlots ? { sharedGateUp: b.sharedGateUp, sharedDown: b.sharedDown } : {}),
-      }, { ...plan, T, packed: d.downBlock !== undefined }),
+      fused,
     ];
   }
   const experts = { T, topK: r.topK, experts: r.experts };
