@@ -108,6 +108,7 @@ export interface KernelTuning {
    * Int8 copies of a GEMV's output made by the last workgroup of each block of 32 rows (MultiTuning
    * `arrive`) instead of workgroups widened to whole blocks: by default where those would be wider than the
    * copy's thread limit (multiInt8NormCopyThreads'); true: wherever it serves; false: never (A/B runs).
+   * A MoE block's input copy (moeCopyIn) takes them only when this is true (kernels/moe_ffn.ts moeInputCopy).
    */
   multiInt8CopyArrive?: boolean;
   /**

@@ -201,3 +201,39 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) { ${body} }`;
     for (const b of buffers) b.destroy();
   }
 }
+
+/** The CPU's side of one program (cpuMs): ms a repeat, by phase. */
+export interface CpuMs {
+  /** The encoder, the compute pass and its setPipeline / setBindGroup / dispatch calls, pass.end(). */
+  record: number;
+  /** GPUCommandEncoder.finish(): where wgpu tracks the bound buffers' uses and places the barriers. */
+  finish: number;
+  /** queue.submit() of the finished buffer. */
+  submit: number;
+}
+
+/**
+ * CPU ms to record, finish and submit `calls` as one command buffer, each phase timed apart over `repeat`
+ * buffers (all finished before the first is submitted, so the submits' times are not the recording's). The
+ * GPU runs the submitted buffers; this waits for them before returning.
+ */
+export async function cpuMs(gpu: Gpu, calls: readonly KernelCall[], repeat: number): Promise<CpuMs> {
+  let record = 0, finish = 0;
+  const cmds: GPUCommandBuffer[] = [];
+  for (let i = 0; i < repeat; i++) {
+    const t0 = performance.now();
+    const enc = gpu.device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    encodeCalls(pass, calls);
+    pass.end();
+    const t1 = performance.now();
+    cmds.push(enc.finish());
+    finish += performance.now() - t1;
+    record += t1 - t0;
+  }
+  const t2 = performance.now();
+  for (const c of cmds) gpu.device.queue.submit([c]);
+  const submit = performance.now() - t2;
+  await gpu.device.queue.onSubmittedWorkDone();
+  return { record: record / repeat, finish: finish / repeat, submit: submit / repeat };
+}

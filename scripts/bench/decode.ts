@@ -38,7 +38,6 @@ import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
   argmaxRowsCalls,
-  encodeCalls,
   getGpu,
   type KernelCall,
   type KernelTuning,
@@ -46,7 +45,7 @@ import {
   releaseCalls,
   writeStep,
 } from "../../kernels/mod.ts";
-import { gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
+import { cpuMs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { storageBuffer } from "../../kernels/gpu.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { DEMO_CONFIG_JSON } from "../../models/demo.ts";
@@ -184,17 +183,9 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     const mid = P + Math.floor(N / 2);
     writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
     const gpuStepMs = gpu.hasTimestamps ? (await gpuMs(gpu, decode, 2), await gpuMs(gpu, decode, 20)) : NaN;
-    const c0 = performance.now();
-    for (let i = 0; i < 50; i++) {
-      writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-      const enc = gpu.device.createCommandEncoder();
-      const pass = enc.beginComputePass();
-      encodeCalls(pass, decode);
-      pass.end();
-      gpu.device.queue.submit([enc.finish()]);
-    }
-    const cpuStepMs = (performance.now() - c0) / 50;
-    await gpu.device.queue.onSubmittedWorkDone();
+    // The CPU's side of a step, by phase (kernels/timer.ts cpuMs); cpu_encode_ms_per_token is their sum.
+    const cpu = await cpuMs(gpu, decode, 50);
+    const cpuStepMs = cpu.record + cpu.finish + cpu.submit;
     // GPU ms per token by kernel kind, each dispatch timed in place in the step sequence, summed by label.
     const byKernel = gpu.hasTimestamps ? await msByKernel(decode) : {};
     seq.destroy();
@@ -214,6 +205,11 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
       dispatches_per_token: decode.length,
       gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),
       cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
+      cpu_ms_per_token: {
+        record: Number(cpu.record.toFixed(3)),
+        finish: Number(cpu.finish.toFixed(3)),
+        submit: Number(cpu.submit.toFixed(3)),
+      },
       gpu_ms_by_kernel: byKernel,
       weight_bytes: model.weightBytes,
       // What a decode step reads: every weight but the routed experts, and topK / E of those (KV not counted).

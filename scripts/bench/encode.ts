@@ -4,7 +4,7 @@
 // the one before wrote (chained, as a model's layers are: a barrier between dispatches). Prints one JSON line
 // per case (encode_us: the pass's calls and end(); finish_us: finish(), where wgpu records the commands and
 // its barriers). The GPU's time is not measured; `scripts/bench/decode.ts` and `moe.ts` report a real
-// program's host cost as cpu_encode_ms_per_token.
+// program's host cost as cpu_encode_ms_per_token, split by phase in cpu_ms_per_token (kernels/timer.ts cpuMs).
 //   deno run -A scripts/bench/encode.ts [--dispatches 300] [--rounds 60] [--bindings 1,3,6,9]
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";

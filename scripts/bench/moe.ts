@@ -28,8 +28,8 @@
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
-import { encodeCalls, getGpu, type KernelTuning, writeStep } from "../../kernels/mod.ts";
-import { dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
+import { getGpu, type KernelTuning, writeStep } from "../../kernels/mod.ts";
+import { cpuMs, dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
 import { Model, type WeightsOption } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
@@ -185,16 +185,9 @@ for (const shape of values.shape!.split(",")) {
     const decode = seq.program(1, "sample", { keys: mid + 1 });
     writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
     const gpuStepMs = gpu.hasTimestamps ? (await gpuMs(gpu, decode, 2), await gpuMs(gpu, decode, 10)) : NaN;
-    const c0 = performance.now();
-    for (let i = 0; i < 20; i++) {
-      const enc = gpu.device.createCommandEncoder();
-      const pass = enc.beginComputePass();
-      encodeCalls(pass, decode);
-      pass.end();
-      gpu.device.queue.submit([enc.finish()]);
-    }
-    const cpuStepMs = (performance.now() - c0) / 20;
-    await gpu.device.queue.onSubmittedWorkDone();
+    // The CPU's side of a step, by phase (kernels/timer.ts cpuMs); cpu_encode_ms_per_token is their sum.
+    const cpu = await cpuMs(gpu, decode, 20);
+    const cpuStepMs = cpu.record + cpu.finish + cpu.submit;
     const byKernel: Record<string, number> = {};
     const perCall = gpu.hasTimestamps
       ? await gpuMsPerCall(gpu, decode, Math.max(1, Math.floor(2000 / decode.length / 2)))
@@ -282,6 +275,11 @@ for (const shape of values.shape!.split(",")) {
       runs: runs.map((r) => Number(r.toFixed(1))),
       gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),
       cpu_encode_ms_per_token: Number(cpuStepMs.toFixed(3)),
+      cpu_ms_per_token: {
+        record: Number(cpu.record.toFixed(3)),
+        finish: Number(cpu.finish.toFixed(3)),
+        submit: Number(cpu.submit.toFixed(3)),
+      },
       dispatches_per_token: decode.length,
       shared_dispatch_us: Number(sharedUs.toFixed(2)),
       dependent_dispatch_us: Number(chainUs.toFixed(2)),
