@@ -442,15 +442,18 @@ export function int8CopyFor(gpu: Gpu, d: GemvFusedDims, normWeight?: GPUBuffer):
     !(f === "none" || (f === "rmsnorm" && normWeight && gpu.tuning.multiInt8NormCopies !== false))
   ) return undefined;
   return {
-    q: storageBuffer(gpu, d.T * d.K, "int8 copy of x"),
-    s: storageBuffer(gpu, (d.T * d.K) / QUANT_GROUP * 8, "int8 copy of x, scales"),
+    ...int8CopyBuffers(gpu, d.T, d.K, f === "rmsnorm"),
     weights: d.weights as QuantType,
-    ...(f === "rmsnorm"
-      ? {
-        ssq: storageBuffer(gpu, (d.T * d.K) / QUANT_GROUP * 4, "int8 copy of x, sums of squares"),
-        norm: { w: normWeight!, type: d.normWeights ?? "f32" },
-      }
-      : {}),
+    ...(f === "rmsnorm" ? { norm: { w: normWeight!, type: d.normWeights ?? "f32" } } : {}),
+  };
+}
+
+/** The buffers of an int8 copy of T rows of K (Int8Copy), with the blocks' sums of squares where `ssq`. */
+export function int8CopyBuffers(gpu: Gpu, T: number, K: number, ssq: boolean): Int8Copy {
+  return {
+    q: storageBuffer(gpu, T * K, "int8 copy of x"),
+    s: storageBuffer(gpu, (T * K) / QUANT_GROUP * 8, "int8 copy of x, scales"),
+    ...(ssq ? { ssq: storageBuffer(gpu, (T * K) / QUANT_GROUP * 4, "int8 copy of x, sums of squares") } : {}),
   };
 }
 

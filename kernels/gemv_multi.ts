@@ -824,7 +824,7 @@ function gemvMultiDirectSource(
     throw new RangeError("router partials come with an int8 copy of the output with its norm weights");
   }
   const router = d.router
-    ? {
+    ? routerPartsWgsl({
       E: d.router,
       T,
       CB: arrive ? 1 : CB,
@@ -833,7 +833,7 @@ function gemvMultiDirectSource(
       N,
       n0: arrive ? `wg.x / ${PER}u * 32u` : `wg.x * ${WR}u`,
       norm: d.copyNorm!,
-    }
+    })
     : undefined;
   const arriveTail = !arrive ? "" : `
   storageBarrier();
@@ -864,7 +864,7 @@ function gemvMultiDirectSource(
     })
   }${
     router
-      ? routerPartsWgsl(router).tail({
+      ? router.tail({
         blocks: "1u",
         val4: (cr, _cb, k) => `yav(${cr} * N + nw0 + 4u * ${k})`,
       })
@@ -898,7 +898,7 @@ function gemvMultiDirectSource(
       })
     }${
       router
-        ? routerPartsWgsl(router).tail({
+        ? router.tail({
           blocks: "cbw",
           val4: (cr, cb, k) => `ysv(${cr} * ${WR}u + 32u * ${cb} + 4u * ${k})`,
         })
@@ -1013,7 +1013,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let ks = warp % SK;
   let n0 = (wg.x * BLOCKS + warp / SK) * R;
   ${decl.join("\n  ")}
-  ${acc.join("\n  ")}${router ? routerPartsWgsl(router).prefetch : ""}
+  ${acc.join("\n  ")}${router?.prefetch ?? ""}
   ${lateLoads ? "" : rmsLoads.join("\n  ")}
   for (var i = 0u; i < ${CMAX}u; i++) {
     let c = i * SK + ks;

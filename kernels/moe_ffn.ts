@@ -12,6 +12,7 @@ import {
   type GemvFusedDims,
   gemvFusedFits,
   type GemvTuning,
+  int8CopyBuffers,
   type Int8CopyOut,
   int8NormCopyOutFits,
 } from "./gemv_fused.ts";
@@ -421,9 +422,7 @@ export function moeInputCopy(gpu: Gpu, producer: GemvFusedDims, m: MoeInput): In
   if (producer.N !== m.hidden || !int8NormCopyOutFits(gpu, producer, { arrive })) return undefined;
   const T = producer.T, H = m.hidden, NB = H / 32;
   return {
-    q: storageBuffer(gpu, T * H, "MoE input, int8 copy"),
-    s: storageBuffer(gpu, T * NB * 8, "MoE input, int8 copy, scales"),
-    ssq: storageBuffer(gpu, T * NB * 4, "MoE input, int8 copy, sums of squares"),
+    ...int8CopyBuffers(gpu, T, H, true),
     weights: m.weights,
     norm: { w: m.norm, type: m.normWeights },
     router: {

@@ -82,20 +82,7 @@ export async function loadMoe(
   // Where decode will run the experts as one dispatch, the routed down stack is stored as that kernel reads
   // it: each workgroup's columns of every row contiguous (docs/KERNELS.md, "The routed experts in one
   // dispatch"). The shared expert's stays row-major (the prefill reads it as a plain matrix).
-  const type = (b?: GPUBuffer) => b && ctx.typeOf(b);
-  const plan = w.gateUp && w.down && moeFusedPlan(ctx.gpu, {
-    hidden,
-    intermediate: f.intermediate,
-    sharedIntermediate: f.sharedIntermediate,
-    routing: f.routing,
-    weights: {
-      router: "f32",
-      gateUp: ctx.typeOf(w.gateUp),
-      down: ctx.typeOf(w.down),
-      sharedGateUp: type(w.sharedGateUp),
-      sharedDown: type(w.sharedDown),
-    },
-  }, w.bias !== undefined);
+  const plan = w.gateUp && w.down && moeFusedPlan(ctx.gpu, moeDims(ctx, f, w, hidden), w.bias !== undefined);
   if (plan && w.down) {
     w.down = await ctx.packColumns(w.down, { matrices: E, N: hidden, K: f.intermediate, C: plan.rows });
     w.downBlock = plan.rows;
@@ -114,22 +101,33 @@ export function moeLinkInput(
   d: { hidden: number; T: number },
 ): MoeInput | undefined {
   if (!w.gateUp || !w.down) return undefined;
+  return moeInputFor(ctx.gpu, { ...moeDims(ctx, f, w, d.hidden), T: d.T, normWeights: ctx.normType }, {
+    norm: w.norm,
+    router: w.router,
+    bias: w.bias !== undefined,
+  });
+}
+
+/**
+ * The block's shape and storage as the kernels' plans take them (moeFusedPlan, moeInputFor,
+ * moeDecodeCalls): without routed experts (held elsewhere) their storage reads "f32" and `routed` false.
+ */
+function moeDims(ctx: BlockContext, f: MoeFfn, w: MoeWeights, hidden: number) {
   const wt = (b?: GPUBuffer) => b && ctx.typeOf(b);
-  return moeInputFor(ctx.gpu, {
-    hidden: d.hidden,
+  return {
+    hidden,
     intermediate: f.intermediate,
     sharedIntermediate: f.sharedIntermediate,
-    T: d.T,
     routing: f.routing,
+    routed: w.gateUp !== undefined,
     weights: {
-      router: "f32",
-      gateUp: ctx.typeOf(w.gateUp),
-      down: ctx.typeOf(w.down),
+      router: "f32" as const,
+      gateUp: wt(w.gateUp) ?? "f32",
+      down: wt(w.down) ?? "f32",
       sharedGateUp: wt(w.sharedGateUp),
       sharedDown: wt(w.sharedDown),
     },
-    normWeights: ctx.normType,
-  }, { norm: w.norm, router: w.router, bias: w.bias !== undefined });
+  };
 }
 
 /** Scratch for T tokens of MoE layers of this shape (one serves every such layer of a sequence). */
@@ -151,25 +149,8 @@ export function moeProgram(
   d: { hidden: number; T: number; link?: LayerLink },
 ): KernelCall[] {
   const { gpu, normType, eps } = ctx;
-  const wt = (b?: GPUBuffer) => b && ctx.typeOf(b);
   const { x, xn } = bufs;
-  const weights = {
-    router: "f32" as const,
-    gateUp: wt(w.gateUp) ?? "f32",
-    down: wt(w.down) ?? "f32",
-    sharedGateUp: wt(w.sharedGateUp),
-    sharedDown: wt(w.sharedDown),
-  };
-  const dims = {
-    hidden: d.hidden,
-    intermediate: f.intermediate,
-    sharedIntermediate: f.sharedIntermediate,
-    T: d.T,
-    routing: f.routing,
-    routed: w.gateUp !== undefined,
-    weights,
-    downBlock: w.downBlock,
-  };
+  const dims = { ...moeDims(ctx, f, w, d.hidden), T: d.T, downBlock: w.downBlock };
   // The fused expert kernel writes the int8 input copy of the RMSNorm GEMV after the block (the next
   // layer's qkv or the LM head: LayerLink `after`), where that GEMV takes the int8 direct mode and the
   // kernel fits with the copy's workgroup row; the GEMV then reads it instead of staging x itself.
