@@ -22,6 +22,12 @@ export interface Assignment {
    * Assignment): f16. A re-plan keeps it.
    */
   wire?: WireDtype;
+  /**
+   * The nodes whose loss made the leader publish this Assignment (node/stage/recovery.ts), and why ("died",
+   * "left"); absent on a Plan not made by a recovery. The clients name the lost stage of the requests they
+   * resume from it, since their own membership may not have heard of the loss yet.
+   */
+  lost?: { node: string; reason: string }[];
 }
 
 /** What the delegate needs from membership (Membership satisfies it). */

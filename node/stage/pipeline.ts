@@ -22,7 +22,7 @@ import {
   servable,
 } from "./experts.ts";
 import { type Chain, type ChainLoss, PipelineClient } from "./client.ts";
-import { breaking, ChainRecovery, planNodes } from "./recovery.ts";
+import { breaking, ChainRecovery, lostStage, planNodes } from "./recovery.ts";
 import type { Links } from "../links.ts";
 import { encodePipe } from "./messages.ts";
 import { sendWithRetry } from "./retry.ts";
@@ -237,18 +237,15 @@ export class PipelineNode {
       timeoutMs: Math.max(1000, deadline - performance.now()),
       pollMs: 100,
     });
-    // Name what was lost: the first node of the old chain that membership here says is gone, else the first
-    // the new chain dropped that is not alive here (the leader saw it die before this node did).
+    // Name what was lost (recovery.ts lostStage).
     const old = loss.nodes ?? [];
     const state = (n: string) => this.#host.membership.member(n)?.state;
-    let stage = old.findIndex((n) => state(n) === "dead" || state(n) === "left");
-    if (stage < 0) stage = old.findIndex((n) => !chain.nodes.includes(n) && state(n) !== "alive");
-    if (stage < 0) return { chain };
-    const node = old[stage];
-    const reason = state(node) === "left" ? "left" : "died";
+    const named = lostStage(old, chain.nodes, state, loss, this.board.current?.lost);
+    if (!named) return { chain };
+    const { stage, reason } = named;
     return {
       chain,
-      lost: { stage, node, reason: loss.gone ? loss.reason : `${reason} (${loss.reason} first)` },
+      lost: { stage, node: old[stage], reason: loss.gone ? loss.reason : `${reason} (${loss.reason} first)` },
     };
   }
 

@@ -112,6 +112,31 @@ export function hasMajority(members: Pick<Member, "state">[]): boolean {
   return 2 * counted.filter((m) => m.state === "alive").length > counted.length;
 }
 
+/**
+ * Which stage of a lost attempt's chain to name as lost, and why, once a new chain is ready (pure; undefined:
+ * none, the chain was whole and the attempt failed for another reason). In order: the first old node the new
+ * Assignment says its leader re-planned without (`replanned`: Assignment.lost, the leader's word); the first
+ * that membership here says is dead or left; the first the new chain dropped that is not alive here; the
+ * node the loss itself named, if the new chain dropped it. (The leader may re-plan before this node's
+ * membership hears of the death: the node can still read alive here.)
+ */
+export function lostStage(
+  old: readonly string[],
+  next: readonly string[],
+  state: (node: string) => string | undefined,
+  loss: { stage?: number; node?: string },
+  replanned: readonly { node: string; reason: string }[] = [],
+): { stage: number; reason: string } | undefined {
+  const said = old.findIndex((n) => replanned.some((l) => l.node === n));
+  if (said >= 0) return { stage: said, reason: replanned.find((l) => l.node === old[said])!.reason };
+  const why = (stage: number) => ({ stage, reason: state(old[stage]) === "left" ? "left" : "died" });
+  let stage = old.findIndex((n) => state(n) === "dead" || state(n) === "left");
+  if (stage < 0) stage = old.findIndex((n) => !next.includes(n) && state(n) !== "alive");
+  if (stage >= 0) return why(stage);
+  const named = loss.node ?? (loss.stage !== undefined ? old[loss.stage] : undefined);
+  return named !== undefined && !next.includes(named) ? why(old.indexOf(named)) : undefined;
+}
+
 export interface RecoveryHost {
   membership: Membership;
   actors: ActorSystem;
@@ -257,6 +282,7 @@ export class ChainRecovery {
       model: a.model,
       layers: a.layers,
       ...(a.wire ? { wire: a.wire } : {}),
+      lost,
     });
     const r: Replan = {
       from: a.version,

@@ -16,7 +16,13 @@ import {
   StageActor,
   type StageLoader,
 } from "../../../node/stage/mod.ts";
-import { breaking, effectiveLeader, hasMajority, withSpares } from "../../../node/stage/recovery.ts";
+import {
+  breaking,
+  effectiveLeader,
+  hasMajority,
+  lostStage,
+  withSpares,
+} from "../../../node/stage/recovery.ts";
 import { decodePipe, encodePipe, type PipeMessage } from "../../../node/stage/messages.ts";
 import { MemoryNetwork } from "../../../node/transport/memory.ts";
 import type { ActorContext, Behavior } from "../../../node/actors/mod.ts";
@@ -152,6 +158,43 @@ Deno.test("recovery: an expert host whose experts all have live replicas does no
   assert.deepEqual(breaking(plan, ["a"]), ["a"], "a stage's node always breaks it");
 });
 
+Deno.test("recovery: lostStage names the lost stage even where this node's membership has not heard yet", () => {
+  const old = ["a", "b", "c"];
+  const states = (m: Record<string, string>) => (n: string) => m[n] ?? "alive";
+  const at = (r?: { stage: number; reason: string }) => r && [r.stage, r.reason];
+  // The leader's word first: it re-planned without b (all alive here yet), or without c, which left.
+  assert.deepEqual(at(lostStage(old, ["a", "c"], states({}), {}, [{ node: "b", reason: "died" }])), [
+    1,
+    "died",
+  ]);
+  assert.deepEqual(at(lostStage(old, ["a", "b"], states({}), {}, [{ node: "c", reason: "left" }])), [
+    2,
+    "left",
+  ]);
+  assert.deepEqual(at(lostStage(old, ["a", "d", "c"], states({ b: "dead" }), {})), [1, "died"], "dead here");
+  assert.deepEqual(
+    at(lostStage(old, old, states({ c: "left" }), {})),
+    [2, "left"],
+    "left here, chain not redone",
+  );
+  assert.deepEqual(
+    at(lostStage(old, ["a", "c"], states({ b: "suspect" }), {})),
+    [1, "died"],
+    "dropped, not alive",
+  );
+  // Alive here, but the loss named it and the new chain dropped it.
+  assert.deepEqual(at(lostStage(old, ["a", "c"], states({}), { node: "b", stage: 1 })), [1, "died"]);
+  assert.deepEqual(at(lostStage(old, ["a", "c"], states({}), { stage: 1 })), [1, "died"], "by stage alone");
+  assert.equal(lostStage(old, ["a", "c"], states({}), {}), undefined, "nothing names it: not guessed");
+  assert.equal(lostStage(old, old, states({}), { node: "b", stage: 1 }), undefined, "the chain kept b");
+  assert.deepEqual(
+    at(lostStage(old, ["c", "a"], states({}), { node: "b" })),
+    [1, "died"],
+    "the old chain's order",
+  );
+  assert.equal(lostStage(old, ["a", "b", "c"], states({}), {}, [{ node: "x", reason: "died" }]), undefined);
+});
+
 Deno.test("recovery: a stage refuses a request of another Plan version and tells its client (fencing)", async () => {
   const sent: { name: string; body: Uint8Array }[] = [];
   const backend = new FakeBackend({ index: 0, stages: 2, layers: [0, 3], embeds: true, head: false });
@@ -234,6 +277,7 @@ Deno.test("recovery: a killed stage's part moves to the spare; the generation co
     assert.ok(r.to > a.version && r.at_token >= 9 && r.ms >= 0 && r.gap_ms >= r.ms);
     const now = c.pipelines[0].board.current!;
     assert.deepEqual(now.plan.stages.map((s) => s.node), ["n0", "n1", "n3"], "the spare took stage 2");
+    assert.deepEqual(now.lost, [{ node: "n2", reason: "died" }], "the Assignment says what the re-plan lost");
     assert.equal(got.wire, "f32", "the chain's wire (`up --wire f32`), on the resumed attempt too");
     assert.equal(now.wire, "f32", "the re-plan keeps the chain's wire");
     assert.equal(c.pipelines[0].recovery!.replans.at(-1)!.how, "spare");
