@@ -1,4 +1,5 @@
 // `swactor status`: the members a node sees, as a table or as JSON.
+import type { LoopLagStats } from "../node/loop_lag.ts";
 import { apiError, apiFetch, apiTarget, type MemberView } from "../node/api/mod.ts";
 import { type Command, parseFlags } from "./command.ts";
 import { humanBytes } from "../planner/units.ts";
@@ -30,7 +31,9 @@ Asks the node at --api (default: the node \`up\` started on this machine) for it
            it measured (memory, bandwidth, per-step costs) and its links; pid is given for members on this
            machine; roles are leader, stage-{i} and expert sets; pipeline.ready is true when every stage of
            the current Plan is ready; pipeline.assignment.wire is what requests that name no wire send
-           between stages (\`up --wire\`); replans lists the re-plans after lost nodes this node made as leader
+           between stages (\`up --wire\`); replans lists the re-plans after lost nodes this node made as leader;
+           loop: {"maxMs", "holds", "lastMs"}, how long this node's event loop was held (GPU work on its
+           thread: its longest hold, and the holds of 1 s or more, which can get a live node declared dead)
 The table shows each member's measured memory, GEMV bandwidth (GB/s at the widest width measured), a step's
 fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, and how many).`,
   async run(argv) {
@@ -41,6 +44,7 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
       self: string;
       members: MemberView[];
       plan: unknown;
+      loop?: LoopLagStats;
       pipeline?: {
         ready?: boolean;
         assignment?: { version: number; leader: string; wire?: string } | null;
@@ -91,6 +95,13 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
     ];
     const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
     for (const r of [head, ...rows]) console.log(r.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd());
+    if (body.loop?.holds) {
+      console.log(
+        `this node's event loop was held ${body.loop.holds} time(s) for 1 s or more (longest ${
+          (body.loop.maxMs / 1000).toFixed(1)
+        } s): GPU work on its thread; peers may declare a node dead that does not answer for ~3 s`,
+      );
+    }
     const p = body.pipeline;
     if (p?.assignment) {
       console.log(

@@ -12,6 +12,8 @@ import {
   type SelfMeasureOptions,
 } from "./descriptor.ts";
 import { Links } from "./links.ts";
+import { LoopLag } from "./loop_lag.ts";
+import { SystemClock } from "./clock.ts";
 import { lan, Membership, type MembershipConfig, type NodeMeasurement } from "./membership/mod.ts";
 import { isMembershipPacket } from "./membership/mod.ts";
 import { Registry } from "./registry/mod.ts";
@@ -69,6 +71,8 @@ export interface SwactorNode {
   join(seeds: PeerAddr[]): Promise<void>;
   /** Leaves gracefully (others see `left`), stops the actors, closes the transport. */
   leave(): Promise<void>;
+  /** How long the event loop was held (node/loop_lag.ts); iroh nodes only (the in-memory ones are tests'). */
+  loop?: LoopLag;
 }
 
 export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
@@ -118,6 +122,9 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     }
   });
   membership.start();
+  const loop = opts.transport ? undefined : new LoopLag(new SystemClock(), {
+    log: (m) => opts.log ? opts.log("warn", m) : console.error(`swactor: ${m}`),
+  }).start();
   // After start: the node answers probes while it measures (the GPU work comes in short pieces).
   const measured = meta.measuring
     ? selfMeasure(membership, {
@@ -133,11 +140,13 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     links,
     actors,
     measured,
+    ...(loop ? { loop } : {}),
     async join(seeds) {
       await transport.connect?.(seeds[0]);
       await membership.join(seeds);
     },
     async leave() {
+      loop?.stop();
       await actors.close();
       await membership.leave();
       registry.close();

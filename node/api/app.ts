@@ -3,6 +3,7 @@
 // (client.ts). Built by a factory over ApiServices, which nodeServices (services.ts) makes from a running
 // node and tests make from fakes (app.request()); serveApi (serve.ts) serves it, on 127.0.0.1 by default.
 // A guard (guard.ts) runs before every route: loopback is not enough, a browser page can reach it too.
+import type { LoopLagStats } from "../loop_lag.ts";
 import { Hono } from "hono";
 import type { PipelineNode } from "../stage/mod.ts";
 import type { LiveDescriptor } from "../../planner/live.ts";
@@ -37,6 +38,8 @@ export interface ApiServices {
   down(): void;
   /** The node's pipeline, when it runs one (adds `pipeline` to /status, and /pipeline, /generate). */
   pipeline?(): PipelineNode | undefined;
+  /** How long this node's event loop was held (node/loop_lag.ts; adds `loop` to /status). */
+  loop?(): LoopLagStats | undefined;
 }
 
 export interface ApiOptions extends ApiGuard, PipelineRouteOptions {}
@@ -52,6 +55,7 @@ export function createApp(services: ApiServices, opts: ApiOptions): Hono {
       members: services.members(),
       plan: services.plan() ?? p?.board.current?.plan ?? null,
       ...(p ? { pipeline: await pipelineStatus(p) } : {}),
+      ...(services.loop?.() ? { loop: services.loop!() } : {}),
     });
   });
   pipelineRoutes(app, () => services.pipeline?.(), opts);

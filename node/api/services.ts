@@ -43,5 +43,6 @@ export function nodeServices(
     plan: () => opts.plan ?? null,
     down: opts.down,
     pipeline: opts.pipeline,
+    loop: () => node.loop?.stats(),
   };
 }

@@ -75,7 +75,13 @@ Deno.test({
 
     const status = await runCli(["status", "--json"], { env: e });
     assert.equal(status.code, 0, status.stderr);
-    assert.equal(JSON.parse(status.stdout).members.length, 2);
+    const body = JSON.parse(status.stdout);
+    assert.equal(body.members.length, 2);
+    // How long the node's event loop was held (node/loop_lag.ts): counted from its start.
+    assert.ok(
+      Number.isInteger(body.loop?.maxMs) && Number.isInteger(body.loop?.holds),
+      JSON.stringify(body.loop),
+    );
 
     const down = await runCli(["down"], { env: e });
     assert.equal(down.code, 0, down.stderr);
