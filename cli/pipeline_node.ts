@@ -5,6 +5,8 @@ import type { SwactorNode } from "../node/node.ts";
 import { PipelineNode, type StageLoader } from "../node/stage/mod.ts";
 import type { ExpertLoader } from "../node/stage/backend.ts";
 import { loadExpertHost, loadStage } from "../models/engine.ts";
+import { threadExpertLoader, threadStageLoader } from "../models/gpu_thread.ts";
+import { UsageError } from "./command.ts";
 import { compileHfConfig } from "../planner/mod.ts";
 import { servedDtype } from "../node/stage/plan_chain.ts";
 import { humanBytes } from "../planner/units.ts";
@@ -14,14 +16,32 @@ export function attachPipeline(
   opts: { modelDir?: string; stallMs?: number; memoryBudget?: number } = {},
 ): PipelineNode {
   const budget = opts.memoryBudget ? new WeightBudget(opts.memoryBudget) : undefined;
+  const [stage, experts] = gpuThreadOn()
+    ? [threadStageLoader, threadExpertLoader]
+    : [loadStage, loadExpertHost];
   return new PipelineNode(node, {
-    loader: budget ? budget.stage(loadStage) : loadStage,
-    expertLoader: budget ? budget.experts(loadExpertHost) : loadExpertHost,
+    loader: budget ? budget.stage(stage) : stage,
+    expertLoader: budget ? budget.experts(experts) : experts,
     modelDir: opts.modelDir,
     stallMs: opts.stallMs,
     // A generation survives the loss of a node: re-plan, reload, resume (docs/RECOVERY.md).
     recover: true,
   });
+}
+
+/**
+ * SWACTOR_GPU_THREAD=1: the node's stages and expert hosts run on a thread of their own (models/gpu_thread.ts),
+ * so that pipeline compiles and GPU waits never hold the thread membership answers its probes on (a hold of
+ * 3-5 s gets a live node declared dead: docs/RECOVERY.md, "Known limits"). Inherited by the node processes
+ * `--local` and `--cluster` start. Off by default: on the 2-core CI machine a 5-process `--local` chain of
+ * mixtral-tiny (1-2 ms steps) decoded 15-35% slower with it, llama3-tiny's as fast (docs/RECOVERY.md); not yet
+ * measured on a GPU machine's host (`scripts/bench/engine_paths.ts --gpu-thread`).
+ */
+export function gpuThreadOn(): boolean {
+  const v = Deno.env.get("SWACTOR_GPU_THREAD");
+  if (v === undefined || v === "" || v === "0") return false;
+  if (v === "1") return true;
+  throw new UsageError(`SWACTOR_GPU_THREAD must be 0 or 1, got "${v.slice(0, 20)}"`);
 }
 
 /**

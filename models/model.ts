@@ -416,6 +416,50 @@ export class Model {
     return new Sequence(this, opts);
   }
 
+  /**
+   * The layers of this part, the widest per-layer scratch (buffer by buffer), its MoE block if any and the
+   * widest row that block's scratch needs: what a Sequence sizes its buffers and chunks by.
+   */
+  partShape(): {
+    specs: ReturnType<ModelConfig["layer"]>[];
+    widths: Record<string, number>;
+    moe: MoeFfn | undefined;
+    moeRow: number;
+  } {
+    const c = this.config;
+    const specs = Array.from(
+      { length: this.part.layers[1] - this.part.layers[0] },
+      (_, i) => c.layer(this.part.layers[0] + i),
+    );
+    const widths: Record<string, number> = {};
+    for (const s of specs) {
+      for (const [name, w] of Object.entries(scratchWidths(s.attention, s.ffn))) {
+        widths[name] = Math.max(widths[name] ?? 1, w);
+      }
+    }
+    const moe = specs.map((s) => s.ffn).find((f): f is MoeFfn => f.kind === "moe");
+    const moeRow = moe ? moe.routing.topK * Math.max(2 * moe.intermediate, c.hiddenSize) : 1;
+    return { specs, widths, moe, moeRow };
+  }
+
+  /**
+   * What bounds a step's tokens on this part (stepChunk): `base`, the rows asked for (SequenceOptions.maxChunk)
+   * or the default, and `cap`, the most rows whose widest buffer fits one binding. A chunk bounds how long one
+   * submit holds the GPU (and, in Deno, this thread: docs/DENO_WEBGPU.md); a software adapter computes on
+   * the CPU, so its chunks are smaller. On a GPU, 512 rows give the prefill GEMM (kernels/gemm.ts) enough
+   * tiles to fill the SMs (a 512-token chunk of a 1B model is ~30 ms).
+   */
+  stepChunkLimits(maxChunk?: number): ChunkLimits {
+    const c = this.config;
+    const { widths, moeRow } = this.partShape();
+    const rowBytes =
+      Math.max(this.hasHead ? c.vocabSize : 1, c.hiddenSize, moeRow, ...Object.values(widths)) * 4;
+    return {
+      base: maxChunk ?? (this.gpu.isSoftware ? 32 : 512),
+      cap: Math.floor(this.gpu.device.limits.maxStorageBufferBindingSize / rowBytes),
+    };
+  }
+
   /** KV-cache bytes one position costs on this part (all its layers). */
   kvBytesPerToken(): number {
     let n = 0;
@@ -498,6 +542,27 @@ const PREFILL_CHUNK_WORK = 4e12;
 /** The prefill chunk's cap: the H200's GEMM tiles gain little past 2048 rows (docs/BENCHMARKS.md). */
 const PREFILL_CHUNK_MAX = 2048;
 
+/** Model.stepChunkLimits: the rows asked for (or the default) and the most that fit one binding. */
+export interface ChunkLimits {
+  base: number;
+  cap: number;
+}
+
+/** The most tokens a step of a `maxSeq`-position sequence takes (Sequence.maxChunk; pure). */
+export function stepChunk(maxSeq: number, limits: ChunkLimits): number {
+  return Math.max(1, Math.min(limits.base, maxSeq, limits.cap));
+}
+
+/** A sequence's positions must be a whole number in [1, the model's positions]: RequestError otherwise. */
+export function checkMaxSeq(maxSeq: number, maxPositions: number): void {
+  if (!(Number.isInteger(maxSeq) && maxSeq >= 1)) {
+    throw new RequestError(`maxSeq must be >= 1, got ${maxSeq}`);
+  }
+  if (maxSeq > maxPositions) {
+    throw new RequestError(`context of ${maxSeq} tokens exceeds the model's ${maxPositions} positions`);
+  }
+}
+
 /**
  * Default tokens a chunk of the engine's own prefill: longer chunks than a step's make the prefill GEMMs'
  * tiles fuller and need fewer submits (H200, Llama-3.2-1B, 2048-token prompt: 12.6k tok/s in chunks of 512,
@@ -551,38 +616,14 @@ export class Sequence {
     private readonly opts: SequenceOptions,
   ) {
     const { gpu, config: c } = model;
-    if (!(Number.isInteger(opts.maxSeq) && opts.maxSeq >= 1)) {
-      throw new RequestError(`maxSeq must be >= 1, got ${opts.maxSeq}`);
-    }
-    if (opts.maxSeq > c.maxPositionEmbeddings) {
-      throw new RequestError(
-        `context of ${opts.maxSeq} tokens exceeds the model's ${c.maxPositionEmbeddings} positions`,
-      );
-    }
+    checkMaxSeq(opts.maxSeq, c.maxPositionEmbeddings);
     this.maxSeq = opts.maxSeq;
     const H = c.hiddenSize, V = c.vocabSize;
-    // Widths of the per-layer scratch: the widest layer of this part decides, buffer by buffer.
-    const specs = Array.from(
-      { length: model.part.layers[1] - model.part.layers[0] },
-      (_, i) => c.layer(model.part.layers[0] + i),
-    );
+    const { specs, widths, moe, moeRow } = model.partShape();
     const mla = specs.map((s) => s.attention).find((a) => a.kind === "mla");
     this.#mlaHeads = mla ? mla.heads : null;
-    const widths: Record<string, number> = {};
-    for (const s of specs) {
-      for (const [name, w] of Object.entries(scratchWidths(s.attention, s.ffn))) {
-        widths[name] = Math.max(widths[name] ?? 1, w);
-      }
-    }
-    const moe = specs.map((s) => s.ffn).find((f): f is MoeFfn => f.kind === "moe");
     const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
-    const moeRow = moe ? moe.routing.topK * Math.max(2 * moe.intermediate, H) : 1;
-    const rowBytes = Math.max(model.hasHead ? V : 1, H, moeRow, ...Object.values(widths)) * 4;
-    // A chunk bounds how long one submit holds the GPU (and, in Deno, this thread: docs/DENO_WEBGPU.md); a
-    // software adapter computes on the CPU, so its chunks are smaller. On a GPU, 512 rows give the prefill
-    // GEMM (kernels/gemm.ts) enough tiles to fill the SMs (a 512-token chunk of a 1B model is ~30 ms).
-    const chunk = opts.maxChunk ?? (gpu.isSoftware ? 32 : 512);
-    this.maxChunk = Math.max(1, Math.min(chunk, opts.maxSeq, Math.floor(maxBinding / rowBytes)));
+    this.maxChunk = stepChunk(opts.maxSeq, model.stepChunkLimits(opts.maxChunk));
     const actBytes = Math.max(H, moeRow, ...Object.values(widths)) * 4;
     this.prefillChunk = Math.max(
       this.maxChunk,

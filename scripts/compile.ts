@@ -10,7 +10,19 @@ const { values } = scriptArgs(import.meta.url, (args) =>
     args,
     options: { output: { type: "string", default: "dist/swactor" } },
   }));
-const args = ["compile", "-A", "--frozen", "--include", "kernels", "--output", values.output!, "main.ts"];
+// The GPU thread's module is started by URL (models/gpu_thread.ts), so it is named for the binary to hold.
+const args = [
+  "compile",
+  "-A",
+  "--frozen",
+  "--include",
+  "kernels",
+  "--include",
+  "models/gpu_worker.ts",
+  "--output",
+  values.output!,
+  "main.ts",
+];
 const denort = Deno.env.get("DENORT_BIN");
 console.error(`compile: deno ${args.join(" ")}${denort ? ` (DENORT_BIN=${denort})` : ""}`);
 const { code } = await new Deno.Command(Deno.execPath(), { args, stdout: "inherit", stderr: "inherit" })

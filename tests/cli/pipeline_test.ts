@@ -31,6 +31,31 @@ Deno.test({
 });
 
 Deno.test({
+  ...needs(
+    "pipeline: SWACTOR_GPU_THREAD=1, stages and expert hosts on their own thread: reference tokens and logits",
+    {
+      [GPU]: hasGpu,
+    },
+  ),
+  ...slow,
+}, async () => {
+  // Inherited by the node processes `--local` starts (cli/pipeline_node.ts gpuThreadOn).
+  Deno.env.set("SWACTOR_GPU_THREAD", "1");
+  try {
+    await check(fixtureDir("llama-micro", { needs: "reference.safetensors" })!, 3);
+    // A MoE model with its experts spread over the nodes: stages call back for remote experts, hosts compute.
+    const r = await checkFixture(fixtureDir("mixtral-tiny", { needs: "reference.safetensors" })!, {
+      local: 3,
+      experts: "spread",
+    });
+    assert.deepEqual(r.generated, r.expected, "mixtral-tiny --experts spread: tokens");
+    assert.ok(r.logitsError <= 1e-4, `mixtral-tiny --experts spread: logits error ${r.logitsError}`);
+  } finally {
+    Deno.env.delete("SWACTOR_GPU_THREAD");
+  }
+});
+
+Deno.test({
   ...needs("pipeline: --trace writes every step's stage spans and wire hops", { [GPU]: hasGpu }),
   ...slow,
 }, async () => {
