@@ -34,7 +34,8 @@ export function attachPipeline(
  * so that pipeline compiles and GPU waits never hold the thread membership answers its probes on (a hold of
  * 3-5 s gets a live node declared dead: docs/RECOVERY.md, "Known limits"). Inherited by the node processes
  * `--local` and `--cluster` start. Off by default: on the 2-core CI machine a 5-process `--local` chain of
- * mixtral-tiny (1-2 ms steps) decoded 15-35% slower with it, llama3-tiny's as fast (docs/RECOVERY.md); not yet
+ * mixtral-tiny (short steps) decoded 15-35% slower with it (a worker round trip, 0.1 ms alone, took ~0.5 ms
+ * beside five processes on two cores), llama3-tiny's as fast (docs/RECOVERY.md); not yet
  * measured on a GPU machine's host (`scripts/bench/engine_paths.ts --gpu-thread`).
  */
 export function gpuThreadOn(): boolean {
