@@ -81,7 +81,7 @@ export interface AttentionDecodeTuning {
   /**
    * One workgroup per KV head serving all its q heads (attentionDecodeGroupedSource: each K / V row read
    * once for the group) instead of one per q head. Default: gpu.tuning.attentionGrouped, else env
-   * SWACTOR_ATTN_GROUPED=1 / 0, else attentionGroupedDefault (head_dim >= 128, groups >= 4, > 4096 positions). Falls back to the per-head kernel where the group's workgroup memory
+   * gpu.tuning.attentionGrouped, else attentionGroupedDefault (head_dim >= 128, groups >= 4, > 4096 positions). Falls back to the per-head kernel where the group's workgroup memory
    * does not fit.
    */
   grouped?: boolean;
@@ -1149,16 +1149,12 @@ export function attentionGroupedDefault(d: AttentionDecodeDims): boolean {
 }
 
 /**
- * Whether the grouped kernel is asked for: the call's tuning, else gpu.tuning.attentionGrouped, else env
- * SWACTOR_ATTN_GROUPED (1 / 0; read when the call is built), else attentionGroupedDefault.
+ * Whether the grouped kernel is asked for: the call's tuning, else gpu.tuning.attentionGrouped, else
+ * attentionGroupedDefault (read when the call is built).
  */
 function groupedSwitch(gpu: Gpu, d: AttentionDecodeDims, tuning?: Partial<AttentionDecodeTuning>): boolean {
   if (tuning?.grouped !== undefined) return tuning.grouped;
-  if (gpu.tuning.attentionGrouped !== undefined) return gpu.tuning.attentionGrouped;
-  const v = Deno.env.get("SWACTOR_ATTN_GROUPED");
-  if (v === undefined || v === "") return attentionGroupedDefault(d);
-  if (v !== "1" && v !== "0") throw new TypeError(`SWACTOR_ATTN_GROUPED must be 1 or 0, got "${v}"`);
-  return v === "1";
+  return gpu.tuning.attentionGrouped ?? attentionGroupedDefault(d);
 }
 
 /**
@@ -1364,15 +1360,11 @@ export function attentionOProjFits(
 }
 
 /**
- * Whether blocks fold o_proj into the decode attention where it fits: gpu.tuning.attentionOProj, else env
- * SWACTOR_ATTN_OPROJ (1 / 0, read when a program is built), else on.
+ * Whether blocks fold o_proj into the decode attention where it fits: gpu.tuning.attentionOProj, else on
+ * (read when a program is built).
  */
 export function attentionOProjDefault(gpu: Gpu): boolean {
-  if (gpu.tuning.attentionOProj !== undefined) return gpu.tuning.attentionOProj;
-  const v = Deno.env.get("SWACTOR_ATTN_OPROJ");
-  if (v === undefined || v === "") return true;
-  if (v !== "1" && v !== "0") throw new TypeError(`SWACTOR_ATTN_OPROJ must be 1 or 0, got "${v}"`);
-  return v === "1";
+  return gpu.tuning.attentionOProj ?? true;
 }
 
 /** attentionDecodeCalls without splits: one dispatch (tests, and callers that want exactly one call). */

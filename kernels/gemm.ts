@@ -225,15 +225,15 @@ export function gemmDefaultTile(gpu: Gpu, T: number, N: number, K: number): Gemm
  * Whether the default tiles multiply in f16 (x and the decoded weights rounded to f16 as they are staged,
  * each slice's products summed in f16, then in f32: docs/KERNELS.md "Arithmetic"): the default for f16 / q8 /
  * q4 weights on an adapter with shader-f16 (H200 prefill +8%; those weights round at least as much);
- * f32 weights (the exact path) always multiply in f32. SWACTOR_GEMM_MATH=f32 keeps f32 multiplies for every
+ * f32 weights (the exact path) always multiply in f32. gpu.tuning.gemmMath "f32" keeps f32 multiplies for every
  * weight type (read when a call is built, so a benchmark can compare both in one process).
  */
 export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
-  const env = Deno.env.get("SWACTOR_GEMM_MATH") ?? "";
-  if (env !== "" && env !== "f16" && env !== "f32") {
-    throw new TypeError(`SWACTOR_GEMM_MATH must be f16 or f32, got "${env}"`);
+  const math = gpu.tuning.gemmMath;
+  if (math !== undefined && math !== "f16" && math !== "f32") {
+    throw new TypeError(`gpu.tuning.gemmMath must be f16 or f32, got ${JSON.stringify(math)}`);
   }
-  return gpu.hasF16 && wt !== "f32" && env !== "f32";
+  return gpu.hasF16 && wt !== "f32" && math !== "f32";
 }
 
 /**
@@ -576,7 +576,7 @@ export function gemmCalls(
     throw new RangeError(`GEMM of T = ${d.T} rows and N = ${d.N} columns`);
   }
   const def = gemmDefaultTile(gpu, d.T, d.N, d.K);
-  // A tuned default's f16 / wh flags apply where they keep the default exact enough (as SWACTOR_GEMM_MATH).
+  // A tuned default's f16 / wh flags apply where they keep the default exact enough (as gpu.tuning.gemmMath).
   const tile = d.tile ?? {
     ...def,
     f16: d.f16Math !== false && (gemmF16Math(gpu, wt) || (def.f16 === true && gpu.hasF16 && wt !== "f32")),

@@ -4,6 +4,8 @@ import { checkEarlyRead, readStaging, takeStaging } from "./readback.ts";
 import type { GemmTile } from "./gemm.ts";
 import type { SgTuning } from "./gemv_sg.ts";
 import type { MultiTuning } from "./gemv_multi.ts";
+import type { MoeTuning } from "./moe_ffn.ts";
+import type { MlaAttentionTuning } from "./mla_attention.ts";
 
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
@@ -47,7 +49,10 @@ export function kvWgsl(kv: KvType | undefined): {
 /**
  * Kernel choices a caller may force (benchmarks, A/B runs), read when kernel calls are built: set them on
  * `gpu.tuning` before building a model's programs (a sequence caches its programs). Each field left out
- * means the default for this adapter. (These replace the SWACTOR_GEMV / SWACTOR_DP4 environment switches.)
+ * means the default for this adapter. The one way to force a kernel choice: a process starts from
+ * SWACTOR_TUNING (tuningFromEnv); the environment switches that did this before (SWACTOR_GEMV, SWACTOR_DP4,
+ * SWACTOR_MOE_*, SWACTOR_ATTN_*, SWACTOR_HEAD_NORM, SWACTOR_MLA_TUNING, SWACTOR_GEMM_MATH; their names in
+ * docs/BENCHMARKS.md's older commands) are fields here now.
  */
 export interface KernelTuning {
   /**
@@ -156,8 +161,7 @@ export interface KernelTuning {
    * The decode attention runs one workgroup per KV head serving all its q heads, each K / V row read once
    * for the group (attention_decode.ts, attentionDecodeGroupedSource; its default splits are
    * attentionDecodeGroupedSplits) instead of one per q head. Default: attentionGroupedDefault (head_dim >= 128,
-   * groups >= 4, > 4096 positions: where the H200 measured it faster); env SWACTOR_ATTN_GROUPED=1 / 0 sets
-   * it too where this is left out (read when the call is built).
+   * groups >= 4, > 4096 positions: where the H200 measured it faster). Read when the call is built.
    */
   attentionGrouped?: boolean;
   /** GEMVs issue their first weight loads before staging x (SgTuning / MultiTuning `prefetch`; default on). */
@@ -236,6 +240,104 @@ export interface KernelTuning {
    * has shader-f16 and the weights are not f32, else f32; env SWACTOR_KV sets it too).
    */
   kv?: KvType;
+  /**
+   * The MoE expert kernels' settings (kernels/moe_ffn.ts MoeTuning, each field's default there). Read when a
+   * program is built; `fused` and `fusedShared` also when a model is loaded (they decide the down stack's
+   * layout), so compare those in processes of their own (SWACTOR_TUNING).
+   */
+  moe?: MoeTuning;
+  /**
+   * Where Qwen3's q_norm / k_norm run in decode steps: "fused" (default) in the decode attention kernel's
+   * prologue, or "own" (head_norm.ts's dispatch, as prefill does). Read when a program is built.
+   */
+  headNorm?: "fused" | "own";
+  /**
+   * The MLA attention kernel's cut (kernels/mla_attention.ts's defaults otherwise): heads a workgroup (or
+   * the subgroup kernel, one head a workgroup), key splits, unroll. Read when a program is built.
+   */
+  mlaAttention?: Partial<MlaAttentionTuning>;
+  /**
+   * "f32": the prefill GEMM multiplies in f32 for every weight type; default "f16" where gemmF16Math allows
+   * (kernels/gemm.ts). Read when a GEMM call is built.
+   */
+  gemmMath?: "f16" | "f32";
+}
+
+/** Every KernelTuning key, so that SWACTOR_TUNING can name one that does not exist (checked by the compiler). */
+const TUNING_KEYS: Record<keyof KernelTuning, true> = {
+  gemv: true,
+  dp4: true,
+  multi: true,
+  multiStage: true,
+  multiPipeline: true,
+  multiDirect: true,
+  multiInt8: true,
+  multiInt8One: true,
+  multiInt8Copies: true,
+  multiInt8NormCopies: true,
+  multiInt8NormCopyThreads: true,
+  multiInt8CopyArrive: true,
+  multiFloatNormCopies: true,
+  multiUnroll: true,
+  multiRows: true,
+  multiWarps: true,
+  mlaFused: true,
+  mlaFusedThreads: true,
+  moeCopyIn: true,
+  attentionSplits: true,
+  attentionOProj: true,
+  attentionORowSplits: true,
+  attentionWarps: true,
+  attentionUnroll: true,
+  attentionGrouped: true,
+  prefetch: true,
+  pairGateUp: true,
+  deferNorm: true,
+  earlyX: true,
+  gemvTunings: true,
+  direct: true,
+  directPairs: true,
+  argmaxChunk: true,
+  flash: true,
+  flashHalf: true,
+  prefillOverlap: true,
+  prefillEarlySubmit: true,
+  prefillEarlyLayers: true,
+  gemmLarge: true,
+  gemmSmall: true,
+  gemmWave: true,
+  kv: true,
+  moe: true,
+  headNorm: true,
+  mlaAttention: true,
+  gemmMath: true,
+};
+
+/**
+ * A process's starting gpu.tuning from SWACTOR_TUNING, a JSON object of KernelTuning fields (empty: every
+ * default). The one way to A/B a kernel choice across processes (settings read at load, a CLI run); in one
+ * process, benchmarks set gpu.tuning itself (`--tunings`). Values are the fields' own types; a key that is
+ * not a field, or text that is not a JSON object, is an error naming it.
+ */
+export function tuningFromEnv(text = Deno.env.get("SWACTOR_TUNING") ?? ""): KernelTuning {
+  if (text.trim() === "") return {};
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch (e) {
+    throw new TypeError(`SWACTOR_TUNING must be a JSON object of kernel settings: ${(e as Error).message}`);
+  }
+  if (typeof v !== "object" || v === null || Array.isArray(v)) {
+    throw new TypeError(`SWACTOR_TUNING must be a JSON object of kernel settings, got ${text.slice(0, 40)}`);
+  }
+  const unknown = Object.keys(v).filter((k) => !(k in TUNING_KEYS));
+  if (unknown.length) {
+    throw new TypeError(
+      `SWACTOR_TUNING: no kernel setting named ${unknown.map((k) => `"${k.slice(0, 40)}"`).join(", ")} ` +
+        `(kernels/gpu.ts KernelTuning lists them)`,
+    );
+  }
+  return v as KernelTuning;
 }
 
 export interface Gpu {
@@ -278,6 +380,7 @@ export function getGpu(): Promise<Gpu> {
 
 async function requestGpu(): Promise<Gpu> {
   gpuSlowdown(); // a bad SWACTOR_SLOWDOWN is an error before anything runs
+  tuningFromEnv(); // and a bad SWACTOR_TUNING
   if (typeof navigator === "undefined" || !("gpu" in navigator)) {
     throw new NoGpuError("this Deno has no WebGPU (navigator.gpu is missing)");
   }
@@ -332,7 +435,7 @@ async function requestGpu(): Promise<Gpu> {
     hasDp4: (navigator.gpu as GPU & { wgslLanguageFeatures?: ReadonlySet<string> }).wgslLanguageFeatures
       ?.has("packed_4x8_integer_dot_product") ?? false,
     pipelines: new Map(),
-    tuning: {},
+    tuning: tuningFromEnv(),
   };
 }
 

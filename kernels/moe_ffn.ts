@@ -80,7 +80,7 @@ export interface MoeScratch {
   tiles: GPUBuffer;
   down: GPUBuffer;
   /**
-   * The decode path's normalised input from the router GEMV (SWACTOR_MOE_XN): f32 [T, H], or its int8
+   * The decode path's normalised input from the router GEMV (MoeTuning.xn): f32 [T, H], or its int8
    * words in the same bytes and their (scale, scale * sum) [T, H / 32] in xnScales.
    */
   xn: GPUBuffer;
@@ -243,45 +243,59 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
   return calls;
 }
 
-/** SWACTOR_MOE_FUSED: "0" off, "1" on with the defaults, "C" rows of h a workgroup, or "CxW" with W threads. */
-function fusedSwitch(): { on: boolean; rows?: number; threads?: number } {
-  const v = Deno.env.get("SWACTOR_MOE_FUSED") ?? "1";
-  const [c, w] = v.split("x").map(Number);
-  const ok = v === "0" || v === "1" ||
-    (Number.isInteger(c) && c > 0 && c % 32 === 0 && (w === undefined || (Number.isInteger(w) && w > 0)));
-  if (!ok) throw new TypeError(`SWACTOR_MOE_FUSED must be 0, 1, C or CxW (C a multiple of 32), got "${v}"`);
-  return v === "0" ? { on: false } : v === "1" ? { on: true } : { on: true, rows: c, threads: w };
+/**
+ * The MoE expert kernels' settings (gpu.tuning.moe; each absent field takes the default below, which the H200
+ * sweep of 2026-12-01 chose: Qwen3-30B-A3B shape, q4, 8 layers, GPU ms a step; docs/BENCHMARKS.md). Read
+ * when a program is built, so one process can compare them (`scripts/bench/moe.ts --tunings`); `fused` and
+ * `fusedShared` are also read at load.
+ */
+export interface MoeTuning {
+  /**
+   * The path: "team" (the portable kernels), "router" (the subgroup GEMVs with the router's own dispatch),
+   * "unfolded" (a shared expert's own GEMVs instead of slots of moe_sg's); default the subgroup kernels.
+   */
+  path?: "team" | "router" | "unfolded";
+  /** Rows per warp of the expert GEMVs [gate_up, down]; default [2, 1] (0.549 ms against 0.570 for [2, 2]). */
+  rows?: [number, number];
+  /**
+   * Most workgroups of each expert GEMV [gate_up, down], their warps looping over row blocks; 0 or absent:
+   * one block a warp.
+   */
+  groups?: [number, number];
+  /**
+   * false: the quantised expert GEMVs convert weights to f32 instead of multiplying int8 activations; default
+   * dp4 wherever the dense GEMVs use it (the adapter has it, gpu.tuning.dp4 not false).
+   */
+  dp4?: boolean;
+  /**
+   * [gate_up, down]: the expert GEMVs issue their first weight loads before staging their input; default
+   * [false, true] (0.554 against 0.571 for neither; gate_up's ruled out: 2.2 ms).
+   */
+  prefetch?: [boolean, boolean];
+  /**
+   * The router GEMV also writes the normalised x (int8 for dp4), which gate_up stages instead of normalising
+   * in every workgroup; default on (0.570 / 0.585).
+   */
+  xn?: boolean;
+  /** gate_up writes its activations times their route weights (what down's early loads build on); default on. */
+  scaled?: boolean;
+  /** gate_up's routing ranks the experts a thread each instead of k rounds of reductions; default on. */
+  rank?: boolean;
+  /**
+   * The routed experts' gate/up and down (q8 / q4 with dp4) as one dispatch (moe_fused.ts): false, or the
+   * rows of h and threads a workgroup; default on with moe_fused.ts's defaults.
+   */
+  fused?: boolean | { rows?: number; threads?: number };
+  /**
+   * Blocks with a shared expert take that dispatch too (the shared expert as more slots); default off (H200,
+   * DeepSeek-V2-Lite's shape q4: 2.117-2.120 ms a step at 64 x 1,024, 2.020-2.044 at 64 x 512, against
+   * 2.022-2.039 for the two dispatches; twenty-first session).
+   */
+  fusedShared?: boolean;
 }
 
-/**
- * Benchmark switches, read when a program is built (so one process can sweep them), with the defaults the
- * H200 sweep of 2026-12-01 chose (Qwen3-30B-A3B shape, q4, 8 layers, GPU ms a step; docs/BENCHMARKS.md):
- * - SWACTOR_MOE: the path ("team", "router"; default the subgroup kernels with routing fused into gate_up).
- * - SWACTOR_MOE_ROWS "gate_up,down": rows per warp of the expert GEMVs; default "2,1" (0.549 against 0.570
- *   for "2,2" and 0.596 for "4,2").
- * - SWACTOR_MOE_DP4 "0": the quantised expert GEMVs convert weights to f32 instead of multiplying int8
- *   activations; default dp4 wherever the dense GEMVs use it (the adapter has it, gpu.tuning.dp4 not false).
- * - SWACTOR_MOE_PREFETCH "0", "1" or "gate_up,down": the expert GEMVs issue their first weight loads before
- *   staging their input (gate_up then routes in every warp); default "0,1", down only (0.554 against 0.571
- *   for "0"; "1" in both, 2.2 ms, and an earlier lease's 0.685 against 0.558 rule out gate_up).
- * - SWACTOR_MOE_XN "0"/"1": the router GEMV also writes the normalised x (int8-quantised for dp4) and gate_up
- *   stages that copy instead of normalising and quantising x in every workgroup; default on (0.570 / 0.585).
- * - SWACTOR_MOE_SCALED: gate_up writes its activations times their route weights, so down stages them
- *   without waiting for its coefficient table; default on (what down's early loads build on).
- * - SWACTOR_MOE_RANK: gate_up's routing ranks the experts a thread each instead of the first warp's k rounds
- *   of subgroup reductions; default on (0.576 / 0.591).
- * - SWACTOR_MOE_FUSED "0", "1", "C" or "CxW": the routed experts' gate/up and down (q8 / q4 with dp4) as one
- *   dispatch (moe_fused.ts; C rows of h and W threads a workgroup); default on.
- * - SWACTOR_MOE_FUSED_SHARED "1": blocks with a shared expert take that dispatch too, the shared expert as
- *   more slots; default off (H200, DeepSeek-V2-Lite's shape q4, GPU ms a step: 2.117-2.120 with it at the
- *   default 64 x 1,024, 2.020-2.044 at 64 x 512, against 2.022-2.039 for the two dispatches; twenty-first
- *   session). Read at load too (the routed down stack's layout follows the plan).
- * - SWACTOR_MOE_GROUPS "gate_up,down": most workgroups of each expert GEMV, their warps looping over row
- *   blocks; 0 or absent: one block a warp.
- */
-function moeSwitches(
-  gpu: Gpu,
-): {
+/** gpu.tuning.moe with every default filled in (and checked: a bad value is a TypeError naming it). */
+function moeSwitches(gpu: Gpu): {
   path: string | undefined;
   rows: number[];
   groups: number[];
@@ -293,38 +307,48 @@ function moeSwitches(
   fused: { on: boolean; rows?: number; threads?: number };
   fusedShared: boolean;
 } {
-  const flag = (name: string): boolean | undefined => {
-    const v = Deno.env.get(name);
-    if (v !== undefined && v !== "0" && v !== "1") throw new TypeError(`${name} must be 0 or 1, got "${v}"`);
-    return v === undefined ? undefined : v === "1";
-  };
-  // "0" / "1" for both expert GEMVs, or "gate_up,down" (e.g. "0,1").
-  const perKernel = (name: string): [boolean, boolean] => {
-    const v = Deno.env.get(name) ?? "0,1";
-    const parts = v.split(",");
-    if (parts.length > 2 || parts.some((x) => x !== "0" && x !== "1")) {
-      throw new TypeError(`${name} must be 0, 1 or "gate_up,down" of those, got "${v}"`);
+  const t = gpu.tuning.moe ?? {};
+  const pair = (name: string, v: unknown, ok: (x: unknown) => boolean) => {
+    if (v !== undefined && !(Array.isArray(v) && v.length === 2 && v.every(ok))) {
+      throw new TypeError(`gpu.tuning.moe.${name} must be a pair [gate_up, down], got ${JSON.stringify(v)}`);
     }
-    return [parts[0] === "1", (parts[1] ?? parts[0]) === "1"];
   };
+  const count = (x: unknown) => Number.isInteger(x) && (x as number) >= 0;
+  pair("rows", t.rows, count);
+  pair("groups", t.groups, count);
+  pair("prefetch", t.prefetch, (x) => typeof x === "boolean");
+  if (t.path !== undefined && !["team", "router", "unfolded"].includes(t.path)) {
+    throw new TypeError(
+      `gpu.tuning.moe.path must be team, router or unfolded, got ${JSON.stringify(t.path)}`,
+    );
+  }
+  const f = t.fused ?? true;
+  const fusedRows = typeof f === "object" ? f.rows : undefined;
+  if (fusedRows !== undefined && !(Number.isInteger(fusedRows) && fusedRows > 0 && fusedRows % 32 === 0)) {
+    throw new TypeError(`gpu.tuning.moe.fused.rows must be a multiple of 32, got ${fusedRows}`);
+  }
   return {
-    path: Deno.env.get("SWACTOR_MOE"),
-    rows: (Deno.env.get("SWACTOR_MOE_ROWS") ?? "2,1").split(",").map(Number),
-    groups: (Deno.env.get("SWACTOR_MOE_GROUPS") ?? "").split(",").map(Number),
-    dp4: (flag("SWACTOR_MOE_DP4") ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
-    prefetch: perKernel("SWACTOR_MOE_PREFETCH"),
-    xn: flag("SWACTOR_MOE_XN") ?? true,
-    scaled: flag("SWACTOR_MOE_SCALED") ?? true,
-    rank: flag("SWACTOR_MOE_RANK") ?? true,
-    fused: fusedSwitch(),
-    fusedShared: flag("SWACTOR_MOE_FUSED_SHARED") ?? false,
+    path: t.path,
+    rows: t.rows ?? [2, 1],
+    groups: t.groups ?? [],
+    dp4: (t.dp4 ?? true) && gpu.hasDp4 && gpu.tuning.dp4 !== false,
+    prefetch: t.prefetch ?? [false, true],
+    xn: t.xn ?? true,
+    scaled: t.scaled ?? true,
+    rank: t.rank ?? true,
+    fused: f === false
+      ? { on: false }
+      : f === true
+      ? { on: true }
+      : { on: true, rows: f.rows, threads: f.threads },
+    fusedShared: t.fusedShared ?? false,
   };
 }
 
 /**
  * The fused expert kernel's shape for this block (moe_fused.ts: gate/up, SiLU, down and the combine in one
  * dispatch, its rows of h resolved), or null where decode takes the two-dispatch path: it serves q8 / q4
- * stacks of one storage multiplied with dp4 (with SWACTOR_MOE_FUSED_SHARED, a shared expert stored the same
+ * stacks of one storage multiplied with dp4 (with MoeTuning.fusedShared, a shared expert stored the same
  * way, its intermediate a multiple of the routed one's: MoeFusedDims.sharedSlots), the router GEMV writing the
  * int8 normalised x, with the default switches. The loader asks too, to pack the down stack in column blocks of its rows.
  * `copyOut`: the plan with the last workgroup also writing the next RMSNorm GEMV's int8 input copy
@@ -340,7 +364,7 @@ export function moeFusedPlan(
   const sw = moeSwitches(gpu);
   const wt = d.weights.gateUp;
   // A shared expert rides along as Is / I slots where it is stored like the routed experts (when asked:
-  // SWACTOR_MOE_FUSED_SHARED; not measured faster).
+  // MoeTuning.fusedShared; not measured faster).
   const Is = d.sharedIntermediate ?? 0;
   const sharedSlots = Is / d.intermediate;
   if (
@@ -444,8 +468,8 @@ export function moeInputCopy(gpu: Gpu, producer: GemvFusedDims, m: MoeInput): In
  * The shared expert (deepseek_v3, kimi_k2) rides along as Is / I more slots of weight 1 when it is stored
  * like the routed experts; else it is two GEMVs more (norm fused, then down with silu_mul fused).
  * 3 dispatches, against moeFfnCalls' 4 (6 with a shared expert) plus the norm; 2 where q8 / q4 experts (a
- * shared expert stored like them with SWACTOR_MOE_FUSED_SHARED) run as one dispatch (moe_fused.ts: act = ...
- * and x += ... together, SWACTOR_MOE_FUSED).
+ * shared expert stored like them with MoeTuning.fusedShared) run as one dispatch (moe_fused.ts: act = ...
+ * and x += ... together, MoeTuning.fused).
  * Null when a shape does not fit the subgroup kernels (the caller then normalises and uses moeFfnCalls).
  */
 export function moeDecodeCalls(
@@ -464,8 +488,7 @@ export function moeDecodeCalls(
   const Is = d.sharedIntermediate ?? 0;
   const s = b.scratch;
   if (!gpu.subgroupSize || T > GEMV_MAX_T || d.routed === false || !b.gateUp || !b.down) return null;
-  // SWACTOR_MOE=team: the previous path; =router: the subgroup GEMVs with the router's own dispatch;
-  // =unfolded: the shared expert's own GEMVs.
+  // MoeTuning.path (team, router, unfolded): see there.
   const { path: MOE_PATH, rows: MOE_ROWS, groups: MOE_GROUPS, dp4, prefetch, xn, scaled, rank } = moeSwitches(
     gpu,
   );

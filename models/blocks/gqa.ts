@@ -22,6 +22,7 @@ import {
   gemmHalfInput,
   gemvFusedCalls,
   type GemvFusedDims,
+  type Gpu,
   headNormCall,
   int8CopyFor,
   type KernelCall,
@@ -46,14 +47,12 @@ export interface GqaWeights {
   kNorm?: GPUBuffer;
 }
 
-/**
- * Where Qwen3's q_norm / k_norm run in decode steps: "fused" (default) in the decode attention kernel's
- * prologue, or "own" (head_norm.ts's dispatch, as prefill does). SWACTOR_HEAD_NORM, read when a program is
- * built (so scripts/bench/moe.ts --sweep can compare them in one process).
- */
-function headNormSwitch(): "fused" | "own" {
-  const v = Deno.env.get("SWACTOR_HEAD_NORM") ?? "fused";
-  if (v !== "fused" && v !== "own") throw new TypeError(`SWACTOR_HEAD_NORM must be fused or own, got "${v}"`);
+/** Where Qwen3's q_norm / k_norm run in decode steps (gpu.tuning.headNorm; read when a program is built). */
+function headNormSwitch(gpu: Gpu): "fused" | "own" {
+  const v = gpu.tuning.headNorm ?? "fused";
+  if (v !== "fused" && v !== "own") {
+    throw new TypeError(`gpu.tuning.headNorm must be fused or own, got ${JSON.stringify(v)}`);
+  }
   return v;
 }
 
@@ -158,7 +157,7 @@ export function gqaProgram(
   // flash-decoding splits for long caches add a combine); else two or three.
   const decode = T <= DECODE_MAX_T && attentionDecodeFits(gpu, dims);
   const qkNorm = w.qNorm && w.kNorm ? { wq: w.qNorm, wk: w.kNorm } : undefined;
-  const foldNorm = qkNorm !== undefined && decode && headNormSwitch() === "fused";
+  const foldNorm = qkNorm !== undefined && decode && headNormSwitch(gpu) === "fused";
   if (qkNorm && !foldNorm) calls.push(headNormCall(gpu, { qkv, ...qkNorm }, { ...dims, eps }));
   const [kcache, vcache] = cache;
   const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o), int8One: ctx.int8One };

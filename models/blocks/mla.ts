@@ -11,6 +11,7 @@
 //   x      += out @ o_proj^T                                                 [H]
 // transformers' q_a_layernorm and kv_a_layernorm keep RMSNorm's default eps (1e-6), not rms_norm_eps.
 import {
+  type Gpu,
   type KernelCall,
   kvElementBytes,
   MLA_SHORT_KEYS,
@@ -32,23 +33,10 @@ import type { MlaAttention } from "../config.ts";
 import type { BlockContext, StepBuffers, TensorReader } from "./context.ts";
 import { linear } from "./linear.ts";
 
-/**
- * SWACTOR_MLA_TUNING=headsPerGroup,splits,unroll (any may be empty; headsPerGroup "sg": the subgroup kernel,
- * one head a workgroup): the attention kernel's cut, for tuning sweeps on a GPU (kernels/mla_attention.ts's
- * defaults otherwise); read when a program is built.
- */
-function attentionTuning(): Partial<MlaAttentionTuning> | undefined {
-  const v = Deno.env.get("SWACTOR_MLA_TUNING");
-  if (!v) return undefined;
-  const [heads, splits, unroll] = v.split(",").map((x) => (x === "" ? undefined : x));
-  const t: Partial<MlaAttentionTuning> = heads === "sg"
-    ? { subgroup: true, headsPerGroup: 1 }
-    : heads !== undefined
-    ? { headsPerGroup: Number(heads) }
-    : {};
-  if (splits !== undefined) t.splits = Number(splits);
-  if (unroll !== undefined) t.unroll = Number(unroll);
-  return t;
+/** The attention kernel's cut from gpu.tuning.mlaAttention (kernels/mla_attention.ts's defaults otherwise). */
+function attentionTuning(gpu: Gpu): Partial<MlaAttentionTuning> | undefined {
+  const t = gpu.tuning.mlaAttention;
+  return t && (t.subgroup ? { ...t, headsPerGroup: 1 } : t);
 }
 
 /** RMSNorm epsilon of q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm's default). */
@@ -222,7 +210,7 @@ export function mlaProgram(
   /** Rope + absorb, the attention, then (split keys) its combine and the value projection, fused where they can. */
   function splitAttention(): KernelCall[] {
     const out = [mlaRopeAbsorbCall(gpu, { ...rope, wUK: w.wUK, qLatent: s.qLatent }, ropeDims)];
-    const ATTENTION_TUNING = attentionTuning();
+    const ATTENTION_TUNING = attentionTuning(gpu);
     const attention = mlaAttentionCalls(gpu, {
       step,
       q,
@@ -256,7 +244,7 @@ export function mlaProgram(
 /**
  * The most bytes of split partials any step of up to maxT tokens of this layer asks for (every length bucket):
  * one buffer of this size serves all the MLA layers and programs of a sequence, as their steps and layers run
- * one after another (a program whose tuning asks for more, SWACTOR_MLA_TUNING's, takes a buffer of its own).
+ * one after another (a program whose tuning asks for more, gpu.tuning.mlaAttention's, takes a buffer of its own).
  */
 export function mlaPartBytes(
   ctx: BlockContext,
@@ -264,7 +252,7 @@ export function mlaPartBytes(
   d: { maxT: number; maxSeq: number },
 ): number {
   let most = 0;
-  const tuning = attentionTuning();
+  const tuning = attentionTuning(ctx.gpu);
   // Past 256 tokens a step has one split (no partials) by default.
   for (let T = 1; T <= Math.min(d.maxT, 256); T++) {
     for (const keys of [MLA_SHORT_KEYS, undefined]) {

@@ -114,7 +114,7 @@ const GRID: GemmTile[] = [
   "128x256k32r24wcv",
   "64x64k64r11cv",
   "64x128k32r22cv",
-  "128x128k16r22h", // f16 multiplies (rounds: SWACTOR_GEMM_MATH=f16 only)
+  "128x128k16r22h", // f16 multiplies (rounds: gpu.tuning.gemmMath f16 only)
   "128x256k16r24h",
   "128x128k16r22hc",
   "64x64k16r11hc",

@@ -10,14 +10,10 @@
 // key=value,... overrides config keys (e.g. a smoke test on a software adapter, whose buffers are small:
 // --set vocab_size=4096,num_experts=16,n_routed_experts=16).
 // transformers on the same shapes: scripts/bench/hf_moe.py.
-// --sweep "VAR=a;b;c" also times the decode step (GPU ms, timestamps) for each value of the environment
-// switch VAR (SWACTOR_MOE_ROWS, SWACTOR_MOE_GROUPS, SWACTOR_MOE_DP4, SWACTOR_MOE_PREFETCH, SWACTOR_MOE_XN,
-// SWACTOR_MOE_SCALED, SWACTOR_MOE_RANK, SWACTOR_HEAD_NORM, SWACTOR_MLA_TUNING, SWACTOR_MOE: read when a
-// program is built) on the loaded model: `sweep_gpu_ms` in the JSON line. --sweep may be given several
-// times: each switch is swept on its own, the others as the environment sets them. SWACTOR_MOE_FUSED,
-// SWACTOR_MOE_FUSED_SHARED (and
-// the switches that turn the fused expert kernel off) are also read at load, which stores down in that
-// kernel's layout: A/B them in separate processes (a program that cannot read the layout says so).
+// Kernel choices are gpu.tuning fields (kernels/gpu.ts KernelTuning: the MoE kernels' under `moe`,
+// kernels/moe_ffn.ts MoeTuning); the process starts from SWACTOR_TUNING (a JSON object), which is how to
+// compare the ones read at load (moe.fused, moe.fusedShared: they decide the down stack's layout) in
+// processes of their own. The JSON line carries the process's starting tuning as `tuning`.
 // --tunings '[{...}, ...]'
 // likewise times the step under each gpu.tuning override (kernels/gpu.ts KernelTuning, e.g.
 // {"attentionUnroll":32}; list one twice to see the drift of a process's later timings): `tunings_gpu_ms`.
@@ -116,7 +112,6 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       set: { type: "string" },
       load: { type: "string" },
       convert: { type: "string", default: "gpu,cpu" },
-      sweep: { type: "string", multiple: true },
       tunings: { type: "string" },
       marginal: { type: "boolean", default: false },
     },
@@ -208,25 +203,7 @@ for (const shape of values.shape!.split(",")) {
       }
     }
     seq.destroy();
-    // Variants of the step on the same weights: GPU ms per token each.
-    const sweep: Record<string, number> = {};
-    for (const one of gpu.hasTimestamps ? values.sweep ?? [] : []) {
-      const [name, list] = one.split("=");
-      const before = Deno.env.get(name);
-      for (const v of list.split(";")) {
-        Deno.env.set(name, v);
-        const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
-        const prog = s2.program(1, "sample", { keys: mid + 1 });
-        writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-        await gpuMs(gpu, prog, 2);
-        sweep[`${name}=${v}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));
-        sweep[`${name}=${v} dispatches`] = prog.length;
-        s2.destroy();
-      }
-      if (before === undefined) Deno.env.delete(name);
-      else Deno.env.set(name, before);
-    }
-    // The same under each gpu.tuning override (read when the program is built).
+    // The step under each gpu.tuning override (read when the program is built): GPU ms per token each.
     const tunings: Record<string, number> = {};
     for (const [i, t] of (gpu.hasTimestamps ? tuningOverrides : []).entries()) {
       const saved = gpu.tuning;
@@ -258,18 +235,7 @@ for (const shape of values.shape!.split(",")) {
       layers: L,
       full_layers: fullLayers,
       weights,
-      moe_path: Deno.env.get("SWACTOR_MOE") ?? "sg",
-      moe_rows: Deno.env.get("SWACTOR_MOE_ROWS") ?? "default",
-      moe_groups: Deno.env.get("SWACTOR_MOE_GROUPS") ?? "default",
-      mla_tuning: Deno.env.get("SWACTOR_MLA_TUNING") ?? "default",
-      moe_dp4: Deno.env.get("SWACTOR_MOE_DP4") ?? "default",
-      moe_prefetch: Deno.env.get("SWACTOR_MOE_PREFETCH") ?? "default",
-      moe_xn: Deno.env.get("SWACTOR_MOE_XN") ?? "default",
-      moe_scaled: Deno.env.get("SWACTOR_MOE_SCALED") ?? "default",
-      moe_rank: Deno.env.get("SWACTOR_MOE_RANK") ?? "default",
-      moe_fused: Deno.env.get("SWACTOR_MOE_FUSED") ?? "default",
-      moe_fused_shared: Deno.env.get("SWACTOR_MOE_FUSED_SHARED") ?? "default",
-      head_norm: Deno.env.get("SWACTOR_HEAD_NORM") ?? "fused",
+      tuning: gpu.tuning,
       load_s: Number(loadS.toFixed(1)),
       decode_tok_s: Number(best.toFixed(1)),
       runs: runs.map((r) => Number(r.toFixed(1))),
@@ -291,7 +257,6 @@ for (const shape of values.shape!.split(",")) {
       full_depth_tok_s_gpu_bound: Number((1000 / perLayer(gpuStepMs, headMs)).toFixed(1)),
       full_depth_read_bytes: Math.round(perLayer(read, headBytes)),
       head_and_embed_ms: Number(headMs.toFixed(4)),
-      sweep_gpu_ms: sweep,
       ...(values.tunings ? { tunings_gpu_ms: tunings } : {}),
       ...(values.marginal ? { marginal_ms_by_kernel: marginal } : {}),
       gpu_ms_by_kernel: byKernel,

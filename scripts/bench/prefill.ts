@@ -11,7 +11,7 @@
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
 //     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
 //     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N/N/...] [--tunings '[{}, {"flashHalf":false}]']
-// --math: the GEMM's multiplies (SWACTOR_GEMM_MATH, kernels/gemm.ts; f16, the default, as the engine: f32 for
+// --math: the GEMM's multiplies (gpu.tuning.gemmMath, kernels/gemm.ts; f16, the default, as the engine: f32 for
 // f32 weights and MoE models) per run; --flash: the prefill flash
 // attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
 // prefill chunk while one runs (gpu.tuning.prefillOverlap, models/engine.ts); --gemm: the GEMM's two default
@@ -175,7 +175,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
     gpu.tuning.prefillEarlySubmit = early !== "off"; // read by each prefill
     if (early === "on" || early === "off") delete gpu.tuning.prefillEarlyLayers;
     else gpu.tuning.prefillEarlyLayers = marks;
-    Deno.env.set("SWACTOR_GEMM_MATH", math);
+    gpu.tuning.gemmMath = math as "f16" | "f32"; // read as each GEMM call is built
     gpu.tuning.flash = flash; // read as each request's programs are built
     gpu.tuning.prefillOverlap = overlap === "on"; // read by each prefill
     delete gpu.tuning.gemmLarge;

@@ -1,7 +1,7 @@
 // The fused decode expert MLP (kernels/moe_fused.ts): one dispatch for gate/up, SiLU, down and the weighted
 // combine, through moeDecodeCalls (the router GEMV writing its int8 normalised x first). Checked against the
 // CPU reference of the block (moeFfnRef, f64 on the very weights the GPU reads) within the int8
-// activations' error, and against the two-dispatch subgroup path (SWACTOR_MOE_FUSED=0, the same int8
+// activations' error, and against the two-dispatch subgroup path (gpu.tuning.moe.fused false, the same int8
 // inputs) much more tightly; awkward shapes (intermediate not a multiple of the default rows, one slot, T >
 // 1, experts beyond a partial stack, group-limited sigmoid routing with a bias); a second step on the same
 // scratch (the accumulator and counts must be left zeroed) and bit-for-bit repeatability.
@@ -48,8 +48,8 @@ interface Case {
   T: number;
   wt: QuantType;
   routing: "softmax" | "softmax-raw" | "sigmoid-groups";
-  /** SWACTOR_MOE_FUSED (default "1"). */
-  fused?: string;
+  /** gpu.tuning.moe.fused's rows and threads (default the kernel's). */
+  fused?: { rows: number; threads?: number };
   /** A shared expert of this many times I rows (deepseek_v3 / kimi_k2), stored like the routed ones. */
   shared?: number;
 }
@@ -59,13 +59,13 @@ const CASES: Case[] = [
   { H: 96, I: 64, E: 8, k: 2, T: 2, wt: "q4", routing: "softmax" },
   { H: 256, I: 96, E: 16, k: 4, T: 3, wt: "q4", routing: "softmax-raw" },
   { H: 128, I: 192, E: 8, k: 3, T: 2, wt: "q8", routing: "sigmoid-groups" },
-  { H: 384, I: 128, E: 32, k: 8, T: 1, wt: "q4", routing: "softmax", fused: "32" },
-  { H: 128, I: 192, E: 16, k: 2, T: 2, wt: "q4", routing: "softmax", fused: "64x256" },
-  { H: 256, I: 64, E: 8, k: 8, T: 1, wt: "q8", routing: "softmax-raw", fused: "32x1024" },
+  { H: 384, I: 128, E: 32, k: 8, T: 1, wt: "q4", routing: "softmax", fused: { rows: 32 } },
+  { H: 128, I: 192, E: 16, k: 2, T: 2, wt: "q4", routing: "softmax", fused: { rows: 64, threads: 256 } },
+  { H: 256, I: 64, E: 8, k: 8, T: 1, wt: "q8", routing: "softmax-raw", fused: { rows: 32, threads: 1024 } },
   { H: 128, I: 32, E: 4, k: 1, T: 2, wt: "q8", routing: "softmax" },
   { H: 128, I: 64, E: 8, k: 2, T: 1, wt: "q4", routing: "softmax", shared: 1 },
   { H: 256, I: 64, E: 16, k: 3, T: 2, wt: "q8", routing: "sigmoid-groups", shared: 2 },
-  { H: 96, I: 96, E: 8, k: 2, T: 3, wt: "q4", routing: "softmax-raw", shared: 2, fused: "32" },
+  { H: 96, I: 96, E: 8, k: 2, T: 3, wt: "q4", routing: "softmax-raw", shared: 2, fused: { rows: 32 } },
 ];
 
 function routingOf(c: Case): MoeRouting {
@@ -104,8 +104,7 @@ function program(c: Case, fused: boolean, seed: number) {
   const dims = { hidden: H, intermediate: I, sharedIntermediate: Is, routing };
   const xb = upload(g, x);
   const scratch = createMoeScratch(g, { ...dims, T });
-  Deno.env.set("SWACTOR_MOE_FUSED", fused ? c.fused ?? "1" : "0");
-  Deno.env.set("SWACTOR_MOE_FUSED_SHARED", "1");
+  g.tuning.moe = { fused: fused ? c.fused ?? true : false, fusedShared: true };
   let calls;
   try {
     calls = moeDecodeCalls(g, {
@@ -131,8 +130,7 @@ function program(c: Case, fused: boolean, seed: number) {
       },
     });
   } finally {
-    Deno.env.delete("SWACTOR_MOE_FUSED");
-    Deno.env.delete("SWACTOR_MOE_FUSED_SHARED");
+    delete g.tuning.moe;
   }
   if (!calls) throw new Error("the decode path does not apply");
   const labels = calls.map((k) => k.label).join(",");
@@ -322,7 +320,7 @@ Deno.test({
       }
     }
     // A program that would read the packed stack some other way says so.
-    Deno.env.set("SWACTOR_MOE_FUSED", "0");
+    g.tuning.moe = { fused: false };
     try {
       const scratch = createMoeScratch(g, { ...dims, T: 1 });
       assert.throws(
@@ -345,7 +343,7 @@ Deno.test({
         /packed in column blocks/,
       );
     } finally {
-      Deno.env.delete("SWACTOR_MOE_FUSED");
+      delete g.tuning.moe;
     }
   }
 });

@@ -14,6 +14,7 @@ import {
   moeSgCall,
   type MoeSgDims,
   moeSgFits,
+  type MoeTuning,
   type QuantType,
   readBack,
   runCalls,
@@ -420,21 +421,21 @@ Deno.test(
     const H = 64, E = 8, k = 4;
     // I small: both subgroup kernels; I large: k * I floats exceed workgroup memory, so down is the team kernel.
     const bigI = Math.ceil((g.maxWorkgroupStorage / 4 / k + 1) / 32) * 32;
-    // The benchmark switches that change the decode kernels (moe_ffn.ts's moeSwitches); group-limited
+    // The settings that change the decode kernels (gpu.tuning.moe: moe_ffn.ts MoeTuning); group-limited
     // routing (routerWgsl, not the subgroup router) with them on.
-    const switchSets: [Record<string, string>, boolean][] = [
+    const switchSets: [MoeTuning, boolean][] = [
       [{}, false],
-      [{ SWACTOR_MOE_XN: "1" }, false],
-      [{ SWACTOR_MOE_SCALED: "1" }, false],
-      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
-      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, true],
-      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_PREFETCH: "1" }, false],
-      [{ SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1", SWACTOR_MOE_GROUPS: "1,1" }, false],
-      [{ SWACTOR_MOE_GROUPS: "1,1", SWACTOR_MOE_PREFETCH: "1" }, true],
-      [{ SWACTOR_MOE_RANK: "1", SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
-      [{ SWACTOR_MOE_PREFETCH: "0,1", SWACTOR_MOE_XN: "1", SWACTOR_MOE_SCALED: "1" }, false],
+      [{ xn: true }, false],
+      [{ scaled: true }, false],
+      [{ xn: true, scaled: true }, false],
+      [{ xn: true, scaled: true }, true],
+      [{ xn: true, scaled: true, prefetch: [true, true] }, false],
+      [{ xn: true, scaled: true, groups: [1, 1] }, false],
+      [{ groups: [1, 1], prefetch: [true, true] }, true],
+      [{ rank: true, xn: true, scaled: true }, false],
+      [{ prefetch: [false, true], xn: true, scaled: true }, false],
     ];
-    for (const [env, grouped] of switchSets) {
+    for (const [moe, grouped] of switchSets) {
       for (const I of [32, bigI]) {
         for (const shared of [0, I]) {
           for (
@@ -477,10 +478,8 @@ Deno.test(
               sharedDown: sdn?.deq,
             }, dims);
             const xb = upload(g, x);
-            Deno.env.set("SWACTOR_MOE_DP4", dp4 ? "1" : "0");
             // The two-dispatch kernels (moe_fused_test.ts checks the one-dispatch path against them).
-            Deno.env.set("SWACTOR_MOE_FUSED", "0");
-            for (const [name, v] of Object.entries(env)) Deno.env.set(name, v);
+            g.tuning.moe = { ...moe, dp4, fused: false };
             const calls = moeDecodeCalls(g, {
               x: xb,
               norm: upload(g, nw),
@@ -498,9 +497,7 @@ Deno.test(
               normWeights: "f32",
               weights: { router: "f32", gateUp: wt, down: wt, sharedGateUp: wt, sharedDown: wt },
             });
-            Deno.env.delete("SWACTOR_MOE_DP4");
-            Deno.env.delete("SWACTOR_MOE_FUSED");
-            for (const name of Object.keys(env)) Deno.env.delete(name);
+            delete g.tuning.moe;
             if (!calls) throw new Error(`I ${I}: the decode path does not apply`);
             const downLabel = calls.at(-1)!.label;
             // With dp4 the long down row fits (1.25 bytes a value staged, not 4).
@@ -510,7 +507,7 @@ Deno.test(
             await runCalls(g, calls);
             const want = x.map((v, i) => v + ref.out[i]);
             const what = `I${I} shared ${shared} ${wt} dp4 ${dp4} ${
-              JSON.stringify(env)
+              JSON.stringify(moe)
             } grouped ${grouped}: ${calls.map((c) => c.label).join(",")}`;
             // dp4: the block's output within 2% of its largest (int8 activations, twice quantised).
             const tol = dp4 ? 0.02 * Math.max(...ref.out.map(Math.abs)) : 1e-4;

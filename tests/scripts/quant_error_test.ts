@@ -85,7 +85,7 @@ Deno.test(
           out,
           "--weights",
           weights,
-        ], { SWACTOR_KV: "f32", SWACTOR_GEMM_MATH: "f32" });
+        ], { SWACTOR_KV: "f32", SWACTOR_TUNING: JSON.stringify({ gemmMath: "f32" }) });
         if (r.code !== 0) throw new Error(`logits ${model} ${weights}: ${r.stderr}`);
         return await readF32(out, "logits");
       } finally {
