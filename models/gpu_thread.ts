@@ -107,9 +107,22 @@ export class GpuThread {
   #pending = new Map<number, Pending>();
   #fanouts = new Map<number, ExpertFanout>();
   #objects = 0;
+  /** Counts the thread's stops: an object held before the last stop is gone with that thread. */
+  #generation = 0;
 
-  /** Calls `request` on the GPU thread; `onEvent` gets its progress and token events. */
-  call<T>(request: GpuRequest, onEvent?: Pending["onEvent"], transfer: Transferable[] = []): Promise<T> {
+  /**
+   * Calls `request` on the GPU thread; `onEvent` gets its progress and token events. `generation` (an
+   * object's, from hold): a call for an object of a stopped thread fails without starting a new one.
+   */
+  call<T>(
+    request: GpuRequest,
+    onEvent?: Pending["onEvent"],
+    generation?: number,
+    transfer: Transferable[] = [],
+  ): Promise<T> {
+    if (generation !== undefined && generation !== this.#generation) {
+      return Promise.reject(new Error("the GPU thread was stopped"));
+    }
     const worker = this.#start();
     const id = this.#next++;
     return new Promise<T>((resolve, reject) => {
@@ -118,9 +131,15 @@ export class GpuThread {
     });
   }
 
-  /** Counts an object held on the thread (a stage, an expert host, or one being loaded). */
-  hold(): void {
+  /** Whether the worker is running (it starts with the first object and ends with the last). */
+  get running(): boolean {
+    return this.#worker !== undefined;
+  }
+
+  /** Counts an object held on the thread (a stage, an expert host, or one being loaded): its generation. */
+  hold(): number {
     this.#objects++;
+    return this.#generation;
   }
 
   /** Where a stage's callbacks for its remote experts go. */
@@ -129,7 +148,8 @@ export class GpuThread {
   }
 
   /** An object closed (or failed to load): the thread ends with the last one, once `closing` settles. */
-  drop(closing: Promise<unknown>, handle?: number): void {
+  drop(closing: Promise<unknown>, generation: number, handle?: number): void {
+    if (generation !== this.#generation) return; // its thread was stopped, with its count
     if (handle !== undefined) this.#fanouts.delete(handle);
     if (--this.#objects > 0) return;
     closing.finally(() => {
@@ -157,6 +177,7 @@ export class GpuThread {
   }
 
   #stop(why: Error): void {
+    if (this.#worker) this.#generation++;
     this.#worker?.terminate();
     this.#worker = undefined;
     const pending = [...this.#pending.values()];
@@ -211,6 +232,7 @@ class ThreadStage implements StageBackend {
   constructor(
     readonly role: StageRole,
     private readonly thread: GpuThread,
+    private readonly generation: number,
     private readonly facts: StageFacts,
   ) {
     this.model = facts.model;
@@ -292,13 +314,18 @@ class ThreadStage implements StageBackend {
     if (this.#closed) return;
     this.#closed = true;
     this.#open.clear();
-    const closing = this.thread.call({ op: "closeStage", handle: this.facts.handle }).catch(() => {});
-    this.thread.drop(closing, this.facts.handle);
+    const closing = this.thread.call(
+      { op: "closeStage", handle: this.facts.handle },
+      undefined,
+      this.generation,
+    )
+      .catch(() => {});
+    this.thread.drop(closing, this.generation, this.facts.handle);
   }
 
   #call<T>(r: GpuRequest, onEvent?: Pending["onEvent"]): Promise<T> {
     if (this.#closed) return Promise.reject(new Error(`stage ${this.role.index} is closed`));
-    return this.thread.call<T>(r, onEvent);
+    return this.thread.call<T>(r, onEvent, this.generation);
   }
 }
 
@@ -307,6 +334,7 @@ class ThreadExperts implements ExpertService {
   #closed = false;
   constructor(
     private readonly thread: GpuThread,
+    private readonly generation: number,
     private readonly handle: number,
     readonly hidden: number,
     readonly weightBytes: number,
@@ -319,21 +347,26 @@ class ThreadExperts implements ExpertService {
 
   compute(layer: number, input: ExpertInput): Promise<Float32Array> {
     if (this.#closed) return Promise.reject(new Error("the expert host is closed"));
-    return this.thread.call<Float32Array>({ op: "compute", handle: this.handle, layer, input });
+    return this.thread.call<Float32Array>(
+      { op: "compute", handle: this.handle, layer, input },
+      undefined,
+      this.generation,
+    );
   }
 
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
-    const closing = this.thread.call({ op: "closeExperts", handle: this.handle }).catch(() => {});
-    this.thread.drop(closing);
+    const closing = this.thread.call({ op: "closeExperts", handle: this.handle }, undefined, this.generation)
+      .catch(() => {});
+    this.thread.drop(closing, this.generation);
   }
 }
 
 /** The StageLoader that loads onto the process's GPU thread (models/engine.ts loadStage, there). */
 export const threadStageLoader: StageLoader = async (role, opts) => {
   const thread = gpuThread();
-  thread.hold(); // the stage's, from here on
+  const generation = thread.hold(); // the stage's, from here on
   try {
     const facts = await thread.call<StageFacts>(
       {
@@ -344,11 +377,12 @@ export const threadStageLoader: StageLoader = async (role, opts) => {
         fanout: opts.experts !== undefined,
       },
       (ev) => ev.progress && opts.onProgress?.(...ev.progress),
+      generation,
     );
     if (opts.experts) thread.fanout(facts.handle, opts.experts.fanout);
-    return new ThreadStage(role, thread, facts);
+    return new ThreadStage(role, thread, generation, facts);
   } catch (e) {
-    thread.drop(Promise.resolve());
+    thread.drop(Promise.resolve(), generation);
     throw e;
   }
 };
@@ -356,16 +390,18 @@ export const threadStageLoader: StageLoader = async (role, opts) => {
 /** The ExpertLoader that loads onto the process's GPU thread (models/engine.ts loadExpertHost, there). */
 export const threadExpertLoader: ExpertLoader = async (hold, opts) => {
   const thread = gpuThread();
-  thread.hold(); // the host's, from here on
+  const generation = thread.hold(); // the host's, from here on
   try {
     const r = await thread.call<
       { handle: number; hidden: number; weightBytes: number; held: [number, number[]][] }
     >(
       { op: "experts", hold: [...hold], model: { dir: opts.model.dir, weights: opts.model.weights } },
+      undefined,
+      generation,
     );
-    return new ThreadExperts(thread, r.handle, r.hidden, r.weightBytes, new Map(r.held));
+    return new ThreadExperts(thread, generation, r.handle, r.hidden, r.weightBytes, new Map(r.held));
   } catch (e) {
-    thread.drop(Promise.resolve());
+    thread.drop(Promise.resolve(), generation);
     throw e;
   }
 };

@@ -74,6 +74,9 @@ Deno.test(
     } finally {
       for (const p of [...here, ...there]) p.close();
     }
+    // The thread ends with its last object, once that object's close is done there.
+    for (let i = 0; i < 100 && gpuThread().running; i++) await new Promise((r) => setTimeout(r, 20));
+    assert.equal(gpuThread().running, false);
   },
 );
 
@@ -205,5 +208,23 @@ Deno.test(
       await Deno.remove(dir, { recursive: true });
     }
     gpuThread().terminate(); // nothing held: a no-op past the worker, which the failed load already ended
+  },
+);
+
+Deno.test(
+  needs("GPU thread: when the thread stops, a call in flight fails with an error saying so", {
+    "a WebGPU adapter": hasGpu,
+    "the llama-micro fixture": micro,
+  }),
+  async () => {
+    const model = { dir: micro!, weights: "f32" };
+    const L = (await Checkpoint.open(micro!)).config.numLayers;
+    const stage = await threadStageLoader(wholeModel(L), { model });
+    stage.open("a", { maxSeq: 64, sampling: greedy });
+    const running = stage.generate!("a", [1, 2, 3], { maxTokens: 40, eos: [] });
+    gpuThread().terminate();
+    await assert.rejects(running, /the GPU thread was stopped/);
+    stage.close(); // after the thread: nothing to wait for, no error
+    assert.equal(gpuThread().running, false, "closing an object of a stopped thread starts no new one");
   },
 );
