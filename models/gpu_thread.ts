@@ -112,14 +112,10 @@ export class GpuThread {
 
   /**
    * Calls `request` on the GPU thread; `onEvent` gets its progress and token events. `generation` (an
-   * object's, from hold): a call for an object of a stopped thread fails without starting a new one.
+   * object's, from hold): a call for an object of a stopped thread fails without starting a new one. The
+   * request's arrays are copied, not transferred: the caller may still use them.
    */
-  call<T>(
-    request: GpuRequest,
-    onEvent?: Pending["onEvent"],
-    generation?: number,
-    transfer: Transferable[] = [],
-  ): Promise<T> {
+  call<T>(request: GpuRequest, onEvent?: Pending["onEvent"], generation?: number): Promise<T> {
     if (generation !== undefined && generation !== this.#generation) {
       return Promise.reject(new Error("the GPU thread was stopped"));
     }
@@ -127,7 +123,7 @@ export class GpuThread {
     const id = this.#next++;
     return new Promise<T>((resolve, reject) => {
       this.#pending.set(id, { resolve: resolve as (v: unknown) => void, reject, onEvent });
-      worker.postMessage({ kind: "request", id, request } satisfies GpuMessage, transfer);
+      worker.postMessage({ kind: "request", id, request } satisfies GpuMessage);
     });
   }
 
