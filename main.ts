@@ -5,6 +5,7 @@ import { type Command, printable, UsageError } from "./cli/command.ts";
 import { commands } from "./cli/mod.ts";
 import { ensureRuntimeDir } from "./cli/runtime_dir.ts";
 import { CheckpointError, RequestError } from "./models/errors.ts";
+import { EnvError } from "./kernels/env.ts";
 
 const VERSION = "0.1.0";
 
@@ -42,10 +43,14 @@ export async function main(argv: string[]): Promise<number> {
   try {
     return await command.run(rest);
   } catch (e) {
-    // Bad input is a UsageError (cli/command.ts), a CheckpointError (a model directory's contents) or a
-    // RequestError (a request the model cannot serve); the message names what was wrong. Anything else is a
+    // Bad input is a UsageError (cli/command.ts), a CheckpointError (a model directory's contents), a
+    // RequestError (a request the model cannot serve) or an EnvError (a SWACTOR_* variable); the message
+    // names what was wrong. Anything else is a
     // runtime failure or a bug: exit 1, and SWACTOR_DEBUG=1 adds the stack for bug reports.
-    if (e instanceof UsageError || e instanceof CheckpointError || e instanceof RequestError) {
+    if (
+      e instanceof UsageError || e instanceof CheckpointError || e instanceof RequestError ||
+      e instanceof EnvError
+    ) {
       console.error(`swactor ${name}: ${printable(e.message)}`);
       return 2;
     }

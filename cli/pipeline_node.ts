@@ -6,7 +6,7 @@ import { PipelineNode, type StageLoader } from "../node/stage/mod.ts";
 import type { ExpertLoader } from "../node/stage/backend.ts";
 import { loadExpertHost, loadStage } from "../models/engine.ts";
 import { threadExpertLoader, threadStageLoader } from "../models/gpu_thread.ts";
-import { UsageError } from "./command.ts";
+import { EnvError } from "../kernels/env.ts";
 import { compileHfConfig } from "../planner/mod.ts";
 import { servedDtype } from "../node/stage/plan_chain.ts";
 import { humanBytes } from "../planner/units.ts";
@@ -42,7 +42,7 @@ export function gpuThreadOn(): boolean {
   const v = Deno.env.get("SWACTOR_GPU_THREAD");
   if (v === undefined || v === "" || v === "0") return false;
   if (v === "1") return true;
-  throw new UsageError(`SWACTOR_GPU_THREAD must be 0 or 1, got "${v.slice(0, 20)}"`);
+  throw new EnvError(`SWACTOR_GPU_THREAD must be 0 or 1, got "${v.slice(0, 20)}"`);
 }
 
 /**

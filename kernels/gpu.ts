@@ -1,6 +1,7 @@
 // The WebGPU device, and the few buffer and pipeline utilities every kernel uses.
 // Effects live here: requesting the adapter, creating buffers, reading back.
 import { checkEarlyRead, readStaging, takeStaging } from "./readback.ts";
+import { EnvError } from "./env.ts";
 import type { GemmTile } from "./gemm.ts";
 import type { SgTuning } from "./gemv_sg.ts";
 import type { MultiTuning } from "./gemv_multi.ts";
@@ -325,14 +326,14 @@ export function tuningFromEnv(text = Deno.env.get("SWACTOR_TUNING") ?? ""): Kern
   try {
     v = JSON.parse(text);
   } catch (e) {
-    throw new TypeError(`SWACTOR_TUNING must be a JSON object of kernel settings: ${(e as Error).message}`);
+    throw new EnvError(`SWACTOR_TUNING must be a JSON object of kernel settings: ${(e as Error).message}`);
   }
   if (typeof v !== "object" || v === null || Array.isArray(v)) {
-    throw new TypeError(`SWACTOR_TUNING must be a JSON object of kernel settings, got ${text.slice(0, 40)}`);
+    throw new EnvError(`SWACTOR_TUNING must be a JSON object of kernel settings, got ${text.slice(0, 40)}`);
   }
   const unknown = Object.keys(v).filter((k) => !(k in TUNING_KEYS));
   if (unknown.length) {
-    throw new TypeError(
+    throw new EnvError(
       `SWACTOR_TUNING: no kernel setting named ${unknown.map((k) => `"${k.slice(0, 40)}"`).join(", ")} ` +
         `(kernels/gpu.ts KernelTuning lists them)`,
     );
@@ -552,7 +553,7 @@ function slowdownFromEnv(): number {
   if (v === undefined || v === "") return 1;
   const f = Number(v);
   if (!(Number.isFinite(f) && f >= 1)) {
-    throw new TypeError(`SWACTOR_SLOWDOWN must be a number >= 1 (how many times slower), got "${v}"`);
+    throw new EnvError(`SWACTOR_SLOWDOWN must be a number >= 1 (how many times slower), got "${v}"`);
   }
   return f;
 }

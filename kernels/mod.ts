@@ -31,3 +31,4 @@ export * from "./argmax_rows.ts";
 export * from "./convert.ts";
 export * from "./moe_sg.ts";
 export * from "./moe_fused.ts";
+export * from "./env.ts";

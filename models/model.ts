@@ -19,6 +19,7 @@ import {
   biasAddCall,
   createStepBuffer,
   embedCall,
+  EnvError,
   GEMV_MULTI_MAX_T,
   gemvFusedCalls,
   gemvFusedFits,
@@ -140,7 +141,7 @@ export function defaultWeights(gpu: Gpu): WeightType {
 export function kvCacheType(gpu: Gpu, wt: WeightsOption): KvType {
   const env = Deno.env.get("SWACTOR_KV") || undefined;
   if (env !== undefined && env !== "f16" && env !== "f32") {
-    throw new TypeError(`SWACTOR_KV must be f16 or f32, got "${env}"`);
+    throw new EnvError(`SWACTOR_KV must be f16 or f32, got "${env}"`);
   }
   const kv = gpu.tuning.kv ?? env ?? (gpu.hasF16 && wt !== "f32" ? "f16" : "f32");
   if (kv === "f16" && !gpu.hasF16) {

@@ -1,4 +1,4 @@
-// main()'s exit codes (issue 11, item 11): bad input (UsageError, CheckpointError) exits 2; anything else,
+// main()'s exit codes (issue 11, item 11): bad input (UsageError, CheckpointError, EnvError) exits 2; anything else,
 // a TypeError or RangeError from a bug included, exits 1 (the stack under SWACTOR_DEBUG=1); messages are
 // printed with control characters escaped.
 import assert from "node:assert/strict";
@@ -6,6 +6,7 @@ import { main } from "../../main.ts";
 import { commands } from "../../cli/mod.ts";
 import { printable, UsageError } from "../../cli/command.ts";
 import { CheckpointError } from "../../models/errors.ts";
+import { EnvError } from "../../kernels/env.ts";
 
 async function exitOf(
   error: unknown,
@@ -33,6 +34,10 @@ Deno.test("main: UsageError and CheckpointError are bad input: exit 2, the messa
     err: "swactor boom: --x is wrong",
   });
   assert.equal((await exitOf(new CheckpointError("model.safetensors: truncated"))).code, 2);
+  assert.deepEqual(await exitOf(new EnvError('SWACTOR_KV must be f16 or f32, got "bf16"')), {
+    code: 2,
+    err: 'swactor boom: SWACTOR_KV must be f16 or f32, got "bf16"',
+  });
 });
 
 Deno.test("main: a TypeError or RangeError (a bug) is exit 1, not blamed on the input", async () => {

@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
 import {
+  EnvError,
   getGpu,
   type KernelCall,
   MLA_SHORT_KEYS,
@@ -467,7 +468,7 @@ Deno.test(
       assert.equal(kvCacheType(g, "q4"), "f32");
       if (g.hasF16) assert.equal(kvCacheType({ ...g, tuning: { kv: "f16" } }, "f32"), "f16", "tuning first");
       Deno.env.set("SWACTOR_KV", "bf16");
-      assert.throws(() => kvCacheType(g, "q4"), TypeError);
+      assert.throws(() => kvCacheType(g, "q4"), (e) => e instanceof EnvError && /SWACTOR_KV/.test(e.message));
       Deno.env.set("SWACTOR_KV", "f16");
       assert.throws(() => kvCacheType({ ...g, hasF16: false }, "q4"), /shader-f16/);
     } finally {
