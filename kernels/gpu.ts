@@ -381,7 +381,7 @@ export function getGpu(): Promise<Gpu> {
 
 async function requestGpu(): Promise<Gpu> {
   gpuSlowdown(); // a bad SWACTOR_SLOWDOWN is an error before anything runs
-  tuningFromEnv(); // and a bad SWACTOR_TUNING
+  const tuning = tuningFromEnv(); // and a bad SWACTOR_TUNING
   if (typeof navigator === "undefined" || !("gpu" in navigator)) {
     throw new NoGpuError("this Deno has no WebGPU (navigator.gpu is missing)");
   }
@@ -436,7 +436,7 @@ async function requestGpu(): Promise<Gpu> {
     hasDp4: (navigator.gpu as GPU & { wgslLanguageFeatures?: ReadonlySet<string> }).wgslLanguageFeatures
       ?.has("packed_4x8_integer_dot_product") ?? false,
     pipelines: new Map(),
-    tuning: tuningFromEnv(),
+    tuning,
   };
 }
 

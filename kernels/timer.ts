@@ -218,32 +218,28 @@ export interface CpuMs {
  * GPU runs the submitted buffers; this waits for them before returning.
  */
 export async function cpuMs(gpu: Gpu, calls: readonly KernelCall[], repeat: number): Promise<CpuMs> {
-  // Untimed first: wgpu makes a command pool for each buffer held unsubmitted, once; a first timed round
-  // paid that (on llvmpipe, 2026-12-04: finish 8.7 us a dispatch against 2.5-2.9 in the rounds after it).
-  for (let i = 0; i < repeat; i++) {
-    const enc = gpu.device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    encodeCalls(pass, calls);
-    pass.end();
-    gpu.device.queue.submit([enc.finish()]);
-  }
-  await gpu.device.queue.onSubmittedWorkDone();
-  let record = 0, finish = 0;
-  const cmds: GPUCommandBuffer[] = [];
-  for (let i = 0; i < repeat; i++) {
-    const t0 = performance.now();
-    const enc = gpu.device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    encodeCalls(pass, calls);
-    pass.end();
-    const t1 = performance.now();
-    cmds.push(enc.finish());
-    finish += performance.now() - t1;
-    record += t1 - t0;
-  }
-  const t2 = performance.now();
-  for (const c of cmds) gpu.device.queue.submit([c]);
-  const submit = performance.now() - t2;
-  await gpu.device.queue.onSubmittedWorkDone();
-  return { record: record / repeat, finish: finish / repeat, submit: submit / repeat };
+  const round = async (): Promise<CpuMs> => {
+    let record = 0, finish = 0;
+    const cmds: GPUCommandBuffer[] = [];
+    for (let i = 0; i < repeat; i++) {
+      const t0 = performance.now();
+      const enc = gpu.device.createCommandEncoder();
+      const pass = enc.beginComputePass();
+      encodeCalls(pass, calls);
+      pass.end();
+      const t1 = performance.now();
+      cmds.push(enc.finish());
+      finish += performance.now() - t1;
+      record += t1 - t0;
+    }
+    const t2 = performance.now();
+    for (const c of cmds) gpu.device.queue.submit([c]);
+    const submit = performance.now() - t2;
+    await gpu.device.queue.onSubmittedWorkDone();
+    return { record: record / repeat, finish: finish / repeat, submit: submit / repeat };
+  };
+  // A first round is not counted: wgpu makes a command pool for each buffer held unsubmitted, once, and a
+  // round paid for that (on llvmpipe, 2026-12-04: finish 8.7 us a dispatch against 2.5-2.9 in the rounds after).
+  await round();
+  return await round();
 }

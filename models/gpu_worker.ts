@@ -58,9 +58,11 @@ async function handle(r: GpuRequest, id: number): Promise<{ value: unknown; tran
       return { value: facts };
     }
     case "open": {
-      const { chunk } = stage(r.handle).open(r.id, r.opts);
-      const o = stage(r.handle).stats();
-      return { value: { chunk, kvBytes: o.kvBytes } };
+      // This request's KV bytes: what the stage holds after the open, less what it held before.
+      const s = stage(r.handle);
+      const before = s.stats().kvBytes;
+      const { chunk } = s.open(r.id, r.opts);
+      return { value: { chunk, kvBytes: s.stats().kvBytes - before } };
     }
     case "run": {
       const out = await stage(r.handle).run(r.id, r.input);

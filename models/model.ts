@@ -170,6 +170,8 @@ export function ropeInvFreqAsStored(c: ModelConfig, headDim: number): Float32Arr
 
 /** Weights of one part (or the whole model) resident on the GPU. */
 export class Model {
+  /** partShape, made on first use (the part never changes). */
+  #shape: PartShape | undefined;
   private constructor(
     readonly gpu: Gpu,
     readonly config: ModelConfig,
@@ -421,12 +423,8 @@ export class Model {
    * The layers of this part, the widest per-layer scratch (buffer by buffer), its MoE block if any and the
    * widest row that block's scratch needs: what a Sequence sizes its buffers and chunks by.
    */
-  partShape(): {
-    specs: ReturnType<ModelConfig["layer"]>[];
-    widths: Record<string, number>;
-    moe: MoeFfn | undefined;
-    moeRow: number;
-  } {
+  partShape(): PartShape {
+    if (this.#shape) return this.#shape;
     const c = this.config;
     const specs = Array.from(
       { length: this.part.layers[1] - this.part.layers[0] },
@@ -440,7 +438,7 @@ export class Model {
     }
     const moe = specs.map((s) => s.ffn).find((f): f is MoeFfn => f.kind === "moe");
     const moeRow = moe ? moe.routing.topK * Math.max(2 * moe.intermediate, c.hiddenSize) : 1;
-    return { specs, widths, moe, moeRow };
+    return this.#shape = { specs, widths, moe, moeRow };
   }
 
   /**
@@ -542,6 +540,14 @@ export function denseFor(c: ModelConfig): boolean {
 const PREFILL_CHUNK_WORK = 4e12;
 /** The prefill chunk's cap: the H200's GEMM tiles gain little past 2048 rows (docs/BENCHMARKS.md). */
 const PREFILL_CHUNK_MAX = 2048;
+
+/** Model.partShape: a part's layers and what its per-request buffers are sized by. */
+export interface PartShape {
+  specs: ReturnType<ModelConfig["layer"]>[];
+  widths: Record<string, number>;
+  moe: MoeFfn | undefined;
+  moeRow: number;
+}
 
 /** Model.stepChunkLimits: the rows asked for (or the default) and the most that fit one binding. */
 export interface ChunkLimits {

@@ -50,12 +50,13 @@ export function createApp(services: ApiServices, opts: ApiOptions): Hono {
   app.use(guard(opts));
   app.get("/status", async (c) => {
     const p = services.pipeline?.();
+    const loop = services.loop?.();
     return c.json({
       self: services.self(),
       members: services.members(),
       plan: services.plan() ?? p?.board.current?.plan ?? null,
       ...(p ? { pipeline: await pipelineStatus(p) } : {}),
-      ...(services.loop?.() ? { loop: services.loop!() } : {}),
+      ...(loop ? { loop } : {}),
     });
   });
   pipelineRoutes(app, () => services.pipeline?.(), opts);

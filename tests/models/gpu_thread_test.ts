@@ -113,6 +113,15 @@ Deno.test(
       assert.equal(s.active, 1);
       assert.equal(s.kvBytes, here.stats().kvBytes / 2, "one open request's KV, as the thread reported it");
       assert.equal(s.weightBytes, here.stats().weightBytes);
+      // A second request: each counts its own KV once (its first step waits for its open on the thread).
+      there.open("b", { maxSeq: 40, sampling: greedy });
+      await there.run("b", { pos0: 0, T: 1, tokens: Uint32Array.of(3), output: "sample" });
+      assert.deepEqual(
+        [there.stats().active, there.stats().kvBytes],
+        [2, here.stats().kvBytes],
+        "two requests' KV, as the in-thread engine holds for the same two",
+      );
+      assert.equal(there.release("b"), true);
       // Errors keep their class and message.
       await assert.rejects(
         there.run("a", { pos0: 0, T: 1, tokens: Uint32Array.of(10 ** 6), output: "sample" }),
