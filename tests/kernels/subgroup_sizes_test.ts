@@ -42,14 +42,26 @@ Deno.test({
     "llvmpipe with LP_NATIVE_VECTOR_WIDTH=128 (4 lanes)": fourLanes,
   }),
   async fn() {
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: ["test", "-A", "--quiet", ...FILES],
-      env,
-      cwd: ROOT,
-    }).output();
-    const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-    const summary = text.split("\n").filter((l) => /passed|FAILED|error:/.test(l)).slice(-12).join("\n");
-    console.log(summary);
-    assert.equal(out.code, 0, text.slice(-4000));
+    // Deno has aborted in its own teardown after a summary of every test passed ("corrupted size vs.
+    // prev_size in fastbins", the CI run of stop 52, 2026-12-04; scripts/tests.sh says more): such a child
+    // runs once more, saying so. Any other failure, or a second abort, fails.
+    for (let attempt = 1;; attempt++) {
+      const out = await new Deno.Command(Deno.execPath(), {
+        args: ["test", "-A", "--quiet", ...FILES],
+        env,
+        cwd: ROOT,
+      }).output();
+      const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+      const summary = text.split("\n").filter((l) => /passed|FAILED|error:/.test(l)).slice(-12).join("\n");
+      console.log(summary);
+      if (attempt === 1 && out.code > 128 && /^ok \| \d+ passed.* \| 0 failed/m.test(text)) {
+        console.log(
+          `the child died by signal ${out.code - 128} after reporting every test passed: once more`,
+        );
+        continue;
+      }
+      assert.equal(out.code, 0, text.slice(-4000));
+      return;
+    }
   },
 });
