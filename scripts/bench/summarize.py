@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Short tables from the JSON lines of decode.ts / hf_decode.py / gemv.ts / torch_gemv.py (device runs print
-this last, so the reply carries it): decode tok/s and GPU time by kernel; per GEMV case the team kernel,
-the subgroup default, the best tuning and torch's GB/s."""
+"""Short tables from the JSON lines of decode.ts / moe.ts / engine_paths.ts / hf_decode.py / gemv.ts /
+torch_gemv.py (device runs print this last, so the reply carries it): decode tok/s and GPU time by kernel,
+k-step and context ratios, MoE decode with the host's side of a step, engine paths; per GEMV case the team
+kernel, the subgroup default, the best tuning and torch's GB/s."""
 import json, sys
 
 lines = []
@@ -19,6 +20,16 @@ for r in lines:
               f"  gpu {r['gpu_ms_per_token']:.3f}  cpu {r['cpu_encode_ms_per_token']:.3f}  runs {r['runs']}"
               f"  err {[v for kk, v in r.items() if kk.startswith('logits_rel')]}")
         print("   by kernel: " + ", ".join(f"{a} {b:.3f}" for a, b in k.items()))
+    elif r.get("bench") == "swactor-k-step":
+        print(f"k-step {r['weights']:4} one {r['decode_step_ms']:.3f} ms  k {r['k_step_ms']}  ratio {r['ratio_vs_decode']}")
+    elif r.get("bench") == "swactor-context":
+        print(f"context {r['weights']:4} {r['context']:6}  gpu {r['gpu_ms_per_token']:.3f} ms  attention {r['attention_ms']:.3f}")
+    elif r.get("bench") == "swactor-moe-decode":
+        print(f"moe {r['shape']} {r['weights']:4} {r['decode_tok_s']:7.1f} tok/s  runs {r['runs']}  gpu {r['gpu_ms_per_token']:.3f}"
+              f"  cpu encode {r['cpu_encode_ms_per_token']:.3f} {r['cpu_ms_per_token']}  dispatches {r['dispatches_per_token']}"
+              + (f"  tunings {r['tunings_gpu_ms']}" if 'tunings_gpu_ms' in r else ""))
+    elif r.get("bench") == "engine-paths":
+        print(f"path {r['path']:28} {r['tok_s']:7.1f} tok/s  runs {r['runs']}  x{r['ratio_to_single_node']}")
     elif r.get("bench", "").startswith("hf") or "transformers" in json.dumps(r)[:80]:
         print("hf", json.dumps(r)[:300])
 torch = {(r["N"], r["K"]): r["gb_s"] for r in lines if r.get("bench") == "torch-gemv"}

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
-import { checkFixture, FIXTURE_TOLERANCE } from "../../scripts/check_fixture.ts";
+import { checkFixture, FIXTURE_TOLERANCE, fixtureVerdict } from "../../scripts/check_fixture.ts";
 import { getGpu, NoGpuError } from "../../kernels/mod.ts";
 
 const gpu = await getGpu().then((g) => g, (e) => {
@@ -50,6 +50,21 @@ for (const name of VARIANTS) {
       assert.ok(r.logitsError <= 1e-4, `logits error ${r.logitsError}`);
     });
   }
+}
+
+// With f16 weights and the f16 KV cache these two keep the reference tokens, but at one teacher-forced row
+// each the cache's rounding moves a router score past a near tie (11% / 17% off there; docs/CHECKPOINTS.md):
+// the check passes them only because an f32 KV cache then brings every row within f16's tolerance.
+for (const name of ["mixtral-yarn", "qwen3-moe-yarn"]) {
+  const dir = fixtureDir(name, { needs: "reference.safetensors" })!;
+  const test =
+    `${name} (one node): f16 weights keep the reference tokens; the logits as fixtureVerdict judges them`;
+  Deno.test({ ...slow, ...needs(test, { "a GPU with shader-f16": gpu?.hasF16 }) }, async () => {
+    const v = await fixtureVerdict(dir, { weights: "f16" });
+    assert.deepEqual(v.r.generated, v.r.expected, "greedy tokens");
+    assert.ok(v.ok, `logits error ${v.r.logitsError}${v.note}`);
+    if (v.kvF32Error !== undefined) assert.ok(v.kvF32Error <= FIXTURE_TOLERANCE.f16, v.note);
+  });
 }
 
 for (const name of FIXTURES) {
