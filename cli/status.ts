@@ -33,9 +33,12 @@ Asks the node at --api (default: the node \`up\` started on this machine) for it
            the current Plan is ready; pipeline.assignment.wire is what requests that name no wire send
            between stages (\`up --wire\`); replans lists the re-plans after lost nodes this node made as leader;
            loop: {"maxMs", "holds", "lastMs"}, how long this node's event loop was held (GPU work on its
-           thread: its longest hold, and the holds of 1 s or more, which can get a live node declared dead)
+           thread: its longest hold, and the holds of 1 s or more, which can get a live node declared dead);
+           a member's dataPath is how this node's data to it travels while they are linked: "tls" (the
+           direct path) or "iroh" (the fallback, a few MB/s: a firewall or NAT kept TCP from reaching it)
 The table shows each member's measured memory, GEMV bandwidth (GB/s at the widest width measured), a step's
-fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, and how many).`,
+fixed cost and each dispatch's (ms), the mean round trip of its links (ms, and how many), and how this
+node's data to it travels (DATA: tls, iroh, or - while not linked).`,
   async run(argv) {
     const { values } = parseFlags(argv, { json: { type: "boolean" }, api: { type: "string" } });
     const res = await apiFetch(await apiTarget(values.api), "/status");
@@ -77,6 +80,7 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
       m.pid === undefined ? "-" : String(m.pid),
       m.adapter || "-",
       ...measuredColumns(m),
+      m.dataPath ?? "-",
       m.roles.join(","),
     ]);
     const head = [
@@ -91,6 +95,7 @@ fixed cost and each dispatch's (ms), and the mean round trip of its links (ms, a
       "STEP MS",
       "DISPATCH MS",
       "RTT MS",
+      "DATA",
       "ROLES",
     ];
     const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));

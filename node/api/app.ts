@@ -24,6 +24,8 @@ export interface MemberView {
   descriptor?: LiveDescriptor;
   /** Its process id, for a member on this machine. */
   pid?: number;
+  /** How this node's data to the member travels while they are linked (Transport.dataPath). */
+  dataPath?: "tls" | "iroh";
 }
 
 export interface ApiServices {

@@ -26,18 +26,22 @@ export function nodeServices(
         roles.set(owner, [...(roles.get(owner) ?? []), name]);
       }
       const host = Deno.hostname();
-      return node.membership.members().map((m): MemberView => ({
-        ...(m.meta.pid && m.meta.name === host ? { pid: m.meta.pid } : {}),
-        id: m.id,
-        state: m.state,
-        roles: roles.get(m.id) ?? [],
-        name: m.meta.name,
-        addrs: m.addrs,
-        adapter: m.meta.adapter,
-        gpuMemoryBytes: m.meta.gpuMemoryBytes,
-        version: m.meta.version,
-        descriptor: descriptorView(m, node.links),
-      })).sort((a, b) => (a.id < b.id ? -1 : 1));
+      return node.membership.members().map((m): MemberView => {
+        const path = m.id === node.membership.id ? undefined : node.transport.dataPath?.(m.id);
+        return {
+          ...(m.meta.pid && m.meta.name === host ? { pid: m.meta.pid } : {}),
+          ...(path ? { dataPath: path } : {}),
+          id: m.id,
+          state: m.state,
+          roles: roles.get(m.id) ?? [],
+          name: m.meta.name,
+          addrs: m.addrs,
+          adapter: m.meta.adapter,
+          gpuMemoryBytes: m.meta.gpuMemoryBytes,
+          version: m.meta.version,
+          descriptor: descriptorView(m, node.links),
+        };
+      }).sort((a, b) => (a.id < b.id ? -1 : 1));
     },
     registry: () => node.registry.entries(),
     plan: () => opts.plan ?? null,

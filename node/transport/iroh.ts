@@ -271,7 +271,11 @@ export class IrohTransport implements Transport {
       this.#log("info", `data to ${to.id.slice(0, 10)} takes the TLS path (${s.conn.remote})`);
       return s;
     } catch (e) {
-      this.#log("info", `data to ${to.id.slice(0, 10)} stays on iroh: TLS path failed: ${shortError(e)}`);
+      // A warning: activations to this peer then move at the iroh stream's few MB/s (docs/WIRE.md).
+      this.#log(
+        "warn",
+        `data to ${to.id.slice(0, 10)} stays on iroh (a few MB/s): the TLS path failed: ${shortError(e)}`,
+      );
       return undefined;
     }
   }

@@ -44,6 +44,11 @@ export interface Transport {
   connect?(to: PeerAddr): Promise<void>;
   /** Drops the cached connection to a peer (e.g. once membership declares it dead). */
   forget(peer: PeerId): void;
+  /**
+   * Optional: how data to `peer` travels while a link is open: "tls" (the direct TLS path, hundreds of MB/s)
+   * or "iroh" (the fallback, a few MB/s: docs/WIRE.md); undefined where there is no link or no such choice.
+   */
+  dataPath?(peer: PeerId): "tls" | "iroh" | undefined;
   /** Closes every connection and stops accepting; pending sends resolve false. */
   close(): Promise<void>;
 }

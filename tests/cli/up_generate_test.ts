@@ -97,7 +97,11 @@ Deno.test({
         stderr: "piped",
       }).output();
       assert.equal(st.code, 0, new TextDecoder().decode(st.stderr));
-      assert.equal(JSON.parse(new TextDecoder().decode(st.stdout)).pipeline.assignment.wire, "f32");
+      const view = JSON.parse(new TextDecoder().decode(st.stdout));
+      assert.equal(view.pipeline.assignment.wire, "f32");
+      // The chain's hops ran: the node asked links to both others, their data on the direct TLS path.
+      const others = view.members.filter((m: { id: string }) => m.id !== view.self);
+      assert.deepEqual(others.map((m: { dataPath?: string }) => m.dataPath), ["tls", "tls"]);
       const t = JSON.parse(await Deno.readTextFile(trace));
       const tracks = t.traceEvents.filter((e: { name: string }) => e.name === "process_name").length;
       assert.equal(tracks, 3, "a track per node");
