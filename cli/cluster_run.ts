@@ -21,7 +21,7 @@ import type { Membership } from "../node/membership/mod.ts";
 import type { WireDtype } from "../node/stage/mod.ts";
 import { createNetns, type NetnsSet } from "../scripts/wan/netns.ts";
 import { startTopology, type Topology } from "../scripts/wan/topology.ts";
-import { stopWorkers } from "./workers.ts";
+import { isWorkerWarning, stopWorkers } from "./workers.ts";
 import { selfCommand } from "./self.ts";
 import { draftName, type SpeculateFlags } from "./speculate_flags.ts";
 
@@ -231,7 +231,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
     void leaderWriter;
     let ticket: string | undefined, apiAddr: string | undefined, ready = false, failed: string | undefined;
     const keep = (who: string) => (l: string) => {
-      if (debug) console.error(`[${who}] ${l}`);
+      if (debug || isWorkerWarning(l)) console.error(`[${who}] ${l}`);
       tail.push(`[${who}] ${l}`);
       if (tail.length > 60) tail.shift();
     };

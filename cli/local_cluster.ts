@@ -8,7 +8,7 @@ import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
 import { writeSharedMeasurement } from "../node/descriptor.ts";
-import { MEASUREMENT_FROM_ENV, spawnWorker, stopWorkers } from "./workers.ts";
+import { isWorkerWarning, MEASUREMENT_FROM_ENV, spawnWorker, stopWorkers } from "./workers.ts";
 
 export interface LocalCluster {
   node: SwactorNode;
@@ -63,7 +63,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
       collect(child.stderr, (line) => {
         const id = /^id: (\S+)$/.exec(line);
         if (id) workerIds.set(id[1], child.pid);
-        if (debug) console.error(`[worker ${i}] ${line}`);
+        if (debug || isWorkerWarning(line)) console.error(`[worker ${i}] ${line}`);
         stderrTail.push(`[worker ${i}] ${line}`);
         if (stderrTail.length > 40) stderrTail.shift();
       });

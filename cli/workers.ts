@@ -4,6 +4,7 @@
 // secret), and the parent keeps that pipe open for as long as it lives. However the parent ends, SIGKILL
 // included, the kernel closes the pipe; the worker sees end of file and leaves (cli/node_process.ts).
 import { selfCommand } from "./self.ts";
+import { LOOP_HELD } from "../node/loop_lag.ts";
 
 /** How long a worker gets to leave after SIGTERM before it is killed. */
 export const WORKER_GRACE_MS = 5000;
@@ -29,6 +30,15 @@ export function spawnWorker(
   // The writer is never closed or released: the open pipe is what keeps the worker alive.
   child.stdin.getWriter().write(new TextEncoder().encode(ticket + "\n")).catch(() => {/* it died early */});
   return child;
+}
+
+/**
+ * Whether a worker's stderr line is a warning its parent should pass on even when it hides the rest (the
+ * workers' progress is noise; these say why a chain is slow or a node was lost): the transport's warnings
+ * (a data path that fell back to iroh, a refused peer) and node/loop_lag.ts's held event loop.
+ */
+export function isWorkerWarning(line: string): boolean {
+  return line.startsWith("[transport ") || line.includes(LOOP_HELD);
 }
 
 /** SIGTERM to each worker (a graceful leave), SIGKILL to those still running after `graceMs`; waits for all. */

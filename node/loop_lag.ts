@@ -9,6 +9,9 @@
 // `quietMs`) and keeps counts for `status --json`.
 import type { Cancel, Clock } from "./clock.ts";
 
+/** The words every held-loop warning carries (what a parent that hides its workers' output looks for). */
+export const LOOP_HELD = "event loop was held";
+
 export interface LoopLagOptions {
   /** Tick period, ms (default 100). */
   tickMs?: number;
@@ -84,7 +87,7 @@ export class LoopLag {
       if (this.#log && now - this.#loggedAt >= this.#quiet) {
         this.#loggedAt = now;
         this.#log(
-          `this node's event loop was held for ${(held / 1000).toFixed(1)} s (GPU work on this thread: ` +
+          `this node's ${LOOP_HELD} for ${(held / 1000).toFixed(1)} s (GPU work on this thread: ` +
             `pipeline compiles or a GPU wait); peers may suspect a node that does not answer for ~3 s ` +
             `(${s.holds} such hold(s) so far)`,
         );

@@ -1,5 +1,6 @@
 // The event-loop hold monitor (node/loop_lag.ts): counted and logged from how late its ticks run.
 import assert from "node:assert/strict";
+import { isWorkerWarning } from "../../cli/workers.ts";
 import type { Cancel, Clock } from "../../node/clock.ts";
 import { SystemClock } from "../../node/clock.ts";
 import { LoopLag } from "../../node/loop_lag.ts";
@@ -39,6 +40,19 @@ Deno.test("LoopLag: a tick that runs late counts as a hold; past warnMs it is lo
   assert.deepEqual(lag.stats(), { maxMs: 1800, holds: 1, lastMs: 1800 });
   assert.equal(lines.length, 1);
   assert.match(lines[0], /held for 1\.8 s .*pipeline compiles or a GPU wait.*\(1 such hold/);
+  // A --local / --cluster parent passes it on from its workers, as it does the transport's warnings, and
+  // keeps the rest of their output to itself (cli/workers.ts).
+  const shown = [
+    `swactor: ${lines[0]}`,
+    "[transport 3a0d9b] data to 5c3d8be74b stays on iroh (a few MB/s): x",
+  ];
+  const hidden = [
+    "api: 127.0.0.1:33035",
+    "swactor join: joined d80599d066 (2 live)",
+    "swactor: measured: 7.3 GiB",
+  ];
+  assert.deepEqual(shown.map(isWorkerWarning), [true, true]);
+  assert.deepEqual(hidden.map(isWorkerWarning), [false, false, false]);
   clock.fire(clock.t + 100 + 1200); // 1.2 s more, within quietMs of the line: counted, not logged
   assert.deepEqual(lag.stats(), { maxMs: 1800, holds: 2, lastMs: 1200 });
   assert.equal(lines.length, 1);
