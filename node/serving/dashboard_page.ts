@@ -42,7 +42,7 @@ export const DASHBOARD_HTML = `<!doctype html>
 <main>
   <section>
     <h2>Members</h2>
-    <table><thead><tr><th>id</th><th>state</th><th>roles</th><th>adapter</th><th>GPU memory</th><th>measured</th></tr></thead>
+    <table><thead><tr><th>id</th><th>state</th><th>roles</th><th>adapter</th><th>GPU memory</th><th>measured</th><th>data</th></tr></thead>
     <tbody id="members"></tbody></table>
   </section>
   <section>
@@ -108,7 +108,7 @@ function render(s) {
   const members = [...s.members].sort((a, b) => (b.id === s.self) - (a.id === s.self));
   fill("members", members.map((m) => row(
     [(m.id === s.self ? "* " : "") + m.id.slice(0, 12), m.state, m.roles.join(", "), m.adapter || "-",
-     m.gpuMemoryBytes ? bytes(m.gpuMemoryBytes) : "-", measured(m)],
+     m.gpuMemoryBytes ? bytes(m.gpuMemoryBytes) : "-", measured(m), m.dataPath || "-"],
     [null, "state-" + m.state])));
   const plan = s.plan || {};
   const stages = plan.stages || [];

@@ -259,6 +259,7 @@ Deno.test({
             assert.equal((members.match(/alive/g) ?? []).length, 2, members);
             assert.match(members, /leader/);
             assert.match(members, /stage-1/);
+            assert.match(members, /\btls\b/, "the data path to the other node (status's DATA)");
             const stages = await page.evaluate<string>("document.getElementById('stages').innerText");
             assert.match(stages, /stage-0/);
             assert.match(stages, /stage-1/);
