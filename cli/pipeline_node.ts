@@ -35,8 +35,9 @@ export function attachPipeline(
  * 3-5 s gets a live node declared dead: docs/RECOVERY.md, "Known limits"). Inherited by the node processes
  * `--local` and `--cluster` start. Off by default: on the 2-core CI machine a 5-process `--local` chain of
  * mixtral-tiny (short steps) decoded 15-35% slower with it (a worker round trip, 0.1 ms alone, took ~0.5 ms
- * beside five processes on two cores), llama3-tiny's as fast (docs/RECOVERY.md); not yet
- * measured on a GPU machine's host (`scripts/bench/engine_paths.ts --gpu-thread`).
+ * beside five processes on two cores), llama3-tiny's as fast; on the H200's host (16 cores) a 5-stage chain
+ * of the demo model made 118.5 against 154.4 tok/s (docs/RECOVERY.md, `scripts/bench/engine_paths.ts
+ * --gpu-thread`).
  */
 export function gpuThreadOn(): boolean {
   const v = Deno.env.get("SWACTOR_GPU_THREAD");

@@ -27,7 +27,7 @@ export function nodeServices(
       }
       const host = Deno.hostname();
       return node.membership.members().map((m): MemberView => {
-        const path = m.id === node.membership.id ? undefined : node.transport.dataPath?.(m.id);
+        const path = node.transport.dataPath?.(m.id); // none for this node: it has no link to itself
         return {
           ...(m.meta.pid && m.meta.name === host ? { pid: m.meta.pid } : {}),
           ...(path ? { dataPath: path } : {}),
