@@ -5,20 +5,29 @@
 // one dispatch whose workgroups meet at a grid barrier between GEMVs (an atomic count in storage that the first
 // thread of each workgroup spins on). WebGPU promises no forward progress across workgroups, so the grid
 // barrier is only sound when every workgroup is resident at once (a grid no larger than the GPU holds); the
-// spin gives up after a bound and raises a flag instead of hanging. With `--prefetch 1` each warp loads its
-// first rows of the next GEMV's weights before it waits at the barrier (weights do not depend on the
-// activations). `--act plain` passes the activations between workgroups with plain loads and stores,
-// `atomic` with atomicLoad / atomicStore: only atomics are visible across workgroups in WGSL's memory model
-// (naga declares no buffer Coherent), and on the H200 the plain run gives wrong outputs.
+// spin gives up after a bound and raises a flag instead of hanging.
+// --prefetch: 0 each GEMV loads its first weights when it starts; 1 each warp loads its first rows of the next
+// GEMV's weights before the barrier; 2 between arriving at the barrier and waiting at it (weights do not
+// depend on the activations; a device-scope fence waits for the loads issued before it, so 1 pays their
+// latency before arriving and 2 while waiting).
+// --act: how the activations pass between workgroups. `plain`: plain loads and stores into two halves used in
+// turn, so a workgroup reads an address it read two GEMVs before: WRONG on the H200 (naga declares no buffer
+// Coherent, and the SM's L1 still holds the old line); `fresh`: plain loads and stores, every GEMV writing a
+// region of its own, so no workgroup reads an address twice in a dispatch: exact on the H200 (a line not in
+// L1 is read from L2, which the writer's stores and fence reached); `atomic`: atomicLoad / atomicStore,
+// exact but scalar and slow.
+// --work none: the barrier alone (each GEMV replaced by one store a workgroup), what a boundary costs;
+// nostage: the GEMVs without staging their input (x read as zeros; outputs meaningless, the weights' part).
 // Prints one JSON line a case: GPU ms of the whole chain, us a GEMV, whether the persistent outputs equal the
 // dispatch-per-GEMV run's bit for bit, and the dispatch run's relative error against the chain on the CPU
 // (f64, activations unquantised; meaningful for a few layers: the random chain's values collapse by 16).
 // --groups: workgroups of the grid, all of which must be resident at once (the H200 has 132 SMs; a run at 264
-// of 512 threads there hit its timeout, likely spinning to the bound). Findings (H200, 2026-12-03,
-// docs/BENCHMARKS.md): plain 7.6 -> 5.7 us a GEMV but wrong; atomic correct but 12.8 us persistent against
-// 14.2 a dispatch (and 7.6 with plain loads a dispatch): not a lever here.
-//   deno run -A scripts/bench/gridsync.ts [--layers 16] [--groups 132] [--wg 256,512] [--prefetch 0,1]
-//     [--act plain|atomic] [--check-only] (the outputs, not the times; tests/scripts/bench/)
+// of 512 threads there hit its timeout, likely spinning to the bound). Findings (H200, docs/BENCHMARKS.md):
+// 2026-12-03, plain 7.6 -> 5.7 us a GEMV but wrong, atomic exact but 12.8 us; 2026-12-05, fresh exact and
+// 7.6-7.8 -> 6.3 us a GEMV with --prefetch 2 (132 x 512 or 264 x 256 threads): a fifth less.
+//   deno run -A scripts/bench/gridsync.ts [--layers 16] [--groups 132] [--wg 256,512] [--prefetch 0,1,2]
+//     [--act plain|fresh|atomic] [--work gemv|nostage|none] [--check-only] (the outputs, not the times;
+//     tests/scripts/bench/)
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
@@ -43,14 +52,20 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       layers: { type: "string", default: "16" },
       groups: { type: "string", default: "132" },
       wg: { type: "string", default: "256,512" },
-      prefetch: { type: "string", default: "0,1" },
-      act: { type: "string", default: "plain" },
+      prefetch: { type: "string", default: "0,1,2" },
+      act: { type: "string", default: "fresh" },
+      work: { type: "string", default: "gemv" },
       "check-only": { type: "boolean", default: false },
     },
   }));
 const L = Number(values.layers);
-if (!(Number.isInteger(L) && L >= 1) || !["plain", "atomic"].includes(values.act!)) {
-  console.error("gridsync.ts: --layers is a whole number >= 1, --act plain or atomic");
+if (
+  !(Number.isInteger(L) && L >= 1) || !["plain", "atomic", "fresh"].includes(values.act!) ||
+  !["gemv", "nostage", "none"].includes(values.work!)
+) {
+  console.error(
+    "gridsync.ts: --layers is a whole number >= 1, --act plain, fresh or atomic, --work gemv or none",
+  );
   Deno.exit(2);
 }
 const list = (s: string) => s.split(",").map(Number);
@@ -76,7 +91,8 @@ const rowsOf = (k: Kind) => (k.pair ? 2 : 1) * k.N;
 const matBytes = (k: Kind) => quantBytes(rowsOf(k), k.K, "q4");
 const UMAX = Math.max(...KINDS.map((k) => (k.pair ? 2 : 1) * k.R * k.K / 1024)); // at 32 lanes
 
-function source(WG: number, S: number, prefetch: boolean, plain: boolean): string {
+function source(WG: number, S: number, pf: number, plain: boolean, fresh: boolean): string {
+  const prefetch = pf > 0;
   const WARPS = WG / S;
   const store = (i: string, v: string) =>
     plain ? `act[(${i}) / 4u][(${i}) % 4u] = ${v};` : `atomicStore(&act[${i}], bitcast<u32>(${v}));`;
@@ -146,8 +162,13 @@ function source(WG: number, S: number, prefetch: boolean, plain: boolean): strin
     return `
       let wb = layer * ${matBytes(k) / 16}u;
       let sb = wb + ${sOff / 4}u;
-      ${int8BlocksWgsl("q4", (kk) => vin(kk), `${k.K / 32}u`, "WG", `${NB}u`)}
-      workgroupBarrier();
+      ${
+      values.work === "nostage"
+        ? ""
+        : `${
+          int8BlocksWgsl("q4", (kk) => vin(kk), `${k.K / 32}u`, "WG", `${NB}u`)
+        }\n      workgroupBarrier();`
+    }
       {
         let n0 = gw * ${k.R}u;
         if (n0 < ${k.N}u) {
@@ -179,10 +200,13 @@ var<workgroup> xqs: array<vec2<f32>, ${KMAX / 32}>;
 
 // Every workgroup of the grid at the n-th barrier of this dispatch: the first thread counts its workgroup
 // in and spins until all have (bounded: a grid larger than the GPU holds at once raises bar[1]).
-fn grid_sync(tid: u32, n: u32, groups: u32) {
+// Split in two so that work (mode 2's weight loads) can be issued between the arrival and the wait.
+fn grid_arrive(tid: u32) {
   storageBarrier();
+  if (tid == 0u) { atomicAdd(&bar[0], 1u); }
+}
+fn grid_wait(tid: u32, n: u32, groups: u32) {
   if (tid == 0u) {
-    atomicAdd(&bar[0], 1u);
     var spins = 0u;
     loop {
       if (atomicLoad(&bar[0]) >= n * groups) { break; }
@@ -191,6 +215,10 @@ fn grid_sync(tid: u32, n: u32, groups: u32) {
     }
   }
   storageBarrier();
+}
+fn grid_sync(tid: u32, n: u32, groups: u32) {
+  grid_arrive(tid);
+  grid_wait(tid, n, groups);
 }
 
 @compute @workgroup_size(${WG})
@@ -212,17 +240,29 @@ fn main(
       : ""
   }
   for (var ph = p.ph0; ph < p.ph1; ph++) {
-    if (ph > p.ph0) { grid_sync(tid, ph - p.ph0, ng.x); }
     let layer = ph / 4u;
+    if (ph > p.ph0) {
+      ${
+    pf === 2
+      ? `grid_arrive(tid);\n      switch (ph % 4u) {\n    ${
+        cases(prefetchOf)
+      }\n    default: {} }\n      grid_wait(tid, ph - p.ph0, ng.x);`
+      : "grid_sync(tid, ph - p.ph0, ng.x);"
+  }
+    }
     ${prefetch ? "" : `switch (ph % 4u) {\n    ${cases(prefetchOf)}\n    default: {} }`}
-    let ib = (ph % 2u) * ${HALF}u;
-    let ob = ((ph + 1u) % 2u) * ${HALF}u;
+    let ib = ${fresh ? "ph" : "(ph % 2u)"} * ${HALF}u;
+    let ob = ${fresh ? "(ph + 1u)" : "((ph + 1u) % 2u)"} * ${HALF}u;
     switch (ph % 4u) {
-    ${cases(computeOf)}
+    ${
+    values.work === "none"
+      ? cases(() => `if (tid == 0u) { ${store("ob + wg.x", "f32(ph)")} }`)
+      : cases(computeOf)
+  }
     default: {}
     }
     ${
-    prefetch
+    pf === 1
       ? `if (ph + 1u < p.ph1) { let layer = (ph + 1u) / 4u; switch ((ph + 1u) % 4u) {\n    ${
         cases(prefetchOf)
       }\n    default: {} } }`
@@ -262,11 +302,15 @@ const weights = KINDS.map((k, i) => {
   layerQ4.push(data.subarray(0, matBytes(k)));
   return uploadBuffer(gpu, data, `W_${k.name}`);
 });
-const act = storageBuffer(gpu, 2 * HALF * 4, "act");
+const PH = 4 * L;
+const FRESH = values.act === "fresh";
+// fresh: every GEMV writes a region of its own, so no workgroup reads an address twice in a dispatch.
+const REGIONS = FRESH ? PH + 1 : 2;
+const act = storageBuffer(gpu, REGIONS * HALF * 4, "act");
 const bar = storageBuffer(gpu, 16, "bar");
 const x0 = new Float32Array(2 * HALF);
 for (let i = 0; i < HALF; i++) x0[i] = Math.sin(i * 0.37);
-const PH = 4 * L;
+const OUT = FRESH ? PH : PH % 2;
 
 async function runOnce(calls: KernelCall[]): Promise<{ out: Float32Array; flag: number }> {
   gpu.device.queue.writeBuffer(act, 0, x0);
@@ -276,9 +320,9 @@ async function runOnce(calls: KernelCall[]): Promise<{ out: Float32Array; flag: 
   encodeCalls(pass, calls);
   pass.end();
   gpu.device.queue.submit([enc.finish()]);
-  const out = new Float32Array(await readBack(gpu, act, 2 * HALF * 4));
+  const out = new Float32Array(await readBack(gpu, act, REGIONS * HALF * 4));
   const flag = new Uint32Array(await readBack(gpu, bar, 16))[1];
-  return { out: out.slice((PH % 2) * HALF, (PH % 2) * HALF + 3072), flag };
+  return { out: out.slice(OUT * HALF, OUT * HALF + 3072), flag };
 }
 
 // The chain on the CPU (f64, the activations unquantised): what the GPU's outputs are checked against.
@@ -315,8 +359,8 @@ function relErr(got: Float32Array): number {
 
 for (const WG of list(values.wg!)) {
   for (const pf of list(values.prefetch!)) {
-    const plain = values.act === "plain";
-    const pipe = pipeline(gpu, source(WG, gpu.subgroupSize ?? 32, pf === 1, plain));
+    const plain = values.act !== "atomic";
+    const pipe = pipeline(gpu, source(WG, gpu.subgroupSize ?? 32, pf, plain, FRESH));
     for (const P of list(values.groups!)) {
       const one = (ph0: number, ph1: number) =>
         kernelCall(gpu, pipe, [uniformBuffer(gpu, [ph0, ph1]), ...weights, act, bar], [P]);
@@ -344,8 +388,9 @@ for (const WG of list(values.wg!)) {
         gemvs: PH,
         groups: P,
         wg: WG,
-        prefetch: pf === 1,
+        prefetch: ["none", "before the barrier", "between arrive and wait"][pf],
         act: values.act,
+        work: values.work,
         dispatch_ms: +msD.toFixed(4),
         persistent_ms: +msP.toFixed(4),
         dispatch_us_per_gemv: +(msD * 1000 / PH).toFixed(2),
