@@ -16,6 +16,8 @@
 // region of its own, so no workgroup reads an address twice in a dispatch: exact on the H200 (a line not in
 // L1 is read from L2, which the writer's stores and fence reached); `atomic`: atomicLoad / atomicStore,
 // exact but scalar and slow.
+// --barrier count: the spinners read the arrival count itself; flag: the last to arrive raises a flag in a
+// line of its own, which they read.
 // --work none: the barrier alone (each GEMV replaced by one store a workgroup), what a boundary costs;
 // nostage: the GEMVs without staging their input (x read as zeros; outputs meaningless, the weights' part).
 // Prints one JSON line a case: GPU ms of the whole chain, us a GEMV, whether the persistent outputs equal the
@@ -26,7 +28,7 @@
 // 2026-12-03, plain 7.6 -> 5.7 us a GEMV but wrong, atomic exact but 12.8 us; 2026-12-05, fresh exact and
 // 7.6-7.8 -> 6.3 us a GEMV with --prefetch 2 (132 x 512 or 264 x 256 threads): a fifth less.
 //   deno run -A scripts/bench/gridsync.ts [--layers 16] [--groups 132] [--wg 256,512] [--prefetch 0,1,2]
-//     [--act plain|fresh|atomic] [--work gemv|nostage|none] [--check-only] (the outputs, not the times;
+//     [--act plain|fresh|atomic] [--work gemv|nostage|none] [--barrier count|flag] [--check-only] (the outputs, not the times;
 //     tests/scripts/bench/)
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
@@ -55,13 +57,14 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       prefetch: { type: "string", default: "0,1,2" },
       act: { type: "string", default: "fresh" },
       work: { type: "string", default: "gemv" },
+      barrier: { type: "string", default: "count" },
       "check-only": { type: "boolean", default: false },
     },
   }));
 const L = Number(values.layers);
 if (
   !(Number.isInteger(L) && L >= 1) || !["plain", "atomic", "fresh"].includes(values.act!) ||
-  !["gemv", "nostage", "none"].includes(values.work!)
+  !["gemv", "nostage", "none"].includes(values.work!) || !["count", "flag"].includes(values.barrier!)
 ) {
   console.error(
     "gridsync.ts: --layers is a whole number >= 1, --act plain, fresh or atomic, --work gemv or none",
@@ -201,15 +204,23 @@ var<workgroup> xqs: array<vec2<f32>, ${KMAX / 32}>;
 // Every workgroup of the grid at the n-th barrier of this dispatch: the first thread counts its workgroup
 // in and spins until all have (bounded: a grid larger than the GPU holds at once raises bar[1]).
 // Split in two so that work (mode 2's weight loads) can be issued between the arrival and the wait.
-fn grid_arrive(tid: u32) {
+fn grid_arrive(tid: u32, n: u32, groups: u32) {
   storageBarrier();
-  if (tid == 0u) { atomicAdd(&bar[0], 1u); }
+  if (tid == 0u) {
+    ${
+    values.barrier === "flag"
+      ? "if (atomicAdd(&bar[0], 1u) == n * groups - 1u) { atomicStore(&bar[32], n); }"
+      : "atomicAdd(&bar[0], 1u);"
+  }
+  }
 }
 fn grid_wait(tid: u32, n: u32, groups: u32) {
   if (tid == 0u) {
     var spins = 0u;
     loop {
-      if (atomicLoad(&bar[0]) >= n * groups) { break; }
+      if (${
+    values.barrier === "flag" ? "atomicLoad(&bar[32]) >= n" : "atomicLoad(&bar[0]) >= n * groups"
+  }) { break; }
       spins++;
       if (spins > ${1 << 20}u) { atomicStore(&bar[1], 1u); break; }
     }
@@ -217,7 +228,7 @@ fn grid_wait(tid: u32, n: u32, groups: u32) {
   storageBarrier();
 }
 fn grid_sync(tid: u32, n: u32, groups: u32) {
-  grid_arrive(tid);
+  grid_arrive(tid, n, groups);
   grid_wait(tid, n, groups);
 }
 
@@ -244,7 +255,7 @@ fn main(
     if (ph > p.ph0) {
       ${
     pf === 2
-      ? `grid_arrive(tid);\n      switch (ph % 4u) {\n    ${
+      ? `grid_arrive(tid, ph - p.ph0, ng.x);\n      switch (ph % 4u) {\n    ${
         cases(prefetchOf)
       }\n    default: {} }\n      grid_wait(tid, ph - p.ph0, ng.x);`
       : "grid_sync(tid, ph - p.ph0, ng.x);"
@@ -275,6 +286,7 @@ fn main(
     if (tid == 0u && atomicAdd(&bar[2], 1u) == ng.x - 1u) {
       atomicStore(&bar[0], 0u);
       atomicStore(&bar[2], 0u);
+      atomicStore(&bar[32], 0u);
     }
   }
 }`;
@@ -307,14 +319,17 @@ const FRESH = values.act === "fresh";
 // fresh: every GEMV writes a region of its own, so no workgroup reads an address twice in a dispatch.
 const REGIONS = FRESH ? PH + 1 : 2;
 const act = storageBuffer(gpu, REGIONS * HALF * 4, "act");
-const bar = storageBuffer(gpu, 16, "bar");
+// [0] the arrivals, [1] the spin's give-up flag, [2] the workgroups out, [32] (its own 128-byte line) the
+// barriers passed, for --barrier flag: the last to arrive raises it, so the spinners read a line that only
+// it writes, not the count every arrival adds to.
+const bar = storageBuffer(gpu, 256, "bar");
 const x0 = new Float32Array(2 * HALF);
 for (let i = 0; i < HALF; i++) x0[i] = Math.sin(i * 0.37);
 const OUT = FRESH ? PH : PH % 2;
 
 async function runOnce(calls: KernelCall[]): Promise<{ out: Float32Array; flag: number }> {
   gpu.device.queue.writeBuffer(act, 0, x0);
-  gpu.device.queue.writeBuffer(bar, 0, new Uint32Array(4));
+  gpu.device.queue.writeBuffer(bar, 0, new Uint32Array(64));
   const enc = gpu.device.createCommandEncoder();
   const pass = enc.beginComputePass();
   encodeCalls(pass, calls);
@@ -391,6 +406,7 @@ for (const WG of list(values.wg!)) {
         prefetch: ["none", "before the barrier", "between arrive and wait"][pf],
         act: values.act,
         work: values.work,
+        barrier: values.barrier,
         dispatch_ms: +msD.toFixed(4),
         persistent_ms: +msP.toFixed(4),
         dispatch_us_per_gemv: +(msD * 1000 / PH).toFixed(2),
