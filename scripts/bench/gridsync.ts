@@ -8,14 +8,13 @@
 // spin gives up after a bound and raises a flag instead of hanging.
 // --prefetch: 0 each GEMV loads its first weights when it starts; 1 each warp loads its first rows of the next
 // GEMV's weights before the barrier; 2 between arriving at the barrier and waiting at it (weights do not
-// depend on the activations; a device-scope fence waits for the loads issued before it, so 1 pays their
-// latency before arriving and 2 while waiting).
+// depend on the activations; on the H200 only 2 gained, likely because the arrival's device-scope fence
+// waits for the loads issued before it, so 1 pays their latency before arriving and 2 while waiting).
 // --act: how the activations pass between workgroups. `plain`: plain loads and stores into two halves used in
-// turn, so a workgroup reads an address it read two GEMVs before: WRONG on the H200 (naga declares no buffer
-// Coherent, and the SM's L1 still holds the old line); `fresh`: plain loads and stores, every GEMV writing a
-// region of its own, so no workgroup reads an address twice in a dispatch: exact on the H200 (a line not in
-// L1 is read from L2, which the writer's stores and fence reached); `atomic`: atomicLoad / atomicStore,
-// exact but scalar and slow.
+// turn, so a workgroup reads an address it read two GEMVs before: WRONG on the H200 (likely the SM's L1
+// still holding the old line: naga declares no buffer Coherent); `fresh`: plain loads and stores, every GEMV
+// writing a region of its own, so no workgroup reads an address twice in a dispatch: exact on the H200 and
+// lavapipe; `atomic`: atomicLoad / atomicStore, exact but scalar and slow.
 // --barrier count: the spinners read the arrival count itself; flag: the last to arrive raises a flag in a
 // line of its own, which they read.
 // --work none: the barrier alone (each GEMV replaced by one store a workgroup), what a boundary costs;
@@ -28,8 +27,8 @@
 // 2026-12-03, plain 7.6 -> 5.7 us a GEMV but wrong, atomic exact but 12.8 us; 2026-12-05, fresh exact and
 // 7.6-7.8 -> 6.3 us a GEMV with --prefetch 2 (132 x 512 or 264 x 256 threads): a fifth less.
 //   deno run -A scripts/bench/gridsync.ts [--layers 16] [--groups 132] [--wg 256,512] [--prefetch 0,1,2]
-//     [--act plain|fresh|atomic] [--work gemv|nostage|none] [--barrier count|flag] [--check-only] (the outputs, not the times;
-//     tests/scripts/bench/)
+//     [--act plain|fresh|atomic] [--work gemv|nostage|none] [--barrier count|flag]
+//     [--check-only] (the outputs, not the times; tests/scripts/bench/)
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import {
@@ -62,16 +61,18 @@ const { values } = scriptArgs(import.meta.url, (args) =>
     },
   }));
 const L = Number(values.layers);
+const list = (s: string) => s.split(",").map(Number);
 if (
   !(Number.isInteger(L) && L >= 1) || !["plain", "atomic", "fresh"].includes(values.act!) ||
-  !["gemv", "nostage", "none"].includes(values.work!) || !["count", "flag"].includes(values.barrier!)
+  !["gemv", "nostage", "none"].includes(values.work!) || !["count", "flag"].includes(values.barrier!) ||
+  !list(values.prefetch!).every((p) => [0, 1, 2].includes(p))
 ) {
   console.error(
-    "gridsync.ts: --layers is a whole number >= 1, --act plain, fresh or atomic, --work gemv or none",
+    "gridsync.ts: --layers is a whole number >= 1, --prefetch a list of 0, 1, 2, --act plain, fresh or " +
+      "atomic, --work gemv, nostage or none, --barrier count or flag",
   );
   Deno.exit(2);
 }
-const list = (s: string) => s.split(",").map(Number);
 
 interface Kind {
   name: string;
