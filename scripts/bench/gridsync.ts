@@ -5,7 +5,10 @@
 // one dispatch whose workgroups meet at a grid barrier between GEMVs (an atomic count in storage that the first
 // thread of each workgroup spins on). WebGPU promises no forward progress across workgroups, so the grid
 // barrier is only sound when every workgroup is resident at once (a grid no larger than the GPU holds); the
-// spin gives up after a bound and raises a flag instead of hanging.
+// spin gives up after a bound and raises a flag instead of hanging (read from the count after the spin:
+// lavapipe ends any loop after 65,535 iterations and runs one or two workgroups of a grid at a time, so there
+// a grid of more than one workgroup gives up, and its outputs say nothing about the barrier; the 2026-12-05
+// "exact on lavapipe at 4 and 8 workgroups" predates this check). kernels/persistent.ts is the engine's form.
 // --prefetch: 0 each GEMV loads its first weights when it starts; 1 each warp loads its first rows of the next
 // GEMV's weights before the barrier; 2 between arriving at the barrier and waiting at it (weights do not
 // depend on the activations; on the H200 only 2 gained, likely because the arrival's device-scope fence
@@ -224,6 +227,10 @@ fn grid_wait(tid: u32, n: u32, groups: u32) {
   }) { break; }
       spins++;
       if (spins > ${1 << 20}u) { atomicStore(&bar[1], 1u); break; }
+    }
+    // Whatever ended the spin (lavapipe ends any loop after 65,535 iterations), a barrier not passed is flagged.
+    if (!(${values.barrier === "flag" ? "atomicLoad(&bar[32]) >= n" : "atomicLoad(&bar[0]) >= n * groups"})) {
+      atomicStore(&bar[1], 1u);
     }
   }
   storageBarrier();

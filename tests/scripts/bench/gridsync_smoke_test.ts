@@ -1,9 +1,10 @@
-// scripts/bench/gridsync.ts on the software adapter, at one layer and four workgroups: its chain of q4 GEMVs
+// scripts/bench/gridsync.ts on the software adapter, at one layer and one workgroup: its chain of q4 GEMVs
 // agrees with the CPU chain to the int8 activations' error, and the persistent run (every GEMV in one dispatch,
-// a grid barrier between, the next GEMV's weights loaded between arriving and waiting) with the run of a
-// dispatch a GEMV bit for bit. The activations pass between workgroups by plain loads and stores, each GEMV
-// writing a region of its own (`--act fresh`): the way that is exact on the H200 too (docs/BENCHMARKS.md, the
-// thirty-third session). One variant: each is ~15 s of lavapipe's first-dispatch compile.
+// the next GEMV's weights loaded between arriving at the barrier and waiting) with the run of a dispatch a GEMV
+// bit for bit. One workgroup because lavapipe runs one or two workgroups of a grid at a time and ends any loop
+// after 65,535 iterations: a barrier of more gives up there (and says so), so only the chain's code, not the
+// barrier's waiting, can be checked here; the H200 checked that (docs/BENCHMARKS.md, the thirty-third
+// session). ~15 s of lavapipe's first-dispatch compile.
 import assert from "node:assert/strict";
 import { gpuAvailable, needs } from "../../support/needs.ts";
 import { runScript } from "../../support/run_script.ts";
@@ -18,7 +19,7 @@ Deno.test(
     const act = "fresh";
     const r = await runScript(
       "bench/gridsync.ts",
-      `--layers 1 --groups 4 --wg 64 --prefetch 2 --act ${act} --check-only`.split(" "),
+      `--layers 1 --groups 1 --wg 64 --prefetch 2 --act ${act} --check-only`.split(" "),
     );
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.json.length, 1, r.stderr);
