@@ -262,6 +262,15 @@ export interface KernelTuning {
    * (kernels/gemm.ts). Read when a GEMM call is built.
    */
   gemmMath?: "f16" | "f32";
+  /**
+   * Experimental, unmeasured on the H200: one-token decode steps (Engine.generate's batched loop) run each
+   * run of consecutive calls of one workgroup size with no stale-read hazard as one persistent dispatch over
+   * this many workgroups, a grid barrier between calls (kernels/persistent.ts persistentRuns); every batch
+   * reads the barriers' give-up flag with its tokens and fails rather than keep a token from a grid that was
+   * not all resident. "auto": the grid kernels/persistent.ts residentGroups finds for the adapter's
+   * largest workgroup (measured once a device). 0 or absent: a dispatch a call. Read when a generation starts.
+   */
+  persistent?: number | "auto";
 }
 
 /** Every KernelTuning key, so that SWACTOR_TUNING can name one that does not exist (checked by the compiler). */
@@ -312,6 +321,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   headNorm: true,
   mlaAttention: true,
   gemmMath: true,
+  persistent: true,
 };
 
 /**
@@ -411,6 +421,7 @@ async function requestGpu(): Promise<Gpu> {
         maxComputeInvocationsPerWorkgroup: l.maxComputeInvocationsPerWorkgroup,
         maxComputeWorkgroupSizeX: l.maxComputeWorkgroupSizeX,
         maxStorageBuffersPerShaderStage: l.maxStorageBuffersPerShaderStage,
+        maxUniformBuffersPerShaderStage: l.maxUniformBuffersPerShaderStage,
         maxComputeWorkgroupsPerDimension: l.maxComputeWorkgroupsPerDimension,
       },
     });
@@ -455,6 +466,13 @@ export function memoSource<A extends unknown[]>(gen: (...args: A) => string): (.
   };
 }
 
+const sources = new WeakMap<GPUComputePipeline, { code: string; entryPoint: string }>();
+
+/** The WGSL a pipeline made by `pipeline` was compiled from (kernels/persistent.ts composes calls by it). */
+export function pipelineSource(p: GPUComputePipeline): { code: string; entryPoint: string } | undefined {
+  return sources.get(p);
+}
+
 /** A compute pipeline for `code`, compiled once per device. */
 export function pipeline(gpu: Gpu, code: string, entryPoint = "main"): GPUComputePipeline {
   const key = `${entryPoint}\n${code}`;
@@ -463,6 +481,7 @@ export function pipeline(gpu: Gpu, code: string, entryPoint = "main"): GPUComput
     const module = gpu.device.createShaderModule({ code });
     p = gpu.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint } });
     gpu.pipelines.set(key, p);
+    sources.set(p, { code, entryPoint });
   }
   return p;
 }

@@ -49,11 +49,14 @@ import {
   type Gpu,
   isQuant,
   type KernelCall,
+  persistentGroups,
+  persistentRuns,
   readBack,
   readStaging,
   releaseCalls,
   reserveStaging,
   storageBuffer,
+  SYNC_BYTES,
   takeStaging,
   writeBytes,
   writeStep,
@@ -436,6 +439,7 @@ export class Engine implements StageBackend {
     const t0 = performance.now();
     const pending: Promise<number[]>[] = [];
     let next: Batch | undefined;
+    let sync: GPUBuffer | undefined;
     try {
       // Primed staging buffers for the batches in flight: a buffer returns to the pool ~10 ms after its read,
       // and the first small batches come faster than that (free after the first request: kernels/readback.ts).
@@ -450,10 +454,17 @@ export class Engine implements StageBackend {
       // program per length bucket, the same one for all but MLA models).
       const advance = advanceCall(gpu, seq.step);
       const decodes = new Map<KernelCall[], KernelCall[]>();
+      // gpu.tuning.persistent: the step's calls in persistent dispatches sharing one sync buffer, whose
+      // give-up flag each batch reads back with its tokens (kernels/persistent.ts).
+      const groups = await persistentGroups(gpu);
+      sync = groups > 0 ? storageBuffer(gpu, SYNC_BYTES, "persistent decode sync") : undefined;
       const decodeAt = (pos: number) => {
         const calls = seq.program(1, "sample", { keys: pos + 1 });
         let step = decodes.get(calls);
-        if (!step) decodes.set(calls, step = [...calls, advance]);
+        if (!step) {
+          const run = sync ? persistentRuns(gpu, calls, { groups, sync }).calls : calls;
+          decodes.set(calls, step = [...run, advance]);
+        }
         return step;
       };
       const encodeBatch = (from: number, steps: number): Batch => {
@@ -468,9 +479,10 @@ export class Engine implements StageBackend {
         // batch (no steps) reads the token the prefill sampled.
         const n = Math.max(steps, 1);
         const first = steps > 0 ? from + 1 : from;
-        const staging = takeStaging(gpu, n * 4);
+        const staging = takeStaging(gpu, n * 4 + (sync ? 4 : 0));
         enc.copyBufferToBuffer(seq.tokens, (P + first) * 4, staging, 0, n * 4);
-        return { cmd: enc.finish(), staging, tokens: n };
+        if (sync) enc.copyBufferToBuffer(sync, 4, staging, n * 4, 4);
+        return { cmd: enc.finish(), staging, tokens: n, grid: sync ? groups : undefined };
       };
       // Batch sizes: the prefill's token alone (first token as soon as possible), then 1, 2, 4 ... maxBatch.
       let planned = 1;
@@ -529,6 +541,7 @@ export class Engine implements StageBackend {
     } finally {
       next?.staging.destroy();
       await Promise.allSettled(pending);
+      sync?.destroy();
     }
   }
 
@@ -725,11 +738,23 @@ interface Batch {
   cmd: GPUCommandBuffer;
   staging: GPUBuffer;
   tokens: number;
+  /** The persistent grid, where the staging ends with its barriers' give-up flag (a u32 after the tokens). */
+  grid?: number;
 }
 
-/** Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. */
+/**
+ * Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. Throws where a
+ * persistent dispatch of the batch gave up at a grid barrier: its tokens may be wrong and are not kept.
+ */
 async function readBatch(gpu: Gpu, b: Batch): Promise<number[]> {
-  return Array.from(new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4)));
+  const words = new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4 + (b.grid ? 4 : 0)));
+  if (b.grid && words[b.tokens] !== 0) {
+    throw new Error(
+      `a persistent decode dispatch's grid of ${b.grid} workgroups was not all resident (a barrier gave up ` +
+        "waiting), so this batch's tokens are not kept: set tuning.persistent lower or leave it out",
+    );
+  }
+  return Array.from(words.subarray(0, b.tokens));
 }
 
 /** Parses a weights option: f32, f16, q8, q4, or "auto" / undefined (the GPU's default). */

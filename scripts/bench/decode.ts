@@ -42,7 +42,9 @@ import {
   type KernelCall,
   type KernelTuning,
   type KvType,
+  persistentStep,
   releaseCalls,
+  syncFlag,
   writeStep,
 } from "../../kernels/mod.ts";
 import { cpuMs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
@@ -307,9 +309,12 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
   const seq = model.newSequence({ maxSeq: P + N, sampling: greedy });
   const mid = P + Math.floor(N / 2);
   writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-  const program = seq.program(1, "sample");
+  // gpu.tuning.persistent: the step as the engine runs it, its calls composed into persistent dispatches.
+  const { calls: program, groups, sync } = await persistentStep(gpu, seq.program(1, "sample"));
   const ms = gpu.hasTimestamps ? await stepMs(program) : NaN;
   const byKernel = gpu.hasTimestamps ? await msByKernel(program) : {};
+  const gaveUp = sync ? await syncFlag(gpu, sync) : false;
+  sync?.destroy();
   seq.destroy();
   console.log(JSON.stringify({
     bench: "swactor-decode-ab",
@@ -319,6 +324,7 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
     decode_tok_s: Number(best.toFixed(1)),
     gpu_ms_per_token: Number(ms.toFixed(3)),
     dispatches_per_token: program.length,
+    ...(sync ? { persistent_groups: groups, barrier_gave_up: gaveUp } : {}),
     gpu_ms_by_kernel: byKernel,
   }));
 }

@@ -1,0 +1,714 @@
+// A persistent dispatch: several kernel calls run as phases of one dispatch whose workgroups meet at a grid
+// barrier between phases instead of at a dispatch boundary (docs/KERNELS.md, "A persistent step"). Each call
+// keeps its own WGSL: composePersistent takes the modules apart (kernels/wgsl_scan.ts), prefixes each one's
+// names, turns its entry point into a function of a virtual workgroup id, merges the bindings by buffer, and
+// writes one entry point that runs every phase's virtual grid over a grid of `groups` workgroups, a barrier
+// between phases. This file is the one place that knows the barrier.
+//
+// What a caller must give it:
+//  - Residency: the barrier is sound only if all `groups` workgroups are resident at once; WebGPU promises no
+//    forward progress between workgroups. residentGroups() finds a grid that was resident at load, and every
+//    spin is bounded: a barrier that waits too long raises the sync buffer's flag and goes on, so a caller
+//    reads the flag (syncFlag) and re-runs the work through the plain calls when it is set.
+//  - Fresh addresses: an SM's L1 is not kept coherent with other SMs' stores inside a dispatch, so no
+//    workgroup may read an address that another phase wrote after any workgroup had read it in the same
+//    dispatch. The composer checks this per buffer (read in phase i, written in j > i, read in k > j) and
+//    refuses; atomics and uniforms are exempt. `hazards: "allow"` is for adapters known coherent (tests).
+//  - One workgroup size: barriers need uniform control flow, so every phase runs at the same size.
+// What it does by itself: the phase's workgroup memory is zeroed before each virtual workgroup after the
+// first (a dispatch zeroes it once), `num_workgroups` and `workgroup_id` are the phase's own grid, and a
+// buffer one phase reads as array<f32> and another as array<vec4<f32>> is bound once as the wider type, the
+// scalar phase's accesses rewritten to index its components.
+import { closing, type Decl, moduleDecls, nextSig, prevSig, scanWgsl, type Token } from "./wgsl_scan.ts";
+import {
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  pipeline,
+  pipelineSource,
+  readBack,
+  runCalls,
+  storageBuffer,
+} from "./gpu.ts";
+
+/** One call as the composer sees it: its module, its buffers by binding (0..n-1), its grid. */
+export interface Phase<B> {
+  code: string;
+  buffers: readonly B[];
+  workgroups: readonly [number, number, number];
+  label?: string;
+  /** The entry point's name where the module has several (default: its one @compute function). */
+  entryPoint?: string;
+}
+
+export interface ComposeOptions<B> {
+  /** Workgroups of the persistent grid (all must be resident at once). */
+  groups: number;
+  /** The sync buffer (kernels: storageBuffer of SYNC_BYTES), bound at 0. */
+  sync: B;
+  /** "refuse" (default): throw where a buffer could be read stale; "allow": compose anyway. */
+  hazards?: "refuse" | "allow";
+  /** Spins of a barrier before it gives up and raises the flag (default 1 << 20). */
+  spinBound?: number;
+  /** Names B in errors (default String). */
+  name?: (b: B) => string;
+}
+
+export interface Composed<B> {
+  code: string;
+  /** Buffers by binding, the sync buffer first. */
+  buffers: B[];
+  workgroupSize: [number, number, number];
+}
+
+/** Bytes of the sync buffer: [0] arrivals, [1] the give-up flag, [2] workgroups out. */
+export const SYNC_BYTES = 16;
+
+const BUILTINS = new Set([
+  "workgroup_id",
+  "num_workgroups",
+  "local_invocation_id",
+  "local_invocation_index",
+  "global_invocation_id",
+  "subgroup_invocation_id",
+  "subgroup_size",
+]);
+
+interface Binding {
+  name: string;
+  /** Index among the phase's buffers (its @binding). */
+  index: number;
+  space: "uniform" | "storage";
+  write: boolean;
+  type: string;
+}
+
+interface Parsed {
+  tokens: Token[];
+  decls: Decl[];
+  entry: Decl;
+  bindings: Binding[];
+  size: [number, number, number];
+  /** Names of the module's structs to their bodies' text (for comparing binding types across phases). */
+  structs: Map<string, string>;
+}
+
+const body = (tokens: readonly Token[], d: Decl) =>
+  tokens.slice(d.keyword, d.end).map((t) => t.text).join("");
+
+function parse(code: string, label: string, entryPoint?: string): Parsed {
+  const tokens = scanWgsl(code);
+  const decls = moduleDecls(tokens);
+  const entries = decls.filter((d) =>
+    d.kind === "fn" && d.attrs.has("compute") && (!entryPoint || d.name === entryPoint)
+  );
+  if (entries.length !== 1) throw new Error(`${label}: ${entries.length} compute entry points (want one)`);
+  const entry = entries[0];
+  const consts = new Map<string, string>();
+  for (const d of decls) {
+    if (d.kind !== "const") continue;
+    const m = /=\s*([0-9]+)[iu]?\s*;$/.exec(body(tokens, d));
+    if (m) consts.set(d.name, m[1]);
+  }
+  const dim = (s: string) => {
+    const v = Number(consts.get(s.trim()) ?? s.trim().replace(/[iu]$/, ""));
+    if (!Number.isInteger(v) || v < 1) {
+      throw new Error(`${label}: workgroup size '${s}' is not a number it can read`);
+    }
+    return v;
+  };
+  const ws = entry.attrs.get("workgroup_size")!.split(",").map(dim);
+  const size: [number, number, number] = [ws[0], ws[1] ?? 1, ws[2] ?? 1];
+  const bindings: Binding[] = [];
+  for (const d of decls) {
+    if (!d.attrs.has("binding")) continue;
+    if (d.attrs.get("group") !== "0") throw new Error(`${label}: binding ${d.name} is not in group 0`);
+    const [space, access] = d.template!.split(",");
+    if (space !== "uniform" && space !== "storage") {
+      throw new Error(`${label}: binding ${d.name} is ${space} (only uniform and storage buffers compose)`);
+    }
+    bindings.push({
+      name: d.name,
+      index: Number(d.attrs.get("binding")),
+      space,
+      write: access === "read_write",
+      type: d.type!,
+    });
+  }
+  const structs = new Map<string, string>();
+  for (const d of decls) if (d.kind === "struct") structs.set(d.name, body(tokens, d).replace(/\s+/g, ""));
+  return { tokens, decls, entry, bindings, size, structs };
+}
+
+/** The element of an array type: width 1, 2 or 4 of a base scalar, or undefined for other types. */
+function element(type: string): { base: string; width: number; rest: string } | undefined {
+  const m = /^array<(?:vec([234])<(f32|u32|i32|f16)>|(f32|u32|i32|f16))(,.*)?>$/.exec(type);
+  if (!m) return undefined;
+  return { base: m[2] ?? m[3], width: m[1] ? Number(m[1]) : 1, rest: m[4] ?? "" };
+}
+
+/** A type's text with each of the phase's struct names replaced by the struct's body, for comparison. */
+function typeKey(p: Parsed, type: string): string {
+  return type.replace(/[A-Za-z_][A-Za-z0-9_]*/g, (id) => p.structs.get(id) ?? id);
+}
+
+/**
+ * The WGSL and bindings of one dispatch running `phases` in order, a grid barrier between consecutive ones.
+ * Pure: B is whatever names a buffer (GPUBuffer in persistentCall, strings in tests).
+ */
+export function composePersistent<B>(phases: readonly Phase<B>[], opts: ComposeOptions<B>): Composed<B> {
+  const G = opts.groups;
+  if (!(Number.isInteger(G) && G >= 1)) {
+    throw new Error(`composePersistent: groups ${G} is not a whole number >= 1`);
+  }
+  if (phases.length === 0) throw new Error("composePersistent: no phases");
+  const nameOf = opts.name ?? String;
+  const parsed = phases.map((ph, i) => parse(ph.code, ph.label ?? `phase ${i}`, ph.entryPoint));
+  const size = parsed[0].size;
+  parsed.forEach((p, i) => {
+    if (p.size.join() !== size.join()) {
+      throw new Error(
+        `composePersistent: ${phases[i].label ?? `phase ${i}`} has workgroup size ${p.size.join("x")}, ` +
+          `the first ${size.join("x")}: every phase runs at one size`,
+      );
+    }
+  });
+
+  // Bindings merged by buffer: the sync buffer at 0, then buffers in order of first use.
+  interface Global {
+    buffer: B;
+    slot: number;
+    uses: { phase: number; b: Binding }[];
+  }
+  const globals: Global[] = [];
+  const byBuffer = new Map<B, Global>();
+  parsed.forEach((p, i) => {
+    for (const b of p.bindings) {
+      const buffer = phases[i].buffers[b.index];
+      if (buffer === undefined) {
+        throw new Error(`${phases[i].label ?? `phase ${i}`}: no buffer for binding ${b.index}`);
+      }
+      let g = byBuffer.get(buffer);
+      if (!g) byBuffer.set(buffer, g = { buffer, slot: globals.length + 1, uses: [] }), globals.push(g);
+      g.uses.push({ phase: i, b });
+    }
+  });
+  if (byBuffer.has(opts.sync)) throw new Error("composePersistent: the sync buffer is also a phase's buffer");
+
+  // One declaration a buffer; a phase reading a narrower view of it gets its accesses rewritten.
+  const decl: string[] = [];
+  /** Per phase: binding name -> [global name, components per element of the global's type (1: same type)]. */
+  const views = parsed.map(() => new Map<string, [string, number]>());
+  for (const g of globals) {
+    const gname = `sw_b${g.slot}`;
+    const first = g.uses[0];
+    const label = () => `buffer ${nameOf(g.buffer)}`;
+    if (g.uses.some((u) => u.b.space !== first.b.space)) {
+      throw new Error(`composePersistent: ${label()} is both uniform and storage`);
+    }
+    let type = first.b.type, owner = first.phase;
+    if (first.b.space === "uniform") {
+      if (g.uses.length > 1) throw new Error(`composePersistent: ${label()} is the uniform of two phases`);
+    } else {
+      const keys = new Set(g.uses.map((u) => typeKey(parsed[u.phase], u.b.type)));
+      if (keys.size > 1) {
+        const els = g.uses.map((u) => element(u.b.type));
+        const widest = els.reduce((a, e) => (e && a && e.width > a.width ? e : a), els[0]);
+        if (
+          !widest ||
+          els.some((e) => !e || e.base !== widest.base || (e.width !== 1 && e.width !== widest.width))
+        ) {
+          throw new Error(
+            `composePersistent: ${label()} is declared ${g.uses.map((u) => u.b.type).join(" and ")}: ` +
+              "phases may differ only as scalars against vectors of one scalar type",
+          );
+        }
+        const at = els.indexOf(widest);
+        type = g.uses[at].b.type;
+        owner = g.uses[at].phase;
+      }
+    }
+    const write = g.uses.some((u) => u.b.write);
+    const space = first.b.space === "uniform" ? "uniform" : `storage, ${write ? "read_write" : "read"}`;
+    decl.push(
+      `@group(0) @binding(${g.slot}) var<${space}> ${gname}: ${renameType(parsed[owner], type, owner)};`,
+    );
+    const wide = element(type)?.width ?? 1;
+    for (const u of g.uses) {
+      const w = element(u.b.type)?.width ?? wide;
+      views[u.phase].set(u.b.name, [gname, w === wide ? 1 : wide]);
+    }
+    if (first.b.space === "storage" && !type.includes("atomic<") && (opts.hazards ?? "refuse") === "refuse") {
+      checkFresh(
+        g.uses,
+        (k) => parsed[k].bindings.some((x) => x.space === "storage" && x.type.includes("atomic<")),
+        label,
+        phases,
+      );
+    }
+  }
+
+  const directives = new Set<string>();
+  const parts: string[] = [];
+  const calls: string[] = [];
+  const usedBuiltins = new Set<string>(["workgroup_id", "local_invocation_index"]);
+  parsed.forEach((p, i) => {
+    const prefix = `k${i}_`;
+    const rename = new Map<string, string>();
+    for (const d of p.decls) if (d.name && !views[i].has(d.name)) rename.set(d.name, prefix + d.name);
+    for (const [name, [gname]] of views[i]) rename.set(name, gname);
+    const out: string[] = [];
+    for (const d of p.decls) {
+      if (d.kind === "directive") directives.add(body(p.tokens, d).replace(/\s+/g, " "));
+      else if (d.attrs.has("binding")) continue;
+      else if (d === p.entry) out.push(entryFunction(p, d, rename, views[i], prefix));
+      else out.push(emit(p.tokens, d.start, d.end, rename, views[i], d.kind === "struct"));
+    }
+    const zero = zeroFunction(p, prefix);
+    if (zero) out.push(zero.fn);
+    parts.push(`// ---- phase ${i}: ${phases[i].label ?? ""}\n${out.join("\n")}`);
+    const params = entryParams(p);
+    for (const b of params) usedBuiltins.add(b);
+    const [X, Y, Z] = phases[i].workgroups;
+    const total = X * Y * Z;
+    const vwg = `vec3<u32>(v % ${X}u, (v / ${X}u) % ${Y}u, v / ${X * Y}u)`;
+    const args = params.map((b) => {
+      switch (b) {
+        case "workgroup_id":
+          return vwg;
+        case "num_workgroups":
+          return `vec3<u32>(${X}u, ${Y}u, ${Z}u)`;
+        case "global_invocation_id":
+          return `${vwg} * vec3<u32>(${size[0]}u, ${size[1]}u, ${size[2]}u) + sw_lid`;
+        case "local_invocation_id":
+          return "sw_lid";
+        case "local_invocation_index":
+          return "sw_li";
+        case "subgroup_invocation_id":
+          return "sw_sgid";
+        default:
+          return "sw_sgsize";
+      }
+    });
+    const again = zero
+      ? `    if (v != sw_wg.x) { workgroupBarrier(); ${prefix}sw_zero(sw_li); workgroupBarrier(); }\n`
+      : "";
+    if (i > 0) calls.push(`  sw_grid(${i}u, sw_li);`);
+    calls.push(
+      `  for (var v = sw_wg.x; v < ${total}u; v += ${G}u) {\n${again}    ${prefix}main(${
+        args.join(", ")
+      });\n  }`,
+    );
+  });
+
+  const bound = opts.spinBound ?? 1 << 20;
+  const builtinParam: Record<string, string> = {
+    workgroup_id: "@builtin(workgroup_id) sw_wg: vec3<u32>",
+    local_invocation_index: "@builtin(local_invocation_index) sw_li: u32",
+    local_invocation_id: "@builtin(local_invocation_id) sw_lid: vec3<u32>",
+    global_invocation_id: "@builtin(local_invocation_id) sw_lid: vec3<u32>",
+    subgroup_invocation_id: "@builtin(subgroup_invocation_id) sw_sgid: u32",
+    subgroup_size: "@builtin(subgroup_size) sw_sgsize: u32",
+  };
+  const entryParamsText = [
+    ...new Set([...usedBuiltins].filter((b) => b !== "num_workgroups").map((b) => builtinParam[b])),
+  ];
+  const code = `${[...directives].join("\n")}
+// A persistent dispatch of ${phases.length} phases over ${G} workgroups (kernels/persistent.ts).
+@group(0) @binding(0) var<storage, read_write> sw_sync: array<atomic<u32>, 4>;
+${decl.join("\n")}
+
+// Every workgroup at the n-th barrier: its first thread counts it in and spins until all ${G} have, or
+// gives up after ~${bound} spins and raises sw_sync[1] (the grid was not all resident). Whether it gave up
+// is read from the count after the spin, whatever ended it: lavapipe ends any loop after 65,535
+// iterations, so the spin is two nested loops of at most 4,096 and the flag does not trust its own bound.
+fn sw_grid(n: u32, li: u32) {
+  storageBarrier();
+  if (li == 0u) {
+    atomicAdd(&sw_sync[0], 1u);
+    for (var outer = 0u; outer < ${Math.max(1, Math.ceil(bound / 4096))}u; outer++) {
+      var done = false;
+      for (var spin = 0u; spin < 4096u; spin++) {
+        if (atomicLoad(&sw_sync[0]) >= n * ${G}u) { done = true; break; }
+      }
+      if (done) { break; }
+    }
+    if (atomicLoad(&sw_sync[0]) < n * ${G}u) { atomicStore(&sw_sync[1], 1u); }
+  }
+  storageBarrier();
+}
+
+${parts.join("\n\n")}
+
+@compute @workgroup_size(${size.join(", ")})
+fn main(${entryParamsText.join(", ")}) {
+${calls.join("\n")}
+${
+    phases.length > 1
+      ? `  // The last workgroup out resets the count for the next dispatch (the flag stays for the host to read).
+  storageBarrier();
+  if (sw_li == 0u && atomicAdd(&sw_sync[2], 1u) == ${G - 1}u) {
+    atomicStore(&sw_sync[0], 0u);
+    atomicStore(&sw_sync[2], 0u);
+  }`
+      : ""
+  }
+}
+`;
+  return { code, buffers: [opts.sync, ...globals.map((g) => g.buffer)], workgroupSize: size };
+}
+
+/**
+ * Throws where a phase could read a line of a buffer that its SM read before another SM wrote it:
+ *  - read in phase i, written in j > i, read in k > j;
+ *  - read in phase i, written in j > i by a phase with an atomic counter: such a kernel's last workgroup
+ *    reads what the others wrote (the arrive pattern), so its writes are read in the phase that makes them.
+ * A read_write binding counts as a read too (accumulating outputs read), so the check is conservative.
+ */
+function checkFresh<B>(
+  uses: { phase: number; b: Binding }[],
+  arrive: (phase: number) => boolean,
+  label: () => string,
+  phases: readonly Phase<B>[],
+): void {
+  let firstRead = -1, writtenAfter = -1;
+  const n = (k: number) => phases[k].label ?? `phase ${k}`;
+  const stale = (by: number, at: number) =>
+    new Error(
+      `composePersistent: ${label()} is read by ${n(firstRead)}, written by ${n(by)}, then read by ${
+        n(at)
+      } ` +
+        "in one dispatch: that read may see a stale L1 line; give the write a buffer of its own",
+    );
+  for (const { phase, b } of uses) {
+    if (writtenAfter >= 0 && phase > writtenAfter) throw stale(writtenAfter, phase);
+    if (b.write && firstRead >= 0 && phase > firstRead) {
+      if (arrive(phase)) throw stale(phase, phase);
+      if (writtenAfter < 0) writtenAfter = phase;
+    }
+    if (firstRead < 0) firstRead = phase;
+  }
+}
+
+function renameType(p: Parsed, type: string, phase: number): string {
+  return type.replace(/[A-Za-z_][A-Za-z0-9_]*/g, (id) => (p.structs.has(id) ? `k${phase}_${id}` : id));
+}
+
+/**
+ * Tokens [a, b) as text: names in `rename` replaced (not after `.`, not a struct's member names), and a
+ * narrower view's `name[i]` rewritten as `global[(i) / w][(i) % w]`, `arrayLength(&name)` as w times the
+ * global's.
+ */
+function emit(
+  tokens: readonly Token[],
+  a: number,
+  b: number,
+  rename: Map<string, string>,
+  view: Map<string, [string, number]>,
+  struct = false,
+): string {
+  let s = "";
+  let depth = 0;
+  for (let i = a; i < b; i++) {
+    const t = tokens[i];
+    if (struct && t.text === "{") depth++;
+    if (struct && t.text === "}") depth--;
+    if (t.kind !== "id") {
+      s += t.text;
+      continue;
+    }
+    if (t.text === "arrayLength") {
+      // arrayLength(&name) of a narrower view: the global's length times its width.
+      const o = nextSig(tokens, i + 1), amp = nextSig(tokens, o + 1);
+      const name = nextSig(tokens, amp + 1), c = nextSig(tokens, name + 1);
+      const v = view.get(tokens[name]?.text);
+      if (tokens[o]?.text === "(" && tokens[amp]?.text === "&" && tokens[c]?.text === ")" && v && v[1] > 1) {
+        s += `(arrayLength(&${v[0]}) * ${v[1]}u)`;
+        i = c;
+        continue;
+      }
+    }
+    const prev = tokens[prevSig(tokens, i)]?.text;
+    const next = nextSig(tokens, i + 1);
+    if (prev === "." || (struct && depth === 1 && tokens[next]?.text === ":")) {
+      s += t.text;
+      continue;
+    }
+    const v = view.get(t.text);
+    if (v && v[1] > 1) {
+      const [g, w] = v;
+      if (tokens[next]?.text === "[") {
+        const end = closing(tokens, next);
+        const inner = emit(tokens, next + 1, end, rename, view);
+        s += `${g}[(${inner}) / ${w}u][(${inner}) % ${w}u]`;
+        i = end;
+        continue;
+      }
+      throw new Error(`composePersistent: ${t.text} (a narrower view of ${g}) is used other than by index`);
+    }
+    s += rename.get(t.text) ?? t.text;
+  }
+  return s;
+}
+
+/** The builtins the entry point takes, in parameter order. */
+function entryParams(p: Parsed): string[] {
+  const { tokens, entry } = p;
+  const open = nextSig(tokens, nextSig(tokens, entry.keyword + 1) + 1);
+  const end = closing(tokens, open);
+  const out: string[] = [];
+  for (let i = open + 1; i < end; i++) {
+    if (tokens[i].text !== "@") continue;
+    const name = nextSig(tokens, i + 1);
+    if (tokens[name].text !== "builtin") {
+      throw new Error(`entry parameter with @${tokens[name].text} cannot compose`);
+    }
+    const arg = nextSig(tokens, name + 1);
+    const b = tokens[nextSig(tokens, arg + 1)].text;
+    if (!BUILTINS.has(b)) throw new Error(`entry parameter @builtin(${b}) cannot compose`);
+    out.push(b);
+    i = closing(tokens, arg);
+  }
+  return out;
+}
+
+/** The entry point as `fn <prefix>main(params)`: attributes dropped, the body renamed. */
+function entryFunction(
+  p: Parsed,
+  d: Decl,
+  rename: Map<string, string>,
+  view: Map<string, [string, number]>,
+  prefix: string,
+): string {
+  const { tokens } = p;
+  const open = nextSig(tokens, nextSig(tokens, d.keyword + 1) + 1);
+  const end = closing(tokens, open);
+  let params = "";
+  for (let i = open + 1; i < end; i++) {
+    if (tokens[i].text === "@") {
+      const name = nextSig(tokens, i + 1);
+      const arg = nextSig(tokens, name + 1);
+      i = tokens[arg].text === "(" ? closing(tokens, arg) : name;
+      continue;
+    }
+    params += tokens[i].text;
+  }
+  const bodyOpen = nextSig(tokens, end + 1);
+  if (tokens[bodyOpen].text !== "{") throw new Error("composePersistent: an entry point with a return type");
+  const ptoks = scanWgsl(params);
+  return `fn ${prefix}main(${emit(ptoks, 0, ptoks.length, rename, view)}) ${
+    emit(tokens, bodyOpen, d.end, rename, view)
+  }`;
+}
+
+/** A function zeroing the phase's workgroup variables, threads striding over arrays; undefined if none. */
+function zeroFunction(p: Parsed, prefix: string): { fn: string } | undefined {
+  const consts = new Map<string, number>();
+  for (const d of p.decls) {
+    if (d.kind !== "const") continue;
+    const m = /=\s*([0-9]+)[iu]?\s*;$/.exec(body(p.tokens, d));
+    if (m) consts.set(d.name, Number(m[1]));
+  }
+  const threads = p.size[0] * p.size[1] * p.size[2];
+  const lines: string[] = [];
+  for (const d of p.decls) {
+    if (d.kind !== "var" || d.template !== "workgroup") continue;
+    const name = prefix + d.name;
+    const type = renameType(p, d.type!, Number(prefix.slice(1, -1)));
+    const arr = /^array<(.*),([A-Za-z0-9_]+)>$/.exec(type);
+    const len = arr ? (consts.get(arr[2]) ?? Number(arr[2].replace(/[iu]$/, ""))) : NaN;
+    if (arr && Number.isInteger(len) && !arr[1].startsWith("array<")) {
+      const zero = arr[1].startsWith("atomic<") ? `atomicStore(&${name}[i], 0)` : `${name}[i] = ${arr[1]}()`;
+      lines.push(`  for (var i = li; i < ${len}u; i += ${threads}u) { ${zero}; }`);
+    } else if (type.startsWith("atomic<")) {
+      lines.push(`  if (li == 0u) { atomicStore(&${name}, 0); }`);
+    } else {
+      lines.push(`  if (li == 0u) { ${name} = ${type}(); }`);
+    }
+  }
+  if (lines.length === 0) return undefined;
+  return { fn: `fn ${prefix}sw_zero(li: u32) {\n${lines.join("\n")}\n}` };
+}
+
+/**
+ * One KernelCall running `calls` as phases of a persistent dispatch over `groups` workgroups. Consecutive
+ * persistent dispatches may share one sync buffer (`sync`): each resets the count as it ends.
+ */
+export function persistentCall(
+  gpu: Gpu,
+  calls: readonly KernelCall[],
+  opts: {
+    groups: number;
+    hazards?: "refuse" | "allow";
+    spinBound?: number;
+    label?: string;
+    sync?: GPUBuffer;
+  },
+): KernelCall & { sync: GPUBuffer } {
+  const sync = opts.sync ?? storageBuffer(gpu, SYNC_BYTES, `${opts.label ?? "persistent"} sync`);
+  const phases = calls.map((c, i) => {
+    const src = pipelineSource(c.pipeline);
+    if (!src) throw new Error(`persistentCall: call ${c.label ?? i} was not built by kernels' pipeline()`);
+    return { ...src, buffers: c.buffers, workgroups: c.workgroups, label: c.label ?? `call ${i}` };
+  });
+  const composed = composePersistent(phases, {
+    groups: opts.groups,
+    sync,
+    hazards: opts.hazards,
+    spinBound: opts.spinBound,
+    name: (b) => b.label || "(unlabelled)",
+  });
+  const limit = gpu.device.limits.maxStorageBuffersPerShaderStage;
+  const storage = composed.buffers.filter((b) => (b.usage & GPUBufferUsage.UNIFORM) === 0).length;
+  if (storage > limit) {
+    throw new Error(
+      `persistentCall: ${storage} storage buffers, more than this adapter binds to a stage (${limit})`,
+    );
+  }
+  const call = kernelCall(
+    gpu,
+    pipeline(gpu, composed.code),
+    composed.buffers,
+    [opts.groups],
+    opts.label ?? "persistent",
+  );
+  // The calls' uniform buffers stay theirs (released with them): the composed call owns only its own sync
+  // buffer, and is dropped, not passed to releaseCalls.
+  return { ...call, buffers: [], owned: opts.sync ? [] : [sync], sync };
+}
+
+/** Whether a persistent dispatch gave up waiting at a barrier since the flag was last cleared (then clears it). */
+export async function syncFlag(gpu: Gpu, sync: GPUBuffer): Promise<boolean> {
+  const raised = new Uint32Array(await readBack(gpu, sync, SYNC_BYTES))[1] !== 0;
+  if (raised) gpu.device.queue.writeBuffer(sync, 4, new Uint32Array([0]));
+  return raised;
+}
+
+/**
+ * The largest grid of `size` threads a workgroup, from `candidates` (descending), whose workgroups were all
+ * resident at once: a barrier-only dispatch of that grid, run `repeats` times in one submit, never raises
+ * its flag. A measurement at load, not a promise (another process's work can take SMs later; callers still
+ * read each dispatch's flag). 0 if not even the last candidate passes.
+ */
+export async function residentGroups(
+  gpu: Gpu,
+  size: number,
+  candidates: readonly number[] = [1056, 528, 264, 132, 64, 32, 16, 8, 4, 2, 1],
+  repeats = 3,
+): Promise<number> {
+  const probe = `@group(0) @binding(0) var<storage, read_write> o: array<u32>;
+@compute @workgroup_size(${size})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  if (li == 0u) { o[wg.x] = 1u; }
+}`;
+  for (const groups of candidates) {
+    const sync = storageBuffer(gpu, SYNC_BYTES, "residency probe");
+    const out = storageBuffer(gpu, 4 * groups, "residency probe out");
+    const phase = { code: probe, buffers: [out], workgroups: [groups, 1, 1] as const };
+    const { code } = composePersistent([phase, phase], {
+      groups,
+      sync,
+      spinBound: 1 << 22,
+      hazards: "allow",
+    });
+    const call = kernelCall(gpu, pipeline(gpu, code), [sync, out], [groups], "residency probe");
+    await runCalls(gpu, Array.from({ length: repeats }, () => call));
+    const ok = !(await syncFlag(gpu, sync));
+    sync.destroy();
+    out.destroy();
+    if (ok) return groups;
+  }
+  return 0;
+}
+
+/**
+ * `calls` with each run of consecutive calls that can share a persistent dispatch (one workgroup size, no
+ * stale-read hazard, within the adapter's binding limits) replaced by one persistentCall over `groups`
+ * workgroups, all sharing `sync` (read its flag with the step's results: syncFlag); runs of one call stay as
+ * they are. `runs`: the calls in each dispatch, in order.
+ */
+export function persistentRuns(
+  gpu: Gpu,
+  calls: readonly KernelCall[],
+  opts: { groups: number; sync: GPUBuffer; hazards?: "refuse" | "allow" },
+): { calls: KernelCall[]; runs: number[] } {
+  const out: KernelCall[] = [];
+  const runs: number[] = [];
+  const phaseOf = (c: KernelCall) => {
+    const src = pipelineSource(c.pipeline);
+    return src && { ...src, buffers: c.buffers, workgroups: c.workgroups, label: c.label };
+  };
+  const fits = (run: KernelCall[]) => {
+    const phases = run.map(phaseOf);
+    if (phases.some((p) => !p)) return false;
+    try {
+      const c = composePersistent(phases as Phase<GPUBuffer>[], {
+        groups: opts.groups,
+        sync: SYNC_SENTINEL,
+        hazards: opts.hazards,
+      });
+      const storage = c.buffers.filter((b) =>
+        b !== SYNC_SENTINEL && (b.usage & GPUBufferUsage.UNIFORM) === 0
+      ).length + 1;
+      const uniforms = c.buffers.length - storage;
+      const l = gpu.device.limits;
+      return storage <= l.maxStorageBuffersPerShaderStage && uniforms <= l.maxUniformBuffersPerShaderStage;
+    } catch {
+      return false;
+    }
+  };
+  let run: KernelCall[] = [];
+  const close = () => {
+    if (run.length === 1) out.push(run[0]);
+    else if (run.length > 1) {
+      const label = `persistent x${run.length}`;
+      out.push(
+        persistentCall(gpu, run, { groups: opts.groups, hazards: opts.hazards, label, sync: opts.sync }),
+      );
+    }
+    runs.push(run.length);
+    run = [];
+  };
+  for (const c of calls) {
+    if (run.length > 0 && !fits([...run, c])) close();
+    run.push(c);
+  }
+  close();
+  return { calls: out, runs };
+}
+
+/** Stands for the sync buffer while persistentRuns tries a composition (never bound). */
+const SYNC_SENTINEL = { usage: 0, label: "sync" } as unknown as GPUBuffer;
+
+const autoGrids = new WeakMap<Gpu, Promise<number>>();
+
+/**
+ * The persistent grid gpu.tuning.persistent asks for: its number, or for "auto" the grid residentGroups
+ * finds at the adapter's largest workgroup (fewer threads a workgroup fit at least as many), measured once a
+ * device; 0 when persistent dispatches are off.
+ */
+export function persistentGroups(gpu: Gpu): Promise<number> {
+  const t = gpu.tuning.persistent;
+  if (t !== "auto") return Promise.resolve(t ?? 0);
+  let grid = autoGrids.get(gpu);
+  if (!grid) {
+    const size = Math.min(1024, gpu.device.limits.maxComputeInvocationsPerWorkgroup);
+    autoGrids.set(gpu, grid = residentGroups(gpu, size));
+  }
+  return grid;
+}
+
+/**
+ * A one-token step's `calls` as Engine.generate runs them under gpu.tuning.persistent (composed, with a
+ * sync buffer of their own to read with syncFlag and destroy), or as they are when it is off: what the
+ * benchmarks time, so their GPU ms are the engine's.
+ */
+export async function persistentStep(
+  gpu: Gpu,
+  calls: KernelCall[],
+): Promise<{ calls: KernelCall[]; groups: number; sync?: GPUBuffer }> {
+  const groups = await persistentGroups(gpu);
+  if (groups === 0) return { calls, groups };
+  const sync = storageBuffer(gpu, SYNC_BYTES, "persistent step sync");
+  return { calls: persistentRuns(gpu, calls, { groups, sync }).calls, groups, sync };
+}
