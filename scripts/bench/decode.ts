@@ -303,8 +303,21 @@ function tuningFlags(): KernelTuning {
 /** --ab: decode tok/s (best of --runs) and GPU ms a step under the current gpu.tuning. */
 async function decodeAb(engine: Engine, model: Model, prompt: number[], weights: string): Promise<void> {
   let best = 0;
-  for (let r = 0; r < Number(values.runs); r++) {
-    best = Math.max(best, (await generate(engine, prompt, { maxTokens: N, sampling: greedy })).tokS);
+  try {
+    for (let r = 0; r < Number(values.runs); r++) {
+      best = Math.max(best, (await generate(engine, prompt, { maxTokens: N, sampling: greedy })).tokS);
+    }
+  } catch (e) {
+    // A setting that fails (a persistent grid that was not resident) is a line saying so, not the end of the run.
+    console.log(
+      JSON.stringify({
+        bench: "swactor-decode-ab",
+        weights,
+        tuning: gpu.tuning,
+        error: (e as Error).message,
+      }),
+    );
+    return;
   }
   const seq = model.newSequence({ maxSeq: P + N, sampling: greedy });
   const mid = P + Math.floor(N / 2);
