@@ -265,10 +265,11 @@ export interface KernelTuning {
   /**
    * Experimental, unmeasured on the H200: one-token decode steps (Engine.generate's batched loop) run each
    * run of consecutive calls of one workgroup size with no stale-read hazard as one persistent dispatch over
-   * this many workgroups, a grid barrier between calls (kernels/persistent.ts persistentRuns); every batch
-   * reads the barriers' give-up flag with its tokens and fails rather than keep a token from a grid that was
-   * not all resident. "auto": the grid kernels/persistent.ts residentGroups finds for the adapter's
-   * largest workgroup (measured once a device). 0 or absent: a dispatch a call. Read when a generation starts.
+   * this many workgroups, a grid barrier between calls (kernels/persistent.ts persistentRuns). Every batch
+   * reads the barriers' give-up flag with its tokens; where it is raised (a grid that was not all resident)
+   * the engine drops the batch, decodes a dispatch a call from then on and runs the request again. "auto":
+   * the grid residentGroups finds for the adapter's largest workgroup (measured once a device). 0 or absent:
+   * a dispatch a call. Read when a generation starts.
    */
   persistent?: number | "auto";
 }

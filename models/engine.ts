@@ -174,6 +174,11 @@ export function wholeModel(numLayers: number): StageRole {
 export class Engine implements StageBackend {
   readonly model: ModelFacts;
   #open = new Map<string, Open>();
+  /**
+   * Set when a persistent grid gave up (gpu.tuning.persistent): the one-token steps go back to plain calls.
+   * Benchmarks read it (a fallback's tok/s is not the persistent step's) and clear it between settings.
+   */
+  persistentOff = false;
   #next = 0;
 
   #fanout: ExpertFanout | undefined;
@@ -404,7 +409,25 @@ export class Engine implements StageBackend {
     opts: LoopOptions & Omit<GenerateOptions, "eosTokenIds">,
   ): Promise<GenerateResult> {
     const open = this.#get(id);
-    const result = await this.#generate(open, id, prompt, opts);
+    let result: GenerateResult;
+    try {
+      result = await this.#generate(open, id, prompt, opts);
+    } catch (e) {
+      if (!(e instanceof PersistentGridError)) throw e;
+      // A persistent grid was not all resident (another process's work on the GPU, say): from now on this
+      // engine decodes a dispatch a kernel, and the request runs again that way (the same tokens: sampling
+      // is seeded by position), the tokens already passed to onTokens not passed twice.
+      this.persistentOff = true;
+      console.error(`swactor: ${e.message}; decoding a dispatch a kernel from now on`);
+      let skip = e.sent;
+      const onTokens = opts.onTokens &&
+        ((ids: number[]) => {
+          const fresh = ids.slice(Math.min(skip, ids.length));
+          skip -= ids.length - fresh.length;
+          if (fresh.length > 0) opts.onTokens!(fresh);
+        });
+      result = await this.#generate(open, id, prompt, { ...opts, onTokens });
+    }
     // The last token sampled is not in the KV cache yet: the request holds the prompt and the rest.
     open.length = prompt.length + Math.max(0, result.tokens.length - 1);
     return result;
@@ -456,7 +479,7 @@ export class Engine implements StageBackend {
       const decodes = new Map<KernelCall[], KernelCall[]>();
       // gpu.tuning.persistent: the step's calls in persistent dispatches sharing one sync buffer, whose
       // give-up flag each batch reads back with its tokens (kernels/persistent.ts).
-      const groups = await persistentGroups(gpu);
+      const groups = this.persistentOff ? 0 : await persistentGroups(gpu);
       sync = groups > 0 ? storageBuffer(gpu, SYNC_BYTES, "persistent decode sync") : undefined;
       const decodeAt = (pos: number) => {
         const calls = seq.program(1, "sample", { keys: pos + 1 });
@@ -514,7 +537,13 @@ export class Engine implements StageBackend {
           }
           if (current && pending.length < MAX_IN_FLIGHT) continue;
         }
-        const ids = await pending.shift()!;
+        let ids: number[];
+        try {
+          ids = await pending.shift()!;
+        } catch (e) {
+          if (e instanceof PersistentGridError) e.sent = out.length;
+          throw e;
+        }
         const now = performance.now();
         if (out.length === 0) {
           firstAt = now;
@@ -742,18 +771,24 @@ interface Batch {
   grid?: number;
 }
 
+/** A batch's persistent dispatches gave up at a grid barrier: its tokens may be wrong and are not kept. */
+class PersistentGridError extends Error {
+  /** Tokens of the request passed on before this batch. */
+  sent = 0;
+  constructor(grid: number) {
+    super(
+      `a persistent decode dispatch's grid of ${grid} workgroups was not all resident (a barrier gave up)`,
+    );
+  }
+}
+
 /**
  * Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. Throws where a
  * persistent dispatch of the batch gave up at a grid barrier: its tokens may be wrong and are not kept.
  */
 async function readBatch(gpu: Gpu, b: Batch): Promise<number[]> {
   const words = new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4 + (b.grid ? 4 : 0)));
-  if (b.grid && words[b.tokens] !== 0) {
-    throw new Error(
-      `a persistent decode dispatch's grid of ${b.grid} workgroups was not all resident (a barrier gave up ` +
-        "waiting), so this batch's tokens are not kept: set tuning.persistent lower or leave it out",
-    );
-  }
+  if (b.grid && words[b.tokens] !== 0) throw new PersistentGridError(b.grid);
   return Array.from(words.subarray(0, b.tokens));
 }
 

@@ -255,7 +255,14 @@ for (const shape of values.shape!.split(",")) {
         submit: Number(cpu.submit.toFixed(3)),
       },
       dispatches_per_token: decode.length,
-      ...(step.sync ? { persistent_groups: step.groups, barrier_gave_up: barrierGaveUp } : {}),
+      // decode_fell_back: a generate's grid gave up, so decode_tok_s is (partly) the plain dispatches'.
+      ...(step.sync
+        ? {
+          persistent_groups: step.groups,
+          barrier_gave_up: barrierGaveUp,
+          decode_fell_back: engine.persistentOff,
+        }
+        : {}),
       shared_dispatch_us: Number(sharedUs.toFixed(2)),
       dependent_dispatch_us: Number(chainUs.toFixed(2)),
       weight_bytes: model.weightBytes,

@@ -218,7 +218,10 @@ Deno.test({ name: "a grid that is not all resident raises the flag", ...onGpu },
   assert.ok(resident >= 1, `resident ${resident}`);
 });
 
-Deno.test({ name: "decode with tuning.persistent keeps the tokens", ...onGpu }, async () => {
+Deno.test({
+  name: "decode with tuning.persistent keeps the tokens, and falls back when the grid gives up",
+  ...onGpu,
+}, async () => {
   const g = gpu!;
   for (
     const [dir, weights] of [["llama-micro", "q4"], ["llama-micro", "f32"], ["kimi-k2-tiny", "q4"]] as const
@@ -235,6 +238,18 @@ Deno.test({ name: "decode with tuning.persistent keeps the tokens", ...onGpu }, 
       const want = await run();
       g.tuning.persistent = 1;
       assert.deepEqual(await run(), want, `${dir} ${weights}`);
+      if (dir !== "llama-micro" || weights !== "q4") continue;
+      // A grid of 8 is not all resident here: the first batch with a step raises the flag, the engine goes
+      // back to a dispatch a kernel and runs the request again, passing on each token once.
+      g.tuning.persistent = 8;
+      const streamed: number[] = [];
+      const r = await generate(engine, [1, 2, 3, 4, 5], {
+        maxTokens: 6,
+        sampling: { temperature: 0, topP: 1, seed: 1 },
+        onTokens: (ids) => streamed.push(...ids),
+      });
+      assert.deepEqual(r.tokens, want);
+      assert.deepEqual(streamed, want);
     } finally {
       g.tuning.persistent = undefined;
     }
