@@ -267,7 +267,8 @@ export interface KernelTuning {
    * run of consecutive calls of one workgroup size with no stale-read hazard as one persistent dispatch over
    * this many workgroups, a grid barrier between calls (kernels/persistent.ts persistentRuns). Every batch
    * reads the barriers' give-up flag with its tokens; where it is raised (a grid that was not all resident)
-   * the engine drops the batch, decodes a dispatch a call from then on and runs the request again. "auto":
+   * the engine drops the batch, halves the grid from then on (down to a dispatch a call) and runs the
+   * request again. "auto":
    * the grid residentGroups finds for the adapter's largest workgroup (measured once a device). 0 or absent:
    * a dispatch a call. Read when a generation starts.
    */

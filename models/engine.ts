@@ -175,10 +175,10 @@ export class Engine implements StageBackend {
   readonly model: ModelFacts;
   #open = new Map<string, Open>();
   /**
-   * Set when a persistent grid gave up (gpu.tuning.persistent): the one-token steps go back to plain calls.
-   * Benchmarks read it (a fallback's tok/s is not the persistent step's) and clear it between settings.
+   * The most workgroups a persistent step may use (gpu.tuning.persistent), set to half a grid that gave up
+   * (0: plain calls). Benchmarks read it (a fallback's tok/s is not the asked grid's) and clear it.
    */
-  persistentOff = false;
+  persistentCap: number | undefined;
   #next = 0;
 
   #fanout: ExpertFanout | undefined;
@@ -410,23 +410,28 @@ export class Engine implements StageBackend {
   ): Promise<GenerateResult> {
     const open = this.#get(id);
     let result: GenerateResult;
-    try {
-      result = await this.#generate(open, id, prompt, opts);
-    } catch (e) {
-      if (!(e instanceof PersistentGridError)) throw e;
-      // A persistent grid was not all resident (another process's work on the GPU, say): from now on this
-      // engine decodes a dispatch a kernel, and the request runs again that way (the same tokens: sampling
-      // is seeded by position), the tokens already passed to onTokens not passed twice.
-      this.persistentOff = true;
-      console.error(`swactor: ${e.message}; decoding a dispatch a kernel from now on`);
-      let skip = e.sent;
+    // A persistent grid that was not all resident (an occupancy the probe did not see, another process's
+    // work on the GPU): the request runs again on half the grid, down to plain calls, each attempt giving
+    // the same tokens (sampling is seeded by position); tokens already passed to onTokens are not passed twice.
+    let sent = 0;
+    for (;;) {
+      let skip = sent;
       const onTokens = opts.onTokens &&
         ((ids: number[]) => {
           const fresh = ids.slice(Math.min(skip, ids.length));
           skip -= ids.length - fresh.length;
           if (fresh.length > 0) opts.onTokens!(fresh);
         });
-      result = await this.#generate(open, id, prompt, { ...opts, onTokens });
+      try {
+        result = await this.#generate(open, id, prompt, { ...opts, onTokens });
+        break;
+      } catch (e) {
+        if (!(e instanceof PersistentGridError)) throw e;
+        this.persistentCap = e.grid >= 2 ? Math.floor(e.grid / 2) : 0;
+        const next = this.persistentCap > 0 ? `a grid of ${this.persistentCap}` : "a dispatch a kernel";
+        console.error(`swactor: ${e.message}; decoding with ${next} from now on`);
+        sent = Math.max(sent, e.sent);
+      }
     }
     // The last token sampled is not in the KV cache yet: the request holds the prompt and the rest.
     open.length = prompt.length + Math.max(0, result.tokens.length - 1);
@@ -479,7 +484,8 @@ export class Engine implements StageBackend {
       const decodes = new Map<KernelCall[], KernelCall[]>();
       // gpu.tuning.persistent: the step's calls in persistent dispatches sharing one sync buffer, whose
       // give-up flag each batch reads back with its tokens (kernels/persistent.ts).
-      const groups = this.persistentOff ? 0 : await persistentGroups(gpu);
+      const asked = await persistentGroups(gpu);
+      const groups = Math.min(asked, this.persistentCap ?? asked);
       sync = groups > 0 ? storageBuffer(gpu, SYNC_BYTES, "persistent decode sync") : undefined;
       const decodeAt = (pos: number) => {
         const calls = seq.program(1, "sample", { keys: pos + 1 });
@@ -775,7 +781,7 @@ interface Batch {
 class PersistentGridError extends Error {
   /** Tokens of the request passed on before this batch. */
   sent = 0;
-  constructor(grid: number) {
+  constructor(readonly grid: number) {
     super(
       `a persistent decode dispatch's grid of ${grid} workgroups was not all resident (a barrier gave up)`,
     );

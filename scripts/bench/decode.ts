@@ -303,20 +303,21 @@ function tuningFlags(): KernelTuning {
 /** --ab: decode tok/s (best of --runs) and GPU ms a step under the current gpu.tuning. */
 async function decodeAb(engine: Engine, model: Model, prompt: number[], weights: string): Promise<void> {
   let best = 0;
-  engine.persistentOff = false;
+  engine.persistentCap = undefined;
   for (let r = 0; r < Number(values.runs); r++) {
     best = Math.max(best, (await generate(engine, prompt, { maxTokens: N, sampling: greedy })).tokS);
   }
-  if (engine.persistentOff) {
-    // A persistent grid that was not all resident: the engine fell back to plain dispatches, whose tok/s this
-    // would be. A line saying so, not a figure.
+  if (engine.persistentCap !== undefined) {
+    // A persistent grid that was not all resident: the engine went down to a smaller grid (0: plain
+    // dispatches), whose tok/s this would be. A line saying so, not a figure.
     console.log(JSON.stringify({
       bench: "swactor-decode-ab",
       weights,
       tuning: gpu.tuning,
-      error: "a persistent grid was not all resident: the engine fell back to a dispatch a kernel",
+      error:
+        `a persistent grid was not all resident: the engine went down to ${engine.persistentCap} workgroups`,
     }));
-    engine.persistentOff = false;
+    engine.persistentCap = undefined;
     return;
   }
   const seq = model.newSequence({ maxSeq: P + N, sampling: greedy });

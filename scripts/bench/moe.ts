@@ -255,12 +255,13 @@ for (const shape of values.shape!.split(",")) {
         submit: Number(cpu.submit.toFixed(3)),
       },
       dispatches_per_token: decode.length,
-      // decode_fell_back: a generate's grid gave up, so decode_tok_s is (partly) the plain dispatches'.
+      // decode_grid_cap: a generate's grid gave up and the engine went down to this grid (0: plain
+      // dispatches), so decode_tok_s is (partly) that grid's.
       ...(step.sync
         ? {
           persistent_groups: step.groups,
           barrier_gave_up: barrierGaveUp,
-          decode_fell_back: engine.persistentOff,
+          decode_grid_cap: engine.persistentCap,
         }
         : {}),
       shared_dispatch_us: Number(sharedUs.toFixed(2)),
