@@ -9,11 +9,11 @@
 //  - Residency: the barrier is sound only if all `groups` workgroups are resident at once; WebGPU promises no
 //    forward progress between workgroups. residentGroups() finds a grid that was resident at load, and every
 //    spin is bounded: a barrier that waits too long raises the sync buffer's flag and goes on, so a caller
-//    reads the flag (syncFlag) and re-runs the work through the plain calls when it is set.
+//    reads the flag (syncFlag) and re-runs the work when it is set (the engine: on half the grid).
 //  - Fresh addresses: an SM's L1 is not kept coherent with other SMs' stores inside a dispatch, so no
-//    workgroup may read an address that another phase wrote after any workgroup had read it in the same
-//    dispatch. The composer checks this per buffer (read in phase i, written in j > i, read in k > j) and
-//    refuses; atomics and uniforms are exempt. `hazards: "allow"` is for adapters known coherent (tests).
+//    workgroup may read an address that another workgroup wrote after its SM had read it in the same
+//    dispatch. The composer refuses what could (checkFresh); atomics and uniforms are exempt. `hazards:
+//    "allow"` composes anyway (tests, and probes that read nothing).
 //  - One workgroup size: barriers need uniform control flow, so every phase runs at the same size.
 // What it does by itself: the phase's workgroup memory is zeroed before each virtual workgroup after the
 // first (a dispatch zeroes it once), `num_workgroups` and `workgroup_id` are the phase's own grid, and a
@@ -91,6 +91,8 @@ interface Parsed {
   size: [number, number, number];
   /** Names of the module's structs to their bodies' text (for comparing binding types across phases). */
   structs: Map<string, string>;
+  /** Its integer consts whose value is a literal (workgroup sizes and array lengths name them). */
+  consts: Map<string, number>;
 }
 
 const body = (tokens: readonly Token[], d: Decl) =>
@@ -104,14 +106,14 @@ function parse(code: string, label: string, entryPoint?: string): Parsed {
   );
   if (entries.length !== 1) throw new Error(`${label}: ${entries.length} compute entry points (want one)`);
   const entry = entries[0];
-  const consts = new Map<string, string>();
+  const consts = new Map<string, number>();
   for (const d of decls) {
     if (d.kind !== "const") continue;
     const m = /=\s*([0-9]+)[iu]?\s*;$/.exec(body(tokens, d));
-    if (m) consts.set(d.name, m[1]);
+    if (m) consts.set(d.name, Number(m[1]));
   }
   const dim = (s: string) => {
-    const v = Number(consts.get(s.trim()) ?? s.trim().replace(/[iu]$/, ""));
+    const v = consts.get(s.trim()) ?? Number(s.trim().replace(/[iu]$/, ""));
     if (!Number.isInteger(v) || v < 1) {
       throw new Error(`${label}: workgroup size '${s}' is not a number it can read`);
     }
@@ -137,14 +139,14 @@ function parse(code: string, label: string, entryPoint?: string): Parsed {
   }
   const structs = new Map<string, string>();
   for (const d of decls) if (d.kind === "struct") structs.set(d.name, body(tokens, d).replace(/\s+/g, ""));
-  return { tokens, decls, entry, bindings, size, structs };
+  return { tokens, decls, entry, bindings, size, structs, consts };
 }
 
 /** The element of an array type: width 1, 2 or 4 of a base scalar, or undefined for other types. */
-function element(type: string): { base: string; width: number; rest: string } | undefined {
+function element(type: string): { base: string; width: number } | undefined {
   const m = /^array<(?:vec([234])<(f32|u32|i32|f16)>|(f32|u32|i32|f16))(,.*)?>$/.exec(type);
   if (!m) return undefined;
-  return { base: m[2] ?? m[3], width: m[1] ? Number(m[1]) : 1, rest: m[4] ?? "" };
+  return { base: m[2] ?? m[3], width: m[1] ? Number(m[1]) : 1 };
 }
 
 /** A type's text with each of the phase's struct names replaced by the struct's body, for comparison. */
@@ -343,15 +345,11 @@ ${parts.join("\n\n")}
 @compute @workgroup_size(${size.join(", ")})
 fn main(${entryParamsText.join(", ")}) {
 ${calls.join("\n")}
-${
-    phases.length > 1
-      ? `  // The last workgroup out resets the count for the next dispatch (the flag stays for the host to read).
+  // The last workgroup out resets the count for the next dispatch (the flag stays for the host to read).
   storageBarrier();
   if (sw_li == 0u && atomicAdd(&sw_sync[2], 1u) == ${G - 1}u) {
     atomicStore(&sw_sync[0], 0u);
     atomicStore(&sw_sync[2], 0u);
-  }`
-      : ""
   }
 }
 `;
@@ -503,12 +501,7 @@ function entryFunction(
 
 /** A function zeroing the phase's workgroup variables, threads striding over arrays; undefined if none. */
 function zeroFunction(p: Parsed, prefix: string): { fn: string } | undefined {
-  const consts = new Map<string, number>();
-  for (const d of p.decls) {
-    if (d.kind !== "const") continue;
-    const m = /=\s*([0-9]+)[iu]?\s*;$/.exec(body(p.tokens, d));
-    if (m) consts.set(d.name, Number(m[1]));
-  }
+  const { consts } = p;
   const threads = p.size[0] * p.size[1] * p.size[2];
   const lines: string[] = [];
   for (const d of p.decls) {

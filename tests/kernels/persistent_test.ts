@@ -175,6 +175,13 @@ Deno.test({ name: "a composed dispatch gives the calls' results bit for bit", ..
     new Float32Array(await readBack(g, ref[1], N * 4)),
   );
   assert.equal(await syncFlag(g, composed.sync), false);
+  // One call alone composes too (its sync binding kept, though no barrier waits on it).
+  const alone = outs();
+  await runCalls(g, [persistentCall(g, [calls(alone)[0]], { groups: 3 })]);
+  assert.deepEqual(
+    new Float32Array(await readBack(g, alone[0], N * 4)),
+    new Float32Array(await readBack(g, ref[0], N * 4)),
+  );
 
   // The engine's sampler: an argmax over 4 workgroups, then one workgroup finishing it.
   const V = 4096;
