@@ -98,7 +98,24 @@ interface Parsed {
 const body = (tokens: readonly Token[], d: Decl) =>
   tokens.slice(d.keyword, d.end).map((t) => t.text).join("");
 
+/**
+ * parse's results by module and entry point: persistentRuns composes each growing run again as it adds a
+ * call, so a program's modules are parsed many times (kept for the last 256, the kernels of a few programs).
+ */
+const parsedModules = new Map<string, Parsed>();
+
 function parse(code: string, label: string, entryPoint?: string): Parsed {
+  const key = `${entryPoint ?? ""}\n${code}`;
+  let p = parsedModules.get(key);
+  if (!p) {
+    p = parseModule(code, label, entryPoint);
+    if (parsedModules.size >= 256) parsedModules.delete(parsedModules.keys().next().value!);
+    parsedModules.set(key, p);
+  }
+  return p;
+}
+
+function parseModule(code: string, label: string, entryPoint?: string): Parsed {
   const tokens = scanWgsl(code);
   const decls = moduleDecls(tokens);
   const entries = decls.filter((d) =>
