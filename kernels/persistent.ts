@@ -635,40 +635,46 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
  * `calls` with each run of consecutive calls that can share a persistent dispatch (one workgroup size, no
  * stale-read hazard, within the adapter's binding limits) replaced by one persistentCall over `groups`
  * workgroups, all sharing `sync` (read its flag with the step's results: syncFlag); runs of one call stay as
- * they are. `runs`: the calls in each dispatch, in order.
+ * they are. `runs`: the calls in each dispatch, in order; `cuts`: why each run ended (what adding the next
+ * call was refused for, or "the end").
  */
 export function persistentRuns(
   gpu: Gpu,
   calls: readonly KernelCall[],
   opts: { groups: number; sync: GPUBuffer; hazards?: "refuse" | "allow" },
-): { calls: KernelCall[]; runs: number[] } {
+): { calls: KernelCall[]; runs: number[]; cuts: string[] } {
   const out: KernelCall[] = [];
   const runs: number[] = [];
+  const cuts: string[] = [];
   const phaseOf = (c: KernelCall) => {
     const src = pipelineSource(c.pipeline);
     return src && { ...src, buffers: c.buffers, workgroups: c.workgroups, label: c.label };
   };
-  const fits = (run: KernelCall[]) => {
+  /** Why `run` does not compose, or undefined where it does. */
+  const refusal = (run: KernelCall[]): string | undefined => {
     const phases = run.map(phaseOf);
-    if (phases.some((p) => !p)) return false;
+    if (phases.some((p) => !p)) return "a call not built by pipeline()";
     try {
       const c = composePersistent(phases as Phase<GPUBuffer>[], {
         groups: opts.groups,
         sync: SYNC_SENTINEL,
         hazards: opts.hazards,
+        name: (b) => b.label || "(unlabelled)",
       });
       const storage = c.buffers.filter((b) =>
         b !== SYNC_SENTINEL && (b.usage & GPUBufferUsage.UNIFORM) === 0
       ).length + 1;
       const uniforms = c.buffers.length - storage;
       const l = gpu.device.limits;
-      return storage <= l.maxStorageBuffersPerShaderStage && uniforms <= l.maxUniformBuffersPerShaderStage;
-    } catch {
-      return false;
+      if (storage > l.maxStorageBuffersPerShaderStage) return `${storage} storage buffers`;
+      if (uniforms > l.maxUniformBuffersPerShaderStage) return `${uniforms} uniform buffers`;
+      return undefined;
+    } catch (e) {
+      return (e as Error).message.replace(/^composePersistent: /, "");
     }
   };
   let run: KernelCall[] = [];
-  const close = () => {
+  const close = (why: string) => {
     if (run.length === 1) out.push(run[0]);
     else if (run.length > 1) {
       const label = `persistent x${run.length}`;
@@ -677,14 +683,16 @@ export function persistentRuns(
       );
     }
     runs.push(run.length);
+    cuts.push(why);
     run = [];
   };
   for (const c of calls) {
-    if (run.length > 0 && !fits([...run, c])) close();
+    const why = run.length > 0 ? refusal([...run, c]) : undefined;
+    if (why !== undefined) close(why);
     run.push(c);
   }
-  close();
-  return { calls: out, runs };
+  close("the end");
+  return { calls: out, runs, cuts };
 }
 
 /** Stands for the sync buffer while persistentRuns tries a composition (never bound). */
@@ -716,9 +724,10 @@ export function persistentGroups(gpu: Gpu): Promise<number> {
 export async function persistentStep(
   gpu: Gpu,
   calls: KernelCall[],
-): Promise<{ calls: KernelCall[]; groups: number; sync?: GPUBuffer }> {
+): Promise<{ calls: KernelCall[]; groups: number; sync?: GPUBuffer; runs?: number[]; cuts?: string[] }> {
   const groups = await persistentGroups(gpu);
   if (groups === 0) return { calls, groups };
   const sync = storageBuffer(gpu, SYNC_BYTES, "persistent step sync");
-  return { calls: persistentRuns(gpu, calls, { groups, sync }).calls, groups, sync };
+  const { calls: composed, runs, cuts } = persistentRuns(gpu, calls, { groups, sync });
+  return { calls: composed, groups, sync, runs, cuts };
 }

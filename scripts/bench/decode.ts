@@ -324,7 +324,7 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
   const mid = P + Math.floor(N / 2);
   writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
   // gpu.tuning.persistent: the step as the engine runs it, its calls composed into persistent dispatches.
-  const { calls: program, groups, sync } = await persistentStep(gpu, seq.program(1, "sample"));
+  const { calls: program, groups, sync, runs, cuts } = await persistentStep(gpu, seq.program(1, "sample"));
   const ms = gpu.hasTimestamps ? await stepMs(program) : NaN;
   const byKernel = gpu.hasTimestamps ? await msByKernel(program) : {};
   const gaveUp = sync ? await syncFlag(gpu, sync) : false;
@@ -338,7 +338,15 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
     decode_tok_s: Number(best.toFixed(1)),
     gpu_ms_per_token: Number(ms.toFixed(3)),
     dispatches_per_token: program.length,
-    ...(sync ? { persistent_groups: groups, barrier_gave_up: gaveUp } : {}),
+    // persistent_runs: calls a dispatch; persistent_cuts: why runs ended, by reason (buffer names kept).
+    ...(sync
+      ? {
+        persistent_groups: groups,
+        barrier_gave_up: gaveUp,
+        persistent_runs: runs,
+        persistent_cuts: tally(cuts!),
+      }
+      : {}),
     gpu_ms_by_kernel: byKernel,
   }));
 }
@@ -504,4 +512,14 @@ function readBytes(model: Model): number {
     bytes -= stacks * (1 - f.routing.topK / f.routing.experts);
   });
   return Math.round(bytes);
+}
+
+/** How many times each reason occurs, its layer numbers blurred ("model.layers.3." -> "model.layers.N."). */
+function tally(reasons: string[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const r of reasons) {
+    const k = r.replace(/\.\d+\./g, ".N.");
+    out[k] = (out[k] ?? 0) + 1;
+  }
+  return out;
 }

@@ -262,6 +262,8 @@ for (const shape of values.shape!.split(",")) {
           persistent_groups: step.groups,
           barrier_gave_up: barrierGaveUp,
           decode_grid_cap: engine.persistentCap,
+          persistent_runs: step.runs,
+          persistent_cuts: step.cuts,
         }
         : {}),
       shared_dispatch_us: Number(sharedUs.toFixed(2)),
