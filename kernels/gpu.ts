@@ -273,6 +273,13 @@ export interface KernelTuning {
    * a dispatch a call. Read when a generation starts.
    */
   persistent?: number | "auto";
+  /**
+   * What a persistent run does at a buffer that could be read stale (a residual read, added into by another
+   * kernel, read again): "cut" (default) ends the run there; "atomic" keeps composing, the buffer bound as
+   * atomic words that every kernel of the run reads and writes with atomicLoad / atomicStore (no L1 holds
+   * them; kernels/persistent.ts). Read when a generation starts.
+   */
+  persistentHazards?: "cut" | "atomic";
 }
 
 /** Every KernelTuning key, so that SWACTOR_TUNING can name one that does not exist (checked by the compiler). */
@@ -324,6 +331,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   mlaAttention: true,
   gemmMath: true,
   persistent: true,
+  persistentHazards: true,
 };
 
 /**

@@ -12,8 +12,9 @@
 //    reads the flag (syncFlag) and re-runs the work when it is set (the engine: on half the grid).
 //  - Fresh addresses: an SM's L1 is not kept coherent with other SMs' stores inside a dispatch, so no
 //    workgroup may read an address that another workgroup wrote after its SM had read it in the same
-//    dispatch. The composer refuses what could (checkFresh); atomics and uniforms are exempt. `hazards:
-//    "allow"` composes anyway (tests, and probes that read nothing).
+//    dispatch. The composer refuses what could (staleRead; atomics and uniforms are exempt), or with
+//    `hazards: "atomic"` binds such a buffer as atomic words read and written with atomicLoad / atomicStore,
+//    which no L1 keeps; `hazards: "allow"` composes anyway (tests, and probes that read nothing).
 //  - One workgroup size: barriers need uniform control flow, so every phase runs at the same size.
 // What it does by itself: the phase's workgroup memory is zeroed before each virtual workgroup after the
 // first (a dispatch zeroes it once), `num_workgroups` and `workgroup_id` are the phase's own grid, and a
@@ -31,6 +32,8 @@ import {
   storageBuffer,
 } from "./gpu.ts";
 
+export type Hazards = "refuse" | "atomic" | "allow";
+
 /** One call as the composer sees it: its module, its buffers by binding (0..n-1), its grid. */
 export interface Phase<B> {
   code: string;
@@ -46,8 +49,11 @@ export interface ComposeOptions<B> {
   groups: number;
   /** The sync buffer (kernels: storageBuffer of SYNC_BYTES), bound at 0. */
   sync: B;
-  /** "refuse" (default): throw where a buffer could be read stale; "allow": compose anyway. */
-  hazards?: "refuse" | "allow";
+  /**
+   * Where a buffer could be read stale: "refuse" (default) throws; "atomic" binds it as atomic words every
+   * phase reads and writes with atomicLoad / atomicStore (no L1); "allow" composes as it is.
+   */
+  hazards?: Hazards;
   /** Spins of a barrier before it gives up and raises the flag (default 1 << 20). */
   spinBound?: number;
   /** Names B in errors (default String). */
@@ -216,8 +222,10 @@ export function composePersistent<B>(phases: readonly Phase<B>[], opts: ComposeO
 
   // One declaration a buffer; a phase reading a narrower view of it gets its accesses rewritten.
   const decl: string[] = [];
-  /** Per phase: binding name -> [global name, components per element of the global's type (1: same type)]. */
-  const views = parsed.map(() => new Map<string, [string, number]>());
+  const helpers = new Map<string, string>();
+  const views = parsed.map(() => new Map<string, View>());
+  const arrive = (k: number) =>
+    parsed[k].bindings.some((x) => x.space === "storage" && x.type.includes("atomic<"));
   for (const g of globals) {
     const gname = `sw_b${g.slot}`;
     const first = g.uses[0];
@@ -247,23 +255,33 @@ export function composePersistent<B>(phases: readonly Phase<B>[], opts: ComposeO
         owner = g.uses[at].phase;
       }
     }
-    const write = g.uses.some((u) => u.b.write);
+    // A buffer that could be read stale: refused, or (hazards "atomic") bound as atomic<u32> words that every
+    // phase reads and writes with atomicLoad / atomicStore, which no SM's L1 keeps.
+    const mode = opts.hazards ?? "refuse";
+    const stale = first.b.space === "storage" && !type.includes("atomic<") && mode !== "allow"
+      ? staleRead(g.uses, arrive, label, phases)
+      : undefined;
+    let atomic = false;
+    if (stale) {
+      const els = g.uses.map((u) => /^array<[^,]*>$/.test(u.b.type) ? element(u.b.type) : undefined);
+      if (mode === "refuse" || els.some((e) => !e || e.base === "f16" || e.base !== els[0]!.base)) {
+        throw stale;
+      }
+      atomic = true;
+    }
+    const write = atomic || g.uses.some((u) => u.b.write);
     const space = first.b.space === "uniform" ? "uniform" : `storage, ${write ? "read_write" : "read"}`;
-    decl.push(
-      `@group(0) @binding(${g.slot}) var<${space}> ${gname}: ${renameType(parsed[owner], type, owner)};`,
-    );
+    const declared = atomic ? "array<atomic<u32>>" : renameType(parsed[owner], type, owner);
+    decl.push(`@group(0) @binding(${g.slot}) var<${space}> ${gname}: ${declared};`);
     const wide = element(type)?.width ?? 1;
     for (const u of g.uses) {
-      const w = element(u.b.type)?.width ?? wide;
-      views[u.phase].set(u.b.name, [gname, w === wide ? 1 : wide]);
-    }
-    if (first.b.space === "storage" && !type.includes("atomic<") && (opts.hazards ?? "refuse") === "refuse") {
-      checkFresh(
-        g.uses,
-        (k) => parsed[k].bindings.some((x) => x.space === "storage" && x.type.includes("atomic<")),
-        label,
-        phases,
-      );
+      const e = element(u.b.type);
+      const w = e?.width ?? wide;
+      if (atomic) {
+        views[u.phase].set(u.b.name, { global: gname, factor: 1, atomic: { width: w, scalar: e!.base } });
+        helpers.set(`${gname}/${w}`, atomicHelpers(gname, w, e!.base));
+        helpers.set(`${gname}/1`, atomicHelpers(gname, 1, e!.base));
+      } else views[u.phase].set(u.b.name, { global: gname, factor: w === wide ? 1 : wide });
     }
   }
 
@@ -275,7 +293,7 @@ export function composePersistent<B>(phases: readonly Phase<B>[], opts: ComposeO
     const prefix = `k${i}_`;
     const rename = new Map<string, string>();
     for (const d of p.decls) if (d.name && !views[i].has(d.name)) rename.set(d.name, prefix + d.name);
-    for (const [name, [gname]] of views[i]) rename.set(name, gname);
+    for (const [name, v] of views[i]) rename.set(name, v.global);
     const out: string[] = [];
     for (const d of p.decls) {
       if (d.kind === "directive") directives.add(body(p.tokens, d).replace(/\s+/g, " "));
@@ -336,6 +354,7 @@ export function composePersistent<B>(phases: readonly Phase<B>[], opts: ComposeO
 // A persistent dispatch of ${phases.length} phases over ${G} workgroups (kernels/persistent.ts).
 @group(0) @binding(0) var<storage, read_write> sw_sync: array<atomic<u32>, 4>;
 ${decl.join("\n")}
+${[...helpers.values()].join("\n")}
 
 // Every workgroup at the n-th barrier: its first thread counts it in and spins until all ${G} have, or
 // gives up after ~${bound} spins and raises sw_sync[1] (the grid was not all resident). Whether it gave up
@@ -380,12 +399,12 @@ ${calls.join("\n")}
  *    reads what the others wrote (the arrive pattern), so its writes are read in the phase that makes them.
  * A read_write binding counts as a read too (accumulating outputs read), so the check is conservative.
  */
-function checkFresh<B>(
+function staleRead<B>(
   uses: { phase: number; b: Binding }[],
   arrive: (phase: number) => boolean,
   label: () => string,
   phases: readonly Phase<B>[],
-): void {
+): Error | undefined {
   let firstRead = -1, writtenAfter = -1;
   const n = (k: number) => phases[k].label ?? `phase ${k}`;
   const stale = (by: number, at: number) =>
@@ -396,17 +415,83 @@ function checkFresh<B>(
         "in one dispatch: that read may see a stale L1 line; give the write a buffer of its own",
     );
   for (const { phase, b } of uses) {
-    if (writtenAfter >= 0 && phase > writtenAfter) throw stale(writtenAfter, phase);
+    if (writtenAfter >= 0 && phase > writtenAfter) return stale(writtenAfter, phase);
     if (b.write && firstRead >= 0 && phase > firstRead) {
-      if (arrive(phase)) throw stale(phase, phase);
+      if (arrive(phase)) return stale(phase, phase);
       if (writtenAfter < 0) writtenAfter = phase;
     }
     if (firstRead < 0) firstRead = phase;
   }
+  return undefined;
+}
+
+/** How a phase's binding name is written in the composed module. */
+interface View {
+  global: string;
+  /** Components per element of the global's type where the phase declares scalars of it (1: the same type). */
+  factor: number;
+  /** An atomic global (hazards "atomic"): the phase's element width and scalar type. */
+  atomic?: { width: number; scalar: string };
+}
+
+/** Load and store functions of `width` consecutive words of atomic global `g`, as `scalar`s. */
+function atomicHelpers(g: string, width: number, scalar: string): string {
+  const t = width === 1 ? scalar : `vec${width}<${scalar}>`;
+  const word = (k: number) => `bitcast<${scalar}>(atomicLoad(&${g}[b + ${k}u]))`;
+  const loads = Array.from({ length: width }, (_, k) => word(k));
+  const stores = Array.from(
+    { length: width },
+    (_, k) => `atomicStore(&${g}[b + ${k}u], bitcast<u32>(v${width === 1 ? "" : `[${k}]`}));`,
+  );
+  const value = width === 1 ? loads[0] : `${t}(${loads.join(", ")})`;
+  return `fn sw_ld${width}_${g}(i: u32) -> ${t} { let b = ${width}u * i; return ${value}; }
+fn sw_st${width}_${g}(i: u32, v: ${t}) { let b = ${width}u * i; ${stores.join(" ")} }`;
 }
 
 function renameType(p: Parsed, type: string, phase: number): string {
   return type.replace(/[A-Za-z_][A-Za-z0-9_]*/g, (id) => (p.structs.has(id) ? `k${phase}_${id}` : id));
+}
+
+/**
+ * An access `name[i]` of an atomic global, its `[` at tokens[open]: a read becomes a load of the
+ * element (a suffix like `.x` or `[j]` follows it as it was); `name[i] = e;` and `name[i] op= e;` (op one of
+ * + - * /), also of one component (`name[i][j]`, `name[i].x`), become stores up to the `;`. `last`: the last
+ * token consumed.
+ */
+function atomicAccess(
+  tokens: readonly Token[],
+  open: number,
+  g: string,
+  width: number,
+  text: (a: number, b: number) => string,
+): { text: string; last: number } {
+  const end = closing(tokens, open);
+  const idx = `u32(${text(open + 1, end)})`;
+  // One component of a vector element, for stores to it.
+  let comp: string | undefined, suffixEnd = end;
+  const after = nextSig(tokens, end + 1);
+  if (width > 1 && tokens[after]?.text === "[") {
+    suffixEnd = closing(tokens, after);
+    comp = `u32(${text(after + 1, suffixEnd)})`;
+  } else if (width > 1 && tokens[after]?.text === ".") {
+    const letter = nextSig(tokens, after + 1);
+    const k = "xyzw".indexOf(tokens[letter]?.text ?? "");
+    if (tokens[letter]?.text.length === 1 && k >= 0) comp = `${k}u`, suffixEnd = letter;
+  }
+  const op = nextSig(tokens, suffixEnd + 1);
+  const t1 = tokens[op]?.text, t2 = tokens[nextSig(tokens, op + 1)]?.text;
+  const assign = t1 === "=" && t2 !== "=";
+  const compound = ["+", "-", "*", "/"].includes(t1 ?? "") && t2 === "=";
+  if (!assign && !compound) return { text: `sw_ld${width}_${g}(${idx})`, last: end };
+  const rhs = assign ? op + 1 : nextSig(tokens, op + 1) + 1;
+  let semi = rhs;
+  while (semi < tokens.length && tokens[semi].text !== ";") {
+    semi = "([{".includes(tokens[semi].text) ? closing(tokens, semi) + 1 : semi + 1;
+  }
+  const [w, where] = comp !== undefined ? [1, `${width}u * ${idx} + ${comp}`] : [width, idx];
+  const e = text(rhs, semi).trim();
+  const value = compound ? `sw_ld${w}_${g}(${where}) ${t1} (${e})` : e;
+  return { text: `sw_st${w}_${g}(${where}, ${value})`, last: semi - 1 };
 }
 
 /**
@@ -419,7 +504,7 @@ function emit(
   a: number,
   b: number,
   rename: Map<string, string>,
-  view: Map<string, [string, number]>,
+  view: Map<string, View>,
   struct = false,
 ): string {
   let s = "";
@@ -437,8 +522,10 @@ function emit(
       const o = nextSig(tokens, i + 1), amp = nextSig(tokens, o + 1);
       const name = nextSig(tokens, amp + 1), c = nextSig(tokens, name + 1);
       const v = view.get(tokens[name]?.text);
-      if (tokens[o]?.text === "(" && tokens[amp]?.text === "&" && tokens[c]?.text === ")" && v && v[1] > 1) {
-        s += `(arrayLength(&${v[0]}) * ${v[1]}u)`;
+      if (tokens[o]?.text === "(" && tokens[amp]?.text === "&" && tokens[c]?.text === ")" && v) {
+        if (v.atomic) s += `(arrayLength(&${v.global}) / ${v.atomic.width}u)`;
+        else if (v.factor > 1) s += `(arrayLength(&${v.global}) * ${v.factor}u)`;
+        else s += `arrayLength(&${v.global})`;
         i = c;
         continue;
       }
@@ -450,8 +537,25 @@ function emit(
       continue;
     }
     const v = view.get(t.text);
-    if (v && v[1] > 1) {
-      const [g, w] = v;
+    if (v?.atomic && prev !== ".") {
+      if (tokens[next]?.text !== "[") {
+        throw new Error(
+          `composePersistent: ${t.text} (atomic in the composed module) is used other than by index`,
+        );
+      }
+      const r = atomicAccess(
+        tokens,
+        next,
+        v.global,
+        v.atomic.width,
+        (a, b) => emit(tokens, a, b, rename, view),
+      );
+      s += r.text;
+      i = r.last;
+      continue;
+    }
+    if (v && v.factor > 1) {
+      const { global: g, factor: w } = v;
       if (tokens[next]?.text === "[") {
         const end = closing(tokens, next);
         const inner = emit(tokens, next + 1, end, rename, view);
@@ -492,7 +596,7 @@ function entryFunction(
   p: Parsed,
   d: Decl,
   rename: Map<string, string>,
-  view: Map<string, [string, number]>,
+  view: Map<string, View>,
   prefix: string,
 ): string {
   const { tokens } = p;
@@ -549,7 +653,7 @@ export function persistentCall(
   calls: readonly KernelCall[],
   opts: {
     groups: number;
-    hazards?: "refuse" | "allow";
+    hazards?: Hazards;
     spinBound?: number;
     label?: string;
     sync?: GPUBuffer;
@@ -641,7 +745,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 export function persistentRuns(
   gpu: Gpu,
   calls: readonly KernelCall[],
-  opts: { groups: number; sync: GPUBuffer; hazards?: "refuse" | "allow" },
+  opts: { groups: number; sync: GPUBuffer; hazards?: Hazards },
 ): { calls: KernelCall[]; runs: number[]; cuts: string[] } {
   const out: KernelCall[] = [];
   const runs: number[] = [];
@@ -728,6 +832,15 @@ export async function persistentStep(
   const groups = await persistentGroups(gpu);
   if (groups === 0) return { calls, groups };
   const sync = storageBuffer(gpu, SYNC_BYTES, "persistent step sync");
-  const { calls: composed, runs, cuts } = persistentRuns(gpu, calls, { groups, sync });
+  const { calls: composed, runs, cuts } = persistentRuns(gpu, calls, {
+    groups,
+    sync,
+    hazards: persistentHazards(gpu),
+  });
   return { calls: composed, groups, sync, runs, cuts };
+}
+
+/** What gpu.tuning.persistentHazards asks persistentRuns to do with a buffer that could be read stale. */
+export function persistentHazards(gpu: Gpu): Hazards {
+  return gpu.tuning.persistentHazards === "atomic" ? "atomic" : "refuse";
 }

@@ -50,6 +50,7 @@ import {
   isQuant,
   type KernelCall,
   persistentGroups,
+  persistentHazards,
   persistentRuns,
   readBack,
   readStaging,
@@ -491,7 +492,9 @@ export class Engine implements StageBackend {
         const calls = seq.program(1, "sample", { keys: pos + 1 });
         let step = decodes.get(calls);
         if (!step) {
-          const run = sync ? persistentRuns(gpu, calls, { groups, sync }).calls : calls;
+          const run = sync
+            ? persistentRuns(gpu, calls, { groups, sync, hazards: persistentHazards(gpu) }).calls
+            : calls;
           decodes.set(calls, step = [...run, advance]);
         }
         return step;

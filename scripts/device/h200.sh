@@ -113,19 +113,23 @@ part_moe() {
 part_persistent() {
   # kernels/persistent.ts: the one-token steps in persistent dispatches (gpu.tuning.persistent). First that
   # the fixtures keep their tokens that way (a stale L1 line would show here), then the A/B timings.
-  for w in f32 q4; do
-    SWACTOR_TUNING='{"persistent":"auto"}' deno run -A scripts/check_fixture.ts tests/fixtures/* --weights $w 2>&1 |
-      grep -E "PASS|FAIL|passed|rror"
+  for t in '{"persistent":"auto"}' '{"persistent":"auto","persistentHazards":"atomic"}'; do
+    for w in f32 q4; do
+      SWACTOR_TUNING=$t deno run -A scripts/check_fixture.ts tests/fixtures/* --weights $w 2>&1 |
+        grep -E "PASS|FAIL|passed|rror" | sed "s/^/$t /"
+    done
   done
-  log "Llama-1B q4 decode: dispatches against persistent grids (the probe's, 132, 264)"
-  deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights q4 \
-    --tunings '[{"persistent":"auto"},{"persistent":132},{},{"persistent":264}]' 2>&1 | grep -E "^\{|rror"
+  local A='"persistentHazards":"atomic"'
+  log "Llama-1B q4 decode: dispatches against persistent grids (the probe's, 132, 264), runs cut or atomic"
+  deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights q4 --tunings "[{\"persistent\":\"auto\"},
+    {\"persistent\":132},{},{\"persistent\":132,$A},{\"persistent\":\"auto\",$A},{\"persistent\":264}]" 2>&1 |
+    grep -E "^\{|rror"
   log "Qwen3-30B-A3B q4 step, the same"
   deno run -A scripts/bench/moe.ts --runs 2 --shape qwen3-30b-a3b --weights q4 \
-    --tunings '[{"persistent":"auto"},{"persistent":132},{}]' 2>&1 | grep -E "^\{|rror"
+    --tunings "[{\"persistent\":\"auto\"},{\"persistent\":132},{},{\"persistent\":132,$A}]" 2>&1 | grep -E "^\{|rror"
 }
 
-declare -A limit=([fixtures]=230 [chain]=150 [tests]=420 [decode]=260 [prefill]=150 [gemm]=420 [moe]=280 [persistent]=300)
+declare -A limit=([fixtures]=230 [chain]=150 [tests]=420 [decode]=260 [prefill]=150 [gemm]=420 [moe]=280 [persistent]=540)
 for p in "${parts[@]}"; do
   log "== $p"
   export -f make_fixtures part_$p log; export fx t0

@@ -139,6 +139,39 @@ Deno.test("composePersistent refuses what it cannot compose, naming it", () => {
     () => composePersistent([phase(READ, ["y", "b"]), phase(ARRIVE, ["y", "n"])], { groups: 1, sync }),
     /buffer y is read by phase 0, written by phase 1, then read by phase 1/,
   );
+  // hazards "atomic": the buffer bound as atomic words, every access through load / store helpers.
+  const atomic = composePersistent(rwr, { groups: 1, sync, hazards: "atomic" }).code;
+  assert.match(atomic, /var<storage, read_write> sw_b1: array<atomic<u32>>;/);
+  assert.match(atomic, /sw_st1_sw_b1\(u32\(wg\.x\), sw_b3\[wg\.x\]\);/);
+  assert.match(atomic, /sw_b4\[wg\.x\] = sw_ld1_sw_b1\(u32\(wg\.x\)\);/);
+  assert.doesNotMatch(atomic, /sw_b1\[wg/);
+  const forms = `@group(0) @binding(0) var<storage, read_write> y: array<vec4<f32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>) {
+  let a = y[wg.x].x + y[wg.x][1];
+  y[wg.x] = vec4<f32>(a);
+  y[wg.x].z = a;
+  y[wg.x][3] += a;
+  y[wg.x] *= 2.0;
+  if (y[wg.x].x == a) { y[0] = y[1]; }
+}`;
+  const c = composePersistent([phase(READ, ["y", "b"]), phase(ARRIVE, ["y", "n"]), phase(forms, ["y"])], {
+    groups: 1,
+    sync,
+    hazards: "atomic",
+  }).code;
+  for (
+    const line of [
+      "let a = sw_ld4_sw_b1(u32(wg.x)).x + sw_ld4_sw_b1(u32(wg.x))[1];",
+      "sw_st4_sw_b1(u32(wg.x), vec4<f32>(a));",
+      "sw_st1_sw_b1(4u * u32(wg.x) + 2u, a);",
+      "sw_st1_sw_b1(4u * u32(wg.x) + u32(3), sw_ld1_sw_b1(4u * u32(wg.x) + u32(3)) + (a));",
+      "sw_st4_sw_b1(u32(wg.x), sw_ld4_sw_b1(u32(wg.x)) * (2.0));",
+      "if (sw_ld4_sw_b1(u32(wg.x)).x == a) { sw_st4_sw_b1(u32(0), sw_ld4_sw_b1(u32(1))); }",
+    ]
+  ) assert.ok(c.includes(line), `${line}\n${c}`);
+  // The arrive kernel's scalar view of the same words: its own width's helpers.
+  assert.match(c, /sw_st1_sw_b1\(u32\(wg\.x\), sw_ld1_sw_b1\(u32\(wg\.x\)\) \+ \(1\.0\)\);/);
   // Written first, then read: fresh, composes.
   assert.doesNotThrow(() =>
     composePersistent([phase(READ, ["a", "b"]), phase(READ, ["b", "c"])], { groups: 1, sync })
@@ -245,6 +278,10 @@ Deno.test({
       const want = await run();
       g.tuning.persistent = 1;
       assert.deepEqual(await run(), want, `${dir} ${weights}`);
+      // Runs that go on through the residual and scratch buffers, bound as atomic words.
+      g.tuning.persistentHazards = "atomic";
+      assert.deepEqual(await run(), want, `${dir} ${weights}, hazards atomic`);
+      g.tuning.persistentHazards = undefined;
       if (dir !== "llama-micro" || weights !== "q4") continue;
       // A grid of 8 is not all resident here: the first batch with a step raises the flag, the engine goes
       // back to a dispatch a kernel and runs the request again, passing on each token once.
@@ -259,6 +296,7 @@ Deno.test({
       assert.deepEqual(streamed, want);
     } finally {
       g.tuning.persistent = undefined;
+      g.tuning.persistentHazards = undefined;
     }
   }
 });
