@@ -58,6 +58,8 @@ export interface ComposeOptions<B> {
   spinBound?: number;
   /** Names B in errors (default String). */
   name?: (b: B) => string;
+  /** Only check that the phases compose and return their bindings (no code): persistentRuns's trials. */
+  checkOnly?: boolean;
 }
 
 export interface Composed<B> {
@@ -283,6 +285,14 @@ export function composePersistent<B>(phases: readonly Phase<B>[], opts: ComposeO
         helpers.set(`${gname}/1`, atomicHelpers(gname, 1, e!.base));
       } else views[u.phase].set(u.b.name, { global: gname, factor: w === wide ? 1 : wide });
     }
+  }
+
+  if (opts.checkOnly) {
+    return {
+      code: "",
+      buffers: [opts.sync, ...globals.map((g) => g.buffer)],
+      workgroupSize: size,
+    };
   }
 
   const directives = new Set<string>();
@@ -764,6 +774,7 @@ export function persistentRuns(
         sync: SYNC_SENTINEL,
         hazards: opts.hazards,
         name: (b) => b.label || "(unlabelled)",
+        checkOnly: true,
       });
       const storage = c.buffers.filter((b) =>
         b !== SYNC_SENTINEL && (b.usage & GPUBufferUsage.UNIFORM) === 0
