@@ -60,6 +60,12 @@ export interface ComposeOptions<B> {
   name?: (b: B) => string;
   /** Only check that the phases compose and return their bindings (no code): persistentRuns's trials. */
   checkOnly?: boolean;
+  /**
+   * Workgroup memory the device allows (maxComputeWorkgroupStorageSize). Every phase keeps its own
+   * workgroup variables, so their sum must fit: Deno's wgpu does not check it, and past it lavapipe
+   * corrupted the process's memory. Default: no check.
+   */
+  workgroupBytes?: number;
 }
 
 export interface Composed<B> {
@@ -165,6 +171,38 @@ function parseModule(code: string, label: string, entryPoint?: string): Parsed {
   const structs = new Map<string, string>();
   for (const d of decls) if (d.kind === "struct") structs.set(d.name, body(tokens, d).replace(/\s+/g, ""));
   return { tokens, decls, entry, bindings, size, structs, consts };
+}
+
+/** Bytes of a phase's workgroup variables (WGSL's sizes and alignments); throws for a type it cannot size. */
+function workgroupBytes(p: Parsed, label: string): number {
+  let total = 0;
+  for (const d of p.decls) {
+    if (d.kind !== "var" || d.template !== "workgroup") continue;
+    const t = typeLayout(d.type!, p.consts);
+    if (!t) {
+      throw new Error(`composePersistent: ${label}: cannot size workgroup variable ${d.name}: ${d.type}`);
+    }
+    total = Math.ceil(total / t.align) * t.align + t.size;
+  }
+  return total;
+}
+
+/** Size and alignment of a WGSL type written without spaces, or undefined for one it does not know. */
+function typeLayout(type: string, consts: Map<string, number>): { size: number; align: number } | undefined {
+  const scalar: Record<string, number> = { f32: 4, u32: 4, i32: 4, f16: 2, bool: 4 };
+  if (type in scalar) return { size: scalar[type], align: scalar[type] };
+  if (/^atomic<(u32|i32)>$/.test(type)) return { size: 4, align: 4 };
+  let m = /^vec([234])<(f32|u32|i32|f16|bool)>$/.exec(type);
+  if (m) {
+    const n = Number(m[1]), s = scalar[m[2]];
+    return { size: n * s, align: (n === 3 ? 4 : n) * s };
+  }
+  m = /^array<(.+),([A-Za-z0-9_*]+)>$/.exec(type);
+  if (!m) return undefined;
+  const el = typeLayout(m[1], consts);
+  const count = m[2].split("*").reduce((n, f) => n * (consts.get(f) ?? Number(f.replace(/[iu]$/, ""))), 1);
+  if (!el || !Number.isInteger(count)) return undefined;
+  return { size: count * Math.ceil(el.size / el.align) * el.align, align: el.align };
 }
 
 /** The element of an array type: width 1, 2 or 4 of a base scalar, or undefined for other types. */
@@ -287,6 +325,14 @@ export function composePersistent<B>(phases: readonly Phase<B>[], opts: ComposeO
     }
   }
 
+  if (opts.workgroupBytes !== undefined) {
+    const used = parsed.reduce((sum, p, i) => sum + workgroupBytes(p, phases[i].label ?? `phase ${i}`), 0);
+    if (used > opts.workgroupBytes) {
+      throw new Error(
+        `composePersistent: the phases' workgroup memory is ${used} bytes, more than the ${opts.workgroupBytes} allowed`,
+      );
+    }
+  }
   if (opts.checkOnly) {
     return {
       code: "",
@@ -454,8 +500,12 @@ function atomicHelpers(g: string, width: number, scalar: string): string {
     (_, k) => `atomicStore(&${g}[b + ${k}u], bitcast<u32>(v${width === 1 ? "" : `[${k}]`}));`,
   );
   const value = width === 1 ? loads[0] : `${t}(${loads.join(", ")})`;
-  return `fn sw_ld${width}_${g}(i: u32) -> ${t} { let b = ${width}u * i; return ${value}; }
-fn sw_st${width}_${g}(i: u32, v: ${t}) { let b = ${width}u * i; ${stores.join(" ")} }`;
+  // Clamped into the buffer as a plain access is (WebGPU's robust access): a kernel may read past its row
+  // and rely on that, and an atomic out of bounds is not clamped for it everywhere (on lavapipe it
+  // corrupted the process's memory).
+  const b = `let b = min(${width}u * i, arrayLength(&${g}) - ${width}u);`;
+  return `fn sw_ld${width}_${g}(i: u32) -> ${t} { ${b} return ${value}; }
+fn sw_st${width}_${g}(i: u32, v: ${t}) { ${b} ${stores.join(" ")} }`;
 }
 
 function renameType(p: Parsed, type: string, phase: number): string {
@@ -681,6 +731,7 @@ export function persistentCall(
     hazards: opts.hazards,
     spinBound: opts.spinBound,
     name: (b) => b.label || "(unlabelled)",
+    workgroupBytes: gpu.device.limits.maxComputeWorkgroupStorageSize,
   });
   const limit = gpu.device.limits.maxStorageBuffersPerShaderStage;
   const storage = composed.buffers.filter((b) => (b.usage & GPUBufferUsage.UNIFORM) === 0).length;
@@ -775,6 +826,7 @@ export function persistentRuns(
         hazards: opts.hazards,
         name: (b) => b.label || "(unlabelled)",
         checkOnly: true,
+        workgroupBytes: gpu.device.limits.maxComputeWorkgroupStorageSize,
       });
       const storage = c.buffers.filter((b) =>
         b !== SYNC_SENTINEL && (b.usage & GPUBufferUsage.UNIFORM) === 0
@@ -801,14 +853,27 @@ export function persistentRuns(
     cuts.push(why);
     run = [];
   };
+  const most = gpu.isSoftware ? SOFTWARE_MAX_PHASES : Infinity;
   for (const c of calls) {
-    const why = run.length > 0 ? refusal([...run, c]) : undefined;
+    const why = run.length >= most
+      ? `${most} phases, the most a run takes on a software adapter`
+      : run.length > 0
+      ? refusal([...run, c])
+      : undefined;
     if (why !== undefined) close(why);
     run.push(c);
   }
   close("the end");
   return { calls: out, runs, cuts };
 }
+
+/**
+ * The most phases persistentRuns puts in a run on a software adapter. On lavapipe, runs of 13-14 of the
+ * engine's kernels crashed the process (heap corruption) in about half the runs, runs of up to 8 in one of
+ * four test runs, runs of up to 4 in none of 14 (2026-12-05; most likely its per-invocation stacks, which
+ * the inlined phases' private arrays overflow; the workgroup memory was within its limit).
+ */
+const SOFTWARE_MAX_PHASES = 4;
 
 /** Stands for the sync buffer while persistentRuns tries a composition (never bound). */
 const SYNC_SENTINEL = { usage: 0, label: "sync" } as unknown as GPUBuffer;

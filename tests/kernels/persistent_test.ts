@@ -172,6 +172,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>) {
   ) assert.ok(c.includes(line), `${line}\n${c}`);
   // The arrive kernel's scalar view of the same words: its own width's helpers.
   assert.match(c, /sw_st1_sw_b1\(u32\(wg\.x\), sw_ld1_sw_b1\(u32\(wg\.x\)\) \+ \(1\.0\)\);/);
+  // Each phase keeps its workgroup memory (SCALE: 64 f32), and the sum must fit the device's.
+  const twice = [phase(SCALE, ["u1", "x", "y"]), phase(SCALE, ["u2", "y", "z"])];
+  assert.throws(
+    () => composePersistent(twice, { groups: 1, sync, workgroupBytes: 511 }),
+    /workgroup memory is 512 bytes, more than the 511 allowed/,
+  );
+  assert.doesNotThrow(() => composePersistent(twice, { groups: 1, sync, workgroupBytes: 512 }));
   // Written first, then read: fresh, composes.
   assert.doesNotThrow(() =>
     composePersistent([phase(READ, ["a", "b"]), phase(READ, ["b", "c"])], { groups: 1, sync })
