@@ -129,6 +129,14 @@ function parse(code: string, label: string, entryPoint?: string): Parsed {
   return p;
 }
 
+/** An integer a module writes as a literal, a const's name, or a product of those (`TH * R`); NaN otherwise. */
+function countOf(text: string, consts: Map<string, number>): number {
+  return text.split("*").map((f) => f.trim()).reduce(
+    (n, f) => n * (consts.get(f) ?? Number(f.replace(/[iu]$/, ""))),
+    1,
+  );
+}
+
 function parseModule(code: string, label: string, entryPoint?: string): Parsed {
   const tokens = scanWgsl(code);
   const decls = moduleDecls(tokens);
@@ -144,7 +152,7 @@ function parseModule(code: string, label: string, entryPoint?: string): Parsed {
     if (m) consts.set(d.name, Number(m[1]));
   }
   const dim = (s: string) => {
-    const v = consts.get(s.trim()) ?? Number(s.trim().replace(/[iu]$/, ""));
+    const v = countOf(s, consts);
     if (!Number.isInteger(v) || v < 1) {
       throw new Error(`${label}: workgroup size '${s}' is not a number it can read`);
     }
@@ -200,7 +208,7 @@ function typeLayout(type: string, consts: Map<string, number>): { size: number; 
   m = /^array<(.+),([A-Za-z0-9_*]+)>$/.exec(type);
   if (!m) return undefined;
   const el = typeLayout(m[1], consts);
-  const count = m[2].split("*").reduce((n, f) => n * (consts.get(f) ?? Number(f.replace(/[iu]$/, ""))), 1);
+  const count = countOf(m[2], consts);
   if (!el || !Number.isInteger(count)) return undefined;
   return { size: count * Math.ceil(el.size / el.align) * el.align, align: el.align };
 }
@@ -597,7 +605,7 @@ function emit(
       continue;
     }
     const v = view.get(t.text);
-    if (v?.atomic && prev !== ".") {
+    if (v?.atomic) {
       if (tokens[next]?.text !== "[") {
         throw new Error(
           `composePersistent: ${t.text} (atomic in the composed module) is used other than by index`,
@@ -689,8 +697,8 @@ function zeroFunction(p: Parsed, prefix: string): { fn: string } | undefined {
     if (d.kind !== "var" || d.template !== "workgroup") continue;
     const name = prefix + d.name;
     const type = renameType(p, d.type!, Number(prefix.slice(1, -1)));
-    const arr = /^array<(.*),([A-Za-z0-9_]+)>$/.exec(type);
-    const len = arr ? (consts.get(arr[2]) ?? Number(arr[2].replace(/[iu]$/, ""))) : NaN;
+    const arr = /^array<(.*),([A-Za-z0-9_*]+)>$/.exec(type);
+    const len = arr ? countOf(arr[2], consts) : NaN;
     if (arr && Number.isInteger(len) && !arr[1].startsWith("array<")) {
       const zero = arr[1].startsWith("atomic<") ? `atomicStore(&${name}[i], 0)` : `${name}[i] = ${arr[1]}()`;
       lines.push(`  for (var i = li; i < ${len}u; i += ${threads}u) { ${zero}; }`);
@@ -733,13 +741,8 @@ export function persistentCall(
     name: (b) => b.label || "(unlabelled)",
     workgroupBytes: gpu.device.limits.maxComputeWorkgroupStorageSize,
   });
-  const limit = gpu.device.limits.maxStorageBuffersPerShaderStage;
-  const storage = composed.buffers.filter((b) => (b.usage & GPUBufferUsage.UNIFORM) === 0).length;
-  if (storage > limit) {
-    throw new Error(
-      `persistentCall: ${storage} storage buffers, more than this adapter binds to a stage (${limit})`,
-    );
-  }
+  const over = bindingsOver(gpu, composed.buffers);
+  if (over) throw new Error(`persistentCall: ${over}`);
   const call = kernelCall(
     gpu,
     pipeline(gpu, composed.code),
@@ -750,6 +753,20 @@ export function persistentCall(
   // The calls' uniform buffers stay theirs (released with them): the composed call owns only its own sync
   // buffer, and is dropped, not passed to releaseCalls.
   return { ...call, buffers: [], owned: opts.sync ? [] : [sync], sync };
+}
+
+/** What of a composed dispatch's `buffers` (its sync buffer, storage, first) the adapter cannot bind to one stage. */
+function bindingsOver(gpu: Gpu, buffers: readonly GPUBuffer[]): string | undefined {
+  const uniforms = buffers.filter((b) => (b.usage & GPUBufferUsage.UNIFORM) !== 0).length;
+  const storage = buffers.length - uniforms;
+  const l = gpu.device.limits;
+  if (storage > l.maxStorageBuffersPerShaderStage) {
+    return `${storage} storage buffers, more than the adapter binds to a stage (${l.maxStorageBuffersPerShaderStage})`;
+  }
+  if (uniforms > l.maxUniformBuffersPerShaderStage) {
+    return `${uniforms} uniform buffers, more than the adapter binds to a stage (${l.maxUniformBuffersPerShaderStage})`;
+  }
+  return undefined;
 }
 
 /** Whether a persistent dispatch gave up waiting at a barrier since the flag was last cleared (then clears it). */
@@ -828,14 +845,7 @@ export function persistentRuns(
         checkOnly: true,
         workgroupBytes: gpu.device.limits.maxComputeWorkgroupStorageSize,
       });
-      const storage = c.buffers.filter((b) =>
-        b !== SYNC_SENTINEL && (b.usage & GPUBufferUsage.UNIFORM) === 0
-      ).length + 1;
-      const uniforms = c.buffers.length - storage;
-      const l = gpu.device.limits;
-      if (storage > l.maxStorageBuffersPerShaderStage) return `${storage} storage buffers`;
-      if (uniforms > l.maxUniformBuffersPerShaderStage) return `${uniforms} uniform buffers`;
-      return undefined;
+      return bindingsOver(gpu, c.buffers);
     } catch (e) {
       return (e as Error).message.replace(/^composePersistent: /, "");
     }
