@@ -262,24 +262,6 @@ export interface KernelTuning {
    * (kernels/gemm.ts). Read when a GEMM call is built.
    */
   gemmMath?: "f16" | "f32";
-  /**
-   * Experimental, unmeasured on the H200: one-token decode steps (Engine.generate's batched loop) run each
-   * run of consecutive calls of one workgroup size with no stale-read hazard as one persistent dispatch over
-   * this many workgroups, a grid barrier between calls (kernels/persistent.ts persistentRuns). Every batch
-   * reads the barriers' give-up flag with its tokens; where it is raised (a grid that was not all resident)
-   * the engine drops the batch, halves the grid from then on (down to a dispatch a call) and runs the
-   * request again. "auto":
-   * the grid residentGroups finds for the adapter's largest workgroup (measured once a device). 0 or absent:
-   * a dispatch a call. Read when a generation starts.
-   */
-  persistent?: number | "auto";
-  /**
-   * What a persistent run does at a buffer that could be read stale (a residual read, added into by another
-   * kernel, read again): "cut" (default) ends the run there; "atomic" keeps composing, the buffer bound as
-   * atomic words that every kernel of the run reads and writes with atomicLoad / atomicStore (no L1 holds
-   * them; kernels/persistent.ts). Read when a generation starts.
-   */
-  persistentHazards?: "cut" | "atomic";
 }
 
 /** Every KernelTuning key, so that SWACTOR_TUNING can name one that does not exist (checked by the compiler). */
@@ -330,8 +312,6 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   headNorm: true,
   mlaAttention: true,
   gemmMath: true,
-  persistent: true,
-  persistentHazards: true,
 };
 
 /**
@@ -431,7 +411,6 @@ async function requestGpu(): Promise<Gpu> {
         maxComputeInvocationsPerWorkgroup: l.maxComputeInvocationsPerWorkgroup,
         maxComputeWorkgroupSizeX: l.maxComputeWorkgroupSizeX,
         maxStorageBuffersPerShaderStage: l.maxStorageBuffersPerShaderStage,
-        maxUniformBuffersPerShaderStage: l.maxUniformBuffersPerShaderStage,
         maxComputeWorkgroupsPerDimension: l.maxComputeWorkgroupsPerDimension,
       },
     });
@@ -476,13 +455,6 @@ export function memoSource<A extends unknown[]>(gen: (...args: A) => string): (.
   };
 }
 
-const sources = new WeakMap<GPUComputePipeline, { code: string; entryPoint: string }>();
-
-/** The WGSL a pipeline made by `pipeline` was compiled from (kernels/persistent.ts composes calls by it). */
-export function pipelineSource(p: GPUComputePipeline): { code: string; entryPoint: string } | undefined {
-  return sources.get(p);
-}
-
 /** A compute pipeline for `code`, compiled once per device. */
 export function pipeline(gpu: Gpu, code: string, entryPoint = "main"): GPUComputePipeline {
   const key = `${entryPoint}\n${code}`;
@@ -491,7 +463,6 @@ export function pipeline(gpu: Gpu, code: string, entryPoint = "main"): GPUComput
     const module = gpu.device.createShaderModule({ code });
     p = gpu.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint } });
     gpu.pipelines.set(key, p);
-    sources.set(p, { code, entryPoint });
   }
   return p;
 }

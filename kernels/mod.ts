@@ -32,4 +32,3 @@ export * from "./convert.ts";
 export * from "./moe_sg.ts";
 export * from "./moe_fused.ts";
 export * from "./env.ts";
-export * from "./persistent.ts";

@@ -49,15 +49,11 @@ import {
   type Gpu,
   isQuant,
   type KernelCall,
-  persistentGroups,
-  persistentHazards,
-  persistentRuns,
   readBack,
   readStaging,
   releaseCalls,
   reserveStaging,
   storageBuffer,
-  SYNC_BYTES,
   takeStaging,
   writeBytes,
   writeStep,
@@ -175,11 +171,6 @@ export function wholeModel(numLayers: number): StageRole {
 export class Engine implements StageBackend {
   readonly model: ModelFacts;
   #open = new Map<string, Open>();
-  /**
-   * The most workgroups a persistent step may use (gpu.tuning.persistent), set to half a grid that gave up
-   * (0: plain calls). Benchmarks read it (a fallback's tok/s is not the asked grid's) and clear it.
-   */
-  persistentCap: number | undefined;
   #next = 0;
 
   #fanout: ExpertFanout | undefined;
@@ -410,30 +401,7 @@ export class Engine implements StageBackend {
     opts: LoopOptions & Omit<GenerateOptions, "eosTokenIds">,
   ): Promise<GenerateResult> {
     const open = this.#get(id);
-    let result: GenerateResult;
-    // A persistent grid that was not all resident (an occupancy the probe did not see, another process's
-    // work on the GPU): the request runs again on half the grid, down to plain calls, each attempt giving
-    // the same tokens (sampling is seeded by position); tokens already passed to onTokens are not passed twice.
-    let sent = 0;
-    for (;;) {
-      let skip = sent;
-      const onTokens = opts.onTokens &&
-        ((ids: number[]) => {
-          const fresh = ids.slice(Math.min(skip, ids.length));
-          skip -= ids.length - fresh.length;
-          if (fresh.length > 0) opts.onTokens!(fresh);
-        });
-      try {
-        result = await this.#generate(open, id, prompt, { ...opts, onTokens });
-        break;
-      } catch (e) {
-        if (!(e instanceof PersistentGridError)) throw e;
-        this.persistentCap = e.grid >= 2 ? Math.floor(e.grid / 2) : 0;
-        const next = this.persistentCap > 0 ? `a grid of ${this.persistentCap}` : "a dispatch a kernel";
-        console.error(`swactor: ${e.message}; decoding with ${next} from now on`);
-        sent = Math.max(sent, e.sent);
-      }
-    }
+    const result = await this.#generate(open, id, prompt, opts);
     // The last token sampled is not in the KV cache yet: the request holds the prompt and the rest.
     open.length = prompt.length + Math.max(0, result.tokens.length - 1);
     return result;
@@ -468,7 +436,6 @@ export class Engine implements StageBackend {
     const t0 = performance.now();
     const pending: Promise<number[]>[] = [];
     let next: Batch | undefined;
-    let sync: GPUBuffer | undefined;
     try {
       // Primed staging buffers for the batches in flight: a buffer returns to the pool ~10 ms after its read,
       // and the first small batches come faster than that (free after the first request: kernels/readback.ts).
@@ -483,20 +450,10 @@ export class Engine implements StageBackend {
       // program per length bucket, the same one for all but MLA models).
       const advance = advanceCall(gpu, seq.step);
       const decodes = new Map<KernelCall[], KernelCall[]>();
-      // gpu.tuning.persistent: the step's calls in persistent dispatches sharing one sync buffer, whose
-      // give-up flag each batch reads back with its tokens (kernels/persistent.ts).
-      const asked = await persistentGroups(gpu);
-      const groups = Math.min(asked, this.persistentCap ?? asked);
-      sync = groups > 0 ? storageBuffer(gpu, SYNC_BYTES, "persistent decode sync") : undefined;
       const decodeAt = (pos: number) => {
         const calls = seq.program(1, "sample", { keys: pos + 1 });
         let step = decodes.get(calls);
-        if (!step) {
-          const run = sync
-            ? persistentRuns(gpu, calls, { groups, sync, hazards: persistentHazards(gpu) }).calls
-            : calls;
-          decodes.set(calls, step = [...run, advance]);
-        }
+        if (!step) decodes.set(calls, step = [...calls, advance]);
         return step;
       };
       const encodeBatch = (from: number, steps: number): Batch => {
@@ -511,10 +468,9 @@ export class Engine implements StageBackend {
         // batch (no steps) reads the token the prefill sampled.
         const n = Math.max(steps, 1);
         const first = steps > 0 ? from + 1 : from;
-        const staging = takeStaging(gpu, n * 4 + (sync ? 4 : 0));
+        const staging = takeStaging(gpu, n * 4);
         enc.copyBufferToBuffer(seq.tokens, (P + first) * 4, staging, 0, n * 4);
-        if (sync) enc.copyBufferToBuffer(sync, 4, staging, n * 4, 4);
-        return { cmd: enc.finish(), staging, tokens: n, grid: sync ? groups : undefined };
+        return { cmd: enc.finish(), staging, tokens: n };
       };
       // Batch sizes: the prefill's token alone (first token as soon as possible), then 1, 2, 4 ... maxBatch.
       let planned = 1;
@@ -546,13 +502,7 @@ export class Engine implements StageBackend {
           }
           if (current && pending.length < MAX_IN_FLIGHT) continue;
         }
-        let ids: number[];
-        try {
-          ids = await pending.shift()!;
-        } catch (e) {
-          if (e instanceof PersistentGridError) e.sent = out.length;
-          throw e;
-        }
+        const ids = await pending.shift()!;
         const now = performance.now();
         if (out.length === 0) {
           firstAt = now;
@@ -579,7 +529,6 @@ export class Engine implements StageBackend {
     } finally {
       next?.staging.destroy();
       await Promise.allSettled(pending);
-      sync?.destroy();
     }
   }
 
@@ -776,29 +725,11 @@ interface Batch {
   cmd: GPUCommandBuffer;
   staging: GPUBuffer;
   tokens: number;
-  /** The persistent grid, where the staging ends with its barriers' give-up flag (a u32 after the tokens). */
-  grid?: number;
 }
 
-/** A batch's persistent dispatches gave up at a grid barrier: its tokens may be wrong and are not kept. */
-class PersistentGridError extends Error {
-  /** Tokens of the request passed on before this batch. */
-  sent = 0;
-  constructor(readonly grid: number) {
-    super(
-      `a persistent decode dispatch's grid of ${grid} workgroups was not all resident (a barrier gave up)`,
-    );
-  }
-}
-
-/**
- * Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. Throws where a
- * persistent dispatch of the batch gave up at a grid barrier: its tokens may be wrong and are not kept.
- */
+/** Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. */
 async function readBatch(gpu: Gpu, b: Batch): Promise<number[]> {
-  const words = new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4 + (b.grid ? 4 : 0)));
-  if (b.grid && words[b.tokens] !== 0) throw new PersistentGridError(b.grid);
-  return Array.from(words.subarray(0, b.tokens));
+  return Array.from(new Uint32Array(await readStaging(gpu, b.staging, b.tokens * 4)));
 }
 
 /** Parses a weights option: f32, f16, q8, q4, or "auto" / undefined (the GPU's default). */

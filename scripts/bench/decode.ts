@@ -42,9 +42,7 @@ import {
   type KernelCall,
   type KernelTuning,
   type KvType,
-  persistentStep,
   releaseCalls,
-  syncFlag,
   writeStep,
 } from "../../kernels/mod.ts";
 import { cpuMs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
@@ -303,32 +301,15 @@ function tuningFlags(): KernelTuning {
 /** --ab: decode tok/s (best of --runs) and GPU ms a step under the current gpu.tuning. */
 async function decodeAb(engine: Engine, model: Model, prompt: number[], weights: string): Promise<void> {
   let best = 0;
-  engine.persistentCap = undefined;
   for (let r = 0; r < Number(values.runs); r++) {
     best = Math.max(best, (await generate(engine, prompt, { maxTokens: N, sampling: greedy })).tokS);
-  }
-  if (engine.persistentCap !== undefined) {
-    // A persistent grid that was not all resident: the engine went down to a smaller grid (0: plain
-    // dispatches), whose tok/s this would be. A line saying so, not a figure.
-    console.log(JSON.stringify({
-      bench: "swactor-decode-ab",
-      weights,
-      tuning: gpu.tuning,
-      error:
-        `a persistent grid was not all resident: the engine went down to ${engine.persistentCap} workgroups`,
-    }));
-    engine.persistentCap = undefined;
-    return;
   }
   const seq = model.newSequence({ maxSeq: P + N, sampling: greedy });
   const mid = P + Math.floor(N / 2);
   writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-  // gpu.tuning.persistent: the step as the engine runs it, its calls composed into persistent dispatches.
-  const { calls: program, groups, sync, runs, cuts } = await persistentStep(gpu, seq.program(1, "sample"));
+  const program = seq.program(1, "sample");
   const ms = gpu.hasTimestamps ? await stepMs(program) : NaN;
   const byKernel = gpu.hasTimestamps ? await msByKernel(program) : {};
-  const gaveUp = sync ? await syncFlag(gpu, sync) : false;
-  sync?.destroy();
   seq.destroy();
   console.log(JSON.stringify({
     bench: "swactor-decode-ab",
@@ -338,15 +319,6 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
     decode_tok_s: Number(best.toFixed(1)),
     gpu_ms_per_token: Number(ms.toFixed(3)),
     dispatches_per_token: program.length,
-    // persistent_runs: calls a dispatch; persistent_cuts: why runs ended, by reason (buffer names kept).
-    ...(sync
-      ? {
-        persistent_groups: groups,
-        barrier_gave_up: gaveUp,
-        persistent_runs: runs,
-        persistent_cuts: tally(cuts!),
-      }
-      : {}),
     gpu_ms_by_kernel: byKernel,
   }));
 }
@@ -512,14 +484,4 @@ function readBytes(model: Model): number {
     bytes -= stacks * (1 - f.routing.topK / f.routing.experts);
   });
   return Math.round(bytes);
-}
-
-/** How many times each reason occurs, its layer numbers blurred ("model.layers.3." -> "model.layers.N."). */
-function tally(reasons: string[]): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const r of reasons) {
-    const k = r.replace(/\.\d+\./g, ".N.");
-    out[k] = (out[k] ?? 0) + 1;
-  }
-  return out;
 }

@@ -8,7 +8,8 @@
 // spin gives up after a bound and raises a flag instead of hanging (read from the count after the spin:
 // lavapipe ends any loop after 65,535 iterations and runs one or two workgroups of a grid at a time, so there
 // a grid of more than one workgroup gives up, and its outputs say nothing about the barrier; the 2026-12-05
-// "exact on lavapipe at 4 and 8 workgroups" predates this check). kernels/persistent.ts is the engine's form.
+// "exact on lavapipe at 4 and 8 workgroups" predates this check). The engine form built from it (a composed
+// one-token step) was slower and not exact on an H100 and was dropped: docs/KERNELS.md, "A persistent step".
 // --prefetch: 0 each GEMV loads its first weights when it starts; 1 each warp loads its first rows of the next
 // GEMV's weights before the barrier; 2 between arriving at the barrier and waiting at it (weights do not
 // depend on the activations; on the H200 only 2 gained, likely because the arrival's device-scope fence

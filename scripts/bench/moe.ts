@@ -24,7 +24,7 @@
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
-import { getGpu, type KernelTuning, persistentStep, syncFlag, writeStep } from "../../kernels/mod.ts";
+import { getGpu, type KernelTuning, writeStep } from "../../kernels/mod.ts";
 import { cpuMs, dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
 import { Model, type WeightsOption } from "../../models/model.ts";
@@ -177,9 +177,7 @@ for (const shape of values.shape!.split(",")) {
     const seq = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
     const mid = P + Math.floor(N / 2);
     // The step at position mid attends to mid + 1 keys (its program may depend on that: StepOptions.keys).
-    // Composed as the engine runs it where gpu.tuning.persistent asks (kernels/persistent.ts).
-    const step = await persistentStep(gpu, seq.program(1, "sample", { keys: mid + 1 }));
-    const decode = step.calls;
+    const decode = seq.program(1, "sample", { keys: mid + 1 });
     writeStep(gpu, seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
     const gpuStepMs = gpu.hasTimestamps ? (await gpuMs(gpu, decode, 2), await gpuMs(gpu, decode, 10)) : NaN;
     // The CPU's side of a step, by phase (kernels/timer.ts cpuMs); cpu_encode_ms_per_token is their sum.
@@ -204,8 +202,6 @@ for (const shape of values.shape!.split(",")) {
         marginal[label] = Number(m.ms.toFixed(4));
       }
     }
-    const barrierGaveUp = step.sync ? await syncFlag(gpu, step.sync) : undefined;
-    step.sync?.destroy();
     seq.destroy();
     // The step under each gpu.tuning override (read when the program is built): GPU ms per token each.
     const tunings: Record<string, number> = {};
@@ -214,14 +210,10 @@ for (const shape of values.shape!.split(",")) {
       gpu.tuning = { ...saved, ...t };
       try {
         const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
-        const { calls: prog, sync } = await persistentStep(gpu, s2.program(1, "sample", { keys: mid + 1 }));
+        const prog = s2.program(1, "sample", { keys: mid + 1 });
         writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
         await gpuMs(gpu, prog, 2);
-        const ms = await gpuMs(gpu, prog, 10);
-        // A persistent step whose barrier gave up is not a timing of the step.
-        const gaveUp = sync ? await syncFlag(gpu, sync) : false;
-        tunings[`${i} ${JSON.stringify(t)}`] = gaveUp ? NaN : Number(ms.toFixed(4));
-        sync?.destroy();
+        tunings[`${i} ${JSON.stringify(t)}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));
         s2.destroy();
       } finally {
         gpu.tuning = saved;
@@ -255,17 +247,6 @@ for (const shape of values.shape!.split(",")) {
         submit: Number(cpu.submit.toFixed(3)),
       },
       dispatches_per_token: decode.length,
-      // decode_grid_cap: a generate's grid gave up and the engine went down to this grid (0: plain
-      // dispatches), so decode_tok_s is (partly) that grid's.
-      ...(step.sync
-        ? {
-          persistent_groups: step.groups,
-          barrier_gave_up: barrierGaveUp,
-          decode_grid_cap: engine.persistentCap,
-          persistent_runs: step.runs,
-          persistent_cuts: step.cuts,
-        }
-        : {}),
       shared_dispatch_us: Number(sharedUs.toFixed(2)),
       dependent_dispatch_us: Number(chainUs.toFixed(2)),
       weight_bytes: model.weightBytes,

@@ -20,8 +20,6 @@
 #             (gemm_parts.ts), then the prefill with the tiles before and early submit A/B'd
 #   moe       Qwen3-30B-A3B and DeepSeek-V2-Lite shapes at full depth (random weights made on the GPU), f16
 #             and q4, then transformers on the same shapes
-#   persistent (not in the default list) the fixtures with the one-token steps in persistent dispatches
-#             (kernels/persistent.ts), then Llama-1B q4 decode and the Qwen3-30B-A3B q4 step A/B'd against them
 # With BEFORE=DIR (another checkout), `decode` also alternates DIR's code and this one's on one checkpoint.
 set -uo pipefail
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg}; mkdir -p -m 700 "$XDG_RUNTIME_DIR"
@@ -110,28 +108,7 @@ part_moe() {
   HF_CACHES=dynamic python3 scripts/bench/hf_moe.py deepseek-v2-lite 27 --random 2>&1 | grep -E "^\{|Error" | tail -3
 }
 
-part_persistent() {
-  # kernels/persistent.ts: the one-token steps in persistent dispatches (gpu.tuning.persistent). The A/B
-  # timings first (one call rarely holds everything), then that the fixtures keep their tokens that way (a
-  # stale L1 line would show there).
-  local A='"persistentHazards":"atomic"'
-  log "Llama-1B q4 decode: dispatches against persistent grids (the probe's, 132, 264), runs cut or atomic"
-  deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights q4 --tunings "[{\"persistent\":\"auto\"},
-    {\"persistent\":132},{},{\"persistent\":132,$A},{\"persistent\":\"auto\",$A},{\"persistent\":264}]" 2>&1 |
-    grep -E "^\{|rror"
-  log "Qwen3-30B-A3B q4 step, the same"
-  deno run -A scripts/bench/moe.ts --runs 2 --shape qwen3-30b-a3b --weights q4 \
-    --tunings "[{\"persistent\":\"auto\"},{\"persistent\":132},{},{\"persistent\":132,$A}]" 2>&1 | grep -E "^\{|rror"
-  for w in f32 q4; do
-    for t in '{"persistent":"auto"}' '{"persistent":"auto","persistentHazards":"atomic"}'; do
-      log "fixtures, $w weights, $t"
-      SWACTOR_TUNING=$t deno run -A scripts/check_fixture.ts $(dirname tests/fixtures/*/reference.json) --weights $w 2>&1 |
-        grep -E "PASS|FAIL|passed|rror" | sed "s/^/$t /"
-    done
-  done
-}
-
-declare -A limit=([fixtures]=230 [chain]=150 [tests]=420 [decode]=260 [prefill]=150 [gemm]=420 [moe]=280 [persistent]=560)
+declare -A limit=([fixtures]=230 [chain]=150 [tests]=420 [decode]=260 [prefill]=150 [gemm]=420 [moe]=280)
 for p in "${parts[@]}"; do
   log "== $p"
   export -f make_fixtures part_$p log; export fx t0
