@@ -11,6 +11,7 @@ import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import { fileURLToPath } from "node:url";
 import { ensureDemoModel } from "../../models/demo.ts";
+import { median } from "./stats.ts";
 
 const { values } = scriptArgs(import.meta.url, (args) =>
   parseArgs({
@@ -43,7 +44,6 @@ async function run(extra: string[], env: Record<string, string>): Promise<number
   return JSON.parse(text).tok_s;
 }
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const thread = { SWACTOR_GPU_THREAD: "1" };
 const paths: [string, string[], Record<string, string>][] = [
   ["single node", [], {}],

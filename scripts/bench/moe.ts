@@ -16,7 +16,9 @@
 // processes of their own. The JSON line carries the process's starting tuning as `tuning`.
 // --tunings '[{...}, ...]'
 // likewise times the step under each gpu.tuning override (kernels/gpu.ts KernelTuning, e.g.
-// {"attentionUnroll":32}; list one twice to see the drift of a process's later timings): `tunings_gpu_ms`.
+// {"attentionUnroll":32}): `tunings_gpu_ms`. Each setting's program is built once; --rounds R times them all in
+// turn R times (A B A B ...), so a process's drift shows in each setting's series (`tunings_gpu_ms_rounds`)
+// and lands on every setting alike; `tunings_gpu_ms` is each series' median.
 // --marginal: GPU ms each kernel (label) adds to the step, timed as the step without its dispatches:
 // `marginal_ms_by_kernel`. `gpu_ms_by_kernel` times each dispatch in a pass of its own, which adds about a
 // dependent dispatch's cost to each (its sum is ~1.4x the step); the marginal figures sum to about the step.
@@ -31,6 +33,7 @@ import { Model, type WeightsOption } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import type { ConvertOn } from "../../models/upload.ts";
+import { median } from "./stats.ts";
 
 /** Qwen3-30B-A3B's config.json (public), and DeepSeek-V2-Lite's dimensions as a deepseek_v3 config. */
 export const MOE_SHAPES: Record<string, Record<string, unknown>> = {
@@ -113,6 +116,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       load: { type: "string" },
       convert: { type: "string", default: "gpu,cpu" },
       tunings: { type: "string" },
+      rounds: { type: "string", default: "1" },
       marginal: { type: "boolean", default: false },
     },
   }));
@@ -203,22 +207,34 @@ for (const shape of values.shape!.split(",")) {
       }
     }
     seq.destroy();
-    // The step under each gpu.tuning override (read when the program is built): GPU ms per token each.
-    const tunings: Record<string, number> = {};
-    for (const [i, t] of (gpu.hasTimestamps ? tuningOverrides : []).entries()) {
+    // The step under each gpu.tuning override (read when the program is built): each program built once
+    // under its override, then all of them timed in turn, --rounds times (A B C A B C ...), so a process's
+    // drift shows in each setting's series instead of deciding the comparison. GPU ms a token: the median.
+    const rounds = Math.max(1, Number(values.rounds));
+    const built = (gpu.hasTimestamps ? tuningOverrides : []).map((t, i) => {
       const saved = gpu.tuning;
       gpu.tuning = { ...saved, ...t };
       try {
         const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
-        const prog = s2.program(1, "sample", { keys: mid + 1 });
-        writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
-        await gpuMs(gpu, prog, 2);
-        tunings[`${i} ${JSON.stringify(t)}`] = Number((await gpuMs(gpu, prog, 10)).toFixed(4));
-        s2.destroy();
+        return {
+          key: `${i} ${JSON.stringify(t)}`,
+          seq: s2,
+          prog: s2.program(1, "sample", { keys: mid + 1 }),
+        };
       } finally {
         gpu.tuning = saved;
       }
+    });
+    const series: Record<string, number[]> = {};
+    for (let r = 0; r < rounds; r++) {
+      for (const b of built) {
+        writeStep(gpu, b.seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
+        if (r === 0) await gpuMs(gpu, b.prog, 2);
+        (series[b.key] ??= []).push(Number((await gpuMs(gpu, b.prog, 10)).toFixed(4)));
+      }
     }
+    for (const b of built) b.seq.destroy();
+    const tunings = Object.fromEntries(Object.entries(series).map(([k, v]) => [k, median(v)]));
     // Weights read, plus the KV cache up to the timed position (every layer reads all its rows).
     const read = readBytes(model) + model.kvBytesPerToken() * (mid + 1);
     const best = Math.max(...runs);
@@ -258,6 +274,7 @@ for (const shape of values.shape!.split(",")) {
       full_depth_read_bytes: Math.round(perLayer(read, headBytes)),
       head_and_embed_ms: Number(headMs.toFixed(4)),
       ...(values.tunings ? { tunings_gpu_ms: tunings } : {}),
+      ...(values.tunings && rounds > 1 ? { tunings_gpu_ms_rounds: series } : {}),
       ...(values.marginal ? { marginal_ms_by_kernel: marginal } : {}),
       gpu_ms_by_kernel: byKernel,
     }));

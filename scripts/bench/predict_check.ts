@@ -15,6 +15,7 @@ import { parseFlags } from "../../cli/command.ts";
 import type { LiveDescriptor } from "../../planner/mod.ts";
 import { ensureRandomCheckpoint, LLAMA_3_2_1B } from "./random_checkpoint.ts";
 import { scriptArgs } from "../args.ts";
+import { median } from "./stats.ts";
 
 const root = fileURLToPath(new URL("../../", import.meta.url));
 const MAIN = join(root, "main.ts");
@@ -108,7 +109,6 @@ async function cli(args: string[]): Promise<string> {
 
 const f = (x: number, d = 1) => x.toFixed(d);
 const list = (xs: number[], d = 1) => `[${xs.map((x) => f(x, d)).join(", ")}]`;
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 let code = 0;
 try {
   const lead = spawn(["up", "--model", values.model, "--members", String(n)], 0);

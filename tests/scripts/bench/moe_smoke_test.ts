@@ -1,5 +1,6 @@
 // The MoE benchmark (scripts/bench/moe.ts) runs on the software adapter too, at a shrunken Qwen3-MoE shape:
-// one JSON line with its timings, with --tunings a GPU time per gpu.tuning override and with --marginal each
+// one JSON line with its timings, with --tunings a GPU time per gpu.tuning override (the median of --rounds
+// timed in turn) and with --marginal each
 // kernel's share of the step; a --tunings that is not a JSON list of objects is one line and exit 2.
 import assert from "node:assert/strict";
 import { gpuAvailable, needs } from "../../support/needs.ts";
@@ -28,6 +29,8 @@ Deno.test(
       "4",
       "--tunings",
       '[{},{"attentionUnroll":4}]',
+      "--rounds",
+      "3",
       "--marginal",
     );
     assert.equal(r.code, 0, r.stderr);
@@ -37,9 +40,14 @@ Deno.test(
     assert.equal(m.bench, "swactor-moe-decode");
     assert.ok(m.decode_tok_s > 0 && m.dispatches_per_token > 0, JSON.stringify(m));
     if (m.gpu_ms_per_token > 0) {
-      // Timestamps: each override timed on its own program.
+      // Timestamps: each override timed on its own program, three rounds in turn, the median reported.
       assert.deepEqual(Object.keys(m.tunings_gpu_ms), ["0 {}", '1 {"attentionUnroll":4}']);
-      for (const v of Object.values(m.tunings_gpu_ms)) assert.ok((v as number) > 0);
+      for (const [k, v] of Object.entries(m.tunings_gpu_ms)) {
+        const series = m.tunings_gpu_ms_rounds[k] as number[];
+        assert.equal(series.length, 3, k);
+        assert.ok((v as number) > 0 && series.every((x) => x > 0), k);
+        assert.equal(v, [...series].sort((a, b) => a - b)[1], k);
+      }
       // Every kernel's share of the step, under the same labels as the per-dispatch timings.
       assert.deepEqual(Object.keys(m.marginal_ms_by_kernel).sort(), Object.keys(m.gpu_ms_by_kernel).sort());
     } else {
