@@ -7,6 +7,7 @@
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
 //     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
 //     [--tunings '[{"multiUnroll":1}, ...]'] (each a gpu.tuning override: the k-steps, contexts and decode rerun)
+//     [--rounds R] (the baseline and the --tunings settings timed in turn R times, each line tagged `round`)
 //     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
 //     [--attn-grouped on|off] [--marginal]
 // --gemv .. --argmax-chunk, --attn-grouped (gpu.tuning.attentionGrouped: the decode attention's one
@@ -79,6 +80,7 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       "multi-unroll": { type: "string" },
       "multi-rows": { type: "string" },
       tunings: { type: "string" },
+      rounds: { type: "string", default: "1" },
       splits: { type: "string" },
       prefetch: { type: "string" },
       pair: { type: "string" },
@@ -95,6 +97,9 @@ const shapes: Record<string, Record<string, unknown>> = {
   "llama-3.2-1b": LLAMA_3_2_1B,
   demo: DEMO_CONFIG_JSON,
 };
+/** The round a line belongs to under --rounds R > 1 (0 .. R - 1); absent otherwise. */
+let round: number | undefined;
+
 const gpu = await getGpu();
 gpu.tuning = tuningFlags();
 // --dir holding a checkpoint already (e.g. made by hf_moe.py) is benchmarked as it is.
@@ -136,8 +141,10 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     // --tunings: the k-steps, contexts and decode again under each of a JSON list of gpu.tuning overrides.
     const tunings = values.tunings ? JSON.parse(values.tunings) as KernelTuning[] : [];
     if (values.k) {
-      await kSteps(model, weights);
-      for (const t of tunings) await withTuning(t, () => kSteps(model, weights));
+      await inRounds(async () => {
+        await kSteps(model, weights);
+        for (const t of tunings) await withTuning(t, () => kSteps(model, weights));
+      });
       if (values.ab) {
         await withTuning({ multi: false }, () => kSteps(model, weights));
         const stages = weights === "q8" || weights === "q4"
@@ -155,8 +162,10 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
       }
     }
     if (values.context) {
-      await contexts(engine, model, weights);
-      for (const t of tunings) await withTuning(t, () => contexts(engine, model, weights));
+      await inRounds(async () => {
+        await contexts(engine, model, weights);
+        for (const t of tunings) await withTuning(t, () => contexts(engine, model, weights));
+      });
       if (values.ab) await withTuning({ attentionSplits: 1 }, () => contexts(engine, model, weights));
     }
     if (values["skip-decode"]) {
@@ -222,7 +231,11 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
       kv_read_bytes_per_token: model.kvBytesPerToken() * (mid + 1),
       [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
     }));
-    for (const t of tunings) await withTuning(t, () => decodeAb(engine, model, prompt, weights));
+    if (tunings.length > 0) {
+      await inRounds(async () => {
+        for (const t of tunings) await withTuning(t, () => decodeAb(engine, model, prompt, weights));
+      });
+    }
     if (values.ab) {
       // The same decode with the MLP's gate/up pairing and the GEMVs' prologue variants flipped (each
       // generate builds its programs anew).
@@ -313,6 +326,7 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
   seq.destroy();
   console.log(JSON.stringify({
     bench: "swactor-decode-ab",
+    ...(round !== undefined ? { round } : {}),
     weights,
     kv: model.kvType,
     tuning: gpu.tuning,
@@ -347,6 +361,19 @@ async function stepMarginalMs(calls: KernelCall[]): Promise<Record<string, numbe
 }
 
 /** Runs f with gpu.tuning overridden by t (programs built inside see it). */
+/**
+ * --rounds: `f` (a baseline and each --tunings setting in turn) R times, so a process's drift lands on every
+ * setting alike and shows in each one's lines (tagged `round`) instead of deciding the comparison.
+ */
+async function inRounds(f: () => Promise<void>): Promise<void> {
+  const rounds = Math.max(1, Number(values.rounds));
+  for (let r = 0; r < rounds; r++) {
+    round = rounds > 1 ? r : undefined;
+    await f();
+  }
+  round = undefined;
+}
+
 async function withTuning(t: KernelTuning, f: () => Promise<void>): Promise<void> {
   const saved = gpu.tuning;
   gpu.tuning = { ...saved, ...t };
@@ -415,6 +442,7 @@ async function kSteps(model: Model, weights: string): Promise<void> {
   out.destroy();
   console.log(JSON.stringify({
     bench: "swactor-k-step",
+    ...(round !== undefined ? { round } : {}),
     adapter: gpu.adapterName,
     weights,
     kv: model.kvType,
@@ -458,6 +486,7 @@ async function contexts(engine: Engine, model: Model, weights: string): Promise<
     }
     console.log(JSON.stringify({
       bench: "swactor-context",
+      ...(round !== undefined ? { round } : {}),
       adapter: gpu.adapterName,
       weights,
       context: ctx,

@@ -13,6 +13,12 @@ for path in sys.argv[1:]:
                 lines.append(json.loads(line))
             except ValueError:
                 pass
+def setting(r):
+    """The gpu.tuning a line ran under and its --rounds round, where they are there."""
+    t = f"  tuning {json.dumps(r['tuning'])}" if r.get("tuning") else ""
+    return t + (f"  round {r['round']}" if "round" in r else "")
+
+
 for r in lines:
     if r.get("bench") == "swactor-decode":
         k = r.get("gpu_ms_by_kernel", {})
@@ -21,9 +27,14 @@ for r in lines:
               f"  err {[v for kk, v in r.items() if kk.startswith('logits_rel')]}")
         print("   by kernel: " + ", ".join(f"{a} {b:.3f}" for a, b in k.items()))
     elif r.get("bench") == "swactor-k-step":
-        print(f"k-step {r['weights']:4} one {r['decode_step_ms']:.3f} ms  k {r['k_step_ms']}  ratio {r['ratio_vs_decode']}")
+        print(f"k-step {r['weights']:4} one {r['decode_step_ms']:.3f} ms  k {r['k_step_ms']}  ratio {r['ratio_vs_decode']}"
+              + setting(r))
     elif r.get("bench") == "swactor-context":
-        print(f"context {r['weights']:4} {r['context']:6}  gpu {r['gpu_ms_per_token']:.3f} ms  attention {r['attention_ms']:.3f}")
+        print(f"context {r['weights']:4} {r['context']:6}  gpu {r['gpu_ms_per_token']:.3f} ms  attention {r['attention_ms']:.3f}"
+              + setting(r))
+    elif r.get("bench") == "swactor-decode-ab":
+        print(f"decode-ab {r['weights']:4} " + (f"{r['decode_tok_s']:7.1f} tok/s  gpu {r['gpu_ms_per_token']:.3f} ms"
+              if 'decode_tok_s' in r else r.get('error', '?')) + setting(r))
     elif r.get("bench") == "swactor-moe-decode":
         print(f"moe {r['shape']} {r['weights']:4} {r['decode_tok_s']:7.1f} tok/s  runs {r['runs']}  gpu {r['gpu_ms_per_token']:.3f}"
               f"  cpu encode {r['cpu_encode_ms_per_token']:.3f} {r['cpu_ms_per_token']}  dispatches {r['dispatches_per_token']}"

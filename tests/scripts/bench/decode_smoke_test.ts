@@ -72,3 +72,32 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  needs("decode benchmark: --rounds times the baseline and each --tunings setting in turn, lines tagged", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  async () => {
+    const dir = await Deno.makeTempDir();
+    try {
+      const r = await runScript("bench/decode.ts", [
+        ..."--shape demo --weights f32 --k 2 --skip-decode --rounds 2 --prompt 4 --new 4 --dir".split(" "),
+        dir,
+        "--tunings",
+        '[{"multiUnroll":1}]',
+      ]);
+      assert.equal(r.code, 0, r.stderr);
+      // Round 0: the baseline, then the setting; round 1 the same.
+      assert.deepEqual(
+        r.json.map((l) => [l.bench, l.round, (l.tuning as Record<string, unknown>).multiUnroll ?? null]),
+        [["swactor-k-step", 0, null], ["swactor-k-step", 0, 1], ["swactor-k-step", 1, null], [
+          "swactor-k-step",
+          1,
+          1,
+        ]],
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
