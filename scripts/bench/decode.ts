@@ -36,7 +36,7 @@
 // so the ratio comes from one run. On a software adapter the default shape is the demo model (a 1B model
 // would take minutes a token there); `deno task bench` is then a smoke test (tests/scripts/bench/).
 import { parseArgs } from "node:util";
-import { scriptArgs } from "../args.ts";
+import { countArg, scriptArgs } from "../args.ts";
 import {
   argmaxRowsCalls,
   getGpu,
@@ -55,8 +55,8 @@ import { Model } from "../../models/model.ts";
 import { worstRowError } from "../check_fixture.ts";
 import { ensureRandomCheckpoint, LLAMA_3_2_1B } from "./random_checkpoint.ts";
 
-const { values } = scriptArgs(import.meta.url, (args) =>
-  parseArgs({
+const { values } = scriptArgs(import.meta.url, (args) => {
+  const parsed = parseArgs({
     args,
     options: {
       dir: { type: "string" },
@@ -92,7 +92,12 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       kv: { type: "string" },
       marginal: { type: "boolean", default: false },
     },
-  }));
+  });
+  countArg("rounds", parsed.values.rounds);
+  return parsed;
+});
+/** --rounds: how many times the --tunings settings are timed in turn. */
+const rounds = Number(values.rounds);
 const shapes: Record<string, Record<string, unknown>> = {
   "llama-3.2-1b": LLAMA_3_2_1B,
   demo: DEMO_CONFIG_JSON,
@@ -231,11 +236,9 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
       kv_read_bytes_per_token: model.kvBytesPerToken() * (mid + 1),
       [`logits_rel_err_vs_${baseline.weights}`]: Number(logitsError.toExponential(2)),
     }));
-    if (tunings.length > 0) {
-      await inRounds(async () => {
-        for (const t of tunings) await withTuning(t, () => decodeAb(engine, model, prompt, weights));
-      });
-    }
+    await inRounds(async () => {
+      for (const t of tunings) await withTuning(t, () => decodeAb(engine, model, prompt, weights));
+    });
     if (values.ab) {
       // The same decode with the MLP's gate/up pairing and the GEMVs' prologue variants flipped (each
       // generate builds its programs anew).
@@ -360,13 +363,11 @@ async function stepMarginalMs(calls: KernelCall[]): Promise<Record<string, numbe
   return Object.fromEntries([...m].map(([k, v]) => [`${k} x${v.calls}`, Number(v.ms.toFixed(4))]));
 }
 
-/** Runs f with gpu.tuning overridden by t (programs built inside see it). */
 /**
  * --rounds: `f` (a baseline and each --tunings setting in turn) R times, so a process's drift lands on every
  * setting alike and shows in each one's lines (tagged `round`) instead of deciding the comparison.
  */
 async function inRounds(f: () => Promise<void>): Promise<void> {
-  const rounds = Math.max(1, Number(values.rounds));
   for (let r = 0; r < rounds; r++) {
     round = rounds > 1 ? r : undefined;
     await f();
@@ -374,6 +375,7 @@ async function inRounds(f: () => Promise<void>): Promise<void> {
   round = undefined;
 }
 
+/** Runs f with gpu.tuning overridden by t (programs built inside see it). */
 async function withTuning(t: KernelTuning, f: () => Promise<void>): Promise<void> {
   const saved = gpu.tuning;
   gpu.tuning = { ...saved, ...t };

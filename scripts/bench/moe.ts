@@ -25,7 +25,7 @@
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
-import { scriptArgs } from "../args.ts";
+import { countArg, scriptArgs } from "../args.ts";
 import { getGpu, type KernelTuning, writeStep } from "../../kernels/mod.ts";
 import { cpuMs, dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
@@ -102,8 +102,8 @@ export const MOE_SHAPES: Record<string, Record<string, unknown>> = {
 /** The H200's device-to-device copy bandwidth (FACTS.md). */
 const COPY_BW = 4.2e12;
 
-const { values } = scriptArgs(import.meta.url, (args) =>
-  parseArgs({
+const { values } = scriptArgs(import.meta.url, (args) => {
+  const parsed = parseArgs({
     args,
     options: {
       shape: { type: "string", default: "qwen3-30b-a3b,deepseek-v2-lite" },
@@ -119,7 +119,12 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       rounds: { type: "string", default: "1" },
       marginal: { type: "boolean", default: false },
     },
-  }));
+  });
+  countArg("rounds", parsed.values.rounds);
+  return parsed;
+});
+/** --rounds: how many times the --tunings settings are timed in turn. */
+const rounds = Number(values.rounds);
 
 const tuningOverrides = values.tunings ? tuningList(values.tunings) : [];
 const gpu = await getGpu();
@@ -210,12 +215,12 @@ for (const shape of values.shape!.split(",")) {
     // The step under each gpu.tuning override (read when the program is built): each program built once
     // under its override, then all of them timed in turn, --rounds times (A B C A B C ...), so a process's
     // drift shows in each setting's series instead of deciding the comparison. GPU ms a token: the median.
-    const rounds = Math.max(1, Number(values.rounds));
     const built = (gpu.hasTimestamps ? tuningOverrides : []).map((t, i) => {
       const saved = gpu.tuning;
       gpu.tuning = { ...saved, ...t };
       try {
         const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+        writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
         return {
           key: `${i} ${JSON.stringify(t)}`,
           seq: s2,
@@ -228,7 +233,6 @@ for (const shape of values.shape!.split(",")) {
     const series: Record<string, number[]> = {};
     for (let r = 0; r < rounds; r++) {
       for (const b of built) {
-        writeStep(gpu, b.seq.step, { pos0: mid, T: 1, tokOut: mid + 1 });
         if (r === 0) await gpuMs(gpu, b.prog, 2);
         (series[b.key] ??= []).push(Number((await gpuMs(gpu, b.prog, 10)).toFixed(4)));
       }

@@ -1,7 +1,7 @@
 // The MoE benchmark (scripts/bench/moe.ts) runs on the software adapter too, at a shrunken Qwen3-MoE shape:
 // one JSON line with its timings, with --tunings a GPU time per gpu.tuning override (the median of --rounds
 // timed in turn) and with --marginal each
-// kernel's share of the step; a --tunings that is not a JSON list of objects is one line and exit 2.
+// kernel's share of the step; a --tunings that is not a JSON list of objects, or a bad --rounds, is one line and exit 2.
 import assert from "node:assert/strict";
 import { gpuAvailable, needs } from "../../support/needs.ts";
 import { runScript } from "../../support/run_script.ts";
@@ -62,5 +62,13 @@ Deno.test("moe benchmark: a --tunings that is not a list of objects is one line 
     assert.equal(r.code, 2, `${bad}: ${r.stderr}`);
     assert.match(r.stderr, /^moe\.ts: --tunings /);
     assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
+  }
+});
+
+Deno.test("moe benchmark: a --rounds that is not a whole number >= 1 is one line naming it, exit 2", async () => {
+  for (const bad of ["0", "two", "1.5"]) {
+    const r = await moe("--rounds", bad);
+    assert.equal(r.code, 2, `${bad}: ${r.stderr}`);
+    assert.match(r.stderr, /^moe\.ts: --rounds must be a whole number >= 1/);
   }
 });
