@@ -1304,7 +1304,7 @@ export function attentionDecodeCalls(
     pipeline(gpu, attentionCombineSource({ ...dc, ...(oHost ? { oProj: oHost } : {}) }, sp)),
     [bufs.step, part, bufs.out, ...copyBufs, ...oBufs],
     [d.heads * R, T],
-    "attention",
+    "attention_combine",
   );
   combine.owned = [part, ...oOwned];
   return [main, combine];

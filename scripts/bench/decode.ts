@@ -474,10 +474,13 @@ async function contexts(engine: Engine, model: Model, weights: string): Promise<
       spent += await gpuMs(gpu, decode, 20) * 20;
     }
     const ms = gpu.hasTimestamps ? await stepMs(decode) : NaN;
-    let attention = NaN;
+    let attention = NaN, combine = NaN;
     if (gpu.hasTimestamps) {
       const per = await gpuMsPerCall(gpu, decode, 4);
-      attention = per.reduce((a, m, i) => a + (decode[i].label === "attention" ? m : 0), 0);
+      const sum = (label: string) => per.reduce((a, m, i) => a + (decode[i].label === label ? m : 0), 0);
+      // The decode attention, and with flash-decoding splits its combine (o_proj folded in where it fits).
+      attention = sum("attention");
+      combine = sum("attention_combine");
     }
     seq.destroy();
     let tokS: number | undefined;
@@ -496,6 +499,7 @@ async function contexts(engine: Engine, model: Model, weights: string): Promise<
       gpu_ms_per_token: Number(ms.toFixed(3)),
       gpu_tok_s: Number((1000 / ms).toFixed(1)),
       attention_ms: Number(attention.toFixed(3)),
+      ...(combine > 0 ? { attention_combine_ms: Number(combine.toFixed(3)) } : {}),
       kv: model.kvType,
       kv_bytes_per_token: model.kvBytesPerToken(),
       // The cache the step's attention reads (ctx positions, all layers) over its GPU time.
