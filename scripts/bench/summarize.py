@@ -30,8 +30,9 @@ for r in lines:
         print(f"k-step {r['weights']:4} one {r['decode_step_ms']:.3f} ms  k {r['k_step_ms']}  ratio {r['ratio_vs_decode']}"
               + setting(r))
     elif r.get("bench") == "swactor-context":
+        combine = f"  combine {r['attention_combine_ms']:.3f}" if "attention_combine_ms" in r else ""
         print(f"context {r['weights']:4} {r['context']:6}  gpu {r['gpu_ms_per_token']:.3f} ms  attention {r['attention_ms']:.3f}"
-              + setting(r))
+              + combine + setting(r))
     elif r.get("bench") == "swactor-decode-ab":
         print(f"decode-ab {r['weights']:4} " + (f"{r['decode_tok_s']:7.1f} tok/s  gpu {r['gpu_ms_per_token']:.3f} ms"
               if 'decode_tok_s' in r else r.get('error', '?')) + setting(r))
