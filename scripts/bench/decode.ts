@@ -478,9 +478,10 @@ async function contexts(engine: Engine, model: Model, weights: string): Promise<
     if (gpu.hasTimestamps) {
       const per = await gpuMsPerCall(gpu, decode, 4);
       const sum = (label: string) => per.reduce((a, m, i) => a + (decode[i].label === label ? m : 0), 0);
-      // The decode attention, and with flash-decoding splits its combine (o_proj folded in where it fits).
-      attention = sum("attention");
+      // The decode attention: with flash-decoding splits the split kernel and its combine (o_proj folded in
+      // where it fits), whose part is also reported on its own.
       combine = sum("attention_combine");
+      attention = sum("attention") + combine;
     }
     seq.destroy();
     let tokS: number | undefined;
