@@ -1,9 +1,12 @@
 // How fast this adapter runs WGSL's dot4I8Packed, against f32 FMAs and against the same dot product
 // spelled out in shifts, multiplies and adds (what a shader compiler emits where the driver's integer dot
 // product instruction is not enabled: naga uses SPIR-V's OpSDot only where the device enables
-// shaderIntegerDotProduct). Every thread runs ITER rounds of 8 independent chains; one JSON line with
-// each variant's rate (G operations a second: a dot4I8Packed, a spelled-out dot or an FMA each count one).
-//   deno run -A scripts/bench/dp4.ts [--iter N] [--groups N]
+// shaderIntegerDotProduct), and against a plain integer op on the same words (xor, accumulated by adds).
+// Every thread runs ITER rounds of 8 independent chains, each round UNROLL copies of them (each copy on a
+// word of its own, so the loop's own instructions are 1 / UNROLL of a round's: at --unroll 1 they are
+// over a fifth, and the rates read low); one JSON line with each variant's rate (G operations a second: a
+// dot4I8Packed, a spelled-out dot, an xor-and-add or an FMA each count one).
+//   deno run -A scripts/bench/dp4.ts [--iter N] [--groups N] [--unroll U]
 import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import { getGpu, kernelCall, pipeline, storageBuffer } from "../../kernels/mod.ts";
@@ -15,15 +18,19 @@ const { values } = scriptArgs(import.meta.url, (args) =>
     options: {
       iter: { type: "string", default: "2048" },
       groups: { type: "string" },
+      unroll: { type: "string", default: "4" },
     },
   }));
 const gpu = await getGpu();
 const ITER = Number(values.iter);
 const WG = 256;
 const groups = Number(values.groups ?? (gpu.isSoftware ? 8 : 132 * 8));
-if (!(Number.isInteger(ITER) && ITER >= 1 && Number.isInteger(groups) && groups >= 1)) {
-  console.error("dp4.ts: --iter and --groups take positive integers");
-  Deno.exit(2);
+const UNROLL = Number(values.unroll);
+for (const [k, v] of [["iter", ITER], ["groups", groups], ["unroll", UNROLL]] as const) {
+  if (!(Number.isInteger(v) && v >= 1 && (k !== "unroll" || v <= 16))) {
+    console.error(`dp4.ts: --${k} takes a positive integer${k === "unroll" ? " up to 16" : ""} (got ${v})`);
+    Deno.exit(2);
+  }
 }
 if (!gpu.hasDp4) throw new Error(`${gpu.adapterName} has no packed_4x8_integer_dot_product`);
 
@@ -35,14 +42,27 @@ const spelled = `fn dot_spelled(a: u32, b: u32) -> i32 {
   let y = vec4<i32>(bitcast<i32>(b << 24u), bitcast<i32>(b << 16u), bitcast<i32>(b << 8u), bitcast<i32>(b)) >> vec4<u32>(24u);
   return x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
 }`;
-type Variant = "dp4" | "spelled" | "fma";
+type Variant = "dp4" | "spelled" | "xor" | "fma";
 function source(v: Variant): string {
   const int = v !== "fma";
-  const body = int
-    ? range(CHAINS).map((c) => `acc${c} += ${v === "dp4" ? "dot4I8Packed" : "dot_spelled"}(a${c}, b);`).join(
-      "\n    ",
-    )
-    : range(CHAINS).map((c) => `acc${c} = fma(acc${c}, xa${c}, xb);`).join("\n    ");
+  const op = (a: string, b: string) =>
+    v === "dp4"
+      ? `dot4I8Packed(${a}, ${b})`
+      : v === "spelled"
+      ? `dot_spelled(${a}, ${b})`
+      : `bitcast<i32>(${a} ^ ${b})`;
+  // Copy u of the chains reads b + u (xb + u): U words made once a round, so the products are not shared.
+  const words = range(UNROLL).map((u) =>
+    int ? `let b${u} = b + ${u * 0x01020304}u;` : `let xb${u} = xb + ${u}.0;`
+  );
+  const body = [
+    ...words,
+    ...range(UNROLL).flatMap((u) =>
+      range(CHAINS).map((c) =>
+        int ? `acc${c} += ${op(`a${c}`, `b${u}`)};` : `acc${c} = fma(acc${c}, xa${c}, xb${u});`
+      )
+    ),
+  ].join("\n    ");
   return `@group(0) @binding(0) var<storage, read_write> io: array<u32>;
 ${v === "spelled" ? spelled : ""}
 @compute @workgroup_size(${WG})
@@ -69,9 +89,9 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 
 const io = storageBuffer(gpu, 512, "dp4 bench io");
 gpu.device.queue.writeBuffer(io, 0, new Uint32Array(128).fill(0x7f3e2d1c));
-const ops = groups * WG * ITER * CHAINS;
+const ops = groups * WG * ITER * CHAINS * UNROLL;
 const rates: Record<string, number> = {};
-for (const v of ["fma", "dp4", "spelled", "dp4", "fma"] as Variant[]) {
+for (const v of ["fma", "dp4", "spelled", "xor", "dp4", "fma"] as Variant[]) {
   const call = kernelCall(gpu, pipeline(gpu, source(v)), [io], [groups]);
   await gpuMs(gpu, [call], 3);
   let best = Infinity;
@@ -85,7 +105,9 @@ console.log(JSON.stringify({
   groups,
   threads: groups * WG,
   iter: ITER,
+  unroll: UNROLL,
   g_ops_s: rates,
   dp4_over_fma: Number((rates.dp4 / rates.fma).toFixed(3)),
+  dp4_over_xor: Number((rates.dp4 / rates.xor).toFixed(3)),
   dp4_over_spelled: Number((rates.dp4 / rates.spelled).toFixed(2)),
 }));

@@ -40,7 +40,7 @@ Deno.test(
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.json.length, 1, r.stdout);
     const rates = r.json[0].g_ops_s as Record<string, number>;
-    for (const k of ["fma", "dp4", "spelled"]) assert.ok(rates[k] > 0, JSON.stringify(r.json[0]));
+    for (const k of ["fma", "dp4", "spelled", "xor"]) assert.ok(rates[k] > 0, JSON.stringify(r.json[0]));
   },
 );
 
