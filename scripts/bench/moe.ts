@@ -123,10 +123,24 @@ const { values } = scriptArgs(import.meta.url, (args) => {
   countArg("rounds", parsed.values.rounds);
   return parsed;
 });
+/** --set key=value,...: config keys overridden with numbers; anything else exits 2 naming the entry. */
+function configSet(arg: string | undefined): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const kv of arg?.split(",") ?? []) {
+    const m = /^([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9.eE+-]+)$/.exec(kv.trim());
+    if (!m || !Number.isFinite(Number(m[2]))) {
+      console.error(`moe.ts: --set takes key=number entries separated by commas, got "${kv}"`);
+      Deno.exit(2);
+    }
+    out[m[1]] = Number(m[2]);
+  }
+  return out;
+}
 /** --rounds: how many times the --tunings settings are timed in turn. */
 const rounds = Number(values.rounds);
 
 const tuningOverrides = values.tunings ? tuningList(values.tunings) : [];
+const configOverrides = configSet(values.set);
 const gpu = await getGpu();
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
@@ -162,10 +176,7 @@ for (const shape of values.shape!.split(",")) {
   if (!base) throw new TypeError(`--shape must be among ${Object.keys(MOE_SHAPES)}, got "${shape}"`);
   const fullLayers = base.num_hidden_layers as number;
   const L = values.layers ? Math.min(Number(values.layers), fullLayers) : fullLayers;
-  const set = Object.fromEntries(
-    (values.set?.split(",") ?? []).map((kv) => [kv.split("=")[0], Number(kv.split("=")[1])]),
-  );
-  const src = new RandomWeights({ ...base, ...set, num_hidden_layers: L }, 1, `random ${shape}`);
+  const src = new RandomWeights({ ...base, ...configOverrides, num_hidden_layers: L }, 1, `random ${shape}`);
   const c = src.config;
   const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % c.vocabSize);
   for (const weights of values.weights!.split(",") as WeightsOption[]) {

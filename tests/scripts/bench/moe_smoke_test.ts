@@ -72,3 +72,13 @@ Deno.test("moe benchmark: a --rounds that is not a whole number >= 1 is one line
     assert.match(r.stderr, /^moe\.ts: --rounds must be a whole number >= 1/);
   }
 });
+
+Deno.test("moe benchmark: a --set entry that is not key=number is one line naming it, exit 2", async () => {
+  for (const bad of ['{"vocab_size":4096}', "vocab_size=abc", "vocab_size"]) {
+    const r = await moe("--set", bad);
+    assert.equal(r.code, 2, `${bad}: ${r.stderr}`);
+    assert.match(r.stderr, /^moe\.ts: --set takes key=number entries/);
+    assert.ok(r.stderr.includes(bad), r.stderr);
+    assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
+  }
+});
