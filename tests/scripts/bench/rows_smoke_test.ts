@@ -51,4 +51,9 @@ Deno.test("rows / dp4 benchmarks: a bad option exits 2 naming it", async () => {
   const dp4 = await runScript("bench/dp4.ts", ["--iter", "0"]);
   assert.equal(dp4.code, 2);
   assert.match(dp4.stderr, /--iter/);
+  for (const u of ["0", "17", "two"]) {
+    const r = await runScript("bench/dp4.ts", ["--unroll", u]);
+    assert.equal(r.code, 2, `--unroll ${u}: ${r.stderr}`);
+    assert.match(r.stderr, /--unroll takes a positive integer up to 16/);
+  }
 });
