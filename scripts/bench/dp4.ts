@@ -8,30 +8,35 @@
 // dot4I8Packed, a spelled-out dot, an xor-and-add or an FMA each count one).
 //   deno run -A scripts/bench/dp4.ts [--iter N] [--groups N] [--unroll U]
 import { parseArgs } from "node:util";
-import { scriptArgs } from "../args.ts";
+import { countArg, scriptArgs } from "../args.ts";
+import { UsageError } from "../../cli/command.ts";
 import { getGpu, kernelCall, pipeline, storageBuffer } from "../../kernels/mod.ts";
 import { gpuMs } from "../../kernels/timer.ts";
 
-const { values } = scriptArgs(import.meta.url, (args) =>
-  parseArgs({
+const { values } = scriptArgs(import.meta.url, (args) => {
+  const parsed = parseArgs({
     args,
     options: {
       iter: { type: "string", default: "2048" },
       groups: { type: "string" },
       unroll: { type: "string", default: "4" },
     },
-  }));
+  });
+  countArg("iter", parsed.values.iter);
+  if (parsed.values.groups !== undefined) countArg("groups", parsed.values.groups);
+  const u = Number(parsed.values.unroll);
+  if (!(Number.isInteger(u) && u >= 1 && u <= 16)) {
+    throw new UsageError(
+      `--unroll takes a positive integer up to 16, got ${JSON.stringify(parsed.values.unroll)}`,
+    );
+  }
+  return parsed;
+});
 const gpu = await getGpu();
 const ITER = Number(values.iter);
 const WG = 256;
 const groups = Number(values.groups ?? (gpu.isSoftware ? 8 : 132 * 8));
 const UNROLL = Number(values.unroll);
-for (const [k, v] of [["iter", ITER], ["groups", groups], ["unroll", UNROLL]] as const) {
-  if (!(Number.isInteger(v) && v >= 1 && (k !== "unroll" || v <= 16))) {
-    console.error(`dp4.ts: --${k} takes a positive integer${k === "unroll" ? " up to 16" : ""} (got ${v})`);
-    Deno.exit(2);
-  }
-}
 if (!gpu.hasDp4) throw new Error(`${gpu.adapterName} has no packed_4x8_integer_dot_product`);
 
 const CHAINS = 8;

@@ -26,6 +26,7 @@
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
 import { countArg, scriptArgs } from "../args.ts";
+import { UsageError } from "../../cli/command.ts";
 import { getGpu, type KernelTuning, writeStep } from "../../kernels/mod.ts";
 import { cpuMs, dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
@@ -102,7 +103,20 @@ export const MOE_SHAPES: Record<string, Record<string, unknown>> = {
 /** The H200's device-to-device copy bandwidth (FACTS.md). */
 const COPY_BW = 4.2e12;
 
-const { values } = scriptArgs(import.meta.url, (args) => {
+/** --set key=value,...: config keys overridden with numbers; anything else is a UsageError naming the entry. */
+function configSet(arg: string | undefined): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const kv of arg?.split(",") ?? []) {
+    const m = /^([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9.eE+-]+)$/.exec(kv.trim());
+    if (!m || !Number.isFinite(Number(m[2]))) {
+      throw new UsageError(`--set takes key=number entries separated by commas, got "${kv}"`);
+    }
+    out[m[1]] = Number(m[2]);
+  }
+  return out;
+}
+
+const { values, configOverrides } = scriptArgs(import.meta.url, (args) => {
   const parsed = parseArgs({
     args,
     options: {
@@ -121,26 +135,12 @@ const { values } = scriptArgs(import.meta.url, (args) => {
     },
   });
   countArg("rounds", parsed.values.rounds);
-  return parsed;
+  return { ...parsed, configOverrides: configSet(parsed.values.set) };
 });
-/** --set key=value,...: config keys overridden with numbers; anything else exits 2 naming the entry. */
-function configSet(arg: string | undefined): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const kv of arg?.split(",") ?? []) {
-    const m = /^([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9.eE+-]+)$/.exec(kv.trim());
-    if (!m || !Number.isFinite(Number(m[2]))) {
-      console.error(`moe.ts: --set takes key=number entries separated by commas, got "${kv}"`);
-      Deno.exit(2);
-    }
-    out[m[1]] = Number(m[2]);
-  }
-  return out;
-}
 /** --rounds: how many times the --tunings settings are timed in turn. */
 const rounds = Number(values.rounds);
 
 const tuningOverrides = values.tunings ? tuningList(values.tunings) : [];
-const configOverrides = configSet(values.set);
 const gpu = await getGpu();
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
