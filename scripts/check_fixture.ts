@@ -1,6 +1,7 @@
 // Checks a model folder that holds reference outputs (reference.json + reference.safetensors, as made
 // by ../shared/fixtures/make_fixtures.py) through the CLI: greedy continuation and teacher-forced logits.
-//   deno run -A scripts/check_fixture.ts DIR... [--weights f32|f16|q8|q4] [--tolerance T] [--local N] [--kv f16|f32]
+//   deno run -A scripts/check_fixture.ts DIR... [--weights f32|f16|q8|q4] [--tolerance T]
+//     [--local N [--experts local|spread]] [--kv f16|f32]
 // Prints one line per folder and exits 1 if any fails. The tests use checkFixture for the fixtures.
 // With q8 / q4 the greedy tokens are reported but do not fail the check (quantisation may move a near
 // tie: a flip's line gives the reference's margin there against the run's error on that row); the logits
@@ -95,7 +96,7 @@ export interface FixtureCheck {
 
 /**
  * Runs `generate --temperature 0` and `logits` on `dir` and compares with its reference; with `local: N`
- * both run on an ephemeral N-node chain (`--local N`).
+ * both run on an ephemeral N-node chain (`--local N --wire f32`: exact hops for both).
  */
 export async function checkFixture(
   dir: string,
@@ -103,7 +104,10 @@ export async function checkFixture(
 ): Promise<FixtureCheck> {
   const weights = opts.weights ?? "f32";
   const env = opts.kv ? { SWACTOR_KV: opts.kv } : undefined;
-  const local = opts.local ? ["--local", String(opts.local)] : [];
+  // Through a chain, activations cross the wire in f32 for both runs (generate's default is f16, logits'
+  // f32): an exactness check must not round between stages, or a near tie in the greedy tokens flips where
+  // the teacher-forced logits, which decide the explanation on a DIFFER line, were never rounded.
+  const local = opts.local ? ["--local", String(opts.local), "--wire", "f32"] : [];
   if (opts.experts) local.push("--experts", opts.experts);
   const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
   const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
@@ -245,7 +249,9 @@ if (import.meta.main) {
       console.log(
         `${ok ? "PASS" : "FAIL"} ${dir} weights=${weights}${kv ? ` kv=${kv}` : ""}${
           values.local ? ` local=${values.local}` : ""
-        } tokens=${r.tokensMatch ? "match" : differ(r)} ` +
+        }${values.experts ? ` experts=${values.experts}` : ""} tokens=${
+          r.tokensMatch ? "match" : differ(r)
+        } ` +
           `logits_rel_err=${r.logitsError.toExponential(2)} (tolerance ${tolerance})${note}`,
       );
     } catch (e) {

@@ -56,7 +56,9 @@ Deno.test({
 });
 
 Deno.test({
-  ...needs("pipeline: --trace writes every step's stage spans and wire hops", { [GPU]: hasGpu }),
+  ...needs("pipeline: --trace writes every step's stage spans and wire hops (f16 wire: reference tokens)", {
+    [GPU]: hasGpu,
+  }),
   ...slow,
 }, async () => {
   const dir = fixtureDir("llama-micro", { needs: "reference.json" })!;
@@ -87,6 +89,10 @@ Deno.test({
       stdin: "null",
     }).output();
     assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+    // generate's default wire is f16 (checkFixture's runs take f32): this fixture's margins are far above
+    // its rounding, so the tokens are still the reference's.
+    const { tokens } = JSON.parse(new TextDecoder().decode(out.stdout));
+    assert.deepEqual(tokens, ref.tokens.slice(ref.prompt_length, ref.prompt_length + 4), "f16 wire: tokens");
     const { traceEvents } = JSON.parse(await Deno.readTextFile(file));
     const spans = traceEvents.filter((e: { ph: string }) => e.ph === "X");
     const names = new Set(spans.map((e: { name: string }) => e.name));
