@@ -6,6 +6,7 @@ import { basename, join } from "node:path";
 import { type ModelConfig, readJsonFile } from "./config.ts";
 import { readModelConfig } from "./family.ts";
 import { toF16Bits, toF32 } from "./dtype.ts";
+import { dequantFp8, scaleNameOf } from "./fp8.ts";
 import { CheckpointError } from "./errors.ts";
 import { type DType, readSafetensorsHeader, readTensorBytes, type TensorInfo } from "./safetensors.ts";
 
@@ -191,8 +192,9 @@ export class Checkpoint {
   }
 
   /**
-   * Reads one tensor's raw bytes (little-endian, in its stored dtype), after checking its shape against
-   * `expectShape` when given: "tensor X has shape [..], expected [..]" otherwise.
+   * Reads one tensor's raw bytes (little-endian, in its stored dtype; block-scaled fp8 weights come
+   * dequantised, as F32), after checking its shape against `expectShape` when given: "tensor X has shape
+   * [..], expected [..]" otherwise.
    */
   async read(
     name: string,
@@ -206,7 +208,21 @@ export class Checkpoint {
         }]`,
       );
     }
-    return { dtype: info.dtype, shape: info.shape, bytes: await readTensorBytes(info) };
+    const bytes = await readTensorBytes(info);
+    if (info.dtype !== "F8_E4M3") return { dtype: info.dtype, shape: info.shape, bytes };
+    // Block-scaled fp8 (models/fp8.ts): dequantised here, so every reader sees f32.
+    const q = this.config.weightQuant;
+    if (!q) {
+      throw new CheckpointError(
+        `${basename(info.file)}: tensor ${name} is F8_E4M3, but config.json has no quantization_config ` +
+          `(quant_method "fp8", weight_block_size) to say how it is scaled`,
+      );
+    }
+    const scale = this.info(scaleNameOf(name));
+    const scaleBytes = await readTensorBytes(scale);
+    const scales = convert(scaleNameOf(name), () => toF32(scaleBytes, scale.dtype));
+    const values = dequantFp8(name, bytes, info.shape, scales, scale.shape, q);
+    return { dtype: "F32", shape: info.shape, bytes: new Uint8Array(values.buffer) };
   }
 
   /** Reads one tensor as float32 (F32, F16, BF16 stored; others are CheckpointError). */

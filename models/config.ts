@@ -110,8 +110,20 @@ export interface ModelConfig {
   eosTokenIds: number[];
   /** `torch_dtype` (or transformers 5's `dtype`) as written: the dtype the weights were saved in. */
   torchDtype: string | null;
+  /** `quantization_config`: how quantised weights are stored, or null for plain F32 / F16 / BF16. */
+  weightQuant: WeightQuant | null;
   /** Layer i's blocks (a function, so an absurd layer count builds nothing before it is checked). */
   layer(i: number): LayerSpec;
+}
+
+/**
+ * Weights stored quantised (`quantization_config`): fp8 (E4M3) codes in blocks of [rows, columns], each block
+ * with an f32 scale in the tensor `<name>_scale_inv` that the codes are multiplied by (DeepSeek-V3, Kimi K2
+ * and Qwen3's FP8 checkpoints as released). Read by Checkpoint.read, which dequantises them (models/fp8.ts).
+ */
+export interface WeightQuant {
+  method: "fp8";
+  block: [number, number];
 }
 
 /** The largest layer count, width or vocabulary a config may state before it is called absurd. */
@@ -315,6 +327,7 @@ export class ConfigReader {
         ? eos.map((e) => this.tokenId("eos_token_id", e))
         : [this.tokenId("eos_token_id", eos)],
       torchDtype: dtype,
+      weightQuant: this.weightQuant(),
       layer: (i) => {
         if (!(Number.isInteger(i) && i >= 0 && i < numLayers + mtpLayers)) {
           throw new RangeError(
@@ -367,6 +380,44 @@ export class ConfigReader {
       );
     }
     return v;
+  }
+
+  /**
+   * `quantization_config`: absent or null for plain weights; `quant_method` "fp8" (E4M3 codes, `fmt` "e4m3"
+   * when given) with `weight_block_size` [rows, columns] (default [128, 128]) for block-scaled fp8 weights.
+   * Any other method is refused, naming it. `activation_scheme` is not read: the weights are dequantised at
+   * load, so activations are never fp8 here (transformers' reference for this is its `dequantize: true`).
+   */
+  weightQuant(): WeightQuant | null {
+    const q = this.c.quantization_config;
+    if (q === undefined || q === null) return null;
+    if (typeof q !== "object" || Array.isArray(q)) {
+      throw this.fail(`quantization_config must be an object, got ${JSON.stringify(q)}`);
+    }
+    const { quant_method: method, fmt, weight_block_size: size } = q as Record<string, unknown>;
+    if (method !== "fp8") {
+      throw this.fail(
+        `quantization_config.quant_method ${
+          JSON.stringify(method)
+        } is not supported: fp8 (block-scaled, as ` +
+          `DeepSeek-V3 and Kimi K2 ship) is, or weights stored as F32, F16 or BF16`,
+      );
+    }
+    if (fmt !== undefined && fmt !== null && fmt !== "e4m3") {
+      throw this.fail(`quantization_config.fmt must be "e4m3", got ${JSON.stringify(fmt)}`);
+    }
+    const block = size ?? [128, 128];
+    if (
+      !Array.isArray(block) || block.length !== 2 ||
+      !block.every((b) => Number.isSafeInteger(b) && b > 0 && b <= MAX_DIM)
+    ) {
+      throw this.fail(
+        `quantization_config.weight_block_size must be [rows, columns] of positive integers, got ${
+          JSON.stringify(size)
+        } (per-tensor fp8 scales are not supported)`,
+      );
+    }
+    return { method: "fp8", block: [block[0], block[1]] };
   }
 
   ropeScaling(): RopeScaling | null {

@@ -33,7 +33,7 @@ export interface WeightSource {
   layersStored(): number;
   /** A tensor's dtype and shape, and its byte range (for progress); CheckpointError when missing. */
   info(name: string): { dtype: DType; shape: number[]; begin: number; end: number };
-  /** A tensor's raw little-endian bytes in its dtype. */
+  /** A tensor's raw little-endian bytes in its dtype (a checkpoint's block-scaled fp8 comes as F32). */
   read(name: string): Promise<{ dtype: DType; shape: number[]; bytes: Uint8Array }>;
   /** A tensor as f32 values (for weights the loader transforms on the CPU). */
   readF32(name: string): Promise<Float32Array>;
@@ -84,9 +84,10 @@ export class WeightUploader {
     this.bytes += outBytes;
     const random = this.source.random?.(names[0]);
     if (random) return this.#convert({ count, from: "random", to: as, K, random }, undefined, label);
-    const dtype = infos[0].dtype;
-    const same = infos.every((i) => i.dtype === dtype) && RAW.has(dtype);
+    // The dtypes as read (a source may dequantise: fp8 checkpoints read as F32), not as stored.
     const parts = await Promise.all(names.map((n) => this.source.read(n)));
+    const dtype = parts[0].dtype;
+    const same = parts.every((p) => p.dtype === dtype) && RAW.has(dtype);
     if (this.opts.on === "cpu" || !same) {
       return uploadBuffer(this.gpu, cpuConvert(names, parts, as, K), label);
     }

@@ -84,6 +84,7 @@ Deno.test("llama3-tiny's config parses with llama3 rope scaling, all eos ids and
     bosTokenId: 128000,
     eosTokenIds: [128001, 128008, 128009],
     torchDtype: "bfloat16",
+    weightQuant: null,
     layer0: {
       attention: {
         kind: "gqa",

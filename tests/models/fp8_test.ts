@@ -1,0 +1,252 @@
+// Block-scaled fp8 checkpoints (models/fp8.ts; DeepSeek-V3 / Kimi K2 / Qwen3 FP8 as released): the E4M3
+// values, the dequantisation with partial edge blocks, the config's quantization_config, the errors, and a
+// whole model: kimi-k2-tiny with every projection stored as fp8 gives exactly the logits of its twin that
+// stores the dequantised values as F32, with f32 and with q4 weights on the GPU.
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { toF32 } from "../../models/dtype.ts";
+import { parseModelConfig } from "../../models/family.ts";
+import { dequantFp8, E4M3 } from "../../models/fp8.ts";
+import { CheckpointError } from "../../models/errors.ts";
+import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
+import type { TensorData } from "../../models/safetensors.ts";
+import { readF32 } from "../../scripts/check_fixture.ts";
+import { fixtureDir } from "../fixtures.ts";
+import { gpuAvailable, needs } from "../support/needs.ts";
+import { runCli } from "../cli/run.ts";
+
+Deno.test("E4M3: zero, subnormals, one, the largest finite value, NaN, and monotone codes", () => {
+  assert.equal(E4M3[0x00], 0);
+  assert.ok(Object.is(E4M3[0x80], -0));
+  assert.equal(E4M3[0x01], 2 ** -9); // the smallest subnormal: 1/8 of 2^-6
+  assert.equal(E4M3[0x07], 7 * 2 ** -9);
+  assert.equal(E4M3[0x08], 2 ** -6); // the smallest normal
+  assert.equal(E4M3[0x38], 1);
+  assert.equal(E4M3[0x40], 2);
+  assert.equal(E4M3[0x3c], 1.5);
+  assert.equal(E4M3[0x7e], 448);
+  assert.equal(E4M3[0xfe], -448);
+  assert.ok(Number.isNaN(E4M3[0x7f]) && Number.isNaN(E4M3[0xff]));
+  for (let b = 1; b < 0x7f; b++) assert.ok(E4M3[b] > E4M3[b - 1], `code ${b} above code ${b - 1}`);
+  for (let b = 0; b < 0x7f; b++) assert.ok(Object.is(E4M3[b | 0x80], -E4M3[b]), `code ${b}'s negative`);
+});
+
+Deno.test("dequantFp8: each block's scale, partial edge blocks, f32 products; a wrong scale shape is named", () => {
+  // [5, 7] in blocks of [2, 3]: scales [3, 3], the last row and column of blocks partial.
+  const N = 5, K = 7;
+  const codes = Uint8Array.from({ length: N * K }, (_, i) => (i * 37 + 11) % 0x7f);
+  const scales = Float32Array.from({ length: 9 }, (_, i) => 0.1 + i / 3);
+  const got = dequantFp8("w", codes, [N, K], scales, [3, 3], { method: "fp8", block: [2, 3] });
+  for (let n = 0; n < N; n++) {
+    for (let k = 0; k < K; k++) {
+      const want = Math.fround(E4M3[codes[n * K + k]] * scales[Math.floor(n / 2) * 3 + Math.floor(k / 3)]);
+      assert.equal(got[n * K + k], want, `[${n}, ${k}]`);
+    }
+  }
+  assert.throws(
+    () => dequantFp8("w", codes, [N, K], scales, [3, 2], { method: "fp8", block: [2, 3] }),
+    (e) =>
+      e instanceof CheckpointError && /w_scale_inv has shape \[3, 2\], expected \[3, 3\]/.test(e.message),
+  );
+  assert.throws(
+    () => dequantFp8("v", codes, [N * K], scales, [3, 3], { method: "fp8", block: [2, 3] }),
+    (e) => e instanceof CheckpointError && /v: fp8 weights must be matrices/.test(e.message),
+  );
+});
+
+const BASE = {
+  model_type: "llama",
+  hidden_size: 8,
+  num_hidden_layers: 1,
+  num_attention_heads: 2,
+  vocab_size: 16,
+};
+
+Deno.test("quantization_config: fp8 blocks read; other methods, formats and block sizes refused by name", () => {
+  const cfg = (q: unknown) =>
+    parseModelConfig({ ...BASE, intermediate_size: 16, quantization_config: q }, "c");
+  assert.equal(cfg(undefined).weightQuant, null);
+  assert.equal(cfg(null).weightQuant, null);
+  assert.deepEqual(cfg({ quant_method: "fp8" }).weightQuant, { method: "fp8", block: [128, 128] });
+  assert.deepEqual(
+    cfg({ quant_method: "fp8", fmt: "e4m3", activation_scheme: "dynamic", weight_block_size: [64, 32] })
+      .weightQuant,
+    { method: "fp8", block: [64, 32] },
+  );
+  const refused = (q: unknown, re: RegExp) =>
+    assert.throws(() => cfg(q), (e) => e instanceof CheckpointError && re.test(e.message));
+  refused({ quant_method: "gptq", bits: 4 }, /quantization_config\.quant_method "gptq" is not supported/);
+  refused({ quant_method: "fp8", fmt: "e5m2" }, /quantization_config\.fmt must be "e4m3", got "e5m2"/);
+  refused({ quant_method: "fp8", weight_block_size: [128] }, /weight_block_size must be \[rows, columns\]/);
+  refused({ quant_method: "fp8", weight_block_size: [0, 128] }, /weight_block_size/);
+  refused("fp8", /quantization_config must be an object/);
+});
+
+/** The nearest finite E4M3 code to v (ties to the lower magnitude). */
+function toE4M3(v: number): number {
+  const a = Math.abs(v);
+  let best = 0;
+  for (let b = 1; b < 0x7f; b++) if (Math.abs(E4M3[b] - a) < Math.abs(E4M3[best] - a)) best = b;
+  return v < 0 ? best | 0x80 : best;
+}
+
+/**
+ * kimi-k2-tiny's projections (attention, dense MLP, routed and shared experts; not the router, embeddings,
+ * norms or head, as DeepSeek's releases keep them) as fp8 in blocks of `block`, written to `fp8Dir`, and the
+ * same dequantised values as F32 to `twinDir`; everything else copied.
+ */
+async function writeFp8Pair(src: string, fp8Dir: string, twinDir: string, block: [number, number]) {
+  const config = JSON.parse(await Deno.readTextFile(join(src, "config.json")));
+  await Deno.writeTextFile(
+    join(fp8Dir, "config.json"),
+    JSON.stringify({
+      ...config,
+      quantization_config: { quant_method: "fp8", fmt: "e4m3", weight_block_size: block },
+    }),
+  );
+  await Deno.writeTextFile(join(twinDir, "config.json"), JSON.stringify(config));
+  const fp8: TensorData[] = [], twin: TensorData[] = [];
+  let quantised = 0;
+  for await (const f of Deno.readDir(src)) {
+    if (!f.name.endsWith(".safetensors") || f.name.startsWith("reference")) continue;
+    for (const [name, info] of await readSafetensorsHeader(join(src, f.name))) {
+      const bytes = await readTensorBytes(info);
+      if (!/proj(_with_mqa)?\.weight$/.test(name)) {
+        fp8.push({ name, dtype: info.dtype, shape: info.shape, data: bytes });
+        twin.push({ name, dtype: info.dtype, shape: info.shape, data: bytes });
+        continue;
+      }
+      const w = toF32(bytes, info.dtype);
+      const [N, K] = info.shape, [bn, bk] = block;
+      const SN = Math.ceil(N / bn), SK = Math.ceil(K / bk);
+      const scales = new Float32Array(SN * SK);
+      const codes = new Uint8Array(N * K);
+      const deq = new Float32Array(N * K);
+      for (let sn = 0; sn < SN; sn++) {
+        for (let sk = 0; sk < SK; sk++) {
+          let amax = 0;
+          for (let n = sn * bn; n < Math.min(N, (sn + 1) * bn); n++) {
+            for (let k = sk * bk; k < Math.min(K, (sk + 1) * bk); k++) {
+              amax = Math.max(amax, Math.abs(w[n * K + k]));
+            }
+          }
+          const s = Math.fround(amax > 0 ? amax / 448 : 1);
+          scales[sn * SK + sk] = s;
+          for (let n = sn * bn; n < Math.min(N, (sn + 1) * bn); n++) {
+            for (let k = sk * bk; k < Math.min(K, (sk + 1) * bk); k++) {
+              codes[n * K + k] = toE4M3(w[n * K + k] / s);
+              deq[n * K + k] = E4M3[codes[n * K + k]] * s;
+            }
+          }
+        }
+      }
+      quantised++;
+      fp8.push({ name, dtype: "F8_E4M3", shape: [N, K], data: codes });
+      fp8.push({
+        name: `${name}_scale_inv`,
+        dtype: "F32",
+        shape: [SN, SK],
+        data: new Uint8Array(scales.buffer),
+      });
+      twin.push({ name, dtype: "F32", shape: [N, K], data: new Uint8Array(deq.buffer) });
+    }
+  }
+  await writeSafetensors(join(fp8Dir, "model.safetensors"), fp8);
+  await writeSafetensors(join(twinDir, "model.safetensors"), twin);
+  return quantised;
+}
+
+const k2 = fixtureDir("kimi-k2-tiny", { needs: "reference.json" });
+const slow = { sanitizeOps: false, sanitizeResources: false };
+
+Deno.test({
+  ...needs(
+    "kimi-k2-tiny as fp8 (blocks [16, 24]): the logits of its dequantised F32 twin, f32 and q4 weights",
+    {
+      "a WebGPU adapter": await gpuAvailable(),
+      "the kimi-k2-tiny fixture": k2,
+    },
+  ),
+  ...slow,
+}, async () => {
+  const root = await Deno.makeTempDir();
+  try {
+    const [fp8Dir, twinDir] = [join(root, "fp8"), join(root, "twin")];
+    await Deno.mkdir(fp8Dir);
+    await Deno.mkdir(twinDir);
+    const n = await writeFp8Pair(k2!, fp8Dir, twinDir, [16, 24]);
+    assert.ok(n >= 40, `${n} projections stored as fp8`);
+    const tokens = JSON.parse(await Deno.readTextFile(join(k2!, "reference.json"))).tokens.join(",");
+    for (const weights of ["f32", "q4"]) {
+      const logits = async (dir: string) => {
+        const out = join(root, `${weights}-${dir.endsWith("fp8") ? "fp8" : "twin"}.safetensors`);
+        const r = await runCli([
+          "logits",
+          "--model",
+          dir,
+          "--tokens",
+          tokens,
+          "--out",
+          out,
+          "--weights",
+          weights,
+        ]);
+        assert.equal(r.code, 0, r.stderr);
+        return (await readF32(out, "logits")).data;
+      };
+      const [a, b] = [await logits(fp8Dir), await logits(twinDir)];
+      assert.equal(a.length, b.length);
+      const at = a.findIndex((v, i) => !Object.is(v, b[i]));
+      assert.equal(at, -1, `${weights} weights: logit ${at} is ${a[at]}, its twin's ${b[at]}`);
+    }
+    // The original (bf16) weights give other logits: the fp8 codes were read, not the originals.
+    const orig = join(root, "orig.safetensors");
+    const r = await runCli(["logits", "--model", k2!, "--tokens", tokens, "--out", orig, "--weights", "f32"]);
+    assert.equal(r.code, 0, r.stderr);
+    const [o, q] = [
+      (await readF32(orig, "logits")).data,
+      (await readF32(join(root, "f32-fp8.safetensors"), "logits")).data,
+    ];
+    assert.ok(o.some((v, i) => v !== q[i]), "the fp8 model's logits are the bf16 model's");
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+});
+
+Deno.test({
+  ...needs("an fp8 checkpoint with a scale missing, or no quantization_config: exit 2 naming what", {
+    "the kimi-k2-tiny fixture": k2,
+  }),
+  ...slow,
+}, async () => {
+  const root = await Deno.makeTempDir();
+  try {
+    const [fp8Dir, twinDir] = [join(root, "fp8"), join(root, "twin")];
+    await Deno.mkdir(fp8Dir);
+    await Deno.mkdir(twinDir);
+    await writeFp8Pair(k2!, fp8Dir, twinDir, [16, 24]);
+    // No quantization_config: the F8_E4M3 tensors have nothing to say how they are scaled.
+    const config = JSON.parse(await Deno.readTextFile(join(fp8Dir, "config.json")));
+    delete config.quantization_config;
+    await Deno.writeTextFile(join(fp8Dir, "config.json"), JSON.stringify(config));
+    const args = ["logits", "--model", fp8Dir, "--tokens", "1,2,3", "--out", join(root, "x.safetensors")];
+    let r = await runCli([...args, "--weights", "f32"]);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /is F8_E4M3, but config\.json has no quantization_config/);
+    // A scale tensor missing: named.
+    config.quantization_config = { quant_method: "fp8", weight_block_size: [16, 24] };
+    await Deno.writeTextFile(join(fp8Dir, "config.json"), JSON.stringify(config));
+    const header = await readSafetensorsHeader(join(fp8Dir, "model.safetensors"));
+    const kept: TensorData[] = [];
+    for (const [name, info] of header) {
+      if (name === "model.layers.0.self_attn.o_proj.weight_scale_inv") continue;
+      kept.push({ name, dtype: info.dtype, shape: info.shape, data: await readTensorBytes(info) });
+    }
+    await writeSafetensors(join(fp8Dir, "model.safetensors"), kept);
+    r = await runCli([...args, "--weights", "f32"]);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /missing tensor model\.layers\.0\.self_attn\.o_proj\.weight_scale_inv/);
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+});
