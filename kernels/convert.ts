@@ -1,7 +1,8 @@
-// Weight conversion on the GPU at load time: a checkpoint's raw tensor bytes (bf16, f16 or f32), uploaded
-// as they are, become the engine's storage (f32, f16, or q8 / q4 as kernels/quant.ts lays them out) in one
-// dispatch, bit-identical to the CPU conversions (models/dtype.ts, kernels/quant.ts): rounding is done with
-// integer operations, and the quantiser's divisions are corrected with exact products (docs/KERNELS.md).
+// Weight conversion on the GPU at load time: a checkpoint's raw tensor bytes (bf16, f16, f32, or fp8 codes
+// with their block scales), uploaded as they are, become the engine's storage (f32, f16, or q8 / q4 as
+// kernels/quant.ts lays them out) in one dispatch, bit-identical to the CPU conversions (models/dtype.ts,
+// models/fp8.ts, kernels/quant.ts): rounding is done with integer operations, and the quantiser's divisions
+// are corrected with exact products (docs/KERNELS.md).
 // The same kernel can make its input instead of reading it: deterministic random bf16 weights, for
 // benchmarks at sizes no disk holds (models/random_weights.ts).
 //
@@ -11,8 +12,23 @@
 import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
 import { QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 
-/** What a checkpoint's tensor bytes are (the float dtypes safetensors files hold). */
-export type RawType = "BF16" | "F16" | "F32";
+/**
+ * What a checkpoint's tensor bytes are: the float dtypes safetensors files hold, and block-scaled fp8
+ * (E4M3 codes with an f32 scale a block, models/fp8.ts: its `Fp8Blocks` give the layout).
+ */
+export type RawType = "BF16" | "F16" | "F32" | "F8_E4M3";
+
+/**
+ * An fp8 source's layout: rows of K codes, one scale a block of bn x bk, SK = ceil(K / bk) scales a row of
+ * blocks, in `scales` (f32). Stacked matrices share a layout when every one but the last has a multiple of
+ * bn rows (their scale rows then follow each other).
+ */
+export interface Fp8Blocks {
+  K: number;
+  bn: number;
+  bk: number;
+  scales: GPUBuffer;
+}
 /** What the conversion writes. */
 export type ConvertTarget = "f32" | "f16" | QuantType;
 
@@ -55,6 +71,27 @@ fn load(i: u32) -> u32 {
   let u = bitcast<f32>(0x3f800000u | (h >> 9u));
   let v = (u - 1.5) * 2.0 * p.scale + p.offset;
   return bf16_rne(bitcast<u32>(v));
+}`
+    : from === "F8_E4M3"
+    ? `
+@group(0) @binding(4) var<storage, read> scales: array<f32>;
+// An E4M3 code as f32 bits (models/fp8.ts's table: bias 7, subnormals m 2^-9, S.1111.111 NaN).
+fn e4m3(b: u32) -> u32 {
+  let sign = (b & 0x80u) << 24u;
+  let e = (b >> 3u) & 0xfu;
+  let m = b & 7u;
+  if (e == 15u && m == 7u) { return sign | 0x7fc00000u; }
+  if (e != 0u) { return sign | ((e + 120u) << 23u) | (m << 20u); }
+  if (m == 0u) { return sign; }
+  let top = 31u - countLeadingZeros(m);
+  return sign | ((top + 118u) << 23u) | ((m << (23u - top)) & 0x7fffffu);
+}
+// Code i times its block's scale: one correctly rounded f32 product, as the CPU's dequantFp8.
+fn load(i: u32) -> u32 {
+  let code = (src[i / 4u] >> (8u * (i & 3u))) & 0xffu;
+  let n = i / p.k;
+  let k = i - n * p.k;
+  return bitcast<u32>(bitcast<f32>(e4m3(code)) * scales[(n / p.bn) * p.sk + k / p.bk]);
 }`
     : from === "BF16"
     ? `fn load(i: u32) -> u32 { return ((src[i / 2u] >> (16u * (i & 1u))) & 0xffffu) << 16u; }`
@@ -191,7 +228,7 @@ fn quant_group(g: u32) -> u32 {
 }`
     : "";
   return `
-struct P { count: u32, soff: u32, seed: u32, stream: u32, scale: f32, offset: f32 }
+struct P { count: u32, soff: u32, seed: u32, stream: u32, scale: f32, offset: f32, k: u32, bn: u32, bk: u32, sk: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
@@ -226,9 +263,20 @@ export function convertCall(
     N?: number;
     K?: number;
     random?: RandomFill;
+    /** The layout of an F8_E4M3 source. */
+    fp8?: Fp8Blocks;
   },
 ): KernelCall {
   const { count, from, to } = d;
+  const f8 = d.fp8;
+  if ((from === "F8_E4M3") !== (f8 !== undefined)) {
+    throw new TypeError("an F8_E4M3 conversion needs its fp8 block layout, and only it takes one");
+  }
+  if (f8 && !([f8.K, f8.bn, f8.bk].every((v) => Number.isInteger(v) && v >= 1) && count % f8.K === 0)) {
+    throw new RangeError(
+      `fp8 blocks ${JSON.stringify({ ...f8, scales: undefined })} do not fit ${count} values`,
+    );
+  }
   if (!(Number.isInteger(count) && count >= 1 && count < 2 ** 32)) {
     throw new RangeError(`conversion of ${count} values: expected 1 .. 2^32 - 1`);
   }
@@ -242,12 +290,23 @@ export function convertCall(
   }
   if (from === "random" && !d.random) throw new TypeError("a random conversion needs its RandomFill");
   const r = d.random ?? { seed: 0, stream: 0, scale: 0, offset: 0 };
-  const params = uniformBuffer(gpu, [count, soff, r.seed, r.stream, r.scale, r.offset ?? 0], [4, 5]);
+  const params = uniformBuffer(gpu, [
+    count,
+    soff,
+    r.seed,
+    r.stream,
+    r.scale,
+    r.offset ?? 0,
+    f8?.K ?? 0,
+    f8?.bn ?? 0,
+    f8?.bk ?? 0,
+    f8 ? Math.ceil(f8.K / f8.bk) : 0,
+  ], [4, 5]);
   const wgs = Math.ceil(units(count, to) / WG);
   return kernelCall(
     gpu,
     pipeline(gpu, source(from, to)),
-    [params, bufs.src, bufs.out, bufs.bad],
+    [params, bufs.src, bufs.out, bufs.bad, ...(f8 ? [f8.scales] : [])],
     [Math.min(wgs, ROW), Math.ceil(wgs / ROW)],
     `convert_${from}_${to}`,
   );

@@ -6,7 +6,7 @@ import { basename, join } from "node:path";
 import { type ModelConfig, readJsonFile } from "./config.ts";
 import { readModelConfig } from "./family.ts";
 import { toF16Bits, toF32 } from "./dtype.ts";
-import { dequantFp8, scaleNameOf } from "./fp8.ts";
+import { checkFp8Shapes, dequantFp8, type Fp8Tensor, scaleNameOf } from "./fp8.ts";
 import { CheckpointError } from "./errors.ts";
 import { type DType, readSafetensorsHeader, readTensorBytes, type TensorInfo } from "./safetensors.ts";
 
@@ -208,21 +208,39 @@ export class Checkpoint {
         }]`,
       );
     }
-    const bytes = await readTensorBytes(info);
-    if (info.dtype !== "F8_E4M3") return { dtype: info.dtype, shape: info.shape, bytes };
+    if (info.dtype !== "F8_E4M3") {
+      return { dtype: info.dtype, shape: info.shape, bytes: await readTensorBytes(info) };
+    }
     // Block-scaled fp8 (models/fp8.ts): dequantised here, so every reader sees f32.
+    const t = await this.readFp8(name);
+    const values = dequantFp8(name, t.codes, t.shape, t.scales, t.scaleShape, this.config.weightQuant!);
+    return { dtype: "F32", shape: info.shape, bytes: new Uint8Array(values.buffer) };
+  }
+
+  /**
+   * An F8_E4M3 tensor as stored, with its block scales (`<name>_scale_inv`, as f32), for a reader that
+   * dequantises on its own (the GPU conversion, models/upload.ts). CheckpointError naming what is missing
+   * or misshapen, or when config.json says nothing of fp8.
+   */
+  async readFp8(name: string): Promise<Fp8Tensor> {
+    const info = this.info(name);
     const q = this.config.weightQuant;
     if (!q) {
       throw new CheckpointError(
-        `${basename(info.file)}: tensor ${name} is F8_E4M3, but config.json has no quantization_config ` +
+        `${
+          basename(info.file)
+        }: tensor ${name} is ${info.dtype}, but config.json has no quantization_config ` +
           `(quant_method "fp8", weight_block_size) to say how it is scaled`,
       );
     }
+    if (info.dtype !== "F8_E4M3") {
+      throw new CheckpointError(`${basename(info.file)}: tensor ${name} is ${info.dtype}, not F8_E4M3`);
+    }
     const scale = this.info(scaleNameOf(name));
+    checkFp8Shapes(name, info.shape, scale.shape, q);
     const scaleBytes = await readTensorBytes(scale);
     const scales = convert(scaleNameOf(name), () => toF32(scaleBytes, scale.dtype));
-    const values = dequantFp8(name, bytes, info.shape, scales, scale.shape, q);
-    return { dtype: "F32", shape: info.shape, bytes: new Uint8Array(values.buffer) };
+    return { codes: await readTensorBytes(info), shape: info.shape, scales, scaleShape: scale.shape };
   }
 
   /** Reads one tensor as float32 (F32, F16, BF16 stored; others are CheckpointError). */

@@ -25,18 +25,13 @@ export function scaleNameOf(name: string): string {
   return `${name}_scale_inv`;
 }
 
-/**
- * Dequantises E4M3 `codes` of a matrix `shape` [N, K] with per-block `scales` (shape `scaleShape`, which must
- * be [ceil(N / bn), ceil(K / bk)]; edge blocks may be partial) into f32. Errors name `name`.
- */
-export function dequantFp8(
+/** CheckpointError unless `name` is a matrix [N, K] and its scales are [ceil(N / bn), ceil(K / bk)]. */
+export function checkFp8Shapes(
   name: string,
-  codes: Uint8Array,
   shape: readonly number[],
-  scales: Float32Array,
   scaleShape: readonly number[],
   q: WeightQuant,
-): Float32Array {
+): void {
   if (shape.length !== 2) {
     throw new CheckpointError(
       `tensor ${name}: fp8 weights must be matrices, got shape [${shape.join(", ")}]`,
@@ -51,6 +46,32 @@ export function dequantFp8(
         `(${name} [${N}, ${K}] in blocks of [${bn}, ${bk}], quantization_config.weight_block_size)`,
     );
   }
+}
+
+/** An fp8 tensor as stored: its codes [N, K] and its block scales (as f32) [ceil(N / bn), ceil(K / bk)]. */
+export interface Fp8Tensor {
+  codes: Uint8Array;
+  shape: number[];
+  scales: Float32Array;
+  scaleShape: number[];
+}
+
+/**
+ * Dequantises E4M3 `codes` of a matrix `shape` [N, K] with per-block `scales` (shape `scaleShape`, which must
+ * be [ceil(N / bn), ceil(K / bk)]; edge blocks may be partial) into f32. Errors name `name`.
+ */
+export function dequantFp8(
+  name: string,
+  codes: Uint8Array,
+  shape: readonly number[],
+  scales: Float32Array,
+  scaleShape: readonly number[],
+  q: WeightQuant,
+): Float32Array {
+  checkFp8Shapes(name, shape, scaleShape, q);
+  const [N, K] = shape;
+  const [bn, bk] = q.block;
+  const SK = Math.ceil(K / bk);
   // A product of two f32 values is exact in f64, so storing it rounds once: the f32 product.
   const out = new Float32Array(N * K);
   for (let n = 0; n < N; n++) {

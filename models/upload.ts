@@ -1,17 +1,19 @@
 // Puts named checkpoint tensors on the GPU in the engine's storage, for the model loader (models/model.ts)
-// and the expert hosts (models/experts.ts). The raw bytes go up as the file holds them (bf16, f16 or f32)
-// and one compute dispatch (kernels/convert.ts) rounds or quantises them there, bit-identical to the CPU
-// conversion (models/dtype.ts, kernels/quant.ts), which stays as the reference and the path for mixed
-// dtypes. A source that makes its weights (models/random_weights.ts) skips the upload: the same kernel
+// and the expert hosts (models/experts.ts). The raw bytes go up as the file holds them (bf16, f16, f32, or
+// fp8 codes with their block scales) and one compute dispatch (kernels/convert.ts) rounds, dequantises or
+// quantises them there, bit-identical to the CPU conversion (models/dtype.ts, models/fp8.ts,
+// kernels/quant.ts), which stays as the reference and the path for mixed dtypes. A source that makes its weights (models/random_weights.ts) skips the upload: the same kernel
 // generates them.
 import { type DType, dtypeSize, numel } from "./safetensors.ts";
 import type { ModelConfig } from "./config.ts";
 import { CheckpointError } from "./errors.ts";
 import { toF16Bits, toF32 } from "./dtype.ts";
+import type { Fp8Tensor } from "./fp8.ts";
 import {
   convertCall,
   convertedBytes,
   type ConvertTarget,
+  type Fp8Blocks,
   type Gpu,
   isQuant,
   quantize,
@@ -37,6 +39,8 @@ export interface WeightSource {
   read(name: string): Promise<{ dtype: DType; shape: number[]; bytes: Uint8Array }>;
   /** A tensor as f32 values (for weights the loader transforms on the CPU). */
   readF32(name: string): Promise<Float32Array>;
+  /** An F8_E4M3 tensor's codes and block scales as stored (a checkpoint's; models/fp8.ts). */
+  readFp8?(name: string): Promise<Fp8Tensor>;
   /** For generated weights: what the GPU makes for the tensors uploaded under this (first) name. */
   random?(name: string): RandomFill;
 }
@@ -84,6 +88,23 @@ export class WeightUploader {
     this.bytes += outBytes;
     const random = this.source.random?.(names[0]);
     if (random) return this.#convert({ count, from: "random", to: as, K, random }, undefined, label);
+    // Block-scaled fp8 (models/fp8.ts): the codes and scales go up as stored and the GPU dequantises them,
+    // where the stack shares one block layout; otherwise `read` dequantises on the CPU, below.
+    const q = this.source.config.weightQuant;
+    if (q && this.source.readFp8 && this.opts.on !== "cpu" && fp8Stack(infos, q.block[0])) {
+      const parts = await Promise.all(names.map((n) => this.source.readFp8!(n)));
+      const src = this.#stage(parts.map((p) => p.codes), count);
+      const scales = new Float32Array(parts.reduce((s, p) => s + p.scales.length, 0));
+      let at = 0;
+      for (const p of parts) {
+        scales.set(p.scales, at);
+        at += p.scales.length;
+      }
+      const sbuf = uploadBuffer(this.gpu, scales, "fp8 scales");
+      this.#old.push(sbuf);
+      const fp8 = { K: infos[0].shape[1], bn: q.block[0], bk: q.block[1], scales: sbuf };
+      return this.#convert({ count, from: "F8_E4M3", to: as, K, fp8 }, src, label);
+    }
     // The dtypes as read (a source may dequantise: fp8 checkpoints read as F32), not as stored.
     const parts = await Promise.all(names.map((n) => this.source.read(n)));
     const dtype = parts[0].dtype;
@@ -130,7 +151,14 @@ export class WeightUploader {
   }
 
   #convert(
-    d: { count: number; from: RawType | "random"; to: ConvertTarget; K?: number; random?: RandomFill },
+    d: {
+      count: number;
+      from: RawType | "random";
+      to: ConvertTarget;
+      K?: number;
+      random?: RandomFill;
+      fp8?: Fp8Blocks;
+    },
     src: GPUBuffer | undefined,
     label: string,
   ): GPUBuffer {
@@ -178,6 +206,18 @@ export class WeightUploader {
   }
 }
 
+/**
+ * Whether matrices stacked row-wise can be dequantised as one fp8 source (kernels/convert.ts Fp8Blocks):
+ * all F8_E4M3 with the same columns, every one but the last a whole number of row blocks (bn rows).
+ */
+function fp8Stack(infos: { dtype: DType; shape: number[] }[], bn: number): boolean {
+  const K = infos[0].shape[1];
+  return infos.every((i, j) =>
+    i.dtype === "F8_E4M3" && i.shape.length === 2 && i.shape[1] === K &&
+    (j === infos.length - 1 || i.shape[0] % bn === 0)
+  );
+}
+
 /** The CPU conversion: f32 / f16 values, quantised when asked. */
 function cpuConvert(
   names: string[],
@@ -208,12 +248,22 @@ function cpuConvert(
 export async function convertOnGpu(
   gpu: Gpu,
   bytes: Uint8Array,
-  d: { count: number; from: RawType | "random"; to: ConvertTarget; K?: number; random?: RandomFill },
+  d: {
+    count: number;
+    from: RawType | "random";
+    to: ConvertTarget;
+    K?: number;
+    random?: RandomFill;
+    /** An F8_E4M3 source's layout, its scales as f32 (kernels/convert.ts Fp8Blocks). */
+    fp8?: { K: number; bn: number; bk: number; scales: Float32Array };
+  },
 ): Promise<{ out: Uint8Array; bad: number }> {
   const src = uploadBuffer(gpu, bytes.byteLength ? bytes : new Uint8Array(4), "convert src");
   const out = storageBuffer(gpu, convertedBytes(d.count, d.to), "convert out");
   const bad = storageBuffer(gpu, 4, "convert bad");
-  const call = convertCall(gpu, { src, out, bad }, { ...d, N: d.K ? d.count / d.K : undefined });
+  const scales = d.fp8 ? uploadBuffer(gpu, d.fp8.scales, "convert scales") : undefined;
+  const fp8 = d.fp8 && scales ? { ...d.fp8, scales } : undefined;
+  const call = convertCall(gpu, { src, out, bad }, { ...d, fp8, N: d.K ? d.count / d.K : undefined });
   try {
     await runCalls(gpu, [call]);
     return {
@@ -223,6 +273,6 @@ export async function convertOnGpu(
     };
   } finally {
     releaseCalls([call]);
-    for (const b of [src, out, bad]) b.destroy();
+    for (const b of [src, out, bad, scales]) b?.destroy();
   }
 }

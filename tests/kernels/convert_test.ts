@@ -15,6 +15,7 @@ import {
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { bf16ToF32, f32ToBf16, f32ToF16, toF16Bits, toF32 } from "../../models/dtype.ts";
+import { dequantFp8 } from "../../models/fp8.ts";
 import { convertOnGpu } from "../../models/upload.ts";
 import { gpuOrSkip, randoms } from "./harness.ts";
 
@@ -213,3 +214,43 @@ Deno.test({
     /column blocks of 48/,
   );
 });
+
+Deno.test(
+  { name: "convert: fp8 (E4M3 codes, block scales) to every storage, bit for bit", ignore },
+  async () => {
+    // [48, 64] in blocks of [16, 24]: 64 = 2 x 24 + 16, a partial column of blocks. Every code appears
+    // (subnormals, both zeros, +-448), but NaN, which the next case flags.
+    const [N, K, bn, bk] = [48, 64, 16, 24];
+    const SN = N / bn, SK = Math.ceil(K / bk);
+    const codes = Uint8Array.from({ length: N * K }, (_, i) => {
+      const c = (i * 131 + 7) % 256;
+      return (c & 0x7f) === 0x7f ? c - 1 : c;
+    });
+    const scales = Float32Array.from(randoms(SN * SK, 3, 1), (x, i) => (i % 5 === 0 ? 2 ** -20 : x / 448));
+    const q = { method: "fp8" as const, block: [bn, bk] as [number, number] };
+    const want = dequantFp8("w", codes, [N, K], scales, [SN, SK], q);
+    const wantBytes = new Uint8Array(want.buffer);
+    for (const to of ["f32", "f16", "q8", "q4"] as ConvertTarget[]) {
+      const { out, bad } = await convertOnGpu(gpu!, codes, {
+        count: N * K,
+        from: "F8_E4M3",
+        to,
+        K,
+        fp8: { K, bn, bk, scales },
+      });
+      assert.equal(bad, 0, `F8_E4M3 -> ${to}: finite input flagged`);
+      assertSameBytes(out, cpu(wantBytes, "F32", to, N, K), `F8_E4M3 -> ${to}`);
+    }
+    // A NaN code is flagged for quantised storage.
+    const nan = codes.slice();
+    nan[100] = 0x7f;
+    const r = await convertOnGpu(gpu!, nan, {
+      count: N * K,
+      from: "F8_E4M3",
+      to: "q4",
+      K,
+      fp8: { K, bn, bk, scales },
+    });
+    assert.notEqual(r.bad, 0, "a NaN code");
+  },
+);
