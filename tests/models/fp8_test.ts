@@ -1,16 +1,18 @@
 // Block-scaled fp8 checkpoints (models/fp8.ts; DeepSeek-V3 / Kimi K2 / Qwen3 FP8 as released): the E4M3
 // values, the dequantisation with partial edge blocks, the config's quantization_config, the errors, and a
 // whole model: kimi-k2-tiny with every projection stored as fp8 gives exactly the logits of its twin that
-// stores the dequantised values as F32, with f32 and with q4 weights on the GPU.
+// stores the dequantised values as F32, with f32 and with q4 weights on the GPU. Its stacks are whole row
+// blocks, so the loader dequantises them on the GPU (kernels/convert.ts; tests/kernels/convert_test.ts
+// holds that to the CPU bit for bit), and MLA's kv_b_proj is read through the CPU's dequantFp8.
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { toF32 } from "../../models/dtype.ts";
 import { parseModelConfig } from "../../models/family.ts";
 import { dequantFp8, E4M3 } from "../../models/fp8.ts";
 import { CheckpointError } from "../../models/errors.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
 import type { TensorData } from "../../models/safetensors.ts";
 import { readF32 } from "../../scripts/check_fixture.ts";
+import { toE4M3, writeFp8 } from "../../scripts/fixtures/make_fp8.ts";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
 import { runCli } from "../cli/run.ts";
@@ -29,6 +31,15 @@ Deno.test("E4M3: zero, subnormals, one, the largest finite value, NaN, and monot
   assert.ok(Number.isNaN(E4M3[0x7f]) && Number.isNaN(E4M3[0xff]));
   for (let b = 1; b < 0x7f; b++) assert.ok(E4M3[b] > E4M3[b - 1], `code ${b} above code ${b - 1}`);
   for (let b = 0; b < 0x7f; b++) assert.ok(Object.is(E4M3[b | 0x80], -E4M3[b]), `code ${b}'s negative`);
+});
+
+Deno.test("make_fp8's encoder: every finite code is its own nearest, halfway values go to the lower", () => {
+  for (let b = 0; b < 0x7f; b++) {
+    assert.equal(toE4M3(E4M3[b]), b, `code ${b}`);
+    assert.equal(toE4M3(-E4M3[b]), b | 0x80, `code ${b | 0x80}`);
+  }
+  assert.equal(toE4M3((E4M3[0x38] + E4M3[0x39]) / 2), 0x38);
+  assert.equal(toE4M3(1e9), 0x7e);
 });
 
 Deno.test("dequantFp8: each block's scale, partial edge blocks, f32 products; a wrong scale shape is named", () => {
@@ -82,80 +93,6 @@ Deno.test("quantization_config: fp8 blocks read; other methods, formats and bloc
   refused("fp8", /quantization_config must be an object/);
 });
 
-/** The nearest finite E4M3 code to v (ties to the lower magnitude). */
-function toE4M3(v: number): number {
-  const a = Math.abs(v);
-  let best = 0;
-  for (let b = 1; b < 0x7f; b++) if (Math.abs(E4M3[b] - a) < Math.abs(E4M3[best] - a)) best = b;
-  return v < 0 ? best | 0x80 : best;
-}
-
-/**
- * kimi-k2-tiny's projections (attention, dense MLP, routed and shared experts; not the router, embeddings,
- * norms or head, as DeepSeek's releases keep them) as fp8 in blocks of `block`, written to `fp8Dir`, and the
- * same dequantised values as F32 to `twinDir`; everything else copied.
- */
-async function writeFp8Pair(src: string, fp8Dir: string, twinDir: string, block: [number, number]) {
-  const config = JSON.parse(await Deno.readTextFile(join(src, "config.json")));
-  await Deno.writeTextFile(
-    join(fp8Dir, "config.json"),
-    JSON.stringify({
-      ...config,
-      quantization_config: { quant_method: "fp8", fmt: "e4m3", weight_block_size: block },
-    }),
-  );
-  await Deno.writeTextFile(join(twinDir, "config.json"), JSON.stringify(config));
-  const fp8: TensorData[] = [], twin: TensorData[] = [];
-  let quantised = 0;
-  for await (const f of Deno.readDir(src)) {
-    if (!f.name.endsWith(".safetensors") || f.name.startsWith("reference")) continue;
-    for (const [name, info] of await readSafetensorsHeader(join(src, f.name))) {
-      const bytes = await readTensorBytes(info);
-      if (!/proj(_with_mqa)?\.weight$/.test(name)) {
-        fp8.push({ name, dtype: info.dtype, shape: info.shape, data: bytes });
-        twin.push({ name, dtype: info.dtype, shape: info.shape, data: bytes });
-        continue;
-      }
-      const w = toF32(bytes, info.dtype);
-      const [N, K] = info.shape, [bn, bk] = block;
-      const SN = Math.ceil(N / bn), SK = Math.ceil(K / bk);
-      const scales = new Float32Array(SN * SK);
-      const codes = new Uint8Array(N * K);
-      const deq = new Float32Array(N * K);
-      for (let sn = 0; sn < SN; sn++) {
-        for (let sk = 0; sk < SK; sk++) {
-          let amax = 0;
-          for (let n = sn * bn; n < Math.min(N, (sn + 1) * bn); n++) {
-            for (let k = sk * bk; k < Math.min(K, (sk + 1) * bk); k++) {
-              amax = Math.max(amax, Math.abs(w[n * K + k]));
-            }
-          }
-          const s = Math.fround(amax > 0 ? amax / 448 : 1);
-          scales[sn * SK + sk] = s;
-          for (let n = sn * bn; n < Math.min(N, (sn + 1) * bn); n++) {
-            for (let k = sk * bk; k < Math.min(K, (sk + 1) * bk); k++) {
-              codes[n * K + k] = toE4M3(w[n * K + k] / s);
-              deq[n * K + k] = E4M3[codes[n * K + k]] * s;
-            }
-          }
-        }
-      }
-      quantised++;
-      fp8.push({ name, dtype: "F8_E4M3", shape: [N, K], data: codes });
-      fp8.push({
-        name: `${name}_scale_inv`,
-        dtype: "F32",
-        shape: [SN, SK],
-        data: new Uint8Array(scales.buffer),
-      });
-      twin.push({ name, dtype: "F32", shape: [N, K], data: new Uint8Array(deq.buffer) });
-    }
-  }
-  await writeSafetensors(join(fp8Dir, "model.safetensors"), fp8);
-  await writeSafetensors(join(twinDir, "model.safetensors"), twin);
-  return quantised;
-}
-
 const k2 = fixtureDir("kimi-k2-tiny", { needs: "reference.json" });
 const slow = { sanitizeOps: false, sanitizeResources: false };
 
@@ -174,7 +111,7 @@ Deno.test({
     const [fp8Dir, twinDir] = [join(root, "fp8"), join(root, "twin")];
     await Deno.mkdir(fp8Dir);
     await Deno.mkdir(twinDir);
-    const n = await writeFp8Pair(k2!, fp8Dir, twinDir, [16, 24]);
+    const n = await writeFp8(k2!, fp8Dir, { block: [16, 24], twin: twinDir });
     assert.ok(n >= 40, `${n} projections stored as fp8`);
     const tokens = JSON.parse(await Deno.readTextFile(join(k2!, "reference.json"))).tokens.join(",");
     for (const weights of ["f32", "q4"]) {
@@ -224,7 +161,7 @@ Deno.test({
     const [fp8Dir, twinDir] = [join(root, "fp8"), join(root, "twin")];
     await Deno.mkdir(fp8Dir);
     await Deno.mkdir(twinDir);
-    await writeFp8Pair(k2!, fp8Dir, twinDir, [16, 24]);
+    await writeFp8(k2!, fp8Dir, { block: [16, 24], twin: twinDir });
     // No quantization_config: the F8_E4M3 tensors have nothing to say how they are scaled.
     const config = JSON.parse(await Deno.readTextFile(join(fp8Dir, "config.json")));
     delete config.quantization_config;
