@@ -2,8 +2,8 @@
 // and the expert hosts (models/experts.ts). The raw bytes go up as the file holds them (bf16, f16, f32, or
 // fp8 codes with their block scales) and one compute dispatch (kernels/convert.ts) rounds, dequantises or
 // quantises them there, bit-identical to the CPU conversion (models/dtype.ts, models/fp8.ts,
-// kernels/quant.ts), which stays as the reference and the path for mixed dtypes. A source that makes its weights (models/random_weights.ts) skips the upload: the same kernel
-// generates them.
+// kernels/quant.ts), which stays as the reference and the path for mixed dtypes. A source that makes its
+// weights (models/random_weights.ts) skips the upload: the same kernel generates them.
 import { type DType, dtypeSize, numel } from "./safetensors.ts";
 import type { ModelConfig } from "./config.ts";
 import { CheckpointError } from "./errors.ts";
