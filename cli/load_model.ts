@@ -3,6 +3,7 @@
 import { getGpu } from "../kernels/mod.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { type Engine, loadEngine } from "../models/engine.ts";
+import { readModelConfig } from "../models/family.ts";
 import type { WeightsOption } from "../models/model.ts";
 import { loadTokenizer, type TextTokenizer } from "../models/tokenizer.ts";
 import { progressBar } from "./progress.ts";
@@ -48,6 +49,11 @@ export async function loadModel(
   }
   const gpu = await getGpu();
   if (gpu.isSoftware) console.error(`swactor: GPU: ${gpu.adapterName} (software adapter: correct but slow)`);
+  // (A config that does not read is the load's to report, with its own message.)
+  if (opts.weights === "auto" && await readModelConfig(dir).then((c) => c.weightQuant, () => null)) {
+    const as = gpu.hasF16 ? "f16, twice" : "f32, four times";
+    console.error(`swactor: fp8 weights: stored as ${as} their size (--weights q8 keeps about their size)`);
+  }
   let bar: ReturnType<typeof progressBar> | undefined;
   const engine = await loadEngine(dir, {
     gpu,

@@ -136,6 +136,18 @@ Deno.test({
       const at = a.findIndex((v, i) => !Object.is(v, b[i]));
       assert.equal(at, -1, `${weights} weights: logit ${at} is ${a[at]}, its twin's ${b[at]}`);
     }
+    // With --weights auto the user hears what the fp8 weights become.
+    const auto = await runCli([
+      "logits",
+      "--model",
+      fp8Dir,
+      "--tokens",
+      "1,2",
+      "--out",
+      join(root, "a.safetensors"),
+    ]);
+    assert.equal(auto.code, 0, auto.stderr);
+    assert.match(auto.stderr, /fp8 weights: stored as f(16|32), .* \(--weights q8 keeps about their size\)/);
     // The original (bf16) weights give other logits: the fp8 codes were read, not the originals.
     const orig = join(root, "orig.safetensors");
     const r = await runCli(["logits", "--model", k2!, "--tokens", tokens, "--out", orig, "--weights", "f32"]);
