@@ -151,14 +151,7 @@ export class WeightUploader {
   }
 
   #convert(
-    d: {
-      count: number;
-      from: RawType | "random";
-      to: ConvertTarget;
-      K?: number;
-      random?: RandomFill;
-      fp8?: Fp8Blocks;
-    },
+    d: Conversion & { fp8?: Fp8Blocks },
     src: GPUBuffer | undefined,
     label: string,
   ): GPUBuffer {
@@ -206,6 +199,15 @@ export class WeightUploader {
   }
 }
 
+/** What one conversion dispatch makes (kernels/convert.ts convertCall's description, less its layout). */
+type Conversion = {
+  count: number;
+  from: RawType | "random";
+  to: ConvertTarget;
+  K?: number;
+  random?: RandomFill;
+};
+
 /**
  * Whether matrices stacked row-wise can be dequantised as one fp8 source (kernels/convert.ts Fp8Blocks):
  * all F8_E4M3 with the same columns, every one but the last a whole number of row blocks (bn rows).
@@ -248,15 +250,8 @@ function cpuConvert(
 export async function convertOnGpu(
   gpu: Gpu,
   bytes: Uint8Array,
-  d: {
-    count: number;
-    from: RawType | "random";
-    to: ConvertTarget;
-    K?: number;
-    random?: RandomFill;
-    /** An F8_E4M3 source's layout, its scales as f32 (kernels/convert.ts Fp8Blocks). */
-    fp8?: { K: number; bn: number; bk: number; scales: Float32Array };
-  },
+  /** `fp8`: an F8_E4M3 source's layout, its scales as f32 (kernels/convert.ts Fp8Blocks). */
+  d: Conversion & { fp8?: Omit<Fp8Blocks, "scales"> & { scales: Float32Array } },
 ): Promise<{ out: Uint8Array; bad: number }> {
   const src = uploadBuffer(gpu, bytes.byteLength ? bytes : new Uint8Array(4), "convert src");
   const out = storageBuffer(gpu, convertedBytes(d.count, d.to), "convert out");

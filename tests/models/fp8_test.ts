@@ -96,6 +96,22 @@ Deno.test("quantization_config: fp8 blocks read; other methods, formats and bloc
 const k2 = fixtureDir("kimi-k2-tiny", { needs: "reference.json" });
 const slow = { sanitizeOps: false, sanitizeResources: false };
 
+/** kimi-k2-tiny's fp8 copy in blocks of [16, 24] under `root`, and with `twin` its F32 twin: their folders. */
+async function fp8Copy(root: string, twin = false): Promise<{ fp8: string; twin: string; n: number }> {
+  const dirs = { fp8: join(root, "fp8"), twin: join(root, "twin") };
+  await Deno.mkdir(dirs.fp8);
+  if (twin) await Deno.mkdir(dirs.twin);
+  const n = await writeFp8(k2!, dirs.fp8, { block: [16, 24], ...(twin ? { twin: dirs.twin } : {}) });
+  return { ...dirs, n };
+}
+
+/** `swactor logits` of `model` (extra args after), written to `out`: its run and the logits. */
+async function logitsOf(model: string, tokens: string, out: string, ...extra: string[]) {
+  const run = await runCli(["logits", "--model", model, "--tokens", tokens, "--out", out, ...extra]);
+  assert.equal(run.code, 0, run.stderr);
+  return { run, logits: (await readF32(out, "logits")).data };
+}
+
 Deno.test({
   ...needs(
     "kimi-k2-tiny as fp8 (blocks [16, 24]): the logits of its dequantised F32 twin, f32 and q4 weights",
@@ -108,55 +124,25 @@ Deno.test({
 }, async () => {
   const root = await Deno.makeTempDir();
   try {
-    const [fp8Dir, twinDir] = [join(root, "fp8"), join(root, "twin")];
-    await Deno.mkdir(fp8Dir);
-    await Deno.mkdir(twinDir);
-    const n = await writeFp8(k2!, fp8Dir, { block: [16, 24], twin: twinDir });
-    assert.ok(n >= 40, `${n} projections stored as fp8`);
+    const dirs = await fp8Copy(root, true);
+    assert.ok(dirs.n >= 40, `${dirs.n} projections stored as fp8`);
     const tokens = JSON.parse(await Deno.readTextFile(join(k2!, "reference.json"))).tokens.join(",");
+    let fp8F32: Float32Array = new Float32Array();
     for (const weights of ["f32", "q4"]) {
-      const logits = async (dir: string) => {
-        const out = join(root, `${weights}-${dir.endsWith("fp8") ? "fp8" : "twin"}.safetensors`);
-        const r = await runCli([
-          "logits",
-          "--model",
-          dir,
-          "--tokens",
-          tokens,
-          "--out",
-          out,
-          "--weights",
-          weights,
-        ]);
-        assert.equal(r.code, 0, r.stderr);
-        return (await readF32(out, "logits")).data;
-      };
-      const [a, b] = [await logits(fp8Dir), await logits(twinDir)];
+      const at = (dir: string) => join(root, `${weights}-${dir === dirs.fp8 ? "fp8" : "twin"}.safetensors`);
+      const a = (await logitsOf(dirs.fp8, tokens, at(dirs.fp8), "--weights", weights)).logits;
+      const b = (await logitsOf(dirs.twin, tokens, at(dirs.twin), "--weights", weights)).logits;
       assert.equal(a.length, b.length);
-      const at = a.findIndex((v, i) => !Object.is(v, b[i]));
-      assert.equal(at, -1, `${weights} weights: logit ${at} is ${a[at]}, its twin's ${b[at]}`);
+      const i = a.findIndex((v, i) => !Object.is(v, b[i]));
+      assert.equal(i, -1, `${weights} weights: logit ${i} is ${a[i]}, its twin's ${b[i]}`);
+      if (weights === "f32") fp8F32 = a;
     }
     // With --weights auto the user hears what the fp8 weights become.
-    const auto = await runCli([
-      "logits",
-      "--model",
-      fp8Dir,
-      "--tokens",
-      "1,2",
-      "--out",
-      join(root, "a.safetensors"),
-    ]);
-    assert.equal(auto.code, 0, auto.stderr);
-    assert.match(auto.stderr, /fp8 weights: stored as f(16|32), .* \(--weights q8 keeps about their size\)/);
+    const { run } = await logitsOf(dirs.fp8, "1,2", join(root, "a.safetensors"));
+    assert.match(run.stderr, /fp8 weights: stored as f(16|32), .* \(--weights q8 keeps about their size\)/);
     // The original (bf16) weights give other logits: the fp8 codes were read, not the originals.
-    const orig = join(root, "orig.safetensors");
-    const r = await runCli(["logits", "--model", k2!, "--tokens", tokens, "--out", orig, "--weights", "f32"]);
-    assert.equal(r.code, 0, r.stderr);
-    const [o, q] = [
-      (await readF32(orig, "logits")).data,
-      (await readF32(join(root, "f32-fp8.safetensors"), "logits")).data,
-    ];
-    assert.ok(o.some((v, i) => v !== q[i]), "the fp8 model's logits are the bf16 model's");
+    const orig = (await logitsOf(k2!, tokens, join(root, "orig.safetensors"), "--weights", "f32")).logits;
+    assert.ok(orig.some((v, i) => v !== fp8F32[i]), "the fp8 model's logits are the bf16 model's");
   } finally {
     await Deno.remove(root, { recursive: true });
   }
@@ -170,10 +156,7 @@ Deno.test({
 }, async () => {
   const root = await Deno.makeTempDir();
   try {
-    const [fp8Dir, twinDir] = [join(root, "fp8"), join(root, "twin")];
-    await Deno.mkdir(fp8Dir);
-    await Deno.mkdir(twinDir);
-    await writeFp8(k2!, fp8Dir, { block: [16, 24], twin: twinDir });
+    const fp8Dir = (await fp8Copy(root)).fp8;
     // No quantization_config: the F8_E4M3 tensors have nothing to say how they are scaled.
     const config = JSON.parse(await Deno.readTextFile(join(fp8Dir, "config.json")));
     delete config.quantization_config;
