@@ -20,7 +20,9 @@ const slow = { sanitizeOps: false, sanitizeResources: false };
 // linear RoPE, nulls read as transformers reads them; every layer MoE, top-1 routing, tied Mixtral, Qwen3-MoE's
 // expert count under transformers 5's num_local_experts; yarn RoPE on Mixtral and Qwen3-MoE, from the held-out
 // sweep, scripts/fixtures/sweep_configs.py; a greedy near tie that an f16 hop between stages flips, so its
-// chain check fails unless checkFixture sends its runs over an f32 wire).
+// chain check fails unless checkFixture sends its runs over an f32 wire; block-scaled fp8 copies of
+// kimi-k2-tiny and qwen3-moe-norm, scripts/fixtures/make_fp8.ts, whose references transformers computed from
+// the fp8 files with its own dequantising loader, scripts/fixtures/fp8_reference.py).
 const FIXTURES = ["qwen2-tiny", "qwen3-tiny", "mixtral-tiny", "kimi-k2-tiny"];
 const VARIANTS = [
   "qwen3-bias",
@@ -38,6 +40,8 @@ const VARIANTS = [
   "mixtral-yarn",
   "qwen3-moe-yarn",
   "deepseek-v3-tie",
+  "kimi-k2-fp8",
+  "qwen3-moe-fp8",
 ];
 
 for (const name of VARIANTS) {
