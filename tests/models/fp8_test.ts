@@ -1,9 +1,11 @@
 // Block-scaled fp8 checkpoints (models/fp8.ts; DeepSeek-V3 / Kimi K2 / Qwen3 FP8 as released): the E4M3
-// values, the dequantisation with partial edge blocks, the config's quantization_config, the errors, and a
-// whole model: kimi-k2-tiny with every projection stored as fp8 gives exactly the logits of its twin that
-// stores the dequantised values as F32, with f32 and with q4 weights on the GPU. Its stacks are whole row
-// blocks, so the loader dequantises them on the GPU (kernels/convert.ts; tests/kernels/convert_test.ts
-// holds that to the CPU bit for bit), and MLA's kv_b_proj is read through the CPU's dequantFp8.
+// values, make_fp8.ts's encoder and --block auto, the dequantisation with partial edge blocks, the config's
+// quantization_config, the errors, and a whole model: kimi-k2-tiny with every projection stored as fp8 gives
+// exactly the logits of its twin that stores the dequantised values as F32, with f32 and with q4 weights on
+// the GPU. Its stacks are whole row blocks, so the loader dequantises them on the GPU (kernels/convert.ts;
+// tests/kernels/convert_test.ts holds that to the CPU bit for bit), and MLA's kv_b_proj is read through the
+// CPU's dequantFp8. (Against transformers' own fp8 loader: the kimi-k2-fp8 and qwen3-moe-fp8 fixtures,
+// tests/cli/families_test.ts.)
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { parseModelConfig } from "../../models/family.ts";
@@ -12,7 +14,7 @@ import { CheckpointError } from "../../models/errors.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
 import type { TensorData } from "../../models/safetensors.ts";
 import { readF32 } from "../../scripts/check_fixture.ts";
-import { toE4M3, writeFp8 } from "../../scripts/fixtures/make_fp8.ts";
+import { autoBlock, toE4M3, writeFp8 } from "../../scripts/fixtures/make_fp8.ts";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
 import { runCli } from "../cli/run.ts";
@@ -40,6 +42,34 @@ Deno.test("make_fp8's encoder: every finite code is its own nearest, halfway val
   }
   assert.equal(toE4M3((E4M3[0x38] + E4M3[0x39]) / 2), 0x38);
   assert.equal(toE4M3(1e9), 0x7e);
+});
+
+Deno.test("make_fp8 --block auto: the largest powers of 2 up to 128 dividing every projection's rows, columns", async () => {
+  // kimi-k2-tiny's projections: rows 48, 40 (kv_a_proj_with_mqa), 96, 128, 64, 32; columns 64, 48, 32, 128.
+  assert.deepEqual(await autoBlock(fixtureDir("kimi-k2-tiny", { needs: "config.json" })!), [8, 16]);
+  const dir = await Deno.makeTempDir();
+  try {
+    const w = (name: string, shape: number[]): TensorData => ({
+      name,
+      dtype: "F32",
+      shape,
+      data: new Uint8Array(4 * shape[0] * shape[1]),
+    });
+    // The router and the head are not projections: their odd shapes do not count.
+    await writeSafetensors(join(dir, "model.safetensors"), [
+      w("model.layers.0.self_attn.q_proj.weight", [384, 256]),
+      w("model.layers.0.block_sparse_moe.experts.0.w2.weight", [256, 640]),
+      w("model.layers.0.block_sparse_moe.gate.weight", [7, 256]),
+      w("lm_head.weight", [999, 256]),
+    ]);
+    assert.deepEqual(await autoBlock(dir), [128, 128]);
+    await writeSafetensors(join(dir, "model.safetensors"), [
+      w("model.layers.0.mlp.down_proj.weight", [96, 40]),
+    ]);
+    assert.deepEqual(await autoBlock(dir), [32, 8]);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
 
 Deno.test("dequantFp8: each block's scale, partial edge blocks, f32 products; a wrong scale shape is named", () => {
