@@ -14,6 +14,7 @@ import {
   planPipeline,
   printCluster,
 } from "../../planner/mod.ts";
+import { tinyLlamaConfig } from "../support/tiny_llama.ts";
 
 const desc = (o: Partial<LiveDescriptor> = {}): LiveDescriptor => ({
   measured_at: "2026-11-30T00:00:00.000Z",
@@ -88,18 +89,7 @@ Deno.test("liveCluster: prints and parses back exactly (layer_overhead in the la
   assert.equal(NODE_DEFAULTS.layerOverhead, 0);
 });
 
-const config = {
-  model_type: "llama",
-  architectures: ["LlamaForCausalLM"],
-  vocab_size: 512,
-  hidden_size: 64,
-  intermediate_size: 160,
-  num_hidden_layers: 8,
-  num_attention_heads: 4,
-  num_key_value_heads: 4,
-  max_position_embeddings: 4096,
-  torch_dtype: "float32",
-};
+const config = tinyLlamaConfig(8);
 
 Deno.test("cost model: a stage whose bytes fit the node's cache reads at the cache's rate", () => {
   const model = compileHfConfig(config);

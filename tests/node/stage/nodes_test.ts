@@ -19,30 +19,13 @@ import {
   type StageLoader,
 } from "../../../node/stage/mod.ts";
 import { MemoryNetwork } from "../../../node/transport/memory.ts";
+import { tinyLlamaDir } from "../../support/tiny_llama.ts";
 
 const LAYERS = 6;
 const PROMPT = [3, 8, 13, 18, 23, 28, 33, 38, 43, 48, 53]; // two prefill chunks of the fake's 8
 
-/** A llama config.json the planner reads; the fake backend only uses the layer split. */
-async function modelDir(): Promise<string> {
-  const dir = await Deno.makeTempDir({ prefix: "swactor-nodes-" });
-  await Deno.writeTextFile(
-    join(dir, "config.json"),
-    JSON.stringify({
-      model_type: "llama",
-      architectures: ["LlamaForCausalLM"],
-      vocab_size: 64,
-      hidden_size: 64,
-      intermediate_size: 160,
-      num_hidden_layers: LAYERS,
-      num_attention_heads: 4,
-      num_key_value_heads: 4,
-      max_position_embeddings: 4096,
-      torch_dtype: "float32",
-    }),
-  );
-  return dir;
-}
+/** The model: a llama config.json the planner reads (the fake backend only uses the layer split). */
+const modelDir = () => tinyLlamaDir(LAYERS, 64);
 
 /** `n` nodes on one in-memory network (real time, 1 ms links), all joined to node 0, each with a pipeline. */
 async function cluster(n: number) {

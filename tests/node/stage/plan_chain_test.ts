@@ -4,19 +4,9 @@
 import assert from "node:assert/strict";
 import { planChain, predictChain, rolesOf, servedDtype } from "../../../node/stage/mod.ts";
 import { type LiveDescriptor, PlacementError, toRanges } from "../../../planner/mod.ts";
+import { tinyLlamaConfig } from "../../support/tiny_llama.ts";
 
-const config = (layers: number) => ({
-  model_type: "llama",
-  architectures: ["LlamaForCausalLM"],
-  vocab_size: 512,
-  hidden_size: 64,
-  intermediate_size: 160,
-  num_hidden_layers: layers,
-  num_attention_heads: 4,
-  num_key_value_heads: 4,
-  max_position_embeddings: 4096,
-  torch_dtype: "float32",
-});
+const config = (layers: number) => tinyLlamaConfig(layers);
 const members = (n: number) => Array.from({ length: n }, (_, i) => ({ id: `n${i}` }));
 
 Deno.test("planChain: one stage per node, in the members' order, covering every layer", () => {

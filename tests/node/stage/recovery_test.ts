@@ -3,7 +3,6 @@
 // A node of the chain is cut off mid-generation (MemoryNetwork.kill: kill -9 as the others see it; a
 // partition: a hang), the leader re-plans, and the generation completes with the whole fake model's tokens.
 import assert from "node:assert/strict";
-import { join } from "node:path";
 import { SystemClock } from "../../../node/clock.ts";
 import { local as timings, type MemberState } from "../../../node/membership/mod.ts";
 import { startNode, type SwactorNode } from "../../../node/node.ts";
@@ -28,31 +27,14 @@ import { MemoryNetwork } from "../../../node/transport/memory.ts";
 import type { ActorContext, Behavior } from "../../../node/actors/mod.ts";
 import { nodeServices } from "../../../node/api/mod.ts";
 import { pipelineStatus } from "../../../node/api/pipeline_routes.ts";
+import { tinyLlamaDir } from "../../support/tiny_llama.ts";
 
 const LAYERS = 6;
 /** The nodes' log lines: shown with SWACTOR_DEBUG=1. */
 const log = (m: string) => Deno.env.get("SWACTOR_DEBUG") === "1" && console.error(m);
 const PROMPT = [3, 8, 13, 18, 23, 28, 33, 38, 43, 48, 53];
 
-async function modelDir(): Promise<string> {
-  const dir = await Deno.makeTempDir({ prefix: "swactor-recovery-" });
-  await Deno.writeTextFile(
-    join(dir, "config.json"),
-    JSON.stringify({
-      model_type: "llama",
-      architectures: ["LlamaForCausalLM"],
-      vocab_size: 64,
-      hidden_size: 64,
-      intermediate_size: 160,
-      num_hidden_layers: LAYERS,
-      num_attention_heads: 4,
-      num_key_value_heads: 4,
-      max_position_embeddings: 4096,
-      torch_dtype: "float32",
-    }),
-  );
-  return dir;
-}
+const modelDir = () => tinyLlamaDir(LAYERS, 64);
 
 /** `n` nodes (n0 leads), each with a recovering pipeline whose fake stages take `delayMs` a step. */
 async function cluster(n: number, delayMs = 15) {
