@@ -11,6 +11,7 @@ import { encodePipe } from "../../../node/stage/messages.ts";
 import { type Chain, PipelineClient, PipelineError } from "../../../node/stage/client.ts";
 import { splitLayers } from "../../../node/stage/roles.ts";
 import { sendWithRetry } from "../../../node/stage/retry.ts";
+import { advanceIdle, pumpUntil } from "../../support/fake_time.ts";
 
 const LAYERS = 6;
 
@@ -59,21 +60,8 @@ function chain(
   const client = new PipelineClient(systems[n - 1], "n" + (n - 1), { stallMs: 5_000 });
   const c: Chain = { version: 1, nodes: roles.map((_, i) => `n${i}`) };
   /** Runs the fake network until `p` settles. */
-  const pump = async <T>(p: Promise<T>): Promise<T> => {
-    let settled = false;
-    p.then(() => (settled = true), () => (settled = true));
-    for (let i = 0; i < 100_000 && !settled; i++) {
-      clock.advance(1);
-      await new Promise((r) => setTimeout(r, 0));
-    }
-    return await p;
-  };
-  const settle = async () => {
-    for (let i = 0; i < 50; i++) {
-      clock.advance(1);
-      await new Promise((r) => setTimeout(r, 0));
-    }
-  };
+  const pump = <T>(p: Promise<T>): Promise<T> => pumpUntil(clock, p);
+  const settle = () => advanceIdle(clock);
   const close = async () => {
     await client.close();
     for (const s of systems) await s.close();

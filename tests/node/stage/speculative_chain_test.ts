@@ -15,6 +15,7 @@ import { type Engine, generate, loadEngine } from "../../../models/engine.ts";
 import { type Drafter, ModelDrafter, NgramDrafter, NoisyDrafter } from "../../../models/speculative.ts";
 import { fixtureDir } from "../../fixtures.ts";
 import { needs } from "../../support/needs.ts";
+import { advanceIdle, pumpUntil } from "../../support/fake_time.ts";
 
 const gpu = await getGpu().catch((e) => {
   if (e instanceof NoGpuError) return null;
@@ -55,21 +56,9 @@ async function chain(dir: string, stages: number, layers: number) {
   }
   const client = new PipelineClient(systems[n - 1], `n${n - 1}`, { stallMs: 60_000 });
   const c: Chain = { version: 1, nodes: actors.map((_, i) => `n${i}`) };
-  const pump = async <T>(p: Promise<T>): Promise<T> => {
-    let settled = false;
-    p.then(() => (settled = true), () => (settled = true));
-    for (let i = 0; i < 200_000 && !settled; i++) {
-      clock.advance(1);
-      await new Promise((r) => setTimeout(r, 0));
-    }
-    return await p;
-  };
-  const settle = async () => {
-    for (let i = 0; i < 50; i++) {
-      clock.advance(1);
-      await new Promise((r) => setTimeout(r, 0));
-    }
-  };
+  /** Runs the fake network until `p` settles. */
+  const pump = <T>(p: Promise<T>): Promise<T> => pumpUntil(clock, p, 200_000);
+  const settle = () => advanceIdle(clock);
   const close = async () => {
     await client.close();
     for (const a of actors) await a.onStop();
