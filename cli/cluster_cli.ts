@@ -19,19 +19,31 @@ import { claimState, clearState, statePath, writeState } from "../node/state_fil
 import type { WireDtype } from "../node/stage/mod.ts";
 import { MTP_ONE_NODE, speculateFlags } from "./speculate_flags.ts";
 
-export const CLUSTER_HELP =
-  `  --cluster FILE       start one local node process per node of this cluster file (planner language,
-                       docs/PLANNER.md): each with the file's memory as its budget, slowed to its declared
-                       memory bandwidth relative to the fastest, named after it; the first node leads and
-                       plans (layers pipelined across the regions, experts spread inside each: docs/DOD.md)
-  --emulate-wan        with --cluster: each node in its own network namespace, the file's links (latency,
-                       bandwidth) between every pair applied by the WAN emulation's relays (needs root)
-  --memory-scale F     with --cluster: multiply every node's declared memory by F (default 1)
-  --context N          with --cluster: KV context the plan holds per request (default ${LAB_CONTEXT})
-  --draft ...          with --cluster: the leader drafts (the speculative decoding flags, --draft-noise
-                       included, are given to its \`up\`: docs/SPECULATIVE.md)`;
+/** The --cluster flags' help, its descriptions at column `col` (each command aligns its own). */
+export const clusterHelp = (col: number) =>
+  alignHelp(
+    `  --cluster FILE        start one local node process per node of this cluster file (planner language,
+                        docs/PLANNER.md): each with the file's memory as its budget, slowed to its declared
+                        memory bandwidth relative to the fastest, named after it; the first node leads and
+                        plans (layers pipelined across the regions, experts spread inside each: docs/DOD.md)
+  --emulate-wan         with --cluster: each node in its own network namespace, the file's links (latency,
+                        bandwidth) between every pair applied by the WAN emulation's relays (needs root)
+  --memory-scale F      with --cluster: multiply every node's declared memory by F (default 1)
+  --context N           with --cluster: KV context the plan holds per request (default ${LAB_CONTEXT})
+  --draft ...           with --cluster: the leader drafts (the speculative decoding flags, --draft-noise
+                        included, are given to its \`up\`: docs/SPECULATIVE.md)`,
+    col,
+  );
 
-/** The flags of CLUSTER_HELP, for parseFlags (`--cluster-plan` is the leader's, set by cluster_run.ts). */
+/** Moves a help block's description column (two or more spaces after the flag, and continuation lines) to `col`. */
+function alignHelp(text: string, col: number): string {
+  return text.split("\n").map((l) => {
+    const m = /^( {2}-\S+(?: \S+)?)\s{2,}(.*)$/.exec(l);
+    return m ? m[1].padEnd(col) + m[2] : " ".repeat(col) + l.trimStart();
+  }).join("\n");
+}
+
+/** The flags of clusterHelp, for parseFlags (`--cluster-plan` is the leader's, set by cluster_run.ts). */
 export const clusterFlags = {
   cluster: { type: "string" },
   "emulate-wan": { type: "boolean" },

@@ -21,7 +21,7 @@ import {
   speculateFlags,
 } from "./speculate_flags.ts";
 import { speculationJson, speculativeGenerate } from "../models/speculative.ts";
-import { CLUSTER_HELP, clusterFlags, generateCluster } from "./cluster_cli.ts";
+import { clusterFlags, clusterHelp, generateCluster } from "./cluster_cli.ts";
 
 const USAGE = `Usage: swactor generate [PROMPT] [options]
 
@@ -54,7 +54,7 @@ ${WEIGHTS_HELP}
                         when it spreads them): write the router's observed picks as the routing counts
                         \`plan --routing FILE\` reads, {"<layer>": [count per routed expert]}
 ${SPECULATE_HELP}
-${CLUSTER_HELP}
+${clusterHelp(24)}
   --trace FILE          write a trace (Chrome trace-event JSON; open it in Perfetto): with --local or
                         through \`up\`'s chain, every step's compute per stage and every hop on the wire;
                         on one node, the prefill and each decode batch

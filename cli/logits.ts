@@ -6,7 +6,7 @@ import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { checkPrompt, logitsLocal, writeLogits } from "./pipeline_generate.ts";
 import { checkOutputPath } from "./output_file.ts";
 import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
-import { CLUSTER_HELP, clusterFlags, logitsCluster } from "./cluster_cli.ts";
+import { clusterFlags, clusterHelp, logitsCluster } from "./cluster_cli.ts";
 
 const USAGE = `Usage: swactor logits --model DIR --tokens 1,2,3 --out FILE.safetensors [options]
 
@@ -22,7 +22,7 @@ ${WEIGHTS_HELP}
   --local N             run on an ephemeral cluster of N node processes on this machine
   --wire f16|f32        activations between stages with --local (default f32 here: exact)
   --experts local|spread  with --local: MoE experts on their layer's stage, or spread over the nodes
-${CLUSTER_HELP}
+${clusterHelp(24)}
   -h, --help            this help`;
 
 export const logitsCommand: Command = {

@@ -24,9 +24,9 @@ export const SPECULATE_HELP =
 
 export const SPECULATE_UP_HELP =
   `  --draft DIR|ngram    with --model: speculative decoding; the drafter (a draft model with the target's
-                       vocabulary, or prompt lookup) runs on this node (mtp needs one node: generate); the OpenAI API's requests
-                       speculate unless they send "speculate": 0 (or "speculate": K for K drafts), and
-                       \`generate --draft\` on this machine drafts with it
+                       vocabulary, or prompt lookup) runs on this node (mtp needs one node: generate);
+                       the OpenAI API's requests speculate unless they send "speculate": 0 (or
+                       "speculate": K for K drafts), and \`generate --draft\` on this machine drafts with it
   --speculate K|auto   tokens drafted per verification step (default 4; 1 to 16; auto: chosen per step
                        from what the request measured)
   --speculate-depth D  verification steps in flight at once (default 1; with auto, the most)

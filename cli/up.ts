@@ -26,7 +26,7 @@ import {
 import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
 import { readStdin } from "./workers.ts";
-import { CLUSTER_HELP, clusterFlags, upCluster } from "./cluster_cli.ts";
+import { clusterFlags, clusterHelp, upCluster } from "./cluster_cli.ts";
 import { labPlanOnMembers } from "./cluster_run.ts";
 import { WIRE_UP_HELP, wireFlag } from "./wire_flag.ts";
 
@@ -66,7 +66,7 @@ ${SERVING_HELP}
 ${SPECULATE_UP_HELP}
 ${MEMORY_HELP}
   --name NAME          this node's name in its descriptor (default: the host name)
-${CLUSTER_HELP}`,
+${clusterHelp(23)}`,
   async run(argv) {
     const { values } = parseFlags(argv, {
       peers: { type: "string" },
