@@ -152,7 +152,7 @@ Deno.test({
       onToken: (e) => e.index === 2 && Deno.kill(cluster.workerIds.get(victim)!, "SIGKILL"),
     });
     assert.deepEqual(r.tokens, alone.tokens, "the replica took over: the same tokens");
-    assert.equal(r.recoveries?.length ?? 0, 0, "no resume");
+    assert.equal(r.recoveries?.length ?? 0, 0, `no resume: ${JSON.stringify(r.recoveries)}`);
     const survivor = only.find((id) => id !== victim)!;
     const after = expertReport(r.events.slice(3).map((e) => e.trace))!.fanout;
     assert.ok(
