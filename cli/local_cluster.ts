@@ -19,6 +19,8 @@ export interface LocalCluster {
   workers: number[];
   /** Node id -> process id, for the workers that said who they are. */
   workerIds: Map<string, number>;
+  /** The workers' last lines of output (up to 200), for a test or a caller to show when something failed. */
+  workerLog(): string[];
   close(): Promise<void>;
 }
 
@@ -65,7 +67,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
         if (id) workerIds.set(id[1], child.pid);
         if (debug || isWorkerWarning(line)) console.error(`[worker ${i}] ${line}`);
         stderrTail.push(`[worker ${i}] ${line}`);
-        if (stderrTail.length > 40) stderrTail.shift();
+        if (stderrTail.length > 200) stderrTail.shift();
       });
     }
     log(`local cluster: ${n} node(s); planning ${resolve(opts.modelDir)}`);
@@ -82,10 +84,19 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
     );
     log(`plan v${assignment.version}: ${stages.length} stage(s) ${stages.join(" ")}; loading`);
     const chain = await pipeline.waitReady({ signal: opts.signal });
-    return { node, pipeline, assignment, chain, workers: children.map((c) => c.pid), workerIds, close };
+    return {
+      node,
+      pipeline,
+      assignment,
+      chain,
+      workers: children.map((c) => c.pid),
+      workerIds,
+      workerLog: () => [...stderrTail],
+      close,
+    };
   } catch (e) {
     await close();
-    if (stderrTail.length && !debug) console.error(stderrTail.join("\n"));
+    if (stderrTail.length && !debug) console.error(stderrTail.slice(-40).join("\n"));
     throw e;
   }
 }

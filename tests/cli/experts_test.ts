@@ -152,7 +152,14 @@ Deno.test({
       onToken: (e) => e.index === 2 && Deno.kill(cluster.workerIds.get(victim)!, "SIGKILL"),
     });
     assert.deepEqual(r.tokens, alone.tokens, "the replica took over: the same tokens");
-    assert.equal(r.recoveries?.length ?? 0, 0, `no resume: ${JSON.stringify(r.recoveries)}`);
+    // (An intermittent resume here, seen once in CI, is not understood yet: say what the workers said.)
+    assert.equal(
+      r.recoveries?.length ?? 0,
+      0,
+      `no resume: ${JSON.stringify(r.recoveries)}; workers' last lines:\n${
+        cluster.workerLog().slice(-60).join("\n")
+      }`,
+    );
     const survivor = only.find((id) => id !== victim)!;
     const after = expertReport(r.events.slice(3).map((e) => e.trace))!.fanout;
     assert.ok(
