@@ -68,6 +68,20 @@ for (const [name, n] of [["kimi-k2-tiny", 5], ["mixtral-tiny", 5], ["mixtral-tin
   });
 }
 
+/** kimi-k2-tiny's prompt and a local cluster of `n` node processes running it with its experts spread. */
+async function kimiSpread(n: number) {
+  const dir = fixtureDir("kimi-k2-tiny")!;
+  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
+  const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
+  const cluster = await startLocalCluster(n, {
+    modelDir: dir,
+    weights: "f32",
+    experts: "spread",
+    log: () => {},
+  });
+  return { prompt, cluster };
+}
+
 const LAN5 = fileURLToPath(new URL("../../planner/examples/lan5.swl", import.meta.url));
 
 /** `plan --routing` on the counts a generation wrote: its hot remote experts get replicas. */
@@ -105,16 +119,8 @@ Deno.test({
   ),
   ...slow,
 }, async () => {
-  const dir = fixtureDir("kimi-k2-tiny")!;
-  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
-  const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
   // 8 nodes for a 4-layer model: 6 stages at most, so two nodes only hold experts.
-  const cluster = await startLocalCluster(8, {
-    modelDir: dir,
-    weights: "f32",
-    experts: "spread",
-    log: () => {},
-  });
+  const { prompt, cluster } = await kimiSpread(8);
   try {
     const plan = structuredClone(cluster.assignment.plan) as ExpertPlan & Record<string, unknown>;
     const only = [...cluster.workerIds.keys()].filter((id) => !cluster.chain.nodes.includes(id));
@@ -188,16 +194,8 @@ Deno.test({
   }),
   ...slow,
 }, async () => {
-  const dir = fixtureDir("kimi-k2-tiny")!;
-  const ref = JSON.parse(await Deno.readTextFile(join(dir, "reference.json")));
-  const prompt: number[] = ref.tokens.slice(0, ref.prompt_length);
   // 7 nodes for a 4-layer model: 6 stages at most, so one node only holds experts.
-  const cluster = await startLocalCluster(7, {
-    modelDir: dir,
-    weights: "f32",
-    experts: "spread",
-    log: () => {},
-  });
+  const { prompt, cluster } = await kimiSpread(7);
   try {
     // A re-plan while the cluster loaded (membership marking a starved stage dead) would leave the chain on
     // another Plan than the one published first: say so rather than fail on what follows from it.
