@@ -187,14 +187,11 @@ export const generateCommand: Command = {
         "--routing-out needs a chain: --local N --experts spread, --cluster FILE, or `up`",
       );
     }
-    const { engine, tokenizer, dir } = await loadModel(values.model, { weights });
-    let ids = promptIds;
-    if (ids === undefined) {
-      if (!tokenizer) {
-        throw new UsageError(`the model at ${values.model} has no tokenizer: give the prompt with --tokens`);
-      }
-      ids = tokenizer.encode(prompt!);
-    }
+    const { engine, tokenizer, dir } = await loadModel(values.model, {
+      weights,
+      tokenizer: promptIds === undefined ? "required" : true,
+    });
+    const ids = promptIds ?? tokenizer!.encode(prompt!);
     checkPrompt(ids, engine.weights.config, maxTokens);
     const drafter = spec &&
       await makeDrafter(spec, {

@@ -3,7 +3,7 @@
 import { getGpu } from "../kernels/mod.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { type Engine, loadEngine } from "../models/engine.ts";
-import { readModelConfig } from "../models/family.ts";
+import { Checkpoint } from "../models/checkpoint.ts";
 import type { WeightsOption } from "../models/model.ts";
 import { loadTokenizer, type TextTokenizer } from "../models/tokenizer.ts";
 import { progressBar } from "./progress.ts";
@@ -32,7 +32,11 @@ export interface LoadedModel {
 /** Opens `dir` (or the demo model when undefined) and loads it onto this process's GPU. */
 export async function loadModel(
   dir: string | undefined,
-  opts: { weights: WeightsFlag; tokenizer?: boolean },
+  /**
+   * tokenizer: false to skip it; "required" (a text prompt) fails before any weight loads when the model has
+   * none.
+   */
+  opts: { weights: WeightsFlag; tokenizer?: boolean | "required" },
 ): Promise<LoadedModel> {
   if (dir === undefined) {
     console.error(
@@ -47,15 +51,21 @@ export async function loadModel(
     });
     bar?.stop();
   }
+  // A missing directory, a config that does not read, a broken shard or a missing tokenizer fails here,
+  // before the GPU opens.
+  const checkpoint = await Checkpoint.open(dir);
+  const tokenizer = opts.tokenizer === false ? null : await loadTokenizer(dir, checkpoint.config);
+  if (!tokenizer && opts.tokenizer === "required") {
+    throw new UsageError(`the model at ${dir} has no tokenizer: give the prompt with --tokens`);
+  }
   const gpu = await getGpu();
   if (gpu.isSoftware) console.error(`swactor: GPU: ${gpu.adapterName} (software adapter: correct but slow)`);
-  // (A config that does not read is the load's to report, with its own message.)
-  if (opts.weights === "auto" && await readModelConfig(dir).then((c) => c.weightQuant, () => null)) {
+  if (opts.weights === "auto" && checkpoint.config.weightQuant) {
     const as = gpu.hasF16 ? "f16, twice" : "f32, four times";
     console.error(`swactor: fp8 weights: stored as ${as} their size (--weights q8 keeps about their size)`);
   }
   let bar: ReturnType<typeof progressBar> | undefined;
-  const engine = await loadEngine(dir, {
+  const engine = await loadEngine(checkpoint, {
     gpu,
     weights: opts.weights === "auto" ? undefined : opts.weights,
     onProgress: (done, total) => {
@@ -64,7 +74,6 @@ export async function loadModel(
     },
   });
   bar?.stop();
-  const tokenizer = opts.tokenizer === false ? null : await loadTokenizer(dir, engine.weights.config);
   return { engine, tokenizer, dir };
 }
 

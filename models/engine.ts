@@ -747,7 +747,8 @@ export const loadExpertHost: ExpertLoader = async (hold, opts) =>
 
 /** Opens a checkpoint and loads `role`'s part of it onto this process's GPU. */
 export async function loadEngine(
-  dir: string,
+  /** A model directory, or its checkpoint opened already (a caller that checked it before opening the GPU). */
+  src: string | Checkpoint,
   opts: Omit<LoadOptions, "layers" | "embed" | "head"> & {
     role?: StageRole;
     gpu?: Gpu;
@@ -755,7 +756,7 @@ export async function loadEngine(
     fanout?: ExpertFanout;
   } = {},
 ): Promise<Engine> {
-  const ckpt = await Checkpoint.open(dir);
+  const ckpt = typeof src === "string" ? await Checkpoint.open(src) : src;
   const role = opts.role ?? wholeModel(ckpt.config.numLayers);
   const model = await Model.load(opts.gpu ?? await getGpu(), ckpt, {
     weights: opts.weights,

@@ -90,11 +90,16 @@ async function brokenCopy(mutate: (dir: string) => Promise<void>): Promise<strin
   return dir;
 }
 
-async function expectUsageError(args: string[], mention: RegExp) {
+/** Exit 2 with `mention` in stderr, and not `absent` (what must not have happened first). */
+async function expectUsageError(args: string[], mention: RegExp, absent?: RegExp) {
   const r = await runCli(args);
   if (r.code !== 2) throw new Error(`expected exit 2, got ${r.code}: ${r.stderr}`);
   if (!mention.test(r.stderr)) throw new Error(`stderr should match ${mention}: ${r.stderr}`);
+  if (absent?.test(r.stderr)) throw new Error(`stderr should not match ${absent}: ${r.stderr}`);
 }
+
+/** What the CLI says once it has opened the GPU or started loading weights. */
+const BEFORE_GPU = /GPU:|loading weights/;
 
 Deno.test(
   needs("one node: --trace writes the prefill and each decode batch", { [GPU]: hasGpu }),
@@ -135,7 +140,12 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
   const micro = fixtureDir("llama-micro")!;
   await t.step(
     "missing model dir",
-    () => expectUsageError(["generate", "--model", "/nonexistent/model", "--tokens", "1"], /not found/),
+    () =>
+      expectUsageError(
+        ["generate", "--model", "/nonexistent/model", "--tokens", "1"],
+        /not found/,
+        BEFORE_GPU,
+      ),
   );
   await t.step(
     "token id outside the vocabulary",
@@ -202,8 +212,8 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
       ),
   );
   await t.step(
-    "text prompt for a model without tokenizer",
-    () => expectUsageError(["generate", "hello", "--model", micro], /--tokens/),
+    "text prompt for a model without tokenizer (before the GPU opens)",
+    () => expectUsageError(["generate", "hello", "--model", micro], /has no tokenizer.*--tokens/, BEFORE_GPU),
   );
 });
 
