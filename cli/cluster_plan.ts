@@ -18,6 +18,7 @@ import { apportion } from "../planner/expert_placement.ts";
 import { moeOf } from "../planner/model_graph.ts";
 import { servedDtype } from "../node/stage/plan_chain.ts";
 import { UsageError } from "./command.ts";
+import { readInputFile } from "./input_file.ts";
 
 /** One node of the file as a lab process runs it. */
 export interface LabNode {
@@ -43,12 +44,7 @@ export const LAB_CONTEXT = 1024;
 
 /** Reads and checks a cluster file for `--cluster`; UsageError naming the file and what is wrong. */
 export async function readLabCluster(path: string, opts: { memoryScale?: number } = {}): Promise<LabCluster> {
-  let text;
-  try {
-    text = await Deno.readTextFile(path);
-  } catch (e) {
-    throw new UsageError(`--cluster ${path}: cannot read it: ${(e as Error).message}`);
-  }
+  const text = await readInputFile(path, "--cluster");
   let cluster: Cluster;
   try {
     cluster = parseCluster(text, { file: path });

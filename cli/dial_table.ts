@@ -1,6 +1,7 @@
 // The dial table, a test/bench hook: a JSON file {"peer ip:port": "ip:port to dial instead", ...} named by
 // $SWACTOR_DIAL_TABLE, read by `up` and `join` at start. scripts/bench/pipeline_wan.ts uses it to send each
 // node's traffic through the WAN-emulation relays (docs/WAN.md). Unset: no overrides (the default).
+import { readFailure } from "./input_file.ts";
 
 /** The environment variable that names a dial-table file. */
 export const DIAL_TABLE_ENV = "SWACTOR_DIAL_TABLE";
@@ -33,7 +34,7 @@ export async function dialTableFromEnv(): Promise<Map<string, string> | undefine
   try {
     text = await Deno.readTextFile(path);
   } catch (e) {
-    throw new TypeError(`$${DIAL_TABLE_ENV}: cannot read ${path}: ${(e as Error).message}`);
+    throw new TypeError(`$${DIAL_TABLE_ENV}: cannot read ${path}: ${readFailure(e)}`);
   }
   let json: unknown;
   try {

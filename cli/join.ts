@@ -7,6 +7,7 @@ import { readStdin } from "./workers.ts";
 import type { PipelineNode } from "../node/stage/mod.ts";
 import { MEMORY_HELP, memoryFlag } from "./memory_flag.ts";
 import { parseRelay, RELAY_HELP } from "./relay_flag.ts";
+import { readInputFile } from "./input_file.ts";
 
 export const join: Command = {
   name: "join",
@@ -102,12 +103,7 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
 };
 
 async function ticketFile(path: string): Promise<{ text: string; from: string }> {
-  let text;
-  try {
-    text = await Deno.readTextFile(path);
-  } catch (e) {
-    throw new UsageError(`--ticket-file ${path}: cannot read it: ${(e as Error).message}`);
-  }
+  const text = await readInputFile(path, "--ticket-file");
   const mode = (await Deno.stat(path)).mode;
   if (mode !== null && (mode & 0o077) !== 0) {
     console.error(

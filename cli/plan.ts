@@ -14,6 +14,7 @@ import { moeOf } from "../planner/model_graph.ts";
 import { planLive } from "./plan_live.ts";
 import { parseWeights } from "./load_model.ts";
 import { LAB_CONTEXT, labCluster, planRegional } from "./cluster_plan.ts";
+import { readInputFile } from "./input_file.ts";
 
 const usage =
   `Usage: swactor plan --model DIR --cluster FILE [--json] [--context N] [--experts auto|local|spread]
@@ -42,14 +43,6 @@ Plans which node runs which layers (and experts) of the model, and predicts per-
                     experts are placed nearest and hot ones replicated where memory allows
   --json            print the Plan as JSON (docs/PLAN_FORMAT.md)
 Exit codes: 0 ok, 1 runtime failure, 2 bad input or no placement fits.`;
-
-async function readText(path: string, what: string): Promise<string> {
-  try {
-    return await Deno.readTextFile(path);
-  } catch (e) {
-    throw new UsageError(`${what} ${path}: ${(e as Error).message}`);
-  }
-}
 
 export const planCommand: Command = {
   name: "plan",
@@ -88,7 +81,7 @@ export const planCommand: Command = {
     let routing: Record<string, number[]> | undefined;
     if (values.routing) {
       try {
-        routing = JSON.parse(await readText(values.routing, "routing counts"));
+        routing = JSON.parse(await readInputFile(values.routing, "--routing"));
       } catch (e) {
         if (e instanceof UsageError) throw e;
         throw new UsageError(`--routing ${values.routing}: ${(e as Error).message}`);
@@ -105,7 +98,7 @@ export const planCommand: Command = {
     const configPath = `${values.model.replace(/\/$/, "")}/config.json`;
     let json: unknown;
     try {
-      json = JSON.parse(await readText(configPath, "model config"));
+      json = JSON.parse(await readInputFile(configPath, "model config"));
     } catch (e) {
       if (e instanceof UsageError) throw e;
       throw new UsageError(`${configPath}: ${(e as Error).message}`);
@@ -135,7 +128,7 @@ export const planCommand: Command = {
     }
     let cluster;
     try {
-      cluster = parseCluster(await readText(values.cluster!, "cluster file"), { file: values.cluster });
+      cluster = parseCluster(await readInputFile(values.cluster!, "--cluster"), { file: values.cluster });
     } catch (e) {
       if (e instanceof LangError) throw new UsageError(e.message);
       throw e;

@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { PLAN_FORMAT_VERSION } from "../planner/mod.ts";
 import { rolesOf } from "../node/stage/roles.ts";
 import { UsageError } from "./command.ts";
+import { readInputFile } from "./input_file.ts";
 
 export type PlanFile = { stages: { node: string }[] } & Record<string, unknown>;
 
@@ -19,12 +20,7 @@ export interface PlanCheck {
 /** Reads and checks `path`; UsageError naming the file and what is wrong with it. */
 export async function readPlanFile(path: string, check: PlanCheck = {}): Promise<PlanFile> {
   const bad = (why: string) => new UsageError(`--plan ${path}: ${why}`);
-  let text;
-  try {
-    text = await Deno.readTextFile(path);
-  } catch (e) {
-    throw bad(`cannot read it: ${(e as Error).message}`);
-  }
+  const text = await readInputFile(path, "--plan");
   let plan: unknown;
   try {
     plan = JSON.parse(text);

@@ -56,7 +56,7 @@ Deno.test("bad tickets and flag values: exit 2 with one line", async (t) => {
     () =>
       expectBadInput(
         ["join", "--ticket-file", "/nonexistent/t"],
-        /--ticket-file \/nonexistent\/t: cannot read/,
+        /--ticket-file \/nonexistent\/t: no such file/,
       ),
   );
   await t.step(
@@ -133,7 +133,7 @@ Deno.test({
 }, async (t) => {
   const stages = (p: Record<string, unknown>) => p.stages as Record<string, unknown>[];
   const cases: [string, string | Promise<string>, RegExp][] = [
-    ["a missing file", "/nonexistent/plan.json", /--plan \/nonexistent\/plan\.json: cannot read it/],
+    ["a missing file", "/nonexistent/plan.json", /--plan \/nonexistent\/plan\.json: no such file/],
     [
       "not JSON",
       (async () => {
