@@ -2,14 +2,14 @@
 import { wireFlag } from "./wire_flag.ts";
 import type { Command } from "./command.ts";
 import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
-import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
+import { loadModel, modelDirOrDemo, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
 import { generate } from "../models/engine.ts";
 import { readModelConfig } from "../models/family.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { liveState } from "../node/state_file.ts";
 import { targetOf } from "../node/api/mod.ts";
-import { checkPrompt, clusterModel, generateLocal, generateOnCluster } from "./pipeline_generate.ts";
+import { clusterModel, generateLocal, generateOnCluster, prepareRequest } from "./pipeline_generate.ts";
 import { onStopSignal } from "./signals.ts";
 import { checkOutputPath, writeJsonOutput } from "./output_file.ts";
 import { readPlanFile } from "./plan_file.ts";
@@ -187,12 +187,14 @@ export const generateCommand: Command = {
         "--routing-out needs a chain: --local N --experts spread, --cluster FILE, or `up`",
       );
     }
-    const { engine, tokenizer, dir } = await loadModel(values.model, {
-      weights,
-      tokenizer: promptIds === undefined ? "required" : true,
+    const dir = await modelDirOrDemo(values.model);
+    const { checkpoint, ids, tokenizer } = await prepareRequest({
+      modelDir: dir,
+      prompt,
+      ids: promptIds,
+      maxTokens,
     });
-    const ids = promptIds ?? tokenizer!.encode(prompt!);
-    checkPrompt(ids, engine.weights.config, maxTokens);
+    const engine = await loadModel(checkpoint, weights);
     const drafter = spec &&
       await makeDrafter(spec, {
         modelDir: spec.draft === "mtp" ? dir : values.model ?? "",

@@ -1,11 +1,10 @@
-// What generate and logits share: finding the model (a directory, or the built-in demo), opening it,
-// and putting its weights on the GPU with a progress bar.
+// What generate and logits share on one node: finding the model (a directory, or the built-in demo) and
+// putting its opened checkpoint's weights on the GPU with a progress bar.
 import { getGpu } from "../kernels/mod.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { type Engine, loadEngine } from "../models/engine.ts";
-import { Checkpoint } from "../models/checkpoint.ts";
+import type { Checkpoint } from "../models/checkpoint.ts";
 import type { WeightsOption } from "../models/model.ts";
-import { loadTokenizer, type TextTokenizer } from "../models/tokenizer.ts";
 import { progressBar } from "./progress.ts";
 import { UsageError } from "./command.ts";
 
@@ -23,58 +22,45 @@ export function parseWeights(v: string | undefined): WeightsFlag {
   throw new UsageError(`--weights expects auto, f32, f16, q8 or q4, got "${v}"`);
 }
 
-export interface LoadedModel {
-  engine: Engine;
-  tokenizer: TextTokenizer | null;
-  dir: string;
+/** `dir`, or the built-in demo model's (made once, with a progress bar) when undefined, saying which. */
+export async function modelDirOrDemo(dir: string | undefined): Promise<string> {
+  if (dir !== undefined) return dir;
+  console.error(
+    "swactor: no --model given: using the built-in demo model (Llama architecture, Llama 3 vocabulary, RANDOM weights: its text is gibberish)",
+  );
+  let bar: ReturnType<typeof progressBar> | undefined;
+  const demo = await ensureDemoModel({
+    onProgress: (done, total) => {
+      bar ??= progressBar("generating demo weights (once)", total);
+      bar.update(done);
+    },
+  });
+  bar?.stop();
+  return demo;
 }
 
-/** Opens `dir` (or the demo model when undefined) and loads it onto this process's GPU. */
-export async function loadModel(
-  dir: string | undefined,
-  /**
-   * tokenizer: false to skip it; "required" (a text prompt) fails before any weight loads when the model has
-   * none.
-   */
-  opts: { weights: WeightsFlag; tokenizer?: boolean | "required" },
-): Promise<LoadedModel> {
-  if (dir === undefined) {
-    console.error(
-      "swactor: no --model given: using the built-in demo model (Llama architecture, Llama 3 vocabulary, RANDOM weights: its text is gibberish)",
-    );
-    let bar: ReturnType<typeof progressBar> | undefined;
-    dir = await ensureDemoModel({
-      onProgress: (done, total) => {
-        bar ??= progressBar("generating demo weights (once)", total);
-        bar.update(done);
-      },
-    });
-    bar?.stop();
-  }
-  // A missing directory, a config that does not read, a broken shard or a missing tokenizer fails here,
-  // before the GPU opens.
-  const checkpoint = await Checkpoint.open(dir);
-  const tokenizer = opts.tokenizer === false ? null : await loadTokenizer(dir, checkpoint.config);
-  if (!tokenizer && opts.tokenizer === "required") {
-    throw new UsageError(`the model at ${dir} has no tokenizer: give the prompt with --tokens`);
-  }
+/**
+ * Loads an opened checkpoint onto this process's GPU, with a progress bar (open it, and check the request
+ * against it, first: cli/pipeline_generate.ts prepareRequest).
+ */
+export async function loadModel(checkpoint: Checkpoint, weights: WeightsFlag): Promise<Engine> {
   const gpu = await getGpu();
   if (gpu.isSoftware) console.error(`swactor: GPU: ${gpu.adapterName} (software adapter: correct but slow)`);
-  if (opts.weights === "auto" && checkpoint.config.weightQuant) {
+  if (weights === "auto" && checkpoint.config.weightQuant) {
     const as = gpu.hasF16 ? "f16, twice" : "f32, four times";
     console.error(`swactor: fp8 weights: stored as ${as} their size (--weights q8 keeps about their size)`);
   }
   let bar: ReturnType<typeof progressBar> | undefined;
   const engine = await loadEngine(checkpoint, {
     gpu,
-    weights: opts.weights === "auto" ? undefined : opts.weights,
+    weights: weights === "auto" ? undefined : weights,
     onProgress: (done, total) => {
-      bar ??= progressBar(`loading weights (${opts.weights})`, total);
+      bar ??= progressBar(`loading weights (${weights})`, total);
       bar.update(done);
     },
   });
   bar?.stop();
-  return { engine, tokenizer, dir };
+  return engine;
 }
 
 /** Parses "1,2,3" into token ids; UsageError naming the bad entry otherwise. */

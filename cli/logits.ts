@@ -3,9 +3,9 @@ import { wireFlag } from "./wire_flag.ts";
 // with reference outputs).
 import type { Command } from "./command.ts";
 import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
-import { checkPrompt, logitsLocal, writeLogits } from "./pipeline_generate.ts";
+import { logitsLocal, prepareRequest, writeLogits } from "./pipeline_generate.ts";
 import { checkOutputPath } from "./output_file.ts";
-import { loadModel, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
+import { loadModel, modelDirOrDemo, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
 import { clusterFlags, clusterHelp, logitsCluster } from "./cluster_cli.ts";
 
 const USAGE = `Usage: swactor logits --model DIR --tokens 1,2,3 --out FILE.safetensors [options]
@@ -68,12 +68,13 @@ export const logitsCommand: Command = {
         experts: expertsFlag(values.experts, values.local),
       });
     }
-    const { engine } = await loadModel(values.model, {
-      weights: parseWeights(values.weights),
+    const { checkpoint } = await prepareRequest({
+      modelDir: await modelDirOrDemo(values.model),
+      ids: tokens,
       tokenizer: false,
     });
+    const engine = await loadModel(checkpoint, parseWeights(values.weights));
     try {
-      checkPrompt(tokens, engine.weights.config, 0);
       const logits = await engine.logits(tokens);
       const V = engine.model.vocab;
       await writeLogits(values.out, tokens, V, logits);

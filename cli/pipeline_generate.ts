@@ -61,7 +61,10 @@ export interface ChainGenerateOptions {
   routingOut?: string;
 }
 
-interface Prepared {
+/** A request checked against its model before any work (prepareRequest). */
+export interface Prepared {
+  /** The model's checkpoint, opened (headers read, config parsed); no weights loaded yet. */
+  checkpoint: Checkpoint;
   ids: number[];
   tokenizer: TextTokenizer | null;
   eos: number[];
@@ -94,7 +97,12 @@ export function checkPrompt(
   }
 }
 
-async function prepare(
+/**
+ * Opens the model (a missing directory, a config that does not read or a broken shard fails here), its
+ * tokenizer unless `tokenizer` is false, turns the prompt into ids and checks them (checkPrompt): every
+ * UsageError a request can meet before a GPU opens, a node starts or a weight loads.
+ */
+export async function prepareRequest(
   o: { modelDir: string; prompt?: string; ids?: number[]; tokenizer?: boolean; maxTokens?: number },
 ): Promise<Prepared> {
   const ckpt = await Checkpoint.open(o.modelDir);
@@ -111,7 +119,14 @@ async function prepare(
     const ffn = ckpt.config.layer(l).ffn;
     return ffn.kind === "moe" ? ffn.routing.experts : 0;
   };
-  return { ids, tokenizer, eos: ckpt.config.eosTokenIds, vocab: ckpt.config.vocabSize, expertsOf };
+  return {
+    checkpoint: ckpt,
+    ids,
+    tokenizer,
+    eos: ckpt.config.eosTokenIds,
+    vocab: ckpt.config.vocabSize,
+    expertsOf,
+  };
 }
 
 function streamer(p: Prepared, json: boolean) {
@@ -312,7 +327,7 @@ function stageSummary(
 
 /** generate --local N. Exit code as the CLI returns it. */
 export async function generateLocal(n: number, o: ChainGenerateOptions): Promise<number> {
-  const p = await prepare(o);
+  const p = await prepareRequest(o);
   const abort = new AbortController();
   let exitCode = 130;
   const removeSignals = onStopSignal((signal, code) => {
@@ -433,7 +448,7 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
       "--draft-noise applies where the drafter runs: give it to `up` (the cluster drafts)",
     );
   }
-  const p = await prepare(o);
+  const p = await prepareRequest(o);
   const abort = new AbortController();
   let exitCode = 130;
   const removeSignals = onStopSignal((_, code) => {
@@ -544,7 +559,7 @@ export async function logitsLocal(
     experts?: ChainGenerateOptions["experts"];
   },
 ): Promise<number> {
-  const p = await prepare({ modelDir: o.modelDir, ids: o.ids, tokenizer: false });
+  const p = await prepareRequest({ modelDir: o.modelDir, ids: o.ids, tokenizer: false });
   const abort = new AbortController();
   let exitCode = 130;
   const removeSignals = onStopSignal((signal, code) => {

@@ -153,6 +153,7 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
       expectUsageError(
         ["generate", "--model", micro, "--tokens", "1,512", "--temperature", "0"],
         /512.*vocabulary/,
+        BEFORE_GPU,
       ),
   );
   await t.step(
@@ -170,7 +171,7 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
       const f = join(d, "model.safetensors");
       await Deno.truncate(f, (await Deno.stat(f)).size - 1000);
     });
-    await expectUsageError(["generate", "--model", dir, "--tokens", "1"], /truncated/);
+    await expectUsageError(["generate", "--model", dir, "--tokens", "1"], /truncated/, BEFORE_GPU);
   });
   await t.step("wrong config (a missing size)", async () => {
     const dir = await brokenCopy(async (d) => {
@@ -178,7 +179,7 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
       delete c.hidden_size;
       await Deno.writeTextFile(join(d, "config.json"), JSON.stringify(c));
     });
-    await expectUsageError(["generate", "--model", dir, "--tokens", "1"], /hidden_size/);
+    await expectUsageError(["generate", "--model", dir, "--tokens", "1"], /hidden_size/, BEFORE_GPU);
   });
   await t.step("config that disagrees with the weights", async () => {
     const dir = await brokenCopy(async (d) => {
@@ -201,6 +202,7 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
     await expectUsageError(
       ["generate", "--model", dir, "--tokens", "1"],
       /unsupported architecture 'gpt2' \(model_type\).*supported: llama, mistral, qwen2, qwen3/,
+      BEFORE_GPU,
     );
   });
   await t.step(
