@@ -20,11 +20,13 @@
 #             (gemm_parts.ts), then the prefill with the tiles before and early submit A/B'd
 #   moe       Qwen3-30B-A3B and DeepSeek-V2-Lite shapes at full depth (random weights made on the GPU), f16
 #             and q4, then transformers on the same shapes
+#   targets   (not in the default list) just the open speed targets' figures, in three decode processes, two
+#             MoE ones and one prefill one, judged by scripts/bench/targets.ts (a row a target: met / missed)
 # With BEFORE=DIR (another checkout), `decode` also alternates DIR's code and this one's on one checkpoint.
 set -uo pipefail
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg}; mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(fixtures chain tests decode prefill moe)
 fx=/tmp/fx
 t0=$(date +%s)
@@ -108,7 +110,23 @@ part_moe() {
   HF_CACHES=dynamic python3 scripts/bench/hf_moe.py deepseek-v2-lite 27 --random 2>&1 | grep -E "^\{|Error" | tail -3
 }
 
-declare -A limit=([fixtures]=230 [chain]=150 [tests]=420 [decode]=260 [prefill]=150 [gemm]=420 [moe]=280)
+part_targets() {
+  local lines=$OUT/targets.jsonl
+  : > "$lines"
+  for round in 1 2 3; do
+    deno run -A scripts/bench/decode.ts --dir /tmp/llama1b --weights q4,f16 --k 1,8 --context 128,8192 2>&1 |
+      grep -E "^\{" | tee -a "$lines"
+  done
+  for round in 1 2; do
+    deno run -A scripts/bench/moe.ts --shape qwen3-30b-a3b --weights q4 --runs 2 2>&1 | grep -E "^\{" | tee -a "$lines"
+  done
+  deno run -A scripts/bench/prefill.ts --dir /tmp/llama1b --weights f16,q4 --prompts 512,2048 --runs 3 2>&1 |
+    grep -E "^\{" | tee -a "$lines"
+  log "the targets"
+  deno run -A scripts/bench/targets.ts "$lines"
+}
+
+declare -A limit=([fixtures]=230 [chain]=150 [tests]=420 [decode]=260 [prefill]=150 [gemm]=420 [moe]=280 [targets]=480)
 for p in "${parts[@]}"; do
   log "== $p"
   export -f make_fixtures part_$p log; export fx t0
