@@ -3,6 +3,7 @@
 import { resolve } from "node:path";
 import { Checkpoint } from "../models/checkpoint.ts";
 import { checkTokenIds } from "../models/engine.ts";
+import { checkWeights } from "../models/model.ts";
 import { loadTokenizer, StreamDecoder, type TextTokenizer } from "../models/tokenizer.ts";
 import { writeSafetensors } from "../models/safetensors.ts";
 import {
@@ -98,14 +99,15 @@ export function checkPrompt(
 }
 
 /**
- * Opens the model (a missing directory, a config that does not read or a broken shard fails here), its
- * tokenizer unless `tokenizer` is false, turns the prompt into ids and checks them (checkPrompt): every
+ * Opens the model (a missing directory, a config that does not read, a broken shard or weights that do not
+ * match the config fail here: checkWeights), its tokenizer unless `tokenizer` is false, turns the prompt into ids and checks them (checkPrompt): every
  * UsageError a request can meet before a GPU opens, a node starts or a weight loads.
  */
 export async function prepareRequest(
   o: { modelDir: string; prompt?: string; ids?: number[]; tokenizer?: boolean; maxTokens?: number },
 ): Promise<Prepared> {
   const ckpt = await Checkpoint.open(o.modelDir);
+  checkWeights(ckpt);
   const tokenizer = o.tokenizer === false ? null : await loadTokenizer(o.modelDir, ckpt.config);
   let ids = o.ids;
   if (ids === undefined) {

@@ -168,6 +168,36 @@ export function ropeInvFreqAsStored(c: ModelConfig, headDim: number): Float32Arr
   return inv;
 }
 
+/** CheckpointError unless `ckpt` holds as many layers as config.json says (before any table is built for them). */
+export function checkLayersStored(ckpt: WeightSource): void {
+  const c = ckpt.config;
+  if (c.numLayers > ckpt.layersStored()) {
+    throw new CheckpointError(
+      `${ckpt.dir}: config.json says num_hidden_layers = ${c.numLayers}, but the weights hold ${ckpt.layersStored()} layers`,
+    );
+  }
+}
+
+/**
+ * Checks, before anything is built or uploaded, that `ckpt` holds as many layers as config.json says and
+ * every tensor of `wanted` (default: the whole model's, tensorShapes) in the shape config.json implies:
+ * CheckpointError naming the first that is missing or misshapen. Returns their bytes as stored.
+ */
+export function checkWeights(ckpt: WeightSource, wanted?: Map<string, number[]>): number {
+  checkLayersStored(ckpt);
+  let total = 0;
+  for (const [name, shape] of wanted ?? tensorShapes(ckpt.config)) {
+    const info = ckpt.info(name);
+    if (info.shape.join() !== shape.join()) {
+      throw new CheckpointError(
+        `tensor ${name} has shape [${info.shape}], expected [${shape}] from config.json`,
+      );
+    }
+    total += info.end - info.begin;
+  }
+  return total;
+}
+
 /** Weights of one part (or the whole model) resident on the GPU. */
 export class Model {
   /** partShape, made on first use (the part never changes). */
@@ -259,12 +289,7 @@ export class Model {
     if (!target && !(layers[0] >= 0 && layers[0] <= layers[1] && layers[1] <= c.numLayers)) {
       throw new RequestError(`layer range [${layers}] is outside the model's ${c.numLayers} layers`);
     }
-    // A config that claims more layers than the weights hold fails here, before anything is built for it.
-    if (c.numLayers > ckpt.layersStored()) {
-      throw new CheckpointError(
-        `${ckpt.dir}: config.json says num_hidden_layers = ${c.numLayers}, but the weights hold ${ckpt.layersStored()} layers`,
-      );
-    }
+    checkLayersStored(ckpt); // before the part's tensor table is built (a config may claim millions of layers)
     const part: ModelPart = target
       ? { layers, embed: false, head: true, remoteExperts: new Set(), mtp: true }
       : {
@@ -280,16 +305,7 @@ export class Model {
       head: target !== undefined && holds(ckpt, mtpPrefix + "shared_head.head.weight"),
     };
     if (target) { for (const [n, shape] of mtpTensors(c, 0, own)) wanted.set(n, shape); }
-    let total = 0;
-    for (const [name, shape] of wanted) {
-      const info = ckpt.info(name);
-      if (info.shape.join() !== shape.join()) {
-        throw new CheckpointError(
-          `tensor ${name} has shape [${info.shape}], expected [${shape}] from config.json`,
-        );
-      }
-      total += info.end - info.begin;
-    }
+    const total = checkWeights(ckpt, wanted);
     let done = 0;
     const types = new Map<GPUBuffer, WeightsOption>();
     const normType: WeightType = isQuant(wt) ? "f32" : wt;

@@ -190,6 +190,7 @@ Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGp
     await expectUsageError(
       ["logits", "--model", dir, "--tokens", "1", "--out", "/tmp/x.safetensors"],
       /shape/,
+      BEFORE_GPU,
     );
   });
   await t.step("unknown architecture", async () => {
