@@ -10,6 +10,7 @@ import { type PipelineNode, publishPlan, requestWire } from "../node/stage/mod.t
 import { spawnWorker, stopWorkers } from "./workers.ts";
 import { readPlanFile } from "./plan_file.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
+import { checkWeights } from "../models/model.ts";
 import { KvBudget, planKvTokens } from "../node/api/kv_budget.ts";
 import { type ApiServer, type MemberView, nodeServices } from "../node/api/mod.ts";
 import { servedModel, SERVING_HELP, servingPlan, startServing } from "./serving.ts";
@@ -112,8 +113,10 @@ ${clusterHelp(23)}`,
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
     const serving = servingPlan(values, values.model !== undefined);
-    // The checkpoint is checked before any node starts: a bad one exits 2 with nothing left running.
+    // The checkpoint is checked before any node starts (its weights against config.json too): a bad one
+    // exits 2 with nothing left running.
     const ckpt = values.model === undefined ? undefined : await Checkpoint.open(resolve(values.model));
+    if (ckpt) checkWeights(ckpt);
     const served = ckpt && serving.addr !== undefined ? await servedModel(values.model!, ckpt) : undefined;
     const plan = values.plan === undefined ? undefined : await readPlanFile(values.plan, {
       modelDir: values.model,

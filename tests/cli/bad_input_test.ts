@@ -97,6 +97,23 @@ Deno.test("bad tickets and flag values: exit 2 with one line", async (t) => {
     "up --wire without --model (no chain to set)",
     () => expectBadInput(["up", "--wire", "f32"], /--wire .*needs --model/),
   );
+  await t.step("up --model whose weights do not match its config.json (before any node starts)", async () => {
+    const dir = await Deno.makeTempDir();
+    try {
+      await Deno.copyFile(join(micro, "model.safetensors"), join(dir, "model.safetensors"));
+      const config = JSON.parse(await Deno.readTextFile(join(micro, "config.json")));
+      await Deno.writeTextFile(
+        join(dir, "config.json"),
+        JSON.stringify({ ...config, intermediate_size: 128 }),
+      );
+      await expectBadInput(
+        ["up", "--peers", "2", "--model", dir],
+        /tensor model\.layers\.0\.mlp\.gate_proj\.weight has shape \[160,64\], expected \[128,64\]/,
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
 });
 
 Deno.test("a corrupt tokenizer's NUL bytes are escaped in the message, not echoed raw", async () => {
