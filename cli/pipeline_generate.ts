@@ -100,8 +100,9 @@ export function checkPrompt(
 
 /**
  * Opens the model (a missing directory, a config that does not read, a broken shard or weights that do not
- * match the config fail here: checkWeights), its tokenizer unless `tokenizer` is false, turns the prompt into ids and checks them (checkPrompt): every
- * UsageError a request can meet before a GPU opens, a node starts or a weight loads.
+ * match the config fail here: checkWeights), its tokenizer unless `tokenizer` is false, turns the prompt
+ * into ids and checks them (checkPrompt): every UsageError a request can meet before a GPU opens, a node
+ * starts or a weight loads.
  */
 export async function prepareRequest(
   o: { modelDir: string; prompt?: string; ids?: number[]; tokenizer?: boolean; maxTokens?: number },
