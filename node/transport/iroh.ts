@@ -50,6 +50,9 @@ const { Endpoint: EndpointClass, EndpointAddr, EndpointId, presetMinimal, preset
 /** The ALPN carries no version: a version mismatch is detected in the frame header with a clear error. */
 export const ALPN = Array.from(new TextEncoder().encode("swactor"));
 
+/** How long close() waits for iroh's own close when a given-up connect holds it (see close). */
+const ABANDONED_CLOSE_GRACE_MS = 200;
+
 export interface IrohTransportOptions {
   /** The cluster secret from the ticket; peers must prove they hold it. Required. */
   secret: Uint8Array;
@@ -94,6 +97,8 @@ export class IrohTransport implements Transport {
   readonly self: PeerAddr;
   #links = new Map<PeerId, IrohLink>();
   #dialing = new Map<PeerId, Promise<IrohLink | undefined>>();
+  /** Connects given up at the dial timeout that iroh has not settled yet (it cannot cancel one). */
+  #abandoned = new Set<Promise<unknown>>();
   #handler: Deliver = () => {};
   #closed = false;
   #relayTimer: ReturnType<typeof setTimeout> | undefined;
@@ -173,7 +178,13 @@ export class IrohTransport implements Transport {
     for (const l of this.#links.values()) l.close("transport closed");
     this.#links.clear();
     this.tls?.close();
-    await this.endpoint.close().catch(() => {});
+    const closing = this.endpoint.close().catch(() => {});
+    if (this.#abandoned.size === 0) return await closing;
+    // iroh's close waits out a connect given up at its dial timeout (~3 s measured after a dial to a gone
+    // peer) though no peer is on the other end of it: wait briefly, then let the close finish behind us.
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    await Promise.race([closing, new Promise((r) => (timer = setTimeout(r, ABANDONED_CLOSE_GRACE_MS)))]);
+    clearTimeout(timer);
   }
 
   #deliver: Deliver = (from, msg, channel) => this.#handler(from, msg, channel);
@@ -192,11 +203,16 @@ export class IrohTransport implements Transport {
       // The peer's home relay where known (the ticket's), else ours: a cluster shares its relay.
       const relay = to.relay ?? this.opts.relayUrl ?? null;
       const addr = new EndpointAddr(EndpointId.fromString(to.id), relay, this.#dialAddrs(to));
+      const connecting = this.endpoint.connect(addr, ALPN);
       conn = await withTimeout<Connection>(
-        this.endpoint.connect(addr, ALPN),
+        connecting,
         this.opts.dialTimeoutMs ?? 5000,
         "dial",
         (c) => c.close(0n, []),
+        () => {
+          this.#abandoned.add(connecting);
+          connecting.catch(() => {}).finally(() => this.#abandoned.delete(connecting));
+        },
       );
       const c = conn;
       const hs = await withTimeout(
@@ -537,7 +553,17 @@ function hexBoot(h: string): Uint8Array {
 }
 
 /** Races a promise against a timer; a result that arrives too late is disposed of with `dispose`. */
-function withTimeout<T>(p: Promise<T>, ms: number, what: string, dispose?: (v: T) => void): Promise<T> {
+/**
+ * `p`, or an error after `ms`; a value that comes after that goes to `dispose`, and `onTimeout` hears of the
+ * timeout itself.
+ */
+function withTimeout<T>(
+  p: Promise<T>,
+  ms: number,
+  what: string,
+  dispose?: (v: T) => void,
+  onTimeout?: () => void,
+): Promise<T> {
   let timer: ReturnType<typeof setTimeout>;
   let timedOut = false;
   return Promise.race([
@@ -548,6 +574,7 @@ function withTimeout<T>(p: Promise<T>, ms: number, what: string, dispose?: (v: T
     new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
         timedOut = true;
+        onTimeout?.();
         reject(new Error(`${what} timed out after ${ms} ms`));
       }, ms);
     }),
