@@ -71,6 +71,7 @@ Exit codes: 0 left cleanly, 1 the leader refused or could not be reached, 2 bad 
     const relay = parseRelay(values.relay, ticket.relay);
     let pipeline: PipelineNode | undefined;
     return await runNodeProcess({
+      exitsAfter: true,
       secret: ticket.secret,
       listen: values.listen,
       relay,

@@ -56,6 +56,11 @@ export interface NodeProcessOptions {
   cleanup?(): Promise<void>;
   /** How long `cleanup` may take before the process exits anyway (default CLEANUP_TIMEOUT_MS). */
   cleanupTimeoutMs?: number;
+  /**
+   * The process exits once this returns (`up`, `join`), so leaving skips waits that only free its own
+   * resources (transport.ts CloseOptions). Default false (a caller that goes on, such as a test).
+   */
+  exitsAfter?: boolean;
 }
 
 export function membershipPreset(name: string | undefined) {
@@ -157,7 +162,10 @@ export async function runNodeProcess(opts: NodeProcessOptions): Promise<number> 
       code = 1;
     }
   }
-  const left = await within(LEAVE_TIMEOUT_MS, node.leave().then(() => api.close()));
+  const left = await within(
+    LEAVE_TIMEOUT_MS,
+    node.leave({ exiting: opts.exitsAfter }).then(() => api.close()),
+  );
   if (!left) console.error(`swactor: leaving took over ${LEAVE_TIMEOUT_MS / 1000} s; exiting anyway`);
   const cleanupMs = opts.cleanupTimeoutMs ?? CLEANUP_TIMEOUT_MS;
   if (opts.cleanup && !(await within(cleanupMs, opts.cleanup()))) {

@@ -181,6 +181,7 @@ ${clusterHelp(23)}`,
         speculation,
       });
       return await runNodeProcess({
+        exitsAfter: true,
         secret,
         listen: values.listen,
         relay,

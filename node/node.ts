@@ -20,7 +20,7 @@ import { Registry } from "./registry/mod.ts";
 import { demux } from "./transport/demux.ts";
 import { createIrohTransport } from "./transport/iroh.ts";
 import type { Log } from "./transport/iroh_link.ts";
-import type { PeerAddr, Transport } from "./transport/transport.ts";
+import type { CloseOptions, PeerAddr, Transport } from "./transport/transport.ts";
 import { Service } from "./wire/mod.ts";
 
 interface CommonNodeOptions extends Omit<DescribeOptions, "measuring"> {
@@ -69,8 +69,8 @@ export interface SwactorNode {
   measured: Promise<NodeMeasurement | undefined>;
   /** Joins through `seeds`; throws PeerUnreachableError when the first seed refuses or cannot be reached. */
   join(seeds: PeerAddr[]): Promise<void>;
-  /** Leaves gracefully (others see `left`), stops the actors, closes the transport. */
-  leave(): Promise<void>;
+  /** Leaves gracefully (others see `left`), stops the actors, closes the transport (with `opts`). */
+  leave(opts?: CloseOptions): Promise<void>;
   /** How long the event loop was held (node/loop_lag.ts); iroh nodes only (the in-memory ones are tests'). */
   loop?: LoopLag;
 }
@@ -145,13 +145,13 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
       await transport.connect?.(seeds[0]);
       await membership.join(seeds);
     },
-    async leave() {
+    async leave(opts) {
       loop?.stop();
       await actors.close();
       await membership.leave();
       registry.close();
       links.close();
-      await transport.close();
+      await transport.close(opts);
     },
   };
 }

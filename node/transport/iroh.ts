@@ -41,7 +41,7 @@ import {
   TlsPath,
   type TlsStream,
 } from "./tls_path.ts";
-import type { Channel, PeerAddr, PeerId, Transport } from "./transport.ts";
+import type { Channel, CloseOptions, PeerAddr, PeerId, Transport } from "./transport.ts";
 
 export { BindError, PeerUnreachableError };
 
@@ -50,7 +50,7 @@ const { Endpoint: EndpointClass, EndpointAddr, EndpointId, presetMinimal, preset
 /** The ALPN carries no version: a version mismatch is detected in the frame header with a clear error. */
 export const ALPN = Array.from(new TextEncoder().encode("swactor"));
 
-/** How long close() waits for iroh's own close when a given-up connect holds it (see close). */
+/** How long close({ exiting }) waits for iroh's own close when a given-up connect holds it (see close). */
 const ABANDONED_CLOSE_GRACE_MS = 200;
 
 export interface IrohTransportOptions {
@@ -171,7 +171,7 @@ export class IrohTransport implements Transport {
     return l && !l.closed ? l.dataPath : undefined;
   }
 
-  async close(): Promise<void> {
+  async close(opts: CloseOptions = {}): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
     clearTimeout(this.#relayTimer);
@@ -179,9 +179,9 @@ export class IrohTransport implements Transport {
     this.#links.clear();
     this.tls?.close();
     const closing = this.endpoint.close().catch(() => {});
-    if (this.#abandoned.size === 0) return await closing;
+    if (!opts.exiting || this.#abandoned.size === 0) return await closing;
     // iroh's close waits out a connect given up at its dial timeout (~3 s measured after a dial to a gone
-    // peer) though no peer is on the other end of it: wait briefly, then let the close finish behind us.
+    // peer) though no peer is on the other end of it: a process about to exit waits briefly, then goes.
     let timer: ReturnType<typeof setTimeout> | undefined;
     await Promise.race([closing, new Promise((r) => (timer = setTimeout(r, ABANDONED_CLOSE_GRACE_MS)))]);
     clearTimeout(timer);

@@ -50,5 +50,14 @@ export interface Transport {
    */
   dataPath?(peer: PeerId): "tls" | "iroh" | undefined;
   /** Closes every connection and stops accepting; pending sends resolve false. */
-  close(): Promise<void>;
+  close(opts?: CloseOptions): Promise<void>;
+}
+
+export interface CloseOptions {
+  /**
+   * The process exits right after: close() need not wait for what only frees this process's own resources
+   * (iroh's close waits ~3 s for a connect given up at its dial timeout, with no peer on the other end).
+   * Not for a process that goes on: native work left running past its caller can outlive the isolate.
+   */
+  exiting?: boolean;
 }
