@@ -1257,7 +1257,11 @@ export function attentionDecodeCalls(
   // o_proj folded into the kernel that writes out (the attention, or with splits the combine).
   const od = ob ? oProjDimsOf(ob, d) : undefined;
   const oHost = od
-    ? { ...od, rowSplits: od.rowSplits ?? oProjRowSplits(od, sp === 1 ? t.warps * S : 256) }
+    ? {
+      ...od,
+      rowSplits: od.rowSplits ?? oProjRowSplits(od, sp === 1 ? t.warps * S : 256),
+      earlyTail: gpu.tuning.attentionOEarlyTail ?? od.copy !== undefined,
+    }
     : undefined;
   if (
     oHost && sp === 1 &&

@@ -12,10 +12,17 @@
 // rows into the residual, zeroes them for the next layer and, with `copy`, writes those rows' blocks of the
 // int8 input copy of the RMSNorm GEMV after it (the MLP's gate/up), as o_proj's own copy does (gemv_fused.ts
 // normCopyFor). One fold for all N rows took ~3.7 us a layer on the H200; split R ways, each fold is 1 / R of
-// that and they run side by side.
+// that and they run side by side. With `earlyTail` the fold's own loads (its residual rows, the copy's norm
+// weights) are issued with the weights', so the last workgroup's tail waits on no DRAM load either.
 import type { Gpu, WeightType } from "./gpu.ts";
 import { isQuant, quantScaleWord, type QuantType } from "./quant.ts";
-import { int8CopyBindingsWgsl, int8CopyTailWgsl, normWeightVec4, QUANT_CODES_WGSL } from "./wgsl.ts";
+import {
+  int8CopyBindingsWgsl,
+  int8CopyTailWgsl,
+  normWeightOf,
+  normWeightVec4,
+  QUANT_CODES_WGSL,
+} from "./wgsl.ts";
 
 /** o_proj's shape and storage, and the copy its fold writes (attentionDecodeCalls' `oProj`). */
 export interface OProjDims {
@@ -31,6 +38,15 @@ export interface OProjDims {
    * of 32's sum of squares) and its norm weights' storage.
    */
   copy?: { weights: QuantType; norm: WeightType };
+  /**
+   * The fold's own loads issued at the kernel's start too: the residual rows a thread folds and, with
+   * `copy`, its block's norm weights, so that the last workgroup's tail waits on no DRAM load (neither
+   * changes during the kernel: only the fold writes the residual, each row once). Default false here;
+   * attentionDecodeCalls turns it on with a copy (gpu.tuning.attentionOEarlyTail). H100, Llama-1B q4 step
+   * (docs/BENCHMARKS.md, the forty-first session): 0.639 ms at 128 keys against 0.659-0.663, 0.832 at
+   * 8,192 against 0.837-0.842.
+   */
+  earlyTail?: boolean;
 }
 
 /** Weights a 16-byte unit holds. */
@@ -137,6 +153,20 @@ export function oProjWgsl(
   };
   const copy = d.copy;
   const FT = Array.from({ length: Math.ceil(RN / o.WG) }, (_, j) => j); // rows a thread folds
+  // A thread's rows to fold (j) and, with the copy, its block's norm weights (the copy's block b = tid).
+  const foldRow = (j: number) =>
+    `let fl${j} = min(tid + ${j * o.WG}u, ${RN - 1}u);
+    let fi${j} = orow * ${RN}u + fl${j};
+    let fy${j} = oy[tok * ${N}u + fi${j}];`;
+  const early = d.earlyTail === true;
+  const earlyNorm = early && copy !== undefined && RN / 32 <= o.WG;
+  const earlyLoads = !early ? "" : `
+  ${FT.map(foldRow).join("\n  ")}${
+    earlyNorm
+      ? `\n  let ncg = orow * ${RN / 32}u + min(tid, ${RN / 32 - 1}u);\n  ` +
+        Array.from({ length: 8 }, (_, i) => `let onp${i} = onw[8u * ncg + ${i}u];`).join("\n  ")
+      : ""
+  }`;
   const blockSsq = (cb: string) =>
     Array.from({ length: 8 }, (_, i) => `dot(oyf[8u * ${cb} + ${i}u], oyf[8u * ${cb} + ${i}u])`).join(" + ");
   // The split's blocks of 32 (cb local, cg in the row).
@@ -148,7 +178,10 @@ export function oProjWgsl(
       rows: "1u",
       blocks: `${RN / 32}u`,
       gb0: `orow * ${RN / 32}u`,
-      vec4At: (i) => `oyf[8u * cb + ${i}u] * ${normWeightVec4(copy.norm, `8u * cg + ${i}u`, "onw")}`,
+      vec4At: (i) =>
+        `oyf[8u * cb + ${i}u] * ${
+          earlyNorm ? normWeightOf(copy.norm, `onp${i}`) : normWeightVec4(copy.norm, `8u * cg + ${i}u`, "onw")
+        }`,
       WG: `${o.WG}u`,
       prelude: `ossq[tok * ${N / 32}u + cg] = ${blockSsq("cb")};`,
     })
@@ -180,11 +213,8 @@ export function oProjWgsl(
     // loop each row would wait an L2 round trip).
     ${
     FT.map((j) =>
-      `let fl${j} = min(tid + ${j * o.WG}u, ${RN - 1}u);
-    let fi${j} = orow * ${RN}u + fl${j};
-    let fa${j} = atomicLoad(&oacc[tok * ${2 * N}u + fi${j}]);
-    let fb${j} = atomicLoad(&oacc[tok * ${2 * N}u + ${N}u + fi${j}]);
-    let fy${j} = oy[tok * ${N}u + fi${j}];`
+      `${early ? "" : `${foldRow(j)}\n    `}let fa${j} = atomicLoad(&oacc[tok * ${2 * N}u + fi${j}]);
+    let fb${j} = atomicLoad(&oacc[tok * ${2 * N}u + ${N}u + fi${j}]);`
     ).join("\n    ")
   }
     ${
@@ -227,5 +257,5 @@ export function oProjWgsl(
 }`,
     );
   }
-  return { decls: decls.join("\n"), prefetch, tail };
+  return { decls: decls.join("\n"), prefetch: prefetch + earlyLoads, tail };
 }

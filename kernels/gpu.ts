@@ -154,6 +154,11 @@ export interface KernelTuning {
    */
   attentionOProj?: boolean;
   attentionORowSplits?: number;
+  /**
+   * The o_proj fold's own loads issued at its kernel's start (attention_oproj.ts OProjDims.earlyTail).
+   * Default: where the fold writes an int8 copy (its norm weights were the tail's one DRAM round trip).
+   */
+  attentionOEarlyTail?: boolean;
   /** Subgroups per workgroup of the decode attention (default: attentionDecodeDefaultTuning's, 4 when split). */
   attentionWarps?: number;
   /** Loads a lane of the decode attention issues before using any (AttentionDecodeTuning.unroll; for A/B runs). */
@@ -288,6 +293,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   attentionSplits: true,
   attentionOProj: true,
   attentionORowSplits: true,
+  attentionOEarlyTail: true,
   attentionWarps: true,
   attentionUnroll: true,
   attentionGrouped: true,

@@ -51,19 +51,21 @@ Deno.test({ name: "decode attention folds o_proj into the residual (split K by h
   const g = gpu!;
   let seed = 0;
   const cases = [
-    // heads, kv heads, head_dim, N, weights, T, splits, row splits
-    [4, 2, 64, 160, "q4", 1, 1, undefined],
-    [4, 2, 64, 160, "q8", 3, 1, 5],
-    [2, 1, 32, 96, "f16", 1, 3, 2],
-    [3, 3, 32, 100, "f32", 2, 2, 5],
-    [8, 2, 128, 64, "q4", 2, 3, 1],
+    // heads, kv heads, head_dim, N, weights, T, splits, row splits, the fold's loads early
+    [4, 2, 64, 160, "q4", 1, 1, undefined, false],
+    [4, 2, 64, 160, "q4", 1, 1, undefined, true],
+    [4, 2, 64, 160, "q8", 3, 1, 5, false],
+    [2, 1, 32, 96, "f16", 1, 3, 2, true],
+    [3, 3, 32, 100, "f32", 2, 2, 5, false],
+    [8, 2, 128, 64, "q4", 2, 3, 1, true],
+    [4, 4, 32, 96, "f32", 3, 1, 1, true],
   ] as const;
-  for (const [heads, kv, hd, N, wt, T, splits, rowSplits] of cases) {
+  for (const [heads, kv, hd, N, wt, T, splits, rowSplits, early] of cases) {
     if (wt === "f16" && !g.hasF16) continue;
     seed += 10;
     const what = `heads ${heads}/${kv} hd ${hd} N ${N} ${wt} T${T} splits ${splits} rows ${
       rowSplits ?? "default"
-    }`;
+    }${early ? ", early tail" : ""}`;
     const d = { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T };
     if (!attentionOProjFits(g, d, { weights: wt, N })) throw new Error(`${what}: does not fit`);
     const K = heads * hd;
@@ -73,12 +75,14 @@ Deno.test({ name: "decode attention folds o_proj into the residual (split K by h
     const y = upload(g, y0);
     const inputs = attentionInputs(heads, kv, hd, T, 70, seed + 2);
     const out = inputs.out;
+    g.tuning.attentionOEarlyTail = early;
     const calls = attentionDecodeCalls(
       g,
       { ...inputs, oProj: { w: wb, weights: wt, N, y, ...(rowSplits ? { rowSplits } : {}) } },
       d,
       { splits },
     );
+    delete g.tuning.attentionOEarlyTail;
     // Twice: the second run must add the same again (the fold leaves its accumulator and count zeroed).
     await runCalls(g, calls);
     const once = await readF32(g, y, T * N);
@@ -112,18 +116,22 @@ Deno.test({
   const S = g.subgroupSize!;
   let seed = 100;
   // weights, tokens, norm weights, flash-decoding splits, o_proj row splits (each folding its own blocks)
+  // ... and the fold's loads issued early (the default with a copy) or not (gpu.tuning.attentionOEarlyTail).
   const cases = [
-    ["q4", 1, "f32", 1, 2],
-    ["q4", 2, "f16", 2, 1],
-    ["q8", 4, "f32", 1, 2],
-    ["q4", 1, "f32", 3, 4],
+    ["q4", 1, "f32", 1, 2, true],
+    ["q4", 1, "f32", 1, 2, false],
+    ["q4", 2, "f16", 2, 1, true],
+    ["q8", 4, "f32", 1, 2, true],
+    ["q4", 1, "f32", 3, 4, true],
+    ["q4", 1, "f16", 3, 4, false],
   ] as const;
-  for (const [wt, T, nwt, splits, rowSplits] of cases) {
+  for (const [wt, T, nwt, splits, rowSplits, early] of cases) {
     if (nwt === "f16" && !g.hasF16) continue;
     seed += 10;
     const heads = 4, kv = 2, hd = 64, K = heads * hd;
     const N = (wt === "q4" ? 32 : 16) * S * (wt === "q4" ? 1 : 2);
-    const what = `copy ${wt} T${T} N${N} ${nwt} norm weights, splits ${splits}, row splits ${rowSplits}`;
+    const what = `copy ${wt} T${T} N${N} ${nwt} norm weights, splits ${splits}, row splits ${rowSplits}` +
+      (early ? "" : ", late tail");
     const consumer = {
       K: N,
       N: 40,
@@ -141,6 +149,7 @@ Deno.test({
     if (!copy?.ssq || !copy.norm) throw new Error(`${what}: the consumer takes no norm copy`);
     const d = { heads, kvHeads: kv, headDim: hd, maxSeq: MAX_SEQ, T };
     const y = upload(g, randoms(T * N, seed + 1, 1));
+    if (!early) g.tuning.attentionOEarlyTail = false;
     const calls = attentionDecodeCalls(
       g,
       {
@@ -157,6 +166,7 @@ Deno.test({
       d,
       { splits },
     );
+    delete g.tuning.attentionOEarlyTail;
     await runCalls(g, calls);
     const got = await readF32(g, y, T * N);
     const u = got.map((v, i) => v * nwv[i % N]);
