@@ -1260,7 +1260,7 @@ export function attentionDecodeCalls(
     ? {
       ...od,
       rowSplits: od.rowSplits ?? oProjRowSplits(od, sp === 1 ? t.warps * S : 256),
-      earlyTail: gpu.tuning.attentionOEarlyTail ?? od.copy !== undefined,
+      earlyTail: gpu.tuning.attentionOEarlyTail ?? (od.copy !== undefined),
     }
     : undefined;
   if (

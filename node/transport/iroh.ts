@@ -50,7 +50,7 @@ const { Endpoint: EndpointClass, EndpointAddr, EndpointId, presetMinimal, preset
 /** The ALPN carries no version: a version mismatch is detected in the frame header with a clear error. */
 export const ALPN = Array.from(new TextEncoder().encode("swactor"));
 
-/** How long close({ exiting }) waits for iroh's own close when a given-up connect holds it (see close). */
+/** How long close({ exiting }) waits for iroh's own close when an unsettled connect holds it (see close). */
 const ABANDONED_CLOSE_GRACE_MS = 200;
 
 export interface IrohTransportOptions {
@@ -97,8 +97,8 @@ export class IrohTransport implements Transport {
   readonly self: PeerAddr;
   #links = new Map<PeerId, IrohLink>();
   #dialing = new Map<PeerId, Promise<IrohLink | undefined>>();
-  /** Connects given up at the dial timeout that iroh has not settled yet (it cannot cancel one). */
-  #abandoned = new Set<Promise<unknown>>();
+  /** Connects iroh has not settled yet (a dial gives one up at its timeout, but iroh cannot cancel it). */
+  #connecting = new Set<Promise<unknown>>();
   #handler: Deliver = () => {};
   #closed = false;
   #relayTimer: ReturnType<typeof setTimeout> | undefined;
@@ -179,9 +179,9 @@ export class IrohTransport implements Transport {
     this.#links.clear();
     this.tls?.close();
     const closing = this.endpoint.close().catch(() => {});
-    if (!opts.exiting || this.#abandoned.size === 0) return await closing;
-    // iroh's close waits out a connect given up at its dial timeout (~3 s measured after a dial to a gone
-    // peer) though no peer is on the other end of it: a process about to exit waits briefly, then goes.
+    if (!opts.exiting || this.#connecting.size === 0) return await closing;
+    // iroh's close waits out an unsettled connect (~3 s measured after a dial to a gone peer timed out)
+    // though no peer is on the other end of it: a process about to exit waits briefly, then goes.
     let timer: ReturnType<typeof setTimeout> | undefined;
     await Promise.race([closing, new Promise((r) => (timer = setTimeout(r, ABANDONED_CLOSE_GRACE_MS)))]);
     clearTimeout(timer);
@@ -204,15 +204,13 @@ export class IrohTransport implements Transport {
       const relay = to.relay ?? this.opts.relayUrl ?? null;
       const addr = new EndpointAddr(EndpointId.fromString(to.id), relay, this.#dialAddrs(to));
       const connecting = this.endpoint.connect(addr, ALPN);
+      this.#connecting.add(connecting);
+      connecting.catch(() => {}).finally(() => this.#connecting.delete(connecting));
       conn = await withTimeout<Connection>(
         connecting,
         this.opts.dialTimeoutMs ?? 5000,
         "dial",
         (c) => c.close(0n, []),
-        () => {
-          this.#abandoned.add(connecting);
-          connecting.catch(() => {}).finally(() => this.#abandoned.delete(connecting));
-        },
       );
       const c = conn;
       const hs = await withTimeout(
@@ -553,17 +551,7 @@ function hexBoot(h: string): Uint8Array {
 }
 
 /** Races a promise against a timer; a result that arrives too late is disposed of with `dispose`. */
-/**
- * `p`, or an error after `ms`; a value that comes after that goes to `dispose`, and `onTimeout` hears of the
- * timeout itself.
- */
-function withTimeout<T>(
-  p: Promise<T>,
-  ms: number,
-  what: string,
-  dispose?: (v: T) => void,
-  onTimeout?: () => void,
-): Promise<T> {
+function withTimeout<T>(p: Promise<T>, ms: number, what: string, dispose?: (v: T) => void): Promise<T> {
   let timer: ReturnType<typeof setTimeout>;
   let timedOut = false;
   return Promise.race([
@@ -574,7 +562,6 @@ function withTimeout<T>(
     new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
         timedOut = true;
-        onTimeout?.();
         reject(new Error(`${what} timed out after ${ms} ms`));
       }, ms);
     }),
