@@ -1020,6 +1020,7 @@ fn main(
 export function attentionCombineSource(
   d: { heads: number; headDim: number; copyOut?: QuantType; oProj?: OProjDims & { rowSplits: number } },
   splits: number,
+  earlySlots = true,
 ): string {
   const NH = d.heads;
   const HD = d.headDim;
@@ -1034,8 +1035,17 @@ export function attentionCombineSource(
   const mx = range(SP).map((s) => `ml${s}.x`).reduce((a, b) => `max(${a}, ${b})`);
   const w = range(SP).map((s) => `let w${s} = select(0.0, exp(ml${s}.x - mx), ml${s}.y > 0.0);`);
   const l = range(SP).map((s) => `ml${s}.y * w${s}`).join(" + ");
-  const vs = range(SP).map((s) => `let v${s} = part[(hs + ${s}u) * PW + 1u + e];`);
+  const vs = (e: string) => range(SP).map((s) => `let v${s} = part[(hs + ${s}u) * PW + 1u + ${e}];`);
   const a = range(SP).map((s) => `v${s} * w${s}`).join(" + ");
+  // Where a thread has at most one slot (head_dim <= 2 WG), its slot's loads are issued with the (max, sum)
+  // loads, not after the weights are computed from them: one L2 round trip instead of two.
+  const one = earlySlots && P2 <= WG;
+  // As the attention kernel: a token past the step's writes nothing. With earlySlots checked after the
+  // loads (which stay in the buffers, sized for the most tokens), so that they do not wait for step's.
+  const check = "if (step.T <= tok) { return; }";
+  const write = (e: string) =>
+    `let o = (${a}) / l;
+    out[(tok * ${NH}u + h) * ${P2}u + ${e}] = o;${d.copyOut || op ? `\n    os[${e}] = o;` : ""}`;
   return `${STEP_WGSL}
 @group(0) @binding(0) var<storage, read> step: Step;
 @group(0) @binding(1) var<storage, read> part: array<vec2<f32>>;
@@ -1047,18 +1057,18 @@ const PW = ${P2 + 1}u;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
   ${op ? `let h = wg.x % ${NH}u;\n  let orow = wg.x / ${NH}u;` : "let h = wg.x;"}
   let tok = wg.y;
-  if (step.T <= tok) { return; } // as the attention kernel: a token past the step's writes nothing${
-    op ? `\n  ${op.prefetch}` : ""
-  }
+  ${earlySlots ? "" : check}${op ? `\n  ${op.prefetch}` : ""}
   let hs = (tok * ${NH}u + h) * ${SP}u;
-  ${ml.join("\n  ")}
+  ${ml.join("\n  ")}${one ? `\n  let se = min(tid, ${P2 - 1}u);\n  ${vs("se").join("\n  ")}` : ""}
+  ${earlySlots ? check : ""}
   let mx = ${mx};
   ${w.join("\n  ")}
   let l = ${l};
-  for (var e = tid; e < ${P2}u; e += ${WG}u) {
-    ${vs.join("\n    ")}
-    let o = (${a}) / l;
-    out[(tok * ${NH}u + h) * ${P2}u + e] = o;${d.copyOut || op ? "\n    os[e] = o;" : ""}
+  ${
+    one ? `if (tid < ${P2}u) {\n    ${write("se")}\n  }` : `for (var e = tid; e < ${P2}u; e += ${WG}u) {
+    ${vs("e").join("\n    ")}
+    ${write("e")}
+  }`
   }${op ? `\n  workgroupBarrier();${op.tail}` : ""}${
     d.copyOut
       ? copyTail(d.copyOut, d, {
@@ -1305,7 +1315,14 @@ export function attentionDecodeCalls(
   );
   const combine = kernelCall(
     gpu,
-    pipeline(gpu, attentionCombineSource({ ...dc, ...(oHost ? { oProj: oHost } : {}) }, sp)),
+    pipeline(
+      gpu,
+      attentionCombineSource(
+        { ...dc, ...(oHost ? { oProj: oHost } : {}) },
+        sp,
+        gpu.tuning.attentionCombineEarly !== false,
+      ),
+    ),
     [bufs.step, part, bufs.out, ...copyBufs, ...oBufs],
     [d.heads * R, T],
     "attention_combine",

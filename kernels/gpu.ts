@@ -164,6 +164,11 @@ export interface KernelTuning {
    * Default: where the fold writes an int8 copy (its norm weights were the tail's one DRAM round trip).
    */
   attentionOEarlyTail?: boolean;
+  /**
+   * The flash-decoding combine loads a thread's slot of every split's output with the splits' (max, sum),
+   * not after it has weighed them (attention_decode.ts attentionCombineSource). Default on; false for A/B runs.
+   */
+  attentionCombineEarly?: boolean;
   /** Subgroups per workgroup of the decode attention (default: attentionDecodeDefaultTuning's, 4 when split). */
   attentionWarps?: number;
   /** Loads a lane of the decode attention issues before using any (AttentionDecodeTuning.unroll; for A/B runs). */
@@ -300,6 +305,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   attentionOProj: true,
   attentionORowSplits: true,
   attentionOEarlyTail: true,
+  attentionCombineEarly: true,
   attentionWarps: true,
   attentionUnroll: true,
   attentionGrouped: true,

@@ -240,6 +240,24 @@ Deno.test(
         }
       }
     }
+    // The combine loading each slot after the splits' weights (the default loads them beside the weights').
+    gpu!.tuning.attentionCombineEarly = false;
+    try {
+      for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40]]) {
+        const what = `h${heads} kv${kv} hd${hd} @300, the combine's slots loaded late`;
+        const { got, want } = await runCase({
+          heads,
+          kv,
+          hd,
+          pos: 300,
+          T: 1,
+          tuning: { splits: 5, minChunks: 1 },
+        });
+        assertClose(got.out, want.out, 1e-5, 1e-4, `out ${what}`);
+      }
+    } finally {
+      delete gpu!.tuning.attentionCombineEarly;
+    }
   },
 );
 
