@@ -421,14 +421,6 @@ function int8Tuning(
 }
 
 /**
- * Whether a GEMV writing the int8 copy of an RMSNorm GEMV's input loads that GEMV's norm weights as it
- * starts (gemv_multi.ts `earlyNorm`) rather than in the copy's tail, where they were the tail's one DRAM
- * round trip besides y's (Llama-1B: down writing the next layer's qkv input; the last layer's, the LM
- * head's). gpu.tuning.multiCopyEarlyNorm overrides it.
- */
-export const MULTI_COPY_EARLY_NORM = false;
-
-/**
  * The most rows for which copies made by the last workgroup of a block (MultiTuning `arrive`) are taken by
  * default. H200, Llama-1B k-steps, GPU ms (2026-12-02, fifteenth session; down then writing qkv's input, and
  * at k = 16 o_proj gate/up's): q4 k = 2 / 4 / 8 / 16 0.654 / 0.788 / 0.967-0.974 / 1.758-1.761 against
@@ -733,7 +725,6 @@ export function gemvFusedCall(
         pairs,
         copyOut: d.copyOut,
         copyNorm: copyNorm?.type,
-        earlyNorm: gpu.tuning.multiCopyEarlyNorm ?? MULTI_COPY_EARLY_NORM,
         rmsIn,
         router: router?.experts,
       });

@@ -31,7 +31,6 @@ import {
   int8CopyBindingsWgsl,
   int8CopyTailWgsl,
   normWeightAt,
-  normWeightOf,
   normWeightVec4,
   QUANT_DECODE_WGSL,
   siluMul,
@@ -245,7 +244,6 @@ export function gemvMultiSource(
     pairs?: boolean;
     copyOut?: QuantType | "f32";
     copyNorm?: WeightType;
-    earlyNorm?: boolean;
     rmsIn?: boolean;
     rmsParts?: number;
     router?: number;
@@ -652,7 +650,6 @@ function gemvMultiDirectSource(
     pairs?: boolean;
     copyOut?: QuantType | "f32";
     copyNorm?: WeightType;
-    earlyNorm?: boolean;
     rmsIn?: boolean;
     rmsParts?: number;
     router?: number;
@@ -826,23 +823,6 @@ function gemvMultiDirectSource(
   if (d.router && (fcopy || !d.copyOut || !d.copyNorm || N % 32 !== 0)) {
     throw new RangeError("router partials come with an int8 copy of the output with its norm weights");
   }
-  // earlyNorm: the copy's norm weights (8 vec4s a block of 32 rows) are loaded as the kernel starts, a vec4
-  // a thread, and put in workgroup memory after the main loop (the barrier before the outputs publishes
-  // them), so the tail waits on no DRAM load of its own but y's; else the tail loads them.
-  const NV = arrive ? 8 : 8 * CB;
-  const early = d.earlyNorm === true && d.copyNorm !== undefined && !fcopy && d.copyOut !== undefined &&
-    NV <= WG;
-  const copyNw = (i: number, cb?: string) =>
-    early
-      ? `cnw[${cb ? `${cb} * 8u + ` : ""}${i}u]`
-      : normWeightVec4(d.copyNorm!, cb ? `(nw0 + 32u * ${cb}) / 4u + ${i}u` : `nw0 / 4u + ${i}u`, "onw");
-  const earlyLoad = !early ? "" : `
-  var cnwp = ${d.copyNorm === "f16" ? "vec2<u32>(0u)" : "vec4<f32>(0.0)"};
-  if (tid < ${NV}u) { cnwp = onw[min(${arrive ? `wg.x / ${PER}u * 8u` : `wg.x * ${WR / 4}u`} + tid, ${
-    N / 4 - 1
-  }u)]; }`;
-  const earlyStore = !early ? "" : `
-  if (tid < ${NV}u) { cnw[tid] = ${normWeightOf(d.copyNorm!, "cnwp")}; }`;
   const router = d.router
     ? routerPartsWgsl({
       E: d.router,
@@ -872,7 +852,8 @@ function gemvMultiDirectSource(
       rows: "T",
       blocks: "1u",
       gb0: "nw0 / 32u",
-      vec4At: (i) => d.copyNorm ? `xa${i} * ${copyNw(i)}` : `xa${i}`,
+      vec4At: (i) =>
+        d.copyNorm ? `xa${i} * ${normWeightVec4(d.copyNorm, `nw0 / 4u + ${i}u`, "onw")}` : `xa${i}`,
       WG: `${WG}u`,
       prelude: `${range(8).map((i) => `let xa${i} = yav(cr * N + nw0 + ${4 * i}u);`).join("\n    ")}${
         d.copyNorm
@@ -903,7 +884,9 @@ function gemvMultiDirectSource(
         gb0: "nw0 / 32u",
         vec4At: (i) =>
           d.copyNorm
-            ? `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u) * ${copyNw(i, "cb")}`
+            ? `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u) * ${
+              normWeightVec4(d.copyNorm, `(nw0 + 32u * cb) / 4u + ${i}u`, "onw")
+            }`
             : `ysv(cr * ${WR}u + 32u * cb + ${4 * i}u)`,
         WG: `${WG}u`,
         // copyNorm: the block's sum of squares of y (before the norm weight), for the consumer's 1 / rms.
@@ -994,9 +977,7 @@ fn ysv(o: u32) -> vec4<f32> { return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys
         d.copyNorm
           ? `
 @group(0) @binding(7) var<storage, read> onw: array<${d.copyNorm === "f16" ? "vec2<u32>" : "vec4<f32>"}>;
-@group(0) @binding(8) var<storage, read_write> ossq: array<f32>;${
-            early ? `\nvar<workgroup> cnw: array<vec4<f32>, ${NV}>;` : ""
-          }`
+@group(0) @binding(8) var<storage, read_write> ossq: array<f32>;`
           : ""
       }`
       : ""
@@ -1032,7 +1013,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let ks = warp % SK;
   let n0 = (wg.x * BLOCKS + warp / SK) * R;
   ${decl.join("\n  ")}
-  ${acc.join("\n  ")}${router?.prefetch ?? ""}${earlyLoad}
+  ${acc.join("\n  ")}${router?.prefetch ?? ""}
   ${lateLoads ? "" : rmsLoads.join("\n  ")}
   for (var i = 0u; i < ${CMAX}u; i++) {
     let c = i * SK + ks;
@@ -1040,7 +1021,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       ${body.join("\n      ")}
     }
   }
-  ${lateLoads ? rmsLoads.join("\n  ") : ""}${earlyStore}${
+  ${lateLoads ? rmsLoads.join("\n  ") : ""}${
     fcopy
       ? `
   let onw0 = ${

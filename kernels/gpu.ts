@@ -118,11 +118,6 @@ export interface KernelTuning {
    */
   multiInt8CopyArrive?: boolean;
   /**
-   * Such a copy's norm weights loaded when its kernel starts, not in its tail (gemv_fused.ts
-   * MULTI_COPY_EARLY_NORM, the default; A/B runs).
-   */
-  multiCopyEarlyNorm?: boolean;
-  /**
    * f32 / f16 k-steps in the f32 direct multi-token mode: the GEMV before each RMSNorm GEMV (o_proj before
    * gate/up, down before the next layer's qkv or the LM head) writes its input times the norm weights and
    * the sums of squares (gemv_fused.ts floatCopyFor), so the RMSNorm GEMV's inner loop reads x as it is.
@@ -293,7 +288,6 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   multiInt8NormCopies: true,
   multiInt8NormCopyThreads: true,
   multiInt8CopyArrive: true,
-  multiCopyEarlyNorm: true,
   multiFloatNormCopies: true,
   multiUnroll: true,
   multiRows: true,
