@@ -422,25 +422,24 @@ Deno.test(
     // The producer (o_proj-like: accumulates into the residual) quantises h * nw for its consumer (gate/up-
     // like: RMSNorm, paired or not) and writes each block's sum of squares of h. The copy must be the input
     // pass's on h * nw bit for bit, the sums h's; the consumer on it (no pass) must match the consumer with
-    // its own input pass up to the codes' rounding. Norm weights random, f32 and f16.
+    // its own input pass up to the codes' rounding. Norm weights random, f32 and f16; one token (the q4
+    // one-token steps' down writing qkv's input) and several.
     const g = gpu!;
     const S = g.subgroupSize!;
     let k = 100;
+    const cases = [
+      [4, 64, 32 * 5, true, "f32"],
+      [8, 32 * S, 32 * 9, false, "f16"],
+      [1, 64, 32 * 3, false, "f32"],
+    ] as const;
     for (const arrive of [false, true]) {
       for (const wt of ["q8", "q4"] as const) {
-        for (
-          const [T, K, N, pairs, nwt] of [[4, 64, 32 * 5, true, "f32"], [
-            8,
-            32 * S,
-            32 * 9,
-            false,
-            "f16",
-          ]] as const
-        ) {
+        for (const [T, K, N, pairs, nwt] of cases) {
           if (nwt === "f16" && !g.hasF16) continue;
           k++;
           const saved = { ...g.tuning };
           g.tuning.multiInt8 = true;
+          if (T === 1) g.tuning.multiInt8One = true;
           if (arrive) g.tuning.multiInt8CopyArrive = true;
           try {
             const producer = { K, N, T, weights: wt, accumulate: true };
