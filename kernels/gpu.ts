@@ -329,24 +329,49 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
 /**
  * A process's starting gpu.tuning from SWACTOR_TUNING, a JSON object of KernelTuning fields (empty: every
  * default). The one way to A/B a kernel choice across processes (settings read at load, a CLI run); in one
- * process, benchmarks set gpu.tuning itself (`--tunings`). Values are the fields' own types; a key that is
- * not a field, or text that is not a JSON object, is an error naming it.
+ * process, benchmarks set gpu.tuning itself (`--tunings`, tuningList). Values are the fields' own types; a key
+ * that is not a field, or text that is not a JSON object, is an error naming it.
  */
 export function tuningFromEnv(text = Deno.env.get("SWACTOR_TUNING") ?? ""): KernelTuning {
   if (text.trim() === "") return {};
-  let v: unknown;
+  const v = parseTuningJson(text, "SWACTOR_TUNING must be a JSON object of kernel settings", EnvError);
+  return asTuning(v, "SWACTOR_TUNING", EnvError);
+}
+
+/**
+ * A benchmark's `--tunings`: a JSON list of KernelTuning objects, each checked as SWACTOR_TUNING is, so that
+ * a misspelt setting fails the run instead of timing the default twice. Errors are `error`s naming the
+ * entry (`--tunings[1]`).
+ */
+export function tuningList(text: string, what = "--tunings", error: ErrorClass = TypeError): KernelTuning[] {
+  const must = `${what} must be a JSON list of kernel settings objects`;
+  const v = parseTuningJson(text, must, error);
+  if (!Array.isArray(v)) throw new error(must);
+  return v.map((t, i) => asTuning(t, `${what}[${i}]`, error));
+}
+
+type ErrorClass = new (message: string) => Error;
+
+/** JSON.parse, its error an `error` saying what the text `must` be. */
+function parseTuningJson(text: string, must: string, error: ErrorClass): unknown {
   try {
-    v = JSON.parse(text);
+    return JSON.parse(text);
   } catch (e) {
-    throw new EnvError(`SWACTOR_TUNING must be a JSON object of kernel settings: ${(e as Error).message}`);
+    throw new error(`${must}: ${(e as Error).message}`);
   }
+}
+
+/** `v` as a KernelTuning: an object whose keys are all KernelTuning fields, or an `error` naming `what`. */
+function asTuning(v: unknown, what: string, error: ErrorClass): KernelTuning {
   if (typeof v !== "object" || v === null || Array.isArray(v)) {
-    throw new EnvError(`SWACTOR_TUNING must be a JSON object of kernel settings, got ${text.slice(0, 40)}`);
+    throw new error(
+      `${what} must be a JSON object of kernel settings, got ${JSON.stringify(v).slice(0, 40)}`,
+    );
   }
   const unknown = Object.keys(v).filter((k) => !(k in TUNING_KEYS));
   if (unknown.length) {
-    throw new EnvError(
-      `SWACTOR_TUNING: no kernel setting named ${unknown.map((k) => `"${k.slice(0, 40)}"`).join(", ")} ` +
+    throw new error(
+      `${what}: no kernel setting named ${unknown.map((k) => `"${k.slice(0, 40)}"`).join(", ")} ` +
         `(kernels/gpu.ts KernelTuning lists them)`,
     );
   }

@@ -5,6 +5,7 @@
 import { fileURLToPath } from "node:url";
 import { basename } from "node:path";
 import { UsageError } from "../cli/command.ts";
+import { type KernelTuning, tuningList } from "../kernels/gpu.ts";
 
 /**
  * Parses `args` (default Deno.args) with `parse` (node:util's parseArgs, or cli/command.ts's parseFlags),
@@ -45,4 +46,13 @@ export function countArg(name: string, value: string | undefined): number {
     throw new UsageError(`--${name} must be a whole number >= 1, got ${JSON.stringify(value)}`);
   }
   return n;
+}
+
+/**
+ * --tunings: a JSON list of gpu.tuning overrides, each checked against KernelTuning (kernels/gpu.ts
+ * tuningList: a misspelt setting is an error, not a second run of the default); absent: none. A bad list is
+ * a UsageError naming the entry, so calling it in scriptArgs's parse too makes it a one-line exit 2.
+ */
+export function tuningsArg(value: string | undefined): KernelTuning[] {
+  return value === undefined ? [] : tuningList(value, "--tunings", UsageError);
 }

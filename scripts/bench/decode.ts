@@ -36,7 +36,7 @@
 // so the ratio comes from one run. On a software adapter the default shape is the demo model (a 1B model
 // would take minutes a token there); `deno task bench` is then a smoke test (tests/scripts/bench/).
 import { parseArgs } from "node:util";
-import { countArg, scriptArgs } from "../args.ts";
+import { countArg, scriptArgs, tuningsArg } from "../args.ts";
 import {
   argmaxRowsCalls,
   getGpu,
@@ -94,10 +94,13 @@ const { values } = scriptArgs(import.meta.url, (args) => {
     },
   });
   countArg("rounds", parsed.values.rounds);
+  tuningsArg(parsed.values.tunings);
   return parsed;
 });
 /** --rounds: how many times the --tunings settings are timed in turn. */
 const rounds = Number(values.rounds);
+/** --tunings: the k-steps, contexts and decode again under each of a JSON list of gpu.tuning overrides. */
+const tunings = tuningsArg(values.tunings);
 const shapes: Record<string, Record<string, unknown>> = {
   "llama-3.2-1b": LLAMA_3_2_1B,
   demo: DEMO_CONFIG_JSON,
@@ -143,8 +146,6 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     const model = await Model.load(gpu, ckpt, { weights });
     const kvInfo = { kv: model.kvType, kv_bytes_per_token: model.kvBytesPerToken() };
     const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
-    // --tunings: the k-steps, contexts and decode again under each of a JSON list of gpu.tuning overrides.
-    const tunings = values.tunings ? JSON.parse(values.tunings) as KernelTuning[] : [];
     if (values.k) {
       await inRounds(async () => {
         await kSteps(model, weights);

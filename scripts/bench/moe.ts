@@ -25,9 +25,9 @@
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
-import { countArg, scriptArgs } from "../args.ts";
+import { countArg, scriptArgs, tuningsArg } from "../args.ts";
 import { UsageError } from "../../cli/command.ts";
-import { getGpu, type KernelTuning, writeStep } from "../../kernels/mod.ts";
+import { getGpu, writeStep } from "../../kernels/mod.ts";
 import { cpuMs, dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
 import { Model, type WeightsOption } from "../../models/model.ts";
@@ -135,12 +135,13 @@ const { values, configOverrides } = scriptArgs(import.meta.url, (args) => {
     },
   });
   countArg("rounds", parsed.values.rounds);
+  tuningsArg(parsed.values.tunings);
   return { ...parsed, configOverrides: configSet(parsed.values.set) };
 });
 /** --rounds: how many times the --tunings settings are timed in turn. */
 const rounds = Number(values.rounds);
 
-const tuningOverrides = values.tunings ? tuningList(values.tunings) : [];
+const tuningOverrides = tuningsArg(values.tunings);
 const gpu = await getGpu();
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
@@ -317,20 +318,4 @@ function readBytes(model: Model): number {
     bytes -= stacks * (1 - f.routing.topK / f.routing.experts);
   });
   return Math.round(bytes);
-}
-
-/** --tunings: a JSON list of gpu.tuning overrides. */
-function tuningList(json: string): KernelTuning[] {
-  let list: unknown;
-  try {
-    list = JSON.parse(json);
-  } catch (e) {
-    console.error(`moe.ts: --tunings is not JSON: ${(e as Error).message}`);
-    Deno.exit(2);
-  }
-  if (!Array.isArray(list) || list.some((t) => typeof t !== "object" || t === null || Array.isArray(t))) {
-    console.error(`moe.ts: --tunings must be a JSON list of objects, got ${json}`);
-    Deno.exit(2);
-  }
-  return list as KernelTuning[];
 }

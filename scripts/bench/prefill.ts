@@ -30,7 +30,7 @@
 // --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { scriptArgs } from "../args.ts";
+import { scriptArgs, tuningsArg } from "../args.ts";
 import {
   type FlashVariant,
   getGpu,
@@ -49,8 +49,8 @@ import { tensorShapes } from "../../models/tensors.ts";
 import { LLAMA_3_2_1B } from "./random_checkpoint.ts";
 import { worstRowError } from "../check_fixture.ts";
 
-const { values } = scriptArgs(import.meta.url, (args) =>
-  parseArgs({
+const { values } = scriptArgs(import.meta.url, (args) => {
+  const parsed = parseArgs({
     args,
     options: {
       dir: { type: "string", default: `${Deno.env.get("TMPDIR") ?? "/tmp"}/swactor-bench-prefill-llama1b` },
@@ -67,7 +67,10 @@ const { values } = scriptArgs(import.meta.url, (args) =>
       early: { type: "string", default: "on" },
       tunings: { type: "string" },
     },
-  }));
+  });
+  tuningsArg(parsed.values.tunings);
+  return parsed;
+});
 
 /** Writes a Llama-3.2-1B-shaped checkpoint of bf16 weights ~U(-0.03, 0.03), norms 1, unless one is there. */
 const CONFIG = values.tiny
@@ -135,10 +138,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       throw new TypeError(`--chunk takes tokens a chunk (comma-separated), got ${values.chunk}`);
     }
   }
-  const tunings = values.tunings ? JSON.parse(values.tunings) as KernelTuning[] : [{}];
-  if (!Array.isArray(tunings)) {
-    throw new TypeError(`--tunings takes a JSON list of objects, got ${values.tunings}`);
-  }
+  const tunings: KernelTuning[] = values.tunings ? tuningsArg(values.tunings) : [{}];
   const combos = tunings.flatMap((tuning) =>
     values.math!.split(",").flatMap((math) =>
       values.flash!.split(",").flatMap((flash) =>

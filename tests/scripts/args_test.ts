@@ -22,7 +22,17 @@ Deno.test("script --help: the header comment, exit 0", async () => {
 });
 
 Deno.test("script with a bad option or a missing value: one line naming it, exit 2", async () => {
-  for (const [args, named] of [[["--bogus"], /--bogus/], [["--layers"], /--layers/]] as const) {
+  const cases = [
+    [["--bogus"], /--bogus/],
+    [["--layers"], /--layers/],
+    // A misspelt --tunings setting would time the default twice: it is refused by name before any GPU work.
+    [
+      ["--tunings", '[{}, {"attentionUnrol": 8}]'],
+      /--tunings\[1\]: no kernel setting named "attentionUnrol"/,
+    ],
+    [["--tunings", '{"attentionUnroll": 8}'], /--tunings must be a JSON list/],
+  ] as const;
+  for (const [args, named] of cases) {
     const r = await run(...args);
     assert.equal(r.code, 2, r.stderr);
     assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
