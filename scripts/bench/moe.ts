@@ -16,9 +16,12 @@
 // processes of their own. The JSON line carries the process's starting tuning as `tuning`.
 // --tunings '[{...}, ...]'
 // likewise times the step under each gpu.tuning override (kernels/gpu.ts KernelTuning, e.g.
-// {"attentionUnroll":32}): `tunings_gpu_ms`. Each setting's program is built once; --rounds R times them all in
-// turn R times (A B A B ...), so a process's drift shows in each setting's series (`tunings_gpu_ms_rounds`)
-// and lands on every setting alike; `tunings_gpu_ms` is each series' median.
+// {"attentionUnroll":32}): `tunings_gpu_ms`. Each setting's program is built on two sequences, in mirrored
+// order (A B B A): the same setting on the sequences built one after the other reads 2.22-2.24 and 2.24-2.26
+// ms alternately (H100, Qwen3-30B-A3B q4, four copies of the default; docs/BENCHMARKS.md, the forty-third
+// session), so one sequence a setting biased the first one by ~1%. --rounds R times them all in turn R times
+// (A B B A A B B A ...), so a process's drift shows in each setting's series (`tunings_gpu_ms_rounds`, both
+// sequences' timings a round) and lands on every setting alike; `tunings_gpu_ms` is each series' median.
 // --marginal: GPU ms each kernel (label) adds to the step, timed as the step without its dispatches:
 // `marginal_ms_by_kernel`. `gpu_ms_by_kernel` times each dispatch in a pass of its own, which adds about a
 // dependent dispatch's cost to each (its sum is ~1.4x the step); the marginal figures sum to about the step.
@@ -227,7 +230,8 @@ for (const shape of values.shape!.split(",")) {
     // The step under each gpu.tuning override (read when the program is built): each program built once
     // under its override, then all of them timed in turn, --rounds times (A B C A B C ...), so a process's
     // drift shows in each setting's series instead of deciding the comparison. GPU ms a token: the median.
-    const built = (gpu.hasTimestamps ? tuningOverrides : []).map((t, i) => {
+    const settings = (gpu.hasTimestamps ? tuningOverrides : []).map((t, i) => ({ t, i }));
+    const built = [...settings, ...settings.toReversed()].map(({ t, i }) => {
       const saved = gpu.tuning;
       gpu.tuning = { ...saved, ...t };
       try {
