@@ -272,6 +272,12 @@ export interface KernelTuning {
    * (kernels/gemm.ts). Read when a GEMM call is built.
    */
   gemmMath?: "f16" | "f32";
+  /**
+   * false: the engine's decode loop runs the step-advance dispatch after each step and the next step embeds
+   * its token, instead of the sampler doing both (models/model.ts StepOptions.chain). Read when the loop
+   * starts.
+   */
+  sampleChain?: boolean;
 }
 
 /** Every KernelTuning key, so that SWACTOR_TUNING can name one that does not exist (checked by the compiler). */
@@ -324,6 +330,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   headNorm: true,
   mlaAttention: true,
   gemmMath: true,
+  sampleChain: true,
 };
 
 /**

@@ -100,6 +100,14 @@ for (const name of ["qwen2-tiny", "qwen3-tiny", "llama-micro"]) {
     try {
       const loop = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy });
       assert.deepEqual(loop.tokens, cont);
+      // The loop as before the chained sampler: each step embeds its token, an advance dispatch after it.
+      gpu!.tuning.sampleChain = false;
+      try {
+        const unchained = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy });
+        assert.deepEqual(unchained.tokens, cont);
+      } finally {
+        delete gpu!.tuning.sampleChain;
+      }
       // One step at a time, as a one-stage chain without the loop would: prefill in chunks of 4, then tokens.
       engine.open("steps", { maxSeq: prompt.length + cont.length, sampling: greedy, maxChunk: 4 });
       let token = -1;
