@@ -273,9 +273,10 @@ export interface KernelTuning {
    */
   gemmMath?: "f16" | "f32";
   /**
-   * false: the engine's decode loop runs the step-advance dispatch after each step and the next step embeds
-   * its token, instead of the sampler doing both (models/model.ts StepOptions.chain). Read when the loop
-   * starts.
+   * true: the engine's decode loop chains its steps through the sampler, which embeds the token it chose
+   * and moves the step on, so the steps after the first have no embedding and no step-advance dispatch
+   * (models/model.ts StepOptions.chain). Default off: exact, but not yet timed on a GPU (docs/BENCHMARKS.md,
+   * the forty-third session: the embedding dispatch alone was ~0.5% of a q4 step). Read when the loop starts.
    */
   sampleChain?: boolean;
 }

@@ -100,11 +100,11 @@ for (const name of ["qwen2-tiny", "qwen3-tiny", "llama-micro"]) {
     try {
       const loop = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy });
       assert.deepEqual(loop.tokens, cont);
-      // The loop as before the chained sampler: each step embeds its token, an advance dispatch after it.
-      gpu!.tuning.sampleChain = false;
+      // The loop chained through the sampler (it embeds the token and moves the step; gpu.tuning.sampleChain).
+      gpu!.tuning.sampleChain = true;
       try {
-        const unchained = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy });
-        assert.deepEqual(unchained.tokens, cont);
+        const chained = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy });
+        assert.deepEqual(chained.tokens, cont);
       } finally {
         delete gpu!.tuning.sampleChain;
       }
