@@ -51,7 +51,7 @@ export function countArg(name: string, value: string | undefined): number {
 /**
  * --tunings: a JSON list of gpu.tuning overrides, each checked against KernelTuning (kernels/gpu.ts
  * tuningList: a misspelt setting is an error, not a second run of the default); absent: none. A bad list is
- * a UsageError naming the entry, so calling it in scriptArgs's parse too makes it a one-line exit 2.
+ * a UsageError naming the entry: called in scriptArgs's parse, it is a one-line exit 2.
  */
 export function tuningsArg(value: string | undefined): KernelTuning[] {
   return value === undefined ? [] : tuningList(value, "--tunings", UsageError);

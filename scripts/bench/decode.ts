@@ -55,7 +55,7 @@ import { Model } from "../../models/model.ts";
 import { worstRowError } from "../check_fixture.ts";
 import { ensureRandomCheckpoint, LLAMA_3_2_1B } from "./random_checkpoint.ts";
 
-const { values } = scriptArgs(import.meta.url, (args) => {
+const { values, tunings } = scriptArgs(import.meta.url, (args) => {
   const parsed = parseArgs({
     args,
     options: {
@@ -94,13 +94,11 @@ const { values } = scriptArgs(import.meta.url, (args) => {
     },
   });
   countArg("rounds", parsed.values.rounds);
-  tuningsArg(parsed.values.tunings);
-  return parsed;
+  /** --tunings: the k-steps, contexts and decode again under each of a JSON list of gpu.tuning overrides. */
+  return { ...parsed, tunings: tuningsArg(parsed.values.tunings) };
 });
 /** --rounds: how many times the --tunings settings are timed in turn. */
 const rounds = Number(values.rounds);
-/** --tunings: the k-steps, contexts and decode again under each of a JSON list of gpu.tuning overrides. */
-const tunings = tuningsArg(values.tunings);
 const shapes: Record<string, Record<string, unknown>> = {
   "llama-3.2-1b": LLAMA_3_2_1B,
   demo: DEMO_CONFIG_JSON,

@@ -119,7 +119,7 @@ function configSet(arg: string | undefined): Record<string, number> {
   return out;
 }
 
-const { values, configOverrides } = scriptArgs(import.meta.url, (args) => {
+const { values, configOverrides, tuningOverrides } = scriptArgs(import.meta.url, (args) => {
   const parsed = parseArgs({
     args,
     options: {
@@ -138,13 +138,15 @@ const { values, configOverrides } = scriptArgs(import.meta.url, (args) => {
     },
   });
   countArg("rounds", parsed.values.rounds);
-  tuningsArg(parsed.values.tunings);
-  return { ...parsed, configOverrides: configSet(parsed.values.set) };
+  return {
+    ...parsed,
+    configOverrides: configSet(parsed.values.set),
+    tuningOverrides: tuningsArg(parsed.values.tunings),
+  };
 });
 /** --rounds: how many times the --tunings settings are timed in turn. */
 const rounds = Number(values.rounds);
 
-const tuningOverrides = tuningsArg(values.tunings);
 const gpu = await getGpu();
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);

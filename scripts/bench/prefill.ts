@@ -49,7 +49,7 @@ import { tensorShapes } from "../../models/tensors.ts";
 import { LLAMA_3_2_1B } from "./random_checkpoint.ts";
 import { worstRowError } from "../check_fixture.ts";
 
-const { values } = scriptArgs(import.meta.url, (args) => {
+const { values, tuningList } = scriptArgs(import.meta.url, (args) => {
   const parsed = parseArgs({
     args,
     options: {
@@ -68,8 +68,7 @@ const { values } = scriptArgs(import.meta.url, (args) => {
       tunings: { type: "string" },
     },
   });
-  tuningsArg(parsed.values.tunings);
-  return parsed;
+  return { ...parsed, tuningList: tuningsArg(parsed.values.tunings) };
 });
 
 /** Writes a Llama-3.2-1B-shaped checkpoint of bf16 weights ~U(-0.03, 0.03), norms 1, unless one is there. */
@@ -138,7 +137,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       throw new TypeError(`--chunk takes tokens a chunk (comma-separated), got ${values.chunk}`);
     }
   }
-  const tunings: KernelTuning[] = values.tunings ? tuningsArg(values.tunings) : [{}];
+  const tunings: KernelTuning[] = tuningList.length ? tuningList : [{}];
   const combos = tunings.flatMap((tuning) =>
     values.math!.split(",").flatMap((math) =>
       values.flash!.split(",").flatMap((flash) =>
