@@ -14,34 +14,9 @@ import {
 import { isQuant, quantElementWgsl, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 import { STEP_WGSL } from "./step.ts";
 
-/**
- * WGSL reading an embedding table bound as `table` in `wt`: the extension it needs (first in a shader), its
- * array element type, helper functions, and element e as f32 (`soff`: quantScaleWord's word, for q8 / q4).
- * Shared with the chained sampler (sample.ts), which embeds the token it chose.
- */
-export function embedTableWgsl(wt: WeightType | QuantType): {
-  enable: string;
-  type: string;
-  fns: string;
-  at: (e: string, soff: string) => string;
-} {
+function source(wt: WeightType | QuantType): string {
   const q = isQuant(wt);
   const w = q ? { enable: "", type: "u32" } : weightType(wt);
-  return {
-    enable: w.enable,
-    type: w.type,
-    fns: q ? quantElementWgsl(wt, "table") : "",
-    at: (e, soff) => q ? `table_at(${e}, ${soff})` : `f32(table[${e}])`,
-  };
-}
-
-/** The word at which a q8 / q4 table's scales begin (0 for other types): embedTableWgsl's `soff`. */
-export function embedScaleWord(wt: WeightType | QuantType, vocab: number, hidden: number): number {
-  return isQuant(wt) ? quantScaleWord(vocab, hidden, wt) : 0;
-}
-
-function source(wt: WeightType | QuantType): string {
-  const w = embedTableWgsl(wt);
   return `${w.enable}
 ${STEP_WGSL}
 struct P { H: u32, V: u32, soff: u32 }
@@ -50,14 +25,14 @@ struct P { H: u32, V: u32, soff: u32 }
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;
 @group(0) @binding(3) var<storage, read> table: array<${w.type}>;
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;
-${w.fns}
+${q ? quantElementWgsl(wt, "table") : ""}
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   let i = g.x;
   let t = g.y;
   if (i >= p.H || t >= step.T) { return; }
   let tok = min(tokens[step.pos0 + t], p.V - 1u);
-  x[t * p.H + i] = ${w.at("tok * p.H + i", "p.soff")};
+  x[t * p.H + i] = ${q ? "table_at(tok * p.H + i, p.soff)" : "f32(table[tok * p.H + i])"};
 }`;
 }
 
@@ -79,7 +54,7 @@ export function embedCall(
     throw new RangeError(`${wt} table needs hidden % 32 == 0, got ${dims.hidden}`);
   }
   const pipe = pipeline(gpu, source(wt));
-  const soff = embedScaleWord(wt, dims.vocab, dims.hidden);
+  const soff = isQuant(wt) ? quantScaleWord(dims.vocab, dims.hidden, wt) : 0;
   const params = uniformBuffer(gpu, [dims.hidden, dims.vocab, soff]);
   return kernelCall(gpu, pipe, [params, bufs.step, bufs.tokens, bufs.table, bufs.x], [
     ceilDiv(dims.hidden, 256),

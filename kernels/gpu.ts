@@ -272,13 +272,6 @@ export interface KernelTuning {
    * (kernels/gemm.ts). Read when a GEMM call is built.
    */
   gemmMath?: "f16" | "f32";
-  /**
-   * true: the engine's decode loop chains its steps through the sampler, which embeds the token it chose
-   * and moves the step on, so the steps after the first have no embedding and no step-advance dispatch
-   * (models/model.ts StepOptions.chain). Default off: exact, but not yet timed on a GPU (docs/BENCHMARKS.md,
-   * the forty-third session: the embedding dispatch alone was ~0.5% of a q4 step). Read when the loop starts.
-   */
-  sampleChain?: boolean;
 }
 
 /** Every KernelTuning key, so that SWACTOR_TUNING can name one that does not exist (checked by the compiler). */
@@ -331,7 +324,6 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   headNorm: true,
   mlaAttention: true,
   gemmMath: true,
-  sampleChain: true,
 };
 
 /**

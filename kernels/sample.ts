@@ -4,44 +4,19 @@
 // Otherwise: p_i ∝ exp((l_i - max) / T); top-p keeps the smallest set of most likely tokens whose mass
 // reaches top_p (found by bisection on a probability threshold, no sort); then inverse-CDF sampling in
 // index order with a uniform number hashed from (seed, tok_out), so a seed gives a reproducible sequence.
-import {
-  type Gpu,
-  type KernelCall,
-  kernelCall,
-  pipeline,
-  storageBuffer,
-  uniformBuffer,
-  type WeightType,
-} from "./gpu.ts";
-import { embedScaleWord, embedTableWgsl } from "./embed.ts";
-import type { QuantType } from "./quant.ts";
+import { type Gpu, type KernelCall, kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 import { argmaxGroups, argmaxPartialCall } from "./argmax_rows.ts";
 
 const WG = 256;
 
-/**
- * The sampler's WGSL; `chain` (the table's type): it also writes the chosen token's embedding into `x` row 0
- * and moves `step` on by its T, which the next step's embedding and the step-advance dispatch did.
- */
-const source = (chain?: WeightType | QuantType) => {
-  const e = chain ? embedTableWgsl(chain) : undefined;
-  return `${e?.enable ?? ""}${STEP_WGSL}
-struct P { V: u32, row: u32, temperature: f32, top_p: f32, seed: u32, groups: u32, H: u32, soff: u32 }
+const SOURCE = `${STEP_WGSL}
+struct P { V: u32, row: u32, temperature: f32, top_p: f32, seed: u32, groups: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, ${e ? "read_write" : "read"}> step: Step;
+@group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> tokens: array<u32>;
-@group(0) @binding(4) var<storage, read> partial: array<vec2<u32>>;${
-    e
-      ? `
-@group(0) @binding(5) var<storage, read> table: array<${e.type}>;
-@group(0) @binding(6) var<storage, read_write> x: array<f32>;
-${e.fns}
-// The token chosen (tokens[step.tok_out]), for the embedding.
-var<workgroup> pick: u32;`
-      : ""
-  }
+@group(0) @binding(4) var<storage, read> partial: array<vec2<u32>>;
 const WG = ${WG}u;
 var<workgroup> rv: array<f32, ${WG}>;
 var<workgroup> ri: array<u32, ${WG}>;
@@ -68,6 +43,7 @@ fn sum_all(tid: u32, v: f32) -> f32 {
 @compute @workgroup_size(${WG})
 fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
   let tid = lid.x;
+  let base = p.row * p.V;
   var bv = -3.4e38;
   var bi = 0xffffffffu;
   for (var g = tid; g < p.groups; g += WG) {
@@ -88,28 +64,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
   let best = ri[0];
   let mx = rv[0];
   workgroupBarrier();
-  if (tid == 0u) {
-    tokens[step.tok_out] = best;${e ? "\n    pick = best;" : ""}
-  }
-  if (p.temperature > 0.0) { draw(tid, mx); }${
-    e
-      ? `
-  // Every read of step is behind this barrier: the next step's x row 0 and step record.
-  storageBarrier();
-  workgroupBarrier();
-  let tok = min(pick, p.V - 1u);
-  for (var i = tid; i < p.H; i += WG) { x[i] = ${e.at("tok * p.H + i", "p.soff")}; }
-  if (tid == 0u) {
-    step.pos0 += step.T;
-    step.tok_out += step.T;
-  }`
-      : ""
-  }
-}
-
-// temperature > 0: top-p and the inverse CDF draw, overwriting the argmax written first.
-fn draw(tid: u32, mx: f32) {
-  let base = p.row * p.V;
+  if (tid == 0u) { tokens[step.tok_out] = best; }
+  if (p.temperature <= 0.0) { return; }
   let inv_t = 1.0 / p.temperature;
   // Threshold tau on the relative probability e_i = exp((l_i - max) / T) in (0, 1].
   var tau = 0.0;
@@ -155,15 +111,11 @@ fn draw(tid: u32, mx: f32) {
       let e = exp((logits[base + i] - mx) * inv_t);
       if (e >= tau) {
         acc += e;
-        if (u < acc) {
-          tokens[step.tok_out] = i;${e ? "\n          pick = i;" : ""}
-          break;
-        }
+        if (u < acc) { tokens[step.tok_out] = i; break; }
       }
     }
   }
 }`;
-};
 
 export interface SamplingOptions {
   /** 0 means greedy (argmax). */
@@ -175,18 +127,6 @@ export interface SamplingOptions {
 }
 
 /**
- * A decode loop's chained sampler: after choosing the token it writes the token's row of the embedding
- * `table` ([vocab, hidden] in `weights`) into `x` row 0 and moves the step record on by its T, so the next
- * step needs neither an embedding dispatch nor the step-advance one (models/model.ts StepOptions.chain).
- */
-export interface SampleChain {
-  table: GPUBuffer;
-  x: GPUBuffer;
-  hidden: number;
-  weights: WeightType | QuantType;
-}
-
-/**
  * The two dispatches that sample a token from logits row `row`: a partial argmax over many workgroups,
  * then one workgroup that finishes the argmax and (temperature > 0) samples. The partials buffer is the
  * second call's `owned` scratch, freed by releaseCalls.
@@ -195,24 +135,12 @@ export function sampleCalls(
   gpu: Gpu,
   bufs: { step: GPUBuffer; logits: GPUBuffer; tokens: GPUBuffer },
   d: { vocab: number; row?: number } & SamplingOptions,
-  chain?: SampleChain,
 ): KernelCall[] {
   if (!(d.topP > 0 && d.topP <= 1)) throw new RangeError(`top-p must be in (0, 1], got ${d.topP}`);
   if (!(d.temperature >= 0)) throw new RangeError(`temperature must be >= 0, got ${d.temperature}`);
   const groups = argmaxGroups(gpu, d.vocab);
   const partial = storageBuffer(gpu, groups * 8, "argmax partials");
-  const H = chain?.hidden ?? 0;
-  const soff = chain ? embedScaleWord(chain.weights, d.vocab, H) : 0;
-  const params = uniformBuffer(gpu, [
-    d.vocab,
-    d.row ?? 0,
-    d.temperature,
-    d.topP,
-    d.seed >>> 0,
-    groups,
-    H,
-    soff,
-  ], [
+  const params = uniformBuffer(gpu, [d.vocab, d.row ?? 0, d.temperature, d.topP, d.seed >>> 0, groups], [
     2,
     3,
   ]);
@@ -222,13 +150,12 @@ export function sampleCalls(
     row0: d.row ?? 0,
     label: "argmax_partial",
   });
-  const second = kernelCall(gpu, pipeline(gpu, source(chain?.weights)), [
+  const second = kernelCall(gpu, pipeline(gpu, SOURCE), [
     params,
     bufs.step,
     bufs.logits,
     bufs.tokens,
     partial,
-    ...(chain ? [chain.table, chain.x] : []),
   ], [
     1,
   ], "sample");

@@ -447,19 +447,13 @@ export class Engine implements StageBackend {
       await reserved;
       // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit. The
       // step at position p attends to p + 1 keys; its program may depend on that (StepOptions.keys: a
-      // program per length bucket, the same one for all but MLA models). Chained (gpu.tuning.sampleChain):
-      // the sampler embeds the token it chose and moves the step on itself, so after the first step a step
-      // has neither the embedding dispatch nor the advance one (StepOptions.chain).
-      const chained = gpu.tuning.sampleChain === true;
-      const advance = chained ? undefined : advanceCall(gpu, seq.step);
+      // program per length bucket, the same one for all but MLA models).
+      const advance = advanceCall(gpu, seq.step);
       const decodes = new Map<KernelCall[], KernelCall[]>();
       const decodeAt = (pos: number) => {
-        const calls = seq.program(1, "sample", {
-          keys: pos + 1,
-          ...(chained ? { chain: pos === P ? "first" as const : "next" as const } : {}),
-        });
+        const calls = seq.program(1, "sample", { keys: pos + 1 });
         let step = decodes.get(calls);
-        if (!step) decodes.set(calls, step = advance ? [...calls, advance] : calls);
+        if (!step) decodes.set(calls, step = [...calls, advance]);
         return step;
       };
       const encodeBatch = (from: number, steps: number): Batch => {

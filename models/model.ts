@@ -531,12 +531,6 @@ export interface StepOptions {
    * MLA_SHORT_KEYS, head groups past it). Unknown: the long caches' program.
    */
   keys?: number;
-  /**
-   * A decode loop's one-token "sample" step whose sampler also embeds the token it chose into `x` and moves
-   * `step` on (kernels/sample.ts SampleChain): "first" embeds its own token as usual, "next" has no embedding
-   * dispatch (the previous step's sampler wrote `x`). Neither needs the step-advance dispatch after it.
-   */
-  chain?: "first" | "next";
 }
 
 /** Part of a step: its kernel calls, and the MoE layer whose remote experts run after it (if any). */
@@ -737,23 +731,17 @@ export class Sequence {
     // in the hidden state or one sampled row, never in logits for every row.
     const most = output === "logits" ? this.maxChunk : this.prefillChunk;
     if (!(T >= 1 && T <= most)) throw new RangeError(`step of ${T} tokens; at most ${most}`);
-    const chain = opts.chain;
-    const m = this.model;
-    if (chain && !(output === "sample" && T === 1 && m.embedTable && m.lmHead && !m.mtp)) {
-      throw new RangeError(
-        `a chained step is a one-token "sample" step of a part that embeds and samples (got ${T} ${output})`,
-      );
-    }
-    const embed = chain === "next" ? false : opts.embed ?? m.hasEmbed;
+    const embed = opts.embed ?? this.model.hasEmbed;
     // One-token steps of MLA: a program per length bucket, built for its most keys (StepOptions.keys).
     const bucket = T === 1 && this.#mlaHeads !== null
       ? mlaLengthBucket(this.#mlaHeads, opts.keys)
       : undefined;
-    const key = `${T}/${output}/${embed}/${opts.hiddenRow}/${bucket}/${chain}`;
+    const key = `${T}/${output}/${embed}/${opts.hiddenRow}/${bucket}`;
     const cached = this.programs.get(key);
     if (cached) return cached;
     const segments: Segment[] = [];
     let calls: KernelCall[];
+    const m = this.model;
     const { gpu, config: c, normType } = m;
     const ctx = m.context;
     const wt = (b: GPUBuffer) => m.typeOf(b);
@@ -872,12 +860,7 @@ export class Sequence {
       }
       if (output === "sample") {
         calls.push(
-          ...sampleCalls(
-            gpu,
-            { step, logits: this.logits, tokens },
-            { vocab: V, ...this.opts.sampling },
-            chain ? { table: m.embedTable!, x, hidden: H, weights: wt(m.embedTable!) } : undefined,
-          ),
+          ...sampleCalls(gpu, { step, logits: this.logits, tokens }, { vocab: V, ...this.opts.sampling }),
         );
       }
     }

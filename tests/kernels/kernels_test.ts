@@ -1,6 +1,5 @@
 // Each kernel against its CPU reference, on random data and awkward shapes (size 1, odd sizes,
 // non-multiples of the vector width). Skips, saying so, where there is no WebGPU adapter.
-import assert from "node:assert/strict";
 import {
   attentionCall,
   attentionRef,
@@ -12,7 +11,6 @@ import {
   type KvType,
   matmulCall,
   matmulRef,
-  type QuantType,
   rmsnormCall,
   rmsnormRef,
   ropeInvFreq,
@@ -25,12 +23,11 @@ import {
   siluMulCall,
   siluMulRef,
   storageBuffer,
-  uploadBuffer,
   writeStep,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 as f32ToF16Bits } from "../../models/dtype.ts";
 import { readBack } from "../../kernels/mod.ts";
-import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, readU32, upload } from "./harness.ts";
+import { assertClose, gpuOrSkip, randoms, readF32, readU32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null;
@@ -322,39 +319,6 @@ Deno.test(
           throw new Error(
             `sample T=${temperature} p=${topP} seed ${o.seed}: got ${got}, want ${want}`,
           );
-        }
-      }
-    }
-  },
-);
-
-Deno.test(
-  { name: "chained sampler: the chosen token's embedding into x row 0 and the step moved on", ignore },
-  async () => {
-    const g = gpu!;
-    const types: ("f32" | "f16" | QuantType)[] = ["f32", ...(g.hasF16 ? ["f16" as const] : []), "q8", "q4"];
-    for (const wt of types) {
-      for (const [V, H] of [[3, 32], [1000, 96], [5000, 320]]) {
-        const table = packedWeights(wt, randoms(V * H, V + H, 1), V, H);
-        const logits = randoms(V, V, 5);
-        const step = createStepBuffer(g), tokens = storageBuffer(g, 64 * 4);
-        const poison = new Float32Array(2 * H).fill(-9);
-        const x = upload(g, poison);
-        for (const o of [{ temperature: 0, topP: 1, seed: 0 }, { temperature: 0.8, topP: 0.9, seed: 7 }]) {
-          const tokOut = 9;
-          writeStep(g, step, { pos0: 8, T: 1, tokOut });
-          const chain = { table: uploadBuffer(g, table.bytes), x, hidden: H, weights: wt };
-          await runCalls(
-            g,
-            sampleCalls(g, { step, logits: upload(g, logits), tokens }, { vocab: V, ...o }, chain),
-          );
-          const what = `${wt} V${V} H${H} T=${o.temperature}`;
-          const tok = (await readU32(g, tokens, 64))[tokOut];
-          assert.equal(tok, sampleRef(logits, { ...o, tokOut }), what);
-          const got = await readF32(g, x, 2 * H);
-          assertClose(got.slice(0, H), embedRef(table.deq, [tok], H), 0, 0, `x row 0: ${what}`);
-          assertClose(got.slice(H), poison.slice(H), 0, 0, `x past row 0: ${what}`);
-          assert.deepEqual([...await readU32(g, step, 4)].slice(0, 3), [9, 1, 10], `step: ${what}`);
         }
       }
     }

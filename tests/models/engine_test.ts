@@ -100,14 +100,6 @@ for (const name of ["qwen2-tiny", "qwen3-tiny", "llama-micro"]) {
     try {
       const loop = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy });
       assert.deepEqual(loop.tokens, cont);
-      // The loop chained through the sampler (it embeds the token and moves the step; gpu.tuning.sampleChain).
-      gpu!.tuning.sampleChain = true;
-      try {
-        const chained = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy });
-        assert.deepEqual(chained.tokens, cont);
-      } finally {
-        delete gpu!.tuning.sampleChain;
-      }
       // One step at a time, as a one-stage chain without the loop would: prefill in chunks of 4, then tokens.
       engine.open("steps", { maxSeq: prompt.length + cont.length, sampling: greedy, maxChunk: 4 });
       let token = -1;
