@@ -229,9 +229,10 @@ for (const shape of values.shape!.split(",")) {
       }
     }
     seq.destroy();
-    // The step under each gpu.tuning override (read when the program is built): each program built once
-    // under its override, then all of them timed in turn, --rounds times (A B C A B C ...), so a process's
-    // drift shows in each setting's series instead of deciding the comparison. GPU ms a token: the median.
+    // The step under each gpu.tuning override (read when the program is built): each setting's program built
+    // on two sequences in mirrored order (A B B A; the build order alone moved a step ~1%), then all of them
+    // timed in turn, --rounds times, so a process's drift shows in each setting's series instead of deciding
+    // the comparison. GPU ms a token: the median of the setting's series.
     const settings = (gpu.hasTimestamps ? tuningOverrides : []).map((t, i) => ({ t, i }));
     const built = [...settings, ...settings.toReversed()].map(({ t, i }) => {
       const saved = gpu.tuning;

@@ -31,14 +31,7 @@
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { scriptArgs, tuningsArg } from "../args.ts";
-import {
-  type FlashVariant,
-  getGpu,
-  type KernelTuning,
-  parseGemmTile,
-  readbackStats,
-  writeStep,
-} from "../../kernels/mod.ts";
+import { type FlashVariant, getGpu, parseGemmTile, readbackStats, writeStep } from "../../kernels/mod.ts";
 import { gpuMsPerCall } from "../../kernels/timer.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Engine, prefillStats, wholeModel } from "../../models/engine.ts";
@@ -49,7 +42,7 @@ import { tensorShapes } from "../../models/tensors.ts";
 import { LLAMA_3_2_1B } from "./random_checkpoint.ts";
 import { worstRowError } from "../check_fixture.ts";
 
-const { values, tuningList } = scriptArgs(import.meta.url, (args) => {
+const { values, tunings } = scriptArgs(import.meta.url, (args) => {
   const parsed = parseArgs({
     args,
     options: {
@@ -68,7 +61,9 @@ const { values, tuningList } = scriptArgs(import.meta.url, (args) => {
       tunings: { type: "string" },
     },
   });
-  return { ...parsed, tuningList: tuningsArg(parsed.values.tunings) };
+  // --tunings: the runs again under each gpu.tuning override; none given, the defaults once.
+  const given = tuningsArg(parsed.values.tunings);
+  return { ...parsed, tunings: given.length ? given : [{}] };
 });
 
 /** Writes a Llama-3.2-1B-shaped checkpoint of bf16 weights ~U(-0.03, 0.03), norms 1, unless one is there. */
@@ -137,7 +132,6 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       throw new TypeError(`--chunk takes tokens a chunk (comma-separated), got ${values.chunk}`);
     }
   }
-  const tunings: KernelTuning[] = tuningList.length ? tuningList : [{}];
   const combos = tunings.flatMap((tuning) =>
     values.math!.split(",").flatMap((math) =>
       values.flash!.split(",").flatMap((flash) =>
