@@ -102,6 +102,12 @@ export interface AttentionDecodeDims {
   /** Capacity of the KV cache in positions. */
   maxSeq: number;
   /**
+   * The most keys the call's steps attend to, where its program serves a cache-length bucket
+   * (attentionLengthBucket; default maxSeq). Only the kernel's choice follows it (splits, their subgroups, the
+   * grouped kernel): every call is right at any length up to maxSeq.
+   */
+  keys?: number;
+  /**
    * RMSNorm each q head and k head (over head_dim, this epsilon; weights qNorm / kNorm) before RoPE:
    * Qwen3's q_norm / k_norm, as head_norm.ts does in place, here without touching qkv.
    */
@@ -1118,44 +1124,72 @@ export function attentionCopyOutFits(d: { headDim: number }): boolean {
   return d.headDim % 32 === 0;
 }
 
+/** Caches of more keys than this take flash-decoding splits by default (attentionDecodeSplits). */
+export const ATTENTION_SPLIT_KEYS = 1024;
+/** Past this many keys small heads' splits take 8 subgroups and large head groups the grouped kernel. */
+export const ATTENTION_LONG_KEYS = 4096;
+
+/** The most keys a decode attention call's steps attend to: its `keys` bound, else the cache's capacity. */
+export function attendedKeys(d: { maxSeq: number; keys?: number }): number {
+  return Math.min(d.keys ?? d.maxSeq, d.maxSeq);
+}
+
 /**
- * Flash-decoding splits by default: enough workgroups to fill a large GPU, for caches of > 1024 keys.
+ * The cache-length bucket of a step of a sequence of `maxSeq` positions attending to `keys` keys: the most keys
+ * of the bucket it falls in (ATTENTION_SPLIT_KEYS, ATTENTION_LONG_KEYS: where the default kernel changes), or
+ * undefined for the unbounded one, the cache's capacity (and where the length is unknown). A step program built
+ * with the bound (AttentionDecodeDims.keys) serves every step of its bucket, so a long request's first
+ * thousand tokens decode without splits rather than through the split attention and its combine. H100,
+ * Llama-1B q4 step at 256 / 512 / 768 / 1,024 keys: 0.657 / 0.683 / 0.714 / 0.743 ms unsplit against 0.716 /
+ * 0.716 / 0.719 / 0.720 with 16 splits (f16: 1.123 / 1.155 / 1.189 / 1.221 against 1.204 / 1.202 / 1.205 /
+ * 1.209; docs/BENCHMARKS.md, the forty-fifth session). (Called for every decode step: no allocation.)
  */
-export function attentionDecodeSplits(heads: number, maxSeq: number): number {
-  if (maxSeq <= 1024) return 1;
+export function attentionLengthBucket(maxSeq: number, keys: number | undefined): number | undefined {
+  if (keys === undefined) return undefined;
+  if (keys <= ATTENTION_SPLIT_KEYS && ATTENTION_SPLIT_KEYS < maxSeq) return ATTENTION_SPLIT_KEYS;
+  if (keys <= ATTENTION_LONG_KEYS && ATTENTION_LONG_KEYS < maxSeq) return ATTENTION_LONG_KEYS;
+  return undefined;
+}
+
+/**
+ * Flash-decoding splits by default: enough workgroups to fill a large GPU, for steps attending to more than
+ * ATTENTION_SPLIT_KEYS keys.
+ */
+export function attentionDecodeSplits(heads: number, keys: number): number {
+  if (keys <= ATTENTION_SPLIT_KEYS) return 1;
   return Math.max(1, Math.min(32, Math.ceil(512 / heads)));
 }
 
 /**
- * Subgroups a split workgroup of the per-head kernel gets by default: 4, or 8 for head_dim <= 64 past 4096
- * positions, where a split's keys are many. H200, Llama-1B q4 step at 8192 keys (2026-12-02, fifteenth
- * session; 32 heads of 64, 16 splits): 8 subgroups 0.801 ms against 0.812-0.818 with 32 splits of 4 (the
- * default before; 16 splits of 4 were slower still: 18.8 against 15.6 us a layer), 16 subgroups 0.869, 16
+ * Subgroups a split workgroup of the per-head kernel gets by default: 4, or 8 for head_dim <= 64 past
+ * ATTENTION_LONG_KEYS keys, where a split's keys are many. H200, Llama-1B q4 step at 8192 keys (2026-12-02,
+ * fifteenth session; 32 heads of 64, 16 splits): 8 subgroups 0.801 ms against 0.812-0.818 with 32 splits of 4
+ * (the default before; 16 splits of 4 were slower still: 18.8 against 15.6 us a layer), 16 subgroups 0.869, 16
  * splits of 8 0.814; at 2048 keys 8 subgroups 0.711-0.712 against 0.709-0.712.
  */
-export function attentionDecodeSplitWarps(maxSeq: number, headDim: number): number {
-  return maxSeq > 4096 && headDim <= 64 ? 8 : 4;
+export function attentionDecodeSplitWarps(keys: number, headDim: number): number {
+  return keys > ATTENTION_LONG_KEYS && headDim <= 64 ? 8 : 4;
 }
 
 /**
  * Flash-decoding splits of the grouped kernel: it runs kvHeads workgroups per split (not heads), so it takes
  * more splits for the same fill: enough that kvHeads x splits is about two workgroups per SM of a
- * 132-SM GPU (264 / kvHeads, at most 64), for caches of > 1024 keys.
+ * 132-SM GPU (264 / kvHeads, at most 64), for steps attending to more than ATTENTION_SPLIT_KEYS keys.
  */
-export function attentionDecodeGroupedSplits(kvHeads: number, maxSeq: number): number {
-  if (maxSeq <= 1024) return 1;
+export function attentionDecodeGroupedSplits(kvHeads: number, keys: number): number {
+  if (keys <= ATTENTION_SPLIT_KEYS) return 1;
   return Math.max(1, Math.min(64, Math.ceil(264 / kvHeads)));
 }
 
 /**
- * Where the grouped kernel serves by default: head_dim >= 128, groups of >= 4 q heads and caches of more than
- * 4096 positions. H200 (2026-12-01, us a layer, per-head against grouped): hd 128 / 8-head groups 28.3 against
- * 22.0 at 8192 keys, but 12.5 against 18-20 at 2048 and 5.8 against 11.6 at 128; hd 64 / 4-head groups never
- * faster (4.5 / 9.7 / 15.3 against 5.6 / 10.2 / 15.9); Qwen3-30B-A3B q4 at a short context 0.593 against 0.740
- * ms a step (8 layers).
+ * Where the grouped kernel serves by default: head_dim >= 128, groups of >= 4 q heads and steps attending to
+ * more than ATTENTION_LONG_KEYS keys. H200 (2026-12-01, us a layer, per-head against grouped): hd 128 / 8-head
+ * groups 28.3 against 22.0 at 8192 keys, but 12.5 against 18-20 at 2048 and 5.8 against 11.6 at 128; hd 64 /
+ * 4-head groups never faster (4.5 / 9.7 / 15.3 against 5.6 / 10.2 / 15.9); Qwen3-30B-A3B q4 at a short context
+ * 0.593 against 0.740 ms a step (8 layers).
  */
 export function attentionGroupedDefault(d: AttentionDecodeDims): boolean {
-  return d.headDim >= 128 && d.heads / d.kvHeads >= 4 && d.maxSeq > 4096;
+  return d.headDim >= 128 && d.heads / d.kvHeads >= 4 && attendedKeys(d) > ATTENTION_LONG_KEYS;
 }
 
 /**
@@ -1173,8 +1207,8 @@ function groupedSwitch(gpu: Gpu, d: AttentionDecodeDims, tuning?: Partial<Attent
  * at step.pos0, and causal GQA attention over positions 0..pos0 into out [heads * hd]. Replaces
  * ropeKvCall + attentionCall in T = 1 programs only; q in qkv is left unrotated. Needs subgroups: check
  * attentionDecodeFits first (it throws a RangeError without them or for an unsupported shape).
- * One dispatch; with flash-decoding splits (the default for caches of more than 1024 positions:
- * attentionDecodeSplits) two, the split attention and the combine.
+ * One dispatch; with flash-decoding splits (the default for steps attending to more than 1024 keys:
+ * attentionDecodeSplits, attendedKeys) two, the split attention and the combine.
  */
 export function attentionDecodeCalls(
   gpu: Gpu,
@@ -1224,11 +1258,13 @@ export function attentionDecodeCalls(
     );
   }
   const splits = gpu.tuning.attentionSplits ??
-    (grouped ? attentionDecodeGroupedSplits(d.kvHeads, d.maxSeq) : attentionDecodeSplits(d.heads, d.maxSeq));
+    (grouped
+      ? attentionDecodeGroupedSplits(d.kvHeads, attendedKeys(d))
+      : attentionDecodeSplits(d.heads, attendedKeys(d)));
   // Split, a workgroup's share of the keys is short: 4 subgroups a workgroup (H200, hd 64, 16 splits:
   // 9.9 us a layer at 2048 keys and 18.9 at 8192, against 20.8 and 30.9 with 16; scripts/bench/attention_decode.ts),
   // 8 for long caches of small heads (attentionDecodeSplitWarps).
-  const splitWarps = grouped ? 4 : attentionDecodeSplitWarps(d.maxSeq, d.headDim);
+  const splitWarps = grouped ? 4 : attentionDecodeSplitWarps(attendedKeys(d), d.headDim);
   const t = {
     ...base,
     ...(grouped ? { warps: gWarps, unroll: attentionDecodeDefaultTuning(gpu, d.headDim, true).unroll } : {}),

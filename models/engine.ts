@@ -289,7 +289,7 @@ export class Engine implements StageBackend {
     }
     writeBytes(gpu, seq.tokens, pos0 * 4, ids);
     writeStep(gpu, seq.step, { pos0, T: k, tokOut: pos0 + k });
-    submit(gpu, [...seq.program(k, "logits"), ...tail]);
+    submit(gpu, [...seq.program(k, "logits", { keys: pos0 + k }), ...tail]);
     open.length = pos0 + k;
     const best = new Uint32Array(await readBack(gpu, open.argmax.out, k * 4));
     const bad = best.find((t) => t >= V);
@@ -447,7 +447,7 @@ export class Engine implements StageBackend {
       await reserved;
       // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit. The
       // step at position p attends to p + 1 keys; its program may depend on that (StepOptions.keys: a
-      // program per length bucket, the same one for all but MLA models).
+      // program per cache-length bucket: a long request's first 1,024 tokens without attention splits).
       const advance = advanceCall(gpu, seq.step);
       const decodes = new Map<KernelCall[], KernelCall[]>();
       const decodeAt = (pos: number) => {
@@ -592,7 +592,7 @@ export class Engine implements StageBackend {
     const encode = (pos0: number): GPUCommandBuffer => {
       const t = performance.now();
       const T = Math.min(seq.prefillChunk, P - pos0);
-      const cmd = commands(seq.program(T, output(pos0, T)));
+      const cmd = commands(seq.program(T, output(pos0, T), { keys: pos0 + T }));
       prefillStats.encodeMs += performance.now() - t;
       return cmd;
     };
@@ -608,6 +608,7 @@ export class Engine implements StageBackend {
     const early = gpu.tuning.prefillEarlySubmit ?? true;
     const marks = earlyLayers(gpu.tuning.prefillEarlyLayers);
     const calls0 = seq.program(T0, output(0, T0), {
+      keys: T0,
       onLayer: (calls) => {
         if (!early || !marks.has(++layers)) return;
         submitNow(commands(calls.slice(done)));
@@ -699,16 +700,29 @@ export class Engine implements StageBackend {
 export async function generate(
   engine: Engine,
   prompt: readonly number[],
-  opts: GenerateOptions & { sampling: Sampling },
+  opts: GenerateOptions & {
+    sampling: Sampling;
+    /**
+     * Positions the request holds past prompt + maxTokens (default 0): the benchmarks' stand-in for an API
+     * request whose max_tokens goes unused (a step's program may depend on the cache's capacity).
+     */
+    room?: number;
+  },
 ): Promise<GenerateResult> {
   checkTokenIds(prompt, engine.model.vocab);
   if (!(Number.isInteger(opts.maxTokens) && opts.maxTokens >= 1)) {
     throw new RequestError(`max tokens must be an integer >= 1, got ${opts.maxTokens}`);
   }
-  const maxSeq = prompt.length + opts.maxTokens;
+  const room = opts.room ?? 0;
+  if (!(Number.isInteger(room) && room >= 0)) {
+    throw new RequestError(`room must be an integer >= 0, got ${room}`);
+  }
+  const maxSeq = prompt.length + opts.maxTokens + room;
   if (maxSeq > engine.model.maxPositions) {
     throw new RequestError(
-      `prompt (${prompt.length}) + max tokens (${opts.maxTokens}) exceeds the model's ${engine.model.maxPositions} positions`,
+      `prompt (${prompt.length}) + max tokens (${opts.maxTokens})${
+        room ? ` + room (${room})` : ""
+      } exceeds the model's ${engine.model.maxPositions} positions`,
     );
   }
   const id = `local-${crypto.randomUUID().slice(0, 8)}`;

@@ -16,8 +16,10 @@ import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
 import { CheckpointError, RequestError } from "./errors.ts";
 import { type ModelPart, mtpTensors, tensorShapes } from "./tensors.ts";
 import {
+  attentionLengthBucket,
   biasAddCall,
   createStepBuffer,
+  DECODE_MAX_T,
   embedCall,
   EnvError,
   GEMV_MULTI_MAX_T,
@@ -525,10 +527,12 @@ export interface StepOptions {
    */
   onLayer?: (calls: readonly KernelCall[]) => void;
   /**
-   * The most keys the step attends to (pos0 + T), where the caller knows it: a one-token step of an MLA
-   * model then takes the program built for its cache's length (kernels/mla_attention.ts mlaLengthBucket:
-   * the whole attention in one dispatch up to mlaFusedKeys; with many heads, one head a workgroup up to
-   * MLA_SHORT_KEYS, head groups past it). Unknown: the long caches' program.
+   * The most keys the step attends to (pos0 + T), where the caller knows it: the step then takes the program
+   * built for its cache's length. One-token steps of MLA (kernels/mla_attention.ts mlaLengthBucket): the whole
+   * attention in one dispatch up to mlaFusedKeys; with many heads, one head a workgroup up to MLA_SHORT_KEYS,
+   * head groups past it. Steps of up to DECODE_MAX_T tokens of GQA (kernels/attention_decode.ts
+   * attentionLengthBucket): no flash-decoding splits up to 1,024 keys, whatever the cache holds, and not the
+   * grouped kernel up to 4,096. Unknown: the long caches' program, the one for the cache's capacity.
    */
   keys?: number;
 }
@@ -631,6 +635,8 @@ export class Sequence {
   private readonly programs = new Map<string, Segment[]>();
   /** The MLA heads of this part's layers (their decode cut follows the cache's length), else null. */
   readonly #mlaHeads: number | null;
+  /** Whether this part has GQA layers (their decode attention's splits follow the cache's length). */
+  readonly #gqa: boolean;
   #expertSum: GPUBuffer | undefined;
   private destroyed = false;
 
@@ -645,6 +651,7 @@ export class Sequence {
     const { specs, widths, moe, moeRow } = model.partShape();
     const mla = specs.map((s) => s.attention).find((a) => a.kind === "mla");
     this.#mlaHeads = mla ? mla.heads : null;
+    this.#gqa = specs.some((s) => s.attention.kind === "gqa");
     const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
     this.maxChunk = stepChunk(opts.maxSeq, model.stepChunkLimits(opts.maxChunk));
     const actBytes = Math.max(H, moeRow, ...Object.values(widths)) * 4;
@@ -732,9 +739,11 @@ export class Sequence {
     const most = output === "logits" ? this.maxChunk : this.prefillChunk;
     if (!(T >= 1 && T <= most)) throw new RangeError(`step of ${T} tokens; at most ${most}`);
     const embed = opts.embed ?? this.model.hasEmbed;
-    // One-token steps of MLA: a program per length bucket, built for its most keys (StepOptions.keys).
+    // Decode steps: a program per cache-length bucket, built for its most keys (StepOptions.keys).
     const bucket = T === 1 && this.#mlaHeads !== null
       ? mlaLengthBucket(this.#mlaHeads, opts.keys)
+      : this.#gqa && T <= DECODE_MAX_T
+      ? attentionLengthBucket(this.maxSeq, opts.keys)
       : undefined;
     const key = `${T}/${output}/${embed}/${opts.hiddenRow}/${bucket}`;
     const cached = this.programs.get(key);

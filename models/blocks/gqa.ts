@@ -129,7 +129,7 @@ export function gqaProgram(
   w: GqaWeights,
   cache: GPUBuffer[],
   bufs: StepBuffers & { scratch: Record<string, GPUBuffer>; rope: GPUBuffer; maxSeq: number },
-  d: { hidden: number; T: number; fused: boolean; link?: LayerLink },
+  d: { hidden: number; T: number; fused: boolean; link?: LayerLink; keys?: number },
 ): KernelCall[] {
   const { gpu, eps } = ctx;
   const wt = (b: GPUBuffer) => ctx.typeOf(b);
@@ -137,7 +137,16 @@ export function gqaProgram(
   const { qkv, att } = bufs.scratch;
   const { qkv: qkvDim, att: attDim } = gqaWidths(a);
   const { T, hidden: H } = d;
-  const dims = { heads: a.heads, kvHeads: a.kvHeads, headDim: a.headDim, maxSeq: bufs.maxSeq, T, kv: ctx.kv };
+  // keys: the most keys this program's steps attend to (its cache-length bucket), for the decode attention.
+  const dims = {
+    heads: a.heads,
+    kvHeads: a.kvHeads,
+    headDim: a.headDim,
+    maxSeq: bufs.maxSeq,
+    keys: d.keys,
+    T,
+    kv: ctx.kv,
+  };
   const calls: KernelCall[] = d.fused
     ? gemvFusedCalls(
       gpu,

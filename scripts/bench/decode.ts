@@ -3,6 +3,7 @@
 // also has the prompt's teacher-forced logits error against the first weight type's (the float path when
 // that is f16 or f32): worst row's max |error| / max |logit|, the fixtures' measure.
 //   deno run -A scripts/bench/decode.ts [--dir DIR] [--shape llama-3.2-1b|demo] [--weights f16,f32,q8,q4]
+//     [--prompt 32] [--new 128] [--room 0] [--runs 3] [--batch 16]
 //     [--k 1,2,4,8,16] [--context 128,2048,8192] [--context-run] [--skip-decode]
 //     [--gemv subgroup|team] [--dp4 on|off] [--multi on|off] [--multi-stage f32|f16|int8]
 //     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
@@ -22,6 +23,9 @@
 // cache types to sweep (gpu.tuning.kv; each weight type is loaded once per KV type; default: the model's
 // default, f16 for f16 / q8 / q4 weights where the adapter has shader-f16). Every line says its KV type
 // and KV bytes per token (all layers; a decode step at position p reads p times that).
+// --room: the timed generates' requests hold that many positions more than they use, as an API chat request
+// with an unused max_tokens does (its decode steps' programs follow the keys they attend to, not the cache's
+// capacity: kernels/attention_decode.ts attentionLengthBucket).
 // --k: GPU ms of a k-token step (Engine.verify's program: k rows of logits + their argmax) against the
 // one-token decode step, at the mean decode position. --context: GPU ms (and tok/s) of one decode step
 // after N tokens of context (the KV cache's contents do not change the work); with --context-run also
@@ -64,6 +68,7 @@ const { values, tunings } = scriptArgs(import.meta.url, (args) => {
       weights: { type: "string", default: "f16,f32" },
       prompt: { type: "string", default: "32" },
       new: { type: "string", default: "128" },
+      room: { type: "string", default: "0" },
       runs: { type: "string", default: "3" },
       batch: { type: "string", default: "16" },
       k: { type: "string" },
@@ -124,7 +129,7 @@ const t0 = performance.now();
 if (configJson) await ensureRandomCheckpoint(dir, configJson);
 console.error(`bench: checkpoint ready in ${((performance.now() - t0) / 1000).toFixed(1)} s at ${dir}`);
 const ckpt = await Checkpoint.open(dir);
-const P = Number(values.prompt), N = Number(values.new);
+const P = Number(values.prompt), N = Number(values.new), room = Number(values.room);
 const greedy = { temperature: 0, topP: 1, seed: 0 };
 const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % ckpt.config.vocabSize);
 let baseline: { weights: string; logits: Float32Array } | undefined;
@@ -183,8 +188,9 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
     for (let r = 0; r < Number(values.runs); r++) {
       const res = await generate(engine, prompt, {
         maxTokens: N,
-        sampling: { temperature: 0, topP: 1, seed: 0 },
+        sampling: greedy,
         maxBatch: Number(values.batch),
+        room,
       });
       results.push({ firstTokenMs: res.firstTokenMs, tokS: res.tokS });
     }
@@ -209,6 +215,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
       weights,
       prompt: P,
       new_tokens: N,
+      ...(room > 0 ? { room } : {}),
       decode_tok_s: Number(best.tokS.toFixed(1)),
       gemv: gpu.subgroupSize && gpu.tuning.gemv !== "team" ? `subgroup (${gpu.subgroupSize} lanes)` : "team",
       tuning: gpu.tuning,
@@ -317,7 +324,7 @@ function tuningFlags(): KernelTuning {
 async function decodeAb(engine: Engine, model: Model, prompt: number[], weights: string): Promise<void> {
   let best = 0;
   for (let r = 0; r < Number(values.runs); r++) {
-    best = Math.max(best, (await generate(engine, prompt, { maxTokens: N, sampling: greedy })).tokS);
+    best = Math.max(best, (await generate(engine, prompt, { maxTokens: N, sampling: greedy, room })).tokS);
   }
   const seq = model.newSequence({ maxSeq: P + N, sampling: greedy });
   const mid = P + Math.floor(N / 2);
@@ -330,6 +337,7 @@ async function decodeAb(engine: Engine, model: Model, prompt: number[], weights:
     bench: "swactor-decode-ab",
     ...(round !== undefined ? { round } : {}),
     weights,
+    ...(room > 0 ? { room } : {}),
     kv: model.kvType,
     tuning: gpu.tuning,
     decode_tok_s: Number(best.toFixed(1)),

@@ -6,6 +6,9 @@
 // fraction of the H200's copy bandwidth (4.2 TB/s) that is, dispatches per token, GPU ms by kernel, and the
 // per-dispatch cost of an empty kernel on this GPU.
 //   deno run -A scripts/bench/moe.ts [--shape qwen3-30b-a3b,deepseek-v2-lite] [--layers N] [--weights f16,q4]
+// --prompt P (32) and --new N (128): the timed generate's lengths; its step is timed at P + N / 2. --room R:
+// every request and sequence holds R positions more than that, as an API request with an unused max_tokens
+// does (decode programs follow the keys a step attends to: kernels/attention_decode.ts attentionLengthBucket).
 // --layers cuts the depth (same widths; per-layer parts scale to the full depth: `full_depth_*`). --set
 // key=value,... overrides config keys (e.g. a smoke test on a software adapter, whose buffers are small:
 // --set vocab_size=4096,num_experts=16,n_routed_experts=16).
@@ -128,6 +131,7 @@ const { values, configOverrides, tuningOverrides } = scriptArgs(import.meta.url,
       weights: { type: "string", default: "f16,q4" },
       prompt: { type: "string", default: "32" },
       new: { type: "string", default: "128" },
+      room: { type: "string", default: "0" },
       runs: { type: "string", default: "2" },
       set: { type: "string" },
       load: { type: "string" },
@@ -154,7 +158,7 @@ if (gpu.isSoftware) {
 // The floor under every kernel (kernels/timer.ts): dispatches ordered by a buffer they share, and by data.
 const sharedUs = gpu.hasTimestamps ? await dispatchCostUs(gpu, "shared", { n: 2000 }) : NaN;
 const chainUs = gpu.hasTimestamps ? await dispatchCostUs(gpu, "chain", { n: 2000 }) : NaN;
-const P = Number(values.prompt), N = Number(values.new);
+const P = Number(values.prompt), N = Number(values.new), room = Number(values.room);
 if (values.load) {
   const ckpt = await Checkpoint.open(values.load);
   for (const weights of values.weights!.split(",") as WeightsOption[]) {
@@ -197,10 +201,11 @@ for (const shape of values.shape!.split(",")) {
       const res = await generate(engine, prompt, {
         maxTokens: N,
         sampling: { temperature: 0, topP: 1, seed: 0 },
+        room,
       });
       runs.push(res.tokS);
     }
-    const seq = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+    const seq = model.newSequence({ maxSeq: P + N + room, sampling: { temperature: 0, topP: 1, seed: 0 } });
     const mid = P + Math.floor(N / 2);
     // The step at position mid attends to mid + 1 keys (its program may depend on that: StepOptions.keys).
     const decode = seq.program(1, "sample", { keys: mid + 1 });
@@ -238,7 +243,10 @@ for (const shape of values.shape!.split(",")) {
       const saved = gpu.tuning;
       gpu.tuning = { ...saved, ...t };
       try {
-        const s2 = model.newSequence({ maxSeq: P + N, sampling: { temperature: 0, topP: 1, seed: 0 } });
+        const s2 = model.newSequence({
+          maxSeq: P + N + room,
+          sampling: { temperature: 0, topP: 1, seed: 0 },
+        });
         writeStep(gpu, s2.step, { pos0: mid, T: 1, tokOut: mid + 1 });
         return {
           key: `${i} ${JSON.stringify(t)}`,
@@ -274,6 +282,9 @@ for (const shape of values.shape!.split(",")) {
       layers: L,
       full_layers: fullLayers,
       weights,
+      prompt: P,
+      new_tokens: N,
+      ...(room > 0 ? { room } : {}),
       tuning: gpu.tuning,
       load_s: Number(loadS.toFixed(1)),
       decode_tok_s: Number(best.toFixed(1)),

@@ -2,11 +2,18 @@
 // against the CPU references (ropeRef, attentionRef), for several head shapes and positions around the
 // chunk edges, with finite garbage in the cache past the current position that must be ignored. Skips,
 // saying so, without a GPU or without subgroups.
+import assert from "node:assert/strict";
 import {
+  attendedKeys,
+  ATTENTION_LONG_KEYS,
+  ATTENTION_SPLIT_KEYS,
   attentionDecodeCall,
   attentionDecodeCalls,
   attentionDecodeFits,
+  attentionDecodeSplits,
   type AttentionDecodeTuning,
+  attentionGroupedDefault,
+  attentionLengthBucket,
   attentionRef,
   createStepBuffer,
   encodeCalls,
@@ -627,3 +634,38 @@ Deno.test(
     }
   },
 );
+
+// The cache-length buckets a sequence's decode programs are built for (a pure function, no GPU): the first
+// 1,024 keys without splits, up to 4,096 with per-head splits, and past it the cache's capacity (undefined);
+// a bucket the cache cannot exceed is the capacity's program (undefined), so it is built once.
+Deno.test("attention length bucket: nested bounds below the cache's capacity", () => {
+  const cases: [maxSeq: number, keys: number | undefined, bucket: number | undefined][] = [
+    [8192, undefined, undefined],
+    [8192, 1, ATTENTION_SPLIT_KEYS],
+    [8192, 1024, ATTENTION_SPLIT_KEYS],
+    [8192, 1025, ATTENTION_LONG_KEYS],
+    [8192, 4096, ATTENTION_LONG_KEYS],
+    [8192, 4097, undefined],
+    [1024, 10, undefined],
+    [1025, 10, ATTENTION_SPLIT_KEYS],
+    [1025, 1025, undefined],
+    [4096, 2000, undefined],
+    [4097, 2000, ATTENTION_LONG_KEYS],
+  ];
+  for (const [maxSeq, keys, bucket] of cases) {
+    assert.deepEqual(attentionLengthBucket(maxSeq, keys), bucket, `maxSeq ${maxSeq}, keys ${keys}`);
+  }
+  // The kernel's choices follow the bound, capped by the capacity.
+  assert.deepEqual(attendedKeys({ maxSeq: 8192 }), 8192);
+  assert.deepEqual(attendedKeys({ maxSeq: 8192, keys: 1024 }), 1024);
+  assert.deepEqual(attendedKeys({ maxSeq: 512, keys: 1024 }), 512);
+  assert.deepEqual([attentionDecodeSplits(32, 1024), attentionDecodeSplits(32, 1025)], [1, 16]);
+  const d = { heads: 32, kvHeads: 4, headDim: 128, maxSeq: 8192 };
+  assert.deepEqual(
+    [attentionGroupedDefault(d), attentionGroupedDefault({ ...d, keys: ATTENTION_LONG_KEYS })],
+    [
+      true,
+      false,
+    ],
+  );
+});

@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
 import {
+  attentionDecodeFits,
   EnvError,
   getGpu,
   type KernelCall,
@@ -571,6 +572,74 @@ Deno.test(
     }
   },
 );
+
+// A decode step of a GQA model takes the program built for its cache-length bucket (StepOptions.keys;
+// kernels/attention_decode.ts attentionLengthBucket): no flash-decoding splits for its first 1,024 keys however
+// long the cache, per-head splits up to 4,096, the capacity's program past it (here the grouped kernel: head_dim
+// 128, groups of 4). k-steps too; a cache of at most 1,024 positions has one program. Every program computes
+// the same step.
+Deno.test(onGpu("GQA: a decode program per cache length, the same logits"), async () => {
+  const g = gpu!;
+  const base = JSON.parse(await Deno.readTextFile(join(fixtureDir("llama-micro")!, "config.json")));
+  const cfg = {
+    ...base,
+    hidden_size: 128,
+    num_attention_heads: 8,
+    num_key_value_heads: 2,
+    head_dim: 128,
+    max_position_embeddings: 8192,
+  };
+  const model = await Model.load(g, new RandomWeights(cfg, 7), { weights: "f32" });
+  const greedy = { temperature: 0, topP: 1, seed: 0 };
+  const seq = model.newSequence({ maxSeq: 8192, sampling: greedy });
+  const small = model.newSequence({ maxSeq: 1024, sampling: greedy });
+  const labels = (calls: KernelCall[]) => calls.map((c) => c.label).join(",");
+  const attention = (calls: KernelCall[]) => calls.filter((c) => c.label === "attention");
+  try {
+    const short = seq.program(1, "logits", { keys: 6 });
+    const mid = seq.program(1, "logits", { keys: 2000 });
+    const long = seq.program(1, "logits", { keys: 5000 });
+    assert.equal(seq.program(1, "logits"), long, "unknown length: the capacity's program");
+    assert.equal(seq.program(1, "logits", { keys: 1024 }), short);
+    assert.equal(seq.program(1, "logits", { keys: 1025 }), mid);
+    assert.notEqual(short, mid);
+    assert.notEqual(
+      seq.program(4, "logits", { keys: 10 }),
+      seq.program(4, "logits"),
+      "k-steps by bucket too",
+    );
+    assert.equal(small.program(1, "logits", { keys: 6 }), small.program(1, "logits"), "one program");
+    const fits = attentionDecodeFits(g, { heads: 8, kvHeads: 2, headDim: 128, maxSeq: 8192 });
+    if (fits) {
+      assert.ok(!labels(short).includes("attention_combine"), labels(short));
+      assert.ok(labels(mid).includes("attention_combine"), labels(mid));
+      // 8 heads of 32 splits against (where its workgroup memory fits) one workgroup per kv head.
+      assert.deepEqual(attention(mid)[0].workgroups, [8, 32, 1]);
+      assert.deepEqual(attention(short)[0].workgroups.slice(1), [1, 1]);
+    }
+    // Five tokens of prefill, then the step at position 5 by each program.
+    const P = 5, V = model.config.vocabSize;
+    writeBytes(g, seq.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35]));
+    writeStep(g, seq.step, { pos0: 0, T: P, tokOut: P });
+    submit(g, seq.program(P, "hidden"));
+    const logits: Float32Array[] = [];
+    for (const calls of [long, mid, short]) {
+      writeStep(g, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
+      submit(g, calls);
+      logits.push(new Float32Array(await readBack(g, seq.logits!, V * 4)));
+    }
+    const scale = Math.max(...logits[0].map(Math.abs));
+    for (const [i, what] of [[1, "split"], [2, "unsplit"]] as const) {
+      const err = Math.max(...logits[i].map((v, j) => Math.abs(v - logits[0][j])));
+      assert.ok(err <= 1e-5 * scale, `${what}: logits ${err} from the capacity's program's (scale ${scale})`);
+    }
+    assert.ok(logits[0].every(Number.isFinite) && new Set(logits[0]).size > 100, "real logits");
+  } finally {
+    seq.destroy();
+    small.destroy();
+    model.destroy();
+  }
+});
 
 // Before a MoE block whose experts run as the fused kernel, o_proj writes the block's int8 input and the
 // router's partial logits (kernels/moe_ffn.ts moeInputCopy), so no router GEMV runs: a Qwen3-MoE model with q4
