@@ -401,6 +401,8 @@ export interface Gpu {
   pipelines: Map<string, GPUComputePipeline>;
   /** Forced kernel choices (empty: every default). */
   tuning: KernelTuning;
+  /** While a sequence's program is built, its uniform buffers by contents (withSharedUniforms). */
+  sharedUniforms?: Map<string, GPUBuffer>;
 }
 
 /** Thrown when no WebGPU adapter is available; callers (tests) may skip on it. */
@@ -529,15 +531,42 @@ export function writeBytes(gpu: Gpu, buf: GPUBuffer, offset: number, data: Array
   gpu.device.queue.writeBuffer(buf, offset, bytes);
 }
 
-/** A uniform buffer holding 32-bit words (u32, or f32 given as numbers via `floats` indices). */
+/**
+ * A uniform buffer holding 32-bit words (u32, or f32 given as numbers via `floats` indices); while
+ * withSharedUniforms runs, the one already made with the same words.
+ */
 export function uniformBuffer(gpu: Gpu, words: ArrayLike<number>, floatAt: number[] = []): GPUBuffer {
   const n = Math.max(4, Math.ceil(words.length / 4) * 4);
+  const data = packWords(words, floatAt, n);
+  const shared = gpu.sharedUniforms;
+  const key = shared ? data.join(",") : "";
+  const hit = shared?.get(key);
+  if (hit) return hit;
   const buf = gpu.device.createBuffer({
     size: n * 4,
     usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
   });
-  gpu.device.queue.writeBuffer(buf, 0, packWords(words, floatAt, n));
+  gpu.device.queue.writeBuffer(buf, 0, data);
+  shared?.set(key, buf);
   return buf;
+}
+
+/**
+ * Runs `build` with the uniform parameter buffers it makes shared by contents through `shared` (uniformBuffer):
+ * a buffer per distinct parameter block rather than one per kernel call, as a model's layers mostly take the
+ * same parameters (a sequence's programs: 266 buffers and their writes for Llama-1B's prefill and decode
+ * programs, ~31 us each of a program's build on the H100's host; docs/BENCHMARKS.md, the forty-fifth
+ * session). The buffers stay the calls': releaseCalls destroys them, more than once where they are shared,
+ * which WebGPU allows, so the calls built through one `shared` map must be released together with it.
+ */
+export function withSharedUniforms<T>(gpu: Gpu, shared: Map<string, GPUBuffer>, build: () => T): T {
+  const outer = gpu.sharedUniforms;
+  gpu.sharedUniforms = shared;
+  try {
+    return build();
+  } finally {
+    gpu.sharedUniforms = outer;
+  }
 }
 
 /** Packs numbers into a Uint32Array, bit-casting the entries at `floatAt` from f32. */

@@ -46,6 +46,7 @@ import {
   storageBuffer,
   uploadBuffer,
   type WeightType,
+  withSharedUniforms,
 } from "../kernels/mod.ts";
 import type { BlockContext, TensorReader } from "./blocks/context.ts";
 import {
@@ -633,6 +634,8 @@ export class Sequence {
   /** The split MLA attention's partials, one buffer for every layer and program (blocks attentionPartBytes). */
   private readonly mlaPart: GPUBuffer | undefined;
   private readonly programs = new Map<string, Segment[]>();
+  /** The programs' uniform parameter buffers by contents (kernels/gpu.ts withSharedUniforms). */
+  private readonly uniforms = new Map<string, GPUBuffer>();
   /** The MLA heads of this part's layers (their decode cut follows the cache's length), else null. */
   readonly #mlaHeads: number | null;
   /** Whether this part has GQA layers (their decode attention's splits follow the cache's length). */
@@ -748,6 +751,24 @@ export class Sequence {
     const key = `${T}/${output}/${embed}/${opts.hiddenRow}/${bucket}`;
     const cached = this.programs.get(key);
     if (cached) return cached;
+    // The sequence's programs share uniform buffers of the same contents (released together in destroy).
+    const segments = withSharedUniforms(
+      this.model.gpu,
+      this.uniforms,
+      () => this.#build(T, output, embed, opts, bucket),
+    );
+    this.programs.set(key, segments);
+    return segments;
+  }
+
+  /** Builds a step's segments (segments() caches them): see there. */
+  #build(
+    T: number,
+    output: ProgramOutput,
+    embed: boolean,
+    opts: StepOptions,
+    bucket: number | undefined,
+  ): Segment[] {
     const segments: Segment[] = [];
     let calls: KernelCall[];
     const m = this.model;
@@ -873,7 +894,6 @@ export class Sequence {
         );
       }
     }
-    this.programs.set(key, segments);
     return segments;
   }
 
@@ -942,5 +962,6 @@ export class Sequence {
     }
     this.step.destroy();
     this.programs.clear();
+    this.uniforms.clear();
   }
 }

@@ -23,6 +23,8 @@ import {
   siluMulCall,
   siluMulRef,
   storageBuffer,
+  uniformBuffer,
+  withSharedUniforms,
   writeStep,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 as f32ToF16Bits } from "../../models/dtype.ts";
@@ -31,6 +33,37 @@ import { assertClose, gpuOrSkip, randoms, readF32, readU32, upload } from "./har
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null;
+
+// A sequence's programs share uniform parameter buffers by contents (withSharedUniforms): the same words give
+// the same buffer inside the scope (u32 3 and f32 3.0 are different words), and outside it every call gets its own.
+Deno.test(
+  { name: "uniform buffers: one per distinct contents while shared, one a call otherwise", ignore },
+  () => {
+    const g = gpu!;
+    const shared = new Map<string, GPUBuffer>();
+    const [a, b, c, d] = withSharedUniforms(g, shared, () => [
+      uniformBuffer(g, [1, 2, 3]),
+      uniformBuffer(g, [1, 2, 3]),
+      uniformBuffer(g, [1, 2, 3], [2]),
+      uniformBuffer(g, [1, 2, 3, 0]),
+    ]);
+    if (a !== b || a === c) throw new Error("equal words share one buffer, other words get their own");
+    if (a !== d) throw new Error("words are padded to 4 before they are compared");
+    if (shared.size !== 2) throw new Error(`2 distinct blocks, got ${shared.size}`);
+    if (g.sharedUniforms !== undefined) throw new Error("the scope ends with the build");
+    if (uniformBuffer(g, [1, 2, 3]) === a) throw new Error("outside the scope a call gets its own buffer");
+    let thrown = false;
+    try {
+      withSharedUniforms(g, shared, () => {
+        throw new Error("build failed");
+      });
+    } catch {
+      thrown = true;
+    }
+    if (!thrown || g.sharedUniforms !== undefined) throw new Error("a failed build ends the scope too");
+    for (const x of shared.values()) x.destroy();
+  },
+);
 
 Deno.test({ name: "embed gathers rows by token id at step positions", ignore }, async () => {
   const g = gpu!;

@@ -609,6 +609,11 @@ Deno.test(onGpu("GQA: a decode program per cache length, the same logits"), asyn
       "k-steps by bucket too",
     );
     assert.equal(small.program(1, "logits", { keys: 6 }), small.program(1, "logits"), "one program");
+    // The programs' layers share their uniform parameter buffers (kernels/gpu.ts withSharedUniforms).
+    const uniforms = new Set(
+      [...short, ...long].flatMap((c) => c.buffers.filter((b) => b.usage & GPUBufferUsage.UNIFORM)),
+    );
+    assert.ok(uniforms.size < short.length, `${uniforms.size} uniform buffers for ${short.length} calls`);
     const fits = attentionDecodeFits(g, { heads: 8, kvHeads: 2, headDim: 128, maxSeq: 8192 });
     if (fits) {
       assert.ok(!labels(short).includes("attention_combine"), labels(short));
