@@ -557,7 +557,8 @@ export function uniformBuffer(gpu: Gpu, words: ArrayLike<number>, floatAt: numbe
  * same parameters (a sequence's programs: 266 buffers and their writes for Llama-1B's prefill and decode
  * programs, ~31 us each of a program's build on the H100's host; docs/BENCHMARKS.md, the forty-fifth
  * session). The buffers stay the calls': releaseCalls destroys them, more than once where they are shared,
- * which WebGPU allows, so the calls built through one `shared` map must be released together with it.
+ * which WebGPU allows, so the calls built through one `shared` map must be released together, and its owner
+ * destroys what the map holds then (a build that threw may have left buffers no call lists).
  */
 export function withSharedUniforms<T>(gpu: Gpu, shared: Map<string, GPUBuffer>, build: () => T): T {
   const outer = gpu.sharedUniforms;

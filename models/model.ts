@@ -228,6 +228,39 @@ export class Model {
     private readonly borrowed: ReadonlySet<GPUBuffer> = new Set(),
   ) {}
 
+  /** RoPE tables by capacity in positions, shared by the model's sequences (ropeTableFor). */
+  readonly #ropeTables = new Map<number, GPUBuffer>();
+
+  /**
+   * The RoPE (cos, sin) table a sequence of `maxSeq` positions reads: at least maxSeq rows, made once per
+   * capacity (a power of two from 1,024, at most the model's positions) and shared by all its sequences, as a
+   * row depends on its position alone. Computed per request it cost the host 4-5 ms at 1,056 positions and
+   * 65-146 ms at 32,768 (head_dim 64 / 128), with the GPU memory and upload of one more table each.
+   * It carries yarn's attention factor where the scaling has one (transformers multiplies cos and sin by it).
+   */
+  ropeTableFor(maxSeq: number): GPUBuffer {
+    const c = this.config;
+    // Every layer of a family shares one RoPE width, so one table serves the part.
+    const spec = this.partShape().specs[0];
+    const dim = spec ? ropeDim(spec.attention) : 2;
+    const rowBytes = (dim / 2) * 8;
+    let rows = Math.min(
+      2 ** Math.ceil(Math.log2(Math.max(maxSeq, 1024))),
+      Math.max(maxSeq, c.maxPositionEmbeddings),
+    );
+    // Where the rounded table would not fit a binding, exactly the rows asked for.
+    if (rows * rowBytes > this.gpu.device.limits.maxStorageBufferBindingSize) rows = maxSeq;
+    let table = this.#ropeTables.get(rows);
+    if (!table) {
+      const values = ropeTable(ropeInvFreqAsStored(c, dim), rows, {
+        attentionFactor: ropeAttentionFactor(c.rope.scaling),
+      });
+      table = uploadBuffer(this.gpu, values, "rope");
+      this.#ropeTables.set(rows, table);
+    }
+    return table;
+  }
+
   #dense: boolean | undefined;
   /** Whether no layer of this model routes to experts (denseFor): its BlockContext's gemmF16 and int8One. */
   get dense(): boolean {
@@ -495,6 +528,8 @@ export class Model {
       for (const b of [...attentionBuffers(l.attention), ...ffnBuffers(l.ffn)]) bufs.add(b);
     }
     for (const b of bufs) if (!this.borrowed.has(b)) b.destroy();
+    for (const t of this.#ropeTables.values()) t.destroy();
+    this.#ropeTables.clear();
   }
 }
 
@@ -704,14 +739,8 @@ export class Sequence {
       kvBytes += bytes;
     }
     this.kvBytes = kvBytes;
-    // Every layer of a family shares one RoPE width, so one table serves the part. It carries yarn's
-    // attention factor where the scaling has one (transformers multiplies cos and sin by it).
-    const dim = specs[0] ? ropeDim(specs[0].attention) : 2;
-    const table = ropeTable(ropeInvFreqAsStored(c, dim), this.maxSeq, {
-      attentionFactor: ropeAttentionFactor(c.rope.scaling),
-    });
-    this.ropeTable = uploadBuffer(gpu, table, "rope");
-    this.buffers.push(this.ropeTable);
+    // The model's table, shared with its other sequences (not this sequence's to destroy).
+    this.ropeTable = model.ropeTableFor(this.maxSeq);
   }
 
   /**
@@ -960,6 +989,8 @@ export class Sequence {
     for (const segments of this.programs.values()) {
       for (const s of segments) releaseCalls(s.calls, this.step);
     }
+    // Also those of a build that threw (no program lists them); the rest again, which WebGPU allows.
+    for (const b of this.uniforms.values()) b.destroy();
     this.step.destroy();
     this.programs.clear();
     this.uniforms.clear();

@@ -93,6 +93,35 @@ Deno.test(
   },
 );
 
+// The RoPE table is the model's: one per capacity class (Model.ropeTableFor: a power of two from 1,024, at most
+// the model's positions), shared by its requests and kept when one is released, so requests of other lengths,
+// before and after, still give the reference tokens.
+Deno.test(onGpu("RoPE tables: one per capacity class, shared by a model's requests"), async () => {
+  const { prompt, cont } = await reference(fixtureDir("llama-micro")!);
+  const engine = await loadEngine(fixtureDir("llama-micro")!, { gpu: gpu!, weights: "f32" });
+  try {
+    const model = engine.weights;
+    const row = (64 / 4 / 2) * 8; // llama-micro: head_dim 64 / 4, (cos, sin) f32 pairs a row
+    const small = model.ropeTableFor(16);
+    assert.equal(model.ropeTableFor(1024), small);
+    const big = model.ropeTableFor(1025);
+    assert.notEqual(big, small);
+    assert.deepEqual([small.size, big.size], [1024 * row, 2048 * row]);
+    assert.equal(
+      model.ropeTableFor(4000).size,
+      model.config.maxPositionEmbeddings * row,
+      "at most the model's",
+    );
+    for (const room of [0, 2000, 0, 3000]) {
+      const r = await generate(engine, prompt, { maxTokens: 8, sampling: greedy, room });
+      assert.deepEqual(r.tokens, cont.slice(0, 8), `room ${room}`);
+    }
+    assert.equal(model.ropeTableFor(16), small, "a released request leaves the table");
+  } finally {
+    engine.close();
+  }
+});
+
 for (const name of ["qwen2-tiny", "qwen3-tiny", "llama-micro"]) {
   Deno.test(onGpu(`${name}: the step path and the loop give the reference tokens`), async () => {
     const dir = fixtureDir(name)!;
