@@ -104,6 +104,17 @@ export interface ModelFacts {
   eosTokenIds: number[];
 }
 
+/** A request's sequence on a stage (StageBackend.open). */
+export interface OpenOptions {
+  maxSeq: number;
+  sampling: Sampling;
+  /**
+   * Most rows a "logits" step of this request fills (models/model.ts SequenceOptions.logitsRows): default
+   * verification's (LOGITS_ROWS); a request for teacher-forced logits asks for its chunk.
+   */
+  logitsRows?: number;
+}
+
 export interface StageBackend {
   readonly role: StageRole;
   readonly model: ModelFacts;
@@ -111,7 +122,7 @@ export interface StageBackend {
    * Starts request `id`'s sequence; RangeError when maxSeq exceeds the model; TypeError if id is open.
    * Returns the most tokens one step may carry (prefill is cut into chunks of that size).
    */
-  open(id: string, opts: { maxSeq: number; sampling: Sampling }): { chunk: number };
+  open(id: string, opts: OpenOptions): { chunk: number };
   /** Runs one step of request `id` (steps of one request are run one at a time, in order). */
   run(id: string, input: StageInput): Promise<StageResult>;
   /**

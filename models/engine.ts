@@ -196,7 +196,13 @@ export class Engine implements StageBackend {
 
   open(
     id: string,
-    opts: { maxSeq: number; sampling: Sampling; maxChunk?: number; prefillChunk?: number },
+    opts: {
+      maxSeq: number;
+      sampling: Sampling;
+      maxChunk?: number;
+      prefillChunk?: number;
+      logitsRows?: number;
+    },
   ): { chunk: number; prefillChunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     const seq = this.weights.newSequence(opts);
@@ -651,7 +657,11 @@ export class Engine implements StageBackend {
     }
     const V = this.model.vocab;
     const id = `logits-${this.#next++}`;
-    this.open(id, { maxSeq: tokens.length, sampling: { temperature: 0, topP: 1, seed: 0 } });
+    this.open(id, {
+      maxSeq: tokens.length,
+      sampling: { temperature: 0, topP: 1, seed: 0 },
+      logitsRows: tokens.length,
+    });
     const { seq } = this.#get(id);
     try {
       const out = new Float32Array(tokens.length * V);

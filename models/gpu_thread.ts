@@ -21,7 +21,7 @@ import type {
   LoopResult,
   ModelFacts,
   ModelRef,
-  Sampling,
+  OpenOptions,
   StageBackend,
   StageInput,
   StageLoader,
@@ -35,7 +35,7 @@ import { checkMaxSeq, type ChunkLimits, stepChunk } from "./model.ts";
 /** A call to the GPU thread. */
 export type GpuRequest =
   | { op: "stage"; role: StageRole; model: ModelRef; remote?: number[]; fanout: boolean }
-  | { op: "open"; handle: number; id: string; opts: { maxSeq: number; sampling: Sampling } }
+  | { op: "open"; handle: number; id: string; opts: OpenOptions }
   | { op: "run"; handle: number; id: string; input: StageInput }
   | { op: "generate"; handle: number; id: string; prompt: number[]; opts: Omit<LoopOptions, "onTokens"> }
   | { op: "abort"; handle: number; id: string }
@@ -234,7 +234,7 @@ class ThreadStage implements StageBackend {
     this.model = facts.model;
   }
 
-  open(id: string, opts: { maxSeq: number; sampling: Sampling }): { chunk: number } {
+  open(id: string, opts: OpenOptions): { chunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     checkMaxSeq(opts.maxSeq, this.model.maxPositions);
     const chunk = stepChunk(opts.maxSeq, this.facts.chunk);
@@ -246,7 +246,7 @@ class ThreadStage implements StageBackend {
       op: "open",
       handle: this.facts.handle,
       id,
-      opts: { maxSeq: opts.maxSeq, sampling: opts.sampling },
+      opts: { maxSeq: opts.maxSeq, sampling: opts.sampling, logitsRows: opts.logitsRows },
     }).then(
       (r) => {
         entry.kvBytes = r.kvBytes;

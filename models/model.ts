@@ -545,7 +545,16 @@ export interface SequenceOptions {
   prefillChunk?: number;
   /** An MTP module's sequence: the target's hidden state [T, H] it reads (the target sequence's `x`). */
   hidden?: GPUBuffer;
+  /**
+   * Most rows a "logits" step fills (at most maxChunk). Default LOGITS_ROWS, verification's: a generation
+   * needs one row, or k + 1 <= 17 to verify k drafts. Teacher-forced logits over a prompt ask for more
+   * (Engine.logits). The buffer is [rows, vocab] f32: 263 MB at 512 rows of Llama 3's vocabulary.
+   */
+  logitsRows?: number;
 }
+
+/** Rows of logits a sequence holds unless it asks for more (SequenceOptions.logitsRows). */
+export const LOGITS_ROWS = 32;
 
 /** What a program ends with: nothing (hidden state stays in `x`), sampled token, or logits of every row. */
 export type ProgramOutput = "hidden" | "sample" | "logits";
@@ -654,8 +663,10 @@ export class Sequence {
   readonly step: GPUBuffer;
   /** Hidden state [maxChunk, H]: a stage's input when it does not embed, its output when it has no head. */
   readonly x: GPUBuffer;
-  /** Logits [maxChunk, V] (row 0 only when sampling). */
+  /** Logits [logitsRows, V] (row 0 only when sampling). */
   readonly logits: GPUBuffer | null;
+  /** Most rows a "logits" step fills (SequenceOptions.logitsRows, at most maxChunk). */
+  readonly logitsRows: number;
   /** Bytes of this sequence's KV cache. */
   readonly kvBytes: number;
   private readonly buffers: GPUBuffer[] = [];
@@ -718,7 +729,8 @@ export class Sequence {
       this.hn = buf(C * H * 4, "mtp hidden");
     }
     for (const [name, w] of Object.entries(widths)) this.scratch[name] = buf(C * w * 4, name);
-    this.logits = model.hasHead ? buf(this.maxChunk * V * 4, "logits") : null;
+    this.logitsRows = Math.max(1, Math.min(this.maxChunk, opts.logitsRows ?? LOGITS_ROWS));
+    this.logits = model.hasHead ? buf(this.logitsRows * V * 4, "logits") : null;
     if (moe) {
       this.moe = moeScratch(model.context, moe, H, C);
       if (model.part.remoteExperts?.size) this.#expertSum = buf(C * H * 4, "expert sum");
@@ -768,8 +780,14 @@ export class Sequence {
     if (this.destroyed) throw new Error("sequence was released");
     // The engine's prefill chunks may be longer than a step: their rows fit the activations, and they end
     // in the hidden state or one sampled row, never in logits for every row.
-    const most = output === "logits" ? this.maxChunk : this.prefillChunk;
-    if (!(T >= 1 && T <= most)) throw new RangeError(`step of ${T} tokens; at most ${most}`);
+    const most = output === "logits" ? this.logitsRows : this.prefillChunk;
+    if (!(T >= 1 && T <= most)) {
+      throw new RangeError(
+        output === "logits"
+          ? `a logits step of ${T} rows; this sequence holds ${most} (SequenceOptions.logitsRows)`
+          : `step of ${T} tokens; at most ${most}`,
+      );
+    }
     const embed = opts.embed ?? this.model.hasEmbed;
     // Decode steps: a program per cache-length bucket, built for its most keys (StepOptions.keys).
     const bucket = T === 1 && this.#mlaHeads !== null

@@ -9,6 +9,7 @@ export type {
   LoopResult,
   ModelFacts,
   ModelRef,
+  OpenOptions,
   Sampling,
   StageBackend,
   StageInput,

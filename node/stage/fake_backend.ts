@@ -6,6 +6,7 @@ import type {
   LoopOptions,
   LoopResult,
   ModelFacts,
+  OpenOptions,
   Sampling,
   StageBackend,
   StageInput,
@@ -70,7 +71,7 @@ export class FakeBackend implements StageBackend {
     };
   }
 
-  open(id: string, opts: { maxSeq: number; sampling: Sampling }): { chunk: number } {
+  open(id: string, opts: OpenOptions): { chunk: number } {
     if (this.#seqs.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     if (opts.maxSeq > this.#o.maxPositions) {
       throw new RangeError(

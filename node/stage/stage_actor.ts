@@ -235,7 +235,12 @@ export class StageActor implements Behavior {
         .catch(() => {});
       return undefined;
     }
-    const { chunk } = this.#o.backend.open(id, { maxSeq: open.maxSeq, sampling: open.sampling });
+    const { chunk } = this.#o.backend.open(id, {
+      maxSeq: open.maxSeq,
+      sampling: open.sampling,
+      // A logits request's steps end in logits for every row of its chunks.
+      ...(open.mode === "logits" ? { logitsRows: open.maxSeq } : {}),
+    });
     const r: Request = {
       open,
       chunk,

@@ -30,7 +30,7 @@ import {
   wholeModel,
 } from "../../models/engine.ts";
 import { llamaMicroShapedCheckpoint } from "../../scripts/bench/random_checkpoint.ts";
-import { kvCacheType, Model } from "../../models/model.ts";
+import { kvCacheType, LOGITS_ROWS, Model } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
 import { submit } from "../../models/engine.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
@@ -117,6 +117,42 @@ Deno.test(onGpu("RoPE tables: one per capacity class, shared by a model's reques
       assert.deepEqual(r.tokens, cont.slice(0, 8), `room ${room}`);
     }
     assert.equal(model.ropeTableFor(16), small, "a released request leaves the table");
+  } finally {
+    engine.close();
+  }
+});
+
+// A request's logits buffer holds verification's rows (LOGITS_ROWS: 32 of the vocabulary, not a prefill chunk's
+// 512, 263 MB for Llama 3's), unless it asks for more: a longer "logits" step is refused, saying so, and
+// teacher-forced logits over a longer prompt (Engine.logits asks for its rows) match one-token steps'.
+Deno.test(onGpu("logits rows: a request holds verification's unless it asks for more"), async () => {
+  const engine = await loadEngine(fixtureDir("llama-micro")!, { gpu: gpu!, weights: "f32" });
+  try {
+    const model = engine.weights;
+    const V = model.config.vocabSize;
+    const seq = model.newSequence({ maxSeq: 600, sampling: greedy, maxChunk: 64 });
+    try {
+      assert.deepEqual([seq.logitsRows, seq.logits!.size], [LOGITS_ROWS, LOGITS_ROWS * V * 4]);
+      assert.throws(() => seq.program(LOGITS_ROWS + 1, "logits"), /logitsRows/);
+      seq.program(LOGITS_ROWS + 1, "hidden");
+    } finally {
+      seq.destroy();
+    }
+    const tokens = Array.from({ length: LOGITS_ROWS + 8 }, (_, i) => (i * 37 + 5) % V);
+    const all = await engine.logits(tokens);
+    engine.open("t", { maxSeq: tokens.length, sampling: greedy });
+    for (let pos = 0; pos < tokens.length; pos++) {
+      const r = await engine.run("t", {
+        pos0: pos,
+        T: 1,
+        tokens: Uint32Array.of(tokens[pos]),
+        output: "logits",
+      });
+      const row = all.subarray(pos * V, (pos + 1) * V);
+      const err = Math.max(...r.logits!.map((v, j) => Math.abs(v - row[j])));
+      assert.ok(err <= 1e-4 * Math.max(...row.map(Math.abs)), `row ${pos}: ${err}`);
+    }
+    engine.release("t");
   } finally {
     engine.close();
   }
@@ -275,7 +311,7 @@ Deno.test(
     try {
       const want = await whole.logits(prompt);
       const T = prompt.length;
-      for (const p of parts) p.open("r", { maxSeq: T, sampling: greedy });
+      for (const p of parts) p.open("r", { maxSeq: T, sampling: greedy, logitsRows: T });
       let hidden =
         (await parts[0].run("r", { pos0: 0, T, tokens: Uint32Array.from(prompt), output: "hidden" }))
           .hidden!;
