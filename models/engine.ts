@@ -32,6 +32,7 @@ import type {
   LoopOptions,
   LoopResult,
   ModelFacts,
+  OpenOptions,
   Sampling,
   StageBackend,
   StageInput,
@@ -196,13 +197,7 @@ export class Engine implements StageBackend {
 
   open(
     id: string,
-    opts: {
-      maxSeq: number;
-      sampling: Sampling;
-      maxChunk?: number;
-      prefillChunk?: number;
-      logitsRows?: number;
-    },
+    opts: OpenOptions & { maxChunk?: number; prefillChunk?: number },
   ): { chunk: number; prefillChunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     const seq = this.weights.newSequence(opts);
