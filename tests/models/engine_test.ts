@@ -30,7 +30,7 @@ import {
   wholeModel,
 } from "../../models/engine.ts";
 import { llamaMicroShapedCheckpoint } from "../../scripts/bench/random_checkpoint.ts";
-import { kvCacheType, LOGITS_ROWS, Model } from "../../models/model.ts";
+import { kvCacheType, LOGITS_ROWS, Model, type Sequence } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
 import { submit } from "../../models/engine.ts";
 import { readSafetensorsHeader, readTensorBytes, writeSafetensors } from "../../models/safetensors.ts";
@@ -544,6 +544,17 @@ Deno.test(
   },
 );
 
+/** Five tokens of prefill on `seq`, then the step at position 5 by `calls` (a program of seq's): its logits. */
+async function stepAfterPrefill(seq: Sequence, calls: KernelCall[]): Promise<Float32Array> {
+  const g = gpu!, P = 5;
+  writeBytes(g, seq.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35]));
+  writeStep(g, seq.step, { pos0: 0, T: P, tokOut: P });
+  submit(g, seq.program(P, "hidden"));
+  writeStep(g, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
+  submit(g, calls);
+  return new Float32Array(await readBack(g, seq.logits!, seq.model.config.vocabSize * 4));
+}
+
 // A one-token step of an MLA model takes the program built for its cache's length bucket (StepOptions.keys;
 // kernels/mla_attention.ts mlaLengthBucket): the whole attention in one dispatch up to mlaFusedKeys(heads)
 // keys (kernels/mla_decode.ts, where it fits), the split path past it and where the length is unknown (with
@@ -608,16 +619,10 @@ Deno.test(
           assert.equal(new Set([...b, ...other].map((c) => c.buffers[5])).size, 1, "one for the programs");
           assert.ok([...a, ...b].every((c) => !c.owned?.length));
         }
-        // Five tokens of prefill, then the step at position 5 by each program (each sequence its own cache).
-        const P = 5, V = model.config.vocabSize;
+        // The step at position 5 by each program (each sequence its own cache).
         const logits: Float32Array[] = [];
         for (const [s, calls] of [[seq, fused], [seq, long], [split, short]] as const) {
-          writeBytes(g, s.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35]));
-          writeStep(g, s.step, { pos0: 0, T: P, tokOut: P });
-          submit(g, s.program(P, "hidden"));
-          writeStep(g, s.step, { pos0: P, T: 1, tokOut: P + 1 });
-          submit(g, calls);
-          logits.push(new Float32Array(await readBack(g, s.logits!, V * 4)));
+          logits.push(await stepAfterPrefill(s, calls));
         }
         const scale = Math.max(...logits[1].map(Math.abs));
         for (const [i, what] of [[0, "fused"], [2, "short"]] as const) {
@@ -655,7 +660,6 @@ Deno.test(onGpu("GQA: a decode program per cache length, the same logits"), asyn
     max_position_embeddings: 8192,
   };
   const model = await Model.load(g, new RandomWeights(cfg, 7), { weights: "f32" });
-  const greedy = { temperature: 0, topP: 1, seed: 0 };
   const seq = model.newSequence({ maxSeq: 8192, sampling: greedy });
   const small = model.newSequence({ maxSeq: 1024, sampling: greedy });
   const labels = (calls: KernelCall[]) => calls.map((c) => c.label).join(",");
@@ -687,17 +691,9 @@ Deno.test(onGpu("GQA: a decode program per cache length, the same logits"), asyn
       assert.deepEqual(attention(mid)[0].workgroups, [8, 32, 1]);
       assert.deepEqual(attention(short)[0].workgroups.slice(1), [1, 1]);
     }
-    // Five tokens of prefill, then the step at position 5 by each program.
-    const P = 5, V = model.config.vocabSize;
-    writeBytes(g, seq.tokens, 0, Uint32Array.from([3, 14, 15, 92, 65, 35]));
-    writeStep(g, seq.step, { pos0: 0, T: P, tokOut: P });
-    submit(g, seq.program(P, "hidden"));
+    // The step at position 5 by each program.
     const logits: Float32Array[] = [];
-    for (const calls of [long, mid, short]) {
-      writeStep(g, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
-      submit(g, calls);
-      logits.push(new Float32Array(await readBack(g, seq.logits!, V * 4)));
-    }
+    for (const calls of [long, mid, short]) logits.push(await stepAfterPrefill(seq, calls));
     const scale = Math.max(...logits[0].map(Math.abs));
     for (const [i, what] of [[1, "split"], [2, "unsplit"]] as const) {
       const err = Math.max(...logits[i].map((v, j) => Math.abs(v - logits[0][j])));
