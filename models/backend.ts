@@ -113,6 +113,11 @@ export interface OpenOptions {
    * verification's (LOGITS_ROWS); a request for teacher-forced logits asks for its chunk.
    */
   logitsRows?: number;
+  /**
+   * The prompt's length where the opener knows it (SequenceOptions.prompt): the request's activations are
+   * sized for it rather than for a whole chunk, and its steps (`chunk`) are cut at max(prompt, 32) tokens.
+   */
+  prompt?: number;
 }
 
 export interface StageBackend {

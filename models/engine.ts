@@ -93,6 +93,8 @@ export interface GenerateResult extends LoopResult {
   tokS: number;
   /** KV cache bytes this request held (freed at the end). */
   kvBytes: number;
+  /** Bytes of its other GPU buffers: activations, logits, token ids (Sequence.activationBytes). */
+  activationBytes: number;
 }
 
 /** A model produced NaN or infinite logits (bad weights or config): the sampler found no token. */
@@ -550,6 +552,7 @@ export class Engine implements StageBackend {
       firstTokenMs: firstAt - t0,
       tokS: tokens.length > 1 && decodeMs > 0 ? ((tokens.length - 1) / decodeMs) * 1000 : 0,
       kvBytes: seq.kvBytes,
+      activationBytes: seq.activationBytes,
     };
   }
 
@@ -731,7 +734,7 @@ export async function generate(
     );
   }
   const id = `local-${crypto.randomUUID().slice(0, 8)}`;
-  engine.open(id, { maxSeq, sampling: opts.sampling });
+  engine.open(id, { maxSeq, sampling: opts.sampling, prompt: prompt.length });
   try {
     return await engine.generate(id, prompt, { ...opts, eos: opts.eosTokenIds ?? [] });
   } finally {

@@ -237,7 +237,7 @@ class ThreadStage implements StageBackend {
   open(id: string, opts: OpenOptions): { chunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
     checkMaxSeq(opts.maxSeq, this.model.maxPositions);
-    const chunk = stepChunk(opts.maxSeq, this.facts.chunk);
+    const chunk = stepChunk(opts.maxSeq, this.facts.chunk, opts.prompt);
     const entry: { kvBytes: number; failed?: Error; opened: Promise<void> } = {
       kvBytes: 0,
       opened: Promise.resolve(),
@@ -246,7 +246,12 @@ class ThreadStage implements StageBackend {
       op: "open",
       handle: this.facts.handle,
       id,
-      opts: { maxSeq: opts.maxSeq, sampling: opts.sampling, logitsRows: opts.logitsRows },
+      opts: {
+        maxSeq: opts.maxSeq,
+        sampling: opts.sampling,
+        logitsRows: opts.logitsRows,
+        prompt: opts.prompt,
+      },
     }).then(
       (r) => {
         entry.kvBytes = r.kvBytes;

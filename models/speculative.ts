@@ -361,7 +361,7 @@ export async function speculativeGenerate(
   const V = backend.model.vocab;
   const id = `spec-${crypto.randomUUID().slice(0, 8)}`;
   const t0 = performance.now();
-  const { chunk } = backend.open(id, { maxSeq: P + o.maxTokens, sampling: o.sampling });
+  const { chunk } = backend.open(id, { maxSeq: P + o.maxTokens, sampling: o.sampling, prompt: P });
   let k = Math.min(o.k, chunk - 1);
   if (k < 1) throw new RequestError(`a verification step of ${o.k + 1} tokens exceeds this model's steps`);
   const tuner = o.auto ? new SpeculationTuner({ maxK: Math.min(16, chunk - 1), maxDepth: 1 }) : undefined;

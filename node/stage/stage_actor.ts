@@ -238,6 +238,7 @@ export class StageActor implements Behavior {
     const { chunk } = this.#o.backend.open(id, {
       maxSeq: open.maxSeq,
       sampling: open.sampling,
+      prompt: open.prompt,
       // A logits request's steps end in logits for every row of its chunks.
       ...(open.mode === "logits" ? { logitsRows: open.maxSeq } : {}),
     });

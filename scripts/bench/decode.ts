@@ -192,7 +192,7 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
         maxBatch: Number(values.batch),
         room,
       });
-      results.push({ firstTokenMs: res.firstTokenMs, tokS: res.tokS });
+      results.push({ firstTokenMs: res.firstTokenMs, tokS: res.tokS, activationBytes: res.activationBytes });
     }
     const best = results.reduce((a, b) => (b.tokS > a.tokS ? b : a));
     // Where a token's time goes: GPU time of one decode step (timestamps), and CPU time to encode + submit it.
@@ -221,6 +221,8 @@ for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4"
       tuning: gpu.tuning,
       wall_ms_per_token: Number((1000 / best.tokS).toFixed(3)),
       first_token_ms: Number(best.firstTokenMs.toFixed(1)),
+      // A request's GPU buffers beside its KV cache (activations sized by its prompt, logits, token ids).
+      request_activation_bytes: best.activationBytes,
       runs: results.map((r) => Number(r.tokS.toFixed(1))),
       dispatches_per_token: decode.length,
       gpu_ms_per_token: Number(gpuStepMs.toFixed(3)),

@@ -125,6 +125,40 @@ Deno.test(onGpu("RoPE tables: one per capacity class, shared by a model's reques
 // A request's logits buffer holds verification's rows (LOGITS_ROWS: 32 of the vocabulary, not a prefill chunk's
 // 512, 263 MB for Llama 3's), unless it asks for more: a longer "logits" step is refused, saying so, and
 // teacher-forced logits over a longer prompt (Engine.logits asks for its rows) match one-token steps'.
+Deno.test(onGpu("prompt rows: a request that names its prompt holds activations for it alone"), async () => {
+  const dir = fixtureDir("llama-micro")!;
+  const { prompt, cont } = await reference(dir);
+  const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+  try {
+    const model = engine.weights;
+    const P = prompt.length, H = model.config.hiddenSize;
+    const rows = Math.max(P, LOGITS_ROWS);
+    const whole = model.newSequence({ maxSeq: 600, sampling: greedy, maxChunk: 256 });
+    const named = model.newSequence({ maxSeq: 600, sampling: greedy, maxChunk: 256, prompt: P });
+    try {
+      assert.deepEqual([whole.maxChunk, whole.prefillChunk, whole.x.size], [256, 256, 256 * H * 4]);
+      assert.deepEqual([named.maxChunk, named.prefillChunk, named.x.size], [rows, rows, rows * H * 4]);
+      assert.ok(named.activationBytes < whole.activationBytes, `${named.activationBytes}`);
+      assert.equal(named.kvBytes, whole.kvBytes);
+      assert.throws(() => named.program(rows + 1, "hidden"), /at most/);
+    } finally {
+      whole.destroy();
+      named.destroy();
+    }
+    // The same tokens (the fixture's) with and without the hint, and through generate, which gives it.
+    for (const hint of [{}, { prompt: P }]) {
+      engine.open("p", { maxSeq: P + cont.length, sampling: greedy, maxChunk: 256, ...hint });
+      const r = await engine.generate("p", prompt, { maxTokens: cont.length, eos: [] });
+      engine.release("p");
+      assert.deepEqual(r.tokens, cont, JSON.stringify(hint));
+    }
+    const r = await generate(engine, prompt, { maxTokens: cont.length, sampling: greedy, room: 300 });
+    assert.deepEqual(r.tokens, cont);
+  } finally {
+    engine.close();
+  }
+});
+
 Deno.test(onGpu("logits rows: a request holds verification's unless it asks for more"), async () => {
   const engine = await loadEngine(fixtureDir("llama-micro")!, { gpu: gpu!, weights: "f32" });
   try {

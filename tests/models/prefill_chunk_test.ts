@@ -1,9 +1,9 @@
-// The engine's own prefill chunk (models/model.ts prefillChunkFor) and where the prefill GEMMs may multiply
-// in f16 (denseFor): pure rules, checked without a GPU.
+// The engine's own prefill chunk (models/model.ts prefillChunkFor), a step's (stepChunk) and where the
+// prefill GEMMs may multiply in f16 (denseFor): pure rules, checked without a GPU.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { readModelConfig } from "../../models/family.ts";
-import { denseFor, type Model, prefillChunkFor } from "../../models/model.ts";
+import { denseFor, LOGITS_ROWS, type Model, prefillChunkFor, stepChunk } from "../../models/model.ts";
 
 /** What prefillChunkFor reads of a model: its adapter, its weights' storage and their bytes. */
 const model = (weightType: string, weightBytes: number, isSoftware = false) =>
@@ -21,6 +21,16 @@ Deno.test("prefill chunk: 2048 for a 1B model, 1024 for a 3B, the step's 512 for
 Deno.test("prefill chunk: MoE parts and software adapters keep the step's chunk", () => {
   assert.equal(prefillChunkFor(model("f16", 2.47e9), true, 512), 512);
   assert.equal(prefillChunkFor(model("f16", 2.47e9, true), false, 32), 32);
+});
+
+Deno.test("step chunk: a named prompt cuts it at max(prompt, LOGITS_ROWS), never splitting the prompt more", () => {
+  const limits = { base: 512, cap: 4096 };
+  assert.equal(stepChunk(1100, limits), 512);
+  assert.equal(stepChunk(1100, limits, 100), 100); // a chat request: its prompt in one step, as before
+  assert.equal(stepChunk(1100, limits, 5), LOGITS_ROWS); // verification's k + 1 rows still fit
+  assert.equal(stepChunk(1100, limits, 900), 512); // longer than a chunk: the chunks unchanged
+  assert.equal(stepChunk(20, limits, 10), 20); // never past the sequence
+  assert.equal(stepChunk(1100, { base: 512, cap: 64 }, 100), 64); // nor past the binding
 });
 
 Deno.test("f16 prefill GEMMs for dense models, not for models with MoE layers", async () => {
