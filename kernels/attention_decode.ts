@@ -42,7 +42,7 @@ import type { Int8CopyOut } from "./gemv_fused.ts";
 import { kernelCall, type KvType, kvWgsl, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 import type { QuantType } from "./quant.ts";
-import { int8CopyBindingsWgsl, int8CopyTailWgsl } from "./wgsl.ts";
+import { int8CopyBindingsWgsl, int8CopyTailWgsl, range } from "./wgsl.ts";
 import {
   type OProjDims,
   oProjFits,
@@ -92,8 +92,6 @@ export interface AttentionDecodeTuning {
    */
   groupBatch?: number;
 }
-
-const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 export interface AttentionDecodeDims {
   heads: number;

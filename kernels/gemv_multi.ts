@@ -33,6 +33,7 @@ import {
   normWeightAt,
   normWeightVec4,
   QUANT_DECODE_WGSL,
+  range,
   siluMul,
   siluMulVec4,
 } from "./wgsl.ts";
@@ -226,8 +227,6 @@ export function multiDirectTuning(
   while (splitK < 8 && 2 * splitK <= chunks && blocks * splitK < warps) splitK *= 2;
   return { rows, wg: Math.max(8, splitK) * S, direct: true, splitK, unroll };
 }
-
-const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 /** WGSL of the multi-token GEMV for one shape. */
 export function gemvMultiSource(

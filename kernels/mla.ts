@@ -32,6 +32,7 @@ import {
 } from "./gpu.ts";
 import { type RopeScaling, yarnGetMscale } from "./rope.ts";
 import { STEP_WGSL } from "./step.ts";
+import { range } from "./wgsl.ts";
 
 /** An MLA layer's shape, named as DeepseekV3Config names it. */
 export interface MlaDims {
@@ -430,8 +431,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 }`;
   return { code, rowsPerGroup: 64 / TL };
 }
-
-const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 function headGemvCall(
   gpu: Gpu,

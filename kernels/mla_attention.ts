@@ -28,6 +28,7 @@ import {
 } from "./gpu.ts";
 import type { MlaDims } from "./mla.ts";
 import { STEP_WGSL } from "./step.ts";
+import { range } from "./wgsl.ts";
 
 const WG = 128;
 
@@ -45,8 +46,6 @@ export interface MlaAttentionTuning {
    */
   subgroup?: boolean;
 }
-
-const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 /** Workgroup memory of the attention kernel for G heads. */
 function sharedBytes(d: MlaDims, G: number): number {

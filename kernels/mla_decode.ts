@@ -29,6 +29,7 @@ import {
 import type { MlaDims, MlaRopeBuffers } from "./mla.ts";
 import { warpScoresWgsl } from "./mla_attention.ts";
 import { STEP_WGSL } from "./step.ts";
+import { range } from "./wgsl.ts";
 
 /** The options mlaDecodeCall takes beside the dims (as mlaRopeCacheCall and mlaAttentionCalls name them). */
 export interface MlaDecodeOptions {
@@ -57,7 +58,6 @@ const UNITS_IN_FLIGHT = 8;
 /** Most key parts the value accumulation is cut into. */
 const MAX_PARTS = 8;
 
-const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 const pow2Floor = (x: number) => 2 ** Math.floor(Math.log2(Math.max(1, x)));
 const pow2Ceil = (x: number) => 2 ** Math.ceil(Math.log2(Math.max(1, x)));
 

@@ -17,7 +17,9 @@ import {
   int8NormCopyOutFits,
 } from "./gemv_fused.ts";
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
-import { GEMV_MAX_T, matmulCall, matmulRef } from "./matmul.ts";
+import { GEMV_MAX_T, matmulCall, type MatmulDims, matmulRef } from "./matmul.ts";
+import { prefillLinearCalls } from "./gemm.ts";
+import { GEMV_MULTI_MAX_T } from "./gemv_multi.ts";
 import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
 import { moeRouterGemvCall, moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
 import {
@@ -139,6 +141,21 @@ export interface MoeFfnBuffers {
 }
 
 /**
+ * A dense linear layer of the block (the router, a shared expert's): the GEMV family for steps of up to
+ * GEMV_MULTI_MAX_T tokens, the prefill GEMM above (multiplying in f32: f16's roundings of the router's
+ * input or of a residual would move tokens to other experts). matmul.ts's 16 x 16 tiled kernel took 0.15
+ * ms a layer for Qwen3-30B-A3B's router whatever the prompt (H100).
+ */
+function linearCalls(
+  gpu: Gpu,
+  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer },
+  d: MatmulDims,
+): KernelCall[] {
+  if (d.T <= GEMV_MULTI_MAX_T) return [matmulCall(gpu, bufs, d)];
+  return prefillLinearCalls(gpu, bufs, { ...d, f16Math: false });
+}
+
+/**
  * The calls of one MoE FFN block, in order: 4 dispatches per token and slot (decode), 6 grouped (prefill);
  * 2 or 3 more with a shared expert.
  */
@@ -149,7 +166,7 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
   const s = b.scratch;
   const experts = { T, topK: r.topK, experts: r.experts };
   const calls = [
-    matmulCall(gpu, { x: b.x, w: b.router, y: s.logits }, {
+    ...linearCalls(gpu, { x: b.x, w: b.router, y: s.logits }, {
       K: H,
       N: r.experts,
       T,
@@ -227,7 +244,7 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
       );
     }
     const gu = s.sharedGu;
-    calls.push(matmulCall(gpu, { x: b.x, w: sharedGateUp, y: gu }, { K: H, N: 2 * Is, T, weights: gt }));
+    calls.push(...linearCalls(gpu, { x: b.x, w: sharedGateUp, y: gu }, { K: H, N: 2 * Is, T, weights: gt }));
     const down = { K: Is, N: H, T, accumulate: true, weights: dt };
     if (T <= GEMV_MAX_T && gemvFusedFits(Is) && (!isQuant(dt) || quantFits(Is))) {
       calls.push(
@@ -236,7 +253,7 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
     } else {
       calls.push(
         siluMulCall(gpu, { gu, a: s.sharedAct }, { intermediate: Is, T }),
-        matmulCall(gpu, { x: s.sharedAct, w: sharedDown, y: b.y }, down),
+        ...linearCalls(gpu, { x: s.sharedAct, w: sharedDown, y: b.y }, down),
       );
     }
   }
@@ -250,6 +267,8 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * `fusedShared` are also read at load.
  */
 export interface MoeTuning {
+  /** Output features (and threads) a workgroup of the grouped prefill matmul: 64 or 128 (MOE_GROUPED_WIDTH). */
+  groupedWidth?: number;
   /**
    * The path: "team" (the portable kernels), "router" (the subgroup GEMVs with the router's own dispatch),
    * "unfolded" (a shared expert's own GEMVs instead of slots of moe_sg's); default the subgroup kernels.

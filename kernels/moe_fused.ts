@@ -28,6 +28,7 @@ import {
   int8CopyBindingsWgsl,
   int8CopyTailWgsl,
   normWeightVec4,
+  range,
   siluMul,
 } from "./wgsl.ts";
 
@@ -149,7 +150,6 @@ function source(d: MoeFusedDims, S: number, WG: number): string {
   // The remainders' units: NWG of them, each at most half a unit, must sum within i32.
   const NWG = SL * CH;
   const LO = Math.min(24, 31 - Math.ceil(Math.log2(NWG)));
-  const range = (n: number) => Array.from({ length: n }, (_, i) => i);
   const sc = (buf: string, off: number, unit: string) => {
     const g = q === "q4" ? unit : `(${unit}) / 2u`;
     return `bf16at(${buf}[${off / 4}u + (${g}) / 8u][((${g}) / 2u) % 4u], ${g})`;

@@ -24,7 +24,8 @@ import {
 } from "./gpu.ts";
 import { moeGemvFits } from "./moe_gemv.ts";
 import { MOE_MAX_EXPERTS } from "./moe_router.ts";
-import { isQuant, QUANT_GROUP, quantElementWgsl, quantScaleWord, type QuantType } from "./quant.ts";
+import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
+import { range } from "./wgsl.ts";
 
 /** Most slots (T * topK) one grouping handles. */
 export const MOE_GROUP_MAX_SLOTS = 4096;
@@ -128,8 +129,55 @@ export interface MoeGroupedDims {
   columnBlock?: number;
 }
 
+/** Rows of y a workgroup of the grouped matmul computes: one tile of the grouping's slots. */
+const GM = 16;
+/** k a staged slice holds: one quantisation group of each weight row. */
+const GK = QUANT_GROUP;
+/**
+ * Output features a workgroup computes by default (as many threads, each a 4 x 4 block of the tile). H100,
+ * q4, GPU ms of a prompt's grouped matmuls (32 / 128 / 512 tokens), 64 against 128 wide: Qwen3-30B-A3B 25.6 /
+ * 58.5 / 188.1 against 26.2 / 59.9 / 191.2, DeepSeek-V2-Lite 38.6 / 54.0 / 150.4 against 38.4 / 55.4 / 152.6
+ * (docs/BENCHMARKS.md, the forty-sixth session).
+ */
+export const MOE_GROUPED_WIDTH = 64;
+
+/**
+ * WGSL staging one slice in workgroup memory, k-major (`ws[k * GN / 4 + r / 4][r % 4]`,
+ * `xs[k * GM / 4 + m / 4][m % 4]`), unrolled: a thread stages weight row r of the tile (whole words decoded at
+ * once for q8 / q4, a slice being one group with one scale; element by element for floats, whose rows need
+ * not start on a word) and XP inputs of slot m, transformed as they are loaded.
+ */
+function stageWgsl(wt: WeightType | QuantType, GN: number, XP: number): string {
+  const put = (k: string, v: string) => `ws[(${k}) * ${GN / 4}u + r / 4u][r % 4u] = ${v};`;
+  const lines = range(XP).map((j) =>
+    `xs[(kq + ${j}u) * ${GM / 4}u + m / 4u][m % 4u] = ` +
+    `select(0.0, x_at(slot, min(k0 + kq + ${j}u, p.K - 1u)), has && k0 + kq + ${j}u < p.K);`
+  );
+  if (!isQuant(wt)) {
+    lines.push(`for (var j = 0u; j < ${GK}u; j++) {
+      ${put("j", "select(0.0, w_at(w_index(row, min(k0 + j, p.K - 1u))), live && k0 + j < p.K)")}
+    }`);
+    return lines.join("\n    ");
+  }
+  const per = wt === "q4" ? 8 : 4; // codes a word
+  const code = wt === "q4"
+    ? (w: string, b: number) => `f32((${w} >> ${4 * b}u) & 15u) - 8.0`
+    : (w: string, b: number) => `f32(bitcast<i32>(${w} << ${24 - 8 * b}u) >> 24u)`;
+  lines.push(
+    "let e0 = w_index(row, k0);",
+    "let g = e0 / GK;",
+    "let sw = W[p.soff + g / 2u];",
+    "let sc = select(0.0, bitcast<f32>(select(sw << 16u, sw & 0xffff0000u, (g & 1u) == 1u)), live);",
+  );
+  for (let j = 0; j < GK / per; j++) lines.push(`let w${j} = W[e0 / ${per}u + ${j}u];`);
+  for (let j = 0; j < GK / per; j++) {
+    for (let b = 0; b < per; b++) lines.push(put(`${j * per + b}u`, `(${code(`w${j}`, b)}) * sc`));
+  }
+  return lines.join("\n    ");
+}
+
 function elementWgsl(wt: WeightType | QuantType): string {
-  if (isQuant(wt)) return `${quantElementWgsl(wt, "W")}\nfn w_at(e: u32) -> f32 { return W_at(e, p.soff); }`;
+  if (isQuant(wt)) return "";
   return wt === "f16"
     ? "fn w_at(e: u32) -> f32 { return unpack2x16float(W[e / 2u])[e % 2u]; }"
     : "fn w_at(e: u32) -> f32 { return bitcast<f32>(W[e]); }";
@@ -144,12 +192,28 @@ function elementIndexWgsl(C: number | undefined): string {
 }`;
 }
 
-function groupedSource(wt: WeightType | QuantType, slotInput: boolean, silu: boolean, C?: number): string {
+/**
+ * The grouped matmul's WGSL: a workgroup of GN threads computes GM slots (one tile of the grouping) x GN
+ * output features of the tile's expert, each thread a 4 x 4 block held in four vec4 registers. Per slice of
+ * GK k it stages the slots' inputs (transformed) and the weights (decoded) in workgroup memory, k-major, so a
+ * k step is two vec4 reads for 16 FMAs (the 16 x 16 tile it replaces read two scalars for one FMA and
+ * decoded every weight element with two loads of its own: 4% of the FP32 rate, 90% of a MoE model's
+ * prefill). Loading the next slice into registers before multiplying this one was slower (H100: 266 against
+ * 222 ms for Qwen3-30B-A3B's 512-token prompt at 64 wide; docs/BENCHMARKS.md).
+ */
+function groupedSource(
+  wt: WeightType | QuantType,
+  slotInput: boolean,
+  silu: boolean,
+  C: number | undefined,
+  GN: number,
+): string {
   // Input element k of slot `slot`'s row, transformed.
   const row = slotInput ? "slot" : "slot / p.topk";
   const xAt = silu
     ? `let g = x[${row} * 2u * p.K + k]; return g / (1.0 + exp(-g)) * x[${row} * 2u * p.K + p.K + k];`
     : `return x[${row} * p.K + k];`;
+  const XP = (GM * GK) / GN; // inputs a thread stages a slice
   return `
 struct P { K: u32, N: u32, topk: u32, acc: u32, soff: u32, e0: u32, ne: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -158,36 +222,61 @@ struct P { K: u32, N: u32, topk: u32, acc: u32, soff: u32, e0: u32, ne: u32 }
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> order: array<u32>;
 @group(0) @binding(5) var<storage, read> tiles: array<vec4<u32>>;
-var<workgroup> xs: array<array<f32, 17>, 16>;
-var<workgroup> ws: array<array<f32, 17>, 16>;
+const GK = ${GK}u;
+var<workgroup> xs: array<vec4<f32>, ${(GK * GM) / 4}>;
+var<workgroup> ws: array<vec4<f32>, ${(GK * GN) / 4}>;
 var<workgroup> tile: vec4<u32>;
 ${elementWgsl(wt)}
 ${elementIndexWgsl(C)}
 fn x_at(slot: u32, k: u32) -> f32 { ${xAt} }
-@compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  if (lid.x == 0u && lid.y == 0u) { tile = tiles[wg.y]; }
+@compute @workgroup_size(${GN})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+  if (tid == 0u) { tile = tiles[wg.y]; }
   let tl = workgroupUniformLoad(&tile);
   if (tl.x == 0xffffffffu || tl.x < p.e0 || tl.x - p.e0 >= p.ne) { return; }
-  let base = (tl.x - p.e0) * p.N;
-  // This thread loads slot row lid.y of the tile and weight row wn; it sums output (slot of lid.y, n).
-  let idx = tl.y + lid.y;
-  let has = idx < tl.z;
-  let slot = order[min(idx, tl.z - 1u)];
-  let n = wg.x * 16u + lid.x;
-  let wn = wg.x * 16u + lid.y;
-  var acc = 0.0;
-  for (var k0 = 0u; k0 < p.K; k0 += 16u) {
-    let k = k0 + lid.x;
-    xs[lid.y][lid.x] = select(0.0, x_at(slot, min(k, p.K - 1u)), has && k < p.K);
-    ws[lid.y][lid.x] = select(0.0, w_at(w_index(base + min(wn, p.N - 1u), min(k, p.K - 1u))), wn < p.N && k < p.K);
+  let n0 = wg.x * ${GN}u;
+  // Staging: this thread's weight row r, and slot m's inputs kq .. kq + XP of each slice.
+  let r = tid;
+  let live = n0 + r < p.N;
+  let row = (tl.x - p.e0) * p.N + min(n0 + r, p.N - 1u);
+  let m = tid / ${GK / XP}u;
+  let kq = (tid % ${GK / XP}u) * ${XP}u;
+  let has = tl.y + m < tl.z;
+  let slot = order[min(tl.y + m, tl.z - 1u)];
+  // Compute: slots 4 ty .. 4 ty + 3 of the tile, features n0 + 4 tx .. n0 + 4 tx + 3.
+  let tx = tid % ${GN / 4}u;
+  let ty = tid / ${GN / 4}u;
+  var a0 = vec4<f32>(0.0);
+  var a1 = vec4<f32>(0.0);
+  var a2 = vec4<f32>(0.0);
+  var a3 = vec4<f32>(0.0);
+  // A thread whose four slots are all past the tile's end (an expert's last, partial tile: most tiles of a
+  // short prompt, whose experts get a few slots each) stages but skips the products.
+  let busy = tl.y + 4u * ty < tl.z;
+  for (var k0 = 0u; k0 < p.K; k0 += GK) {
+    ${stageWgsl(wt, GN, XP)}
     workgroupBarrier();
-    for (var j = 0u; j < 16u; j++) { acc += xs[lid.y][j] * ws[lid.x][j]; }
+    if (busy) {
+      for (var k = 0u; k < GK; k++) {
+        let xv = xs[k * ${GM / 4}u + ty];
+        let wv = ws[k * ${GN / 4}u + tx];
+        a0 += xv.x * wv;
+        a1 += xv.y * wv;
+        a2 += xv.z * wv;
+        a3 += xv.w * wv;
+      }
+    }
     workgroupBarrier();
   }
-  if (has && n < p.N) {
-    let o = slot * p.N + n;
-    y[o] = select(0.0, y[o], p.acc != 0u) + acc;
+  let n = n0 + 4u * tx;
+  let acc = array<vec4<f32>, 4>(a0, a1, a2, a3);
+  for (var i = 0u; i < 4u; i++) {
+    let at = tl.y + 4u * ty + i;
+    if (at >= tl.z) { break; }
+    let o = order[at] * p.N + n;
+    for (var c = 0u; c < 4u; c++) {
+      if (n + c < p.N) { y[o + c] = select(0.0, y[o + c], p.acc != 0u) + acc[i][c]; }
+    }
   }
 }`;
 }
@@ -226,10 +315,14 @@ export function moeGroupedMatmulCall(
   if (C !== undefined && !(Number.isInteger(C) && C > 0 && C % QUANT_GROUP === 0 && d.K % C === 0)) {
     throw new RangeError(`column blocks of ${C} need a multiple of ${QUANT_GROUP} dividing K = ${d.K}`);
   }
-  const code = groupedSource(wt, d.input === "slot", d.transform === "silu_mul", C);
+  const GN = gpu.tuning.moe?.groupedWidth ?? MOE_GROUPED_WIDTH;
+  if (GN !== 64 && GN !== 128) {
+    throw new RangeError(`the grouped matmul is 64 or 128 features wide, not ${GN}`);
+  }
+  const code = groupedSource(wt, d.input === "slot", d.transform === "silu_mul", C, GN);
   const tiles = moeMaxTiles(d.T, d.topK, d.layerExperts ?? d.experts);
   return kernelCall(gpu, pipeline(gpu, code), [params, bufs.x, bufs.w, bufs.y, bufs.order, bufs.tiles], [
-    ceilDiv(d.N, 16),
+    ceilDiv(d.N, GN),
     tiles,
   ], "moe_grouped_matmul");
 }

@@ -5,6 +5,9 @@
 import type { WeightType } from "./gpu.ts";
 import type { QuantType } from "./quant.ts";
 
+/** 0 .. n - 1: the indices a kernel generator unrolls over. */
+export const range = (n: number): number[] => Array.from({ length: n }, (_, i) => i);
+
 /**
  * WGSL shared by the team GEMVs (gemv_fused.ts's, matmul_quant.ts's, moe_gemv.ts's): each team reduces its per-row partial
  * sums `acc` in workgroup memory `part`, and its first R lanes write (or add into) rows n0.. of y.

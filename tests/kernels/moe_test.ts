@@ -577,8 +577,15 @@ Deno.test(
   { name: "moe grouped matmul and combine match the reference for every weight type", ignore },
   async () => {
     const g = gpu!;
-    // [T, K, N, E, k]: size 1; an expert with more than 16 tokens; odd N; odd K (floats).
-    const shapes = [[1, 32, 1, 1, 1], [20, 64, 7, 3, 2], [7, 96, 33, 8, 3], [40, 32, 18, 16, 4]];
+    // [T, K, N, E, k]: size 1; an expert with more than 16 tokens; odd N; odd K (floats); more than one
+    // workgroup of features (64) and more than one staged slice of k (32).
+    const shapes = [[1, 32, 1, 1, 1], [20, 64, 7, 3, 2], [7, 96, 33, 8, 3], [40, 32, 18, 16, 4], [
+      37,
+      96,
+      130,
+      4,
+      2,
+    ]];
     const oddK = [[9, 13, 9, 4, 2], [3, 1, 2, 2, 2]];
     let c = 0;
     for (const wt of TYPES) {
@@ -602,12 +609,21 @@ Deno.test(
           const y0 = randoms(T * k * N, c + 9);
           const y = upload(g, y0);
           const idsBuf = upload(g, ids);
-          await runCalls(g, [
-            moeGroupCall(g, { ids: idsBuf, order, tiles }, { T, topK: k, experts: E }),
-            moeGroupedMatmulCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, order, tiles }, d),
-          ]);
+          // Both widths of the matmul's workgroups (64 features, and 128: the default), alternating.
+          const groupedWidth = c % 2 === 0 ? 64 : 128;
+          g.tuning.moe = { groupedWidth };
+          try {
+            await runCalls(g, [
+              moeGroupCall(g, { ids: idsBuf, order, tiles }, { T, topK: k, experts: E }),
+              moeGroupedMatmulCall(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y, order, tiles }, d),
+            ]);
+          } finally {
+            delete g.tuning.moe;
+          }
           const want = moeGemvRef({ x, w: w.deq, ids, y0 }, d);
-          const what = `grouped ${wt} T${T} K${K} N${N} E${E} k${k} ${JSON.stringify(mode)}`;
+          const what = `grouped ${wt} T${T} K${K} N${N} E${E} k${k} ${
+            JSON.stringify(mode)
+          } width ${groupedWidth}`;
           assertClose(await readF32(g, y, T * k * N), want, 1e-4, 1e-4, what);
           // Combine the slots into a residual.
           const routeWeights = randoms(T * k, c + 3);
