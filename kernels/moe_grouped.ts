@@ -147,15 +147,27 @@ export const MOE_GROUPED_WIDTH = 64;
 /**
  * WGSL staging one slice in workgroup memory, k-major (`ws[k * GN / 4 + r / 4][r % 4]`,
  * `xs[k * GM / 4 + m / 4][m % 4]`), unrolled: a thread stages weight row r of the tile (whole words decoded at
- * once for q8 / q4, a slice being one group with one scale; element by element for floats, whose rows need
- * not start on a word) and XP inputs of slot m, transformed as they are loaded.
+ * once for q8 / q4, a slice being one group with one scale, and for f16 rows of an even K; element by element
+ * for other floats, whose rows need not start on a word) and XP inputs of slot m, transformed as they are
+ * loaded.
  */
-function stageWgsl(wt: WeightType | QuantType, GN: number, XP: number): string {
+function stageWgsl(wt: WeightType | QuantType, GN: number, XP: number, K: number): string {
   const put = (k: string, v: string) => `ws[(${k}) * ${GN / 4}u + r / 4u][r % 4u] = ${v};`;
   const lines = range(XP).map((j) =>
     `xs[(kq + ${j}u) * ${GM / 4}u + m / 4u][m % 4u] = ` +
     `select(0.0, x_at(slot, min(k0 + kq + ${j}u, p.K - 1u)), has && k0 + kq + ${j}u < p.K);`
   );
+  if (wt === "f16" && K % 2 === 0) {
+    // Rows start on a word: a slice is GK / 2 words of two halves each (past K: weight 0).
+    lines.push("let e0 = w_index(row, k0);");
+    for (let j = 0; j < GK / 2; j++) lines.push(`let h${j} = unpack2x16float(W[e0 / 2u + ${j}u]);`);
+    for (let j = 0; j < GK / 2; j++) {
+      for (const [c, o] of [["x", 0], ["y", 1]] as const) {
+        lines.push(put(`${2 * j + o}u`, `select(0.0, h${j}.${c}, live && k0 + ${2 * j + o}u < p.K)`));
+      }
+    }
+    return lines.join("\n    ");
+  }
   if (!isQuant(wt)) {
     lines.push(`for (var j = 0u; j < ${GK}u; j++) {
       ${put("j", "select(0.0, w_at(w_index(row, min(k0 + j, p.K - 1u))), live && k0 + j < p.K)")}
@@ -210,6 +222,7 @@ function groupedSource(
   silu: boolean,
   C: number | undefined,
   GN: number,
+  K: number,
 ): string {
   // Input element k of slot `slot`'s row, transformed.
   const row = slotInput ? "slot" : "slot / p.topk";
@@ -257,7 +270,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   // short prompt, whose experts get a few slots each) stages but skips the products.
   let busy = tl.y + 4u * ty < tl.z;
   for (var k0 = 0u; k0 < p.K; k0 += GK) {
-    ${stageWgsl(wt, GN, XP)}
+    ${stageWgsl(wt, GN, XP, K)}
     workgroupBarrier();
     if (busy) {
       for (var k = 0u; k < GK; k++) {
@@ -322,7 +335,7 @@ export function moeGroupedMatmulCall(
   if (GN !== 64 && GN !== 128) {
     throw new RangeError(`the grouped matmul is 64 or 128 features wide, not ${GN}`);
   }
-  const code = groupedSource(wt, d.input === "slot", d.transform === "silu_mul", C, GN);
+  const code = groupedSource(wt, d.input === "slot", d.transform === "silu_mul", C, GN, d.K);
   const tiles = moeMaxTiles(d.T, d.topK, d.layerExperts ?? d.experts);
   return kernelCall(gpu, pipeline(gpu, code), [params, bufs.x, bufs.w, bufs.y, bufs.order, bufs.tiles], [
     ceilDiv(d.N, GN),
