@@ -246,12 +246,7 @@ class ThreadStage implements StageBackend {
       op: "open",
       handle: this.facts.handle,
       id,
-      opts: {
-        maxSeq: opts.maxSeq,
-        sampling: opts.sampling,
-        logitsRows: opts.logitsRows,
-        prompt: opts.prompt,
-      },
+      opts,
     }).then(
       (r) => {
         entry.kvBytes = r.kvBytes;
