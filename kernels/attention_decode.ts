@@ -39,7 +39,15 @@
 // rope + attention; hd 128: 19 / 22 / 21 / 13 / 36 against 69 / 129 / 319 / 394 / 1482.
 import type { Gpu, KernelCall, WeightType } from "./gpu.ts";
 import type { Int8CopyOut } from "./gemv_fused.ts";
-import { kernelCall, type KvType, kvWgsl, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
+import {
+  kernelCall,
+  type KvType,
+  kvWgsl,
+  memoSource,
+  pipeline,
+  storageBuffer,
+  uniformBuffer,
+} from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 import type { QuantType } from "./quant.ts";
 import { int8CopyBindingsWgsl, int8CopyTailWgsl, range } from "./wgsl.ts";
@@ -1199,6 +1207,9 @@ function groupedSwitch(gpu: Gpu, d: AttentionDecodeDims, tuning?: Partial<Attent
   return gpu.tuning.attentionGrouped ?? attentionGroupedDefault(d);
 }
 
+const decodeSources = memoSource(attentionDecodeSource);
+const groupedSources = memoSource(attentionDecodeGroupedSource);
+
 /**
  * Attention for a decode step of ONE token (step.T must be 1; with step.T == 0 it does nothing): RoPE on
  * this token's q and k (from row 0 of the fused qkv activations), rotated k and v written into the caches
@@ -1323,8 +1334,18 @@ export function attentionDecodeCalls(
     ]
     : [];
   const oBufs = ob ? [ob.w, ...oOwned, ob.y, ...(ob.copy ? oCopyBuffers(ob.copy) : [])] : [];
-  const dc = { ...d, copyOut: copy?.weights, ...(sp === 1 && oHost ? { oProj: oHost } : {}) };
-  const src = grouped ? attentionDecodeGroupedSource(dc, S, t) : attentionDecodeSource(dc, S, t);
+  // What the source depends on (not the cache's length: the memo would keep a source a request).
+  const dc: AttentionSourceDims = {
+    heads: d.heads,
+    kvHeads: d.kvHeads,
+    headDim: d.headDim,
+    T: d.T,
+    normEps: d.normEps,
+    kv: d.kv,
+    copyOut: copy?.weights,
+    ...(sp === 1 && oHost ? { oProj: oHost } : {}),
+  };
+  const src = grouped ? groupedSources(dc, S, t) : decodeSources(dc, S, t);
   const wgs = grouped ? d.kvHeads : d.heads; // workgroups per split and token
   const copyBufs = copy ? [copy.q, copy.s] : [];
   if (sp === 1) {

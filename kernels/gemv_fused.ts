@@ -13,6 +13,7 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
+  memoSource,
   pipeline,
   storageBuffer,
   uniformBuffer,
@@ -57,6 +58,12 @@ export interface GemvTuning {
   /** Most workgroups launched; each loops over row blocks. 0: one block per workgroup. */
   groups?: number;
 }
+
+// The GEMV sources, kept by shape (kernels/gpu.ts memoSource).
+const multiSources = memoSource(gemvMultiSource);
+const sgSources = memoSource(gemvSgSource);
+const quantTeamSources = memoSource(gemvQuantSource);
+const teamSources = memoSource(source);
 
 /**
  * Team shape by matrix shape, from scripts/bench/gemv.ts on the H200 (docs/BENCHMARKS.md): long rows
@@ -716,7 +723,7 @@ export function gemvFusedCall(
       }
       const router = d.copyOut ? out8?.router : undefined;
       if (router && !copyNorm) throw new TypeError("router partials need the copy's norm weights");
-      const code = gemvMultiSource(wt, "none", t, nwt, {
+      const code = multiSources(wt, "none", t, nwt, {
         K: d.K,
         N: d.N,
         T: d.T,
@@ -769,7 +776,7 @@ export function gemvFusedCall(
     ) {
       throw new RangeError("f32 copies are the f32 direct multi-token GEMV's, their consumer's an RMSNorm");
     }
-    const code = gemvMultiSource(wt, fIn ? "none" : f, t, nwt, {
+    const code = multiSources(wt, fIn ? "none" : f, t, nwt, {
       K: d.K,
       N: d.N,
       T: d.T,
@@ -823,7 +830,7 @@ export function gemvFusedCall(
     );
     checkSgTuning(t, d.K, wt, S, pairs);
     if (t.dp4 && !gpu.hasDp4) throw new RangeError(`dp4 GEMV needs WGSL's packed_4x8_integer_dot_product`);
-    const code = gemvSgSource(wt, f, t, nwt, d.K, d.N, S, pairs);
+    const code = sgSources(wt, f, t, nwt, d.K, d.N, S, pairs);
     // Direct mode's own label, so a decode profile times it apart from the staged GEMVs (the LM head).
     const sgLabel = t.direct ? `${label}_direct` : label;
     return kernelCall(gpu, pipeline(gpu, code), buffers, [sgGroups(d.N, t, S), d.T], sgLabel);
@@ -836,7 +843,7 @@ export function gemvFusedCall(
   // A quantised row is fewer 16-byte loads: tune it as the f16 row of as many loads (untuned on the H200).
   const tune = teamTuning ?? defaultTuning(isQuant(wt) ? (d.K * 8) / quantUnit(wt) : d.K, d.N);
   const rowsPerGroup = (THREADS / tune.team) * tune.rows;
-  const code = isQuant(wt) ? gemvQuantSource(wt, f, tune, nwt) : source(wt, f, tune, nwt);
+  const code = isQuant(wt) ? quantTeamSources(wt, f, tune, nwt) : teamSources(wt, f, tune, nwt);
   return kernelCall(gpu, pipeline(gpu, code), buffers, [
     ceilDiv(d.N, rowsPerGroup),
     d.T,

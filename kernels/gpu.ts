@@ -480,23 +480,33 @@ async function requestGpu(): Promise<Gpu> {
 }
 
 /**
- * `gen` with its results kept by argument list (JSON): for the big generated kernels (unrolled GEMM and flash
- * attention sources), which every request's programs would otherwise regenerate (~1 MB of WGSL a 16-layer
- * program) before `pipeline` finds them compiled. Arguments must be JSON-serialisable and the generator pure.
+ * `gen` with its results kept by argument list (JSON): for the generated kernels, which every request's
+ * programs would otherwise regenerate before `pipeline` finds them compiled (the H100 host, Qwen3-30B-A3B q4:
+ * 2.5 MB of WGSL a decode program, 5.4 MB a 32-token prefill's; docs/BENCHMARKS.md, the forty-seventh
+ * session), and whose same string then finds its pipeline without hashing it again. Arguments must be
+ * JSON-serialisable, hold only what the source depends on (not a request's length: each value is an
+ * entry), and the generator must be pure. Past MEMO_MOST entries the memo starts over.
  */
 export function memoSource<A extends unknown[]>(gen: (...args: A) => string): (...args: A) => string {
   const memo = new Map<string, string>();
   return (...args: A) => {
     const key = JSON.stringify(args);
     let code = memo.get(key);
-    if (code === undefined) memo.set(key, code = gen(...args));
+    if (code === undefined) {
+      if (memo.size >= MEMO_MOST) memo.clear();
+      memo.set(key, code = gen(...args));
+    }
     return code;
   };
 }
 
+/** The most sources one memoSource keeps. */
+const MEMO_MOST = 512;
+
 /** A compute pipeline for `code`, compiled once per device. */
 export function pipeline(gpu: Gpu, code: string, entryPoint = "main"): GPUComputePipeline {
-  const key = `${entryPoint}\n${code}`;
+  // The source itself where it can be (a memoised source's string keeps its hash: no rehashing a copy).
+  const key = entryPoint === "main" ? code : `${entryPoint}\n${code}`;
   let p = gpu.pipelines.get(key);
   if (!p) {
     const module = gpu.device.createShaderModule({ code });

@@ -18,7 +18,7 @@
 // expert (deepseek_v3, kimi_k2) rides along as more slots of weight 1 (`sharedSlots`: its intermediate cut
 // into slots of I rows, read from its own row-major stacks), as moe_sg.ts folds it. With `copyOut` the last
 // workgroup also writes the int8 input copy of the RMSNorm GEMV after the block.
-import { type Gpu, type KernelCall, kernelCall, pipeline, type WeightType } from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, memoSource, pipeline, type WeightType } from "./gpu.ts";
 import { QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, routerWgsl } from "./moe_router.ts";
 import type { Int8CopyOut } from "./gemv_fused.ts";
@@ -124,6 +124,8 @@ export function moeFusedFits(gpu: Gpu, d: MoeFusedDims): boolean {
     WG <= gpu.device.limits.maxComputeInvocationsPerWorkgroup &&
     groups <= WG && sharedBytes(d, WG) <= gpu.maxWorkgroupStorage;
 }
+
+const sources = memoSource(source);
 
 function source(d: MoeFusedDims, S: number, WG: number): string {
   const q = d.weights;
@@ -490,7 +492,7 @@ export function moeFusedCall(
   if (b.xssq) buffers.push(b.xssq);
   return kernelCall(
     gpu,
-    pipeline(gpu, source(d, S, WG)),
+    pipeline(gpu, sources(d, S, WG)),
     buffers,
     [(topK + NSH) * (d.intermediate / C), d.T],
     "moe_fused",

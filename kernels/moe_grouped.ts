@@ -18,6 +18,7 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
+  memoSource,
   pipeline,
   uniformBuffer,
   type WeightType,
@@ -297,6 +298,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }`;
 }
 
+const groupedSources = memoSource(groupedSource);
+
 /**
  * The grouped expert matmul: y [T, topK, N] for the slots whose expert is in the buffer, reading x as
  * moe_gemv.ts does; order and tiles from moeGroupCall over the same ids.
@@ -335,7 +338,7 @@ export function moeGroupedMatmulCall(
   if (GN !== 64 && GN !== 128) {
     throw new RangeError(`the grouped matmul is 64 or 128 features wide, not ${GN}`);
   }
-  const code = groupedSource(wt, d.input === "slot", d.transform === "silu_mul", C, GN, d.K);
+  const code = groupedSources(wt, d.input === "slot", d.transform === "silu_mul", C, GN, d.K);
   const tiles = moeMaxTiles(d.T, d.topK, d.layerExperts ?? d.experts);
   return kernelCall(gpu, pipeline(gpu, code), [params, bufs.x, bufs.w, bufs.y, bufs.order, bufs.tiles], [
     ceilDiv(d.N, GN),

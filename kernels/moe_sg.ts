@@ -11,7 +11,15 @@
 //            row is k times longer and nothing is combined afterwards
 // Weight storage: f32, f16, q8, q4 (kernels/quant.ts's layout over the [E * N, K] stack), as moe_gemv.ts.
 // Slots whose expert lies outside [firstExpert, firstExpert + experts) read nothing and add nothing.
-import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
+import {
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  memoSource,
+  pipeline,
+  uniformBuffer,
+  type WeightType,
+} from "./gpu.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { checkRouting, type MoeRouting, registerAt, routerWgsl, routerWgslFast } from "./moe_router.ts";
 import { dp4Dot, int8BlocksWgsl, QUANT_CODES_WGSL, siluMul } from "./wgsl.ts";
@@ -150,6 +158,8 @@ function unitDotDp4(
 // pieces of the routed width, each a slot of weight 1). Slot j's matrix starts at unit sb[j] of its buffer
 // (W routed, WS shared); gate_up: gate row n at sb + n * UNITS, its up row su[j] units further; down: row h
 // at sb + h * sr[j]. A quantised unit i has its scale at group i (q4) or i / 2 (q8) in either buffer.
+const sources = memoSource(source);
+
 function source(d: MoeSgDims, S: number, R: number): string {
   const wt = d.weights;
   const quant = isQuant(wt);
@@ -577,7 +587,7 @@ export function moeSgCall(
     throw new RangeError(`groups must be an integer >= 0, got ${cap}`);
   }
   const groups = cap > 0 ? Math.min(need, cap) : need;
-  return kernelCall(gpu, pipeline(gpu, source(d, S, R)), buffers, [groups, d.T], `moe_sg_${d.kind}`);
+  return kernelCall(gpu, pipeline(gpu, sources(d, S, R)), buffers, [groups, d.T], `moe_sg_${d.kind}`);
 }
 
 /**
