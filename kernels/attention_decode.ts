@@ -1334,14 +1334,11 @@ export function attentionDecodeCalls(
     ]
     : [];
   const oBufs = ob ? [ob.w, ...oOwned, ob.y, ...(ob.copy ? oCopyBuffers(ob.copy) : [])] : [];
-  // What the source depends on (not the cache's length: the memo would keep a source a request).
+  // The source's arguments leave out the cache's length, which it does not read (the memo would keep a
+  // source a request).
+  const { maxSeq: _, keys: __, ...shape } = d;
   const dc: AttentionSourceDims = {
-    heads: d.heads,
-    kvHeads: d.kvHeads,
-    headDim: d.headDim,
-    T: d.T,
-    normEps: d.normEps,
-    kv: d.kv,
+    ...shape,
     copyOut: copy?.weights,
     ...(sp === 1 && oHost ? { oProj: oHost } : {}),
   };
