@@ -31,6 +31,7 @@ import {
   type WeightType,
 } from "./gpu.ts";
 import { matmulCall } from "./matmul.ts";
+import { gemmInt8Calls } from "./matmul_int8.ts";
 import { isQuant, QUANT_GROUP, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 import { QUANT_CODES_WGSL } from "./wgsl.ts";
 
@@ -230,10 +231,23 @@ export function gemmDefaultTile(gpu: Gpu, T: number, N: number, K: number): Gemm
  */
 export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
   const math = gpu.tuning.gemmMath;
-  if (math !== undefined && math !== "f16" && math !== "f32") {
-    throw new TypeError(`gpu.tuning.gemmMath must be f16 or f32, got ${JSON.stringify(math)}`);
+  if (math !== undefined && math !== "f16" && math !== "f32" && math !== "int8") {
+    throw new TypeError(`gpu.tuning.gemmMath must be f16, f32 or int8, got ${JSON.stringify(math)}`);
   }
   return gpu.hasF16 && wt !== "f32" && math !== "f32";
+}
+
+/**
+ * Whether a prefill layer of these weights multiplies int8 inputs (matmul_int8.ts gemmInt8Calls): q4 by
+ * default, q8 too with gpu.tuning.gemmMath "int8", neither with "f16" or "f32"; where the adapter has
+ * packed dot products and subgroups (the input pass) and K is whole quantisation groups. q4's rounding
+ * dwarfs the int8 inputs' (as the decode GEMVs, which multiply int8 inputs too); q8 keeps float inputs by
+ * default, which keep the fixtures' reference tokens.
+ */
+export function gemmInt8Math(gpu: Gpu, K: number, wt: WeightType | QuantType): wt is QuantType {
+  const math = gpu.tuning.gemmMath;
+  const on = math === "int8" ? isQuant(wt) : math === undefined && wt === "q4";
+  return on && K % QUANT_GROUP === 0 && gpu.hasDp4 && !!gpu.subgroupSize;
 }
 
 /**
@@ -242,7 +256,7 @@ export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
  * anyway, so the f16 input costs no accuracy and halves x's loads (H200: the GEMM +6-11%).
  */
 export function gemmHalfInput(gpu: Gpu, K: number, wt: WeightType | QuantType, f16Math = true): boolean {
-  return f16Math && gemmFits(K, wt) && gemmF16Math(gpu, wt);
+  return f16Math && gemmFits(K, wt) && gemmF16Math(gpu, wt) && !gemmInt8Math(gpu, K, wt);
 }
 
 /** Whether W may be staged as f16 with f32 math (the `wh` tile flag): exact for f16 and q4 weights. */
@@ -574,6 +588,10 @@ export function gemmCalls(
   }
   if (!(Number.isInteger(d.T) && d.T >= 1 && Number.isInteger(d.N) && d.N >= 1)) {
     throw new RangeError(`GEMM of T = ${d.T} rows and N = ${d.N} columns`);
+  }
+  // q4 (or, asked, q8) layers on int8 inputs, unless a call asks for a float tile or f16 input / output.
+  if (d.tile === undefined && d.splitK === undefined && !d.xHalf && !d.yHalf && gemmInt8Math(gpu, d.K, wt)) {
+    return gemmInt8Calls(gpu, bufs, { ...d, weights: wt });
   }
   const def = gemmDefaultTile(gpu, d.T, d.N, d.K);
   // A tuned default's f16 / wh flags apply where they keep the default exact enough (as gpu.tuning.gemmMath).

@@ -1238,11 +1238,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 /**
  * The int8 input pass of the int8 direct multi-token GEMV (MultiTuning direct + dp4): one dispatch making the
  * int8 copy of f(x)'s T rows once, instead of every workgroup staging it (the staged kernel's cost). Returns
- * the call (it owns the copy's two buffers) and the buffers, to be bound by the GEMV (gemv_fused.ts).
+ * the call and the buffers, to be bound by the GEMV (gemv_fused.ts) or the grouped expert matmul
+ * (moe_grouped.ts). The call owns the copy's two buffers unless the caller gives them (`out`: T * K bytes of
+ * words and T * K / 32 (scale, scale * sum q) pairs, at least).
  */
 export function gemvInt8InputCall(
   gpu: Gpu,
-  bufs: { x: GPUBuffer; normWeight?: GPUBuffer },
+  bufs: { x: GPUBuffer; normWeight?: GPUBuffer; out?: { xq: GPUBuffer; xqs: GPUBuffer } },
   d: {
     K: number;
     T: number;
@@ -1256,13 +1258,18 @@ export function gemvInt8InputCall(
   const { K, T, wt, transform: f } = d;
   if (K % QUANT_GROUP !== 0) throw new RangeError(`int8 rows need K % ${QUANT_GROUP} == 0, got ${K}`);
   if (f === "rmsnorm" && !bufs.normWeight) throw new TypeError("rmsnorm transform needs normWeight");
-  const xq = storageBuffer(gpu, T * K, "gemv int8 x");
-  const xqs = storageBuffer(gpu, (T * K) / QUANT_GROUP * 8, "gemv int8 x scales");
+  const xqBytes = T * K, xqsBytes = (T * K) / QUANT_GROUP * 8;
+  const { out } = bufs;
+  if (out && (out.xq.size < xqBytes || out.xqs.size < xqsBytes)) {
+    throw new RangeError(`the int8 copy of ${T} rows of ${K} needs ${xqBytes} + ${xqsBytes} bytes`);
+  }
+  const xq = out?.xq ?? storageBuffer(gpu, xqBytes, "gemv int8 x");
+  const xqs = out?.xqs ?? storageBuffer(gpu, xqsBytes, "gemv int8 x scales");
   const params = uniformBuffer(gpu, [K, T, d.xRow0 ?? 0, d.eps ?? 0], [3]);
   const buffers = [params, bufs.x, xq, xqs, ...(f === "rmsnorm" ? [bufs.normWeight!] : [])];
   if (!gpu.subgroupSize) throw new RangeError("the int8 input pass needs subgroups of a fixed size");
   const code = int8InputSource(wt, f, d.normWeights, K, gpu.subgroupSize);
   const call = kernelCall(gpu, pipeline(gpu, code), buffers, [T], "gemv_int8_x");
-  call.owned = [xq, xqs];
+  if (!out) call.owned = [xq, xqs];
   return { call, xq, xqs };
 }

@@ -7,6 +7,7 @@ import type { SgTuning } from "./gemv_sg.ts";
 import type { MultiTuning } from "./gemv_multi.ts";
 import type { MoeTuning } from "./moe_ffn.ts";
 import type { MlaAttentionTuning } from "./mla_attention.ts";
+import type { Int8Tile } from "./matmul_int8.ts";
 
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
@@ -268,10 +269,14 @@ export interface KernelTuning {
    */
   mlaAttention?: Partial<MlaAttentionTuning>;
   /**
-   * "f32": the prefill GEMM multiplies in f32 for every weight type; default "f16" where gemmF16Math allows
-   * (kernels/gemm.ts). Read when a GEMM call is built.
+   * How the prefill GEMM multiplies (kernels/gemm.ts): "f32" in f32 for every weight type; "f16" in f16 where
+   * gemmF16Math allows; "int8" q8 and q4 layers on int8 inputs (matmul_int8.ts). Default: int8 for q4 where
+   * the adapter has packed dot products and subgroups, f16 where gemmF16Math allows. Read when a GEMM call
+   * is built.
    */
-  gemmMath?: "f16" | "f32";
+  gemmMath?: "f16" | "f32" | "int8";
+  /** The int8 GEMM's tile (matmul_int8.ts GEMM_INT8_TILE otherwise). Read when a GEMM call is built. */
+  gemmInt8?: Partial<Int8Tile>;
 }
 
 /** Every KernelTuning key, so that SWACTOR_TUNING can name one that does not exist (checked by the compiler). */
@@ -324,6 +329,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   headNorm: true,
   mlaAttention: true,
   gemmMath: true,
+  gemmInt8: true,
 };
 
 /**

@@ -18,6 +18,7 @@ export * from "./gemv_fused.ts";
 export * from "./gemv_sg.ts";
 export * from "./quant.ts";
 export * from "./matmul_quant.ts";
+export * from "./matmul_int8.ts";
 export * from "./gemm.ts";
 export * from "./moe_router.ts";
 export * from "./moe_gemv.ts";

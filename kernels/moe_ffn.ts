@@ -19,7 +19,7 @@ import {
 import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu.ts";
 import { GEMV_MAX_T, matmulCall, type MatmulDims, matmulRef } from "./matmul.ts";
 import { prefillLinearCalls } from "./gemm.ts";
-import { GEMV_MULTI_MAX_T } from "./gemv_multi.ts";
+import { GEMV_MULTI_MAX_T, gemvInt8InputCall } from "./gemv_multi.ts";
 import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
 import { moeRouterGemvCall, moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
 import {
@@ -29,7 +29,13 @@ import {
   moeFusedRows,
   moeFusedScratchBytes,
 } from "./moe_fused.ts";
-import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
+import {
+  moeCombineCall,
+  moeGroupCall,
+  moeGroupedInt8Fits,
+  moeGroupedMatmulCall,
+  moeMaxTiles,
+} from "./moe_grouped.ts";
 import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
 import { isQuant, quantFits, type QuantType } from "./quant.ts";
 import { siluMulCall } from "./silu_mul.ts";
@@ -82,6 +88,13 @@ export interface MoeScratch {
   tiles: GPUBuffer;
   down: GPUBuffer;
   /**
+   * The grouped path's int8 inputs (moe_grouped.ts with int8): the words of xn's T rows for gate_up, then of
+   * silu_mul(gu)'s T * k rows for down, in the same buffer ([max(T H, T k I)] bytes), and their (scale,
+   * scale * sum q) pairs.
+   */
+  groupedQ: GPUBuffer;
+  groupedQs: GPUBuffer;
+  /**
    * The decode path's normalised input from the router GEMV (MoeTuning.xn): f32 [T, H], or its int8
    * words in the same bytes and their (scale, scale * sum) [T, H / 32] in xnScales.
    */
@@ -102,6 +115,7 @@ export function createMoeScratch(
   const { experts: E, topK: k } = checkRouting(d.routing);
   const Is = d.sharedIntermediate ?? 0;
   const fused = moeFusedScratchBytes(d.T, d.hidden);
+  const groupedQ = Math.max(d.T * d.hidden, d.T * k * d.intermediate);
   return {
     logits: storageBuffer(gpu, d.T * E * 4, "moe logits"),
     ids: storageBuffer(gpu, d.T * k * 4, "moe ids"),
@@ -110,6 +124,8 @@ export function createMoeScratch(
     order: storageBuffer(gpu, d.T * k * 4, "moe order"),
     tiles: storageBuffer(gpu, moeMaxTiles(d.T, k, E) * 16, "moe tiles"),
     down: storageBuffer(gpu, d.T * k * d.hidden * 4, "moe down"),
+    groupedQ: storageBuffer(gpu, Math.ceil(groupedQ / 4) * 4, "moe grouped int8 x"),
+    groupedQs: storageBuffer(gpu, Math.ceil(groupedQ / 32) * 8, "moe grouped int8 x scales"),
     xn: storageBuffer(gpu, d.T * d.hidden * 4, "moe normalised x"),
     xnScales: storageBuffer(gpu, d.T * Math.ceil(d.hidden / 32) * 8, "moe normalised x scales"),
     acc: storageBuffer(gpu, fused.acc, "moe fused accumulator"),
@@ -183,15 +199,40 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
     throw new TypeError("routed experts need the gateUp and down stacks");
   } else if (d.grouped ?? T > GEMV_MAX_T) {
     const { order, tiles } = s;
+    // Each grouped matmul of q8 / q4 experts reads its input rows as int8, quantised once by a pass before it.
+    const dp4 = moeSwitches(gpu).dp4;
+    const int8 = { xq: s.groupedQ, xqs: s.groupedQs };
+    const int8Pass = (wt: Storage, x: GPUBuffer, rows: number, K: number, transform: "none" | "silu_mul") =>
+      dp4 && moeGroupedInt8Fits(gpu, wt)
+        ? [gemvInt8InputCall(gpu, { x, out: int8 }, { K, T: rows, wt, transform, normWeights: "f32" }).call]
+        : [];
+    const gateUpPass = int8Pass(d.weights.gateUp, b.x, T, H, "none");
+    const downPass = int8Pass(d.weights.down, s.gu, T * r.topK, I, "silu_mul");
     calls.push(
       moeGroupCall(gpu, { ids: s.ids, order, tiles }, experts),
-      moeGroupedMatmulCall(gpu, { x: b.x, w: b.gateUp, y: s.gu, order, tiles }, {
+      ...gateUpPass,
+      moeGroupedMatmulCall(gpu, {
+        x: b.x,
+        w: b.gateUp,
+        y: s.gu,
+        order,
+        tiles,
+        int8: gateUpPass.length ? int8 : undefined,
+      }, {
         ...experts,
         K: H,
         N: 2 * I,
         weights: d.weights.gateUp,
       }),
-      moeGroupedMatmulCall(gpu, { x: s.gu, w: b.down, y: s.down, order, tiles }, {
+      ...downPass,
+      moeGroupedMatmulCall(gpu, {
+        x: s.gu,
+        w: b.down,
+        y: s.down,
+        order,
+        tiles,
+        int8: downPass.length ? int8 : undefined,
+      }, {
         ...experts,
         K: I,
         N: H,
@@ -269,6 +310,10 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
 export interface MoeTuning {
   /** Output features (and threads) a workgroup of the grouped prefill matmul: 64 or 128 (MOE_GROUPED_WIDTH). */
   groupedWidth?: number;
+  /** Quantisation groups a slice of the int8 grouped matmul stages: 1, 2 or 4 (MOE_GROUPED_DP4_BLOCKS). */
+  groupedBlocks?: number;
+  /** The int8 grouped matmul loads a slice's weights into registers while the slice before is multiplied. */
+  groupedPrefetch?: boolean;
   /**
    * The path: "team" (the portable kernels), "router" (the subgroup GEMVs with the router's own dispatch),
    * "unfolded" (a shared expert's own GEMVs instead of slots of moe_sg's); default the subgroup kernels.
@@ -282,8 +327,9 @@ export interface MoeTuning {
    */
   groups?: [number, number];
   /**
-   * false: the quantised expert GEMVs convert weights to f32 instead of multiplying int8 activations; default
-   * dp4 wherever the dense GEMVs use it (the adapter has it, gpu.tuning.dp4 not false).
+   * false: the quantised expert GEMVs, and the grouped prefill matmul, convert weights to f32 instead of
+   * multiplying int8 activations; default dp4 wherever the dense GEMVs use it (the adapter has it,
+   * gpu.tuning.dp4 not false; the grouped matmul also needs subgroups, for its input pass).
    */
   dp4?: boolean;
   /**

@@ -6,13 +6,14 @@
 //                         0xffffffff. One workgroup; a slot's place inside its expert's run is taken with an
 //                         atomic, so `order` within an expert is not deterministic, but every output is
 //                         (it depends only on its own slot's row, summed in a fixed order).
-//   moeGroupedMatmulCall  per tile, a 16 x 16 tiled matmul (matmul.ts's tiling) of the tile's slots' input
-//                         rows with 16 rows of the tile's expert: y [T, k, N], the same inputs, transforms
-//                         and storage types as moe_gemv.ts (weights decoded one at a time, as matmul_quant.ts's
-//                         tiled kernel does)
+//   moeGroupedMatmulCall  per tile, a register-blocked matmul of the tile's 16 slots' input rows with 64 (or
+//                         128) rows of the tile's expert: y [T, k, N], the same inputs, transforms and storage
+//                         types as moe_gemv.ts, weights decoded as staged; or, q8 / q4 where the adapter has
+//                         packed dot products, on the int8 copy of the inputs (matmul_int8.ts's tile kernel)
 //   moeCombineCall        y[t] (+)= sum_j routeWeights[t, j] * out[t, j, :]: the weighted sum of the slots
 // A grouped MoE layer is: logits -> router -> group -> gate_up (grouped) -> down (grouped, silu_mul) ->
-// combine: 6 dispatches, each expert's weights read ceil(tokens / 16) times.
+// combine: 6 dispatches (8 on int8 inputs: an input pass before each matmul), each expert's weights read
+// ceil(tokens / 16) times.
 import {
   ceilDiv,
   type Gpu,
@@ -27,6 +28,7 @@ import { moeGemvFits } from "./moe_gemv.ts";
 import { MOE_MAX_EXPERTS } from "./moe_router.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { range } from "./wgsl.ts";
+import { elementIndexWgsl, type Int8Tile, int8TileSources } from "./matmul_int8.ts";
 
 /** Most slots (T * topK) one grouping handles. */
 export const MOE_GROUP_MAX_SLOTS = 4096;
@@ -201,15 +203,6 @@ function elementWgsl(wt: WeightType | QuantType): string {
     : "fn w_at(e: u32) -> f32 { return bitcast<f32>(W[e]); }";
 }
 
-/** Element (row, k) of the stack, row = e N + n: row-major, or in column blocks of C (MoeGroupedDims). */
-function elementIndexWgsl(C: number | undefined): string {
-  return C === undefined
-    ? "fn w_index(row: u32, k: u32) -> u32 { return row * p.K + k; }"
-    : `fn w_index(row: u32, k: u32) -> u32 {
-  return (((row / p.N) * (p.K / ${C}u) + k / ${C}u) * p.N + row % p.N) * ${C}u + k % ${C}u;
-}`;
-}
-
 /**
  * The grouped matmul's WGSL: a workgroup of GN threads computes GM slots (one tile of the grouping) x GN
  * output features of the tile's expert, each thread a 4 x 4 block held in four vec4 registers. Per slice of
@@ -303,12 +296,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 const groupedSources = memoSource(groupedSource);
 
 /**
+ * The int8 grouped matmul's tile but for its rows (a grouping tile's 16): gpu.tuning.moe's groupedWidth,
+ * groupedBlocks and groupedPrefetch override it (docs/BENCHMARKS.md, the forty-eighth session).
+ */
+export const MOE_GROUPED_INT8_TILE: Int8Tile = { rows: GM, features: 128, blocks: 2, prefetch: true };
+
+/**
+ * Whether the grouped matmul of `wt` weights can multiply int8 inputs here (moeGroupedMatmulCall's `int8`):
+ * q8 / q4 weights, WGSL's packed dot products, and the subgroups that the int8 input pass needs.
+ */
+export function moeGroupedInt8Fits(gpu: Gpu, wt: WeightType | QuantType): wt is QuantType {
+  return isQuant(wt) && gpu.hasDp4 && !!gpu.subgroupSize;
+}
+
+/**
  * The grouped expert matmul: y [T, topK, N] for the slots whose expert is in the buffer, reading x as
- * moe_gemv.ts does; order and tiles from moeGroupCall over the same ids.
+ * moe_gemv.ts does; order and tiles from moeGroupCall over the same ids. With `int8` (q8 / q4 weights, where
+ * moeGroupedInt8Fits) it reads instead the int8 copy of the transformed input rows (gemv_multi.ts
+ * gemvInt8InputCall for the weights' type: T rows for input "token", T * topK for "slot") and multiplies with
+ * packed dot products; `x` and `transform` are then the input pass's business.
  */
 export function moeGroupedMatmulCall(
   gpu: Gpu,
-  bufs: { x: GPUBuffer; w: GPUBuffer; y: GPUBuffer; order: GPUBuffer; tiles: GPUBuffer },
+  bufs: {
+    x: GPUBuffer;
+    w: GPUBuffer;
+    y: GPUBuffer;
+    order: GPUBuffer;
+    tiles: GPUBuffer;
+    int8?: { xq: GPUBuffer; xqs: GPUBuffer };
+  },
   d: MoeGroupedDims,
 ): KernelCall {
   const wt = d.weights;
@@ -331,21 +348,49 @@ export function moeGroupedMatmulCall(
     soff,
     d.firstExpert ?? 0,
     d.experts,
+    d.T,
   ]);
   const C = d.columnBlock;
   if (C !== undefined && !(Number.isInteger(C) && C > 0 && C % QUANT_GROUP === 0 && d.K % C === 0)) {
     throw new RangeError(`column blocks of ${C} need a multiple of ${QUANT_GROUP} dividing K = ${d.K}`);
+  }
+  const tiles = moeMaxTiles(d.T, d.topK, d.layerExperts ?? d.experts);
+  if (bufs.int8) {
+    if (!moeGroupedInt8Fits(gpu, wt)) {
+      throw new RangeError(
+        `the int8 grouped matmul needs q8 / q4 weights, packed dot products and subgroups`,
+      );
+    }
+    const m = gpu.tuning.moe;
+    const tile: Int8Tile = {
+      rows: GM,
+      features: m?.groupedWidth ?? MOE_GROUPED_INT8_TILE.features,
+      blocks: m?.groupedBlocks ?? MOE_GROUPED_INT8_TILE.blocks,
+      prefetch: m?.groupedPrefetch ?? MOE_GROUPED_INT8_TILE.prefetch,
+    };
+    const rows = { kind: "grouped", slotInput: d.input === "slot", columnBlock: C } as const;
+    const code = int8TileSources(wt, rows, tile, d.K);
+    const { xq, xqs } = bufs.int8;
+    return kernelCall(
+      gpu,
+      pipeline(gpu, code),
+      [params, xq, bufs.w, bufs.y, bufs.order, bufs.tiles, xqs],
+      [ceilDiv(d.N, tile.features), tiles],
+      "moe_grouped_matmul",
+    );
   }
   const GN = gpu.tuning.moe?.groupedWidth ?? MOE_GROUPED_WIDTH;
   if (GN !== 64 && GN !== 128) {
     throw new RangeError(`the grouped matmul is 64 or 128 features wide, not ${GN}`);
   }
   const code = groupedSources(wt, d.input === "slot", d.transform === "silu_mul", C, GN, d.K);
-  const tiles = moeMaxTiles(d.T, d.topK, d.layerExperts ?? d.experts);
-  return kernelCall(gpu, pipeline(gpu, code), [params, bufs.x, bufs.w, bufs.y, bufs.order, bufs.tiles], [
-    ceilDiv(d.N, GN),
-    tiles,
-  ], "moe_grouped_matmul");
+  return kernelCall(
+    gpu,
+    pipeline(gpu, code),
+    [params, bufs.x, bufs.w, bufs.y, bufs.order, bufs.tiles],
+    [ceilDiv(d.N, GN), tiles],
+    "moe_grouped_matmul",
+  );
 }
 
 const COMBINE = `

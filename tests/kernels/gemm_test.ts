@@ -8,15 +8,17 @@ import {
   gemmCalls,
   gemmDefaultTile,
   gemmFits,
+  gemmInt8Math,
   gemmRef,
   type GemmTile,
   gemmWhFits,
+  type Int8Tile,
   readBack,
   runCalls,
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+import { assertClose, checkDp4, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null;
@@ -255,6 +257,99 @@ Deno.test({
     }
   }
 });
+
+// q4 (and, asked, q8) layers on int8 inputs (matmul_int8.ts): the input pass and the packed-dot tile kernel,
+// each output within its int8 inputs' error of the f64 products (checkDp4), over every tile shape.
+const INT8_TILES: Int8Tile[] = [
+  { rows: 32, features: 128, blocks: 2, prefetch: false },
+  { rows: 16, features: 64, blocks: 1, prefetch: true },
+  { rows: 64, features: 64, blocks: 4, prefetch: false },
+  { rows: 16, features: 128, blocks: 2, prefetch: true },
+  { rows: 32, features: 64, blocks: 1, prefetch: false },
+];
+
+Deno.test(
+  { name: "int8 GEMM (q8 / q4 on int8 inputs) is within the int8 inputs' error", ignore },
+  async () => {
+    const g = gpu!;
+    if (!gemmInt8Math(g, 32, "q4")) {
+      console.log("skipped: int8 GEMM (this adapter has no packed dot products or no subgroups)");
+      return;
+    }
+    const shapes = [[17, 64, 5], [37, 96, 130], [70, 128, 129], [200, 32, 300], [33, 1056, 33]];
+    let c = 0;
+    for (const [T, K, N] of shapes) {
+      for (const wt of ["q8", "q4"] as const) {
+        for (const transform of ["none", "silu_mul"] as const) {
+          const tile = INT8_TILES[c++ % INT8_TILES.length];
+          const accumulate = c % 2 === 0;
+          const xRow0 = c % 3 === 0 ? 1 : 0;
+          const width = transform === "silu_mul" ? 2 * K : K;
+          const x = randoms((T + xRow0) * width, c, 2);
+          const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
+          const y0 = randoms(T * N, c + 7);
+          const y = upload(g, y0);
+          g.tuning.gemmMath = "int8";
+          g.tuning.gemmInt8 = tile;
+          let calls;
+          try {
+            calls = gemmCalls(g, { x: upload(g, x), w: uploadBuffer(g, w.bytes), y }, {
+              K,
+              N,
+              T,
+              accumulate,
+              xRow0,
+              weights: wt,
+              transform,
+            });
+          } finally {
+            delete g.tuning.gemmMath;
+            delete g.tuning.gemmInt8;
+          }
+          if (calls.map((k) => k.label).join() !== "gemv_int8_x,gemm_int8") {
+            throw new Error(`${wt}: took ${calls.map((k) => k.label)}, not the int8 GEMM`);
+          }
+          await runCalls(g, calls);
+          const want = gemmRef(x, w.deq, { K, N, T, accumulate, xRow0, transform }, y0);
+          const input = new Float32Array(T * K);
+          for (let t = 0; t < T; t++) {
+            const r = (t + xRow0) * width;
+            for (let k = 0; k < K; k++) {
+              const gate = x[r + k];
+              input[t * K + k] = transform === "silu_mul"
+                ? Math.fround(
+                  Math.fround(gate / Math.fround(1 + Math.fround(Math.exp(-gate)))) * x[r + K + k],
+                )
+                : gate;
+            }
+          }
+          checkDp4(
+            await readF32(g, y, T * N),
+            want,
+            input,
+            w.deq,
+            { T, N, K },
+            `${wt} ${transform} T${T} ${JSON.stringify(tile)}`,
+          );
+        }
+      }
+    }
+    // By default q4 takes it and q8 does not; a given float tile keeps the float GEMM.
+    const b = upload(g, new Float32Array(64));
+    const labels = (d: Parameters<typeof gemmCalls>[2]) =>
+      gemmCalls(g, { x: b, w: b, y: b }, d).map((k) => k.label).join();
+    for (
+      const [d, want] of [
+        [{ K: 64, N: 4, T: 20, weights: "q4" }, "gemv_int8_x,gemm_int8"],
+        [{ K: 64, N: 4, T: 20, weights: "q8" }, "gemm_none"],
+        [{ K: 64, N: 4, T: 20, weights: "q4", tile: { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 } }, "gemm_none"],
+      ] as const
+    ) {
+      const got = labels(d);
+      if (got !== want) throw new Error(`${JSON.stringify(d)}: ${got}, want ${want}`);
+    }
+  },
+);
 
 Deno.test({ name: "GEMM rejects shapes and tiles it cannot take", ignore }, () => {
   const g = gpu!;

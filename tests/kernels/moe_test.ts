@@ -10,6 +10,9 @@
 // must survive 1e-5 perturbations), and exact ties are tested on purpose instead.
 import {
   createMoeScratch,
+  GEMV_MAX_T,
+  gemvInt8InputCall,
+  isQuant,
   moeCombineCall,
   moeCombineRef,
   moeFfnCalls,
@@ -18,6 +21,7 @@ import {
   type MoeGemvDims,
   moeGemvRef,
   moeGroupCall,
+  moeGroupedInt8Fits,
   moeGroupedMatmulCall,
   moeGroupRef,
   moeMaxTiles,
@@ -35,7 +39,16 @@ import { readSafetensorsHeader, readTensorBytes } from "../../models/safetensors
 import { toF32 } from "../../models/dtype.ts";
 import { seededRandom } from "../../node/random.ts";
 import { fixtureDir } from "../fixtures.ts";
-import { assertClose, gpuOrSkip, packedWeights, randoms, readF32, readU32, upload } from "./harness.ts";
+import {
+  assertClose,
+  checkDp4,
+  gpuOrSkip,
+  packedWeights,
+  randoms,
+  readF32,
+  readU32,
+  upload,
+} from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null;
@@ -362,7 +375,7 @@ Deno.test(
   },
 );
 
-Deno.test({ name: "moe expert GEMV rejects shapes it cannot serve", ignore }, () => {
+Deno.test({ name: "moe expert GEMV and grouped matmul reject what they cannot serve", ignore }, () => {
   const b = upload(gpu!, new Float32Array(4));
   const cases: [Partial<MoeGemvDims>, RegExp, ErrorConstructor][] = [
     [{ weights: "q4", K: 48 }, /K % 32/, RangeError],
@@ -387,6 +400,43 @@ Deno.test({ name: "moe expert GEMV rejects shapes it cannot serve", ignore }, ()
     if (!(err instanceof kind) || !re.test(err.message)) {
       throw new Error(`${JSON.stringify(patch)}: got ${err}`);
     }
+  }
+  // The grouped matmul's int8 inputs: only for q8 / q4 weights, into a copy big enough for its rows.
+  const grouped = () => {
+    try {
+      moeGroupedMatmulCall(gpu!, { x: b, w: b, y: b, order: b, tiles: b, int8: { xq: b, xqs: b } }, {
+        K: 32,
+        N: 4,
+        T: 1,
+        topK: 2,
+        experts: 4,
+        weights: "f16",
+      });
+    } catch (e) {
+      return e;
+    }
+  };
+  const small = () => {
+    try {
+      gemvInt8InputCall(gpu!, { x: b, out: { xq: b, xqs: b } }, {
+        K: 64,
+        T: 2,
+        wt: "q4",
+        transform: "none",
+        normWeights: "f32",
+      });
+    } catch (e) {
+      return e;
+    }
+  };
+  for (
+    const [what, err, re] of [["f16 int8", grouped(), /q8 \/ q4/], [
+      "small copy",
+      small(),
+      /needs 128/,
+    ]] as const
+  ) {
+    if (!(err instanceof RangeError) || !re.test(err.message)) throw new Error(`${what}: got ${err}`);
   }
 });
 
@@ -527,12 +577,31 @@ Deno.test(
             1e-5,
             what,
           );
-          assertClose(await readF32(g, y, T * H), y0.map((v, i) => v + want.out[i]), 1e-4, 1e-4, what);
+          // The grouped path multiplies q8 / q4 experts with int8 inputs where it can (moeGroupedInt8Fits):
+          // within their error then (moe_fused_test.ts's bound; the kernel's own test bounds each output).
+          const int8 = isQuant(wt) && (grouped ?? T > GEMV_MAX_T) && moeGroupedInt8Fits(g, wt);
+          const big = int8 ? Math.max(...want.out.map(Math.abs)) : 0;
+          assertClose(
+            await readF32(g, y, T * H),
+            y0.map((v, i) => v + want.out[i]),
+            int8 ? 0.02 * big : 1e-4,
+            1e-4,
+            what,
+          );
         }
       }
     }
   },
 );
+
+/** Row `r` of x as the grouped matmul's input (silu_mul of its [gate | up] halves in f32, as the GPU's). */
+function inputRow(x: Float32Array, r: number, K: number, silu: boolean): Float32Array {
+  if (!silu) return x.slice(r * K, r * K + K);
+  return Float32Array.from({ length: K }, (_, k) => {
+    const g = x[r * 2 * K + k];
+    return Math.fround(Math.fround(g / Math.fround(1 + Math.fround(Math.exp(-g)))) * x[r * 2 * K + K + k]);
+  });
+}
 
 function logitsOf(x: Float32Array, router: Float32Array, E: number): Float32Array {
   const H = x.length;
@@ -625,6 +694,53 @@ Deno.test(
             JSON.stringify(mode)
           } width ${groupedWidth}`;
           assertClose(await readF32(g, y, T * k * N), want, 1e-4, 1e-4, what);
+          if (isQuant(wt) && moeGroupedInt8Fits(g, wt)) {
+            // The int8 path: the input pass quantises f(x)'s rows once, the matmul multiplies packed dots
+            // (staging one or two quantisation groups a slice), each slot within its int8 inputs' error.
+            const rows = d.input === "slot" ? T * k : T;
+            const int8 = { xq: storageBuffer(g, rows * K), xqs: storageBuffer(g, (rows * K) / 32 * 8) };
+            const yq = upload(g, y0);
+            const xBuf = upload(g, x);
+            g.tuning.moe = { groupedWidth, groupedBlocks: c % 3 === 0 ? 1 : 2, groupedPrefetch: c % 4 < 2 };
+            try {
+              await runCalls(g, [
+                moeGroupCall(g, { ids: idsBuf, order, tiles }, { T, topK: k, experts: E }),
+                gemvInt8InputCall(g, { x: xBuf, out: int8 }, {
+                  K,
+                  T: rows,
+                  wt,
+                  transform: d.transform ?? "none",
+                  normWeights: "f32",
+                }).call,
+                moeGroupedMatmulCall(
+                  g,
+                  { x: xBuf, w: uploadBuffer(g, w.bytes), y: yq, order, tiles, int8 },
+                  d,
+                ),
+              ]);
+            } finally {
+              delete g.tuning.moe;
+            }
+            const got = await readF32(g, yq, T * k * N);
+            for (let slot = 0; slot < T * k; slot++) {
+              const e = ids[slot];
+              const f = inputRow(
+                x,
+                d.input === "slot" ? slot : Math.floor(slot / k),
+                K,
+                d.transform === "silu_mul",
+              );
+              const at = slot * N;
+              checkDp4(
+                got.subarray(at, at + N),
+                want.subarray(at, at + N),
+                f,
+                w.deq.subarray(e * N * K, (e + 1) * N * K),
+                { T: 1, N, K },
+                `${what} slot ${slot} int8`,
+              );
+            }
+          }
           // Combine the slots into a residual.
           const routeWeights = randoms(T * k, c + 3);
           const r0 = randoms(T * N, c + 4);
