@@ -9,10 +9,10 @@
 // reading early, and staging buffers primed (kernels/readback.ts): ~10 ms each; 0 is the healthy value.
 // One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
-//     [--chunk C] [--kernels] [--tiny] [--math f32,f16] [--flash blocked,lanes] [--overlap on,off]
+//     [--chunk C] [--kernels] [--tiny] [--math default,f16,f32,int8] [--flash blocked,lanes] [--overlap on,off]
 //     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N/N/...] [--tunings '[{}, {"flashHalf":false}]']
-// --math: the GEMM's multiplies (gpu.tuning.gemmMath, kernels/gemm.ts; f16, the default, as the engine: f32 for
-// f32 weights and MoE models) per run; --flash: the prefill flash
+// --math: the GEMM's multiplies (gpu.tuning.gemmMath, kernels/gemm.ts: default (the engine's choice: int8 inputs
+// for q4 layers, f16 for f16 / q8, f32 for f32 weights and MoE models), f16, f32 or int8) per run; --flash: the prefill flash
 // attention variant (gpu.tuning.flash, kernels/flash_attention.ts); --overlap: the engine encodes the next
 // prefill chunk while one runs (gpu.tuning.prefillOverlap, models/engine.ts); --gemm: the GEMM's two default
 // tiles (gpu.tuning.gemmLarge / gemmSmall, kernels/gemm.ts), each entry `default` or two tile tags as
@@ -53,7 +53,7 @@ const { values, tunings } = scriptArgs(import.meta.url, (args) => {
       chunk: { type: "string" },
       kernels: { type: "boolean", default: false },
       tiny: { type: "boolean", default: false },
-      math: { type: "string", default: "f16" },
+      math: { type: "string", default: "default" },
       flash: { type: "string", default: "blocked" },
       overlap: { type: "string", default: "on" },
       gemm: { type: "string", default: "default" },
@@ -168,7 +168,12 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
     gpu.tuning.prefillEarlySubmit = early !== "off"; // read by each prefill
     if (early === "on" || early === "off") delete gpu.tuning.prefillEarlyLayers;
     else gpu.tuning.prefillEarlyLayers = marks;
-    gpu.tuning.gemmMath = math as "f16" | "f32"; // read as each GEMM call is built
+    // read as each GEMM call is built; "default" leaves the engine's choice (kernels/gemm.ts)
+    if (!["default", "f16", "f32", "int8"].includes(math)) {
+      throw new TypeError(`--math takes default, f16, f32 or int8, got ${math}`);
+    }
+    if (math === "default") delete gpu.tuning.gemmMath;
+    else gpu.tuning.gemmMath = math as "f16" | "f32" | "int8";
     gpu.tuning.flash = flash; // read as each request's programs are built
     gpu.tuning.prefillOverlap = overlap === "on"; // read by each prefill
     delete gpu.tuning.gemmLarge;

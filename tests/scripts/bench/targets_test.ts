@@ -70,6 +70,15 @@ Deno.test("judgeTargets: medians of the default-tuning figures against each boun
   assert.equal(by["prefill pp2048 (f16 and q4)"].status, "missed");
 });
 
+Deno.test("judgeTargets: prefill lines with the engine's own GEMM math count over f16 ones where present", () => {
+  const rows = judgeTargets([
+    prefill(512, 15_500),
+    prefill(512, 21_000, "default"),
+    prefill(512, 3_000, "f32"),
+  ]);
+  assert.deepEqual(rows.find((r) => r.name.startsWith("prefill pp512"))!.figures, [21_000]);
+});
+
 Deno.test("judgeTargets: a target no line measured says so", () => {
   const rows = judgeTargets([decode("q4", 2_500)]);
   assert.equal(rows.find((r) => r.name.startsWith("q4 decode,"))!.status, "met");
