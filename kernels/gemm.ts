@@ -31,7 +31,7 @@ import {
   type WeightType,
 } from "./gpu.ts";
 import { matmulCall } from "./matmul.ts";
-import { gemmInt8Calls } from "./matmul_int8.ts";
+import { gemmInt8Calls, gemmInt8Tile } from "./matmul_int8.ts";
 import { isQuant, QUANT_GROUP, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 import { QUANT_CODES_WGSL } from "./wgsl.ts";
 
@@ -589,9 +589,21 @@ export function gemmCalls(
   if (!(Number.isInteger(d.T) && d.T >= 1 && Number.isInteger(d.N) && d.N >= 1)) {
     throw new RangeError(`GEMM of T = ${d.T} rows and N = ${d.N} columns`);
   }
-  // q4 (or, asked, q8) layers on int8 inputs, unless a call asks for a float tile or f16 input / output.
-  if (d.tile === undefined && d.splitK === undefined && !d.xHalf && !d.yHalf && gemmInt8Math(gpu, d.K, wt)) {
-    return gemmInt8Calls(gpu, bufs, { ...d, weights: wt });
+  // q4 (or, asked, q8) layers on int8 inputs, unless a call asks for a float tile or f16 input / output;
+  // split K as the float tiles are, the splits' sums added by the same reduce.
+  if (d.tile === undefined && !d.xHalf && !d.yHalf && gemmInt8Math(gpu, d.K, wt)) {
+    const tile = gemmInt8Tile(gpu);
+    const splits = d.splitK ??
+      gemmDefaultSplit(d.T, d.N, d.K, { bm: tile.rows, bn: tile.features }, gpu.tuning.gemmWave);
+    if (!(Number.isInteger(splits) && splits >= 1)) {
+      throw new RangeError(`splitK must be an integer >= 1, got ${splits}`);
+    }
+    if (splits === 1) return gemmInt8Calls(gpu, bufs, { ...d, weights: wt, tile, splits });
+    const out = splitScratch(gpu, splits * d.T * d.N * 4);
+    return [
+      ...gemmInt8Calls(gpu, { ...bufs, y: out }, { ...d, weights: wt, tile, splits }),
+      splitReduceCall(gpu, out, bufs.y, d.T * d.N, splits, d.accumulate === true, false),
+    ];
   }
   const def = gemmDefaultTile(gpu, d.T, d.N, d.K);
   // A tuned default's f16 / wh flags apply where they keep the default exact enough (as gpu.tuning.gemmMath).
@@ -634,15 +646,24 @@ export function gemmCalls(
     ceilDiv(d.K, kc),
   ], `gemm_${f}`);
   if (!split) return [gemm];
-  const n = d.T * d.N;
-  const rp = uniformBuffer(gpu, [n, ceilDiv(d.K, kc), d.accumulate ? 1 : 0]);
-  return [
-    gemm,
-    kernelCall(gpu, pipeline(gpu, reduceSource(yh)), [rp, out, bufs.y], [
-      Math.min(ceilDiv(n, 256), 65535),
-      ceilDiv(n, 256 * 65535),
-    ], "gemm_reduce"),
-  ];
+  return [gemm, splitReduceCall(gpu, out, bufs.y, d.T * d.N, ceilDiv(d.K, kc), d.accumulate === true, yh)];
+}
+
+/** y (+)= the sum of the `splits` planes of n partial sums in `part` (y f32, or f16 with `yh`). */
+function splitReduceCall(
+  gpu: Gpu,
+  part: GPUBuffer,
+  y: GPUBuffer,
+  n: number,
+  splits: number,
+  accumulate: boolean,
+  yh: boolean,
+): KernelCall {
+  const rp = uniformBuffer(gpu, [n, splits, accumulate ? 1 : 0]);
+  return kernelCall(gpu, pipeline(gpu, reduceSource(yh)), [rp, part, y], [
+    Math.min(ceilDiv(n, 256), 65535),
+    ceilDiv(n, 256 * 65535),
+  ], "gemm_reduce");
 }
 
 /** One GEMM dispatch (no split K): tests and callers that want exactly one call. */
@@ -658,7 +679,13 @@ export function gemmCall(
  * Split K where the tiles are under a wave and K is long: splits (a power of two) until they make a wave,
  * each split keeping >= 1024 of K.
  */
-export function gemmDefaultSplit(T: number, N: number, K: number, tile: GemmTile, wave = WAVE): number {
+export function gemmDefaultSplit(
+  T: number,
+  N: number,
+  K: number,
+  tile: Pick<GemmTile, "bm" | "bn">,
+  wave = WAVE,
+): number {
   const tiles = ceilDiv(T, tile.bm) * ceilDiv(N, tile.bn);
   let s = 1;
   while (tiles * s < wave && K / (2 * s) >= 1024 && s < 8) s *= 2;

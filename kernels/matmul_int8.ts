@@ -68,16 +68,17 @@ export function elementIndexWgsl(C: number | undefined): string {
 }
 
 /**
- * The kernel's WGSL. Bindings: params (K, N, topk, acc, soff, e0, ne, T), the int8 words xq, the weights W,
- * y, then (grouped) order and tiles, then the scale pairs xqs. Dense: workgroup (x, y) computes rows
- * GM y .. of x's T rows, y [T, N]. Grouped: workgroup y takes tile y of the grouping (expert, first and end
- * index into `order`), y [T * topK, N] by slot, the stack's experts e0 .. e0 + ne - 1.
+ * The kernel's WGSL. Bindings: params (K, N, topk, acc, soff, e0, ne, T, kc), the int8 words xq, the
+ * weights W, y, then (grouped) order and tiles, then the scale pairs xqs. Dense: workgroup (x, y, z) computes
+ * rows GM y .. of x's T rows over k in [z kc, (z + 1) kc), y [T, N] (split K: [splits, T, N] of partial
+ * sums, acc 0). Grouped: workgroup y takes tile y of the grouping (expert, first and end index into
+ * `order`), y [T * topK, N] by slot (T: the slots' count then, kc = K), the stack's experts e0 .. e0 + ne - 1.
  */
 export function int8TileSource(wt: QuantType, rows: Int8TileRows, t: Int8Tile, K: number): string {
   checkInt8Tile(t);
   const { rows: GM, features: GN, prefetch } = t;
   const NB = K / QUANT_GROUP;
-  const B = NB % t.blocks === 0 ? t.blocks : 1;
+  const B = int8TileStep(t, K) / QUANT_GROUP;
   const F = GN / 4; // stride between a thread's features
   const WG = F * (GM / 4);
   const grouped = rows.kind === "grouped";
@@ -173,7 +174,7 @@ export function int8TileSource(wt: QuantType, rows: Int8TileRows, t: Int8Tile, K
     : `let tl = vec4<u32>(0u, wg.y * ${GM}u, min(wg.y * ${GM}u + ${GM}u, p.T), 0u);
   let e = 0u;`;
   return `
-struct P { K: u32, N: u32, topk: u32, acc: u32, soff: u32, e0: u32, ne: u32, T: u32 }
+struct P { K: u32, N: u32, topk: u32, acc: u32, soff: u32, e0: u32, ne: u32, T: u32, kc: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> W: array<vec4<u32>>;
@@ -207,15 +208,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   let stager = tid < ${GN}u;
   let live = n0 + r < p.N;
   let row = e * p.N + min(n0 + r, p.N - 1u);
-  ${prefetch ? `if (stager) {\n    ${loadW("0u")}\n  }` : ""}
-  for (var k0 = 0u; k0 < p.K; k0 += ${STEP}u) {
+  // This workgroup's range of k (split K: wg.z's kc of it; its partial sums go to plane wg.z of y).
+  let kb = wg.z * p.kc;
+  let ke = min(p.K, kb + p.kc);
+  ${prefetch ? `if (stager) {\n    ${loadW("kb")}\n  }` : ""}
+  for (var k0 = kb; k0 < ke; k0 += ${STEP}u) {
     ${prefetch ? "" : `if (stager) {\n    ${loadW("k0")}\n    }`}
     if (stager) {
     ${storeW("r")}
     }
     ${stageX}
     workgroupBarrier();
-    ${prefetch ? `if (stager && k0 + ${STEP}u < p.K) {\n    ${loadW(`k0 + ${STEP}u`)}\n    }` : ""}
+    ${prefetch ? `if (stager && k0 + ${STEP}u < ke) {\n    ${loadW(`k0 + ${STEP}u`)}\n    }` : ""}
     if (busy) {
       ${products.join("\n      ")}
     }
@@ -224,7 +228,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
   for (var i = 0u; i < 4u; i++) {
     let at = tl.y + 4u * ty + i;
     if (at >= tl.z) { break; }
-    let o = ${outRow} * p.N + n0 + tx;
+    let o = (wg.z * p.T + ${outRow}) * p.N + n0 + tx;
     ${
     range(4).map((c) =>
       `if (n0 + tx + ${c * F}u < p.N) {
@@ -241,6 +245,13 @@ export const int8TileSources = memoSource(int8TileSource);
 
 /** The dense tile unless gpu.tuning.gemmInt8 says otherwise (docs/BENCHMARKS.md, the forty-eighth session). */
 export const GEMM_INT8_TILE: Int8Tile = { rows: 32, features: 64, blocks: 2, prefetch: false };
+
+/** The dense tile here: GEMM_INT8_TILE with gpu.tuning.gemmInt8's fields (checked). */
+export function gemmInt8Tile(gpu: Gpu): Int8Tile {
+  const tile = { ...GEMM_INT8_TILE, ...gpu.tuning.gemmInt8 };
+  checkInt8Tile(tile);
+  return tile;
+}
 
 /**
  * The int8 copy of a linear layer's input, one per device, grown as needed and shared by every call (as
@@ -260,9 +271,10 @@ function copyScratch(gpu: Gpu, values: number): { xq: GPUBuffer; xqs: GPUBuffer 
 }
 
 /**
- * A linear layer of T > 16 rows with q8 / q4 weights on int8 inputs: y [T, N] (+)= f(x) W^T, f(x) the rows
- * from xRow0 (silu_mul: of [gate | up] rows 2K wide), quantised once by the input pass into a shared copy.
- * Needs packed dot products and subgroups (gemm.ts gemmInt8Math).
+ * A linear layer of T > 16 rows with q8 / q4 weights on int8 inputs (gemm.ts gemmCalls sends it here): the
+ * input pass quantises f(x)'s rows from xRow0 (silu_mul: of [gate | up] rows 2K wide) once into a shared
+ * copy, then the tile kernel makes y [T, N] (+)= f(x) W^T, or with `splits` > 1 each split's partial sums
+ * into `y` as [splits, T, N] (the caller adds them). Needs packed dot products and subgroups.
  */
 export function gemmInt8Calls(
   gpu: Gpu,
@@ -275,10 +287,12 @@ export function gemmInt8Calls(
     transform?: "none" | "silu_mul";
     accumulate?: boolean;
     xRow0?: number;
+    tile: Int8Tile;
+    splits: number;
   },
 ): KernelCall[] {
   if (d.K % QUANT_GROUP !== 0) throw new RangeError(`int8 rows need K % ${QUANT_GROUP} == 0, got ${d.K}`);
-  const tile = { ...GEMM_INT8_TILE, ...gpu.tuning.gemmInt8 };
+  const { tile } = d;
   checkInt8Tile(tile);
   const out = copyScratch(gpu, d.T * d.K);
   const pass = gemvInt8InputCall(gpu, { x: bufs.x, out }, {
@@ -289,14 +303,24 @@ export function gemmInt8Calls(
     normWeights: "f32",
     xRow0: d.xRow0,
   });
+  // Each split's k range, whole slices of the kernel's groups.
+  const step = int8TileStep(tile, d.K);
+  const kc = ceilDiv(ceilDiv(d.K, d.splits), step) * step;
   const soff = quantScaleWord(d.N, d.K, d.weights);
-  const params = uniformBuffer(gpu, [d.K, d.N, 1, d.accumulate ? 1 : 0, soff, 0, 1, d.T]);
+  const acc = d.accumulate && d.splits === 1 ? 1 : 0;
+  const params = uniformBuffer(gpu, [d.K, d.N, 1, acc, soff, 0, 1, d.T, kc]);
   const code = int8TileSources(d.weights, { kind: "dense" }, tile, d.K);
   return [
     pass.call,
     kernelCall(gpu, pipeline(gpu, code), [params, out.xq, bufs.w, bufs.y, out.xqs], [
       ceilDiv(d.N, tile.features),
       ceilDiv(d.T, tile.rows),
+      ceilDiv(d.K, kc),
     ], "gemm_int8"),
   ];
+}
+
+/** k a slice of the tile kernel covers at this K (its groups a slice, or one where they do not divide K's). */
+export function int8TileStep(t: Int8Tile, K: number): number {
+  return ((K / QUANT_GROUP) % t.blocks === 0 ? t.blocks : 1) * QUANT_GROUP;
 }

@@ -348,7 +348,8 @@ export function moeGroupedMatmulCall(
     soff,
     d.firstExpert ?? 0,
     d.experts,
-    d.T,
+    d.T * d.topK,
+    d.K,
   ]);
   const C = d.columnBlock;
   if (C !== undefined && !(Number.isInteger(C) && C > 0 && C % QUANT_GROUP === 0 && d.K % C === 0)) {

@@ -276,7 +276,12 @@ Deno.test(
       console.log("skipped: int8 GEMM (this adapter has no packed dot products or no subgroups)");
       return;
     }
-    const shapes = [[17, 64, 5], [37, 96, 130], [70, 128, 129], [200, 32, 300], [33, 1056, 33]];
+    // The last two split K (given, and by default: few tiles and K = 2048), the splits' sums added by the reduce.
+    const shapes = [[17, 64, 5], [37, 96, 130], [70, 128, 129], [200, 32, 300], [33, 1056, 33], [
+      40,
+      2048,
+      64,
+    ]];
     let c = 0;
     for (const [T, K, N] of shapes) {
       for (const wt of ["q8", "q4"] as const) {
@@ -301,13 +306,15 @@ Deno.test(
               xRow0,
               weights: wt,
               transform,
+              splitK: K === 1056 ? 3 : undefined,
             });
           } finally {
             delete g.tuning.gemmMath;
             delete g.tuning.gemmInt8;
           }
-          if (calls.map((k) => k.label).join() !== "gemv_int8_x,gemm_int8") {
-            throw new Error(`${wt}: took ${calls.map((k) => k.label)}, not the int8 GEMM`);
+          const path = `gemv_int8_x,gemm_int8${K >= 1056 ? ",gemm_reduce" : ""}`;
+          if (calls.map((k) => k.label).join() !== path) {
+            throw new Error(`${wt} K${K}: took ${calls.map((k) => k.label)}, not ${path}`);
           }
           await runCalls(g, calls);
           const want = gemmRef(x, w.deq, { K, N, T, accumulate, xRow0, transform }, y0);
