@@ -18,7 +18,16 @@ import {
   uploadBuffer,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, checkDp4, gpuOrSkip, packedWeights, randoms, readF32, upload } from "./harness.ts";
+import {
+  assertClose,
+  checkDp4,
+  gpuOrSkip,
+  inputRows,
+  packedWeights,
+  randoms,
+  readF32,
+  upload,
+} from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null;
@@ -318,18 +327,7 @@ Deno.test(
           }
           await runCalls(g, calls);
           const want = gemmRef(x, w.deq, { K, N, T, accumulate, xRow0, transform }, y0);
-          const input = new Float32Array(T * K);
-          for (let t = 0; t < T; t++) {
-            const r = (t + xRow0) * width;
-            for (let k = 0; k < K; k++) {
-              const gate = x[r + k];
-              input[t * K + k] = transform === "silu_mul"
-                ? Math.fround(
-                  Math.fround(gate / Math.fround(1 + Math.fround(Math.exp(-gate)))) * x[r + K + k],
-                )
-                : gate;
-            }
-          }
+          const input = inputRows(x, xRow0, T, K, transform === "silu_mul");
           checkDp4(
             await readF32(g, y, T * N),
             want,

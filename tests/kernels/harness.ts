@@ -99,6 +99,20 @@ export function assertClose(
   }
 }
 
+/**
+ * Rows r0 .. r0 + T - 1 of x as a kernel's input pass reads them, [T, K]: as they are, or (silu) silu(gate) *
+ * up of [gate | up] rows 2K wide, in f32 as the GPU computes it (what checkDp4's int8 simulation quantises).
+ */
+export function inputRows(x: Float32Array, r0: number, T: number, K: number, silu: boolean): Float32Array {
+  const width = silu ? 2 * K : K;
+  return Float32Array.from({ length: T * K }, (_, i) => {
+    const at = (r0 + Math.floor(i / K)) * width + (i % K);
+    if (!silu) return x[at];
+    const g = x[at];
+    return Math.fround(Math.fround(g / Math.fround(1 + Math.fround(Math.exp(-g)))) * x[at + K]);
+  });
+}
+
 /** |error| bound of each output [T, N] of a dp4 (int8 activation) GEMV: checkDp4's, for other checks. */
 export function dp4Bounds(
   input: Float32Array,

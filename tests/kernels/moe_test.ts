@@ -43,6 +43,7 @@ import {
   assertClose,
   checkDp4,
   gpuOrSkip,
+  inputRows,
   packedWeights,
   randoms,
   readF32,
@@ -594,15 +595,6 @@ Deno.test(
   },
 );
 
-/** Row `r` of x as the grouped matmul's input (silu_mul of its [gate | up] halves in f32, as the GPU's). */
-function inputRow(x: Float32Array, r: number, K: number, silu: boolean): Float32Array {
-  if (!silu) return x.slice(r * K, r * K + K);
-  return Float32Array.from({ length: K }, (_, k) => {
-    const g = x[r * 2 * K + k];
-    return Math.fround(Math.fround(g / Math.fround(1 + Math.fround(Math.exp(-g)))) * x[r * 2 * K + K + k]);
-  });
-}
-
 function logitsOf(x: Float32Array, router: Float32Array, E: number): Float32Array {
   const H = x.length;
   return Float32Array.from({ length: E }, (_, e) => {
@@ -724,9 +716,10 @@ Deno.test(
             const got = await readF32(g, yq, T * k * N);
             for (let slot = 0; slot < T * k; slot++) {
               const e = ids[slot];
-              const f = inputRow(
+              const f = inputRows(
                 x,
                 d.input === "slot" ? slot : Math.floor(slot / k),
+                1,
                 K,
                 d.transform === "silu_mul",
               );
