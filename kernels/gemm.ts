@@ -238,16 +238,26 @@ export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
 }
 
 /**
- * Whether a prefill layer of these weights multiplies int8 inputs (matmul_int8.ts gemmInt8Calls): q4 by
- * default, q8 too with gpu.tuning.gemmMath "int8", neither with "f16" or "f32"; where the adapter has
- * packed dot products and subgroups (the input pass) and K is whole quantisation groups. q4's rounding
- * dwarfs the int8 inputs' (as the decode GEMVs, which multiply int8 inputs too); q8 keeps float inputs by
- * default, which keep the fixtures' reference tokens.
+ * Whether a prefill layer of these weights and shape multiplies int8 inputs (matmul_int8.ts gemmInt8Calls):
+ * with gpu.tuning.gemmMath "int8" every q8 / q4 layer, with "f16" or "f32" none; by default q4 layers whose
+ * int8 tiles fill a wave unsplit (the shapes measured faster: Llama-1B's and Qwen3-30B-A3B's at 512 tokens and
+ * more, Qwen3-30B-A3B's qkv at 128; a short prompt's few tiles keep the float GEMM's tuned split K, since the
+ * int8 path's split and its input pass's dispatch were not timed against it). Needs packed dot products,
+ * subgroups (the input pass) and K of whole quantisation groups. q4's rounding dwarfs the int8 inputs' (as in
+ * the decode GEMVs, which multiply int8 inputs too); q8 keeps float inputs by default, which keep the
+ * fixtures' reference tokens.
  */
-export function gemmInt8Math(gpu: Gpu, K: number, wt: WeightType | QuantType): wt is QuantType {
+export function gemmInt8Math(
+  gpu: Gpu,
+  d: { K: number; N: number; T: number },
+  wt: WeightType | QuantType,
+): wt is QuantType {
+  if (!(isQuant(wt) && d.K % QUANT_GROUP === 0 && gpu.hasDp4 && gpu.subgroupSize)) return false;
   const math = gpu.tuning.gemmMath;
-  const on = math === "int8" ? isQuant(wt) : math === undefined && wt === "q4";
-  return on && K % QUANT_GROUP === 0 && gpu.hasDp4 && !!gpu.subgroupSize;
+  if (math === "int8") return true;
+  if (math !== undefined || wt !== "q4") return false;
+  const tile = gemmInt8Tile(gpu);
+  return ceilDiv(d.T, tile.rows) * ceilDiv(d.N, tile.features) >= (gpu.tuning.gemmWave ?? WAVE);
 }
 
 /**
@@ -255,8 +265,13 @@ export function gemmInt8Math(gpu: Gpu, K: number, wt: WeightType | QuantType): w
  * before it (the RMSNorm) writes f16: where it multiplies in f16, which rounds x to f16 as it stages it
  * anyway, so the f16 input costs no accuracy and halves x's loads (H200: the GEMM +6-11%).
  */
-export function gemmHalfInput(gpu: Gpu, K: number, wt: WeightType | QuantType, f16Math = true): boolean {
-  return f16Math && gemmFits(K, wt) && gemmF16Math(gpu, wt) && !gemmInt8Math(gpu, K, wt);
+export function gemmHalfInput(
+  gpu: Gpu,
+  d: { K: number; N: number; T: number },
+  wt: WeightType | QuantType,
+  f16Math = true,
+): boolean {
+  return f16Math && gemmFits(d.K, wt) && gemmF16Math(gpu, wt) && !gemmInt8Math(gpu, d, wt);
 }
 
 /** Whether W may be staged as f16 with f32 math (the `wh` tile flag): exact for f16 and q4 weights. */
@@ -591,7 +606,7 @@ export function gemmCalls(
   }
   // q4 (or, asked, q8) layers on int8 inputs, unless a call asks for a float tile or f16 input / output;
   // split K as the float tiles are, the splits' sums added by the same reduce.
-  if (d.tile === undefined && !d.xHalf && !d.yHalf && gemmInt8Math(gpu, d.K, wt)) {
+  if (d.tile === undefined && !d.xHalf && !d.yHalf && gemmInt8Math(gpu, d, wt)) {
     const tile = gemmInt8Tile(gpu);
     const splits = d.splitK ??
       gemmDefaultSplit(d.T, d.N, d.K, { bm: tile.rows, bn: tile.features }, gpu.tuning.gemmWave);

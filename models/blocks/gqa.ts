@@ -172,7 +172,7 @@ export function gqaProgram(
   const o = { K: attDim, N: H, T, accumulate: true, weights: wt(w.o), int8One: ctx.int8One };
   // Prefill: the flash attention writes o_proj's input as f16 where its GEMM reads f16 (flashHalfOut).
   const oHalf = !decode && !d.fused &&
-    flashHalfOut(gpu, a.headDim, gemmHalfInput(gpu, attDim, o.weights, ctx.gemmF16));
+    flashHalfOut(gpu, a.headDim, gemmHalfInput(gpu, o, o.weights, ctx.gemmF16));
   // The int8 direct mode (k-steps; one-token q4 steps): the attention writes o_proj's int8 input itself (no
   // input pass), in models with MoE layers too, where o_proj takes that mode only for the copy (H200,
   // Qwen3-30B-A3B q4: 2.147-2.148 ms a step against 2.160-2.161, docs/BENCHMARKS.md, twenty-first session).

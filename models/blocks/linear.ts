@@ -58,7 +58,7 @@ export function normedPrefillCalls(
 ): KernelCall[] {
   const { gpu, normType } = ctx;
   const weights = ctx.typeOf(b.w);
-  const half = gemmHalfInput(gpu, d.K, weights, ctx.gemmF16);
+  const half = gemmHalfInput(gpu, d, weights, ctx.gemmF16);
   return [
     rmsnormCall(gpu, { x: b.x, w: b.norm, y: b.normed }, {
       hidden: d.K,

@@ -125,7 +125,7 @@ export function mlpProgram(
   }
   const down = { K: I, N: H, T, accumulate: true, weights: wt(w.down), f16Math: ctx.gemmF16 };
   // gate/up written as f16 where down multiplies in f16 (it would round them as it stages them).
-  const guHalf = gemmHalfInput(gpu, I, down.weights, ctx.gemmF16) && gemmFits(H, wt(w.gateUp));
+  const guHalf = gemmHalfInput(gpu, down, down.weights, ctx.gemmF16) && gemmFits(H, wt(w.gateUp));
   return [
     ...normedPrefillCalls(ctx, { x, norm: w.norm, normed: xn, w: w.gateUp, y: gu }, {
       K: H,

@@ -8,7 +8,6 @@ import {
   gemmCalls,
   gemmDefaultTile,
   gemmFits,
-  gemmInt8Math,
   gemmRef,
   type GemmTile,
   gemmWhFits,
@@ -281,7 +280,7 @@ Deno.test(
   { name: "int8 GEMM (q8 / q4 on int8 inputs) is within the int8 inputs' error", ignore },
   async () => {
     const g = gpu!;
-    if (!gemmInt8Math(g, 32, "q4")) {
+    if (!(g.hasDp4 && g.subgroupSize)) {
       console.log("skipped: int8 GEMM (this adapter has no packed dot products or no subgroups)");
       return;
     }
@@ -339,15 +338,20 @@ Deno.test(
         }
       }
     }
-    // By default q4 takes it and q8 does not; a given float tile keeps the float GEMM.
+    // By default q4 layers whose tiles fill a wave take it (gemmInt8Math), q8 ones and a short prompt's few
+    // tiles do not, and a given float tile keeps the float GEMM.
     const b = upload(g, new Float32Array(64));
     const labels = (d: Parameters<typeof gemmCalls>[2]) =>
       gemmCalls(g, { x: b, w: b, y: b }, d).map((k) => k.label).join();
     for (
       const [d, want] of [
-        [{ K: 64, N: 4, T: 20, weights: "q4" }, "gemv_int8_x,gemm_int8"],
-        [{ K: 64, N: 4, T: 20, weights: "q8" }, "gemm_none"],
-        [{ K: 64, N: 4, T: 20, weights: "q4", tile: { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 } }, "gemm_none"],
+        [{ K: 64, N: 4096, T: 512, weights: "q4" }, "gemv_int8_x,gemm_int8"],
+        [{ K: 64, N: 4096, T: 32, weights: "q4" }, "gemm_none"],
+        [{ K: 64, N: 4096, T: 512, weights: "q8" }, "gemm_none"],
+        [
+          { K: 64, N: 4096, T: 512, weights: "q4", tile: { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 } },
+          "gemm_none",
+        ],
       ] as const
     ) {
       const got = labels(d);
