@@ -308,9 +308,12 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
  * `fusedShared` are also read at load.
  */
 export interface MoeTuning {
-  /** Output features (and threads) a workgroup of the grouped prefill matmul: 64 or 128 (MOE_GROUPED_WIDTH). */
+  /**
+   * Output features a workgroup of the grouped prefill matmul: 64 or 128 (defaults: the float matmul's
+   * MOE_GROUPED_WIDTH, the int8 one's MOE_GROUPED_INT8_TILE).
+   */
   groupedWidth?: number;
-  /** Quantisation groups a slice of the int8 grouped matmul stages: 1, 2 or 4 (MOE_GROUPED_DP4_BLOCKS). */
+  /** Quantisation groups a slice of the int8 grouped matmul stages: 1, 2 or 4 (MOE_GROUPED_INT8_TILE). */
   groupedBlocks?: number;
   /** The int8 grouped matmul loads a slice's weights into registers while the slice before is multiplied. */
   groupedPrefetch?: boolean;
