@@ -261,9 +261,10 @@ export function gemmInt8Math(
 }
 
 /**
- * Whether a prefill GEMM of this K and weight type reads its input as f16 (GemmDims.xHalf), so the kernel
+ * Whether a prefill GEMM of this shape and weight type reads its input as f16 (GemmDims.xHalf), so the kernel
  * before it (the RMSNorm) writes f16: where it multiplies in f16, which rounds x to f16 as it stages it
- * anyway, so the f16 input costs no accuracy and halves x's loads (H200: the GEMM +6-11%).
+ * anyway, so the f16 input costs no accuracy and halves x's loads (H200: the GEMM +6-11%); not where it
+ * takes int8 inputs (gemmInt8Math), whose pass reads f32.
  */
 export function gemmHalfInput(
   gpu: Gpu,
