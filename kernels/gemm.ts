@@ -31,7 +31,7 @@ import {
   type WeightType,
 } from "./gpu.ts";
 import { matmulCall } from "./matmul.ts";
-import { gemmInt8Calls, gemmInt8Tile } from "./matmul_int8.ts";
+import { gemmInt8Calls, gemmInt8Tile, int8TileFits } from "./matmul_int8.ts";
 import { isQuant, QUANT_GROUP, quantFits, quantScaleWord, type QuantType } from "./quant.ts";
 import { QUANT_CODES_WGSL } from "./wgsl.ts";
 
@@ -252,7 +252,7 @@ export function gemmInt8Math(
   d: { K: number; N: number; T: number },
   wt: WeightType | QuantType,
 ): wt is QuantType {
-  if (!(isQuant(wt) && d.K % QUANT_GROUP === 0 && gpu.hasDp4 && gpu.subgroupSize)) return false;
+  if (!(int8TileFits(gpu, wt) && d.K % QUANT_GROUP === 0)) return false;
   const math = gpu.tuning.gemmMath;
   if (math === "int8") return true;
   if (math !== undefined || wt !== "q4") return false;

@@ -270,8 +270,8 @@ export interface KernelTuning {
   mlaAttention?: Partial<MlaAttentionTuning>;
   /**
    * How the prefill GEMM multiplies (kernels/gemm.ts): "f32" in f32 for every weight type; "f16" in f16 where
-   * gemmF16Math allows; "int8" q8 and q4 layers on int8 inputs (matmul_int8.ts). Default: int8 for q4 where
-   * the adapter has packed dot products and subgroups, f16 where gemmF16Math allows. Read when a GEMM call
+   * gemmF16Math allows; "int8" q8 and q4 layers on int8 inputs (matmul_int8.ts). Default: int8 for q4 layers
+   * whose int8 tiles fill a wave (gemmInt8Math), f16 where gemmF16Math allows. Read when a GEMM call
    * is built.
    */
   gemmMath?: "f16" | "f32" | "int8";

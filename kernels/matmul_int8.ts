@@ -21,7 +21,7 @@ import {
   uniformBuffer,
 } from "./gpu.ts";
 import { gemvInt8InputCall } from "./gemv_multi.ts";
-import { QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
+import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { range } from "./wgsl.ts";
 
 export interface Int8Tile {
@@ -45,6 +45,14 @@ export type Int8TileRows =
     /** The stack's column blocks (moe_grouped.ts MoeGroupedDims.columnBlock). */
     columnBlock?: number;
   };
+
+/**
+ * Whether the int8 tile kernel can multiply `wt` weights here: q8 / q4, WGSL's packed dot products, and the
+ * subgroups its input pass needs. (K must also be whole quantisation groups, as q8 / q4 rows are.)
+ */
+export function int8TileFits(gpu: Gpu, wt: string): wt is QuantType {
+  return isQuant(wt) && gpu.hasDp4 && !!gpu.subgroupSize;
+}
 
 export function checkInt8Tile(t: Int8Tile): void {
   if (!(t.rows === 16 || t.rows === 32 || t.rows === 64)) {
@@ -93,7 +101,9 @@ export function int8TileSource(wt: QuantType, rows: Int8TileRows, t: Int8Tile, K
     wt === "q4" ? `xq[xr * ${2 * NB}u + ${h} * ${NB}u + ${g}]` : `xq[xr * ${2 * NB}u + 2u * (${g}) + ${h}]`;
   // A weight row's B groups: loaded into registers (its units and scale word), then stored split.
   const held = range(B).map((b) =>
-    `var sw${b} = 0u; var odd${b} = false; var ua${b} = vec4<u32>(0u); var ub${b} = vec4<u32>(0u);`
+    `var sw${b} = 0u; var odd${b} = false; var ua${b} = vec4<u32>(0u);${
+      wt === "q8" ? ` var ub${b} = vec4<u32>(0u);` : ""
+    }`
   );
   const loadW = (k: string) =>
     range(B).map((b) =>

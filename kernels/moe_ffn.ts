@@ -20,6 +20,7 @@ import { type Gpu, type KernelCall, storageBuffer, type WeightType } from "./gpu
 import { GEMV_MAX_T, matmulCall, type MatmulDims, matmulRef } from "./matmul.ts";
 import { prefillLinearCalls } from "./gemm.ts";
 import { GEMV_MULTI_MAX_T, gemvInt8InputCall } from "./gemv_multi.ts";
+import { int8TileFits } from "./matmul_int8.ts";
 import { moeGemvCall, moeGemvFits } from "./moe_gemv.ts";
 import { moeRouterGemvCall, moeSgCall, type MoeSgDims, moeSgFits } from "./moe_sg.ts";
 import {
@@ -29,13 +30,7 @@ import {
   moeFusedRows,
   moeFusedScratchBytes,
 } from "./moe_fused.ts";
-import {
-  moeCombineCall,
-  moeGroupCall,
-  moeGroupedInt8Fits,
-  moeGroupedMatmulCall,
-  moeMaxTiles,
-} from "./moe_grouped.ts";
+import { moeCombineCall, moeGroupCall, moeGroupedMatmulCall, moeMaxTiles } from "./moe_grouped.ts";
 import { checkRouting, moeRouterCall, moeRouterRef, type MoeRouting } from "./moe_router.ts";
 import { isQuant, quantFits, type QuantType } from "./quant.ts";
 import { siluMulCall } from "./silu_mul.ts";
@@ -203,7 +198,7 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
     const dp4 = moeSwitches(gpu).dp4;
     const int8 = { xq: s.groupedQ, xqs: s.groupedQs };
     const int8Pass = (wt: Storage, x: GPUBuffer, rows: number, K: number, transform: "none" | "silu_mul") =>
-      dp4 && moeGroupedInt8Fits(gpu, wt)
+      dp4 && int8TileFits(gpu, wt)
         ? [gemvInt8InputCall(gpu, { x, out: int8 }, { K, T: rows, wt, transform, normWeights: "f32" }).call]
         : [];
     const gateUpPass = int8Pass(d.weights.gateUp, b.x, T, H, "none");

@@ -28,7 +28,7 @@ import { moeGemvFits } from "./moe_gemv.ts";
 import { MOE_MAX_EXPERTS } from "./moe_router.ts";
 import { isQuant, QUANT_GROUP, quantScaleWord, type QuantType } from "./quant.ts";
 import { range } from "./wgsl.ts";
-import { elementIndexWgsl, type Int8Tile, int8TileSources } from "./matmul_int8.ts";
+import { elementIndexWgsl, type Int8Tile, int8TileFits, int8TileSources } from "./matmul_int8.ts";
 
 /** Most slots (T * topK) one grouping handles. */
 export const MOE_GROUP_MAX_SLOTS = 4096;
@@ -302,17 +302,9 @@ const groupedSources = memoSource(groupedSource);
 export const MOE_GROUPED_INT8_TILE: Int8Tile = { rows: GM, features: 128, blocks: 2, prefetch: true };
 
 /**
- * Whether the grouped matmul of `wt` weights can multiply int8 inputs here (moeGroupedMatmulCall's `int8`):
- * q8 / q4 weights, WGSL's packed dot products, and the subgroups that the int8 input pass needs.
- */
-export function moeGroupedInt8Fits(gpu: Gpu, wt: WeightType | QuantType): wt is QuantType {
-  return isQuant(wt) && gpu.hasDp4 && !!gpu.subgroupSize;
-}
-
-/**
  * The grouped expert matmul: y [T, topK, N] for the slots whose expert is in the buffer, reading x as
  * moe_gemv.ts does; order and tiles from moeGroupCall over the same ids. With `int8` (q8 / q4 weights, where
- * moeGroupedInt8Fits) it reads instead the int8 copy of the transformed input rows (gemv_multi.ts
+ * int8TileFits) it reads instead the int8 copy of the transformed input rows (gemv_multi.ts
  * gemvInt8InputCall for the weights' type: T rows for input "token", T * topK for "slot") and multiplies with
  * packed dot products; `x` and `transform` are then the input pass's business.
  */
@@ -357,7 +349,7 @@ export function moeGroupedMatmulCall(
   }
   const tiles = moeMaxTiles(d.T, d.topK, d.layerExperts ?? d.experts);
   if (bufs.int8) {
-    if (!moeGroupedInt8Fits(gpu, wt)) {
+    if (!int8TileFits(gpu, wt)) {
       throw new RangeError(
         `the int8 grouped matmul needs q8 / q4 weights, packed dot products and subgroups`,
       );

@@ -12,6 +12,7 @@ import {
   createMoeScratch,
   GEMV_MAX_T,
   gemvInt8InputCall,
+  int8TileFits,
   isQuant,
   moeCombineCall,
   moeCombineRef,
@@ -21,7 +22,6 @@ import {
   type MoeGemvDims,
   moeGemvRef,
   moeGroupCall,
-  moeGroupedInt8Fits,
   moeGroupedMatmulCall,
   moeGroupRef,
   moeMaxTiles,
@@ -578,9 +578,9 @@ Deno.test(
             1e-5,
             what,
           );
-          // The grouped path multiplies q8 / q4 experts with int8 inputs where it can (moeGroupedInt8Fits):
+          // The grouped path multiplies q8 / q4 experts with int8 inputs where it can (int8TileFits):
           // within their error then (moe_fused_test.ts's bound; the kernel's own test bounds each output).
-          const int8 = isQuant(wt) && (grouped ?? T > GEMV_MAX_T) && moeGroupedInt8Fits(g, wt);
+          const int8 = isQuant(wt) && (grouped ?? T > GEMV_MAX_T) && int8TileFits(g, wt);
           const big = int8 ? Math.max(...want.out.map(Math.abs)) : 0;
           assertClose(
             await readF32(g, y, T * H),
@@ -686,7 +686,7 @@ Deno.test(
             JSON.stringify(mode)
           } width ${groupedWidth}`;
           assertClose(await readF32(g, y, T * k * N), want, 1e-4, 1e-4, what);
-          if (isQuant(wt) && moeGroupedInt8Fits(g, wt)) {
+          if (isQuant(wt) && int8TileFits(g, wt)) {
             // The int8 path: the input pass quantises f(x)'s rows once, the matmul multiplies packed dots
             // (staging one or two quantisation groups a slice), each slot within its int8 inputs' error.
             const rows = d.input === "slot" ? T * k : T;
