@@ -110,17 +110,9 @@ export function createMoeScratch(
   const { experts: E, topK: k } = checkRouting(d.routing);
   const Is = d.sharedIntermediate ?? 0;
   const fused = moeFusedScratchBytes(d.T, d.hidden);
-  const groupedQ = Math.max(d.T * d.hidden, d.T * k * d.intermediate);
   return {
     logits: storageBuffer(gpu, d.T * E * 4, "moe logits"),
-    ids: storageBuffer(gpu, d.T * k * 4, "moe ids"),
-    routeWeights: storageBuffer(gpu, d.T * k * 4, "moe route weights"),
-    gu: storageBuffer(gpu, d.T * k * 2 * d.intermediate * 4, "moe gate/up"),
-    order: storageBuffer(gpu, d.T * k * 4, "moe order"),
-    tiles: storageBuffer(gpu, moeMaxTiles(d.T, k, E) * 16, "moe tiles"),
-    down: storageBuffer(gpu, d.T * k * d.hidden * 4, "moe down"),
-    groupedQ: storageBuffer(gpu, Math.ceil(groupedQ / 4) * 4, "moe grouped int8 x"),
-    groupedQs: storageBuffer(gpu, Math.ceil(groupedQ / 32) * 8, "moe grouped int8 x scales"),
+    ...createMoeRoutedScratch(gpu, { ...d, topK: k, experts: E }),
     xn: storageBuffer(gpu, d.T * d.hidden * 4, "moe normalised x"),
     xnScales: storageBuffer(gpu, d.T * Math.ceil(d.hidden / 32) * 8, "moe normalised x scales"),
     acc: storageBuffer(gpu, fused.acc, "moe fused accumulator"),
@@ -131,6 +123,25 @@ export function createMoeScratch(
         sharedAct: storageBuffer(gpu, d.T * Is * 4, "moe shared act"),
       }
       : {}),
+  };
+}
+
+/** What moeRoutedCalls needs for up to T tokens (the part of a MoeScratch an expert host keeps). */
+export function createMoeRoutedScratch(
+  gpu: Gpu,
+  d: { T: number; hidden: number; intermediate: number; topK: number; experts: number },
+): MoeRoutedScratch {
+  const { T, topK: k } = d;
+  const groupedQ = Math.max(T * d.hidden, T * k * d.intermediate);
+  return {
+    ids: storageBuffer(gpu, T * k * 4, "moe ids"),
+    routeWeights: storageBuffer(gpu, T * k * 4, "moe route weights"),
+    gu: storageBuffer(gpu, T * k * 2 * d.intermediate * 4, "moe gate/up"),
+    order: storageBuffer(gpu, T * k * 4, "moe order"),
+    tiles: storageBuffer(gpu, moeMaxTiles(T, k, d.experts) * 16, "moe tiles"),
+    down: storageBuffer(gpu, T * k * d.hidden * 4, "moe down"),
+    groupedQ: storageBuffer(gpu, Math.ceil(groupedQ / 4) * 4, "moe grouped int8 x"),
+    groupedQs: storageBuffer(gpu, Math.ceil(groupedQ / 32) * 8, "moe grouped int8 x scales"),
   };
 }
 
@@ -175,7 +186,6 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
   const { hidden: H, intermediate: I, T } = d;
   const Is = d.sharedIntermediate ?? 0;
   const s = b.scratch;
-  const experts = { T, topK: r.topK, experts: r.experts };
   const calls = [
     ...linearCalls(gpu, { x: b.x, w: b.router, y: s.logits }, {
       K: H,
@@ -188,11 +198,85 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
       T,
     }),
   ];
-  if (d.routed === false) {
-    // the routed experts run elsewhere: nothing more here
-  } else if (!b.gateUp || !b.down) {
-    throw new TypeError("routed experts need the gateUp and down stacks");
-  } else if (d.grouped ?? T > GEMV_MAX_T) {
+  if (d.routed !== false) {
+    if (!b.gateUp || !b.down) throw new TypeError("routed experts need the gateUp and down stacks");
+    calls.push(...moeRoutedCalls(gpu, { scratch: s, x: b.x, y: b.y, gateUp: b.gateUp, down: b.down }, {
+      hidden: H,
+      intermediate: I,
+      T,
+      topK: r.topK,
+      experts: r.experts,
+      weights: { gateUp: d.weights.gateUp, down: d.weights.down },
+      grouped: d.grouped,
+      downBlock: d.downBlock,
+      tuning: d.tuning,
+      accumulate: true,
+    }));
+  }
+  // (else the routed experts run elsewhere: expert parallelism, models/experts.ts)
+  if (Is > 0) {
+    const { sharedGateUp, sharedDown } = b;
+    const gt = d.weights.sharedGateUp;
+    const dt = d.weights.sharedDown;
+    if (!sharedGateUp || !sharedDown || !gt || !dt || !s.sharedGu || !s.sharedAct) {
+      throw new TypeError(
+        "sharedIntermediate > 0 needs sharedGateUp / sharedDown buffers, weights and scratch",
+      );
+    }
+    const gu = s.sharedGu;
+    calls.push(...linearCalls(gpu, { x: b.x, w: sharedGateUp, y: gu }, { K: H, N: 2 * Is, T, weights: gt }));
+    const down = { K: Is, N: H, T, accumulate: true, weights: dt };
+    if (T <= GEMV_MAX_T && gemvFusedFits(Is) && (!isQuant(dt) || quantFits(Is))) {
+      calls.push(
+        ...gemvFusedCalls(gpu, { x: gu, w: sharedDown, y: b.y }, { ...down, transform: "silu_mul" }),
+      );
+    } else {
+      calls.push(
+        siluMulCall(gpu, { gu, a: s.sharedAct }, { intermediate: Is, T }),
+        ...linearCalls(gpu, { x: s.sharedAct, w: sharedDown, y: b.y }, down),
+      );
+    }
+  }
+  return calls;
+}
+
+/** The scratch the routed experts' calls use (MoeScratch's fields of those names). */
+export type MoeRoutedScratch = Pick<
+  MoeScratch,
+  "ids" | "routeWeights" | "gu" | "order" | "tiles" | "down" | "groupedQ" | "groupedQs"
+>;
+
+/**
+ * The routed experts of a MoE block given its routing (`ids` and `routeWeights` [T, topK] in the scratch):
+ *   y[t] (+)= sum over slots j with ids[t, j] < experts of routeWeights[t, j] * expert_ids[t, j](x[t])
+ * over stacks [experts, 2I, H] and [experts, H, I]. Grouped by expert (moe_grouped.ts, the prefill path,
+ * 4 dispatches; 6 on int8 inputs) or a GEMV per token and slot (moe_gemv.ts, 2). Ids at or past `experts`
+ * are slots held elsewhere (expert parallelism: models/experts.ts writes 0xffffffff and weight 0 there):
+ * both paths skip them. moeFfnCalls runs it after the router; an expert host runs it alone.
+ */
+export function moeRoutedCalls(
+  gpu: Gpu,
+  b: { scratch: MoeRoutedScratch; x: GPUBuffer; y: GPUBuffer; gateUp: GPUBuffer; down: GPUBuffer },
+  d: {
+    hidden: number;
+    intermediate: number;
+    T: number;
+    topK: number;
+    /** Experts in the stacks. */
+    experts: number;
+    weights: { gateUp: Storage; down: Storage };
+    /** Default: T > GEMV_MAX_T (MoeFfnDims.grouped). */
+    grouped?: boolean;
+    downBlock?: number;
+    tuning?: MoeFfnDims["tuning"];
+    /** Add into y (the residual); else y is the experts' sum. */
+    accumulate: boolean;
+  },
+): KernelCall[] {
+  const { hidden: H, intermediate: I, T } = d;
+  const experts = { T, topK: d.topK, experts: d.experts };
+  const s = b.scratch;
+  if (d.grouped ?? T > GEMV_MAX_T) {
     const { order, tiles } = s;
     // Each grouped matmul of q8 / q4 experts reads its input rows as int8, quantised once by a pass before it.
     const dp4 = moeSwitches(gpu).dp4;
@@ -202,8 +286,8 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
         ? [gemvInt8InputCall(gpu, { x, out: int8 }, { K, T: rows, wt, transform, normWeights: "f32" }).call]
         : [];
     const gateUpPass = int8Pass(d.weights.gateUp, b.x, T, H, "none");
-    const downPass = int8Pass(d.weights.down, s.gu, T * r.topK, I, "silu_mul");
-    calls.push(
+    const downPass = int8Pass(d.weights.down, s.gu, T * d.topK, I, "silu_mul");
+    return [
       moeGroupCall(gpu, { ids: s.ids, order, tiles }, experts),
       ...gateUpPass,
       moeGroupedMatmulCall(gpu, {
@@ -239,61 +323,37 @@ export function moeFfnCalls(gpu: Gpu, b: MoeFfnBuffers, d: MoeFfnDims): KernelCa
       moeCombineCall(gpu, { src: s.down, routeWeights: s.routeWeights, y: b.y }, {
         N: H,
         T,
-        topK: r.topK,
-        accumulate: true,
+        topK: d.topK,
+        accumulate: d.accumulate,
       }),
-    );
-  } else if (d.downBlock !== undefined) {
+    ];
+  }
+  if (d.downBlock !== undefined) {
     throw new RangeError(
       `the down stack is packed in column blocks of ${d.downBlock} (for the fused decode kernel); steps of ` +
         `${T} tokens here take the grouped path or the fused one`,
     );
-  } else {
-    calls.push(
-      moeGemvCall(gpu, { x: b.x, w: b.gateUp, y: s.gu, ids: s.ids }, {
-        ...experts,
-        K: H,
-        N: 2 * I,
-        weights: d.weights.gateUp,
-        tuning: d.tuning?.gateUp,
-      }),
-      moeGemvCall(gpu, { x: s.gu, w: b.down, y: b.y, ids: s.ids, routeWeights: s.routeWeights }, {
-        ...experts,
-        K: I,
-        N: H,
-        weights: d.weights.down,
-        input: "slot",
-        transform: "silu_mul",
-        output: "combine",
-        accumulate: true,
-        tuning: d.tuning?.down,
-      }),
-    );
   }
-  if (Is > 0) {
-    const { sharedGateUp, sharedDown } = b;
-    const gt = d.weights.sharedGateUp;
-    const dt = d.weights.sharedDown;
-    if (!sharedGateUp || !sharedDown || !gt || !dt || !s.sharedGu || !s.sharedAct) {
-      throw new TypeError(
-        "sharedIntermediate > 0 needs sharedGateUp / sharedDown buffers, weights and scratch",
-      );
-    }
-    const gu = s.sharedGu;
-    calls.push(...linearCalls(gpu, { x: b.x, w: sharedGateUp, y: gu }, { K: H, N: 2 * Is, T, weights: gt }));
-    const down = { K: Is, N: H, T, accumulate: true, weights: dt };
-    if (T <= GEMV_MAX_T && gemvFusedFits(Is) && (!isQuant(dt) || quantFits(Is))) {
-      calls.push(
-        ...gemvFusedCalls(gpu, { x: gu, w: sharedDown, y: b.y }, { ...down, transform: "silu_mul" }),
-      );
-    } else {
-      calls.push(
-        siluMulCall(gpu, { gu, a: s.sharedAct }, { intermediate: Is, T }),
-        ...linearCalls(gpu, { x: s.sharedAct, w: sharedDown, y: b.y }, down),
-      );
-    }
-  }
-  return calls;
+  return [
+    moeGemvCall(gpu, { x: b.x, w: b.gateUp, y: s.gu, ids: s.ids }, {
+      ...experts,
+      K: H,
+      N: 2 * I,
+      weights: d.weights.gateUp,
+      tuning: d.tuning?.gateUp,
+    }),
+    moeGemvCall(gpu, { x: s.gu, w: b.down, y: b.y, ids: s.ids, routeWeights: s.routeWeights }, {
+      ...experts,
+      K: I,
+      N: H,
+      weights: d.weights.down,
+      input: "slot",
+      transform: "silu_mul",
+      output: "combine",
+      accumulate: d.accumulate,
+      tuning: d.tuning?.down,
+    }),
+  ];
 }
 
 /**

@@ -398,12 +398,19 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   let t = g.y;
   if (n >= p.N) { return; }
   var s = 0.0;
-  for (var j = 0u; j < p.topk; j++) { s += rw[t * p.topk + j] * src[(t * p.topk + j) * p.N + n]; }
+  for (var j = 0u; j < p.topk; j++) {
+    let w = rw[t * p.topk + j];
+    if (w != 0.0) { s += w * src[(t * p.topk + j) * p.N + n]; }
+  }
   let o = t * p.N + n;
   y[o] = select(0.0, y[o], p.acc != 0u) + s;
 }`;
 
-/** y [T, N] (+)= sum_j routeWeights[t, j] * src[t, j, :] (src [T, topK, N]). */
+/**
+ * y [T, N] (+)= sum_j routeWeights[t, j] * src[t, j, :] (src [T, topK, N]). A slot of weight 0 adds nothing,
+ * not even its row's NaN: an expert host gives the slots of experts held elsewhere weight 0 and never writes
+ * their rows (models/experts.ts).
+ */
 export function moeCombineCall(
   gpu: Gpu,
   bufs: { src: GPUBuffer; routeWeights: GPUBuffer; y: GPUBuffer },
@@ -426,7 +433,10 @@ export function moeCombineRef(
   for (let t = 0; t < T; t++) {
     for (let n = 0; n < N; n++) {
       let s = d.accumulate && a.y0 ? a.y0[t * N + n] : 0;
-      for (let j = 0; j < topK; j++) s += a.routeWeights[t * topK + j] * a.src[(t * topK + j) * N + n];
+      for (let j = 0; j < topK; j++) {
+        const w = a.routeWeights[t * topK + j];
+        if (w !== 0) s += w * a.src[(t * topK + j) * N + n];
+      }
       y[t * N + n] = s;
     }
   }

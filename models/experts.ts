@@ -3,15 +3,20 @@
 // and read back only the chosen ids and weights with the normalised activations (models/engine.ts);
 // this computes, for every token, the weighted sum of the chosen experts that live here:
 //   y[t] = sum over slots j of token t whose expert ids[t, j] is held here: w[t, j] * expert(xn[t])
-// Slots of experts held elsewhere add nothing (kernels/moe_gemv.ts skips ids outside the stack), so the
-// stage's sum over every host's reply is the layer's whole routed output.
+// Slots of experts held elsewhere add nothing (their ids are past the stack and their weights 0, which both
+// of kernels/moe_ffn.ts moeRoutedCalls' paths skip), so the stage's sum over every host's reply is the
+// layer's whole routed output. A step of a few tokens runs a GEMV per token and slot; a prefill chunk groups
+// its slots by expert (each held expert's weights read once per 16 of its tokens), as a stage's own layers do.
 import { type ConvertOn, type WeightSource, WeightUploader } from "./upload.ts";
 import type { MoeFfn } from "./config.ts";
 import { RequestError } from "./errors.ts";
 import { layerPrefix } from "./tensors.ts";
 import {
+  createMoeRoutedScratch,
   type Gpu,
-  moeGemvCall,
+  MOE_GROUP_MAX_SLOTS,
+  moeRoutedCalls,
+  type MoeRoutedScratch,
   readBack,
   releaseCalls,
   storageBuffer,
@@ -52,6 +57,17 @@ interface LayerStack {
   downType: WeightsOption;
 }
 
+/** A host's activations for up to T tokens of top-k routing (grown when a bigger step comes). */
+interface Scratch {
+  T: number;
+  k: number;
+  I: number;
+  experts: number;
+  xn: GPUBuffer;
+  y: GPUBuffer;
+  routed: MoeRoutedScratch;
+}
+
 /** Sorted distinct ids, checked against the layer's expert count. */
 function checkExperts(layer: number, ids: readonly number[], E: number): number[] {
   const out = [...new Set(ids)].sort((a, b) => a - b);
@@ -64,7 +80,7 @@ function checkExperts(layer: number, ids: readonly number[], E: number): number[
 
 export class ExpertHost {
   #layers = new Map<number, LayerStack>();
-  #scratch: { T: number; k: number; bufs: GPUBuffer[] } | undefined;
+  #scratch: Scratch | undefined;
   #bytes = 0;
 
   private constructor(readonly gpu: Gpu, readonly hidden: number) {}
@@ -145,29 +161,28 @@ export class ExpertHost {
       );
     }
     const gpu = this.gpu;
-    const [xn, ids, rw, gu, y] = this.#buffers(T, k, Math.max(2 * I, 1) * k);
-    const local = Uint32Array.from(input.ids, (e) => s.local.get(e) ?? NOT_HERE);
+    const { xn, y, routed } = this.#buffers(T, k, I, s.experts.length);
+    const local = new Uint32Array(T * k);
+    const weights = new Float32Array(T * k);
+    for (let i = 0; i < T * k; i++) {
+      const slot = s.local.get(input.ids[i]);
+      local[i] = slot ?? NOT_HERE;
+      weights[i] = slot === undefined ? 0 : input.weights[i];
+    }
     writeBytes(gpu, xn, 0, input.xn);
-    writeBytes(gpu, ids, 0, local);
-    writeBytes(gpu, rw, 0, input.weights);
-    const experts = { T, topK: k, experts: s.experts.length };
-    const calls = [
-      moeGemvCall(gpu, { x: xn, w: s.gateUp, y: gu, ids }, {
-        ...experts,
-        K: H,
-        N: 2 * I,
-        weights: s.gateUpType,
-      }),
-      moeGemvCall(gpu, { x: gu, w: s.down, y, ids, routeWeights: rw }, {
-        ...experts,
-        K: I,
-        N: H,
-        weights: s.downType,
-        input: "slot",
-        transform: "silu_mul",
-        output: "combine",
-      }),
-    ];
+    writeBytes(gpu, routed.ids, 0, local);
+    writeBytes(gpu, routed.routeWeights, 0, weights);
+    const calls = moeRoutedCalls(gpu, { scratch: routed, x: xn, y, gateUp: s.gateUp, down: s.down }, {
+      hidden: H,
+      intermediate: I,
+      T,
+      topK: k,
+      experts: s.experts.length,
+      weights: { gateUp: s.gateUpType, down: s.downType },
+      // A GEMV per token and slot for a few tokens, grouped by expert past that (the grouping's own limit).
+      grouped: T * k <= MOE_GROUP_MAX_SLOTS ? undefined : false,
+      accumulate: false,
+    });
     const enc = gpu.device.createCommandEncoder();
     const pass = enc.beginComputePass();
     for (const c of calls) {
@@ -184,21 +199,28 @@ export class ExpertHost {
     }
   }
 
-  /** Scratch for T tokens: xn, ids, weights, gate/up per slot, y (grown when a bigger step comes). */
-  #buffers(T: number, k: number, guPerToken: number): GPUBuffer[] {
+  /** Scratch for T tokens (grown when a bigger step, topK, intermediate or stack comes). */
+  #buffers(T: number, k: number, I: number, experts: number): Scratch {
     const s = this.#scratch;
-    if (s && s.T >= T && s.k >= k) return s.bufs;
-    for (const b of s?.bufs ?? []) b.destroy();
-    const n = Math.max(T, s?.T ?? 0);
-    const bufs = [
-      storageBuffer(this.gpu, n * this.hidden * 4, "experts xn"),
-      storageBuffer(this.gpu, n * k * 4, "experts ids"),
-      storageBuffer(this.gpu, n * k * 4, "experts weights"),
-      storageBuffer(this.gpu, n * guPerToken * 4, "experts gate/up"),
-      storageBuffer(this.gpu, n * this.hidden * 4, "experts y"),
-    ];
-    this.#scratch = { T: n, k, bufs };
-    return bufs;
+    if (s && s.T >= T && s.k >= k && s.I >= I && s.experts >= experts) return s;
+    if (s) destroyScratch(s);
+    const n = { T: Math.max(T, s?.T ?? 0), k: Math.max(k, s?.k ?? 0), I: Math.max(I, s?.I ?? 0) };
+    const e = Math.max(experts, s?.experts ?? 0);
+    const H = this.hidden;
+    this.#scratch = {
+      ...n,
+      experts: e,
+      xn: storageBuffer(this.gpu, n.T * H * 4, "experts xn"),
+      y: storageBuffer(this.gpu, n.T * H * 4, "experts y"),
+      routed: createMoeRoutedScratch(this.gpu, {
+        T: n.T,
+        hidden: H,
+        intermediate: n.I,
+        topK: n.k,
+        experts: e,
+      }),
+    };
+    return this.#scratch;
   }
 
   close(): void {
@@ -206,7 +228,12 @@ export class ExpertHost {
       s.gateUp.destroy();
       s.down.destroy();
     }
-    for (const b of this.#scratch?.bufs ?? []) b.destroy();
+    if (this.#scratch) destroyScratch(this.#scratch);
+    this.#scratch = undefined;
     this.#layers.clear();
   }
+}
+
+function destroyScratch(s: Scratch): void {
+  for (const b of [s.xn, s.y, ...Object.values(s.routed)]) b.destroy();
 }

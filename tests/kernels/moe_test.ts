@@ -34,6 +34,7 @@ import {
   uploadBuffer,
   type WeightType,
 } from "../../kernels/mod.ts";
+import assert from "node:assert/strict";
 import { join } from "node:path";
 import { readSafetensorsHeader, readTensorBytes } from "../../models/safetensors.ts";
 import { toF32 } from "../../models/dtype.ts";
@@ -747,6 +748,34 @@ Deno.test(
         }
       }
     }
+  },
+);
+
+Deno.test(
+  {
+    name: "moe combine: a slot of weight 0 adds nothing, not even a NaN row (an expert host's unheld slots)",
+    ignore,
+  },
+  async () => {
+    const g = gpu!;
+    const T = 3, k = 4, N = 37;
+    const src = randoms(T * k * N, 5);
+    const routeWeights = randoms(T * k, 6);
+    // Slots (0, 1), (1, 0), (1, 3) and all of token 2 are held elsewhere: weight 0, rows never written.
+    for (const slot of [1, 4, 7, 8, 9, 10, 11]) {
+      routeWeights[slot] = 0;
+      src.fill(NaN, slot * N, (slot + 1) * N);
+    }
+    const y = upload(g, new Float32Array(T * N).fill(1));
+    const d = { N, T, topK: k, accumulate: false };
+    await runCalls(g, [
+      moeCombineCall(g, { src: upload(g, src), routeWeights: upload(g, routeWeights), y }, d),
+    ]);
+    const got = await readF32(g, y, T * N);
+    const want = moeCombineRef({ src, routeWeights }, d);
+    assert.ok(want.every(Number.isFinite) && got.every(Number.isFinite), "no NaN from a slot of weight 0");
+    assertClose(got, want, 1e-5, 1e-5, "combine over held slots");
+    assert.ok(got.subarray(2 * N).every((v) => v === 0), "a token with no held slot sums to 0");
   },
 );
 
