@@ -7,7 +7,8 @@
 // Plan: the host of (layer, idx) is the node whose list holds idx.
 import type { ActorContext, Behavior } from "../actors/mod.ts";
 import type { ExpertFanout, ExpertInput, ExpertService } from "./backend.ts";
-import type { HopTrace } from "./messages.ts";
+import type { HopTrace, WireDtype } from "./messages.ts";
+import { packHidden, unpackHidden } from "./wire_dtype.ts";
 
 /** The Plan fields this file reads (planner/plan.ts has the whole type). */
 export interface ExpertPlan {
@@ -103,27 +104,42 @@ export function spreadExperts<P extends ExpertPlan>(
   };
 }
 
-// The host request: header length (u32 LE), JSON {layer, T, k, request}, then xn f32 [T, H], ids u32 [T, k],
-// weights f32 [T, k]. The reply: y f32 [T, H], then the host's compute time in ms (f32), so that the stage
-// can split a round trip into wire and remote compute.
+// The host request: header length (u32 LE), JSON {layer, T, k, request, dtype}, padding to 4 bytes, then
+// xn [T, H] in `dtype` (the request's activations on the wire: "f16", or "f32" where the header has none),
+// padding to 4 bytes, ids u32 [T, k], weights f32 [T, k]. The reply: y [T, H] in the same dtype, padding to
+// 4 bytes, then the host's compute time in ms (f32), so that the stage can split a round trip into wire and
+// remote compute.
 
-export function encodeExpertRequest(layer: number, input: ExpertInput): Uint8Array {
+/** Bytes of n values of `dtype`, padded to a multiple of 4. */
+function padded(n: number, dtype: WireDtype): number {
+  return Math.ceil((n * (dtype === "f16" ? 2 : 4)) / 4) * 4;
+}
+
+export function encodeExpertRequest(layer: number, input: ExpertInput, dtype: WireDtype = "f32"): Uint8Array {
   const k = input.ids.length / input.T;
-  const header = new TextEncoder().encode(JSON.stringify({ layer, T: input.T, k, request: input.request }));
+  const header = new TextEncoder().encode(
+    JSON.stringify({ layer, T: input.T, k, request: input.request, ...(dtype === "f32" ? {} : { dtype }) }),
+  );
   const head = 4 + header.length + ((4 - ((4 + header.length) % 4)) % 4);
-  const out = new Uint8Array(head + input.xn.byteLength + input.ids.byteLength + input.weights.byteLength);
+  const xn = packHidden(input.xn, dtype);
+  const at = head + padded(input.xn.length, dtype);
+  const out = new Uint8Array(at + input.ids.byteLength + input.weights.byteLength);
   new DataView(out.buffer).setUint32(0, header.length, true);
   out.set(header, 4);
-  let at = head;
-  for (const a of [input.xn, input.ids, input.weights]) {
-    out.set(new Uint8Array(a.buffer, a.byteOffset, a.byteLength), at);
-    at += a.byteLength;
-  }
+  out.set(xn, head);
+  out.set(new Uint8Array(input.ids.buffer, input.ids.byteOffset, input.ids.byteLength), at);
+  out.set(
+    new Uint8Array(input.weights.buffer, input.weights.byteOffset, input.weights.byteLength),
+    at + 4 * input.ids.length,
+  );
   return out;
 }
 
 /** Decodes a host request; RangeError when its sizes do not add up (a garbled or hostile message). */
-export function decodeExpertRequest(body: Uint8Array, hidden: number): { layer: number; input: ExpertInput } {
+export function decodeExpertRequest(
+  body: Uint8Array,
+  hidden: number,
+): { layer: number; input: ExpertInput; dtype: WireDtype } {
   if (body.length < 4) throw new RangeError("expert request shorter than its header");
   const len = new DataView(body.buffer, body.byteOffset, body.byteLength).getUint32(0, true);
   if (4 + len > body.length) throw new RangeError("expert request header past the end");
@@ -134,19 +150,48 @@ export function decodeExpertRequest(body: Uint8Array, hidden: number): { layer: 
       throw new RangeError(`expert request: bad ${name} ${JSON.stringify(v)}`);
     }
   }
+  const dtype: WireDtype = h.dtype ?? "f32";
+  if (dtype !== "f16" && dtype !== "f32") {
+    throw new RangeError(`expert request: bad dtype ${JSON.stringify(h.dtype)} (f16 or f32)`);
+  }
   const head = 4 + len + ((4 - ((4 + len) % 4)) % 4);
-  const need = head + 4 * (T * hidden + 2 * T * k);
+  const at = head + padded(T * hidden, dtype);
+  const need = at + 8 * T * k;
   if (body.length !== need) throw new RangeError(`expert request of ${body.length} bytes; expected ${need}`);
-  const data = body.slice(head);
+  const rest = body.slice(at);
   return {
     layer,
+    dtype,
     input: {
       request: typeof h.request === "string" ? h.request : undefined,
       T,
-      xn: new Float32Array(data.buffer, 0, T * hidden),
-      ids: new Uint32Array(data.buffer, 4 * T * hidden, T * k),
-      weights: new Float32Array(data.buffer, 4 * (T * hidden + T * k), T * k),
+      xn: unpackHidden(body.subarray(head, head + T * hidden * (dtype === "f16" ? 2 : 4)), dtype, T * hidden),
+      ids: new Uint32Array(rest.buffer, 0, T * k),
+      weights: new Float32Array(rest.buffer, 4 * T * k, T * k),
     },
+  };
+}
+
+/** A host's reply: y in the request's dtype, then its compute time (ms). */
+export function encodeExpertReply(y: Float32Array, ms: number, dtype: WireDtype): Uint8Array {
+  const at = padded(y.length, dtype);
+  const out = new Uint8Array(at + 4);
+  out.set(packHidden(y, dtype));
+  new DataView(out.buffer).setFloat32(at, ms, true);
+  return out;
+}
+
+/** Decodes a host's reply of `values` sums; RangeError when its size is not that. */
+export function decodeExpertReply(
+  reply: Uint8Array,
+  values: number,
+  dtype: WireDtype,
+): { y: Float32Array; hostMs: number } {
+  const at = padded(values, dtype);
+  if (reply.length !== at + 4) throw new RangeError(`replied ${reply.length} bytes; expected ${at + 4}`);
+  return {
+    y: unpackHidden(reply.subarray(0, values * (dtype === "f16" ? 2 : 4)), dtype, values),
+    hostMs: new DataView(reply.buffer, reply.byteOffset, reply.byteLength).getFloat32(at, true),
   };
 }
 
@@ -167,10 +212,7 @@ export function expertHostBehavior(
       }
       const t0 = performance.now();
       const y = await service.compute(req.layer, req.input);
-      const out = new Float32Array(y.length + 1);
-      out.set(y);
-      out[y.length] = performance.now() - t0;
-      return new Uint8Array(out.buffer);
+      return encodeExpertReply(y, performance.now() - t0, req.dtype);
     },
     onStop() {
       service.close();
@@ -296,6 +338,11 @@ export function createFanout(o: {
   now?: () => number;
   /** The least wait before a call is hedged to another replica (default HEDGE_MS; at most HEDGE_MAX_MS unless more). */
   hedgeMs?: number;
+  /**
+   * The dtype of a request's activations and sums on the way to and from other hosts: the request's own
+   * wire (`--wire`, f16 by default for the chain's hops); absent, or for an unknown request, f32.
+   */
+  wire?: (request: string | undefined) => WireDtype | undefined;
 }): ExpertFanout {
   const placement = expertPlacement(o.plan);
   const now = o.now ?? (() => performance.now());
@@ -361,7 +408,8 @@ export function createFanout(o: {
         y = await o.local!.compute(layer, part);
         hostMs = performance.now() - t0;
       } else {
-        const body = encodeExpertRequest(layer, part);
+        const dtype = o.wire?.(input.request) ?? "f32";
+        const body = encodeExpertRequest(layer, part, dtype);
         let reply: Uint8Array;
         try {
           reply = await o.call(expertHostName(node), body, node);
@@ -369,16 +417,11 @@ export function createFanout(o: {
           throw new ExpertHostError(node, layer, e);
         }
         bytes = body.length + reply.length;
-        if (reply.length !== (input.T * hidden + 1) * 4) {
-          throw new ExpertHostError(
-            node,
-            layer,
-            new Error(`replied ${reply.length} bytes; expected ${(input.T * hidden + 1) * 4}`),
-          );
+        try {
+          ({ y, hostMs } = decodeExpertReply(reply, input.T * hidden, dtype));
+        } catch (e) {
+          throw new ExpertHostError(node, layer, e);
         }
-        const all = new Float32Array(reply.slice().buffer);
-        y = all.subarray(0, input.T * hidden);
-        hostMs = all[input.T * hidden];
         const ms = performance.now() - t0;
         latency.set(node, 0.8 * (latency.get(node) ?? ms) + 0.2 * ms);
       }

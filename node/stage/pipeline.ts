@@ -366,6 +366,8 @@ export class PipelineNode {
               alive,
               // Among replicas, the nearest by the measured round trip (unmeasured last, then the Plan's order).
               cost: (n) => this.#host.links?.of(self).get(n)?.rttMs ?? Number.MAX_VALUE,
+              // A request's activations and sums cross to the hosts as its hops do (f16 unless --wire f32).
+              wire: (id) => (id === undefined ? undefined : this.#actor?.wireOf(id)),
             }),
           }
           : undefined,

@@ -14,6 +14,7 @@ import {
   type PipeMessage,
   type VerifyStep,
   wallMs,
+  type WireDtype,
 } from "./messages.ts";
 import { packHidden, unpackHidden } from "./wire_dtype.ts";
 import { verifyRows } from "../../models/speculative.ts";
@@ -93,6 +94,11 @@ export class StageActor implements Behavior {
   /** Ids of the requests holding a sequence here. */
   requests(): string[] {
     return [...this.#requests.keys()];
+  }
+
+  /** The activations request `id` sends on the wire (its `open`), if it is open here. */
+  wireOf(id: string): WireDtype | undefined {
+    return this.#requests.get(id)?.open.wire;
   }
 
   stats(): Record<string, unknown> {

@@ -6,7 +6,10 @@ import type { ActorContext } from "../../../node/actors/mod.ts";
 import type { ExpertInput, ExpertService } from "../../../node/stage/backend.ts";
 import {
   createFanout,
+  decodeExpertReply,
   decodeExpertRequest,
+  encodeExpertReply,
+  encodeExpertRequest,
   expertHostBehavior,
   ExpertHostError,
   expertHostName,
@@ -297,4 +300,68 @@ Deno.test("fan-out with replicas: a host outrun by its hedge is passed over in t
   } finally {
     release();
   }
+});
+
+Deno.test("fan-out messages carry the request's wire dtype: f16 halves the activations' bytes both ways", async () => {
+  const Hs = 5, T = 3, k = 2; // T * H odd: the f16 activations need padding before the ids
+  const input: ExpertInput = {
+    request: "r1",
+    T,
+    xn: Float32Array.from({ length: T * Hs }, (_, i) => (i - 7) / 3),
+    ids: Uint32Array.from([0, 1, 2, NOT_SENT, 1, 0]),
+    weights: Float32Array.from([0.5, 0.25, 1, 0, 0.75, 0.125]),
+  };
+  const f32 = encodeExpertRequest(1, input);
+  const f16 = encodeExpertRequest(1, input, "f16");
+  // xn: 60 bytes in f32, 30 + 2 of padding in f16; the header names the dtype (12 bytes more once aligned).
+  assert.equal(f32.length - f16.length, 60 - 32 - 12);
+  const back = decodeExpertRequest(f16, Hs);
+  assert.equal(back.dtype, "f16");
+  assert.deepEqual([...back.input.ids], [...input.ids]);
+  assert.deepEqual([...back.input.weights], [...input.weights]);
+  back.input.xn.forEach((v, i) => assert.ok(Math.abs(v - input.xn[i]) <= 2 ** -11 * Math.abs(input.xn[i])));
+  const exact = decodeExpertRequest(f32, Hs);
+  assert.equal(exact.dtype, "f32");
+  assert.deepEqual([...exact.input.xn], [...input.xn]);
+  // A header naming another dtype, or a body sized for the other one, is refused by name.
+  const bad = new TextEncoder().encode(JSON.stringify({ layer: 1, T, k, dtype: "bf16" }));
+  const body = new Uint8Array(4 + bad.length);
+  new DataView(body.buffer).setUint32(0, bad.length, true);
+  body.set(bad, 4);
+  assert.throws(() => decodeExpertRequest(body, Hs), /bad dtype "bf16"/);
+  assert.throws(() => decodeExpertRequest(f16.subarray(0, f16.length - 4), Hs), /expected/);
+  // The host answers in the request's dtype; the stage reads its sums and compute time back.
+  const y = Float32Array.from({ length: T * Hs }, (_, i) => i * 0.1);
+  const r16 = encodeExpertReply(y, 1.5, "f16");
+  assert.equal(r16.length, 2 * T * Hs + 2 + 4);
+  const got = decodeExpertReply(r16, T * Hs, "f16");
+  assert.equal(got.hostMs, 1.5);
+  got.y.forEach((v, i) => assert.ok(Math.abs(v - y[i]) <= 2 ** -11 * Math.abs(y[i])));
+  assert.throws(() => decodeExpertReply(r16, T * Hs, "f32"), /replied 36 bytes; expected 64/);
+  // End to end: the fan-out asks the request's wire of `wire`, and the host replies in it.
+  const plan = {
+    expertMode: "spread",
+    stages: [{ node: "stage", layers: [1, 2] as [number, number], experts: { "1": [0] } }],
+    expertHosts: [{ node: "far", experts: { "1": [2, 4] } }],
+  };
+  const far = expertHostBehavior(host([2, 4], 0), H, () => {});
+  const sizes: Record<string, number> = {};
+  for (const dtype of ["f32", "f16"] as const) {
+    const record = new Map<string, FanoutRecord>();
+    const fanout = createFanout({
+      plan,
+      self: "stage",
+      local: host([0], 0),
+      call: async (_name, body) => {
+        assert.equal(decodeExpertRequest(body, H).dtype, dtype);
+        return await far.receive(body, {} as ActorContext) as Uint8Array;
+      },
+      record,
+      wire: (id) => (id === "r1" ? dtype : undefined),
+    });
+    const sum = await fanout(1, step("r1"));
+    assert.deepEqual([...sum], Array(H).fill(27), `${dtype}: the sum of both shares`);
+    sizes[dtype] = record.get("r1")!.get(1)!.nodes.get("far")!.bytes;
+  }
+  assert.ok(sizes.f16 < sizes.f32, `f16 ${sizes.f16} bytes against f32 ${sizes.f32}`);
 });
