@@ -24,6 +24,7 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
+  type KernelTuning,
   memoSource,
   pipeline,
   storageBuffer,
@@ -218,7 +219,7 @@ export function gemmDefaultTile(gpu: Gpu, T: number, N: number, K: number): Gemm
   let large = tuning.gemmLarge ?? LARGE;
   if (tuning.gemmLarge === undefined && tileBytes(large) > gpu.maxWorkgroupStorage) large = LARGE_FALLBACK;
   const tiles = ceilDiv(T, large.bm) * ceilDiv(N, large.bn);
-  if (tiles * gemmDefaultSplit(T, N, K, large, wave) >= wave) return large;
+  if (tiles * gemmDefaultSplit(T, N, K, large, tuning) >= wave) return large;
   return tuning.gemmSmall ?? SMALL;
 }
 
@@ -239,25 +240,22 @@ export function gemmF16Math(gpu: Gpu, wt: WeightType | QuantType): boolean {
 
 /**
  * Whether a prefill layer of these weights and shape multiplies int8 inputs (matmul_int8.ts gemmInt8Calls):
- * with gpu.tuning.gemmMath "int8" every q8 / q4 layer, with "f16" or "f32" none; by default q4 layers whose
- * int8 tiles fill a wave unsplit (the shapes measured faster: Llama-1B's and Qwen3-30B-A3B's at 512 tokens and
- * more, Qwen3-30B-A3B's qkv at 128; a short prompt's few tiles keep the float GEMM's tuned split K, since the
- * int8 path's split and its input pass's dispatch were not timed against it). Needs packed dot products,
- * subgroups (the input pass) and K of whole quantisation groups. q4's rounding dwarfs the int8 inputs' (as in
- * the decode GEMVs, which multiply int8 inputs too); q8 keeps float inputs by default, which keep the
- * fixtures' reference tokens.
+ * with gpu.tuning.gemmMath "int8" every q8 / q4 layer, with "f16" or "f32" none; by default every q4 layer
+ * (H100, the forty-ninth session: Llama-1B q4 prompts of 20-64 tokens 3.2-4.6 ms of GPU against 7.2-7.7 on
+ * the float GEMM, Qwen3-30B-A3B 16.2-21.5 against 21.6-26.0; 512 tokens and more since the forty-eighth).
+ * Needs packed dot products, subgroups (the input pass) and K of whole quantisation groups. q4's rounding
+ * dwarfs the int8 inputs' (as in the decode GEMVs, which multiply int8 inputs too); q8 keeps float inputs by
+ * default, which keep the fixtures' reference tokens.
  */
 export function gemmInt8Math(
   gpu: Gpu,
-  d: { K: number; N: number; T: number },
+  d: { K: number },
   wt: WeightType | QuantType,
 ): wt is QuantType {
   if (!(int8TileFits(gpu, wt) && d.K % QUANT_GROUP === 0)) return false;
   const math = gpu.tuning.gemmMath;
   if (math === "int8") return true;
-  if (math !== undefined || wt !== "q4") return false;
-  const tile = gemmInt8Tile(gpu);
-  return ceilDiv(d.T, tile.rows) * ceilDiv(d.N, tile.features) >= (gpu.tuning.gemmWave ?? WAVE);
+  return math === undefined && wt === "q4";
 }
 
 /**
@@ -268,7 +266,7 @@ export function gemmInt8Math(
  */
 export function gemmHalfInput(
   gpu: Gpu,
-  d: { K: number; N: number; T: number },
+  d: { K: number },
   wt: WeightType | QuantType,
   f16Math = true,
 ): boolean {
@@ -610,7 +608,7 @@ export function gemmCalls(
   if (d.tile === undefined && !d.xHalf && !d.yHalf && gemmInt8Math(gpu, d, wt)) {
     const tile = gemmInt8Tile(gpu);
     const splits = d.splitK ??
-      gemmDefaultSplit(d.T, d.N, d.K, { bm: tile.rows, bn: tile.features }, gpu.tuning.gemmWave);
+      gemmDefaultSplit(d.T, d.N, d.K, { bm: tile.rows, bn: tile.features }, gpu.tuning, true);
     if (!(Number.isInteger(splits) && splits >= 1)) {
       throw new RangeError(`splitK must be an integer >= 1, got ${splits}`);
     }
@@ -637,7 +635,7 @@ export function gemmCalls(
       `GEMM tiles staging W as f16 (wh) take f16 or q4 weights, not ${wt}: it would round`,
     );
   }
-  const splits = d.splitK ?? gemmDefaultSplit(d.T, d.N, d.K, tile, gpu.tuning.gemmWave);
+  const splits = d.splitK ?? gemmDefaultSplit(d.T, d.N, d.K, tile, gpu.tuning);
   if (!(Number.isInteger(splits) && splits >= 1)) {
     throw new RangeError(`splitK must be an integer >= 1, got ${splits}`);
   }
@@ -693,18 +691,27 @@ export function gemmCall(
 
 /**
  * Split K where the tiles are under a wave and K is long: splits (a power of two) until they make a wave,
- * each split keeping >= 1024 of K.
+ * each split keeping >= 1024 of K, at most 8; deeper (>= 256 of K, at most 16) for the int8 tiles (`int8`)
+ * and for an output of at most 4 tiles (a MoE router's at short prompts). H100, the forty-ninth session: the
+ * int8 GEMMs of Qwen3-30B-A3B's 20-64-token prompts 3.9-4.6 -> 3.0-4.6 ms, its f32 router 3.0 -> 1.1 ms (48
+ * layers), while the float tiles lost with it (qkv and o_proj ~+1.9 ms). gpu.tuning.gemmWave and gemmSplit
+ * replace these.
  */
 export function gemmDefaultSplit(
   T: number,
   N: number,
   K: number,
   tile: Pick<GemmTile, "bm" | "bn">,
-  wave = WAVE,
+  tuning: Pick<KernelTuning, "gemmWave" | "gemmSplit"> = {},
+  int8 = false,
 ): number {
+  const wave = tuning.gemmWave ?? WAVE;
   const tiles = ceilDiv(T, tile.bm) * ceilDiv(N, tile.bn);
+  const deep = int8 || tiles <= 4;
+  const minK = tuning.gemmSplit?.minK ?? (deep ? 256 : 1024);
+  const most = tuning.gemmSplit?.max ?? (deep ? 16 : 8);
   let s = 1;
-  while (tiles * s < wave && K / (2 * s) >= 1024 && s < 8) s *= 2;
+  while (tiles * s < wave && K / (2 * s) >= minK && s < most) s *= 2;
   return s;
 }
 

@@ -248,6 +248,12 @@ export interface KernelTuning {
   gemmSmall?: GemmTile;
   gemmWave?: number;
   /**
+   * The default split K (kernels/gemm.ts gemmDefaultSplit): splits double while the tiles are under a wave,
+   * each split keeps at least `minK` of K and there are at most `max` (defaults 1024 and 8, or 256 and 16 for
+   * the int8 tiles and outputs of at most 4 tiles). Read when a GEMM call is built.
+   */
+  gemmSplit?: { minK?: number; max?: number };
+  /**
    * The GQA KV cache's element type, read when a model is loaded (Model.load; default: f16 where the adapter
    * has shader-f16 and the weights are not f32, else f32; env SWACTOR_KV sets it too).
    */
@@ -271,8 +277,7 @@ export interface KernelTuning {
   /**
    * How the prefill GEMM multiplies (kernels/gemm.ts): "f32" in f32 for every weight type; "f16" in f16 where
    * gemmF16Math allows; "int8" q8 and q4 layers on int8 inputs (matmul_int8.ts). Default: int8 for q4 layers
-   * whose int8 tiles fill a wave (gemmInt8Math), f16 where gemmF16Math allows. Read when a GEMM call
-   * is built.
+   * (gemmInt8Math), f16 where gemmF16Math allows. Read when a GEMM call is built.
    */
   gemmMath?: "f16" | "f32" | "int8";
   /** The int8 GEMM's tile (matmul_int8.ts GEMM_INT8_TILE otherwise). Read when a GEMM call is built. */
@@ -324,6 +329,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   gemmLarge: true,
   gemmSmall: true,
   gemmWave: true,
+  gemmSplit: true,
   kv: true,
   moe: true,
   headNorm: true,

@@ -153,7 +153,7 @@ for (const wt of values.weights!.split(",")) {
           continue;
         }
         // Split K: the default, and no split (for the default tile also 2 and 4) where the default splits.
-        const auto = gemmDefaultSplit(M, N, K, tile, gpu.tuning.gemmWave);
+        const auto = gemmDefaultSplit(M, N, K, tile, gpu.tuning);
         const isDef = tag(tile) === tag(def);
         const splits = [
           ...new Set([auto, ...(auto > 1 || isDef ? [1] : []), ...(isDef && wt === "f16" ? [2, 4] : [])]),

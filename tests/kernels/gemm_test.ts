@@ -6,6 +6,7 @@
 import {
   gemmCall,
   gemmCalls,
+  gemmDefaultSplit,
   gemmDefaultTile,
   gemmFits,
   gemmRef,
@@ -16,6 +17,7 @@ import {
   runCalls,
   uploadBuffer,
 } from "../../kernels/mod.ts";
+import assert from "node:assert/strict";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
 import {
   assertClose,
@@ -338,15 +340,16 @@ Deno.test(
         }
       }
     }
-    // By default q4 layers whose tiles fill a wave take it (gemmInt8Math), q8 ones and a short prompt's few
-    // tiles do not, and a given float tile keeps the float GEMM.
+    // By default q4 layers take it (gemmInt8Math), q8 ones do not, and a given float tile keeps the float GEMM;
+    // a short prompt's few int8 tiles split K deeper than the float tiles do (gemmDefaultSplit).
     const b = upload(g, new Float32Array(64));
     const labels = (d: Parameters<typeof gemmCalls>[2]) =>
       gemmCalls(g, { x: b, w: b, y: b }, d).map((k) => k.label).join();
     for (
       const [d, want] of [
         [{ K: 64, N: 4096, T: 512, weights: "q4" }, "gemv_int8_x,gemm_int8"],
-        [{ K: 64, N: 4096, T: 32, weights: "q4" }, "gemm_none"],
+        [{ K: 64, N: 4096, T: 32, weights: "q4" }, "gemv_int8_x,gemm_int8"],
+        [{ K: 2048, N: 4096, T: 32, weights: "q4" }, "gemv_int8_x,gemm_int8,gemm_reduce"],
         [{ K: 64, N: 4096, T: 512, weights: "q8" }, "gemm_none"],
         [
           { K: 64, N: 4096, T: 512, weights: "q4", tile: { bm: 64, bn: 64, bk: 16, rm: 1, rn: 1 } },
@@ -359,6 +362,19 @@ Deno.test(
     }
   },
 );
+
+Deno.test("GEMM split K by default: to a wave, deeper for int8 tiles and outputs of a few tiles", () => {
+  const small = { bm: 64, bn: 64 }, int8 = { bm: 32, bn: 64 };
+  // Qwen3-30B-A3B-like o_proj at 32 tokens: 64 float tiles split 2 (each >= 1024 of K), int8 ones 4.
+  assert.equal(gemmDefaultSplit(32, 4096, 2048, small), 2);
+  assert.equal(gemmDefaultSplit(32, 4096, 2048, int8, {}, true), 4);
+  // A router's [32, 128] output: 2 tiles, split until 256 of K each.
+  assert.equal(gemmDefaultSplit(32, 128, 2048, small), 8);
+  assert.equal(gemmDefaultSplit(32, 128, 2048, small, { gemmSplit: { minK: 1024, max: 8 } }), 2);
+  // Tiles that make a wave are not split.
+  assert.equal(gemmDefaultSplit(512, 4096, 2048, int8, {}, true), 1);
+  assert.equal(gemmDefaultSplit(32, 128, 2048, small, { gemmWave: 2 }), 1);
+});
 
 Deno.test({ name: "GEMM rejects shapes and tiles it cannot take", ignore }, () => {
   const g = gpu!;

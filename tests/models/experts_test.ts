@@ -102,8 +102,9 @@ for (const name of ["kimi-k2-tiny", "mixtral-tiny", "qwen3-moe-norm"]) {
 // Quantised experts on hosts: a prefill chunk's slots grouped by expert (kernels/moe_ffn.ts moeRoutedCalls,
 // int8 inputs where the adapter has packed dots) over the slots each host holds, the rest skipped, give the
 // logits the stage's own experts give with the same weights: the same kernels, only the order the sums meet
-// in differs (~3e-7 of a row's largest logit). kimi-k2-tiny q8 is left out: one of its rows has a routing
-// near tie that this order flips (6.9e-4 there, every other row ~3e-7).
+// in differs (~3e-7 of a row's largest logit). kimi-k2-tiny's grouped routing has near ties that this order
+// can flip at one row (6.2e-3 at q4, 6.9e-4 at q8, every other row ~3e-7), so one row may be off by a flip;
+// a slot summed twice, dropped or misplaced would move every row.
 for (
   const [name, weights] of [["mixtral-tiny", "q4"], ["kimi-k2-tiny", "q4"], ["qwen3-moe-norm", "q8"]] as const
 ) {
@@ -145,16 +146,20 @@ for (
         const got = await split.logits(tokens);
         assert.ok(grouped.length > 0 && tokens.length > 4, "the hosts ran a grouped step");
         const V = c.vocabSize;
-        let worst = 0;
+        const rows: number[] = [];
         for (let row = 0; row < tokens.length; row++) {
           let scale = 0, err = 0;
           for (let i = row * V; i < (row + 1) * V; i++) {
             scale = Math.max(scale, Math.abs(want[i]));
             err = Math.max(err, Math.abs(got[i] - want[i]));
           }
-          worst = Math.max(worst, err / scale);
+          rows.push(err / scale);
         }
-        assert.ok(Number.isFinite(worst) && worst <= 1e-4, `logits off the stage's own by ${worst}`);
+        const off = rows.filter((e) => !(e <= 1e-5));
+        assert.ok(
+          off.length <= 1 && off.every((e) => e <= 2e-2),
+          `rows off the stage's own logits: ${off.map((e) => e.toExponential(1))}`,
+        );
       } finally {
         split.close();
         whole.close();
