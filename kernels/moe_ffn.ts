@@ -276,6 +276,15 @@ export function moeRoutedCalls(
   const { hidden: H, intermediate: I, T } = d;
   const experts = { T, topK: d.topK, experts: d.experts };
   const s = b.scratch;
+  // down reads each slot's silu(gate) * up row.
+  const downDims = {
+    ...experts,
+    K: I,
+    N: H,
+    weights: d.weights.down,
+    input: "slot" as const,
+    transform: "silu_mul" as const,
+  };
   if (d.grouped ?? T > GEMV_MAX_T) {
     const { order, tiles } = s;
     // Each grouped matmul of q8 / q4 experts reads its input rows as int8, quantised once by a pass before it.
@@ -311,15 +320,7 @@ export function moeRoutedCalls(
         order,
         tiles,
         int8: downPass.length ? int8 : undefined,
-      }, {
-        ...experts,
-        K: I,
-        N: H,
-        weights: d.weights.down,
-        input: "slot",
-        transform: "silu_mul",
-        columnBlock: d.downBlock,
-      }),
+      }, { ...downDims, columnBlock: d.downBlock }),
       moeCombineCall(gpu, { src: s.down, routeWeights: s.routeWeights, y: b.y }, {
         N: H,
         T,
@@ -343,12 +344,7 @@ export function moeRoutedCalls(
       tuning: d.tuning?.gateUp,
     }),
     moeGemvCall(gpu, { x: s.gu, w: b.down, y: b.y, ids: s.ids, routeWeights: s.routeWeights }, {
-      ...experts,
-      K: I,
-      N: H,
-      weights: d.weights.down,
-      input: "slot",
-      transform: "silu_mul",
+      ...downDims,
       output: "combine",
       accumulate: d.accumulate,
       tuning: d.tuning?.down,
