@@ -51,6 +51,29 @@ const TILES: (GemmTile | undefined)[] = [
   { bm: 64, bn: 64, bk: 32, rm: 2, rn: 2, ci: true, v: true },
 ];
 
+/**
+ * Case c's operands: x with xRow0 rows before its T (twice K wide for silu_mul), the packed weights, y's prior
+ * content y0 and y on the GPU; every other case accumulates, every third reads from row 1.
+ */
+function gemmCase(
+  g: NonNullable<typeof gpu>,
+  c: number,
+  d: { T: number; K: number; N: number; wt: "f32" | "f16" | "q8" | "q4"; transform: "none" | "silu_mul" },
+) {
+  const { T, K, N } = d;
+  const xRow0 = c % 3 === 0 ? 1 : 0;
+  const x = randoms((T + xRow0) * (d.transform === "silu_mul" ? 2 * K : K), c, 2);
+  const y0 = randoms(T * N, c + 7);
+  return {
+    accumulate: c % 2 === 0,
+    xRow0,
+    x,
+    w: packedWeights(d.wt, randoms(N * K, c + 100, 1), N, K),
+    y0,
+    y: upload(g, y0),
+  };
+}
+
 Deno.test(
   { name: "GEMM matches the reference for every weight format, tile and awkward shape", ignore },
   async () => {
@@ -65,13 +88,7 @@ Deno.test(
           // The default tile, multiplying in f32 (the default for f16 / q8 / q4 weights multiplies in f16,
           // checked against its bound below).
           const tile = TILES[c++ % TILES.length] ?? gemmDefaultTile(g, T, N, K);
-          const accumulate = c % 2 === 0;
-          const xRow0 = c % 3 === 0 ? 1 : 0;
-          const width = transform === "silu_mul" ? 2 * K : K;
-          const x = randoms((T + xRow0) * width, c, 2);
-          const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
-          const y0 = randoms(T * N, c + 7);
-          const y = upload(g, y0);
+          const { accumulate, xRow0, x, w, y0, y } = gemmCase(g, c, { T, K, N, wt, transform });
           // Split K (partial sums in scratch, a reduce adds them and the residual) on every fourth case.
           await runCalls(
             g,
@@ -297,13 +314,7 @@ Deno.test(
       for (const wt of ["q8", "q4"] as const) {
         for (const transform of ["none", "silu_mul"] as const) {
           const tile = INT8_TILES[c++ % INT8_TILES.length];
-          const accumulate = c % 2 === 0;
-          const xRow0 = c % 3 === 0 ? 1 : 0;
-          const width = transform === "silu_mul" ? 2 * K : K;
-          const x = randoms((T + xRow0) * width, c, 2);
-          const w = packedWeights(wt, randoms(N * K, c + 100, 1), N, K);
-          const y0 = randoms(T * N, c + 7);
-          const y = upload(g, y0);
+          const { accumulate, xRow0, x, w, y0, y } = gemmCase(g, c, { T, K, N, wt, transform });
           g.tuning.gemmMath = "int8";
           g.tuning.gemmInt8 = tile;
           let calls;
