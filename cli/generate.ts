@@ -44,8 +44,8 @@ ${WEIGHTS_HELP}
                         same model), else this process alone.
   --plan FILE           with --local: use this Plan JSON instead of planning (its stage nodes are
                         mapped onto the cluster's nodes in order)
-  --wire f16|f32        activations between stages (default f16; through \`up\`'s chain, the chain's:
-                        \`up --wire\`)
+  --wire f16|f32        activations between stages and to expert hosts (default f16; through
+                        \`up\`'s chain, the chain's: \`up --wire\`)
   --experts local|spread  with --local: MoE experts on their layer's stage (local, the default) or
                         spread over the nodes (expert parallelism); --json then adds expert_hosts and
                         fanout (what went to each node per MoE layer) and routing_counts (the

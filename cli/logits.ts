@@ -20,7 +20,8 @@ Options:
                         a device or pipe such as /dev/stdout is written in place)
 ${WEIGHTS_HELP}
   --local N             run on an ephemeral cluster of N node processes on this machine
-  --wire f16|f32        activations between stages with --local (default f32 here: exact)
+  --wire f16|f32        activations between stages and to expert hosts with --local (default f32
+                        here: exact)
   --experts local|spread  with --local: MoE experts on their layer's stage, or spread over the nodes
 ${clusterHelp(24)}
   -h, --help            this help`;
