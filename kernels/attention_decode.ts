@@ -1158,6 +1158,16 @@ export function attentionLengthBucket(maxSeq: number, keys: number | undefined):
 }
 
 /**
+ * Whether sequences of `a` and `b` positions build the same decode attention for every cache length both
+ * hold: attentionLengthBucket agrees for each, and where it gives no bucket the capacity falls on the same
+ * side of both thresholds (splits, split subgroups and the grouped kernel follow only those; the capacity is
+ * otherwise the cache's row stride). What lets a released sequence serve a shorter request exactly.
+ */
+export function sameLengthBuckets(a: number, b: number): boolean {
+  return [ATTENTION_SPLIT_KEYS, ATTENTION_LONG_KEYS].every((k) => (k < a) === (k < b));
+}
+
+/**
  * Flash-decoding splits by default: enough workgroups to fill a large GPU, for steps attending to more than
  * ATTENTION_SPLIT_KEYS keys.
  */

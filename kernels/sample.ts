@@ -4,19 +4,29 @@
 // Otherwise: p_i ∝ exp((l_i - max) / T); top-p keeps the smallest set of most likely tokens whose mass
 // reaches top_p (found by bisection on a probability threshold, no sort); then inverse-CDF sampling in
 // index order with a uniform number hashed from (seed, tok_out), so a seed gives a reproducible sequence.
-import { type Gpu, type KernelCall, kernelCall, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
+import {
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  packWords,
+  pipeline,
+  storageBuffer,
+  uniformBuffer,
+} from "./gpu.ts";
 import { STEP_WGSL } from "./step.ts";
 import { argmaxGroups, argmaxPartialCall } from "./argmax_rows.ts";
 
 const WG = 256;
 
 const SOURCE = `${STEP_WGSL}
-struct P { V: u32, row: u32, temperature: f32, top_p: f32, seed: u32, groups: u32 }
+struct P { V: u32, row: u32, groups: u32 }
+struct S { temperature: f32, top_p: f32, seed: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> step: Step;
-@group(0) @binding(2) var<storage, read> logits: array<f32>;
-@group(0) @binding(3) var<storage, read_write> tokens: array<u32>;
-@group(0) @binding(4) var<storage, read> partial: array<vec2<u32>>;
+@group(0) @binding(1) var<uniform> s: S;
+@group(0) @binding(2) var<storage, read> step: Step;
+@group(0) @binding(3) var<storage, read> logits: array<f32>;
+@group(0) @binding(4) var<storage, read_write> tokens: array<u32>;
+@group(0) @binding(5) var<storage, read> partial: array<vec2<u32>>;
 const WG = ${WG}u;
 var<workgroup> rv: array<f32, ${WG}>;
 var<workgroup> ri: array<u32, ${WG}>;
@@ -65,14 +75,14 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
   let mx = rv[0];
   workgroupBarrier();
   if (tid == 0u) { tokens[step.tok_out] = best; }
-  if (p.temperature <= 0.0) { return; }
-  let inv_t = 1.0 / p.temperature;
+  if (s.temperature <= 0.0) { return; }
+  let inv_t = 1.0 / s.temperature;
   // Threshold tau on the relative probability e_i = exp((l_i - max) / T) in (0, 1].
   var tau = 0.0;
-  if (p.top_p < 1.0) {
+  if (s.top_p < 1.0) {
     var z = 0.0;
     for (var i = tid; i < p.V; i += WG) { z += exp((logits[base + i] - mx) * inv_t); }
-    let target_mass = sum_all(tid, z) * p.top_p;
+    let target_mass = sum_all(tid, z) * s.top_p;
     var lo = 0.0;
     var hi = 1.0;
     for (var it = 0u; it < 32u; it++) {
@@ -103,7 +113,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
     bisect[0] = acc;
   }
   workgroupBarrier();
-  let u = f32(pcg(pcg(p.seed) ^ pcg(step.tok_out + 0x9e3779b9u)) >> 8u) / 16777216.0 * bisect[0];
+  let u = f32(pcg(pcg(s.seed) ^ pcg(step.tok_out + 0x9e3779b9u)) >> 8u) / 16777216.0 * bisect[0];
   let before = rv[tid];
   if (u >= before && u < before + mine) {
     var acc = before;
@@ -126,24 +136,44 @@ export interface SamplingOptions {
   seed: number;
 }
 
+/** The sampling words a sampler's `s` uniform holds: temperature, top-p, seed (checked). */
+function samplingWords(o: SamplingOptions): Uint32Array<ArrayBuffer> {
+  if (!(o.topP > 0 && o.topP <= 1)) throw new RangeError(`top-p must be in (0, 1], got ${o.topP}`);
+  if (!(o.temperature >= 0)) throw new RangeError(`temperature must be >= 0, got ${o.temperature}`);
+  return packWords([o.temperature, o.topP, o.seed >>> 0], [0, 1], 4);
+}
+
+/**
+ * A uniform buffer of sampling options for sampleCalls' `sampling`, which writeSampling may rewrite between
+ * steps: a sequence reused by another request (models/engine.ts) keeps its programs and takes the new
+ * request's temperature, top-p and seed this way.
+ */
+export function samplingBuffer(gpu: Gpu, o: SamplingOptions): GPUBuffer {
+  const buf = gpu.device.createBuffer({ size: 16, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+  writeSampling(gpu, buf, o);
+  return buf;
+}
+
+/** Writes sampling options into a samplingBuffer (in queue order: steps submitted before it keep the old). */
+export function writeSampling(gpu: Gpu, buf: GPUBuffer, o: SamplingOptions): void {
+  gpu.device.queue.writeBuffer(buf, 0, samplingWords(o));
+}
+
 /**
  * The two dispatches that sample a token from logits row `row`: a partial argmax over many workgroups,
- * then one workgroup that finishes the argmax and (temperature > 0) samples. The partials buffer is the
- * second call's `owned` scratch, freed by releaseCalls.
+ * then one workgroup that finishes the argmax and (temperature > 0) samples. The options come from
+ * `bufs.sampling` (a samplingBuffer) where given, else from `d` (a uniform of the call's own). The partials
+ * buffer is the second call's `owned` scratch, freed by releaseCalls.
  */
 export function sampleCalls(
   gpu: Gpu,
-  bufs: { step: GPUBuffer; logits: GPUBuffer; tokens: GPUBuffer },
+  bufs: { step: GPUBuffer; logits: GPUBuffer; tokens: GPUBuffer; sampling?: GPUBuffer },
   d: { vocab: number; row?: number } & SamplingOptions,
 ): KernelCall[] {
-  if (!(d.topP > 0 && d.topP <= 1)) throw new RangeError(`top-p must be in (0, 1], got ${d.topP}`);
-  if (!(d.temperature >= 0)) throw new RangeError(`temperature must be >= 0, got ${d.temperature}`);
+  samplingWords(d); // checks them
   const groups = argmaxGroups(gpu, d.vocab);
   const partial = storageBuffer(gpu, groups * 8, "argmax partials");
-  const params = uniformBuffer(gpu, [d.vocab, d.row ?? 0, d.temperature, d.topP, d.seed >>> 0, groups], [
-    2,
-    3,
-  ]);
+  const params = uniformBuffer(gpu, [d.vocab, d.row ?? 0, groups]);
   const first = argmaxPartialCall(gpu, { logits: bufs.logits, partial }, {
     vocab: d.vocab,
     T: 1,
@@ -152,6 +182,7 @@ export function sampleCalls(
   });
   const second = kernelCall(gpu, pipeline(gpu, SOURCE), [
     params,
+    bufs.sampling ?? uniformBuffer(gpu, [d.temperature, d.topP, d.seed >>> 0], [0, 1]),
     bufs.step,
     bufs.logits,
     bufs.tokens,

@@ -93,6 +93,10 @@ export interface StageStats {
   kvBytes: number;
   /** Weight bytes this stage holds. */
   weightBytes: number;
+  /** GPU bytes of released requests' sequences kept for reuse (models/engine.ts SPARES), where any. */
+  spareBytes?: number;
+  /** Requests that took such a sequence instead of building their own, since the stage loaded. */
+  reuses?: number;
 }
 
 /** The model facts the chain logic needs (to size requests and check their token ids). */

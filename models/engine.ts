@@ -72,6 +72,13 @@ import { type ExpertFanout, ExpertHost } from "./experts.ts";
  */
 const MAX_IN_FLIGHT = 3;
 
+/**
+ * Released requests' sequences an engine keeps by default: a request whose shape one serves (Sequence.reopen)
+ * takes it with its programs built, so its first token waits on no program build (15-50 ms of host time for a
+ * new request's programs; docs/BENCHMARKS.md, the fiftieth session).
+ */
+export const SPARES = 2;
+
 export interface GenerateOptions {
   /** Most tokens to generate (>= 1). */
   maxTokens: number;
@@ -157,6 +164,8 @@ const yieldToEventLoop = () => new Promise<void>((r) => setTimeout(r, 0));
 
 interface Open {
   seq: Sequence;
+  /** Calls of this request in progress (run, verify, generate): a busy request's sequence is not reused. */
+  busy: number;
   /** Aborted when the request is released while its loop runs. */
   abort: AbortController;
   /** Positions 0..length-1 hold this request's tokens (KV written); steps past it are refused. */
@@ -177,10 +186,23 @@ export class Engine implements StageBackend {
   #next = 0;
 
   #fanout: ExpertFanout | undefined;
+  /** Released requests' sequences, newest last, kept for the next requests (programs and buffers built). */
+  #spares: Sequence[] = [];
+  readonly #maxSpares: number;
+  /** Requests that took a released sequence (StageStats.reuses). */
+  #reuses = 0;
 
-  /** `opts.fanout` runs the remote experts of the model's split layers (Model.load's remoteExperts). */
-  constructor(readonly role: StageRole, readonly weights: Model, opts: { fanout?: ExpertFanout } = {}) {
+  /**
+   * `opts.fanout` runs the remote experts of the model's split layers (Model.load's remoteExperts).
+   * `opts.spares` (default SPARES): how many released requests' sequences are kept for reuse.
+   */
+  constructor(
+    readonly role: StageRole,
+    readonly weights: Model,
+    opts: { fanout?: ExpertFanout; spares?: number } = {},
+  ) {
     this.#fanout = opts.fanout;
+    this.#maxSpares = opts.spares ?? SPARES;
     if (weights.part.remoteExperts?.size && !opts.fanout) {
       throw new TypeError("a model part with remote experts needs a fanout to run them");
     }
@@ -202,9 +224,41 @@ export class Engine implements StageBackend {
     opts: OpenOptions & { maxChunk?: number; prefillChunk?: number },
   ): { chunk: number; prefillChunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
-    const seq = this.weights.newSequence(opts);
-    this.#open.set(id, { seq, abort: new AbortController(), length: 0 });
+    const seq = this.#reuse(opts) ?? this.weights.newSequence(opts);
+    this.#open.set(id, { seq, busy: 0, abort: new AbortController(), length: 0 });
     return { chunk: seq.maxChunk, prefillChunk: seq.prefillChunk };
+  }
+
+  /**
+   * A released request's sequence that serves `opts` exactly as a new one would (Sequence.reopen), newest
+   * first; where none does, the spares are freed first, so the new sequence's buffers never sit beside them.
+   */
+  #reuse(opts: OpenOptions & { maxChunk?: number; prefillChunk?: number }): Sequence | undefined {
+    for (let i = this.#spares.length - 1; i >= 0; i--) {
+      const seq = this.#spares[i];
+      if (seq.reopen(opts)) {
+        this.#spares.splice(i, 1);
+        this.#reuses++;
+        return seq;
+      }
+    }
+    this.#dropSpares();
+    return undefined;
+  }
+
+  #dropSpares(): void {
+    for (const seq of this.#spares) seq.destroy();
+    this.#spares = [];
+  }
+
+  /** Runs `f` with request `open` marked busy. */
+  async #busy<T>(open: Open, f: () => Promise<T>): Promise<T> {
+    open.busy++;
+    try {
+      return await f();
+    } finally {
+      open.busy--;
+    }
   }
 
   #get(id: string): Open {
@@ -213,8 +267,12 @@ export class Engine implements StageBackend {
     return o;
   }
 
-  async run(id: string, input: StageInput): Promise<StageResult> {
+  run(id: string, input: StageInput): Promise<StageResult> {
     const open = this.#get(id);
+    return this.#busy(open, () => this.#run(id, open, input));
+  }
+
+  async #run(id: string, open: Open, input: StageInput): Promise<StageResult> {
     const { seq } = open;
     const gpu = this.gpu;
     const { pos0, T, output } = input;
@@ -255,13 +313,23 @@ export class Engine implements StageBackend {
    * [k, vocab] (Float32Array). pos0 may be at most length(id): a step may overwrite positions (after a
    * rejected draft), never leave a gap. Afterwards length(id) is pos0 + k. Needs embedding and head.
    */
-  async verify(
+  verify(
     id: string,
     pos0: number,
     tokens: readonly number[] | Uint32Array,
     output: "argmax" | "logits" = "argmax",
   ): Promise<Uint32Array | Float32Array> {
     const open = this.#get(id);
+    return this.#busy(open, () => this.#verify(id, open, pos0, tokens, output));
+  }
+
+  async #verify(
+    id: string,
+    open: Open,
+    pos0: number,
+    tokens: readonly number[] | Uint32Array,
+    output: "argmax" | "logits",
+  ): Promise<Uint32Array | Float32Array> {
     const { seq } = open;
     if (!this.role.embeds || !this.role.head) throw new Error("verify needs a part with embedding and head");
     const k = tokens.length;
@@ -404,7 +472,7 @@ export class Engine implements StageBackend {
     opts: LoopOptions & Omit<GenerateOptions, "eosTokenIds">,
   ): Promise<GenerateResult> {
     const open = this.#get(id);
-    const result = await this.#generate(open, id, prompt, opts);
+    const result = await this.#busy(open, () => this.#generate(open, id, prompt, opts));
     // The last token sampled is not in the KV cache yet: the request holds the prompt and the rest.
     open.length = prompt.length + Math.max(0, result.tokens.length - 1);
     return result;
@@ -448,6 +516,8 @@ export class Engine implements StageBackend {
       }
       const submitted = performance.now();
       await reserved;
+      // Released meanwhile: its sequence is gone (nothing of the decode may be built on it).
+      if (signal.aborted) return this.#result([], "aborted", P, t0, t0, t0, seq);
       // One decode step, then the GPU moves the step record on: k tokens are k copies in one submit. The
       // step at position p attends to p + 1 keys; its program may depend on that (StepOptions.keys: a
       // program per cache-length bucket: a long request's first 1,024 tokens without attention splits).
@@ -681,7 +751,11 @@ export class Engine implements StageBackend {
     if (!o) return false;
     this.#open.delete(id);
     o.abort.abort();
-    o.seq.destroy();
+    // A busy request's calls may still touch its buffers (they stop at the abort): never handed on.
+    if (o.busy === 0 && this.#maxSpares > 0) {
+      this.#spares.push(o.seq);
+      if (this.#spares.length > this.#maxSpares) this.#spares.shift()!.destroy();
+    } else o.seq.destroy();
     if (o.argmax) {
       for (const calls of o.argmax.calls.values()) releaseCalls(calls);
       o.argmax.out.destroy();
@@ -692,11 +766,19 @@ export class Engine implements StageBackend {
   stats(): StageStats {
     let kvBytes = 0;
     for (const o of this.#open.values()) kvBytes += o.seq.kvBytes;
-    return { active: this.#open.size, kvBytes, weightBytes: this.weights.weightBytes };
+    const spareBytes = this.#spares.reduce((n, s) => n + s.kvBytes + s.activationBytes, 0);
+    return {
+      active: this.#open.size,
+      kvBytes,
+      weightBytes: this.weights.weightBytes,
+      spareBytes,
+      reuses: this.#reuses,
+    };
   }
 
   close(): void {
     for (const id of [...this.#open.keys()]) this.release(id);
+    this.#dropSpares();
     this.weights.destroy();
   }
 }
@@ -776,6 +858,8 @@ export async function loadEngine(
     gpu?: Gpu;
     /** Runs the routed experts of `remoteExperts` layers where they are held. */
     fanout?: ExpertFanout;
+    /** Released requests' sequences kept for reuse (default SPARES). */
+    spares?: number;
   } = {},
 ): Promise<Engine> {
   const ckpt = typeof src === "string" ? await Checkpoint.open(src) : src;
@@ -788,7 +872,7 @@ export async function loadEngine(
     onProgress: opts.onProgress,
     remoteExperts: opts.remoteExperts,
   });
-  return new Engine(role, model, { fanout: opts.fanout });
+  return new Engine(role, model, { fanout: opts.fanout, spares: opts.spares });
 }
 
 /** The StageLoader for every family: reads only the role's tensors onto this process's GPU. */

@@ -41,12 +41,15 @@ import {
   ropeInvFreq,
   ropeTable,
   runCalls,
+  sameLengthBuckets,
   sampleCalls,
+  samplingBuffer,
   type SamplingOptions,
   storageBuffer,
   uploadBuffer,
   type WeightType,
   withSharedUniforms,
+  writeSampling,
 } from "../kernels/mod.ts";
 import type { BlockContext, TensorReader } from "./blocks/context.ts";
 import {
@@ -471,6 +474,26 @@ export class Model {
     return new Sequence(this, opts);
   }
 
+  /** The positions and rows a new sequence for `opts` holds (RequestError where maxSeq is out of range). */
+  sequenceShape(opts: SequenceOptions): SequenceShape {
+    const c = this.config;
+    checkMaxSeq(opts.maxSeq, c.maxPositionEmbeddings);
+    const { widths, moe, moeRow } = this.partShape();
+    const maxChunk = stepChunk(opts.maxSeq, this.stepChunkLimits(opts.maxChunk), opts.prompt);
+    const actBytes = Math.max(c.hiddenSize, moeRow, ...Object.values(widths)) * 4;
+    const prefillChunk = Math.max(
+      maxChunk,
+      Math.min(
+        opts.prefillChunk ?? (opts.maxChunk ?? prefillChunkFor(this, moe !== undefined, maxChunk)),
+        opts.maxSeq,
+        opts.prompt ?? Infinity,
+        Math.floor(this.gpu.device.limits.maxStorageBufferBindingSize / actBytes),
+      ),
+    );
+    const logitsRows = Math.max(1, Math.min(maxChunk, opts.logitsRows ?? LOGITS_ROWS));
+    return { maxSeq: opts.maxSeq, maxChunk, prefillChunk, logitsRows };
+  }
+
   /**
    * The layers of this part, the widest per-layer scratch (buffer by buffer), its MoE block if any and the
    * widest row that block's scratch needs: what a Sequence sizes its buffers and chunks by.
@@ -562,6 +585,36 @@ export interface SequenceOptions {
 
 /** Rows of logits a sequence holds unless it asks for more (SequenceOptions.logitsRows). */
 export const LOGITS_ROWS = 32;
+
+/**
+ * A sequence's geometry (Model.sequenceShape): its positions, the most tokens a step and a prefill chunk, the
+ * rows of logits. What its buffers hold, or what a request asks of the sequence serving it.
+ */
+export interface SequenceShape {
+  maxSeq: number;
+  maxChunk: number;
+  prefillChunk: number;
+  logitsRows: number;
+}
+
+/**
+ * The most positions a released sequence may hold past what a request asks, for that request to reuse it
+ * (Sequence.reopen): KV bytes held past the request's own, bounded.
+ */
+export const REUSE_SLACK = 1.25;
+
+/**
+ * Whether a sequence of shape `have` can serve a request asking `want` exactly as a new one would (pure):
+ * it holds every position and row the request may use, at most REUSE_SLACK times the positions, and builds
+ * the same decode attention for every length the request reaches (kernels/attention_decode.ts
+ * sameLengthBuckets; MLA's buckets do not depend on the capacity). A step's kernels otherwise follow its
+ * tokens, not the buffers' sizes, and the request keeps its own chunks (Sequence.reopen).
+ */
+export function shapeServes(have: SequenceShape, want: SequenceShape): boolean {
+  return want.maxSeq <= have.maxSeq && have.maxSeq <= want.maxSeq * REUSE_SLACK &&
+    sameLengthBuckets(have.maxSeq, want.maxSeq) && want.maxChunk <= have.maxChunk &&
+    want.prefillChunk <= have.prefillChunk && want.logitsRows <= have.logitsRows;
+}
 
 /** What a program ends with: nothing (hidden state stays in `x`), sampled token, or logits of every row. */
 export type ProgramOutput = "hidden" | "sample" | "logits";
@@ -665,21 +718,20 @@ export function prefillChunkFor(model: Model, moe: boolean, maxChunk: number): n
 
 /** One request's state on one part: KV cache, activations, the token buffer, and cached programs. */
 export class Sequence {
-  readonly maxSeq: number;
-  /** Largest number of tokens per step (and rows of `logits`). */
-  readonly maxChunk: number;
-  /** Largest number of tokens per chunk of the engine's own prefill (>= maxChunk; rows of the activations). */
-  readonly prefillChunk: number;
+  /** What the buffers hold (the request's own limits are maxSeq, maxChunk, prefillChunk and logitsRows). */
+  readonly capacity: SequenceShape;
+  /** The request's: its positions, most tokens a step and a prefill chunk, rows of logits (Sequence.reopen). */
+  #limits: SequenceShape;
   /** Token ids by position (the sampler writes position p + 1's token while computing position p). */
   readonly tokens: GPUBuffer;
   /** The step uniform (pos0, T, tok_out). */
   readonly step: GPUBuffer;
   /** Hidden state [maxChunk, H]: a stage's input when it does not embed, its output when it has no head. */
   readonly x: GPUBuffer;
-  /** Logits [logitsRows, V] (row 0 only when sampling). */
+  /** Logits [capacity.logitsRows, V] (row 0 only when sampling). */
   readonly logits: GPUBuffer | null;
-  /** Most rows a "logits" step fills (SequenceOptions.logitsRows, at most maxChunk). */
-  readonly logitsRows: number;
+  /** The sampler's options (kernels/sample.ts samplingBuffer): the request's, rewritten by reopen. */
+  readonly #sampling: GPUBuffer;
   /** Bytes of this sequence's KV cache. */
   readonly kvBytes: number;
   /** Bytes of its other buffers: activations (sized by SequenceOptions.prompt where given), logits, token ids. */
@@ -706,35 +758,22 @@ export class Sequence {
 
   constructor(
     readonly model: Model,
-    private readonly opts: SequenceOptions,
+    private opts: SequenceOptions,
   ) {
     const { gpu, config: c } = model;
-    checkMaxSeq(opts.maxSeq, c.maxPositionEmbeddings);
-    this.maxSeq = opts.maxSeq;
+    this.capacity = this.#limits = model.sequenceShape(opts);
     const H = c.hiddenSize, V = c.vocabSize;
-    const { specs, widths, moe, moeRow } = model.partShape();
+    const { specs, widths, moe } = model.partShape();
     const mla = specs.map((s) => s.attention).find((a) => a.kind === "mla");
     this.#mlaHeads = mla ? mla.heads : null;
     this.#gqa = specs.some((s) => s.attention.kind === "gqa");
-    const maxBinding = gpu.device.limits.maxStorageBufferBindingSize;
-    this.maxChunk = stepChunk(opts.maxSeq, model.stepChunkLimits(opts.maxChunk), opts.prompt);
-    const actBytes = Math.max(H, moeRow, ...Object.values(widths)) * 4;
-    this.prefillChunk = Math.max(
-      this.maxChunk,
-      Math.min(
-        opts.prefillChunk ?? (opts.maxChunk ?? prefillChunkFor(model, moe !== undefined, this.maxChunk)),
-        opts.maxSeq,
-        opts.prompt ?? Infinity,
-        Math.floor(maxBinding / actBytes),
-      ),
-    );
-    const C = this.prefillChunk;
+    const cap = this.capacity, C = cap.prefillChunk;
     const buf = (bytes: number, label: string) => {
       const b = storageBuffer(gpu, bytes, label);
       this.buffers.push(b);
       return b;
     };
-    this.tokens = buf((this.maxSeq + 1) * 4, "tokens");
+    this.tokens = buf((cap.maxSeq + 1) * 4, "tokens");
     this.step = createStepBuffer(gpu);
     this.x = buf(C * H * 4, "x");
     this.xn = buf(C * H * 4, "xn");
@@ -745,8 +784,9 @@ export class Sequence {
       this.hn = buf(C * H * 4, "mtp hidden");
     }
     for (const [name, w] of Object.entries(widths)) this.scratch[name] = buf(C * w * 4, name);
-    this.logitsRows = Math.max(1, Math.min(this.maxChunk, opts.logitsRows ?? LOGITS_ROWS));
-    this.logits = model.hasHead ? buf(this.logitsRows * V * 4, "logits") : null;
+    this.logits = model.hasHead ? buf(cap.logitsRows * V * 4, "logits") : null;
+    this.#sampling = samplingBuffer(gpu, opts.sampling);
+    this.buffers.push(this.#sampling);
     if (moe) {
       this.moe = moeScratch(model.context, moe, H, C);
       if (model.part.remoteExperts?.size) this.#expertSum = buf(C * H * 4, "expert sum");
@@ -754,14 +794,12 @@ export class Sequence {
     }
     const partBytes = Math.max(
       0,
-      ...specs.map((s) =>
-        attentionPartBytes(model.context, s.attention, { maxT: this.prefillChunk, maxSeq: this.maxSeq })
-      ),
+      ...specs.map((s) => attentionPartBytes(model.context, s.attention, { maxT: C, maxSeq: cap.maxSeq })),
     );
     this.mlaPart = partBytes > 0 ? buf(partBytes, "mla part") : undefined;
     let kvBytes = 0;
     for (const s of specs) {
-      const { buffers, bytes } = attentionCache(model.context, s.attention, this.maxSeq);
+      const { buffers, bytes } = attentionCache(model.context, s.attention, cap.maxSeq);
       this.caches.push(buffers);
       this.buffers.push(...buffers);
       kvBytes += bytes;
@@ -769,7 +807,43 @@ export class Sequence {
     this.kvBytes = kvBytes;
     this.activationBytes = this.buffers.reduce((n, b) => n + b.size, 0) - kvBytes;
     // The model's table, shared with its other sequences (not this sequence's to destroy).
-    this.ropeTable = model.ropeTableFor(this.maxSeq);
+    this.ropeTable = model.ropeTableFor(cap.maxSeq);
+  }
+
+  /** The request's positions (its KV cache holds capacity.maxSeq). */
+  get maxSeq(): number {
+    return this.#limits.maxSeq;
+  }
+
+  /** Largest number of tokens per step of the request (and rows of a "logits" step). */
+  get maxChunk(): number {
+    return this.#limits.maxChunk;
+  }
+
+  /** Largest number of tokens per chunk of the engine's own prefill (>= maxChunk). */
+  get prefillChunk(): number {
+    return this.#limits.prefillChunk;
+  }
+
+  /** Most rows a "logits" step of the request fills (SequenceOptions.logitsRows, at most maxChunk). */
+  get logitsRows(): number {
+    return this.#limits.logitsRows;
+  }
+
+  /**
+   * Takes this released sequence for a new request asking `opts`, programs and buffers as they are, where it
+   * serves that request exactly as a new sequence would (shapeServes; not an MTP module's): the request gets
+   * its own limits and sampling options; its steps must start at position 0 (the KV cache past a step's own
+   * positions is never read). False, and nothing changed, where it does not serve.
+   */
+  reopen(opts: SequenceOptions): boolean {
+    if (this.destroyed || opts.hidden || this.opts.hidden) return false;
+    const want = this.model.sequenceShape(opts);
+    if (!shapeServes(this.capacity, want)) return false;
+    writeSampling(this.model.gpu, this.#sampling, opts.sampling);
+    this.opts = opts;
+    this.#limits = want;
+    return true;
   }
 
   /**
@@ -810,7 +884,7 @@ export class Sequence {
     const bucket = T === 1 && this.#mlaHeads !== null
       ? mlaLengthBucket(this.#mlaHeads, opts.keys)
       : this.#gqa && T <= DECODE_MAX_T
-      ? attentionLengthBucket(this.maxSeq, opts.keys)
+      ? attentionLengthBucket(this.capacity.maxSeq, opts.keys)
       : undefined;
     const key = `${T}/${output}/${embed}/${opts.hiddenRow}/${bucket}`;
     const cached = this.programs.get(key);
@@ -860,7 +934,7 @@ export class Sequence {
       scratch: this.scratch,
       moe: this.moe,
       rope: this.ropeTable,
-      maxSeq: this.maxSeq,
+      maxSeq: this.capacity.maxSeq,
       mlaPart: this.mlaPart,
     };
     // Steps of up to 16 tokens use the fused GEMVs (the norm folded in; 2..16 rows share each weight read,
@@ -954,7 +1028,10 @@ export class Sequence {
       }
       if (output === "sample") {
         calls.push(
-          ...sampleCalls(gpu, { step, logits: this.logits, tokens }, { vocab: V, ...this.opts.sampling }),
+          ...sampleCalls(gpu, { step, logits: this.logits, tokens, sampling: this.#sampling }, {
+            vocab: V,
+            ...this.opts.sampling,
+          }),
         );
       }
     }

@@ -88,6 +88,18 @@ export class Activity {
     stageWeights: this.registry.add(
       new Gauge("swactor_stage_weight_bytes", "Weight bytes each stage holds."),
     ),
+    stageSpare: this.registry.add(
+      new Gauge(
+        "swactor_stage_spare_bytes",
+        "GPU bytes of released requests' sequences each stage keeps for reuse.",
+      ),
+    ),
+    stageReused: this.registry.add(
+      new Gauge(
+        "swactor_stage_reused_sequences",
+        "Requests that took a released request's sequence (programs built) on each stage since it loaded.",
+      ),
+    ),
     kvHeld: this.registry.add(
       new Gauge(
         "swactor_kv_budget_positions",

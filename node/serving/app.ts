@@ -185,12 +185,16 @@ export function createServingApp(services: ServingServices, opts: ServingOptions
     g.stageActive.clear();
     g.stageKv.clear();
     g.stageWeights.clear();
+    g.stageSpare.clear();
+    g.stageReused.clear();
     for (const s of cluster.stages) {
       if (s.error) continue;
       const labels = { stage: s.index, node: (s.node ?? "").slice(0, 16) };
       g.stageActive.set(labels, s.active ?? 0);
       g.stageKv.set(labels, s.kvBytes ?? 0);
       g.stageWeights.set(labels, s.weightBytes ?? 0);
+      g.stageSpare.set(labels, s.spareBytes ?? 0);
+      g.stageReused.set(labels, s.reuses ?? 0);
     }
     g.kvHeld.set({ kind: "held" }, services.budget.held.tokens);
     g.kvHeld.set({ kind: "total" }, services.budget.tokens());

@@ -76,6 +76,9 @@ export interface StageReport {
   active?: number;
   kvBytes?: number;
   weightBytes?: number;
+  /** Bytes of released requests' sequences kept for reuse, and the requests that took one (StageStats). */
+  spareBytes?: number;
+  reuses?: number;
   requests?: string[];
   /** False while the stage cannot yet resolve the names it sends to. */
   routes?: boolean;

@@ -120,7 +120,9 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
   const t1 = performance.now();
   const model = await Model.load(gpu, ckpt, { weights });
   console.error(`prefill: ${weights} loaded in ${((performance.now() - t1) / 1000).toFixed(1)} s`);
-  const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
+  // No spares: every timed request builds its programs, as a new request's first does (scripts/bench/ttft.ts
+  // times a server's requests that reuse a released sequence).
+  const engine = new Engine(wholeModel(ckpt.config.numLayers), model, { spares: 0 });
   const probe = Array.from(
     { length: Math.min(256, ckpt.config.maxPositionEmbeddings) },
     (_, i) => (i * 104729 + 7) % ckpt.config.vocabSize,

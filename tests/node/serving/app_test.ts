@@ -450,6 +450,7 @@ Deno.test("metrics: Prometheus text with requests, tokens, latency histograms, h
   assert.equal(sampleValue(m, "swactor_members", { state: "alive" }), 2);
   assert.equal(sampleValue(m, "swactor_members", { state: "dead" }), 1);
   assert.equal(sampleValue(m, "swactor_stage_kv_bytes", { stage: "0" }), 0);
+  assert.equal(sampleValue(m, "swactor_stage_spare_bytes", { stage: "0" }), 0);
   assert.equal(sampleValue(m, "swactor_stage_active_requests", { stage: "1" }), 0);
   assert.equal(sampleValue(m, "swactor_model_ready"), 1);
   assert.equal(m.get("swactor_time_to_first_token_seconds")!.type, "histogram");
