@@ -41,70 +41,7 @@ import { RandomWeights } from "../../models/random_weights.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import type { ConvertOn } from "../../models/upload.ts";
 import { median } from "./stats.ts";
-
-/** Qwen3-30B-A3B's config.json (public), and DeepSeek-V2-Lite's dimensions as a deepseek_v3 config. */
-export const MOE_SHAPES: Record<string, Record<string, unknown>> = {
-  "qwen3-30b-a3b": {
-    architectures: ["Qwen3MoeForCausalLM"],
-    model_type: "qwen3_moe",
-    vocab_size: 151936,
-    hidden_size: 2048,
-    intermediate_size: 6144,
-    moe_intermediate_size: 768,
-    num_hidden_layers: 48,
-    num_attention_heads: 32,
-    num_key_value_heads: 4,
-    head_dim: 128,
-    num_experts: 128,
-    num_experts_per_tok: 8,
-    norm_topk_prob: true,
-    decoder_sparse_step: 1,
-    mlp_only_layers: [],
-    max_position_embeddings: 40960,
-    rms_norm_eps: 1e-6,
-    rope_theta: 1000000.0,
-    tie_word_embeddings: false,
-    torch_dtype: "bfloat16",
-    bos_token_id: 151643,
-    eos_token_id: 151645,
-    hidden_act: "silu",
-  },
-  "deepseek-v2-lite": {
-    architectures: ["DeepseekV3ForCausalLM"],
-    model_type: "deepseek_v3",
-    vocab_size: 102400,
-    hidden_size: 2048,
-    intermediate_size: 10944,
-    moe_intermediate_size: 1408,
-    num_hidden_layers: 27,
-    num_attention_heads: 16,
-    num_key_value_heads: 16,
-    kv_lora_rank: 512,
-    q_lora_rank: null,
-    qk_rope_head_dim: 64,
-    qk_nope_head_dim: 128,
-    v_head_dim: 128,
-    n_routed_experts: 64,
-    num_experts_per_tok: 6,
-    n_shared_experts: 2,
-    n_group: 1,
-    topk_group: 1,
-    first_k_dense_replace: 1,
-    moe_layer_freq: 1,
-    norm_topk_prob: false,
-    routed_scaling_factor: 1.0,
-    topk_method: "noaux_tc",
-    scoring_func: "sigmoid",
-    max_position_embeddings: 163840,
-    rms_norm_eps: 1e-6,
-    rope_theta: 10000.0,
-    tie_word_embeddings: false,
-    torch_dtype: "bfloat16",
-    bos_token_id: 100000,
-    eos_token_id: 100001,
-    hidden_act: "silu",
-  },
-};
+import { MOE_SHAPES } from "./random_checkpoint.ts";
 
 /** The H200's device-to-device copy bandwidth (FACTS.md). */
 const COPY_BW = 4.2e12;

@@ -1,0 +1,104 @@
+// Time to first token of a server's requests: each request opens a sequence, generates and releases it on one
+// engine, as the API does. With the engine's default spares (models/engine.ts SPARES) a request whose shape a
+// released sequence serves takes it, its programs built; with none each request builds its own (15-50 ms of
+// host time before its first token). Both engines share one model of random weights at a real shape, and run
+// in one process, alternating request by request.
+//   deno run -A scripts/bench/ttft.ts [--shape llama-3.2-1b,qwen3-30b-a3b] [--weights q4] [--prompts 20,32,128]
+//     [--tokens 64] [--runs 6] [--layers N] [--set key=value,...]
+// One JSON line per (shape, weights, prompt, spares): the first token's ms (median and every run after run 0,
+// which compiles the pipelines), decode tok/s (median), and how many requests took a released sequence.
+// --layers cuts the model's depth and --set overrides config numbers (a small shape on a software adapter).
+import { parseArgs } from "node:util";
+import { countArg, scriptArgs } from "../args.ts";
+import { UsageError } from "../../cli/command.ts";
+import { getGpu } from "../../kernels/mod.ts";
+import { Engine, generate, weightsOption, wholeModel } from "../../models/engine.ts";
+import { Model } from "../../models/model.ts";
+import { RandomWeights } from "../../models/random_weights.ts";
+import { LLAMA_3_2_1B, MOE_SHAPES } from "./random_checkpoint.ts";
+import { median } from "./stats.ts";
+
+const SHAPES: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, ...MOE_SHAPES };
+
+const { values, prompts, runs, tokens, overrides } = scriptArgs(import.meta.url, (args) => {
+  const { values } = parseArgs({
+    args,
+    options: {
+      shape: { type: "string", default: "llama-3.2-1b,qwen3-30b-a3b" },
+      weights: { type: "string", default: "q4" },
+      prompts: { type: "string", default: "20,32,128" },
+      tokens: { type: "string", default: "64" },
+      runs: { type: "string", default: "6" },
+      layers: { type: "string" },
+      set: { type: "string" },
+    },
+  });
+  for (const s of values.shape.split(",")) {
+    if (!SHAPES[s]) throw new UsageError(`--shape takes ${Object.keys(SHAPES).join(", ")}, got "${s}"`);
+  }
+  const overrides: Record<string, number> = {};
+  for (const kv of values.set?.split(",") ?? []) {
+    const m = /^([a-z_]+)=([0-9.e+-]+)$/i.exec(kv.trim());
+    if (!m) throw new UsageError(`--set takes key=number entries separated by commas, got "${kv}"`);
+    overrides[m[1]] = Number(m[2]);
+  }
+  return {
+    values,
+    prompts: values.prompts.split(",").map((p) => countArg("prompts", p)),
+    runs: countArg("runs", values.runs),
+    tokens: countArg("tokens", values.tokens),
+    overrides,
+  };
+});
+
+const gpu = await getGpu();
+const greedy = { temperature: 0, topP: 1, seed: 0 };
+for (const shape of values.shape.split(",")) {
+  const base = SHAPES[shape];
+  const layers = values.layers ? countArg("layers", values.layers) : base.num_hidden_layers as number;
+  const cfg: Record<string, unknown> = { ...base, ...overrides, num_hidden_layers: layers };
+  for (const weights of values.weights.split(",")) {
+    const model = await Model.load(gpu, new RandomWeights(cfg, 1, `random ${shape}`), {
+      weights: weightsOption(weights),
+    });
+    const engines = [
+      new Engine(wholeModel(layers), model),
+      new Engine(wholeModel(layers), model, { spares: 0 }),
+    ];
+    for (const P of prompts) {
+      const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % (cfg.vocab_size as number));
+      const first = engines.map(() => [] as number[]), tokS = engines.map(() => [] as number[]);
+      const reuses0 = engines.map((e) => e.stats().reuses ?? 0);
+      for (let r = 0; r <= runs; r++) {
+        for (const [i, engine] of engines.entries()) {
+          const res = await generate(engine, prompt, { maxTokens: tokens, sampling: greedy });
+          if (r === 0) {
+            reuses0[i] = engine.stats().reuses ?? 0;
+            continue;
+          }
+          first[i].push(res.firstTokenMs);
+          tokS[i].push(res.tokS);
+        }
+      }
+      for (const [i, engine] of engines.entries()) {
+        console.log(JSON.stringify({
+          bench: "swactor-ttft",
+          adapter: gpu.adapterName,
+          shape,
+          layers,
+          weights,
+          prompt: P,
+          tokens,
+          spares: i === 0 ? "default" : 0,
+          firstTokenMs: +median(first[i]).toFixed(2),
+          runsMs: first[i].map((t) => +t.toFixed(1)),
+          tokS: Math.round(median(tokS[i])),
+          reused: (engine.stats().reuses ?? 0) - reuses0[i],
+          requests: runs,
+        }));
+      }
+    }
+    engines[1].close(); // the model with it; the other engine holds nothing more than its spares
+    engines[0].close();
+  }
+}

@@ -1,0 +1,46 @@
+// The time-to-first-token benchmark (scripts/bench/ttft.ts) runs on the software adapter too, at a shrunken
+// Llama shape: a line per prompt and engine, the default engine's requests after the first taking the
+// released sequence and the one without spares building their own.
+import assert from "node:assert/strict";
+import { gpuAvailable, needs } from "../../support/needs.ts";
+import { runScript } from "../../support/run_script.ts";
+
+const hasGpu = await gpuAvailable();
+const SMALL =
+  "vocab_size=512,hidden_size=128,intermediate_size=256,num_attention_heads=4,num_key_value_heads=2," +
+  "head_dim=32";
+
+Deno.test(
+  needs("ttft benchmark: a line per prompt and engine, requests reusing a released sequence", {
+    "a WebGPU adapter": hasGpu,
+  }),
+  async () => {
+    const r = await runScript("bench/ttft.ts", [
+      "--shape",
+      "llama-3.2-1b",
+      "--weights",
+      "f32",
+      "--layers",
+      "1",
+      "--set",
+      SMALL,
+      "--prompts",
+      "5,12",
+      "--tokens",
+      "3",
+      "--runs",
+      "2",
+    ]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.deepEqual(r.json.map((l) => [l.prompt, l.spares, l.reused]), [
+      [5, "default", 2],
+      [5, 0, 0],
+      [12, "default", 2],
+      [12, 0, 0],
+    ]);
+    for (const l of r.json) assert.ok((l.firstTokenMs as number) > 0 && (l.runsMs as number[]).length === 2);
+    const bad = await runScript("bench/ttft.ts", ["--shape", "gpt-5"]);
+    assert.equal(bad.code, 2);
+    assert.match(bad.stderr, /--shape takes llama-3.2-1b/);
+  },
+);
