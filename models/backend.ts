@@ -119,7 +119,8 @@ export interface OpenOptions {
   logitsRows?: number;
   /**
    * The prompt's length where the opener knows it (SequenceOptions.prompt): the request's activations are
-   * sized for it rather than for a whole chunk, and its steps (`chunk`) are cut at max(prompt, 32) tokens.
+   * sized for it rather than for a whole chunk, and its steps (`chunk`) are cut at the power of two at or
+   * above max(prompt, 32) tokens.
    */
   prompt?: number;
 }

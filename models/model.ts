@@ -682,12 +682,15 @@ export interface ChunkLimits {
 
 /**
  * The most tokens a step of a `maxSeq`-position sequence takes (Sequence.maxChunk; pure): with the request's
- * `prompt` length (SequenceOptions.prompt), no more than max(prompt, LOGITS_ROWS), which still takes the
- * prompt in the chunks it would have had (one where it fits a chunk) and every later step (verification's
- * k + 1 <= 17 tokens, a resumed request's one).
+ * `prompt` length (SequenceOptions.prompt), no more than the power of two at or above max(prompt,
+ * LOGITS_ROWS), which still takes the prompt in the chunks it would have had (one where it fits a chunk) and
+ * every later step (verification's k + 1 <= 17 tokens, a resumed request's one). The power of two lets a
+ * released sequence serve the next request of a similar prompt (Sequence.reopen) for at most twice the
+ * prompt's rows of activations.
  */
 export function stepChunk(maxSeq: number, limits: ChunkLimits, prompt?: number): number {
-  const asked = prompt === undefined ? limits.base : Math.min(limits.base, Math.max(prompt, LOGITS_ROWS));
+  const rows = prompt === undefined ? limits.base : 2 ** Math.ceil(Math.log2(Math.max(prompt, LOGITS_ROWS)));
+  const asked = Math.min(limits.base, rows);
   return Math.max(1, Math.min(asked, maxSeq, limits.cap));
 }
 

@@ -23,10 +23,12 @@ Deno.test("prefill chunk: MoE parts and software adapters keep the step's chunk"
   assert.equal(prefillChunkFor(model("f16", 2.47e9, true), false, 32), 32);
 });
 
-Deno.test("step chunk: a named prompt cuts it at max(prompt, LOGITS_ROWS), never splitting the prompt more", () => {
+Deno.test("step chunk: a named prompt cuts it at a power of two >= max(prompt, LOGITS_ROWS), never splitting the prompt more", () => {
   const limits = { base: 512, cap: 4096 };
   assert.equal(stepChunk(1100, limits), 512);
-  assert.equal(stepChunk(1100, limits, 100), 100); // a chat request: its prompt in one step, as before
+  assert.equal(stepChunk(1100, limits, 100), 128); // a chat request: its prompt in one step, as before
+  assert.equal(stepChunk(1100, limits, 128), 128); // (rows to a power of two: reuse by the next request)
+  assert.equal(stepChunk(1100, limits, 33), 64);
   assert.equal(stepChunk(1100, limits, 5), LOGITS_ROWS); // verification's k + 1 rows still fit
   assert.equal(stepChunk(1100, limits, 900), 512); // longer than a chunk: the chunks unchanged
   assert.equal(stepChunk(20, limits, 10), 20); // never past the sequence
