@@ -61,7 +61,7 @@ import {
 } from "../kernels/mod.ts";
 import { Checkpoint } from "./checkpoint.ts";
 import { RequestError } from "./errors.ts";
-import { type LoadOptions, Model, type Sequence, type WeightsOption } from "./model.ts";
+import { type LoadOptions, Model, reuseCapacity, type Sequence, type WeightsOption } from "./model.ts";
 import { type ExpertFanout, ExpertHost } from "./experts.ts";
 
 /**
@@ -224,7 +224,12 @@ export class Engine implements StageBackend {
     opts: OpenOptions & { maxChunk?: number; prefillChunk?: number },
   ): { chunk: number; prefillChunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
-    const seq = this.#reuse(opts) ?? this.weights.newSequence(opts);
+    const seq = this.#reuse(opts) ??
+      this.weights.newSequence(
+        this.#maxSpares > 0
+          ? { ...opts, capacity: reuseCapacity(opts.maxSeq, this.model.maxPositions) }
+          : opts,
+      );
     this.#open.set(id, { seq, busy: 0, abort: new AbortController(), length: 0 });
     return { chunk: seq.maxChunk, prefillChunk: seq.prefillChunk };
   }

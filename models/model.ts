@@ -581,6 +581,22 @@ export interface SequenceOptions {
    * (Engine.logits). The buffer is [rows, vocab] f32: 263 MB at 512 rows of Llama 3's vocabulary.
    */
   logitsRows?: number;
+  /**
+   * The KV cache's positions (>= maxSeq; default maxSeq): room past the request's own, so that a later
+   * request may reuse the sequence (Engine's spares: reuseCapacity).
+   */
+  capacity?: number;
+}
+
+/**
+ * The positions an engine gives a new sequence of `maxSeq` (pure): maxSeq rounded up on a grid of four steps
+ * an octave (a multiple of 2^(floor(log2 maxSeq) - 2)), at most `maxPositions`. Less than REUSE_SLACK times
+ * maxSeq, never past the power of two at or above it (so the decode attention's buckets stay: its thresholds
+ * are powers of two), and the same for every request in the grid step, which a released sequence then serves.
+ */
+export function reuseCapacity(maxSeq: number, maxPositions: number): number {
+  const step = 2 ** Math.max(0, Math.floor(Math.log2(maxSeq)) - 2);
+  return Math.max(maxSeq, Math.min(Math.ceil(maxSeq / step) * step, maxPositions));
 }
 
 /** Rows of logits a sequence holds unless it asks for more (SequenceOptions.logitsRows). */
@@ -764,7 +780,12 @@ export class Sequence {
     private opts: SequenceOptions,
   ) {
     const { gpu, config: c } = model;
-    this.capacity = this.#limits = model.sequenceShape(opts);
+    this.#limits = model.sequenceShape(opts);
+    const room = opts.capacity ?? opts.maxSeq;
+    if (!(Number.isInteger(room) && room >= opts.maxSeq)) {
+      throw new RangeError(`a sequence's capacity ${room} is below its ${opts.maxSeq} positions`);
+    }
+    this.capacity = room === opts.maxSeq ? this.#limits : model.sequenceShape({ ...opts, maxSeq: room });
     const H = c.hiddenSize, V = c.vocabSize;
     const { specs, widths, moe } = model.partShape();
     const mla = specs.map((s) => s.attention).find((a) => a.kind === "mla");

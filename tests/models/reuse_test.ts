@@ -12,20 +12,21 @@ import {
   sameLengthBuckets,
 } from "../../kernels/mod.ts";
 import { type Engine, generate, loadEngine } from "../../models/engine.ts";
-import { REUSE_SLACK, type SequenceShape, shapeServes } from "../../models/model.ts";
+import { REUSE_SLACK, reuseCapacity, type SequenceShape, shapeServes } from "../../models/model.ts";
 
 const gpu = await getGpu().catch((e) => {
   if (e instanceof NoGpuError) return null;
   throw e;
 });
 
+const shape = (maxSeq: number, maxChunk = 32, prefillChunk = 32, logitsRows = 32): SequenceShape => ({
+  maxSeq,
+  maxChunk,
+  prefillChunk,
+  logitsRows,
+});
+
 Deno.test("shapeServes: every position and row the request may use, bounded slack, the same buckets", () => {
-  const shape = (maxSeq: number, maxChunk = 32, prefillChunk = 32, logitsRows = 32): SequenceShape => ({
-    maxSeq,
-    maxChunk,
-    prefillChunk,
-    logitsRows,
-  });
   assert.ok(shapeServes(shape(100), shape(100)));
   assert.ok(shapeServes(shape(125), shape(100)));
   assert.ok(!shapeServes(shape(126), shape(100)), `more than ${REUSE_SLACK}x the positions`);
@@ -39,6 +40,26 @@ Deno.test("shapeServes: every position and row the request may use, bounded slac
   assert.ok(!sameLengthBuckets(S + 1, S) && !shapeServes(shape(S + 1), shape(S)));
   assert.ok(!sameLengthBuckets(L + 1, L - 10) && !shapeServes(shape(L + 1), shape(L - 10)));
   assert.ok(sameLengthBuckets(S + 200, S + 1) && shapeServes(shape(S + 200), shape(S + 1)));
+});
+
+Deno.test("reuseCapacity: four grid steps an octave, within the slack, never past a power of two", () => {
+  assert.deepEqual([16, 17, 20, 21, 100, 1000, 1025, 5000].map((n) => reuseCapacity(n, 1 << 20)), [
+    16,
+    20,
+    20,
+    24,
+    112,
+    1024,
+    1280,
+    5120,
+  ]);
+  assert.equal(reuseCapacity(1000, 1010), 1010, "at most the model's positions");
+  assert.equal(reuseCapacity(1000, 900), 1000, "a request past them is refused where it is checked");
+  for (let n = 1; n <= 70_000; n += 37) {
+    const c = reuseCapacity(n, 1 << 20);
+    assert.ok(c >= n && c < n * REUSE_SLACK + 1 && c <= 2 ** Math.ceil(Math.log2(n)), `${n} -> ${c}`);
+    assert.ok(sameLengthBuckets(c, n) && shapeServes(shape(c), shape(n)), `${n} -> ${c}`);
+  }
 });
 
 /** Generates after `prompt` on `engine`: its tokens. */
@@ -67,18 +88,18 @@ for (const name of ["llama3-tiny", "kimi-k2-tiny", "mixtral-tiny"]) {
         const a = ids(9, 3), b = ids(6, 11);
         const sampled = { temperature: 0.9, topP: 0.95, seed: 1234 };
         const greedy = { temperature: 0, topP: 1, seed: 0 };
-        // b on a new sequence; a does not fit b's (14 positions < 17), so it builds its own and releases it;
-        // b again takes a's, its sampling options written over a's greedy ones.
-        const fresh = await tokensOf(engine, b, 8, sampled);
+        // b (16 positions) on a new sequence; a (17) does not fit b's, so it builds its own (of 20: the
+        // grid's, reuseCapacity) and releases it; b again takes a's, its sampling options written over a's.
+        const fresh = await tokensOf(engine, b, 10, sampled);
         assert.equal(engine.stats().reuses, 0);
         await tokensOf(engine, a, 8, greedy);
         assert.equal(engine.stats().reuses, 0);
         assert.ok(engine.stats().spareBytes! > 0, "a's sequence is kept");
-        const reused = await tokensOf(engine, b, 8, sampled);
+        const reused = await tokensOf(engine, b, 10, sampled);
         assert.equal(engine.stats().reuses, 1, "b took a's sequence");
         assert.deepEqual(reused, fresh);
         assert.notDeepEqual(
-          await tokensOf(engine, b, 8, { ...sampled, seed: 99 }),
+          await tokensOf(engine, b, 10, { ...sampled, seed: 99 }),
           fresh,
           "another seed, other tokens (the options are the request's)",
         );
