@@ -4,9 +4,12 @@
 // host time before its first token). Both engines share one model of random weights at a real shape, and run
 // in one process, alternating request by request.
 //   deno run -A scripts/bench/ttft.ts [--shape llama-3.2-1b,qwen3-30b-a3b] [--weights q4] [--prompts 20,32,128]
-//     [--tokens 64] [--runs 6] [--layers N] [--set key=value,...]
+//     [--tokens 64] [--room 0] [--runs 6] [--stream 20,45,100,...] [--layers N] [--set key=value,...]
 // One JSON line per (shape, weights, prompt, spares): the first token's ms (median and every run after run 0,
 // which compiles the pipelines), decode tok/s (median), and how many requests took a released sequence.
+// --room: positions each request holds past prompt + tokens (an API request's max_tokens left unused).
+// --stream: then each run is one request of every prompt of this list in turn (a server's mixed traffic;
+// `prompt` "stream"), its own sequence or a released one's as the shapes allow.
 // --layers cuts the model's depth and --set overrides config numbers (a small shape on a software adapter).
 import { parseArgs } from "node:util";
 import { countArg, scriptArgs } from "../args.ts";
@@ -20,7 +23,7 @@ import { median } from "./stats.ts";
 
 const SHAPES: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, ...MOE_SHAPES };
 
-const { values, prompts, runs, tokens, overrides } = scriptArgs(import.meta.url, (args) => {
+const { values, prompts, stream, runs, tokens, room, overrides } = scriptArgs(import.meta.url, (args) => {
   const { values } = parseArgs({
     args,
     options: {
@@ -28,7 +31,9 @@ const { values, prompts, runs, tokens, overrides } = scriptArgs(import.meta.url,
       weights: { type: "string", default: "q4" },
       prompts: { type: "string", default: "20,32,128" },
       tokens: { type: "string", default: "64" },
+      room: { type: "string", default: "0" },
       runs: { type: "string", default: "6" },
+      stream: { type: "string" },
       layers: { type: "string" },
       set: { type: "string" },
     },
@@ -45,8 +50,10 @@ const { values, prompts, runs, tokens, overrides } = scriptArgs(import.meta.url,
   return {
     values,
     prompts: values.prompts.split(",").map((p) => countArg("prompts", p)),
+    stream: values.stream?.split(",").map((p) => countArg("stream", p)),
     runs: countArg("runs", values.runs),
     tokens: countArg("tokens", values.tokens),
+    room: values.room === "0" ? 0 : countArg("room", values.room),
     overrides,
   };
 });
@@ -65,19 +72,21 @@ for (const shape of values.shape.split(",")) {
       new Engine(wholeModel(layers), model),
       new Engine(wholeModel(layers), model, { spares: 0 }),
     ];
-    for (const P of prompts) {
-      const prompt = Array.from({ length: P }, (_, i) => (i * 7919 + 13) % (cfg.vocab_size as number));
+    // A group of prompts run in turn each run: each prompt alone, then the stream's.
+    const groups = [...prompts.map((P) => [P]), ...(stream ? [stream] : [])];
+    for (const group of groups) {
       const first = engines.map(() => [] as number[]), tokS = engines.map(() => [] as number[]);
       const reuses0 = engines.map((e) => e.stats().reuses ?? 0);
       for (let r = 0; r <= runs; r++) {
         for (const [i, engine] of engines.entries()) {
-          const res = await generate(engine, prompt, { maxTokens: tokens, sampling: greedy });
-          if (r === 0) {
-            reuses0[i] = engine.stats().reuses ?? 0;
-            continue;
+          for (const P of group) {
+            const prompt = Array.from({ length: P }, (_, j) => (j * 7919 + 13) % (cfg.vocab_size as number));
+            const res = await generate(engine, prompt, { maxTokens: tokens, room, sampling: greedy });
+            if (r === 0) continue;
+            first[i].push(res.firstTokenMs);
+            tokS[i].push(res.tokS);
           }
-          first[i].push(res.firstTokenMs);
-          tokS[i].push(res.tokS);
+          if (r === 0) reuses0[i] = engine.stats().reuses ?? 0;
         }
       }
       for (const [i, engine] of engines.entries()) {
@@ -87,14 +96,16 @@ for (const shape of values.shape.split(",")) {
           shape,
           layers,
           weights,
-          prompt: P,
+          prompt: group.length > 1 ? "stream" : group[0],
+          ...(group.length > 1 ? { prompts: group } : {}),
           tokens,
+          room,
           spares: i === 0 ? "default" : 0,
           firstTokenMs: +median(first[i]).toFixed(2),
           runsMs: first[i].map((t) => +t.toFixed(1)),
           tokS: Math.round(median(tokS[i])),
           reused: (engine.stats().reuses ?? 0) - reuses0[i],
-          requests: runs,
+          requests: runs * group.length,
         }));
       }
     }
