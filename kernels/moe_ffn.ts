@@ -53,7 +53,7 @@ export interface MoeFfnDims {
   tuning?: { gateUp?: GemvTuning; down?: GemvTuning };
   /**
    * Tokens grouped by expert (moe_grouped.ts: each expert's weights read once per 16 of its tokens) instead
-   * of a GEMV per token and slot. Default: T > gpu.tuning.moe.groupedAbove (GEMV_MAX_T).
+   * of a GEMV per token and slot. Default: T > GEMV_MAX_T (prefill).
    */
   grouped?: boolean;
   /**
@@ -265,7 +265,7 @@ export function moeRoutedCalls(
     /** Experts in the stacks. */
     experts: number;
     weights: { gateUp: Storage; down: Storage };
-    /** Default: T > gpu.tuning.moe.groupedAbove (MoeFfnDims.grouped). */
+    /** Default: T > GEMV_MAX_T (MoeFfnDims.grouped). */
     grouped?: boolean;
     downBlock?: number;
     tuning?: MoeFfnDims["tuning"];
@@ -285,7 +285,7 @@ export function moeRoutedCalls(
     input: "slot" as const,
     transform: "silu_mul" as const,
   };
-  if (d.grouped ?? T > moeSwitches(gpu).groupedAbove) {
+  if (d.grouped ?? T > GEMV_MAX_T) {
     const { order, tiles } = s;
     // Each grouped matmul of q8 / q4 experts reads its input rows as int8, quantised once by a pass before it.
     const dp4 = moeSwitches(gpu).dp4;
@@ -411,11 +411,6 @@ export interface MoeTuning {
    * 2.022-2.039 for the two dispatches; twenty-first session).
    */
   fusedShared?: boolean;
-  /**
-   * A block's tokens are grouped by expert (moe_grouped.ts) past this many a step, below it a GEMV runs per
-   * token and slot (MoeFfnDims.grouped decides where given); default GEMV_MAX_T.
-   */
-  groupedAbove?: number;
 }
 
 /** gpu.tuning.moe with every default filled in (and checked: a bad value is a TypeError naming it). */
@@ -430,7 +425,6 @@ function moeSwitches(gpu: Gpu): {
   rank: boolean;
   fused: { on: boolean; rows?: number; threads?: number };
   fusedShared: boolean;
-  groupedAbove: number;
 } {
   const t = gpu.tuning.moe ?? {};
   const pair = (name: string, v: unknown, ok: (x: unknown) => boolean) => {
@@ -445,11 +439,6 @@ function moeSwitches(gpu: Gpu): {
   if (t.path !== undefined && !["team", "router", "unfolded"].includes(t.path)) {
     throw new TypeError(
       `gpu.tuning.moe.path must be team, router or unfolded, got ${JSON.stringify(t.path)}`,
-    );
-  }
-  if (t.groupedAbove !== undefined && !count(t.groupedAbove)) {
-    throw new TypeError(
-      `gpu.tuning.moe.groupedAbove must be a whole number, got ${JSON.stringify(t.groupedAbove)}`,
     );
   }
   const f = t.fused ?? true;
@@ -472,7 +461,6 @@ function moeSwitches(gpu: Gpu): {
       ? { on: true }
       : { on: true, rows: f.rows, threads: f.threads },
     fusedShared: t.fusedShared ?? false,
-    groupedAbove: t.groupedAbove ?? GEMV_MAX_T,
   };
 }
 
