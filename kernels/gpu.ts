@@ -239,6 +239,11 @@ export interface KernelTuning {
    */
   prefillEarlyLayers?: number[];
   /**
+   * With prefillEarlySubmit, a first chunk whose program was built before (a reused sequence's) is submitted
+   * in growing pieces of its calls too (default true). Read per prefill.
+   */
+  prefillEarlyCached?: boolean;
+  /**
    * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where its tiles times its split K
    * make a wave (`gemmWave` workgroups, default 256), else `gemmSmall` (defaults 128x128k32r22cv and
    * 64x64k16r11c); the wave also bounds the default split K. Their f16 / wh flags apply only to weights they
@@ -326,6 +331,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   prefillOverlap: true,
   prefillEarlySubmit: true,
   prefillEarlyLayers: true,
+  prefillEarlyCached: true,
   gemmLarge: true,
   gemmSmall: true,
   gemmWave: true,

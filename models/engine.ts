@@ -694,6 +694,14 @@ export class Engine implements StageBackend {
         done = calls.length;
       },
     });
+    if (early && done === 0 && gpu.tuning.prefillEarlyCached !== false) {
+      // A program built before (a reused sequence's): submitted in growing pieces all the same (1/32 of its
+      // calls, 1/16, ... half), so the GPU starts after the first few layers are encoded, not all of them.
+      for (let end = Math.ceil(calls0.length / 32); end < calls0.length; end *= 2) {
+        submitNow(commands(calls0.slice(done, end)));
+        done = end;
+      }
+    }
     submitNow(commands(calls0.slice(done)));
     prefillStats.encodeMs += performance.now() - t - submitMs;
     for (let pos0 = T0; pos0 < P; pos0 += seq.prefillChunk) {

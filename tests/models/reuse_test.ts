@@ -11,7 +11,7 @@ import {
   NoGpuError,
   sameLengthBuckets,
 } from "../../kernels/mod.ts";
-import { type Engine, generate, loadEngine } from "../../models/engine.ts";
+import { type Engine, generate, loadEngine, prefillStats } from "../../models/engine.ts";
 import { REUSE_SLACK, reuseCapacity, type SequenceShape, shapeServes } from "../../models/model.ts";
 
 const gpu = await getGpu().catch((e) => {
@@ -95,8 +95,10 @@ for (const name of ["llama3-tiny", "kimi-k2-tiny", "mixtral-tiny"]) {
         await tokensOf(engine, a, 8, greedy);
         assert.equal(engine.stats().reuses, 0);
         assert.ok(engine.stats().spareBytes! > 0, "a's sequence is kept");
+        const submits = prefillStats.submits;
         const reused = await tokensOf(engine, b, 10, sampled);
         assert.equal(engine.stats().reuses, 1, "b took a's sequence");
+        assert.ok(prefillStats.submits - submits > 1, "its built prefill program is submitted in pieces");
         assert.deepEqual(reused, fresh);
         assert.notDeepEqual(
           await tokensOf(engine, b, 10, { ...sampled, seed: 99 }),
