@@ -4,18 +4,22 @@
 // host time before its first token). Both engines share one model of random weights at a real shape, and run
 // in one process, alternating request by request.
 //   deno run -A scripts/bench/ttft.ts [--shape llama-3.2-1b,qwen3-30b-a3b] [--weights q4] [--prompts 20,32,128]
-//     [--tokens 64] [--room 0] [--runs 6] [--stream 20,45,100,...] [--layers N] [--set key=value,...]
-// One JSON line per (shape, weights, prompt, spares): the first token's ms (median and every run after run 0,
-// which compiles the pipelines), decode tok/s (median), and how many requests took a released sequence.
+//     [--tokens 64] [--room 0] [--runs 6] [--stream 20,45,100,...] [--tunings JSON] [--layers N]
+//     [--set key=value,...]
+// One JSON line per (shape, weights, prompt, tuning, spares): the first token's ms (median and every run after
+// run 0, which compiles the pipelines), the host's ms before the prefill's first submit (mean: the programs'
+// build, where a request builds them, and the first piece's encode), decode tok/s (median), and how many
+// requests took a released sequence. --tunings: a JSON list of gpu.tuning overrides (kernels/gpu.ts), the
+// runs going through each in turn.
 // --room: positions each request holds past prompt + tokens (an API request's max_tokens left unused).
 // --stream: then each run is one request of every prompt of this list in turn (a server's mixed traffic;
 // `prompt` "stream"), its own sequence or a released one's as the shapes allow.
 // --layers cuts the model's depth and --set overrides config numbers (a small shape on a software adapter).
 import { parseArgs } from "node:util";
-import { countArg, scriptArgs } from "../args.ts";
+import { countArg, scriptArgs, tuningsArg } from "../args.ts";
 import { UsageError } from "../../cli/command.ts";
 import { getGpu } from "../../kernels/mod.ts";
-import { Engine, generate, weightsOption, wholeModel } from "../../models/engine.ts";
+import { Engine, generate, prefillStats, weightsOption, wholeModel } from "../../models/engine.ts";
 import { Model } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
 import { LLAMA_3_2_1B, MOE_SHAPES } from "./random_checkpoint.ts";
@@ -23,40 +27,46 @@ import { median } from "./stats.ts";
 
 const SHAPES: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, ...MOE_SHAPES };
 
-const { values, prompts, stream, runs, tokens, room, overrides } = scriptArgs(import.meta.url, (args) => {
-  const { values } = parseArgs({
-    args,
-    options: {
-      shape: { type: "string", default: "llama-3.2-1b,qwen3-30b-a3b" },
-      weights: { type: "string", default: "q4" },
-      prompts: { type: "string", default: "20,32,128" },
-      tokens: { type: "string", default: "64" },
-      room: { type: "string", default: "0" },
-      runs: { type: "string", default: "6" },
-      stream: { type: "string" },
-      layers: { type: "string" },
-      set: { type: "string" },
-    },
-  });
-  for (const s of values.shape.split(",")) {
-    if (!SHAPES[s]) throw new UsageError(`--shape takes ${Object.keys(SHAPES).join(", ")}, got "${s}"`);
-  }
-  const overrides: Record<string, number> = {};
-  for (const kv of values.set?.split(",") ?? []) {
-    const m = /^([a-z_]+)=([0-9.e+-]+)$/i.exec(kv.trim());
-    if (!m) throw new UsageError(`--set takes key=number entries separated by commas, got "${kv}"`);
-    overrides[m[1]] = Number(m[2]);
-  }
-  return {
-    values,
-    prompts: values.prompts.split(",").map((p) => countArg("prompts", p)),
-    stream: values.stream?.split(",").map((p) => countArg("stream", p)),
-    runs: countArg("runs", values.runs),
-    tokens: countArg("tokens", values.tokens),
-    room: values.room === "0" ? 0 : countArg("room", values.room),
-    overrides,
-  };
-});
+const { values, prompts, stream, runs, tokens, room, overrides, tunings } = scriptArgs(
+  import.meta.url,
+  (args) => {
+    const { values } = parseArgs({
+      args,
+      options: {
+        shape: { type: "string", default: "llama-3.2-1b,qwen3-30b-a3b" },
+        weights: { type: "string", default: "q4" },
+        prompts: { type: "string", default: "20,32,128" },
+        tokens: { type: "string", default: "64" },
+        room: { type: "string", default: "0" },
+        runs: { type: "string", default: "6" },
+        stream: { type: "string" },
+        layers: { type: "string" },
+        set: { type: "string" },
+        tunings: { type: "string" },
+      },
+    });
+    for (const s of values.shape.split(",")) {
+      if (!SHAPES[s]) throw new UsageError(`--shape takes ${Object.keys(SHAPES).join(", ")}, got "${s}"`);
+    }
+    const overrides: Record<string, number> = {};
+    for (const kv of values.set?.split(",") ?? []) {
+      const m = /^([a-z_]+)=([0-9.e+-]+)$/i.exec(kv.trim());
+      if (!m) throw new UsageError(`--set takes key=number entries separated by commas, got "${kv}"`);
+      overrides[m[1]] = Number(m[2]);
+    }
+    return {
+      values,
+      prompts: values.prompts.split(",").map((p) => countArg("prompts", p)),
+      stream: values.stream?.split(",").map((p) => countArg("stream", p)),
+      runs: countArg("runs", values.runs),
+      tokens: countArg("tokens", values.tokens),
+      room: values.room === "0" ? 0 : countArg("room", values.room),
+      overrides,
+      // --tunings: every run again under each gpu.tuning override; none given, the defaults once.
+      tunings: values.tunings ? tuningsArg(values.tunings) : [{}],
+    };
+  },
+);
 
 const gpu = await getGpu();
 const greedy = { temperature: 0, topP: 1, seed: 0 };
@@ -72,40 +82,54 @@ for (const shape of values.shape.split(",")) {
       new Engine(wholeModel(layers), model),
       new Engine(wholeModel(layers), model, { spares: 0 }),
     ];
-    // A group of prompts run in turn each run: each prompt alone, then the stream's.
+    // A group of prompts run in turn each run: each prompt alone, then the stream's; each run goes through
+    // every (tuning, engine) in turn.
     const groups = [...prompts.map((P) => [P]), ...(stream ? [stream] : [])];
+    const variants = tunings.flatMap((tuning) => engines.map((engine, i) => ({ tuning, engine, spares: i })));
+    const keys = new Set(tunings.flatMap((t) => Object.keys(t)));
     for (const group of groups) {
-      const first = engines.map(() => [] as number[]), tokS = engines.map(() => [] as number[]);
-      const reuses0 = engines.map((e) => e.stats().reuses ?? 0);
+      const got = variants.map(() => ({
+        first: [] as number[],
+        tokS: [] as number[],
+        preSubmit: 0,
+        reused: 0,
+      }));
       for (let r = 0; r <= runs; r++) {
-        for (const [i, engine] of engines.entries()) {
+        for (const [v, { tuning, engine }] of variants.entries()) {
+          for (const k of keys) delete (gpu.tuning as Record<string, unknown>)[k];
+          Object.assign(gpu.tuning, structuredClone(tuning));
           for (const P of group) {
             const prompt = Array.from({ length: P }, (_, j) => (j * 7919 + 13) % (cfg.vocab_size as number));
+            const [reuses, pre] = [engine.stats().reuses ?? 0, prefillStats.preSubmitMs];
             const res = await generate(engine, prompt, { maxTokens: tokens, room, sampling: greedy });
-            if (r === 0) continue;
-            first[i].push(res.firstTokenMs);
-            tokS[i].push(res.tokS);
+            if (r === 0) continue; // compiles the pipelines
+            got[v].first.push(res.firstTokenMs);
+            got[v].tokS.push(res.tokS);
+            got[v].preSubmit += prefillStats.preSubmitMs - pre;
+            got[v].reused += (engine.stats().reuses ?? 0) - reuses;
           }
-          if (r === 0) reuses0[i] = engine.stats().reuses ?? 0;
         }
       }
-      for (const [i, engine] of engines.entries()) {
+      for (const [v, { tuning, spares }] of variants.entries()) {
+        const g = got[v];
         console.log(JSON.stringify({
           bench: "swactor-ttft",
           adapter: gpu.adapterName,
           shape,
           layers,
           weights,
+          ...(values.tunings ? { tuning } : {}),
           prompt: group.length > 1 ? "stream" : group[0],
           ...(group.length > 1 ? { prompts: group } : {}),
           tokens,
           room,
-          spares: i === 0 ? "default" : 0,
-          firstTokenMs: +median(first[i]).toFixed(2),
-          runsMs: first[i].map((t) => +t.toFixed(1)),
-          tokS: Math.round(median(tokS[i])),
-          reused: (engine.stats().reuses ?? 0) - reuses0[i],
-          requests: runs * group.length,
+          spares: spares === 0 ? "default" : 0,
+          firstTokenMs: +median(g.first).toFixed(2),
+          runsMs: g.first.map((t) => +t.toFixed(1)),
+          preSubmitMs: +(g.preSubmit / g.first.length).toFixed(2),
+          tokS: Math.round(median(g.tokS)),
+          reused: g.reused,
+          requests: g.first.length,
         }));
       }
     }
