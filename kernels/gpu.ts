@@ -244,6 +244,11 @@ export interface KernelTuning {
    */
   prefillEarlyCached?: boolean;
   /**
+   * The decode loop hands out the prefill's token as soon as it is read (default true); false: after the
+   * next batches are read too (MAX_IN_FLIGHT, as every later token). Read per decode step.
+   */
+  firstTokenAtOnce?: boolean;
+  /**
    * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where its tiles times its split K
    * make a wave (`gemmWave` workgroups, default 256), else `gemmSmall` (defaults 128x128k32r22cv and
    * 64x64k16r11c); the wave also bounds the default split K. Their f16 / wh flags apply only to weights they
@@ -332,6 +337,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   prefillEarlySubmit: true,
   prefillEarlyLayers: true,
   prefillEarlyCached: true,
+  firstTokenAtOnce: true,
   gemmLarge: true,
   gemmSmall: true,
   gemmWave: true,
