@@ -56,3 +56,16 @@ export function countArg(name: string, value: string | undefined): number {
 export function tuningsArg(value: string | undefined): KernelTuning[] {
   return value === undefined ? [] : tuningList(value, "--tunings", UsageError);
 }
+
+/** --set key=value,...: config keys overridden with numbers; anything else is a UsageError naming the entry. */
+export function configSetArg(arg: string | undefined): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const kv of arg?.split(",") ?? []) {
+    const m = /^([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9.eE+-]+)$/.exec(kv.trim());
+    if (!m || !Number.isFinite(Number(m[2]))) {
+      throw new UsageError(`--set takes key=number entries separated by commas, got "${kv}"`);
+    }
+    out[m[1]] = Number(m[2]);
+  }
+  return out;
+}

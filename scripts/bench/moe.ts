@@ -31,8 +31,7 @@
 // --load DIR instead times loading a checkpoint on disk (e.g. one hf_moe.py wrote) with the conversion on
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
-import { countArg, scriptArgs, tuningsArg } from "../args.ts";
-import { UsageError } from "../../cli/command.ts";
+import { configSetArg, countArg, scriptArgs, tuningsArg } from "../args.ts";
 import { getGpu, writeStep } from "../../kernels/mod.ts";
 import { cpuMs, dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
@@ -45,19 +44,6 @@ import { MOE_SHAPES } from "./random_checkpoint.ts";
 
 /** The H200's device-to-device copy bandwidth (FACTS.md). */
 const COPY_BW = 4.2e12;
-
-/** --set key=value,...: config keys overridden with numbers; anything else is a UsageError naming the entry. */
-function configSet(arg: string | undefined): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const kv of arg?.split(",") ?? []) {
-    const m = /^([A-Za-z_][A-Za-z0-9_]*)=(-?[0-9.eE+-]+)$/.exec(kv.trim());
-    if (!m || !Number.isFinite(Number(m[2]))) {
-      throw new UsageError(`--set takes key=number entries separated by commas, got "${kv}"`);
-    }
-    out[m[1]] = Number(m[2]);
-  }
-  return out;
-}
 
 const { values, configOverrides, tuningOverrides } = scriptArgs(import.meta.url, (args) => {
   const parsed = parseArgs({
@@ -81,7 +67,7 @@ const { values, configOverrides, tuningOverrides } = scriptArgs(import.meta.url,
   countArg("rounds", parsed.values.rounds);
   return {
     ...parsed,
-    configOverrides: configSet(parsed.values.set),
+    configOverrides: configSetArg(parsed.values.set),
     tuningOverrides: tuningsArg(parsed.values.tunings),
   };
 });

@@ -16,7 +16,7 @@
 // `prompt` "stream"), its own sequence or a released one's as the shapes allow.
 // --layers cuts the model's depth and --set overrides config numbers (a small shape on a software adapter).
 import { parseArgs } from "node:util";
-import { countArg, scriptArgs, tuningsArg } from "../args.ts";
+import { configSetArg, countArg, scriptArgs, tuningsArg } from "../args.ts";
 import { UsageError } from "../../cli/command.ts";
 import { getGpu } from "../../kernels/mod.ts";
 import { Engine, generate, prefillStats, weightsOption, wholeModel } from "../../models/engine.ts";
@@ -48,12 +48,6 @@ const { values, prompts, stream, runs, tokens, room, overrides, tunings } = scri
     for (const s of values.shape.split(",")) {
       if (!SHAPES[s]) throw new UsageError(`--shape takes ${Object.keys(SHAPES).join(", ")}, got "${s}"`);
     }
-    const overrides: Record<string, number> = {};
-    for (const kv of values.set?.split(",") ?? []) {
-      const m = /^([a-z_]+)=([0-9.e+-]+)$/i.exec(kv.trim());
-      if (!m) throw new UsageError(`--set takes key=number entries separated by commas, got "${kv}"`);
-      overrides[m[1]] = Number(m[2]);
-    }
     return {
       values,
       prompts: values.prompts.split(",").map((p) => countArg("prompts", p)),
@@ -61,7 +55,7 @@ const { values, prompts, stream, runs, tokens, room, overrides, tunings } = scri
       runs: countArg("runs", values.runs),
       tokens: countArg("tokens", values.tokens),
       room: values.room === "0" ? 0 : countArg("room", values.room),
-      overrides,
+      overrides: configSetArg(values.set),
       // --tunings: every run again under each gpu.tuning override; none given, the defaults once.
       tunings: values.tunings ? tuningsArg(values.tunings) : [{}],
     };
