@@ -112,7 +112,10 @@ const shapes: Record<string, Record<string, unknown>> = {
 let round: number | undefined;
 
 const gpu = await getGpu();
-gpu.tuning = tuningFlags();
+// The decode rate over the window every session measured: the first token handed out after the read-ahead
+// batches (the engine now hands it out at once, which moves the start-up batches' encode into the window:
+// ~5% of a 128-token Llama-1B run's wall time, none of its total; docs/BENCHMARKS.md, the fiftieth session).
+gpu.tuning = { firstTokenAtOnce: false, ...tuningFlags() };
 // --dir holding a checkpoint already (e.g. made by hf_moe.py) is benchmarked as it is.
 const existing = values.dir !== undefined && values.shape === undefined &&
   await Deno.stat(`${values.dir}/config.json`).then(() => true, () => false);

@@ -75,6 +75,8 @@ const { values, configOverrides, tuningOverrides } = scriptArgs(import.meta.url,
 const rounds = Number(values.rounds);
 
 const gpu = await getGpu();
+// The decode rate over the window every session measured (scripts/bench/decode.ts says why).
+gpu.tuning.firstTokenAtOnce = false;
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
 }
