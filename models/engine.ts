@@ -580,8 +580,8 @@ export class Engine implements StageBackend {
           }
           // Up to MAX_IN_FLIGHT batches are read ahead of their tokens' delivery, but not the first token's:
           // it goes out as soon as it is read, while the first decode batch runs.
-          const holdFirst = out.length === 0 && gpu.tuning.firstTokenAtOnce !== false;
-          if (current && pending.length < MAX_IN_FLIGHT && !holdFirst) continue;
+          const firstNow = out.length === 0 && gpu.tuning.firstTokenAtOnce !== false;
+          if (current && pending.length < MAX_IN_FLIGHT && !firstNow) continue;
         }
         const ids = await pending.shift()!;
         const now = performance.now();
