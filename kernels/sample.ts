@@ -162,15 +162,14 @@ export function writeSampling(gpu: Gpu, buf: GPUBuffer, o: SamplingOptions): voi
 /**
  * The two dispatches that sample a token from logits row `row`: a partial argmax over many workgroups,
  * then one workgroup that finishes the argmax and (temperature > 0) samples. The options come from
- * `bufs.sampling` (a samplingBuffer) where given, else from `d` (a uniform of the call's own). The partials
- * buffer is the second call's `owned` scratch, freed by releaseCalls.
+ * `bufs.sampling` (a samplingBuffer) where given, else from `d` (a samplingBuffer of the call's own, which
+ * releaseCalls frees with its other uniforms). The partials buffer is the second call's `owned` scratch.
  */
 export function sampleCalls(
   gpu: Gpu,
   bufs: { step: GPUBuffer; logits: GPUBuffer; tokens: GPUBuffer; sampling?: GPUBuffer },
   d: { vocab: number; row?: number } & SamplingOptions,
 ): KernelCall[] {
-  samplingWords(d); // checks them
   const groups = argmaxGroups(gpu, d.vocab);
   const partial = storageBuffer(gpu, groups * 8, "argmax partials");
   const params = uniformBuffer(gpu, [d.vocab, d.row ?? 0, groups]);
@@ -182,7 +181,7 @@ export function sampleCalls(
   });
   const second = kernelCall(gpu, pipeline(gpu, SOURCE), [
     params,
-    bufs.sampling ?? uniformBuffer(gpu, [d.temperature, d.topP, d.seed >>> 0], [0, 1]),
+    bufs.sampling ?? samplingBuffer(gpu, d),
     bufs.step,
     bufs.logits,
     bufs.tokens,

@@ -79,7 +79,9 @@ for (const shape of values.shape.split(",")) {
     // A group of prompts run in turn each run: each prompt alone, then the stream's; each run goes through
     // every (tuning, engine) in turn.
     const groups = [...prompts.map((P) => [P]), ...(stream ? [stream] : [])];
-    const variants = tunings.flatMap((tuning) => engines.map((engine, i) => ({ tuning, engine, spares: i })));
+    const variants = tunings.flatMap((tuning) =>
+      engines.map((engine, i) => ({ tuning, engine, spares: i === 0 ? "default" : 0 }))
+    );
     const keys = new Set(tunings.flatMap((t) => Object.keys(t)));
     for (const group of groups) {
       const got = variants.map(() => ({
@@ -117,7 +119,7 @@ for (const shape of values.shape.split(",")) {
           ...(group.length > 1 ? { prompts: group } : {}),
           tokens,
           room,
-          spares: spares === 0 ? "default" : 0,
+          spares,
           firstTokenMs: +median(g.first).toFixed(2),
           runsMs: g.first.map((t) => +t.toFixed(1)),
           preSubmitMs: +(g.preSubmit / g.first.length).toFixed(2),
