@@ -8,8 +8,9 @@
 //     [--set key=value,...]
 // One JSON line per (shape, weights, prompt, tuning, spares): the first token's ms (median and every run after
 // run 0, which compiles the pipelines), the host's ms before the prefill's first submit (mean: the programs'
-// build, where a request builds them, and the first piece's encode), decode tok/s (median), and how many
-// requests took a released sequence. --tunings: a JSON list of gpu.tuning overrides (kernels/gpu.ts), the
+// build, where a request builds them, and the first piece's encode), the whole request's ms (median: open to
+// release), decode tok/s (median), the decode batches a request read and how many of their map calls waited
+// for the GPU (mean; the others found it idle), and how many requests took a released sequence. --tunings: a JSON list of gpu.tuning overrides (kernels/gpu.ts), the
 // runs going through each in turn.
 // --room: positions each request holds past prompt + tokens (an API request's max_tokens left unused).
 // --stream: then each run is one request of every prompt of this list in turn (a server's mixed traffic;
@@ -19,7 +20,14 @@ import { parseArgs } from "node:util";
 import { configSetArg, countArg, scriptArgs, tuningsArg } from "../args.ts";
 import { UsageError } from "../../cli/command.ts";
 import { getGpu } from "../../kernels/mod.ts";
-import { Engine, generate, prefillStats, weightsOption, wholeModel } from "../../models/engine.ts";
+import {
+  decodeStats,
+  Engine,
+  generate,
+  prefillStats,
+  weightsOption,
+  wholeModel,
+} from "../../models/engine.ts";
 import { Model } from "../../models/model.ts";
 import { RandomWeights } from "../../models/random_weights.ts";
 import { LLAMA_3_2_1B, MOE_SHAPES } from "./random_checkpoint.ts";
@@ -86,7 +94,10 @@ for (const shape of values.shape.split(",")) {
     for (const group of groups) {
       const got = variants.map(() => ({
         first: [] as number[],
+        request: [] as number[],
         tokS: [] as number[],
+        batches: 0,
+        blocked: 0,
         preSubmit: 0,
         reused: 0,
       }));
@@ -96,10 +107,20 @@ for (const shape of values.shape.split(",")) {
           Object.assign(gpu.tuning, structuredClone(tuning));
           for (const P of group) {
             const prompt = Array.from({ length: P }, (_, j) => (j * 7919 + 13) % (cfg.vocab_size as number));
-            const [reuses, pre] = [engine.stats().reuses ?? 0, prefillStats.preSubmitMs];
+            const [reuses, pre, batches, blocked] = [
+              engine.stats().reuses ?? 0,
+              prefillStats.preSubmitMs,
+              decodeStats.batches,
+              decodeStats.blocked,
+            ];
+            const t0 = performance.now();
             const res = await generate(engine, prompt, { maxTokens: tokens, room, sampling: greedy });
+            const ms = performance.now() - t0;
             if (r === 0) continue; // compiles the pipelines
             got[v].first.push(res.firstTokenMs);
+            got[v].request.push(ms);
+            got[v].batches += decodeStats.batches - batches;
+            got[v].blocked += decodeStats.blocked - blocked;
             got[v].tokS.push(res.tokS);
             got[v].preSubmit += prefillStats.preSubmitMs - pre;
             got[v].reused += (engine.stats().reuses ?? 0) - reuses;
@@ -123,7 +144,10 @@ for (const shape of values.shape.split(",")) {
           firstTokenMs: +median(g.first).toFixed(2),
           runsMs: g.first.map((t) => +t.toFixed(1)),
           preSubmitMs: +(g.preSubmit / g.first.length).toFixed(2),
+          requestMs: +median(g.request).toFixed(2),
           tokS: Math.round(median(g.tokS)),
+          batches: +(g.batches / g.first.length).toFixed(1),
+          blocked: +(g.blocked / g.first.length).toFixed(1),
           reused: g.reused,
           requests: g.first.length,
         }));

@@ -46,7 +46,13 @@ Deno.test(
       ["stream", "default", 2, 6],
       ["stream", 0, 0, 6],
     ]);
-    for (const l of r.json) assert.ok((l.firstTokenMs as number) > 0 && (l.runsMs as number[]).length > 0);
+    for (const l of r.json) {
+      assert.ok((l.firstTokenMs as number) > 0 && (l.runsMs as number[]).length > 0);
+      assert.ok((l.requestMs as number) >= (l.firstTokenMs as number));
+      // 3 tokens: the prefill's, then two batches of one step (the first decode batch has one step, and one
+      // token is left for the next).
+      assert.equal(l.batches, 3);
+    }
     const bad = await runScript("bench/ttft.ts", ["--shape", "gpt-5"]);
     assert.equal(bad.code, 2);
     assert.match(bad.stderr, /--shape takes llama-3.2-1b/);
