@@ -47,6 +47,7 @@ import {
   argmaxRowsCalls,
   argmaxRowsRef,
   encodeCalls,
+  GEMV_MULTI_MAX_T,
   getGpu,
   type Gpu,
   isQuant,
@@ -62,7 +63,14 @@ import {
 } from "../kernels/mod.ts";
 import { Checkpoint } from "./checkpoint.ts";
 import { RequestError } from "./errors.ts";
-import { type LoadOptions, Model, reuseCapacity, type Sequence, type WeightsOption } from "./model.ts";
+import {
+  type LoadOptions,
+  Model,
+  type ProgramOutput,
+  reuseCapacity,
+  type Sequence,
+  type WeightsOption,
+} from "./model.ts";
 import { type ExpertFanout, ExpertHost } from "./experts.ts";
 import { BLOCKED_MS, DecodePace } from "./pacing.ts";
 
@@ -165,6 +173,40 @@ function earlyLayers(tuned: readonly number[] | undefined): Set<number> {
   const marks = new Set<number>();
   for (let n = 1; n <= 1 << 20; n *= 2) marks.add(n);
   return marks;
+}
+
+/**
+ * Builds (on first use) and submits a step's program of T rows so that the GPU starts before the host has
+ * encoded all of it: a program built now goes in as it is built, after layers 1, 2, 4, 8, ...
+ * (gpu.tuning.prefillEarlySubmit, prefillEarlyLayers), and one built before (a reused sequence's) in growing
+ * pieces of its calls, 1/32, 1/16, ... half (prefillEarlyCached). `send` encodes and submits a piece.
+ */
+function submitEarly(
+  gpu: Gpu,
+  seq: Sequence,
+  T: number,
+  output: ProgramOutput,
+  keys: number,
+  send: (calls: readonly KernelCall[]) => void,
+): void {
+  const early = gpu.tuning.prefillEarlySubmit ?? true;
+  const marks = earlyLayers(gpu.tuning.prefillEarlyLayers);
+  let done = 0, layers = 0;
+  const calls = seq.program(T, output, {
+    keys,
+    onLayer: (sofar) => {
+      if (!early || !marks.has(++layers)) return;
+      send(sofar.slice(done));
+      done = sofar.length;
+    },
+  });
+  if (early && done === 0 && gpu.tuning.prefillEarlyCached !== false) {
+    for (let end = Math.ceil(calls.length / 32); end < calls.length; end *= 2) {
+      send(calls.slice(done, end));
+      done = end;
+    }
+  }
+  send(calls.slice(done));
 }
 
 /** Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work. */
@@ -310,6 +352,8 @@ export class Engine implements StageBackend {
     }
     writeStep(gpu, seq.step, { pos0, T, tokOut: pos0 + T });
     if (this.weights.part.remoteExperts?.size) await this.#runSegments(id, seq, T, output, pos0 + T);
+    // A prompt's chunk goes in early; a decode or k-token step (speculative verification) in one submit.
+    else if (T > GEMV_MULTI_MAX_T) submitEarly(gpu, seq, T, output, pos0 + T, (calls) => submit(gpu, calls));
     else submit(gpu, seq.program(T, output, { keys: pos0 + T }));
     if (output === "hidden") return { hidden: new Float32Array(await readBack(gpu, seq.x, T * H * 4)) };
     if (output === "sample") {
@@ -706,27 +750,8 @@ export class Engine implements StageBackend {
     // as they are built, so the GPU starts while the host builds the rest (gpu.tuning.prefillEarlySubmit).
     const T0 = Math.min(seq.prefillChunk, P);
     writeStep(gpu, seq.step, { pos0: 0, T: T0, tokOut: P });
-    let done = 0, layers = 0;
     const t = performance.now();
-    const early = gpu.tuning.prefillEarlySubmit ?? true;
-    const marks = earlyLayers(gpu.tuning.prefillEarlyLayers);
-    const calls0 = seq.program(T0, output(0, T0), {
-      keys: T0,
-      onLayer: (calls) => {
-        if (!early || !marks.has(++layers)) return;
-        submitNow(commands(calls.slice(done)));
-        done = calls.length;
-      },
-    });
-    if (early && done === 0 && gpu.tuning.prefillEarlyCached !== false) {
-      // A program built before (a reused sequence's): submitted in growing pieces all the same (1/32 of its
-      // calls, 1/16, ... half), so the GPU starts after the first few layers are encoded, not all of them.
-      for (let end = Math.ceil(calls0.length / 32); end < calls0.length; end *= 2) {
-        submitNow(commands(calls0.slice(done, end)));
-        done = end;
-      }
-    }
-    submitNow(commands(calls0.slice(done)));
+    submitEarly(gpu, seq, T0, output(0, T0), T0, (calls) => submitNow(commands(calls)));
     prefillStats.encodeMs += performance.now() - t - submitMs;
     for (let pos0 = T0; pos0 < P; pos0 += seq.prefillChunk) {
       const T = Math.min(seq.prefillChunk, P - pos0);

@@ -418,6 +418,41 @@ Deno.test(
   },
 );
 
+Deno.test(
+  onGpu(
+    "a stage's prompt chunk submitted early (built now, or reused in pieces) gives the one-submit states",
+  ),
+  async () => {
+    const g = gpu!;
+    const ckpt = await Checkpoint.open(await llamaMicroShapedCheckpoint(9));
+    const engine = new Engine(wholeModel(9), await Model.load(g, ckpt, { weights: "f32" }));
+    try {
+      const tokens = Uint32Array.from({ length: 40 }, (_, i) => (i * 37 + 5) % 500);
+      const run = async (early: boolean) => {
+        g.tuning.prefillEarlySubmit = early;
+        const reuses = engine.stats().reuses ?? 0;
+        engine.open("s", { maxSeq: 64, sampling: greedy, maxChunk: 64 });
+        try {
+          const r = await engine.run("s", { pos0: 0, T: 40, tokens, output: "hidden" });
+          return { hidden: r.hidden!, reused: (engine.stats().reuses ?? 0) > reuses };
+        } finally {
+          engine.release("s");
+        }
+      };
+      // A new sequence's program is submitted as it is built; the released one's, reused, in pieces.
+      const fresh = await run(true);
+      const reused = await run(true);
+      const one = await run(false);
+      assert.deepEqual([fresh.reused, reused.reused, one.reused], [false, true, true]);
+      assert.deepEqual(fresh.hidden, one.hidden);
+      assert.deepEqual(reused.hidden, one.hidden);
+    } finally {
+      delete g.tuning.prefillEarlySubmit;
+      engine.close();
+    }
+  },
+);
+
 async function longPrefill(): Promise<void> {
   const dir = fixtureDir("llama-micro")!;
   const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
