@@ -249,11 +249,6 @@ export interface KernelTuning {
    */
   firstTokenAtOnce?: boolean;
   /**
-   * The decode loop's batches grow as fast as the host's encode keeps up with the GPU (default true,
-   * models/pacing.ts); false: they double (1, 2, 4, ... maxBatch). Read per batch.
-   */
-  pacedBatches?: boolean;
-  /**
    * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where its tiles times its split K
    * make a wave (`gemmWave` workgroups, default 256), else `gemmSmall` (defaults 128x128k32r22cv and
    * 64x64k16r11c); the wave also bounds the default split K. Their f16 / wh flags apply only to weights they
@@ -343,7 +338,6 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   prefillEarlyLayers: true,
   prefillEarlyCached: true,
   firstTokenAtOnce: true,
-  pacedBatches: true,
   gemmLarge: true,
   gemmSmall: true,
   gemmWave: true,

@@ -11,9 +11,8 @@
 // runs. Encoding (CPU) and compute (GPU) then overlap instead of adding up. The tokens themselves are read
 // as soon as the map call returns (kernels/readback.ts), or, where that is off, several maps stay in flight
 // so their 10 ms sleeps overlap compute. Steps computed past an eos are discarded: output is exact.
-// Tokens come back in batches (1, then growing as fast as the host's encode keeps ahead of the GPU, up to
-// maxBatch: models/pacing.ts): the sampler writes each token where the next step's embedding reads it, so the
-// loop never waits for the GPU per token.
+// Tokens come back in batches (1, 2, 4, ... up to maxBatch): the sampler writes each token where the next
+// step's embedding reads it, so the loop never waits for the GPU per token.
 //
 // Multi-token steps (speculative verification): `verify(id, pos0, tokens)` runs k = tokens.length tokens
 // at positions pos0 .. pos0 + k - 1 in one step (the k rows share each weight read: kernels/gemv_multi.ts;
@@ -72,7 +71,6 @@ import {
   type WeightsOption,
 } from "./model.ts";
 import { type ExpertFanout, ExpertHost } from "./experts.ts";
-import { BLOCKED_MS, DecodePace } from "./pacing.ts";
 
 /**
  * Readbacks in flight at once. With early reads (kernels/readback.ts) each is done as its map call returns;
@@ -161,6 +159,12 @@ export const prefillStats = { prefills: 0, preSubmitMs: 0, encodeMs: 0, submits:
 export const decodeStats = { batches: 0, blocked: 0 };
 
 /**
+ * A map call that took longer than this waited for the GPU (decodeStats.blocked); one that found the GPU idle
+ * returns in a few microseconds.
+ */
+const BLOCKED_MS = 0.05;
+
+/**
  * After how many layers of a fresh first-chunk program its calls so far are submitted (gpu.tuning
  * prefillEarlySubmit): 1, 2, 4, 8, ... (gpu.tuning.prefillEarlyLayers replaces them). The GPU starts after one
  * layer's build (H200, pp512: 1.1-1.6 ms into the prefill instead of 3.1-3.9 after four; 12.7k -> 13.2-13.5k
@@ -241,8 +245,6 @@ export class Engine implements StageBackend {
   readonly #maxSpares: number;
   /** Requests that took a released sequence (StageStats.reuses). */
   #reuses = 0;
-  /** The decode loops' per-step GPU and host times, which size their batches (models/pacing.ts). */
-  #pace = new DecodePace();
 
   /**
    * `opts.fanout` runs the remote experts of the model's split layers (Model.load's remoteExperts).
@@ -602,26 +604,23 @@ export class Engine implements StageBackend {
         const first = steps > 0 ? from + 1 : from;
         const staging = takeStaging(gpu, n * 4);
         enc.copyBufferToBuffer(seq.tokens, (P + first) * 4, staging, 0, n * 4);
-        return { cmd: enc.finish(), staging, tokens: n, steps, submitted: 0 };
+        return { cmd: enc.finish(), staging, tokens: n };
       };
-      // Batch sizes: the prefill's token alone (first token as soon as possible), then 1 step, then as fast as
-      // the host's encode keeps up with the GPU (models/pacing.ts; 2, 4, ... where it is not measured yet).
+      // Batch sizes: the prefill's token alone (first token as soon as possible), then 1, 2, 4 ... maxBatch.
       let planned = 1;
-      const plan = (size: number): Batch | undefined => {
+      let size = 1;
+      const plan = (): Batch | undefined => {
         if (planned >= opts.maxTokens) return undefined;
         const k = Math.min(size, opts.maxTokens - planned);
         const b = encodeBatch(planned - 1, k);
         planned += k;
+        size = Math.min(size * 2, maxBatch);
         return b;
       };
-      const pace = this.#pace;
-      const paced = gpu.tuning.pacedBatches !== false;
-      const after = (b: Batch) => paced ? pace.next(b.steps, maxBatch) : Math.min(b.steps * 2, maxBatch);
       let current: Batch | undefined = encodeBatch(0, 0);
       writeStep(gpu, seq.step, { pos0: P, T: 1, tokOut: P + 1 });
       gpu.device.queue.submit([current.cmd]);
-      current.submitted = performance.now();
-      next = plan(1);
+      next = plan();
       const out: number[] = [];
       let stopReason: LoopResult["stopReason"] = "max_tokens";
       let firstAt = 0, lastAt = 0;
@@ -631,17 +630,13 @@ export class Engine implements StageBackend {
           const called = performance.now();
           pending.push(readBatch(gpu, current));
           const returned = performance.now();
-          pace.noteRun(current.steps, current.submitted, called, returned);
-          // The host's window since `current` went in: the batch after it encoded, tokens handed out.
-          if (next && current.steps > 0) pace.noteHost(next.steps, called - current.submitted);
           decodeStats.batches++;
           if (returned - called > BLOCKED_MS) decodeStats.blocked++;
           current = undefined;
           if (next && !signal.aborted) {
             gpu.device.queue.submit([next.cmd]);
-            next.submitted = performance.now();
             current = next;
-            next = plan(after(current));
+            next = plan();
           }
           // Up to MAX_IN_FLIGHT batches are read ahead of their tokens' delivery, but not the first token's:
           // it goes out as soon as it is read, while the first decode batch runs.
@@ -891,10 +886,6 @@ interface Batch {
   cmd: GPUCommandBuffer;
   staging: GPUBuffer;
   tokens: number;
-  /** Decode steps in it (0: the first batch, which copies out the prefill's token). */
-  steps: number;
-  /** When it was submitted (performance.now()). */
-  submitted: number;
 }
 
 /** Maps a submitted batch's tokens to the CPU; its staging buffer goes back to the pool. */
