@@ -41,6 +41,7 @@
 // would take minutes a token there); `deno task bench` is then a smoke test (tests/scripts/bench/).
 import { parseArgs } from "node:util";
 import { countArg, scriptArgs, tuningsArg } from "../args.ts";
+import { DECODE_WINDOW } from "./targets.ts";
 import {
   argmaxRowsCalls,
   getGpu,
@@ -115,7 +116,7 @@ const gpu = await getGpu();
 // The decode rate over the window every session measured: the first token handed out after the read-ahead
 // batches (the engine now hands it out at once, which moves the start-up batches' encode into the window:
 // ~5% of a 128-token Llama-1B run's wall time, none of its total; docs/BENCHMARKS.md, the fiftieth session).
-gpu.tuning = { firstTokenAtOnce: false, ...tuningFlags() };
+gpu.tuning = { ...DECODE_WINDOW, ...tuningFlags() };
 // --dir holding a checkpoint already (e.g. made by hf_moe.py) is benchmarked as it is.
 const existing = values.dir !== undefined && values.shape === undefined &&
   await Deno.stat(`${values.dir}/config.json`).then(() => true, () => false);

@@ -32,6 +32,7 @@
 // the GPU and on the CPU (--convert gpu,cpu), per --weights: one JSON line each.
 import { parseArgs } from "node:util";
 import { configSetArg, countArg, scriptArgs, tuningsArg } from "../args.ts";
+import { DECODE_WINDOW } from "./targets.ts";
 import { getGpu, writeStep } from "../../kernels/mod.ts";
 import { cpuMs, dispatchCostUs, gpuMs, gpuMsPerCall, marginalMs } from "../../kernels/timer.ts";
 import { Engine, generate, wholeModel } from "../../models/engine.ts";
@@ -76,7 +77,7 @@ const rounds = Number(values.rounds);
 
 const gpu = await getGpu();
 // The decode rate over the window every session measured (scripts/bench/decode.ts says why).
-gpu.tuning.firstTokenAtOnce = false;
+Object.assign(gpu.tuning, DECODE_WINDOW);
 if (gpu.isSoftware) {
   console.error(`bench: ${gpu.adapterName} is a software adapter: numbers are a smoke test`);
 }

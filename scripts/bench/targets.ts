@@ -19,9 +19,17 @@ export interface Target {
   unit: string;
 }
 
+/**
+ * What decode.ts and moe.ts pin in every run: the first token handed out after the read-ahead batches, the
+ * decode window every session measured (decode.ts says why). Their lines' `tuning` carries it, and a line
+ * whose tuning is this alone is a default-tuning line.
+ */
+export const DECODE_WINDOW = { firstTokenAtOnce: false } as const;
+
 const isDefault = (l: Record<string, unknown>) =>
   l.tuning === undefined ||
-  (typeof l.tuning === "object" && l.tuning !== null && Object.keys(l.tuning).length === 0);
+  (typeof l.tuning === "object" && l.tuning !== null &&
+    Object.entries(l.tuning).every(([k, v]) => (DECODE_WINDOW as Record<string, unknown>)[k] === v));
 
 /** The figures `read` gives the lines that are this target's (undefined for the others). */
 const each =
