@@ -147,8 +147,9 @@ export function submit(gpu: Gpu, calls: readonly KernelCall[]): void {
  * Where a prefill's host time goes, summed over this process's prefills (the prefill benchmark prints the
  * differences over its timed runs): `prefills`; `preSubmitMs`, from a prefill's start to the return of its
  * first submit (host work the GPU waits for: the first chunk's program build, its encode, the submit);
- * `encodeMs`, building and encoding every chunk (most of it overlaps the GPU); `submits` and `submitMs` (in queue.submit); `afterMs`, from the
- * last chunk's submit to the first token read (the GPU's last chunk, the readback: generate only).
+ * `encodeMs`, building and encoding every chunk (most of it overlaps the GPU); `submits` and `submitMs` (in
+ * queue.submit); `afterMs`, from the last chunk's submit to the first token read (the GPU's last chunk, the
+ * readback: generate only).
  */
 export const prefillStats = { prefills: 0, preSubmitMs: 0, encodeMs: 0, submits: 0, submitMs: 0, afterMs: 0 };
 

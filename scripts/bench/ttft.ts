@@ -10,8 +10,8 @@
 // run 0, which compiles the pipelines), the host's ms before the prefill's first submit (mean: the programs'
 // build, where a request builds them, and the first piece's encode), the whole request's ms (median: open to
 // release), decode tok/s (median), the decode batches a request read and how many of their map calls waited
-// for the GPU (mean; the others found it idle), and how many requests took a released sequence. --tunings: a JSON list of gpu.tuning overrides (kernels/gpu.ts), the
-// runs going through each in turn.
+// for the GPU (mean; the others found it idle), and how many requests took a released sequence.
+// --tunings: a JSON list of gpu.tuning overrides (kernels/gpu.ts), the runs going through each in turn.
 // --room: positions each request holds past prompt + tokens (an API request's max_tokens left unused).
 // --stream: then each run is one request of every prompt of this list in turn (a server's mixed traffic;
 // `prompt` "stream"), its own sequence or a released one's as the shapes allow.
