@@ -33,3 +33,4 @@ export * from "./convert.ts";
 export * from "./moe_sg.ts";
 export * from "./moe_fused.ts";
 export * from "./env.ts";
+export * from "./keep_warm.ts";

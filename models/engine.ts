@@ -50,6 +50,9 @@ import {
   getGpu,
   type Gpu,
   isQuant,
+  type KeepWarm,
+  keepWarmFor,
+  keepWarmFromEnv,
   type KernelCall,
   readBack,
   readStaging,
@@ -57,6 +60,7 @@ import {
   reserveStaging,
   storageBuffer,
   takeStaging,
+  type WarmStats,
   writeBytes,
   writeStep,
 } from "../kernels/mod.ts";
@@ -241,6 +245,8 @@ export class Engine implements StageBackend {
   #next = 0;
 
   #fanout: ExpertFanout | undefined;
+  /** Holds the GPU's clock between this stage's steps (kernels/keep_warm.ts), where on. */
+  #warm: KeepWarm | undefined;
   /** Released requests' sequences, newest last, kept for the next requests (programs and buffers built). */
   #spares: Sequence[] = [];
   readonly #maxSpares: number;
@@ -250,13 +256,15 @@ export class Engine implements StageBackend {
   /**
    * `opts.fanout` runs the remote experts of the model's split layers (Model.load's remoteExperts).
    * `opts.spares` (default SPARES): how many released requests' sequences are kept for reuse.
+   * `opts.keepWarm` queues filler work between `run` steps (a chain stage's); the engine destroys it on close.
    */
   constructor(
     readonly role: StageRole,
     readonly weights: Model,
-    opts: { fanout?: ExpertFanout; spares?: number } = {},
+    opts: { fanout?: ExpertFanout; spares?: number; keepWarm?: KeepWarm } = {},
   ) {
     this.#fanout = opts.fanout;
+    this.#warm = opts.keepWarm;
     this.#maxSpares = opts.spares ?? SPARES;
     if (weights.part.remoteExperts?.size && !opts.fanout) {
       throw new TypeError("a model part with remote experts needs a fanout to run them");
@@ -329,7 +337,18 @@ export class Engine implements StageBackend {
 
   run(id: string, input: StageInput): Promise<StageResult> {
     const open = this.#get(id);
-    return this.#busy(open, () => this.#run(id, open, input));
+    const warm = this.#warm;
+    if (!warm) return this.#busy(open, () => this.#run(id, open, input));
+    return this.#busy(open, async () => {
+      const t0 = performance.now();
+      warm.start(t0);
+      try {
+        return await this.#run(id, open, input);
+      } finally {
+        const now = performance.now();
+        warm.end(input.T, now - t0, now);
+      }
+    });
   }
 
   async #run(id: string, open: Open, input: StageInput): Promise<StageResult> {
@@ -821,6 +840,11 @@ export class Engine implements StageBackend {
     return true;
   }
 
+  /** What the keep-warm filler did on this stage (kernels/keep_warm.ts); undefined where it is off. */
+  warmStats(): WarmStats | undefined {
+    return this.#warm && { ...this.#warm.stats };
+  }
+
   stats(): StageStats {
     let kvBytes = 0;
     for (const o of this.#open.values()) kvBytes += o.seq.kvBytes;
@@ -837,6 +861,7 @@ export class Engine implements StageBackend {
   close(): void {
     for (const id of [...this.#open.keys()]) this.release(id);
     this.#dropSpares();
+    this.#warm?.destroy();
     this.weights.destroy();
   }
 }
@@ -918,11 +943,14 @@ export async function loadEngine(
     fanout?: ExpertFanout;
     /** Released requests' sequences kept for reuse (default SPARES). */
     spares?: number;
+    /** Hold the GPU's clock between `run` steps (kernels/keep_warm.ts); "auto" on hardware GPUs. Default false. */
+    keepWarm?: boolean | "auto";
   } = {},
 ): Promise<Engine> {
   const ckpt = typeof src === "string" ? await Checkpoint.open(src) : src;
   const role = opts.role ?? wholeModel(ckpt.config.numLayers);
-  const model = await Model.load(opts.gpu ?? await getGpu(), ckpt, {
+  const gpu = opts.gpu ?? await getGpu();
+  const model = await Model.load(gpu, ckpt, {
     weights: opts.weights,
     layers: role.layers,
     embed: role.embeds,
@@ -930,7 +958,9 @@ export async function loadEngine(
     onProgress: opts.onProgress,
     remoteExperts: opts.remoteExperts,
   });
-  return new Engine(role, model, { fanout: opts.fanout, spares: opts.spares });
+  // Timed right after loading, while the GPU's clock is still up.
+  const keepWarm = await keepWarmFor(gpu, opts.keepWarm ?? false);
+  return new Engine(role, model, { fanout: opts.fanout, spares: opts.spares, keepWarm });
 }
 
 /** The StageLoader for every family: reads only the role's tensors onto this process's GPU. */
@@ -941,4 +971,5 @@ export const loadStage: StageLoader = (role, opts) =>
     onProgress: opts.onProgress,
     remoteExperts: opts.experts?.remote,
     fanout: opts.experts?.fanout,
+    keepWarm: keepWarmFromEnv(),
   });

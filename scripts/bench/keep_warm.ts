@@ -1,0 +1,136 @@
+// What the keep-warm filler (kernels/keep_warm.ts) does for a chain stage: a stage of the first --layers
+// layers of a model (random weights at a real shape: embeds, no head) runs one-token `run` steps with a gap
+// before each (what a chain's other stages and links take), for --seconds a round, with the filler off and
+// on at each --fractions, alternating round by round, --repeat times. The governor moves the GPU's clock over
+// seconds, so each round's figures are from its second half (steady state).
+//   deno run -A scripts/bench/keep_warm.ts [--shape llama-3.2-1b] [--weights q4] [--layers 14] [--gaps 0,1,3,8]
+//     [--fractions 0.3] [--seconds 6] [--repeat 2] [--set key=value,...]
+// One JSON line per round: gap ms, the filler's fraction (0: off), the step's median and p90 ms, the period
+// (ms a step plus its gap, mean), and the fillers queued a step with their mean length (ms at full clock).
+import { parseArgs } from "node:util";
+import { configSetArg, countArg, scriptArgs } from "../args.ts";
+import { UsageError } from "../../cli/command.ts";
+import { getGpu, KeepWarm } from "../../kernels/mod.ts";
+import { Engine, weightsOption } from "../../models/engine.ts";
+import { Model } from "../../models/model.ts";
+import { RandomWeights } from "../../models/random_weights.ts";
+import { LLAMA_3_2_1B, MOE_SHAPES } from "./random_checkpoint.ts";
+import { median } from "./stats.ts";
+
+const SHAPES: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, ...MOE_SHAPES };
+
+const { values, layers, gaps, fractions, seconds, repeat, overrides } = scriptArgs(
+  import.meta.url,
+  (args) => {
+    const { values } = parseArgs({
+      args,
+      options: {
+        shape: { type: "string", default: "llama-3.2-1b" },
+        weights: { type: "string", default: "q4" },
+        layers: { type: "string", default: "14" },
+        gaps: { type: "string", default: "0,1,3,8" },
+        fractions: { type: "string", default: "0.3" },
+        seconds: { type: "string", default: "6" },
+        repeat: { type: "string", default: "2" },
+        set: { type: "string" },
+      },
+    });
+    if (!SHAPES[values.shape]) {
+      throw new UsageError(`--shape takes ${Object.keys(SHAPES).join(", ")}, got "${values.shape}"`);
+    }
+    const number = (name: string, v: string, ok: (x: number) => boolean, want: string) => {
+      const x = Number(v);
+      if (v.trim() === "" || !ok(x)) throw new UsageError(`--${name} takes ${want}, got "${v}"`);
+      return x;
+    };
+    return {
+      values,
+      layers: countArg("layers", values.layers),
+      gaps: values.gaps.split(",").map((g) =>
+        number("gaps", g, (x) => x >= 0 && x <= 1000, "ms from 0 to 1000")
+      ),
+      fractions: values.fractions.split(",").map((f) =>
+        number("fractions", f, (x) => x > 0 && x < 1, "fractions between 0 and 1")
+      ),
+      seconds: number("seconds", values.seconds, (x) => x > 0 && x <= 600, "seconds from 0 to 600"),
+      repeat: countArg("repeat", values.repeat),
+      overrides: configSetArg(values.set),
+    };
+  },
+);
+
+const gpu = await getGpu();
+if (!gpu.hasTimestamps) throw new Error(`${gpu.adapterName} has no timestamp queries: no filler to size`);
+const cfg: Record<string, unknown> = { ...SHAPES[values.shape], ...overrides };
+const role = { index: 0, stages: 2, layers: [0, layers] as [number, number], embeds: true, head: false };
+const model = await Model.load(gpu, new RandomWeights(cfg, 1, `random ${values.shape}`), {
+  weights: weightsOption(values.weights),
+  layers: role.layers,
+  embed: true,
+  head: false,
+});
+// The fillers are timed now, the clock still up from loading.
+const variants = [
+  { fraction: 0, engine: new Engine(role, model) },
+  ...await Promise.all(fractions.map(async (fraction) => ({
+    fraction,
+    engine: new Engine(role, model, { keepWarm: await KeepWarm.create(gpu, { fraction }) }),
+  }))),
+];
+const vocab = cfg.vocab_size as number;
+const greedy = { temperature: 0, topP: 1, seed: 0 };
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const maxSeq = 1 << 15;
+let round = 0;
+for (let rep = 0; rep < repeat; rep++) {
+  for (const gap of gaps) {
+    const order = rep % 2 ? [...variants].reverse() : variants;
+    for (const { fraction, engine } of order) {
+      const id = `r${round++}`;
+      engine.open(id, { maxSeq, sampling: greedy });
+      const input = (pos0: number, T: number) => ({
+        pos0,
+        T,
+        tokens: Uint32Array.from({ length: T }, (_, i) => (pos0 + i) * 7919 % vocab),
+        output: "hidden" as const,
+      });
+      await engine.run(id, input(0, 16));
+      const ms: number[] = [];
+      const ends: number[] = [];
+      /** Fillers queued so far, and their ms, after each step. */
+      const filled: { fills: number; fillMs: number }[] = [];
+      const t0 = performance.now();
+      for (let p = 16; p < maxSeq && performance.now() - t0 < seconds * 1000; p++) {
+        if (gap) await sleep(gap);
+        const t = performance.now();
+        await engine.run(id, input(p, 1));
+        const now = performance.now();
+        ms.push(now - t);
+        ends.push(now);
+        filled.push(engine.warmStats() ?? { fills: 0, fillMs: 0 });
+      }
+      engine.release(id);
+      const k = ms.length >> 1;
+      const tail = ms.slice(k).sort((a, b) => a - b);
+      const fills = filled.at(-1)!.fills - filled[k - 1].fills;
+      const fillMs = filled.at(-1)!.fillMs - filled[k - 1].fillMs;
+      console.log(JSON.stringify({
+        bench: "swactor-keep-warm",
+        adapter: gpu.adapterName,
+        shape: values.shape,
+        weights: values.weights,
+        layers,
+        gap,
+        fraction,
+        steps: ms.length,
+        stepMs: +median(tail).toFixed(3),
+        p90Ms: +tail[Math.floor(tail.length * 0.9)].toFixed(3),
+        periodMs: +((ends.at(-1)! - ends[k - 1]) / (ms.length - k)).toFixed(3),
+        fillsPerStep: +(fills / (ms.length - k)).toFixed(2),
+        fillMs: fills ? +(fillMs / fills).toFixed(3) : 0,
+        at: new Date().toISOString(),
+      }));
+    }
+  }
+}
+for (const { engine } of variants) engine.close();
