@@ -7,7 +7,8 @@
 // stage expects before its next step. A queued filler cannot be interrupted, so a step that comes early
 // waits for the rest of it: the filler covers only part of the shortest recent gap, and shrinks when steps
 // run slow (a filler sized at full clock runs ~5x longer at the lowest clock; a slow step is how that
-// shows). WarmController decides (pure, any clock); KeepWarm submits.
+// shows). WarmController decides (pure, any clock); KeepWarm submits. One KeepWarm serves every stage and
+// expert host on a GPU (keepWarmFor): a gap is the GPU's, from any step's end to any step's start.
 import { type Gpu, kernelCall, pipeline, storageBuffer, writeBytes } from "./gpu.ts";
 import { gpuMs } from "./timer.ts";
 import { EnvError } from "./env.ts";
@@ -40,16 +41,17 @@ export const WARM_DEFAULTS: WarmSettings = {
 /**
  * Decides, after each step, how much filler to queue. `start` and `end` bracket each step (`now` in ms, any
  * clock); steps may overlap (several requests), and the gap counted is from the last step's end to the next
- * start while none runs. The clock's state is read from the steps themselves: a step of T tokens slower
- * than the fastest seen (at full clock, while the model loaded) means a lower clock or a filler that ran
- * into it, and either way the filler shrinks by that ratio.
+ * start while none runs. The clock's state is read from the steps themselves: a step slower than the fastest
+ * of its kind seen (`kind`: what the step does, its caller and token count; the fastest at full clock, soon
+ * after loading) means a lower clock or a filler that ran into it, and either way the filler shrinks by that
+ * ratio.
  */
 export class WarmController {
   readonly settings: WarmSettings;
   #gaps: number[] = [];
   #lastEnd: number | undefined;
   #running = 0;
-  #best = new Map<number, number>();
+  #best = new Map<string, number>();
   #slow = 1;
 
   constructor(settings: Partial<WarmSettings> = {}) {
@@ -75,14 +77,14 @@ export class WarmController {
   }
 
   /**
-   * A step of `T` tokens that took `ms` ends at `now`. Returns the filler to queue now, in ms at full clock
-   * (0: none): `fraction` of the shortest recent gap, over the step's slowness, at most `maxFillMs`.
+   * A step of `kind` that took `ms` ends at `now`. Returns the filler to queue now, in ms at full clock (0:
+   * none): `fraction` of the shortest recent gap, over the steps' slowness, at most `maxFillMs`.
    */
-  end(now: number, T: number, ms: number): number {
+  end(now: number, kind: string, ms: number): number {
     this.#running = Math.max(0, this.#running - 1);
     this.#lastEnd = now;
-    const best = Math.min(this.#best.get(T) ?? Infinity, ms);
-    this.#best.set(T, best);
+    const best = Math.min(this.#best.get(kind) ?? Infinity, ms);
+    this.#best.set(kind, best);
     const ratio = best > 0 ? ms / best : 1;
     this.#slow = 0.5 * this.#slow + 0.5 * ratio;
     const s = this.settings;
@@ -164,11 +166,12 @@ export class KeepWarm {
   }
 
   /**
-   * Call as a step of `T` tokens that took `ms` ends (its result read). The filler it decides is queued on
-   * a zero timer, after the caller has sent the step's result on, unless another step started meanwhile.
+   * Call as a step of `kind` (WarmController.end) that took `ms` ends (its result read). The filler it
+   * decides is queued on a zero timer, after the caller has sent the step's result on, unless another step
+   * started meanwhile.
    */
-  end(T: number, ms: number, now = performance.now()): void {
-    const fillMs = this.controller.end(now, T, ms);
+  end(kind: string, ms: number, now = performance.now()): void {
+    const fillMs = this.controller.end(now, kind, ms);
     if (fillMs <= 0 || this.#pending !== undefined) return;
     this.#pending = setTimeout(() => {
       this.#pending = undefined;
@@ -188,6 +191,22 @@ export class KeepWarm {
     this.gpu.device.queue.submit([enc.finish()]);
     this.stats.fills++;
     this.stats.fillMs += fillMs;
+  }
+
+  /**
+   * Brackets `step` (a step of `kind`) with start and end. Where `warm` is undefined, just runs it: the
+   * callers' one line for either case.
+   */
+  static async around<T>(warm: KeepWarm | undefined, kind: string, step: () => Promise<T>): Promise<T> {
+    if (!warm) return await step();
+    const t0 = performance.now();
+    warm.start(t0);
+    try {
+      return await step();
+    } finally {
+      const now = performance.now();
+      warm.end(kind, now - t0, now);
+    }
   }
 
   /** Frees the filler's buffers (a timer still pending is dropped). */
@@ -211,12 +230,16 @@ export function keepWarmFromEnv(text = Deno.env.get("SWACTOR_KEEP_WARM") ?? ""):
   throw new EnvError(`SWACTOR_KEEP_WARM must be 0, 1 or auto, got "${text.slice(0, 20)}"`);
 }
 
-/** A KeepWarm for `gpu` as `setting` says (`auto`: hardware GPUs only); undefined where off. */
-export function keepWarmFor(
-  gpu: Gpu,
-  setting: boolean | "auto",
-  settings?: Partial<WarmSettings>,
-): Promise<KeepWarm | undefined> {
+const shared = new WeakMap<GPUDevice, Promise<KeepWarm | undefined>>();
+
+/**
+ * The KeepWarm of `gpu` (one a device, shared by its stages and expert hosts, never destroyed), where
+ * `setting` turns it on (`auto`: hardware GPUs only); undefined where off.
+ */
+export function keepWarmFor(gpu: Gpu, setting: boolean | "auto"): Promise<KeepWarm | undefined> {
   const on = setting === "auto" ? !gpu.isSoftware : setting;
-  return on ? KeepWarm.create(gpu, settings) : Promise.resolve(undefined);
+  if (!on) return Promise.resolve(undefined);
+  let warm = shared.get(gpu.device);
+  if (!warm) shared.set(gpu.device, warm = KeepWarm.create(gpu));
+  return warm;
 }

@@ -50,7 +50,7 @@ import {
   getGpu,
   type Gpu,
   isQuant,
-  type KeepWarm,
+  KeepWarm,
   keepWarmFor,
   keepWarmFromEnv,
   type KernelCall,
@@ -238,6 +238,9 @@ export function wholeModel(numLayers: number): StageRole {
   return { index: 0, stages: 1, layers: [0, numLayers], embeds: true, head: true };
 }
 
+/** Engines made in this process (each a kind of step for the GPU's KeepWarm). */
+let engines = 0;
+
 /** Runs a Model (one part of a network, or all of it) for many requests; the node's StageBackend. */
 export class Engine implements StageBackend {
   readonly model: ModelFacts;
@@ -247,6 +250,8 @@ export class Engine implements StageBackend {
   #fanout: ExpertFanout | undefined;
   /** Holds the GPU's clock between this stage's steps (kernels/keep_warm.ts), where on. */
   #warm: KeepWarm | undefined;
+  /** This engine's steps' kind for it (engines on one GPU share its KeepWarm). */
+  #warmKind = `engine ${engines++}`;
   /** Released requests' sequences, newest last, kept for the next requests (programs and buffers built). */
   #spares: Sequence[] = [];
   readonly #maxSpares: number;
@@ -256,7 +261,7 @@ export class Engine implements StageBackend {
   /**
    * `opts.fanout` runs the remote experts of the model's split layers (Model.load's remoteExperts).
    * `opts.spares` (default SPARES): how many released requests' sequences are kept for reuse.
-   * `opts.keepWarm` queues filler work between `run` steps (a chain stage's); the engine destroys it on close.
+   * `opts.keepWarm` queues filler work between `run` steps (a chain stage's; the GPU's, kept on close).
    */
   constructor(
     readonly role: StageRole,
@@ -337,18 +342,8 @@ export class Engine implements StageBackend {
 
   run(id: string, input: StageInput): Promise<StageResult> {
     const open = this.#get(id);
-    const warm = this.#warm;
-    if (!warm) return this.#busy(open, () => this.#run(id, open, input));
-    return this.#busy(open, async () => {
-      const t0 = performance.now();
-      warm.start(t0);
-      try {
-        return await this.#run(id, open, input);
-      } finally {
-        const now = performance.now();
-        warm.end(input.T, now - t0, now);
-      }
-    });
+    const step = () => this.#run(id, open, input);
+    return this.#busy(open, () => KeepWarm.around(this.#warm, `${this.#warmKind} T${input.T}`, step));
   }
 
   async #run(id: string, open: Open, input: StageInput): Promise<StageResult> {
@@ -861,7 +856,6 @@ export class Engine implements StageBackend {
   close(): void {
     for (const id of [...this.#open.keys()]) this.release(id);
     this.#dropSpares();
-    this.#warm?.destroy();
     this.weights.destroy();
   }
 }
@@ -927,10 +921,15 @@ export function weightsOption(v: string | undefined): WeightsOption | undefined 
 }
 
 /** The ExpertLoader: reads the held experts of each layer onto this process's GPU. */
-export const loadExpertHost: ExpertLoader = async (hold, opts) =>
-  await ExpertHost.load(await getGpu(), await Checkpoint.open(opts.model.dir), hold, {
+export const loadExpertHost: ExpertLoader = async (hold, opts) => {
+  const gpu = await getGpu();
+  const host = await ExpertHost.load(gpu, await Checkpoint.open(opts.model.dir), hold, {
     weights: weightsOption(opts.model.weights),
   });
+  // Timed right after loading, while the GPU's clock is still up.
+  host.keepWarm = await keepWarmFor(gpu, keepWarmFromEnv());
+  return host;
+};
 
 /** Opens a checkpoint and loads `role`'s part of it onto this process's GPU. */
 export async function loadEngine(

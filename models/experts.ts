@@ -15,6 +15,7 @@ import {
   createMoeRoutedScratch,
   GEMV_MULTI_MAX_T,
   type Gpu,
+  KeepWarm,
   MOE_GROUP_MAX_SLOTS,
   moeRoutedCalls,
   type MoeRoutedScratch,
@@ -83,6 +84,8 @@ export class ExpertHost {
   #layers = new Map<number, LayerStack>();
   #scratch: Scratch | undefined;
   #bytes = 0;
+  /** Holds the GPU's clock between this host's calls (kernels/keep_warm.ts), where set. */
+  keepWarm: KeepWarm | undefined;
 
   private constructor(readonly gpu: Gpu, readonly hidden: number) {}
 
@@ -151,7 +154,11 @@ export class ExpertHost {
   }
 
   /** The weighted sum of the chosen experts held here, [T, H] (zero rows where none is). */
-  async compute(layer: number, input: ExpertInput): Promise<Float32Array> {
+  compute(layer: number, input: ExpertInput): Promise<Float32Array> {
+    return KeepWarm.around(this.keepWarm, `experts T${input.T}`, () => this.#compute(layer, input));
+  }
+
+  async #compute(layer: number, input: ExpertInput): Promise<Float32Array> {
     const s = this.#layers.get(layer);
     if (!s) throw new RequestError(`this node holds no experts of layer ${layer}`);
     const { T } = input;

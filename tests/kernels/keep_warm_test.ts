@@ -1,10 +1,12 @@
 // Keeping a stage's GPU clock up (kernels/keep_warm.ts): the controller's sizing on a fake clock (no filler
 // before the rhythm is known, a fraction of the shortest recent gap, none over overlapping steps, none after
-// a pause, smaller when steps run slow), SWACTOR_KEEP_WARM's parsing, and on a GPU: a stage that queues
-// fillers between its steps returns exactly the hidden states of one that does not.
+// a pause, smaller when steps run slow), SWACTOR_KEEP_WARM's parsing, and on a GPU: a stage and an expert
+// host that queue fillers between their steps return exactly what ones that do not return.
 import assert from "node:assert/strict";
-import { EnvError, keepWarmFromEnv, WarmController } from "../../kernels/mod.ts";
+import { EnvError, getGpu, KeepWarm, keepWarmFromEnv, WarmController } from "../../kernels/mod.ts";
 import { loadEngine } from "../../models/engine.ts";
+import { Checkpoint } from "../../models/checkpoint.ts";
+import { ExpertHost } from "../../models/experts.ts";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
 
@@ -15,7 +17,7 @@ function rhythm(c: WarmController, steps: number, stepMs: number, gapMs: number,
   for (let i = 0; i < steps; i++) {
     c.start(t);
     t += stepMs;
-    fills.push(c.end(t, 1, stepMs));
+    fills.push(c.end(t, "T1", stepMs));
     t += gapMs;
   }
   return fills;
@@ -29,7 +31,7 @@ Deno.test("WarmController: a fraction of the shortest recent gap, once `history`
   assert.ok(Math.abs(fills[4] - 1.2) < 1e-9, `fill ${fills[4]}`);
   // One short gap among long ones sizes the filler.
   c.start(100);
-  c.end(101, 1, 1); // gap 100 - 30 = 70 ms: a pause, history cleared
+  c.end(101, "T1", 1); // gap 100 - 30 = 70 ms: a pause, history cleared
   // Four 8 ms gaps again (the first before the first of these steps) before the next filler.
   const after = rhythm(c, 4, 1, 8, 101 + 8);
   assert.deepEqual(after.slice(0, 3), [0, 0, 0]);
@@ -37,9 +39,9 @@ Deno.test("WarmController: a fraction of the shortest recent gap, once `history`
   const d = new WarmController({ fraction: 0.5, history: 2 });
   rhythm(d, 2, 1, 6);
   d.start(20);
-  assert.equal(d.end(21, 1, 1), 0.5 * 6);
+  assert.equal(d.end(21, "T1", 1), 0.5 * 6);
   d.start(23); // a 2 ms gap
-  assert.equal(d.end(24, 1, 1), 0.5 * 2);
+  assert.equal(d.end(24, "T1", 1), 0.5 * 2);
 });
 
 Deno.test("WarmController: capped, skipped when tiny, none while another step runs", () => {
@@ -52,9 +54,9 @@ Deno.test("WarmController: capped, skipped when tiny, none while another step ru
   rhythm(o, 2, 1, 4);
   o.start(10);
   o.start(10.5);
-  assert.equal(o.end(11, 1, 1), 0, "the other step still runs");
+  assert.equal(o.end(11, "T1", 1), 0, "the other step still runs");
   assert.ok(o.running);
-  assert.equal(o.end(11.5, 1, 1), 0.5 * (10 - 6));
+  assert.equal(o.end(11.5, "T1", 1), 0.5 * (10 - 6));
   assert.ok(!o.running);
 });
 
@@ -120,6 +122,52 @@ Deno.test(
     } finally {
       warm.close();
       plain.close();
+    }
+  },
+);
+
+const moe = fixtureDir("mixtral-tiny");
+
+Deno.test(
+  needs("keep-warm: an expert host with fillers between its calls gives the same sums, and queues them", {
+    "a WebGPU adapter": hasGpu,
+    "tests/fixtures/mixtral-tiny": moe,
+  }),
+  async () => {
+    const gpu = await getGpu();
+    const warm = await KeepWarm.create(gpu);
+    if (!warm) {
+      console.log(`keep-warm is off on ${gpu.adapterName}: it has no timestamp queries`);
+      return;
+    }
+    const ckpt = await Checkpoint.open(moe!);
+    const ffn = ckpt.config.layer(0).ffn;
+    assert.equal(ffn.kind, "moe");
+    const E = ffn.kind === "moe" ? ffn.routing.experts : 0, k = ffn.kind === "moe" ? ffn.routing.topK : 0;
+    const hold = new Map([[0, Array.from({ length: E }, (_, e) => e)]]);
+    const hosts = [
+      await ExpertHost.load(gpu, ckpt, hold, { weights: "f32" }),
+      await ExpertHost.load(gpu, ckpt, hold, { weights: "f32" }),
+    ];
+    hosts[0].keepWarm = warm;
+    try {
+      const H = ckpt.config.hiddenSize;
+      const sums: Float32Array[][] = [[], []];
+      for (let i = 0; i < 12; i++) {
+        const input = {
+          T: 1,
+          xn: Float32Array.from({ length: H }, (_, j) => Math.sin(i * 31 + j)),
+          ids: Uint32Array.from({ length: k }, (_, j) => (i + j * 3) % E),
+          weights: Float32Array.from({ length: k }, (_, j) => 1 / (j + 2)),
+        };
+        for (const [h, host] of hosts.entries()) sums[h].push(await host.compute(0, input));
+        await new Promise((r) => setTimeout(r, 2));
+      }
+      assert.deepEqual(sums[0], sums[1]);
+      assert.ok(warm.stats.fills >= 4, `fillers queued: ${warm.stats.fills}`);
+    } finally {
+      for (const h of hosts) h.close();
+      warm.destroy();
     }
   },
 );
