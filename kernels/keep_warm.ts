@@ -219,13 +219,15 @@ export class KeepWarm {
 }
 
 /**
- * SWACTOR_KEEP_WARM: "1" keeps a chain stage's clock up (on any GPU with timestamps), "0" never, unset or
- * "auto" on a hardware GPU only (on a software adapter the filler would only burn CPU). `up --peers` and
- * `--local` set it to 0 for the processes they start, which share one GPU (a filler would delay another
- * stage's step), unless it is set already.
+ * SWACTOR_KEEP_WARM: "1" keeps a chain stage's clock up (on any GPU with timestamps), "auto" on a hardware
+ * GPU only (on a software adapter the filler would only burn CPU), "0" or unset never: off by default until
+ * a GPU run of scripts/bench/keep_warm.ts has measured it (docs/PIPELINE.md). `up --peers` and `--local` set
+ * it to 0 for the processes they start, which share one GPU (a filler would delay another stage's step),
+ * unless it is set already.
  */
 export function keepWarmFromEnv(text = Deno.env.get("SWACTOR_KEEP_WARM") ?? ""): boolean | "auto" {
-  if (text === "" || text === "auto") return "auto";
+  if (text === "") return false;
+  if (text === "auto") return "auto";
   if (text === "0" || text === "1") return text === "1";
   throw new EnvError(`SWACTOR_KEEP_WARM must be 0, 1 or auto, got "${text.slice(0, 20)}"`);
 }
