@@ -9,7 +9,15 @@
 // run slow (a filler sized at full clock runs ~5x longer at the lowest clock; a slow step is how that
 // shows). WarmController decides (pure, any clock); KeepWarm submits. One KeepWarm serves every stage and
 // expert host on a GPU (keepWarmFor): a gap is the GPU's, from any step's end to any step's start.
-import { type Gpu, kernelCall, pipeline, storageBuffer, writeBytes } from "./gpu.ts";
+import {
+  encodeCalls,
+  type Gpu,
+  type KernelCall,
+  kernelCall,
+  pipeline,
+  storageBuffer,
+  writeBytes,
+} from "./gpu.ts";
 import { gpuMs } from "./timer.ts";
 import { EnvError } from "./env.ts";
 
@@ -127,10 +135,8 @@ export class KeepWarm {
     readonly controller: WarmController,
     /** GPU ms of one FMA iteration at the calibration's clock. */
     readonly msPerIter: number,
-    private readonly sink: GPUBuffer,
-    private readonly params: GPUBuffer,
-    private readonly bindGroup: GPUBindGroup,
-    private readonly pipe: GPUComputePipeline,
+    /** One filler dispatch; its uniform (binding 1) holds the iterations. */
+    private readonly call: KernelCall,
   ) {}
 
   /**
@@ -157,7 +163,7 @@ export class KeepWarm {
       params.destroy();
       return undefined;
     }
-    return new KeepWarm(gpu, controller, ms / CALIBRATION_ITERS, sink, params, call.bindGroup, pipe);
+    return new KeepWarm(gpu, controller, ms / CALIBRATION_ITERS, call);
   }
 
   /** Call as a step starts (before its submit). */
@@ -181,12 +187,10 @@ export class KeepWarm {
 
   #queue(fillMs: number): void {
     const iters = Math.max(1, Math.round(fillMs / this.msPerIter));
-    writeBytes(this.gpu, this.params, 0, Uint32Array.of(iters));
+    writeBytes(this.gpu, this.call.buffers[1], 0, Uint32Array.of(iters));
     const enc = this.gpu.device.createCommandEncoder();
     const pass = enc.beginComputePass();
-    pass.setPipeline(this.pipe);
-    pass.setBindGroup(0, this.bindGroup);
-    pass.dispatchWorkgroups(1);
+    encodeCalls(pass, [this.call]);
     pass.end();
     this.gpu.device.queue.submit([enc.finish()]);
     this.stats.fills++;
@@ -197,15 +201,18 @@ export class KeepWarm {
    * Brackets `step` (a step of `kind`) with start and end. Where `warm` is undefined, just runs it: the
    * callers' one line for either case.
    */
-  static async around<T>(warm: KeepWarm | undefined, kind: string, step: () => Promise<T>): Promise<T> {
-    if (!warm) return await step();
+  static around<T>(warm: KeepWarm | undefined, kind: string, step: () => Promise<T>): Promise<T> {
+    return warm ? warm.#around(kind, step) : step();
+  }
+
+  async #around<T>(kind: string, step: () => Promise<T>): Promise<T> {
     const t0 = performance.now();
-    warm.start(t0);
+    this.start(t0);
     try {
       return await step();
     } finally {
       const now = performance.now();
-      warm.end(kind, now - t0, now);
+      this.end(kind, now - t0, now);
     }
   }
 
@@ -213,8 +220,7 @@ export class KeepWarm {
   destroy(): void {
     clearTimeout(this.#pending);
     this.#pending = undefined;
-    this.sink.destroy();
-    this.params.destroy();
+    for (const b of this.call.buffers) b.destroy();
   }
 }
 
