@@ -21,7 +21,7 @@ import type { Membership } from "../node/membership/mod.ts";
 import type { WireDtype } from "../node/stage/mod.ts";
 import { createNetns, type NetnsSet } from "../scripts/wan/netns.ts";
 import { startTopology, type Topology } from "../scripts/wan/topology.ts";
-import { isWorkerWarning, shareOneGpu, stopWorkers } from "./workers.ts";
+import { isWorkerWarning, stopWorkers } from "./workers.ts";
 import { selfCommand } from "./self.ts";
 import { draftName, type SpeculateFlags } from "./speculate_flags.ts";
 
@@ -136,7 +136,6 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
     const stale = await clearStaleNamespaces();
     if (stale.length) log(`deleted ${stale.length} namespace(s) of an earlier lab run: ${stale.join(" ")}`);
   }
-  shareOneGpu(); // every lab node runs on this machine
   const tmp = await Deno.makeTempDir({ prefix: "swactor-lab" });
   let net: NetnsSet | undefined;
   let topo: Topology | undefined;

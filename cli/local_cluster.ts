@@ -8,7 +8,7 @@ import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
 import { writeSharedMeasurement } from "../node/descriptor.ts";
-import { isWorkerWarning, MEASUREMENT_FROM_ENV, shareOneGpu, spawnWorker, stopWorkers } from "./workers.ts";
+import { isWorkerWarning, MEASUREMENT_FROM_ENV, spawnWorker, stopWorkers } from "./workers.ts";
 
 export interface LocalCluster {
   node: SwactorNode;
@@ -38,7 +38,6 @@ export interface LocalClusterOptions {
 export async function startLocalCluster(n: number, opts: LocalClusterOptions): Promise<LocalCluster> {
   const log = opts.log ?? ((m: string) => console.error(`swactor: ${m}`));
   const secret = newSecret();
-  shareOneGpu();
   const node = await startNode({ secret, membership: presets.lan, measure: true });
   const pipeline = attachPipeline(node);
   // The workers run on this GPU too: they take this node's measurement rather than make N - 1 more, in turn.

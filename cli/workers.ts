@@ -14,15 +14,6 @@ export const WORKER_GRACE_MS = 5000;
  */
 export const MEASUREMENT_FROM_ENV = "SWACTOR_MEASUREMENT_FROM";
 
-/**
- * For a process about to start workers on its own machine: they and it share one GPU, where one stage's
- * filler between its steps (kernels/keep_warm.ts) would delay another's step. Turns the filler off here and
- * in the workers (they inherit the environment), unless SWACTOR_KEEP_WARM is set already.
- */
-export function shareOneGpu(): void {
-  if (Deno.env.get("SWACTOR_KEEP_WARM") === undefined) Deno.env.set("SWACTOR_KEEP_WARM", "0");
-}
-
 /** Starts a worker that joins with `ticket`; `args` are more `join` flags. Its stdout is discarded. */
 export function spawnWorker(
   ticket: string,

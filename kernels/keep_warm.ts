@@ -227,9 +227,8 @@ export class KeepWarm {
 /**
  * SWACTOR_KEEP_WARM: "1" keeps a chain stage's clock up (on any GPU with timestamps), "auto" on a hardware
  * GPU only (on a software adapter the filler would only burn CPU), "0" or unset never: off by default until
- * a GPU run of scripts/bench/keep_warm.ts has measured it (docs/PIPELINE.md). `up --peers` and `--local` set
- * it to 0 for the processes they start, which share one GPU (a filler would delay another stage's step),
- * unless it is set already.
+ * a GPU run of scripts/bench/keep_warm.ts has measured it (docs/PIPELINE.md).  Best left off where nodes share one GPU
+ * (`up --peers`, `--local`): one stage's filler would delay another's step.
  */
 export function keepWarmFromEnv(text = Deno.env.get("SWACTOR_KEEP_WARM") ?? ""): boolean | "auto" {
   if (text === "") return false;

@@ -9,7 +9,7 @@
 // (ms a step plus its gap, mean), and the fillers queued a step with their mean length (ms at full clock).
 import { parseArgs } from "node:util";
 import { configSetArg, countArg, scriptArgs } from "../args.ts";
-import { UsageError } from "../../cli/command.ts";
+import { numberFlag, UsageError } from "../../cli/command.ts";
 import { getGpu, KeepWarm } from "../../kernels/mod.ts";
 import { Engine, weightsOption } from "../../models/engine.ts";
 import { Model } from "../../models/model.ts";
@@ -38,21 +38,14 @@ const { values, layers, gaps, fractions, seconds, repeat, overrides } = scriptAr
     if (!SHAPES[values.shape]) {
       throw new UsageError(`--shape takes ${Object.keys(SHAPES).join(", ")}, got "${values.shape}"`);
     }
-    const number = (name: string, v: string, ok: (x: number) => boolean, want: string) => {
-      const x = Number(v);
-      if (v.trim() === "" || !ok(x)) throw new UsageError(`--${name} takes ${want}, got "${v}"`);
-      return x;
-    };
     return {
       values,
       layers: countArg("layers", values.layers),
-      gaps: values.gaps.split(",").map((g) =>
-        number("gaps", g, (x) => x >= 0 && x <= 1000, "ms from 0 to 1000")
-      ),
+      gaps: values.gaps.split(",").map((g) => numberFlag(g, "gaps", { min: 0, max: 1000, fallback: 0 })),
       fractions: values.fractions.split(",").map((f) =>
-        number("fractions", f, (x) => x > 0 && x < 1, "fractions between 0 and 1")
+        numberFlag(f, "fractions", { min: 0.01, max: 0.99, fallback: 0.3 })
       ),
-      seconds: number("seconds", values.seconds, (x) => x > 0 && x <= 600, "seconds from 0 to 600"),
+      seconds: numberFlag(values.seconds, "seconds", { min: 0.1, max: 600, fallback: 6 }),
       repeat: countArg("repeat", values.repeat),
       overrides: configSetArg(values.set),
     };

@@ -27,6 +27,6 @@ Deno.test(
     }
     const bad = await runScript("bench/keep_warm.ts", ["--fractions", "1.5"]);
     assert.equal(bad.code, 2);
-    assert.match(bad.stderr, /--fractions takes fractions between 0 and 1/);
+    assert.match(bad.stderr, /--fractions must be <= 0\.99, got 1\.5/);
   },
 );
