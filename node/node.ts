@@ -148,7 +148,11 @@ export async function startNode(opts: NodeOptions): Promise<SwactorNode> {
     async leave(opts) {
       loop?.stop();
       await actors.close();
-      await membership.leave();
+      // The leave goes to every live member directly (dialling where needed); its gossip after that
+      // rides only the links still open, as the others drop theirs to this node.
+      const leaving = membership.leave();
+      transport.quiesce?.();
+      await leaving;
       registry.close();
       links.close();
       await transport.close(opts);

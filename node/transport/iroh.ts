@@ -101,6 +101,8 @@ export class IrohTransport implements Transport {
   #connecting = new Set<Promise<unknown>>();
   #handler: Deliver = () => {};
   #closed = false;
+  /** Set by quiesce(): no new dials. */
+  #quiet = false;
   #relayTimer: ReturnType<typeof setTimeout> | undefined;
   readonly #boot = Array.from(crypto.getRandomValues(new Uint8Array(8)), (b) => b.toString(16)).join("");
   readonly #log: Log;
@@ -137,11 +139,16 @@ export class IrohTransport implements Transport {
     const frame = encodeFrame(FrameKind.MESSAGE, msg);
     const link = this.#links.get(to.id);
     if (link && !link.closed) return link.send(channel, frame);
+    if (this.#quiet && !this.#dialing.has(to.id)) return Promise.resolve(false);
     return this.#dial(to).then((l) => l ? l.send(channel, frame) : false);
   }
 
   onMessage(handler: Deliver): void {
     this.#handler = handler;
+  }
+
+  quiesce(): void {
+    this.#quiet = true;
   }
 
   forget(peer: PeerId): void {

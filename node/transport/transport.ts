@@ -42,6 +42,13 @@ export interface Transport {
    * seed, so a bad ticket fails at once; without it, a join to an unreachable seed finds no members.
    */
   connect?(to: PeerAddr): Promise<void>;
+  /**
+   * Optional: from now on `send` goes only over links already open (or being dialled), and dials no new
+   * one. A leaving node calls it once it has told its peers: they drop their links to it as the news
+   * arrives, and its last gossip should not dial them again as it closes (they would log the half-made
+   * connection).
+   */
+  quiesce?(): void;
   /** Drops the cached connection to a peer (e.g. once membership declares it dead). */
   forget(peer: PeerId): void;
   /**

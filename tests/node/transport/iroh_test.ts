@@ -1,5 +1,5 @@
 // Real iroh endpoints on loopback (port 0): delivery, order, batching, both channels, refusal of a peer
-// without the secret, size limits, simultaneous dials.
+// without the secret, size limits, simultaneous dials, a quiesced (leaving) node's sends.
 import assert from "node:assert/strict";
 import { createIrohTransport, PeerUnreachableError } from "../../../node/transport/iroh.ts";
 import type { Channel, PeerAddr } from "../../../node/transport/transport.ts";
@@ -79,6 +79,24 @@ Deno.test("iroh: size limits per channel, and sends after close resolve false", 
     await a.close();
     assert.equal(await a.send(b.self, enc("late")), false);
     assert.equal(got.b.length, 0);
+  } finally {
+    await close();
+  }
+});
+
+Deno.test("iroh: a quiesced transport sends over its open links and dials no new one", async () => {
+  const { a, b, got, close } = await pair();
+  try {
+    assert.ok(await a.send(b.self, enc("before")));
+    a.quiesce();
+    assert.ok(await a.send(b.self, enc("on the open link")));
+    await until(() => got.b.length === 2);
+    b.forget(a.self.id); // as a peer does once it hears a node left
+    await until(() => a.connectedPeers().length === 0);
+    assert.equal(await a.send(b.self, enc("after")), false);
+    await new Promise((r) => setTimeout(r, 200));
+    assert.deepEqual(got.b.map((g) => g.text), ["before", "on the open link"]);
+    assert.deepEqual(b.connectedPeers(), [], "no new connection was made");
   } finally {
     await close();
   }
