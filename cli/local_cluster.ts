@@ -8,7 +8,7 @@ import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
 import { writeSharedMeasurement } from "../node/descriptor.ts";
-import { isWorkerWarning, MEASUREMENT_FROM_ENV, spawnWorker, stopWorkers } from "./workers.ts";
+import { isWorkerWarning, MEASUREMENT_FROM_ENV, spawnWorker, stopWorkers, termWorkers } from "./workers.ts";
 
 export interface LocalCluster {
   node: SwactorNode;
@@ -52,6 +52,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
   const close = async () => {
     if (closed) return;
     closed = true;
+    termWorkers(children);
     await pipeline.close().catch(() => {});
     await node.leave().catch(() => {});
     await stopWorkers(children);

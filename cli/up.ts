@@ -7,7 +7,7 @@ import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
 import { type PipelineNode, publishPlan, requestWire } from "../node/stage/mod.ts";
-import { spawnWorker, stopWorkers } from "./workers.ts";
+import { spawnWorker, stopWorkers, termWorkers } from "./workers.ts";
 import { readPlanFile } from "./plan_file.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
 import { checkWeights } from "../models/model.ts";
@@ -214,6 +214,8 @@ ${clusterHelp(23)}`,
           if (http) console.error(`http: http://${http.addr} (OpenAI API at /v1, dashboard at /, /metrics)`);
           const args = values.membership ? ["--membership", values.membership] : [];
           for (let i = 1; i < peers; i++) workers.push(spawnWorker(ticket, { args, stderr: "inherit" }));
+          // Taking the cluster down: the workers start their leave with this node's, not after it.
+          signal.addEventListener("abort", () => termWorkers(workers), { once: true });
           if (values.model) {
             // --cluster-plan: the lab's regional plan over the nodes the file declares (cli/cluster_run.ts).
             const labPlan = values["cluster-plan"] === undefined ? undefined : await labPlanOnMembers(node, {

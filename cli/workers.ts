@@ -41,17 +41,34 @@ export function isWorkerWarning(line: string): boolean {
   return line.startsWith("[transport ") || line.includes(LOOP_HELD);
 }
 
-/** SIGTERM to each worker (a graceful leave), SIGKILL to those still running after `graceMs`; waits for all. */
+/** Workers sent their SIGTERM: a second one would make a worker exit without its graceful leave. */
+const told = new WeakSet<Deno.ChildProcess>();
+
+/**
+ * SIGTERM to each worker not yet sent one: each starts its graceful leave. A parent that takes the whole
+ * cluster down calls it before it leaves itself, so no worker sees its leader leave first and re-plans
+ * (loading stages) for the moment it has left.
+ */
+export function termWorkers(children: Deno.ChildProcess[]): void {
+  for (const c of children) {
+    if (told.has(c)) continue;
+    told.add(c);
+    try {
+      c.kill("SIGTERM");
+    } catch { /* already gone */ }
+  }
+}
+
+/** termWorkers, then SIGKILL to those still running after `graceMs`; waits for all. */
 export async function stopWorkers(children: Deno.ChildProcess[], graceMs = WORKER_GRACE_MS): Promise<void> {
-  const signal = (s: Deno.Signal) => {
+  termWorkers(children);
+  const killer = setTimeout(() => {
     for (const c of children) {
       try {
-        c.kill(s);
+        c.kill("SIGKILL");
       } catch { /* already gone */ }
     }
-  };
-  signal("SIGTERM");
-  const killer = setTimeout(() => signal("SIGKILL"), graceMs);
+  }, graceMs);
   await Promise.all(children.map((c) => c.status));
   clearTimeout(killer);
 }

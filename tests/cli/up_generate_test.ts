@@ -2,7 +2,8 @@
 // plans a 3-stage chain over itself and two `join` workers it spawns, f32 activations between its stages),
 // then a plain `generate ... --json --trace F` from another process finds that chain through the state file
 // and the control API: the reference continuation on the chain's f32 wire, per-stage timings, and a trace
-// with one track per stage; `status --json` shows the chain's wire; `down` ends it all.
+// with one track per stage; `status --json` shows the chain's wire; `down` ends it all,
+// with no worker re-planning on its way out.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
@@ -125,6 +126,8 @@ Deno.test({
       await Promise.allSettled([pump, drainOut]);
       await Deno.remove(tmp, { recursive: true });
       assert.equal(down.code, 0);
+      // The workers leave with the leader, not after it: none re-plans for the moment it has left.
+      assert.doesNotMatch(err, /recovery:/);
     }
   },
 });
