@@ -198,14 +198,19 @@ export class KeepWarm {
   }
 
   /**
-   * Brackets `step` (a step of `kind`) with start and end. Where `warm` is undefined, just runs it: the
-   * callers' one line for either case.
+   * Brackets `step` (a step of `T` tokens by `caller`: its kind is both) with start and end. Where `warm` is
+   * undefined, just runs it: the callers' one line for either case, and nothing more done a step when off.
    */
-  static around<T>(warm: KeepWarm | undefined, kind: string, step: () => Promise<T>): Promise<T> {
-    return warm ? warm.#around(kind, step) : step();
+  static around<R>(
+    warm: KeepWarm | undefined,
+    caller: string,
+    T: number,
+    step: () => Promise<R>,
+  ): Promise<R> {
+    return warm ? warm.#around(`${caller} T${T}`, step) : step();
   }
 
-  async #around<T>(kind: string, step: () => Promise<T>): Promise<T> {
+  async #around<R>(kind: string, step: () => Promise<R>): Promise<R> {
     const t0 = performance.now();
     this.start(t0);
     try {
@@ -227,8 +232,8 @@ export class KeepWarm {
 /**
  * SWACTOR_KEEP_WARM: "1" keeps a chain stage's clock up (on any GPU with timestamps), "auto" on a hardware
  * GPU only (on a software adapter the filler would only burn CPU), "0" or unset never: off by default until
- * a GPU run of scripts/bench/keep_warm.ts has measured it (docs/PIPELINE.md).  Best left off where nodes share one GPU
- * (`up --peers`, `--local`): one stage's filler would delay another's step.
+ * a GPU run of scripts/bench/keep_warm.ts has measured it (docs/PIPELINE.md). Best left off where nodes
+ * share one GPU (`up --peers`, `--local`): one stage's filler would delay another's step.
  */
 export function keepWarmFromEnv(text = Deno.env.get("SWACTOR_KEEP_WARM") ?? ""): boolean | "auto" {
   if (text === "") return false;

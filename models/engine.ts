@@ -342,8 +342,10 @@ export class Engine implements StageBackend {
 
   run(id: string, input: StageInput): Promise<StageResult> {
     const open = this.#get(id);
-    const step = () => this.#run(id, open, input);
-    return this.#busy(open, () => KeepWarm.around(this.#warm, `${this.#warmKind} T${input.T}`, step));
+    return this.#busy(
+      open,
+      () => KeepWarm.around(this.#warm, this.#warmKind, input.T, () => this.#run(id, open, input)),
+    );
   }
 
   async #run(id: string, open: Open, input: StageInput): Promise<StageResult> {

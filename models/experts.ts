@@ -155,7 +155,7 @@ export class ExpertHost {
 
   /** The weighted sum of the chosen experts held here, [T, H] (zero rows where none is). */
   compute(layer: number, input: ExpertInput): Promise<Float32Array> {
-    return KeepWarm.around(this.keepWarm, `experts T${input.T}`, () => this.#compute(layer, input));
+    return KeepWarm.around(this.keepWarm, "experts", input.T, () => this.#compute(layer, input));
   }
 
   async #compute(layer: number, input: ExpertInput): Promise<Float32Array> {
