@@ -40,12 +40,43 @@ export async function modelDirOrDemo(dir: string | undefined): Promise<string> {
 }
 
 /**
+ * What `generate` and `logits` say about a software adapter. Without Mesa's Vulkan driver (lavapipe) Deno's
+ * WebGPU falls back to llvmpipe through OpenGL, which compiled the demo model's kernels for 55 s on a first
+ * run (Mesa's shader cache empty) against 1.9 s, and decoded it at 5 tok/s (f32: no shader-f16) against
+ * 20 (2026-12-07, 2 cores): worth one line telling how to get the Vulkan one.
+ */
+export function softwareAdapterNote(adapterName: string, vulkan: boolean): string {
+  const line = `swactor: GPU: ${adapterName} (software adapter: correct but slow)`;
+  return vulkan ? line : `${line}
+swactor: this is llvmpipe through OpenGL (no Vulkan software driver found): a first run compiles kernels for about
+  a minute and decoding is ~4x slower than on Vulkan's; install it with \`apt-get install mesa-vulkan-drivers\``;
+}
+
+/**
+ * Whether Linux's Vulkan loader can find Mesa's software driver (lavapipe): its manifest in a standard ICD
+ * folder, or a driver list the user set (VK_ICD_FILENAMES / VK_DRIVER_FILES: theirs to know). True elsewhere
+ * (other systems have no such fallback to warn about).
+ */
+export function hasVulkanSoftwareDriver(): boolean {
+  if (Deno.build.os !== "linux") return true;
+  if (Deno.env.get("VK_ICD_FILENAMES") || Deno.env.get("VK_DRIVER_FILES")) return true;
+  for (const dir of ["/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d"]) {
+    try {
+      for (const e of Deno.readDirSync(dir)) if (e.name.startsWith("lvp_icd")) return true;
+    } catch {
+      // no such folder
+    }
+  }
+  return false;
+}
+
+/**
  * Loads an opened checkpoint onto this process's GPU, with a progress bar (open it, and check the request
  * against it, first: cli/pipeline_generate.ts prepareRequest).
  */
 export async function loadModel(checkpoint: Checkpoint, weights: WeightsFlag): Promise<Engine> {
   const gpu = await getGpu();
-  if (gpu.isSoftware) console.error(`swactor: GPU: ${gpu.adapterName} (software adapter: correct but slow)`);
+  if (gpu.isSoftware) console.error(softwareAdapterNote(gpu.adapterName, hasVulkanSoftwareDriver()));
   if (weights === "auto" && checkpoint.config.weightQuant) {
     const as = gpu.hasF16 ? "f16, twice" : "f32, four times";
     console.error(`swactor: fp8 weights: stored as ${as} their size (--weights q8 keeps about their size)`);
