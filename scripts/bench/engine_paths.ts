@@ -11,6 +11,7 @@ import { parseArgs } from "node:util";
 import { scriptArgs } from "../args.ts";
 import { fileURLToPath } from "node:url";
 import { ensureDemoModel } from "../../models/demo.ts";
+import { readModelConfig } from "../../models/family.ts";
 import { median } from "./stats.ts";
 
 const { values } = scriptArgs(import.meta.url, (args) =>
@@ -28,7 +29,9 @@ const { values } = scriptArgs(import.meta.url, (args) =>
   }));
 const model = values.model ?? await ensureDemoModel();
 const maxTokens = values["max-tokens"]!;
-const prompt = Array.from({ length: 16 }, (_, i) => (i * 7919 + 13) % 1000).join(",");
+// 16 fixed ids within the vocabulary (tiny fixtures have a few hundred tokens).
+const vocab = (await readModelConfig(model)).vocabSize;
+const prompt = Array.from({ length: 16 }, (_, i) => (i * 7919 + 13) % Math.min(1000, vocab)).join(",");
 
 async function run(extra: string[], env: Record<string, string>): Promise<number> {
   const args = ["run", "-A", "--quiet", values.swactor!, "generate", "--model", model, "--tokens", prompt];
