@@ -20,6 +20,7 @@ import {
 } from "./gpu.ts";
 import { gpuMs } from "./timer.ts";
 import { EnvError } from "./env.ts";
+import { clearImmediate, setImmediate } from "node:timers";
 
 /** How a WarmController sizes its fillers; every field has a default (WARM_DEFAULTS). */
 export interface WarmSettings {
@@ -128,7 +129,7 @@ const FILLER_WGSL = `struct Params { iters: u32 }
 /** Queues the filler a WarmController asks for on one GPU (see the top of this file). */
 export class KeepWarm {
   readonly stats: WarmStats = { fills: 0, fillMs: 0 };
-  #pending: ReturnType<typeof setTimeout> | undefined;
+  #pending: ReturnType<typeof setImmediate> | undefined;
 
   private constructor(
     readonly gpu: Gpu,
@@ -173,16 +174,16 @@ export class KeepWarm {
 
   /**
    * Call as a step of `kind` (WarmController.end) that took `ms` ends (its result read). The filler it
-   * decides is queued on a zero timer, after the caller has sent the step's result on, unless another step
-   * started meanwhile.
+   * decides is queued by setImmediate, after the caller has sent the step's result on, unless another step
+   * started meanwhile (not a zero setTimeout: Deno runs those ~2 ms late, most of a short gap).
    */
   end(kind: string, ms: number, now = performance.now()): void {
     const fillMs = this.controller.end(now, kind, ms);
     if (fillMs <= 0 || this.#pending !== undefined) return;
-    this.#pending = setTimeout(() => {
+    this.#pending = setImmediate(() => {
       this.#pending = undefined;
       if (!this.controller.running) this.#queue(fillMs);
-    }, 0);
+    });
   }
 
   #queue(fillMs: number): void {
@@ -223,7 +224,7 @@ export class KeepWarm {
 
   /** Frees the filler's buffers (a timer still pending is dropped). */
   destroy(): void {
-    clearTimeout(this.#pending);
+    clearImmediate(this.#pending);
     this.#pending = undefined;
     for (const b of this.call.buffers) b.destroy();
   }
