@@ -21,7 +21,7 @@ import type { Membership } from "../node/membership/mod.ts";
 import type { WireDtype } from "../node/stage/mod.ts";
 import { createNetns, type NetnsSet } from "../scripts/wan/netns.ts";
 import { startTopology, type Topology } from "../scripts/wan/topology.ts";
-import { isWorkerWarning, stopWorkers } from "./workers.ts";
+import { isWorkerWarning, shareOneGpu, stopWorkers } from "./workers.ts";
 import { selfCommand } from "./self.ts";
 import { draftName, type SpeculateFlags } from "./speculate_flags.ts";
 
@@ -131,6 +131,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
     if (e instanceof PlacementError) throw new UsageError(`--cluster ${o.file}: ${e.message}`);
     throw e;
   }
+  shareOneGpu(); // the lab's nodes are processes of this machine
   if (o.emulateWan) {
     await checkNamespaces();
     const stale = await clearStaleNamespaces();

@@ -8,7 +8,14 @@ import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
 import { writeSharedMeasurement } from "../node/descriptor.ts";
-import { isWorkerWarning, MEASUREMENT_FROM_ENV, spawnWorker, stopWorkers, termWorkers } from "./workers.ts";
+import {
+  isWorkerWarning,
+  MEASUREMENT_FROM_ENV,
+  shareOneGpu,
+  spawnWorker,
+  stopWorkers,
+  termWorkers,
+} from "./workers.ts";
 
 export interface LocalCluster {
   node: SwactorNode;
@@ -37,6 +44,7 @@ export interface LocalClusterOptions {
 
 export async function startLocalCluster(n: number, opts: LocalClusterOptions): Promise<LocalCluster> {
   const log = opts.log ?? ((m: string) => console.error(`swactor: ${m}`));
+  if (n > 1) shareOneGpu();
   const secret = newSecret();
   const node = await startNode({ secret, membership: presets.lan, measure: true });
   const pipeline = attachPipeline(node);

@@ -7,7 +7,7 @@ import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
 import { type PipelineNode, publishPlan, requestWire } from "../node/stage/mod.ts";
-import { spawnWorker, stopWorkers, termWorkers } from "./workers.ts";
+import { shareOneGpu, spawnWorker, stopWorkers, termWorkers } from "./workers.ts";
 import { readPlanFile } from "./plan_file.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
 import { checkWeights } from "../models/model.ts";
@@ -112,6 +112,7 @@ ${clusterHelp(23)}`,
     const relay = parseRelay(values.relay);
     let pipeline: PipelineNode | undefined;
     const peers = numberFlag(values.peers, "peers", { min: 1, max: 64, integer: true, fallback: 1 });
+    if (peers > 1) shareOneGpu();
     const serving = servingPlan(values, values.model !== undefined);
     // The checkpoint is checked before any node starts (its weights against config.json too): a bad one
     // exits 2 with nothing left running.

@@ -14,6 +14,16 @@ export const WORKER_GRACE_MS = 5000;
  */
 export const MEASUREMENT_FROM_ENV = "SWACTOR_MEASUREMENT_FROM";
 
+/**
+ * Node processes that share this machine's GPU (`up --peers N`, `--local N`, the lab) queue no keep-warm
+ * fillers (kernels/keep_warm.ts) unless SWACTOR_KEEP_WARM says otherwise: one stage's filler would delay
+ * another's step, and the others' steps keep the GPU busy anyway. Call before this process loads anything;
+ * its workers inherit the setting.
+ */
+export function shareOneGpu(): void {
+  if (Deno.env.get("SWACTOR_KEEP_WARM") === undefined) Deno.env.set("SWACTOR_KEEP_WARM", "0");
+}
+
 /** Starts a worker that joins with `ticket`; `args` are more `join` flags. Its stdout is discarded. */
 export function spawnWorker(
   ticket: string,

@@ -24,7 +24,11 @@ import { clearImmediate, setImmediate } from "node:timers";
 
 /** How a WarmController sizes its fillers; every field has a default (WARM_DEFAULTS). */
 export interface WarmSettings {
-  /** Share of the expected gap a filler covers, at full clock. Default 0.3 (enough to hold ~1,400 MHz). */
+  /**
+   * Share of the expected gap a filler covers, at full clock. Default 0.5: it held 1,850-1,980 MHz at 1-8 ms
+   * gaps on an H200 and an H100, where 0.3 held 650-1,100 (H200) and 0.7 did no better (docs/BENCHMARKS.md,
+   * the fifty-fifth session).
+   */
   fraction: number;
   /** Longest filler, ms at full clock. Default 5. */
   maxFillMs: number;
@@ -40,7 +44,7 @@ export interface WarmSettings {
 }
 
 export const WARM_DEFAULTS: WarmSettings = {
-  fraction: 0.3,
+  fraction: 0.5,
   maxFillMs: 5,
   idleMs: 25,
   minFillMs: 0.05,
@@ -231,14 +235,12 @@ export class KeepWarm {
 }
 
 /**
- * SWACTOR_KEEP_WARM: "1" keeps a chain stage's clock up (on any GPU with timestamps), "auto" on a hardware
- * GPU only (on a software adapter the filler would only burn CPU), "0" or unset never: off by default until
- * a GPU run of scripts/bench/keep_warm.ts has measured it (docs/PIPELINE.md). Best left off where nodes
- * share one GPU (`up --peers`, `--local`): one stage's filler would delay another's step.
+ * SWACTOR_KEEP_WARM: "auto" (the default) keeps a chain stage's clock up on a hardware GPU (on a software
+ * adapter the filler would only burn CPU), "1" on any GPU with timestamps, "0" never. Nodes that share one
+ * GPU (`up --peers`, `--local`, the lab) default to "0" (cli/workers.ts shareOneGpu).
  */
 export function keepWarmFromEnv(text = Deno.env.get("SWACTOR_KEEP_WARM") ?? ""): boolean | "auto" {
-  if (text === "") return false;
-  if (text === "auto") return "auto";
+  if (text === "" || text === "auto") return "auto";
   if (text === "0" || text === "1") return text === "1";
   throw new EnvError(`SWACTOR_KEEP_WARM must be 0, 1 or auto, got "${text.slice(0, 20)}"`);
 }

@@ -75,7 +75,7 @@ Deno.test("WarmController: slow steps (a low clock, or a filler in the way) shri
 Deno.test("WarmController and SWACTOR_KEEP_WARM: bad settings are refused", () => {
   assert.throws(() => new WarmController({ fraction: 1.5 }), RangeError);
   assert.throws(() => new WarmController({ history: 0 }), RangeError);
-  assert.equal(keepWarmFromEnv(""), false);
+  assert.equal(keepWarmFromEnv(""), "auto");
   assert.equal(keepWarmFromEnv("auto"), "auto");
   assert.equal(keepWarmFromEnv("1"), true);
   assert.equal(keepWarmFromEnv("0"), false);
