@@ -249,6 +249,12 @@ export interface KernelTuning {
    */
   firstTokenAtOnce?: boolean;
   /**
+   * After a stage's one-token `run` step (Engine.run) returns, the next one-token step's commands are encoded
+   * (in the gap before it), and that step submits them at once where its program is the same (default
+   * true); false: each step encodes its own before submitting.
+   */
+  encodeAhead?: boolean;
+  /**
    * The prefill GEMM's tiles (kernels/gemm.ts gemmDefaultTile): `gemmLarge` where its tiles times its split K
    * make a wave (`gemmWave` workgroups, default 256), else `gemmSmall` (defaults 128x128k32r22cv and
    * 64x64k16r11c); the wave also bounds the default split K. Their f16 / wh flags apply only to weights they
@@ -338,6 +344,7 @@ const TUNING_KEYS: Record<keyof KernelTuning, true> = {
   prefillEarlyLayers: true,
   prefillEarlyCached: true,
   firstTokenAtOnce: true,
+  encodeAhead: true,
   gemmLarge: true,
   gemmSmall: true,
   gemmWave: true,

@@ -27,6 +27,7 @@
 // for the GPU and yields to the event loop, so a long prompt never holds the process (its membership,
 // its control API, Ctrl-C) for longer than one chunk's GPU time. The next chunk is encoded while one runs
 // and submitted as soon as the wait returns, so the waits cost the GPU no idle time.
+import { setImmediate } from "node:timers";
 import type {
   ExpertLoader,
   LoopOptions,
@@ -140,11 +141,16 @@ export function checkTokenIds(ids: readonly number[], vocab: number): void {
 
 /** Encodes `calls` in one compute pass and submits it. */
 export function submit(gpu: Gpu, calls: readonly KernelCall[]): void {
+  gpu.device.queue.submit([encode(gpu, calls)]);
+}
+
+/** `calls` in one compute pass of a finished command buffer, to submit now or later. */
+function encode(gpu: Gpu, calls: readonly KernelCall[]): GPUCommandBuffer {
   const enc = gpu.device.createCommandEncoder();
   const pass = enc.beginComputePass();
   encodeCalls(pass, calls);
   pass.end();
-  gpu.device.queue.submit([enc.finish()]);
+  return enc.finish();
 }
 
 /**
@@ -231,6 +237,8 @@ interface Open {
   length: number;
   /** verify's argmax output [maxChunk] u32 and its kernel calls by k, made on first use. */
   argmax?: { out: GPUBuffer; calls: Map<number, KernelCall[]> };
+  /** The next one-token run step's commands, encoded once the last one returned (KernelTuning.encodeAhead). */
+  ahead?: { calls: readonly KernelCall[]; cmd: GPUCommandBuffer };
 }
 
 /** The whole model's role: one stage that embeds, runs every layer and samples. */
@@ -373,14 +381,45 @@ export class Engine implements StageBackend {
     if (this.weights.part.remoteExperts?.size) await this.#runSegments(id, seq, T, output, pos0 + T);
     // A prompt's chunk goes in early; a decode or k-token step (speculative verification) in one submit.
     else if (T > GEMV_MULTI_MAX_T) submitEarly(gpu, seq, T, output, pos0 + T, (calls) => submit(gpu, calls));
-    else submit(gpu, seq.program(T, output, { keys: pos0 + T }));
-    if (output === "hidden") return { hidden: new Float32Array(await readBack(gpu, seq.x, T * H * 4)) };
+    else {
+      const calls = seq.program(T, output, { keys: pos0 + T });
+      const ahead = open.ahead?.calls === calls ? open.ahead.cmd : undefined;
+      open.ahead = undefined;
+      gpu.device.queue.submit([ahead ?? encode(gpu, calls)]);
+    }
+    const result = await this.#read(seq, input);
+    const oneStep = T === 1 && !this.weights.part.remoteExperts?.size && pos0 + 2 <= seq.maxSeq;
+    if (oneStep && gpu.tuning.encodeAhead !== false) this.#encodeAhead(id, open, output, pos0 + 2);
+    return result;
+  }
+
+  /** A step's result from the GPU: its hidden state, its sampled token or its logits. */
+  async #read(seq: Sequence, { pos0, T, output }: StageInput): Promise<StageResult> {
+    const gpu = this.gpu;
+    if (output === "hidden") {
+      return { hidden: new Float32Array(await readBack(gpu, seq.x, T * this.model.hidden * 4)) };
+    }
     if (output === "sample") {
       const token = new Uint32Array(await readBack(gpu, seq.tokens, 4, (pos0 + T) * 4))[0];
       if (token >= this.model.vocab) throw new NonFiniteLogitsError(token, this.model.vocab);
       return { token };
     }
     return { logits: new Float32Array(await readBack(gpu, seq.logits!, T * this.model.vocab * 4)) };
+  }
+
+  /**
+   * Encodes open request `id`'s likely next step, one token attending to `keys` keys, once this step has
+   * returned (setImmediate: after its caller has sent the result on), so that it is ready when that step
+   * comes: in a chain the gap before it (the other stages, the links) is idle time on this host, and a
+   * stage's step otherwise encodes its dispatches (~60 for 14 of Llama-1B's layers) before the GPU starts.
+   * `#run` submits it if its program is the one the step needs, else encodes afresh.
+   */
+  #encodeAhead(id: string, open: Open, output: StageInput["output"], keys: number): void {
+    setImmediate(() => {
+      if (this.#open.get(id) !== open || open.busy > 0 || open.ahead) return;
+      const calls = open.seq.program(1, output, { keys });
+      open.ahead = { calls, cmd: encode(this.gpu, calls) };
+    });
   }
 
   /**

@@ -4,6 +4,7 @@
 // prompt's prefill leaves the event loop free between chunks.
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import { setImmediate } from "node:timers";
 import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
 import {
@@ -358,6 +359,44 @@ Deno.test(
     } finally {
       whole.close();
       for (const p of parts) p.close();
+    }
+  },
+);
+
+Deno.test(
+  onGpu("a stage's one-token steps encoded ahead give the hidden states of steps encoded in turn"),
+  async () => {
+    const dir = fixtureDir("llama-micro")!;
+    const ckpt = await Checkpoint.open(dir);
+    const L = ckpt.config.numLayers;
+    const role = { index: 0, stages: 2, layers: [0, L - 1] as [number, number], embeds: true, head: false };
+    const stage = await loadEngine(dir, { gpu: gpu!, role, weights: "f32" });
+    const V = ckpt.config.vocabSize;
+    const ids = (pos0: number, T: number) => Uint32Array.from({ length: T }, (_, i) => (pos0 + i) * 31 % V);
+    // A prompt, one-token steps (each encoding the next), a two-token step, a rewind to an earlier position
+    // (the step encoded ahead is for another position: same program), and one-token steps through several
+    // of the attention's cache-length programs (the one encoded ahead is for the other program there).
+    const steps: [number, number][] = [[0, 5], [5, 1], [6, 1], [7, 1], [8, 2], [10, 1], [11, 1], [9, 1]];
+    for (let p = 10; p < 300; p++) steps.push([p, 1]);
+    const run = async (encodeAhead: boolean) => {
+      gpu!.tuning.encodeAhead = encodeAhead;
+      stage.open("a", { maxSeq: 320, sampling: greedy });
+      const out: Float32Array[] = [];
+      for (const [pos0, T] of steps) {
+        if (pos0 < stage.length("a")) stage.truncate("a", pos0);
+        out.push((await stage.run("a", { pos0, T, tokens: ids(pos0, T), output: "hidden" })).hidden!);
+        await new Promise((r) => setImmediate(r)); // a chain's gap: the next step is encoded in it
+      }
+      stage.release("a");
+      return out;
+    };
+    try {
+      const inTurn = await run(false);
+      const ahead = await run(true);
+      for (let i = 0; i < steps.length; i++) assert.deepEqual(ahead[i], inTurn[i], `step ${steps[i]}`);
+    } finally {
+      delete gpu!.tuning.encodeAhead;
+      stage.close();
     }
   },
 );
