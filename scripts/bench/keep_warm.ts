@@ -8,18 +8,13 @@
 // One JSON line per round: gap ms (asked; gapMs: the median measured), the filler's fraction (0: off), the
 // step's median and p90 ms, the period (ms a step plus its gap, mean), and the fillers queued a step with
 // their mean length (ms at full clock).
-import { setImmediate } from "node:timers";
 import { parseArgs } from "node:util";
 import { configSetArg, countArg, scriptArgs } from "../args.ts";
-import { numberFlag, UsageError } from "../../cli/command.ts";
+import { numberFlag } from "../../cli/command.ts";
 import { getGpu, KeepWarm } from "../../kernels/mod.ts";
-import { Engine, weightsOption } from "../../models/engine.ts";
-import { Model } from "../../models/model.ts";
-import { RandomWeights } from "../../models/random_weights.ts";
-import { LLAMA_3_2_1B, MOE_SHAPES } from "./random_checkpoint.ts";
+import { Engine } from "../../models/engine.ts";
+import { loadBenchStage, stageShapeArg, waitMs } from "./stage.ts";
 import { median } from "./stats.ts";
-
-const SHAPES: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, ...MOE_SHAPES };
 
 const { values, layers, gaps, fractions, seconds, repeat, overrides } = scriptArgs(
   import.meta.url,
@@ -37,9 +32,7 @@ const { values, layers, gaps, fractions, seconds, repeat, overrides } = scriptAr
         set: { type: "string" },
       },
     });
-    if (!SHAPES[values.shape]) {
-      throw new UsageError(`--shape takes ${Object.keys(SHAPES).join(", ")}, got "${values.shape}"`);
-    }
+    stageShapeArg(values.shape);
     return {
       values,
       layers: countArg("layers", values.layers),
@@ -56,14 +49,7 @@ const { values, layers, gaps, fractions, seconds, repeat, overrides } = scriptAr
 
 const gpu = await getGpu();
 if (!gpu.hasTimestamps) throw new Error(`${gpu.adapterName} has no timestamp queries: no filler to size`);
-const cfg: Record<string, unknown> = { ...SHAPES[values.shape], ...overrides };
-const role = { index: 0, stages: 2, layers: [0, layers] as [number, number], embeds: true, head: false };
-const model = await Model.load(gpu, new RandomWeights(cfg, 1, `random ${values.shape}`), {
-  weights: weightsOption(values.weights),
-  layers: role.layers,
-  embed: true,
-  head: false,
-});
+const { model, role, vocab } = await loadBenchStage(gpu, { ...values, layers, overrides });
 // The fillers are timed now, the clock still up from loading.
 const variants = [
   { fraction: 0, engine: new Engine(role, model) },
@@ -72,17 +58,7 @@ const variants = [
     engine: new Engine(role, model, { keepWarm: await KeepWarm.create(gpu, { fraction }) }),
   }))),
 ];
-const vocab = cfg.vocab_size as number;
 const greedy = { temperature: 0, topP: 1, seed: 0 };
-/**
- * Waits `ms` to within ~0.02 ms: Deno's timers fire ~2 ms late (a 1 ms setTimeout takes ~2.1), so the end
- * of the wait is setImmediate turns, which also let a filler queued by setImmediate go meanwhile.
- */
-async function sleep(ms: number): Promise<void> {
-  const end = performance.now() + ms;
-  if (ms > 3) await new Promise((r) => setTimeout(r, ms - 3));
-  while (performance.now() < end) await new Promise((r) => setImmediate(r));
-}
 const maxSeq = 1 << 15;
 let round = 0;
 for (let rep = 0; rep < repeat; rep++) {
@@ -108,7 +84,7 @@ for (let rep = 0; rep < repeat; rep++) {
       const t0 = performance.now();
       // At least 8 steps, so that a short round on a slow adapter still has a second half.
       for (let p = 17; p < maxSeq && (ms.length < 8 || performance.now() - t0 < seconds * 1000); p++) {
-        if (gap) await sleep(gap);
+        if (gap) await waitMs(gap);
         const t = performance.now();
         if (ends.length) gapsMs.push(t - ends.at(-1)!);
         await engine.run(id, input(p, 1));

@@ -7,18 +7,13 @@
 //   deno run -A scripts/bench/stage_step.ts [--shape llama-3.2-1b] [--weights q4] [--layers 14] [--gap 1]
 //     [--steps 600] [--rounds 3] [--tunings '[{...}]'] [--set key=value,...]
 // One JSON line per setting and round: the step's median and p90 wall ms over the round's second half.
-import { setImmediate } from "node:timers";
 import { parseArgs } from "node:util";
 import { configSetArg, countArg, scriptArgs, tuningsArg } from "../args.ts";
-import { numberFlag, UsageError } from "../../cli/command.ts";
+import { numberFlag } from "../../cli/command.ts";
 import { getGpu } from "../../kernels/mod.ts";
-import { Engine, weightsOption } from "../../models/engine.ts";
-import { Model } from "../../models/model.ts";
-import { RandomWeights } from "../../models/random_weights.ts";
-import { LLAMA_3_2_1B, MOE_SHAPES } from "./random_checkpoint.ts";
+import { Engine } from "../../models/engine.ts";
+import { loadBenchStage, stageShapeArg, waitMs } from "./stage.ts";
 import { median } from "./stats.ts";
-
-const SHAPES: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, ...MOE_SHAPES };
 
 const { values, layers, gap, steps, rounds, tunings, overrides } = scriptArgs(import.meta.url, (args) => {
   const { values } = parseArgs({
@@ -34,9 +29,7 @@ const { values, layers, gap, steps, rounds, tunings, overrides } = scriptArgs(im
       set: { type: "string" },
     },
   });
-  if (!SHAPES[values.shape]) {
-    throw new UsageError(`--shape takes ${Object.keys(SHAPES).join(", ")}, got "${values.shape}"`);
-  }
+  stageShapeArg(values.shape);
   return {
     values,
     layers: countArg("layers", values.layers),
@@ -48,24 +41,9 @@ const { values, layers, gap, steps, rounds, tunings, overrides } = scriptArgs(im
   };
 });
 
-/** Waits `ms` to within ~0.02 ms by setImmediate turns after a timer (Deno's run ~2 ms late). */
-async function sleep(ms: number): Promise<void> {
-  const end = performance.now() + ms;
-  if (ms > 3) await new Promise((r) => setTimeout(r, ms - 3));
-  while (performance.now() < end) await new Promise((r) => setImmediate(r));
-}
-
 const gpu = await getGpu();
-const cfg: Record<string, unknown> = { ...SHAPES[values.shape], ...overrides };
-const role = { index: 0, stages: 2, layers: [0, layers] as [number, number], embeds: true, head: false };
-const model = await Model.load(gpu, new RandomWeights(cfg, 1, `random ${values.shape}`), {
-  weights: weightsOption(values.weights),
-  layers: role.layers,
-  embed: true,
-  head: false,
-});
+const { model, role, vocab } = await loadBenchStage(gpu, { ...values, layers, overrides });
 const engine = new Engine(role, model);
-const vocab = cfg.vocab_size as number;
 const base = { ...gpu.tuning };
 const ids = (pos0: number, T: number) => Uint32Array.from({ length: T }, (_, i) => (pos0 + i) * 7919 % vocab);
 try {
@@ -77,7 +55,7 @@ try {
       await engine.run(id, { pos0: 0, T: 16, tokens: ids(0, 16), output: "hidden" });
       const ms: number[] = [];
       for (let p = 16; p < 16 + steps; p++) {
-        await sleep(gap);
+        await waitMs(gap);
         const t = performance.now();
         await engine.run(id, { pos0: p, T: 1, tokens: ids(p, 1), output: "hidden" });
         ms.push(performance.now() - t);
