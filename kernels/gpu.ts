@@ -711,13 +711,18 @@ export function releaseCalls(calls: Iterable<KernelCall>, keep?: GPUBuffer): voi
   }
 }
 
-/** Runs calls in one submit and waits for the GPU (tests and one-off work; the decode loop does not wait). */
-export async function runCalls(gpu: Gpu, calls: readonly KernelCall[]): Promise<void> {
+/** `calls` in one compute pass of a finished command buffer, to submit now or later. */
+export function commandBuffer(gpu: Gpu, calls: readonly KernelCall[]): GPUCommandBuffer {
   const enc = gpu.device.createCommandEncoder();
   const pass = enc.beginComputePass();
   encodeCalls(pass, calls);
   pass.end();
-  gpu.device.queue.submit([enc.finish()]);
+  return enc.finish();
+}
+
+/** Runs calls in one submit and waits for the GPU (tests and one-off work; the decode loop does not wait). */
+export async function runCalls(gpu: Gpu, calls: readonly KernelCall[]): Promise<void> {
+  gpu.device.queue.submit([commandBuffer(gpu, calls)]);
   await gpu.device.queue.onSubmittedWorkDone();
 }
 

@@ -10,7 +10,7 @@
 // shows). WarmController decides (pure, any clock); KeepWarm submits. One KeepWarm serves every stage and
 // expert host on a GPU (keepWarmFor): a gap is the GPU's, from any step's end to any step's start.
 import {
-  encodeCalls,
+  commandBuffer,
   type Gpu,
   type KernelCall,
   kernelCall,
@@ -193,11 +193,7 @@ export class KeepWarm {
   #queue(fillMs: number): void {
     const iters = Math.max(1, Math.round(fillMs / this.msPerIter));
     writeBytes(this.gpu, this.call.buffers[1], 0, Uint32Array.of(iters));
-    const enc = this.gpu.device.createCommandEncoder();
-    const pass = enc.beginComputePass();
-    encodeCalls(pass, [this.call]);
-    pass.end();
-    this.gpu.device.queue.submit([enc.finish()]);
+    this.gpu.device.queue.submit([commandBuffer(this.gpu, [this.call])]);
     this.stats.fills++;
     this.stats.fillMs += fillMs;
   }

@@ -46,6 +46,7 @@ import {
   advanceCall,
   argmaxRowsCalls,
   argmaxRowsRef,
+  commandBuffer,
   encodeCalls,
   GEMV_MULTI_MAX_T,
   getGpu,
@@ -141,16 +142,7 @@ export function checkTokenIds(ids: readonly number[], vocab: number): void {
 
 /** Encodes `calls` in one compute pass and submits it. */
 export function submit(gpu: Gpu, calls: readonly KernelCall[]): void {
-  gpu.device.queue.submit([encode(gpu, calls)]);
-}
-
-/** `calls` in one compute pass of a finished command buffer, to submit now or later. */
-function encode(gpu: Gpu, calls: readonly KernelCall[]): GPUCommandBuffer {
-  const enc = gpu.device.createCommandEncoder();
-  const pass = enc.beginComputePass();
-  encodeCalls(pass, calls);
-  pass.end();
-  return enc.finish();
+  gpu.device.queue.submit([commandBuffer(gpu, calls)]);
 }
 
 /**
@@ -385,7 +377,7 @@ export class Engine implements StageBackend {
       const calls = seq.program(T, output, { keys: pos0 + T });
       const ahead = open.ahead?.calls === calls ? open.ahead.cmd : undefined;
       open.ahead = undefined;
-      gpu.device.queue.submit([ahead ?? encode(gpu, calls)]);
+      gpu.device.queue.submit([ahead ?? commandBuffer(gpu, calls)]);
     }
     const result = await this.#read(seq, input);
     const oneStep = T === 1 && !this.weights.part.remoteExperts?.size && pos0 + 2 <= seq.maxSeq;
@@ -418,7 +410,7 @@ export class Engine implements StageBackend {
     setImmediate(() => {
       if (this.#open.get(id) !== open || open.busy > 0 || open.ahead) return;
       const calls = open.seq.program(1, output, { keys });
-      open.ahead = { calls, cmd: encode(this.gpu, calls) };
+      open.ahead = { calls, cmd: commandBuffer(this.gpu, calls) };
     });
   }
 
