@@ -1,13 +1,14 @@
 // `--local N`: an ephemeral cluster of N real node processes on loopback (this process leads and runs
 // stage 0; N-1 `swactor join` children run the others), torn down afterwards, on failure and on a stop
 // signal too; and should this process be killed outright, its workers leave by themselves (cli/workers.ts).
-import { resolve } from "node:path";
+import { join, resolve } from "node:path";
 import { startNode, type SwactorNode } from "../node/node.ts";
 import { presets } from "../node/membership/mod.ts";
 import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
 import { writeSharedMeasurement } from "../node/descriptor.ts";
+import { stateDir } from "../node/state_file.ts";
 import {
   isWorkerWarning,
   MEASUREMENT_FROM_ENV,
@@ -42,11 +43,19 @@ export interface LocalClusterOptions {
   log?: (msg: string) => void;
 }
 
+/**
+ * How long a `--local` cluster's measurement of this machine's GPU (node/measure.ts: ~2 s on a GPU, 1.5 on
+ * the software adapter, before anything loads) serves the next `--local` runs instead of measuring again.
+ */
+export const MEASUREMENT_REUSE_MS = 10 * 60_000;
+
 export async function startLocalCluster(n: number, opts: LocalClusterOptions): Promise<LocalCluster> {
   const log = opts.log ?? ((m: string) => console.error(`swactor: ${m}`));
   if (n > 1) shareOneGpu();
   const secret = newSecret();
-  const node = await startNode({ secret, membership: presets.lan, measure: true });
+  // Its measurement is this machine's for MEASUREMENT_REUSE_MS: the next `--local` run starts without one.
+  const reuse = { path: join(stateDir(), "measurement.json"), maxAgeMs: MEASUREMENT_REUSE_MS };
+  const node = await startNode({ secret, membership: presets.lan, measure: { reuse } });
   const pipeline = attachPipeline(node);
   // The workers run on this GPU too: they take this node's measurement rather than make N - 1 more, in turn.
   const shareDir = await Deno.makeTempDir({ prefix: "swactor-local-" });

@@ -2,7 +2,8 @@
 // usable memory, addresses, version, and, once the node has measured itself (node/measure.ts), what it
 // measured and when. `descriptorView` turns a member's descriptor and its link row into the shape
 // `status --json` prints and planner/live.ts reads.
-import { getGpu } from "../kernels/gpu.ts";
+import { getGpu, gpuSlowdown } from "../kernels/gpu.ts";
+import { dirname } from "node:path";
 import type { LiveDescriptor } from "../planner/live.ts";
 import type { Links } from "./links.ts";
 import { measureNode, type MeasureOptions } from "./measure.ts";
@@ -60,13 +61,19 @@ export interface SelfMeasureOptions extends MeasureOptions {
    */
   adoptFrom?: string;
   adoptWaitMs?: number;
+  /**
+   * This machine's last measurement, kept in `path` (`--local N` keeps one: cli/local_cluster.ts): published
+   * instead of measuring again when this swactor version made it of the same adapter, under the same memory
+   * cap and SWACTOR_SLOWDOWN, at most `maxAgeMs` ago; else the node measures and writes it there.
+   */
+  reuse?: { path: string; maxAgeMs: number };
 }
 
 /**
- * Measures this node (node/measure.ts), or adopts a measurement of the same GPU (`adoptFrom`), and publishes
- * the result in its descriptor (a new incarnation that membership gossips). Resolves with the measurement, or
- * undefined when there is no GPU or it failed (the descriptor then stops saying `measuring`, so no planner
- * waits for it). Never throws.
+ * Measures this node (node/measure.ts), or adopts a measurement of the same GPU (`adoptFrom`) or reuses this
+ * machine's recent one (`reuse`), and publishes the result in its descriptor (a new incarnation that
+ * membership gossips). Resolves with the measurement, or undefined when there is no GPU or it failed (the
+ * descriptor then stops saying `measuring`, so no planner waits for it). Never throws.
  */
 export async function selfMeasure(
   membership: Membership,
@@ -79,15 +86,29 @@ export async function selfMeasure(
     const shared = await readSharedMeasurement(opts.adoptFrom, opts.adoptWaitMs ?? 30_000);
     if (shared && shared.memoryCapBytes === cap) {
       measured = shared;
-      log(`adopted the measurement of this machine's GPU from ${opts.adoptFrom}`);
+      log(`adopted the measurement of this machine's GPU from ${opts.adoptFrom}: ${measurementLine(shared)}`);
     }
   }
   try {
-    measured ??= await measureNode(await getGpu(), opts);
+    const { reuse } = opts;
+    const key = reuse && reuseKey(membership.member(membership.id)?.meta.adapter ?? "", opts.memoryCap ?? 0);
+    if (!measured && reuse && key) {
+      measured = await readReusable(reuse, key);
+      if (measured) {
+        const age = Math.round((Date.now() - measured.at) / 1000);
+        log(
+          `measured ${age} s ago: ${measurementLine(measured)} (${reuse.path}; remove it to measure again)`,
+        );
+      }
+    }
+    if (!measured) {
+      measured = await measureNode(await getGpu(), opts);
+      log(`measured: ${measurementLine(measured)}`);
+      if (reuse && key) await writeReusable(reuse.path, key, measured).catch(() => {});
+    }
   } catch (e) {
     log(`self-measurement failed, planners will use defaults for this node: ${(e as Error).message}`);
   }
-  if (measured) log(`measured: ${measurementLine(measured)}`);
   const me = membership.member(membership.id);
   if (!me || me.state !== "alive") return measured; // leaving: say nothing more
   const { measuring: _, ...meta } = me.meta;
@@ -168,6 +189,34 @@ async function probeAdapter(timeoutMs: number): Promise<{ name: string; bytes: n
 export async function writeSharedMeasurement(path: string, m: NodeMeasurement | undefined): Promise<void> {
   const tmp = `${path}.${Deno.pid}.tmp`;
   await Deno.writeTextFile(tmp, JSON.stringify({ measured: m ?? null }));
+  await Deno.rename(tmp, path);
+}
+
+/** What a reused measurement must have been made under (selfMeasure's `reuse`). */
+function reuseKey(adapter: string, memoryCapBytes: number): string {
+  return JSON.stringify({ version: SWACTOR_VERSION, adapter, memoryCapBytes, slowdown: gpuSlowdown() });
+}
+
+/** The measurement kept at `reuse.path` if it was made under `key` at most `reuse.maxAgeMs` ago. */
+async function readReusable(
+  reuse: { path: string; maxAgeMs: number },
+  key: string,
+): Promise<NodeMeasurement | undefined> {
+  try {
+    const v = JSON.parse(await Deno.readTextFile(reuse.path));
+    const m = v?.key === key ? validateMeasurement(v.measured) : undefined;
+    const age = m ? Date.now() - m.at : Infinity;
+    return age >= 0 && age <= reuse.maxAgeMs ? m : undefined;
+  } catch {
+    return undefined; // none yet, or not ours to read
+  }
+}
+
+/** Keeps a fresh measurement for selfMeasure's `reuse` (owner-only, replaced whole by a rename). */
+async function writeReusable(path: string, key: string, m: NodeMeasurement): Promise<void> {
+  await Deno.mkdir(dirname(path), { recursive: true, mode: 0o700 });
+  const tmp = `${path}.${Deno.pid}.tmp`;
+  await Deno.writeTextFile(tmp, JSON.stringify({ key, measured: m }), { mode: 0o600 });
   await Deno.rename(tmp, path);
 }
 

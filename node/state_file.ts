@@ -2,6 +2,8 @@
 // $SWACTOR_STATE_DIR, else $XDG_RUNTIME_DIR/swactor, else ~/.cache/swactor (a folder only its owner reads):
 //   node.json         the cluster `up` leads here (one at a time: a second `up` is refused while it runs)
 //   nodes/<pid>.json  every node process (up and join): its control API and the token its mutating routes need
+//   measurement.json  the last `--local` leader's measurement of this machine's GPU, reused for a while
+//                     (node/descriptor.ts selfMeasure's `reuse`)
 // The files are owner-only: the token opens the API's mutating routes and the ticket holds the cluster
 // secret. A file whose process is gone (killed with SIGKILL, a crash) is stale: readers remove it.
 import { join } from "node:path";

@@ -179,11 +179,14 @@ Deno.test("descriptor: a measurement is validated on the way in; unknown or bad 
 });
 
 /** A membership of one alive member, recording what the node publishes: all selfMeasure touches. */
-function oneMember() {
+function oneMember(adapter?: string) {
   const published: Record<string, unknown>[] = [];
   const membership = {
     id: "me",
-    member: () => ({ state: "alive", meta: { name: "me", measuring: true } }),
+    member: () => ({
+      state: "alive",
+      meta: { name: "me", measuring: true, ...(adapter ? { adapter } : {}) },
+    }),
     setMetadata: (meta: Record<string, unknown>) => published.push(meta),
   } as unknown as Membership;
   return { membership, published };
@@ -255,6 +258,69 @@ Deno.test({
         assert.ok(got && got.at !== sample.at && got.tookMs > 0, why);
         assert.doesNotMatch(logs.join("\n"), /adopted/, why);
       }
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+Deno.test({
+  ...needs(
+    "selfMeasure reuse: this machine's recent measurement is published again; old, another adapter, cap or garbage: measured anew",
+    {
+      "a WebGPU adapter": hasGpu,
+    },
+  ),
+  async fn() {
+    const dir = await Deno.makeTempDir({ prefix: "swactor-reuse" });
+    const path = `${dir}/state/measurement.json`;
+    const quick = { lockPath, budgetMs: 100, widths: [64] };
+    const run = async (o: { maxAgeMs?: number; adapter?: string; memoryCap?: number } = {}) => {
+      const { membership, published } = oneMember(o.adapter ?? "gpu A");
+      const logs: string[] = [];
+      const got = await selfMeasure(membership, {
+        ...quick,
+        memoryCap: o.memoryCap,
+        reuse: { path, maxAgeMs: o.maxAgeMs ?? 60_000 },
+        log: (m) => logs.push(m),
+      });
+      return { got: got!, published, log: logs.join("\n") };
+    };
+    try {
+      const first = await run(); // no file yet (nor its folder): measures and keeps it
+      assert.match(first.log, /^measured: /);
+      assert.equal((Deno.statSync(path).mode ?? 0) & 0o077, 0, "owner-only");
+      const again = await run();
+      assert.deepEqual(again.got, first.got, "the kept measurement");
+      assert.match(again.log, /^measured \d+ s ago: .*remove it to measure again/);
+      assert.deepEqual(again.published, [{
+        name: "me",
+        adapter: "gpu A",
+        gpuMemoryBytes: first.got.memoryBytes,
+        measured: first.got,
+      }]);
+      for (
+        const [why, o] of [
+          ["too old", { maxAgeMs: -1 }],
+          ["another adapter", { adapter: "gpu B" }],
+          ["another memory cap", { memoryCap: 2 ** 30 }],
+        ] as const
+      ) {
+        const r = await run(o);
+        assert.ok(r.got.at > first.got.at, why);
+        assert.match(r.log, /^measured: /, why);
+        await Deno.remove(path);
+        await run(); // keep one made under the first key again
+      }
+      await Deno.writeTextFile(path, "{not json");
+      const garbage = await run();
+      assert.ok(garbage.got.at > first.got.at && /^measured: /.test(garbage.log), "garbage");
+      assert.deepEqual((await run()).got, garbage.got, "then kept again");
+      assert.deepEqual(
+        [...Deno.readDirSync(`${dir}/state`)].map((e) => e.name),
+        ["measurement.json"],
+        "no temporary",
+      );
     } finally {
       await Deno.remove(dir, { recursive: true });
     }
