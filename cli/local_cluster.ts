@@ -7,11 +7,10 @@ import { presets } from "../node/membership/mod.ts";
 import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
-import { writeSharedMeasurement } from "../node/descriptor.ts";
 import { stateDir } from "../node/state_file.ts";
 import {
   isWorkerWarning,
-  MEASUREMENT_FROM_ENV,
+  shareMeasurement,
   shareOneGpu,
   spawnWorker,
   stopWorkers,
@@ -58,9 +57,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
   const node = await startNode({ secret, membership: presets.lan, measure: { reuse } });
   const pipeline = attachPipeline(node);
   // The workers run on this GPU too: they take this node's measurement rather than make N - 1 more, in turn.
-  const shareDir = await Deno.makeTempDir({ prefix: "swactor-local-" });
-  const shared = `${shareDir}/measurement.json`;
-  node.measured.then((m) => writeSharedMeasurement(shared, m)).catch(() => {/* workers measure after all */});
+  const shared = await shareMeasurement(node.measured);
   const children: Deno.ChildProcess[] = [];
   const stderrTail: string[] = [];
   const workerIds = new Map<string, number>();
@@ -73,12 +70,12 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
     await pipeline.close().catch(() => {});
     await node.leave().catch(() => {});
     await stopWorkers(children);
-    await Deno.remove(shareDir, { recursive: true }).catch(() => {});
+    await shared.close();
   };
   try {
     const ticket = encodeTicket({ secret, leader: node.transport.self });
     for (let i = 1; i < n; i++) {
-      const child = spawnWorker(ticket, { env: { [MEASUREMENT_FROM_ENV]: shared } });
+      const child = spawnWorker(ticket, { env: shared.env });
       children.push(child);
       collect(child.stderr, (line) => {
         const id = /^id: (\S+)$/.exec(line);

@@ -7,7 +7,7 @@ import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
 import { parseWeights } from "./load_model.ts";
 import { type PipelineNode, publishPlan, requestWire } from "../node/stage/mod.ts";
-import { shareOneGpu, spawnWorker, stopWorkers, termWorkers } from "./workers.ts";
+import { shareMeasurement, shareOneGpu, spawnWorker, stopWorkers, termWorkers } from "./workers.ts";
 import { readPlanFile } from "./plan_file.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
 import { checkWeights } from "../models/model.ts";
@@ -147,6 +147,7 @@ ${clusterHelp(23)}`,
     const memoryCap = memoryFlag(values.memory);
     const secret = newSecret();
     const workers: Deno.ChildProcess[] = [];
+    let measurement: Awaited<ReturnType<typeof shareMeasurement>> | undefined;
     // One KV budget for the node: the control API's POST /generate and the OpenAI server admit against it.
     const budget = new KvBudget(() => planKvTokens(pipeline?.board.current?.plan));
     let readyVersion: number | undefined;
@@ -214,7 +215,11 @@ ${clusterHelp(23)}`,
           console.error(`id: ${node.membership.id}`);
           if (http) console.error(`http: http://${http.addr} (OpenAI API at /v1, dashboard at /, /metrics)`);
           const args = values.membership ? ["--membership", values.membership] : [];
-          for (let i = 1; i < peers; i++) workers.push(spawnWorker(ticket, { args, stderr: "inherit" }));
+          // The workers run on this GPU too: they take this node's measurement rather than make their own.
+          if (peers > 1) measurement = await shareMeasurement(node.measured);
+          for (let i = 1; i < peers; i++) {
+            workers.push(spawnWorker(ticket, { args, stderr: "inherit", env: measurement?.env }));
+          }
           // Taking the cluster down: the workers start their leave with this node's, not after it.
           signal.addEventListener("abort", () => termWorkers(workers), { once: true });
           if (values.model) {
@@ -250,6 +255,7 @@ ${clusterHelp(23)}`,
           await http?.close();
           await pipeline?.close();
           await stopWorkers(workers);
+          await measurement?.close();
         },
       });
     } finally {

@@ -5,6 +5,8 @@
 // included, the kernel closes the pipe; the worker sees end of file and leaves (cli/node_process.ts).
 import { selfCommand } from "./self.ts";
 import { LOOP_HELD } from "../node/loop_lag.ts";
+import { writeSharedMeasurement } from "../node/descriptor.ts";
+import type { NodeMeasurement } from "../node/membership/mod.ts";
 
 /** How long a worker gets to leave after SIGTERM before it is killed. */
 export const WORKER_GRACE_MS = 5000;
@@ -13,6 +15,24 @@ export const WORKER_GRACE_MS = 5000;
  * leader in its workers' environment, not meant for users.
  */
 export const MEASUREMENT_FROM_ENV = "SWACTOR_MEASUREMENT_FROM";
+
+/**
+ * Hands `measured` (the leader's self-measurement, once it settles) to the workers it starts on this GPU:
+ * written to a file of a private temporary folder that `env` names (MEASUREMENT_FROM_ENV), which each worker
+ * waits for and publishes as its own (node/descriptor.ts selfMeasure's `adoptFrom`) instead of measuring the
+ * same GPU again, in turn. `close` removes the folder.
+ */
+export async function shareMeasurement(
+  measured: Promise<NodeMeasurement | undefined>,
+): Promise<{ env: Record<string, string>; close(): Promise<void> }> {
+  const dir = await Deno.makeTempDir({ prefix: "swactor-local-" });
+  const file = `${dir}/measurement.json`;
+  measured.then((m) => writeSharedMeasurement(file, m)).catch(() => {/* the workers measure after all */});
+  return {
+    env: { [MEASUREMENT_FROM_ENV]: file },
+    close: () => Deno.remove(dir, { recursive: true }).catch(() => {}),
+  };
+}
 
 /**
  * Node processes that share this machine's GPU (`up --peers N`, `--local N`, the lab) queue no keep-warm
