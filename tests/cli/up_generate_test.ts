@@ -3,7 +3,7 @@
 // then a plain `generate ... --json --trace F` from another process finds that chain through the state file
 // and the control API: the reference continuation on the chain's f32 wire, per-stage timings, and a trace
 // with one track per stage; `status --json` shows the chain's wire; `down` ends it all,
-// with no worker re-planning on its way out.
+// with no worker re-planning on its way out. The two workers adopt the leader's measurement of the GPU.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
@@ -59,6 +59,9 @@ Deno.test({
         if (Date.now() > end) throw new Error(`no chain after 90 s:\n${err}`);
         await new Promise((r) => setTimeout(r, 200));
       }
+      // The workers share this GPU: they take the leader's measurement (cli/workers.ts shareMeasurement).
+      assert.equal(err.match(/^swactor: measured: /gm)?.length, 1, `one measurement:\n${err}`);
+      assert.equal(err.match(/^swactor: adopted the measurement of this machine's GPU/gm)?.length, 2, err);
       const trace = `${tmp}/trace.json`;
       const gen = await new Deno.Command(Deno.execPath(), {
         args: [
