@@ -1,5 +1,6 @@
 // The acceptance checks of the single-node path, through the CLI: greedy generation and teacher-forced
 // logits against transformers' reference outputs (fixtures/README.md), and bad input exiting with 2.
+import assert from "node:assert/strict";
 import { basename, join } from "node:path";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
@@ -278,6 +279,46 @@ Deno.test(
       if (out.text !== tok.decode(out.tokens)) throw new Error(`text ${JSON.stringify(out.text)}`);
     } finally {
       await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
+
+Deno.test(
+  needs("generate --local 2 twice: the second run reuses the first's measurement of this GPU, and says so", {
+    [GPU]: hasGpu,
+  }),
+  async () => {
+    const state = await Deno.makeTempDir();
+    const env = { SWACTOR_STATE_DIR: state, SWACTOR_DEBUG: "1" }; // debug: the workers' lines too
+    const args = [
+      "generate",
+      "--model",
+      micro!,
+      "--tokens",
+      "1,2,3",
+      "--max-tokens",
+      "2",
+      "--temperature",
+      "0",
+      "--local",
+      "2",
+      "--json",
+    ];
+    try {
+      const first = await runCli(args, { env });
+      assert.equal(first.code, 0, first.stderr);
+      assert.match(first.stderr, /^swactor: measured: /m);
+      assert.match(first.stderr, /\[worker 1\] swactor: adopted the measurement of this machine's GPU/);
+      const again = await runCli(args, { env });
+      assert.equal(again.code, 0, again.stderr);
+      assert.doesNotMatch(again.stderr, /^swactor: measured: /m);
+      assert.match(
+        again.stderr,
+        /^swactor: measured \d+ s ago: .*measurement\.json; remove it to measure again/m,
+      );
+      assert.deepEqual(JSON.parse(again.stdout).tokens, JSON.parse(first.stdout).tokens);
+    } finally {
+      await Deno.remove(state, { recursive: true });
     }
   },
 );
