@@ -39,9 +39,10 @@ Options:
                         progress goes to stderr
 ${WEIGHTS_HELP}
   --local N             run on an ephemeral cluster of N node processes on this machine (layers placed
-                        by the planner), torn down afterwards. Without --local, a cluster that
-                        \`up --model DIR\` leads on this machine serves the request (when it runs the
-                        same model), else this process alone.
+                        by the planner), torn down afterwards; the GPU's measurement it plans with
+                        serves the next --local runs for 10 minutes (docs/NODE.md). Without --local, a
+                        cluster that \`up --model DIR\` leads on this machine serves the request (when it
+                        runs the same model), else this process alone.
   --plan FILE           with --local: use this Plan JSON instead of planning (its stage nodes are
                         mapped onto the cluster's nodes in order)
   --wire f16|f32        activations between stages and to expert hosts (default f16; through
