@@ -12,9 +12,11 @@
 // - what a chain stage pays per step besides reading weights: the fixed part (upload the input, submit, read
 //   a small result back), what each further dispatch adds, and the host's encode time for a layer's
 //   dispatches. Each step follows a short idle gap, as a stage's steps do.
-// It is bounded (about a second on a software adapter, two on a GPU) and cut into GPU work of a few tens of
-// ms with the event loop free in between, so membership keeps answering meanwhile. Processes on one machine
+// It is bounded (the probes of bandwidth and steps about 1.5 s on a software adapter, two on a GPU; the
+// memory probe as long as the GPU takes to commit its memory, ~2 s for an H100's, at most MEMORY_PROBE_MS)
+// and cut into GPU work of a few tens of ms with the event loop free in between, so membership keeps answering meanwhile. Processes on one machine
 // share its GPU, so they measure in turn (a lock file); measuring together, each would measure the others.
+import { setImmediate } from "node:timers";
 import {
   encodeCalls,
   gemvFusedCall,
@@ -33,8 +35,13 @@ import { LAYER_DISPATCHES } from "../planner/live.ts";
 export interface MeasureOptions {
   /** Most memory this node offers, bytes (`--memory`); 0 or absent: no cap. */
   memoryCap?: number;
-  /** Rough time budget, ms (default: 1000 on a software adapter, 2000 on a GPU). */
+  /** Rough time budget of the bandwidth and step probes, ms (default 1500 on a software adapter, 2000 on a GPU). */
   budgetMs?: number;
+  /**
+   * Most time the memory probe takes, ms (default MEMORY_PROBE_MS). A GPU commits what it allocates:
+   * ~25 ms a GiB on an H100, so its 76 GiB take ~2 s (a tenth of the budget, its limit before, found 6-8).
+   */
+  memoryMs?: number;
   /** Input widths K of the bandwidth GEMVs (default [64, 512, 4096]). */
   widths?: number[];
   /**
@@ -50,6 +57,8 @@ export interface MeasureOptions {
 }
 
 const MiB = 2 ** 20;
+/** The memory probe's time limit, ms: an H200's 141 GB at an H100's ~25 ms a GiB take ~3.5 s. */
+export const MEMORY_PROBE_MS = 10_000;
 const DEFAULT_WIDTHS = [64, 512, 4096];
 /** Weights a streaming probe rotates over (4 copies): 1.5 x a 32 MiB L3, several times a 50-72 MB GPU L2. */
 const STREAM_BYTES = { software: 48 * MiB, gpu: 256 * MiB };
@@ -70,6 +79,8 @@ const STEP_GAP_MS = 20;
 const EXTRA_DISPATCHES = 24;
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+/** A turn of the event loop for timers and I/O (setImmediate: Deno runs a zero setTimeout ~2 ms late). */
+const yieldTurn = () => new Promise<void>((r) => setImmediate(r));
 const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   const m = s.length >> 1;
@@ -92,7 +103,7 @@ export async function measureNode(gpu: Gpu, opts: MeasureOptions = {}): Promise<
   const clock = opts.clock ?? (() => performance.now());
   return await inTurn(lockPath, async () => {
     const t0 = performance.now();
-    const memory = await probeMemory(gpu, cap, clock() + budget * 0.1, clock);
+    const memory = await probeMemory(gpu, cap, clock() + (opts.memoryMs ?? MEMORY_PROBE_MS), clock);
     const wt = gpu.hasF16 ? "f16" : "f32";
     const stream = gpu.isSoftware ? STREAM_BYTES.software : STREAM_BYTES.gpu;
     const each = (budget * 0.7) / (2 * widths.length + CACHE_SIZES.length - 1);
@@ -193,10 +204,15 @@ async function probeMemory(
       }
       held.push(b);
       total += rounded;
-      await sleep(0); // error scopes resolve as microtasks: without this, timers wait for the whole probe
+      await yieldTurn(); // error scopes resolve as microtasks: without this, timers wait for the whole probe
     }
   } finally {
-    for (const b of held) b.destroy();
+    // A GPU takes about as long to free a committed GiB as to commit it (~25 ms on an H100): one at a time,
+    // with the event loop's turn in between (freed in one go, an H100's 76 GiB held it ~2 s).
+    for (const b of held) {
+      b.destroy();
+      await yieldTurn();
+    }
   }
   return { bytes: Math.min(total, ceiling), bound };
 }
@@ -274,7 +290,7 @@ async function probeBandwidth(
       const ms = await timeCalls(gpu, calls, reps, y);
       rates.push((bytes * reps) / (ms * 1e6));
       if (ms < PIECE_MS / 2 && reps < 1024) reps *= 2;
-      await sleep(0);
+      await yieldTurn();
     }
     // The upper quartile: a piece that shared the machine with another process (on a software adapter the
     // GPU is the CPU) shows less than the adapter can do; the best piece alone would promise more than a
@@ -299,7 +315,7 @@ async function clearInPieces(gpu: Gpu, buffers: GPUBuffer[]): Promise<void> {
       enc.clearBuffer(b, at, Math.min(piece, b.size - at));
       gpu.device.queue.submit([enc.finish()]);
       await gpu.device.queue.onSubmittedWorkDone();
-      await sleep(0);
+      await yieldTurn();
     }
   }
 }

@@ -3,7 +3,7 @@
 // measurement travels in the descriptor and is validated on the way in.
 import assert from "node:assert/strict";
 import { getGpu } from "../../kernels/gpu.ts";
-import { measureNode } from "../../node/measure.ts";
+import { measureNode, MEMORY_PROBE_MS } from "../../node/measure.ts";
 import { validateDescriptor, validateMeasurement } from "../../node/membership/messages.ts";
 import type { Membership, NodeMeasurement } from "../../node/membership/mod.ts";
 import { selfMeasure, writeSharedMeasurement } from "../../node/descriptor.ts";
@@ -87,6 +87,31 @@ Deno.test({
 });
 
 Deno.test({
+  ...needs(
+    "measureNode: the memory probe has its own time (memoryMs, default MEMORY_PROBE_MS), not the budget's",
+    {
+      "a WebGPU adapter": hasGpu,
+    },
+  ),
+  async fn() {
+    const gpu = await getGpu();
+    const cap = 8 * 2 ** 30; // 32 chunks on a software adapter (256 MiB, not committed), 8 on a GPU (1 GiB)
+    let now = 0;
+    const clock = () => (now += 100); // each read 100 ms after the last: GPUs take ~25 ms a GiB to commit
+    const opts = { memoryCap: cap, lockPath, budgetMs: 600, widths: [64], clock };
+    // A tenth of the budget (60 ms, the old limit) would end it at the first check; 10 s reach the cap.
+    const m = await measureNode(gpu, opts);
+    assert.equal(MEMORY_PROBE_MS, 10_000);
+    assert.equal(m.memoryBound, "cap");
+    assert.equal(m.memoryBytes, cap);
+    now = 0;
+    const short = await measureNode(gpu, { ...opts, memoryMs: 250 });
+    assert.equal(short.memoryBound, "time");
+    assert.ok(short.memoryBytes > 0 && short.memoryBytes < cap, `${short.memoryBytes} bytes`);
+  },
+});
+
+Deno.test({
   ...needs("measureNode: timers keep running meanwhile (membership answers its pings)", {
     "a WebGPU adapter": hasGpu,
   }),
@@ -120,7 +145,7 @@ Deno.test({
     try {
       const spans: [number, number][] = [];
       const one = async () => {
-        const m = await measureNode(gpu, { lockPath: path, budgetMs: 200, widths: [64] });
+        const m = await measureNode(gpu, { lockPath: path, budgetMs: 200, memoryMs: 100, widths: [64] });
         spans.push([m.at - m.tookMs, m.at]);
       };
       await Promise.all([one(), one()]);
@@ -235,7 +260,7 @@ Deno.test({
   }),
   async fn() {
     const dir = await Deno.makeTempDir({ prefix: "swactor-adopt" });
-    const quick = { lockPath, budgetMs: 100, widths: [64] };
+    const quick = { lockPath, budgetMs: 100, memoryMs: 100, widths: [64] }; // memoryMs: a GPU's whole memory takes seconds
     try {
       const cases: [string, (file: string) => Promise<void>][] = [
         ["the leader had none", (f) => writeSharedMeasurement(f, undefined)],
@@ -274,7 +299,7 @@ Deno.test({
   async fn() {
     const dir = await Deno.makeTempDir({ prefix: "swactor-reuse" });
     const path = `${dir}/state/measurement.json`;
-    const quick = { lockPath, budgetMs: 100, widths: [64] };
+    const quick = { lockPath, budgetMs: 100, memoryMs: 100, widths: [64] }; // memoryMs: a GPU's whole memory takes seconds
     const run = async (o: { maxAgeMs?: number; adapter?: string; memoryCap?: number } = {}) => {
       const { membership, published } = oneMember(o.adapter ?? "gpu A");
       const logs: string[] = [];
