@@ -216,8 +216,11 @@ function submitEarly(
   send(calls.slice(done));
 }
 
-/** Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work. */
-const yieldToEventLoop = () => new Promise<void>((r) => setTimeout(r, 0));
+/**
+ * Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work: one turn
+ * of the event loop (setImmediate; Deno runs a zero setTimeout ~2 ms late, idling the GPU when it waits).
+ */
+const yieldToEventLoop = () => new Promise<void>((r) => setImmediate(r));
 
 interface Open {
   seq: Sequence;
