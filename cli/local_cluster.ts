@@ -43,7 +43,7 @@ export interface LocalClusterOptions {
 }
 
 /**
- * How long a `--local` cluster's measurement of this machine's GPU (node/measure.ts: ~2 s on a GPU, 1.5 on
+ * How long a `--local` cluster's measurement of this machine's GPU (node/measure.ts: ~5 s on an H100, ~2 on
  * the software adapter, before anything loads) serves the next `--local` runs instead of measuring again.
  */
 export const MEASUREMENT_REUSE_MS = 10 * 60_000;

@@ -13,9 +13,10 @@
 //   a small result back), what each further dispatch adds, and the host's encode time for a layer's
 //   dispatches. Each step follows a short idle gap, as a stage's steps do.
 // It is bounded (the probes of bandwidth and steps about 1.5 s on a software adapter, two on a GPU; the
-// memory probe as long as the GPU takes to commit its memory, ~2 s for an H100's, at most MEMORY_PROBE_MS)
-// and cut into GPU work of a few tens of ms with the event loop free in between, so membership keeps answering meanwhile. Processes on one machine
-// share its GPU, so they measure in turn (a lock file); measuring together, each would measure the others.
+// memory probe as long as the GPU takes to commit and free its memory, ~4 s for an H100's, at most
+// MEMORY_PROBE_MS to find it) and cut into GPU work of a few tens of ms with the event loop free in between,
+// so membership keeps answering meanwhile. Processes on one machine share its GPU, so they measure in turn
+// (a lock file); measuring together, each would measure the others.
 import { setImmediate } from "node:timers";
 import {
   encodeCalls,
@@ -35,7 +36,7 @@ import { LAYER_DISPATCHES } from "../planner/live.ts";
 export interface MeasureOptions {
   /** Most memory this node offers, bytes (`--memory`); 0 or absent: no cap. */
   memoryCap?: number;
-  /** Rough time budget of the bandwidth and step probes, ms (default 1500 on a software adapter, 2000 on a GPU). */
+  /** Rough time budget of the bandwidth and step probes, ms (default 1500 on a software adapter, 2000 a GPU). */
   budgetMs?: number;
   /**
    * Most time the memory probe takes, ms (default MEMORY_PROBE_MS). A GPU commits what it allocates:
