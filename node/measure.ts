@@ -36,7 +36,7 @@ import { LAYER_DISPATCHES } from "../planner/live.ts";
 export interface MeasureOptions {
   /** Most memory this node offers, bytes (`--memory`); 0 or absent: no cap. */
   memoryCap?: number;
-  /** Rough time budget of the bandwidth and step probes, ms (default 1500 on a software adapter, 2000 a GPU). */
+  /** Rough time budget of the bandwidth and step probes, ms (default: software adapter 1500, GPU 2000). */
   budgetMs?: number;
   /**
    * Most time the memory probe takes, ms (default MEMORY_PROBE_MS). A GPU commits what it allocates:
