@@ -60,6 +60,14 @@ export async function main(argv: string[]): Promise<number> {
     if (!debug && isLikelyBug(e)) {
       console.error("swactor: this looks like a bug in swactor; SWACTOR_DEBUG=1 shows where it happened");
     }
+    // WebGPU's words when the driver dropped the device: on an H100 whose memory other processes held, the
+    // new device was lost at once (2026-12-07). A model too large is a GpuMemoryError, which says so itself.
+    if (/device is lost/i.test(text)) {
+      console.error(
+        "swactor: the GPU dropped this process's device: most often it is out of memory (other processes may " +
+          "hold it; nvidia-smi lists them) or its driver was reset",
+      );
+    }
     return 1;
   }
 }

@@ -441,6 +441,53 @@ export class NoGpuError extends Error {
   override name = "NoGpuError";
 }
 
+/** The GPU could not allocate what was asked of it (outOfMemoryErrors counted one since a check began). */
+export class GpuMemoryError extends Error {
+  override name = "GpuMemoryError";
+}
+
+/**
+ * Out-of-memory errors that no error scope caught, by device. WebGPU does not throw when the GPU cannot
+ * allocate a buffer: the buffer is invalid, every use of it fails, and Deno prints nothing (2026-12-07), so
+ * work on it would go on with garbage. requestGpu's devices count them here (watchDevice).
+ */
+const outOfMemory = new WeakMap<GPUDevice, { count: number; last: string }>();
+/** Why a device was lost (its `lost` promise), by device. An H100 short of memory lost it (2026-12-07). */
+const lostDevices = new WeakMap<GPUDevice, string>();
+
+function watchDevice(device: GPUDevice): void {
+  const seen = { count: 0, last: "" };
+  outOfMemory.set(device, seen);
+  device.addEventListener("uncapturederror", (e) => {
+    const error = (e as GPUUncapturedErrorEvent).error;
+    if (error instanceof GPUOutOfMemoryError) {
+      seen.count++;
+      seen.last = error.message;
+    }
+  });
+  device.lost.then((info) => lostDevices.set(device, info.message || info.reason || "lost"), () => {});
+}
+
+/** Why `gpu`'s device was lost, once it has been; undefined while it works. */
+export function deviceLost(gpu: Gpu): string | undefined {
+  return lostDevices.get(gpu.device);
+}
+
+/**
+ * How many out-of-memory errors `gpu`'s device has had so far (0 for a device getGpu did not make). Take it
+ * before allocating, then pass it to outOfMemorySince: errors arrive as the device is polled, at the latest
+ * once the queue's work is done.
+ */
+export function outOfMemoryErrors(gpu: Gpu): number {
+  return outOfMemory.get(gpu.device)?.count ?? 0;
+}
+
+/** The last out-of-memory message when `gpu` has had any since `count` (outOfMemoryErrors), else undefined. */
+export function outOfMemorySince(gpu: Gpu, count: number): string | undefined {
+  const seen = outOfMemory.get(gpu.device);
+  return seen && seen.count > count ? seen.last || "out of memory" : undefined;
+}
+
 let shared: Promise<Gpu> | undefined;
 
 /** The process's GPU, requested once. Requests the adapter's full buffer and workgroup limits. */
@@ -449,7 +496,8 @@ export function getGpu(): Promise<Gpu> {
   return shared;
 }
 
-async function requestGpu(): Promise<Gpu> {
+/** A GPU of its own (a new device on the adapter getGpu uses): for tests that break theirs. */
+export async function requestGpu(): Promise<Gpu> {
   gpuSlowdown(); // a bad SWACTOR_SLOWDOWN is an error before anything runs
   const tuning = tuningFromEnv(); // and a bad SWACTOR_TUNING
   if (typeof navigator === "undefined" || !("gpu" in navigator)) {
@@ -495,6 +543,7 @@ async function requestGpu(): Promise<Gpu> {
   const hasSubgroups = device !== undefined;
   device ??= await request(requiredFeatures);
   const adapterName = info.description || info.device || info.vendor || "unknown adapter";
+  watchDevice(device);
   return {
     device,
     adapterName,

@@ -20,17 +20,21 @@ import {
   biasAddCall,
   createStepBuffer,
   DECODE_MAX_T,
+  deviceLost,
   embedCall,
   EnvError,
   GEMV_MULTI_MAX_T,
   gemvFusedCalls,
   gemvFusedFits,
   type Gpu,
+  GpuMemoryError,
   type InputCopy,
   isQuant,
   type KernelCall,
   type KvType,
   mlaLengthBucket,
+  outOfMemoryErrors,
+  outOfMemorySince,
   packColumnBlocksCall,
   prefillLinearCalls,
   quantFits,
@@ -351,11 +355,39 @@ export class Model {
     const kvType = kvCacheType(gpu, wt);
     const floatType: WeightType = gpu.hasF16 ? "f16" : "f32";
     const uploader = new WeightUploader(gpu, ckpt, { on: opts.convert });
+    // A buffer the GPU cannot allocate is invalid, not an exception, and a GPU short of memory may lose its
+    // device instead (an H100, 2026-12-07: "Parent device is lost"). The load stops at the first sign of
+    // either and frees what it had made, rather than give a model that computes garbage, and says why.
+    const oom0 = outOfMemoryErrors(gpu);
+    const memoryError = (why: string) => {
+      for (const b of types.keys()) if (!borrowed.has(b)) b.destroy();
+      uploader.close();
+      const gb = (bytes: number) => (bytes / 1e9).toFixed(1);
+      const read = `${gb(done)} of ${gb(total)} GB of the checkpoint read`;
+      return new GpuMemoryError(
+        `${gpu.adapterName} ran out of memory loading the model's layers ${layers[0]}-${layers[1] - 1} ` +
+          `as ${wt} (${why}; ${read}): use fewer layers per node (--local N, a cluster), smaller weights ` +
+          `(--weights q8 / q4) or a GPU with more memory free`,
+      );
+    };
+    const lostWhy = () => {
+      const lost = deviceLost(gpu);
+      return lost === undefined ? undefined : `its device was lost: ${lost}`;
+    };
+    const checkMemory = () => {
+      const why = outOfMemorySince(gpu, oom0) ?? lostWhy();
+      if (why !== undefined) throw memoryError(why);
+    };
     const read: TensorReader = async (names, K, vector = "norm") => {
       const as = K === undefined ? (vector === "f32" ? "f32" : normType) : matrixStorage(wt, K, floatType);
-      const buf = await uploader.upload(names, as, K);
+      const buf = await uploader.upload(names, as, K).catch((e) => {
+        const lost = lostWhy() ??
+          (/device is lost/i.test(String(e?.message)) ? String(e.message) : undefined);
+        throw lost === undefined ? e : memoryError(lost);
+      });
       for (const n of names) done += ckpt.info(n).end - ckpt.info(n).begin;
       types.set(buf, as);
+      checkMemory();
       opts.onProgress?.(done, total);
       return buf;
     };
@@ -446,7 +478,8 @@ export class Model {
       finalNorm = part.head ? await read(["model.norm.weight"]) : null;
       lmHead = part.head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"], H)) : null;
     }
-    await uploader.finish();
+    await uploader.finish(); // the queue drained: every allocation's error is in
+    checkMemory();
     gpuBytes += uploader.bytes;
     return new Model(
       gpu,

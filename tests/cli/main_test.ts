@@ -60,3 +60,12 @@ Deno.test("main: control characters in a message are escaped", async () => {
   assert.equal(err, "swactor boom: bad \\x00token\\x1b[2J");
   assert.equal(printable("tab\tand\nnewline stay"), "tab\tand\nnewline stay");
 });
+
+Deno.test("main: a lost GPU device exits 1 and says what usually causes it", async () => {
+  const alone = await exitOf(new Error("Parent device is lost"));
+  assert.equal(alone.code, 1);
+  assert.match(alone.err, /^swactor boom: Parent device is lost\nswactor: the GPU dropped .*out of memory/);
+  const stage = await exitOf(new Error("stage 0 could not load: Parent device is lost"));
+  assert.match(stage.err, /nvidia-smi lists them/);
+  assert.doesNotMatch((await exitOf(new Error("stage 0 could not load: no space"))).err, /dropped/);
+});

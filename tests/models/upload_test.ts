@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
-import { getGpu, NoGpuError, readBack } from "../../kernels/mod.ts";
+import { getGpu, NoGpuError, readBack, requestGpu } from "../../kernels/mod.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Engine, wholeModel } from "../../models/engine.ts";
 import { Model } from "../../models/model.ts";
@@ -85,5 +85,71 @@ Deno.test(
     assert.ok(logits.every(Number.isFinite), "finite logits");
     assert.ok(new Set(logits).size > 100, "logits vary");
     engine.close();
+  },
+);
+
+Deno.test(
+  needs(
+    "a load the GPU cannot allocate stops with GpuMemoryError naming the adapter, and frees what it made",
+    {
+      "a WebGPU adapter": gpu,
+    },
+  ),
+  async () => {
+    const ckpt = await Checkpoint.open(fixtureDir("llama-micro")!);
+    // WebGPU reports a failed allocation as an uncaptured out-of-memory error, not an exception: this one
+    // comes with the fifth buffer the load makes, as the device would report a real one.
+    const device = gpu!.device;
+    const made: GPUBuffer[] = [];
+    const createBuffer = device.createBuffer;
+    device.createBuffer = function (d: GPUBufferDescriptor) {
+      const b = createBuffer.call(device, d);
+      made.push(b);
+      if (made.length === 5) {
+        const error = new GPUOutOfMemoryError("not enough memory left");
+        device.dispatchEvent(new GPUUncapturedErrorEvent("uncapturederror", { error }));
+      }
+      return b;
+    };
+    try {
+      await assert.rejects(
+        () => Model.load(gpu!, ckpt, { weights: "f32" }),
+        (e: Error) =>
+          e.name === "GpuMemoryError" && e.message.includes(gpu!.adapterName) &&
+          /ran out of memory loading the model's layers 0-\d+ as f32 \(not enough memory left; .*--weights q8 \/ q4/
+            .test(e.message),
+      );
+    } finally {
+      device.createBuffer = createBuffer;
+    }
+    // The weights it had made are freed: using one now is a validation error.
+    device.pushErrorScope("validation");
+    const enc = device.createCommandEncoder();
+    enc.clearBuffer(made[0]);
+    device.queue.submit([enc.finish()]);
+    assert.ok(await device.popErrorScope(), "the first weight buffer was destroyed");
+    // A load after it is whole again.
+    const model = await Model.load(gpu!, ckpt, { weights: "f32" });
+    model.destroy();
+  },
+);
+
+Deno.test(
+  needs("a load whose GPU device is lost stops with GpuMemoryError saying so", { "a WebGPU adapter": gpu }),
+  async () => {
+    const ckpt = await Checkpoint.open(fixtureDir("llama-micro")!);
+    // A device of its own, lost with the fifth buffer of the load, as an H100 short of memory lost its.
+    const own = await requestGpu();
+    let n = 0;
+    const createBuffer = own.device.createBuffer;
+    own.device.createBuffer = function (d: GPUBufferDescriptor) {
+      if (++n === 5) own.device.destroy();
+      return createBuffer.call(own.device, d);
+    };
+    await assert.rejects(
+      () => Model.load(own, ckpt, { weights: "f32" }),
+      (e: Error) =>
+        e.name === "GpuMemoryError" && /\(its device was lost: .*; .*--weights q8 \/ q4/.test(e.message),
+    );
   },
 );
