@@ -441,7 +441,7 @@ export class NoGpuError extends Error {
   override name = "NoGpuError";
 }
 
-/** The GPU could not allocate what was asked of it (outOfMemoryErrors counted one since a check began). */
+/** The GPU could not hold what was asked of it: an allocation failed, or its device was lost (Model.load). */
 export class GpuMemoryError extends Error {
   override name = "GpuMemoryError";
 }

@@ -363,11 +363,11 @@ export class Model {
       for (const b of types.keys()) if (!borrowed.has(b)) b.destroy();
       uploader.close();
       const gb = (bytes: number) => (bytes / 1e9).toFixed(1);
-      const read = `${gb(done)} of ${gb(total)} GB of the checkpoint read`;
+      const progress = `${gb(done)} of ${gb(total)} GB of the checkpoint read`;
       return new GpuMemoryError(
         `${gpu.adapterName} ran out of memory loading the model's layers ${layers[0]}-${layers[1] - 1} ` +
-          `as ${wt} (${why}; ${read}): use fewer layers per node (--local N, a cluster), smaller weights ` +
-          `(--weights q8 / q4) or a GPU with more memory free`,
+          `as ${wt} (${why}; ${progress}): use fewer layers per node (--local N, a cluster), smaller ` +
+          `weights (--weights q8 / q4) or a GPU with more memory free`,
       );
     };
     const lostWhy = () => {
