@@ -51,6 +51,7 @@ import {
   GEMV_MULTI_MAX_T,
   getGpu,
   type Gpu,
+  GpuMemoryError,
   isQuant,
   KeepWarm,
   keepWarmFor,
@@ -234,6 +235,8 @@ interface Open {
   argmax?: { out: GPUBuffer; calls: Map<number, KernelCall[]> };
   /** The next one-token run step's commands, encoded once the last one returned (KernelTuning.encodeAhead). */
   ahead?: { calls: readonly KernelCall[]; cmd: GPUCommandBuffer };
+  /** The out-of-memory error scope around the sequence's allocation, until the request's first call. */
+  memory?: Promise<GPUError | null>;
 }
 
 /** The whole model's role: one stage that embeds, runs every layer and samples. */
@@ -295,13 +298,22 @@ export class Engine implements StageBackend {
     opts: OpenOptions & { maxChunk?: number; prefillChunk?: number },
   ): { chunk: number; prefillChunk: number } {
     if (this.#open.has(id)) throw new TypeError(`request ${id} is already open on this stage`);
-    const seq = this.#reuse(opts) ??
-      this.weights.newSequence(
-        this.#maxSpares > 0
-          ? { ...opts, capacity: reuseCapacity(opts.maxSeq, this.model.maxPositions) }
-          : opts,
-      );
-    this.#open.set(id, { seq, busy: 0, abort: new AbortController(), length: 0 });
+    // A buffer the GPU cannot allocate is invalid, not an exception: the request's first call (#busy) learns
+    // of it from this scope and fails, rather than compute garbage on a KV cache that is not there.
+    const device = this.gpu.device;
+    device.pushErrorScope("out-of-memory");
+    let seq: Sequence, memory: Promise<GPUError | null>;
+    try {
+      seq = this.#reuse(opts) ??
+        this.weights.newSequence(
+          this.#maxSpares > 0
+            ? { ...opts, capacity: reuseCapacity(opts.maxSeq, this.model.maxPositions) }
+            : opts,
+        );
+    } finally {
+      memory = device.popErrorScope();
+    }
+    this.#open.set(id, { seq, busy: 0, abort: new AbortController(), length: 0, memory });
     return { chunk: seq.maxChunk, prefillChunk: seq.prefillChunk };
   }
 
@@ -327,14 +339,33 @@ export class Engine implements StageBackend {
     this.#spares = [];
   }
 
-  /** Runs `f` with request `open` marked busy. */
+  /** Runs `f` with request `open` marked busy (once its buffers are known to be there: Open.memory). */
   async #busy<T>(open: Open, f: () => Promise<T>): Promise<T> {
     open.busy++;
     try {
+      if (open.memory) await this.#checkMemory(open);
       return await f();
     } finally {
       open.busy--;
     }
+  }
+
+  /** Throws GpuMemoryError, dropping the request and its sequence, when its buffers could not be allocated. */
+  async #checkMemory(open: Open): Promise<void> {
+    const error = await open.memory;
+    open.memory = undefined;
+    if (!error) return;
+    for (const [id, o] of this.#open) if (o === open) this.#open.delete(id);
+    open.abort.abort();
+    open.seq.destroy(); // not a spare: some of its buffers are invalid
+    const mib = (b: number) => Math.round(b / 2 ** 20);
+    throw new GpuMemoryError(
+      `${this.gpu.adapterName} ran out of memory for a request of ${open.seq.maxSeq} positions (KV cache ` +
+        `${mib(open.seq.kvBytes)} MiB, other buffers ${
+          mib(open.seq.activationBytes)
+        } MiB; ${error.message}): ` +
+        `ask for fewer tokens, or serve the model over more nodes`,
+    );
   }
 
   #get(id: string): Open {

@@ -875,3 +875,44 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  onGpu(
+    "a request whose buffers the GPU could not allocate fails with GpuMemoryError and leaves nothing open",
+  ),
+  async () => {
+    const dir = fixtureDir("llama-micro")!;
+    const engine = await loadEngine(dir, { gpu: gpu!, weights: "f32" });
+    const device = gpu!.device;
+    const popErrorScope = device.popErrorScope;
+    try {
+      // WebGPU reports a buffer it could not allocate to the error scope around it (Engine.open's); this
+      // one reports the sequence's as the device would.
+      device.popErrorScope = () => Promise.resolve(new GPUOutOfMemoryError("not enough memory left"));
+      engine.open("big", { maxSeq: 64, sampling: greedy });
+      device.popErrorScope = popErrorScope;
+      await assert.rejects(
+        () => engine.run("big", { pos0: 0, T: 2, tokens: Uint32Array.of(1, 2), output: "sample" }),
+        (e: Error) =>
+          e.name === "GpuMemoryError" && e.message.includes(gpu!.adapterName) &&
+          /a request of 64 positions \(KV cache \d+ MiB, .*not enough memory left\): ask for fewer tokens/
+            .test(e.message),
+      );
+      assert.equal(engine.release("big"), false, "no longer open");
+      assert.deepEqual(
+        [engine.stats().active, engine.stats().spareBytes],
+        [0, 0],
+        "nothing open, nothing kept",
+      );
+      // The next request is whole (a sequence of its own) and runs.
+      engine.open("next", { maxSeq: 64, sampling: greedy });
+      const r = await engine.run("next", { pos0: 0, T: 2, tokens: Uint32Array.of(1, 2), output: "sample" });
+      assert.ok(r.token !== undefined && r.token < engine.model.vocab);
+      assert.equal(engine.stats().reuses, 0, "a sequence of its own");
+      engine.release("next");
+    } finally {
+      device.popErrorScope = popErrorScope;
+      engine.close();
+    }
+  },
+);
