@@ -1,5 +1,6 @@
 // The WebGPU device, and the few buffer and pipeline utilities every kernel uses.
 // Effects live here: requesting the adapter, creating buffers, reading back.
+import { setImmediate } from "node:timers";
 import { checkEarlyRead, readStaging, takeStaging } from "./readback.ts";
 import { EnvError } from "./env.ts";
 import type { GemmTile } from "./gemm.ts";
@@ -768,6 +769,12 @@ export function commandBuffer(gpu: Gpu, calls: readonly KernelCall[]): GPUComman
   pass.end();
   return enc.finish();
 }
+
+/**
+ * Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work: one turn
+ * of the event loop, by setImmediate (Deno runs a zero setTimeout ~2 ms late, idling the GPU while it waits).
+ */
+export const yieldToEventLoop = (): Promise<void> => new Promise<void>((r) => setImmediate(r));
 
 /** Runs calls in one submit and waits for the GPU (tests and one-off work; the decode loop does not wait). */
 export async function runCalls(gpu: Gpu, calls: readonly KernelCall[]): Promise<void> {

@@ -66,6 +66,7 @@ import {
   type WarmStats,
   writeBytes,
   writeStep,
+  yieldToEventLoop,
 } from "../kernels/mod.ts";
 import { Checkpoint } from "./checkpoint.ts";
 import { RequestError } from "./errors.ts";
@@ -217,12 +218,6 @@ function submitEarly(
   send(calls.slice(done));
 }
 
-/**
- * Lets timers and I/O run (membership, the control API, signals) between bounded pieces of GPU work: one turn
- * of the event loop (setImmediate; Deno runs a zero setTimeout ~2 ms late, idling the GPU when it waits).
- */
-const yieldToEventLoop = () => new Promise<void>((r) => setImmediate(r));
-
 interface Open {
   seq: Sequence;
   /** Calls of this request in progress (run, verify, generate): a busy request's sequence is not reused. */
@@ -359,12 +354,10 @@ export class Engine implements StageBackend {
     open.abort.abort();
     open.seq.destroy(); // not a spare: some of its buffers are invalid
     const mib = (b: number) => Math.round(b / 2 ** 20);
+    const sizes = `KV cache ${mib(open.seq.kvBytes)} MiB, other buffers ${mib(open.seq.activationBytes)} MiB`;
     throw new GpuMemoryError(
-      `${this.gpu.adapterName} ran out of memory for a request of ${open.seq.maxSeq} positions (KV cache ` +
-        `${mib(open.seq.kvBytes)} MiB, other buffers ${
-          mib(open.seq.activationBytes)
-        } MiB; ${error.message}): ` +
-        `ask for fewer tokens, or serve the model over more nodes`,
+      `${this.gpu.adapterName} ran out of memory for a request of ${open.seq.maxSeq} positions (${sizes}; ` +
+        `${error.message}): ask for fewer tokens, or serve the model over more nodes`,
     );
   }
 

@@ -17,7 +17,6 @@
 // MEMORY_PROBE_MS to find it) and cut into GPU work of a few tens of ms with the event loop free in between,
 // so membership keeps answering meanwhile. Processes on one machine share its GPU, so they measure in turn
 // (a lock file); measuring together, each would measure the others.
-import { setImmediate } from "node:timers";
 import {
   encodeCalls,
   gemvFusedCall,
@@ -28,6 +27,7 @@ import {
   releaseCalls,
   storageBuffer,
   writeBytes,
+  yieldToEventLoop,
 } from "../kernels/mod.ts";
 import { gpuMs } from "../kernels/timer.ts";
 import type { NodeMeasurement } from "./membership/mod.ts";
@@ -80,8 +80,6 @@ const STEP_GAP_MS = 20;
 const EXTRA_DISPATCHES = 24;
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-/** A turn of the event loop for timers and I/O (setImmediate: Deno runs a zero setTimeout ~2 ms late). */
-const yieldTurn = () => new Promise<void>((r) => setImmediate(r));
 const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   const m = s.length >> 1;
@@ -205,14 +203,14 @@ async function probeMemory(
       }
       held.push(b);
       total += rounded;
-      await yieldTurn(); // error scopes resolve as microtasks: without this, timers wait for the whole probe
+      await yieldToEventLoop(); // error scopes resolve as microtasks: without this, timers wait for the whole probe
     }
   } finally {
     // A GPU takes about as long to free a committed GiB as to commit it (~25 ms on an H100): one at a time,
     // with the event loop's turn in between (freed in one go, an H100's 76 GiB held it ~2 s).
     for (const b of held) {
       b.destroy();
-      await yieldTurn();
+      await yieldToEventLoop();
     }
   }
   return { bytes: Math.min(total, ceiling), bound };
@@ -291,7 +289,7 @@ async function probeBandwidth(
       const ms = await timeCalls(gpu, calls, reps, y);
       rates.push((bytes * reps) / (ms * 1e6));
       if (ms < PIECE_MS / 2 && reps < 1024) reps *= 2;
-      await yieldTurn();
+      await yieldToEventLoop();
     }
     // The upper quartile: a piece that shared the machine with another process (on a software adapter the
     // GPU is the CPU) shows less than the adapter can do; the best piece alone would promise more than a
@@ -316,7 +314,7 @@ async function clearInPieces(gpu: Gpu, buffers: GPUBuffer[]): Promise<void> {
       enc.clearBuffer(b, at, Math.min(piece, b.size - at));
       gpu.device.queue.submit([enc.finish()]);
       await gpu.device.queue.onSubmittedWorkDone();
-      await yieldTurn();
+      await yieldToEventLoop();
     }
   }
 }

@@ -9,47 +9,37 @@
 // step's median and p90 ms, the period (ms a step plus its gap, mean), and the fillers queued a step with
 // their mean length (ms at full clock).
 import { parseArgs } from "node:util";
-import { configSetArg, countArg, scriptArgs } from "../args.ts";
+import { countArg, scriptArgs } from "../args.ts";
 import { numberFlag } from "../../cli/command.ts";
 import { getGpu, KeepWarm } from "../../kernels/mod.ts";
 import { Engine } from "../../models/engine.ts";
-import { loadBenchStage, stageShapeArg, waitMs } from "./stage.ts";
+import { loadBenchStage, STAGE_FLAGS, stageFlags, waitMs } from "./stage.ts";
 import { median } from "./stats.ts";
 
-const { values, layers, gaps, fractions, seconds, repeat, overrides } = scriptArgs(
-  import.meta.url,
-  (args) => {
-    const { values } = parseArgs({
-      args,
-      options: {
-        shape: { type: "string", default: "llama-3.2-1b" },
-        weights: { type: "string", default: "q4" },
-        layers: { type: "string", default: "14" },
-        gaps: { type: "string", default: "0,1,3,8" },
-        fractions: { type: "string", default: "0.3" },
-        seconds: { type: "string", default: "6" },
-        repeat: { type: "string", default: "2" },
-        set: { type: "string" },
-      },
-    });
-    stageShapeArg(values.shape);
-    return {
-      values,
-      layers: countArg("layers", values.layers),
-      gaps: values.gaps.split(",").map((g) => numberFlag(g, "gaps", { min: 0, max: 1000, fallback: 0 })),
-      fractions: values.fractions.split(",").map((f) =>
-        numberFlag(f, "fractions", { min: 0.01, max: 0.99, fallback: 0.3 })
-      ),
-      seconds: numberFlag(values.seconds, "seconds", { min: 0.1, max: 600, fallback: 6 }),
-      repeat: countArg("repeat", values.repeat),
-      overrides: configSetArg(values.set),
-    };
-  },
-);
+const { stage, gaps, fractions, seconds, repeat } = scriptArgs(import.meta.url, (args) => {
+  const { values } = parseArgs({
+    args,
+    options: {
+      ...STAGE_FLAGS,
+      gaps: { type: "string", default: "0,1,3,8" },
+      fractions: { type: "string", default: "0.3" },
+      seconds: { type: "string", default: "6" },
+      repeat: { type: "string", default: "2" },
+    },
+  });
+  return {
+    stage: stageFlags(values),
+    gaps: values.gaps.split(",").map((g) => numberFlag(g, "gaps", { min: 0, max: 1000, fallback: 0 })),
+    fractions: values.fractions.split(",").map((f) =>
+      numberFlag(f, "fractions", { min: 0.01, max: 0.99, fallback: 0.3 })
+    ),
+    seconds: numberFlag(values.seconds, "seconds", { min: 0.1, max: 600, fallback: 6 }),
+    repeat: countArg("repeat", values.repeat),
+  };
+});
 
 const gpu = await getGpu();
-if (!gpu.hasTimestamps) throw new Error(`${gpu.adapterName} has no timestamp queries: no filler to size`);
-const { model, role, vocab } = await loadBenchStage(gpu, { ...values, layers, overrides });
+const { model, role, vocab } = await loadBenchStage(gpu, stage);
 // The fillers are timed now, the clock still up from loading.
 const variants = [
   { fraction: 0, engine: new Engine(role, model) },
@@ -101,9 +91,9 @@ for (let rep = 0; rep < repeat; rep++) {
       console.log(JSON.stringify({
         bench: "swactor-keep-warm",
         adapter: gpu.adapterName,
-        shape: values.shape,
-        weights: values.weights,
-        layers,
+        shape: stage.shape,
+        weights: stage.weights,
+        layers: stage.layers,
         gap,
         gapMs: +median(gapsMs.slice(k)).toFixed(3),
         fraction,

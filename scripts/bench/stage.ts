@@ -2,6 +2,7 @@
 // with random weights (embeds, no head), the shapes they take, and a wait that keeps the gap asked for.
 import { setImmediate } from "node:timers";
 import { UsageError } from "../../cli/command.ts";
+import { configSetArg, countArg } from "../args.ts";
 import type { Gpu } from "../../kernels/mod.ts";
 import { weightsOption } from "../../models/engine.ts";
 import { Model } from "../../models/model.ts";
@@ -13,6 +14,26 @@ export const STAGE_SHAPES: Record<string, Record<string, unknown>> = {
   "llama-3.2-1b": LLAMA_3_2_1B,
   ...MOE_SHAPES,
 };
+
+/** The flags every stage bench takes (parseArgs options): --shape, --weights, --layers, --set. */
+export const STAGE_FLAGS = {
+  shape: { type: "string", default: "llama-3.2-1b" },
+  weights: { type: "string", default: "q4" },
+  layers: { type: "string", default: "14" },
+  set: { type: "string" },
+} as const;
+
+/** The stage STAGE_FLAGS' values describe (--shape checked, --layers and --set parsed), for loadBenchStage. */
+export function stageFlags(
+  v: { shape: string; weights: string; layers: string; set?: string },
+): { shape: string; weights: string; layers: number; overrides: Record<string, number> } {
+  return {
+    shape: stageShapeArg(v.shape),
+    weights: v.weights,
+    layers: countArg("layers", v.layers),
+    overrides: configSetArg(v.set),
+  };
+}
 
 /** --shape checked against STAGE_SHAPES (a UsageError naming the choices). */
 export function stageShapeArg(shape: string): string {

@@ -8,41 +8,35 @@
 //     [--steps 600] [--rounds 3] [--tunings '[{...}]'] [--set key=value,...]
 // One JSON line per setting and round: the step's median and p90 wall ms over the round's second half.
 import { parseArgs } from "node:util";
-import { configSetArg, countArg, scriptArgs, tuningsArg } from "../args.ts";
+import { countArg, scriptArgs, tuningsArg } from "../args.ts";
 import { numberFlag } from "../../cli/command.ts";
 import { getGpu } from "../../kernels/mod.ts";
 import { Engine } from "../../models/engine.ts";
-import { loadBenchStage, stageShapeArg, waitMs } from "./stage.ts";
+import { loadBenchStage, STAGE_FLAGS, stageFlags, waitMs } from "./stage.ts";
 import { median } from "./stats.ts";
 
-const { values, layers, gap, steps, rounds, tunings, overrides } = scriptArgs(import.meta.url, (args) => {
+const { stage, gap, steps, rounds, tunings } = scriptArgs(import.meta.url, (args) => {
   const { values } = parseArgs({
     args,
     options: {
-      shape: { type: "string", default: "llama-3.2-1b" },
-      weights: { type: "string", default: "q4" },
-      layers: { type: "string", default: "14" },
+      ...STAGE_FLAGS,
       gap: { type: "string", default: "1" },
       steps: { type: "string", default: "600" },
       rounds: { type: "string", default: "3" },
       tunings: { type: "string" },
-      set: { type: "string" },
     },
   });
-  stageShapeArg(values.shape);
   return {
-    values,
-    layers: countArg("layers", values.layers),
+    stage: stageFlags(values),
     gap: numberFlag(values.gap, "gap", { min: 0, max: 1000, fallback: 1 }),
     steps: countArg("steps", values.steps),
     rounds: countArg("rounds", values.rounds),
     tunings: [{}, ...tuningsArg(values.tunings)],
-    overrides: configSetArg(values.set),
   };
 });
 
 const gpu = await getGpu();
-const { model, role, vocab } = await loadBenchStage(gpu, { ...values, layers, overrides });
+const { model, role, vocab } = await loadBenchStage(gpu, stage);
 const engine = new Engine(role, model);
 const base = { ...gpu.tuning };
 const ids = (pos0: number, T: number) => Uint32Array.from({ length: T }, (_, i) => (pos0 + i) * 7919 % vocab);
@@ -65,9 +59,9 @@ try {
       console.log(JSON.stringify({
         bench: "swactor-stage-step",
         adapter: gpu.adapterName,
-        shape: values.shape,
-        weights: values.weights,
-        layers,
+        shape: stage.shape,
+        weights: stage.weights,
+        layers: stage.layers,
         gap,
         tuning,
         round,
