@@ -6,6 +6,7 @@
 import { selfCommand } from "./self.ts";
 import { LOOP_HELD } from "../node/loop_lag.ts";
 import { writeSharedMeasurement } from "../node/descriptor.ts";
+import { handoffPath } from "../node/state_file.ts";
 import type { NodeMeasurement } from "../node/membership/mod.ts";
 
 /** How long a worker gets to leave after SIGTERM before it is killed. */
@@ -18,19 +19,19 @@ export const MEASUREMENT_FROM_ENV = "SWACTOR_MEASUREMENT_FROM";
 
 /**
  * Hands `measured` (the leader's self-measurement, once it settles) to the workers it starts on this GPU:
- * written to a file of a private temporary folder that `env` names (MEASUREMENT_FROM_ENV), which each worker
- * waits for and publishes as its own (node/descriptor.ts selfMeasure's `adoptFrom`) instead of measuring the
- * same GPU again, in turn. `close` removes the folder.
+ * written to a file of the state folder that `env` names (MEASUREMENT_FROM_ENV; node/state_file.ts
+ * handoff/), which each worker waits for and publishes as its own (node/descriptor.ts selfMeasure's
+ * `adoptFrom`) instead of measuring the same GPU again, in turn. `close` removes the file; one left by a
+ * leader killed with SIGKILL is removed by the next leader's call.
  */
 export async function shareMeasurement(
   measured: Promise<NodeMeasurement | undefined>,
 ): Promise<{ env: Record<string, string>; close(): Promise<void> }> {
-  const dir = await Deno.makeTempDir({ prefix: "swactor-local-" });
-  const file = `${dir}/measurement.json`;
+  const file = await handoffPath(Deno.pid);
   measured.then((m) => writeSharedMeasurement(file, m)).catch(() => {/* the workers measure after all */});
   return {
     env: { [MEASUREMENT_FROM_ENV]: file },
-    close: () => Deno.remove(dir, { recursive: true }).catch(() => {}),
+    close: () => Deno.remove(file).catch(() => {}),
   };
 }
 

@@ -4,6 +4,9 @@
 //   nodes/<pid>.json  every node process (up and join): its control API and the token its mutating routes need
 //   measurement.json  the last `--local` leader's measurement of this machine's GPU, reused for a while
 //                     (node/descriptor.ts selfMeasure's `reuse`)
+//   handoff/<pid>-*   a `--local` or `up --peers` leader's measurement for the workers it starts
+//                     (cli/workers.ts shareMeasurement); removed when the leader ends, or swept by the next
+//                     leader once its process is gone
 // The files are owner-only: the token opens the API's mutating routes and the ticket holds the cluster
 // secret. A file whose process is gone (killed with SIGKILL, a crash) is stale: readers remove it.
 import { join } from "node:path";
@@ -134,6 +137,30 @@ export async function writeNodeState(s: NodeState): Promise<void> {
 /** Removes process `pid`'s record. */
 export async function clearNodeState(pid: number): Promise<void> {
   await Deno.remove(join(nodesDir(), `${pid}.json`)).catch(() => {});
+}
+
+function handoffDir(): string {
+  return join(stateDir(), "handoff");
+}
+
+/**
+ * A fresh path (not yet made) for process `pid` to hand something to the processes it starts:
+ * handoff/<pid>-<random>.json, in a folder only its owner enters. Files there of processes that are gone
+ * (a leader killed with SIGKILL) are removed first.
+ */
+export async function handoffPath(pid: number): Promise<string> {
+  const dir = handoffDir();
+  await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
+  await sweepHandoffs(dir);
+  return join(dir, `${pid}-${crypto.randomUUID().slice(0, 8)}.json`);
+}
+
+/** Removes handoff/ files whose process (the number their name starts with) no longer runs. */
+async function sweepHandoffs(dir: string): Promise<void> {
+  for await (const e of Deno.readDir(dir)) {
+    const pid = Number(/^(\d+)-/.exec(e.name)?.[1]);
+    if (Number.isInteger(pid) && !processRuns(pid)) await Deno.remove(join(dir, e.name)).catch(() => {});
+  }
 }
 
 /** The record of the running node whose control API is at `api` (stale records met are removed). */
