@@ -3,11 +3,11 @@
 // signal too; and should this process be killed outright, its workers leave by themselves (cli/workers.ts).
 import { join, resolve } from "node:path";
 import { startNode, type SwactorNode } from "../node/node.ts";
-import { presets } from "../node/membership/mod.ts";
+import { type NodeMeasurement, presets } from "../node/membership/mod.ts";
 import { encodeTicket, newSecret } from "../node/ticket.ts";
 import { type Assignment, type Chain, type PipelineNode, publishPlan } from "../node/stage/mod.ts";
 import { attachPipeline } from "./pipeline_node.ts";
-import { stateDir } from "../node/state_file.ts";
+import { nodesStartedBetween, stateDir } from "../node/state_file.ts";
 import {
   isWorkerWarning,
   shareMeasurement,
@@ -48,12 +48,30 @@ export interface LocalClusterOptions {
  */
 export const MEASUREMENT_REUSE_MS = 10 * 60_000;
 
+/**
+ * Why a kept measurement's GPU memory may no longer be free: swactor node processes that started after it
+ * was made (before this process) and still run may hold part of the GPU now. Only for a GPU's own memory
+ * ("device"): a software adapter's memory is the host's, and it is the planner's share of it that counts.
+ */
+export async function gpuMemoryTakenSince(m: NodeMeasurement): Promise<string | undefined> {
+  if (m.memoryBound !== "device") return undefined;
+  const nodes = await nodesStartedBetween(m.at, performance.timeOrigin);
+  if (nodes.length === 0) return undefined;
+  const pids = nodes.map((s) => s.pid).join(", ");
+  return `${nodes.length} swactor node process${nodes.length > 1 ? "es" : ""} (pid ${pids}) started since ` +
+    `the last measurement of this GPU and may hold part of its memory`;
+}
+
 export async function startLocalCluster(n: number, opts: LocalClusterOptions): Promise<LocalCluster> {
   const log = opts.log ?? ((m: string) => console.error(`swactor: ${m}`));
   if (n > 1) shareOneGpu();
   const secret = newSecret();
   // Its measurement is this machine's for MEASUREMENT_REUSE_MS: the next `--local` run starts without one.
-  const reuse = { path: join(stateDir(), "measurement.json"), maxAgeMs: MEASUREMENT_REUSE_MS };
+  const reuse = {
+    path: join(stateDir(), "measurement.json"),
+    maxAgeMs: MEASUREMENT_REUSE_MS,
+    changed: gpuMemoryTakenSince,
+  };
   const node = await startNode({ secret, membership: presets.lan, measure: { reuse } });
   const pipeline = attachPipeline(node);
   // The workers run on this GPU too: they take this node's measurement rather than make N - 1 more, in turn.

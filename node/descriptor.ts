@@ -64,9 +64,15 @@ export interface SelfMeasureOptions extends MeasureOptions {
   /**
    * This machine's last measurement, kept in `path` (`--local N` keeps one: cli/local_cluster.ts): published
    * instead of measuring again when this swactor version made it of the same adapter, under the same memory
-   * cap and SWACTOR_SLOWDOWN, at most `maxAgeMs` ago; else the node measures and writes it there.
+   * cap and SWACTOR_SLOWDOWN, at most `maxAgeMs` ago, and `changed` (when given) finds no reason to doubt
+   * it; else the node measures and writes it there.
    */
-  reuse?: { path: string; maxAgeMs: number };
+  reuse?: {
+    path: string;
+    maxAgeMs: number;
+    /** Why `m` may no longer hold (another process may have taken GPU memory since), or undefined. */
+    changed?: (m: NodeMeasurement) => Promise<string | undefined>;
+  };
 }
 
 /**
@@ -94,7 +100,11 @@ export async function selfMeasure(
     const key = reuse && reuseKey(membership.member(membership.id)?.meta.adapter ?? "", opts.memoryCap ?? 0);
     if (!measured && reuse && key) {
       measured = await readReusable(reuse, key);
-      if (measured) {
+      const why = measured && reuse.changed && await reuse.changed(measured);
+      if (why) {
+        log(`measuring again: ${why}`);
+        measured = undefined;
+      } else if (measured) {
         const age = Math.round((Date.now() - measured.at) / 1000);
         log(
           `measured ${age} s ago: ${measurementLine(measured)} (${reuse.path}; remove it to measure again)`,

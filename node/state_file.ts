@@ -163,22 +163,38 @@ async function sweepHandoffs(dir: string): Promise<void> {
   }
 }
 
-/** The record of the running node whose control API is at `api` (stale records met are removed). */
-export async function nodeStateAt(api: string): Promise<NodeState | undefined> {
+/**
+ * Node processes of this machine that run now and started in [`fromMs`, `toMs`) (ms since the epoch), this
+ * process left out (stale records met are removed).
+ */
+export async function nodesStartedBetween(fromMs: number, toMs: number): Promise<NodeState[]> {
+  const found: NodeState[] = [];
+  for (const s of await liveNodeStates()) {
+    const t = Date.parse(s.startedAt);
+    if (s.pid !== Deno.pid && t >= fromMs && t < toMs) found.push(s);
+  }
+  return found;
+}
+
+/** Every nodes/ record whose process runs (stale ones are removed). */
+async function liveNodeStates(): Promise<NodeState[]> {
   let entries: Deno.DirEntry[];
   try {
     entries = [...Deno.readDirSync(nodesDir())];
   } catch {
-    return undefined;
+    return [];
   }
+  const live: NodeState[] = [];
   for (const e of entries) {
     const s = await readJson(join(nodesDir(), e.name));
     if (!s) continue;
-    if (!processRuns(s.pid)) {
-      await clearNodeState(s.pid);
-      continue;
-    }
-    if (s.api === api) return s;
+    if (processRuns(s.pid)) live.push(s);
+    else await clearNodeState(s.pid);
   }
-  return undefined;
+  return live;
+}
+
+/** The record of the running node whose control API is at `api` (stale records met are removed). */
+export async function nodeStateAt(api: string): Promise<NodeState | undefined> {
+  return (await liveNodeStates()).find((s) => s.api === api);
 }

@@ -300,13 +300,20 @@ Deno.test({
     const dir = await Deno.makeTempDir({ prefix: "swactor-reuse" });
     const path = `${dir}/state/measurement.json`;
     const quick = { lockPath, budgetMs: 100, memoryMs: 100, widths: [64] }; // memoryMs: a GPU's whole memory takes seconds
-    const run = async (o: { maxAgeMs?: number; adapter?: string; memoryCap?: number } = {}) => {
+    const run = async (
+      o: {
+        maxAgeMs?: number;
+        adapter?: string;
+        memoryCap?: number;
+        changed?: (m: NodeMeasurement) => Promise<string | undefined>;
+      } = {},
+    ) => {
       const { membership, published } = oneMember(o.adapter ?? "gpu A");
       const logs: string[] = [];
       const got = await selfMeasure(membership, {
         ...quick,
         memoryCap: o.memoryCap,
-        reuse: { path, maxAgeMs: o.maxAgeMs ?? 60_000 },
+        reuse: { path, maxAgeMs: o.maxAgeMs ?? 60_000, changed: o.changed },
         log: (m) => logs.push(m),
       });
       return { got: got!, published, log: logs.join("\n") };
@@ -337,6 +344,9 @@ Deno.test({
         await Deno.remove(path);
         await run(); // keep one made under the first key again
       }
+      const doubted = await run({ changed: () => Promise.resolve("another process took memory") });
+      assert.ok(doubted.got.at > first.got.at, "doubted");
+      assert.match(doubted.log, /^measuring again: another process took memory\nmeasured: /);
       await Deno.writeTextFile(path, "{not json");
       const garbage = await run();
       assert.ok(garbage.got.at > first.got.at && /^measured: /.test(garbage.log), "garbage");
