@@ -47,6 +47,7 @@ import {
   argmaxRowsCalls,
   argmaxRowsRef,
   commandBuffer,
+  deviceLost,
   encodeCalls,
   GEMV_MULTI_MAX_T,
   getGpu,
@@ -57,6 +58,8 @@ import {
   keepWarmFor,
   keepWarmFromEnv,
   type KernelCall,
+  outOfMemoryErrors,
+  outOfMemorySince,
   readBack,
   readStaging,
   releaseCalls,
@@ -232,6 +235,8 @@ interface Open {
   ahead?: { calls: readonly KernelCall[]; cmd: GPUCommandBuffer };
   /** The out-of-memory error scope around the sequence's allocation, until the request's first call. */
   memory?: Promise<GPUError | null>;
+  /** The device's uncaptured out-of-memory errors when the request opened (#checkDevice). */
+  oomSeen: number;
 }
 
 /** The whole model's role: one stage that embeds, runs every layer and samples. */
@@ -308,7 +313,8 @@ export class Engine implements StageBackend {
     } finally {
       memory = device.popErrorScope();
     }
-    this.#open.set(id, { seq, busy: 0, abort: new AbortController(), length: 0, memory });
+    const oomSeen = outOfMemoryErrors(this.gpu);
+    this.#open.set(id, { seq, busy: 0, abort: new AbortController(), length: 0, memory, oomSeen });
     return { chunk: seq.maxChunk, prefillChunk: seq.prefillChunk };
   }
 
@@ -350,15 +356,40 @@ export class Engine implements StageBackend {
     const error = await open.memory;
     open.memory = undefined;
     if (!error) return;
-    for (const [id, o] of this.#open) if (o === open) this.#open.delete(id);
-    open.abort.abort();
-    open.seq.destroy(); // not a spare: some of its buffers are invalid
+    this.#drop(open);
     const mib = (b: number) => Math.round(b / 2 ** 20);
     const sizes = `KV cache ${mib(open.seq.kvBytes)} MiB, other buffers ${mib(open.seq.activationBytes)} MiB`;
     throw new GpuMemoryError(
       `${this.gpu.adapterName} ran out of memory for a request of ${open.seq.maxSeq} positions (${sizes}; ` +
         `${error.message}): ask for fewer tokens, or serve the model over more nodes`,
     );
+  }
+
+  /**
+   * Throws GpuMemoryError, dropping request `open`, when since it opened the GPU ran out of memory where no
+   * error scope was (a program's uniform buffers, made on the request's first steps; another load) or lost
+   * its device: the work on an invalid buffer is skipped, so what was just read back may be garbage. Called
+   * after each read, before its result goes anywhere.
+   */
+  #checkDevice(open: Open): void {
+    const gpu = this.gpu;
+    const lost = deviceLost(gpu);
+    const oom = outOfMemorySince(gpu, open.oomSeen);
+    if (lost === undefined && oom === undefined) return;
+    this.#drop(open);
+    throw new GpuMemoryError(
+      lost !== undefined
+        ? `${gpu.adapterName}'s device was lost during a request (${lost})`
+        : `${gpu.adapterName} ran out of memory during a request (${oom}), so its results cannot be trusted: ` +
+          "ask for fewer tokens, or serve the model over more nodes",
+    );
+  }
+
+  /** Forgets request `open` and frees its sequence (not kept as a spare: some of its buffers may be invalid). */
+  #drop(open: Open): void {
+    for (const [id, o] of this.#open) if (o === open) this.#open.delete(id);
+    open.abort.abort();
+    open.seq.destroy();
   }
 
   #get(id: string): Open {
@@ -407,6 +438,7 @@ export class Engine implements StageBackend {
       gpu.device.queue.submit([ahead ?? commandBuffer(gpu, calls)]);
     }
     const result = await this.#read(seq, input);
+    this.#checkDevice(open);
     const oneStep = T === 1 && !this.weights.part.remoteExperts?.size && pos0 + 2 <= seq.maxSeq;
     if (oneStep && gpu.tuning.encodeAhead !== false) this.#encodeAhead(id, open, output, pos0 + 2);
     return result;
@@ -499,6 +531,7 @@ export class Engine implements StageBackend {
     submit(gpu, [...seq.program(k, "logits", { keys: pos0 + k }), ...tail]);
     open.length = pos0 + k;
     const best = new Uint32Array(await readBack(gpu, open.argmax.out, k * 4));
+    this.#checkDevice(open);
     const bad = best.find((t) => t >= V);
     if (bad !== undefined) throw new NonFiniteLogitsError(bad, V);
     return best;
@@ -719,6 +752,7 @@ export class Engine implements StageBackend {
           if (current && pending.length < MAX_IN_FLIGHT && !firstNow) continue;
         }
         const ids = await pending.shift()!;
+        this.#checkDevice(open);
         const now = performance.now();
         if (out.length === 0) {
           firstAt = now;
