@@ -416,6 +416,47 @@ for (const overlap of [true, false]) {
 }
 
 Deno.test(
+  onGpu(
+    "the decode loop yields to the event loop between its batches, so a stream's tokens go out as they come",
+  ),
+  async () => {
+    const engine = await loadEngine(fixtureDir("llama-micro")!, { gpu: gpu!, weights: "f32" });
+    try {
+      // Each delivery of tokens notes how many times a timer ran by then: a loop that never yields (its map
+      // calls block and its reads settle as microtasks) runs no timer before it returns.
+      let ticks = 0;
+      const timer = setInterval(() => ticks++, 0);
+      const seen: number[] = [];
+      engine.open("d", { maxSeq: 80, sampling: greedy });
+      const r = await engine.generate("d", [1, 2, 3], {
+        maxTokens: 64,
+        eos: [],
+        onTokens: () => seen.push(ticks),
+      });
+      clearInterval(timer);
+      engine.release("d");
+      assert.equal(r.tokens.length, 64);
+      assert.ok(seen.length >= 5, `${seen.length} deliveries`);
+      assert.ok(seen[seen.length - 1] > seen[0], `timers ran between deliveries: ${seen}`);
+      // Released between batches (a timer's turn): the loop stops at the next one and says so.
+      engine.open("cut", { maxSeq: 80, sampling: greedy });
+      let delivered = 0;
+      const cut = await engine.generate("cut", [1, 2, 3], {
+        maxTokens: 64,
+        eos: [],
+        onTokens: (ids) => {
+          if ((delivered += ids.length) >= 3) setTimeout(() => engine.release("cut"), 0);
+        },
+      });
+      assert.equal(cut.stopReason, "aborted");
+      assert.ok(cut.tokens.length < 64, `${cut.tokens.length} tokens`);
+    } finally {
+      engine.close();
+    }
+  },
+);
+
+Deno.test(
   onGpu("a new request's first chunk submitted layers at a time gives the one-submit tokens"),
   async () => {
     const g = gpu!;
