@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { gpuMemoryTakenSince } from "../../cli/local_cluster.ts";
 import type { NodeMeasurement } from "../../node/membership/mod.ts";
+import { withStateDir } from "../support/state_dir.ts";
 
 function measurement(at: number, memoryBound: NodeMeasurement["memoryBound"]): NodeMeasurement {
   return {
@@ -24,12 +25,7 @@ function measurement(at: number, memoryBound: NodeMeasurement["memoryBound"]): N
 }
 
 Deno.test("a kept GPU measurement is doubted when a swactor node started after it still runs", async () => {
-  const before = Deno.env.get("SWACTOR_STATE_DIR");
-  const state = await Deno.makeTempDir({ prefix: "swactor-local-test-" });
-  // A process whose command line names swactor stands for a node that still runs.
-  const live = new Deno.Command("bash", { args: ["-c", "sleep 60; :", "swactor-node"] }).spawn();
-  try {
-    Deno.env.set("SWACTOR_STATE_DIR", state);
+  await withStateDir(async (state, livePid) => {
     const nodes = join(state, "nodes");
     await Deno.mkdir(nodes, { recursive: true });
     const record = (pid: number, startedAt: number) =>
@@ -48,22 +44,16 @@ Deno.test("a kept GPU measurement is doubted when a swactor node started after i
     assert.equal(await gpuMemoryTakenSince(measurement(t, "device")), undefined);
     assert.deepEqual([...Deno.readDirSync(nodes)], [], "the stale record is removed");
 
-    await record(live.pid, t - 1000); // started before the measurement: what it holds was measured
+    await record(livePid, t - 1000); // started before the measurement: what it holds was measured
     assert.equal(await gpuMemoryTakenSince(measurement(t, "device")), undefined);
 
-    await record(live.pid, t + 1000); // started since, and runs
+    await record(livePid, t + 1000); // started since, and runs
     const why = await gpuMemoryTakenSince(measurement(t, "device"));
     assert.match(
       why ?? "",
-      new RegExp(`^1 swactor node process \\(pid ${live.pid}\\) started since the last`),
+      new RegExp(`^1 swactor node process \\(pid ${livePid}\\) started since the last`),
     );
     // A software adapter's memory is the host's: no reason to measure it again.
     assert.equal(await gpuMemoryTakenSince(measurement(t, "host")), undefined);
-  } finally {
-    live.kill("SIGKILL");
-    await live.status;
-    if (before === undefined) Deno.env.delete("SWACTOR_STATE_DIR");
-    else Deno.env.set("SWACTOR_STATE_DIR", before);
-    await Deno.remove(state, { recursive: true });
-  }
+  });
 });

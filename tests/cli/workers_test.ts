@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { shareMeasurement, shareOneGpu } from "../../cli/workers.ts";
+import { withStateDir } from "../support/state_dir.ts";
 
 Deno.test("nodes sharing one GPU default to no keep-warm fillers, and keep a setting the user made", () => {
   const before = Deno.env.get("SWACTOR_KEEP_WARM");
@@ -19,17 +20,12 @@ Deno.test("nodes sharing one GPU default to no keep-warm fillers, and keep a set
 });
 
 Deno.test("the leader's measurement goes to its workers through the state folder, and a dead leader's file is swept", async () => {
-  const before = Deno.env.get("SWACTOR_STATE_DIR");
-  const state = await Deno.makeTempDir({ prefix: "swactor-workers-test-" });
-  // A process whose command line names swactor stands for a leader that still runs.
-  const live = new Deno.Command("bash", { args: ["-c", "sleep 60; :", "swactor-leader"] }).spawn();
-  try {
-    Deno.env.set("SWACTOR_STATE_DIR", state);
+  await withStateDir(async (state, livePid) => {
     const dir = join(state, "handoff");
     await Deno.mkdir(dir, { recursive: true });
     const dead = join(dir, "999999999-0a1b2c3d.json"); // no such process
     const deadTmp = join(dir, "999999999-0a1b2c3d.json.999999999.tmp");
-    const kept = join(dir, `${live.pid}-0a1b2c3d.json`);
+    const kept = join(dir, `${livePid}-0a1b2c3d.json`);
     for (const f of [dead, deadTmp, kept]) await Deno.writeTextFile(f, "{}");
 
     const shared = await shareMeasurement(Promise.resolve(undefined));
@@ -40,15 +36,9 @@ Deno.test("the leader's measurement goes to its workers through the state folder
     for (let i = 0; i < 100 && !(await names()).includes(file.slice(dir.length + 1)); i++) {
       await new Promise((r) => setTimeout(r, 10));
     }
-    assert.deepEqual(await names(), [file.slice(dir.length + 1), `${live.pid}-0a1b2c3d.json`].sort());
+    assert.deepEqual(await names(), [file.slice(dir.length + 1), `${livePid}-0a1b2c3d.json`].sort());
     assert.deepEqual(JSON.parse(await Deno.readTextFile(file)), { measured: null });
     await shared.close();
-    assert.deepEqual(await names(), [`${live.pid}-0a1b2c3d.json`]);
-  } finally {
-    live.kill("SIGKILL");
-    await live.status;
-    if (before === undefined) Deno.env.delete("SWACTOR_STATE_DIR");
-    else Deno.env.set("SWACTOR_STATE_DIR", before);
-    await Deno.remove(state, { recursive: true });
-  }
+    assert.deepEqual(await names(), [`${livePid}-0a1b2c3d.json`]);
+  });
 });
