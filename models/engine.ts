@@ -11,6 +11,8 @@
 // runs. Encoding (CPU) and compute (GPU) then overlap instead of adding up. The tokens themselves are read
 // as soon as the map call returns (kernels/readback.ts), or, where that is off, several maps stay in flight
 // so their 10 ms sleeps overlap compute. Steps computed past an eos are discarded: output is exact.
+// Those reads settle as microtasks, so after each batch of tokens it delivers the loop gives the event loop a
+// turn (a server streams them and steps its other requests; the next batch runs on the GPU meanwhile).
 // Tokens come back in batches (1, 2, 4, ... up to maxBatch): the sampler writes each token where the next
 // step's embedding reads it, so the loop never waits for the GPU per token.
 //
