@@ -29,6 +29,11 @@ SERIAL=(
   tests/node/measure_test.ts
 )
 if [ $# -gt 0 ]; then exec "$DENO" test -A "$@"; fi
+# What the tests leave in the temporary folder (their Deno.makeTempDir folders, the node processes' and the
+# browser's files: over a hundred entries a run) goes under one folder of this run, removed when it ends.
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/swactor-tests-XXXXXX")
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 export DENO_JOBS="${DENO_JOBS:-2}"
 # One pass of `deno test`. Deno has aborted after its summary reported every test passed (two CI runs of
 # 2026-12-03: "double free or corruption (out)" after the serial pass, "corrupted size vs. prev_size in
