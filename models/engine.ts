@@ -772,10 +772,6 @@ export class Engine implements StageBackend {
           stopReason = "eos";
           break;
         }
-        if (signal.aborted) {
-          stopReason = "aborted";
-          break;
-        }
         // The loop's map calls block this thread and its reads settle as microtasks, so without a turn here
         // the whole generation would be one task of the event loop: a server could not send these tokens
         // until the last, nor step its other requests or answer its peers meanwhile. The batch in flight runs

@@ -194,12 +194,10 @@ async function probeAdapter(timeoutMs: number): Promise<{ name: string; bytes: n
 
 /**
  * Writes a measurement (or that there is none) for `selfMeasure({ adoptFrom })` of other processes on this
- * machine: to a temporary name first, then renamed, so a reader never sees half a file.
+ * machine, whole (replaceJson: a reader never sees half a file).
  */
 export async function writeSharedMeasurement(path: string, m: NodeMeasurement | undefined): Promise<void> {
-  const tmp = `${path}.${Deno.pid}.tmp`;
-  await Deno.writeTextFile(tmp, JSON.stringify({ measured: m ?? null }));
-  await Deno.rename(tmp, path);
+  await replaceJson(path, { measured: m ?? null });
 }
 
 /** What a reused measurement must have been made under (selfMeasure's `reuse`). */
@@ -222,11 +220,19 @@ async function readReusable(
   }
 }
 
-/** Keeps a fresh measurement for selfMeasure's `reuse` (owner-only, replaced whole by a rename). */
+/** Keeps a fresh measurement for selfMeasure's `reuse`. */
 async function writeReusable(path: string, key: string, m: NodeMeasurement): Promise<void> {
+  await replaceJson(path, { key, measured: m });
+}
+
+/**
+ * Writes `value` as JSON to `path`, owner-only, in its folder (made if missing): to a temporary name first,
+ * then renamed over it, so a reader sees the old file or the new one whole.
+ */
+async function replaceJson(path: string, value: unknown): Promise<void> {
   await Deno.mkdir(dirname(path), { recursive: true, mode: 0o700 });
   const tmp = `${path}.${Deno.pid}.tmp`;
-  await Deno.writeTextFile(tmp, JSON.stringify({ key, measured: m }), { mode: 0o600 });
+  await Deno.writeTextFile(tmp, JSON.stringify(value), { mode: 0o600 });
   await Deno.rename(tmp, path);
 }
 
