@@ -220,8 +220,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
           engine.release(id);
         }
       }
-      ttft.sort((a, b) => a - b);
-      const ms = ttft[Math.floor(ttft.length / 2)];
+      const ms = [...ttft].sort((a, b) => a - b)[Math.floor(ttft.length / 2)];
       const line: Record<string, unknown> = {
         adapter: gpu.adapterName,
         weights,
@@ -236,7 +235,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         chunk,
         ttftMs: +ms.toFixed(1),
         tokS: Math.round((P / ms) * 1000),
-        runsMs: ttft.map((t) => +t.toFixed(1)),
+        runsMs: ttft.map((t) => +t.toFixed(1)), // in the order they ran
         awaitedReads: awaited,
         primedStaging: primed,
         host: {
