@@ -157,6 +157,34 @@ export class Registry {
     return this.#fromSets(name)[0];
   }
 
+  /**
+   * The node hosting `name` once there is one: at once where `resolve` finds it, else when a registration
+   * (local or by gossip) makes it resolve. Rejects with `signal`'s reason when it aborts, or after
+   * `timeoutMs` with an Error naming the name.
+   */
+  whenResolved(name: string, o: { timeoutMs: number; signal?: AbortSignal }): Promise<PeerId> {
+    const now = this.resolve(name);
+    if (now !== undefined) return Promise.resolve(now);
+    return new Promise((resolve, reject) => {
+      const done = () => {
+        clearTimeout(timer);
+        unwatch();
+        o.signal?.removeEventListener("abort", onAbort);
+      };
+      const onAbort = () => (done(), reject(o.signal!.reason));
+      const unwatch = this.watch(() => {
+        const owner = this.resolve(name);
+        if (owner !== undefined) done(), resolve(owner);
+      });
+      const timer = setTimeout(
+        () => (done(), reject(new Error(`no node registered "${name}" within ${o.timeoutMs} ms`))),
+        o.timeoutMs,
+      );
+      if (o.signal?.aborted) onAbort();
+      else o.signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+
   /** Every node hosting `name` (an exact entry's owner, then the holders of sets that cover it), sorted. */
   owners(name: string): PeerId[] {
     const exact = this.#entries.get(name)?.owner;

@@ -304,6 +304,13 @@ export const HEDGE_MS = 2_000;
  */
 export const HEDGE_MAX_MS = 5_000;
 
+/**
+ * How long a call waits for a live host that has not registered `moe-host-{node}` yet (it is still loading
+ * its experts, e.g. a replica the fan-out fails over to right after a new Plan), ms: under the client's
+ * stall timeout (30 s), so that a host that never comes up ends in the request's re-plan, not a stall.
+ */
+export const HOST_READY_MS = 20_000;
+
 /** An expert host's call failed; the message names the host and the layer. */
 export class ExpertHostError extends Error {
   constructor(readonly node: string, readonly layer: number, cause: unknown) {

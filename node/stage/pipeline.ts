@@ -18,6 +18,7 @@ import {
   type FanoutRecord,
   fanoutTrace,
   heldBy,
+  HOST_READY_MS,
   remoteLayers,
   servable,
 } from "./experts.ts";
@@ -359,12 +360,15 @@ export class PipelineNode {
               plan: a.plan,
               self,
               local: experts,
-              call: (name, body, node) =>
-                this.#host.actors.call(name, body, {
-                  timeoutMs: 30_000,
-                  channel: "data",
-                  signal: hosts.get(node)?.signal,
-                }),
+              call: async (name, body, node) => {
+                const signal = hosts.get(node)?.signal;
+                // A live host whose name does not resolve yet is still loading its experts (a replica taking
+                // over right after a new Plan): wait for it rather than fail the step. Its death aborts the wait.
+                if (alive(node)) {
+                  await this.#host.registry.whenResolved(name, { timeoutMs: HOST_READY_MS, signal });
+                }
+                return this.#host.actors.call(name, body, { timeoutMs: 30_000, channel: "data", signal });
+              },
               record: this.#fanout,
               alive,
               // Among replicas, the nearest by the measured round trip (unmeasured last, then the Plan's order).

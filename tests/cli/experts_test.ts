@@ -158,7 +158,8 @@ Deno.test({
       onToken: (e) => e.index === 2 && Deno.kill(cluster.workerIds.get(victim)!, "SIGKILL"),
     });
     assert.deepEqual(r.tokens, alone.tokens, "the replica took over: the same tokens");
-    // (An intermittent resume here, seen once in CI, is not understood yet: say what the workers said.)
+    // (A resume here in CI: the replica taking over was still loading its experts, and its calls failed until
+    // they waited for its name, docs/EXPERTS.md "Replicas". Should one come back, the workers' lines say why.)
     assert.equal(
       r.recoveries?.length ?? 0,
       0,

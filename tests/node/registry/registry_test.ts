@@ -46,6 +46,26 @@ Deno.test("register/resolve/watch replicate to every node; concurrent claims agr
   assert.throws(() => c.nodes[0].registry.register(""), TypeError);
 });
 
+Deno.test("whenResolved: at once, or when a registration arrives by gossip; a timeout or an abort rejects", async () => {
+  const c = converged(3);
+  c.nodes[1].registry.register("stage-1");
+  c.clock.advance(2000);
+  assert.equal(await c.nodes[0].registry.whenResolved("stage-1", { timeoutMs: 1 }), "n01");
+  // A host still loading: the wait ends when its name reaches this node.
+  const later = c.nodes[0].registry.whenResolved("moe-host-n02", { timeoutMs: 5_000 });
+  c.nodes[2].registry.register("moe-host-n02");
+  c.clock.advance(2000);
+  assert.equal(await later, "n02");
+  await assert.rejects(
+    c.nodes[0].registry.whenResolved("nobody", { timeoutMs: 10 }),
+    /no node registered "nobody" within 10 ms/,
+  );
+  const abort = new AbortController();
+  const waiting = c.nodes[0].registry.whenResolved("nobody", { timeoutMs: 5_000, signal: abort.signal });
+  abort.abort(new Error("expert host n02 died"));
+  await assert.rejects(waiting, /n02 died/);
+});
+
 Deno.test("unregister removes a name everywhere; only the owner may", () => {
   const c = converged(5);
   c.nodes[1].registry.register("stage-1");
