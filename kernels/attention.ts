@@ -1,32 +1,26 @@
 // Causal attention of T new queries over the KV cache, grouped-query heads, online softmax in chunks of
 // 64 keys (one workgroup per (head, token)). q comes from the fused qkv activations; out is [T, heads*hd].
-import {
-  type Gpu,
-  type KernelCall,
-  kernelCall,
-  type KvType,
-  kvWgsl,
-  pipeline,
-  uniformBuffer,
-} from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer } from "./gpu.ts";
+import { type KvType, kvWgsl } from "./kv.ts";
 import { STEP_WGSL } from "./step.ts";
 
 /** The largest head_dim this kernel supports (each of 64 threads keeps up to 4 output dims). */
 export const MAX_HEAD_DIM = 256;
 
 function source(vec4: boolean, kv: KvType): string {
-  const w = kvWgsl(kv);
+  const w = kvWgsl(kv, "p.n_kv * p.max_seq * (p.hd / 4u)");
   // Scores: each thread dots q with one key; with head_dim % 4 == 0 it reads the key as vec4s.
   const dot = vec4
     ? `let kb = (cache0 + s) * (p.hd / 4u);
       for (var d = 0u; d < p.hd / 4u; d++) {
         dotv += dot(vec4<f32>(qs[4u * d], qs[4u * d + 1u], qs[4u * d + 2u], qs[4u * d + 3u]), ${
-      w.read(4, "kc4[kb + d]")
+      w.load(4, "kc4", "kb + d", "cache0 + s")
     });
       }`
     : `let kb = (cache0 + s) * p.hd;
-      for (var d = 0u; d < p.hd; d++) { dotv += qs[d] * ${w.read(1, "kc[kb + d]")}; }`;
-  const v = (i: string) => w.read(1, `vc[${i}]`);
+      for (var d = 0u; d < p.hd; d++) { dotv += qs[d] * ${w.load1("kc", "kb + d", "cache0 + s")}; }`;
+  // Value element d of key row `row` (cache row index).
+  const v = (row: string) => w.load1("vc", `(${row}) * p.hd + d`, row);
   return `${w.enable}${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -91,11 +85,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         var a = vec4<f32>(0.0);
         var jj = 0u;
         for (; jj + 4u <= count; jj += 4u) {
-          let r = (cache0 + base + jj) * p.hd + d;
+          let r = cache0 + base + jj;
           a += vec4<f32>(ps[jj], ps[jj + 1u], ps[jj + 2u], ps[jj + 3u]) *
-            vec4<f32>(${v("r")}, ${v("r + p.hd")}, ${v("r + 2u * p.hd")}, ${v("r + 3u * p.hd")});
+            vec4<f32>(${v("r")}, ${v("r + 1u")}, ${v("r + 2u")}, ${v("r + 3u")});
         }
-        for (; jj < count; jj++) { a.x += ps[jj] * ${v("(cache0 + base + jj) * p.hd + d")}; }
+        for (; jj < count; jj++) { a.x += ps[jj] * ${v("cache0 + base + jj")}; }
         acc[i] = acc[i] * corr + (a.x + a.y) + (a.z + a.w);
       }
     }

@@ -39,15 +39,8 @@
 // rope + attention; hd 128: 19 / 22 / 21 / 13 / 36 against 69 / 129 / 319 / 394 / 1482.
 import type { Gpu, KernelCall, WeightType } from "./gpu.ts";
 import type { Int8CopyOut } from "./gemv_fused.ts";
-import {
-  kernelCall,
-  type KvType,
-  kvWgsl,
-  memoSource,
-  pipeline,
-  storageBuffer,
-  uniformBuffer,
-} from "./gpu.ts";
+import { kernelCall, memoSource, pipeline, storageBuffer, uniformBuffer } from "./gpu.ts";
+import { type KvType, type KvWgsl, kvWgsl } from "./kv.ts";
 import { STEP_WGSL } from "./step.ts";
 import type { QuantType } from "./quant.ts";
 import { int8CopyBindingsWgsl, int8CopyTailWgsl, range } from "./wgsl.ts";
@@ -174,6 +167,55 @@ export function attentionDecodeDefaultTuning(
   return { warps, unroll: loadsPerChunk <= whole ? whole : 8, butterfly: true };
 }
 
+/** Where a q8 cache's scales start (kernels/kv.ts), in the decode kernels' names. */
+const Q8_SCALES = "NKV * p.max_seq * HDV";
+
+/** The cache row of the chunk's key `k` (clamped to the cached keys), in the decode kernels' names. */
+const rowIdx = (k: string) => `(kv0 + min(base + ${k}, nc - 1u))`;
+
+/**
+ * WGSL of the step's new k and v rows in the decode kernels' prologue. With a q8 cache the rows are kept as
+ * computed (`keep`), each thread takes the largest magnitudes of its elements (`track`, into mk / mv), and
+ * after the prologue's barrier the rows' scale pairs sik / siv (`scales`) round them where they are used
+ * (`own`) and written (`write`); other caches round each element as it is kept.
+ */
+function newRowsWgsl(w: KvWgsl, VW: number) {
+  const q8 = w.q8;
+  return {
+    keep: (e: string) => q8 ? `(${e})` : w.round(1, e),
+    init: q8 ? "var mk = 0.0;\n  var mv = 0.0;" : "",
+    track: (k: string[], v: string[]) =>
+      q8
+        ? `mk = max(mk, max(${k.map((e) => `abs(${e})`).join(", ")}));
+    mv = max(mv, max(${v.map((e) => `abs(${e})`).join(", ")}));`
+        : "",
+    publish: q8 ? "let kvm = subgroupMax(vec2<f32>(mk, mv));\n  if (lane == 0u) { kvmx[warp] = kvm; }" : "",
+    decl: q8 ? "var<workgroup> kvmx: array<vec2<f32>, WARPS>;" : "",
+    scales: q8
+      ? `var mkv = vec2<f32>(0.0);
+  for (var w = 0u; w < WARPS; w++) { mkv = max(mkv, kvmx[w]); }
+  let sik = ${w.scaleOf("mkv.x")};
+  let siv = ${w.scaleOf("mkv.y")};`
+      : "",
+    own: (e: string, kv: "k" | "v") => q8 ? w.round(VW, e, `si${kv}`) : e,
+    /** Writes the rows into the caches at row `row` (a statement block). */
+    write: (row: string) =>
+      `let cb = ${row} * HDV;
+    for (var e = tid; e < HDV; e += WG) {
+      kc[cb + e] = ${w.store(VW, "ks[e]", "sik")};
+      vc[cb + e] = ${w.store(VW, "vs[e]", "siv")};
+    }${
+        q8
+          ? `
+    if (tid == 0u) {
+      ${w.storeScale("kc", row, "sik")}
+      ${w.storeScale("vc", row, "siv")}
+    }`
+          : ""
+      }`,
+  };
+}
+
 /** WGSL for element `o` (an expression) of a workgroup array of vec<VW> rows, as `qs`, `ks`, `vs` and `nv` are. */
 function elemAt(array: string, o: string): string {
   return `${array}[(${o}) / VW][(${o}) % VW]`;
@@ -190,12 +232,13 @@ function elemAt(array: string, o: string): string {
 function newKeyWgsl(
   norm: boolean,
   VW: number,
-  w: ReturnType<typeof kvWgsl>,
+  w: KvWgsl,
   NQ: number,
   scale: string,
 ): string {
   const vt = `vec${VW}<f32>`;
-  const rn = (e: string) => w.round(1, e);
+  // Rounded as the cache stores it (q8: with the row's scale pair, from a first pass over the row).
+  const rn = (e: string, si: string) => w.round(1, e, si);
   const qAt = (o: string) => elemAt("qs", o);
   const hs = range(NQ);
   return `// Scores of new key j (this step's token j, RoPE at position pos0 + j, read from qkv) against the q head${
@@ -203,8 +246,15 @@ function newKeyWgsl(
   } into sn; called by every lane of a subgroup.
 fn new_scores(j: u32, pos0: u32, kvh: u32, lane: u32) {
   let kb = j * ROW + (NH + kvh) * HD;
-  let vb = j * ROW + (NH + NKV + kvh) * HD;
-  for (var i = lane; i < HD; i += S) { ${elemAt("nv", "j * HD + i")} = ${rn("qkv[vb + i]")}; }${
+  let vb = j * ROW + (NH + NKV + kvh) * HD;${
+    w.q8
+      ? `
+  var mv = 0.0;
+  for (var i = lane; i < HD; i += S) { mv = max(mv, abs(qkv[vb + i])); }
+  let siv = ${w.scaleOf("subgroupMax(mv)")};`
+      : ""
+  }
+  for (var i = lane; i < HD; i += S) { ${elemAt("nv", "j * HD + i")} = ${rn("qkv[vb + i]", "siv")}; }${
     norm
       ? `
   var ss = 0.0;
@@ -212,13 +262,26 @@ fn new_scores(j: u32, pos0: u32, kvh: u32, lane: u32) {
   let ik = inverseSqrt(subgroupAdd(ss) / f32(HD) + p.eps);`
       : ""
   }
+${
+    w.q8
+      ? `
+  var mk = 0.0;
+  for (var i = lane; i < HALF; i += S) {
+    let c = cs[(pos0 + j) * HALF + i];
+    let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
+    let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
+    mk = max(mk, max(abs(k0 * c.x - k1 * c.y), abs(k1 * c.x + k0 * c.y)));
+  }
+  let sik = ${w.scaleOf("subgroupMax(mk)")};`
+      : ""
+  }
   ${hs.map((h) => `var s${h} = 0.0;`).join("\n  ")}
   for (var i = lane; i < HALF; i += S) {
     let c = cs[(pos0 + j) * HALF + i];
     let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
     let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
-    let r0 = ${rn("k0 * c.x - k1 * c.y")};
-    let r1 = ${rn("k1 * c.x + k0 * c.y")};
+    let r0 = ${rn("k0 * c.x - k1 * c.y", "sik")};
+    let r1 = ${rn("k1 * c.x + k0 * c.y", "sik")};
     ${
     hs.map((h) => `s${h} += ${qAt(`${h}u * HD + i`)} * r0 + ${qAt(`${h}u * HD + i + HALF`)} * r1;`).join(
       "\n    ",
@@ -274,7 +337,7 @@ function headerWgsl(
   d: Pick<AttentionDecodeDims, "heads" | "kvHeads" | "headDim" | "kv">,
   o: { VW: number; S: number; warps: number; SP: number; norm: boolean; copyOut?: QuantType },
 ): string {
-  const w = kvWgsl(d.kv);
+  const w = kvWgsl(d.kv, Q8_SCALES);
   const HD = d.headDim;
   const vt = `vec${o.VW}<f32>`;
   return `${w.enable}${STEP_WGSL}
@@ -337,9 +400,8 @@ export function attentionDecodeSource(
   const HD = d.headDim;
   const VW = HD % 4 === 0 ? 4 : 2; // every vector below is VW floats: key, value and output slots
   const vt = `vec${VW}<f32>`;
-  const w = kvWgsl(d.kv);
-  const rd = (e: string) => w.read(VW, e); // a cache vector, as f32
-  const rn = (e: string) => w.round(1, e); // a new key / value element, rounded as the cache stores it
+  const w = kvWgsl(d.kv, Q8_SCALES);
+  const nr = newRowsWgsl(w, VW);
   const HDV = HD / VW;
   // Rows are read coalesced: with HDV <= S ("grouped"), KG groups of HDV lanes read KG rows at a time
   // (group g = lane / HDV, slot sl = lane % HDV; lanes past KG * HDV idle), else each lane reads NSLOT
@@ -355,7 +417,8 @@ export function attentionDecodeSource(
   // products of its slots with the R keys of its group, and a butterfly of R - 1 shuffles leaves lane
   // (g, j) the score of key j * KG + g. Otherwise ("lane per key") lane l reads the whole row of key l.
   const butterfly = (t.butterfly ?? true) && (!grouped || KG * HDV === S);
-  const rowOf = (k: string) => `(kv0 + min(base + ${k}, nc - 1u)) * HDV`;
+  // A cache vector of key k's row, as f32.
+  const ld = (arr: string, k: string, sl: string) => w.load(VW, arr, `${rowIdx(k)} * HDV + ${sl}`, rowIdx(k));
   // Blocks of up to UB loads, each block's loads issued before any is used.
   const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
     const out: string[] = [];
@@ -381,7 +444,7 @@ export function attentionDecodeSource(
     score.push(...range(IT).map((it) => `var x${it} = 0.0;`));
     score.push(...blocks(pairs.length, (x) => {
       const [it, i] = pairs[x];
-      return `let k${it}_${i} = ${rd(`kc[${rowOf(keyOf(it))} + ${slot(i)}]`)};`;
+      return `let k${it}_${i} = ${ld("kc", keyOf(it), slot(i))};`;
     }, (x) => {
       const [it, i] = pairs[x];
       return [`x${it} += dot(q${i}, k${it}_${i});`];
@@ -402,9 +465,11 @@ export function attentionDecodeSource(
     const kl = grouped ? `sl * ${KG}u + g` : "lane";
     score.push(`let sc = select(-3.0e38, ${vals[0]} * p.scale, base + ${kl} < nc);`);
   } else {
-    score.push(`let kb = ${rowOf("lane")};`, `var dv = ${vt}(0.0);`);
+    score.push(`let kr = ${rowIdx("lane")};`, `var dv = ${vt}(0.0);`);
     score.push(
-      ...blocks(HDV, (e) => `let k${e} = ${rd(`kc[kb + ${e}u]`)};`, (e) => [`dv += qs[${e}u] * k${e};`]),
+      ...blocks(HDV, (e) => `let k${e} = ${w.load(VW, "kc", `kr * HDV + ${e}u`, "kr")};`, (e) => [
+        `dv += qs[${e}u] * k${e};`,
+      ]),
     );
     score.push(`let sc = select(-3.0e38, dot(dv, ${vt}(1.0)) * p.scale, base + lane < nc);`);
   }
@@ -420,7 +485,7 @@ export function attentionDecodeSource(
   const vLoad = (x: number) => {
     const [it, i] = pairs[x];
     const kk = grouped && !butterfly ? `min(${keyOf(it)}, ${S - 1}u)` : keyOf(it);
-    return `let v${it}_${i} = ${rd(`vc[${rowOf(kk)} + ${slot(i)}]`)};`;
+    return `let v${it}_${i} = ${ld("vc", kk, slot(i))};`;
   };
   const vUse = (x: number) => {
     const [it, i] = pairs[x];
@@ -462,7 +527,7 @@ var<workgroup> accs: array<${vt}, ${warps * HDV}>;${
 var<workgroup> ms: array<f32, ${warps}>;
 var<workgroup> ls: array<f32, ${warps}>;
 var<workgroup> keys: u32;
-var<workgroup> s_cur: f32;
+var<workgroup> s_cur: f32;${nr.decl ? `\n${nr.decl}` : ""}
 ${
     TT === 1 ? "" : `const TT = ${TT}u;
 const ROW = ${(d.heads + 2 * d.kvHeads) * HD}u;
@@ -511,6 +576,7 @@ fn main(
   let ik = inverseSqrt(ntot.y / f32(HD) + p.eps);`
       : ""
   }
+  ${nr.init}
   for (var i = tid; i < HALF; i += WG) {
     let c = cs[pos * HALF + i];
     let q0 = qkv[qb + i]${norm ? " * iq * wq[i]" : ""};
@@ -520,25 +586,26 @@ fn main(
     let vb = rb + (NH + NKV + kvh) * HD;
     let v0 = qkv[vb + i];
     let v1 = qkv[vb + i + HALF];
+    let r0 = k0 * c.x - k1 * c.y;
+    let r1 = k1 * c.x + k0 * c.y;
     qs[i / VW][i % VW] = q0 * c.x - q1 * c.y;
     qs[(i + HALF) / VW][(i + HALF) % VW] = q1 * c.x + q0 * c.y;
-    ks[i / VW][i % VW] = ${rn("k0 * c.x - k1 * c.y")};
-    ks[(i + HALF) / VW][(i + HALF) % VW] = ${rn("k1 * c.x + k0 * c.y")};
-    vs[i / VW][i % VW] = ${rn("v0")};
-    vs[(i + HALF) / VW][(i + HALF) % VW] = ${rn("v1")};
+    ks[i / VW][i % VW] = ${nr.keep("r0")};
+    ks[(i + HALF) / VW][(i + HALF) % VW] = ${nr.keep("r1")};
+    vs[i / VW][i % VW] = ${nr.keep("v0")};
+    vs[(i + HALF) / VW][(i + HALF) % VW] = ${nr.keep("v1")};
+    ${nr.track(["r0", "r1"], ["v0", "v1"])}
   }
+  ${nr.publish}
   let n = workgroupUniformLoad(&keys);
   if (n == 0u) { return; }
+  ${nr.scales}
   // Keys read from the cache: positions 0..pos0-1 (this step's own tokens, written by other workgroups of
   // this dispatch, are read from qkv instead).
   let nc = n - 1u - tok;
   let kv0 = kvh * p.max_seq;
   if (h % GROUP == 0u && split == 0u${op ? " && orow == 0u" : ""}) {
-    let cb = (kv0 + pos) * HDV;
-    for (var e = tid; e < HDV; e += WG) {
-      kc[cb + e] = ${w.store(VW, "ks[e]")};
-      vc[cb + e] = ${w.store(VW, "vs[e]")};
-    }
+    ${nr.write("(kv0 + pos)")}
   }${TT === 1 ? "" : OWN_SCORES_WGSL}
   ${grouped ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}
   ${qDecl.join("\n  ")}
@@ -576,7 +643,7 @@ fn main(
     TT === 1
       ? `if (warp == WARPS - 1u) {
     var t = 0.0;
-    for (var e = lane; e < HDV; e += S) { t += dot(qs[e], ks[e]); }
+    for (var e = lane; e < HDV; e += S) { t += dot(qs[e], ${nr.own("ks[e]", "k")}); }
     t = subgroupAdd(t);
     if (lane == 0u) { s_cur = t * p.scale; }
   }`
@@ -600,14 +667,14 @@ fn main(
     ${
     TT === 1
       ? `var lsum = ek;
-    var a = ek * vs[e];`
+    var a = ek * ${nr.own("vs[e]", "v")};`
       : `var lsum = 0.0;
     var a = ${vt}(0.0);
     if (own) {
       ${earlierValuesWgsl(TT, (j) => `sn[${j}]`)}
       let et = exp(sn[tok] - mx);
       lsum += et;
-      a += et * vs[e];
+      a += et * ${nr.own("vs[e]", "v")};
     }`
   }
     for (var w = 0u; w < act; w++) {
@@ -704,9 +771,8 @@ export function attentionDecodeGroupedSource(
   const G = d.heads / d.kvHeads;
   const VW = HD % 4 === 0 ? 4 : 2;
   const vt = `vec${VW}<f32>`;
-  const w = kvWgsl(d.kv);
-  const rd = (e: string) => w.read(VW, e);
-  const rn = (e: string) => w.round(1, e);
+  const w = kvWgsl(d.kv, Q8_SCALES);
+  const nr = newRowsWgsl(w, VW);
   const HDV = HD / VW;
   // Value rows as in attentionDecodeSource: KG rows of HDV lanes a load ("packed"), else NSLOT slots a lane.
   const packed = HDV <= S;
@@ -725,7 +791,7 @@ export function attentionDecodeGroupedSource(
     packed ? (butterfly ? `${it * KG}u + g` : `min(${it * KG}u + g, ${S - 1}u)`) : `${it}u`;
   // Lanes whose key falls outside the chunk (idle lanes of a packed row, the last step) weigh 0.
   const needMask = !butterfly && packed && (KG * HDV < S || IT * KG > S);
-  const rowOf = (k: string) => `(kv0 + min(base + ${k}, nc - 1u)) * HDV`;
+  const ld = (arr: string, k: string, sl: string) => w.load(VW, arr, `${rowIdx(k)} * HDV + ${sl}`, rowIdx(k));
   const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
     const out: string[] = [];
     for (let b = 0; b < n; b += UB) {
@@ -771,7 +837,7 @@ export function attentionDecodeGroupedSource(
         // Blocks of UB key loads, each issued before any of its vectors is used.
         for (const need = ++leaves * NSLOT; issued < need;) {
           for (const [it, i] of kPairs.slice(issued, issued + UB)) {
-            score.push(`let k${it}_${i} = ${rd(`kc[${rowOf(keyOf(it))} + ${slot(i)}]`)};`);
+            score.push(`let k${it}_${i} = ${ld("kc", keyOf(it), slot(i))};`);
           }
           issued = Math.min(issued + UB, kPairs.length);
         }
@@ -795,11 +861,11 @@ export function attentionDecodeGroupedSource(
     keyLane = packed ? `sl * ${KG}u + g` : "lane";
   } else {
     score.push(
-      `let kb = ${rowOf("lane")};`,
+      `let kr = ${rowIdx("lane")};`,
       ...hs.map((h) => `var s${h} = 0.0;`),
       ...blocks(
         HDV,
-        (e) => `let k${e} = ${rd(`kc[kb + ${e}u]`)};`,
+        (e) => `let k${e} = ${w.load(VW, "kc", `kr * HDV + ${e}u`, "kr")};`,
         (e) => hs.map((h) => `s${h} += dot(qs[${h * HDV + e}u], k${e});`),
       ),
     );
@@ -822,7 +888,7 @@ export function attentionDecodeGroupedSource(
   };
   const vLoad = (x: number) => {
     const [it, i] = pairs[x];
-    return `let v${it}_${i} = ${rd(`vc[${rowOf(keyOf(it))} + ${slot(i)}]`)};`;
+    return `let v${it}_${i} = ${ld("vc", keyOf(it), slot(i))};`;
   };
   const vUse = (x: number) => {
     const [it, i] = pairs[x];
@@ -871,7 +937,7 @@ var<workgroup> accs: array<${vt}, ${warps * G * HDV}>;${
   }
 var<workgroup> ms: array<f32, ${warps * G}>;
 var<workgroup> ls: array<f32, ${warps * G}>;
-var<workgroup> keys: u32;
+var<workgroup> keys: u32;${nr.decl ? `\n${nr.decl}` : ""}
 // Scores of the step's own keys (tokens 0..tok) per q head: sn[h * TT + j].
 var<workgroup> sn: array<f32, ${G * TT}>;
 ${
@@ -926,25 +992,29 @@ fn main(
     ${qAt("o")} = (q0 * c.x - q1 * c.y) * p.scale;
     ${qAt("o + HALF")} = (q1 * c.x + q0 * c.y) * p.scale;
   }${norm ? "\n  let ik = inv_rms(GROUP);" : ""}
+  ${nr.init}
   for (var i = tid; i < HALF; i += WG) {
     let c = cs[pos * HALF + i];
     let k0 = qkv[kb + i]${norm ? " * ik * wk[i]" : ""};
     let k1 = qkv[kb + i + HALF]${norm ? " * ik * wk[i + HALF]" : ""};
-    ks[i / VW][i % VW] = ${rn("k0 * c.x - k1 * c.y")};
-    ks[(i + HALF) / VW][(i + HALF) % VW] = ${rn("k1 * c.x + k0 * c.y")};
-    vs[i / VW][i % VW] = ${rn("qkv[vb + i]")};
-    vs[(i + HALF) / VW][(i + HALF) % VW] = ${rn("qkv[vb + i + HALF]")};
+    let r0 = k0 * c.x - k1 * c.y;
+    let r1 = k1 * c.x + k0 * c.y;
+    let v0 = qkv[vb + i];
+    let v1 = qkv[vb + i + HALF];
+    ks[i / VW][i % VW] = ${nr.keep("r0")};
+    ks[(i + HALF) / VW][(i + HALF) % VW] = ${nr.keep("r1")};
+    vs[i / VW][i % VW] = ${nr.keep("v0")};
+    vs[(i + HALF) / VW][(i + HALF) % VW] = ${nr.keep("v1")};
+    ${nr.track(["r0", "r1"], ["v0", "v1"])}
   }
+  ${nr.publish}
   let n = workgroupUniformLoad(&keys);
   if (n == 0u) { return; }
+  ${nr.scales}
   let nc = n - 1u - tok;
   let kv0 = kvh * p.max_seq;
   if (split == 0u) {
-    let cb = (kv0 + pos) * HDV;
-    for (var e = tid; e < HDV; e += WG) {
-      kc[cb + e] = ${w.store(VW, "ks[e]")};
-      vc[cb + e] = ${w.store(VW, "vs[e]")};
-    }
+    ${nr.write("(kv0 + pos)")}
   }${TT === 1 ? "" : OWN_SCORES_WGSL}
   ${packed ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}
   let nch_all = (nc + S - 1u) / S;
@@ -977,7 +1047,7 @@ fn main(
   if (warp == WARPS - 1u) {
     for (var hh = lane; hh < GROUP; hh += S) {
       var s = 0.0;
-      for (var e = 0u; e < HDV; e++) { s += dot(qs[hh * HDV + e], ks[e]); }
+      for (var e = 0u; e < HDV; e++) { s += dot(qs[hh * HDV + e], ${nr.own("ks[e]", "k")}); }
       sn[hh] = s;
     }
   }`
@@ -998,7 +1068,7 @@ fn main(
       ${earlierValuesWgsl(TT, (j) => `sn[hh * TT + ${j}]`)}
       let et = exp(sn[hh * TT + tok] - mx);
       lsum += et;
-      a += et * vs[e];
+      a += et * ${nr.own("vs[e]", "v")};
     }
     for (var w = 0u; w < act; w++) {
       let wt = exp(ms[w * GROUP + hh] - mx);

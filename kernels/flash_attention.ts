@@ -16,12 +16,11 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
-  type KvType,
-  kvWgsl,
   memoSource,
   pipeline,
   uniformBuffer,
 } from "./gpu.ts";
+import { type KvType, kvWgsl } from "./kv.ts";
 import type { AttentionDims } from "./attention.ts";
 import { STEP_WGSL } from "./step.ts";
 
@@ -49,7 +48,7 @@ export function flashTile(hd: number): FlashTile {
 
 /** The WGSL for one head size and tile; `sg`: row reductions by subgroup operations (32-lane subgroups). */
 export function flashSource(hd: number, t: FlashTile, sg: boolean, kv: KvType = "f32"): string {
-  const w = kvWgsl(kv);
+  const w = kvWgsl(kv, "p.n_kv * p.max_seq * H4");
   const { bq: BQ, lanes: L, kpl: KPL } = t;
   const QG = BQ / 4; // query groups (4 queries each)
   const TH = QG * L;
@@ -141,7 +140,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
       let d4 = u % H4;
       let key = kb + j;
       let v = select(vec4<f32>(0.0), ${
-    w.read(4, "kc[(cache0 + min(key, nkeys - 1u)) * H4 + d4]")
+    w.load(4, "kc", "(cache0 + min(key, nkeys - 1u)) * H4 + d4", "cache0 + min(key, nkeys - 1u)")
   }, key < nkeys);
       ${
     range4.map((c) =>
@@ -191,7 +190,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     for (var u = tid; u < ${BKV}u * H4; u += ${TH}u) {
       let key = kb + u / H4;
       kv[u] = select(vec4<f32>(0.0), ${
-    w.read(4, "vc[(cache0 + min(key, nkeys - 1u)) * H4 + u % H4]")
+    w.load(4, "vc", "(cache0 + min(key, nkeys - 1u)) * H4 + u % H4", "cache0 + min(key, nkeys - 1u)")
   }, key < nkeys);
     }
     workgroupBarrier();
@@ -311,7 +310,7 @@ export function flashBlockedSource(
   kv: KvType = "f32",
   half = false,
 ): string {
-  const w = kvWgsl(kv);
+  const w = kvWgsl(kv, "p.n_kv * p.max_seq * H4");
   // `half`: out as f16 (the o_proj GEMM's f16 input, GemmDims.xHalf), rounded once at the store.
   const enable = w.enable || (half ? "enable f16;\n" : "");
   const { bq: BQ, bkv: BKV } = t;
@@ -363,7 +362,7 @@ export function flashBlockedSource(
       return inTile(
         n,
         `{ let u = tid + ${n * TH}u; let key = ${kb} + ${j}; ${r}[${n}] = select(vec4<f32>(0.0), ${
-          w.read(4, `${kv}c[(cache0 + min(key, nkeys - 1u)) * H4 + ${d4}]`)
+          w.load(4, `${kv}c`, `(cache0 + min(key, nkeys - 1u)) * H4 + ${d4}`, "cache0 + min(key, nkeys - 1u)")
         }, key < nkeys); }`,
       );
     }).join("\n    ");

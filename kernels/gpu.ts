@@ -9,45 +9,10 @@ import type { MultiTuning } from "./gemv_multi.ts";
 import type { MoeTuning } from "./moe_ffn.ts";
 import type { MlaAttentionTuning } from "./mla_attention.ts";
 import type { Int8Tile } from "./matmul_int8.ts";
+import type { KvType } from "./kv.ts";
 
 /** What weights are stored as on the GPU. Activations are always f32. */
 export type WeightType = "f32" | "f16";
-
-/**
- * Element type of the GQA KV cache (models/blocks/gqa.ts): "f16" halves the bytes the decode attention reads
- * (values are rounded to f16 when written, widened to f32 when read; arithmetic stays f32).
- */
-export type KvType = "f32" | "f16";
-
-/** Bytes of one KV-cache element. */
-export function kvElementBytes(kv: KvType): number {
-  return kv === "f16" ? 2 : 4;
-}
-
-/**
- * WGSL for a KV cache of `kv` elements: the preamble, the storage type of a vector of n (1: scalar), an f32
- * expression of n read from it, an f32 expression of n converted for storing (f16: clamped to f16's finite
- * range, then rounded to nearest), and an f32 expression of n rounded as storing and reading it would.
- */
-export function kvWgsl(kv: KvType | undefined): {
-  enable: string;
-  vec: (n: number) => string;
-  read: (n: number, e: string) => string;
-  store: (n: number, e: string) => string;
-  round: (n: number, e: string) => string;
-} {
-  const h = kv === "f16";
-  const t = (n: number, s: string) => n === 1 ? s : `vec${n}<${s}>`;
-  const store = (n: number, e: string) =>
-    h ? `${t(n, "f16")}(clamp(${e}, ${t(n, "f32")}(-65504.0), ${t(n, "f32")}(65504.0)))` : `(${e})`;
-  return {
-    enable: h ? "enable f16;\n" : "",
-    vec: (n) => t(n, h ? "f16" : "f32"),
-    read: (n, e) => h ? `${t(n, "f32")}(${e})` : `(${e})`,
-    store,
-    round: (n, e) => h ? `${t(n, "f32")}(${store(n, e)})` : `(${e})`,
-  };
-}
 
 /**
  * Kernel choices a caller may force (benchmarks, A/B runs), read when kernel calls are built: set them on

@@ -23,13 +23,12 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
-  type KvType,
-  kvWgsl,
   pipeline,
   releaseCalls,
   uniformBuffer,
   type WeightType,
 } from "./gpu.ts";
+import { type KvType, kvWgsl } from "./kv.ts";
 import { type RopeScaling, yarnGetMscale } from "./rope.ts";
 import { STEP_WGSL } from "./step.ts";
 import { range } from "./wgsl.ts";

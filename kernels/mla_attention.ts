@@ -21,11 +21,11 @@ import {
   type Gpu,
   type KernelCall,
   kernelCall,
-  kvWgsl,
   pipeline,
   storageBuffer,
   uniformBuffer,
 } from "./gpu.ts";
+import { kvWgsl } from "./kv.ts";
 import type { MlaDims } from "./mla.ts";
 import { STEP_WGSL } from "./step.ts";
 import { range } from "./wgsl.ts";

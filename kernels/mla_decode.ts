@@ -17,15 +17,8 @@
 //   4. out_h = W_UV_h ctx: TPR lanes a row of W_UV_h [dv, R], as step 2.
 // Long caches keep the split path (a head's keys over many workgroups): one workgroup a head walks its keys
 // alone, so past mlaFusedKeys(heads) keys the split path is faster (docs/KERNELS.md).
-import {
-  type Gpu,
-  type KernelCall,
-  kernelCall,
-  kvWgsl,
-  pipeline,
-  uniformBuffer,
-  type WeightType,
-} from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, pipeline, uniformBuffer, type WeightType } from "./gpu.ts";
+import { kvWgsl } from "./kv.ts";
 import type { MlaDims, MlaRopeBuffers } from "./mla.ts";
 import { warpScoresWgsl } from "./mla_attention.ts";
 import { STEP_WGSL } from "./step.ts";

@@ -1,6 +1,7 @@
 // The WGSL kernels and the code that dispatches them. Each kernel file holds its WGSL, a builder for its
 // dispatch (a KernelCall, built once and reused every step) and a plain CPU reference for its tests.
 export * from "./gpu.ts";
+export * from "./kv.ts";
 export * from "./readback.ts";
 export * from "./step.ts";
 export * from "./embed.ts";

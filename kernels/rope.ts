@@ -2,23 +2,69 @@
 // activations, writing rotated k and plain v into the layer's KV cache at their positions.
 // cos/sin come from a table built on the CPU (ropeTable), so every scaling rule (none, llama3, yarn) lives in
 // one place in plain TypeScript and the angles match transformers' f32 computation exactly.
-import {
-  ceilDiv,
-  type Gpu,
-  type KernelCall,
-  kernelCall,
-  type KvType,
-  kvWgsl,
-  memoSource,
-  pipeline,
-  uniformBuffer,
-} from "./gpu.ts";
+import { type Gpu, type KernelCall, kernelCall, memoSource, pipeline, uniformBuffer } from "./gpu.ts";
+import { type KvType, kvWgsl } from "./kv.ts";
 import { STEP_WGSL } from "./step.ts";
 
-/** The kernel for a cache of `kv` elements (an f16 cache rounds each value as it is written). */
+/** The most head_dim a q8 cache's writer holds in workgroup memory. */
+const Q8_MAX_HEAD_DIM = 512;
+
+/**
+ * The kernel for a cache of `kv` elements: a workgroup a (token, head), a thread a rotation pair (i, i + half)
+ * and every 64th after it. An f16 cache rounds each value as it is written; a q8 cache's workgroup first finds
+ * its rows' largest magnitudes, then writes the rows' words and scales (kernels/kv.ts).
+ */
 const source = memoSource((kv: KvType) => {
-  const w = kvWgsl(kv);
+  const w = kvWgsl(kv, "p.n_kv * p.max_seq * (p.hd / 4u)");
   const st = (e: string) => w.store(1, e);
+  const kvRows = w.q8
+    ? `
+  // The rows' largest magnitudes (a tree over the workgroup), then each word of four values and the scales.
+  var mk = 0.0;
+  var mv = 0.0;
+  for (var i = lid; i < half; i += 64u) {
+    let c = cs[pos * half + i];
+    let a0 = qkv[kb + i];
+    let a1 = qkv[kb + i + half];
+    let r0 = a0 * c.x - a1 * c.y;
+    let r1 = a1 * c.x + a0 * c.y;
+    rk[i] = r0;
+    rk[i + half] = r1;
+    rv[i] = qkv[vb + i];
+    rv[i + half] = qkv[vb + i + half];
+    mk = max(mk, max(abs(r0), abs(r1)));
+    mv = max(mv, max(abs(rv[i]), abs(rv[i + half])));
+  }
+  red[lid] = vec2<f32>(mk, mv);
+  workgroupBarrier();
+  for (var s = 32u; s > 0u; s >>= 1u) {
+    if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
+    workgroupBarrier();
+  }
+  let sk = ${w.scaleOf("red[0].x")};
+  let sv = ${w.scaleOf("red[0].y")};
+  let r = kvh * p.max_seq + pos;
+  for (var e = lid; e < p.hd / 4u; e += 64u) {
+    let k = vec4<f32>(rk[4u * e], rk[4u * e + 1u], rk[4u * e + 2u], rk[4u * e + 3u]);
+    let v = vec4<f32>(rv[4u * e], rv[4u * e + 1u], rv[4u * e + 2u], rv[4u * e + 3u]);
+    kc[r * (p.hd / 4u) + e] = ${w.store(4, "k", "sk")};
+    vc[r * (p.hd / 4u) + e] = ${w.store(4, "v", "sv")};
+  }
+  if (lid == 0u) {
+    ${w.storeScale("kc", "r", "sk")}
+    ${w.storeScale("vc", "r", "sv")}
+  }`
+    : `
+  let cb = (kvh * p.max_seq + pos) * p.hd;
+  for (var i = lid; i < half; i += 64u) {
+    let c = cs[pos * half + i];
+    let a0 = qkv[kb + i];
+    let a1 = qkv[kb + i + half];
+    kc[cb + i] = ${st("a0 * c.x - a1 * c.y")};
+    kc[cb + i + half] = ${st("a1 * c.x + a0 * c.y")};
+    vc[cb + i] = ${st("qkv[vb + i]")};
+    vc[cb + i + half] = ${st("qkv[vb + i + half]")};
+  }`;
   return `${w.enable}${STEP_WGSL}
 struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -26,35 +72,39 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32 }
 @group(0) @binding(2) var<storage, read> cs: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> qkv: array<f32>;
 @group(0) @binding(4) var<storage, read_write> kc: array<${w.vec(1)}>;
-@group(0) @binding(5) var<storage, read_write> vc: array<${w.vec(1)}>;
+@group(0) @binding(5) var<storage, read_write> vc: array<${w.vec(1)}>;${
+    w.q8
+      ? `
+var<workgroup> rk: array<f32, ${Q8_MAX_HEAD_DIM}>;
+var<workgroup> rv: array<f32, ${Q8_MAX_HEAD_DIM}>;
+var<workgroup> red: array<vec2<f32>, 64>;`
+      : ""
+  }
+var<workgroup> live: u32;
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  let i = g.x;
-  let head = g.y;
-  let t = g.z;
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let head = wg.y;
+  let t = wg.z;
   let half = p.hd / 2u;
-  if (i >= half || t >= step.T) { return; }
+  // The step lives in a storage buffer: whether this token is in it is made workgroup-uniform (barriers follow).
+  if (lid == 0u) { live = select(0u, 1u, t < step.T); }
+  if (workgroupUniformLoad(&live) == 0u) { return; }
   let pos = step.pos0 + t;
-  let c = cs[pos * half + i];
   let row = t * (p.n_heads + 2u * p.n_kv) * p.hd;
   if (head < p.n_heads) {
     let b = row + head * p.hd;
-    let a0 = qkv[b + i];
-    let a1 = qkv[b + i + half];
-    qkv[b + i] = a0 * c.x - a1 * c.y;
-    qkv[b + i + half] = a1 * c.x + a0 * c.y;
+    for (var i = lid; i < half; i += 64u) {
+      let c = cs[pos * half + i];
+      let a0 = qkv[b + i];
+      let a1 = qkv[b + i + half];
+      qkv[b + i] = a0 * c.x - a1 * c.y;
+      qkv[b + i + half] = a1 * c.x + a0 * c.y;
+    }
     return;
   }
   let kvh = head - p.n_heads;
   let kb = row + (p.n_heads + kvh) * p.hd;
-  let vb = row + (p.n_heads + p.n_kv + kvh) * p.hd;
-  let a0 = qkv[kb + i];
-  let a1 = qkv[kb + i + half];
-  let cb = (kvh * p.max_seq + pos) * p.hd;
-  kc[cb + i] = ${st("a0 * c.x - a1 * c.y")};
-  kc[cb + i + half] = ${st("a1 * c.x + a0 * c.y")};
-  vc[cb + i] = ${st("qkv[vb + i]")};
-  vc[cb + i + half] = ${st("qkv[vb + i + half]")};
+  let vb = row + (p.n_heads + p.n_kv + kvh) * p.hd;${kvRows}
 }`;
 });
 
@@ -224,19 +274,24 @@ export function ropeKvCall(
   d: RopeDims,
 ): KernelCall {
   if (d.headDim % 2 !== 0) throw new RangeError(`head_dim must be even for RoPE, got ${d.headDim}`);
+  if (d.kv === "q8" && (d.headDim % 4 !== 0 || d.headDim > Q8_MAX_HEAD_DIM)) {
+    throw new RangeError(`a q8 KV cache needs head_dim % 4 == 0 and <= ${Q8_MAX_HEAD_DIM}, got ${d.headDim}`);
+  }
   const params = uniformBuffer(gpu, [d.heads, d.kvHeads, d.headDim, d.maxSeq]);
-  return kernelCall(gpu, pipeline(gpu, source(d.kv ?? "f32")), [
-    params,
-    bufs.step,
-    bufs.table,
-    bufs.qkv,
-    bufs.kcache,
-    bufs.vcache,
-  ], [
-    ceilDiv(d.headDim / 2, 64),
-    d.heads + d.kvHeads,
-    d.T,
-  ], "rope_kv");
+  return kernelCall(
+    gpu,
+    pipeline(gpu, source(d.kv ?? "f32")),
+    [
+      params,
+      bufs.step,
+      bufs.table,
+      bufs.qkv,
+      bufs.kcache,
+      bufs.vcache,
+    ],
+    [1, d.heads + d.kvHeads, d.T],
+    "rope_kv",
+  );
 }
 
 /** Rotates one head vector in place (reference). */

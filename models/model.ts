@@ -31,6 +31,7 @@ import {
   type InputCopy,
   isQuant,
   type KernelCall,
+  KV_TYPES,
   type KvType,
   mlaLengthBucket,
   outOfMemoryErrors,
@@ -144,18 +145,24 @@ export function defaultWeights(gpu: Gpu): WeightType {
 
 /**
  * The KV cache's element type (GQA's K and V, MLA's latent rows) for weights `wt`, chosen once per Model.load:
- * `gpu.tuning.kv`, else env SWACTOR_KV (f16 | f32), else f16 where the adapter has shader-f16 and the weights
- * are not f32 (f16, q8, q4: half the bytes the decode attention reads), else f32 (f32 weights stay exact to the
- * fixtures).
+ * `gpu.tuning.kv`, else env SWACTOR_KV (f16 | f32 | q8), else f16 where the adapter has shader-f16 and the
+ * weights are not f32 (f16, q8, q4: half the bytes the decode attention reads), else f32 (f32 weights stay exact
+ * to the fixtures). q8 (int8 rows with a scale each, kernels/kv.ts) is opt-in: GQA layers whose head_dim is a
+ * multiple of 4 take it, the others keep f16.
  */
 export function kvCacheType(gpu: Gpu, wt: WeightsOption): KvType {
   const env = Deno.env.get("SWACTOR_KV") || undefined;
-  if (env !== undefined && env !== "f16" && env !== "f32") {
-    throw new EnvError(`SWACTOR_KV must be f16 or f32, got "${env}"`);
+  if (env !== undefined && !(KV_TYPES as readonly string[]).includes(env)) {
+    throw new EnvError(`SWACTOR_KV must be one of ${KV_TYPES.join(", ")}, got "${env}"`);
   }
-  const kv = gpu.tuning.kv ?? env ?? (gpu.hasF16 && wt !== "f32" ? "f16" : "f32");
-  if (kv === "f16" && !gpu.hasF16) {
-    throw new RequestError(`an f16 KV cache needs shader-f16, which ${gpu.adapterName} lacks`);
+  const kv = gpu.tuning.kv ?? (env as KvType | undefined) ?? (gpu.hasF16 && wt !== "f32" ? "f16" : "f32");
+  if (kv !== "f32" && !gpu.hasF16) {
+    throw new RequestError(`an ${kv} KV cache needs shader-f16, which ${gpu.adapterName} lacks`);
+  }
+  if (kv === "q8" && !gpu.hasDp4) {
+    throw new RequestError(
+      `a q8 KV cache needs WGSL's packed_4x8_integer_dot_product (pack4xI8), which ${gpu.adapterName} lacks`,
+    );
   }
   return kv;
 }

@@ -1,11 +1,11 @@
 // Checks a model folder that holds reference outputs (reference.json + reference.safetensors, as made
 // by ../shared/fixtures/make_fixtures.py) through the CLI: greedy continuation and teacher-forced logits.
 //   deno run -A scripts/check_fixture.ts DIR... [--weights f32|f16|q8|q4] [--tolerance T]
-//     [--local N [--experts local|spread]] [--kv f16|f32]
+//     [--local N [--experts local|spread]] [--kv f16|f32|q8]
 // Prints one line per folder and exits 1 if any fails. The tests use checkFixture for the fixtures.
 // With q8 / q4 the greedy tokens are reported but do not fail the check (quantisation may move a near
 // tie: a flip's line gives the reference's margin there against the run's error on that row); the logits
-// must be within the tolerance (defaults: FIXTURE_TOLERANCE). --kv f16|f32 sets the KV cache's type
+// must be within the tolerance (defaults: FIXTURE_TOLERANCE). --kv f16|f32|q8 sets the KV cache's type
 // (SWACTOR_KV). With f16 weights an MoE model's logits are not continuous in its activations: the f16 KV
 // cache's rounding can move a router score past a near tie, so another expert runs at that row
 // (docs/CHECKPOINTS.md, "The held-out sweep"). Such a miss, tokens kept, is checked again with an f32 KV
@@ -15,6 +15,7 @@ import { parseArgs } from "node:util";
 import { scriptArgs } from "./args.ts";
 import { readSafetensorsHeader, readTensorBytes } from "../models/safetensors.ts";
 import { readModelConfig } from "../models/family.ts";
+import { KV_TYPES, type KvType } from "../kernels/kv.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
@@ -100,7 +101,7 @@ export interface FixtureCheck {
  */
 export async function checkFixture(
   dir: string,
-  opts: { weights?: FixtureWeights; local?: number; experts?: "local" | "spread"; kv?: "f16" | "f32" } = {},
+  opts: { weights?: FixtureWeights; local?: number; experts?: "local" | "spread"; kv?: KvType } = {},
 ): Promise<FixtureCheck> {
   const weights = opts.weights ?? "f32";
   const env = opts.kv ? { SWACTOR_KV: opts.kv } : undefined;
@@ -234,8 +235,10 @@ if (import.meta.main) {
   const weights = values.weights as FixtureWeights;
   if (!(weights in FIXTURE_TOLERANCE)) throw new TypeError(`--weights must be f32, f16, q8 or q4`);
   const tolerance = Number(values.tolerance ?? FIXTURE_TOLERANCE[weights]);
-  const kv = values.kv as "f16" | "f32" | undefined;
-  if (kv !== undefined && kv !== "f16" && kv !== "f32") throw new TypeError(`--kv must be f16 or f32`);
+  const kv = values.kv as KvType | undefined;
+  if (kv !== undefined && !KV_TYPES.includes(kv)) {
+    throw new TypeError(`--kv must be one of ${KV_TYPES.join(", ")}`);
+  }
   let failed = 0;
   for (const dir of positionals) {
     try {

@@ -26,7 +26,9 @@ import {
   headNormCall,
   int8CopyFor,
   type KernelCall,
-  kvElementBytes,
+  kvRowBytes,
+  type KvType,
+  kvTypeOf,
   moeInputCopy,
   normCopyFor,
   prefillLinearCalls,
@@ -91,12 +93,17 @@ export async function loadGqa(
   return w;
 }
 
+/** The element type of the layer's K and V caches (the model's; q8 needs head_dim % 4 == 0: kvTypeOf). */
+function gqaKv(ctx: BlockContext, a: GqaAttention): KvType {
+  return kvTypeOf(ctx.kv, { gqa: true, width: a.headDim });
+}
+
 export function gqaCache(
   ctx: BlockContext,
   a: GqaAttention,
   maxSeq: number,
 ): { buffers: GPUBuffer[]; bytes: number } {
-  const bytes = a.kvHeads * maxSeq * a.headDim * kvElementBytes(ctx.kv);
+  const bytes = a.kvHeads * maxSeq * kvRowBytes(gqaKv(ctx, a), a.headDim);
   return {
     buffers: [storageBuffer(ctx.gpu, bytes, "k"), storageBuffer(ctx.gpu, bytes, "v")],
     bytes: 2 * bytes,
@@ -145,7 +152,7 @@ export function gqaProgram(
     maxSeq: bufs.maxSeq,
     keys: d.keys,
     T,
-    kv: ctx.kv,
+    kv: gqaKv(ctx, a),
   };
   const calls: KernelCall[] = d.fused
     ? gemvFusedCalls(

@@ -13,7 +13,9 @@
 import {
   type Gpu,
   type KernelCall,
-  kvElementBytes,
+  kvRowBytes,
+  type KvType,
+  kvTypeOf,
   MLA_SHORT_KEYS,
   mlaAttentionCalls,
   mlaAttentionPartBytes,
@@ -121,13 +123,19 @@ export async function loadMla(
   };
 }
 
-/** The latent cache [maxSeq, R + dr] of the model's KV type (ctx.kv: f16 or f32). */
+/** The latent cache's element type: the model's, f16 for a q8 model (kvTypeOf: no q8 MLA kernels). */
+function mlaKv(ctx: BlockContext, a: MlaAttention): KvType {
+  return kvTypeOf(ctx.kv, { gqa: false, width: a.kvLoraRank + a.qkRopeHeadDim });
+}
+
+/** The latent cache [maxSeq, R + dr] of the layer's KV type (mlaKv). */
 export function mlaCache(
   ctx: BlockContext,
   a: MlaAttention,
   maxSeq: number,
 ): { buffers: GPUBuffer[]; bytes: number } {
-  const bytes = maxSeq * (a.kvLoraRank + a.qkRopeHeadDim) * kvElementBytes(ctx.kv);
+  const width = a.kvLoraRank + a.qkRopeHeadDim;
+  const bytes = maxSeq * kvRowBytes(mlaKv(ctx, a), width);
   return { buffers: [storageBuffer(ctx.gpu, bytes, "mla cache")], bytes };
 }
 
@@ -156,7 +164,7 @@ export function mlaProgram(
     vHeadDim: a.vHeadDim,
     maxSeq: bufs.maxSeq,
     T,
-    kv: ctx.kv,
+    kv: mlaKv(ctx, a),
     keys: d.keys,
   };
   const qDim = a.heads * (a.qkNopeHeadDim + a.qkRopeHeadDim);
@@ -266,7 +274,7 @@ export function mlaPartBytes(
           vHeadDim: a.vHeadDim,
           maxSeq: d.maxSeq,
           T,
-          kv: ctx.kv,
+          kv: mlaKv(ctx, a),
           keys,
           tuning,
         }),

@@ -3,8 +3,9 @@
 import {
   type GemvFusedDims,
   type KernelCall,
-  kvElementBytes,
+  kvRowBytes,
   type KvType,
+  kvTypeOf,
   type MoeScratch,
 } from "../../kernels/mod.ts";
 import type { AttentionSpec, FfnSpec } from "../config.ts";
@@ -70,11 +71,13 @@ export function attentionCache(
   return a.kind === "gqa" ? gqaCache(ctx, a, maxSeq) : mlaCache(ctx, a, maxSeq);
 }
 
-/** KV-cache bytes per token per layer: GQA's K and V, or MLA's latent row, of `kv` elements. */
+/** KV-cache bytes per token per layer: GQA's K and V rows, or MLA's latent row, of the model's `kv`. */
 export function kvBytesPerToken(a: AttentionSpec, kv: KvType): number {
-  return a.kind === "gqa"
-    ? 2 * a.kvHeads * a.headDim * kvElementBytes(kv)
-    : (a.kvLoraRank + a.qkRopeHeadDim) * kvElementBytes(kv);
+  if (a.kind === "gqa") {
+    return 2 * a.kvHeads * kvRowBytes(kvTypeOf(kv, { gqa: true, width: a.headDim }), a.headDim);
+  }
+  const width = a.kvLoraRank + a.qkRopeHeadDim;
+  return kvRowBytes(kvTypeOf(kv, { gqa: false, width }), width);
 }
 
 /** The width RoPE rotates (its table's head dimension). */

@@ -3,7 +3,7 @@
 // context and tuning (flash-decoding splits, fewest chunks a split takes, subgroups per workgroup), and
 // the KV bytes read per us; the per-head kernel against the grouped one (one workgroup per kv head, rows
 // read once for the group: grouped-one, grouped, g-b / g-w / g-s / g-u variants). One JSON line per context
-// and cache type (--cache: the KV cache's element type, f32 and f16 by default; f16 where the adapter has
+// and cache type (--cache: the KV cache's element type, f32 and f16 by default, or q8; f16 where the adapter has
 // shader-f16). --ab: only the per-head defaults against the grouped variants (no per-head split sweep).
 // --variants '{"name": {tuning}, ...}': only "default" and these (AttentionDecodeTuning fields), for A/B runs.
 //   deno run -A scripts/bench/attention_decode.ts [--context 128,2048,8192] [--heads 32] [--kv 8] [--hd 64]
@@ -16,7 +16,8 @@ import {
   createStepBuffer,
   getGpu,
   type KernelCall,
-  kvElementBytes,
+  KV_TYPES,
+  kvRowBytes,
   type KvType,
   ropeInvFreq,
   ropeTable,
@@ -86,7 +87,9 @@ if (values.variants) {
   variants.splice(0, variants.length, ["default", { grouped: false }], ...Object.entries(given));
 }
 const cacheTypes = values.cache!.split(",").map((c) => {
-  if (c !== "f32" && c !== "f16") throw new TypeError(`--cache takes f32 and / or f16, got "${c}"`);
+  if (!(KV_TYPES as readonly string[]).includes(c)) {
+    throw new TypeError(`--cache takes ${KV_TYPES.join(", ")}, got "${c}"`);
+  }
   return c as KvType;
 }).filter((c) => c === "f32" || gpu.hasF16);
 for (const ctx of values.context!.split(",").map(Number)) {
@@ -100,7 +103,7 @@ for (const ctx of values.context!.split(",").map(Number)) {
       new Float32Array((heads + 2 * kvHeads) * headDim).map((_, i) => Math.sin(i)),
     );
     const out = storageBuffer(gpu, heads * headDim * 4);
-    const bytes = kvHeads * maxSeq * headDim * kvElementBytes(cache);
+    const bytes = kvHeads * maxSeq * kvRowBytes(cache, headDim);
     const caches = Array.from(
       { length: LAYERS },
       () => [storageBuffer(gpu, bytes), storageBuffer(gpu, bytes)],
@@ -130,7 +133,7 @@ for (const ctx of values.context!.split(",").map(Number)) {
       }
     }
     const best = Object.entries(us).reduce((a, b) => (b[1] < a[1] ? b : a));
-    const kvRead = 2 * kvHeads * (ctx + 1) * headDim * kvElementBytes(cache);
+    const kvRead = 2 * kvHeads * (ctx + 1) * kvRowBytes(cache, headDim);
     console.log(JSON.stringify({
       bench: "attention-decode",
       adapter: gpu.adapterName,

@@ -9,7 +9,7 @@
 //     [--multi-pipeline on|off] [--multi-direct on|off] [--multi-unroll N] [--multi-rows N]
 //     [--tunings '[{"multiUnroll":1}, ...]'] (each a gpu.tuning override: the k-steps, contexts and decode rerun)
 //     [--rounds R] (the baseline and the --tunings settings timed in turn R times, each line tagged `round`)
-//     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32]
+//     [--defer-norm on|off] [--direct on|off] [--direct-pairs on|off] [--argmax-chunk N] [--kv f16,f32,q8]
 //     [--attn-grouped on|off] [--marginal]
 // --gemv .. --argmax-chunk, --attn-grouped (gpu.tuning.attentionGrouped: the decode attention's one
 // workgroup per kv head) force kernel choices (gpu.tuning, kernels/gpu.ts) for A/B runs; --ab repeats --k
@@ -47,6 +47,7 @@ import {
   getGpu,
   type KernelCall,
   type KernelTuning,
+  KV_TYPES,
   type KvType,
   releaseCalls,
   writeStep,
@@ -140,12 +141,14 @@ let baseline: { weights: string; logits: Float32Array } | undefined;
 const kvTypes: (KvType | undefined)[] = values.kv === undefined
   ? [undefined]
   : values.kv.split(",").map((k) => {
-    if (k !== "f16" && k !== "f32") throw new TypeError(`--kv takes f16 and / or f32, got "${k}"`);
-    return k;
+    if (!(KV_TYPES as readonly string[]).includes(k)) {
+      throw new TypeError(`--kv takes ${KV_TYPES.join(", ")}, got "${k}"`);
+    }
+    return k as KvType;
   });
 for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4")[]) {
   for (const kv of kvTypes) {
-    if ((weights === "f16" || kv === "f16") && !gpu.hasF16) {
+    if ((weights === "f16" || (kv !== undefined && kv !== "f32")) && !gpu.hasF16) {
       continue;
     }
     // The cache type is chosen at load (Model.kvType): one load per KV type.

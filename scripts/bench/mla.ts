@@ -14,14 +14,13 @@ import {
   createStepBuffer,
   getGpu,
   type KernelCall,
-  kvElementBytes,
+  kvRowBytes,
   type KvType,
   mlaAbsorbCall,
   mlaAttentionCalls,
   mlaAttentionDefaultTuning,
   type MlaAttentionTuning,
   type MlaDims,
-  mlaKvBytesPerToken,
   mlaRopeCacheCall,
   mlaValueCall,
   releaseCalls,
@@ -86,7 +85,7 @@ for (const heads of HEADS) {
       q: fill(heads * (DN + DR)),
       kv: fill(R + DR),
       kvNorm: fill(R),
-      cache: fill(d.maxSeq * (R + DR), kvElementBytes(kv)),
+      cache: fill(d.maxSeq, kvRowBytes(kv, R + DR)),
       wUK: fill(heads * R * DN, 2),
       wUV: fill(heads * DV * R, 2),
       qLatent: storageBuffer(gpu, heads * R * 4),
@@ -122,7 +121,7 @@ for (const heads of HEADS) {
         const us = (x: number) => Math.round(x * 1e4) / 10;
         const total = ms.reduce((a, x) => a + x, 0);
         // Bytes a step must read: the latent cache rows, the absorbed weights (f16), the queries.
-        const bytes = keys * mlaKvBytesPerToken(d, kvElementBytes(kv)).latent + heads * R * (DN + DV) * 2;
+        const bytes = keys * kvRowBytes(kv, R + DR) + heads * R * (DN + DV) * 2;
         console.log(JSON.stringify({
           heads,
           keys,

@@ -21,6 +21,8 @@ import {
   type Gpu,
   headNormRef,
   type KernelCall,
+  kvQ8Decode,
+  kvQ8Encode,
   type KvType,
   ropeInvFreq,
   ropeRef,
@@ -28,7 +30,7 @@ import {
   writeStep,
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 } from "../../models/dtype.ts";
-import { assertClose, assertSameInt8Copy, gpuOrSkip, randoms, upload } from "./harness.ts";
+import { assertClose, assertQ8Rows, assertSameInt8Copy, gpuOrSkip, randoms, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 if (gpu && !gpu.subgroupSize) {
@@ -56,27 +58,31 @@ interface Case {
   maxSeq?: number;
 }
 
-/** Rounds to f16 and back (round to nearest even), for an f16 cache; identity for f32. */
-function asKv(kv: KvType | undefined, a: Float32Array): Float32Array {
-  return kv === "f16" ? f16ToF32(f32ToF16(a)) : a;
+/**
+ * The values a `kv` cache holds for `a` (rows of `hd`): rounded to f16 and back (round to nearest even), or
+ * quantised to int8 a row (q8); identity for f32.
+ */
+function asKv(kv: KvType | undefined, a: Float32Array, hd: number): Float32Array {
+  return kv === "f16" ? f16ToF32(f32ToF16(a)) : kv === "q8" ? kvQ8Decode(kvQ8Encode(a, hd), hd) : a;
 }
 
-/** A cache buffer holding `a` as `kv` elements. */
-function uploadKv(g: Gpu, kv: KvType | undefined, a: Float32Array): GPUBuffer {
-  return upload(g, kv === "f16" ? f32ToF16(a) : a);
+/** A cache buffer holding `a` (rows of `hd`) as `kv` elements. */
+function uploadKv(g: Gpu, kv: KvType | undefined, a: Float32Array, hd: number): GPUBuffer {
+  return upload(g, kv === "f16" ? f32ToF16(a) : kv === "q8" ? kvQ8Encode(a, hd) : a);
 }
 
 /**
  * Runs the call and reads the buffers back in one submit (one wait: each costs ~11 ms on lavapipe); a read
- * marked "f16" holds n f16 values (an f16 cache), widened here.
+ * marked "f16" holds n f16 values (an f16 cache), widened here; one marked "q8" n int8 values in rows of `hd`
+ * and their scales (kernels/kv.ts), decoded here.
  */
 async function runAndRead(
   g: Gpu,
   calls: KernelCall[],
-  reads: [GPUBuffer, number, KvType?][],
+  reads: [GPUBuffer, number, KvType?, number?][],
 ): Promise<Float32Array[]> {
-  const size = (n: number, t?: KvType) => t === "f16" ? n * 2 : n * 4;
-  const bytes = reads.reduce((a, [, n, t]) => a + size(n, t), 0);
+  const size = (n: number, t?: KvType, hd = 1) => t === "f16" ? n * 2 : t === "q8" ? n + (n / hd) * 4 : n * 4;
+  const bytes = reads.reduce((a, [, n, t, hd]) => a + size(n, t, hd), 0);
   const staging = g.device.createBuffer({
     size: bytes,
     usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
@@ -86,9 +92,9 @@ async function runAndRead(
   encodeCalls(pass, calls);
   pass.end();
   let at = 0;
-  for (const [buf, n, t] of reads) {
-    enc.copyBufferToBuffer(buf, 0, staging, at, size(n, t));
-    at += size(n, t);
+  for (const [buf, n, t, hd] of reads) {
+    enc.copyBufferToBuffer(buf, 0, staging, at, size(n, t, hd));
+    at += size(n, t, hd);
   }
   g.device.queue.submit([enc.finish()]);
   await staging.mapAsync(GPUMapMode.READ);
@@ -96,9 +102,13 @@ async function runAndRead(
   staging.unmap();
   staging.destroy();
   at = 0;
-  return reads.map(([, n, t]) => {
-    const b = all.slice(at, at += size(n, t));
-    return t === "f16" ? f16ToF32(new Uint16Array(b)) : new Float32Array(b);
+  return reads.map(([, n, t, hd]) => {
+    const b = all.slice(at, at += size(n, t, hd));
+    return t === "f16"
+      ? f16ToF32(new Uint16Array(b))
+      : t === "q8"
+      ? kvQ8Decode(new Uint32Array(b), hd!)
+      : new Float32Array(b);
   });
 }
 
@@ -120,9 +130,11 @@ async function runCase(c: Case) {
   // Larger q spreads the scores, so the running max changes from chunk to chunk.
   const qkv0 = randoms(row, seed, 2);
   const cacheLen = kv * M * hd;
-  const kc0 = asKv(c.kvType, randoms(cacheLen, seed + 1)), vc0 = asKv(c.kvType, randoms(cacheLen, seed + 2));
+  const kc0 = asKv(c.kvType, randoms(cacheLen, seed + 1), hd);
+  const vc0 = asKv(c.kvType, randoms(cacheLen, seed + 2), hd);
   const poison = new Float32Array(heads * hd).fill(-12345);
-  const kcache = uploadKv(g, c.kvType, kc0), vcache = uploadKv(g, c.kvType, vc0), out = upload(g, poison);
+  const kcache = uploadKv(g, c.kvType, kc0, hd), vcache = uploadKv(g, c.kvType, vc0, hd);
+  const out = upload(g, poison);
   const step = createStepBuffer(g);
   writeStep(g, step, { pos0: pos, T: c.T, tokOut: 0 });
   const wq = randoms(hd, seed + 3, 1), wk = randoms(hd, seed + 4, 1);
@@ -142,10 +154,16 @@ async function runCase(c: Case) {
     kv: c.kvType,
     ...(c.norm ? { normEps: 1e-6 } : {}),
   }, c.tuning);
-  const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, heads * hd], [kcache, cacheLen, c.kvType], [
+  const [gotOut, gotK, gotV] = await runAndRead(g, calls, [[out, heads * hd], [
+    kcache,
+    cacheLen,
+    c.kvType,
+    hd,
+  ], [
     vcache,
     cacheLen,
     c.kvType,
+    hd,
   ]]);
   const got = { out: gotOut, kc: gotK, vc: gotV };
   for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
@@ -154,14 +172,21 @@ async function runCase(c: Case) {
   const q = qkv.slice(0, heads * hd);
   for (let h = 0; h < heads; h++) ropeRef(q.subarray(h * hd, (h + 1) * hd), table, pos);
   const kc = kc0.slice(), vc = vc0.slice();
+  const kRaw = kc0.slice(), vRaw = vc0.slice(); // the new rows unrounded (q8's quantisation step is per row)
   for (let h = 0; h < kv; h++) {
     const k = qkv.slice((heads + h) * hd, (heads + h + 1) * hd);
+    const v = qkv.slice((heads + kv + h) * hd, (heads + kv + h + 1) * hd);
     ropeRef(k, table, pos);
-    kc.set(asKv(c.kvType, k), (h * M + pos) * hd);
-    vc.set(asKv(c.kvType, qkv.slice((heads + kv + h) * hd, (heads + kv + h + 1) * hd)), (h * M + pos) * hd);
+    kc.set(asKv(c.kvType, k, hd), (h * M + pos) * hd);
+    vc.set(asKv(c.kvType, v, hd), (h * M + pos) * hd);
+    kRaw.set(k, (h * M + pos) * hd);
+    vRaw.set(v, (h * M + pos) * hd);
   }
-  const want = attentionRef(q, kc, vc, { heads, kvHeads: kv, headDim: hd, maxSeq: M, T: 1, pos0: pos });
-  return { got, want: { out: want, kc, vc }, kc0, vc0, poison };
+  // A q8 row may round a value one step away from the CPU's (the GPU's 1 / s may differ in the last bit): the
+  // attention is checked against the cache the kernel wrote, the cache against the CPU's within a step.
+  const [rk, rv] = c.kvType === "q8" ? [got.kc, got.vc] : [kc, vc];
+  const want = attentionRef(q, rk, rv, { heads, kvHeads: kv, headDim: hd, maxSeq: M, T: 1, pos0: pos });
+  return { got, want: { out: want, kc, vc }, kc0, vc0, poison, kRaw, vRaw };
 }
 
 Deno.test(
@@ -333,6 +358,53 @@ Deno.test(
 );
 
 Deno.test(
+  {
+    name: "q8 KV cache: decode attention (per head and grouped, split, q/k norm, > 1024 positions) matches",
+    ignore: ignore || !gpu?.hasDp4,
+  },
+  async () => {
+    // The cache the kernel wrote against the CPU's quantisation (a step either way), the output against
+    // attention over that cache; positions before pos left as they were (their words and scales).
+    const cases: Case[] = [];
+    for (const [heads, kv, hd] of [[32, 8, 64], [3, 1, 40], [4, 4, 128], [6, 2, 12]]) {
+      for (const grouped of [false, true]) {
+        for (const tuning of [{ splits: 1 }, { splits: 3, minChunks: 1 }]) {
+          for (const pos of [0, 65, 300]) {
+            cases.push({ heads, kv, hd, pos, T: 1, tuning: { ...tuning, grouped } });
+          }
+        }
+        cases.push({
+          heads,
+          kv,
+          hd,
+          pos: 65,
+          T: 1,
+          norm: true,
+          tuning: { splits: 2, minChunks: 1, grouped },
+        });
+      }
+    }
+    for (const [heads, kv, hd] of [[32, 8, 64], [4, 2, 128]]) {
+      cases.push({ heads, kv, hd, pos: 1400, T: 1, maxSeq: 1536 });
+    }
+    for (const c of cases) {
+      const what = `q8 h${c.heads} kv${c.kv} hd${c.hd} @${c.pos} ${JSON.stringify(c.tuning ?? {})} norm ${!!c
+        .norm}`;
+      const { got, want, kc0, vc0, kRaw, vRaw } = await runCase({ ...c, kvType: "q8" });
+      assertClose(got.out, want.out, 1e-4, 1e-3, `out ${what}`);
+      assertQ8Rows(got.kc, want.kc, kRaw, c.hd, `k cache ${what}`);
+      assertQ8Rows(got.vc, want.vc, vRaw, c.hd, `v cache ${what}`);
+      const M = c.maxSeq ?? MAX_SEQ;
+      for (let h = 0; h < c.kv; h++) {
+        const at = (h * M + c.pos) * c.hd;
+        assertClose(got.kc.slice(h * M * c.hd, at), kc0.slice(h * M * c.hd, at), 0, 0, `k before ${what}`);
+        assertClose(got.vc.slice(h * M * c.hd, at), vc0.slice(h * M * c.hd, at), 0, 0, `v before ${what}`);
+      }
+    }
+  },
+);
+
+Deno.test(
   { name: "grouped decode attention (one workgroup per kv head) matches the references", ignore },
   async () => {
     // Groups 1, 2, 3, 4, 8 and 16; head_dim 64, 128, 256, 40, 16, 32 (rows of 4 and 8 lanes: the coalesced
@@ -448,9 +520,12 @@ Deno.test(
         [2, 1, 6, "f16"],
         [4, 1, 128, "f32"],
         [6, 2, 12, "f32"],
+        [4, 2, 64, "q8"],
+        [6, 2, 12, "q8"],
       ] as [number, number, number, KvType][]
     ) {
       if (kvType === "f16" && !g.hasF16) continue;
+      if (kvType === "q8" && !g.hasDp4) continue;
       const invHd = hd === 64 ? inv : ropeInvFreq(hd, 10000, null);
       const table = ropeTable(invHd, MAX_SEQ);
       const row = (heads + 2 * kv) * hd;
@@ -467,7 +542,7 @@ Deno.test(
         // keep lavapipe's cold shader compiles few).
         const modes = hd === 128 || hd === 12
           ? [true]
-          : kvType === "f16" || hd === 6
+          : kvType !== "f32" || hd === 6
           ? [false, true]
           : [false];
         for (const grouped of modes) {
@@ -481,10 +556,11 @@ Deno.test(
           const wq = randoms(hd, seed + 3, 1), wk = randoms(hd, seed + 4, 1);
           const qkv0 = norm ? headNormRef(raw, wq, wk, { heads, kvHeads: kv, headDim: hd, eps: 1e-6 }) : raw;
           const cacheLen = kv * MAX_SEQ * hd;
-          const kc0 = asKv(kvType, randoms(cacheLen, seed + 1)),
-            vc0 = asKv(kvType, randoms(cacheLen, seed + 2));
+          const kc0 = asKv(kvType, randoms(cacheLen, seed + 1), hd),
+            vc0 = asKv(kvType, randoms(cacheLen, seed + 2), hd);
           const poison = new Float32Array(T * heads * hd).fill(-12345);
-          const kcache = uploadKv(g, kvType, kc0), vcache = uploadKv(g, kvType, vc0), out = upload(g, poison);
+          const kcache = uploadKv(g, kvType, kc0, hd), vcache = uploadKv(g, kvType, vc0, hd);
+          const out = upload(g, poison);
           const step = createStepBuffer(g);
           writeStep(g, step, { pos0, T: steps, tokOut: 0 });
           const calls = attentionDecodeCalls(
@@ -513,13 +589,16 @@ Deno.test(
             kcache,
             cacheLen,
             kvType,
+            hd,
           ], [
             vcache,
             cacheLen,
             kvType,
+            hd,
           ]]);
           const q = new Float32Array(steps * heads * hd);
           const kc = kc0.slice(), vc = vc0.slice();
+          const kRaw = kc0.slice(), vRaw = vc0.slice();
           for (let t = 0; t < steps; t++) {
             const r = qkv0.subarray(t * row, (t + 1) * row);
             for (let h = 0; h < heads; h++) {
@@ -529,15 +608,17 @@ Deno.test(
             }
             for (let h = 0; h < kv; h++) {
               const k = r.slice((heads + h) * hd, (heads + h + 1) * hd);
+              const v = r.slice((heads + kv + h) * hd, (heads + kv + h + 1) * hd);
               ropeRef(k, table, pos0 + t);
-              kc.set(asKv(kvType, k), (h * MAX_SEQ + pos0 + t) * hd);
-              vc.set(
-                asKv(kvType, r.slice((heads + kv + h) * hd, (heads + kv + h + 1) * hd)),
-                (h * MAX_SEQ + pos0 + t) * hd,
-              );
+              kc.set(asKv(kvType, k, hd), (h * MAX_SEQ + pos0 + t) * hd);
+              vc.set(asKv(kvType, v, hd), (h * MAX_SEQ + pos0 + t) * hd);
+              kRaw.set(k, (h * MAX_SEQ + pos0 + t) * hd);
+              vRaw.set(v, (h * MAX_SEQ + pos0 + t) * hd);
             }
           }
-          const want = attentionRef(q, kc, vc, {
+          // q8: against the cache the kernel wrote (a value may round a step off the CPU's; runCase).
+          const q8 = kvType === "q8";
+          const want = attentionRef(q, q8 ? gotK : kc, q8 ? gotV : vc, {
             heads,
             kvHeads: kv,
             headDim: hd,
@@ -545,7 +626,7 @@ Deno.test(
             T: steps,
             pos0,
           });
-          const f16 = kvType === "f16";
+          const f16 = kvType !== "f32";
           assertClose(
             gotOut.slice(0, steps * heads * hd),
             want,
@@ -560,14 +641,19 @@ Deno.test(
             0,
             `unused ${what}`,
           );
-          assertClose(
-            gotK,
-            kc,
-            f16 ? 1e-4 : norm ? 1e-5 : 1e-6,
-            f16 ? 2e-3 : norm ? 1e-4 : 1e-5,
-            `k cache ${what}`,
-          );
-          assertClose(gotV, vc, f16 ? 1e-4 : 0, f16 ? 2e-3 : 0, `v cache ${what}`);
+          if (q8) {
+            assertQ8Rows(gotK, kc, kRaw, hd, `k cache ${what}`);
+            assertQ8Rows(gotV, vc, vRaw, hd, `v cache ${what}`);
+          } else {
+            assertClose(
+              gotK,
+              kc,
+              f16 ? 1e-4 : norm ? 1e-5 : 1e-6,
+              f16 ? 2e-3 : norm ? 1e-4 : 1e-5,
+              `k cache ${what}`,
+            );
+            assertClose(gotV, vc, f16 ? 1e-4 : 0, f16 ? 2e-3 : 0, `v cache ${what}`);
+          }
           for (const c of calls) for (const b of [...c.buffers, ...c.owned ?? []]) b.destroy();
         }
       }

@@ -17,6 +17,8 @@ import {
   flashSource,
   flashTile,
   type FlashVariant,
+  kvQ8Decode,
+  kvQ8Encode,
   type KvType,
   runCalls,
   storageBuffer,
@@ -64,10 +66,11 @@ async function checkCases(
     const width = (heads + 2 * kvHeads) * hd;
     const qkv = randoms(T * width, seed++);
     // The cache holds positions 0..pos0+T-1 and garbage after them.
-    // An f16 cache: the reference reads the same f16 values, widened (the kernel does only that to them).
-    const h16 = opts.kv === "f16";
-    const asKv = (a: Float32Array) => h16 ? f16ToF32(f32ToF16(a)) : a;
-    const toGpu = (a: Float32Array) => upload(g, h16 ? f32ToF16(a) : a);
+    // An f16 or q8 cache: the reference reads the same values, widened (the kernel does only that to them).
+    const h16 = opts.kv === "f16", q8 = opts.kv === "q8";
+    const asKv = (a: Float32Array) =>
+      h16 ? f16ToF32(f32ToF16(a)) : q8 ? kvQ8Decode(kvQ8Encode(a, hd), hd) : a;
+    const toGpu = (a: Float32Array) => upload(g, h16 ? f32ToF16(a) : q8 ? kvQ8Encode(a, hd) : a);
     const kc = asKv(randoms(kvHeads * maxSeq * hd, seed++));
     const vc = asKv(randoms(kvHeads * maxSeq * hd, seed++));
     const step = createStepBuffer(g);
@@ -129,18 +132,25 @@ Deno.test({ name: "flash attention (blocked) on long prompts matches the referen
   await checkCases(LONG, { variant: "blocked", subgroups: (gpu?.subgroupSize ?? 1) % 8 === 0 });
 });
 
-Deno.test({
-  name: "flash attention over an f16 KV cache (both variants) matches the reference",
-  ignore: ignore || !gpu?.hasF16,
-}, async () => {
-  const kv = "f16";
-  for (const sg of [false, ...((gpu?.subgroupSize ?? 1) % 8 === 0 ? [true] : [])]) {
-    await checkCases([...CASES, LONG[2]], { variant: "blocked", subgroups: sg, kv });
-    await checkCases(CASES.slice(0, 3), { variant: "blocked", subgroups: sg, kv, tile: { prefetch: false } });
-    await checkCases(CASES.slice(3, 5), { variant: "blocked", subgroups: sg, kv, tile: { shareKV: true } });
-  }
-  await checkCases(CASES, { variant: "lanes", subgroups: gpu?.subgroupSize === 32, kv });
-});
+for (const kv of ["f16", "q8"] as const) {
+  const has = kv === "f16" ? gpu?.hasF16 : gpu?.hasDp4;
+  Deno.test({
+    name: `flash attention over the ${kv} KV cache (both variants) matches the reference`,
+    ignore: ignore || !has,
+  }, async () => {
+    for (const sg of [false, ...((gpu?.subgroupSize ?? 1) % 8 === 0 ? [true] : [])]) {
+      await checkCases([...CASES, LONG[2]], { variant: "blocked", subgroups: sg, kv });
+      await checkCases(CASES.slice(0, 3), {
+        variant: "blocked",
+        subgroups: sg,
+        kv,
+        tile: { prefetch: false },
+      });
+      await checkCases(CASES.slice(3, 5), { variant: "blocked", subgroups: sg, kv, tile: { shareKV: true } });
+    }
+    await checkCases(CASES, { variant: "lanes", subgroups: gpu?.subgroupSize === 32, kv });
+  });
+}
 
 // The prefill's o_proj input as f16 (flashHalfOut): the same attention, rounded once as it is stored.
 Deno.test({
@@ -169,6 +179,12 @@ Deno.test({
           ? [
             flashSource(hd, flashTile(hd), true, "f16"),
             flashBlockedSource(hd, flashBlockTile(hd, 49152), true, "f16"),
+          ]
+          : []),
+        ...(g.hasDp4
+          ? [
+            flashSource(hd, flashTile(hd), true, "q8"),
+            flashBlockedSource(hd, flashBlockTile(hd, 49152), true, "q8"),
           ]
           : []),
       ]

@@ -100,6 +100,26 @@ export function assertClose(
 }
 
 /**
+ * A q8 KV cache (kernels/kv.ts) against the CPU's quantisation `want` of rows `raw` (rows of `hd`): each value
+ * within one step (the row's largest magnitude / 127), since the GPU's 1 / s may differ from the CPU's in the
+ * last bit and move a value sitting on a half.
+ */
+export function assertQ8Rows(
+  got: Float32Array,
+  want: Float32Array,
+  raw: Float32Array,
+  hd: number,
+  what: string,
+) {
+  for (let r = 0; r < want.length / hd; r++) {
+    let mx = 0;
+    for (let i = 0; i < hd; i++) mx = Math.max(mx, Math.abs(raw[r * hd + i]));
+    const row = (a: Float32Array) => a.slice(r * hd, (r + 1) * hd);
+    assertClose(row(got), row(want), (mx / 127) * 1.001 + 1e-7, 0, `${what} row ${r}`);
+  }
+}
+
+/**
  * Rows r0 .. r0 + T - 1 of x as a kernel's input pass reads them, [T, K]: as they are, or (silu) silu(gate) *
  * up of [gate | up] rows 2K wide, in f32 as the GPU computes it (what checkDp4's int8 simulation quantises).
  */

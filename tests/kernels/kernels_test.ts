@@ -8,6 +8,9 @@ import {
   embedRef,
   gemvFusedCall,
   type Gpu,
+  kvQ8Decode,
+  kvQ8Encode,
+  kvRowBytes,
   type KvType,
   matmulCall,
   matmulRef,
@@ -29,7 +32,7 @@ import {
 } from "../../kernels/mod.ts";
 import { f16ToF32, f32ToF16 as f32ToF16Bits } from "../../models/dtype.ts";
 import { readBack } from "../../kernels/mod.ts";
-import { assertClose, gpuOrSkip, randoms, readF32, readU32, upload } from "./harness.ts";
+import { assertClose, assertQ8Rows, gpuOrSkip, randoms, readF32, readU32, upload } from "./harness.ts";
 
 const gpu = await gpuOrSkip();
 const ignore = gpu === null;
@@ -171,19 +174,29 @@ Deno.test(
 );
 
 Deno.test(
-  { name: "rope writes rotated q in place and rotated k / plain v into the cache (f32 and f16)", ignore },
+  { name: "rope writes rotated q in place and rotated k / plain v into the cache (f32, f16 and q8)", ignore },
   async () => {
     const g = gpu!;
-    const cases = [[1, 1, 2, 1, 0], [4, 2, 16, 3, 5], [3, 1, 6, 2, 1]];
-    for (const kvType of g.hasF16 ? ["f32", "f16"] as const : ["f32"] as const) {
+    // head_dim 256: a thread takes two rotation pairs.
+    const cases = [[1, 1, 2, 1, 0], [4, 2, 16, 3, 5], [3, 1, 6, 2, 1], [2, 1, 256, 2, 3], [3, 1, 12, 2, 1]];
+    const types: KvType[] = [
+      "f32",
+      ...(g.hasF16 ? ["f16" as const] : []),
+      ...(g.hasDp4 ? ["q8" as const] : []),
+    ];
+    for (const kvType of types) {
       for (const [heads, kv, hd, T, pos0] of cases) {
+        if (kvType === "q8" && hd % 4 !== 0) continue;
         await ropeCase(g, kvType, heads, kv, hd, T, pos0);
       }
     }
   },
 );
 
-/** One ropeKvCall against ropeRef; an f16 cache holds the references rounded to f16 (a step either way). */
+/**
+ * One ropeKvCall against ropeRef; an f16 cache holds the references rounded to f16, a q8 one quantised a row
+ * (a step either way).
+ */
 async function ropeCase(
   g: Gpu,
   kvType: KvType,
@@ -207,7 +220,8 @@ async function ropeCase(
   const qkv = upload(g, qkv0);
   const n = kv * maxSeq * hd;
   const h16 = kvType === "f16";
-  const kc = storageBuffer(g, n * (h16 ? 2 : 4)), vc = storageBuffer(g, n * (h16 ? 2 : 4));
+  const bytes = (n / hd) * kvRowBytes(kvType, hd);
+  const kc = storageBuffer(g, bytes), vc = storageBuffer(g, bytes);
   const step = createStepBuffer(g);
   writeStep(g, step, { pos0, T, tokOut: 0 });
   await runCalls(g, [
@@ -221,9 +235,18 @@ async function ropeCase(
     }),
   ]);
   const readKv = async (b: GPUBuffer) =>
-    h16 ? f16ToF32(new Uint16Array((await readU32(g, b, n / 2)).buffer)) : await readF32(g, b, n);
-  const round = (a: Float32Array) => h16 ? f16ToF32(f32ToF16Bits(a)) : a;
-  const [ka, kr, va, vr] = h16 ? [1e-4, 2e-3, 1e-4, 2e-3] : [1e-6, 1e-5, 0, 0];
+    h16
+      ? f16ToF32(new Uint16Array((await readU32(g, b, n / 2)).buffer))
+      : kvType === "q8"
+      ? kvQ8Decode(await readU32(g, b, bytes / 4), hd)
+      : await readF32(g, b, n);
+  const round = (a: Float32Array) =>
+    h16 ? f16ToF32(f32ToF16Bits(a)) : kvType === "q8" ? kvQ8Decode(kvQ8Encode(a, hd), hd) : a;
+  // `copy`: v, copied (exact in f32).
+  const check = (got: Float32Array, raw: Float32Array, what: string, copy = false) =>
+    kvType === "q8"
+      ? assertQ8Rows(got, round(raw), raw, hd, what)
+      : assertClose(got, round(raw), h16 ? 1e-4 : copy ? 0 : 1e-6, h16 ? 2e-3 : copy ? 0 : 1e-5, what);
   const gotQ = await readF32(g, qkv, T * row), gotK = await readKv(kc);
   const gotV = await readKv(vc);
   for (let t = 0; t < T; t++) {
@@ -236,18 +259,26 @@ async function ropeCase(
       const k = qkv0.slice(t * row + (heads + h) * hd, t * row + (heads + h + 1) * hd);
       ropeRef(k, table, pos0 + t);
       const at = (h * maxSeq + pos0 + t) * hd;
-      assertClose(gotK.slice(at, at + hd), round(k), ka, kr, `rope ${kvType} k t${t} h${h}`);
+      check(gotK.slice(at, at + hd), k, `rope ${kvType} k t${t} h${h}`);
       const v = qkv0.slice(t * row + (heads + kv + h) * hd, t * row + (heads + kv + h + 1) * hd);
-      assertClose(gotV.slice(at, at + hd), round(v), va, vr, `${kvType} v copy t${t} h${h}`);
+      check(gotV.slice(at, at + hd), v, `${kvType} v copy t${t} h${h}`, true);
     }
   }
 }
 
 Deno.test(
-  { name: "attention over the cache matches reference (GQA, long and short contexts, f32 and f16)", ignore },
+  {
+    name: "attention over the cache matches reference (GQA, long and short contexts, f32, f16 and q8)",
+    ignore,
+  },
   async () => {
     const g = gpu!;
-    for (const kvType of g.hasF16 ? ["f32", "f16"] as const : ["f32"] as const) {
+    const types: KvType[] = [
+      "f32",
+      ...(g.hasF16 ? ["f16" as const] : []),
+      ...(g.hasDp4 ? ["q8" as const] : []),
+    ];
+    for (const kvType of types) {
       for (
         const [heads, kv, hd, T, pos0] of [[1, 1, 1, 1, 0], [4, 2, 16, 3, 0], [4, 1, 8, 1, 130], [
           2,
@@ -257,13 +288,15 @@ Deno.test(
           60,
         ]]
       ) {
+        if (kvType === "q8" && hd % 4 !== 0) continue;
         const maxSeq = pos0 + T + 3;
         const row = (heads + 2 * kv) * hd;
         const qkv0 = randoms(T * row, hd + T, 2);
-        // An f16 cache: the reference reads the same values, widened.
-        const h16 = kvType === "f16";
-        const round = (a: Float32Array) => h16 ? f16ToF32(f32ToF16Bits(a)) : a;
-        const toGpu = (a: Float32Array) => upload(g, h16 ? f32ToF16Bits(a) : a);
+        // An f16 or q8 cache: the reference reads the same values, widened.
+        const h16 = kvType === "f16", q8 = kvType === "q8";
+        const round = (a: Float32Array) =>
+          h16 ? f16ToF32(f32ToF16Bits(a)) : q8 ? kvQ8Decode(kvQ8Encode(a, hd), hd) : a;
+        const toGpu = (a: Float32Array) => upload(g, h16 ? f32ToF16Bits(a) : q8 ? kvQ8Encode(a, hd) : a);
         const kc0 = round(randoms(kv * maxSeq * hd, 11)), vc0 = round(randoms(kv * maxSeq * hd, 12));
         const out = storageBuffer(g, T * heads * hd * 4);
         const step = createStepBuffer(g);

@@ -12,6 +12,7 @@ import {
   EnvError,
   getGpu,
   type KernelCall,
+  type KvType,
   MLA_SHORT_KEYS,
   mlaDecodeFits,
   mlaFusedKeys,
@@ -619,20 +620,23 @@ Deno.test(
 // The f16 KV cache (the default with f16 / q8 / q4 weights where the adapter has shader-f16): the same f16
 // weights decode the same greedy tokens with either cache type, through prefill (rope_kv, then flash
 // attention over the cache) and decode steps (the fused decode attention), and the cache costs half the
-// bytes. f32 weights keep f32. kimi-k2-tiny: MLA's latent cache the same (kernels/mla*.ts).
-// (llama3-tiny is in ../shared/fixtures when present: tests/fixtures.ts.)
+// bytes. f32 weights keep f32. kimi-k2-tiny: MLA's latent cache the same (kernels/mla*.ts). Then the opt-in q8
+// cache the same way. (llama3-tiny is in ../shared/fixtures when present: tests/fixtures.ts.)
 for (const name of ["llama-micro", "qwen3-tiny", "kimi-k2-tiny", "llama3-tiny"]) {
   Deno.test(
-    needs(`${name}: an f16 KV cache gives the f32 cache's greedy tokens at half the bytes`, {
-      "a WebGPU adapter with shader-f16": gpu?.hasF16 ? gpu : null,
-      [`the ${name} fixture`]: fixtureDir(name),
-    }),
+    needs(
+      `${name}: an f16 KV cache gives the f32 cache's greedy tokens at half the bytes, q8 the reference's`,
+      {
+        "a WebGPU adapter with shader-f16": gpu?.hasF16 ? gpu : null,
+        [`the ${name} fixture`]: fixtureDir(name),
+      },
+    ),
     async () => {
       const g = gpu!;
       const dir = fixtureDir(name)!;
-      const { prompt } = await reference(dir);
+      const { prompt, cont } = await reference(dir);
       const saved = g.tuning;
-      const run = async (kv: "f16" | "f32" | undefined, weights: "f16" | "f32") => {
+      const run = async (kv: KvType | undefined, weights: "f16" | "f32") => {
         g.tuning = { ...saved, kv };
         try {
           const engine = await loadEngine(dir, { gpu: g, weights });
@@ -649,6 +653,7 @@ for (const name of ["llama-micro", "qwen3-tiny", "kimi-k2-tiny", "llama3-tiny"])
               kvType: engine.weights.kvType,
               kvBytes,
               perToken: engine.weights.kvBytesPerToken(),
+              attention: engine.weights.config.layer(0).attention,
             };
           } finally {
             engine.close();
@@ -666,6 +671,18 @@ for (const name of ["llama-micro", "qwen3-tiny", "kimi-k2-tiny", "llama3-tiny"])
       assert.equal(f16.kvBytes * 2, f32.kvBytes);
       assert.ok(f16.kvBytes > 0);
       assert.equal((await run(undefined, "f32")).kvType, "f32", "f32 weights keep an f32 cache");
+      if (!g.hasDp4) return;
+      // The opt-in q8 cache (kernels/kv.ts): int8 GQA rows with an f32 scale each; MLA's latent rows stay f16.
+      // It keeps the reference's greedy tokens, as q8 weights do; not all 24 (a row's step is 0.4% of its
+      // largest value, so near ties of these random models move: docs/KERNELS.md "The 8-bit KV cache").
+      const q8 = await run("q8", "f16");
+      assert.equal(q8.kvType, "q8");
+      assert.deepEqual(q8.tokens.slice(0, cont.length), cont, "q8 cache: the reference's tokens");
+      // A row of head_dim values: head_dim bytes and a 4-byte scale, against 2 * head_dim in f16.
+      const a = q8.attention;
+      const ratio = a.kind === "gqa" ? (a.headDim + 4) / (2 * a.headDim) : 1;
+      assert.equal(q8.perToken, f16.perToken * ratio);
+      assert.equal(q8.kvBytes, f16.kvBytes * ratio);
     },
   );
 }
@@ -687,6 +704,9 @@ Deno.test(
       assert.throws(() => kvCacheType(g, "q4"), (e) => e instanceof EnvError && /SWACTOR_KV/.test(e.message));
       Deno.env.set("SWACTOR_KV", "f16");
       assert.throws(() => kvCacheType({ ...g, hasF16: false }, "q4"), /shader-f16/);
+      Deno.env.set("SWACTOR_KV", "q8");
+      if (g.hasF16 && g.hasDp4) assert.equal(kvCacheType(g, "f32"), "q8", "q8 is asked for, never a default");
+      assert.throws(() => kvCacheType({ ...g, hasF16: true, hasDp4: false }, "q4"), /packed_4x8/);
     } finally {
       if (saved === undefined) Deno.env.delete("SWACTOR_KV");
       else Deno.env.set("SWACTOR_KV", saved);
