@@ -55,7 +55,8 @@ const RESERVE_BYTES = 64 * 2 ** 20;
  * q8 / q4 weights and f32 beside f32 ones or on a GPU without shader-f16. The Plan has one set of sizes for all
  * nodes: when any of `members` measured its GEMVs reading f32 (no shader-f16), auto weights and the KV cache
  * count 4 bytes everywhere, over-counting the others rather than under-counting it. A node told SWACTOR_KV=f32
- * does not say so in its descriptor: not counted.
+ * or q8 does not say so in its descriptor: not counted (a q8 cache holds about half the f16 count, so the plan
+ * then leaves that room unused).
  */
 export function servedDtype(
   weights: string | undefined,
