@@ -137,10 +137,10 @@ export function attentionDecodeFits(gpu: Gpu, d: AttentionDecodeDims): boolean {
 
 /**
  * Workgroup memory of the kernel: q, k, v of the head (and its output, with copyOut), each subgroup's (m, l,
- * acc[hd]) and, T > 1, the step's own keys' scores and values.
+ * acc[hd]), its norm partials and a q8 cache's row magnitudes, and, T > 1, the step's own keys' scores and values.
  */
 function sharedBytes(hd: number, warps: number, T: number): number {
-  return 4 * hd * 4 + warps * (hd + 2) * 4 + (T > 1 ? T * (hd + 1) * 4 : 0) + 16;
+  return 4 * hd * 4 + warps * (hd + 6) * 4 + (T > 1 ? T * (hd + 1) * 4 : 0) + 16;
 }
 
 /**
@@ -172,6 +172,21 @@ const Q8_SCALES = "NKV * p.max_seq * HDV";
 
 /** The cache row of the chunk's key `k` (clamped to the cached keys), in the decode kernels' names. */
 const rowIdx = (k: string) => `(kv0 + min(base + ${k}, nc - 1u))`;
+
+/**
+ * A q8 cache's key scales in the decode kernels: each lane loads, once a chunk, the k and v scales of the key
+ * whose score it ends with (`lane`, a WGSL expression of the key's index in the chunk); its score is multiplied
+ * by the first (`k`) and its softmax weight by the second (`v`) before the lanes share the weights, so no value
+ * is scaled. Empty for other caches.
+ */
+function keyScales(w: KvWgsl, lane: string): { loads: string[]; k: string; v: string } {
+  if (!w.q8) return { loads: [], k: "", v: "" };
+  return {
+    loads: [`let sk = ${w.rowScale("kc", rowIdx(lane))};`, `let sv = ${w.rowScale("vc", rowIdx(lane))};`],
+    k: " * sk",
+    v: " * sv",
+  };
+}
 
 /**
  * WGSL of the step's new k and v rows in the decode kernels' prologue. With a q8 cache the rows are kept as
@@ -417,8 +432,8 @@ export function attentionDecodeSource(
   // products of its slots with the R keys of its group, and a butterfly of R - 1 shuffles leaves lane
   // (g, j) the score of key j * KG + g. Otherwise ("lane per key") lane l reads the whole row of key l.
   const butterfly = (t.butterfly ?? true) && (!grouped || KG * HDV === S);
-  // A cache vector of key k's row, as f32.
-  const ld = (arr: string, k: string, sl: string) => w.load(VW, arr, `${rowIdx(k)} * HDV + ${sl}`, rowIdx(k));
+  // A cache vector of key k's row, as f32 (q8: its int8 values; keyScales applies the key's scale once).
+  const ld = (arr: string, k: string, sl: string) => w.loadUnscaled(VW, arr, `${rowIdx(k)} * HDV + ${sl}`);
   // Blocks of up to UB loads, each block's loads issued before any is used.
   const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
     const out: string[] = [];
@@ -429,7 +444,10 @@ export function attentionDecodeSource(
     return out;
   };
   const pairs = range(IT * NSLOT).map((x) => [Math.floor(x / NSLOT), x % NSLOT]);
-  const score: string[] = [];
+  // The key whose score this lane ends with: (g, j) holds key j * KG + g after the butterfly, else its own.
+  const keyLane = butterfly && grouped ? `sl * ${KG}u + g` : "lane";
+  const ks = keyScales(w, keyLane);
+  const score: string[] = [...ks.loads];
   const qDecl: string[] = [];
   if (butterfly) {
     // q slots of this lane, read once; a clamped duplicate slot (non-grouped, last slot) counts zero.
@@ -462,22 +480,21 @@ export function attentionDecodeSource(
       }
       vals = next;
     }
-    const kl = grouped ? `sl * ${KG}u + g` : "lane";
-    score.push(`let sc = select(-3.0e38, ${vals[0]} * p.scale, base + ${kl} < nc);`);
+    score.push(`let sc = select(-3.0e38, ${vals[0]} * p.scale${ks.k}, base + ${keyLane} < nc);`);
   } else {
     score.push(`let kr = ${rowIdx("lane")};`, `var dv = ${vt}(0.0);`);
     score.push(
-      ...blocks(HDV, (e) => `let k${e} = ${w.load(VW, "kc", `kr * HDV + ${e}u`, "kr")};`, (e) => [
+      ...blocks(HDV, (e) => `let k${e} = ${w.loadUnscaled(VW, "kc", `kr * HDV + ${e}u`)};`, (e) => [
         `dv += qs[${e}u] * k${e};`,
       ]),
     );
-    score.push(`let sc = select(-3.0e38, dot(dv, ${vt}(1.0)) * p.scale, base + lane < nc);`);
+    score.push(`let sc = select(-3.0e38, dot(dv, ${vt}(1.0)) * p.scale${ks.k}, base + lane < nc);`);
   }
   // Values: the weight of step it's key, from the lane that scored it.
   const pOf = (it: number): string => {
-    if (butterfly) return `subgroupShuffle(pr, ${grouped ? `g * ${IT}u + ${it}u` : `${it}u`})`;
+    if (butterfly) return `subgroupShuffle(pw, ${grouped ? `g * ${IT}u + ${it}u` : `${it}u`})`;
     const kk = grouped ? `min(${keyOf(it)}, ${S - 1}u)` : `${it}u`;
-    const sh = `subgroupShuffle(pr, ${kk})`;
+    const sh = `subgroupShuffle(pw, ${kk})`;
     // Lanes whose key index falls outside the chunk (idle groups, the last step) get weight 0.
     const needMask = grouped && (KG * HDV < S || IT * KG > S);
     return needMask ? `select(0.0, ${sh}, ${keyOf(it)} < ${S}u && g < ${KG}u)` : sh;
@@ -629,6 +646,7 @@ fn main(
       let corr = exp(m - m_new);
       let pr = exp(sc - m_new);
       l = l * corr + subgroupAdd(pr);
+      let pw = pr${ks.v}; // the weight of the lane's key's value row
       ${range(NSLOT).map((i) => `acc${i} *= corr;`).join("\n      ")}
       ${values.join("\n      ")}
       m = m_new;
@@ -706,10 +724,11 @@ fn main(
 
 /**
  * Workgroup memory of the grouped kernel: q of the group's heads, k, v, the heads' output (with copyOut), each
- * subgroup's (m, l, acc[hd]) per head, the norm partials and the step's new-key scores (T > 1) per head.
+ * subgroup's (m, l, acc[hd]) per head, the norm partials, a q8 cache's row magnitudes and the step's new-key
+ * scores (T > 1) per head.
  */
 function groupedSharedBytes(hd: number, group: number, warps: number, T: number): number {
-  return (2 * group + 2) * hd * 4 + warps * group * (hd + 2) * 4 + (group + 1) * warps * 4 +
+  return (2 * group + 2) * hd * 4 + warps * group * (hd + 2) * 4 + (group + 3) * warps * 4 +
     group * (T + 1) * 4 + (T > 1 ? T * hd * 4 : 0) +
     16;
 }
@@ -791,7 +810,7 @@ export function attentionDecodeGroupedSource(
     packed ? (butterfly ? `${it * KG}u + g` : `min(${it * KG}u + g, ${S - 1}u)`) : `${it}u`;
   // Lanes whose key falls outside the chunk (idle lanes of a packed row, the last step) weigh 0.
   const needMask = !butterfly && packed && (KG * HDV < S || IT * KG > S);
-  const ld = (arr: string, k: string, sl: string) => w.load(VW, arr, `${rowIdx(k)} * HDV + ${sl}`, rowIdx(k));
+  const ld = (arr: string, k: string, sl: string) => w.loadUnscaled(VW, arr, `${rowIdx(k)} * HDV + ${sl}`);
   const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
     const out: string[] = [];
     for (let b = 0; b < n; b += UB) {
@@ -801,10 +820,12 @@ export function attentionDecodeGroupedSource(
     return out;
   };
   const hs = range(GB);
-  const score: string[] = [];
+  // The key whose score this lane ends with: (g, j) holds key j * KG + g after a packed butterfly, else its own.
+  const keyLane = butterfly && packed ? `sl * ${KG}u + g` : "lane";
+  const ks = keyScales(w, keyLane);
+  const score: string[] = [...ks.loads];
   const qDecl: string[] = [];
   let scoreOf = (h: number) => `s${h}`;
-  let keyLane = "lane";
   if (butterfly) {
     // This lane's q slots of every head of the pass (a clamped duplicate slot, non-packed, counts zero).
     for (const h of hs) {
@@ -856,34 +877,33 @@ export function attentionDecodeGroupedSource(
         }
       }
     }
-    // Lane (g, j) holds the score of key j * KG + g.
     scoreOf = (h) => node(h, 1, 0);
-    keyLane = packed ? `sl * ${KG}u + g` : "lane";
   } else {
     score.push(
       `let kr = ${rowIdx("lane")};`,
       ...hs.map((h) => `var s${h} = 0.0;`),
       ...blocks(
         HDV,
-        (e) => `let k${e} = ${w.load(VW, "kc", `kr * HDV + ${e}u`, "kr")};`,
+        (e) => `let k${e} = ${w.loadUnscaled(VW, "kc", `kr * HDV + ${e}u`)};`,
         (e) => hs.map((h) => `s${h} += dot(qs[${h * HDV + e}u], k${e});`),
       ),
     );
   }
   const softmax = hs.flatMap((h) => [
-    `let sc${h} = select(-3.0e38, ${scoreOf(h)}, base + ${keyLane} < nc);`,
+    `let sc${h} = select(-3.0e38, ${scoreOf(h)}${ks.k}, base + ${keyLane} < nc);`,
     `let mn${h} = max(m${h}, subgroupMax(sc${h}));`,
     `let cr${h} = exp(m${h} - mn${h});`,
     `let pr${h} = exp(sc${h} - mn${h});`,
     `l${h} = l${h} * cr${h} + subgroupAdd(pr${h});`,
+    `let pw${h} = pr${h}${ks.v};`,
     `m${h} = mn${h};`,
     ...range(NSLOT).map((i) => `acc${h}_${i} *= cr${h};`),
   ]);
   const pairs = range(IT * NSLOT).map((x) => [Math.floor(x / NSLOT), x % NSLOT]);
   // The weight of step it's key for head h, from the lane that scored it.
   const pOf = (it: number, h: number): string => {
-    if (butterfly) return `subgroupShuffle(pr${h}, ${packed ? `g * ${IT}u + ${it}u` : `${it}u`})`;
-    const sh = `subgroupShuffle(pr${h}, ${keyOf(it)})`;
+    if (butterfly) return `subgroupShuffle(pw${h}, ${packed ? `g * ${IT}u + ${it}u` : `${it}u`})`;
+    const sh = `subgroupShuffle(pw${h}, ${keyOf(it)})`;
     return needMask ? `select(0.0, ${sh}, ${it * KG}u + g < ${S}u && g < ${KG}u)` : sh;
   };
   const vLoad = (x: number) => {

@@ -46,6 +46,13 @@ export interface KvWgsl {
   load: (n: number, arr: string, idx: string, row: string) => string;
   /** One value of `arr` at element index `idx`, in row `row`. */
   load1: (arr: string, idx: string, row: string) => string;
+  /**
+   * A vector of 4 (or n) values of `arr` at `idx` without their row's scale (q8: the int8 values; f32 / f16:
+   * load's), for kernels that apply a key's scale once (rowScale) instead of to every value.
+   */
+  loadUnscaled: (n: number, arr: string, idx: string) => string;
+  /** q8: row `row`'s scale in `arr` (f32 / f16 have none). */
+  rowScale: (arr: string, row: string) => string;
   /** The row's scale pair `vec2(s, 1 / s)` from its largest magnitude `mx` (q8 only). */
   scaleOf: (mx: string) => string;
   /**
@@ -90,6 +97,11 @@ export function kvWgsl(kv: KvType | undefined, scales = ""): KvWgsl {
       },
       load1: (arr, idx, row) =>
         `(f32(unpack4xI8(${arr}[(${idx}) / 4u])[(${idx}) % 4u]) * ${scale(arr, row)})`,
+      loadUnscaled: (n, arr, idx) => {
+        if (n !== 4) throw new Error(`kvWgsl: a q8 cache has no vector of ${n}`);
+        return `vec4<f32>(unpack4xI8(${arr}[${idx}]))`;
+      },
+      rowScale: scale,
       scaleOf: (mx) => `vec2<f32>((${mx}) / 127.0, select(0.0, 127.0 / (${mx}), (${mx}) > 0.0))`,
       store: (n, e, si) => {
         if (n !== 4) throw new Error(`kvWgsl: a q8 cache stores words of 4 values, not ${n}`);
@@ -110,6 +122,10 @@ export function kvWgsl(kv: KvType | undefined, scales = ""): KvWgsl {
     read,
     load: (n, arr, idx) => read(n, `${arr}[${idx}]`),
     load1: (arr, idx) => read(1, `${arr}[${idx}]`),
+    loadUnscaled: (n, arr, idx) => read(n, `${arr}[${idx}]`),
+    rowScale: () => {
+      throw new Error(`kvWgsl: an ${kv ?? "f32"} cache has no scales`);
+    },
     scaleOf: () => {
       throw new Error(`kvWgsl: an ${kv ?? "f32"} cache has no scales`);
     },

@@ -386,6 +386,10 @@ Deno.test(
     }
     for (const [heads, kv, hd] of [[32, 8, 64], [4, 2, 128]]) {
       cases.push({ heads, kv, hd, pos: 1400, T: 1, maxSeq: 1536 });
+      // Lane per key (no butterfly): the lane that scores a key holds its scales.
+      for (const grouped of [false, true]) {
+        cases.push({ heads, kv, hd, pos: 300, T: 1, tuning: { butterfly: false, grouped } });
+      }
     }
     for (const c of cases) {
       const what = `q8 h${c.heads} kv${c.kv} hd${c.hd} @${c.pos} ${JSON.stringify(c.tuning ?? {})} norm ${!!c
