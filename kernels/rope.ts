@@ -77,18 +77,22 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, max_seq: u32 }
       ? `
 var<workgroup> rk: array<f32, ${Q8_MAX_HEAD_DIM}>;
 var<workgroup> rv: array<f32, ${Q8_MAX_HEAD_DIM}>;
-var<workgroup> red: array<vec2<f32>, 64>;`
+var<workgroup> red: array<vec2<f32>, 64>;
+var<workgroup> live: u32;`
       : ""
   }
-var<workgroup> live: u32;
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let head = wg.y;
   let t = wg.z;
   let half = p.hd / 2u;
-  // The step lives in a storage buffer: whether this token is in it is made workgroup-uniform (barriers follow).
+  ${
+    w.q8
+      ? `// The step lives in a storage buffer: whether this token is in it is made workgroup-uniform (barriers follow).
   if (lid == 0u) { live = select(0u, 1u, t < step.T); }
-  if (workgroupUniformLoad(&live) == 0u) { return; }
+  if (workgroupUniformLoad(&live) == 0u) { return; }`
+      : "if (t >= step.T) { return; }"
+  }
   let pos = step.pos0 + t;
   let row = t * (p.n_heads + 2u * p.n_kv) * p.hd;
   if (head < p.n_heads) {
