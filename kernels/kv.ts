@@ -79,6 +79,12 @@ export function kvWgsl(kv: KvType | undefined, scales = ""): KvWgsl {
       return si;
     };
     const scale = (arr: string, row: string) => `bitcast<f32>(${arr}[${scales} + (${row})])`;
+    // A word's four int8 values as f32 without an int-to-float conversion (a quarter-rate instruction on
+    // NVIDIA; unpack4xI8 made the decode attention's reads 45% slower than f16's on the H100, shifts and
+    // conversions 13%: docs/BENCHMARKS.md, the fifty-ninth session): flipping each byte's sign bit gives
+    // q + 128 as an unsigned byte u, and the f32 with bits 0x4B000000 | u is 2^23 + u exactly.
+    const widen = (word: string) =>
+      `(bitcast<vec4<f32>>(((vec4<u32>((${word}) ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu)) | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0))`;
     const quant = (n: number, e: string, si: string) =>
       `clamp(round((${e}) * (${si}).y), ${t(n, "f32")}(-127.0), ${t(n, "f32")}(127.0))`;
     return {
@@ -93,13 +99,12 @@ export function kvWgsl(kv: KvType | undefined, scales = ""): KvWgsl {
       },
       load: (n, arr, idx, row) => {
         if (n !== 4) throw new Error(`kvWgsl: a q8 cache has no vector of ${n}`);
-        return `(vec4<f32>(unpack4xI8(${arr}[${idx}])) * ${scale(arr, row)})`;
+        return `(${widen(`${arr}[${idx}]`)} * ${scale(arr, row)})`;
       },
-      load1: (arr, idx, row) =>
-        `(f32(unpack4xI8(${arr}[(${idx}) / 4u])[(${idx}) % 4u]) * ${scale(arr, row)})`,
+      load1: (arr, idx, row) => `(${widen(`${arr}[(${idx}) / 4u]`)}[(${idx}) % 4u] * ${scale(arr, row)})`,
       loadUnscaled: (n, arr, idx) => {
         if (n !== 4) throw new Error(`kvWgsl: a q8 cache has no vector of ${n}`);
-        return `vec4<f32>(unpack4xI8(${arr}[${idx}]))`;
+        return widen(`${arr}[${idx}]`);
       },
       rowScale: scale,
       scaleOf: (mx) => `vec2<f32>((${mx}) / 127.0, select(0.0, 127.0 / (${mx}), (${mx}) > 0.0))`,
