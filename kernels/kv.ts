@@ -9,7 +9,7 @@
 
 /**
  * Element type of the KV cache: "f16" halves the bytes the decode attention reads (values are rounded to f16
- * when written, widened to f32 when read; arithmetic stays f32); "q8" quarters them (int8 with a scale a
+ * when written, widened to f32 when read; arithmetic stays f32); "q8" about halves f16's (int8 with a scale a
  * row; GQA caches whose rows are whole words only, see kvTypeOf).
  */
 export type KvType = "f32" | "f16" | "q8";
@@ -79,12 +79,12 @@ export function kvWgsl(kv: KvType | undefined, scales = ""): KvWgsl {
       return si;
     };
     const scale = (arr: string, row: string) => `bitcast<f32>(${arr}[${scales} + (${row})])`;
-    // A word's four int8 values as f32 without an int-to-float conversion (a quarter-rate instruction on
-    // NVIDIA; unpack4xI8 made the decode attention's reads 45% slower than f16's on the H100, shifts and
-    // conversions 13%: docs/BENCHMARKS.md, the fifty-ninth session): flipping each byte's sign bit gives
-    // q + 128 as an unsigned byte u, and the f32 with bits 0x4B000000 | u is 2^23 + u exactly.
+    // A word's four int8 values as f32, each shifted to the top of an i32 and back (arithmetic: sign-extended),
+    // then converted. On the H100 the decode attention alone at 8,192 keys took 17.8-17.9 us a layer so, against
+    // 23.0 with unpack4xI8 and 19.2 through f32 bits (2^23 + u); f16's took 15.9 (docs/BENCHMARKS.md, the
+    // fifty-ninth session).
     const widen = (word: string) =>
-      `(bitcast<vec4<f32>>(((vec4<u32>((${word}) ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu)) | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0))`;
+      `vec4<f32>((vec4<i32>(bitcast<i32>(${word})) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u))`;
     const quant = (n: number, e: string, si: string) =>
       `clamp(round((${e}) * (${si}).y), ${t(n, "f32")}(-127.0), ${t(n, "f32")}(127.0))`;
     return {
