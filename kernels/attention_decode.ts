@@ -190,20 +190,26 @@ function keyScales(w: KvWgsl, lane: string): { loads: string[]; k: string; v: st
 
 /**
  * WGSL of the step's new k and v rows in the decode kernels' prologue. With a q8 cache the rows are kept as
- * computed (`keep`), each thread takes the largest magnitudes of its elements (`track`, into mk / mv), and
+ * computed (`stash`), each thread takes the largest magnitudes of its elements (into mk / mv), and
  * after the prologue's barrier the rows' scale pairs sik / siv (`scales`) round them where they are used
  * (`own`) and written (`write`); other caches round each element as it is kept.
  */
 function newRowsWgsl(w: KvWgsl, VW: number) {
   const q8 = w.q8;
+  const keep = (e: string) => q8 ? `(${e})` : w.round(1, e);
   return {
-    keep: (e: string) => q8 ? `(${e})` : w.round(1, e),
     init: q8 ? "var mk = 0.0;\n  var mv = 0.0;" : "",
-    track: (k: string[], v: string[]) =>
+    /** Keeps the rotation pair (i, i + HALF) of k (r0, r1) and of v (v0, v1) in ks / vs (a statement list). */
+    stash: `ks[i / VW][i % VW] = ${keep("r0")};
+    ks[(i + HALF) / VW][(i + HALF) % VW] = ${keep("r1")};
+    vs[i / VW][i % VW] = ${keep("v0")};
+    vs[(i + HALF) / VW][(i + HALF) % VW] = ${keep("v1")};${
       q8
-        ? `mk = max(mk, max(${k.map((e) => `abs(${e})`).join(", ")}));
-    mv = max(mv, max(${v.map((e) => `abs(${e})`).join(", ")}));`
-        : "",
+        ? `
+    mk = max(mk, max(abs(r0), abs(r1)));
+    mv = max(mv, max(abs(v0), abs(v1)));`
+        : ""
+    }`,
     publish: q8 ? "let kvm = subgroupMax(vec2<f32>(mk, mv));\n  if (lane == 0u) { kvmx[warp] = kvm; }" : "",
     decl: q8 ? "var<workgroup> kvmx: array<vec2<f32>, WARPS>;" : "",
     scales: q8
@@ -607,11 +613,7 @@ fn main(
     let r1 = k1 * c.x + k0 * c.y;
     qs[i / VW][i % VW] = q0 * c.x - q1 * c.y;
     qs[(i + HALF) / VW][(i + HALF) % VW] = q1 * c.x + q0 * c.y;
-    ks[i / VW][i % VW] = ${nr.keep("r0")};
-    ks[(i + HALF) / VW][(i + HALF) % VW] = ${nr.keep("r1")};
-    vs[i / VW][i % VW] = ${nr.keep("v0")};
-    vs[(i + HALF) / VW][(i + HALF) % VW] = ${nr.keep("v1")};
-    ${nr.track(["r0", "r1"], ["v0", "v1"])}
+    ${nr.stash}
   }
   ${nr.publish}
   let n = workgroupUniformLoad(&keys);
@@ -1021,11 +1023,7 @@ fn main(
     let r1 = k1 * c.x + k0 * c.y;
     let v0 = qkv[vb + i];
     let v1 = qkv[vb + i + HALF];
-    ks[i / VW][i % VW] = ${nr.keep("r0")};
-    ks[(i + HALF) / VW][(i + HALF) % VW] = ${nr.keep("r1")};
-    vs[i / VW][i % VW] = ${nr.keep("v0")};
-    vs[(i + HALF) / VW][(i + HALF) % VW] = ${nr.keep("v1")};
-    ${nr.track(["r0", "r1"], ["v0", "v1"])}
+    ${nr.stash}
   }
   ${nr.publish}
   let n = workgroupUniformLoad(&keys);
