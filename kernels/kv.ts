@@ -37,8 +37,6 @@ export interface KvWgsl {
   q8: boolean;
   /** The storage type of a vector of n (1: scalar); q8: u32, a word of 4 values, for n of 4 or 1. */
   vec: (n: number) => string;
-  /** An f32 / f16 cache's vector of n values `e` as f32 (MLA's caches; q8 reads need the row: load). */
-  read: (n: number, e: string) => string;
   /**
    * A vector of 4 (or n for f32 / f16) values of cache array `arr` at word / vector `idx`, in row `row`
    * (q8 reads the row's scale there).
@@ -48,7 +46,8 @@ export interface KvWgsl {
   load1: (arr: string, idx: string, row: string) => string;
   /**
    * A vector of 4 (or n) values of `arr` at `idx` without their row's scale (q8: the int8 values; f32 / f16:
-   * load's), for kernels that apply a key's scale once (rowScale) instead of to every value.
+   * load's), for kernels that apply a key's scale once (rowScale) instead of to every value, and for the MLA
+   * caches, which have no scales.
    */
   loadUnscaled: (n: number, arr: string, idx: string) => string;
   /** q8: row `row`'s scale in `arr` (f32 / f16 have none). */
@@ -78,6 +77,9 @@ export function kvWgsl(kv: KvType | undefined, scales = ""): KvWgsl {
       if (si === undefined) throw new Error(`kvWgsl: q8 ${what} needs the row's scale pair`);
       return si;
     };
+    const four = (n: number) => {
+      if (n !== 4) throw new Error(`kvWgsl: a q8 cache has no vector of ${n}`);
+    };
     const scale = (arr: string, row: string) => `bitcast<f32>(${arr}[${scales} + (${row})])`;
     // A word's four int8 values as f32, each shifted to the top of an i32 and back (arithmetic: sign-extended),
     // then converted. On the H100 the decode attention alone at 8,192 keys took 17.8-17.9 us a layer so, against
@@ -94,46 +96,32 @@ export function kvWgsl(kv: KvType | undefined, scales = ""): KvWgsl {
         if (n !== 4 && n !== 1) throw new Error(`kvWgsl: a q8 cache has no vector of ${n}`);
         return "u32";
       },
-      read: () => {
-        throw new Error("kvWgsl: a q8 cache is read with its row's scale (load)");
-      },
-      load: (n, arr, idx, row) => {
-        if (n !== 4) throw new Error(`kvWgsl: a q8 cache has no vector of ${n}`);
-        return `(${widen(`${arr}[${idx}]`)} * ${scale(arr, row)})`;
-      },
+      load: (n, arr, idx, row) => (four(n), `(${widen(`${arr}[${idx}]`)} * ${scale(arr, row)})`),
       load1: (arr, idx, row) => `(${widen(`${arr}[(${idx}) / 4u]`)}[(${idx}) % 4u] * ${scale(arr, row)})`,
-      loadUnscaled: (n, arr, idx) => {
-        if (n !== 4) throw new Error(`kvWgsl: a q8 cache has no vector of ${n}`);
-        return widen(`${arr}[${idx}]`);
-      },
+      loadUnscaled: (n, arr, idx) => (four(n), widen(`${arr}[${idx}]`)),
       rowScale: scale,
       scaleOf: (mx) => `vec2<f32>((${mx}) / 127.0, select(0.0, 127.0 / (${mx}), (${mx}) > 0.0))`,
-      store: (n, e, si) => {
-        if (n !== 4) throw new Error(`kvWgsl: a q8 cache stores words of 4 values, not ${n}`);
-        return `pack4xI8(vec4<i32>(${quant(4, e, need(si, "store"))}))`;
-      },
+      store: (n, e, si) => (four(n), `pack4xI8(vec4<i32>(${quant(4, e, need(si, "store"))}))`),
       storeScale: (arr, row, si) => `${arr}[${scales} + (${row})] = bitcast<u32>((${si}).x);`,
       round: (n, e, si) => `(${quant(n, e, need(si, "round"))} * (${si}).x)`,
     };
   }
   const h = kv === "f16";
   const read = (n: number, e: string) => h ? `${t(n, "f32")}(${e})` : `(${e})`;
+  const noScales = () => {
+    throw new Error(`kvWgsl: an ${kv ?? "f32"} cache has no scales`);
+  };
   const store = (n: number, e: string) =>
     h ? `${t(n, "f16")}(clamp(${e}, ${t(n, "f32")}(-65504.0), ${t(n, "f32")}(65504.0)))` : `(${e})`;
   return {
     enable: h ? "enable f16;\n" : "",
     q8: false,
     vec: (n) => t(n, h ? "f16" : "f32"),
-    read,
     load: (n, arr, idx) => read(n, `${arr}[${idx}]`),
     load1: (arr, idx) => read(1, `${arr}[${idx}]`),
     loadUnscaled: (n, arr, idx) => read(n, `${arr}[${idx}]`),
-    rowScale: () => {
-      throw new Error(`kvWgsl: an ${kv ?? "f32"} cache has no scales`);
-    },
-    scaleOf: () => {
-      throw new Error(`kvWgsl: an ${kv ?? "f32"} cache has no scales`);
-    },
+    rowScale: noScales,
+    scaleOf: noScales,
     store,
     storeScale: () => "",
     round: (n, e) => h ? `${t(n, "f32")}(${store(n, e)})` : `(${e})`,

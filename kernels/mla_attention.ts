@@ -114,7 +114,7 @@ function sgAttentionSource(d: MlaDims, S: number, SG: number): string {
   const QS = d.qStride ?? NH * (DN + DR);
   const qs = range(QV), nd = range(ND);
   const w = kvWgsl(d.kv);
-  const kc = (i: string) => w.read(4, `kc[${i}]`);
+  const kc = (i: string) => w.loadUnscaled(4, "kc", i);
   const out = S === 1
     ? nd.map((i) => `if (j + ${i * WG}u < RV) { ctx[(t * NH + h) * RV + j + ${i * WG}u] = acc${i} / l; }`)
       .join("\n  ")
@@ -277,7 +277,7 @@ function attentionSource(d: MlaDims, G: number, S: number, unroll: number): stri
   const PS = V === 4 ? RV + 1 : RV + 2; // a partial: RV slots, then (m, l) (one vec4, or two floats)
   const dot = (a: string, b: string) => (V === 4 ? `dot(${a}, ${b})` : `${a} * ${b}`);
   const w = kvWgsl(d.kv);
-  const kc = (i: string) => w.read(V, `kc[${i}]`);
+  const kc = (i: string) => w.loadUnscaled(V, "kc", i);
   // Loops over blocks of loads, each block's loads issued before any is used (bounded code size): UB row
   // slots in the score loop, UV rows (a power of two, so it divides KPC) in the value loop.
   const UB = Math.min(unroll, NL);

@@ -142,7 +142,7 @@ function source(d: MlaDims, o: MlaDecodeOptions, s: Shape): string {
   const qs = range(QV), sl = range(Math.ceil(KPC / SG));
   // A part's keys of a chunk in groups of PU loads in flight (KPC / PARTS is a power of two).
   const PU = Math.min(MAX_VALUE_LOADS, KPC / PARTS), pk = range(PU);
-  const kc = (i: string) => w.read(4, `cache[${i}]`);
+  const kc = (i: string) => w.loadUnscaled(4, "cache", i);
   // The current row as the cache will hold it, in workgroup memory of the cache's type: rounding through
   // f32(f16(x)) or unpack2x16float(pack2x16float(x)) in registers was folded to x by the H200's compiler,
   // leaving the current key more precise than the row the later steps read.
