@@ -81,9 +81,9 @@ export interface AttentionDecodeTuning {
   minChunks?: number;
   /**
    * One workgroup per KV head serving all its q heads (attentionDecodeGroupedSource: each K / V row read
-   * once for the group) instead of one per q head. Default: gpu.tuning.attentionGrouped, else env
-   * gpu.tuning.attentionGrouped, else attentionGroupedDefault (head_dim >= 128, groups >= 4, > 4096 positions). Falls back to the per-head kernel where the group's workgroup memory
-   * does not fit.
+   * once for the group) instead of one per q head. Default: gpu.tuning.attentionGrouped, else
+   * attentionGroupedDefault (head_dim >= 128, groups >= 4, > 4096 positions). Falls back to the per-head
+   * kernel where the group's workgroup memory does not fit.
    */
   grouped?: boolean;
   /**
@@ -392,6 +392,81 @@ const WARPS = ${o.warps}u;
 const WG = ${o.warps * o.S}u;`;
 }
 
+/**
+ * How both decode kernels (per head and grouped) lay a chunk's cache rows over a subgroup of S lanes, and the
+ * WGSL pieces they share. Every vector is VW floats (key, value and output slots), a row HDV of them. Rows are
+ * read coalesced: with HDV <= S (`packed`), KG groups of HDV lanes read KG rows a load (group g = lane / HDV,
+ * slot sl = lane % HDV; lanes past KG * HDV idle), else each lane reads NSLOT slots lane, lane + S, ... of
+ * every row. IT steps cover the chunk's S keys. Scores take the shuffle butterfly where a row's lanes tile the
+ * subgroup or a row spans it; else lane per key (lane l reads key l's whole row: uncoalesced, kept for odd
+ * shapes).
+ */
+function chunkLayout(d: AttentionSourceDims, S: number, t: AttentionDecodeTuning) {
+  const HD = d.headDim;
+  const VW = HD % 4 === 0 ? 4 : 2;
+  const HDV = HD / VW;
+  const packed = HDV <= S;
+  const KG = packed ? Math.floor(S / HDV) : 1;
+  const NSLOT = Math.ceil(HDV / S);
+  const IT = Math.ceil(S / KG);
+  const UB = t.unroll;
+  const w = kvWgsl(d.kv, Q8_SCALES);
+  // Blocks of up to UB loads, each block's loads issued before any is used.
+  const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
+    const out: string[] = [];
+    for (let b = 0; b < n; b += UB) {
+      const xs = range(Math.min(UB, n - b)).map((i) => b + i);
+      out.push(...xs.map(load), ...xs.flatMap(use));
+    }
+    return out;
+  };
+  // (step, slot) of every vector a lane loads of a chunk's rows.
+  const pairs = range(IT * NSLOT).map((x) => [Math.floor(x / NSLOT), x % NSLOT]);
+  return {
+    norm: d.normEps !== undefined,
+    SP: t.splits ?? 1,
+    TT: d.T ?? 1, // tokens dispatched (grid z); the step's T may be fewer
+    MINC: t.minChunks ?? 4,
+    HD,
+    VW,
+    vt: `vec${VW}<f32>`,
+    HDV,
+    packed,
+    KG,
+    NSLOT,
+    IT,
+    w,
+    nr: newRowsWgsl(w, VW),
+    butterfly: (t.butterfly ?? true) && (!packed || KG * HDV === S),
+    slot: (i: number) => packed ? "sl" : `min(lane + ${i * S}u, ${HDV - 1}u)`,
+    // A cache vector of key k's row, as f32 (q8: its int8 values; keyScales applies the key's scale once).
+    ld: (arr: string, k: string, sl: string) => w.loadUnscaled(VW, arr, `${rowIdx(k)} * HDV + ${sl}`),
+    blocks,
+    pairs,
+    /**
+     * A chunk's value loads and uses in blocks: the first block's loads (`prefetch`) are issued before its
+     * keys are scored.
+     */
+    values(vLoad: (x: number) => string, vUse: (x: number) => string[]) {
+      const first = Math.min(UB, pairs.length);
+      return {
+        prefetch: range(first).map(vLoad),
+        values: [
+          ...range(first).flatMap(vUse),
+          ...blocks(pairs.length - first, (x) => vLoad(x + first), (x) => vUse(x + first)),
+        ],
+      };
+    },
+    /** Unpacked rows: a lane's NSLOT accumulators (`acc(i)`) into workgroup memory at `at` + its slots. */
+    slotStores(at: string, acc: (i: number) => string): string[] {
+      return range(NSLOT).map((i) => {
+        const st = `accs[${at}lane + ${i * S}u] = ${acc(i)};`;
+        return (i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`;
+      });
+    },
+  };
+}
+
 /** What the decode attention's WGSL is built for (the per-head and the grouped kernel). */
 interface AttentionSourceDims {
   heads: number;
@@ -413,43 +488,34 @@ export function attentionDecodeSource(
   S: number,
   t: AttentionDecodeTuning,
 ): string {
-  const norm = d.normEps !== undefined;
-  const { warps, unroll: UB } = t;
-  const SP = t.splits ?? 1;
-  const TT = d.T ?? 1; // tokens dispatched (grid z); the step's T may be fewer
-  const MINC = t.minChunks ?? 4;
-  const HD = d.headDim;
-  const VW = HD % 4 === 0 ? 4 : 2; // every vector below is VW floats: key, value and output slots
-  const vt = `vec${VW}<f32>`;
-  const w = kvWgsl(d.kv, Q8_SCALES);
-  const nr = newRowsWgsl(w, VW);
-  const HDV = HD / VW;
-  // Rows are read coalesced: with HDV <= S ("grouped"), KG groups of HDV lanes read KG rows at a time
-  // (group g = lane / HDV, slot sl = lane % HDV; lanes past KG * HDV idle), else each lane reads NSLOT
-  // slots lane, lane + S, ... of every row. IT steps cover the chunk's S keys; step it reads key
-  // it * KG + g of the chunk.
-  const grouped = HDV <= S;
-  const KG = grouped ? Math.floor(S / HDV) : 1;
-  const NSLOT = Math.ceil(HDV / S);
-  const IT = Math.ceil(S / KG);
-  const slot = (i: number) => grouped ? "sl" : `min(lane + ${i * S}u, ${HDV - 1}u)`;
+  const L = chunkLayout(d, S, t);
+  const {
+    norm,
+    SP,
+    TT,
+    MINC,
+    HD,
+    VW,
+    vt,
+    w,
+    nr,
+    HDV,
+    packed: grouped,
+    KG,
+    NSLOT,
+    IT,
+    slot,
+    ld,
+    blocks,
+    pairs,
+  } = L;
+  const { warps } = t;
+  // Step it reads key it * KG + g of the chunk. Scores: with R = IT lanes per group a power of two (KG * R =
+  // S), each lane takes partial dot products of its slots with the R keys of its group, and a butterfly of R
+  // - 1 shuffles leaves lane (g, j) the score of key j * KG + g. Otherwise ("lane per key") lane l reads the
+  // whole row of key l.
   const keyOf = (it: number) => grouped ? `${it * KG}u + g` : `${it}u`;
-  // Scores: with R = IT lanes per group a power of two (KG * R = S), each lane takes partial dot
-  // products of its slots with the R keys of its group, and a butterfly of R - 1 shuffles leaves lane
-  // (g, j) the score of key j * KG + g. Otherwise ("lane per key") lane l reads the whole row of key l.
-  const butterfly = (t.butterfly ?? true) && (!grouped || KG * HDV === S);
-  // A cache vector of key k's row, as f32 (q8: its int8 values; keyScales applies the key's scale once).
-  const ld = (arr: string, k: string, sl: string) => w.loadUnscaled(VW, arr, `${rowIdx(k)} * HDV + ${sl}`);
-  // Blocks of up to UB loads, each block's loads issued before any is used.
-  const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
-    const out: string[] = [];
-    for (let b = 0; b < n; b += UB) {
-      const xs = range(Math.min(UB, n - b)).map((i) => b + i);
-      out.push(...xs.map(load), ...xs.flatMap(use));
-    }
-    return out;
-  };
-  const pairs = range(IT * NSLOT).map((x) => [Math.floor(x / NSLOT), x % NSLOT]);
+  const butterfly = L.butterfly;
   // The key whose score this lane ends with: (g, j) holds key j * KG + g after the butterfly, else its own.
   const keyLane = butterfly && grouped ? `sl * ${KG}u + g` : "lane";
   const ks = keyScales(w, keyLane);
@@ -514,23 +580,14 @@ export function attentionDecodeSource(
     const [it, i] = pairs[x];
     return [...(i === 0 ? [`let p${it} = ${pOf(it)};`] : []), `acc${i} += p${it} * v${it}_${i};`];
   };
-  // The chunk's first block of value loads is issued before its keys are scored.
-  const first = Math.min(UB, pairs.length);
-  const vPrefetch = range(first).map(vLoad);
-  const values = [
-    ...range(first).flatMap(vUse),
-    ...blocks(pairs.length - first, (x) => vLoad(x + first), (x) => vUse(x + first)),
-  ];
+  const { prefetch: vPrefetch, values } = L.values(vLoad, vUse);
   // The warp's partial output into workgroup memory.
   const store: string[] = [];
   if (grouped) {
     const sum = range(KG).map((gg) => `subgroupShuffle(acc0, sl + ${gg * HDV}u)`).join(" + ");
     store.push(`let tot = ${sum};`, `if (lane < HDV) { accs[warp * HDV + sl] = tot; }`);
   } else {
-    for (let i = 0; i < NSLOT; i++) {
-      const st = `accs[warp * HDV + lane + ${i * S}u] = acc${i};`;
-      store.push((i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`);
-    }
+    store.push(...L.slotStores("warp * HDV + ", (i) => `acc${i}`));
   }
   const op = SP === 1 && d.oProj
     ? oProjWgsl(d.oProj, { first: norm ? 9 : 7, WG: warps * S, osAt: (k) => `os[${k}]` })
@@ -783,27 +840,12 @@ export function attentionDecodeGroupedSource(
   S: number,
   t: AttentionDecodeTuning,
 ): string {
-  const norm = d.normEps !== undefined;
-  const { warps, unroll: UB } = t;
-  const SP = t.splits ?? 1;
-  const TT = d.T ?? 1;
-  const MINC = t.minChunks ?? 4;
-  const HD = d.headDim;
+  const L = chunkLayout(d, S, t);
+  const { norm, SP, TT, MINC, HD, VW, vt, w, nr, HDV, packed, KG, NSLOT, IT, slot, ld, blocks, pairs } = L;
+  const { warps } = t;
+  const UB = t.unroll;
   const G = d.heads / d.kvHeads;
-  const VW = HD % 4 === 0 ? 4 : 2;
-  const vt = `vec${VW}<f32>`;
-  const w = kvWgsl(d.kv, Q8_SCALES);
-  const nr = newRowsWgsl(w, VW);
-  const HDV = HD / VW;
-  // Value rows as in attentionDecodeSource: KG rows of HDV lanes a load ("packed"), else NSLOT slots a lane.
-  const packed = HDV <= S;
-  const KG = packed ? Math.floor(S / HDV) : 1;
-  const NSLOT = Math.ceil(HDV / S);
-  const IT = Math.ceil(S / KG);
-  const slot = (i: number) => packed ? "sl" : `min(lane + ${i * S}u, ${HDV - 1}u)`;
-  // Coalesced scores ("butterfly", as attentionDecodeSource) where a row's HDV lanes tile the subgroup or
-  // a row spans it; else lane per key (lane l reads key l's whole row: uncoalesced, kept for odd shapes).
-  const butterfly = (t.butterfly ?? true) && (!packed || KG * HDV === S);
+  const butterfly = L.butterfly;
   // Heads per pass over the keys: each pass holds GB heads' q slots, partial scores and accumulators in
   // registers, so a large group takes several passes (the later ones re-read rows, mostly from L2).
   const GB = butterfly ? groupBatchOf(G, NSLOT, t.groupBatch) : G;
@@ -812,15 +854,6 @@ export function attentionDecodeGroupedSource(
     packed ? (butterfly ? `${it * KG}u + g` : `min(${it * KG}u + g, ${S - 1}u)`) : `${it}u`;
   // Lanes whose key falls outside the chunk (idle lanes of a packed row, the last step) weigh 0.
   const needMask = !butterfly && packed && (KG * HDV < S || IT * KG > S);
-  const ld = (arr: string, k: string, sl: string) => w.loadUnscaled(VW, arr, `${rowIdx(k)} * HDV + ${sl}`);
-  const blocks = (n: number, load: (x: number) => string, use: (x: number) => string[]): string[] => {
-    const out: string[] = [];
-    for (let b = 0; b < n; b += UB) {
-      const xs = range(Math.min(UB, n - b)).map((i) => b + i);
-      out.push(...xs.map(load), ...xs.flatMap(use));
-    }
-    return out;
-  };
   const hs = range(GB);
   // The key whose score this lane ends with: (g, j) holds key j * KG + g after a packed butterfly, else its own.
   const keyLane = butterfly && packed ? `sl * ${KG}u + g` : "lane";
@@ -901,7 +934,6 @@ export function attentionDecodeGroupedSource(
     `m${h} = mn${h};`,
     ...range(NSLOT).map((i) => `acc${h}_${i} *= cr${h};`),
   ]);
-  const pairs = range(IT * NSLOT).map((x) => [Math.floor(x / NSLOT), x % NSLOT]);
   // The weight of step it's key for head h, from the lane that scored it.
   const pOf = (it: number, h: number): string => {
     if (butterfly) return `subgroupShuffle(pw${h}, ${packed ? `g * ${IT}u + ${it}u` : `${it}u`})`;
@@ -919,12 +951,7 @@ export function attentionDecodeGroupedSource(
       ...hs.map((h) => `acc${h}_${i} += p${h}_${it} * v${it}_${i};`),
     ];
   };
-  const first = Math.min(UB, pairs.length);
-  const vPrefetch = range(first).map(vLoad);
-  const values = [
-    ...range(first).flatMap(vUse),
-    ...blocks(pairs.length - first, (x) => vLoad(x + first), (x) => vUse(x + first)),
-  ];
+  const { prefetch: vPrefetch, values } = L.values(vLoad, vUse);
   const store: string[] = [];
   for (const h of hs) {
     const at = `(warp * GROUP + h0 + ${h}u) * HDV`;
@@ -932,10 +959,7 @@ export function attentionDecodeGroupedSource(
       const sum = range(KG).map((gg) => `subgroupShuffle(acc${h}_0, sl + ${gg * HDV}u)`).join(" + ");
       store.push(`let t${h} = ${sum};`, `if (lane < HDV) { accs[${at} + sl] = t${h}; }`);
     } else {
-      for (let i = 0; i < NSLOT; i++) {
-        const st = `accs[${at} + lane + ${i * S}u] = acc${h}_${i};`;
-        store.push((i + 1) * S <= HDV ? st : `if (lane + ${i * S}u < HDV) { ${st} }`);
-      }
+      store.push(...L.slotStores(`${at} + `, (i) => `acc${h}_${i}`));
     }
   }
   store.push(
