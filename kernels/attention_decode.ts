@@ -500,7 +500,7 @@ export function attentionDecodeSource(
     w,
     nr,
     HDV,
-    packed: grouped,
+    packed,
     KG,
     NSLOT,
     IT,
@@ -514,20 +514,20 @@ export function attentionDecodeSource(
   // S), each lane takes partial dot products of its slots with the R keys of its group, and a butterfly of R
   // - 1 shuffles leaves lane (g, j) the score of key j * KG + g. Otherwise ("lane per key") lane l reads the
   // whole row of key l.
-  const keyOf = (it: number) => grouped ? `${it * KG}u + g` : `${it}u`;
+  const keyOf = (it: number) => packed ? `${it * KG}u + g` : `${it}u`;
   const butterfly = L.butterfly;
   // The key whose score this lane ends with: (g, j) holds key j * KG + g after the butterfly, else its own.
-  const keyLane = butterfly && grouped ? `sl * ${KG}u + g` : "lane";
+  const keyLane = butterfly && packed ? `sl * ${KG}u + g` : "lane";
   const ks = keyScales(w, keyLane);
   const score: string[] = [...ks.loads];
   const qDecl: string[] = [];
   if (butterfly) {
-    // q slots of this lane, read once; a clamped duplicate slot (non-grouped, last slot) counts zero.
+    // q slots of this lane, read once; a clamped duplicate slot (unpacked, last slot) counts zero.
     for (let i = 0; i < NSLOT; i++) {
       const q = `qs[${slot(i)}]`;
       qDecl.push(
         `let q${i} = ${
-          !grouped && (i + 1) * S > HDV ? `select(${vt}(0.0), ${q}, lane + ${i * S}u < HDV)` : q
+          !packed && (i + 1) * S > HDV ? `select(${vt}(0.0), ${q}, lane + ${i * S}u < HDV)` : q
         };`,
       );
     }
@@ -564,16 +564,16 @@ export function attentionDecodeSource(
   }
   // Values: the weight of step it's key, from the lane that scored it.
   const pOf = (it: number): string => {
-    if (butterfly) return `subgroupShuffle(pw, ${grouped ? `g * ${IT}u + ${it}u` : `${it}u`})`;
-    const kk = grouped ? `min(${keyOf(it)}, ${S - 1}u)` : `${it}u`;
+    if (butterfly) return `subgroupShuffle(pw, ${packed ? `g * ${IT}u + ${it}u` : `${it}u`})`;
+    const kk = packed ? `min(${keyOf(it)}, ${S - 1}u)` : `${it}u`;
     const sh = `subgroupShuffle(pw, ${kk})`;
     // Lanes whose key index falls outside the chunk (idle groups, the last step) get weight 0.
-    const needMask = grouped && (KG * HDV < S || IT * KG > S);
+    const needMask = packed && (KG * HDV < S || IT * KG > S);
     return needMask ? `select(0.0, ${sh}, ${keyOf(it)} < ${S}u && g < ${KG}u)` : sh;
   };
   const vLoad = (x: number) => {
     const [it, i] = pairs[x];
-    const kk = grouped && !butterfly ? `min(${keyOf(it)}, ${S - 1}u)` : keyOf(it);
+    const kk = packed && !butterfly ? `min(${keyOf(it)}, ${S - 1}u)` : keyOf(it);
     return `let v${it}_${i} = ${ld("vc", kk, slot(i))};`;
   };
   const vUse = (x: number) => {
@@ -583,7 +583,7 @@ export function attentionDecodeSource(
   const { prefetch: vPrefetch, values } = L.values(vLoad, vUse);
   // The warp's partial output into workgroup memory.
   const store: string[] = [];
-  if (grouped) {
+  if (packed) {
     const sum = range(KG).map((gg) => `subgroupShuffle(acc0, sl + ${gg * HDV}u)`).join(" + ");
     store.push(`let tot = ${sum};`, `if (lane < HDV) { accs[warp * HDV + sl] = tot; }`);
   } else {
@@ -683,7 +683,7 @@ fn main(
   if (h % GROUP == 0u && split == 0u${op ? " && orow == 0u" : ""}) {
     ${nr.write("(kv0 + pos)")}
   }${TT === 1 ? "" : OWN_SCORES_WGSL}
-  ${grouped ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}
+  ${packed ? "let g = lane / HDV;\n  let sl = lane % HDV;" : ""}
   ${qDecl.join("\n  ")}
   var m = -3.0e38;
   var l = 0.0;
