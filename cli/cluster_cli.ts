@@ -14,7 +14,7 @@ import {
 import { apiError, apiFetch } from "../node/api/mod.ts";
 import { Checkpoint } from "../models/checkpoint.ts";
 import { onStopSignal } from "./signals.ts";
-import { parseWeights } from "./load_model.ts";
+import { parseKv, parseWeights } from "./load_model.ts";
 import { claimState, clearState, statePath, writeState } from "../node/state_file.ts";
 import type { WireDtype } from "../node/stage/mod.ts";
 import { MTP_ONE_NODE, speculateFlags } from "./speculate_flags.ts";
@@ -59,6 +59,7 @@ export interface ClusterValues {
   context?: string;
   model?: string;
   weights?: string;
+  kv?: string;
   experts?: string;
   local?: string;
   draft?: string;
@@ -96,6 +97,7 @@ async function clusterSetup(values: ClusterValues, modelDir: string) {
     lab,
     modelDir: resolve(modelDir),
     weights: parseWeights(values.weights),
+    kv: parseKv(values.kv),
     emulateWan: values["emulate-wan"] ?? false,
     memoryScale,
     context,

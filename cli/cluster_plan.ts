@@ -123,12 +123,12 @@ function layerBytes(model: ModelGraph, l: number, dtype: DTypeBytes, context: nu
 export function planRegional(
   configJson: unknown,
   cluster: Cluster,
-  opts: { context?: number; weights?: string; ids?: Map<string, string>; name?: string } = {},
+  opts: { context?: number; weights?: string; kv?: string; ids?: Map<string, string>; name?: string } = {},
 ): Plan {
   const t0 = performance.now();
   const model = compileHfConfig(configJson, { name: opts.name });
   const context = opts.context ?? LAB_CONTEXT;
-  const dtype: DTypeBytes = { ...model.dtype, ...cluster.quant, ...servedDtype(opts.weights) };
+  const dtype: DTypeBytes = { ...model.dtype, ...cluster.quant, ...servedDtype(opts, [], model) };
   const L = model.layers.length;
   const regions: string[] = [];
   for (const n of cluster.nodes) if (!regions.includes(n.region)) regions.push(n.region);

@@ -34,6 +34,8 @@ export interface ClusterRunOptions {
   lab: LabCluster;
   modelDir: string;
   weights: string;
+  /** The KV cache's element type (`up --kv`; "auto": each node's default). */
+  kv: string;
   /** The chain's activations between stages (`up --wire`; default f16). */
   wire?: WireDtype;
   emulateWan: boolean;
@@ -126,7 +128,7 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
   // The plan first: a model the file's memory cannot hold is bad input, and nothing has started yet.
   const config = JSON.parse(await Deno.readTextFile(join(modelDir, "config.json")));
   try {
-    planRegional(config, o.lab.cluster, { context: o.context, weights: o.weights });
+    planRegional(config, o.lab.cluster, { context: o.context, weights: o.weights, kv: o.kv });
   } catch (e) {
     if (e instanceof PlacementError) throw new UsageError(`--cluster ${o.file}: ${e.message}`);
     throw e;
@@ -210,6 +212,8 @@ export async function startClusterRun(o: ClusterRunOptions): Promise<ClusterRun>
       String(n),
       "--weights",
       o.weights,
+      "--kv",
+      o.kv,
       ...(o.wire ? ["--wire", o.wire] : []),
       "--cluster-plan",
       resolve(o.file),
@@ -312,6 +316,7 @@ export async function labPlanOnMembers(
     file: string;
     modelDir: string;
     weights: string;
+    kv?: string;
     memoryScale?: number;
     context?: number;
     timeoutMs?: number;
@@ -331,6 +336,7 @@ export async function labPlanOnMembers(
       return planRegional(config, lab.cluster, {
         context: o.context,
         weights: o.weights,
+        kv: o.kv,
         ids,
         name: basename(o.modelDir),
       });

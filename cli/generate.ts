@@ -2,7 +2,15 @@
 import { wireFlag } from "./wire_flag.ts";
 import type { Command } from "./command.ts";
 import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
-import { loadModel, modelDirOrDemo, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
+import {
+  KV_HELP,
+  loadModel,
+  modelDirOrDemo,
+  parseKv,
+  parseTokenList,
+  parseWeights,
+  WEIGHTS_HELP,
+} from "./load_model.ts";
 import { generate } from "../models/engine.ts";
 import { readModelConfig } from "../models/family.ts";
 import { StreamDecoder } from "../models/tokenizer.ts";
@@ -38,6 +46,8 @@ Options:
   --json                print one JSON object {tokens, text, prompt_tokens, tok_s, ...} on stdout;
                         progress goes to stderr
 ${WEIGHTS_HELP}
+${KV_HELP}
+                        (through \`up\`'s chain: the chain's, \`up --kv\`)
   --local N             run on an ephemeral cluster of N node processes on this machine (layers placed
                         by the planner), torn down afterwards; the GPU's measurement it plans with
                         serves the next --local runs for 10 minutes (docs/NODE.md). Without --local, a
@@ -77,6 +87,7 @@ export const generateCommand: Command = {
       seed: { type: "string" },
       json: { type: "boolean" },
       weights: { type: "string" },
+      kv: { type: "string" },
       local: { type: "string" },
       plan: { type: "string" },
       trace: { type: "string" },
@@ -120,6 +131,7 @@ export const generateCommand: Command = {
       fallback: (Math.random() * 2 ** 32) >>> 0,
     });
     const weights = parseWeights(values.weights);
+    const kv = parseKv(values.kv);
     if (values.trace !== undefined) await checkOutputPath(values.trace, "--trace");
     const routingOut = values["routing-out"];
     if (routingOut !== undefined) {
@@ -133,6 +145,7 @@ export const generateCommand: Command = {
     const promptIds = values.tokens !== undefined ? parseTokenList(values.tokens) : undefined;
     const chainOpts = {
       weights,
+      kv,
       prompt,
       ids: promptIds,
       maxTokens,
@@ -178,6 +191,11 @@ export const generateCommand: Command = {
       const target = targetOf(state);
       const dir = await clusterModel(target.base, values.model);
       if (dir && spec?.draft === "mtp") throw new UsageError(MTP_ONE_NODE);
+      if (dir && values.kv !== undefined) {
+        throw new UsageError(
+          "--kv is the chain's: give it to `up` (this request goes to the cluster `up` started), or use --local N",
+        );
+      }
       if (dir) {
         return await generateOnCluster(target, { ...chainOpts, modelDir: dir, trace: values.trace });
       }
@@ -195,7 +213,7 @@ export const generateCommand: Command = {
       ids: promptIds,
       maxTokens,
     });
-    const engine = await loadModel(checkpoint, weights);
+    const engine = await loadModel(checkpoint, weights, kv);
     const drafter = spec &&
       await makeDrafter(spec, {
         modelDir: spec.draft === "mtp" ? dir : values.model ?? "",
@@ -258,6 +276,7 @@ export const generateCommand: Command = {
           stop_reason: result.stopReason,
           seed,
           weights: engine.weights.weightType,
+          kv: engine.weights.kvType,
           adapter: engine.gpu.adapterName,
           ...speculation,
         }));

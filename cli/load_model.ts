@@ -1,6 +1,6 @@
 // What generate and logits share on one node: finding the model (a directory, or the built-in demo) and
 // putting its opened checkpoint's weights on the GPU with a progress bar.
-import { getGpu } from "../kernels/mod.ts";
+import { getGpu, KV_TYPES, type KvType } from "../kernels/mod.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { type Engine, loadEngine } from "../models/engine.ts";
 import type { Checkpoint } from "../models/checkpoint.ts";
@@ -12,6 +12,20 @@ export const WEIGHTS_HELP =
   "  --weights auto|f32|f16|q8|q4  weights on the GPU: auto (default: f16 where the GPU has shader-f16,\n" +
   "                        else f32), f32 (exact against transformers), f16 (half the memory, faster),\n" +
   "                        q8 / q4 (8 / 4-bit groups of 32, quantised at load; see docs/KERNELS.md)";
+
+export const KV_HELP =
+  "  --kv auto|f32|f16|q8  the KV cache: auto (default: f16 beside f16 / q8 / q4 weights where the GPU has\n" +
+  "                        shader-f16, else f32), q8 (int8 rows with a scale each: about half f16's memory,\n" +
+  "                        so about twice the context; GQA layers, MLA's keep f16; see docs/KERNELS.md)";
+
+/** What --kv says: a KV cache type, or "auto" (each node's default: models/model.ts kvCacheType). */
+export type KvFlag = KvType | "auto";
+
+export function parseKv(v: string | undefined): KvFlag {
+  if (v === undefined) return "auto";
+  if (v === "auto" || (KV_TYPES as readonly string[]).includes(v)) return v as KvFlag;
+  throw new UsageError(`--kv expects auto, ${KV_TYPES.join(", ")}, got "${v}"`);
+}
 
 /** What --weights says: a storage, or "auto" (each GPU's default: f16 with shader-f16, else f32). */
 export type WeightsFlag = WeightsOption | "auto";
@@ -74,7 +88,11 @@ export function hasVulkanSoftwareDriver(): boolean {
  * Loads an opened checkpoint onto this process's GPU, with a progress bar (open it, and check the request
  * against it, first: cli/pipeline_generate.ts prepareRequest).
  */
-export async function loadModel(checkpoint: Checkpoint, weights: WeightsFlag): Promise<Engine> {
+export async function loadModel(
+  checkpoint: Checkpoint,
+  weights: WeightsFlag,
+  kv: KvFlag = "auto",
+): Promise<Engine> {
   const gpu = await getGpu();
   if (gpu.isSoftware) console.error(softwareAdapterNote(gpu.adapterName, hasVulkanSoftwareDriver()));
   if (weights === "auto" && checkpoint.config.weightQuant) {
@@ -85,6 +103,7 @@ export async function loadModel(checkpoint: Checkpoint, weights: WeightsFlag): P
   const engine = await loadEngine(checkpoint, {
     gpu,
     weights: weights === "auto" ? undefined : weights,
+    kv: kv === "auto" ? undefined : kv,
     onProgress: (done, total) => {
       bar ??= progressBar(`loading weights (${weights})`, total);
       bar.update(done);

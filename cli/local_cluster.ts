@@ -34,6 +34,8 @@ export interface LocalCluster {
 export interface LocalClusterOptions {
   modelDir: string;
   weights: string;
+  /** The KV cache every stage holds (publishPlan's `kv`; default auto). */
+  kv?: string;
   plan?: { stages: { node: string }[] } & Record<string, unknown>;
   /** Where MoE experts live (publishPlan's `experts`). */
   experts?: "local" | "spread";
@@ -107,6 +109,7 @@ export async function startLocalCluster(n: number, opts: LocalClusterOptions): P
     const assignment = await publishPlan(node, pipeline, {
       modelDir: resolve(opts.modelDir),
       weights: opts.weights,
+      kv: opts.kv,
       members: n,
       plan: opts.plan,
       experts: opts.experts,

@@ -5,7 +5,15 @@ import type { Command } from "./command.ts";
 import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { logitsLocal, prepareRequest, writeLogits } from "./pipeline_generate.ts";
 import { checkOutputPath } from "./output_file.ts";
-import { loadModel, modelDirOrDemo, parseTokenList, parseWeights, WEIGHTS_HELP } from "./load_model.ts";
+import {
+  KV_HELP,
+  loadModel,
+  modelDirOrDemo,
+  parseKv,
+  parseTokenList,
+  parseWeights,
+  WEIGHTS_HELP,
+} from "./load_model.ts";
 import { clusterFlags, clusterHelp, logitsCluster } from "./cluster_cli.ts";
 
 const USAGE = `Usage: swactor logits --model DIR --tokens 1,2,3 --out FILE.safetensors [options]
@@ -19,6 +27,7 @@ Options:
   --out FILE            output .safetensors file (required; a regular file is replaced atomically,
                         a device or pipe such as /dev/stdout is written in place)
 ${WEIGHTS_HELP}
+${KV_HELP}
   --local N             run on an ephemeral cluster of N node processes on this machine
   --wire f16|f32        activations between stages and to expert hosts with --local (default f32
                         here: exact)
@@ -36,6 +45,7 @@ export const logitsCommand: Command = {
       tokens: { type: "string" },
       out: { type: "string" },
       weights: { type: "string" },
+      kv: { type: "string" },
       local: { type: "string" },
       wire: { type: "string" },
       experts: { type: "string" },
@@ -47,6 +57,7 @@ export const logitsCommand: Command = {
     const tokens = parseTokenList(values.tokens);
     await checkOutputPath(values.out, "--out");
     const wire = wireFlag(values.wire) ?? "f32";
+    const kv = parseKv(values.kv);
     if (values["cluster-plan"] !== undefined) throw new UsageError("--cluster-plan is `up`'s (the leader's)");
     if (values.cluster !== undefined) {
       return await logitsCluster(values, {
@@ -63,6 +74,7 @@ export const logitsCommand: Command = {
       return await logitsLocal(n, {
         modelDir: values.model,
         weights: parseWeights(values.weights),
+        kv,
         ids: tokens,
         out: values.out,
         wire,
@@ -74,7 +86,7 @@ export const logitsCommand: Command = {
       ids: tokens,
       tokenizer: false,
     });
-    const engine = await loadModel(checkpoint, parseWeights(values.weights));
+    const engine = await loadModel(checkpoint, parseWeights(values.weights), kv);
     try {
       const logits = await engine.logits(tokens);
       const V = engine.model.vocab;

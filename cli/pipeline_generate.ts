@@ -40,6 +40,8 @@ import type { GenerateOutcome, SpeculateOutcome } from "../node/stage/client.ts"
 export interface ChainGenerateOptions {
   modelDir: string;
   weights: string;
+  /** The KV cache the chain's stages hold (a chain started here; default auto: each node's). */
+  kv?: string;
   prompt?: string;
   ids?: number[];
   maxTokens: number;
@@ -202,6 +204,7 @@ function report(
       stop_reason: r.stopReason,
       seed: o.sampling.seed,
       weights: o.weights,
+      kv: o.kv ?? "auto",
       wire: r.wire ?? o.wire ?? "f16",
       nodes: chain.nodes,
       stages: chain.stages,
@@ -342,6 +345,7 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
     const cluster = await startLocalCluster(n, {
       modelDir: o.modelDir,
       weights: o.weights,
+      kv: o.kv,
       plan: o.plan,
       experts: o.experts,
       signal: abort.signal,
@@ -555,6 +559,7 @@ export async function logitsLocal(
   o: {
     modelDir: string;
     weights: string;
+    kv?: string;
     ids: number[];
     out: string;
     wire: "f16" | "f32";
@@ -573,6 +578,7 @@ export async function logitsLocal(
     const cluster = await startLocalCluster(n, {
       modelDir: o.modelDir,
       weights: o.weights,
+      kv: o.kv,
       plan: o.plan,
       experts: o.experts,
       signal: abort.signal,

@@ -74,7 +74,7 @@ export class WeightBudget {
   stage(load: StageLoader): StageLoader {
     return async (role, o) => {
       const graph = await graphOf(o.model.dir);
-      const dtype = servedDtype(o.model.weights);
+      const dtype = servedDtype(o.model);
       const remote = new Set(o.experts?.remote ?? []);
       let n = 0;
       if (role.embeds) n += graph.embedParams * dtype.embed!;
@@ -108,7 +108,7 @@ export class WeightBudget {
   experts(load: ExpertLoader): ExpertLoader {
     return async (hold, o) => {
       const graph = await graphOf(o.model.dir);
-      const dtype = servedDtype(o.model.weights);
+      const dtype = servedDtype(o.model);
       let n = 0, count = 0;
       for (const [l, ids] of hold) {
         const op = graph.layers[l]?.ops.find((x) => x.kind === "moe");

@@ -12,15 +12,17 @@ import {
 } from "../planner/mod.ts";
 import { moeOf } from "../planner/model_graph.ts";
 import { planLive } from "./plan_live.ts";
-import { parseWeights } from "./load_model.ts";
+import { parseKv, parseWeights } from "./load_model.ts";
 import { LAB_CONTEXT, labCluster, planRegional } from "./cluster_plan.ts";
 import { readInputFile } from "./input_file.ts";
 
 const usage =
   `Usage: swactor plan --model DIR --cluster FILE [--json] [--context N] [--experts auto|local|spread]
                     [--spread compact|wide] [--routing FILE]
-       swactor plan --model DIR --cluster FILE --experts regional [--weights W] [--memory-scale F] [--json]
-       swactor plan --model DIR --live [--api HOST:PORT] [--nodes N] [--weights W] [--save-cluster FILE] [--json]
+       swactor plan --model DIR --cluster FILE --experts regional [--weights W] [--kv K] [--memory-scale F]
+                    [--json]
+       swactor plan --model DIR --live [--api HOST:PORT] [--nodes N] [--weights W] [--kv K] [--save-cluster FILE]
+                    [--json]
 
 Plans which node runs which layers (and experts) of the model, and predicts per-token latency.
   --model DIR       a directory with a Hugging Face config.json
@@ -30,6 +32,9 @@ Plans which node runs which layers (and experts) of the model, and predicts per-
                     members (--nodes N: the first N, that node first)
   --weights W       with --live: the weights' form the chain would load (auto, f32, f16, q8, q4; default:
                     the running chain's, else auto)
+  --kv K            with --live or --experts regional: the KV cache's element type the chain would hold
+                    (auto, f32, f16, q8: q8 about halves f16's bytes; default: the running chain's, else
+                    auto)
   --save-cluster F  with --live: write the measured cluster to F in the planner language
   --context N       tokens of KV cache each stage must hold (default 4096)
   --experts MODE    auto (default): the faster of local and spread; local: a stage holds its
@@ -61,6 +66,7 @@ export const planCommand: Command = {
       api: { type: "string" },
       nodes: { type: "string" },
       weights: { type: "string" },
+      kv: { type: "string" },
       "save-cluster": { type: "string" },
       "memory-scale": { type: "string" },
     });
@@ -70,6 +76,12 @@ export const planCommand: Command = {
     const experts = values.experts ?? "auto";
     if (!["auto", "local", "spread", "regional"].includes(experts)) {
       throw new UsageError(`--experts expects auto, local, spread or regional, got "${experts}"`);
+    }
+    const kv = values.kv === undefined ? undefined : parseKv(values.kv);
+    if (kv !== undefined && !values.live && experts !== "regional") {
+      throw new UsageError(
+        "--kv needs --live or --experts regional (a cluster file's plan counts its own dtypes)",
+      );
     }
     if (values["memory-scale"] !== undefined && experts !== "regional") {
       throw new UsageError("--memory-scale needs --experts regional");
@@ -120,6 +132,7 @@ export const planCommand: Command = {
           : numberFlag(values.nodes, "nodes", { min: 1, integer: true, fallback: 1 }),
         context,
         weights: values.weights === undefined ? undefined : parseWeights(values.weights),
+        kv,
         saveCluster: values["save-cluster"],
       });
       if (values.json) console.log(JSON.stringify(plan));
@@ -143,6 +156,7 @@ export const planCommand: Command = {
         plan = planRegional(json, labCluster(cluster, { memoryScale }).cluster, {
           context,
           weights: parseWeights(values.weights),
+          kv,
           name,
         });
       } catch (e) {

@@ -15,6 +15,7 @@ export interface PlanLiveOptions {
   nodes?: number;
   context: number;
   weights?: string;
+  kv?: string;
   /** Write the live cluster, in the planner language, to this file. */
   saveCluster?: string;
 }
@@ -33,8 +34,10 @@ export async function liveMembersAt(base: ApiTarget): Promise<LiveMember[]> {
 export async function planLive(o: PlanLiveOptions): Promise<{ plan: Plan; members: LiveMember[] }> {
   const base = await apiTarget(o.api);
   let members = await liveMembersAt(base);
-  // Without --weights, the weights of the chain the cluster runs, if any: plan as it was planned.
-  const weights = o.weights ?? await chainWeights(base);
+  // Without --weights / --kv, those of the chain the cluster runs, if any: plan as it was planned.
+  const chain = o.weights === undefined || o.kv === undefined ? await chainModel(base) : undefined;
+  const weights = o.weights ?? chain?.weights;
+  const kv = o.kv ?? chain?.kv;
   const unmeasured = members.filter((m) => !m.descriptor?.measured_at).map((m) => m.id.slice(0, 10));
   if (unmeasured.length) {
     console.error(
@@ -54,11 +57,11 @@ export async function planLive(o: PlanLiveOptions): Promise<{ plan: Plan; member
     const model = compileHfConfig(o.config);
     // As planChain builds it, so `plan --model DIR --cluster FILE` on the saved file plans the same split.
     const order = chainRoles(members, members.length, model.layers.length).layered.map((m) => m.id);
-    const cluster = chainCluster(model, members, { order, weights });
+    const cluster = chainCluster(model, members, { order, weights, kv });
     await Deno.writeTextFile(o.saveCluster, printCluster(cluster));
   }
   try {
-    return { plan: planChain(o.config, members, { context: o.context, weights }), members };
+    return { plan: planChain(o.config, members, { context: o.context, weights, kv }), members };
   } catch (e) {
     if (e instanceof PlacementError) {
       throw new UsageError(`no placement fits (${e.constraint}): ${e.message}`);
@@ -67,13 +70,13 @@ export async function planLive(o: PlanLiveOptions): Promise<{ plan: Plan; member
   }
 }
 
-/** The weights form of the chain the node at `base` runs, or undefined (no chain, or an older node). */
-async function chainWeights(base: ApiTarget): Promise<string | undefined> {
+/** The weights and KV cache of the chain the node at `base` runs, or undefined (no chain, or an older node). */
+async function chainModel(base: ApiTarget): Promise<{ weights?: string; kv?: string } | undefined> {
   try {
     const res = await apiFetch(base, "/pipeline");
     if (!res.ok) return undefined;
-    const body = await res.json() as { assignment?: { model?: { weights?: string } } | null };
-    return body.assignment?.model?.weights;
+    const body = await res.json() as { assignment?: { model?: { weights?: string; kv?: string } } | null };
+    return body.assignment?.model ?? undefined;
   } catch {
     return undefined;
   }

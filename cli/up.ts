@@ -5,7 +5,7 @@ import { type Command, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { runNodeProcess } from "./node_process.ts";
 import { resolve } from "node:path";
 import { attachPipeline } from "./pipeline_node.ts";
-import { parseWeights } from "./load_model.ts";
+import { parseKv, parseWeights } from "./load_model.ts";
 import { type PipelineNode, publishPlan, requestWire } from "../node/stage/mod.ts";
 import { shareMeasurement, shareOneGpu, spawnWorker, stopWorkers, termWorkers } from "./workers.ts";
 import { readPlanFile } from "./plan_file.ts";
@@ -36,10 +36,11 @@ export const up: Command = {
   summary: "start a node that leads a cluster and print its ticket",
   usage: `Usage: swactor up [--peers N] [--listen HOST:PORT] [--relay n0|URL|none] [--api HOST:PORT]
                   [--membership lan|wan|local|test]
-                  [--model DIR] [--members N] [--plan FILE] [--weights auto|f32|f16|q8|q4] [--wire f16|f32]
-                  [--memory SIZE] [--http HOST:PORT|off] [--api-key KEY] [--insecure] [--parallel N]
-                  [--queue N]
-       swactor up --cluster FILE --model DIR [--emulate-wan] [--memory-scale F] [--weights W] [--wire W]
+                  [--model DIR] [--members N] [--plan FILE] [--weights auto|f32|f16|q8|q4]
+                  [--kv auto|f32|f16|q8] [--wire f16|f32] [--memory SIZE] [--http HOST:PORT|off]
+                  [--api-key KEY] [--insecure] [--parallel N] [--queue N]
+       swactor up --cluster FILE --model DIR [--emulate-wan] [--memory-scale F] [--weights W] [--kv K]
+                  [--wire W]
 
 Starts a node that leads a new cluster (fresh secret), prints exactly one line "ticket: <TICKET>" on
 stdout and keeps running until SIGINT/SIGTERM/SIGHUP or \`swactor down\`, then leaves gracefully.
@@ -62,6 +63,10 @@ ${RELAY_HELP}
                        onto the members in order); without --model it is only shown by \`status\`
   --weights auto|f32|f16|q8|q4  weights on the GPU (default auto: f16 where the GPU has shader-f16, else
                        f32; q8 / q4 quantised at load)
+  --kv auto|f32|f16|q8 with --model: the KV cache every stage holds (default auto: f16 beside f16 / q8 / q4
+                       weights where the GPU has shader-f16, else f32); q8 (int8 rows with a scale each)
+                       about halves f16's bytes, and the planner counts it so: longer contexts on the
+                       same nodes (GQA layers; MLA's keep f16; docs/KERNELS.md "The 8-bit KV cache")
 ${WIRE_UP_HELP}
 ${SERVING_HELP}
 ${SPECULATE_UP_HELP}
@@ -79,6 +84,7 @@ ${clusterHelp(23)}`,
       model: { type: "string" },
       plan: { type: "string" },
       weights: { type: "string" },
+      kv: { type: "string" },
       wire: { type: "string" },
       http: { type: "string" },
       "api-key": { type: "string" },
@@ -96,6 +102,12 @@ ${clusterHelp(23)}`,
     if (wire !== undefined && values.model === undefined) {
       throw new UsageError(
         "--wire sets the activations of the chain that `up --model DIR` serves: it needs --model",
+      );
+    }
+    const kv = parseKv(values.kv);
+    if (values.kv !== undefined && values.model === undefined) {
+      throw new UsageError(
+        "--kv sets the KV cache of the chain that `up --model DIR` serves: it needs --model",
       );
     }
     if (values.cluster !== undefined) return await upCluster(values, wire);
@@ -228,6 +240,7 @@ ${clusterHelp(23)}`,
               file: values["cluster-plan"],
               modelDir: resolve(values.model),
               weights,
+              kv,
               memoryScale: values["memory-scale"] === undefined ? undefined : Number(values["memory-scale"]),
               context: values.context === undefined ? undefined : Number(values.context),
               signal,
@@ -235,6 +248,7 @@ ${clusterHelp(23)}`,
             const a = await publishPlan(node, pipeline, {
               modelDir: resolve(values.model),
               weights,
+              kv,
               wire,
               members,
               // Nodes beyond --peers join by hand: give them time.

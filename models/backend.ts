@@ -169,4 +169,9 @@ export interface ModelRef {
   dir: string;
   /** Weight storage on the GPU ("f32" | "f16" | "q8" | "q4", or "auto": f16 where the GPU has shader-f16). */
   weights: string;
+  /**
+   * The KV cache's element type ("f32" | "f16" | "q8"; absent or "auto": each node's default, f16 beside
+   * f16 / q8 / q4 weights where the GPU has shader-f16: models/model.ts kvCacheType).
+   */
+  kv?: string;
 }

@@ -35,6 +35,7 @@ import type {
   LoopOptions,
   LoopResult,
   ModelFacts,
+  ModelRef,
   OpenOptions,
   Sampling,
   StageBackend,
@@ -60,6 +61,8 @@ import {
   keepWarmFor,
   keepWarmFromEnv,
   type KernelCall,
+  KV_TYPES,
+  type KvType,
   outOfMemoryErrors,
   outOfMemorySince,
   readBack,
@@ -1021,6 +1024,18 @@ export function weightsOption(v: string | undefined): WeightsOption | undefined 
   throw new RequestError(`weights must be auto, f32, f16, q8 or q4, got "${v}"`);
 }
 
+/** Parses a KV cache option: f32, f16, q8, or "auto" / undefined (the node's default: kvCacheType). */
+export function kvOption(v: string | undefined): KvType | undefined {
+  if (v === undefined || v === "auto") return undefined;
+  if ((KV_TYPES as readonly string[]).includes(v)) return v as KvType;
+  throw new RequestError(`kv must be auto, ${KV_TYPES.join(", ")}, got "${v}"`);
+}
+
+/** What a ModelRef (the Plan's model) asks of a load: the weights' storage and the KV cache's type. */
+export function servedForm(m: ModelRef): { weights?: WeightsOption; kv?: KvType } {
+  return { weights: weightsOption(m.weights), kv: kvOption(m.kv) };
+}
+
 /** The ExpertLoader: reads the held experts of each layer onto this process's GPU. */
 export const loadExpertHost: ExpertLoader = async (hold, opts) => {
   const gpu = await getGpu();
@@ -1052,6 +1067,7 @@ export async function loadEngine(
   const gpu = opts.gpu ?? await getGpu();
   const model = await Model.load(gpu, ckpt, {
     weights: opts.weights,
+    kv: opts.kv,
     layers: role.layers,
     embed: role.embeds,
     head: role.head,
@@ -1067,7 +1083,7 @@ export async function loadEngine(
 export const loadStage: StageLoader = (role, opts) =>
   loadEngine(opts.model.dir, {
     role,
-    weights: weightsOption(opts.model.weights),
+    ...servedForm(opts.model),
     onProgress: opts.onProgress,
     remoteExperts: opts.experts?.remote,
     fanout: opts.experts?.fanout,

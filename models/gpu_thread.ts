@@ -368,7 +368,7 @@ export const threadStageLoader: StageLoader = async (role, opts) => {
       {
         op: "stage",
         role,
-        model: { dir: opts.model.dir, weights: opts.model.weights },
+        model: { dir: opts.model.dir, weights: opts.model.weights, kv: opts.model.kv },
         remote: opts.experts?.remote,
         fanout: opts.experts !== undefined,
       },

@@ -4,7 +4,7 @@
 // node's side calls its methods by handle (GpuRequest) and is answered in order of completion (GpuReply).
 // A stage whose MoE layers' experts live on other nodes calls back for them (`fanout`, answered by the node).
 import type { ExpertInput, LoopOptions } from "./backend.ts";
-import { type Engine, loadEngine, loadExpertHost, weightsOption } from "./engine.ts";
+import { type Engine, loadEngine, loadExpertHost, servedForm } from "./engine.ts";
 import type { ExpertHost } from "./experts.ts";
 import type { GpuCallback, GpuMessage, GpuRequest, StageFacts, WireError } from "./gpu_thread.ts";
 
@@ -43,7 +43,7 @@ async function handle(r: GpuRequest, id: number): Promise<{ value: unknown; tran
         : undefined;
       const engine = await loadEngine(r.model.dir, {
         role: r.role,
-        weights: weightsOption(r.model.weights),
+        ...servedForm(r.model),
         onProgress: (done, total) => post({ kind: "event", id, event: { progress: [done, total] } }),
         remoteExperts: r.remote,
         fanout,

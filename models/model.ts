@@ -88,6 +88,11 @@ export interface LoadOptions {
    * matrix whose rows are not a multiple of 32 stays f16 (f32 without shader-f16).
    */
   weights?: WeightsOption;
+  /**
+   * The KV cache's element type (kernels/kv.ts). Default: gpu.tuning.kv, else env SWACTOR_KV, else f16 where
+   * the GPU has shader-f16 and the weights are not f32, else f32 (kvCacheType).
+   */
+  kv?: KvType;
   /** Layers [start, end) this part runs. Default: all. */
   layers?: [number, number];
   /** Whether this part embeds tokens (the first stage). Default: layers start at 0. */
@@ -145,17 +150,18 @@ export function defaultWeights(gpu: Gpu): WeightType {
 
 /**
  * The KV cache's element type (GQA's K and V, MLA's latent rows) for weights `wt`, chosen once per Model.load:
- * `gpu.tuning.kv`, else env SWACTOR_KV (f16 | f32 | q8), else f16 where the adapter has shader-f16 and the
- * weights are not f32 (f16, q8, q4: half the bytes the decode attention reads), else f32 (f32 weights stay exact
- * to the fixtures). q8 (int8 rows with a scale each, kernels/kv.ts) is opt-in: GQA layers whose head_dim is a
- * multiple of 4 take it, the others keep f16.
+ * `asked` (LoadOptions.kv: `--kv`, or the Plan's ModelRef), else `gpu.tuning.kv`, else env SWACTOR_KV (f16 |
+ * f32 | q8), else f16 where the adapter has shader-f16 and the weights are not f32 (f16, q8, q4: half the bytes
+ * the decode attention reads), else f32 (f32 weights stay exact to the fixtures). q8 (int8 rows with a scale
+ * each, kernels/kv.ts) is opt-in: GQA layers whose head_dim is a multiple of 4 take it, the others keep f16.
  */
-export function kvCacheType(gpu: Gpu, wt: WeightsOption): KvType {
-  const env = Deno.env.get("SWACTOR_KV") || undefined;
+export function kvCacheType(gpu: Gpu, wt: WeightsOption, asked?: KvType): KvType {
+  const given = asked ?? gpu.tuning.kv;
+  const env = given ? undefined : Deno.env.get("SWACTOR_KV") || undefined;
   if (env !== undefined && !(KV_TYPES as readonly string[]).includes(env)) {
     throw new EnvError(`SWACTOR_KV must be one of ${KV_TYPES.join(", ")}, got "${env}"`);
   }
-  const kv = gpu.tuning.kv ?? (env as KvType | undefined) ?? (gpu.hasF16 && wt !== "f32" ? "f16" : "f32");
+  const kv = given ?? (env as KvType | undefined) ?? (gpu.hasF16 && wt !== "f32" ? "f16" : "f32");
   if (kv !== "f32" && !gpu.hasF16) {
     throw new RequestError(`an ${kv} KV cache needs shader-f16, which ${gpu.adapterName} lacks`);
   }
@@ -359,7 +365,7 @@ export class Model {
     let done = 0;
     const types = new Map<GPUBuffer, WeightsOption>();
     const normType: WeightType = isQuant(wt) ? "f32" : wt;
-    const kvType = kvCacheType(gpu, wt);
+    const kvType = kvCacheType(gpu, wt, opts.kv);
     const floatType: WeightType = gpu.hasF16 ? "f16" : "f32";
     const uploader = new WeightUploader(gpu, ckpt, { on: opts.convert });
     // A buffer the GPU cannot allocate is invalid, not an exception, and a GPU short of memory may lose its

@@ -69,6 +69,7 @@ function attentionOp(a: AttentionSpec, hidden: number): AttentionOp {
     variant: a.kvHeads === a.heads ? "mha" : "gqa",
     params,
     kvPerToken: 2 * a.kvHeads * a.headDim,
+    headDim: a.headDim,
     flops: 2 * params,
     ctxFlops: 4 * a.heads * a.headDim,
   };

@@ -26,6 +26,8 @@ export interface AttentionOp {
   params: number;
   /** KV-cache elements stored per token of context (K and V, or MLA's compressed latent + rope key). */
   kvPerToken: number;
+  /** GQA / MHA: values of one K or V cache row (head_dim); absent for MLA (and where not known). */
+  headDim?: number;
   /** FLOPs per token of new input, excluding the part that grows with the context. */
   flops: number;
   /** FLOPs per token of new input per token of context (scores and weighted sum). */

@@ -6,10 +6,10 @@
 // With q8 / q4 the greedy tokens are reported but do not fail the check (quantisation may move a near
 // tie: a flip's line gives the reference's margin there against the run's error on that row); the logits
 // must be within the tolerance (defaults: FIXTURE_TOLERANCE). --kv f16|f32|q8 sets the KV cache's type
-// (SWACTOR_KV). With f16 weights an MoE model's logits are not continuous in its activations: the f16 KV
-// cache's rounding can move a router score past a near tie, so another expert runs at that row
-// (docs/CHECKPOINTS.md, "The held-out sweep"). Such a miss, tokens kept, is checked again with an f32 KV
-// cache and passes, saying so, only if it is then within the tolerance.
+// (the CLI's --kv, given to both commands). With f16 weights an MoE model's logits are not continuous in its
+// activations: the f16 KV cache's rounding can move a router score past a near tie, so another expert runs at
+// that row (docs/CHECKPOINTS.md, "The held-out sweep"). Such a miss, tokens kept, is checked again with an
+// f32 KV cache and passes, saying so, only if it is then within the tolerance.
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { scriptArgs } from "./args.ts";
@@ -104,7 +104,7 @@ export async function checkFixture(
   opts: { weights?: FixtureWeights; local?: number; experts?: "local" | "spread"; kv?: KvType } = {},
 ): Promise<FixtureCheck> {
   const weights = opts.weights ?? "f32";
-  const env = opts.kv ? { SWACTOR_KV: opts.kv } : undefined;
+  const kv = opts.kv ? ["--kv", opts.kv] : [];
   // Through a chain, activations cross the wire in f32 for both runs (generate's default is f16, logits'
   // f32): an exactness check must not round between stages, or a near tie in the greedy tokens flips where
   // the teacher-forced logits, which decide the explanation on a DIFFER line, were never rounded.
@@ -131,8 +131,9 @@ export async function checkFixture(
     "--weights",
     weights,
     "--json",
+    ...kv,
     ...local,
-  ], env);
+  ]);
   if (gen.code !== 0) throw new Error(`generate on ${dir} exited ${gen.code}: ${gen.stderr}`);
   const json = JSON.parse(gen.stdout);
   const generated: number[] = json.tokens;
@@ -148,8 +149,9 @@ export async function checkFixture(
       out,
       "--weights",
       weights,
+      ...kv,
       ...local,
-    ], env);
+    ]);
     if (lg.code !== 0) throw new Error(`logits on ${dir} exited ${lg.code}: ${lg.stderr}`);
     const got = await readF32(out, "logits");
     const want = await readF32(join(dir, "reference.safetensors"), "logits");

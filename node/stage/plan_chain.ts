@@ -23,6 +23,7 @@ import {
 } from "../../planner/mod.ts";
 import type { Cluster } from "../../planner/cluster.ts";
 import { expertPlacement } from "./experts.ts";
+import { kvRowBytes, kvTypeOf } from "../../kernels/kv.ts";
 
 /** A member as the planner sees it: its id and, once it has measured itself, its descriptor. */
 export type ChainMember = LiveMember;
@@ -40,6 +41,8 @@ export interface PlanChainOptions {
   experts?: "local" | "spread";
   /** The weights' form on the GPU ("auto", "f32", "f16", "q8", "q4"; default "auto"): the bytes each reads. */
   weights?: string;
+  /** The KV cache's element type ("auto", "f32", "f16", "q8"; default "auto"): the bytes it holds. */
+  kv?: string;
 }
 
 /** Orders whose predicted per-token time is within this fraction of the fastest count as equally fast. */
@@ -49,23 +52,50 @@ const ORDER_TOLERANCE = 0.01;
 const RESERVE_BYTES = 64 * 2 ** 20;
 
 /**
- * Bytes per element the engine holds for `weights`: auto is f16 wherever the GPU has shader-f16 (every GPU we
- * run on, and the software adapter) and f32 elsewhere; q8 / q4 hold 1 / 0.5 bytes plus an f16 scale per group
- * of 32. The KV cache (models/model.ts kvCacheType; GQA's K and V, or MLA's latent rows) is f16 beside f16 /
- * q8 / q4 weights and f32 beside f32 ones or on a GPU without shader-f16. The Plan has one set of sizes for all
- * nodes: when any of `members` measured its GEMVs reading f32 (no shader-f16), auto weights and the KV cache
- * count 4 bytes everywhere, over-counting the others rather than under-counting it. A node told SWACTOR_KV=f32
- * or q8 does not say so in its descriptor: not counted (a q8 cache holds about half the f16 count, so the plan
- * then leaves that room unused).
+ * Bytes per element the engine holds for `form.weights`: auto is f16 wherever the GPU has shader-f16 (every GPU
+ * we run on, and the software adapter) and f32 elsewhere; q8 / q4 hold 1 / 0.5 bytes plus an f16 scale per
+ * group of 32. The KV cache (models/model.ts kvCacheType; GQA's K and V, or MLA's latent rows) is `form.kv`
+ * where given, else f16 beside f16 / q8 / q4 weights and f32 beside f32 ones or on a GPU without shader-f16. A
+ * q8 cache holds a row of `head_dim` int8 values and an f32 scale in GQA layers whose head_dim is a multiple of
+ * 4, f16 in the others (kernels/kv.ts kvTypeOf): it counts the largest of `model`'s layers' bytes per element
+ * (f16's 2 without `model`). The Plan has one set of sizes for all nodes: when any of `members` measured its
+ * GEMVs reading f32 (no shader-f16), auto weights and the KV cache count 4 bytes everywhere, over-counting the
+ * others rather than under-counting it. A node told SWACTOR_KV does not say so in its descriptor: not counted
+ * (`up --kv` is: the Plan's model carries it to every node).
  */
 export function servedDtype(
-  weights: string | undefined,
+  form: { weights?: string; kv?: string },
   members: ChainMember[] = [],
+  model?: ModelGraph,
 ): Partial<DTypeBytes> {
+  const { weights } = form;
   const noF16 = members.some((m) => m.descriptor?.read_weights === "f32");
   const float = noF16 ? 4 : 2;
   const w = weights === "f32" ? 4 : weights === "q8" ? 34 / 32 : weights === "q4" ? 18 / 32 : float;
-  return { dense: w, experts: w, embed: w, kv: weights === "f32" ? 4 : float };
+  return {
+    dense: w,
+    experts: w,
+    embed: w,
+    kv: kvElementBytes(form.kv, weights === "f32" ? 4 : float, model),
+  };
+}
+
+/** Bytes per KV cache element of type `kv` (auto / undefined: `auto`), the largest over `model`'s layers. */
+function kvElementBytes(kv: string | undefined, auto: number, model?: ModelGraph): number {
+  if (kv === undefined || kv === "auto") return auto;
+  if (kv !== "q8") return kv === "f32" ? 4 : 2;
+  let bytes = 0;
+  for (const layer of model?.layers ?? []) {
+    for (const op of layer.ops) {
+      if (op.kind !== "attention") continue;
+      const width = op.variant === "mla" ? 1 : op.headDim ?? 1;
+      bytes = Math.max(
+        bytes,
+        kvRowBytes(kvTypeOf("q8", { gqa: op.variant !== "mla", width }), width) / width,
+      );
+    }
+  }
+  return bytes || 2;
 }
 
 /**
@@ -75,13 +105,13 @@ export function servedDtype(
 export function chainCluster(
   model: ModelGraph,
   members: ChainMember[],
-  opts: { order?: string[]; weights?: string } = {},
+  opts: { order?: string[]; weights?: string; kv?: string } = {},
 ): Cluster {
   return liveCluster(members, {
     width: model.hidden,
     reserveBytes: RESERVE_BYTES,
     constraints: opts.order ? { order: opts.order } : undefined,
-    quant: servedDtype(opts.weights, members),
+    quant: servedDtype(opts, members, model),
   });
 }
 
@@ -160,7 +190,11 @@ function planOrder(model: ModelGraph, members: ChainMember[], want: number, opts
   const { embedNode, layered, headNode } = chainRoles(members, want, L);
   const layerStages = layered.length;
   const context = opts.context ?? 4096;
-  const cluster = chainCluster(model, members, { order: layered.map((m) => m.id), weights: opts.weights });
+  const cluster = chainCluster(model, members, {
+    order: layered.map((m) => m.id),
+    weights: opts.weights,
+    kv: opts.kv,
+  });
   const plan = planPipeline(model, cluster, {
     context,
     ...(opts.experts === "spread" ? { experts: "spread", expertSpread: "wide" } : {}),

@@ -18,6 +18,8 @@ export interface PublishOptions {
   /** Checkpoint folder (absolute paths travel best: every node opens the same path). */
   modelDir: string;
   weights: string;
+  /** The KV cache's element type every stage allocates (`up --kv`; absent or "auto": each node's default). */
+  kv?: string;
   /** The chain's activations between stages for requests that name none (`up --wire`; default f16). */
   wire?: WireDtype;
   /** Members to wait for before planning. */
@@ -96,6 +98,7 @@ export async function publishPlan(
   } else {
     plan = planChain(config, liveMembers(node, members), {
       weights: opts.weights,
+      kv: opts.kv,
       experts: opts.experts ?? "local",
     });
   }
@@ -118,7 +121,11 @@ export async function publishPlan(
   }
   return pipeline.board.publish({
     plan: plan as Assignment["plan"],
-    model: { dir: opts.modelDir, weights: opts.weights },
+    model: {
+      dir: opts.modelDir,
+      weights: opts.weights,
+      ...(opts.kv && opts.kv !== "auto" ? { kv: opts.kv } : {}),
+    },
     layers,
     wire: opts.wire ?? "f16",
   });

@@ -273,6 +273,7 @@ export class ChainRecovery {
       const config = JSON.parse(await Deno.readTextFile(join(dir, "config.json")));
       plan = planChain(config, liveMembers(this.#host, alive), {
         weights: a.model.weights,
+        kv: a.model.kv,
         experts: (a.plan as ExpertPlan).expertMode === "spread" ? "spread" : "local",
       }) as unknown as RecoverablePlan;
     }

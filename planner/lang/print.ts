@@ -58,7 +58,9 @@ export function printCluster(c: Cluster): string {
 function printOp(op: Op): string {
   switch (op.kind) {
     case "attention":
-      return `attention ${op.variant} { params = ${op.params}; kv = ${op.kvPerToken}; flops = ${op.flops}; ctx_flops = ${op.ctxFlops} }`;
+      return `attention ${op.variant} { params = ${op.params}; kv = ${op.kvPerToken}; ${
+        op.headDim === undefined ? "" : `head_dim = ${op.headDim}; `
+      }flops = ${op.flops}; ctx_flops = ${op.ctxFlops} }`;
     case "mlp":
       return `mlp { params = ${op.params}; flops = ${op.flops} }`;
     case "norm":

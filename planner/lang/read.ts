@@ -227,7 +227,7 @@ function readCluster(r: Reader, s: Stmt): Cluster {
 }
 
 const OP_SCHEMAS: Record<string, Schema> = {
-  attention: { params: "count", kv: "count", flops: "count", ctx_flops: "count" },
+  attention: { params: "count", kv: "count", head_dim: "int", flops: "count", ctx_flops: "count" },
   mlp: { params: "count", flops: "count" },
   norm: { params: "count" },
   moe: {
@@ -260,6 +260,7 @@ function readOp(r: Reader, s: Stmt): Op {
         variant: variant as AttentionVariant,
         params,
         kvPerToken: need("kv"),
+        ...(p.head_dim === undefined ? {} : { headDim: p.head_dim as number }),
         flops: (p.flops as number) ?? 2 * params,
         ctxFlops: need("ctx_flops"),
       };

@@ -97,6 +97,25 @@ Deno.test("bad tickets and flag values: exit 2 with one line", async (t) => {
     "up --wire without --model (no chain to set)",
     () => expectBadInput(["up", "--wire", "f32"], /--wire .*needs --model/),
   );
+  await t.step(
+    "--kv bf16, and --kv where there is no KV cache to set",
+    async () => {
+      await expectBadInput(
+        ["generate", "--model", micro, "--tokens", "1", "--kv", "bf16"],
+        /--kv expects auto, f32, f16, q8, got "bf16"/,
+      );
+      await expectBadInput(["up", "--kv", "q8"], /--kv .*needs --model/);
+      const cluster = join(await Deno.makeTempDir(), "c.txt");
+      await Deno.writeTextFile(
+        cluster,
+        "cluster c {\n  node a { mem = 8 GiB; mem_bw = 100 GB/s; flops = 10 TFLOP/s }\n}\n",
+      );
+      await expectBadInput(
+        ["plan", "--model", micro, "--cluster", cluster, "--kv", "q8"],
+        /--kv needs --live or --experts regional/,
+      );
+    },
+  );
   await t.step("up --model whose weights do not match its config.json (before any node starts)", async () => {
     const dir = await Deno.makeTempDir();
     try {

@@ -73,6 +73,17 @@ for (const m of MODELS) {
   });
 }
 
+Deno.test("plan --experts regional --kv q8 counts the q8 cache's bytes in GQA layers; MLA's stay f16", async () => {
+  const { cluster } = await readLabCluster(LAB, { memoryScale: 8 }); // the file is sized for kimi-k2-tiny
+  const kv = (p: ReturnType<typeof planRegional>) => p.nodes.reduce((s, n) => s + n.memory.kv, 0);
+  const gqa = config("qwen3-moe-k1"); // head_dim 24: a q8 row is 24 + 4 bytes against f16's 48
+  const f16 = kv(planRegional(gqa, cluster));
+  assert.ok(f16 > 0);
+  assert.equal(kv(planRegional(gqa, cluster, { kv: "q8" })), f16 * 28 / 48);
+  const mla = config("kimi-k2-tiny");
+  assert.equal(kv(planRegional(mla, cluster, { kv: "q8" })), kv(planRegional(mla, cluster)));
+});
+
 Deno.test("a node's memory budget: a load past it is refused, naming both; closing gives it back", async () => {
   const budget = new WeightBudget(200_000);
   const dir = fixtureDir("kimi-k2-tiny")!;

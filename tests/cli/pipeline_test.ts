@@ -56,6 +56,26 @@ Deno.test({
 });
 
 Deno.test({
+  ...needs("pipeline: --kv q8 reaches every stage through the Plan: the chain's logits are one node's", {
+    [GPU]: hasGpu,
+  }),
+  ...slow,
+}, async () => {
+  // f32 weights keep an f32 KV cache by default (logits within 1e-6 of transformers'); a q8 cache's rows move
+  // them by ~1e-3 of the largest. A stage that loaded without the Plan's kv would give the f32 cache's error.
+  const dir = fixtureDir("llama-micro", { needs: "reference.safetensors" })!;
+  const one = await checkFixture(dir, { kv: "q8" });
+  const chain = await checkFixture(dir, { kv: "q8", local: 2 });
+  assert.equal(one.json.kv, "q8");
+  assert.equal(chain.json.kv, "q8");
+  assert.ok(one.logitsError > 1e-4 && one.logitsError < 5e-2, `q8 cache, one node: ${one.logitsError}`);
+  assert.ok(
+    Math.abs(chain.logitsError - one.logitsError) <= 1e-6,
+    `q8 cache: chain ${chain.logitsError} against one node ${one.logitsError}`,
+  );
+});
+
+Deno.test({
   ...needs("pipeline: --trace writes every step's stage spans and wire hops (f16 wire: reference tokens)", {
     [GPU]: hasGpu,
   }),

@@ -688,7 +688,7 @@ for (const name of ["llama-micro", "qwen3-tiny", "kimi-k2-tiny", "llama3-tiny"])
 }
 
 Deno.test(
-  onGpu("kvCacheType: gpu.tuning.kv, else SWACTOR_KV, else by the weights; a bad value is an error"),
+  onGpu("kvCacheType: the load's kv (--kv), else gpu.tuning.kv, else SWACTOR_KV, else by the weights"),
   () => {
     const g = { ...gpu!, tuning: {} };
     const saved = Deno.env.get("SWACTOR_KV");
@@ -700,8 +700,16 @@ Deno.test(
       Deno.env.set("SWACTOR_KV", "f32");
       assert.equal(kvCacheType(g, "q4"), "f32");
       if (g.hasF16) assert.equal(kvCacheType({ ...g, tuning: { kv: "f16" } }, "f32"), "f16", "tuning first");
+      if (g.hasF16) {
+        assert.equal(
+          kvCacheType({ ...g, tuning: { kv: "f32" } }, "f32", "f16"),
+          "f16",
+          "the load's kv first",
+        );
+      }
       Deno.env.set("SWACTOR_KV", "bf16");
       assert.throws(() => kvCacheType(g, "q4"), (e) => e instanceof EnvError && /SWACTOR_KV/.test(e.message));
+      assert.equal(kvCacheType(g, "q4", "f32"), "f32", "a bad SWACTOR_KV is not read when --kv is given");
       Deno.env.set("SWACTOR_KV", "f16");
       assert.throws(() => kvCacheType({ ...g, hasF16: false }, "q4"), /shader-f16/);
       Deno.env.set("SWACTOR_KV", "q8");

@@ -3,7 +3,7 @@
 // MoE experts local or spread.
 import assert from "node:assert/strict";
 import { planChain, predictChain, rolesOf, servedDtype } from "../../../node/stage/mod.ts";
-import { type LiveDescriptor, PlacementError, toRanges } from "../../../planner/mod.ts";
+import { compileHfConfig, type LiveDescriptor, PlacementError, toRanges } from "../../../planner/mod.ts";
 import { tinyLlamaConfig } from "../../support/tiny_llama.ts";
 
 const config = (layers: number) => tinyLlamaConfig(layers);
@@ -165,24 +165,54 @@ Deno.test("predictChain: the plan's per-token time at a request's context, on cu
   // Each of n1..n4 measured 50 ms to n0: the hops n0 -> n1 and n4 -> n0 cost 25 ms one way each.
   assert.ok(Math.abs(short.stages[0].hopMs - 25) < 0.01, `${short.stages[0].hopMs}`);
   assert.ok(Math.abs(short.stages[4].hopMs - 25) < 0.01, `${short.stages[4].hopMs}`);
-  assert.deepEqual(servedDtype("f32"), { dense: 4, experts: 4, embed: 4, kv: 4 });
+  assert.deepEqual(servedDtype({ weights: "f32" }), { dense: 4, experts: 4, embed: 4, kv: 4 });
   // The KV cache (GQA's K and V, MLA's latent rows) is f16 beside f16 / q8 / q4 weights.
-  assert.deepEqual(servedDtype("auto"), { dense: 2, experts: 2, embed: 2, kv: 2 });
-  assert.equal(servedDtype("q4").kv, 2);
+  assert.deepEqual(servedDtype({ weights: "auto" }), { dense: 2, experts: 2, embed: 2, kv: 2 });
+  assert.equal(servedDtype({ weights: "q4" }).kv, 2);
   // A member without shader-f16 holds auto weights and the KV cache in f32: the Plan counts 4 bytes for all.
   const noF16 = [{ id: "a", descriptor: { ...members[0].descriptor!, read_weights: "f32" as const } }];
-  assert.deepEqual(servedDtype("auto", noF16), { dense: 4, experts: 4, embed: 4, kv: 4 });
-  assert.deepEqual(servedDtype("q4", noF16), {
+  assert.deepEqual(servedDtype({ weights: "auto" }, noF16), { dense: 4, experts: 4, embed: 4, kv: 4 });
+  assert.deepEqual(servedDtype({ weights: "q4" }, noF16), {
     dense: 18 / 32,
     experts: 18 / 32,
     embed: 18 / 32,
     kv: 4,
   });
   assert.deepEqual(
-    servedDtype("q4", members),
-    servedDtype("q4"),
+    servedDtype({ weights: "q4" }, members),
+    servedDtype({ weights: "q4" }),
     "members that read f16: as before",
   );
+});
+
+Deno.test("servedDtype: a KV cache type counts its bytes: q8 a row of head_dim int8 values and a scale", async () => {
+  const llama = compileHfConfig(config(2)); // head_dim 64 / 4 = 16
+  assert.equal(servedDtype({ weights: "q4", kv: "q8" }, [], llama).kv, 20 / 16);
+  assert.equal(servedDtype({ weights: "q4", kv: "f32" }, [], llama).kv, 4);
+  assert.equal(servedDtype({ weights: "f32", kv: "f16" }, [], llama).kv, 2);
+  assert.equal(servedDtype({ weights: "q4", kv: "auto" }, [], llama).kv, 2);
+  // Without the model (its head_dim unknown), or where a layer keeps f16 (MLA's latent rows), f16's 2.
+  assert.equal(servedDtype({ weights: "q4", kv: "q8" }).kv, 2);
+  const kimi = compileHfConfig(
+    JSON.parse(await Deno.readTextFile(new URL("../../planner/data/kimi-k2.json", import.meta.url))),
+  );
+  assert.equal(servedDtype({ weights: "q4", kv: "q8" }, [], kimi).kv, 2);
+  // A head_dim of 128: 132 / 128 bytes an element.
+  const wide = compileHfConfig({
+    ...config(2),
+    hidden_size: 512,
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+  });
+  assert.equal(servedDtype({ weights: "q4", kv: "q8" }, [], wide).kv, 132 / 128);
+});
+
+Deno.test("planChain: a q8 KV cache leaves the stages about half the f16 cache's bytes", () => {
+  const f16 = planChain(config(4), members(2), { weights: "q4", context: 4096 });
+  const q8 = planChain(config(4), members(2), { weights: "q4", kv: "q8", context: 4096 });
+  const kv = (p: typeof f16) => p.nodes.reduce((s, n) => s + (n.memory?.kv ?? 0), 0);
+  assert.ok(kv(f16) > 0);
+  assert.equal(kv(q8), kv(f16) * (20 / 16) / 2);
 });
 
 Deno.test("predictChain: a spread Plan is predicted with its fan-out (each MoE layer's readbacks and wait)", () => {
