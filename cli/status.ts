@@ -50,7 +50,12 @@ node's data to it travels (DATA: tls, iroh, or - while not linked).`,
       loop?: LoopLagStats;
       pipeline?: {
         ready?: boolean;
-        assignment?: { version: number; leader: string; wire?: string } | null;
+        assignment?: {
+          version: number;
+          leader: string;
+          wire?: string;
+          model?: { weights?: string; kv?: string };
+        } | null;
         replans?: {
           from: number;
           to: number;
@@ -112,6 +117,8 @@ node's data to it travels (DATA: tls, iroh, or - while not linked).`,
       console.log(
         `plan v${p.assignment.version}, leader ${p.assignment.leader.slice(0, 16)}: ${
           p.ready ? "ready" : "not ready"
+        }${p.assignment.model?.weights ? `, weights ${p.assignment.model.weights}` : ""}${
+          p.assignment.model?.kv ? `, KV cache ${p.assignment.model.kv}` : ""
         }${p.assignment.wire ? `, activations ${p.assignment.wire} between stages` : ""}`,
       );
     }

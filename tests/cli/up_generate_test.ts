@@ -2,7 +2,8 @@
 // plans a 3-stage chain over itself and two `join` workers it spawns, f32 activations between its stages),
 // then a plain `generate ... --json --trace F` from another process finds that chain through the state file
 // and the control API: the reference continuation on the chain's f32 wire, per-stage timings, and a trace
-// with one track per stage; `status --json` shows the chain's wire; `down` ends it all,
+// with one track per stage; `status` shows the chain's wire and KV cache (`up --kv f32`), and a request naming
+// its own KV cache is refused; `down` ends it all,
 // with no worker re-planning on its way out. The two workers adopt the leader's measurement of the GPU.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
@@ -39,6 +40,8 @@ Deno.test({
         "--model",
         micro,
         "--wire",
+        "f32",
+        "--kv",
         "f32",
         "--http",
         "off",
@@ -103,6 +106,26 @@ Deno.test({
       assert.equal(st.code, 0, new TextDecoder().decode(st.stderr));
       const view = JSON.parse(new TextDecoder().decode(st.stdout));
       assert.equal(view.pipeline.assignment.wire, "f32");
+      assert.equal(view.pipeline.assignment.model.kv, "f32", "`up --kv` in the Plan's model");
+      const plain = await new Deno.Command(Deno.execPath(), {
+        args: ["run", "-A", "--quiet", MAIN, "status"],
+        env,
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      assert.match(
+        new TextDecoder().decode(plain.stdout),
+        /: ready, weights auto, KV cache f32, activations f32/,
+      );
+      // The chain's KV cache is up's: a request to it that names one is refused before anything runs.
+      const kv = await new Deno.Command(Deno.execPath(), {
+        args: ["run", "-A", "--quiet", MAIN, "generate", "--model", micro, "--tokens", "1", "--kv", "q8"],
+        env,
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      assert.equal(kv.code, 2);
+      assert.match(new TextDecoder().decode(kv.stderr), /--kv is the chain's: give it to `up`/);
       // The chain's hops ran: the node asked links to both others, their data on the direct TLS path.
       const others = view.members.filter((m: { id: string }) => m.id !== view.self);
       assert.deepEqual(others.map((m: { dataPath?: string }) => m.dataPath), ["tls", "tls"]);
