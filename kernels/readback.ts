@@ -41,6 +41,8 @@ const pools = new WeakMap<GPUDevice, Pool>();
 interface EarlyRead {
   check: Promise<boolean>;
   ok: boolean;
+  /** The check has finished (`ok` is its verdict). */
+  done: boolean;
 }
 const early = new WeakMap<GPUDevice, EarlyRead>();
 /** Buffers that have completed a map (only those may be read early; see the top of this file). */
@@ -75,9 +77,10 @@ export function checkEarlyRead(gpu: Gpu): Promise<boolean> {
   if (!FAST_READBACK) return Promise.resolve(false);
   let e = early.get(gpu.device);
   if (!e) {
-    const state: EarlyRead = { check: Promise.resolve(false), ok: false };
+    const state: EarlyRead = { check: Promise.resolve(false), ok: false, done: false };
     state.check = selfCheck(gpu).catch(() => false).then((ok) => {
       state.ok = ok;
+      state.done = true;
       if (!ok) {
         console.error("swactor: early GPU readback failed its self-check here; using Deno's map promise");
       }
@@ -121,22 +124,27 @@ async function selfCheck(gpu: Gpu): Promise<boolean> {
 
 /**
  * Makes sure `count` primed staging buffers of at least `bytes` are free. Where fewer are, it primes enough
- * for 2 count (together: ~11 ms, the cost of one): the last request's buffers come back to the pool ~10 ms
- * after their reads, so a request that starts sooner than that found one short and primed again, and a
- * prime waits for the GPU's queued work (a whole prefill) and 10 ms more.
+ * for 2 count (together: ~11 ms, the cost of one). An early read's buffer comes back to the pool only when
+ * its map promise settles, which on an H200 was not before the next prime's map call (the pool lost one a
+ * request until it was short; docs/BENCHMARKS.md, the sixty-first session), so requests prime every few.
+ * A prime's map call blocks until the GPU's queued work is done, so the map calls are made here, before this
+ * function first awaits (once the device's early-read check has run): a caller that submits its work after
+ * calling, as a request's prefill does, then waits for none of it. (Made after the prefill's first submit,
+ * they held the host for the whole prefill, its program build no longer overlapping the GPU: a 512-token
+ * prompt's first token 46-93 ms against 25 on the H200.)
  */
-export async function reserveStaging(gpu: Gpu, bytes: number, count: number): Promise<void> {
-  if (!(await checkEarlyRead(gpu)) || bytes > MAX_POOLED) return;
+export function reserveStaging(gpu: Gpu, bytes: number, count: number): Promise<void> {
+  const e = early.get(gpu.device);
+  if (!e?.done) return checkEarlyRead(gpu).then(() => reserveStaging(gpu, bytes, count));
+  if (!e.ok || bytes > MAX_POOLED) return Promise.resolve();
   const size = sizeClass(bytes);
   const free = poolOf(gpu).free.get(size) ?? [];
   const short = free.length < count;
-  const made = await Promise.all(
-    Array.from(
-      { length: short ? Math.max(count, Math.min(2 * count, keep(size))) - free.length : 0 },
-      () => primed(gpu, size),
-    ),
+  const made = Array.from(
+    { length: short ? Math.max(count, Math.min(2 * count, keep(size))) - free.length : 0 },
+    () => primed(gpu, size), // each makes its map call now, synchronously
   );
-  for (const b of made) release(gpu, b);
+  return Promise.all(made).then((bs) => bs.forEach((b) => release(gpu, b)));
 }
 
 /** A staging buffer of at least `bytes` now: a primed one from the pool, else a fresh (unprimed) one. */

@@ -682,8 +682,9 @@ export class Engine implements StageBackend {
     const pending: Promise<number[]>[] = [];
     let next: Batch | undefined;
     try {
-      // Primed staging buffers for the batches in flight: a buffer returns to the pool ~10 ms after its read,
-      // and the first small batches come faster than that (free after the first request: kernels/readback.ts).
+      // Primed staging buffers for the batches in flight: a buffer returns to the pool only when its map
+      // promise settles, and the first small batches come faster than that. Asked for before the prefill
+      // submits anything: priming's map calls wait for the GPU's queued work (kernels/readback.ts).
       const reserved = reserveStaging(gpu, maxBatch * 4, 8);
       if (!(await this.#prefill(seq, prompt, "sample", signal))) {
         return this.#result([], "aborted", P, t0, t0, t0, seq);

@@ -76,3 +76,22 @@ Deno.test({
   assert.equal(await checkEarlyRead(g), FAST_READBACK);
   buf.destroy();
 });
+
+Deno.test({
+  name:
+    "reserveStaging makes its primes' map calls before it returns (a prefill submitted after waits on none)",
+  ignore: ignore || !FAST_READBACK,
+}, async () => {
+  const g = gpu!;
+  await checkEarlyRead(g);
+  // A size class of its own, so the pool is empty: every one of the 2 x 3 buffers is primed.
+  const primed0 = readbackStats.primed;
+  const reserved = reserveStaging(g, 3 << 20, 3);
+  // No await yet: the map calls were made in the call (a map call then waits for the GPU's queued work,
+  // which is the caller's prefill when they come after its submit; kernels/readback.ts).
+  assert.equal(readbackStats.primed - primed0, 6);
+  await reserved;
+  // The pool now holds them: asking again primes none.
+  await reserveStaging(g, 3 << 20, 3);
+  assert.equal(readbackStats.primed - primed0, 6);
+});
