@@ -8,7 +8,7 @@
 // awaitedReads / primedStaging: readbacks in the timed runs that waited for Deno's map promise instead of
 // reading early, and staging buffers primed (kernels/readback.ts): ~10 ms each; 0 is the healthy value.
 // One JSON line per (weights, math, flash, overlap, prompt).
-//   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
+//   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3] [--warmup 1]
 //     [--chunk C] [--kernels] [--tiny] [--math default,f16,f32,int8] [--flash blocked,lanes] [--overlap on,off]
 //     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N/N/...] [--tunings '[{}, {"flashHalf":false}]']
 // --math: the GEMM's multiplies (gpu.tuning.gemmMath, kernels/gemm.ts: default (the engine's choice: int8 inputs
@@ -27,7 +27,8 @@
 // is run; with
 // more than one, each line after the first also has the teacher-forced logits error of a 256-token prompt
 // against the first (worst row's max |error| / max |logit|, the fixtures' measure).
-// --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter).
+// --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter). --warmup N: untimed
+// requests before the timed ones at each prompt length (default 1, the one that builds the pipelines).
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { scriptArgs, tuningsArg } from "../args.ts";
@@ -50,6 +51,7 @@ const { values, tunings } = scriptArgs(import.meta.url, (args) => {
       weights: { type: "string", default: "f16" },
       prompts: { type: "string", default: "512,2048" },
       runs: { type: "string", default: "3" },
+      warmup: { type: "string", default: "1" },
       chunk: { type: "string" },
       kernels: { type: "boolean", default: false },
       tiny: { type: "boolean", default: false },
@@ -114,6 +116,10 @@ console.error(
 const ckpt = await Checkpoint.open(values.dir!);
 const prompts = values.prompts!.split(",").map(Number);
 const runs = Number(values.runs);
+const warmup = Number(values.warmup);
+if (!(Number.isInteger(warmup) && warmup >= 1)) {
+  throw new TypeError(`--warmup takes an integer >= 1, got ${values.warmup}`);
+}
 const sampling = { temperature: 0, topP: 1, seed: 0 };
 for (const weights of values.weights!.split(",") as WeightsOption[]) {
   if (weights === "f16" && !gpu.hasF16) continue;
@@ -203,7 +209,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       let awaited = 0, primed = 0;
       const host = { prefills: 0, preSubmitMs: 0, encodeMs: 0, submits: 0, submitMs: 0, afterMs: 0 };
       let chunk = 0;
-      for (let r = 0; r <= runs; r++) { // run 0 compiles the pipelines
+      for (let r = 1 - warmup; r <= runs; r++) { // runs up to 0 are not timed: the first compiles the pipelines
         const id = `bench-${P}-${r}`;
         chunk = engine.open(id, { maxSeq: P + 1, sampling, prefillChunk }).prefillChunk;
         try {
