@@ -1,6 +1,6 @@
 // What generate and logits share on one node: finding the model (a directory, or the built-in demo) and
 // putting its opened checkpoint's weights on the GPU with a progress bar.
-import { getGpu, KV_TYPES, type KvType } from "../kernels/mod.ts";
+import { getGpu, isKvType, KV_TYPES, type KvType } from "../kernels/mod.ts";
 import { ensureDemoModel } from "../models/demo.ts";
 import { type Engine, loadEngine } from "../models/engine.ts";
 import type { Checkpoint } from "../models/checkpoint.ts";
@@ -23,7 +23,7 @@ export type KvFlag = KvType | "auto";
 
 export function parseKv(v: string | undefined): KvFlag {
   if (v === undefined) return "auto";
-  if (v === "auto" || (KV_TYPES as readonly string[]).includes(v)) return v as KvFlag;
+  if (v === "auto" || isKvType(v)) return v;
   throw new UsageError(`--kv expects auto, ${KV_TYPES.join(", ")}, got "${v}"`);
 }
 

@@ -14,8 +14,13 @@
  */
 export type KvType = "f32" | "f16" | "q8";
 
-/** The types a user may name (SWACTOR_KV, `gpu.tuning.kv`, scripts' --kv). */
+/** The types a user may name (--kv, SWACTOR_KV, `gpu.tuning.kv`, scripts' --kv). */
 export const KV_TYPES: readonly KvType[] = ["f32", "f16", "q8"];
+
+/** Whether `v` names a KV cache type (one of KV_TYPES). */
+export function isKvType(v: string): v is KvType {
+  return (KV_TYPES as readonly string[]).includes(v);
+}
 
 /** Bytes of one cache row of `width` values (q8: the int8 values and the row's f32 scale). */
 export function kvRowBytes(kv: KvType, width: number): number {

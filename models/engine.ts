@@ -56,6 +56,7 @@ import {
   getGpu,
   type Gpu,
   GpuMemoryError,
+  isKvType,
   isQuant,
   KeepWarm,
   keepWarmFor,
@@ -1028,7 +1029,7 @@ export function weightsOption(v: string | undefined): WeightsOption | undefined 
 /** Parses a KV cache option: f32, f16, q8, or "auto" / undefined (the node's default: kvCacheType). */
 export function kvOption(v: string | undefined): KvType | undefined {
   if (v === undefined || v === "auto") return undefined;
-  if ((KV_TYPES as readonly string[]).includes(v)) return v as KvType;
+  if (isKvType(v)) return v;
   throw new RequestError(`kv must be auto, ${KV_TYPES.join(", ")}, got "${v}"`);
 }
 

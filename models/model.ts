@@ -29,6 +29,7 @@ import {
   type Gpu,
   GpuMemoryError,
   type InputCopy,
+  isKvType,
   isQuant,
   type KernelCall,
   KV_TYPES,
@@ -158,7 +159,7 @@ export function defaultWeights(gpu: Gpu): WeightType {
 export function kvCacheType(gpu: Gpu, wt: WeightsOption, asked?: KvType): KvType {
   const given = asked ?? gpu.tuning.kv;
   const env = given ? undefined : Deno.env.get("SWACTOR_KV") || undefined;
-  if (env !== undefined && !(KV_TYPES as readonly string[]).includes(env)) {
+  if (env !== undefined && !isKvType(env)) {
     throw new EnvError(`SWACTOR_KV must be one of ${KV_TYPES.join(", ")}, got "${env}"`);
   }
   const kv = given ?? (env as KvType | undefined) ?? (gpu.hasF16 && wt !== "f32" ? "f16" : "f32");

@@ -15,7 +15,7 @@ import { parseArgs } from "node:util";
 import { scriptArgs } from "./args.ts";
 import { readSafetensorsHeader, readTensorBytes } from "../models/safetensors.ts";
 import { readModelConfig } from "../models/family.ts";
-import { KV_TYPES, type KvType } from "../kernels/kv.ts";
+import { isKvType, KV_TYPES, type KvType } from "../kernels/kv.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 
@@ -238,7 +238,7 @@ if (import.meta.main) {
   if (!(weights in FIXTURE_TOLERANCE)) throw new TypeError(`--weights must be f32, f16, q8 or q4`);
   const tolerance = Number(values.tolerance ?? FIXTURE_TOLERANCE[weights]);
   const kv = values.kv as KvType | undefined;
-  if (kv !== undefined && !KV_TYPES.includes(kv)) {
+  if (kv !== undefined && !isKvType(kv)) {
     throw new TypeError(`--kv must be one of ${KV_TYPES.join(", ")}`);
   }
   let failed = 0;

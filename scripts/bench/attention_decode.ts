@@ -15,10 +15,10 @@ import {
   type AttentionDecodeTuning,
   createStepBuffer,
   getGpu,
+  isKvType,
   type KernelCall,
   KV_TYPES,
   kvRowBytes,
-  type KvType,
   ropeInvFreq,
   ropeTable,
   storageBuffer,
@@ -87,10 +87,8 @@ if (values.variants) {
   variants.splice(0, variants.length, ["default", { grouped: false }], ...Object.entries(given));
 }
 const cacheTypes = values.cache!.split(",").map((c) => {
-  if (!(KV_TYPES as readonly string[]).includes(c)) {
-    throw new TypeError(`--cache takes ${KV_TYPES.join(", ")}, got "${c}"`);
-  }
-  return c as KvType;
+  if (!isKvType(c)) throw new TypeError(`--cache takes ${KV_TYPES.join(", ")}, got "${c}"`);
+  return c;
 }).filter((c) => c === "f32" || gpu.hasF16);
 for (const ctx of values.context!.split(",").map(Number)) {
   for (const cache of cacheTypes) {

@@ -45,6 +45,7 @@ import { DECODE_WINDOW } from "./targets.ts";
 import {
   argmaxRowsCalls,
   getGpu,
+  isKvType,
   type KernelCall,
   type KernelTuning,
   KV_TYPES,
@@ -141,10 +142,8 @@ let baseline: { weights: string; logits: Float32Array } | undefined;
 const kvTypes: (KvType | undefined)[] = values.kv === undefined
   ? [undefined]
   : values.kv.split(",").map((k) => {
-    if (!(KV_TYPES as readonly string[]).includes(k)) {
-      throw new TypeError(`--kv takes ${KV_TYPES.join(", ")}, got "${k}"`);
-    }
-    return k as KvType;
+    if (!isKvType(k)) throw new TypeError(`--kv takes ${KV_TYPES.join(", ")}, got "${k}"`);
+    return k;
   });
 for (const weights of values.weights!.split(",") as ("f16" | "f32" | "q8" | "q4")[]) {
   for (const kv of kvTypes) {
