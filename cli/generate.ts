@@ -47,7 +47,7 @@ Options:
                         progress goes to stderr
 ${WEIGHTS_HELP}
 ${KV_HELP}
-                        (through \`up\`'s chain: the chain's, \`up --kv\`)
+                        (through \`up\`'s chain: the chain's, \`up --weights\` and \`up --kv\`)
   --local N             run on an ephemeral cluster of N node processes on this machine (layers placed
                         by the planner), torn down afterwards; the GPU's measurement it plans with
                         serves the next --local runs for 10 minutes (docs/NODE.md). Without --local, a
@@ -191,9 +191,11 @@ export const generateCommand: Command = {
       const target = targetOf(state);
       const dir = await clusterModel(target.base, values.model);
       if (dir && spec?.draft === "mtp") throw new UsageError(MTP_ONE_NODE);
-      if (dir && values.kv !== undefined) {
+      // The chain holds its weights and KV cache as `up` loaded them: a request cannot change them.
+      const own = (["weights", "kv"] as const).find((k) => values[k] !== undefined);
+      if (dir && own) {
         throw new UsageError(
-          "--kv is the chain's: give it to `up` (this request goes to the cluster `up` started), or use --local N",
+          `--${own} is the chain's: give it to \`up\` (this request goes to the cluster \`up\` started), or use --local N`,
         );
       }
       if (dir) {

@@ -3,6 +3,7 @@
 import { resolve } from "node:path";
 import { Checkpoint } from "../models/checkpoint.ts";
 import { checkTokenIds } from "../models/engine.ts";
+import type { ModelRef } from "../models/backend.ts";
 import { checkWeights } from "../models/model.ts";
 import { loadTokenizer, StreamDecoder, type TextTokenizer } from "../models/tokenizer.ts";
 import { writeSafetensors } from "../models/safetensors.ts";
@@ -181,7 +182,8 @@ function report(
     /** What the chain ran the request with (absent from older nodes). */
     wire?: "f16" | "f32";
   },
-  chain: { stages: unknown[]; nodes: number },
+  /** The chain's stages and nodes, and the model its Plan serves (its weights and KV cache, not the request's). */
+  chain: { stages: unknown[]; nodes: number; model: ModelRef },
   predicted?: RequestPrediction,
   spec?: ReturnType<typeof specReport>,
 ): void {
@@ -203,8 +205,8 @@ function report(
       ...(predicted ? { predicted: { context: predicted.context, stages: predicted.stages } } : {}),
       stop_reason: r.stopReason,
       seed: o.sampling.seed,
-      weights: o.weights,
-      kv: o.kv ?? "auto",
+      weights: chain.model.weights,
+      kv: chain.model.kv ?? "auto",
       wire: r.wire ?? o.wire ?? "f16",
       nodes: chain.nodes,
       stages: chain.stages,
@@ -405,7 +407,14 @@ export async function generateLocal(n: number, o: ChainGenerateOptions): Promise
         });
         spec = { ...spec, ...(s ? { predicted_speculative: s } : {}) };
       }
-      report(p, o, r, { stages: stageSummary(cluster.assignment.plan.stages), nodes: n }, predicted, spec);
+      report(
+        p,
+        o,
+        r,
+        { stages: stageSummary(cluster.assignment.plan.stages), nodes: n, model: cluster.assignment.model },
+        predicted,
+        spec,
+      );
       await writeRouting(p, o, r.events.map((e) => e.trace));
       if (o.trace) {
         await writeTrace(
@@ -526,6 +535,7 @@ export async function generateOnCluster(target: ApiTarget, o: ChainGenerateOptio
           {
             stages: stageSummary(status.assignment.plan.stages),
             nodes: o.nodes ?? m.done.stages,
+            model: status.assignment.model,
           },
           predicted,
           spec,

@@ -94,6 +94,7 @@ Deno.test({
       const out = JSON.parse(new TextDecoder().decode(gen.stdout).trim().split("\n").at(-1)!);
       assert.deepEqual(out.tokens, want);
       assert.equal(out.wire, "f32", "the request named no wire: the chain's (`up --wire f32`)");
+      assert.equal(out.kv, "f32", "the chain's KV cache (`up --kv f32`), not the request's default");
       // 1 position x hidden 64 (llama-micro) x 4 bytes on each hop of a decode step.
       assert.deepEqual(out.timings.per_token[1].bytes.slice(0, 2), [256, 256]);
       assert.equal(out.timings.mean_decode.compute_ms.length, 3);
@@ -126,6 +127,26 @@ Deno.test({
       }).output();
       assert.equal(kv.code, 2);
       assert.match(new TextDecoder().decode(kv.stderr), /--kv is the chain's: give it to `up`/);
+      const weights = await new Deno.Command(Deno.execPath(), {
+        args: [
+          "run",
+          "-A",
+          "--quiet",
+          MAIN,
+          "generate",
+          "--model",
+          micro,
+          "--tokens",
+          "1",
+          "--weights",
+          "f32",
+        ],
+        env,
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      assert.equal(weights.code, 2);
+      assert.match(new TextDecoder().decode(weights.stderr), /--weights is the chain's: give it to `up`/);
       // The chain's hops ran: the node asked links to both others, their data on the direct TLS path.
       const others = view.members.filter((m: { id: string }) => m.id !== view.self);
       assert.deepEqual(others.map((m: { dataPath?: string }) => m.dataPath), ["tls", "tls"]);
