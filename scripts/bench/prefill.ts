@@ -8,7 +8,7 @@
 // awaitedReads / primedStaging: readbacks in the timed runs that waited for Deno's map promise instead of
 // reading early, and staging buffers primed (kernels/readback.ts): ~10 ms each; 0 is the healthy value.
 // One JSON line per (weights, math, flash, overlap, prompt).
-//   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3] [--warmup 1]
+//   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3] [--warmup 1] [--warmup-ms 1000]
 //     [--chunk C] [--kernels] [--tiny] [--math default,f16,f32,int8] [--flash blocked,lanes] [--overlap on,off]
 //     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N/N/...] [--tunings '[{}, {"flashHalf":false}]']
 // --math: the GEMM's multiplies (gpu.tuning.gemmMath, kernels/gemm.ts: default (the engine's choice: int8 inputs
@@ -27,8 +27,12 @@
 // is run; with
 // more than one, each line after the first also has the teacher-forced logits error of a 256-token prompt
 // against the first (worst row's max |error| / max |logit|, the fixtures' measure).
-// --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter). --warmup N: untimed
-// requests before the timed ones at each prompt length (default 1, the one that builds the pipelines).
+// --tiny: a 2-layer, hidden-256 model of the same family (a smoke test on a software adapter). --warmup N and
+// --warmup-ms MS: untimed requests before the timed ones at each prompt length, at least N (default 1: the first
+// builds the pipelines) and for at least MS ms (default 1,000): a GPU left idle while the model loaded has
+// dropped its clock (an H100: 345 MHz a second after its last work) and takes ~0.5 s of requests to reach it
+// again, during which a 512-token prompt's first token takes 2-4x as long (docs/BENCHMARKS.md, the sixty-second
+// session). Each line's `warmupMs` lists the untimed requests' times.
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { scriptArgs, tuningsArg } from "../args.ts";
@@ -52,6 +56,7 @@ const { values, tunings } = scriptArgs(import.meta.url, (args) => {
       prompts: { type: "string", default: "512,2048" },
       runs: { type: "string", default: "3" },
       warmup: { type: "string", default: "1" },
+      "warmup-ms": { type: "string", default: "1000" },
       chunk: { type: "string" },
       kernels: { type: "boolean", default: false },
       tiny: { type: "boolean", default: false },
@@ -120,6 +125,8 @@ const warmup = Number(values.warmup);
 if (!(Number.isInteger(warmup) && warmup >= 1)) {
   throw new TypeError(`--warmup takes an integer >= 1, got ${values.warmup}`);
 }
+const warmupMs = Number(values["warmup-ms"]);
+if (!(warmupMs >= 0)) throw new TypeError(`--warmup-ms takes ms >= 0, got ${values["warmup-ms"]}`);
 const sampling = { temperature: 0, topP: 1, seed: 0 };
 for (const weights of values.weights!.split(",") as WeightsOption[]) {
   if (weights === "f16" && !gpu.hasF16) continue;
@@ -209,23 +216,31 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
       let awaited = 0, primed = 0;
       const host = { prefills: 0, preSubmitMs: 0, encodeMs: 0, submits: 0, submitMs: 0, afterMs: 0 };
       let chunk = 0;
-      for (let r = 1 - warmup; r <= runs; r++) { // runs up to 0 are not timed: the first compiles the pipelines
-        const id = `bench-${P}-${r}`;
+      /** One request of the prompt; timed ones add to the line's counts. Its first token's ms. */
+      const request = async (id: string, timed: boolean): Promise<number> => {
         chunk = engine.open(id, { maxSeq: P + 1, sampling, prefillChunk }).prefillChunk;
         try {
           const [a0, p0] = [readbackStats.awaited, readbackStats.primed];
           const h0 = { ...prefillStats };
           const res = await engine.generate(id, prompt, { maxTokens: 1, eos: [] });
-          if (r > 0) {
-            ttft.push(res.firstTokenMs);
+          if (timed) {
             awaited += readbackStats.awaited - a0;
             primed += readbackStats.primed - p0;
             for (const k of Object.keys(host) as (keyof typeof host)[]) host[k] += prefillStats[k] - h0[k];
           }
+          return res.firstTokenMs;
         } finally {
           engine.release(id);
         }
+      };
+      // Untimed requests first: the first builds the pipelines, and the GPU's clock (idle while the model
+      // loaded) comes up only under load, over a fraction of a second, so they go on for --warmup-ms too.
+      const warm: number[] = [];
+      const w0 = performance.now();
+      while (warm.length < warmup || performance.now() - w0 < warmupMs) {
+        warm.push(await request(`warmup-${P}-${warm.length}`, false));
       }
+      for (let r = 1; r <= runs; r++) ttft.push(await request(`bench-${P}-${r}`, true));
       const ms = [...ttft].sort((a, b) => a - b)[Math.floor(ttft.length / 2)];
       const line: Record<string, unknown> = {
         adapter: gpu.adapterName,
@@ -242,6 +257,7 @@ for (const weights of values.weights!.split(",") as WeightsOption[]) {
         ttftMs: +ms.toFixed(1),
         tokS: Math.round((P / ms) * 1000),
         runsMs: ttft.map((t) => +t.toFixed(1)), // in the order they ran
+        warmupMs: warm.map((t) => +t.toFixed(1)), // the untimed requests' first tokens, in order
         awaitedReads: awaited,
         primedStaging: primed,
         host: {
