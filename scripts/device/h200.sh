@@ -126,7 +126,7 @@ part_targets() {
   deno run -A scripts/bench/targets.ts "$lines"
 }
 
-declare -A limit=([fixtures]=300 [chain]=150 [tests]=420 [decode]=260 [prefill]=150 [gemm]=420 [moe]=280 [targets]=480)
+declare -A limit=([fixtures]=300 [chain]=150 [tests]=420 [decode]=260 [prefill]=180 [gemm]=420 [moe]=280 [targets]=480)
 for p in "${parts[@]}"; do
   log "== $p"
   export -f make_fixtures part_$p log; export fx t0
