@@ -3,11 +3,12 @@
 // then a plain `generate ... --json --trace F` from another process finds that chain through the state file
 // and the control API: the reference continuation on the chain's f32 wire, per-stage timings, and a trace
 // with one track per stage; `status` shows the chain's wire and KV cache (`up --kv f32`), and a request naming
-// its own KV cache is refused; `down` ends it all,
+// its own KV cache or weights is refused; `down` ends it all,
 // with no worker re-planning on its way out. The two workers adopt the leader's measurement of the GPU.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { gpuAvailable, needs } from "../support/needs.ts";
+import { runCli } from "./run.ts";
 
 const MAIN = new URL("../../main.ts", import.meta.url).pathname;
 const micro = fixtureDir("llama-micro")!;
@@ -66,87 +67,32 @@ Deno.test({
       assert.equal(err.match(/^swactor: measured: /gm)?.length, 1, `one measurement:\n${err}`);
       assert.equal(err.match(/^swactor: adopted the measurement of this machine's GPU/gm)?.length, 2, err);
       const trace = `${tmp}/trace.json`;
-      const gen = await new Deno.Command(Deno.execPath(), {
-        args: [
-          "run",
-          "-A",
-          "--quiet",
-          MAIN,
-          "generate",
-          "--model",
-          micro,
-          "--tokens",
-          prompt.join(","),
-          "--max-tokens",
-          String(want.length),
-          "--temperature",
-          "0",
-          "--json",
-          "--trace",
-          trace,
-        ],
-        env,
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      const stderr = new TextDecoder().decode(gen.stderr);
-      assert.equal(gen.code, 0, stderr);
-      const out = JSON.parse(new TextDecoder().decode(gen.stdout).trim().split("\n").at(-1)!);
+      const gen = await runCli([
+        ...["generate", "--model", micro, "--tokens", prompt.join(","), "--max-tokens", String(want.length)],
+        ...["--temperature", "0", "--json", "--trace", trace],
+      ], { env });
+      assert.equal(gen.code, 0, gen.stderr);
+      const out = JSON.parse(gen.stdout.trim().split("\n").at(-1)!);
       assert.deepEqual(out.tokens, want);
       assert.equal(out.wire, "f32", "the request named no wire: the chain's (`up --wire f32`)");
       assert.equal(out.kv, "f32", "the chain's KV cache (`up --kv f32`), not the request's default");
       // 1 position x hidden 64 (llama-micro) x 4 bytes on each hop of a decode step.
       assert.deepEqual(out.timings.per_token[1].bytes.slice(0, 2), [256, 256]);
       assert.equal(out.timings.mean_decode.compute_ms.length, 3);
-      const st = await new Deno.Command(Deno.execPath(), {
-        args: ["run", "-A", "--quiet", MAIN, "status", "--json"],
-        env,
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      assert.equal(st.code, 0, new TextDecoder().decode(st.stderr));
-      const view = JSON.parse(new TextDecoder().decode(st.stdout));
+      const st = await runCli(["status", "--json"], { env });
+      assert.equal(st.code, 0, st.stderr);
+      const view = JSON.parse(st.stdout);
       assert.equal(view.pipeline.assignment.wire, "f32");
       assert.equal(view.pipeline.assignment.model.kv, "f32", "`up --kv` in the Plan's model");
-      const plain = await new Deno.Command(Deno.execPath(), {
-        args: ["run", "-A", "--quiet", MAIN, "status"],
-        env,
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      assert.match(
-        new TextDecoder().decode(plain.stdout),
-        /: ready, weights auto, KV cache f32, activations f32/,
-      );
-      // The chain's KV cache is up's: a request to it that names one is refused before anything runs.
-      const kv = await new Deno.Command(Deno.execPath(), {
-        args: ["run", "-A", "--quiet", MAIN, "generate", "--model", micro, "--tokens", "1", "--kv", "q8"],
-        env,
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      assert.equal(kv.code, 2);
-      assert.match(new TextDecoder().decode(kv.stderr), /--kv is the chain's: give it to `up`/);
-      const weights = await new Deno.Command(Deno.execPath(), {
-        args: [
-          "run",
-          "-A",
-          "--quiet",
-          MAIN,
-          "generate",
-          "--model",
-          micro,
-          "--tokens",
-          "1",
-          "--weights",
-          "f32",
-        ],
-        env,
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      assert.equal(weights.code, 2);
-      assert.match(new TextDecoder().decode(weights.stderr), /--weights is the chain's: give it to `up`/);
+      const plain = await runCli(["status"], { env });
+      assert.match(plain.stdout, /: ready, weights auto, KV cache f32, activations f32/);
+      // The chain's KV cache and weights are up's: a request to it that names either is refused before
+      // anything runs.
+      for (const [flag, value] of [["--kv", "q8"], ["--weights", "f32"]]) {
+        const r = await runCli(["generate", "--model", micro, "--tokens", "1", flag, value], { env });
+        assert.equal(r.code, 2, `${flag}: ${r.stderr}`);
+        assert.match(r.stderr, new RegExp(`${flag} is the chain's: give it to \`up\``));
+      }
       // The chain's hops ran: the node asked links to both others, their data on the direct TLS path.
       const others = view.members.filter((m: { id: string }) => m.id !== view.self);
       assert.deepEqual(others.map((m: { dataPath?: string }) => m.dataPath), ["tls", "tls"]);
@@ -158,12 +104,7 @@ Deno.test({
       );
       assert.equal(spans.length, want.length, "stage 1 computes once per generated token");
     } finally {
-      const down = await new Deno.Command(Deno.execPath(), {
-        args: ["run", "-A", "--quiet", MAIN, "down"],
-        env,
-        stdout: "null",
-        stderr: "null",
-      }).output();
+      const down = await runCli(["down"], { env });
       const status = await Promise.race([
         up.status,
         new Promise<null>((r) => setTimeout(() => r(null), 20_000)),
