@@ -4,11 +4,12 @@
 // host time before its first token). Both engines share one model of random weights at a real shape, and run
 // in one process, alternating request by request.
 //   deno run -A scripts/bench/ttft.ts [--shape llama-3.2-1b,qwen3-30b-a3b] [--weights q4] [--prompts 20,32,128]
-//     [--tokens 64] [--room 0] [--runs 6] [--stream 20,45,100,...] [--tunings JSON] [--layers N]
+//     [--tokens 64] [--room 0] [--runs 6] [--warmup-ms 1000] [--stream 20,45,100,...] [--tunings JSON] [--layers N]
 //     [--set key=value,...]
-// One JSON line per (shape, weights, prompt, tuning, spares): the first token's ms (median and every run after
-// run 0, which compiles the pipelines), the host's ms before the prefill's first submit (mean: the programs'
-// build, where a request builds them, and the first piece's encode), the whole request's ms (median: open to
+// One JSON line per (shape, weights, prompt, tuning, spares): the first token's ms (median and every timed run;
+// untimed rounds come first, at least one, which compiles the pipelines, and for at least --warmup-ms, which
+// lets the GPU's clock come up), the host's ms before the prefill's first submit (mean: the programs' build,
+// where a request builds them, and the first piece's encode), the whole request's ms (median: open to
 // release), decode tok/s (median), the decode batches a request read and how many of their map calls waited
 // for the GPU (mean; the others found it idle), and how many requests took a released sequence.
 // --tunings: a JSON list of gpu.tuning overrides (kernels/gpu.ts), the runs going through each in turn.
@@ -35,7 +36,7 @@ import { median } from "./stats.ts";
 
 const SHAPES: Record<string, Record<string, unknown>> = { "llama-3.2-1b": LLAMA_3_2_1B, ...MOE_SHAPES };
 
-const { values, prompts, stream, runs, tokens, room, overrides, tunings } = scriptArgs(
+const { values, prompts, stream, runs, warmupMs, tokens, room, overrides, tunings } = scriptArgs(
   import.meta.url,
   (args) => {
     const { values } = parseArgs({
@@ -47,6 +48,7 @@ const { values, prompts, stream, runs, tokens, room, overrides, tunings } = scri
         tokens: { type: "string", default: "64" },
         room: { type: "string", default: "0" },
         runs: { type: "string", default: "6" },
+        "warmup-ms": { type: "string", default: "1000" },
         stream: { type: "string" },
         layers: { type: "string" },
         set: { type: "string" },
@@ -61,6 +63,7 @@ const { values, prompts, stream, runs, tokens, room, overrides, tunings } = scri
       prompts: values.prompts.split(",").map((p) => countArg("prompts", p)),
       stream: values.stream?.split(",").map((p) => countArg("stream", p)),
       runs: countArg("runs", values.runs),
+      warmupMs: values["warmup-ms"] === "0" ? 0 : countArg("warmup-ms", values["warmup-ms"]),
       tokens: countArg("tokens", values.tokens),
       room: values.room === "0" ? 0 : countArg("room", values.room),
       overrides: configSetArg(values.set),
@@ -101,7 +104,13 @@ for (const shape of values.shape.split(",")) {
         preSubmit: 0,
         reused: 0,
       }));
-      for (let r = 0; r <= runs; r++) {
+      // Untimed rounds first: the first compiles the pipelines, and the GPU's clock, dropped while the model
+      // loaded, takes a fraction of a second of requests to come back (scripts/bench/prefill.ts), so they go on
+      // for --warmup-ms.
+      const w0 = performance.now();
+      for (let round = 0, timed = 0; timed < runs; round++) {
+        const warming = round === 0 || performance.now() - w0 < warmupMs;
+        if (!warming) timed++;
         for (const [v, { tuning, engine }] of variants.entries()) {
           for (const k of keys) delete (gpu.tuning as Record<string, unknown>)[k];
           Object.assign(gpu.tuning, structuredClone(tuning));
@@ -116,7 +125,7 @@ for (const shape of values.shape.split(",")) {
             const t0 = performance.now();
             const res = await generate(engine, prompt, { maxTokens: tokens, room, sampling: greedy });
             const ms = performance.now() - t0;
-            if (r === 0) continue; // compiles the pipelines
+            if (warming) continue;
             got[v].first.push(res.firstTokenMs);
             got[v].request.push(ms);
             got[v].batches += decodeStats.batches - batches;

@@ -30,6 +30,8 @@ Deno.test(
       "3",
       "--runs",
       "2",
+      "--warmup-ms",
+      "200",
       "--room",
       "40",
       "--stream",
