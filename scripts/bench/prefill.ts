@@ -9,7 +9,8 @@
 // reading early, and staging buffers primed (kernels/readback.ts): ~10 ms each; 0 is the healthy value.
 // One JSON line per (weights, math, flash, overlap, prompt).
 //   deno run -A scripts/bench/prefill.ts [--dir DIR] [--weights f16,q4] [--prompts 512,2048] [--runs 3]
-//     [--warmup 1] [--warmup-ms 1000] [--chunk C] [--kernels] [--tiny] [--math default,f16,f32,int8] [--flash blocked,lanes] [--overlap on,off]
+//     [--warmup 1] [--warmup-ms 1000] [--chunk C] [--kernels] [--tiny] [--math default,f16,f32,int8]
+//     [--flash blocked,lanes] [--overlap on,off]
 //     [--gemm default,LARGE/SMALL[/WAVE],...] [--early on,off,N/N/...] [--tunings '[{}, {"flashHalf":false}]']
 // --math: the GEMM's multiplies (gpu.tuning.gemmMath, kernels/gemm.ts: default (the engine's choice: int8 inputs
 // for q4 layers, f16 for f16 / q8, f32 for f32 weights and MoE models), f16, f32 or int8) per run; --flash: the prefill flash
