@@ -1,6 +1,6 @@
 // swactor logits: teacher-forced logits of a token sequence, written as safetensors (for comparing
-import { wireFlag } from "./wire_flag.ts";
 // with reference outputs).
+import { wireFlag } from "./wire_flag.ts";
 import type { Command } from "./command.ts";
 import { expertsFlag, numberFlag, parseFlags, UsageError } from "./command.ts";
 import { logitsLocal, prepareRequest, writeLogits } from "./pipeline_generate.ts";

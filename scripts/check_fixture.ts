@@ -237,10 +237,8 @@ if (import.meta.main) {
   const weights = values.weights as FixtureWeights;
   if (!(weights in FIXTURE_TOLERANCE)) throw new TypeError(`--weights must be f32, f16, q8 or q4`);
   const tolerance = Number(values.tolerance ?? FIXTURE_TOLERANCE[weights]);
-  const kv = values.kv as KvType | undefined;
-  if (kv !== undefined && !isKvType(kv)) {
-    throw new TypeError(`--kv must be one of ${KV_TYPES.join(", ")}`);
-  }
+  const kv = values.kv;
+  if (kv !== undefined && !isKvType(kv)) throw new TypeError(`--kv must be one of ${KV_TYPES.join(", ")}`);
   let failed = 0;
   for (const dir of positionals) {
     try {
