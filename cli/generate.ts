@@ -268,6 +268,7 @@ export const generateCommand: Command = {
         ? speculationJson(result, result.tokens.length, spec!.draft, spec!.auto ? "auto" : spec!.k)
         : undefined;
       const text = tokenizer ? tokenizer.decode(result.tokens) : "";
+      const builds = "firstTokenBuilds" in result ? result.firstTokenBuilds : undefined;
       if (values.json) {
         console.log(JSON.stringify({
           tokens: result.tokens,
@@ -275,6 +276,9 @@ export const generateCommand: Command = {
           prompt_tokens: result.promptTokens,
           tok_s: Number(result.tokS.toFixed(2)),
           first_token_ms: Number(result.firstTokenMs.toFixed(1)),
+          ...builds && {
+            first_token_builds: { pipelines: builds.count, ms: Number(builds.ms.toFixed(1)) },
+          },
           stop_reason: result.stopReason,
           seed,
           weights: engine.weights.weightType,
@@ -286,7 +290,11 @@ export const generateCommand: Command = {
         write((stream?.flush() ?? "") + "\n");
         console.error(
           `swactor: ${result.tokens.length} tokens, ${result.tokS.toFixed(1)} tok/s after a first token at ` +
-            `${result.firstTokenMs.toFixed(0)} ms (${result.stopReason}; seed ${seed})` +
+            `${result.firstTokenMs.toFixed(0)} ms` +
+            (builds?.count
+              ? `, ${builds.ms.toFixed(0)} ms of it building ${builds.count} GPU pipelines`
+              : "") +
+            ` (${result.stopReason}; seed ${seed})` +
             (speculation
               ? `; speculative: ${speculation.trips} trips, ${speculation.accepted_per_trip} tokens per trip, ` +
                 `${speculation.accepted_drafts}/${speculation.drafted} drafts kept`

@@ -396,6 +396,12 @@ export interface Gpu {
   hasDp4: boolean;
   /** Pipelines by WGSL source + entry point, built once per device. */
   pipelines: Map<string, GPUComputePipeline>;
+  /**
+   * Pipelines built (`pipeline`'s cache misses) and the host ms they took: a build blocks the host, 0.1-0.3 s
+   * for a Llama request's first programs on an H100 with the driver's shader cache warm, 1.4-2.2 s cold
+   * (docs/BENCHMARKS.md, the sixty-third session).
+   */
+  builds: { count: number; ms: number };
   /** Forced kernel choices (empty: every default). */
   tuning: KernelTuning;
   /** While a sequence's program is built, its uniform buffers by contents (withSharedUniforms). */
@@ -521,6 +527,7 @@ export async function requestGpu(): Promise<Gpu> {
     hasDp4: (navigator.gpu as GPU & { wgslLanguageFeatures?: ReadonlySet<string> }).wgslLanguageFeatures
       ?.has("packed_4x8_integer_dot_product") ?? false,
     pipelines: new Map(),
+    builds: { count: 0, ms: 0 },
     tuning,
   };
 }
@@ -555,9 +562,12 @@ export function pipeline(gpu: Gpu, code: string, entryPoint = "main"): GPUComput
   const key = entryPoint === "main" ? code : `${entryPoint}\n${code}`;
   let p = gpu.pipelines.get(key);
   if (!p) {
+    const t = performance.now();
     const module = gpu.device.createShaderModule({ code });
     p = gpu.device.createComputePipeline({ layout: "auto", compute: { module, entryPoint } });
     gpu.pipelines.set(key, p);
+    gpu.builds.count++;
+    gpu.builds.ms += performance.now() - t;
   }
   return p;
 }

@@ -123,6 +123,12 @@ export interface GenerateResult extends LoopResult {
   firstTokenMs: number;
   /** Decode rate after the first token, tokens per second (0 when only one token). */
   tokS: number;
+  /**
+   * GPU pipelines built from the request's start to its first token and the host ms that took (Gpu.builds; a
+   * build blocks the host, so another request's builds meanwhile count too): a fresh process's first request
+   * builds its programs' pipelines, later ones find them built. Where a request ran to its first token.
+   */
+  firstTokenBuilds?: { count: number; ms: number };
   /** KV cache bytes this request held (freed at the end). */
   kvBytes: number;
   /** Bytes of its other GPU buffers: activations, logits, token ids (Sequence.activationBytes). */
@@ -680,6 +686,8 @@ export class Engine implements StageBackend {
     const maxBatch = opts.maxBatch ?? 16;
     const vocab = this.model.vocab;
     const t0 = performance.now();
+    const built = { ...gpu.builds };
+    let firstBuilds: GenerateResult["firstTokenBuilds"];
     const pending: Promise<number[]>[] = [];
     let next: Batch | undefined;
     try {
@@ -764,6 +772,7 @@ export class Engine implements StageBackend {
         if (out.length === 0) {
           firstAt = now;
           prefillStats.afterMs += now - submitted;
+          firstBuilds = { count: gpu.builds.count - built.count, ms: gpu.builds.ms - built.ms };
         }
         lastAt = now;
         const bad = ids.find((id) => id >= vocab);
@@ -787,7 +796,7 @@ export class Engine implements StageBackend {
           break;
         }
       }
-      return this.#result(out, stopReason, P, t0, firstAt, lastAt, seq);
+      return { ...this.#result(out, stopReason, P, t0, firstAt, lastAt, seq), firstTokenBuilds: firstBuilds };
     } finally {
       next?.staging.destroy();
       await Promise.allSettled(pending);

@@ -8,10 +8,10 @@
 //     [--runs 2] [--pause-ms 2500] [--no-shader-cache]
 // --no-shader-cache: every child builds its pipelines from scratch (NVIDIA's driver cache off: a first run,
 // or one after a driver update), which leaves the GPU idle for longer before the request.
-// One JSON line a run: weights, prompt, first_token_ms and tok_s as `generate --json` reports them, the
-// process's wall ms, and `mhz`: the SM clock's lowest and mean over the request (its first token and decode,
-// the last samples before the child printed), null without nvidia-smi. Then one line per (weights, prompt)
-// with the medians.
+// One JSON line a run: weights, prompt, first_token_ms (first_token_builds: how much of it went to building
+// the request's pipelines) and tok_s as `generate --json` reports them, the process's wall ms, and `mhz`: the
+// SM clock's lowest and mean over the request (its first token and decode, the last samples before the child
+// printed), null without nvidia-smi. Then one line per (weights, prompt) with the medians.
 import { parseArgs } from "node:util";
 import { countArg, scriptArgs } from "../args.ts";
 import { UsageError } from "../../cli/command.ts";
@@ -95,6 +95,7 @@ async function oneRun(weights: string, prompt: number): Promise<Record<string, u
     weights,
     prompt,
     first_token_ms: result.first_token_ms,
+    first_token_builds: result.first_token_builds ?? null,
     tok_s: result.tok_s,
     wallMs: printed - t0,
     mhz: during.length

@@ -137,6 +137,35 @@ Deno.test(
   },
 );
 
+Deno.test(
+  needs("one node: the first token's pipeline builds, in --json and on stderr", { [GPU]: hasGpu }),
+  async () => {
+    const args = [
+      "generate",
+      "--model",
+      micro!,
+      "--tokens",
+      "1,2,3",
+      "--max-tokens",
+      "3",
+      "--temperature",
+      "0",
+    ];
+    const r = await runCli([...args, "--json"]);
+    if (r.code !== 0) throw new Error(r.stderr);
+    const json = JSON.parse(r.stdout);
+    // A fresh process builds every pipeline of its request.
+    const builds = json.first_token_builds as { pipelines: number; ms: number };
+    assert.ok(
+      builds.pipelines > 0 && builds.ms > 0 && builds.ms <= json.first_token_ms,
+      JSON.stringify(json),
+    );
+    const plain = await runCli(args);
+    if (plain.code !== 0) throw new Error(plain.stderr);
+    assert.match(plain.stderr, /after a first token at \d+ ms, \d+ ms of it building \d+ GPU pipelines \(/);
+  },
+);
+
 Deno.test(needs("bad input exits with 2 and says what was wrong", { [GPU]: hasGpu }), async (t) => {
   const micro = fixtureDir("llama-micro")!;
   await t.step(

@@ -72,6 +72,28 @@ async function tokensOf(
   return (await generate(engine, prompt, { maxTokens, sampling })).tokens;
 }
 
+const micro = fixtureDir("llama-micro");
+Deno.test(
+  needs("a request's pipeline builds before its first token: counted, and none for the next request", {
+    "a WebGPU adapter": gpu,
+    "tests/fixtures/llama-micro": micro,
+  }),
+  async () => {
+    const engine = await loadEngine(micro!, { gpu: gpu!, weights: "f32" });
+    try {
+      const opts = { maxTokens: 4, sampling: { temperature: 0, topP: 1, seed: 0 } };
+      const before = { ...gpu!.builds };
+      const first = (await generate(engine, [1, 2, 3], opts)).firstTokenBuilds!;
+      // This process's earlier tests may have built some of the programs' pipelines already.
+      assert.ok(first.count >= 0 && first.count <= gpu!.builds.count - before.count, JSON.stringify(first));
+      assert.ok(first.ms >= 0 && first.ms <= gpu!.builds.ms - before.ms + 1e-9);
+      assert.deepEqual((await generate(engine, [1, 2, 3], opts)).firstTokenBuilds, { count: 0, ms: 0 });
+    } finally {
+      engine.close();
+    }
+  },
+);
+
 // Llama (GQA), Kimi K2 (MLA, MoE with a shared expert), Mixtral (MoE without one).
 for (const name of ["llama3-tiny", "kimi-k2-tiny", "mixtral-tiny"]) {
   const dir = fixtureDir(name);

@@ -23,6 +23,8 @@ Deno.test(
       assert.equal(l.weights, "f32");
       assert.ok((l.first_token_ms as number) > 0 && (l.tok_s as number) > 0, JSON.stringify(l));
       assert.ok((l.wallMs as number) >= (l.first_token_ms as number));
+      const builds = l.first_token_builds as { pipelines: number; ms: number };
+      assert.ok(builds.pipelines > 0 && builds.ms <= (l.first_token_ms as number), "a fresh process builds");
       // The clock only where nvidia-smi answers.
       const mhz = l.mhz as { min: number; mean: number } | null;
       assert.ok(mhz === null || mhz.min <= mhz.mean, JSON.stringify(mhz));
