@@ -397,9 +397,10 @@ export interface Gpu {
   /** Pipelines by WGSL source + entry point, built once per device. */
   pipelines: Map<string, GPUComputePipeline>;
   /**
-   * Pipelines built (`pipeline`'s cache misses) and the host ms they took: a build blocks the host, 0.1-0.3 s
-   * for a Llama request's first programs on an H100 with the driver's shader cache warm, 1.4-2.2 s cold
-   * (docs/BENCHMARKS.md, the sixty-third session).
+   * Pipelines built (`pipeline`'s cache misses) and the host ms they took. A build blocks the host: a fresh
+   * process's first Llama-1B request waited 0.13-0.36 s for its first token on an H100 with the driver's shader
+   * cache warm and 1.5-2.2 s with it cold, of which the GPU's part was ~25-31 ms (docs/BENCHMARKS.md, the
+   * sixty-third session).
    */
   builds: { count: number; ms: number };
   /** Forced kernel choices (empty: every default). */
