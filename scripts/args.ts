@@ -39,11 +39,11 @@ export function headerComment(path: string): string {
   return lines.join("\n").trim();
 }
 
-/** An option's value as a whole number >= 1, or a UsageError naming the option (for scriptArgs's parse). */
-export function countArg(name: string, value: string | undefined): number {
+/** An option's value as a whole number >= `min` (default 1), or a UsageError naming it (for scriptArgs's parse). */
+export function countArg(name: string, value: string | undefined, min = 1): number {
   const n = Number(value);
-  if (!Number.isInteger(n) || n < 1) {
-    throw new UsageError(`--${name} must be a whole number >= 1, got ${JSON.stringify(value)}`);
+  if (!Number.isInteger(n) || n < min) {
+    throw new UsageError(`--${name} must be a whole number >= ${min}, got ${JSON.stringify(value)}`);
   }
   return n;
 }

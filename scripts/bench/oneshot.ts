@@ -37,7 +37,7 @@ const { values, weights, prompts, runs, pauseMs, tokens } = scriptArgs(import.me
     prompts: values.prompts.split(",").map((p) => countArg("prompts", p)),
     tokens: countArg("tokens", values.tokens),
     runs: countArg("runs", values.runs),
-    pauseMs: values["pause-ms"] === "0" ? 0 : countArg("pause-ms", values["pause-ms"]),
+    pauseMs: countArg("pause-ms", values["pause-ms"], 0),
   };
 });
 

@@ -63,9 +63,9 @@ const { values, prompts, stream, runs, warmupMs, tokens, room, overrides, tuning
       prompts: values.prompts.split(",").map((p) => countArg("prompts", p)),
       stream: values.stream?.split(",").map((p) => countArg("stream", p)),
       runs: countArg("runs", values.runs),
-      warmupMs: values["warmup-ms"] === "0" ? 0 : countArg("warmup-ms", values["warmup-ms"]),
+      warmupMs: countArg("warmup-ms", values["warmup-ms"], 0),
       tokens: countArg("tokens", values.tokens),
-      room: values.room === "0" ? 0 : countArg("room", values.room),
+      room: countArg("room", values.room, 0),
       overrides: configSetArg(values.set),
       // --tunings: every run again under each gpu.tuning override; none given, the defaults once.
       tunings: values.tunings ? tuningsArg(values.tunings) : [{}],
