@@ -9,6 +9,7 @@ import { toF16Bits, toF32 } from "./dtype.ts";
 import { checkFp8Shapes, dequantFp8, type Fp8Tensor, scaleNameOf } from "./fp8.ts";
 import { CheckpointError } from "./errors.ts";
 import { type DType, readSafetensorsHeader, readTensorBytes, type TensorInfo } from "./safetensors.ts";
+import { READ_AHEAD, ReadAhead, type ReadAheadLimits } from "./read_ahead.ts";
 
 const INDEX_FILE = "model.safetensors.index.json";
 const SINGLE_FILE = "model.safetensors";
@@ -153,6 +154,27 @@ export class Checkpoint {
     readonly files: string[],
   ) {}
 
+  #ahead: ReadAhead | undefined;
+
+  /**
+   * Reads `names` (those this checkpoint holds) ahead of their use, in that order, within `limits`
+   * (models/read_ahead.ts), replacing any read-ahead before; `stopReadAhead` lets go of what is left.
+   */
+  readAhead(names: Iterable<string>, limits: ReadAheadLimits = READ_AHEAD): void {
+    this.#ahead?.stop();
+    const infos = [...names].flatMap((n) => this.tensors.get(n) ?? []);
+    this.#ahead = limits.bytes > 0 ? new ReadAhead(infos, limits) : undefined;
+  }
+
+  stopReadAhead(): void {
+    this.#ahead?.stop();
+    this.#ahead = undefined;
+  }
+
+  #bytes(info: TensorInfo): Promise<Uint8Array> {
+    return this.#ahead?.take(info) ?? readTensorBytes(info);
+  }
+
   /**
    * Opens `dir`: checks that it exists, parses config.json with its family (models/family.ts) and reads
    * the headers of its weight files. Throws CheckpointError for any bad input.
@@ -209,7 +231,7 @@ export class Checkpoint {
       );
     }
     if (info.dtype !== "F8_E4M3") {
-      return { dtype: info.dtype, shape: info.shape, bytes: await readTensorBytes(info) };
+      return { dtype: info.dtype, shape: info.shape, bytes: await this.#bytes(info) };
     }
     // Block-scaled fp8 (models/fp8.ts): dequantised here, so every reader sees f32.
     const t = await this.readFp8(name);
@@ -238,9 +260,9 @@ export class Checkpoint {
     }
     const scale = this.info(scaleNameOf(name));
     checkFp8Shapes(name, info.shape, scale.shape, q);
-    const scaleBytes = await readTensorBytes(scale);
+    const scaleBytes = await this.#bytes(scale);
     const scales = convert(scaleNameOf(name), () => toF32(scaleBytes, scale.dtype));
-    return { codes: await readTensorBytes(info), shape: info.shape, scales, scaleShape: scale.shape };
+    return { codes: await this.#bytes(info), shape: info.shape, scales, scaleShape: scale.shape };
   }
 
   /** Reads one tensor as float32 (F32, F16, BF16 stored; others are CheckpointError). */

@@ -121,11 +121,15 @@ export class ExpertHost {
       const as = matrixStorage(wt, K, floatType);
       return { buf: await uploader.upload(names, as, K), as };
     };
-    for (const { layer, spec, experts } of jobs) {
+    const stacks = jobs.map(({ layer, spec, experts }) => {
       const p = layerPrefix(layer);
       const names = experts.map((e) => spec.names.expert(e));
-      const gu = await read(names.flatMap((n) => [p + n.gate, p + n.up]), H);
-      const dn = await read(names.map((n) => p + n.down), spec.intermediate);
+      return { gateUp: names.flatMap((n) => [p + n.gate, p + n.up]), down: names.map((n) => p + n.down) };
+    });
+    ckpt.readAhead?.(stacks.flatMap((s) => [...s.gateUp, ...s.down]));
+    for (const [i, { layer, spec, experts }] of jobs.entries()) {
+      const gu = await read(stacks[i].gateUp, H);
+      const dn = await read(stacks[i].down, spec.intermediate);
       host.#layers.set(layer, {
         spec,
         experts,
@@ -138,6 +142,7 @@ export class ExpertHost {
       done += experts.length;
       opts.onProgress?.(done, total);
     }
+    ckpt.stopReadAhead?.();
     await uploader.finish();
     host.#bytes = uploader.bytes;
     return host;

@@ -11,6 +11,7 @@
 //   logits = rmsnorm(x) * norm @ lm_head^T                [V]   (lm_head = embed_tokens when tied)
 //   token  = sample(logits)
 import { type ConvertOn, type WeightSource, WeightUploader } from "./upload.ts";
+import type { ReadAheadLimits } from "./read_ahead.ts";
 import type { ModelConfig } from "./config.ts";
 import { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./dtype.ts";
 import { CheckpointError, RequestError } from "./errors.ts";
@@ -109,6 +110,8 @@ export interface LoadOptions {
   remoteExperts?: readonly number[];
   /** Where the checkpoint's floats are converted to the storage: "gpu" (default) or "cpu" (the reference). */
   convert?: ConvertOn;
+  /** How far the checkpoint is read ahead of the uploads (models/read_ahead.ts); `{bytes: 0}` reads each as asked. */
+  readAhead?: ReadAheadLimits;
   /**
    * Load `mtp`'s first multi-token-prediction module instead of a layer range (models/mtp.ts): its decoder
    * layer (numLayers), enorm, hnorm, eh_proj, and its head's norm and matrix where the checkpoint ships them.
@@ -363,6 +366,9 @@ export class Model {
     };
     if (target) { for (const [n, shape] of mtpTensors(c, 0, own)) wanted.set(n, shape); }
     const total = checkWeights(ckpt, wanted);
+    // In the order the layers ask for them; stopped once the last is read (a load that throws leaves at most
+    // the limit's bytes read ahead, dropped with the checkpoint or its next read-ahead).
+    ckpt.readAhead?.(wanted.keys(), opts.readAhead);
     let done = 0;
     const types = new Map<GPUBuffer, WeightsOption>();
     const normType: WeightType = isQuant(wt) ? "f32" : wt;
@@ -374,6 +380,7 @@ export class Model {
     // either and frees what it had made, rather than give a model that computes garbage, and says why.
     const oom0 = outOfMemoryErrors(gpu);
     const memoryError = (why: string) => {
+      ckpt.stopReadAhead?.();
       for (const b of types.keys()) if (!borrowed.has(b)) b.destroy();
       uploader.close();
       const gb = (bytes: number) => (bytes / 1e9).toFixed(1);
@@ -492,6 +499,7 @@ export class Model {
       finalNorm = part.head ? await read(["model.norm.weight"]) : null;
       lmHead = part.head ? (c.tieWordEmbeddings ? embedTable : await read(["lm_head.weight"], H)) : null;
     }
+    ckpt.stopReadAhead?.();
     await uploader.finish(); // the queue drained: every allocation's error is in
     checkMemory();
     gpuBytes += uploader.bytes;

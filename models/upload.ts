@@ -9,6 +9,7 @@ import type { ModelConfig } from "./config.ts";
 import { CheckpointError } from "./errors.ts";
 import { toF16Bits, toF32 } from "./dtype.ts";
 import type { Fp8Tensor } from "./fp8.ts";
+import type { ReadAheadLimits } from "./read_ahead.ts";
 import {
   convertCall,
   convertedBytes,
@@ -43,6 +44,10 @@ export interface WeightSource {
   readFp8?(name: string): Promise<Fp8Tensor>;
   /** For generated weights: what the GPU makes for the tensors uploaded under this (first) name. */
   random?(name: string): RandomFill;
+  /** Starts reading these tensors ahead of their use, in this order (models/read_ahead.ts). */
+  readAhead?(names: Iterable<string>, limits?: ReadAheadLimits): void;
+  /** Lets go of what was read ahead and not used. */
+  stopReadAhead?(): void;
 }
 
 /** How tensors are converted: on the GPU (default) or on the CPU (the reference, and the old path). */
