@@ -215,7 +215,7 @@ export const generateCommand: Command = {
       ids: promptIds,
       maxTokens,
     });
-    const engine = await loadModel(checkpoint, weights, kv);
+    const { engine, load } = await loadModel(checkpoint, weights, kv);
     const drafter = spec &&
       await makeDrafter(spec, {
         modelDir: spec.draft === "mtp" ? dir : values.model ?? "",
@@ -281,6 +281,8 @@ export const generateCommand: Command = {
           },
           stop_reason: result.stopReason,
           seed,
+          load_ms: Math.round(load.ms),
+          load_bytes: load.bytes,
           weights: engine.weights.weightType,
           kv: engine.weights.kvType,
           adapter: engine.gpu.adapterName,

@@ -84,22 +84,37 @@ export function hasVulkanSoftwareDriver(): boolean {
   return false;
 }
 
+/** What a load took: the checkpoint's bytes read and the wall time from the GPU open to the model ready. */
+export interface LoadStats {
+  bytes: number;
+  ms: number;
+}
+
+/** "2.47 GB of weights read in 1.86 s (1.33 GB/s)" (MB below a GB). */
+export function loadLine(s: LoadStats): string {
+  const amount = s.bytes >= 1e9 ? `${(s.bytes / 1e9).toFixed(2)} GB` : `${(s.bytes / 1e6).toFixed(1)} MB`;
+  const rate = s.ms > 0 ? ` (${(s.bytes / 1e6 / s.ms).toFixed(2)} GB/s)` : "";
+  return `${amount} of weights read in ${(s.ms / 1e3).toFixed(2)} s${rate}`;
+}
+
 /**
- * Loads an opened checkpoint onto this process's GPU, with a progress bar (open it, and check the request
- * against it, first: cli/pipeline_generate.ts prepareRequest).
+ * Loads an opened checkpoint onto this process's GPU, with a progress bar and a line saying how long it took
+ * (open it, and check the request against it, first: cli/pipeline_generate.ts prepareRequest).
  */
 export async function loadModel(
   checkpoint: Checkpoint,
   weights: WeightsFlag,
   kv: KvFlag = "auto",
-): Promise<Engine> {
+): Promise<{ engine: Engine; load: LoadStats }> {
   const gpu = await getGpu();
+  const started = performance.now();
   if (gpu.isSoftware) console.error(softwareAdapterNote(gpu.adapterName, hasVulkanSoftwareDriver()));
   if (weights === "auto" && checkpoint.config.weightQuant) {
     const as = gpu.hasF16 ? "f16, twice" : "f32, four times";
     console.error(`swactor: fp8 weights: stored as ${as} their size (--weights q8 keeps about their size)`);
   }
   let bar: ReturnType<typeof progressBar> | undefined;
+  let bytes = 0;
   const engine = await loadEngine(checkpoint, {
     gpu,
     weights: weights === "auto" ? undefined : weights,
@@ -107,10 +122,13 @@ export async function loadModel(
     onProgress: (done, total) => {
       bar ??= progressBar(`loading weights (${weights})`, total);
       bar.update(done);
+      bytes = done;
     },
   });
   bar?.stop();
-  return engine;
+  const load = { bytes, ms: performance.now() - started };
+  console.error(`swactor: ${loadLine(load)}`);
+  return { engine, load };
 }
 
 /** Parses "1,2,3" into token ids; UsageError naming the bad entry otherwise. */

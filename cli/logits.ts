@@ -86,7 +86,7 @@ export const logitsCommand: Command = {
       ids: tokens,
       tokenizer: false,
     });
-    const engine = await loadModel(checkpoint, parseWeights(values.weights), kv);
+    const { engine } = await loadModel(checkpoint, parseWeights(values.weights), kv);
     try {
       const logits = await engine.logits(tokens);
       const V = engine.model.vocab;

@@ -9,7 +9,7 @@
 // --no-shader-cache: every child builds its pipelines from scratch (NVIDIA's driver cache off: a first run,
 // or one after a driver update), which leaves the GPU idle for longer before the request.
 // One JSON line a run: weights, prompt, first_token_ms (first_token_builds: how much of it went to building
-// the request's pipelines) and tok_s as `generate --json` reports them, the process's wall ms, and `mhz`: the
+// the request's pipelines), tok_s and load_ms as `generate --json` reports them, the process's wall ms, and `mhz`: the
 // SM clock's lowest and mean over the request (its first token and decode, the last samples before the child
 // printed), null without nvidia-smi. Then one line per (weights, prompt) with the medians.
 import { parseArgs } from "node:util";
@@ -97,6 +97,7 @@ async function oneRun(weights: string, prompt: number): Promise<Record<string, u
     first_token_ms: result.first_token_ms,
     first_token_builds: result.first_token_builds ?? null,
     tok_s: result.tok_s,
+    load_ms: result.load_ms ?? null,
     wallMs: printed - t0,
     mhz: during.length
       ? {

@@ -138,7 +138,9 @@ Deno.test(
 );
 
 Deno.test(
-  needs("one node: the first token's pipeline builds, in --json and on stderr", { [GPU]: hasGpu }),
+  needs("one node: the load and the first token's pipeline builds, in --json and on stderr", {
+    [GPU]: hasGpu,
+  }),
   async () => {
     const args = [
       "generate",
@@ -160,9 +162,16 @@ Deno.test(
       builds.pipelines > 0 && builds.ms > 0 && builds.ms <= json.first_token_ms,
       JSON.stringify(json),
     );
+    // The load: every tensor of the checkpoint read (the file less its header).
+    const file = (await Deno.stat(`${micro}/model.safetensors`)).size;
+    assert.ok(
+      json.load_ms > 0 && json.load_bytes > file * 0.95 && json.load_bytes < file,
+      JSON.stringify(json),
+    );
     const plain = await runCli(args);
     if (plain.code !== 0) throw new Error(plain.stderr);
     assert.match(plain.stderr, /after a first token at \d+ ms, \d+ ms of it building \d+ GPU pipelines \(/);
+    assert.match(plain.stderr, /swactor: \d+\.\d MB of weights read in \d+\.\d\d s \(\d+\.\d\d GB\/s\)\n/);
   },
 );
 
