@@ -130,6 +130,7 @@ for (const w of weights) {
       prompt,
       first_token_ms: +median(mine.map((r) => r.first_token_ms as number)).toFixed(1),
       tok_s: +median(mine.map((r) => r.tok_s as number)).toFixed(1),
+      load_ms: median(mine.map((r) => r.load_ms as number)),
       runs: mine.length,
     }));
   }

@@ -22,6 +22,9 @@
 #             and q4, then transformers on the same shapes
 #   targets   (not in the default list) just the open speed targets' figures, in three decode processes, two
 #             MoE ones and one prefill one, judged by scripts/bench/targets.ts (a row a target: met / missed)
+#   load      (not in the default list) how fast weights reach the GPU: scripts/bench/load.ts (Llama-1B, q4 / f16,
+#             read-ahead off and on, from the page cache, then from the disk), then one-shot generate processes
+#             (oneshot.ts: load_ms, first token, tok/s)
 # With BEFORE=DIR (another checkout), `decode` also alternates DIR's code and this one's on one checkpoint.
 set -uo pipefail
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg}; mkdir -p -m 700 "$XDG_RUNTIME_DIR"
@@ -126,7 +129,20 @@ part_targets() {
   deno run -A scripts/bench/targets.ts "$lines"
 }
 
-declare -A limit=([fixtures]=300 [chain]=150 [tests]=420 [decode]=260 [prefill]=180 [gemm]=420 [moe]=280 [targets]=480)
+part_load() {
+  deno eval 'import { ensureRandomCheckpoint, LLAMA_3_2_1B } from "./scripts/bench/random_checkpoint.ts";
+    await ensureRandomCheckpoint("/tmp/llama1b", LLAMA_3_2_1B);'
+  deno run -A scripts/bench/load.ts --dir /tmp/llama1b --weights q4,f16 --read-ahead 0,512 --runs 3 2>&1 |
+    grep -E "^\{|rror"
+  log "from the disk (the page cache dropped before each load)"
+  deno run -A scripts/bench/load.ts --dir /tmp/llama1b --weights q4 --read-ahead 0,512 --runs 2 --drop-caches 2>&1 |
+    grep -E "^\{|rror"
+  log "one-shot generate"
+  deno run -A scripts/bench/oneshot.ts --dir /tmp/llama1b --weights q4 --prompts 8 --tokens 32 --runs 3 2>&1 |
+    grep -E "^\{|rror"
+}
+
+declare -A limit=([fixtures]=300 [chain]=150 [tests]=420 [decode]=260 [prefill]=180 [gemm]=420 [moe]=280 [targets]=480 [load]=300)
 for p in "${parts[@]}"; do
   log "== $p"
   export -f make_fixtures part_$p log; export fx t0
