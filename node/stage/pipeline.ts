@@ -350,6 +350,7 @@ export class PipelineNode {
       const st = membership.member(n)?.state;
       return n === self || (st !== "dead" && st !== "left");
     };
+    const loadStart = performance.now();
     try {
       const backend = kept ?? await this.#o.loader(role, {
         model,
@@ -380,6 +381,10 @@ export class PipelineNode {
           : undefined,
       });
       if (this.#closed || a !== this.board.current) return backend.close();
+      if (!kept) {
+        const s = ((performance.now() - loadStart) / 1e3).toFixed(1);
+        this.#log(`stage ${index}: layers [${role.layers}] loaded in ${s} s`);
+      }
       this.#actor = new StageActor({
         backend,
         planVersion: a.version,
