@@ -6,6 +6,7 @@ import { tensorShapes } from "../../models/tensors.ts";
 import { writeSafetensors } from "../../models/safetensors.ts";
 import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
+import { countFileReads } from "../support/file_reads.ts";
 
 async function rejects(p: Promise<unknown>, pattern: RegExp) {
   await assert.rejects(p, (e: Error) => {
@@ -92,20 +93,9 @@ Deno.test("reads touch only the tensor's own bytes", async () => {
     raw.fill(0xff, ckpt.info("big").begin, bInfo.begin);
     await Deno.writeFile(path, raw);
     // Count the bytes read through FsFile.read while reading "b".
-    const proto = Deno.FsFile.prototype;
-    const original = proto.read;
-    let readBytes = 0;
-    proto.read = async function (this: Deno.FsFile, p: Uint8Array) {
-      const n = await original.call(this, p);
-      readBytes += n ?? 0;
-      return n;
-    };
-    try {
-      assert.deepEqual([...await ckpt.readF32("b", [3])], [3, 4, 5]);
-    } finally {
-      proto.read = original;
-    }
-    assert.equal(readBytes, 12);
+    const { result, bytes } = await countFileReads(() => ckpt.readF32("b", [3]));
+    assert.deepEqual([...result], [3, 4, 5]);
+    assert.equal(bytes, 12);
   });
 });
 

@@ -3,6 +3,7 @@ import { ReadAhead } from "../../models/read_ahead.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import type { TensorInfo } from "../../models/safetensors.ts";
 import { fixtureDir } from "../fixtures.ts";
+import { countFileReads } from "../support/file_reads.ts";
 
 /** Tensors t0, t1, ... of these byte sizes, back to back in one (imaginary) file. */
 function infos(sizes: number[]): TensorInfo[] {
@@ -108,22 +109,12 @@ Deno.test("a checkpoint read ahead gives the same bytes, reading each tensor's b
   const names = [...plain.tensors.keys()];
   const want = new Map<string, Uint8Array>();
   for (const n of names) want.set(n, (await plain.read(n)).bytes);
-  const proto = Deno.FsFile.prototype;
-  const original = proto.read;
-  let readBytes = 0;
-  proto.read = async function (this: Deno.FsFile, p: Uint8Array) {
-    const n = await original.call(this, p);
-    readBytes += n ?? 0;
-    return n;
-  };
-  try {
-    // Asked for in another order than read ahead in: some are handed over, others read directly.
+  // Asked for in another order than read ahead in: some are handed over, others read directly.
+  const { bytes } = await countFileReads(async () => {
     ahead.readAhead(names, { bytes: 4096, reads: 2 });
     for (const n of [...names].reverse()) assert.deepEqual((await ahead.read(n)).bytes, want.get(n), n);
     ahead.stopReadAhead();
-  } finally {
-    proto.read = original;
-  }
+  });
   const total = names.reduce((s, n) => s + plain.info(n).end - plain.info(n).begin, 0);
-  assert.equal(readBytes, total);
+  assert.equal(bytes, total);
 });
