@@ -1,8 +1,8 @@
 // Reading a checkpoint's tensors ahead of the loader, so the disk (or the page cache) works while the GPU
 // converts and the host stages the tensor before. The loader asks for one tensor (or one stack) at a time and
 // uploads it before asking for the next; with nothing read ahead every tensor's read waits on the upload
-// before it and the reads themselves run one at a time, which Deno's async file reads do at ~1.5 GB/s from
-// the page cache (2 cores, 2026-12-08; several at once ~2.6). docs/CHECKPOINTS.md, "Reading ahead".
+// before it and the reads themselves run one at a time, which Deno's async file reads do at ~1.1-1.4 GB/s
+// from the page cache (2 cores, 2026-12-08; four at once ~2.4-2.7). docs/CHECKPOINTS.md, "Reading ahead".
 import { readTensorBytes, type TensorInfo } from "./safetensors.ts";
 
 /** What a read-ahead may hold: bytes read or being read but not yet taken, and reads at once. */

@@ -1,11 +1,12 @@
 // How fast a checkpoint's weights reach the GPU: Model.load of a whole model, in one process, the read-ahead
 // settings alternating run by run (models/read_ahead.ts), each load's model freed before the next.
 //   deno run -A scripts/bench/load.ts --dir DIR [--weights q4,f16] [--read-ahead 0,512] [--reads 4] [--runs 3]
-//     [--drop-caches]
+//     [--drop-caches] [--reads-only]
 // --read-ahead: MiB read ahead of the uploads, a list (0: each tensor read as the loader asks for it).
 // --reads: reads in flight at once when reading ahead. --drop-caches: before each load, empties the kernel's
 // page cache (needs root), so every byte comes from the disk; without it the first load may read from the
-// disk and the others from memory.
+// disk and the others from memory. --reads-only: no GPU; reads every tensor of the checkpoint into fresh
+// buffers, --reads at once, a line a run (bytes, ms, gb_s): the reads' own ceiling.
 // One JSON line a load: weights, read_ahead_mib, bytes (the checkpoint's, read) and gb, ms, gb_s, and where the
 // host's time went: read_wait_ms (while a read the loader asked for was outstanding), write_ms
 // (queue.writeBuffer: copying into the GPU's staging), submit_ms (queue.submit of the conversions) and
@@ -16,9 +17,10 @@ import { UsageError } from "../../cli/command.ts";
 import { getGpu } from "../../kernels/mod.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
 import { Model, type WeightsOption } from "../../models/model.ts";
+import { readTensorBytes } from "../../models/safetensors.ts";
 import { median } from "./stats.ts";
 
-const { dir, weights, aheads, reads, runs, dropCaches } = scriptArgs(import.meta.url, (args) => {
+const { dir, weights, aheads, reads, runs, dropCaches, readsOnly } = scriptArgs(import.meta.url, (args) => {
   const { values } = parseArgs({
     args,
     options: {
@@ -28,6 +30,7 @@ const { dir, weights, aheads, reads, runs, dropCaches } = scriptArgs(import.meta
       reads: { type: "string", default: "4" },
       runs: { type: "string", default: "3" },
       "drop-caches": { type: "boolean", default: false },
+      "reads-only": { type: "boolean", default: false },
     },
   });
   if (!values.dir) throw new UsageError("--dir DIR (a checkpoint folder) is required");
@@ -44,8 +47,37 @@ const { dir, weights, aheads, reads, runs, dropCaches } = scriptArgs(import.meta
     reads: countArg("reads", values.reads),
     runs: countArg("runs", values.runs),
     dropCaches: values["drop-caches"],
+    readsOnly: values["reads-only"],
   };
 });
+
+if (readsOnly) {
+  const infos = [...(await Checkpoint.open(dir)).tensors.values()];
+  for (let run = 1; run <= runs; run++) {
+    if (dropCaches) await dropPageCache();
+    let next = 0, bytes = 0;
+    const t0 = performance.now();
+    const lane = async () => {
+      while (next < infos.length) {
+        const got = await readTensorBytes(infos[next++]);
+        bytes += got.byteLength; // after the await: `bytes += await ...` would add to a stale total
+      }
+    };
+    await Promise.all(Array.from({ length: reads }, lane));
+    const ms = performance.now() - t0;
+    console.log(
+      JSON.stringify({
+        reads_only: true,
+        reads,
+        bytes,
+        ms: Math.round(ms),
+        gb_s: +(bytes / 1e6 / ms).toFixed(2),
+        run,
+      }),
+    );
+  }
+  Deno.exit(0);
+}
 
 const gpu = await getGpu();
 const queue = gpu.device.queue;

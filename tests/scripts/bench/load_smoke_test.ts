@@ -35,6 +35,18 @@ Deno.test(
       assert.ok((l.ms as number) > 0 && (l.read_wait_ms as number) >= 0 && (l.submit_ms as number) >= 0);
     }
     assert.deepEqual(sums.map((l) => [l.read_ahead_mib, l.runs]), [[0, 2], [1, 2]]);
+    // Reads alone: every tensor once, two at once.
+    const reads = await runScript("bench/load.ts", [
+      "--dir",
+      micro!,
+      "--reads-only",
+      "--reads",
+      "2",
+      "--runs",
+      "1",
+    ]);
+    assert.equal(reads.code, 0, reads.stderr);
+    assert.deepEqual(reads.json.map((l) => [l.reads, l.bytes]), [[2, loads[0].bytes]]);
     const bad = await runScript("bench/load.ts", ["--dir", micro!, "--read-ahead=0,-1"]);
     assert.equal(bad.code, 2);
     assert.match(bad.stderr, /--read-ahead must be a whole number >= 0, got "-1"/);
