@@ -1,7 +1,8 @@
 // The loader's tensor upload (models/upload.ts): converting on the GPU gives the very bytes the CPU
 // conversion gives, for every tensor of real checkpoints (bf16 and f32 fixtures) in every storage, rows
 // concatenated as the blocks ask; and a model made from a config alone (models/random_weights.ts) loads
-// through the same path, equals its CPU twin, and decodes to finite logits.
+// through the same path, equals its CPU twin, and decodes to finite logits; a load read ahead (fp8, expert
+// stacks, dense) gives the logits of one that reads each tensor as asked.
 import assert from "node:assert/strict";
 import { fixtureDir } from "../fixtures.ts";
 import { needs } from "../support/needs.ts";
@@ -153,3 +154,31 @@ Deno.test(
     );
   },
 );
+
+for (const name of ["kimi-k2-fp8", "mixtral-tiny", "llama-micro"]) {
+  const dir = fixtureDir(name);
+  Deno.test(
+    needs(
+      `upload: ${name} read ahead (the default) loads to the logits a load reading each tensor as asked gives`,
+      {
+        "a WebGPU adapter": gpu,
+        [`the ${name} fixture`]: dir,
+      },
+    ),
+    async () => {
+      const logits = async (readAhead?: { bytes: number }) => {
+        const ckpt = await Checkpoint.open(dir!);
+        const model = await Model.load(gpu!, ckpt, { weights: "f32", readAhead });
+        const engine = new Engine(wholeModel(ckpt.config.numLayers), model);
+        try {
+          return await engine.logits([1, 2, 3]);
+        } finally {
+          engine.close();
+        }
+      };
+      const [plain, ahead] = [await logits({ bytes: 0 }), await logits()];
+      assert.ok(plain.every(Number.isFinite));
+      assert.deepEqual(ahead, plain);
+    },
+  );
+}
