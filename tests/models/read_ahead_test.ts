@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { ReadAhead } from "../../models/read_ahead.ts";
 import { Checkpoint } from "../../models/checkpoint.ts";
+import { CheckpointError } from "../../models/errors.ts";
 import type { TensorInfo } from "../../models/safetensors.ts";
 import { fixtureDir } from "../fixtures.ts";
 import { countFileReads } from "../support/file_reads.ts";
@@ -117,4 +118,28 @@ Deno.test("a checkpoint read ahead gives the same bytes, reading each tensor's b
   });
   const total = names.reduce((s, n) => s + plain.info(n).end - plain.info(n).begin, 0);
   assert.equal(bytes, total);
+});
+
+Deno.test("a file cut short after it was opened: the read-ahead's reads fail as CheckpointErrors, to their takers", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const src = fixtureDir("llama-micro")!;
+    await Deno.copyFile(`${src}/config.json`, `${dir}/config.json`);
+    await Deno.copyFile(`${src}/model.safetensors`, `${dir}/model.safetensors`);
+    const ckpt = await Checkpoint.open(dir);
+    const infos = [...ckpt.tensors.values()].sort((a, b) => a.begin - b.begin);
+    const last = infos.at(-1)!;
+    await Deno.truncate(`${dir}/model.safetensors`, last.begin + 4);
+    ckpt.readAhead(infos.map((i) => i.name));
+    for (const i of infos.slice(0, -1)) {
+      assert.equal((await ckpt.read(i.name)).bytes.byteLength, i.end - i.begin);
+    }
+    await assert.rejects(
+      ckpt.read(last.name),
+      (e: Error) =>
+        e instanceof CheckpointError && /truncated: tensor .* but the file ended at/.test(e.message),
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
