@@ -120,7 +120,7 @@ Deno.test("a checkpoint read ahead gives the same bytes, reading each tensor's b
   assert.equal(bytes, total);
 });
 
-Deno.test("a file cut short after it was opened: the read-ahead's reads fail as CheckpointErrors, to their takers", async () => {
+Deno.test("a file cut short after opening: its reads ahead fail as CheckpointErrors, to their takers", async () => {
   const dir = await Deno.makeTempDir();
   try {
     const src = fixtureDir("llama-micro")!;
