@@ -310,6 +310,10 @@ export const generateCommand: Command = {
       return result.stopReason === "aborted" ? exitCode : 0;
     } finally {
       removeSignals();
+      // The GPU idle first: a speculative loop that stopped may leave a draft step and its readback in
+      // flight, and freeing their buffers under them, then exiting, crashed the process at exit on lavapipe
+      // (SIGSEGV / "corrupted double-linked list" after the output, ~1 run in 8, 2026-12-08).
+      await engine.gpu.device.queue.onSubmittedWorkDone().catch(() => {}); // a lost device: close anyway
       drafter?.close();
       engine.close();
     }
