@@ -310,9 +310,10 @@ export const generateCommand: Command = {
       return result.stopReason === "aborted" ? exitCode : 0;
     } finally {
       removeSignals();
-      // The GPU idle first: a speculative loop that stopped may leave a draft step and its readback in
-      // flight, and freeing their buffers under them, then exiting, crashed the process at exit on lavapipe
-      // (SIGSEGV / "corrupted double-linked list" after the output, ~1 run in 8, 2026-12-08).
+      // The GPU idle first: freeing the engines right after a speculative run, then exiting, crashed the
+      // process at exit on lavapipe (SIGSEGV / "corrupted double-linked list" after the output, 5 of 40
+      // `--draft mtp` runs, 2026-12-08; none of 40 with this wait). Which GPU work or map was still pending
+      // is not known: the speculative loop awaits its own steps.
       await engine.gpu.device.queue.onSubmittedWorkDone().catch(() => {}); // a lost device: close anyway
       drafter?.close();
       engine.close();
